@@ -1,0 +1,62 @@
+//! An event as it enters a backend (key, payload, fingerprint) and an outbox message as it leaves.
+
+use crate::fingerprint::{Fingerprint, FingerprintMode, PayloadError};
+use crate::key::{Key, Source};
+
+/// One delivery of an event, already authenticated and parsed at the edge.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Event {
+    pub key: Key,
+    /// The exact bytes received; kept so a conflict can be audited and an event redelivered.
+    pub payload: Vec<u8>,
+    pub fingerprint: Fingerprint,
+}
+
+impl Event {
+    /// Fingerprints `payload` by `mode`; a payload the mode cannot read is refused here, before
+    /// any storage is touched.
+    pub fn new(key: Key, payload: Vec<u8>, mode: &FingerprintMode) -> Result<Event, PayloadError> {
+        let fingerprint = mode.fingerprint(&payload)?;
+        Ok(Event {
+            key,
+            payload,
+            fingerprint,
+        })
+    }
+
+    /// A JSON event fingerprinted by its canonical form.
+    pub fn json(key: Key, payload: impl Into<Vec<u8>>) -> Result<Event, PayloadError> {
+        Event::new(key, payload.into(), &FingerprintMode::Json)
+    }
+
+    pub fn source(&self) -> &Source {
+        &self.key.source
+    }
+}
+
+/// A side effect queued in the same transaction as the business effect, delivered later by a relay.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OutboxMessage {
+    /// Where it goes: a route name, an exchange, a subject. Opaque to the backend.
+    pub destination: String,
+    /// Stable for the message's whole life; receivers deduplicate on it. Unique per destination,
+    /// so enqueuing the same key twice for one destination queues it once.
+    pub idempotency_key: String,
+    pub payload: Vec<u8>,
+    pub content_type: String,
+}
+
+impl OutboxMessage {
+    pub fn json(
+        destination: impl Into<String>,
+        idempotency_key: impl Into<String>,
+        payload: impl Into<Vec<u8>>,
+    ) -> OutboxMessage {
+        OutboxMessage {
+            destination: destination.into(),
+            idempotency_key: idempotency_key.into(),
+            payload: payload.into(),
+            content_type: "application/json".to_owned(),
+        }
+    }
+}

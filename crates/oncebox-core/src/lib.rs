@@ -1,0 +1,19 @@
+//! oncebox-core: the vocabulary every backend shares — keys, strict JSON fingerprints, outcomes,
+//! leases and retention — with no IO and no database driver.
+
+pub mod clock;
+pub mod event;
+pub mod fingerprint;
+pub mod json;
+pub mod key;
+pub mod lease;
+pub mod outcome;
+pub mod retention;
+
+pub use clock::{Clock, ManualClock, SystemClock, Timestamp};
+pub use event::{Event, OutboxMessage};
+pub use fingerprint::{Fingerprint, FingerprintMode, PayloadError};
+pub use key::{EventId, InvalidKey, Key, Source};
+pub use lease::{Begun, Lease, LeaseError};
+pub use outcome::{Invalid, ProcessError, Processed, Response, ResponseKind, Unavailable};
+pub use retention::Retention;

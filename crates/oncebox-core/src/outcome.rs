@@ -1,0 +1,143 @@
+//! What processing an event can end in: `Processed` on success, `ProcessError` for the decisions a
+//! caller must branch on. Library, gateway and brokers share this vocabulary.
+
+use std::time::Duration;
+
+use crate::fingerprint::{Fingerprint, PayloadError};
+use crate::key::InvalidKey;
+
+/// The kind of answer stored with a terminal inbox record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ResponseKind {
+    /// The effect committed.
+    Completed,
+    /// A terminal business refusal: nothing but the refusal committed; replayed like a response.
+    Rejected,
+    /// Older than the applied entity version: recorded, nothing changed.
+    Stale,
+}
+
+impl ResponseKind {
+    /// The name stored in the `state` column. Do not change: it is persisted.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ResponseKind::Completed => "completed",
+            ResponseKind::Rejected => "rejected",
+            ResponseKind::Stale => "stale",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<ResponseKind> {
+        match s {
+            "completed" => Some(ResponseKind::Completed),
+            "rejected" => Some(ResponseKind::Rejected),
+            "stale" => Some(ResponseKind::Stale),
+            _ => None,
+        }
+    }
+}
+
+/// The first answer for a key, stored in the same transaction as the effect and replayed for
+/// every duplicate (it cannot be recomputed later: other events have changed the state since).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Response {
+    pub kind: ResponseKind,
+    pub body: Vec<u8>,
+}
+
+impl Response {
+    pub fn completed(body: impl Into<Vec<u8>>) -> Response {
+        Response {
+            kind: ResponseKind::Completed,
+            body: body.into(),
+        }
+    }
+
+    pub fn rejected(body: impl Into<Vec<u8>>) -> Response {
+        Response {
+            kind: ResponseKind::Rejected,
+            body: body.into(),
+        }
+    }
+
+    pub fn stale() -> Response {
+        Response {
+            kind: ResponseKind::Stale,
+            body: Vec::new(),
+        }
+    }
+}
+
+/// A committed outcome. `Duplicate` is only ever produced from an inbox record read back from the
+/// database inside a transaction that then committed (G3).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Processed {
+    /// New key: the handler ran and its effect (or refusal) committed with this response.
+    Applied(Response),
+    /// Key already committed with the same fingerprint: the first response, handler not run.
+    Duplicate(Response),
+    /// New key, older than the entity version already applied: recorded, nothing changed.
+    Stale,
+}
+
+impl Processed {
+    pub fn is_duplicate(&self) -> bool {
+        matches!(self, Processed::Duplicate(_))
+    }
+}
+
+/// Bad input detected before or while processing; nothing was written.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum Invalid {
+    #[error(transparent)]
+    Key(#[from] InvalidKey),
+    #[error(transparent)]
+    Payload(#[from] PayloadError),
+}
+
+/// Why an answer cannot be given now. Never a statement about whether the key was processed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum Unavailable {
+    #[error("database busy or locked")]
+    Busy,
+    #[error("deadline passed before the writer could serve the request")]
+    Deadline,
+    #[error("the writer is shutting down")]
+    Closed,
+    #[error("commit outcome unknown: {0}")]
+    CommitUnknown(String),
+    #[error("storage error: {0}")]
+    Storage(String),
+}
+
+/// The decisions a caller makes after a failed `process`.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ProcessError {
+    /// Same key, different payload: a contract error, never a silent success. The first payload
+    /// wins; the attempt was recorded for audit.
+    #[error("key reused with a different payload (stored {stored}, offered {offered})")]
+    Conflict {
+        stored: Fingerprint,
+        offered: Fingerprint,
+    },
+    /// Another worker holds the key's lease; try again after `retry_after`.
+    #[error("key is being processed by another worker")]
+    InProgress { retry_after: Duration },
+    /// A two-phase effect on this key ended with an unknown outcome; it waits for reconciliation
+    /// and is neither retried nor reported as done.
+    #[error("key's outcome is uncertain and awaits reconciliation")]
+    Uncertain,
+    #[error("invalid event: {0}")]
+    Invalid(#[from] Invalid),
+    /// Nothing is known about the key's fate from this call: retry later.
+    #[error("unavailable: {0}")]
+    Unavailable(#[from] Unavailable),
+    /// The handler failed; everything of this event rolled back and the key is free again.
+    #[error("handler failed: {0}")]
+    Handler(Box<dyn std::error::Error + Send + Sync>),
+}

@@ -1,0 +1,119 @@
+//! How long terminal inbox records are kept, and the safety check against purging inside a
+//! sender's redelivery horizon.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use crate::clock::Timestamp;
+use crate::key::Source;
+
+/// Seven days: longer than every common sender's retry window (Stripe retries for three).
+pub const DEFAULT_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
+
+/// Refused retention settings.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum RetentionError {
+    /// Purging earlier than the sender stops redelivering would turn an old event into a new one.
+    #[error(
+        "retention of {source_name} ({retention:?}) is shorter than its redelivery horizon ({horizon:?})"
+    )]
+    ShorterThanHorizon {
+        source_name: Source,
+        retention: Duration,
+        horizon: Duration,
+    },
+}
+
+/// Retention per source, with a default for sources not named.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Retention {
+    default: Duration,
+    per_source: BTreeMap<Source, Duration>,
+}
+
+impl Default for Retention {
+    fn default() -> Retention {
+        Retention {
+            default: DEFAULT_RETENTION,
+            per_source: BTreeMap::new(),
+        }
+    }
+}
+
+impl Retention {
+    pub fn new(default: Duration) -> Retention {
+        Retention {
+            default,
+            per_source: BTreeMap::new(),
+        }
+    }
+
+    /// Sets a source's retention, refusing one shorter than the sender's known redelivery horizon.
+    pub fn set(
+        &mut self,
+        source: Source,
+        retention: Duration,
+        horizon: Option<Duration>,
+    ) -> Result<(), RetentionError> {
+        if let Some(horizon) = horizon
+            && retention < horizon
+        {
+            return Err(RetentionError::ShorterThanHorizon {
+                source_name: source,
+                retention,
+                horizon,
+            });
+        }
+        self.per_source.insert(source, retention);
+        Ok(())
+    }
+
+    pub fn for_source(&self, source: &Source) -> Duration {
+        self.per_source.get(source).copied().unwrap_or(self.default)
+    }
+
+    pub fn default_retention(&self) -> Duration {
+        self.default
+    }
+
+    /// Sources with their own retention, for backends that purge source by source.
+    pub fn overrides(&self) -> impl Iterator<Item = (&Source, Duration)> {
+        self.per_source.iter().map(|(s, d)| (s, *d))
+    }
+
+    /// Terminal records of `source` finished before this instant may be purged.
+    pub fn cutoff(&self, source: &Source, now: Timestamp) -> Timestamp {
+        now.minus(self.for_source(source))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retention_shorter_than_horizon_is_refused() {
+        let mut r = Retention::default();
+        let stripe = Source::new("stripe").unwrap();
+        let three_days = Duration::from_secs(3 * 24 * 3600);
+        let err = r
+            .set(stripe.clone(), Duration::from_secs(3600), Some(three_days))
+            .unwrap_err();
+        assert!(matches!(err, RetentionError::ShorterThanHorizon { .. }));
+        assert_eq!(
+            r.for_source(&stripe),
+            DEFAULT_RETENTION,
+            "refused setting left no trace"
+        );
+        r.set(stripe.clone(), three_days, Some(three_days)).unwrap();
+        assert_eq!(r.for_source(&stripe), three_days);
+    }
+
+    #[test]
+    fn cutoff_saturates_instead_of_overflowing() {
+        let r = Retention::new(Duration::from_secs(u64::MAX));
+        let s = Source::new("a").unwrap();
+        assert_eq!(r.cutoff(&s, Timestamp(0)), Timestamp(i64::MIN));
+    }
+}

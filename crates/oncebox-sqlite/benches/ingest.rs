@@ -1,0 +1,2 @@
+//! Ingest benchmark.
+fn main() {}

@@ -1,0 +1,27 @@
+//! Named crash points: with the `crash-points` feature a test child can arm one so the process
+//! SIGKILLs itself exactly there; without the feature they compile to nothing.
+
+/// Where a crash can be injected, in the order an event passes them. Do not rename: crash tests
+/// and operators' soak scripts name them.
+pub const POINTS: [&str; 4] = [
+    "after-inbox-insert",
+    "after-effect",
+    "before-commit",
+    "after-commit",
+];
+
+/// Stops the process the way the OOM killer would: SIGKILL, no destructors, no flush.
+#[cfg(feature = "crash-points")]
+pub fn die() -> ! {
+    let _ = nix::sys::signal::raise(nix::sys::signal::Signal::SIGKILL);
+    // SIGKILL cannot be caught, so this is only reached if raising it failed.
+    std::process::abort()
+}
+
+/// Expands to a failpoint named `name`; when armed with the `return` action the process dies.
+macro_rules! point {
+    ($name:literal) => {
+        ::fail::fail_point!($name, |_| { $crate::crash::die() })
+    };
+}
+pub(crate) use point;

@@ -1,0 +1,71 @@
+//! Errors of the SQLite backend and the one place that decides which SQLite failures mean
+//! "unavailable" (retry later) rather than "this request is wrong".
+
+use oncebox_core::Unavailable;
+use rusqlite::ErrorCode;
+
+/// Failure of an administrative read or write (`read`, `write`, `purge`, `record`).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    #[error("unavailable: {0}")]
+    Unavailable(#[from] Unavailable),
+    /// The statement itself is wrong (constraint, syntax, type): retrying will not help.
+    #[error("sqlite: {0}")]
+    Sql(rusqlite::Error),
+}
+
+impl From<rusqlite::Error> for Error {
+    fn from(e: rusqlite::Error) -> Error {
+        match unavailable(&e) {
+            Some(u) => Error::Unavailable(u),
+            None => Error::Sql(e),
+        }
+    }
+}
+
+/// Why a store could not be opened.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum OpenError {
+    #[error("cannot open {path}: {source}")]
+    Sqlite {
+        path: String,
+        source: rusqlite::Error,
+    },
+    /// The file was written by a newer oncebox; opening it could corrupt what that version keeps.
+    #[error("database schema version {found} is newer than this build knows ({known})")]
+    SchemaTooNew { found: i64, known: i64 },
+    #[error("cannot start the writer thread: {0}")]
+    Thread(std::io::Error),
+}
+
+/// Classifies SQLite errors that say nothing about the request itself: the database is busy,
+/// locked, full, failing IO or damaged. Such an error must never become a duplicate answer (G3);
+/// it becomes `Unavailable` and the caller retries.
+pub(crate) fn unavailable(e: &rusqlite::Error) -> Option<Unavailable> {
+    let rusqlite::Error::SqliteFailure(f, msg) = e else {
+        return None;
+    };
+    let text = || msg.clone().unwrap_or_else(|| f.to_string());
+    match f.code {
+        ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked => Some(Unavailable::Busy),
+        ErrorCode::DiskFull
+        | ErrorCode::SystemIoFailure
+        | ErrorCode::DatabaseCorrupt
+        | ErrorCode::NotADatabase
+        | ErrorCode::OutOfMemory
+        | ErrorCode::CannotOpen
+        | ErrorCode::ReadOnly
+        | ErrorCode::FileLockingProtocolFailed
+        | ErrorCode::OperationInterrupted
+        | ErrorCode::SchemaChanged => Some(Unavailable::Storage(text())),
+        _ => None,
+    }
+}
+
+/// Any error from oncebox's own statements aborts the batch: they are fixed SQL, so a failure is
+/// the storage's, not the request's.
+pub(crate) fn storage(e: &rusqlite::Error) -> Unavailable {
+    unavailable(e).unwrap_or_else(|| Unavailable::Storage(e.to_string()))
+}

@@ -1,0 +1,273 @@
+//! `Inbox`, the public handle: every write is a request to the writer thread, answered after
+//! the batch it joined committed; reads go to reader connections.
+
+use std::fmt;
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use oncebox_core::{
+    Begun, Event, Key, Lease, LeaseError, ProcessError, Processed, Response, Retention, Timestamp,
+    Unavailable,
+};
+use rusqlite::Connection;
+
+use crate::error::{Error, OpenError};
+use crate::lease::Resolution;
+use crate::options::{Durability, Options};
+use crate::read::{Readers, Record};
+use crate::tx::{HandlerError, Tx};
+use crate::writer::{Cx, Fatal, Job, Writer};
+use crate::{lease, process, purge, read, schema};
+
+/// The inbox on one SQLite file. Cheap to clone; the writer thread stops when the last clone
+/// is dropped, after answering what was queued.
+#[derive(Clone)]
+pub struct Inbox {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    sender: Option<flume::Sender<Job>>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+    readers: Readers,
+    deadline: Duration,
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        // Closing the queue lets the writer drain it and exit; joining makes "dropped" mean
+        // "file closed", which reopening in the same process relies on.
+        drop(self.sender.take());
+        if let Some(thread) = self.thread.get_mut().ok().and_then(Option::take) {
+            let _ = thread.join();
+        }
+    }
+}
+
+impl fmt::Debug for Inbox {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Inbox").finish_non_exhaustive()
+    }
+}
+
+impl Inbox {
+    /// Opens (creating if needed) and migrates the database, then starts the writer thread.
+    pub fn open(options: Options) -> Result<Inbox, OpenError> {
+        if options.durability != Durability::Full {
+            tracing::warn!(
+                durability = ?options.durability,
+                "durability below synchronous=FULL: the last commits may be lost on power failure"
+            );
+        }
+        let mut conn = schema::open_writer(&options)?;
+        schema::migrate(&mut conn, &options)?;
+        let fence: i64 = conn
+            .query_row(
+                "SELECT value FROM oncebox_meta WHERE name = 'fence'",
+                [],
+                |r| r.get(0),
+            )
+            .map_err(|source| OpenError::Sqlite {
+                path: options.path.display().to_string(),
+                source,
+            })?;
+        let (sender, receiver) = flume::bounded(options.queue_capacity.max(1));
+        let writer = Writer {
+            conn,
+            clock: options.clock.clone(),
+            fence,
+            max_batch: options.max_batch,
+        };
+        let thread = std::thread::Builder::new()
+            .name("oncebox-sqlite-writer".into())
+            .spawn(move || writer.run(&receiver))
+            .map_err(OpenError::Thread)?;
+        Ok(Inbox {
+            shared: Arc::new(Shared {
+                sender: Some(sender),
+                thread: Mutex::new(Some(thread)),
+                deadline: options.deadline,
+                readers: Readers::new(options),
+            }),
+        })
+    }
+
+    /// Processes `event` once: a new key runs `handler` on the transaction that also records the
+    /// key and its response; a committed key answers `Duplicate` without running it.
+    pub async fn process<F>(&self, event: Event, handler: F) -> Result<Processed, ProcessError>
+    where
+        F: FnOnce(&mut Tx<'_>) -> Result<Response, HandlerError> + Send + 'static,
+    {
+        self.submit(move |cx| process::run(cx, &event, Box::new(handler)))
+            .await
+    }
+
+    /// `process` for threads outside an async runtime. Blocks the calling thread.
+    pub fn process_blocking<F>(&self, event: Event, handler: F) -> Result<Processed, ProcessError>
+    where
+        F: FnOnce(&mut Tx<'_>) -> Result<Response, HandlerError> + Send + 'static,
+    {
+        self.submit_blocking(move |cx| process::run(cx, &event, Box::new(handler)))
+    }
+
+    /// Takes a fenced lease on the key for an effect outside the database.
+    pub async fn begin(&self, event: Event, ttl: Duration) -> Result<Begun, ProcessError> {
+        self.submit(move |cx| lease::begin(cx, &event, ttl)).await
+    }
+
+    /// Records the external effect as done; refused once the lease expired or was taken over.
+    pub async fn complete(&self, lease: &Lease, response: Response) -> Result<(), LeaseError> {
+        let lease = lease.clone();
+        self.submit(move |cx| lease::complete(cx, &lease, &response))
+            .await
+    }
+
+    /// The external effect failed: the key is free again.
+    pub async fn release(&self, lease: &Lease) -> Result<(), LeaseError> {
+        let lease = lease.clone();
+        self.submit(move |cx| lease::release(cx, &lease)).await
+    }
+
+    /// The external effect's outcome is unknown: park the key for reconciliation.
+    pub async fn uncertain(&self, lease: &Lease) -> Result<(), LeaseError> {
+        let lease = lease.clone();
+        self.submit(move |cx| lease::uncertain(cx, &lease)).await
+    }
+
+    /// Settles an uncertain key; `Ok(false)` when it was not uncertain.
+    pub async fn resolve(&self, key: &Key, resolution: Resolution) -> Result<bool, Error> {
+        let key = key.clone();
+        self.submit(move |cx| lease::resolve(cx, &key, &resolution))
+            .await
+    }
+
+    /// Deletes terminal records older than their source's retention as of `now`; returns how
+    /// many. Never touches `processing` or `uncertain` records.
+    pub async fn purge(&self, now: Timestamp, retention: &Retention) -> Result<u64, Error> {
+        let mut after = 0;
+        let mut deleted = 0;
+        loop {
+            let r = retention.clone();
+            let chunk = self
+                .submit(move |cx| purge::chunk(cx, after, now, &r))
+                .await?;
+            deleted += chunk.deleted;
+            match chunk.next {
+                Some(next) => after = next,
+                None => return Ok(deleted),
+            }
+        }
+    }
+
+    /// Runs `f` on the writer connection inside the next group commit (schema setup, admin).
+    pub async fn write<T, F>(&self, f: F) -> Result<T, Error>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Connection) -> rusqlite::Result<T> + Send + 'static,
+    {
+        self.submit(move |cx| write(cx, f)).await
+    }
+
+    /// `write` for threads outside an async runtime.
+    pub fn write_blocking<T, F>(&self, f: F) -> Result<T, Error>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Connection) -> rusqlite::Result<T> + Send + 'static,
+    {
+        self.submit_blocking(move |cx| write(cx, f))
+    }
+
+    /// Runs `f` on a reader connection (sees the last commit). Blocks the calling thread.
+    pub fn read_blocking<T>(
+        &self,
+        f: impl FnOnce(&Connection) -> rusqlite::Result<T>,
+    ) -> Result<T, Error> {
+        self.shared.readers.with(f)
+    }
+
+    /// Runs `f` on a reader connection from a blocking-task thread.
+    pub async fn read<T, F>(&self, f: F) -> Result<T, Error>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Connection) -> rusqlite::Result<T> + Send + 'static,
+    {
+        let shared = self.shared.clone();
+        tokio::task::spawn_blocking(move || shared.readers.with(f))
+            .await
+            .map_err(|e| Error::Unavailable(Unavailable::Storage(e.to_string())))?
+    }
+
+    /// The key's committed record.
+    pub async fn record(&self, key: &Key) -> Result<Option<Record>, Error> {
+        let key = key.clone();
+        self.read(move |c| read::record(c, &key)).await
+    }
+
+    fn job<T, E, F>(&self, run: F) -> (Job, flume::Receiver<Result<T, E>>, Instant)
+    where
+        T: Send + 'static,
+        E: From<Unavailable> + Send + 'static,
+        F: FnOnce(&mut Cx<'_>) -> Result<Result<T, E>, Fatal> + Send + 'static,
+    {
+        let deadline = Instant::now() + self.shared.deadline;
+        let (tx, rx) = flume::bounded(1);
+        (Job::new(deadline, tx, run), rx, deadline)
+    }
+
+    async fn submit<T, E, F>(&self, run: F) -> Result<T, E>
+    where
+        T: Send + 'static,
+        E: From<Unavailable> + Send + 'static,
+        F: FnOnce(&mut Cx<'_>) -> Result<Result<T, E>, Fatal> + Send + 'static,
+    {
+        let (job, rx, deadline) = self.job(run);
+        let sender = self.shared.sender.as_ref().ok_or(Unavailable::Closed)?;
+        let wait = async {
+            sender
+                .send_async(job)
+                .await
+                .map_err(|_| Unavailable::Closed)?;
+            rx.recv_async().await.map_err(|_| Unavailable::Closed)
+        };
+        match tokio::time::timeout_at(deadline.into(), wait).await {
+            Ok(Ok(answer)) => answer,
+            Ok(Err(why)) => Err(E::from(why)),
+            Err(_) => Err(E::from(Unavailable::Deadline)),
+        }
+    }
+
+    fn submit_blocking<T, E, F>(&self, run: F) -> Result<T, E>
+    where
+        T: Send + 'static,
+        E: From<Unavailable> + Send + 'static,
+        F: FnOnce(&mut Cx<'_>) -> Result<Result<T, E>, Fatal> + Send + 'static,
+    {
+        let (job, rx, deadline) = self.job(run);
+        let sender = self.shared.sender.as_ref().ok_or(Unavailable::Closed)?;
+        sender.send_deadline(job, deadline).map_err(|e| match e {
+            flume::SendTimeoutError::Timeout(_) => Unavailable::Deadline,
+            flume::SendTimeoutError::Disconnected(_) => Unavailable::Closed,
+        })?;
+        rx.recv_deadline(deadline).map_err(|e| match e {
+            flume::RecvTimeoutError::Timeout => E::from(Unavailable::Deadline),
+            flume::RecvTimeoutError::Disconnected => E::from(Unavailable::Closed),
+        })?
+    }
+}
+
+fn write<T>(
+    cx: &mut Cx<'_>,
+    f: impl FnOnce(&Connection) -> rusqlite::Result<T>,
+) -> Result<Result<T, Error>, Fatal> {
+    cx.savepoint()?;
+    let out = f(cx.conn);
+    if out.is_err() {
+        cx.rollback_to()?;
+    }
+    cx.release()?;
+    match out.map_err(Error::from) {
+        Err(Error::Unavailable(why)) => Err(Fatal(why)),
+        other => Ok(other),
+    }
+}

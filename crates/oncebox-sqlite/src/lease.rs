@@ -1,0 +1,147 @@
+//! The two-phase form inside the writer: `begin` takes a fenced lease, then `complete`,
+//! `release` or `uncertain`; an operator's `resolve` settles an uncertain key.
+
+use std::time::Duration;
+
+use oncebox_core::{Begun, Event, Key, Lease, LeaseError, ProcessError, Processed, Response};
+use rusqlite::params;
+
+use crate::process::{Claim, claim, finish};
+use crate::writer::{Cx, Fatal};
+
+/// How an operator settles a key left `uncertain`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Resolution {
+    /// The external effect did happen: the key is done and replays this response.
+    Completed(Response),
+    /// It did not happen: the key is free again and a retry performs it.
+    Released,
+}
+
+pub(crate) fn begin(
+    cx: &mut Cx<'_>,
+    event: &Event,
+    ttl: Duration,
+) -> Result<Result<Begun, ProcessError>, Fatal> {
+    let token = cx.next_fence()?;
+    let expires_at = cx.now.plus(ttl);
+    cx.savepoint()?;
+    let claimed = claim(cx, event, Some((token, expires_at.millis())))?;
+    cx.release()?;
+    Ok(match claimed {
+        Claim::Fresh => Ok(Begun::Leased(Lease {
+            key: event.key.clone(),
+            token,
+            expires_at,
+        })),
+        Claim::Answered(Ok(Processed::Duplicate(r))) => Ok(Begun::Duplicate(r)),
+        Claim::Answered(Ok(other)) => {
+            // A claim that found a record answers Duplicate or an error; nothing else.
+            Err(ProcessError::Handler(
+                format!("unexpected claim answer {other:?}").into(),
+            ))
+        }
+        Claim::Answered(Err(e)) => Err(e),
+    })
+}
+
+/// Completes only while the lease is live and still this holder's: an expired holder is fenced
+/// even if nobody has taken over yet, because someone may be about to.
+pub(crate) fn complete(
+    cx: &mut Cx<'_>,
+    lease: &Lease,
+    response: &Response,
+) -> Result<Result<(), LeaseError>, Fatal> {
+    let live = cx
+        .conn
+        .prepare_cached(
+            "SELECT 1 FROM oncebox_inbox WHERE source = ?1 AND event_id = ?2
+               AND state = 'processing' AND lease_token = ?3 AND lease_expires_at > ?4",
+        )?
+        .exists(params![
+            lease.key.source.as_str(),
+            lease.key.event_id.as_str(),
+            lease.token,
+            cx.now.millis()
+        ])?;
+    if !live {
+        return Ok(Err(LeaseError::Fenced));
+    }
+    finish(cx.conn, &lease.key, response, cx.now.millis())?;
+    Ok(Ok(()))
+}
+
+/// Frees the key (the external call failed). Allowed after expiry while nobody took over: it
+/// only makes the key available sooner.
+pub(crate) fn release(cx: &mut Cx<'_>, lease: &Lease) -> Result<Result<(), LeaseError>, Fatal> {
+    let n = cx
+        .conn
+        .prepare_cached(
+            "DELETE FROM oncebox_inbox WHERE source = ?1 AND event_id = ?2
+               AND state = 'processing' AND lease_token = ?3",
+        )?
+        .execute(params![
+            lease.key.source.as_str(),
+            lease.key.event_id.as_str(),
+            lease.token
+        ])?;
+    Ok(if n == 1 {
+        Ok(())
+    } else {
+        Err(LeaseError::Fenced)
+    })
+}
+
+/// Parks the key: the external call's outcome is unknown, so it is neither retried nor done
+/// until reconciled.
+pub(crate) fn uncertain(cx: &mut Cx<'_>, lease: &Lease) -> Result<Result<(), LeaseError>, Fatal> {
+    let n = cx
+        .conn
+        .prepare_cached(
+            "UPDATE oncebox_inbox SET state = 'uncertain', lease_expires_at = NULL
+             WHERE source = ?1 AND event_id = ?2 AND state = 'processing' AND lease_token = ?3",
+        )?
+        .execute(params![
+            lease.key.source.as_str(),
+            lease.key.event_id.as_str(),
+            lease.token
+        ])?;
+    Ok(if n == 1 {
+        Ok(())
+    } else {
+        Err(LeaseError::Fenced)
+    })
+}
+
+/// Settles an `uncertain` key; returns false when the key is not uncertain.
+pub(crate) fn resolve(
+    cx: &mut Cx<'_>,
+    key: &Key,
+    resolution: &Resolution,
+) -> Result<Result<bool, crate::Error>, Fatal> {
+    let n = match resolution {
+        Resolution::Completed(response) => cx
+            .conn
+            .prepare_cached(
+                "UPDATE oncebox_inbox SET state = ?3, response = ?4, completed_at = ?5,
+                   lease_token = NULL
+                 WHERE source = ?1 AND event_id = ?2 AND state = 'uncertain'",
+            )?
+            .execute(params![
+                key.source.as_str(),
+                key.event_id.as_str(),
+                response.kind.as_str(),
+                response.body,
+                cx.now.millis()
+            ])?,
+        Resolution::Released => cx
+            .conn
+            .prepare_cached(
+                "DELETE FROM oncebox_inbox
+                 WHERE source = ?1 AND event_id = ?2 AND state = 'uncertain'",
+            )?
+            .execute(params![key.source.as_str(), key.event_id.as_str()])?,
+    };
+    Ok(Ok(n == 1))
+}

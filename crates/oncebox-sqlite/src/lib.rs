@@ -1,0 +1,38 @@
+//! oncebox on SQLite: the inbox record, the caller's business effect and its outbox messages
+//! commit in one transaction, group-committed by a single writer thread.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! use oncebox_core::{Event, Key, Response};
+//! use oncebox_sqlite::{Inbox, Options};
+//!
+//! let inbox = Inbox::open(Options::new("app.db"))?;
+//! let event = Event::json(Key::parse("shop", "evt_1")?, r#"{"order":7}"#)?;
+//! let outcome = inbox
+//!     .process(event, |tx| {
+//!         tx.conn().execute("UPDATE orders SET paid = 1 WHERE id = 7", [])?;
+//!         Ok(Response::completed("paid"))
+//!     })
+//!     .await?;
+//! # Ok(()) }
+//! ```
+
+pub mod crash;
+mod error;
+mod inbox;
+mod lease;
+mod options;
+mod process;
+mod purge;
+mod read;
+mod schema;
+mod tx;
+mod writer;
+
+pub use error::{Error, OpenError};
+pub use inbox::Inbox;
+pub use lease::Resolution;
+pub use options::{Durability, Options};
+pub use read::{Record, RecordState};
+pub use rusqlite;
+pub use tx::{HandlerError, OffsetMove, Once, Tx};

@@ -1,0 +1,77 @@
+//! How a SQLite store is opened: file, durability, timeouts, queue bounds and the clock.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use oncebox_core::{Clock, SystemClock};
+
+/// What a commit survives. Only `Full` keeps G6; the others are the user's explicit choice and
+/// are logged as a warning when the store opens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum Durability {
+    /// WAL + `synchronous=FULL`: a commit survives power loss.
+    #[default]
+    Full,
+    /// WAL + `synchronous=NORMAL`: survives a process crash; the last commits may be lost on
+    /// power loss.
+    Normal,
+}
+
+/// Options of [`crate::Inbox::open`].
+#[derive(Debug, Clone)]
+pub struct Options {
+    pub path: PathBuf,
+    pub durability: Durability,
+    /// How long a write waits for another process holding SQLite's write lock before the whole
+    /// batch answers `Unavailable::Busy`.
+    pub busy_timeout: Duration,
+    /// A request not answered within this time gets `Unavailable::Deadline` (its fate unknown
+    /// to the caller only if the writer had already started it; a retry resolves it).
+    pub deadline: Duration,
+    /// Requests waiting for the writer. A full queue makes callers wait, up to their deadline.
+    pub queue_capacity: usize,
+    /// Most requests one transaction commits together.
+    pub max_batch: usize,
+    pub clock: Arc<dyn Clock>,
+}
+
+impl Options {
+    pub fn new(path: impl Into<PathBuf>) -> Options {
+        Options {
+            path: path.into(),
+            durability: Durability::Full,
+            busy_timeout: Duration::from_secs(5),
+            deadline: Duration::from_secs(10),
+            queue_capacity: 8192,
+            max_batch: 1024,
+            clock: Arc::new(SystemClock),
+        }
+    }
+
+    pub fn clock(mut self, clock: Arc<dyn Clock>) -> Options {
+        self.clock = clock;
+        self
+    }
+
+    pub fn durability(mut self, durability: Durability) -> Options {
+        self.durability = durability;
+        self
+    }
+
+    pub fn busy_timeout(mut self, t: Duration) -> Options {
+        self.busy_timeout = t;
+        self
+    }
+
+    pub fn deadline(mut self, t: Duration) -> Options {
+        self.deadline = t;
+        self
+    }
+
+    pub fn max_batch(mut self, n: usize) -> Options {
+        self.max_batch = n.max(1);
+        self
+    }
+}

@@ -1,0 +1,245 @@
+//! `process` inside the writer: claim the key, run the handler on the same transaction, store
+//! the first response — or answer from the stored record without running the handler.
+
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::time::Duration;
+
+use oncebox_core::{Event, Fingerprint, Key, ProcessError, Processed, Response, ResponseKind};
+use rusqlite::{Connection, OptionalExtension, params};
+
+use crate::crash;
+use crate::error::unavailable;
+use crate::tx::{HandlerError, Tx};
+use crate::writer::{Cx, Fatal};
+
+/// The handler a caller gives `process`; it runs on the writer thread inside the event's
+/// savepoint, so it must be quick and must not block on anything but this connection.
+pub type Handler = Box<dyn FnOnce(&mut Tx<'_>) -> Result<Response, HandlerError> + Send>;
+
+/// A key's stored record, as the claim found it.
+pub(crate) struct Existing {
+    pub fingerprint: Vec<u8>,
+    pub state: String,
+    pub response: Option<Vec<u8>>,
+    pub lease_token: Option<i64>,
+    pub lease_expires_at: Option<i64>,
+}
+
+/// What the claim decided.
+pub(crate) enum Claim {
+    /// The key is ours: a new record in state `processing`, or an expired lease taken over.
+    Fresh,
+    /// Answered from the record; the handler must not run.
+    Answered(Result<Processed, ProcessError>),
+}
+
+pub(crate) fn run(
+    cx: &mut Cx<'_>,
+    event: &Event,
+    handler: Handler,
+) -> Result<Result<Processed, ProcessError>, Fatal> {
+    cx.savepoint()?;
+    if let Claim::Answered(answer) = claim(cx, event, None)? {
+        cx.release()?;
+        return Ok(answer);
+    }
+    crash::point!("after-inbox-insert");
+    let outcome = catch_unwind(AssertUnwindSafe(|| {
+        handler(&mut Tx::new(cx.conn, &event.key, cx.now))
+    }))
+    .unwrap_or_else(|_| Err(HandlerError::failed("handler panicked")));
+    crash::point!("after-effect");
+    let answer = match outcome {
+        Ok(response) if response.kind == ResponseKind::Completed => {
+            finish(cx.conn, &event.key, &response, cx.now.millis())?;
+            Ok(Processed::Applied(response))
+        }
+        // A refusal or a stale verdict keeps nothing of the handler's work, only the record.
+        Ok(response) => {
+            cx.rollback_to()?;
+            record_terminal(cx, event, &response)?;
+            if response.kind == ResponseKind::Stale {
+                Ok(Processed::Stale)
+            } else {
+                Ok(Processed::Applied(response))
+            }
+        }
+        Err(HandlerError::Stale) => {
+            cx.rollback_to()?;
+            record_terminal(cx, event, &Response::stale())?;
+            Ok(Processed::Stale)
+        }
+        Err(HandlerError::Sql(e)) => match unavailable(&e) {
+            Some(why) => return Err(Fatal(why)),
+            None => {
+                cx.rollback_to()?;
+                Err(ProcessError::Handler(Box::new(e)))
+            }
+        },
+        Err(HandlerError::Failed(e)) => {
+            cx.rollback_to()?;
+            Err(ProcessError::Handler(e))
+        }
+    };
+    cx.release()?;
+    Ok(answer)
+}
+
+/// Claims the key with `INSERT … ON CONFLICT DO NOTHING`; on conflict, decides from the stored
+/// record read back inside this transaction (never from an error or a timeout: G3). `lease`
+/// is `Some((token, expires_at))` for the two-phase form.
+pub(crate) fn claim(
+    cx: &mut Cx<'_>,
+    event: &Event,
+    lease: Option<(i64, i64)>,
+) -> Result<Claim, Fatal> {
+    let key = &event.key;
+    let (token, expires) = lease.unzip();
+    let inserted = cx
+        .conn
+        .prepare_cached(
+            "INSERT INTO oncebox_inbox (source, event_id, fingerprint, state, payload, received_at,
+               lease_token, lease_expires_at)
+             VALUES (?1, ?2, ?3, 'processing', ?4, ?5, ?6, ?7)
+             ON CONFLICT (source, event_id) DO NOTHING",
+        )?
+        .execute(params![
+            key.source.as_str(),
+            key.event_id.as_str(),
+            &event.fingerprint.as_bytes()[..],
+            event.payload,
+            cx.now.millis(),
+            token,
+            expires
+        ])?;
+    if inserted == 1 {
+        return Ok(Claim::Fresh);
+    }
+    let Some(existing) = existing(cx.conn, key)? else {
+        return Err(Fatal(oncebox_core::Unavailable::Storage(
+            "claimed key vanished".into(),
+        )));
+    };
+    if existing.fingerprint[..] != event.fingerprint.as_bytes()[..] {
+        record_conflict(cx, event, &existing.fingerprint)?;
+        let stored = Fingerprint::from_slice(&existing.fingerprint).unwrap_or(event.fingerprint);
+        return Ok(Claim::Answered(Err(ProcessError::Conflict {
+            stored,
+            offered: event.fingerprint,
+        })));
+    }
+    if let Some(kind) = ResponseKind::parse(&existing.state) {
+        let body = existing.response.unwrap_or_default();
+        return Ok(Claim::Answered(Ok(Processed::Duplicate(Response {
+            kind,
+            body,
+        }))));
+    }
+    if existing.state == "uncertain" {
+        return Ok(Claim::Answered(Err(ProcessError::Uncertain)));
+    }
+    // `processing`: a two-phase lease. Live → in progress; expired → taken over, fenced by a new
+    // token so the old holder can no longer complete.
+    let expires_at = existing.lease_expires_at.unwrap_or(i64::MIN);
+    if expires_at > cx.now.millis() {
+        let wait = u64::try_from(expires_at - cx.now.millis()).unwrap_or(0);
+        return Ok(Claim::Answered(Err(ProcessError::InProgress {
+            retry_after: Duration::from_millis(wait),
+        })));
+    }
+    cx.conn
+        .prepare_cached(
+            "UPDATE oncebox_inbox SET lease_token = ?3, lease_expires_at = ?4, received_at = ?5
+             WHERE source = ?1 AND event_id = ?2 AND lease_token IS ?6",
+        )?
+        .execute(params![
+            key.source.as_str(),
+            key.event_id.as_str(),
+            token,
+            expires,
+            cx.now.millis(),
+            existing.lease_token
+        ])?;
+    Ok(Claim::Fresh)
+}
+
+pub(crate) fn existing(conn: &Connection, key: &Key) -> rusqlite::Result<Option<Existing>> {
+    conn.prepare_cached(
+        "SELECT fingerprint, state, response, lease_token, lease_expires_at
+         FROM oncebox_inbox WHERE source = ?1 AND event_id = ?2",
+    )?
+    .query_row(params![key.source.as_str(), key.event_id.as_str()], |r| {
+        Ok(Existing {
+            fingerprint: r.get(0)?,
+            state: r.get(1)?,
+            response: r.get(2)?,
+            lease_token: r.get(3)?,
+            lease_expires_at: r.get(4)?,
+        })
+    })
+    .optional()
+}
+
+/// Marks the claimed record terminal with its response.
+pub(crate) fn finish(
+    conn: &Connection,
+    key: &Key,
+    response: &Response,
+    now: i64,
+) -> rusqlite::Result<()> {
+    let body = (!response.body.is_empty()).then_some(&response.body);
+    conn.prepare_cached(
+        "UPDATE oncebox_inbox SET state = ?3, response = ?4, completed_at = ?5,
+           lease_token = NULL, lease_expires_at = NULL
+         WHERE source = ?1 AND event_id = ?2",
+    )?
+    .execute(params![
+        key.source.as_str(),
+        key.event_id.as_str(),
+        response.kind.as_str(),
+        body,
+        now
+    ])?;
+    Ok(())
+}
+
+/// Writes a terminal record after the savepoint was rolled back (the claim went with it).
+fn record_terminal(cx: &Cx<'_>, event: &Event, response: &Response) -> Result<(), Fatal> {
+    let body = (!response.body.is_empty()).then_some(&response.body);
+    cx.conn
+        .prepare_cached(
+            "INSERT INTO oncebox_inbox (source, event_id, fingerprint, state, response, payload,
+               received_at, completed_at)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?7)
+             ON CONFLICT (source, event_id) DO UPDATE SET state = excluded.state,
+               response = excluded.response, completed_at = excluded.completed_at,
+               lease_token = NULL, lease_expires_at = NULL",
+        )?
+        .execute(params![
+            event.key.source.as_str(),
+            event.key.event_id.as_str(),
+            &event.fingerprint.as_bytes()[..],
+            response.kind.as_str(),
+            body,
+            event.payload,
+            cx.now.millis()
+        ])?;
+    Ok(())
+}
+
+fn record_conflict(cx: &Cx<'_>, event: &Event, stored: &[u8]) -> Result<(), Fatal> {
+    cx.conn
+        .prepare_cached(
+            "INSERT INTO oncebox_conflicts (source, event_id, stored_fingerprint,
+               offered_fingerprint, payload, at) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+        )?
+        .execute(params![
+            event.key.source.as_str(),
+            event.key.event_id.as_str(),
+            stored,
+            &event.fingerprint.as_bytes()[..],
+            event.payload,
+            cx.now.millis()
+        ])?;
+    Ok(())
+}

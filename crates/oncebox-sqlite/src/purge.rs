@@ -1,0 +1,69 @@
+//! Retention: deletes terminal inbox records older than their source's retention, a chunk per
+//! writer request so a large purge never stalls ingest.
+
+use oncebox_core::{ResponseKind, Retention, Source, Timestamp};
+use rusqlite::params;
+
+use crate::writer::{Cx, Fatal};
+
+pub(crate) const CHUNK: i64 = 1000;
+
+/// Progress of one chunk.
+#[derive(Debug)]
+pub(crate) struct Chunk {
+    pub deleted: u64,
+    /// Resume after this record id; `None` when the scan is done.
+    pub next: Option<i64>,
+}
+
+/// Scans records in arrival (id) order after `after`. Only `completed`, `rejected` and `stale`
+/// records are ever deleted: a `processing` or `uncertain` key is still owed an outcome.
+pub(crate) fn chunk(
+    cx: &mut Cx<'_>,
+    after: i64,
+    now: Timestamp,
+    retention: &Retention,
+) -> Result<Result<Chunk, crate::Error>, Fatal> {
+    let rows: Vec<(i64, String, String, Option<i64>, i64)> = cx
+        .conn
+        .prepare_cached(
+            "SELECT id, source, state, completed_at, received_at FROM oncebox_inbox
+             WHERE id > ?1 ORDER BY id LIMIT ?2",
+        )?
+        .query_map(params![after, CHUNK], |r| {
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
+        })?
+        .collect::<Result<_, _>>()?;
+    let shortest = retention
+        .overrides()
+        .map(|(_, d)| d)
+        .fold(retention.default_retention(), |a, b| a.min(b));
+    let youngest_cutoff = now.minus(shortest).millis();
+    let mut deleted = 0;
+    let mut all_young = true;
+    let mut delete = cx
+        .conn
+        .prepare_cached("DELETE FROM oncebox_inbox WHERE id = ?1")?;
+    for (id, source, state, completed_at, received_at) in &rows {
+        all_young &= *received_at >= youngest_cutoff;
+        let Some(completed_at) = completed_at else {
+            continue;
+        };
+        if ResponseKind::parse(state).is_none() {
+            continue;
+        }
+        // A source name that no longer validates still gets the default retention.
+        let cutoff = match Source::new(source.as_str()) {
+            Ok(s) => retention.cutoff(&s, now),
+            Err(_) => now.minus(retention.default_retention()),
+        };
+        if *completed_at < cutoff.millis() {
+            deleted += delete.execute([id])? as u64;
+        }
+    }
+    // Ids follow arrival, so once a whole chunk is younger than the shortest retention nothing
+    // after it can be due. A backwards clock jump can only make this stop early: purging less.
+    let done = rows.len() < CHUNK as usize || all_young;
+    let next = if done { None } else { rows.last().map(|r| r.0) };
+    Ok(Ok(Chunk { deleted, next }))
+}

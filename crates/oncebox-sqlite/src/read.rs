@@ -1,0 +1,99 @@
+//! Reads on connections of their own, so they never wait behind the writer's transaction (WAL
+//! readers see the last commit).
+
+use std::sync::Mutex;
+
+use oncebox_core::{Fingerprint, Key, Response, ResponseKind, Timestamp};
+use rusqlite::{Connection, OptionalExtension, params};
+
+use crate::error::Error;
+use crate::options::Options;
+use crate::schema;
+
+/// A key's record as committed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Record {
+    pub key: Key,
+    pub fingerprint: Option<Fingerprint>,
+    pub state: RecordState,
+    pub payload: Option<Vec<u8>>,
+    pub received_at: Timestamp,
+    pub completed_at: Option<Timestamp>,
+}
+
+/// A record's state (DESIGN §2).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum RecordState {
+    /// Held by a two-phase lease.
+    Processing {
+        lease_token: Option<i64>,
+        lease_expires_at: Option<Timestamp>,
+    },
+    /// Terminal: its first response, replayed for duplicates.
+    Done(Response),
+    /// A two-phase effect's outcome is unknown; awaits reconciliation.
+    Uncertain,
+}
+
+/// A small pool of read connections, opened on demand.
+#[derive(Debug)]
+pub(crate) struct Readers {
+    options: Options,
+    idle: Mutex<Vec<Connection>>,
+}
+
+impl Readers {
+    pub fn new(options: Options) -> Readers {
+        Readers {
+            options,
+            idle: Mutex::new(Vec::new()),
+        }
+    }
+
+    pub fn with<T>(&self, f: impl FnOnce(&Connection) -> rusqlite::Result<T>) -> Result<T, Error> {
+        let pooled = self.idle.lock().ok().and_then(|mut idle| idle.pop());
+        let conn = match pooled {
+            Some(c) => c,
+            None => schema::open_reader(&self.options)?,
+        };
+        let out = f(&conn);
+        if let Ok(mut idle) = self.idle.lock() {
+            idle.push(conn);
+        }
+        Ok(out?)
+    }
+}
+
+pub(crate) fn record(conn: &Connection, key: &Key) -> rusqlite::Result<Option<Record>> {
+    conn.prepare_cached(
+        "SELECT fingerprint, state, response, payload, received_at, completed_at, lease_token,
+           lease_expires_at
+         FROM oncebox_inbox WHERE source = ?1 AND event_id = ?2",
+    )?
+    .query_row(params![key.source.as_str(), key.event_id.as_str()], |r| {
+        let fingerprint: Vec<u8> = r.get(0)?;
+        let state: String = r.get(1)?;
+        let response: Option<Vec<u8>> = r.get(2)?;
+        let state = match (ResponseKind::parse(&state), state.as_str()) {
+            (Some(kind), _) => RecordState::Done(Response {
+                kind,
+                body: response.unwrap_or_default(),
+            }),
+            (None, "uncertain") => RecordState::Uncertain,
+            _ => RecordState::Processing {
+                lease_token: r.get(6)?,
+                lease_expires_at: r.get::<_, Option<i64>>(7)?.map(Timestamp),
+            },
+        };
+        Ok(Record {
+            key: key.clone(),
+            fingerprint: Fingerprint::from_slice(&fingerprint),
+            state,
+            payload: r.get(3)?,
+            received_at: Timestamp(r.get(4)?),
+            completed_at: r.get::<_, Option<i64>>(5)?.map(Timestamp),
+        })
+    })
+    .optional()
+}

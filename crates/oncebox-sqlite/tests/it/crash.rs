@@ -1,0 +1,1 @@
+//! Crash test (placeholder).

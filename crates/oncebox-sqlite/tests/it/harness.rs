@@ -1,0 +1,175 @@
+//! The SQLite backend behind the testkit's `Backend`: scripted handlers become real SQL on the
+//! writer's transaction.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use oncebox_core::{
+    Begun, Event, Key, Lease, LeaseError, ManualClock, OutboxMessage, ProcessError, Processed,
+    Response, Retention, Timestamp,
+};
+use oncebox_sqlite::rusqlite::{Connection, params};
+use oncebox_sqlite::{HandlerError, Inbox, OffsetMove, Once, Options, Resolution, Tx};
+use oncebox_testkit::{Backend, End, Observed, Script};
+
+/// The tables the suite's scripted handlers write, as a user's application would have them.
+pub const APP_SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS test_accounts (id INTEGER PRIMARY KEY, balance INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS test_effects (
+    source TEXT NOT NULL, event_id TEXT NOT NULL, amount INTEGER NOT NULL,
+    account INTEGER NOT NULL REFERENCES test_accounts (id));
+CREATE TABLE IF NOT EXISTS test_emails (id INTEGER PRIMARY KEY, order_key TEXT NOT NULL);
+INSERT OR IGNORE INTO test_accounts (id, balance) VALUES (1, 0);
+";
+
+#[derive(Clone)]
+pub struct Sqlite {
+    inbox: Inbox,
+    path: PathBuf,
+    clock: ManualClock,
+    _dir: Arc<tempfile::TempDir>,
+}
+
+impl Sqlite {
+    fn options(path: &PathBuf, clock: &ManualClock) -> Options {
+        Options::new(path).clock(Arc::new(clock.clone()))
+    }
+}
+
+/// Runs a script on the transaction: the handler a user would write, driven by test data.
+pub fn run_script(tx: &mut Tx<'_>, script: &Script) -> Result<Response, HandlerError> {
+    if let Some((order, version)) = &script.version {
+        tx.advance("order", order, *version)?;
+    }
+    if let Some((stream, partition, offset)) = &script.offset
+        && tx.commit_offset(stream, *partition, *offset)? == OffsetMove::Replay
+    {
+        return Ok(Response::completed("replay"));
+    }
+    let key = tx.key().clone();
+    let conn = tx.conn();
+    conn.execute(
+        "INSERT INTO test_effects (source, event_id, amount, account) VALUES (?1, ?2, ?3, ?4)",
+        params![
+            key.source.as_str(),
+            key.event_id.as_str(),
+            script.amount,
+            script.account
+        ],
+    )?;
+    conn.execute(
+        "UPDATE test_accounts SET balance = balance + ?1 WHERE id = ?2",
+        params![script.amount, script.account],
+    )?;
+    if let Some(order) = &script.email
+        && tx.once("email", order)? == Once::First
+    {
+        tx.conn()
+            .execute("INSERT INTO test_emails (order_key) VALUES (?1)", [order])?;
+        tx.enqueue(&OutboxMessage::json(
+            "email",
+            order.as_str(),
+            format!(r#"{{"order":"{order}"}}"#),
+        ))?;
+    }
+    match &script.end {
+        End::Complete(body) => Ok(Response::completed(body.as_str())),
+        End::Reject(body) => Ok(Response::rejected(body.as_str())),
+        End::Fail => Err(HandlerError::failed("scripted failure")),
+        End::Panic => panic!("scripted panic"),
+    }
+}
+
+fn observe(conn: &Connection) -> oncebox_sqlite::rusqlite::Result<Observed> {
+    let mut seen = Observed::default();
+    let mut q =
+        conn.prepare("SELECT source, event_id, count(*) FROM test_effects GROUP BY 1, 2")?;
+    for row in q.query_map([], |r| Ok(((r.get(0)?, r.get(1)?), r.get(2)?)))? {
+        let (k, n) = row?;
+        seen.effects.insert(k, n);
+    }
+    seen.balance = conn.query_row("SELECT balance FROM test_accounts WHERE id = 1", [], |r| {
+        r.get(0)
+    })?;
+    let mut q = conn.prepare("SELECT order_key FROM test_emails ORDER BY id")?;
+    seen.emails = q.query_map([], |r| r.get(0))?.collect::<Result<_, _>>()?;
+    let mut q =
+        conn.prepare("SELECT destination, idempotency_key FROM oncebox_outbox ORDER BY id")?;
+    seen.outbox = q
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
+        .collect::<Result<_, _>>()?;
+    seen.inbox_rows = conn.query_row("SELECT count(*) FROM oncebox_inbox", [], |r| r.get(0))?;
+    seen.conflicts = conn.query_row("SELECT count(*) FROM oncebox_conflicts", [], |r| r.get(0))?;
+    Ok(seen)
+}
+
+impl Backend for Sqlite {
+    async fn fresh(clock: ManualClock) -> Sqlite {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("oncebox.db");
+        let inbox = Inbox::open(Sqlite::options(&path, &clock)).expect("open");
+        inbox
+            .write(|c| c.execute_batch(APP_SCHEMA))
+            .await
+            .expect("app schema");
+        Sqlite {
+            inbox,
+            path,
+            clock,
+            _dir: Arc::new(dir),
+        }
+    }
+
+    async fn reopen(self) -> Sqlite {
+        let Sqlite {
+            inbox,
+            path,
+            clock,
+            _dir,
+        } = self;
+        drop(inbox);
+        let inbox = Inbox::open(Sqlite::options(&path, &clock)).expect("reopen");
+        Sqlite {
+            inbox,
+            path,
+            clock,
+            _dir,
+        }
+    }
+
+    async fn process(&self, event: Event, script: Script) -> Result<Processed, ProcessError> {
+        self.inbox
+            .process(event, move |tx| run_script(tx, &script))
+            .await
+    }
+
+    async fn begin(&self, event: Event, ttl: Duration) -> Result<Begun, ProcessError> {
+        self.inbox.begin(event, ttl).await
+    }
+
+    async fn complete(&self, lease: &Lease, response: Response) -> Result<(), LeaseError> {
+        self.inbox.complete(lease, response).await
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<(), LeaseError> {
+        self.inbox.release(lease).await
+    }
+
+    async fn uncertain(&self, lease: &Lease) -> Result<(), LeaseError> {
+        self.inbox.uncertain(lease).await
+    }
+
+    async fn resolve(&self, key: &Key, completed: Option<Response>) -> bool {
+        let resolution = completed.map_or(Resolution::Released, Resolution::Completed);
+        self.inbox.resolve(key, resolution).await.expect("resolve")
+    }
+
+    async fn purge(&self, now: Timestamp, retention: &Retention) -> u64 {
+        self.inbox.purge(now, retention).await.expect("purge")
+    }
+
+    async fn observe(&self) -> Observed {
+        self.inbox.read(observe).await.expect("observe")
+    }
+}

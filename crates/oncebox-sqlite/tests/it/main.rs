@@ -1,0 +1,8 @@
+//! Integration tests of the SQLite backend: the conformance suite, the crash test and the
+//! examples' scenarios, all on real SQLite files.
+
+mod crash;
+mod harness;
+mod sqlite;
+
+oncebox_testkit::conformance!(harness::Sqlite);

@@ -1,0 +1,206 @@
+//! oncebox-testkit: the conformance suite every backend runs, a model-based test and helpers;
+//! only ever a dev-dependency.
+//!
+//! A backend implements [`Backend`] once in its own tests and instantiates every test with
+//! `oncebox_testkit::conformance!(MyBackend);`. Handlers are described as a [`Script`] that the
+//! backend translates into real SQL on its own transaction, so the suite is written once for
+//! every backend and still exercises real effects.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::time::Duration;
+
+use oncebox_core::{
+    Begun, Event, Key, Lease, LeaseError, ManualClock, ProcessError, Processed, Response,
+    Retention, Timestamp,
+};
+
+mod model;
+pub mod suite;
+
+/// What a test handler does, in order: check the entity version (stale stops here), check the
+/// offset watermark (a replay ends with body `replay` and no effect), credit `amount` to
+/// `account` recording one effect row for the key, take the action key `("email", email)` and,
+/// if first, record the email and enqueue an outbox message for it, then end as `end` says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Script {
+    pub amount: i64,
+    pub account: i64,
+    pub version: Option<(String, i64)>,
+    pub offset: Option<(String, i64, i64)>,
+    pub email: Option<String>,
+    pub end: End,
+}
+
+/// How a scripted handler ends.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum End {
+    Complete(String),
+    Reject(String),
+    /// Returns a handler error after its effects.
+    Fail,
+    /// Panics after its effects.
+    Panic,
+}
+
+impl Script {
+    /// Credits `amount` to account 1 and completes with body `ok`.
+    pub fn credit(amount: i64) -> Script {
+        Script {
+            amount,
+            account: 1,
+            version: None,
+            offset: None,
+            email: None,
+            end: End::Complete("ok".into()),
+        }
+    }
+
+    pub fn end(mut self, end: End) -> Script {
+        self.end = end;
+        self
+    }
+
+    pub fn account(mut self, account: i64) -> Script {
+        self.account = account;
+        self
+    }
+
+    pub fn email(mut self, key: &str) -> Script {
+        self.email = Some(key.to_owned());
+        self
+    }
+
+    pub fn version(mut self, entity_id: &str, version: i64) -> Script {
+        self.version = Some((entity_id.to_owned(), version));
+        self
+    }
+
+    pub fn offset(mut self, stream: &str, partition: i64, offset: i64) -> Script {
+        self.offset = Some((stream.to_owned(), partition, offset));
+        self
+    }
+}
+
+/// The committed state a test can see, read from the backend's tables.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Observed {
+    /// Effect rows per key: a value above 1 is a double apply.
+    pub effects: BTreeMap<(String, String), i64>,
+    /// Balance of account 1.
+    pub balance: i64,
+    pub emails: Vec<String>,
+    /// `(destination, idempotency_key)` of queued outbox messages.
+    pub outbox: Vec<(String, String)>,
+    pub inbox_rows: i64,
+    pub conflicts: i64,
+}
+
+impl Observed {
+    pub fn effects_of(&self, key: &Key) -> i64 {
+        let k = (
+            key.source.as_str().to_owned(),
+            key.event_id.as_str().to_owned(),
+        );
+        self.effects.get(&k).copied().unwrap_or(0)
+    }
+
+    /// Keys applied more than once (the figure D).
+    pub fn doubles(&self) -> usize {
+        self.effects.values().filter(|n| **n > 1).count()
+    }
+}
+
+/// A backend under test. Each call is one request to the real store.
+pub trait Backend: Clone + Send + Sync + Sized + 'static {
+    /// A new, empty store on `clock`, with account 1 (balance 0) in the test tables
+    /// (`test_accounts`, `test_effects`, `test_emails`).
+    fn fresh(clock: ManualClock) -> impl Future<Output = Self> + Send;
+    /// Closes the store and opens the same storage again (an orderly restart).
+    fn reopen(self) -> impl Future<Output = Self> + Send;
+    fn process(
+        &self,
+        event: Event,
+        script: Script,
+    ) -> impl Future<Output = Result<Processed, ProcessError>> + Send;
+    fn begin(
+        &self,
+        event: Event,
+        ttl: Duration,
+    ) -> impl Future<Output = Result<Begun, ProcessError>> + Send;
+    fn complete(
+        &self,
+        lease: &Lease,
+        response: Response,
+    ) -> impl Future<Output = Result<(), LeaseError>> + Send;
+    fn release(&self, lease: &Lease) -> impl Future<Output = Result<(), LeaseError>> + Send;
+    fn uncertain(&self, lease: &Lease) -> impl Future<Output = Result<(), LeaseError>> + Send;
+    /// Settles an uncertain key: `Some(response)` completed, `None` released. False when the key
+    /// was not uncertain.
+    fn resolve(&self, key: &Key, completed: Option<Response>) -> impl Future<Output = bool> + Send;
+    fn purge(&self, now: Timestamp, retention: &Retention) -> impl Future<Output = u64> + Send;
+    fn observe(&self) -> impl Future<Output = Observed> + Send;
+}
+
+/// Runs an async test on a multi-threaded runtime with a timeout, so a hang fails instead of
+/// blocking CI.
+pub fn run<F: Future<Output = ()>>(test: F) {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(4)
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    rt.block_on(async {
+        tokio::time::timeout(Duration::from_secs(60), test)
+            .await
+            .expect("test timed out after 60 s");
+    });
+}
+
+/// A fixed start time for manual clocks: 2026-01-01T00:00:00Z.
+pub const EPOCH: Timestamp = Timestamp(1_767_225_600_000);
+
+/// A JSON event for `source`/`id` with payload `{"amount": amount}`.
+pub fn event(source: &str, id: &str, amount: i64) -> Event {
+    let key = Key::parse(source, id).expect("valid test key");
+    Event::json(key, format!(r#"{{"amount":{amount}}}"#)).expect("valid test payload")
+}
+
+/// Instantiates the whole conformance suite for a backend type: one `#[test]` per behaviour.
+#[macro_export]
+macro_rules! conformance {
+    ($backend:ty) => {
+        $crate::conformance!(@tests $backend;
+            first_delivery_applies_and_stores_its_response,
+            duplicate_replays_first_response_without_running_handler,
+            same_key_with_different_payload_is_a_conflict_and_first_payload_wins,
+            equal_json_in_another_spelling_is_a_duplicate,
+            handler_failure_rolls_back_everything_and_retry_applies,
+            handler_panic_rolls_back_and_other_events_commit,
+            sql_error_in_handler_leaves_no_inbox_row,
+            rejection_is_stored_and_replayed_without_effect,
+            same_event_id_from_two_sources_is_two_events,
+            concurrent_deliveries_of_one_key_apply_once,
+            action_key_sends_one_email_for_two_events,
+            older_entity_version_is_stale_and_changes_nothing,
+            offset_at_or_below_watermark_is_a_replay,
+            outbox_message_commits_only_with_the_effect,
+            restart_keeps_every_committed_key,
+            lease_blocks_other_workers_until_completed,
+            expired_lease_is_taken_over_and_old_holder_is_fenced,
+            released_key_is_free_and_tokens_never_repeat,
+            uncertain_key_is_neither_retried_nor_duplicate_until_resolved,
+            process_takes_over_an_expired_lease,
+            purge_deletes_only_terminal_records_past_retention,
+            model_based_sequences_match_the_model,
+        );
+    };
+    (@tests $backend:ty; $($name:ident),* $(,)?) => {
+        $(
+            #[test]
+            fn $name() {
+                $crate::run($crate::suite::$name::<$backend>());
+            }
+        )*
+    };
+}

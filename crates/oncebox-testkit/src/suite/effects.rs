@@ -1,0 +1,149 @@
+//! Conformance tests of what a handler does on the transaction: action keys, entity versions,
+//! offset watermarks, the outbox, and durability across a restart.
+
+use oncebox_core::{Processed, Response};
+
+use super::fresh;
+use crate::{Backend, End, Script, event};
+
+pub async fn action_key_sends_one_email_for_two_events<B: Backend>() {
+    let (b, _) = fresh::<B>().await;
+    // Two *different* events about one order: event dedup lets both in, the action key lets
+    // one email out.
+    b.process(
+        event("shop", "paid-1", 0),
+        Script::credit(0).email("order-7"),
+    )
+    .await
+    .unwrap();
+    b.process(
+        event("shop", "paid-2", 0),
+        Script::credit(0).email("order-7"),
+    )
+    .await
+    .unwrap();
+    // The customer's next purchase is a new order: a new email.
+    b.process(
+        event("shop", "paid-3", 0),
+        Script::credit(0).email("order-8"),
+    )
+    .await
+    .unwrap();
+    let seen = b.observe().await;
+    assert_eq!(
+        seen.emails,
+        vec!["order-7".to_owned(), "order-8".to_owned()]
+    );
+    assert_eq!(
+        seen.outbox,
+        vec![
+            ("email".to_owned(), "order-7".to_owned()),
+            ("email".to_owned(), "order-8".to_owned())
+        ]
+    );
+    assert_eq!(seen.inbox_rows, 3);
+}
+
+pub async fn older_entity_version_is_stale_and_changes_nothing<B: Backend>() {
+    let (b, _) = fresh::<B>().await;
+    b.process(
+        event("shop", "paid", 100),
+        Script::credit(100).version("order-1", 20),
+    )
+    .await
+    .unwrap();
+    let old = event("shop", "created", 1);
+    let out = b
+        .process(old.clone(), Script::credit(1).version("order-1", 10))
+        .await
+        .unwrap();
+    assert_eq!(out, Processed::Stale);
+    let replay = b
+        .process(old.clone(), Script::credit(1).version("order-1", 10))
+        .await
+        .unwrap();
+    assert_eq!(replay, Processed::Duplicate(Response::stale()));
+    let newer = b.process(
+        event("shop", "refunded", 5),
+        Script::credit(5).version("order-1", 30),
+    );
+    assert!(matches!(newer.await, Ok(Processed::Applied(_))));
+    let seen = b.observe().await;
+    assert_eq!(
+        (seen.balance, seen.effects_of(&old.key), seen.inbox_rows),
+        (105, 0, 3)
+    );
+}
+
+pub async fn offset_at_or_below_watermark_is_a_replay<B: Backend>() {
+    let (b, _) = fresh::<B>().await;
+    let at = |id: &str, off: i64| {
+        (
+            event("broker", id, 1),
+            Script::credit(1).offset("orders", 0, off),
+        )
+    };
+    let (e, s) = at("m5", 5);
+    assert_eq!(
+        b.process(e, s).await.unwrap(),
+        Processed::Applied(Response::completed("ok"))
+    );
+    for (id, off) in [("m3", 3), ("m5-again", 5)] {
+        let (e, s) = at(id, off);
+        assert_eq!(
+            b.process(e, s).await.unwrap(),
+            Processed::Applied(Response::completed("replay"))
+        );
+    }
+    let (e, s) = at("m6", 6);
+    assert_eq!(
+        b.process(e, s).await.unwrap(),
+        Processed::Applied(Response::completed("ok"))
+    );
+    assert_eq!(b.observe().await.balance, 2);
+}
+
+pub async fn outbox_message_commits_only_with_the_effect<B: Backend>() {
+    let (b, _) = fresh::<B>().await;
+    let _ = b
+        .process(
+            event("shop", "e1", 1),
+            Script::credit(1).email("o1").end(End::Fail),
+        )
+        .await;
+    let _ = b
+        .process(
+            event("shop", "e2", 1),
+            Script::credit(1).email("o2").end(End::Panic),
+        )
+        .await;
+    let rejected = Script::credit(1).email("o3").end(End::Reject("no".into()));
+    b.process(event("shop", "e3", 1), rejected).await.unwrap();
+    assert!(b.observe().await.outbox.is_empty());
+    b.process(event("shop", "e4", 1), Script::credit(1).email("o4"))
+        .await
+        .unwrap();
+    assert_eq!(
+        b.observe().await.outbox,
+        vec![("email".to_owned(), "o4".to_owned())]
+    );
+}
+
+pub async fn restart_keeps_every_committed_key<B: Backend>() {
+    let (b, _) = fresh::<B>().await;
+    for i in 0..20 {
+        b.process(event("shop", &format!("e{i}"), 1), Script::credit(1))
+            .await
+            .unwrap();
+    }
+    let b = b.reopen().await;
+    for i in 0..20 {
+        let out = b
+            .process(event("shop", &format!("e{i}"), 1), Script::credit(1))
+            .await
+            .unwrap();
+        assert!(out.is_duplicate(), "e{i}: {out:?}");
+    }
+    let seen = b.observe().await;
+    assert_eq!((seen.balance, seen.inbox_rows, seen.doubles()), (20, 20, 0));
+}

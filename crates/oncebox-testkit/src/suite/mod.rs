@@ -1,0 +1,227 @@
+//! The conformance suite: every behaviour of DESIGN §1–4 and §8 as a test written once, run
+//! against each backend through [`crate::Backend`].
+
+mod effects;
+mod lease;
+
+use std::sync::Arc;
+
+use oncebox_core::{ManualClock, ProcessError, Processed, Response, ResponseKind};
+use tokio::sync::Barrier;
+
+pub use crate::model::model_based_sequences_match_the_model;
+pub use effects::*;
+pub use lease::*;
+
+use crate::{Backend, EPOCH, End, Script, event};
+
+pub(crate) async fn fresh<B: Backend>() -> (B, ManualClock) {
+    let clock = ManualClock::new(EPOCH);
+    (B::fresh(clock.clone()).await, clock)
+}
+
+pub async fn first_delivery_applies_and_stores_its_response<B: Backend>() {
+    let (b, _) = fresh::<B>().await;
+    let e = event("provider-a", "evt-1", 500);
+    let out = b
+        .process(
+            e.clone(),
+            Script::credit(500).end(End::Complete("credited".into())),
+        )
+        .await;
+    assert_eq!(
+        out.unwrap(),
+        Processed::Applied(Response::completed("credited"))
+    );
+    let seen = b.observe().await;
+    assert_eq!(
+        (seen.balance, seen.inbox_rows, seen.effects_of(&e.key)),
+        (500, 1, 1)
+    );
+}
+
+pub async fn duplicate_replays_first_response_without_running_handler<B: Backend>() {
+    let (b, _) = fresh::<B>().await;
+    let e = event("provider-a", "evt-1", 500);
+    b.process(
+        e.clone(),
+        Script::credit(500).end(End::Complete("first".into())),
+    )
+    .await
+    .unwrap();
+    // The second handler would answer differently and fail: it must not run at all.
+    let out = b
+        .process(e.clone(), Script::credit(500).end(End::Fail))
+        .await;
+    assert_eq!(
+        out.unwrap(),
+        Processed::Duplicate(Response::completed("first"))
+    );
+    let seen = b.observe().await;
+    assert_eq!((seen.balance, seen.effects_of(&e.key)), (500, 1));
+}
+
+pub async fn same_key_with_different_payload_is_a_conflict_and_first_payload_wins<B: Backend>() {
+    let (b, _) = fresh::<B>().await;
+    b.process(event("provider-a", "evt-1", 500), Script::credit(500))
+        .await
+        .unwrap();
+    let out = b
+        .process(event("provider-a", "evt-1", 700), Script::credit(700))
+        .await;
+    assert!(matches!(out, Err(ProcessError::Conflict { .. })), "{out:?}");
+    // Still a conflict the second time: the first payload stays the reference.
+    let again = b
+        .process(event("provider-a", "evt-1", 700), Script::credit(700))
+        .await;
+    assert!(
+        matches!(again, Err(ProcessError::Conflict { .. })),
+        "{again:?}"
+    );
+    let seen = b.observe().await;
+    assert_eq!((seen.balance, seen.inbox_rows, seen.conflicts), (500, 1, 2));
+    let dup = b
+        .process(event("provider-a", "evt-1", 500), Script::credit(500))
+        .await;
+    assert!(dup.unwrap().is_duplicate());
+}
+
+pub async fn equal_json_in_another_spelling_is_a_duplicate<B: Backend>() {
+    let (b, _) = fresh::<B>().await;
+    let key = oncebox_core::Key::parse("shop", "evt-9").unwrap();
+    let a = oncebox_core::Event::json(key.clone(), r#"{"amount":10,"cur":"EUR"}"#).unwrap();
+    let spelled =
+        oncebox_core::Event::json(key, "{ \"cur\" : \"EUR\", \"amount\" : 10.0 }").unwrap();
+    b.process(a, Script::credit(10)).await.unwrap();
+    let out = b.process(spelled, Script::credit(10)).await.unwrap();
+    assert!(out.is_duplicate(), "{out:?}");
+}
+
+pub async fn handler_failure_rolls_back_everything_and_retry_applies<B: Backend>() {
+    let (b, _) = fresh::<B>().await;
+    let e = event("provider-a", "evt-2", 500);
+    let failed = b
+        .process(
+            e.clone(),
+            Script::credit(500).email("order-1").end(End::Fail),
+        )
+        .await;
+    assert!(
+        matches!(failed, Err(ProcessError::Handler(_))),
+        "{failed:?}"
+    );
+    let seen = b.observe().await;
+    assert_eq!(
+        (
+            seen.balance,
+            seen.inbox_rows,
+            seen.emails.len(),
+            seen.outbox.len()
+        ),
+        (0, 0, 0, 0)
+    );
+    let retried = b
+        .process(e.clone(), Script::credit(500).email("order-1"))
+        .await;
+    assert!(matches!(retried, Ok(Processed::Applied(_))), "{retried:?}");
+    let seen = b.observe().await;
+    assert_eq!(
+        (seen.balance, seen.effects_of(&e.key), seen.emails.len()),
+        (500, 1, 1)
+    );
+}
+
+pub async fn handler_panic_rolls_back_and_other_events_commit<B: Backend>() {
+    let (b, _) = fresh::<B>().await;
+    let (p, ok) = (event("a", "panics", 5), event("a", "fine", 7));
+    let (r1, r2) = tokio::join!(
+        b.process(p.clone(), Script::credit(5).end(End::Panic)),
+        b.process(ok.clone(), Script::credit(7)),
+    );
+    assert!(matches!(r1, Err(ProcessError::Handler(_))), "{r1:?}");
+    assert!(matches!(r2, Ok(Processed::Applied(_))), "{r2:?}");
+    let seen = b.observe().await;
+    assert_eq!(
+        (seen.balance, seen.effects_of(&p.key), seen.inbox_rows),
+        (7, 0, 1)
+    );
+}
+
+pub async fn sql_error_in_handler_leaves_no_inbox_row<B: Backend>() {
+    let (b, _) = fresh::<B>().await;
+    // Account 42 does not exist: the effect violates a foreign key.
+    let out = b
+        .process(
+            event("provider-a", "evt-x", 5),
+            Script::credit(5).account(42),
+        )
+        .await;
+    assert!(matches!(out, Err(ProcessError::Handler(_))), "{out:?}");
+    let seen = b.observe().await;
+    assert_eq!((seen.inbox_rows, seen.balance), (0, 0));
+}
+
+pub async fn rejection_is_stored_and_replayed_without_effect<B: Backend>() {
+    let (b, _) = fresh::<B>().await;
+    let e = event("shop", "evt-r", 5);
+    let out = b
+        .process(
+            e.clone(),
+            Script::credit(5).end(End::Reject("no such order".into())),
+        )
+        .await;
+    assert_eq!(
+        out.unwrap(),
+        Processed::Applied(Response::rejected("no such order"))
+    );
+    let dup = b.process(e.clone(), Script::credit(5)).await.unwrap();
+    assert_eq!(
+        dup,
+        Processed::Duplicate(Response::rejected("no such order"))
+    );
+    let seen = b.observe().await;
+    assert_eq!(
+        (seen.balance, seen.effects_of(&e.key), seen.inbox_rows),
+        (0, 0, 1)
+    );
+}
+
+pub async fn same_event_id_from_two_sources_is_two_events<B: Backend>() {
+    let (b, _) = fresh::<B>().await;
+    b.process(event("provider-a", "evt-1", 500), Script::credit(500))
+        .await
+        .unwrap();
+    let other = b
+        .process(event("provider-b", "evt-1", 500), Script::credit(500))
+        .await;
+    assert!(matches!(other, Ok(Processed::Applied(_))), "{other:?}");
+    assert_eq!(b.observe().await.balance, 1000);
+}
+
+pub async fn concurrent_deliveries_of_one_key_apply_once<B: Backend>() {
+    let (b, _) = fresh::<B>().await;
+    const N: usize = 50;
+    let barrier = Arc::new(Barrier::new(N));
+    let tasks: Vec<_> = (0..N)
+        .map(|_| {
+            let (b, barrier) = (b.clone(), barrier.clone());
+            tokio::spawn(async move {
+                barrier.wait().await;
+                b.process(event("provider-a", "evt-3", 500), Script::credit(500))
+                    .await
+            })
+        })
+        .collect();
+    let mut applied = 0;
+    let mut duplicate = 0;
+    for t in tasks {
+        match t.await.unwrap().unwrap() {
+            Processed::Applied(r) if r.kind == ResponseKind::Completed => applied += 1,
+            Processed::Duplicate(_) => duplicate += 1,
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert_eq!((applied, duplicate), (1, N - 1));
+    let seen = b.observe().await;
+    assert_eq!((seen.balance, seen.inbox_rows, seen.doubles()), (500, 1, 0));
+}

@@ -1,0 +1,2 @@
+//! The oncebox binary.
+fn main() {}
