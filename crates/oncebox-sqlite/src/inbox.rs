@@ -18,7 +18,7 @@ use crate::options::{Durability, Options};
 use crate::read::{Readers, Record};
 use crate::tx::{HandlerError, Tx};
 use crate::writer::{Cx, Fatal, Job, Writer};
-use crate::{lease, process, purge, read, schema};
+use crate::{checkpoint, lease, process, purge, read, schema};
 
 /// The inbox on one SQLite file. Cheap to clone; the writer thread stops when the last clone
 /// is dropped, after answering what was queued.
@@ -29,7 +29,8 @@ pub struct Inbox {
 
 struct Shared {
     sender: Option<flume::Sender<Job>>,
-    thread: Mutex<Option<JoinHandle<()>>>,
+    /// The writer, then the checkpointer: joined in this order, as each one's end ends the next.
+    threads: Mutex<Vec<JoinHandle<()>>>,
     readers: Readers,
     deadline: Duration,
 }
@@ -39,8 +40,8 @@ impl Drop for Shared {
         // Closing the queue lets the writer drain it and exit; joining makes "dropped" mean
         // "file closed", which reopening in the same process relies on.
         drop(self.sender.take());
-        if let Some(thread) = self.thread.get_mut().ok().and_then(Option::take) {
-            let _ = thread.join();
+        if let Ok(threads) = self.threads.get_mut() {
+            threads.drain(..).for_each(|t| drop(t.join()));
         }
     }
 }
@@ -72,21 +73,29 @@ impl Inbox {
                 path: options.path.display().to_string(),
                 source,
             })?;
+        let checkpointer = schema::open_checkpointer(&options)?;
+        let (committed, commits) = flume::bounded(1024);
         let (sender, receiver) = flume::bounded(options.queue_capacity.max(1));
         let writer = Writer {
             conn,
             clock: options.clock.clone(),
             fence,
             max_batch: options.max_batch,
+            linger: options.linger,
+            committed: Some(committed),
         };
-        let thread = std::thread::Builder::new()
+        let writer = std::thread::Builder::new()
             .name("oncebox-sqlite-writer".into())
             .spawn(move || writer.run(&receiver))
+            .map_err(OpenError::Thread)?;
+        let checkpointer = std::thread::Builder::new()
+            .name("oncebox-sqlite-checkpoint".into())
+            .spawn(move || checkpoint::run(&checkpointer, &commits))
             .map_err(OpenError::Thread)?;
         Ok(Inbox {
             shared: Arc::new(Shared {
                 sender: Some(sender),
-                thread: Mutex::new(Some(thread)),
+                threads: Mutex::new(vec![writer, checkpointer]),
                 deadline: options.deadline,
                 readers: Readers::new(options),
             }),

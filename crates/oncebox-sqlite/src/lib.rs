@@ -17,6 +17,7 @@
 //! # Ok(()) }
 //! ```
 
+mod checkpoint;
 pub mod crash;
 mod error;
 mod inbox;

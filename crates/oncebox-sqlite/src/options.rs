@@ -34,6 +34,9 @@ pub struct Options {
     pub queue_capacity: usize,
     /// Most requests one transaction commits together.
     pub max_batch: usize,
+    /// Longest the writer waits for callers it just answered to send again before it commits a
+    /// smaller batch; it only waits when recent batches show that many callers (zero: never).
+    pub linger: Duration,
     pub clock: Arc<dyn Clock>,
 }
 
@@ -46,6 +49,7 @@ impl Options {
             deadline: Duration::from_secs(10),
             queue_capacity: 8192,
             max_batch: 1024,
+            linger: Duration::from_micros(500),
             clock: Arc::new(SystemClock),
         }
     }
@@ -67,6 +71,11 @@ impl Options {
 
     pub fn deadline(mut self, t: Duration) -> Options {
         self.deadline = t;
+        self
+    }
+
+    pub fn linger(mut self, t: Duration) -> Options {
+        self.linger = t;
         self
     }
 

@@ -95,7 +95,9 @@ pub(crate) fn open_writer(o: &Options) -> Result<Connection, OpenError> {
         Durability::Normal => "NORMAL",
     };
     conn.execute_batch(&format!(
-        "PRAGMA journal_mode = WAL; PRAGMA synchronous = {sync}; PRAGMA foreign_keys = ON;"
+        "PRAGMA journal_mode = WAL; PRAGMA synchronous = {sync}; PRAGMA foreign_keys = ON;
+         PRAGMA cache_size = -65536; PRAGMA wal_autocheckpoint = {};",
+        crate::checkpoint::WRITER_FALLBACK_PAGES
     ))
     .map_err(&err)?;
     conn.set_prepared_statement_cache_capacity(256);
@@ -107,6 +109,20 @@ pub(crate) fn open_reader(o: &Options) -> Result<Connection, rusqlite::Error> {
     let conn = Connection::open(&o.path)?;
     conn.busy_timeout(o.busy_timeout)?;
     conn.execute_batch("PRAGMA query_only = ON; PRAGMA foreign_keys = ON;")?;
+    Ok(conn)
+}
+
+/// Opens the checkpointer's connection; it syncs the database file as durably as the writer.
+pub(crate) fn open_checkpointer(o: &Options) -> Result<Connection, OpenError> {
+    let err = sqlite_err(o);
+    let conn = Connection::open(&o.path).map_err(&err)?;
+    conn.busy_timeout(o.busy_timeout).map_err(&err)?;
+    let sync = match o.durability {
+        Durability::Full => "FULL",
+        Durability::Normal => "NORMAL",
+    };
+    conn.execute_batch(&format!("PRAGMA synchronous = {sync}; PRAGMA wal_autocheckpoint = 0;"))
+        .map_err(&err)?;
     Ok(conn)
 }
 

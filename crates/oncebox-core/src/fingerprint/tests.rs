@@ -1,5 +1,4 @@
-//! Tests for payload fingerprints and derived event ids, including pinned vectors that guard the
-//! persisted encodings.
+//! Tests for payload fingerprints and derived ids, with pinned vectors for persisted encodings.
 
 use proptest::prelude::*;
 use sha2::{Digest, Sha256};

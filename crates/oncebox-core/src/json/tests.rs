@@ -1,5 +1,4 @@
-//! Tests for the strict JSON parser and canonical form; numbers, pointers and property tests
-//! live in the child modules.
+//! Tests for the strict JSON parser and canonical form (numbers, pointers, properties below).
 
 mod numbers;
 mod pointer;

@@ -1,5 +1,4 @@
-//! Property tests for the parser and canonical form, and the value generators and re-spelling
-//! helper that the fingerprint tests reuse.
+//! Property tests for parsing and canonical form, plus value generators reused by fingerprints.
 
 use proptest::prelude::*;
 

@@ -1,0 +1,33 @@
+//! WAL checkpoints on a thread of their own: copying the log back into the database file (and
+//! its fsync) stays off the writer's commit path, as long as the checkpointer keeps up.
+
+use rusqlite::Connection;
+
+/// Commits between two checkpoints: often enough to keep the WAL small, rarely enough that the
+/// extra fsync of the database file stays a small cost.
+const EVERY: usize = 64;
+
+/// Pages in the WAL at which the writer checkpoints by itself after all (SQLite's
+/// `wal_autocheckpoint`): a bound on the log should this thread fall behind.
+pub(crate) const WRITER_FALLBACK_PAGES: i64 = 16_384;
+
+/// Runs until the writer drops its sender; one last checkpoint keeps the WAL short at close.
+pub(crate) fn run(conn: &Connection, commits: &flume::Receiver<()>) {
+    let mut since = 0;
+    while commits.recv().is_ok() {
+        since += 1 + commits.try_iter().count();
+        if since >= EVERY {
+            since = 0;
+            checkpoint(conn);
+        }
+    }
+    checkpoint(conn);
+}
+
+fn checkpoint(conn: &Connection) {
+    // PASSIVE never waits for the writer or readers; whatever it cannot copy now it copies next
+    // time. A failure is only logged: the WAL stays valid and the writer's fallback bounds it.
+    if let Err(e) = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(())) {
+        tracing::warn!(error = %e, "WAL checkpoint failed");
+    }
+}
