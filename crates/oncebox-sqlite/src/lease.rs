@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use oncebox_core::{Begun, Event, Key, Lease, LeaseError, ProcessError, Processed, Response};
-use rusqlite::params;
+use rusqlite::{OptionalExtension, params};
 
 use crate::process::{Claim, claim, finish};
 use crate::writer::{Cx, Fatal};
@@ -30,7 +30,7 @@ pub(crate) fn begin(
     let claimed = claim(cx, event, Some((token, expires_at.millis())))?;
     cx.release()?;
     Ok(match claimed {
-        Claim::Fresh => Ok(Begun::Leased(Lease {
+        Claim::Fresh(_) => Ok(Begun::Leased(Lease {
             key: event.key.clone(),
             token,
             expires_at,
@@ -53,22 +53,26 @@ pub(crate) fn complete(
     lease: &Lease,
     response: &Response,
 ) -> Result<Result<(), LeaseError>, Fatal> {
-    let live = cx
+    let live: Option<i64> = cx
         .conn
         .prepare_cached(
-            "SELECT 1 FROM oncebox_inbox WHERE source = ?1 AND event_id = ?2
+            "SELECT id FROM oncebox_inbox WHERE source = ?1 AND event_id = ?2
                AND state = 'processing' AND lease_token = ?3 AND lease_expires_at > ?4",
         )?
-        .exists(params![
-            lease.key.source.as_str(),
-            lease.key.event_id.as_str(),
-            lease.token,
-            cx.now.millis()
-        ])?;
-    if !live {
+        .query_row(
+            params![
+                lease.key.source.as_str(),
+                lease.key.event_id.as_str(),
+                lease.token,
+                cx.now.millis()
+            ],
+            |r| r.get(0),
+        )
+        .optional()?;
+    let Some(row) = live else {
         return Ok(Err(LeaseError::Fenced));
-    }
-    finish(cx.conn, &lease.key, response, cx.now.millis())?;
+    };
+    finish(cx.conn, row, response, cx.now.millis())?;
     Ok(Ok(()))
 }
 

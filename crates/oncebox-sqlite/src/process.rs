@@ -18,17 +18,18 @@ pub type Handler = Box<dyn FnOnce(&mut Tx<'_>) -> Result<Response, HandlerError>
 
 /// A key's stored record, as the claim found it.
 pub(crate) struct Existing {
+    pub id: i64,
     pub fingerprint: Vec<u8>,
     pub state: String,
     pub response: Option<Vec<u8>>,
-    pub lease_token: Option<i64>,
     pub lease_expires_at: Option<i64>,
 }
 
 /// What the claim decided.
 pub(crate) enum Claim {
     /// The key is ours: a new record in state `processing`, or an expired lease taken over.
-    Fresh,
+    /// Carries the record's row id, so finishing it needs no second index lookup.
+    Fresh(i64),
     /// Answered from the record; the handler must not run.
     Answered(Result<Processed, ProcessError>),
 }
@@ -39,10 +40,13 @@ pub(crate) fn run(
     handler: Handler,
 ) -> Result<Result<Processed, ProcessError>, Fatal> {
     cx.savepoint()?;
-    if let Claim::Answered(answer) = claim(cx, event, None)? {
-        cx.release()?;
-        return Ok(answer);
-    }
+    let row = match claim(cx, event, None)? {
+        Claim::Fresh(row) => row,
+        Claim::Answered(answer) => {
+            cx.release()?;
+            return Ok(answer);
+        }
+    };
     crash::point!("after-inbox-insert");
     let outcome = catch_unwind(AssertUnwindSafe(|| {
         handler(&mut Tx::new(cx.conn, &event.key, cx.now))
@@ -51,7 +55,7 @@ pub(crate) fn run(
     crash::point!("after-effect");
     let answer = match outcome {
         Ok(response) if response.kind == ResponseKind::Completed => {
-            finish(cx.conn, &event.key, &response, cx.now.millis())?;
+            finish(cx.conn, row, &response, cx.now.millis())?;
             Ok(Processed::Applied(response))
         }
         // A refusal or a stale verdict keeps nothing of the handler's work, only the record.
@@ -113,7 +117,7 @@ pub(crate) fn claim(
             expires
         ])?;
     if inserted == 1 {
-        return Ok(Claim::Fresh);
+        return Ok(Claim::Fresh(cx.conn.last_insert_rowid()));
     }
     let Some(existing) = existing(cx.conn, key)? else {
         return Err(Fatal(oncebox_core::Unavailable::Storage(
@@ -149,57 +153,44 @@ pub(crate) fn claim(
     }
     cx.conn
         .prepare_cached(
-            "UPDATE oncebox_inbox SET lease_token = ?3, lease_expires_at = ?4, received_at = ?5
-             WHERE source = ?1 AND event_id = ?2 AND lease_token IS ?6",
+            "UPDATE oncebox_inbox SET lease_token = ?2, lease_expires_at = ?3, received_at = ?4
+             WHERE id = ?1",
         )?
-        .execute(params![
-            key.source.as_str(),
-            key.event_id.as_str(),
-            token,
-            expires,
-            cx.now.millis(),
-            existing.lease_token
-        ])?;
-    Ok(Claim::Fresh)
+        .execute(params![existing.id, token, expires, cx.now.millis()])?;
+    Ok(Claim::Fresh(existing.id))
 }
 
 pub(crate) fn existing(conn: &Connection, key: &Key) -> rusqlite::Result<Option<Existing>> {
     conn.prepare_cached(
-        "SELECT fingerprint, state, response, lease_token, lease_expires_at
+        "SELECT id, fingerprint, state, response, lease_expires_at
          FROM oncebox_inbox WHERE source = ?1 AND event_id = ?2",
     )?
     .query_row(params![key.source.as_str(), key.event_id.as_str()], |r| {
         Ok(Existing {
-            fingerprint: r.get(0)?,
-            state: r.get(1)?,
-            response: r.get(2)?,
-            lease_token: r.get(3)?,
+            id: r.get(0)?,
+            fingerprint: r.get(1)?,
+            state: r.get(2)?,
+            response: r.get(3)?,
             lease_expires_at: r.get(4)?,
         })
     })
     .optional()
 }
 
-/// Marks the claimed record terminal with its response.
+/// Marks the claimed record (by row id) terminal with its response.
 pub(crate) fn finish(
     conn: &Connection,
-    key: &Key,
+    row: i64,
     response: &Response,
     now: i64,
 ) -> rusqlite::Result<()> {
     let body = (!response.body.is_empty()).then_some(&response.body);
     conn.prepare_cached(
-        "UPDATE oncebox_inbox SET state = ?3, response = ?4, completed_at = ?5,
+        "UPDATE oncebox_inbox SET state = ?2, response = ?3, completed_at = ?4,
            lease_token = NULL, lease_expires_at = NULL
-         WHERE source = ?1 AND event_id = ?2",
+         WHERE id = ?1",
     )?
-    .execute(params![
-        key.source.as_str(),
-        key.event_id.as_str(),
-        response.kind.as_str(),
-        body,
-        now
-    ])?;
+    .execute(params![row, response.kind.as_str(), body, now])?;
     Ok(())
 }
 

@@ -121,8 +121,10 @@ pub(crate) fn open_checkpointer(o: &Options) -> Result<Connection, OpenError> {
         Durability::Full => "FULL",
         Durability::Normal => "NORMAL",
     };
-    conn.execute_batch(&format!("PRAGMA synchronous = {sync}; PRAGMA wal_autocheckpoint = 0;"))
-        .map_err(&err)?;
+    conn.execute_batch(&format!(
+        "PRAGMA synchronous = {sync}; PRAGMA wal_autocheckpoint = 0;"
+    ))
+    .map_err(&err)?;
     Ok(conn)
 }
 
