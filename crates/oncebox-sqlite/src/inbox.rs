@@ -17,7 +17,7 @@ use crate::lease::Resolution;
 use crate::options::{Durability, Options};
 use crate::read::{Readers, Record};
 use crate::tx::{HandlerError, Tx};
-use crate::writer::{Cx, Fatal, Job, Writer};
+use crate::writer::{Cx, Fatal, Job, Stats, Writer};
 use crate::{checkpoint, lease, process, purge, read, schema};
 
 /// The inbox on one SQLite file. Cheap to clone; the writer thread stops when the last clone
@@ -33,6 +33,7 @@ struct Shared {
     threads: Mutex<Vec<JoinHandle<()>>>,
     readers: Readers,
     deadline: Duration,
+    stats: Arc<Stats>,
 }
 
 impl Drop for Shared {
@@ -74,6 +75,7 @@ impl Inbox {
                 source,
             })?;
         let checkpointer = schema::open_checkpointer(&options)?;
+        let stats = Arc::new(Stats::default());
         let (committed, commits) = flume::bounded(1024);
         let (sender, receiver) = flume::bounded(options.queue_capacity.max(1));
         let writer = Writer {
@@ -83,6 +85,7 @@ impl Inbox {
             max_batch: options.max_batch,
             linger: options.linger,
             committed: Some(committed),
+            stats: stats.clone(),
         };
         let writer = std::thread::Builder::new()
             .name("oncebox-sqlite-writer".into())
@@ -97,6 +100,7 @@ impl Inbox {
                 sender: Some(sender),
                 threads: Mutex::new(vec![writer, checkpointer]),
                 deadline: options.deadline,
+                stats,
                 readers: Readers::new(options),
             }),
         })
@@ -205,6 +209,11 @@ impl Inbox {
         tokio::task::spawn_blocking(move || shared.readers.with(f))
             .await
             .map_err(|e| Error::Unavailable(Unavailable::Storage(e.to_string())))?
+    }
+
+    /// Counters of the writer's work since open.
+    pub fn stats(&self) -> &Stats {
+        &self.shared.stats
     }
 
     /// The key's committed record.

@@ -3,6 +3,7 @@
 //! only then answers every caller.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use oncebox_core::{Clock, Timestamp, Unavailable};
@@ -124,6 +125,32 @@ pub(crate) struct Writer {
     pub linger: Duration,
     /// Told after each commit so WAL checkpoints run off the writer's critical path.
     pub committed: Option<flume::Sender<()>>,
+    pub stats: Arc<Stats>,
+}
+
+/// Counters of the writer's work, for metrics and for tests that must see batching happen.
+#[derive(Debug, Default)]
+pub struct Stats {
+    pub(crate) commits: AtomicU64,
+    pub(crate) committed_requests: AtomicU64,
+    pub(crate) failed_batches: AtomicU64,
+}
+
+impl Stats {
+    /// Transactions committed.
+    pub fn commits(&self) -> u64 {
+        self.commits.load(Ordering::Relaxed)
+    }
+
+    /// Requests answered from a committed transaction.
+    pub fn committed_requests(&self) -> u64 {
+        self.committed_requests.load(Ordering::Relaxed)
+    }
+
+    /// Batches rolled back and answered `Unavailable`.
+    pub fn failed_batches(&self) -> u64 {
+        self.failed_batches.load(Ordering::Relaxed)
+    }
 }
 
 impl Writer {
@@ -165,6 +192,7 @@ impl Writer {
         let size = batch.len();
         if let Err(e) = self.conn.execute_batch("BEGIN IMMEDIATE") {
             let why = storage(&e);
+            self.stats.failed_batches.fetch_add(1, Ordering::Relaxed);
             batch.drain(..).for_each(|job| job.refuse(why.clone()));
             return 1;
         }
@@ -211,6 +239,10 @@ impl Writer {
                 crash::point!("after-commit");
                 // Counted before answering: none of this batch's callers can have come back yet.
                 let next = size + rx.len();
+                self.stats.commits.fetch_add(1, Ordering::Relaxed);
+                self.stats
+                    .committed_requests
+                    .fetch_add(finishes.len() as u64, Ordering::Relaxed);
                 finishes.into_iter().for_each(|f| f(None));
                 if let Some(tx) = &self.committed {
                     let _ = tx.try_send(());
@@ -233,6 +265,7 @@ impl Writer {
         if !self.conn.is_autocommit() {
             let _ = self.conn.execute_batch("ROLLBACK");
         }
+        self.stats.failed_batches.fetch_add(1, Ordering::Relaxed);
         tracing::warn!(error = %why, requests = finishes.len(), "batch rolled back");
         finishes.into_iter().for_each(|f| f(Some(why.clone())));
     }

@@ -1,1 +1,210 @@
-//! SQLite-specific tests.
+//! SQLite-specific behaviour: busy and locked files, deadlines, group commit, several writers on
+//! one file, and files that must not be opened.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use oncebox_core::{Event, Key, ProcessError, Processed, Response, Unavailable};
+use oncebox_sqlite::rusqlite::Connection;
+use oncebox_sqlite::{Inbox, OpenError, Options};
+use oncebox_testkit::run;
+use tokio::sync::Barrier;
+
+fn event(id: &str) -> Event {
+    Event::json(Key::parse("shop", id).unwrap(), r#"{"n":1}"#).unwrap()
+}
+
+fn ok(tx: &mut oncebox_sqlite::Tx<'_>) -> Result<Response, oncebox_sqlite::HandlerError> {
+    let _ = tx;
+    Ok(Response::completed("done"))
+}
+
+/// Takes SQLite's write lock on another connection, as another process would.
+fn hold_write_lock(path: &std::path::Path) -> Connection {
+    let c = Connection::open(path).unwrap();
+    c.execute_batch("BEGIN IMMEDIATE").unwrap();
+    c
+}
+
+#[test]
+fn locked_database_answers_unavailable_never_duplicate() {
+    run(async {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("o.db");
+        let inbox =
+            Inbox::open(Options::new(&path).busy_timeout(Duration::from_millis(50))).unwrap();
+        inbox.process(event("done"), ok).await.unwrap();
+        let lock = hold_write_lock(&path);
+        // Even the key already committed must not be answered from a guess while locked out.
+        for id in ["done", "new"] {
+            let out = inbox.process(event(id), ok).await;
+            assert!(
+                matches!(out, Err(ProcessError::Unavailable(Unavailable::Busy))),
+                "{id}: {out:?}"
+            );
+        }
+        assert!(
+            inbox.stats().failed_batches() >= 2,
+            "the lock was really hit"
+        );
+        drop(lock);
+        assert!(
+            inbox
+                .process(event("done"), ok)
+                .await
+                .unwrap()
+                .is_duplicate()
+        );
+        assert!(matches!(
+            inbox.process(event("new"), ok).await,
+            Ok(Processed::Applied(_))
+        ));
+    });
+}
+
+#[test]
+fn request_past_its_deadline_is_unavailable_and_writes_nothing() {
+    run(async {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("o.db");
+        let options = Options::new(&path)
+            .busy_timeout(Duration::from_secs(20))
+            .deadline(Duration::from_millis(100));
+        let inbox = Inbox::open(options).unwrap();
+        let lock = hold_write_lock(&path);
+        let out = inbox.process(event("late"), ok).await;
+        assert!(
+            matches!(out, Err(ProcessError::Unavailable(Unavailable::Deadline))),
+            "{out:?}"
+        );
+        drop(lock);
+        // Requests are served in order: once this one is answered the late one was handled.
+        assert!(matches!(
+            inbox.process(event("after"), ok).await,
+            Ok(Processed::Applied(_))
+        ));
+        assert!(
+            inbox.record(&event("late").key).await.unwrap().is_none(),
+            "nothing written"
+        );
+        assert!(matches!(
+            inbox.process(event("late"), ok).await,
+            Ok(Processed::Applied(_))
+        ));
+    });
+}
+
+#[test]
+fn concurrent_requests_share_commits() {
+    run(async {
+        let dir = tempfile::tempdir().unwrap();
+        let inbox = Inbox::open(Options::new(dir.path().join("o.db"))).unwrap();
+        const N: usize = 64;
+        let barrier = Arc::new(Barrier::new(N));
+        let tasks: Vec<_> = (0..N)
+            .map(|i| {
+                let (inbox, barrier) = (inbox.clone(), barrier.clone());
+                tokio::spawn(async move {
+                    barrier.wait().await;
+                    inbox.process(event(&format!("e{i}")), ok).await
+                })
+            })
+            .collect();
+        for t in tasks {
+            assert!(matches!(t.await.unwrap(), Ok(Processed::Applied(_))));
+        }
+        let stats = inbox.stats();
+        assert_eq!(stats.committed_requests(), N as u64);
+        assert!(
+            stats.commits() < N as u64,
+            "{} commits for {N} requests",
+            stats.commits()
+        );
+    });
+}
+
+#[test]
+fn two_writers_on_one_file_apply_a_key_once() {
+    run(async {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("o.db");
+        let a = Inbox::open(Options::new(&path)).unwrap();
+        let b = Inbox::open(Options::new(&path)).unwrap();
+        a.write(|c| c.execute_batch("CREATE TABLE effects (n INTEGER)"))
+            .await
+            .unwrap();
+        let barrier = Arc::new(Barrier::new(40));
+        let tasks: Vec<_> = (0..40)
+            .map(|i| {
+                let inbox = if i % 2 == 0 { a.clone() } else { b.clone() };
+                let barrier = barrier.clone();
+                tokio::spawn(async move {
+                    barrier.wait().await;
+                    inbox
+                        .process(event("shared"), |tx| {
+                            tx.conn().execute("INSERT INTO effects VALUES (1)", [])?;
+                            Ok(Response::completed("once"))
+                        })
+                        .await
+                })
+            })
+            .collect();
+        let mut applied = 0;
+        for t in tasks {
+            match t.await.unwrap() {
+                Ok(Processed::Applied(_)) => applied += 1,
+                Ok(Processed::Duplicate(r)) => assert_eq!(r, Response::completed("once")),
+                other => panic!("{other:?}"),
+            }
+        }
+        assert_eq!(applied, 1);
+        let effects: i64 = a
+            .read(|c| c.query_row("SELECT count(*) FROM effects", [], |r| r.get(0)))
+            .await
+            .unwrap();
+        assert_eq!(effects, 1);
+    });
+}
+
+#[test]
+fn damaged_file_is_refused_not_replaced() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("o.db");
+    std::fs::write(&path, vec![0x5a; 8192]).unwrap();
+    let err = Inbox::open(Options::new(&path)).unwrap_err();
+    assert!(matches!(err, OpenError::Sqlite { .. }), "{err:?}");
+    assert_eq!(
+        std::fs::read(&path).unwrap(),
+        vec![0x5a; 8192],
+        "the file was left as it was"
+    );
+}
+
+#[test]
+fn schema_newer_than_this_build_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("o.db");
+    drop(Inbox::open(Options::new(&path)).unwrap());
+    Connection::open(&path)
+        .unwrap()
+        .pragma_update(None, "user_version", 99)
+        .unwrap();
+    let err = Inbox::open(Options::new(&path)).unwrap_err();
+    assert!(
+        matches!(err, OpenError::SchemaTooNew { found: 99, .. }),
+        "{err:?}"
+    );
+}
+
+#[test]
+fn blocking_and_async_callers_share_one_inbox() {
+    let dir = tempfile::tempdir().unwrap();
+    let inbox = Inbox::open(Options::new(dir.path().join("o.db"))).unwrap();
+    assert!(matches!(
+        inbox.process_blocking(event("b"), ok),
+        Ok(Processed::Applied(_))
+    ));
+    run(async move {
+        assert!(inbox.process(event("b"), ok).await.unwrap().is_duplicate());
+    });
+}
