@@ -200,7 +200,7 @@ impl Writer {
         let mut finishes: Vec<Finish> = Vec::with_capacity(batch.len());
         let mut jobs = batch.drain(..);
         let mut failed = None;
-        while let Some(job) = jobs.next() {
+        for job in jobs.by_ref() {
             if job.deadline <= Instant::now() {
                 // Its caller has been told `Unavailable` already; doing the work now would only
                 // surprise it. Nothing of it was written.

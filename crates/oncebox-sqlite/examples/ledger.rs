@@ -1,0 +1,369 @@
+//! Seed 003's credit ledger on a real SQLite file: every step of the article and its exercises.
+
+use std::fmt;
+use std::path::Path;
+use std::sync::Barrier;
+
+use oncebox_core::json::{self, Pointer, Value};
+use oncebox_core::{Event, Key, ProcessError, Processed, Response};
+use oncebox_sqlite::rusqlite::{Connection, params};
+use oncebox_sqlite::{HandlerError, Inbox, Options, Tx};
+
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// The application's own tables. `credits` references `accounts`, so a credit to a missing
+/// account fails on the foreign key (oncebox turns `foreign_keys` on for every connection).
+const SCHEMA: &str = "
+CREATE TABLE accounts (
+    id INTEGER PRIMARY KEY,
+    balance INTEGER NOT NULL DEFAULT 0 CHECK (balance >= 0));
+CREATE TABLE credits (
+    source TEXT NOT NULL,
+    event_id TEXT NOT NULL,
+    account_id INTEGER NOT NULL REFERENCES accounts (id),
+    amount INTEGER NOT NULL CHECK (amount > 0));
+INSERT INTO accounts (id) VALUES (1);
+";
+
+/// The seed's numbers: 20 deliveries of one event from 8 threads.
+pub const DELIVERIES: usize = 20;
+pub const THREADS: usize = 8;
+
+/// What each step of the scenario answered, in order, for the caller to check.
+#[derive(Debug)]
+pub struct LedgerSummary {
+    /// 1. provider-a/evt-1 credits 500.
+    pub first: Processed,
+    /// 2. The same delivery again.
+    pub repeat: Processed,
+    /// 3. provider-a/evt-1 again, now asking for 700.
+    pub conflict: Result<Processed, ProcessError>,
+    pub balance_after_conflict: i64,
+    /// 4. provider-a/evt-2 whose handler fails after its credit...
+    pub failed: Result<Processed, ProcessError>,
+    pub balance_after_failure: i64,
+    pub evt2_recorded_after_failure: bool,
+    /// ...and the sender's retry of it.
+    pub retry: Processed,
+    /// 5. The first responses of the concurrent deliveries of provider-a/evt-3, split by outcome.
+    pub applied: Vec<Response>,
+    pub duplicates: Vec<Response>,
+    /// 6. The state the seed checks.
+    pub balance: i64,
+    pub inbox_rows: i64,
+    pub credit_rows: i64,
+    /// 7. Exercises: the same event id from another source...
+    pub other_source: Processed,
+    pub balance_with_other_source: i64,
+    /// ...a credit to an account that does not exist...
+    pub missing_account: Result<Processed, ProcessError>,
+    pub inbox_rows_after_missing_account: i64,
+    /// ...and a late duplicate of evt-3, which replays its first response, not today's balance.
+    pub late_duplicate: Processed,
+}
+
+impl LedgerSummary {
+    /// The seed's final line: `balance=1500, inbox=3, applied=1, duplicate=19`.
+    pub fn seed_holds(&self) -> bool {
+        self.balance == 1500
+            && self.inbox_rows == 3
+            && self.applied.len() == 1
+            && self.duplicates.len() == DELIVERIES - 1
+    }
+}
+
+/// Runs the whole scenario on a new database in `dir`.
+pub fn run(dir: &Path) -> Result<LedgerSummary, BoxError> {
+    let inbox = Inbox::open(Options::new(dir.join("ledger.db")))?;
+    inbox.write_blocking(|c| c.execute_batch(SCHEMA))?;
+
+    let first = deliver(&inbox, credit("provider-a", "evt-1", 1, 500)?, false)?;
+    let repeat = deliver(&inbox, credit("provider-a", "evt-1", 1, 500)?, false)?;
+    let conflict = deliver(&inbox, credit("provider-a", "evt-1", 1, 700)?, false);
+    let balance_after_conflict = inbox.read_blocking(account_balance)?;
+
+    let evt2 = credit("provider-a", "evt-2", 1, 500)?;
+    let failed = deliver(&inbox, evt2.clone(), true);
+    let balance_after_failure = inbox.read_blocking(account_balance)?;
+    let evt2_recorded_after_failure = inbox.read_blocking(|c| recorded(c, &evt2.key))?;
+    let retry = deliver(&inbox, evt2, false)?;
+
+    let evt3 = credit("provider-a", "evt-3", 1, 500)?;
+    let (mut applied, mut duplicates) = (Vec::new(), Vec::new());
+    for outcome in deliver_concurrently(&inbox, &evt3) {
+        match outcome? {
+            Processed::Applied(r) => applied.push(r),
+            Processed::Duplicate(r) => duplicates.push(r),
+            other => return Err(format!("unexpected outcome for evt-3: {other:?}").into()),
+        }
+    }
+    let balance = inbox.read_blocking(account_balance)?;
+    let inbox_rows = inbox.read_blocking(|c| count(c, "oncebox_inbox"))?;
+    let credit_rows = inbox.read_blocking(|c| count(c, "credits"))?;
+
+    let other_source = deliver(&inbox, credit("provider-b", "evt-1", 1, 500)?, false)?;
+    let balance_with_other_source = inbox.read_blocking(account_balance)?;
+    let missing_account = deliver(&inbox, credit("provider-a", "evt-4", 99, 500)?, false);
+    let inbox_rows_after_missing_account = inbox.read_blocking(|c| count(c, "oncebox_inbox"))?;
+    let late_duplicate = deliver(&inbox, evt3, false)?;
+
+    Ok(LedgerSummary {
+        first,
+        repeat,
+        conflict,
+        balance_after_conflict,
+        failed,
+        balance_after_failure,
+        evt2_recorded_after_failure,
+        retry,
+        applied,
+        duplicates,
+        balance,
+        inbox_rows,
+        credit_rows,
+        other_source,
+        balance_with_other_source,
+        missing_account,
+        inbox_rows_after_missing_account,
+        late_duplicate,
+    })
+}
+
+/// The sender's side: a credit event. The key comes from the (already authenticated) sender,
+/// never from the payload.
+pub fn credit(
+    source: &str,
+    event_id: &str,
+    account_id: i64,
+    amount: i64,
+) -> Result<Event, BoxError> {
+    let payload = format!(r#"{{"account_id":{account_id},"amount":{amount}}}"#);
+    Ok(Event::json(Key::parse(source, event_id)?, payload)?)
+}
+
+/// One delivery. `fail_after_credit` simulates a crash of the handler after its SQL ran: the
+/// seed's `fail_after_insert`, here after the inbox claim *and* the credit.
+pub fn deliver(
+    inbox: &Inbox,
+    event: Event,
+    fail_after_credit: bool,
+) -> Result<Processed, ProcessError> {
+    // Read once, outside the transaction; a bad payload fails the handler and writes nothing.
+    let parsed = Credit::parse(&event.payload);
+    inbox.process_blocking(event, move |tx| {
+        let response = apply(tx, parsed.map_err(HandlerError::failed)?)?;
+        if fail_after_credit {
+            return Err(HandlerError::failed("simulated failure after the credit"));
+        }
+        Ok(response)
+    })
+}
+
+/// `DELIVERIES` deliveries of `event` from `THREADS` threads released together by a barrier,
+/// so they really race for the key (no sleeps).
+fn deliver_concurrently(inbox: &Inbox, event: &Event) -> Vec<Result<Processed, ProcessError>> {
+    let start = Barrier::new(THREADS);
+    std::thread::scope(|s| {
+        let workers: Vec<_> = (0..THREADS)
+            .map(|t| {
+                let start = &start;
+                s.spawn(move || {
+                    start.wait();
+                    (t..DELIVERIES)
+                        .step_by(THREADS)
+                        .map(|_| deliver(inbox, event.clone(), false))
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .flat_map(|w| w.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+            .collect()
+    })
+}
+
+/// The handler: the credit row, the balance and the response all go into the transaction that
+/// records the key, so a duplicate replays this exact body.
+fn apply(tx: &mut Tx<'_>, credit: Credit) -> Result<Response, HandlerError> {
+    let key = tx.key();
+    let conn = tx.conn();
+    conn.execute(
+        "INSERT INTO credits (source, event_id, account_id, amount) VALUES (?1, ?2, ?3, ?4)",
+        params![
+            key.source.as_str(),
+            key.event_id.as_str(),
+            credit.account_id,
+            credit.amount
+        ],
+    )?;
+    let updated = conn.execute(
+        "UPDATE accounts SET balance = balance + ?1 WHERE id = ?2",
+        params![credit.amount, credit.account_id],
+    )?;
+    // The foreign key already refuses a missing account; this keeps the handler honest if the
+    // schema ever loses it, since an UPDATE of no row is not an error to SQLite.
+    if updated != 1 {
+        return Err(HandlerError::failed(CreditError::NoAccount(
+            credit.account_id,
+        )));
+    }
+    // The balance *now*, inside the transaction: it cannot be recomputed later, when other
+    // credits have moved it, which is why the first response is stored.
+    let balance: i64 = conn.query_row(
+        "SELECT balance FROM accounts WHERE id = ?1",
+        [credit.account_id],
+        |r| r.get(0),
+    )?;
+    Ok(Response::completed(format!(r#"{{"balance":{balance}}}"#)))
+}
+
+/// A credit as the handler needs it, validated like the seed's `apply_credit`.
+#[derive(Debug, Clone, Copy)]
+struct Credit {
+    account_id: i64,
+    amount: i64,
+}
+
+#[derive(Debug, thiserror::Error)]
+enum CreditError {
+    #[error("payload is not JSON: {0}")]
+    Json(#[from] json::JsonError),
+    #[error("account_id must be a positive integer")]
+    Account,
+    /// Bounded so that sums stay far from i64 overflow in this demo; a real ledger also
+    /// bounds the balance.
+    #[error("amount must be an integer from 1 to 10^9")]
+    Amount,
+    #[error("account {0} does not exist")]
+    NoAccount(i64),
+}
+
+impl Credit {
+    fn parse(payload: &[u8]) -> Result<Credit, CreditError> {
+        let value = json::parse(payload)?;
+        let int = |name: &str| match value.pointer(&Pointer::from_tokens(vec![name.to_owned()])) {
+            Some(Value::Number(n)) => n.to_i64(),
+            _ => None,
+        };
+        let account_id = int("account_id")
+            .filter(|id| *id > 0)
+            .ok_or(CreditError::Account)?;
+        let amount = int("amount")
+            .filter(|a| (1..=1_000_000_000).contains(a))
+            .ok_or(CreditError::Amount)?;
+        Ok(Credit { account_id, amount })
+    }
+}
+
+fn account_balance(c: &Connection) -> oncebox_sqlite::rusqlite::Result<i64> {
+    c.query_row("SELECT balance FROM accounts WHERE id = 1", [], |r| {
+        r.get(0)
+    })
+}
+
+fn count(c: &Connection, table: &str) -> oncebox_sqlite::rusqlite::Result<i64> {
+    c.query_row(&format!("SELECT count(*) FROM {table}"), [], |r| r.get(0))
+}
+
+fn recorded(c: &Connection, key: &Key) -> oncebox_sqlite::rusqlite::Result<bool> {
+    c.query_row(
+        "SELECT EXISTS (SELECT 1 FROM oncebox_inbox WHERE source = ?1 AND event_id = ?2)",
+        params![key.source.as_str(), key.event_id.as_str()],
+        |r| r.get(0),
+    )
+}
+
+/// A human line for an outcome: the response body is JSON text, so show it as such.
+struct Show<'a, T>(&'a T);
+
+impl fmt::Display for Show<'_, Processed> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0 {
+            Processed::Applied(r) => write!(f, "applied {}", String::from_utf8_lossy(&r.body)),
+            Processed::Duplicate(r) => write!(f, "duplicate {}", String::from_utf8_lossy(&r.body)),
+            other => write!(f, "{other:?}"),
+        }
+    }
+}
+
+impl fmt::Display for Show<'_, Result<Processed, ProcessError>> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0 {
+            Ok(p) => Show(p).fmt(f),
+            Err(e) => write!(f, "error: {e}"),
+        }
+    }
+}
+
+impl fmt::Display for LedgerSummary {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let verdict = if self.seed_holds() { "OK" } else { "FAILED" };
+        writeln!(
+            f,
+            "{verdict}: balance={}, inbox={}, applied={}, duplicate={}",
+            self.balance,
+            self.inbox_rows,
+            self.applied.len(),
+            self.duplicates.len()
+        )?;
+        writeln!(f, "1. evt-1 credit 500:        {}", Show(&self.first))?;
+        writeln!(f, "2. evt-1 again:             {}", Show(&self.repeat))?;
+        writeln!(
+            f,
+            "3. evt-1 asking 700:        {} (balance {})",
+            Show(&self.conflict),
+            self.balance_after_conflict
+        )?;
+        writeln!(
+            f,
+            "4. evt-2 failing:           {} (balance {}, recorded {})",
+            Show(&self.failed),
+            self.balance_after_failure,
+            self.evt2_recorded_after_failure
+        )?;
+        writeln!(f, "   evt-2 retried:           {}", Show(&self.retry))?;
+        let first3 = self
+            .applied
+            .first()
+            .map(|r| String::from_utf8_lossy(&r.body));
+        writeln!(
+            f,
+            "5. evt-3 x{DELIVERIES} on {THREADS} threads:  {} applied {}, {} duplicates",
+            self.applied.len(),
+            first3.unwrap_or_default(),
+            self.duplicates.len()
+        )?;
+        writeln!(f, "6. credit rows:             {}", self.credit_rows)?;
+        writeln!(
+            f,
+            "7. provider-b/evt-1:        {} (balance {})",
+            Show(&self.other_source),
+            self.balance_with_other_source
+        )?;
+        writeln!(
+            f,
+            "   account 99:              {} (inbox {})",
+            Show(&self.missing_account),
+            self.inbox_rows_after_missing_account
+        )?;
+        write!(
+            f,
+            "   evt-3 late duplicate:    {}",
+            Show(&self.late_duplicate)
+        )
+    }
+}
+
+#[cfg_attr(test, allow(dead_code, reason = "the tests call `run`, not `main`"))]
+#[allow(clippy::print_stdout, reason = "an example reports what it did")]
+fn main() -> Result<(), BoxError> {
+    let dir = tempfile::tempdir()?;
+    let summary = run(dir.path())?;
+    println!("{summary}");
+    if summary.seed_holds() {
+        Ok(())
+    } else {
+        Err("the scenario did not end as the seed says".into())
+    }
+}

@@ -1,0 +1,52 @@
+//! The binary's command line, run as a user would run it.
+
+use std::process::Command;
+
+fn oncebox(db: &std::path::Path, args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_oncebox"))
+        .arg("--database")
+        .arg(format!("sqlite://{}", db.display()))
+        .args(args)
+        .env_remove("RUST_BACKTRACE")
+        .output()
+        .expect("run oncebox")
+}
+
+#[test]
+fn migrate_creates_the_database_and_stats_reads_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("o.db");
+    let out = oncebox(&db, &["migrate"]);
+    assert!(out.status.success(), "{out:?}");
+    assert!(db.exists());
+    let stats = oncebox(&db, &["stats"]);
+    let text = String::from_utf8(stats.stdout).unwrap();
+    assert!(
+        text.contains("conflicts    0") && text.contains("outbox       0"),
+        "{text}"
+    );
+}
+
+#[test]
+fn inspect_of_an_unknown_key_fails_with_a_clear_message() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("o.db");
+    let out = oncebox(&db, &["inspect", "shop", "evt-1"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no record for shop:evt-1"));
+    let bad = oncebox(&db, &["inspect", "Shop", "evt-1"]);
+    assert!(
+        String::from_utf8_lossy(&bad.stderr).contains("source must match"),
+        "{bad:?}"
+    );
+}
+
+#[test]
+fn unsupported_database_url_is_refused() {
+    let out = Command::new(env!("CARGO_BIN_EXE_oncebox"))
+        .args(["--database", "mysql://localhost/x", "stats"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("only sqlite://"));
+}
