@@ -1,5 +1,6 @@
 //! The `oncebox` binary: command line, database selection and wiring of the backends.
 
+use std::io::Write;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -62,7 +63,7 @@ async fn main() -> Result<()> {
         Inbox::open(Options::new(&path)).with_context(|| format!("opening {}", path.display()))?;
     let mut out = std::io::stdout().lock();
     match cli.command {
-        Command::Migrate => writeln(&mut out, format!("{}: schema up to date", path.display())),
+        Command::Migrate => Ok(writeln!(out, "{}: schema up to date", path.display())?),
         Command::Stats => {
             let rows = inbox
                 .read(|c| {
@@ -76,7 +77,7 @@ async fn main() -> Result<()> {
                 })
                 .await?;
             for (name, n) in rows {
-                writeln(&mut out, format!("{name:<12} {n}"))?;
+                writeln!(out, "{name:<12} {n}")?;
             }
             Ok(())
         }
@@ -91,22 +92,16 @@ async fn main() -> Result<()> {
                 }
                 other => format!("{other:?}"),
             };
-            writeln(&mut out, format!("key         {key}\nstate       {state}"))?;
-            writeln(&mut out, format!("received_at {}", record.received_at))?;
+            writeln!(out, "key         {key}\nstate       {state}")?;
+            writeln!(out, "received_at {}", record.received_at)?;
             let fp = record.fingerprint.map(|f| f.to_hex()).unwrap_or_default();
-            writeln(&mut out, format!("fingerprint {fp}"))
+            Ok(writeln!(out, "fingerprint {fp}")?)
         }
         Command::Purge { retention } => {
             let deleted = inbox
                 .purge(SystemClock.now(), &Retention::new(retention))
                 .await?;
-            writeln(&mut out, format!("purged {deleted} records"))
+            Ok(writeln!(out, "purged {deleted} records")?)
         }
     }
-}
-
-fn writeln(out: &mut impl std::io::Write, line: String) -> Result<()> {
-    out.write_all(line.as_bytes())?;
-    out.write_all(b"\n")?;
-    Ok(())
 }
