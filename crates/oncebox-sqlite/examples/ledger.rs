@@ -274,84 +274,67 @@ fn recorded(c: &Connection, key: &Key) -> oncebox_sqlite::rusqlite::Result<bool>
     )
 }
 
-/// A human line for an outcome: the response body is JSON text, so show it as such.
-struct Show<'a, T>(&'a T);
-
-impl fmt::Display for Show<'_, Processed> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.0 {
-            Processed::Applied(r) => write!(f, "applied {}", String::from_utf8_lossy(&r.body)),
-            Processed::Duplicate(r) => write!(f, "duplicate {}", String::from_utf8_lossy(&r.body)),
-            other => write!(f, "{other:?}"),
-        }
-    }
-}
-
-impl fmt::Display for Show<'_, Result<Processed, ProcessError>> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.0 {
-            Ok(p) => Show(p).fmt(f),
-            Err(e) => write!(f, "error: {e}"),
-        }
+/// A human line for an outcome: response bodies are JSON text, so show them as such.
+fn show(outcome: Result<&Processed, &ProcessError>) -> String {
+    let body = |r: &Response| String::from_utf8_lossy(&r.body).into_owned();
+    match outcome {
+        Ok(Processed::Applied(r)) => format!("applied {}", body(r)),
+        Ok(Processed::Duplicate(r)) => format!("duplicate {}", body(r)),
+        Ok(other) => format!("{other:?}"),
+        Err(ProcessError::Conflict { .. }) => "conflict: key reused with another payload".into(),
+        Err(e) => format!("error: {e}"),
     }
 }
 
 impl fmt::Display for LedgerSummary {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let verdict = if self.seed_holds() { "OK" } else { "FAILED" };
-        writeln!(
-            f,
-            "{verdict}: balance={}, inbox={}, applied={}, duplicate={}",
-            self.balance,
-            self.inbox_rows,
-            self.applied.len(),
-            self.duplicates.len()
-        )?;
-        writeln!(f, "1. evt-1 credit 500:        {}", Show(&self.first))?;
-        writeln!(f, "2. evt-1 again:             {}", Show(&self.repeat))?;
-        writeln!(
-            f,
-            "3. evt-1 asking 700:        {} (balance {})",
-            Show(&self.conflict),
-            self.balance_after_conflict
-        )?;
-        writeln!(
-            f,
-            "4. evt-2 failing:           {} (balance {}, recorded {})",
-            Show(&self.failed),
-            self.balance_after_failure,
-            self.evt2_recorded_after_failure
-        )?;
-        writeln!(f, "   evt-2 retried:           {}", Show(&self.retry))?;
-        let first3 = self
+        let (applied, duplicates) = (self.applied.len(), self.duplicates.len());
+        let evt3 = self
             .applied
             .first()
-            .map(|r| String::from_utf8_lossy(&r.body));
-        writeln!(
-            f,
-            "5. evt-3 x{DELIVERIES} on {THREADS} threads:  {} applied {}, {} duplicates",
-            self.applied.len(),
-            first3.unwrap_or_default(),
-            self.duplicates.len()
-        )?;
-        writeln!(f, "6. credit rows:             {}", self.credit_rows)?;
-        writeln!(
-            f,
-            "7. provider-b/evt-1:        {} (balance {})",
-            Show(&self.other_source),
-            self.balance_with_other_source
-        )?;
-        writeln!(
-            f,
-            "   account 99:              {} (inbox {})",
-            Show(&self.missing_account),
-            self.inbox_rows_after_missing_account
-        )?;
+            .cloned()
+            .map(Processed::Applied)
+            .ok_or(());
+        let lines = [
+            ("1. evt-1 credit 500", show(Ok(&self.first))),
+            ("2. evt-1 again", show(Ok(&self.repeat))),
+            ("3. evt-1 asking 700", show(self.conflict.as_ref())),
+            ("   balance", self.balance_after_conflict.to_string()),
+            ("4. evt-2 failing", show(self.failed.as_ref())),
+            (
+                "   balance, evt-2 kept",
+                format!(
+                    "{}, {}",
+                    self.balance_after_failure, self.evt2_recorded_after_failure
+                ),
+            ),
+            ("   evt-2 retried", show(Ok(&self.retry))),
+            (
+                "5. evt-3 first response",
+                evt3.map_or_else(|()| "none".into(), |p| show(&Ok(p))),
+            ),
+            ("6. credit rows", self.credit_rows.to_string()),
+            ("7. provider-b/evt-1", show(Ok(&self.other_source))),
+            ("   balance", self.balance_with_other_source.to_string()),
+            ("   account 99", show(self.missing_account.as_ref())),
+            (
+                "   inbox rows",
+                self.inbox_rows_after_missing_account.to_string(),
+            ),
+            (
+                "   evt-3 late duplicate",
+                show(Ok(&self.late_duplicate)),
+            ),
+        ];
         write!(
             f,
-            "   evt-3 late duplicate:    {}",
-            Show(&self.late_duplicate)
-        )
+            "{verdict}: balance={}, inbox={}, applied={applied}, duplicate={duplicates}",
+            self.balance, self.inbox_rows
+        )?;
+        lines
+            .iter()
+            .try_for_each(|(label, text)| write!(f, "\n{label:<26}{text}"))
     }
 }
 
