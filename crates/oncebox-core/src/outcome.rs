@@ -83,8 +83,31 @@ pub enum Processed {
 }
 
 impl Processed {
+    /// True for a replay of a committed key.
     pub fn is_duplicate(&self) -> bool {
         matches!(self, Processed::Duplicate(_))
+    }
+
+    /// True when the handler ran now and its effect committed (not a refusal).
+    pub fn is_applied(&self) -> bool {
+        matches!(self, Processed::Applied(r) if r.kind == ResponseKind::Completed)
+    }
+
+    /// True for a stale event, first delivery or replay alike.
+    pub fn is_stale(&self) -> bool {
+        match self {
+            Processed::Stale => true,
+            Processed::Applied(r) | Processed::Duplicate(r) => r.kind == ResponseKind::Stale,
+        }
+    }
+
+    /// The response to give the sender: the one stored with the key (for `Stale`, an empty
+    /// stale response).
+    pub fn response(&self) -> Response {
+        match self {
+            Processed::Applied(r) | Processed::Duplicate(r) => r.clone(),
+            Processed::Stale => Response::stale(),
+        }
     }
 }
 

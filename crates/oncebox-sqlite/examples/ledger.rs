@@ -6,7 +6,7 @@ use std::sync::Barrier;
 
 use oncebox_core::json::{self, Pointer, Value};
 use oncebox_core::{Event, Key, ProcessError, Processed, Response};
-use oncebox_sqlite::rusqlite::{Connection, params};
+use oncebox_sqlite::rusqlite::{self, Connection, params};
 use oncebox_sqlite::{HandlerError, Inbox, Options, Tx};
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -131,28 +131,19 @@ pub fn run(dir: &Path) -> Result<LedgerSummary, BoxError> {
 
 /// The sender's side: a credit event. The key comes from the (already authenticated) sender,
 /// never from the payload.
-pub fn credit(
-    source: &str,
-    event_id: &str,
-    account_id: i64,
-    amount: i64,
-) -> Result<Event, BoxError> {
-    let payload = format!(r#"{{"account_id":{account_id},"amount":{amount}}}"#);
-    Ok(Event::json(Key::parse(source, event_id)?, payload)?)
+pub fn credit(source: &str, id: &str, account: i64, amount: i64) -> Result<Event, BoxError> {
+    let payload = format!(r#"{{"account_id":{account},"amount":{amount}}}"#);
+    Ok(Event::json(Key::parse(source, id)?, payload)?)
 }
 
-/// One delivery. `fail_after_credit` simulates a crash of the handler after its SQL ran: the
-/// seed's `fail_after_insert`, here after the inbox claim *and* the credit.
-pub fn deliver(
-    inbox: &Inbox,
-    event: Event,
-    fail_after_credit: bool,
-) -> Result<Processed, ProcessError> {
+/// One delivery. `then_fail` simulates a failure of the handler after its SQL ran: the seed's
+/// `fail_after_insert`, here after the inbox claim *and* the credit.
+pub fn deliver(inbox: &Inbox, event: Event, then_fail: bool) -> Result<Processed, ProcessError> {
     // Read once, outside the transaction; a bad payload fails the handler and writes nothing.
     let parsed = Credit::parse(&event.payload);
     inbox.process_blocking(event, move |tx| {
         let response = apply(tx, parsed.map_err(HandlerError::failed)?)?;
-        if fail_after_credit {
+        if then_fail {
             return Err(HandlerError::failed("simulated failure after the credit"));
         }
         Ok(response)
@@ -186,33 +177,26 @@ fn deliver_concurrently(inbox: &Inbox, event: &Event) -> Vec<Result<Processed, P
 /// The handler: the credit row, the balance and the response all go into the transaction that
 /// records the key, so a duplicate replays this exact body.
 fn apply(tx: &mut Tx<'_>, credit: Credit) -> Result<Response, HandlerError> {
-    let key = tx.key();
-    let conn = tx.conn();
+    let Credit { account, amount } = credit;
+    let (key, conn) = (tx.key(), tx.conn());
     conn.execute(
         "INSERT INTO credits (source, event_id, account_id, amount) VALUES (?1, ?2, ?3, ?4)",
-        params![
-            key.source.as_str(),
-            key.event_id.as_str(),
-            credit.account_id,
-            credit.amount
-        ],
+        params![key.source.as_str(), key.event_id.as_str(), account, amount],
     )?;
     let updated = conn.execute(
         "UPDATE accounts SET balance = balance + ?1 WHERE id = ?2",
-        params![credit.amount, credit.account_id],
+        params![amount, account],
     )?;
     // The foreign key already refuses a missing account; this keeps the handler honest if the
     // schema ever loses it, since an UPDATE of no row is not an error to SQLite.
     if updated != 1 {
-        return Err(HandlerError::failed(CreditError::NoAccount(
-            credit.account_id,
-        )));
+        return Err(HandlerError::failed(CreditError::NoAccount(account)));
     }
     // The balance *now*, inside the transaction: it cannot be recomputed later, when other
     // credits have moved it, which is why the first response is stored.
     let balance: i64 = conn.query_row(
         "SELECT balance FROM accounts WHERE id = ?1",
-        [credit.account_id],
+        [account],
         |r| r.get(0),
     )?;
     Ok(Response::completed(format!(r#"{{"balance":{balance}}}"#)))
@@ -221,7 +205,7 @@ fn apply(tx: &mut Tx<'_>, credit: Credit) -> Result<Response, HandlerError> {
 /// A credit as the handler needs it, validated like the seed's `apply_credit`.
 #[derive(Debug, Clone, Copy)]
 struct Credit {
-    account_id: i64,
+    account: i64,
     amount: i64,
 }
 
@@ -246,27 +230,27 @@ impl Credit {
             Some(Value::Number(n)) => n.to_i64(),
             _ => None,
         };
-        let account_id = int("account_id")
+        let account = int("account_id")
             .filter(|id| *id > 0)
             .ok_or(CreditError::Account)?;
         let amount = int("amount")
             .filter(|a| (1..=1_000_000_000).contains(a))
             .ok_or(CreditError::Amount)?;
-        Ok(Credit { account_id, amount })
+        Ok(Credit { account, amount })
     }
 }
 
-fn account_balance(c: &Connection) -> oncebox_sqlite::rusqlite::Result<i64> {
+fn account_balance(c: &Connection) -> rusqlite::Result<i64> {
     c.query_row("SELECT balance FROM accounts WHERE id = 1", [], |r| {
         r.get(0)
     })
 }
 
-fn count(c: &Connection, table: &str) -> oncebox_sqlite::rusqlite::Result<i64> {
+fn count(c: &Connection, table: &str) -> rusqlite::Result<i64> {
     c.query_row(&format!("SELECT count(*) FROM {table}"), [], |r| r.get(0))
 }
 
-fn recorded(c: &Connection, key: &Key) -> oncebox_sqlite::rusqlite::Result<bool> {
+fn recorded(c: &Connection, key: &Key) -> rusqlite::Result<bool> {
     c.query_row(
         "SELECT EXISTS (SELECT 1 FROM oncebox_inbox WHERE source = ?1 AND event_id = ?2)",
         params![key.source.as_str(), key.event_id.as_str()],
@@ -289,52 +273,44 @@ fn show(outcome: Result<&Processed, &ProcessError>) -> String {
 impl fmt::Display for LedgerSummary {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let verdict = if self.seed_holds() { "OK" } else { "FAILED" };
-        let (applied, duplicates) = (self.applied.len(), self.duplicates.len());
+        let (balance, inbox) = (self.balance, self.inbox_rows);
+        let (applied, duplicate) = (self.applied.len(), self.duplicates.len());
+        writeln!(
+            f,
+            "{verdict}: balance={balance}, inbox={inbox}, applied={applied}, duplicate={duplicate}"
+        )?;
         let evt3 = self
             .applied
             .first()
-            .cloned()
-            .map(Processed::Applied)
-            .ok_or(());
+            .map(|r| String::from_utf8_lossy(&r.body));
         let lines = [
-            ("1. evt-1 credit 500", show(Ok(&self.first))),
-            ("2. evt-1 again", show(Ok(&self.repeat))),
-            ("3. evt-1 asking 700", show(self.conflict.as_ref())),
-            ("   balance", self.balance_after_conflict.to_string()),
-            ("4. evt-2 failing", show(self.failed.as_ref())),
+            ("evt-1 credit 500", show(Ok(&self.first))),
+            ("evt-1 again", show(Ok(&self.repeat))),
+            ("evt-1 asking 700", show(self.conflict.as_ref())),
+            ("evt-2 failing", show(self.failed.as_ref())),
+            ("evt-2 retried", show(Ok(&self.retry))),
             (
-                "   balance, evt-2 kept",
-                format!(
-                    "{}, {}",
-                    self.balance_after_failure, self.evt2_recorded_after_failure
-                ),
+                "evt-3 first response",
+                evt3.unwrap_or_default().into_owned(),
             ),
-            ("   evt-2 retried", show(Ok(&self.retry))),
-            (
-                "5. evt-3 first response",
-                evt3.map_or_else(|()| "none".into(), |p| show(&Ok(p))),
-            ),
-            ("6. credit rows", self.credit_rows.to_string()),
-            ("7. provider-b/evt-1", show(Ok(&self.other_source))),
-            ("   balance", self.balance_with_other_source.to_string()),
-            ("   account 99", show(self.missing_account.as_ref())),
-            (
-                "   inbox rows",
-                self.inbox_rows_after_missing_account.to_string(),
-            ),
-            (
-                "   evt-3 late duplicate",
-                show(Ok(&self.late_duplicate)),
-            ),
+            ("provider-b/evt-1", show(Ok(&self.other_source))),
+            ("account 99", show(self.missing_account.as_ref())),
+            ("evt-3 late duplicate", show(Ok(&self.late_duplicate))),
         ];
+        for (label, text) in lines {
+            writeln!(f, "{label:<22}{text}")?;
+        }
         write!(
             f,
-            "{verdict}: balance={}, inbox={}, applied={applied}, duplicate={duplicates}",
-            self.balance, self.inbox_rows
-        )?;
-        lines
-            .iter()
-            .try_for_each(|(label, text)| write!(f, "\n{label:<26}{text}"))
+            "balance after the conflict {}, after the failure {} (evt-2 recorded: {}), \
+             after provider-b {}; credit rows {}; inbox rows after account 99: {}",
+            self.balance_after_conflict,
+            self.balance_after_failure,
+            self.evt2_recorded_after_failure,
+            self.balance_with_other_source,
+            self.credit_rows,
+            self.inbox_rows_after_missing_account
+        )
     }
 }
 

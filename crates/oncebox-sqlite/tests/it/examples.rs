@@ -1,0 +1,127 @@
+//! The examples' scenarios as tests: seed 003's ledger and seed 004's thank-you emails, each on
+//! its own SQLite file, every step checked against exact values.
+
+#[path = "../../examples/ledger.rs"]
+mod ledger;
+#[path = "../../examples/thank_you.rs"]
+mod thank_you;
+
+use oncebox_core::{ProcessError, Processed, Response};
+
+fn balance(n: i64) -> Response {
+    Response::completed(format!(r#"{{"balance":{n}}}"#))
+}
+
+/// The message of a handler failure, or a panic naming what came instead.
+fn handler_failure(outcome: &Result<Processed, ProcessError>) -> String {
+    match outcome {
+        Err(ProcessError::Handler(e)) => e.to_string(),
+        other => panic!("expected a handler failure, got {other:?}"),
+    }
+}
+
+#[test]
+fn ledger_scenario_matches_the_seed() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let s = ledger::run(dir.path()).expect("ledger scenario");
+    assert!(s.seed_holds(), "{s}");
+
+    // 1–2: applied once; the duplicate replays the first response.
+    assert_eq!(s.first, Processed::Applied(balance(500)));
+    assert_eq!(s.repeat, Processed::Duplicate(balance(500)));
+
+    // 3: the same key with another amount is a conflict and changes nothing.
+    assert!(
+        matches!(s.conflict, Err(ProcessError::Conflict { .. })),
+        "{:?}",
+        s.conflict
+    );
+    assert_eq!(s.balance_after_conflict, 500);
+
+    // 4: a failure after the credit rolls back the credit and the key; the retry applies.
+    assert_eq!(
+        handler_failure(&s.failed),
+        "simulated failure after the credit"
+    );
+    assert_eq!(s.balance_after_failure, 500);
+    assert!(!s.evt2_recorded_after_failure);
+    assert_eq!(s.retry, Processed::Applied(balance(1000)));
+
+    // 5: 20 racing deliveries, one effect; every duplicate replays the one first response.
+    assert_eq!(s.applied, vec![balance(1500)]);
+    assert_eq!(s.duplicates, vec![balance(1500); ledger::DELIVERIES - 1]);
+
+    // 6: the seed's final state.
+    assert_eq!(s.balance, 1500);
+    assert_eq!(s.inbox_rows, 3);
+    assert_eq!(s.credit_rows, 3, "one credit row per key");
+
+    // 7: exercises. The source is part of the key.
+    assert_eq!(s.other_source, Processed::Applied(balance(2000)));
+    assert_eq!(s.balance_with_other_source, 2000);
+    // A missing account fails on the foreign key and leaves no inbox row.
+    assert!(
+        handler_failure(&s.missing_account).contains("FOREIGN KEY"),
+        "{:?}",
+        s.missing_account
+    );
+    assert_eq!(s.inbox_rows_after_missing_account, 4);
+    // The stored first response is replayed, not recomputed from today's balance of 2000.
+    assert_eq!(s.late_duplicate, Processed::Duplicate(balance(1500)));
+}
+
+#[test]
+fn thank_you_scenario_sends_one_email_per_order() {
+    oncebox_testkit::run(async {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let s = thank_you::run(dir.path())
+            .await
+            .expect("thank-you scenario");
+        let body = |order: &str, status: &str, thank_you: &str| {
+            Response::completed(format!(
+                r#"{{"order_id":"{order}","status":"{status}","thank_you":"{thank_you}"}}"#
+            ))
+        };
+        let pairs = |items: &[(&str, &str)]| -> Vec<(String, String)> {
+            items
+                .iter()
+                .map(|(a, b)| ((*a).to_owned(), (*b).to_owned()))
+                .collect()
+        };
+
+        assert_eq!(
+            s.created,
+            Processed::Applied(body("o-1", "created", "none"))
+        );
+        assert_eq!(s.paid, Processed::Applied(body("o-1", "paid", "queued")));
+        assert_eq!(s.emails_after_paid, 1);
+        // Another event id for the same payment: applied, but the action key holds the email.
+        assert_eq!(
+            s.re_exported,
+            Processed::Applied(body("o-1", "paid", "already-queued"))
+        );
+        assert_eq!(s.emails_after_re_export, 1);
+        assert_eq!(
+            s.redelivered,
+            Processed::Duplicate(body("o-1", "paid", "queued"))
+        );
+        // An older "created" is stale and does not move the paid order back.
+        assert_eq!(s.late_created, Processed::Stale);
+        assert_eq!(s.status_after_late, "paid");
+        // The customer's next purchase is a new order with its own email.
+        assert_eq!(
+            s.next_created,
+            Processed::Applied(body("o-2", "created", "none"))
+        );
+        assert_eq!(
+            s.next_paid,
+            Processed::Applied(body("o-2", "paid", "queued"))
+        );
+
+        assert_eq!(s.emails, pairs(&[("o-1", "c-1"), ("o-2", "c-1")]));
+        assert_eq!(
+            s.outbox,
+            pairs(&[("email", "thank-you:o-1"), ("email", "thank-you:o-2")])
+        );
+    });
+}
