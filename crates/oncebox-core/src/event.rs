@@ -10,6 +10,16 @@ pub struct Event {
     /// The exact bytes received; kept so a conflict can be audited and an event redelivered.
     pub payload: Vec<u8>,
     pub fingerprint: Fingerprint,
+    /// How it arrived, kept for operators and for redelivery with the original content type.
+    pub meta: Meta,
+}
+
+/// Transport details of an event: its content type and the request headers worth keeping.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Meta {
+    pub content_type: Option<String>,
+    /// Lowercase names, in arrival order; credentials (authorization, cookies) are never kept.
+    pub headers: Vec<(String, String)>,
 }
 
 impl Event {
@@ -21,6 +31,7 @@ impl Event {
             key,
             payload,
             fingerprint,
+            meta: Meta::default(),
         })
     }
 
@@ -31,6 +42,11 @@ impl Event {
 
     pub fn source(&self) -> &Source {
         &self.key.source
+    }
+
+    pub fn with_meta(mut self, meta: Meta) -> Event {
+        self.meta = meta;
+        self
     }
 }
 

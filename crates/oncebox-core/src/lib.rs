@@ -9,9 +9,11 @@ pub mod key;
 pub mod lease;
 pub mod outcome;
 pub mod retention;
+pub mod signature;
+pub mod store;
 
 pub use clock::{Clock, ManualClock, SystemClock, Timestamp};
-pub use event::{Event, OutboxMessage};
+pub use event::{Event, Meta, OutboxMessage};
 pub use fingerprint::{Fingerprint, FingerprintMode, PayloadError};
 pub use key::{EventId, InvalidKey, Key, Source};
 pub use lease::{Begun, Lease, LeaseError};

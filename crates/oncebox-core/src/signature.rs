@@ -18,7 +18,7 @@ use base64::Engine as _;
 use base64::engine::general_purpose::{GeneralPurpose, GeneralPurposeConfig};
 use base64::engine::{DecodePaddingMode, general_purpose};
 use hmac::digest::generic_array::GenericArray;
-use hmac::{Hmac, KeyInit as _, Mac as _};
+use hmac::{Hmac, Mac as _};
 use sha2::{Digest as _, Sha256};
 use subtle::{Choice, ConstantTimeEq as _};
 use thiserror::Error;
@@ -26,11 +26,12 @@ use thiserror::Error;
 use crate::clock::Timestamp;
 
 /// A header value longer than this is refused before any decoding or MAC. Real signature headers
-/// are well under 1 KiB even with a full rotation list.
+/// are well under 1 KiB even with a full rotation list. (Error messages spell out the number.)
 pub const MAX_HEADER_BYTES: usize = 64 * 1024;
 
 /// At most this many signatures in one rotation list (Standard Webhooks entries, Stripe `v1`
-/// entries): each one costs a comparison for every configured secret.
+/// entries): each one costs a comparison for every configured secret. (Error messages spell out
+/// the number.)
 pub const MAX_SIGNATURES: usize = 64;
 
 /// Bytes of an HMAC-SHA256 tag.
@@ -68,7 +69,7 @@ impl Headers for [(&str, &[u8])] {
 
 impl<const N: usize> Headers for [(&str, &[u8]); N] {
     fn get(&self, name: &str) -> Option<&[u8]> {
-        self.as_slice().get(name)
+        Headers::get(self.as_slice(), name)
     }
 }
 
@@ -230,7 +231,10 @@ pub enum SignatureError {
     #[error("required header `{header}` is missing")]
     Missing { header: String },
     #[error("header `{header}` is malformed: {reason}")]
-    Malformed { header: String, reason: &'static str },
+    Malformed {
+        header: String,
+        reason: &'static str,
+    },
     /// Also the answer when no secret is configured: verification fails closed.
     #[error("no signature matches a configured secret")]
     Mismatch,
@@ -318,7 +322,11 @@ impl Check<'_> {
 
     /// Whether any secret's tag over `signed` equals any candidate. Every pair is compared,
     /// without early exit, so timing says nothing about which secret or entry matched.
-    fn matches(&self, signed: &[&[u8]], candidates: &[[u8; TAG_LEN]]) -> Result<(), SignatureError> {
+    fn matches(
+        &self,
+        signed: &[&[u8]],
+        candidates: &[[u8; TAG_LEN]],
+    ) -> Result<(), SignatureError> {
         let mut found = Choice::from(0);
         for secret in self.secrets {
             let tag = secret.tag(signed);
@@ -342,7 +350,10 @@ fn malformed(header: &str, reason: &'static str) -> SignatureError {
 }
 
 /// A required header's value, refused when absent or longer than [`MAX_HEADER_BYTES`].
-fn required<'h, H: Headers + ?Sized>(headers: &'h H, name: &str) -> Result<&'h [u8], SignatureError> {
+fn required<'h, H: Headers + ?Sized>(
+    headers: &'h H,
+    name: &str,
+) -> Result<&'h [u8], SignatureError> {
     let value = headers.get(name).ok_or_else(|| SignatureError::Missing {
         header: name.to_owned(),
     })?;
@@ -356,7 +367,8 @@ fn required<'h, H: Headers + ?Sized>(headers: &'h H, name: &str) -> Result<&'h [
 /// zero (so the text is the one reformatting would produce, and signing it is unambiguous).
 /// Negative times are refused as malformed: no sender signs before 1970.
 fn parse_seconds(text: &[u8]) -> Result<Timestamp, &'static str> {
-    const RULE: &str = "timestamp must be unix seconds in decimal digits without sign or leading zero";
+    const RULE: &str =
+        "timestamp must be unix seconds in decimal digits without sign or leading zero";
     let (first, _) = text.split_first().ok_or(RULE)?;
     if !text.iter().all(u8::is_ascii_digit) || (*first == b'0' && text.len() > 1) {
         return Err(RULE);

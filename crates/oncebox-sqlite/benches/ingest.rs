@@ -173,7 +173,10 @@ fn oncebox(dir: &Path, load: &Load, rt: &tokio::runtime::Runtime) -> (f64, usize
     });
     let stats = inbox.stats();
     let per_commit = stats.committed_requests() as f64 / stats.commits().max(1) as f64;
-    println!("    oncebox: {} commits, {per_commit:.1} requests per commit", stats.commits());
+    println!(
+        "    oncebox: {} commits, {per_commit:.1} requests per commit",
+        stats.commits()
+    );
     (rate(load, start), applied)
 }
 

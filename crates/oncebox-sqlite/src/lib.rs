@@ -27,6 +27,7 @@ mod process;
 mod purge;
 mod read;
 mod schema;
+mod store;
 mod tx;
 mod writer;
 

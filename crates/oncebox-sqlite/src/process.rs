@@ -103,8 +103,8 @@ pub(crate) fn claim(
         .conn
         .prepare_cached(
             "INSERT INTO oncebox_inbox (source, event_id, fingerprint, state, payload, received_at,
-               lease_token, lease_expires_at)
-             VALUES (?1, ?2, ?3, 'processing', ?4, ?5, ?6, ?7)
+               lease_token, lease_expires_at, content_type, headers)
+             VALUES (?1, ?2, ?3, 'processing', ?4, ?5, ?6, ?7, ?8, ?9)
              ON CONFLICT (source, event_id) DO NOTHING",
         )?
         .execute(params![
@@ -114,7 +114,9 @@ pub(crate) fn claim(
             event.payload,
             cx.now.millis(),
             token,
-            expires
+            expires,
+            event.meta.content_type,
+            headers_text(&event.meta)
         ])?;
     if inserted == 1 {
         return Ok(Claim::Fresh(cx.conn.last_insert_rowid()));
@@ -200,8 +202,8 @@ fn record_terminal(cx: &Cx<'_>, event: &Event, response: &Response) -> Result<()
     cx.conn
         .prepare_cached(
             "INSERT INTO oncebox_inbox (source, event_id, fingerprint, state, response, payload,
-               received_at, completed_at)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?7)
+               received_at, completed_at, content_type, headers)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?7, ?8, ?9)
              ON CONFLICT (source, event_id) DO UPDATE SET state = excluded.state,
                response = excluded.response, completed_at = excluded.completed_at,
                lease_token = NULL, lease_expires_at = NULL",
@@ -213,9 +215,27 @@ fn record_terminal(cx: &Cx<'_>, event: &Event, response: &Response) -> Result<()
             response.kind.as_str(),
             body,
             event.payload,
-            cx.now.millis()
+            cx.now.millis(),
+            event.meta.content_type,
+            headers_text(&event.meta)
         ])?;
     Ok(())
+}
+
+/// Headers as `name: value` lines; HTTP header values cannot contain a line break. `None` when
+/// there are none, so the library's events cost no extra bytes.
+pub(crate) fn headers_text(meta: &oncebox_core::Meta) -> Option<String> {
+    if meta.headers.is_empty() {
+        return None;
+    }
+    let mut text = String::new();
+    for (name, value) in &meta.headers {
+        text.push_str(name);
+        text.push_str(": ");
+        text.push_str(value);
+        text.push('\n');
+    }
+    Some(text)
 }
 
 fn record_conflict(cx: &Cx<'_>, event: &Event, stored: &[u8]) -> Result<(), Fatal> {

@@ -7,7 +7,8 @@ use crate::options::{Durability, Options};
 
 /// Migrations in order; `PRAGMA user_version` records how many ran. Never edit a released entry:
 /// append a new one.
-const MIGRATIONS: &[&str] = &[r#"
+const MIGRATIONS: &[&str] = &[
+    r#"
 CREATE TABLE oncebox_inbox (
     id               INTEGER PRIMARY KEY,
     source           TEXT NOT NULL,
@@ -73,7 +74,13 @@ CREATE TABLE oncebox_outbox (
 CREATE TABLE oncebox_meta (name TEXT PRIMARY KEY, value INTEGER NOT NULL) WITHOUT ROWID;
 -- The fencing-token counter only grows; tokens are never reused, even after a key is released.
 INSERT INTO oncebox_meta (name, value) VALUES ('fence', 0);
-"#];
+"#,
+    r#"
+-- How an event arrived: its content type and request headers ("name: value" lines).
+ALTER TABLE oncebox_inbox ADD COLUMN content_type TEXT;
+ALTER TABLE oncebox_inbox ADD COLUMN headers TEXT;
+"#,
+];
 
 pub(crate) const VERSION: i64 = MIGRATIONS.len() as i64;
 

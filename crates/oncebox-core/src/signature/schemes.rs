@@ -1,0 +1,227 @@
+//! The wire format of each signature scheme: which headers, which bytes are signed, how parsed.
+
+use base64::Engine as _;
+use base64::engine::general_purpose;
+
+use crate::clock::Timestamp;
+
+use super::{
+    Check, Encoding, Headers, MAX_SIGNATURES, Secret, SignatureError, TAG_LEN, Verified,
+    decode_base64_tag, decode_hex_tag, malformed, parse_seconds, required, seconds,
+};
+
+// Header names are lowercase: `Headers::get` is always asked in lowercase.
+const WEBHOOK_ID: &str = "webhook-id";
+const WEBHOOK_TIMESTAMP: &str = "webhook-timestamp";
+const WEBHOOK_SIGNATURE: &str = "webhook-signature";
+const STRIPE_SIGNATURE: &str = "stripe-signature";
+const GITHUB_SIGNATURE: &str = "x-hub-signature-256";
+const GITHUB_PREFIX: &str = "sha256=";
+
+pub(super) fn verify_standard_webhooks<H: Headers + ?Sized>(
+    check: &Check<'_>,
+    headers: &H,
+) -> Result<Verified, SignatureError> {
+    let id = required(headers, WEBHOOK_ID)?;
+    let timestamp = required(headers, WEBHOOK_TIMESTAMP)?;
+    let list = required(headers, WEBHOOK_SIGNATURE)?;
+    if id.is_empty() {
+        return Err(malformed(WEBHOOK_ID, "must not be empty"));
+    }
+    let webhook_id = std::str::from_utf8(id)
+        .map_err(|_| malformed(WEBHOOK_ID, "must be UTF-8"))?
+        .to_owned();
+    let signed_at = parse_seconds(timestamp).map_err(|r| malformed(WEBHOOK_TIMESTAMP, r))?;
+    let candidates = standard_webhooks_list(list)?;
+    check.within_tolerance(signed_at)?;
+    // The header text is signed as sent; `parse_seconds` accepted only the canonical spelling,
+    // so it equals the reformatted number the reference libraries sign.
+    check.matches(&[id, b".", timestamp, b".", check.body], &candidates)?;
+    Ok(Verified {
+        timestamp: Some(signed_at),
+        webhook_id: Some(webhook_id),
+    })
+}
+
+/// The `v1` tags of a `webhook-signature` list: `version,signature` entries separated by single
+/// spaces. Other versions (`v1a` is ed25519) are skipped unchecked, as the spec asks; a `v1`
+/// entry that does not decode spoils the whole header rather than being skipped, so a sender's
+/// encoding bug shows up as "malformed" instead of a puzzling mismatch.
+fn standard_webhooks_list(value: &[u8]) -> Result<Vec<[u8; TAG_LEN]>, SignatureError> {
+    let entries = || value.split(|b| *b == b' ');
+    if entries().count() > MAX_SIGNATURES {
+        return Err(malformed(WEBHOOK_SIGNATURE, "more than 64 signatures"));
+    }
+    let mut candidates = Vec::new();
+    for entry in entries() {
+        let (version, signature) = split_at_byte(entry, b',')
+            .filter(|(version, _)| !version.is_empty())
+            .ok_or_else(|| {
+                malformed(
+                    WEBHOOK_SIGNATURE,
+                    "entries must be `version,signature` separated by single spaces",
+                )
+            })?;
+        if version == b"v1" {
+            let tag = decode_base64_tag(signature).ok_or_else(|| {
+                malformed(
+                    WEBHOOK_SIGNATURE,
+                    "a v1 signature must be standard padded base64 of 32 bytes",
+                )
+            })?;
+            candidates.push(tag);
+        }
+    }
+    if candidates.is_empty() {
+        return Err(malformed(WEBHOOK_SIGNATURE, "no v1 signature"));
+    }
+    Ok(candidates)
+}
+
+pub(super) fn verify_stripe<H: Headers + ?Sized>(
+    check: &Check<'_>,
+    headers: &H,
+) -> Result<Verified, SignatureError> {
+    let value = required(headers, STRIPE_SIGNATURE)?;
+    let mut timestamp = None;
+    let mut candidates = Vec::new();
+    for item in value.split(|b| *b == b',') {
+        let (key, val) = split_at_byte(item, b'=').ok_or_else(|| {
+            malformed(
+                STRIPE_SIGNATURE,
+                "entries must be `key=value` separated by commas",
+            )
+        })?;
+        match key {
+            b"t" => {
+                if timestamp.is_some() {
+                    return Err(malformed(STRIPE_SIGNATURE, "more than one t= timestamp"));
+                }
+                timestamp = Some(val);
+            }
+            b"v1" => {
+                if candidates.len() >= MAX_SIGNATURES {
+                    return Err(malformed(STRIPE_SIGNATURE, "more than 64 v1 signatures"));
+                }
+                let tag = decode_hex_tag(val).ok_or_else(|| {
+                    malformed(STRIPE_SIGNATURE, "a v1 signature must be 64 hex digits")
+                })?;
+                candidates.push(tag);
+            }
+            // `v0` is Stripe's test-mode scheme and other keys may come later: only `v1` proves
+            // anything, as Stripe's own libraries decide.
+            _ => {}
+        }
+    }
+    let timestamp = timestamp.ok_or_else(|| malformed(STRIPE_SIGNATURE, "no t= timestamp"))?;
+    let signed_at = parse_seconds(timestamp).map_err(|r| malformed(STRIPE_SIGNATURE, r))?;
+    if candidates.is_empty() {
+        return Err(malformed(STRIPE_SIGNATURE, "no v1 signature"));
+    }
+    check.within_tolerance(signed_at)?;
+    check.matches(&[timestamp, b".", check.body], &candidates)?;
+    Ok(Verified {
+        timestamp: Some(signed_at),
+        webhook_id: None,
+    })
+}
+
+pub(super) fn verify_github<H: Headers + ?Sized>(
+    check: &Check<'_>,
+    headers: &H,
+) -> Result<Verified, SignatureError> {
+    let value = required(headers, GITHUB_SIGNATURE)?;
+    let tag = value
+        .strip_prefix(GITHUB_PREFIX.as_bytes())
+        .and_then(decode_hex_tag)
+        .ok_or_else(|| malformed(GITHUB_SIGNATURE, "must be `sha256=` and 64 hex digits"))?;
+    check.matches(&[check.body], &[tag])?;
+    Ok(Verified {
+        timestamp: None,
+        webhook_id: None,
+    })
+}
+
+pub(super) fn verify_hmac_sha256<H: Headers + ?Sized>(
+    check: &Check<'_>,
+    headers: &H,
+    header: &str,
+    encoding: Encoding,
+    prefix: &str,
+) -> Result<Verified, SignatureError> {
+    let name = header.to_ascii_lowercase();
+    let value = required(headers, &name)?;
+    let encoded = value
+        .strip_prefix(prefix.as_bytes())
+        .ok_or_else(|| malformed(&name, "does not start with the configured prefix"))?;
+    let tag = match encoding {
+        Encoding::Hex => decode_hex_tag(encoded)
+            .ok_or_else(|| malformed(&name, "must be 64 hex digits after the prefix"))?,
+        Encoding::Base64 => decode_base64_tag(encoded).ok_or_else(|| {
+            malformed(
+                &name,
+                "must be standard padded base64 of 32 bytes after the prefix",
+            )
+        })?,
+    };
+    check.matches(&[check.body], &[tag])?;
+    Ok(Verified {
+        timestamp: None,
+        webhook_id: None,
+    })
+}
+
+pub(super) fn sign_standard_webhooks(
+    secret: &Secret,
+    id: &str,
+    timestamp: Timestamp,
+    body: &[u8],
+) -> Vec<(String, String)> {
+    let timestamp = seconds(timestamp).to_string();
+    let tag = secret.tag(&[id.as_bytes(), b".", timestamp.as_bytes(), b".", body]);
+    let signature = format!("v1,{}", general_purpose::STANDARD.encode(tag));
+    vec![
+        (WEBHOOK_ID.to_owned(), id.to_owned()),
+        (WEBHOOK_TIMESTAMP.to_owned(), timestamp),
+        (WEBHOOK_SIGNATURE.to_owned(), signature),
+    ]
+}
+
+pub(super) fn sign_stripe(
+    secret: &Secret,
+    timestamp: Timestamp,
+    body: &[u8],
+) -> Vec<(String, String)> {
+    let timestamp = seconds(timestamp).to_string();
+    let tag = secret.tag(&[timestamp.as_bytes(), b".", body]);
+    let value = format!("t={timestamp},v1={}", hex::encode(tag));
+    vec![(STRIPE_SIGNATURE.to_owned(), value)]
+}
+
+pub(super) fn sign_github(secret: &Secret, body: &[u8]) -> Vec<(String, String)> {
+    let tag = secret.tag(&[body]);
+    let value = format!("{GITHUB_PREFIX}{}", hex::encode(tag));
+    vec![(GITHUB_SIGNATURE.to_owned(), value)]
+}
+
+pub(super) fn sign_hmac_sha256(
+    secret: &Secret,
+    body: &[u8],
+    header: &str,
+    encoding: Encoding,
+    prefix: &str,
+) -> Vec<(String, String)> {
+    let tag = secret.tag(&[body]);
+    let encoded = match encoding {
+        Encoding::Hex => hex::encode(tag),
+        Encoding::Base64 => general_purpose::STANDARD.encode(tag),
+    };
+    vec![(header.to_ascii_lowercase(), format!("{prefix}{encoded}"))]
+}
+
+/// `bytes` split around the first `separator`, which belongs to neither side.
+fn split_at_byte(bytes: &[u8], separator: u8) -> Option<(&[u8], &[u8])> {
+    let at = bytes.iter().position(|b| *b == separator)?;
+    let (before, rest) = bytes.split_at_checked(at)?;
+    Some((before, rest.get(1..)?))
+}

@@ -1,0 +1,99 @@
+//! The storage seam of the gateway: the few domain verbs a backend offers to store verified
+//! events once and show them to operators. Each backend implements it with its own SQL.
+
+use std::future::Future;
+
+use crate::clock::Timestamp;
+use crate::event::{Event, Meta};
+use crate::fingerprint::Fingerprint;
+use crate::key::{Key, Source};
+use crate::outcome::{ProcessError, Processed, Response, Unavailable};
+use crate::retention::Retention;
+
+/// The ordering guard's reading of an event: an event older than the newest version applied
+/// for its entity is stored as stale.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Order {
+    pub entity: String,
+    pub version: i64,
+}
+
+/// One verified event to store, with the answers to keep for it.
+#[derive(Debug, Clone)]
+pub struct Ingest {
+    pub event: Event,
+    pub order: Option<Order>,
+    /// The first answer for a new event, replayed for its duplicates.
+    pub accepted: Vec<u8>,
+    /// The answer when the ordering guard finds it stale, replayed likewise.
+    pub stale: Vec<u8>,
+}
+
+/// A stored event as operators see it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredEvent {
+    /// Arrival order; the listing cursor.
+    pub seq: i64,
+    pub key: Key,
+    /// `processing`, `completed`, `rejected`, `stale` or `uncertain`.
+    pub state: String,
+    pub response: Option<Response>,
+    pub payload: Vec<u8>,
+    pub meta: Meta,
+    pub fingerprint: Option<Fingerprint>,
+    pub received_at: Timestamp,
+    pub completed_at: Option<Timestamp>,
+    /// Attempts to reuse the key with another payload.
+    pub conflicts: i64,
+}
+
+/// Which events to list, oldest first.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct EventFilter {
+    pub source: Option<Source>,
+    /// Only events after this `seq`.
+    pub after: Option<i64>,
+    pub limit: usize,
+}
+
+/// A page of a listing; `next` is the cursor of the following page, if any.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Page<T> {
+    pub items: Vec<T>,
+    pub next: Option<i64>,
+}
+
+/// Counts for operators.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Inbox records per state.
+    pub states: Vec<(String, i64)>,
+    pub conflicts: i64,
+    pub outbox: i64,
+}
+
+/// What the gateway needs of a backend.
+pub trait EventStore: Clone + Send + Sync + 'static {
+    /// Stores the event once: a new key commits its record (and the ordering guard's version)
+    /// before answering `Applied`; a committed key answers `Duplicate` with the stored answer.
+    fn ingest(
+        &self,
+        ingest: Ingest,
+    ) -> impl Future<Output = Result<Processed, ProcessError>> + Send;
+    fn event(
+        &self,
+        key: &Key,
+    ) -> impl Future<Output = Result<Option<StoredEvent>, Unavailable>> + Send;
+    fn events(
+        &self,
+        filter: EventFilter,
+    ) -> impl Future<Output = Result<Page<StoredEvent>, Unavailable>> + Send;
+    fn stats(&self) -> impl Future<Output = Result<Stats, Unavailable>> + Send;
+    fn purge(
+        &self,
+        now: Timestamp,
+        retention: &Retention,
+    ) -> impl Future<Output = Result<u64, Unavailable>> + Send;
+    /// Whether the store can take writes now (for `/readyz`).
+    fn ready(&self) -> impl Future<Output = Result<(), Unavailable>> + Send;
+}

@@ -1,0 +1,177 @@
+//! The admin API (bearer token, or loopback-only without one) and the open health endpoints.
+
+use std::sync::Arc;
+
+use axum::extract::{Path, Query, Request, State};
+use axum::http::{StatusCode, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use oncebox_core::store::{EventFilter, EventStore, StoredEvent};
+use oncebox_core::{Key, ResponseKind, Source};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use crate::problem::Problem;
+use crate::{Gateway, rfc3339};
+
+/// Default and largest page of `GET /v1/events`.
+const PAGE: usize = 50;
+const MAX_PAGE: usize = 500;
+
+/// Lets a request through when it carries the admin token, or when no token is configured and
+/// the listener is loopback-only. The token is compared in constant time.
+pub(crate) async fn guard<S: EventStore>(
+    State(gw): State<Arc<Gateway<S>>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let allowed = match &gw.config.admin_token {
+        Some(token) => request
+            .headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .is_some_and(|given| constant_time_eq(given.as_bytes(), token.as_bytes())),
+        None => gw.loopback_only,
+    };
+    if allowed {
+        next.run(request).await
+    } else {
+        Problem::unauthorized("the admin API needs `Authorization: Bearer <admin_token>`")
+            .into_response()
+    }
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    // Length is not secret (tokens have a fixed configured length); the contents are.
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+#[derive(Debug, Deserialize)]
+pub(crate) struct ListQuery {
+    source: Option<String>,
+    after: Option<i64>,
+    limit: Option<usize>,
+}
+
+pub(crate) async fn list<S: EventStore>(
+    State(gw): State<Arc<Gateway<S>>>,
+    Query(q): Query<ListQuery>,
+) -> Response {
+    let source = match q.source.as_deref().map(Source::new).transpose() {
+        Ok(s) => s,
+        Err(e) => return Problem::invalid("invalid-query", e.to_string()).into_response(),
+    };
+    let filter = EventFilter {
+        source,
+        after: q.after,
+        limit: q.limit.unwrap_or(PAGE).clamp(1, MAX_PAGE),
+    };
+    match gw.store.events(filter).await {
+        Ok(page) => {
+            let items: Vec<Value> = page.items.iter().map(|e| summary(e, false)).collect();
+            axum::Json(json!({ "items": items, "next": page.next.map(|n| n.to_string()) }))
+                .into_response()
+        }
+        Err(e) => Problem::unavailable(e.to_string(), gw.config.limits.retry_after).into_response(),
+    }
+}
+
+pub(crate) async fn show<S: EventStore>(
+    State(gw): State<Arc<Gateway<S>>>,
+    Path((source, event_id)): Path<(String, String)>,
+) -> Response {
+    let key = match Key::parse(&source, &event_id) {
+        Ok(k) => k,
+        Err(e) => return Problem::invalid("invalid-key", e.to_string()).into_response(),
+    };
+    match gw.store.event(&key).await {
+        Ok(Some(e)) => axum::Json(summary(&e, true)).into_response(),
+        Ok(None) => {
+            Problem::not_found("event-not-found", format!("no event {key}")).into_response()
+        }
+        Err(e) => Problem::unavailable(e.to_string(), gw.config.limits.retry_after).into_response(),
+    }
+}
+
+pub(crate) async fn stats<S: EventStore>(State(gw): State<Arc<Gateway<S>>>) -> Response {
+    match gw.store.stats().await {
+        Ok(s) => {
+            let states: serde_json::Map<String, Value> =
+                s.states.into_iter().map(|(k, v)| (k, json!(v))).collect();
+            axum::Json(json!({ "events": states, "conflicts": s.conflicts, "outbox": s.outbox }))
+                .into_response()
+        }
+        Err(e) => Problem::unavailable(e.to_string(), gw.config.limits.retry_after).into_response(),
+    }
+}
+
+pub(crate) async fn metrics<S: EventStore>(State(gw): State<Arc<Gateway<S>>>) -> Response {
+    match &gw.metrics {
+        Some(handle) => (
+            [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+            handle.render(),
+        )
+            .into_response(),
+        None => {
+            Problem::not_found("metrics-disabled", "no metrics recorder installed").into_response()
+        }
+    }
+}
+
+pub(crate) async fn healthz() -> Response {
+    axum::Json(json!({ "status": "ok" })).into_response()
+}
+
+/// Ready when the store can take a write now.
+pub(crate) async fn readyz<S: EventStore>(State(gw): State<Arc<Gateway<S>>>) -> Response {
+    match gw.store.ready().await {
+        Ok(()) => axum::Json(json!({ "status": "ready" })).into_response(),
+        Err(e) => Problem::unavailable(e.to_string(), gw.config.limits.retry_after).into_response(),
+    }
+}
+
+fn text_or_base64(bytes: &[u8]) -> (&'static str, Value) {
+    match std::str::from_utf8(bytes) {
+        Ok(s) => ("text", json!(s)),
+        Err(_) => (
+            "hex",
+            json!(bytes.iter().map(|b| format!("{b:02x}")).collect::<String>()),
+        ),
+    }
+}
+
+/// An event as the admin API shows it; `full` adds payload, headers and the stored answer.
+fn summary(e: &StoredEvent, full: bool) -> Value {
+    let mut v = json!({
+        "seq": e.seq,
+        "source": e.key.source.as_str(),
+        "event_id": e.key.event_id.as_str(),
+        "state": e.state,
+        "received_at": rfc3339(e.received_at),
+        "completed_at": e.completed_at.map(rfc3339),
+        "fingerprint": e.fingerprint.map(|f| f.to_hex()),
+        "content_type": e.meta.content_type,
+        "conflicts": e.conflicts,
+    });
+    if full {
+        let (encoding, payload) = text_or_base64(&e.payload);
+        v["payload"] = payload;
+        v["payload_encoding"] = json!(encoding);
+        v["headers"] = e
+            .meta
+            .headers
+            .iter()
+            .map(|(n, val)| json!([n, val]))
+            .collect();
+        v["response"] = match &e.response {
+            Some(r) => json!({
+                "kind": match r.kind { ResponseKind::Completed => "completed", ResponseKind::Rejected => "rejected", _ => "stale" },
+                "status": StatusCode::ACCEPTED.as_u16(),
+                "body": String::from_utf8_lossy(&r.body),
+            }),
+            None => Value::Null,
+        };
+    }
+    v
+}

@@ -1,0 +1,301 @@
+//! `POST /v1/sources/{source}/events`: read the body within its limits, verify the signature over
+//! the raw bytes, extract the event id and fingerprint, store once, answer per DESIGN §4.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::body::Body;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use http_body_util::{BodyExt, LengthLimitError, Limited};
+use oncebox_core::fingerprint::derive_event_id;
+use oncebox_core::json::{self, Pointer, Value};
+use oncebox_core::signature::{self, SignatureError};
+use oncebox_core::store::{EventStore, Ingest, Order};
+use oncebox_core::{Event, EventId, Key, Meta, Source, Timestamp};
+
+use crate::Gateway;
+use crate::policy::{EventIdRule, SourcePolicy};
+use crate::problem::{Answer, Problem};
+
+/// Request headers never stored with an event: credentials.
+const NOT_KEPT: [&str; 3] = ["authorization", "cookie", "proxy-authorization"];
+
+pub(crate) async fn receive<S: EventStore>(
+    State(gw): State<Arc<Gateway<S>>>,
+    Path(source): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let started = Instant::now();
+    let label = if gw.config.sources.keys().any(|s| s.as_str() == source) || gw.config.open_sources
+    {
+        source.clone()
+    } else {
+        "unknown".to_owned()
+    };
+    let answer = match Source::new(source.as_str())
+        .ok()
+        .and_then(|s| gw.config.source(&s).map(|p| (s, p)))
+    {
+        None => Answer::Problem(Problem::not_found(
+            "unknown-source",
+            format!("no source named {source:?}"),
+        )),
+        Some((source, policy)) => receive_for(&gw, &source, policy, &headers, body).await,
+    };
+    let outcome = answer.outcome();
+    metrics::counter!("oncebox_ingest_total", "source" => label.clone(), "outcome" => outcome)
+        .increment(1);
+    metrics::histogram!("oncebox_ingest_duration_seconds", "source" => label)
+        .record(started.elapsed());
+    answer.into_response()
+}
+
+async fn receive_for<S: EventStore>(
+    gw: &Gateway<S>,
+    source: &Source,
+    policy: &SourcePolicy,
+    headers: &HeaderMap,
+    body: Body,
+) -> Answer {
+    let payload = match read_body(gw, policy, headers, body).await {
+        Ok(b) => b,
+        Err(p) => return Answer::Problem(p),
+    };
+    let now = gw.clock.now();
+    // Authenticity first, over the exact bytes, before parsing anything and before any query:
+    // a flood of forged requests costs one HMAC each and never reaches the database.
+    let lookup = HeaderLookup(headers);
+    if let Err(e) = signature::verify(
+        &policy.scheme,
+        &policy.secrets,
+        &lookup,
+        &payload,
+        now,
+        policy.tolerance,
+    ) {
+        tracing::info!(%source, error = %e, "signature rejected");
+        return Answer::Problem(unauthorized(&e));
+    }
+    let parsed = match needs_json(policy)
+        .then(|| json::parse(&payload))
+        .transpose()
+    {
+        Ok(v) => v,
+        Err(e) => return Answer::Problem(Problem::invalid("invalid-json", e.to_string())),
+    };
+    let event_id = match event_id(policy, headers, &payload, parsed.as_ref()) {
+        Ok(id) => id,
+        Err(p) => return Answer::Problem(p),
+    };
+    let order = match order(policy, parsed.as_ref()) {
+        Ok(o) => o,
+        Err(p) => return Answer::Problem(p),
+    };
+    let key = Key::new(source.clone(), event_id);
+    let event = match Event::new(key, payload.to_vec(), &policy.fingerprint) {
+        Ok(e) => e.with_meta(meta(headers)),
+        Err(e) => return Answer::Problem(Problem::invalid("invalid-json", e.to_string())),
+    };
+    tracing::debug!(key = %event.key, "storing event");
+    let ingest = Ingest {
+        accepted: body_json(&event.key, now, false),
+        stale: body_json(&event.key, now, true),
+        event,
+        order,
+    };
+    Answer::from_outcome(gw.store.ingest(ingest).await, gw.config.limits.retry_after)
+}
+
+/// Reads at most `max_body` bytes within the body timeout: an oversize body is refused by its
+/// declared length at once, or as soon as the stream passes the limit, never buffered whole.
+async fn read_body<S>(
+    gw: &Gateway<S>,
+    policy: &SourcePolicy,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<bytes::Bytes, Problem> {
+    let too_large = || {
+        Problem::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "body-too-large",
+            "Body too large",
+            format!("this source accepts at most {} bytes", policy.max_body),
+        )
+    };
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > policy.max_body as u64) {
+        return Err(too_large());
+    }
+    let read = Limited::new(body, policy.max_body).collect();
+    match tokio::time::timeout(gw.config.limits.body_timeout, read).await {
+        Err(_) => Err(Problem::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "body-timeout",
+            "Body not received in time",
+            "the request body did not arrive within the body timeout",
+        )),
+        Ok(Err(e)) if e.downcast_ref::<LengthLimitError>().is_some() => Err(too_large()),
+        Ok(Err(e)) => Err(Problem::invalid("body-unreadable", e.to_string())),
+        Ok(Ok(collected)) => Ok(collected.to_bytes()),
+    }
+}
+
+fn unauthorized(e: &SignatureError) -> Problem {
+    match e {
+        SignatureError::TimestampOutOfTolerance => Problem::new(
+            StatusCode::UNAUTHORIZED,
+            "timestamp-out-of-tolerance",
+            "Timestamp out of tolerance",
+            e.to_string(),
+        ),
+        _ => Problem::new(
+            StatusCode::UNAUTHORIZED,
+            "signature-invalid",
+            "Signature invalid",
+            e.to_string(),
+        ),
+    }
+}
+
+fn needs_json(policy: &SourcePolicy) -> bool {
+    policy.order.is_some()
+        || matches!(
+            policy.event_id,
+            EventIdRule::Pointer(_) | EventIdRule::Default
+        )
+}
+
+fn event_id(
+    policy: &SourcePolicy,
+    headers: &HeaderMap,
+    payload: &[u8],
+    parsed: Option<&Value>,
+) -> Result<EventId, Problem> {
+    let invalid = |e: oncebox_core::InvalidKey| Problem::invalid("event-id-invalid", e.to_string());
+    let from_header = |name: &str| {
+        headers
+            .get(name)
+            .map(|v| EventId::from_bytes(v.as_bytes()).map_err(invalid))
+    };
+    let missing = |what: &str| Problem::invalid("event-id-missing", format!("no event id: {what}"));
+    match &policy.event_id {
+        EventIdRule::Header(name) => {
+            from_header(name).unwrap_or_else(|| Err(missing(&format!("header {name} absent"))))
+        }
+        EventIdRule::Pointer(p) => {
+            from_pointer(parsed, p).unwrap_or_else(|| Err(missing(&format!("{p} absent"))))
+        }
+        EventIdRule::Derive(pointers) => derive_event_id(payload, pointers)
+            .map_err(|e| Problem::invalid("event-id-missing", e.to_string()))
+            .and_then(|id| EventId::new(id).map_err(invalid)),
+        EventIdRule::Default => from_header("idempotency-key")
+            .or_else(|| from_header("webhook-id"))
+            .or_else(|| from_pointer(parsed, &Pointer::from_tokens(vec!["id".to_owned()])))
+            .unwrap_or_else(|| Err(missing("no Idempotency-Key, webhook-id or /id"))),
+    }
+}
+
+/// A string, or an integer written in decimal; anything else at the pointer is invalid.
+fn from_pointer(parsed: Option<&Value>, p: &Pointer) -> Option<Result<EventId, Problem>> {
+    let value = parsed?.pointer(p)?;
+    let text = match value {
+        Value::String(s) => s.clone(),
+        Value::Number(n) => match n.to_i64() {
+            Some(i) => i.to_string(),
+            None => {
+                return Some(Err(Problem::invalid(
+                    "event-id-invalid",
+                    format!("{p} is not an integer"),
+                )));
+            }
+        },
+        _ => {
+            return Some(Err(Problem::invalid(
+                "event-id-invalid",
+                format!("{p} is not a string"),
+            )));
+        }
+    };
+    Some(EventId::new(text).map_err(|e| Problem::invalid("event-id-invalid", e.to_string())))
+}
+
+/// The ordering guard applies when both fields are present; an event without them (another
+/// kind of object) is not ordered. A version that is not an integer is refused.
+fn order(policy: &SourcePolicy, parsed: Option<&Value>) -> Result<Option<Order>, Problem> {
+    let (Some(guard), Some(doc)) = (&policy.order, parsed) else {
+        return Ok(None);
+    };
+    let (Some(entity), Some(version)) = (doc.pointer(&guard.entity), doc.pointer(&guard.version))
+    else {
+        return Ok(None);
+    };
+    let entity = match entity {
+        Value::String(s) => s.clone(),
+        Value::Number(n) => n.to_string(),
+        _ => {
+            return Err(Problem::invalid(
+                "order-field-invalid",
+                format!("{} is not a string", guard.entity),
+            ));
+        }
+    };
+    let Value::Number(n) = version else {
+        return Err(Problem::invalid(
+            "order-field-invalid",
+            format!("{} is not an integer", guard.version),
+        ));
+    };
+    let version = n.to_i64().ok_or_else(|| {
+        Problem::invalid(
+            "order-field-invalid",
+            format!("{} is not an integer", guard.version),
+        )
+    })?;
+    Ok(Some(Order { entity, version }))
+}
+
+fn meta(headers: &HeaderMap) -> Meta {
+    let kept = headers
+        .iter()
+        .filter(|(name, _)| !NOT_KEPT.contains(&name.as_str()))
+        .filter_map(|(name, value)| {
+            Some((name.as_str().to_owned(), value.to_str().ok()?.to_owned()))
+        })
+        .collect();
+    let content_type = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    Meta {
+        content_type,
+        headers: kept,
+    }
+}
+
+/// The 202 body, stored as the first answer and replayed byte for byte.
+fn body_json(key: &Key, now: Timestamp, stale: bool) -> Vec<u8> {
+    let mut body = serde_json::json!({
+        "status": "accepted",
+        "source": key.source.as_str(),
+        "event_id": key.event_id.as_str(),
+        "received_at": crate::rfc3339(now),
+    });
+    if stale {
+        body["stale"] = serde_json::Value::Bool(true);
+    }
+    body.to_string().into_bytes()
+}
+
+/// The request's headers as the signature schemes read them: the first value of a name.
+struct HeaderLookup<'a>(&'a HeaderMap);
+
+impl signature::Headers for HeaderLookup<'_> {
+    fn get(&self, name: &str) -> Option<&[u8]> {
+        self.0.get(name).map(|v| v.as_bytes())
+    }
+}

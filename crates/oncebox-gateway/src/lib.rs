@@ -1,0 +1,71 @@
+//! oncebox-gateway: the HTTP face of oncebox. It verifies webhook signatures over the raw bytes,
+//! deduplicates and stores each event once through an [`EventStore`], answers the sender only
+//! after the commit, and serves the admin API, metrics and health endpoints.
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::DefaultBodyLimit;
+use axum::routing::{get, post};
+use metrics_exporter_prometheus::PrometheusHandle;
+use oncebox_core::store::EventStore;
+use oncebox_core::{Clock, Timestamp};
+
+mod admin;
+mod ingress;
+mod limit;
+mod openapi;
+pub mod policy;
+pub mod problem;
+mod serve;
+
+pub use serve::serve;
+
+/// Everything a request handler needs, shared by all requests.
+#[derive(Debug)]
+pub struct Gateway<S> {
+    pub store: S,
+    pub config: policy::GatewayConfig,
+    pub clock: Arc<dyn Clock>,
+    /// Renders `/metrics`; `None` when no recorder is installed.
+    pub metrics: Option<PrometheusHandle>,
+    /// Only loopback peers can connect (the listener is bound to a loopback address): then the
+    /// admin API may answer without a token.
+    pub loopback_only: bool,
+}
+
+/// The gateway's routes: ingress, admin, health, OpenAPI.
+pub fn router<S: EventStore>(gw: Arc<Gateway<S>>) -> Router {
+    let admin = Router::new()
+        .route("/v1/events", get(admin::list::<S>))
+        .route(
+            "/v1/sources/{source}/events/{event_id}",
+            get(admin::show::<S>),
+        )
+        .route("/v1/stats", get(admin::stats::<S>))
+        .route("/metrics", get(admin::metrics::<S>))
+        .route_layer(axum::middleware::from_fn_with_state(
+            gw.clone(),
+            admin::guard::<S>,
+        ));
+    Router::new()
+        .route("/v1/sources/{source}/events", post(ingress::receive::<S>))
+        .route("/healthz", get(admin::healthz))
+        .route("/readyz", get(admin::readyz::<S>))
+        .route("/openapi.json", get(openapi::document))
+        .merge(admin)
+        // Bodies are read by the ingress handler within each source's own limit.
+        .layer(DefaultBodyLimit::disable())
+        .layer(axum::middleware::from_fn_with_state(
+            limit::Limiter::new(gw.config.limits.concurrency, gw.config.limits.retry_after),
+            limit::shed,
+        ))
+        .with_state(gw)
+}
+
+/// RFC 3339 with milliseconds, UTC.
+pub fn rfc3339(t: Timestamp) -> String {
+    let ms = u64::try_from(t.millis()).unwrap_or(0);
+    humantime::format_rfc3339_millis(std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms))
+        .to_string()
+}

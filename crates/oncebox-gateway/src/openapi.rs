@@ -1,0 +1,81 @@
+//! `GET /openapi.json`: the OpenAPI 3.1 description of every endpoint the router serves.
+
+use axum::Json;
+use serde_json::{Value, json};
+
+fn problem(description: &str) -> Value {
+    json!({ "description": description, "content": { "application/problem+json": { "schema": { "$ref": "#/components/schemas/Problem" } } } })
+}
+
+/// Every path and method of the router; the test suite checks that each one is routed.
+pub const ROUTES: &[(&str, &str)] = &[
+    ("post", "/v1/sources/{source}/events"),
+    ("get", "/v1/events"),
+    ("get", "/v1/sources/{source}/events/{event_id}"),
+    ("get", "/v1/stats"),
+    ("get", "/metrics"),
+    ("get", "/healthz"),
+    ("get", "/readyz"),
+    ("get", "/openapi.json"),
+];
+
+pub(crate) async fn document() -> Json<Value> {
+    Json(spec())
+}
+
+/// The description itself.
+pub fn spec() -> Value {
+    let admin = json!([{ "bearer": [] }]);
+    json!({
+        "openapi": "3.1.0",
+        "info": { "title": "oncebox gateway", "version": env!("CARGO_PKG_VERSION") },
+        "components": {
+            "securitySchemes": { "bearer": { "type": "http", "scheme": "bearer" } },
+            "schemas": {
+                "Problem": { "type": "object", "properties": {
+                    "type": { "type": "string", "description": "urn:oncebox:problem:<slug>" },
+                    "title": { "type": "string" }, "status": { "type": "integer" }, "detail": { "type": "string" } } },
+                "Accepted": { "type": "object", "properties": {
+                    "status": { "const": "accepted" }, "source": { "type": "string" }, "event_id": { "type": "string" },
+                    "received_at": { "type": "string", "format": "date-time" }, "stale": { "type": "boolean" } } }
+            }
+        },
+        "paths": {
+            "/v1/sources/{source}/events": { "post": {
+                "summary": "Receive one webhook event: verified, deduplicated, stored before the answer",
+                "parameters": [{ "name": "source", "in": "path", "required": true, "schema": { "type": "string" } }],
+                "requestBody": { "required": true, "content": { "*/*": {} } },
+                "responses": {
+                    "202": { "description": "Accepted (new, stale, or replayed with Idempotent-Replayed: true)",
+                             "headers": { "Idempotent-Replayed": { "schema": { "const": "true" } } },
+                             "content": { "application/json": { "schema": { "$ref": "#/components/schemas/Accepted" } } } },
+                    "400": problem("event-id-missing, event-id-invalid, invalid-json, order-field-invalid"),
+                    "401": problem("signature-invalid, timestamp-out-of-tolerance"),
+                    "404": problem("unknown-source"),
+                    "408": problem("body-timeout"),
+                    "409": problem("in-progress (Retry-After)"),
+                    "413": problem("body-too-large"),
+                    "422": problem("key-reused: same event id, different payload"),
+                    "503": problem("unavailable (Retry-After): nothing is known to be stored")
+                } } },
+            "/v1/events": { "get": {
+                "summary": "Events in arrival order", "security": admin,
+                "parameters": [
+                    { "name": "source", "in": "query", "schema": { "type": "string" } },
+                    { "name": "after", "in": "query", "schema": { "type": "string" }, "description": "cursor from `next`" },
+                    { "name": "limit", "in": "query", "schema": { "type": "integer", "maximum": 500 } }],
+                "responses": { "200": { "description": "{\"items\": [...], \"next\": cursor | null}" }, "401": problem("unauthorized") } } },
+            "/v1/sources/{source}/events/{event_id}": { "get": {
+                "summary": "One event with payload, headers and stored answer", "security": admin,
+                "responses": { "200": { "description": "the event" }, "404": problem("event-not-found"), "401": problem("unauthorized") } } },
+            "/v1/stats": { "get": { "summary": "Counts by state", "security": admin,
+                "responses": { "200": { "description": "counts" }, "401": problem("unauthorized") } } },
+            "/metrics": { "get": { "summary": "Prometheus metrics", "security": admin,
+                "responses": { "200": { "description": "text exposition format" }, "401": problem("unauthorized") } } },
+            "/healthz": { "get": { "summary": "The process is up", "responses": { "200": { "description": "ok" } } } },
+            "/readyz": { "get": { "summary": "The store takes writes now",
+                "responses": { "200": { "description": "ready" }, "503": problem("unavailable") } } },
+            "/openapi.json": { "get": { "summary": "This document", "responses": { "200": { "description": "OpenAPI 3.1" } } } }
+        }
+    })
+}

@@ -1,0 +1,117 @@
+//! What the gateway does per source and as a whole: plain data, validated by whoever builds it
+//! (the binary, from configuration) and passed in once.
+
+use std::collections::BTreeMap;
+use std::sync::LazyLock;
+use std::time::Duration;
+
+use oncebox_core::json::Pointer;
+use oncebox_core::signature::{Scheme, Secret};
+use oncebox_core::{FingerprintMode, Source};
+
+/// Where a source's event id comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum EventIdRule {
+    /// A request header (lowercase name).
+    Header(String),
+    /// A JSON pointer into the body; a string or an integer.
+    Pointer(Pointer),
+    /// SHA-256 of these fields' canonical values, for senders that send no id.
+    Derive(Vec<Pointer>),
+    /// `Idempotency-Key`, then `webhook-id`, then the body's `/id`.
+    Default,
+}
+
+/// The ordering guard: an event whose `version` is older than the newest applied one for its
+/// `entity` is stored as stale and not delivered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OrderGuard {
+    pub entity: Pointer,
+    pub version: Pointer,
+}
+
+/// One source's rules.
+#[derive(Debug, Clone)]
+pub struct SourcePolicy {
+    pub scheme: Scheme,
+    /// Several secrets: rotation. Never logged.
+    pub secrets: Vec<Secret>,
+    /// Allowed clock difference with the sender, both directions.
+    pub tolerance: Duration,
+    pub event_id: EventIdRule,
+    pub fingerprint: FingerprintMode,
+    pub max_body: usize,
+    pub retention: Duration,
+    pub order: Option<OrderGuard>,
+}
+
+impl SourcePolicy {
+    /// The zero-configuration source: no signature, the default event id rule, JSON
+    /// fingerprints, 1 MiB bodies, seven days of retention.
+    pub fn open() -> SourcePolicy {
+        SourcePolicy {
+            scheme: Scheme::None,
+            secrets: Vec::new(),
+            tolerance: Duration::from_secs(300),
+            event_id: EventIdRule::Default,
+            fingerprint: FingerprintMode::Json,
+            max_body: 1 << 20,
+            retention: oncebox_core::retention::DEFAULT_RETENTION,
+            order: None,
+        }
+    }
+}
+
+/// Resource limits of the HTTP server.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Limits {
+    /// Requests handled at once; past it the gateway answers 503 at once instead of queueing.
+    pub concurrency: usize,
+    /// Time allowed to send the request headers (slowloris).
+    pub header_timeout: Duration,
+    /// Time allowed to send the body once the headers arrived.
+    pub body_timeout: Duration,
+    /// On shutdown, how long in-flight requests may take to finish; the rest are cut, never
+    /// answered 2xx.
+    pub shutdown_grace: Duration,
+    /// What 503 and 409 answers ask senders to wait.
+    pub retry_after: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Limits {
+        Limits {
+            concurrency: 1024,
+            header_timeout: Duration::from_secs(10),
+            body_timeout: Duration::from_secs(30),
+            shutdown_grace: Duration::from_secs(10),
+            retry_after: Duration::from_secs(1),
+        }
+    }
+}
+
+/// The gateway's whole configuration.
+#[derive(Debug, Clone, Default)]
+pub struct GatewayConfig {
+    pub sources: BTreeMap<Source, SourcePolicy>,
+    /// Zero-configuration mode: any source name is accepted with [`SourcePolicy::open`].
+    pub open_sources: bool,
+    /// Bearer token of the admin API. Without one, admin endpoints answer only to loopback
+    /// peers.
+    pub admin_token: Option<String>,
+    pub limits: Limits,
+}
+
+static OPEN: LazyLock<SourcePolicy> = LazyLock::new(SourcePolicy::open);
+
+impl GatewayConfig {
+    /// The policy for a source named in a URL: configured, or open in zero-config mode.
+    pub fn source(&self, name: &Source) -> Option<&SourcePolicy> {
+        match self.sources.get(name) {
+            Some(p) => Some(p),
+            None if self.open_sources => Some(&OPEN),
+            None => None,
+        }
+    }
+}

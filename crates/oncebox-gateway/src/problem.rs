@@ -1,0 +1,202 @@
+//! The one place that maps outcomes and errors to HTTP: RFC 9457 problem documents whose `type`
+//! ends with the slug DESIGN §4 names, and the status codes an outside client relies on.
+
+use std::time::Duration;
+
+use axum::http::{HeaderName, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use oncebox_core::{ProcessError, Processed, ResponseKind};
+
+/// Marks a replayed answer (DESIGN §4).
+pub const REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
+
+/// What the gateway answers, before it becomes a response; also the metrics outcome label.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Answer {
+    Accepted(Vec<u8>),
+    Duplicate(Vec<u8>),
+    Stale(Vec<u8>),
+    Problem(Problem),
+}
+
+/// An RFC 9457 problem.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Problem {
+    pub status: StatusCode,
+    pub slug: &'static str,
+    pub title: &'static str,
+    pub detail: String,
+    /// Sent as `Retry-After` (seconds) on 409 and 503.
+    pub retry_after: Option<Duration>,
+}
+
+impl Problem {
+    pub fn new(
+        status: StatusCode,
+        slug: &'static str,
+        title: &'static str,
+        detail: impl Into<String>,
+    ) -> Problem {
+        Problem {
+            status,
+            slug,
+            title,
+            detail: detail.into(),
+            retry_after: None,
+        }
+    }
+
+    pub fn retry_after(mut self, d: Duration) -> Problem {
+        self.retry_after = Some(d);
+        self
+    }
+
+    pub fn unavailable(detail: impl Into<String>, retry_after: Duration) -> Problem {
+        Problem::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "unavailable",
+            "Unavailable",
+            detail,
+        )
+        .retry_after(retry_after)
+    }
+
+    pub fn unauthorized(detail: impl Into<String>) -> Problem {
+        Problem::new(
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            "Unauthorized",
+            detail,
+        )
+    }
+
+    pub fn not_found(slug: &'static str, detail: impl Into<String>) -> Problem {
+        Problem::new(StatusCode::NOT_FOUND, slug, "Not found", detail)
+    }
+
+    pub fn invalid(slug: &'static str, detail: impl Into<String>) -> Problem {
+        Problem::new(StatusCode::BAD_REQUEST, slug, "Invalid event", detail)
+    }
+}
+
+impl Answer {
+    /// Maps a store outcome. Only a committed record yields 2xx; every error that says nothing
+    /// about the key's fate is a 503 with `Retry-After`, never a success (G3).
+    pub fn from_outcome(outcome: Result<Processed, ProcessError>, retry_after: Duration) -> Answer {
+        match outcome {
+            Ok(Processed::Applied(r)) if r.kind == ResponseKind::Stale => Answer::Stale(r.body),
+            Ok(Processed::Applied(r)) => Answer::Accepted(r.body),
+            Ok(Processed::Duplicate(r)) => Answer::Duplicate(r.body),
+            // The gateway's store always records a body for stale events; an empty one only if a
+            // store chose not to.
+            Ok(Processed::Stale) => {
+                Answer::Stale(br#"{"status":"accepted","stale":true}"#.to_vec())
+            }
+            Ok(other) => Answer::Problem(Problem::unavailable(
+                format!("unexpected outcome {other:?}"),
+                retry_after,
+            )),
+            Err(ProcessError::Conflict { stored, offered }) => Answer::Problem(Problem::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "key-reused",
+                "Event id reused with a different payload",
+                format!(
+                    "stored fingerprint {stored}, this payload {offered}; the first payload wins"
+                ),
+            )),
+            Err(ProcessError::InProgress { retry_after: wait }) => Answer::Problem(
+                Problem::new(
+                    StatusCode::CONFLICT,
+                    "in-progress",
+                    "In progress",
+                    "the event is being processed",
+                )
+                .retry_after(wait.max(Duration::from_secs(1))),
+            ),
+            Err(ProcessError::Uncertain) => Answer::Problem(
+                Problem::new(
+                    StatusCode::CONFLICT,
+                    "in-progress",
+                    "In progress",
+                    "the event awaits reconciliation",
+                )
+                .retry_after(retry_after),
+            ),
+            Err(ProcessError::Invalid(e)) => {
+                Answer::Problem(Problem::invalid("invalid-json", e.to_string()))
+            }
+            Err(e) => Answer::Problem(Problem::unavailable(e.to_string(), retry_after)),
+        }
+    }
+
+    /// The metrics label of this answer.
+    pub fn outcome(&self) -> &'static str {
+        match self {
+            Answer::Accepted(_) => "accepted",
+            Answer::Duplicate(_) => "duplicate",
+            Answer::Stale(_) => "stale",
+            Answer::Problem(p) => match p.status.as_u16() {
+                401 => "unauthorized",
+                409 => "in_progress",
+                422 => "conflict",
+                503 => "unavailable",
+                _ => "invalid",
+            },
+        }
+    }
+}
+
+fn json(status: StatusCode, body: Vec<u8>) -> Response {
+    (
+        status,
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        )],
+        body,
+    )
+        .into_response()
+}
+
+impl IntoResponse for Problem {
+    fn into_response(self) -> Response {
+        let body = serde_json::json!({
+            "type": format!("urn:oncebox:problem:{}", self.slug),
+            "title": self.title,
+            "status": self.status.as_u16(),
+            "detail": self.detail,
+        });
+        let mut res = (
+            self.status,
+            [(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/problem+json"),
+            )],
+            body.to_string(),
+        )
+            .into_response();
+        if let Some(wait) = self.retry_after {
+            // Whole seconds, rounded up: `Retry-After: 0` would invite a hot retry loop.
+            let secs = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
+            res.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(secs.max(1)));
+        }
+        res
+    }
+}
+
+impl IntoResponse for Answer {
+    fn into_response(self) -> Response {
+        match self {
+            Answer::Accepted(body) | Answer::Stale(body) => json(StatusCode::ACCEPTED, body),
+            Answer::Duplicate(body) => {
+                let mut res = json(StatusCode::ACCEPTED, body);
+                res.headers_mut()
+                    .insert(REPLAYED, HeaderValue::from_static("true"));
+                res
+            }
+            Answer::Problem(p) => p.into_response(),
+        }
+    }
+}

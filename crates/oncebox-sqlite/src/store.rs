@@ -1,0 +1,191 @@
+//! `EventStore` on SQLite: the gateway's verbs as `process` with a handler that applies the
+//! ordering guard, and listings read from reader connections.
+
+use oncebox_core::store::{EventFilter, EventStore, Ingest, Page, Stats, StoredEvent};
+use oncebox_core::{
+    Fingerprint, Key, Meta, ProcessError, Processed, Response, ResponseKind, Retention, Source,
+    Timestamp, Unavailable,
+};
+use rusqlite::{Connection, OptionalExtension, Row, params};
+
+use crate::error::Error;
+use crate::inbox::Inbox;
+use crate::tx::HandlerError;
+
+/// Listings never return more than this many events at once.
+pub const MAX_PAGE: usize = 500;
+
+fn unavailable(e: Error) -> Unavailable {
+    match e {
+        Error::Unavailable(u) => u,
+        Error::Sql(e) => Unavailable::Storage(e.to_string()),
+    }
+}
+
+const COLUMNS: &str = "i.id, i.source, i.event_id, i.state, i.response, i.payload, i.content_type,
+    i.headers, i.fingerprint, i.received_at, i.completed_at,
+    (SELECT count(*) FROM oncebox_conflicts c WHERE c.source = i.source AND c.event_id = i.event_id)";
+
+fn stored(r: &Row<'_>) -> rusqlite::Result<Option<StoredEvent>> {
+    let (source, event_id): (String, String) = (r.get(1)?, r.get(2)?);
+    // Rows are written only from validated keys; one that no longer validates is skipped
+    // rather than shown under a made-up name.
+    let Ok(key) = Key::parse(&source, &event_id) else {
+        return Ok(None);
+    };
+    let state: String = r.get(3)?;
+    let response = ResponseKind::parse(&state).map(|kind| Response {
+        kind,
+        body: r
+            .get::<_, Option<Vec<u8>>>(4)
+            .ok()
+            .flatten()
+            .unwrap_or_default(),
+    });
+    let headers: Option<String> = r.get(7)?;
+    let headers = headers
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| {
+            l.split_once(": ")
+                .map(|(n, v)| (n.to_owned(), v.to_owned()))
+        })
+        .collect();
+    Ok(Some(StoredEvent {
+        seq: r.get(0)?,
+        key,
+        state,
+        response,
+        payload: r.get::<_, Option<Vec<u8>>>(5)?.unwrap_or_default(),
+        meta: Meta {
+            content_type: r.get(6)?,
+            headers,
+        },
+        fingerprint: Fingerprint::from_slice(&r.get::<_, Vec<u8>>(8)?),
+        received_at: Timestamp(r.get(9)?),
+        completed_at: r.get::<_, Option<i64>>(10)?.map(Timestamp),
+        conflicts: r.get(11)?,
+    }))
+}
+
+fn one(c: &Connection, key: &Key) -> rusqlite::Result<Option<StoredEvent>> {
+    c.prepare_cached(&format!(
+        "SELECT {COLUMNS} FROM oncebox_inbox i WHERE i.source = ?1 AND i.event_id = ?2"
+    ))?
+    .query_row(params![key.source.as_str(), key.event_id.as_str()], stored)
+    .optional()
+    .map(Option::flatten)
+}
+
+fn page(
+    c: &Connection,
+    source: Option<&Source>,
+    after: i64,
+    limit: usize,
+) -> rusqlite::Result<Page<StoredEvent>> {
+    let limit = limit.clamp(1, MAX_PAGE);
+    let mut q = c.prepare_cached(&format!(
+        "SELECT {COLUMNS} FROM oncebox_inbox i
+         WHERE (?1 IS NULL OR i.source = ?1) AND i.id > ?2 ORDER BY i.id LIMIT ?3"
+    ))?;
+    // One row more than asked tells whether there is a next page.
+    let rows = q.query_map(
+        params![source.map(Source::as_str), after, limit as i64 + 1],
+        stored,
+    )?;
+    let mut items = Vec::with_capacity(limit);
+    let mut more = false;
+    for row in rows {
+        if items.len() == limit {
+            more = true;
+            break;
+        }
+        if let Some(e) = row? {
+            items.push(e);
+        }
+    }
+    let next = if more {
+        items.last().map(|e| e.seq)
+    } else {
+        None
+    };
+    Ok(Page { items, next })
+}
+
+fn stats(c: &Connection) -> rusqlite::Result<Stats> {
+    let mut q = c.prepare_cached(
+        "SELECT state, count(*) FROM oncebox_inbox GROUP BY state ORDER BY state",
+    )?;
+    let states = q
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
+        .collect::<Result<_, _>>()?;
+    let conflicts = c.query_row("SELECT count(*) FROM oncebox_conflicts", [], |r| r.get(0))?;
+    let outbox = c.query_row("SELECT count(*) FROM oncebox_outbox", [], |r| r.get(0))?;
+    Ok(Stats {
+        states,
+        conflicts,
+        outbox,
+    })
+}
+
+impl EventStore for Inbox {
+    async fn ingest(&self, ingest: Ingest) -> Result<Processed, ProcessError> {
+        let Ingest {
+            event,
+            order,
+            accepted,
+            stale,
+        } = ingest;
+        // Entities are namespaced by source: two senders' order ids are unrelated.
+        let namespace = event.key.source.as_str().to_owned();
+        self.process(event, move |tx| {
+            if let Some(order) = &order {
+                match tx.advance(&namespace, &order.entity, order.version) {
+                    Err(HandlerError::Stale) => {
+                        return Ok(Response {
+                            kind: ResponseKind::Stale,
+                            body: stale,
+                        });
+                    }
+                    other => other?,
+                }
+            }
+            Ok(Response::completed(accepted))
+        })
+        .await
+    }
+
+    async fn event(&self, key: &Key) -> Result<Option<StoredEvent>, Unavailable> {
+        let key = key.clone();
+        self.read(move |c| one(c, &key)).await.map_err(unavailable)
+    }
+
+    async fn events(&self, filter: EventFilter) -> Result<Page<StoredEvent>, Unavailable> {
+        self.read(move |c| {
+            page(
+                c,
+                filter.source.as_ref(),
+                filter.after.unwrap_or(0),
+                filter.limit,
+            )
+        })
+        .await
+        .map_err(unavailable)
+    }
+
+    async fn stats(&self) -> Result<Stats, Unavailable> {
+        self.read(stats).await.map_err(unavailable)
+    }
+
+    async fn purge(&self, now: Timestamp, retention: &Retention) -> Result<u64, Unavailable> {
+        Inbox::purge(self, now, retention)
+            .await
+            .map_err(unavailable)
+    }
+
+    /// Ready when the writer can start a write transaction now: a locked or failing file, or a
+    /// stuck writer, makes the gateway unready instead of answering 503s one by one.
+    async fn ready(&self) -> Result<(), Unavailable> {
+        self.write(|_| Ok(())).await.map_err(unavailable)
+    }
+}
