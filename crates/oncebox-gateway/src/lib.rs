@@ -14,7 +14,7 @@ use oncebox_core::{Clock, Timestamp};
 mod admin;
 mod ingress;
 mod limit;
-mod openapi;
+pub mod openapi;
 pub mod policy;
 pub mod problem;
 mod serve;

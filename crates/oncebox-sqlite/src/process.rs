@@ -62,11 +62,8 @@ pub(crate) fn run(
         Ok(response) => {
             cx.rollback_to()?;
             record_terminal(cx, event, &response)?;
-            if response.kind == ResponseKind::Stale {
-                Ok(Processed::Stale)
-            } else {
-                Ok(Processed::Applied(response))
-            }
+            // A handler that answers `Stale` itself chose the body to store and replay.
+            Ok(Processed::Applied(response))
         }
         Err(HandlerError::Stale) => {
             cx.rollback_to()?;

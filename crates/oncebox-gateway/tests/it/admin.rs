@@ -1,0 +1,191 @@
+//! The admin API, health endpoints, metrics and the OpenAPI document through the router.
+
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use oncebox_testkit::run;
+
+use crate::support::{TestGateway, admin_get, post};
+
+#[test]
+fn admin_endpoints_need_the_token() {
+    run(async {
+        let gw = TestGateway::new();
+        for path in [
+            "/v1/events",
+            "/v1/stats",
+            "/metrics",
+            "/v1/sources/open/events/e1",
+        ] {
+            let a = gw
+                .send(Request::get(path).body(Body::empty()).unwrap())
+                .await;
+            assert_eq!(
+                (a.status, a.slug().as_str()),
+                (StatusCode::UNAUTHORIZED, "unauthorized"),
+                "{path}"
+            );
+            let wrong = Request::get(path)
+                .header("authorization", "Bearer wrong-token-0123456")
+                .body(Body::empty())
+                .unwrap();
+            assert_eq!(
+                gw.send(wrong).await.status,
+                StatusCode::UNAUTHORIZED,
+                "{path}"
+            );
+        }
+    });
+}
+
+#[test]
+fn events_are_listed_in_arrival_order_with_a_cursor() {
+    run(async {
+        let gw = TestGateway::new();
+        for i in 0..5 {
+            gw.send(post("open", &[], format!(r#"{{"id":"e{i}"}}"#)))
+                .await;
+        }
+        gw.send(post("derived", &[], r#"{"order_id":"1","type":"t"}"#))
+            .await;
+        let page = gw
+            .send(admin_get("/v1/events?source=open&limit=3"))
+            .await
+            .json();
+        let ids: Vec<&str> = page["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e["event_id"].as_str().unwrap())
+            .collect();
+        assert_eq!(ids, ["e0", "e1", "e2"]);
+        let next = page["next"].as_str().unwrap();
+        let rest = gw
+            .send(admin_get(&format!("/v1/events?source=open&after={next}")))
+            .await
+            .json();
+        let ids: Vec<&str> = rest["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e["event_id"].as_str().unwrap())
+            .collect();
+        assert_eq!(ids, ["e3", "e4"]);
+        assert!(rest["next"].is_null());
+        let all = gw.send(admin_get("/v1/events")).await.json();
+        assert_eq!(all["items"].as_array().unwrap().len(), 6);
+    });
+}
+
+#[test]
+fn one_event_shows_payload_headers_and_answer() {
+    run(async {
+        let gw = TestGateway::new();
+        gw.send(post(
+            "open",
+            &[("x-trace", "t9")],
+            r#"{"id":"e1","note":"<script>"}"#,
+        ))
+        .await;
+        let e = gw
+            .send(admin_get("/v1/sources/open/events/e1"))
+            .await
+            .json();
+        assert_eq!(e["state"], "completed");
+        assert_eq!(e["payload"], r#"{"id":"e1","note":"<script>"}"#);
+        assert!(
+            e["headers"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|h| h[0] == "x-trace" && h[1] == "t9")
+        );
+        assert_eq!(e["response"]["kind"], "completed");
+        assert_eq!(e["fingerprint"].as_str().unwrap().len(), 64);
+        let missing = gw.send(admin_get("/v1/sources/open/events/nope")).await;
+        assert_eq!(
+            (missing.status, missing.slug().as_str()),
+            (StatusCode::NOT_FOUND, "event-not-found")
+        );
+    });
+}
+
+#[test]
+fn stats_and_metrics_count_outcomes_per_source() {
+    run(async {
+        let gw = TestGateway::new();
+        gw.send(post("fields", &[], r#"{"id":"m1","amount":1}"#))
+            .await;
+        gw.send(post("fields", &[], r#"{"id":"m1","amount":1}"#))
+            .await;
+        gw.send(post("fields", &[], r#"{"id":"m1","amount":2}"#))
+            .await;
+        gw.send(post("fields", &[], r#"{"amount":2}"#)).await;
+        let stats = gw.send(admin_get("/v1/stats")).await.json();
+        assert_eq!(stats["events"]["completed"], 1);
+        assert_eq!(stats["conflicts"], 1);
+        let text = String::from_utf8(gw.send(admin_get("/metrics")).await.body).unwrap();
+        for outcome in ["accepted", "duplicate", "conflict", "invalid"] {
+            let line = format!(r#"oncebox_ingest_total{{source="fields",outcome="{outcome}"}}"#);
+            assert!(
+                text.lines().any(|l| l.starts_with(&line)),
+                "{line} missing in:\n{text}"
+            );
+        }
+        assert!(text.contains("oncebox_ingest_duration_seconds"), "{text}");
+    });
+}
+
+#[test]
+fn health_and_readiness_are_open() {
+    run(async {
+        let gw = TestGateway::new();
+        for path in ["/healthz", "/readyz", "/openapi.json"] {
+            let a = gw
+                .send(Request::get(path).body(Body::empty()).unwrap())
+                .await;
+            assert_eq!(a.status, StatusCode::OK, "{path}");
+        }
+    });
+}
+
+#[test]
+fn openapi_documents_every_route_and_every_documented_route_exists() {
+    run(async {
+        let gw = TestGateway::new();
+        let doc = gw
+            .send(Request::get("/openapi.json").body(Body::empty()).unwrap())
+            .await
+            .json();
+        let paths = doc["paths"].as_object().unwrap();
+        for (method, path) in oncebox_gateway::openapi::ROUTES {
+            assert!(
+                paths.get(*path).and_then(|p| p.get(*method)).is_some(),
+                "{method} {path} undocumented"
+            );
+            let uri = path.replace("{source}", "open").replace("{event_id}", "e1");
+            let req = Request::builder()
+                .method(method.to_uppercase().as_str())
+                .uri(uri)
+                .header(
+                    "authorization",
+                    format!("Bearer {}", crate::support::ADMIN_TOKEN),
+                )
+                .body(Body::from("{}"))
+                .unwrap();
+            let a = gw.send(req).await;
+            assert!(
+                a.status != StatusCode::METHOD_NOT_ALLOWED
+                    && !(a.status == StatusCode::NOT_FOUND && a.body.is_empty()),
+                "{method} {path} not routed: {a:?}"
+            );
+        }
+        assert_eq!(
+            paths.len(),
+            oncebox_gateway::openapi::ROUTES
+                .iter()
+                .map(|r| r.1)
+                .collect::<std::collections::BTreeSet<_>>()
+                .len()
+        );
+    });
+}

@@ -1,0 +1,413 @@
+//! Every row of DESIGN §4 through the real router: new, duplicate, stale, conflict, in
+//! progress, invalid, unavailable — and the id, fingerprint and ordering rules behind them.
+
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::http::StatusCode;
+use oncebox_core::{Event, Key};
+use oncebox_gateway::policy::GatewayConfig;
+use oncebox_sqlite::rusqlite::Connection;
+use oncebox_testkit::run;
+
+use crate::support::{TestGateway, config, post};
+
+#[test]
+fn new_event_is_202_with_the_documented_body() {
+    run(async {
+        let gw = TestGateway::new();
+        let a = gw
+            .send(post("open", &[], r#"{"id":"evt_1","amount":5}"#))
+            .await;
+        assert_eq!(a.status, StatusCode::ACCEPTED, "{a:?}");
+        assert!(!a.replayed());
+        let body = a.json();
+        assert_eq!(body["status"], "accepted");
+        assert_eq!(body["source"], "open");
+        assert_eq!(body["event_id"], "evt_1");
+        assert_eq!(body["received_at"], "2026-01-01T00:00:00.000Z");
+        assert_eq!(gw.rows(), 1);
+    });
+}
+
+#[test]
+fn duplicate_replays_status_and_body_with_the_replayed_header() {
+    run(async {
+        let gw = TestGateway::new();
+        let first = gw
+            .send(post("open", &[], r#"{"id":"evt_1","amount":5}"#))
+            .await;
+        gw.clock.advance(Duration::from_secs(60));
+        // Same JSON value, other spelling: still the same event.
+        let again = gw
+            .send(post("open", &[], "{ \"amount\": 5.0, \"id\": \"evt_1\" }"))
+            .await;
+        assert_eq!(again.status, first.status);
+        assert_eq!(again.body, first.body, "the first answer, byte for byte");
+        assert!(again.replayed());
+        assert_eq!(gw.rows(), 1);
+    });
+}
+
+#[test]
+fn same_id_with_another_payload_is_422_key_reused() {
+    run(async {
+        let gw = TestGateway::new();
+        gw.send(post("open", &[], r#"{"id":"evt_1","amount":5}"#))
+            .await;
+        let a = gw
+            .send(post("open", &[], r#"{"id":"evt_1","amount":6}"#))
+            .await;
+        assert_eq!(
+            (a.status, a.slug().as_str()),
+            (StatusCode::UNPROCESSABLE_ENTITY, "key-reused")
+        );
+        let conflicts: i64 = gw
+            .inbox
+            .read_blocking(|c| {
+                c.query_row("SELECT count(*) FROM oncebox_conflicts", [], |r| r.get(0))
+            })
+            .unwrap();
+        assert_eq!((gw.rows(), conflicts), (1, 1));
+    });
+}
+
+#[test]
+fn fields_fingerprint_ignores_other_fields() {
+    run(async {
+        let gw = TestGateway::new();
+        gw.send(post("fields", &[], r#"{"id":"f1","amount":5,"note":"a"}"#))
+            .await;
+        let same = gw
+            .send(post("fields", &[], r#"{"id":"f1","amount":5,"note":"b"}"#))
+            .await;
+        assert!(same.replayed(), "{same:?}");
+        let other = gw
+            .send(post("fields", &[], r#"{"id":"f1","amount":7}"#))
+            .await;
+        assert_eq!(other.status, StatusCode::UNPROCESSABLE_ENTITY);
+        let absent = gw.send(post("fields", &[], r#"{"id":"f1"}"#)).await;
+        assert_eq!(
+            absent.status,
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "absent differs from present"
+        );
+    });
+}
+
+#[test]
+fn older_entity_version_is_202_stale_and_replayed_as_such() {
+    run(async {
+        let gw = TestGateway::new();
+        let ev = |id: &str, created: i64| {
+            format!(r#"{{"id":"{id}","created":{created},"data":{{"object":{{"id":"pi_1"}}}}}}"#)
+        };
+        assert_eq!(
+            gw.send(post("ordered", &[], ev("paid", 20))).await.status,
+            StatusCode::ACCEPTED
+        );
+        let late = gw.send(post("ordered", &[], ev("created", 10))).await;
+        assert_eq!(late.status, StatusCode::ACCEPTED);
+        assert_eq!(late.json()["stale"], true);
+        let again = gw.send(post("ordered", &[], ev("created", 10))).await;
+        assert!(again.replayed());
+        assert_eq!(again.body, late.body);
+        let newer = gw.send(post("ordered", &[], ev("refunded", 30))).await;
+        assert!(newer.json().get("stale").is_none(), "{newer:?}");
+        // Events without the guarded fields are not ordered.
+        let other = gw.send(post("ordered", &[], r#"{"id":"ping"}"#)).await;
+        assert_eq!(other.status, StatusCode::ACCEPTED);
+        let bad = gw
+            .send(post(
+                "ordered",
+                &[],
+                r#"{"id":"x","created":"yesterday","data":{"object":{"id":"pi_1"}}}"#,
+            ))
+            .await;
+        assert_eq!(
+            (bad.status, bad.slug().as_str()),
+            (StatusCode::BAD_REQUEST, "order-field-invalid")
+        );
+    });
+}
+
+#[test]
+fn key_leased_by_another_worker_is_409_in_progress_with_retry_after() {
+    run(async {
+        let gw = TestGateway::new();
+        let body = r#"{"id":"evt_l"}"#;
+        let event = Event::json(Key::parse("open", "evt_l").unwrap(), body).unwrap();
+        gw.inbox
+            .begin(event, Duration::from_secs(30))
+            .await
+            .unwrap();
+        let a = gw.send(post("open", &[], body)).await;
+        assert_eq!(
+            (a.status, a.slug().as_str()),
+            (StatusCode::CONFLICT, "in-progress")
+        );
+        assert_eq!(a.headers["retry-after"], "30");
+    });
+}
+
+#[test]
+fn invalid_events_are_400_or_413_and_write_nothing() {
+    run(async {
+        let gw = TestGateway::new();
+        let cases: Vec<(&str, Vec<(&str, &str)>, Body, StatusCode, &str)> = vec![
+            (
+                "open",
+                vec![],
+                r#"{"amount":1}"#.into(),
+                StatusCode::BAD_REQUEST,
+                "event-id-missing",
+            ),
+            (
+                "open",
+                vec![],
+                r#"{"id":""}"#.into(),
+                StatusCode::BAD_REQUEST,
+                "event-id-invalid",
+            ),
+            (
+                "open",
+                vec![],
+                r#"{"id":"a\u0000b"}"#.into(),
+                StatusCode::BAD_REQUEST,
+                "event-id-invalid",
+            ),
+            (
+                "open",
+                vec![],
+                format!(r#"{{"id":"{}"}}"#, "x".repeat(256)).into(),
+                StatusCode::BAD_REQUEST,
+                "event-id-invalid",
+            ),
+            (
+                "open",
+                vec![],
+                r#"{"id":true}"#.into(),
+                StatusCode::BAD_REQUEST,
+                "event-id-invalid",
+            ),
+            (
+                "open",
+                vec![],
+                r#"{"id":"a","id":"b"}"#.into(),
+                StatusCode::BAD_REQUEST,
+                "invalid-json",
+            ),
+            (
+                "open",
+                vec![],
+                r#"{"id":"a""#.into(),
+                StatusCode::BAD_REQUEST,
+                "invalid-json",
+            ),
+            (
+                "open",
+                vec![],
+                vec![b'{', 0xff, b'}'].into(),
+                StatusCode::BAD_REQUEST,
+                "invalid-json",
+            ),
+            (
+                "open",
+                vec![],
+                "[".repeat(100_000).into(),
+                StatusCode::BAD_REQUEST,
+                "invalid-json",
+            ),
+            (
+                "open",
+                vec![],
+                r#"{"id":"x","s":"\ud800"}"#.into(),
+                StatusCode::BAD_REQUEST,
+                "invalid-json",
+            ),
+            (
+                "open",
+                vec![("idempotency-key", "   ")],
+                "{}".into(),
+                StatusCode::BAD_REQUEST,
+                "event-id-invalid",
+            ),
+            (
+                "tiny",
+                vec![],
+                r#"{"id":"0123456789abcdef"}"#.into(),
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "body-too-large",
+            ),
+            (
+                "derived",
+                vec![],
+                r#"{"order_id":"o1"}"#.into(),
+                StatusCode::BAD_REQUEST,
+                "event-id-missing",
+            ),
+        ];
+        for (source, headers, body, status, slug) in cases {
+            let a = gw.send(post(source, &headers, body)).await;
+            assert_eq!(
+                (a.status, a.slug()),
+                (status, slug.to_owned()),
+                "{source} {headers:?}"
+            );
+        }
+        assert_eq!(gw.rows(), 0);
+    });
+}
+
+#[test]
+fn event_id_sources_follow_the_default_order() {
+    run(async {
+        let gw = TestGateway::new();
+        let a = gw
+            .send(post(
+                "open",
+                &[("idempotency-key", "k1"), ("webhook-id", "w1")],
+                r#"{"id":"b1"}"#,
+            ))
+            .await;
+        assert_eq!(a.json()["event_id"], "k1");
+        let b = gw
+            .send(post("open", &[("webhook-id", "w2")], r#"{"id":"b2"}"#))
+            .await;
+        assert_eq!(b.json()["event_id"], "w2");
+        let c = gw.send(post("open", &[], r#"{"id":42}"#)).await;
+        assert_eq!(c.json()["event_id"], "42");
+    });
+}
+
+#[test]
+fn derived_ids_make_business_duplicates_one_event() {
+    run(async {
+        let gw = TestGateway::new();
+        let a = gw
+            .send(post("derived", &[], r#"{"order_id":"o1","type":"paid"}"#))
+            .await;
+        let id = a.json()["event_id"].as_str().unwrap().to_owned();
+        assert_eq!(id.len(), 64, "SHA-256 hex");
+        let b = gw
+            .send(post("derived", &[], r#"{"type":"paid","order_id":"o1"}"#))
+            .await;
+        assert!(b.replayed());
+        let c = gw
+            .send(post(
+                "derived",
+                &[],
+                r#"{"order_id":"o1","type":"refunded"}"#,
+            ))
+            .await;
+        assert_ne!(c.json()["event_id"].as_str().unwrap(), id);
+    });
+}
+
+#[test]
+fn same_event_id_from_two_sources_is_two_events() {
+    run(async {
+        let gw = TestGateway::new();
+        let a = gw.send(post("open", &[], r#"{"id":"same"}"#)).await;
+        let b = gw
+            .send(post(
+                "derived",
+                &[("idempotency-key", "same")],
+                r#"{"order_id":"1","type":"t"}"#,
+            ))
+            .await;
+        assert!(!a.replayed() && !b.replayed());
+        assert_eq!(gw.rows(), 2);
+    });
+}
+
+#[test]
+fn unknown_source_is_404_and_any_source_is_open_only_in_zero_config() {
+    run(async {
+        let gw = TestGateway::new();
+        for name in ["nope", "Bad", "a%2Fb", "x".repeat(65).as_str()] {
+            let a = gw.send(post(name, &[], r#"{"id":"1"}"#)).await;
+            assert_eq!(
+                (a.status, a.slug().as_str()),
+                (StatusCode::NOT_FOUND, "unknown-source"),
+                "{name}"
+            );
+        }
+        let zero = TestGateway::with(
+            GatewayConfig {
+                open_sources: true,
+                ..GatewayConfig::default()
+            },
+            oncebox_sqlite::Options::new,
+        );
+        assert_eq!(
+            zero.send(post("anything", &[], r#"{"id":"1"}"#))
+                .await
+                .status,
+            StatusCode::ACCEPTED
+        );
+    });
+}
+
+#[test]
+fn locked_database_is_503_with_retry_after_never_a_replay() {
+    run(async {
+        let gw = TestGateway::with(config(), |p| {
+            oncebox_sqlite::Options::new(p).busy_timeout(Duration::from_millis(50))
+        });
+        gw.send(post("open", &[], r#"{"id":"evt_1"}"#)).await;
+        let lock = Connection::open(&gw.path).unwrap();
+        lock.execute_batch("BEGIN IMMEDIATE").unwrap();
+        for id in ["evt_1", "evt_2"] {
+            let a = gw
+                .send(post("open", &[], format!(r#"{{"id":"{id}"}}"#)))
+                .await;
+            assert_eq!(
+                (a.status, a.slug().as_str()),
+                (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
+                "{id}"
+            );
+            assert_eq!(a.headers["retry-after"], "2");
+            assert!(!a.replayed());
+        }
+        let readyz = gw
+            .send(
+                axum::http::Request::get("/readyz")
+                    .body(Body::empty())
+                    .unwrap(),
+            )
+            .await;
+        assert_eq!(readyz.status, StatusCode::SERVICE_UNAVAILABLE);
+        lock.execute_batch("ROLLBACK").unwrap();
+        assert!(
+            gw.send(post("open", &[], r#"{"id":"evt_1"}"#))
+                .await
+                .replayed()
+        );
+        assert_eq!(
+            gw.send(post("open", &[], r#"{"id":"evt_2"}"#)).await.status,
+            StatusCode::ACCEPTED
+        );
+    });
+}
+
+#[test]
+fn credentials_are_not_stored_with_the_event() {
+    run(async {
+        let gw = TestGateway::new();
+        gw.send(post(
+            "open",
+            &[("authorization", "Bearer secret"), ("x-trace", "t1")],
+            r#"{"id":"h1"}"#,
+        ))
+        .await;
+        let headers: String = gw
+            .inbox
+            .read_blocking(|c| c.query_row("SELECT headers FROM oncebox_inbox", [], |r| r.get(0)))
+            .unwrap();
+        assert!(
+            headers.contains("x-trace: t1") && !headers.contains("secret"),
+            "{headers}"
+        );
+    });
+}

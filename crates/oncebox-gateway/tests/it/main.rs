@@ -1,0 +1,7 @@
+//! Gateway tests: through the real router in-process and through a real listener, on real
+//! SQLite files.
+
+mod admin;
+mod ingress;
+mod signatures;
+mod support;

@@ -1,0 +1,233 @@
+//! Webhook authenticity through the router: known vectors, tampering, hostile signature
+//! headers and timestamps. Every rejection is a 401 and writes nothing.
+
+use std::time::Duration;
+
+use axum::http::StatusCode;
+use oncebox_core::Timestamp;
+use oncebox_core::signature::{Scheme, Secret, sign};
+use oncebox_testkit::run;
+
+use crate::support::{GITHUB_SECRET, NOW, STRIPE_SECRET, SW_SECRET, TestGateway, post};
+
+fn headers(pairs: &[(String, String)]) -> Vec<(&str, &str)> {
+    pairs
+        .iter()
+        .map(|(n, v)| (n.as_str(), v.as_str()))
+        .collect()
+}
+
+#[test]
+fn github_known_vector_is_accepted() {
+    run(async {
+        let gw = TestGateway::new();
+        let sig = "sha256=757107ea0eb2509fc211221cce984b8a37570b6d7586c22c46f4379c8b043e17";
+        let ok = gw
+            .send(post(
+                "github",
+                &[("x-hub-signature-256", sig), ("x-github-delivery", "d-1")],
+                "Hello, World!",
+            ))
+            .await;
+        assert_eq!(ok.status, StatusCode::ACCEPTED, "{ok:?}");
+        let tampered = gw
+            .send(post(
+                "github",
+                &[("x-hub-signature-256", sig), ("x-github-delivery", "d-2")],
+                "Hello, World?",
+            ))
+            .await;
+        assert_eq!(
+            (tampered.status, tampered.slug().as_str()),
+            (StatusCode::UNAUTHORIZED, "signature-invalid")
+        );
+        assert_eq!(gw.rows(), 1);
+    });
+}
+
+#[test]
+fn standard_webhooks_spec_vector_is_accepted_at_its_time() {
+    run(async {
+        let gw = TestGateway::new();
+        gw.clock.set(Timestamp(1_614_265_330_000));
+        let h = [
+            ("webhook-id", "msg_p5jXN8AQM9LWM0D4loKWxJek"),
+            ("webhook-timestamp", "1614265330"),
+            (
+                "webhook-signature",
+                "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE=",
+            ),
+        ];
+        let a = gw.send(post("shop", &h, r#"{"test": 2432232314}"#)).await;
+        assert_eq!(a.status, StatusCode::ACCEPTED, "{a:?}");
+        assert_eq!(a.json()["event_id"], "msg_p5jXN8AQM9LWM0D4loKWxJek");
+    });
+}
+
+#[test]
+fn one_changed_byte_of_body_id_or_timestamp_is_401() {
+    run(async {
+        let gw = TestGateway::new();
+        let scheme = Scheme::StandardWebhooks;
+        let secret = Secret::parse(&scheme, SW_SECRET).unwrap();
+        let body = r#"{"order":1}"#;
+        let signed = sign(&scheme, &secret, "msg_1", NOW, body.as_bytes());
+        let mut h = headers(&signed);
+        assert_eq!(
+            gw.send(post("shop", &h, body)).await.status,
+            StatusCode::ACCEPTED
+        );
+        assert_eq!(
+            gw.send(post("shop", &h, r#"{"order":2}"#)).await.status,
+            StatusCode::UNAUTHORIZED
+        );
+        let ts = (NOW.millis() / 1000 + 1).to_string();
+        for (name, value) in [("webhook-id", "msg_2"), ("webhook-timestamp", ts.as_str())] {
+            h = headers(&signed);
+            h.iter_mut().find(|(n, _)| *n == name).unwrap().1 = value;
+            let a = gw.send(post("shop", &h, body)).await;
+            assert_eq!(
+                (a.status, a.slug().as_str()),
+                (StatusCode::UNAUTHORIZED, "signature-invalid"),
+                "{name}"
+            );
+        }
+        assert_eq!(gw.rows(), 1);
+    });
+}
+
+#[test]
+fn every_prefix_of_a_valid_signature_and_hostile_headers_are_401() {
+    run(async {
+        let gw = TestGateway::new();
+        let scheme = Scheme::Stripe;
+        let secret = Secret::parse(&scheme, STRIPE_SECRET).unwrap();
+        let body = r#"{"id":"evt_s1"}"#;
+        let signed = sign(&scheme, &secret, "", NOW, body.as_bytes());
+        let valid = signed[0].1.clone();
+        for cut in 0..valid.len() {
+            let a = gw
+                .send(post("stripe", &[("stripe-signature", &valid[..cut])], body))
+                .await;
+            assert_eq!(a.status, StatusCode::UNAUTHORIZED, "prefix {cut}: {a:?}");
+        }
+        let t = NOW.millis() / 1000;
+        let hostile = [
+            format!("t={t},v1="),
+            format!("t={t},v1=zz"),
+            format!("t={},v1={}", i64::MIN, "0".repeat(64)),
+            format!("t={},v1={}", "9".repeat(30), "0".repeat(64)),
+            format!("t=-1,v1={}", "0".repeat(64)),
+            format!(
+                "t={t},{}",
+                vec![format!("v1={}", "0".repeat(64)); 10_000].join(",")
+            ),
+            "x".repeat(100_000),
+        ];
+        for h in &hostile {
+            let a = gw
+                .send(post("stripe", &[("stripe-signature", h)], body))
+                .await;
+            assert_eq!(
+                a.status,
+                StatusCode::UNAUTHORIZED,
+                "{}",
+                &h[..h.len().min(40)]
+            );
+        }
+        let a = gw
+            .send(post("stripe", &[("stripe-signature", &valid)], body))
+            .await;
+        assert_eq!(a.status, StatusCode::ACCEPTED, "{a:?}");
+        assert_eq!(gw.rows(), 1);
+    });
+}
+
+#[test]
+fn timestamps_outside_tolerance_are_401_in_both_directions() {
+    run(async {
+        let gw = TestGateway::new();
+        let scheme = Scheme::Stripe;
+        let secret = Secret::parse(&scheme, STRIPE_SECRET).unwrap();
+        let body = r#"{"id":"evt_t"}"#;
+        for offset in [-301i64, 301] {
+            let at = Timestamp(NOW.millis() + offset * 1000);
+            let signed = sign(&scheme, &secret, "", at, body.as_bytes());
+            let a = gw.send(post("stripe", &headers(&signed), body)).await;
+            assert_eq!(
+                (a.status, a.slug().as_str()),
+                (StatusCode::UNAUTHORIZED, "timestamp-out-of-tolerance"),
+                "{offset}"
+            );
+        }
+        let inside = sign(
+            &scheme,
+            &secret,
+            "",
+            Timestamp(NOW.millis() - 299_000),
+            body.as_bytes(),
+        );
+        assert_eq!(
+            gw.send(post("stripe", &headers(&inside), body))
+                .await
+                .status,
+            StatusCode::ACCEPTED
+        );
+        gw.clock.advance(Duration::from_secs(3600));
+        let replayed_late = gw.send(post("stripe", &headers(&inside), body)).await;
+        assert_eq!(
+            replayed_late.status,
+            StatusCode::UNAUTHORIZED,
+            "a captured request expires"
+        );
+    });
+}
+
+#[test]
+fn a_sources_secret_never_works_for_another_source() {
+    run(async {
+        let gw = TestGateway::new();
+        let body = "Hello, World!";
+        let github = Secret::parse(&Scheme::Github, GITHUB_SECRET).unwrap();
+        let signed = sign(&Scheme::Github, &github, "", NOW, body.as_bytes());
+        // The hmac source reads another header and another secret.
+        let sig = signed[0].1.trim_start_matches("sha256=").to_owned();
+        let a = gw
+            .send(post(
+                "hmac",
+                &[("x-signature", &sig), ("idempotency-key", "u1")],
+                r#"{"id":"u1"}"#,
+            ))
+            .await;
+        assert_eq!(a.status, StatusCode::UNAUTHORIZED);
+        let missing = gw.send(post("shop", &[("webhook-id", "m1")], "{}")).await;
+        assert_eq!(
+            (missing.status, missing.slug().as_str()),
+            (StatusCode::UNAUTHORIZED, "signature-invalid")
+        );
+        assert_eq!(
+            gw.rows(),
+            0,
+            "U = 0: nothing stored under another source's name"
+        );
+    });
+}
+
+#[test]
+fn hmac_base64_source_accepts_its_own_signature() {
+    run(async {
+        let gw = TestGateway::new();
+        let scheme = oncebox_core::signature::Scheme::HmacSha256 {
+            header: "x-signature".into(),
+            encoding: oncebox_core::signature::Encoding::Base64,
+            prefix: String::new(),
+        };
+        let secret = Secret::parse(&scheme, "hmac-secret").unwrap();
+        let body = r#"{"id":"h1"}"#;
+        let signed = sign(&scheme, &secret, "", NOW, body.as_bytes());
+        assert_eq!(
+            gw.send(post("hmac", &headers(&signed), body)).await.status,
+            StatusCode::ACCEPTED
+        );
+    });
+}
