@@ -92,7 +92,7 @@ impl Default for Limits {
 }
 
 /// The gateway's whole configuration.
-#[derive(Debug, Clone, Default)]
+#[derive(Clone, Default)]
 pub struct GatewayConfig {
     pub sources: BTreeMap<Source, SourcePolicy>,
     /// Zero-configuration mode: any source name is accepted with [`SourcePolicy::open`].
@@ -101,6 +101,18 @@ pub struct GatewayConfig {
     /// peers.
     pub admin_token: Option<String>,
     pub limits: Limits,
+}
+
+impl std::fmt::Debug for GatewayConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The admin token is a credential: never printed, not even in debug logs.
+        f.debug_struct("GatewayConfig")
+            .field("sources", &self.sources)
+            .field("open_sources", &self.open_sources)
+            .field("admin_token", &self.admin_token.as_ref().map(|_| "***"))
+            .field("limits", &self.limits)
+            .finish()
+    }
 }
 
 static OPEN: LazyLock<SourcePolicy> = LazyLock::new(SourcePolicy::open);

@@ -1,107 +1,290 @@
-//! The `oncebox` binary: command line, database selection and wiring of the backends.
+//! The `oncebox` binary: command line, configuration, and the wiring of the backends.
 
 use std::io::Write;
-use std::path::PathBuf;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
+use oncebox_core::store::{EventFilter, EventStore};
 use oncebox_core::{Clock, Key, Retention, SystemClock};
 use oncebox_sqlite::{Inbox, Options, RecordState};
 
+mod config;
+mod send;
+mod serve;
+
 /// Make the effect of an at-least-once event happen once.
+///
+/// Configuration comes from `oncebox.toml` (or --config / ONCEBOX_CONFIG), then ONCEBOX_*
+/// environment variables, then flags. With no configuration, `serve` accepts any source on
+/// 127.0.0.1:8080 without signature checks and stores in ./oncebox.db.
 #[derive(Debug, Parser)]
-#[command(version, about)]
+#[command(version, about, long_about = None)]
 struct Cli {
-    /// Where events are kept: `sqlite://PATH` (or a plain path).
-    #[arg(
-        long,
-        global = true,
-        env = "ONCEBOX_DATABASE",
-        default_value = "sqlite://oncebox.db"
-    )]
-    database: String,
+    /// Configuration file (default ./oncebox.toml when it exists).
+    #[arg(long, global = true)]
+    config: Option<PathBuf>,
+    /// Where events are kept: sqlite://PATH [default: sqlite://oncebox.db]
+    #[arg(long, global = true)]
+    database: Option<String>,
     #[command(subcommand)]
     command: Command,
 }
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Create the database or bring its schema up to date.
-    Migrate,
-    /// Count inbox records by state, and the other tables.
-    Stats,
-    /// Show one key's record: state, response, timestamps.
+    /// Run the gateway.
+    ///
+    /// Example: `oncebox serve` then
+    /// `curl -X POST localhost:8080/v1/sources/demo/events -d '{"id":"evt_1"}'`
+    Serve {
+        /// Address to listen on [default: 127.0.0.1:8080]
+        #[arg(long)]
+        listen: Option<SocketAddr>,
+        /// Bearer token of the admin API (or ONCEBOX_ADMIN_TOKEN).
+        #[arg(long)]
+        admin_token: Option<String>,
+    },
+    /// Validate the configuration and describe it; names the bad field if any.
+    Check,
+    /// Sign a test event with a source's scheme and send it to the running gateway.
+    ///
+    /// Example: `oncebox send stripe --id evt_123`
+    Send {
+        source: String,
+        /// Event id [default: evt_test_<millis>]
+        #[arg(long)]
+        id: Option<String>,
+        /// JSON body [default: a small test event carrying the id]
+        #[arg(long)]
+        body: Option<String>,
+        /// Gateway base URL [default: http://<listen>]
+        #[arg(long)]
+        url: Option<String>,
+    },
+    /// List stored events in arrival order.
+    Events {
+        #[arg(long)]
+        source: Option<String>,
+        /// Only events after this cursor (the `seq` column).
+        #[arg(long)]
+        after: Option<i64>,
+        #[arg(long, default_value_t = 50)]
+        limit: usize,
+        /// `text` or `json`.
+        #[arg(long, default_value = "text")]
+        output: String,
+    },
+    /// Show one key's record: state, first response, fingerprint.
     Inspect { source: String, event_id: String },
-    /// Delete terminal records older than the retention (processing and uncertain keys stay).
+    /// Count records by state, conflicts and outbox messages.
+    Stats,
+    /// Delete terminal records older than each source's retention (never processing or
+    /// uncertain ones).
     Purge {
-        /// e.g. `7d`. Shorter than a sender's redelivery window turns old events into new ones.
+        /// Retention for sources without their own, e.g. `7d`.
         #[arg(long, default_value = "7d", value_parser = humantime::parse_duration)]
         retention: Duration,
     },
+    /// Create the database or bring its schema up to date.
+    Migrate,
 }
 
-fn sqlite_path(database: &str) -> Result<PathBuf> {
-    if let Some(rest) = database.strip_prefix("sqlite://") {
-        return Ok(PathBuf::from(rest));
-    }
-    if database.contains("://") {
-        bail!("database {database:?}: only sqlite:// is supported by this build");
-    }
-    Ok(PathBuf::from(database))
+/// Opens the store named by a database URL.
+pub(crate) fn open_store(database: &str) -> Result<(Inbox, PathBuf)> {
+    let path = match database.strip_prefix("sqlite://") {
+        Some(rest) => PathBuf::from(rest),
+        None if database.contains("://") => {
+            bail!("database {database:?}: only sqlite:// is supported by this build")
+        }
+        None => PathBuf::from(database),
+    };
+    let inbox =
+        Inbox::open(Options::new(&path)).with_context(|| format!("opening {}", path.display()))?;
+    Ok((inbox, path))
 }
 
-#[tokio::main]
-async fn main() -> Result<()> {
+fn main() -> ExitCode {
     tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
-    let path = sqlite_path(&cli.database)?;
-    let inbox =
-        Inbox::open(Options::new(&path)).with_context(|| format!("opening {}", path.display()))?;
-    let mut out = std::io::stdout().lock();
-    match cli.command {
-        Command::Migrate => Ok(writeln!(out, "{}: schema up to date", path.display())?),
-        Command::Stats => {
-            let rows = inbox
-                .read(|c| {
-                    let mut q = c.prepare(
-                        "SELECT state, count(*) FROM oncebox_inbox GROUP BY state
-                         UNION ALL SELECT 'conflicts', count(*) FROM oncebox_conflicts
-                         UNION ALL SELECT 'outbox', count(*) FROM oncebox_outbox",
-                    )?;
-                    q.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?)))?
-                        .collect::<Result<Vec<_>, _>>()
-                })
-                .await?;
-            for (name, n) in rows {
-                writeln!(out, "{name:<12} {n}")?;
-            }
-            Ok(())
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
         }
-        Command::Inspect { source, event_id } => {
-            let key = Key::parse(&source, &event_id)?;
-            let Some(record) = inbox.record(&key).await? else {
-                bail!("no record for {key}");
-            };
-            let state = match &record.state {
-                RecordState::Done(r) => {
-                    format!("{} {}", r.kind.as_str(), String::from_utf8_lossy(&r.body))
-                }
-                other => format!("{other:?}"),
-            };
-            writeln!(out, "key         {key}\nstate       {state}")?;
-            writeln!(out, "received_at {}", record.received_at)?;
-            let fp = record.fingerprint.map(|f| f.to_hex()).unwrap_or_default();
-            Ok(writeln!(out, "fingerprint {fp}")?)
-        }
-        Command::Purge { retention } => {
-            let deleted = inbox
-                .purge(SystemClock.now(), &Retention::new(retention))
-                .await?;
-            Ok(writeln!(out, "purged {deleted} records")?)
+    };
+    match runtime.block_on(run(cli)) {
+        Ok(true) => ExitCode::SUCCESS,
+        // The command ran and reports a negative result (e.g. `send` got a non-2xx).
+        Ok(false) => ExitCode::from(3),
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
         }
     }
+}
+
+async fn run(cli: Cli) -> Result<bool> {
+    let (listen, admin_token) = match &cli.command {
+        Command::Serve {
+            listen,
+            admin_token,
+        } => (*listen, admin_token.clone()),
+        _ => (None, None),
+    };
+    let overrides = config::Overrides {
+        config: cli.config,
+        listen,
+        database: cli.database,
+        admin_token,
+    };
+    let settings = config::load(&overrides)?;
+    let mut out = std::io::stdout().lock();
+    match cli.command {
+        Command::Serve { .. } => {
+            drop(out);
+            serve::run(settings).await?;
+        }
+        Command::Check => {
+            for w in &settings.warnings {
+                writeln!(out, "warning: {w}")?;
+            }
+            write!(out, "{}", config::describe(&settings))?;
+            writeln!(out, "configuration ok")?;
+        }
+        Command::Send {
+            source,
+            id,
+            body,
+            url,
+        } => {
+            drop(out);
+            return send::run(
+                &settings,
+                send::SendArgs {
+                    source,
+                    id,
+                    body,
+                    url,
+                },
+            )
+            .await;
+        }
+        Command::Events {
+            source,
+            after,
+            limit,
+            output,
+        } => {
+            let (inbox, _) = open_store(&settings.database)?;
+            let source = source.map(oncebox_core::Source::new).transpose()?;
+            let page = inbox
+                .events(EventFilter {
+                    source,
+                    after,
+                    limit,
+                })
+                .await?;
+            print_events(&mut out, &page, &output)?;
+        }
+        Command::Inspect { source, event_id } => {
+            let (inbox, _) = open_store(&settings.database)?;
+            inspect(&mut out, &inbox, &Key::parse(&source, &event_id)?).await?;
+        }
+        Command::Stats => {
+            let (inbox, _) = open_store(&settings.database)?;
+            let stats = EventStore::stats(&inbox).await?;
+            for (state, n) in &stats.states {
+                writeln!(out, "{state:<12} {n}")?;
+            }
+            writeln!(out, "{:<12} {}", "conflicts", stats.conflicts)?;
+            writeln!(out, "{:<12} {}", "outbox", stats.outbox)?;
+        }
+        Command::Purge { retention } => {
+            let (inbox, _) = open_store(&settings.database)?;
+            let mut r = Retention::new(retention);
+            for (source, policy) in &settings.gateway.sources {
+                let _ = r.set(source.clone(), policy.retention, None);
+            }
+            let deleted = Inbox::purge(&inbox, SystemClock.now(), &r).await?;
+            writeln!(out, "purged {deleted} records")?;
+        }
+        Command::Migrate => {
+            let (_, path) = open_store(&settings.database)?;
+            writeln!(out, "{}: schema up to date", display(&path))?;
+        }
+    }
+    Ok(true)
+}
+
+fn display(p: &Path) -> String {
+    p.display().to_string()
+}
+
+fn print_events(
+    out: &mut impl Write,
+    page: &oncebox_core::store::Page<oncebox_core::store::StoredEvent>,
+    output: &str,
+) -> Result<()> {
+    if output == "json" {
+        let items: Vec<_> = page
+            .items
+            .iter()
+            .map(|e| {
+                serde_json::json!({
+                    "seq": e.seq, "source": e.key.source.as_str(), "event_id": e.key.event_id.as_str(),
+                    "state": e.state, "received_at": oncebox_gateway::rfc3339(e.received_at),
+                })
+            })
+            .collect();
+        writeln!(
+            out,
+            "{}",
+            serde_json::json!({ "items": items, "next": page.next.map(|n| n.to_string()) })
+        )?;
+        return Ok(());
+    }
+    for e in &page.items {
+        writeln!(
+            out,
+            "{:>8}  {:<24} {:<12} {}  {}",
+            e.seq,
+            oncebox_gateway::rfc3339(e.received_at),
+            e.state,
+            e.key.source,
+            e.key.event_id
+        )?;
+    }
+    if let Some(next) = page.next {
+        writeln!(out, "more: --after {next}")?;
+    }
+    Ok(())
+}
+
+async fn inspect(out: &mut impl Write, inbox: &Inbox, key: &Key) -> Result<()> {
+    let Some(record) = inbox.record(key).await? else {
+        bail!("no record for {key}");
+    };
+    let state = match &record.state {
+        RecordState::Done(r) => format!("{} {}", r.kind.as_str(), String::from_utf8_lossy(&r.body)),
+        other => format!("{other:?}"),
+    };
+    writeln!(out, "key         {key}\nstate       {state}")?;
+    writeln!(
+        out,
+        "received_at {}",
+        oncebox_gateway::rfc3339(record.received_at)
+    )?;
+    let fp = record.fingerprint.map(|f| f.to_hex()).unwrap_or_default();
+    writeln!(out, "fingerprint {fp}")?;
+    Ok(())
 }

@@ -1,5 +1,7 @@
 //! The binary's command line, run as a user would run it.
 
+mod kill;
+
 use std::process::Command;
 
 fn oncebox(db: &std::path::Path, args: &[&str]) -> std::process::Output {

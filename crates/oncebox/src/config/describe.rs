@@ -1,0 +1,141 @@
+//! The human summary `oncebox check` prints: what each source accepts and how, with secrets shown
+//! only as a count.
+
+use std::fmt::Write as _;
+
+use humantime::format_duration;
+use oncebox_core::FingerprintMode;
+use oncebox_core::json::Pointer;
+use oncebox_core::signature::{Encoding, Scheme};
+use oncebox_gateway::policy::{EventIdRule, SourcePolicy};
+
+use super::{Settings, redact_url};
+
+/// A multi-line summary of `settings`; contains no secret and no database password.
+pub fn describe(settings: &Settings) -> String {
+    let gw = &settings.gateway;
+    let l = &gw.limits;
+    let mut out = String::new();
+    // Writing to a String cannot fail; the results are ignored rather than unwrapped.
+    let _ = writeln!(out, "listen      {}", settings.listen);
+    let _ = writeln!(out, "database    {}", redact_url(&settings.database));
+    let admin = if gw.admin_token.is_some() {
+        "bearer token set"
+    } else {
+        "no token: answers loopback peers only"
+    };
+    let _ = writeln!(out, "admin       {admin}");
+    let _ = writeln!(
+        out,
+        "limits      concurrency {}, header timeout {}, body timeout {}, shutdown grace {}, \
+         retry-after {}",
+        l.concurrency,
+        format_duration(l.header_timeout),
+        format_duration(l.body_timeout),
+        format_duration(l.shutdown_grace),
+        format_duration(l.retry_after),
+    );
+    if gw.open_sources {
+        let _ = writeln!(
+            out,
+            "sources     none configured: any source name is accepted unsigned (zero-config)"
+        );
+    } else {
+        let _ = writeln!(out, "sources     {}", gw.sources.len());
+    }
+    for (name, policy) in &gw.sources {
+        let _ = writeln!(out, "  {name}");
+        source(&mut out, policy);
+    }
+    out
+}
+
+fn source(out: &mut String, s: &SourcePolicy) {
+    let secrets = match s.secrets.len() {
+        0 => String::new(),
+        1 => ", 1 secret".to_owned(),
+        n => format!(", {n} secrets"),
+    };
+    let _ = writeln!(out, "    signature    {}{secrets}", scheme(&s.scheme));
+    if timed(&s.scheme) {
+        let _ = writeln!(out, "    tolerance    ±{}", format_duration(s.tolerance));
+    }
+    let _ = writeln!(out, "    event id     {}", event_id(&s.event_id));
+    let _ = writeln!(out, "    fingerprint  {}", fingerprint(&s.fingerprint));
+    let _ = writeln!(out, "    max body     {}", size(s.max_body));
+    let _ = writeln!(out, "    retention    {}", format_duration(s.retention));
+    if let Some(order) = &s.order {
+        let _ = writeln!(
+            out,
+            "    order        entity {} by version {}",
+            pointer(&order.entity),
+            pointer(&order.version)
+        );
+    }
+}
+
+fn scheme(s: &Scheme) -> String {
+    match s {
+        Scheme::None => "none (unsigned events accepted)".to_owned(),
+        Scheme::HmacSha256 {
+            header,
+            encoding,
+            prefix,
+        } => {
+            let encoding = match encoding {
+                Encoding::Hex => "hex",
+                Encoding::Base64 => "base64",
+                _ => "other",
+            };
+            format!("hmac-sha256 in header {header} ({encoding}, prefix {prefix:?})")
+        }
+        other => other.name().to_owned(),
+    }
+}
+
+/// Schemes that sign a timestamp, for which the tolerance matters.
+fn timed(s: &Scheme) -> bool {
+    matches!(s, Scheme::StandardWebhooks | Scheme::Stripe)
+}
+
+fn event_id(rule: &EventIdRule) -> String {
+    match rule {
+        EventIdRule::Header(h) => format!("header {h}"),
+        EventIdRule::Pointer(p) => format!("JSON {}", pointer(p)),
+        EventIdRule::Derive(fields) => format!("derived from {}", pointer_list(fields)),
+        EventIdRule::Default => "Idempotency-Key, then webhook-id, then JSON /id".to_owned(),
+        _ => format!("{rule:?}"),
+    }
+}
+
+fn fingerprint(mode: &FingerprintMode) -> String {
+    match mode {
+        FingerprintMode::Json => "canonical JSON".to_owned(),
+        FingerprintMode::Raw => "raw bytes".to_owned(),
+        FingerprintMode::Fields(fields) => format!("fields {}", pointer_list(fields)),
+        _ => format!("{mode:?}"),
+    }
+}
+
+fn pointer(p: &Pointer) -> String {
+    let text = p.to_string();
+    if text.is_empty() {
+        "(whole document)".to_owned()
+    } else {
+        text
+    }
+}
+
+fn pointer_list(ps: &[Pointer]) -> String {
+    ps.iter().map(pointer).collect::<Vec<_>>().join(", ")
+}
+
+fn size(bytes: usize) -> String {
+    const KIB: usize = 1 << 10;
+    const MIB: usize = 1 << 20;
+    match bytes {
+        b if b >= MIB && b % MIB == 0 => format!("{} MiB", b / MIB),
+        b if b >= KIB && b % KIB == 0 => format!("{} KiB", b / KIB),
+        b => format!("{b} bytes"),
+    }
+}

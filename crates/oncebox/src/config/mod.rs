@@ -1,0 +1,357 @@
+//! Configuration of `oncebox serve`: `oncebox.toml`, then `ONCEBOX_…` variables, then flags, read
+//! once at start and validated into the gateway's policy types before anything listens.
+
+mod describe;
+mod presets;
+mod raw;
+mod source;
+#[cfg(test)]
+mod tests;
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{anyhow, bail};
+use figment::providers::{Env, Format as _, Toml};
+use figment::value::{Dict, Map, Value};
+use figment::{Figment, Metadata, Profile, Provider};
+use oncebox_gateway::policy::{GatewayConfig, Limits};
+
+pub use describe::describe;
+use raw::{RawConfig, RawLimits};
+
+const DEFAULT_LISTEN: SocketAddr = SocketAddr::new(std::net::IpAddr::V4(Ipv4Addr::LOCALHOST), 8080);
+const DEFAULT_DATABASE: &str = "sqlite://oncebox.db";
+const DEFAULT_FILE: &str = "oncebox.toml";
+/// Shorter tokens can be guessed online; 16 characters is what a password manager's default gives.
+const MIN_ADMIN_TOKEN_CHARS: usize = 16;
+
+/// Top-level keys that `ONCEBOX_` variables may set through the generic `__` nesting. The
+/// prefix is shared with things that are not configuration data (`ONCEBOX_CONFIG` names the
+/// file, test harnesses use `ONCEBOX_REQUIRE_SERVICES` and the like), so anything else is left
+/// alone rather than refused as an unknown key.
+const ENV_TABLES: &[&str] = &["limits", "sources"];
+/// Top-level strings read verbatim. Through the generic provider a token of only digits, or
+/// `true`, would be coerced to a number or a boolean and then refused or mangled.
+const ENV_STRINGS: &[(&str, &str)] = &[
+    ("ONCEBOX_LISTEN", "listen"),
+    ("ONCEBOX_DATABASE", "database"),
+    ("ONCEBOX_ADMIN_TOKEN", "admin_token"),
+];
+
+/// Everything `oncebox serve` needs, validated.
+pub struct Settings {
+    pub listen: SocketAddr,
+    pub database: String,
+    pub gateway: GatewayConfig,
+    /// Accepted but risky choices, e.g. a source without signature; printed by the caller.
+    pub warnings: Vec<String>,
+}
+
+/// Written by hand because `GatewayConfig`'s derived `Debug` would print the admin token, and a
+/// database URL may carry a password.
+impl fmt::Debug for Settings {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let gw = &self.gateway;
+        f.debug_struct("Settings")
+            .field("listen", &self.listen)
+            .field("database", &redact_url(&self.database))
+            .field("sources", &gw.sources)
+            .field("open_sources", &gw.open_sources)
+            .field("admin_token", &gw.admin_token.as_ref().map(|_| "***"))
+            .field("limits", &gw.limits)
+            .field("warnings", &self.warnings)
+            .finish()
+    }
+}
+
+/// What the command line says; each `Some` wins over the file and the environment.
+#[derive(Default)]
+pub struct Overrides {
+    pub config: Option<PathBuf>,
+    pub listen: Option<SocketAddr>,
+    pub database: Option<String>,
+    pub admin_token: Option<String>,
+}
+
+impl fmt::Debug for Overrides {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Overrides")
+            .field("config", &self.config)
+            .field("listen", &self.listen)
+            .field("database", &self.database.as_deref().map(redact_url))
+            .field("admin_token", &self.admin_token.as_ref().map(|_| "***"))
+            .finish()
+    }
+}
+
+/// Reads the file, the environment and `overrides`, in that order of precedence, and validates
+/// the result. The error lists every problem found, each starting with the field's path.
+pub fn load(overrides: &Overrides) -> anyhow::Result<Settings> {
+    let figment = layers(overrides)?;
+    let raw: RawConfig = figment
+        .extract()
+        .map_err(|e| invalid(&raw::describe_errors(e)))?;
+    let mut problems = Problems::new(&figment);
+    let settings = validate(raw, &mut problems);
+    match problems.finish() {
+        Ok(()) => Ok(settings),
+        Err(list) => Err(invalid(&list)),
+    }
+}
+
+fn invalid(problems: &[String]) -> anyhow::Error {
+    match problems {
+        [one] => anyhow!("invalid configuration: {one}"),
+        many => anyhow!("invalid configuration:\n  {}", many.join("\n  ")),
+    }
+}
+
+fn layers(overrides: &Overrides) -> anyhow::Result<Figment> {
+    let mut figment = Figment::new();
+    if let Some(file) = config_file(overrides)? {
+        // `file_exact`: plain `file` would also search every parent directory.
+        figment = figment.merge(Toml::file_exact(file));
+    }
+    figment = figment.merge(Env::prefixed("ONCEBOX_").split("__").filter(|key| {
+        let top = key.as_str().split('.').next().unwrap_or_default();
+        ENV_TABLES.iter().any(|t| t.eq_ignore_ascii_case(top))
+    }));
+    for (var, key) in ENV_STRINGS {
+        if let Some(value) = std::env::var_os(var) {
+            let Ok(value) = value.into_string() else {
+                bail!("invalid configuration: environment variable {var} is not valid UTF-8");
+            };
+            figment = figment.merge(Verbatim::new(
+                key,
+                value,
+                format!("environment variable {var}"),
+            ));
+        }
+    }
+    let flags = [
+        (
+            "listen",
+            overrides.listen.map(|a| a.to_string()),
+            "--listen",
+        ),
+        ("database", overrides.database.clone(), "--database"),
+        (
+            "admin_token",
+            overrides.admin_token.clone(),
+            "--admin-token",
+        ),
+    ];
+    for (key, value, flag) in flags {
+        if let Some(value) = value {
+            figment = figment.merge(Verbatim::new(key, value, format!("flag {flag}")));
+        }
+    }
+    Ok(figment)
+}
+
+/// `--config`, else `ONCEBOX_CONFIG`, else `./oncebox.toml` when present. A file that was named
+/// explicitly must exist: silently starting in zero-config mode would open the gateway.
+fn config_file(overrides: &Overrides) -> anyhow::Result<Option<PathBuf>> {
+    if let Some(path) = &overrides.config {
+        return must_exist(path, "--config").map(Some);
+    }
+    if let Some(path) = std::env::var_os("ONCEBOX_CONFIG").filter(|p| !p.is_empty()) {
+        return must_exist(Path::new(&path), "ONCEBOX_CONFIG").map(Some);
+    }
+    let default = Path::new(DEFAULT_FILE);
+    Ok(default.is_file().then(|| default.to_path_buf()))
+}
+
+fn must_exist(path: &Path, named_by: &str) -> anyhow::Result<PathBuf> {
+    match std::fs::metadata(path) {
+        Ok(m) if m.is_file() => Ok(path.to_path_buf()),
+        Ok(_) => bail!(
+            "config file {} (from {named_by}) is not a file",
+            path.display()
+        ),
+        Err(e) => bail!("config file {} (from {named_by}): {e}", path.display()),
+    }
+}
+
+/// One top-level string from the environment or a flag, kept exactly as given.
+struct Verbatim {
+    key: &'static str,
+    value: String,
+    origin: String,
+}
+
+impl Verbatim {
+    fn new(key: &'static str, value: String, origin: String) -> Verbatim {
+        Verbatim { key, value, origin }
+    }
+}
+
+impl Provider for Verbatim {
+    fn metadata(&self) -> Metadata {
+        Metadata::named(self.origin.clone())
+    }
+
+    fn data(&self) -> figment::Result<Map<Profile, Dict>> {
+        let dict = Dict::from([(self.key.to_owned(), Value::from(self.value.clone()))]);
+        Ok(Map::from([(Profile::Default, dict)]))
+    }
+}
+
+/// Validation problems, each `path: what` with where the value came from when figment knows.
+struct Problems<'f> {
+    figment: &'f Figment,
+    list: Vec<String>,
+}
+
+impl<'f> Problems<'f> {
+    fn new(figment: &'f Figment) -> Problems<'f> {
+        Problems {
+            figment,
+            list: Vec::new(),
+        }
+    }
+
+    fn push(&mut self, path: &str, what: impl fmt::Display) {
+        // `a.b[2]` is looked up as `a.b`: figment knows tables, not list items.
+        let key = path.split('[').next().unwrap_or(path);
+        let origin = self
+            .figment
+            .find_metadata(key)
+            .map(raw::origin)
+            .unwrap_or_default();
+        self.list.push(format!("{path}: {what}{origin}"));
+    }
+
+    fn count(&self) -> usize {
+        self.list.len()
+    }
+
+    fn finish(self) -> Result<(), Vec<String>> {
+        if self.list.is_empty() {
+            Ok(())
+        } else {
+            Err(self.list)
+        }
+    }
+}
+
+fn validate(raw: RawConfig, p: &mut Problems<'_>) -> Settings {
+    let mut warnings = Vec::new();
+    let listen = match raw.listen.as_deref() {
+        None => DEFAULT_LISTEN,
+        Some(text) => text.parse().unwrap_or_else(|_| {
+            p.push(
+                "listen",
+                format_args!("invalid socket address {text:?} (expected e.g. \"127.0.0.1:8080\")"),
+            );
+            DEFAULT_LISTEN
+        }),
+    };
+    let database = raw.database.unwrap_or_else(|| DEFAULT_DATABASE.to_owned());
+    if database.trim().is_empty() {
+        p.push("database", "must not be empty");
+    }
+    if let Some(token) = &raw.admin_token
+        && token.chars().count() < MIN_ADMIN_TOKEN_CHARS
+    {
+        // The value, and even its length, stay out of the message.
+        p.push(
+            "admin_token",
+            format_args!("must be at least {MIN_ADMIN_TOKEN_CHARS} characters"),
+        );
+    }
+    let limits = limits(&raw.limits, p);
+
+    // Zero-config (DESIGN §7) is exactly "no source configured".
+    let open_sources = raw.sources.is_empty();
+    let mut sources = BTreeMap::new();
+    for (name, source) in &raw.sources {
+        if let Some((name, policy)) = source::validate(name, source, p, &mut warnings) {
+            sources.insert(name, policy);
+        }
+    }
+    if open_sources {
+        if !listen.ip().to_canonical().is_loopback() {
+            p.push(
+                "listen",
+                format_args!(
+                    "refusing to accept unsigned events from the network: {listen} is not a \
+                     loopback address and no [sources] are configured (zero-config mode accepts \
+                     any source without a signature); configure sources or listen on 127.0.0.1"
+                ),
+            );
+        }
+        warnings.push(
+            "no sources configured: accepting events for any source name without signature \
+             verification (zero-config mode)"
+                .to_owned(),
+        );
+    }
+    for route in raw.routes.keys() {
+        warnings.push(format!(
+            "routes.{route}: delivery to routes is not available in this build; events are \
+             stored but not delivered"
+        ));
+    }
+    Settings {
+        listen,
+        database,
+        gateway: GatewayConfig {
+            sources,
+            open_sources,
+            admin_token: raw.admin_token,
+            limits,
+        },
+        warnings,
+    }
+}
+
+fn limits(raw: &RawLimits, p: &mut Problems<'_>) -> Limits {
+    let d = Limits::default();
+    let concurrency = raw.concurrency.unwrap_or(d.concurrency);
+    if concurrency == 0 {
+        p.push("limits.concurrency", "must be at least 1");
+    }
+    let header_timeout = raw.header_timeout.map_or(d.header_timeout, |t| t.0);
+    let body_timeout = raw.body_timeout.map_or(d.body_timeout, |t| t.0);
+    for (key, value) in [
+        ("header_timeout", header_timeout),
+        ("body_timeout", body_timeout),
+    ] {
+        if value.is_zero() {
+            p.push(&format!("limits.{key}"), "must be more than 0");
+        }
+    }
+    let retry_after = raw.retry_after.map_or(d.retry_after, |t| t.0);
+    // `Retry-After` carries whole seconds: less would round to "retry at once".
+    if retry_after < Duration::from_secs(1) {
+        p.push("limits.retry_after", "must be at least 1s");
+    }
+    Limits {
+        concurrency,
+        header_timeout,
+        body_timeout,
+        shutdown_grace: raw.shutdown_grace.map_or(d.shutdown_grace, |t| t.0),
+        retry_after,
+    }
+}
+
+/// `scheme://user:password@host/…` with the password replaced by `***`; anything else as is.
+fn redact_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(authority_end);
+    let Some((userinfo, host)) = authority.rsplit_once('@') else {
+        return url.to_owned();
+    };
+    match userinfo.split_once(':') {
+        Some((user, _password)) => format!("{scheme}://{user}:***@{host}{tail}"),
+        None => url.to_owned(),
+    }
+}

@@ -1,0 +1,322 @@
+//! One `[sources.<name>]` table validated into a `SourcePolicy`: preset defaults first, explicit
+//! settings over them, every problem reported under the field's path.
+
+use std::time::Duration;
+
+use oncebox_core::json::Pointer;
+use oncebox_core::retention::{DEFAULT_RETENTION, Retention};
+use oncebox_core::signature::{Encoding, Scheme, Secret};
+use oncebox_core::{FingerprintMode, Source};
+use oncebox_gateway::policy::{EventIdRule, OrderGuard, SourcePolicy};
+
+use super::Problems;
+use super::presets::{Preset, PresetId, preset};
+use super::raw::{RawEncoding, RawEventId, RawFingerprint, RawScheme, RawSource};
+
+const DEFAULT_TOLERANCE: Duration = Duration::from_secs(300);
+/// More than a day of clock difference is no longer skew; it makes the timestamp check moot.
+const MAX_TOLERANCE: Duration = Duration::from_secs(24 * 3600);
+const DEFAULT_MAX_BODY: u64 = 1 << 20;
+/// Bodies are held in memory while verified and fingerprinted; webhooks are far smaller.
+const MAX_MAX_BODY: u64 = 64 << 20;
+
+/// The source's name and policy, or `None` after pushing its problems.
+pub(super) fn validate(
+    name: &str,
+    raw: &RawSource,
+    p: &mut Problems<'_>,
+    warnings: &mut Vec<String>,
+) -> Option<(Source, SourcePolicy)> {
+    let path = source_path(name);
+    let before = p.count();
+    let source = Source::new(name)
+        .map_err(|e| p.push(&path, format_args!("invalid source name: {e}")))
+        .ok();
+    let preset = raw.preset.map(preset);
+
+    let scheme = scheme(&path, raw, preset.as_ref(), p);
+    let secrets = match &scheme {
+        Some(scheme) => secrets(&path, raw, scheme, p),
+        None => Vec::new(),
+    };
+    if scheme == Some(Scheme::None) {
+        warnings.push(format!(
+            "source {name}: signature none accepts unsigned events"
+        ));
+    }
+
+    let tolerance = raw
+        .tolerance
+        .map(|t| t.0)
+        .or(preset.map(|p| p.tolerance))
+        .unwrap_or(DEFAULT_TOLERANCE);
+    if tolerance.is_zero() || tolerance > MAX_TOLERANCE {
+        p.push(
+            &format!("{path}.tolerance"),
+            format_args!(
+                "must be more than 0 and at most 1 day, got {}",
+                humantime::format_duration(tolerance)
+            ),
+        );
+    }
+
+    let event_id = match &raw.event_id {
+        Some(rule) => event_id(&format!("{path}.event_id"), rule, p),
+        None => preset.map(|p| match p.event_id {
+            PresetId::Header(h) => EventIdRule::Header(h.to_owned()),
+            PresetId::Pointer(s) => EventIdRule::Pointer(Pointer::parse(s).unwrap_or_default()),
+        }),
+    }
+    .unwrap_or(EventIdRule::Default);
+
+    let fingerprint = match &raw.fingerprint {
+        None | Some(RawFingerprint::Json) => FingerprintMode::Json,
+        Some(RawFingerprint::Raw) => FingerprintMode::Raw,
+        Some(RawFingerprint::Fields(fields)) => {
+            FingerprintMode::Fields(pointers(&format!("{path}.fingerprint.fields"), fields, p))
+        }
+    };
+
+    let max_body = raw.max_body.map_or(DEFAULT_MAX_BODY, |s| s.0);
+    if max_body == 0 || max_body > MAX_MAX_BODY {
+        p.push(
+            &format!("{path}.max_body"),
+            format_args!("must be more than 0 and at most 64MiB, got {max_body} bytes"),
+        );
+    }
+
+    let retention = raw.retention.map_or(DEFAULT_RETENTION, |r| r.0);
+    if retention.is_zero() {
+        p.push(&format!("{path}.retention"), "must be more than 0");
+    } else if let Some(source) = &source {
+        check_horizon(&path, source, retention, preset.as_ref(), p);
+    }
+
+    let order = raw.order.as_ref().map(|o| OrderGuard {
+        entity: pointer(&format!("{path}.order.entity"), &o.entity, p),
+        version: pointer(&format!("{path}.order.version"), &o.version, p),
+    });
+
+    if p.count() > before {
+        return None;
+    }
+    Some((
+        source?,
+        SourcePolicy {
+            scheme: scheme?,
+            secrets,
+            tolerance,
+            event_id,
+            fingerprint,
+            max_body: usize::try_from(max_body).ok()?,
+            retention,
+            order,
+        },
+    ))
+}
+
+/// `sources.shop`, or `sources."Bad Name"` when the key needs quoting in TOML.
+fn source_path(name: &str) -> String {
+    let bare = !name.is_empty()
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+    if bare {
+        format!("sources.{name}")
+    } else {
+        format!("sources.{name:?}")
+    }
+}
+
+fn scheme(
+    path: &str,
+    raw: &RawSource,
+    preset: Option<&Preset>,
+    p: &mut Problems<'_>,
+) -> Option<Scheme> {
+    // No silent default: a source without a signature must say `signature = "none"`.
+    let Some(kind) = raw.signature.or(preset.map(|p| p.signature)) else {
+        p.push(
+            &format!("{path}.signature"),
+            "required (none | standard-webhooks | stripe | github | hmac-sha256), or set a preset",
+        );
+        return None;
+    };
+    if kind != RawScheme::HmacSha256 {
+        // Refused rather than ignored: the operator believes they change something.
+        for (key, set) in [
+            ("header", raw.header.is_some()),
+            ("encoding", raw.encoding.is_some()),
+            ("prefix", raw.prefix.is_some()),
+        ] {
+            if set {
+                p.push(
+                    &format!("{path}.{key}"),
+                    format_args!(
+                        "only used with signature \"hmac-sha256\", not \"{}\"",
+                        kind.name()
+                    ),
+                );
+            }
+        }
+    }
+    Some(match kind {
+        RawScheme::None => Scheme::None,
+        RawScheme::StandardWebhooks => Scheme::StandardWebhooks,
+        RawScheme::Stripe => Scheme::Stripe,
+        RawScheme::Github => Scheme::Github,
+        RawScheme::HmacSha256 => {
+            let header_path = format!("{path}.header");
+            let header = match &raw.header {
+                Some(h) => header_name(&header_path, h, p)?,
+                None => {
+                    p.push(&header_path, "required for signature \"hmac-sha256\"");
+                    return None;
+                }
+            };
+            Scheme::HmacSha256 {
+                header,
+                encoding: match raw.encoding {
+                    None | Some(RawEncoding::Hex) => Encoding::Hex,
+                    Some(RawEncoding::Base64) => Encoding::Base64,
+                },
+                prefix: raw.prefix.clone().unwrap_or_default(),
+            }
+        }
+    })
+}
+
+/// Inline `secrets` then the values of the `secrets_env` variables, parsed for `scheme`.
+/// Messages name the field and the variable, never a value.
+fn secrets(path: &str, raw: &RawSource, scheme: &Scheme, p: &mut Problems<'_>) -> Vec<Secret> {
+    let mut configured: Vec<(String, String)> = raw
+        .secrets
+        .iter()
+        .enumerate()
+        .map(|(i, s)| (format!("{path}.secrets[{i}]"), s.clone()))
+        .collect();
+    for (i, var) in raw.secrets_env.iter().enumerate() {
+        let at = format!("{path}.secrets_env[{i}]");
+        if var.is_empty() || var.contains(['=', '\0']) {
+            p.push(
+                &at,
+                format_args!("{var:?} is not an environment variable name"),
+            );
+            continue;
+        }
+        match std::env::var_os(var).map(std::ffi::OsString::into_string) {
+            None => p.push(&at, format_args!("environment variable {var} is not set")),
+            Some(Err(_)) => p.push(
+                &at,
+                format_args!("environment variable {var} is not valid UTF-8"),
+            ),
+            Some(Ok(value)) => configured.push((format!("{at} ({var})"), value)),
+        }
+    }
+    let any_listed = !raw.secrets.is_empty() || !raw.secrets_env.is_empty();
+    if *scheme == Scheme::None {
+        if any_listed {
+            p.push(
+                &format!("{path}.secrets"),
+                "signature \"none\" takes no secrets",
+            );
+        }
+        return Vec::new();
+    }
+    if !any_listed {
+        p.push(
+            &format!("{path}.secrets"),
+            format_args!(
+                "required for signature \"{}\" (set secrets or secrets_env)",
+                scheme.name()
+            ),
+        );
+        return Vec::new();
+    }
+    configured
+        .iter()
+        .filter_map(|(at, value)| Secret::parse(scheme, value).map_err(|e| p.push(at, e)).ok())
+        .collect()
+}
+
+fn event_id(path: &str, raw: &RawEventId, p: &mut Problems<'_>) -> Option<EventIdRule> {
+    match (&raw.header, &raw.pointer, &raw.derive) {
+        (Some(h), None, None) => {
+            header_name(&format!("{path}.header"), h, p).map(EventIdRule::Header)
+        }
+        (None, Some(ptr), None) => Some(EventIdRule::Pointer(pointer(
+            &format!("{path}.pointer"),
+            ptr,
+            p,
+        ))),
+        (None, None, Some(fields)) => Some(EventIdRule::Derive(pointers(
+            &format!("{path}.derive"),
+            fields,
+            p,
+        ))),
+        _ => {
+            p.push(path, "set exactly one of header, pointer or derive");
+            None
+        }
+    }
+}
+
+/// A header name as the gateway looks it up: an RFC 9110 token, lowercased.
+fn header_name(path: &str, name: &str, p: &mut Problems<'_>) -> Option<String> {
+    let token = !name.is_empty()
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b));
+    if token {
+        Some(name.to_ascii_lowercase())
+    } else {
+        p.push(path, format_args!("{name:?} is not a valid header name"));
+        None
+    }
+}
+
+fn pointer(path: &str, text: &str, p: &mut Problems<'_>) -> Pointer {
+    Pointer::parse(text).unwrap_or_else(|e| {
+        p.push(path, format_args!("invalid JSON pointer {text:?}: {e}"));
+        Pointer::default()
+    })
+}
+
+fn pointers(path: &str, texts: &[String], p: &mut Problems<'_>) -> Vec<Pointer> {
+    if texts.is_empty() {
+        p.push(path, "needs at least one JSON pointer");
+    }
+    texts
+        .iter()
+        .enumerate()
+        .map(|(i, t)| pointer(&format!("{path}[{i}]"), t, p))
+        .collect()
+}
+
+/// The retention rule of the core (`Retention::set`), with a message that names the field.
+fn check_horizon(
+    path: &str,
+    source: &Source,
+    retention: Duration,
+    preset: Option<&Preset>,
+    p: &mut Problems<'_>,
+) {
+    let Some(preset) = preset else {
+        return;
+    };
+    if Retention::default()
+        .set(source.clone(), retention, Some(preset.horizon))
+        .is_err()
+    {
+        p.push(
+            &format!("{path}.retention"),
+            format_args!(
+                "{} is shorter than the {} preset's redelivery horizon of {}: purging earlier \
+                 would let a redelivered event in as new",
+                humantime::format_duration(retention),
+                preset.name,
+                humantime::format_duration(preset.horizon),
+            ),
+        );
+    }
+}

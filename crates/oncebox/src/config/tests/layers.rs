@@ -1,0 +1,211 @@
+//! File, environment and flags in their order of precedence; secrets from the environment, and
+//! secrets kept out of every message, `Debug` and summary.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use oncebox_core::Source;
+
+use super::super::{Overrides, describe, load, redact_url};
+use super::{
+    ADMIN_TOKEN, SHOP_SECRET, SHOP_SECRET_2, assert_mentions, design_example, err, jailed,
+    load_file, ok, policy, shop,
+};
+
+#[test]
+fn environment_overrides_the_file_and_flags_override_both() {
+    let s = jailed(|jail| {
+        jail.set_env("ONCEBOX_LISTEN", "127.0.0.1:9999");
+        jail.set_env("ONCEBOX_DATABASE", "sqlite:///tmp/x.db");
+        jail.set_env("ONCEBOX_ADMIN_TOKEN", "1234567890123456");
+        jail.set_env("ONCEBOX_SOURCES__SHOP__TOLERANCE", "2m");
+        jail.set_env("ONCEBOX_LIMITS__CONCURRENCY", "7");
+        // Not configuration data: must not be refused as unknown keys.
+        jail.set_env("ONCEBOX_REQUIRE_SERVICES", "1");
+        jail.set_env("ONCEBOX_TEST_WHATEVER", "1");
+        load_file(
+            jail,
+            &format!("listen = \"127.0.0.1:1\"\n{}", shop("tolerance = \"1m\"")),
+        )
+    })
+    .expect("valid");
+    assert_eq!(s.listen, "127.0.0.1:9999".parse::<SocketAddr>().unwrap());
+    assert_eq!(s.database, "sqlite:///tmp/x.db");
+    // Kept verbatim, not coerced to a number.
+    assert_eq!(s.gateway.admin_token.as_deref(), Some("1234567890123456"));
+    assert_eq!(policy(&s, "shop").tolerance, Duration::from_secs(120));
+    assert_eq!(s.gateway.limits.concurrency, 7);
+
+    let s = jailed(|jail| {
+        jail.set_env("ONCEBOX_LISTEN", "127.0.0.1:9999");
+        jail.set_env("ONCEBOX_DATABASE", "sqlite://env.db");
+        jail.create_file("oncebox.toml", &shop(""))
+            .expect("written");
+        load(&Overrides {
+            listen: Some("127.0.0.1:7000".parse().unwrap()),
+            database: Some("sqlite://flag.db".into()),
+            admin_token: Some(ADMIN_TOKEN.into()),
+            config: None,
+        })
+    })
+    .expect("valid");
+    assert_eq!(s.listen, "127.0.0.1:7000".parse::<SocketAddr>().unwrap());
+    assert_eq!(s.database, "sqlite://flag.db");
+    assert_eq!(s.gateway.admin_token.as_deref(), Some(ADMIN_TOKEN));
+}
+
+#[test]
+fn environment_errors_name_the_field_and_the_variable() {
+    let e = jailed(|jail| {
+        jail.set_env("ONCEBOX_SOURCES__SHOP__TOLERANCE", "5 parsecs");
+        load_file(jail, &shop("")).map(|_| ()).unwrap_err()
+    });
+    let e = format!("{e:#}");
+    assert_mentions(&e, &["sources.shop.tolerance", "ONCEBOX_"]);
+    let e = jailed(|jail| {
+        jail.set_env("ONCEBOX_LISTEN", "nowhere");
+        load(&Overrides::default()).map(|_| ()).unwrap_err()
+    });
+    assert_mentions(&format!("{e:#}"), &["listen", "ONCEBOX_LISTEN"]);
+}
+
+#[test]
+fn config_file_is_chosen_by_flag_then_env_then_cwd() {
+    let s = jailed(|jail| {
+        jail.create_file("elsewhere.toml", &shop(""))
+            .expect("written");
+        jail.set_env("ONCEBOX_CONFIG", "elsewhere.toml");
+        load(&Overrides::default())
+    })
+    .expect("valid");
+    assert!(!s.gateway.open_sources);
+    let s = jailed(|jail| {
+        jail.create_file("flag.toml", "[sources.flagged]\nsignature = \"none\"\n")
+            .expect("written");
+        jail.create_file("oncebox.toml", &shop(""))
+            .expect("written");
+        load(&Overrides {
+            config: Some("flag.toml".into()),
+            ..Overrides::default()
+        })
+    })
+    .expect("valid");
+    assert!(
+        s.gateway
+            .sources
+            .contains_key(&Source::new("flagged").unwrap())
+    );
+    // A named file that is missing must not fall back to zero-config.
+    let e = jailed(|_| {
+        load(&Overrides {
+            config: Some("missing.toml".into()),
+            ..Overrides::default()
+        })
+        .map(|_| ())
+        .unwrap_err()
+    });
+    assert_mentions(&format!("{e:#}"), &["missing.toml", "--config"]);
+    let e = jailed(|jail| {
+        jail.set_env("ONCEBOX_CONFIG", "gone.toml");
+        load(&Overrides::default()).map(|_| ()).unwrap_err()
+    });
+    assert_mentions(&format!("{e:#}"), &["gone.toml", "ONCEBOX_CONFIG"]);
+}
+
+#[test]
+fn secrets_env_reads_variables_and_never_prints_values() {
+    let s = jailed(|jail| {
+        jail.set_env("SHOP_SECRET", SHOP_SECRET);
+        jail.set_env("SHOP_SECRET_NEXT", SHOP_SECRET_2);
+        load_file(
+            jail,
+            "[sources.shop]\npreset = \"standard-webhooks\"\n\
+             secrets_env = [\"SHOP_SECRET\", \"SHOP_SECRET_NEXT\"]\n",
+        )
+    })
+    .expect("valid");
+    assert_eq!(policy(&s, "shop").secrets.len(), 2);
+    let debug = format!("{s:?}");
+    let summary = describe(&s);
+    assert_mentions(
+        &summary,
+        &["2 secrets", "standard-webhooks", "header webhook-id"],
+    );
+    for text in [&debug, &summary] {
+        assert!(!text.contains("c2hvcC1zaWduaW5n"), "{text}");
+        assert!(!text.contains("YW5vdGhlci1zaG9w"), "{text}");
+    }
+
+    let e = jailed(|jail| {
+        jail.set_env("SHOP_SECRET", SHOP_SECRET);
+        load_file(
+            jail,
+            "[sources.shop]\npreset = \"standard-webhooks\"\n\
+             secrets_env = [\"SHOP_SECRET\", \"SHOP_SECRET_MISSING\"]\n",
+        )
+        .map(|_| ())
+        .unwrap_err()
+    });
+    let e = format!("{e:#}");
+    assert_mentions(
+        &e,
+        &[
+            "sources.shop.secrets_env[1]",
+            "SHOP_SECRET_MISSING",
+            "not set",
+        ],
+    );
+    assert!(!e.contains("c2hvcC1zaWduaW5n"), "{e}");
+
+    // A value the scheme refuses is reported by variable name only.
+    let e = jailed(|jail| {
+        jail.set_env("SHOP_SECRET", "whsec_not base64!");
+        load_file(
+            jail,
+            "[sources.shop]\npreset = \"standard-webhooks\"\nsecrets_env = [\"SHOP_SECRET\"]\n",
+        )
+        .map(|_| ())
+        .unwrap_err()
+    });
+    let e = format!("{e:#}");
+    assert_mentions(&e, &["sources.shop.secrets_env[0] (SHOP_SECRET)", "base64"]);
+    assert!(!e.contains("not base64!"), "{e}");
+}
+
+#[test]
+fn secrets_stay_out_of_errors_debug_and_summary() {
+    let e = err("[sources.shop]\nsignature = \"stripe\"\nsecrets = \"sk_live_leak\"\n");
+    assert_mentions(&e, &["sources.shop.secrets", "not shown"]);
+    assert!(!e.contains("sk_live_leak"), "{e}");
+    // A TOML syntax error quotes the line; the quote is dropped.
+    let e = err("[sources.shop]\nsecrets = [\"sk_live_leak\" \"x\"]\n");
+    assert!(!e.contains("sk_live_leak"), "{e}");
+    assert_mentions(&e, &["line 2"]);
+
+    let s = ok(&design_example());
+    let debug = format!("{s:?}");
+    assert!(!debug.contains(ADMIN_TOKEN), "{debug}");
+    assert!(!debug.contains("c2hvcC1zaWduaW5n"), "{debug}");
+    let summary = describe(&s);
+    assert!(!summary.contains(ADMIN_TOKEN), "{summary}");
+    assert_mentions(
+        &summary,
+        &["shop", "1 secret", "webhook-id", "7days", "/data/object/id"],
+    );
+    let o = Overrides {
+        admin_token: Some(ADMIN_TOKEN.into()),
+        ..Overrides::default()
+    };
+    assert!(!format!("{o:?}").contains(ADMIN_TOKEN));
+}
+
+#[test]
+fn database_passwords_are_redacted_for_display() {
+    assert_eq!(
+        redact_url("postgres://app:hunter2@db:5432/oncebox?sslmode=require"),
+        "postgres://app:***@db:5432/oncebox?sslmode=require"
+    );
+    assert_eq!(redact_url("postgres://app@db/x"), "postgres://app@db/x");
+    assert_eq!(redact_url("sqlite://oncebox.db"), "sqlite://oncebox.db");
+    assert_eq!(redact_url("oncebox.db"), "oncebox.db");
+}

@@ -1,0 +1,161 @@
+//! Tests of configuration loading: the DESIGN §7 example and zero-config here, every validation
+//! rule in `rules`, layering and secret handling in `layers`.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use figment::Jail;
+use oncebox_core::json::Pointer;
+use oncebox_core::signature::Scheme;
+use oncebox_core::{FingerprintMode, Source};
+use oncebox_gateway::policy::{EventIdRule, SourcePolicy};
+
+use super::{Overrides, Settings, load};
+
+mod layers;
+mod rules;
+
+const SHOP_SECRET: &str = "whsec_c2hvcC1zaWduaW5nLWtleS0wMTIzNDU2Nzg5";
+const SHOP_SECRET_2: &str = "whsec_YW5vdGhlci1zaG9wLWtleS1hYmNkZWZnaGlq";
+const ADMIN_TOKEN: &str = "admin-token-0123456789abcdef";
+
+/// DESIGN §7's example with real values in place of `…`.
+fn design_example() -> String {
+    format!(
+        r#"
+listen = "127.0.0.1:8080"
+database = "sqlite://oncebox.db"
+admin_token = "{ADMIN_TOKEN}"
+
+[sources.shop]
+preset = "standard-webhooks"
+signature = "standard-webhooks"
+secrets = ["{SHOP_SECRET}"]
+tolerance = "5m"
+event_id = {{ header = "webhook-id" }}
+fingerprint = "json"
+max_body = "1MiB"
+retention = "7d"
+order = {{ entity = "/data/object/id", version = "/created" }}
+
+[routes.orders]
+sources = ["shop"]
+url = "http://127.0.0.1:9000/hooks"
+idempotent = true
+signing_secret = "whsec_cm91dGUtc2lnbmluZy1rZXk="
+timeout = "10s"
+status_url = "http://127.0.0.1:9000/status/{{key}}"
+max_attempts = 15
+max_age = "3d"
+backoff = {{ base = "1s", cap = "1h" }}
+"#
+    )
+}
+
+/// Runs `f` in a jail with an empty environment and a fresh working directory.
+#[expect(
+    clippy::result_large_err,
+    reason = "figment's Jail fixes the closure's error type"
+)]
+fn jailed<T>(f: impl FnOnce(&mut Jail) -> T) -> T {
+    let mut out = None;
+    Jail::expect_with(|jail| {
+        jail.clear_env();
+        out = Some(f(jail));
+        Ok(())
+    });
+    out.expect("the jail ran the closure")
+}
+
+fn load_file(jail: &Jail, toml: &str) -> anyhow::Result<Settings> {
+    jail.create_file("oncebox.toml", toml)
+        .expect("config file written");
+    load(&Overrides::default())
+}
+
+fn ok(toml: &str) -> Settings {
+    jailed(|jail| load_file(jail, toml)).expect("configuration is valid")
+}
+
+fn err(toml: &str) -> String {
+    match jailed(|jail| load_file(jail, toml)) {
+        Ok(s) => panic!("configuration accepted: {s:?}"),
+        Err(e) => format!("{e:#}"),
+    }
+}
+
+/// A valid `[sources.shop]` with `extra` lines appended.
+fn shop(extra: &str) -> String {
+    format!("[sources.shop]\nsignature = \"stripe\"\nsecrets = [\"sk_one\"]\n{extra}\n")
+}
+
+fn policy<'s>(s: &'s Settings, name: &str) -> &'s SourcePolicy {
+    let name = Source::new(name).expect("valid source name");
+    s.gateway.sources.get(&name).expect("source configured")
+}
+
+fn assert_mentions(message: &str, parts: &[&str]) {
+    for part in parts {
+        assert!(message.contains(part), "{part:?} missing from: {message}");
+    }
+}
+
+#[test]
+fn design_example_loads() {
+    let s = ok(&design_example());
+    assert_eq!(s.listen, "127.0.0.1:8080".parse::<SocketAddr>().unwrap());
+    assert_eq!(s.database, "sqlite://oncebox.db");
+    assert!(!s.gateway.open_sources);
+    assert_eq!(s.gateway.admin_token.as_deref(), Some(ADMIN_TOKEN));
+    let shop = policy(&s, "shop");
+    assert_eq!(shop.scheme, Scheme::StandardWebhooks);
+    assert_eq!(shop.secrets.len(), 1);
+    assert_eq!(shop.tolerance, Duration::from_secs(300));
+    assert_eq!(shop.event_id, EventIdRule::Header("webhook-id".into()));
+    assert_eq!(shop.fingerprint, FingerprintMode::Json);
+    assert_eq!(shop.max_body, 1 << 20);
+    assert_eq!(shop.retention, Duration::from_secs(7 * 86400));
+    let order = shop.order.as_ref().expect("order guard");
+    assert_eq!(order.entity, Pointer::parse("/data/object/id").unwrap());
+    assert_eq!(order.version, Pointer::parse("/created").unwrap());
+    assert!(
+        s.warnings.iter().any(|w| w.contains("routes.orders")),
+        "ignored routes are announced: {:?}",
+        s.warnings
+    );
+}
+
+#[test]
+fn zero_config_listens_on_loopback_with_open_sources() {
+    let s = jailed(|_| load(&Overrides::default())).expect("zero-config is valid");
+    assert!(s.gateway.open_sources);
+    assert!(s.gateway.sources.is_empty());
+    assert_eq!(s.listen, "127.0.0.1:8080".parse::<SocketAddr>().unwrap());
+    assert_eq!(s.database, "sqlite://oncebox.db");
+    assert_eq!(s.gateway.admin_token, None);
+    assert!(s.warnings.iter().any(|w| w.contains("zero-config")));
+}
+
+#[test]
+fn configured_sources_close_the_gateway() {
+    let s = ok(&shop(""));
+    assert!(!s.gateway.open_sources);
+    assert!(s.warnings.is_empty(), "{:?}", s.warnings);
+}
+
+#[test]
+fn every_problem_is_reported_at_once() {
+    let e = err(
+        "listen = \"x\"\nadmin_token = \"short\"\n[sources.a]\nsignature = \"stripe\"\n\
+                 [sources.b]\nsignature = \"github\"\ntolerance = \"0s\"\nsecrets = [\"k\"]\n",
+    );
+    assert_mentions(
+        &e,
+        &[
+            "listen:",
+            "admin_token:",
+            "sources.a.secrets:",
+            "sources.b.tolerance:",
+        ],
+    );
+}

@@ -1,0 +1,323 @@
+//! One test per validation rule: each bad setting is refused with its field's path.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use oncebox_core::FingerprintMode;
+use oncebox_core::json::Pointer;
+use oncebox_core::signature::{Encoding, Scheme};
+use oncebox_gateway::policy::EventIdRule;
+
+use super::super::raw::parse_size;
+use super::{assert_mentions, err, ok, policy, shop};
+
+#[test]
+fn signature_without_secrets_is_refused() {
+    let e = err("[sources.shop]\nsignature = \"stripe\"\n");
+    assert_mentions(
+        &e,
+        &["sources.shop.secrets", "required for signature \"stripe\""],
+    );
+    let e = err("[sources.shop]\npreset = \"github\"\nsecrets = []\n");
+    assert_mentions(&e, &["sources.shop.secrets", "\"github\""]);
+}
+
+#[test]
+fn signature_none_is_a_warning_and_takes_no_secret() {
+    let s = ok("[sources.open]\nsignature = \"none\"\n");
+    assert_eq!(policy(&s, "open").scheme, Scheme::None);
+    assert!(
+        s.warnings
+            .contains(&"source open: signature none accepts unsigned events".to_owned()),
+        "{:?}",
+        s.warnings
+    );
+    let e = err("[sources.open]\nsignature = \"none\"\nsecrets = [\"x\"]\n");
+    assert_mentions(&e, &["sources.open.secrets", "takes no secrets"]);
+}
+
+#[test]
+fn a_source_must_name_its_signature() {
+    let e = err("[sources.shop]\nsecrets = [\"x\"]\n");
+    assert_mentions(&e, &["sources.shop.signature", "required"]);
+}
+
+#[test]
+fn retention_shorter_than_the_preset_horizon_is_refused() {
+    let e = err("[sources.pay]\npreset = \"stripe\"\nsecrets = [\"sk\"]\nretention = \"2d\"");
+    assert_mentions(&e, &["sources.pay.retention", "stripe", "3days"]);
+    // Without a preset there is no known horizon; one day is the operator's call.
+    let s = ok(&shop("retention = \"1d\""));
+    assert_eq!(policy(&s, "shop").retention, Duration::from_secs(86400));
+    let e = err(&shop("retention = \"0s\""));
+    assert_mentions(&e, &["sources.shop.retention", "more than 0"]);
+}
+
+#[test]
+fn tolerance_must_be_positive_and_at_most_a_day() {
+    for bad in ["0s", "25h"] {
+        let e = err(&shop(&format!("tolerance = \"{bad}\"")));
+        assert_mentions(&e, &["sources.shop.tolerance", "at most 1 day"]);
+    }
+    let e = err(&shop("tolerance = \"5 parsecs\""));
+    assert_mentions(
+        &e,
+        &[r#"sources.shop.tolerance: invalid duration "5 parsecs""#],
+    );
+    assert_eq!(
+        policy(&ok(&shop("tolerance = \"1d\"")), "shop").tolerance,
+        Duration::from_secs(86400)
+    );
+}
+
+#[test]
+fn listen_must_be_a_socket_address() {
+    let e = err("listen = \"localhost:http\"\n");
+    assert_mentions(&e, &["listen: invalid socket address \"localhost:http\""]);
+}
+
+#[test]
+fn network_listener_without_sources_is_refused() {
+    let e = err("listen = \"0.0.0.0:8080\"\n");
+    assert_mentions(
+        &e,
+        &[
+            "listen",
+            "refusing to accept unsigned events from the network",
+        ],
+    );
+    let e = err("listen = \"[::]:8080\"\n");
+    assert_mentions(&e, &["refusing"]);
+    let s = ok(&format!("listen = \"0.0.0.0:8080\"\n{}", shop("")));
+    assert_eq!(s.listen, "0.0.0.0:8080".parse::<SocketAddr>().unwrap());
+    ok("listen = \"[::1]:9000\"\n");
+}
+
+#[test]
+fn short_admin_token_is_refused_without_echoing_it() {
+    let e = err("admin_token = \"short-secret\"\n");
+    assert_mentions(&e, &["admin_token", "at least 16"]);
+    assert!(!e.contains("short-secret"), "{e}");
+    // Of the wrong type, the value is not echoed either.
+    let e = err("admin_token = 987654321987654321\n");
+    assert_mentions(&e, &["admin_token", "not shown"]);
+    assert!(!e.contains("987654321"), "{e}");
+}
+
+#[test]
+fn bad_source_names_are_refused_by_key() {
+    let e = err("[sources.Shop]\nsignature = \"none\"\n");
+    assert_mentions(&e, &["sources.Shop: invalid source name"]);
+    let e = err("[sources.\"a b\"]\nsignature = \"none\"\n");
+    assert_mentions(&e, &["sources.\"a b\""]);
+}
+
+#[test]
+fn hmac_sha256_needs_a_header_and_owns_its_options() {
+    let s = ok(
+        "[sources.acme]\nsignature = \"hmac-sha256\"\nheader = \"X-Acme-Signature\"\n\
+         encoding = \"base64\"\nprefix = \"sha256=\"\nsecrets = [\"k\"]\n",
+    );
+    assert_eq!(
+        policy(&s, "acme").scheme,
+        Scheme::HmacSha256 {
+            header: "x-acme-signature".into(),
+            encoding: Encoding::Base64,
+            prefix: "sha256=".into(),
+        }
+    );
+    let s =
+        ok("[sources.acme]\nsignature = \"hmac-sha256\"\nheader = \"x-sig\"\nsecrets = [\"k\"]\n");
+    assert!(matches!(
+        &policy(&s, "acme").scheme,
+        Scheme::HmacSha256 { encoding: Encoding::Hex, prefix, .. } if prefix.is_empty()
+    ));
+    let e = err("[sources.acme]\nsignature = \"hmac-sha256\"\nsecrets = [\"k\"]\n");
+    assert_mentions(&e, &["sources.acme.header", "required"]);
+    let e = err(&shop("header = \"x-sig\""));
+    assert_mentions(
+        &e,
+        &[
+            "sources.shop.header",
+            "only used with signature \"hmac-sha256\"",
+        ],
+    );
+    let e =
+        err("[sources.acme]\nsignature = \"hmac-sha256\"\nheader = \"x sig\"\nsecrets = [\"k\"]\n");
+    assert_mentions(&e, &["sources.acme.header", "not a valid header name"]);
+    let e = err(&shop("encoding = \"base32\""));
+    assert_mentions(&e, &["sources.shop.encoding", "base32"]);
+}
+
+#[test]
+fn event_id_takes_exactly_one_rule() {
+    let s = ok(&shop("event_id = { pointer = \"/data/id\" }"));
+    assert_eq!(
+        policy(&s, "shop").event_id,
+        EventIdRule::Pointer(Pointer::parse("/data/id").unwrap())
+    );
+    let s = ok(&shop("event_id = { derive = [\"/order_id\", \"/type\"] }"));
+    assert!(matches!(&policy(&s, "shop").event_id, EventIdRule::Derive(f) if f.len() == 2));
+    let s = ok(&shop("event_id = { header = \"X-Request-Id\" }"));
+    assert_eq!(
+        policy(&s, "shop").event_id,
+        EventIdRule::Header("x-request-id".into())
+    );
+    assert_eq!(
+        policy(&ok(&shop("")), "shop").event_id,
+        EventIdRule::Default
+    );
+
+    let e = err(&shop("event_id = { header = \"a\", pointer = \"/id\" }"));
+    assert_mentions(&e, &["sources.shop.event_id", "exactly one"]);
+    let e = err(&shop("event_id = {}"));
+    assert_mentions(&e, &["sources.shop.event_id", "exactly one"]);
+    let e = err(&shop("event_id = { pointer = \"id\" }"));
+    assert_mentions(
+        &e,
+        &[
+            "sources.shop.event_id.pointer",
+            "invalid JSON pointer \"id\"",
+        ],
+    );
+    let e = err(&shop("event_id = { derive = [] }"));
+    assert_mentions(&e, &["sources.shop.event_id.derive", "at least one"]);
+    let e = err(&shop("event_id = { derive = [\"/a\", \"b\"] }"));
+    assert_mentions(&e, &["sources.shop.event_id.derive[1]"]);
+}
+
+#[test]
+fn fingerprint_modes() {
+    let fp = |line: &str| policy(&ok(&shop(line)), "shop").fingerprint.clone();
+    assert_eq!(fp(""), FingerprintMode::Json);
+    assert_eq!(fp("fingerprint = \"raw\""), FingerprintMode::Raw);
+    assert_eq!(
+        fp("fingerprint = { fields = [\"/account_id\", \"/amount\"] }"),
+        FingerprintMode::Fields(vec![
+            Pointer::parse("/account_id").unwrap(),
+            Pointer::parse("/amount").unwrap(),
+        ])
+    );
+    let e = err(&shop("fingerprint = \"xml\""));
+    assert_mentions(&e, &["sources.shop.fingerprint", "xml"]);
+    let e = err(&shop("fingerprint = { field = [\"/a\"] }"));
+    assert_mentions(&e, &["sources.shop.fingerprint.field", "unknown key"]);
+    let e = err(&shop("fingerprint = { fields = [\"a\"] }"));
+    assert_mentions(&e, &["sources.shop.fingerprint.fields[0]"]);
+}
+
+#[test]
+fn max_body_sizes() {
+    let max = |line: &str| policy(&ok(&shop(line)), "shop").max_body;
+    assert_eq!(max(""), 1 << 20);
+    assert_eq!(max("max_body = \"512KiB\""), 512 << 10);
+    assert_eq!(max("max_body = \"10MB\""), 10_000_000);
+    assert_eq!(max("max_body = \"64MiB\""), 64 << 20);
+    assert_eq!(max("max_body = 4096"), 4096);
+    for bad in [
+        "\"0\"",
+        "0",
+        "\"65MiB\"",
+        "\"1TiB\"",
+        "\"-1\"",
+        "-1",
+        "\"1.5MiB\"",
+    ] {
+        let e = err(&shop(&format!("max_body = {bad}")));
+        assert_mentions(&e, &["sources.shop.max_body"]);
+    }
+}
+
+#[test]
+fn size_parser() {
+    assert_eq!(parse_size("1MiB"), Some(1 << 20));
+    assert_eq!(parse_size("1 mib"), Some(1 << 20));
+    assert_eq!(parse_size("2KB"), Some(2000));
+    assert_eq!(parse_size("7"), Some(7));
+    assert_eq!(parse_size("7B"), Some(7));
+    assert_eq!(parse_size("1GiB"), Some(1 << 30));
+    for bad in [
+        "",
+        "MiB",
+        "1 MiBs",
+        "1.0MiB",
+        "99999999999999999999",
+        "18446744073709551615GiB",
+        "١MiB",
+    ] {
+        assert_eq!(parse_size(bad), None, "{bad:?}");
+    }
+}
+
+#[test]
+fn presets_fill_defaults_and_explicit_settings_win() {
+    let s = ok("[sources.pay]\npreset = \"stripe\"\nsecrets = [\"sk\"]\n\
+                [sources.gh]\npreset = \"github\"\nsecrets = [\"gh\"]\n\
+                [sources.sw]\npreset = \"standard-webhooks\"\nsecrets = [\"whsec_c2VjcmV0\"]\n");
+    let pay = policy(&s, "pay");
+    assert_eq!(pay.scheme, Scheme::Stripe);
+    assert_eq!(
+        pay.event_id,
+        EventIdRule::Pointer(Pointer::parse("/id").unwrap())
+    );
+    assert_eq!(pay.tolerance, Duration::from_secs(300));
+    assert_eq!(pay.retention, Duration::from_secs(7 * 86400));
+    let gh = policy(&s, "gh");
+    assert_eq!(gh.scheme, Scheme::Github);
+    assert_eq!(gh.event_id, EventIdRule::Header("x-github-delivery".into()));
+    let sw = policy(&s, "sw");
+    assert_eq!(sw.scheme, Scheme::StandardWebhooks);
+    assert_eq!(sw.event_id, EventIdRule::Header("webhook-id".into()));
+
+    let s = ok(
+        "[sources.pay]\npreset = \"stripe\"\nsecrets = [\"sk\"]\ntolerance = \"10m\"\n\
+                event_id = { header = \"x-id\" }\nretention = \"3d\"\n",
+    );
+    let pay = policy(&s, "pay");
+    assert_eq!(pay.scheme, Scheme::Stripe);
+    assert_eq!(pay.tolerance, Duration::from_secs(600));
+    assert_eq!(pay.event_id, EventIdRule::Header("x-id".into()));
+    assert_eq!(pay.retention, Duration::from_secs(3 * 86400));
+    let s = ok("[sources.pay]\npreset = \"stripe\"\nsignature = \"none\"\n");
+    assert_eq!(policy(&s, "pay").scheme, Scheme::None);
+
+    let e = err("[sources.pay]\npreset = \"paypal\"\n");
+    assert_mentions(&e, &["sources.pay.preset", "paypal"]);
+}
+
+#[test]
+fn unknown_keys_are_refused_by_path() {
+    let e = err("listn = \"127.0.0.1:1\"\n");
+    assert_mentions(&e, &["listn: unknown key"]);
+    let e = err(&shop("tolerans = \"5m\""));
+    assert_mentions(&e, &["sources.shop.tolerans: unknown key"]);
+    let e = err(&shop("event_id = { headr = \"x\" }"));
+    assert_mentions(&e, &["sources.shop.event_id.headr: unknown key"]);
+    let e = err("[limits]\nconcurency = 3\n");
+    assert_mentions(&e, &["limits.concurency: unknown key"]);
+    let e = err(&shop("order = { entity = \"/id\" }"));
+    assert_mentions(&e, &["sources.shop.order.version: required"]);
+}
+
+#[test]
+fn limits_map_onto_the_gateway() {
+    let s = ok(
+        "[limits]\nconcurrency = 8\nheader_timeout = \"2s\"\nbody_timeout = \"1m\"\n\
+                shutdown_grace = \"0s\"\nretry_after = \"5s\"\n",
+    );
+    let l = &s.gateway.limits;
+    assert_eq!(l.concurrency, 8);
+    assert_eq!(l.header_timeout, Duration::from_secs(2));
+    assert_eq!(l.body_timeout, Duration::from_secs(60));
+    assert_eq!(l.shutdown_grace, Duration::ZERO);
+    assert_eq!(l.retry_after, Duration::from_secs(5));
+    let e = err("[limits]\nconcurrency = 0\nheader_timeout = \"0s\"\nretry_after = \"100ms\"\n");
+    assert_mentions(
+        &e,
+        &[
+            "limits.concurrency",
+            "limits.header_timeout",
+            "limits.retry_after",
+        ],
+    );
+}
