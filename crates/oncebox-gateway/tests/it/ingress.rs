@@ -150,11 +150,20 @@ fn key_leased_by_another_worker_is_409_in_progress_with_retry_after() {
     });
 }
 
+/// Source, headers, body, expected status and problem slug.
+type Case = (
+    &'static str,
+    Vec<(&'static str, &'static str)>,
+    Body,
+    StatusCode,
+    &'static str,
+);
+
 #[test]
 fn invalid_events_are_400_or_413_and_write_nothing() {
     run(async {
         let gw = TestGateway::new();
-        let cases: Vec<(&str, Vec<(&str, &str)>, Body, StatusCode, &str)> = vec![
+        let cases: Vec<Case> = vec![
             (
                 "open",
                 vec![],

@@ -2,6 +2,7 @@
 //! SQLite files.
 
 mod admin;
+mod http;
 mod ingress;
 mod signatures;
 mod support;

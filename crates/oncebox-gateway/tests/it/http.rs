@@ -1,0 +1,475 @@
+//! Through a real listener: racing duplicates, slow and oversize clients, limits, shutdown.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
+use oncebox_gateway::policy::{GatewayConfig, Limits};
+use oncebox_sqlite::Options;
+use oncebox_testkit::run;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::sync::{Barrier, oneshot};
+use tokio::task::JoinHandle;
+
+use crate::support::{Answer, TestGateway, config};
+
+/// How long a test waits for the server to end what its own timers or shutdown should end.
+/// Generous on purpose: the tests assert that it ended, not how fast.
+const BOUND: Duration = Duration::from_secs(10);
+
+/// A gateway served on a real listener.
+struct Served {
+    gw: TestGateway,
+    addr: SocketAddr,
+    stop: oneshot::Sender<()>,
+    server: JoinHandle<()>,
+}
+
+/// Serves a fresh gateway with `limits` in both places that read them: the router takes the
+/// concurrency limit, body timeout and `Retry-After` from its config, the server loop the
+/// header timeout and shutdown grace from its argument.
+async fn served(limits: Limits) -> Served {
+    let config = GatewayConfig {
+        limits: limits.clone(),
+        ..config()
+    };
+    let gw = TestGateway::with(config, Options::new);
+    let (addr, stop, server) = gw.listen(limits).await;
+    Served {
+        gw,
+        addr,
+        stop,
+        server,
+    }
+}
+
+async fn answer(res: reqwest::Response) -> Answer {
+    let status = res.status();
+    let headers = res.headers().clone();
+    let body = res.bytes().await.expect("response body").to_vec();
+    Answer {
+        status,
+        headers,
+        body,
+    }
+}
+
+async fn deliver(client: &reqwest::Client, addr: SocketAddr, source: &str, body: &str) -> Answer {
+    let res = client
+        .post(format!("http://{addr}/v1/sources/{source}/events"))
+        .header("content-type", "application/json")
+        .body(body.to_owned())
+        .send()
+        .await
+        .expect("request");
+    answer(res).await
+}
+
+async fn get(client: &reqwest::Client, addr: SocketAddr, path: &str) -> Answer {
+    answer(
+        client
+            .get(format!("http://{addr}{path}"))
+            .send()
+            .await
+            .expect("request"),
+    )
+    .await
+}
+
+/// The head of `POST /v1/sources/{source}/events` declaring `length` body bytes; `extra` holds
+/// further header lines, each ending in CRLF.
+fn head(source: &str, length: usize, extra: &str) -> String {
+    format!(
+        "POST /v1/sources/{source}/events HTTP/1.1\r\nHost: x\r\n\
+         Content-Type: application/json\r\nContent-Length: {length}\r\n{extra}\r\n"
+    )
+}
+
+/// How a raw connection's read ended.
+#[derive(Debug)]
+enum Reply {
+    /// A whole response; an interim `100 Continue` counts as one.
+    Answer(Answer),
+    /// EOF or a connection error before a whole response: the server cut the connection.
+    Closed(String),
+}
+
+impl Reply {
+    fn answer(self) -> Answer {
+        match self {
+            Reply::Answer(a) => a,
+            Reply::Closed(why) => panic!("expected a response, the connection ended: {why}"),
+        }
+    }
+}
+
+/// A client that writes exactly the bytes a test chooses, to stage slow and partial requests.
+struct Raw {
+    stream: TcpStream,
+    buf: Vec<u8>,
+}
+
+impl Raw {
+    async fn connect(addr: SocketAddr) -> Raw {
+        Raw {
+            stream: TcpStream::connect(addr).await.expect("connect"),
+            buf: Vec::new(),
+        }
+    }
+
+    async fn send(&mut self, bytes: &[u8]) {
+        self.stream.write_all(bytes).await.expect("write");
+    }
+
+    async fn reply(&mut self) -> Reply {
+        read_reply(&mut self.stream, &mut self.buf).await
+    }
+}
+
+/// Reads one response. A hang past [`BOUND`] fails the test: the server never ended something
+/// it should have.
+async fn read_reply<R: AsyncRead + Unpin>(rd: &mut R, buf: &mut Vec<u8>) -> Reply {
+    let read = async {
+        loop {
+            if let Some(answer) = parse(buf, false) {
+                return Reply::Answer(answer);
+            }
+            let mut chunk = [0u8; 8192];
+            match rd.read(&mut chunk).await {
+                Ok(0) => {
+                    return match parse(buf, true) {
+                        Some(answer) => Reply::Answer(answer),
+                        None => Reply::Closed(format!("eof after {} bytes", buf.len())),
+                    };
+                }
+                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                Err(e) => return Reply::Closed(e.to_string()),
+            }
+        }
+    };
+    tokio::time::timeout(BOUND, read)
+        .await
+        .unwrap_or_else(|_| panic!("neither a response nor a closed connection within {BOUND:?}"))
+}
+
+/// Takes one response off the front of `buf` once it is complete. Without `Content-Length`
+/// the body ends with the connection (`eof`); the gateway never answers chunked.
+fn parse(buf: &mut Vec<u8>, eof: bool) -> Option<Answer> {
+    let end = buf.windows(4).position(|w| w == b"\r\n\r\n")? + 4;
+    let head = std::str::from_utf8(&buf[..end]).expect("ASCII response head");
+    let mut lines = head.split("\r\n");
+    let code = lines.next()?.split(' ').nth(1).expect("status line");
+    let status = StatusCode::from_bytes(code.as_bytes()).expect("status code");
+    let mut headers = HeaderMap::new();
+    for line in lines.filter(|l| !l.is_empty()) {
+        let (name, value) = line.split_once(':').expect("header line");
+        headers.append(
+            HeaderName::from_bytes(name.trim().as_bytes()).expect("header name"),
+            HeaderValue::from_str(value.trim()).expect("header value"),
+        );
+    }
+    assert!(
+        !headers.contains_key("transfer-encoding"),
+        "chunked answer: {head}"
+    );
+    let length = match headers.get("content-length") {
+        _ if status.is_informational() => Some(0),
+        Some(v) => Some(v.to_str().ok()?.parse::<usize>().expect("content-length")),
+        None => None,
+    };
+    let total = match length {
+        Some(n) => end + n,
+        None if eof => buf.len(),
+        None => return None,
+    };
+    if buf.len() < total {
+        return None;
+    }
+    let body = buf[end..total].to_vec();
+    buf.drain(..total);
+    Some(Answer {
+        status,
+        headers,
+        body,
+    })
+}
+
+/// Sends the head of `body` to source `open` and its first `sent` bytes, and returns once the
+/// handler reads the body. The sync point is `Expect: 100-continue`: hyper sends the interim
+/// `100 Continue` only when the handler first polls the body, so by then the request holds its
+/// concurrency permit and is in flight.
+async fn in_flight(addr: SocketAddr, body: &str, sent: usize) -> Raw {
+    let mut raw = Raw::connect(addr).await;
+    raw.send(head("open", body.len(), "Expect: 100-continue\r\n").as_bytes())
+        .await;
+    let interim = raw.reply().await.answer();
+    assert_eq!(interim.status, StatusCode::CONTINUE, "{interim:?}");
+    raw.send(&body.as_bytes()[..sent]).await;
+    raw
+}
+
+#[test]
+fn fifty_concurrent_deliveries_of_one_key_give_one_accept_and_49_replays() {
+    run(async {
+        let s = served(Limits::default()).await;
+        let barrier = Arc::new(Barrier::new(50));
+        let mut senders = Vec::new();
+        for _ in 0..50 {
+            let barrier = barrier.clone();
+            let addr = s.addr;
+            senders.push(tokio::spawn(async move {
+                // One client each, connected before the barrier: 50 connections racing with
+                // nothing but the request left to send, not one pooled connection taking turns.
+                let client = reqwest::Client::new();
+                assert_eq!(get(&client, addr, "/healthz").await.status, StatusCode::OK);
+                barrier.wait().await;
+                deliver(&client, addr, "open", r#"{"id":"evt-50","amount":1}"#).await
+            }));
+        }
+        let mut answers = Vec::new();
+        for sender in senders {
+            answers.push(sender.await.expect("sender task"));
+        }
+        for a in &answers {
+            assert_eq!(a.status, StatusCode::ACCEPTED, "{a:?}");
+        }
+        let (first, replays): (Vec<&Answer>, Vec<&Answer>) =
+            answers.iter().partition(|a| !a.replayed());
+        assert_eq!(first.len(), 1, "answers without Idempotent-Replayed");
+        assert_eq!(replays.len(), 49);
+        assert_eq!(first[0].json()["event_id"], "evt-50");
+        for r in replays {
+            assert_eq!(
+                r.body, first[0].body,
+                "a replay differs from the first answer"
+            );
+        }
+        assert_eq!(s.gw.rows(), 1);
+    });
+}
+
+#[test]
+fn slowloris_headers_are_cut_off() {
+    run(async {
+        let limits = Limits {
+            header_timeout: Duration::from_millis(300),
+            ..Limits::default()
+        };
+        let s = served(limits.clone()).await;
+        let mut raw = Raw::connect(s.addr).await;
+        let started = Instant::now();
+        raw.send(b"POST /v1/sources/open/events HTTP/1.1\r\nHost: x\r\n")
+            .await;
+        let reply = raw.reply().await;
+        // The connection stayed open until the header timer fired: what ended it is the
+        // timeout, not an early refusal of the partial head. (Timers never fire early and the
+        // server's timer starts after `started`, so this lower bound cannot flake.)
+        assert!(
+            started.elapsed() >= limits.header_timeout,
+            "ended after {:?}: {reply:?}",
+            started.elapsed()
+        );
+        if let Reply::Answer(a) = reply {
+            assert_eq!(a.status, StatusCode::REQUEST_TIMEOUT, "{a:?}");
+        }
+        assert_eq!(s.gw.rows(), 0);
+    });
+}
+
+#[test]
+fn slow_body_is_cut_off_with_408_and_nothing_stored() {
+    run(async {
+        let limits = Limits {
+            body_timeout: Duration::from_millis(300),
+            ..Limits::default()
+        };
+        let s = served(limits.clone()).await;
+        let mut raw = Raw::connect(s.addr).await;
+        let started = Instant::now();
+        raw.send(head("open", 100, "").as_bytes()).await;
+        raw.send(br#"{"id":"slo"#).await;
+        // The handler has read every byte sent, so the server closes cleanly after its answer:
+        // the 408 always arrives.
+        let a = raw.reply().await.answer();
+        assert!(started.elapsed() >= limits.body_timeout);
+        assert_eq!(a.status, StatusCode::REQUEST_TIMEOUT, "{a:?}");
+        assert_eq!(a.slug(), "body-timeout");
+        assert_eq!(s.gw.rows(), 0);
+    });
+}
+
+#[test]
+fn oversize_body_without_content_length_is_refused_413() {
+    run(async {
+        let s = served(Limits::default()).await;
+
+        // Chunked, 1 MiB for a 16-byte source, and never terminated: an answer can only come
+        // from a server that refused while the body was still arriving.
+        let mut raw = Raw::connect(s.addr).await;
+        raw.send(
+            b"POST /v1/sources/tiny/events HTTP/1.1\r\nHost: x\r\n\
+              Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n",
+        )
+        .await;
+        let chunk = vec![b' '; 64 * 1024];
+        let (mut rd, mut wr) = raw.stream.split();
+        let writer = async {
+            for _ in 0..16 {
+                let size = format!("{:x}\r\n", chunk.len());
+                // Once the server has answered it may close; the remaining chunks then fail.
+                let sent = async {
+                    wr.write_all(size.as_bytes()).await?;
+                    wr.write_all(&chunk).await?;
+                    wr.write_all(b"\r\n").await
+                };
+                if sent.await.is_err() {
+                    break;
+                }
+            }
+            std::future::pending::<()>().await;
+        };
+        let reply = tokio::select! {
+            reply = read_reply(&mut rd, &mut raw.buf) => reply,
+            () = writer => unreachable!("the writer never finishes"),
+        };
+        let a = reply.answer();
+        assert_eq!(a.status, StatusCode::PAYLOAD_TOO_LARGE, "{a:?}");
+        assert_eq!(a.slug(), "body-too-large");
+
+        // A declared length over the limit is refused on the head alone: no body byte is sent.
+        let mut raw = Raw::connect(s.addr).await;
+        raw.send(head("tiny", 10 * 1024 * 1024, "").as_bytes())
+            .await;
+        let a = raw.reply().await.answer();
+        assert_eq!(a.status, StatusCode::PAYLOAD_TOO_LARGE, "{a:?}");
+        assert_eq!(a.slug(), "body-too-large");
+
+        assert_eq!(s.gw.rows(), 0);
+    });
+}
+
+#[test]
+fn concurrency_limit_answers_503_at_once() {
+    run(async {
+        let limits = Limits {
+            concurrency: 1,
+            body_timeout: Duration::from_secs(30),
+            retry_after: Duration::from_secs(3),
+            ..Limits::default()
+        };
+        let s = served(limits).await;
+        let body = r#"{"id":"evt-a","amount":1}"#;
+        let mut holder = in_flight(s.addr, body, 10).await;
+
+        // The only permit is held by a request waiting for its body: another one is shed at
+        // once instead of queueing behind it, and stores nothing.
+        let client = reqwest::Client::new();
+        let other = r#"{"id":"evt-b","amount":1}"#;
+        let shed = deliver(&client, s.addr, "open", other).await;
+        assert_eq!(shed.status, StatusCode::SERVICE_UNAVAILABLE, "{shed:?}");
+        assert_eq!(shed.headers["retry-after"], "3");
+        assert_eq!(shed.slug(), "unavailable");
+
+        holder.send(&body.as_bytes()[10..]).await;
+        let a = holder.reply().await.answer();
+        assert_eq!(a.status, StatusCode::ACCEPTED, "{a:?}");
+        assert!(!a.replayed());
+
+        // The permit is released before the answer is written, so the shed sender's retry is
+        // accepted now, as a first delivery.
+        let retried = deliver(&client, s.addr, "open", other).await;
+        assert_eq!(retried.status, StatusCode::ACCEPTED, "{retried:?}");
+        assert!(!retried.replayed());
+        assert_eq!(s.gw.rows(), 2);
+    });
+}
+
+#[test]
+fn graceful_shutdown_finishes_in_flight_requests() {
+    run(async {
+        let s = served(Limits::default()).await;
+        // An idle keep-alive connection: the server closes it when its graceful shutdown
+        // begins, after dropping the listener. That is the test's sign that shutdown started.
+        let mut idle = Raw::connect(s.addr).await;
+        idle.send(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n").await;
+        assert_eq!(idle.reply().await.answer().status, StatusCode::OK);
+
+        let body = r#"{"id":"evt-graceful","amount":1}"#;
+        let mut a = in_flight(s.addr, body, 10).await;
+        s.stop.send(()).expect("server running");
+        let idle_end = idle.reply().await;
+        assert!(matches!(idle_end, Reply::Closed(_)), "{idle_end:?}");
+        let late = TcpStream::connect(s.addr).await;
+        assert!(
+            late.is_err(),
+            "a new connection was accepted after shutdown"
+        );
+
+        a.send(&body.as_bytes()[10..]).await;
+        let answer = a.reply().await.answer();
+        assert_eq!(answer.status, StatusCode::ACCEPTED, "{answer:?}");
+        assert_eq!(s.gw.rows(), 1);
+        tokio::time::timeout(BOUND, s.server)
+            .await
+            .expect("server still running after its last request")
+            .expect("server task");
+    });
+}
+
+#[test]
+fn requests_cut_by_the_shutdown_grace_never_get_2xx() {
+    run(async {
+        let limits = Limits {
+            shutdown_grace: Duration::from_millis(200),
+            body_timeout: Duration::from_secs(30),
+            ..Limits::default()
+        };
+        let s = served(limits).await;
+        let body = r#"{"id":"evt-cut","amount":1}"#;
+        let mut a = in_flight(s.addr, body, 10).await;
+        s.stop.send(()).expect("server running");
+        tokio::time::timeout(BOUND, s.server)
+            .await
+            .expect("server still running after the shutdown grace")
+            .expect("server task");
+
+        // A cut request stays cut: even when its sender finishes the body after the server
+        // returned, it gets no answer and stores nothing. The write may fail on a closed
+        // connection, which is the expected outcome.
+        let _ = a.stream.write_all(&body.as_bytes()[10..]).await;
+        match a.reply().await {
+            Reply::Closed(_) => {}
+            Reply::Answer(answer) => {
+                panic!("the request outlived the shutdown grace and was answered: {answer:?}")
+            }
+        }
+        assert_eq!(s.gw.rows(), 0);
+    });
+}
+
+#[test]
+fn unknown_source_is_404_over_http() {
+    run(async {
+        let s = served(Limits::default()).await;
+        let client = reqwest::Client::new();
+        let a = deliver(&client, s.addr, "nope", r#"{"id":"evt-1"}"#).await;
+        assert_eq!(a.status, StatusCode::NOT_FOUND, "{a:?}");
+        assert_eq!(a.slug(), "unknown-source");
+        assert_eq!(s.gw.rows(), 0);
+    });
+}
+
+#[test]
+fn healthz_and_readyz_answer() {
+    run(async {
+        let s = served(Limits::default()).await;
+        let client = reqwest::Client::new();
+        assert_eq!(
+            get(&client, s.addr, "/healthz").await.status,
+            StatusCode::OK
+        );
+        assert_eq!(get(&client, s.addr, "/readyz").await.status, StatusCode::OK);
+    });
+}
