@@ -279,6 +279,40 @@ fn slowloris_headers_are_cut_off() {
 }
 
 #[test]
+fn silent_connections_are_cut_off() {
+    run(async {
+        let limits = Limits {
+            header_timeout: Duration::from_millis(300),
+            ..Limits::default()
+        };
+        let s = served(limits.clone()).await;
+        // Nothing at all, or a single byte: the header timer must end them, or each would hold
+        // a file descriptor forever. (`reply` fails the test if the connection outlives its
+        // bound.)
+        for opening in [&b""[..], b"P"] {
+            let mut raw = Raw::connect(s.addr).await;
+            let started = Instant::now();
+            if !opening.is_empty() {
+                raw.send(opening).await;
+            }
+            let reply = raw.reply().await;
+            assert!(
+                started.elapsed() >= limits.header_timeout,
+                "{opening:?}: {reply:?}"
+            );
+        }
+        // An HTTP/2 preface is not HTTP/1.1: refused at once.
+        let mut raw = Raw::connect(s.addr).await;
+        raw.send(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n").await;
+        match raw.reply().await {
+            Reply::Answer(a) => assert_eq!(a.status, StatusCode::BAD_REQUEST),
+            Reply::Closed(_) => {}
+        }
+        assert_eq!(s.gw.rows(), 0);
+    });
+}
+
+#[test]
 fn slow_body_is_cut_off_with_408_and_nothing_stored() {
     run(async {
         let limits = Limits {
