@@ -507,3 +507,62 @@ fn healthz_and_readyz_answer() {
         assert_eq!(get(&client, s.addr, "/readyz").await.status, StatusCode::OK);
     });
 }
+
+#[test]
+fn design_section_4_rows_over_a_real_listener() {
+    run(async {
+        let s = served(Limits::default()).await;
+        let client = reqwest::Client::new();
+        let new = deliver(&client, s.addr, "open", r#"{"id":"r1","n":1}"#).await;
+        assert_eq!(new.status, StatusCode::ACCEPTED);
+        let dup = deliver(&client, s.addr, "open", r#"{"n":1,"id":"r1"}"#).await;
+        assert_eq!(
+            (dup.status, dup.replayed(), &dup.body),
+            (StatusCode::ACCEPTED, true, &new.body)
+        );
+        let conflict = deliver(&client, s.addr, "open", r#"{"id":"r1","n":2}"#).await;
+        assert_eq!(
+            (conflict.status, conflict.slug().as_str()),
+            (StatusCode::UNPROCESSABLE_ENTITY, "key-reused")
+        );
+        let ordered = |id: &str, v: i64| {
+            format!(r#"{{"id":"{id}","created":{v},"data":{{"object":{{"id":"o"}}}}}}"#)
+        };
+        deliver(&client, s.addr, "ordered", &ordered("late-2", 2)).await;
+        let stale = deliver(&client, s.addr, "ordered", &ordered("late-1", 1)).await;
+        assert_eq!(
+            (stale.status, stale.json()["stale"].as_bool()),
+            (StatusCode::ACCEPTED, Some(true))
+        );
+        let invalid = deliver(&client, s.addr, "open", r#"{"n":1}"#).await;
+        assert_eq!(
+            (invalid.status, invalid.slug().as_str()),
+            (StatusCode::BAD_REQUEST, "event-id-missing")
+        );
+        let unsigned = deliver(&client, s.addr, "shop", r#"{"id":"x"}"#).await;
+        assert_eq!(
+            (unsigned.status, unsigned.slug().as_str()),
+            (StatusCode::UNAUTHORIZED, "signature-invalid")
+        );
+        let event = oncebox_core::Event::json(
+            oncebox_core::Key::parse("open", "held").unwrap(),
+            r#"{"id":"held"}"#,
+        )
+        .unwrap();
+        s.gw.inbox
+            .begin(event, Duration::from_secs(5))
+            .await
+            .unwrap();
+        let busy = deliver(&client, s.addr, "open", r#"{"id":"held"}"#).await;
+        assert_eq!(
+            (busy.status, busy.slug().as_str()),
+            (StatusCode::CONFLICT, "in-progress")
+        );
+        assert!(busy.headers.contains_key("retry-after"));
+        assert_eq!(
+            s.gw.rows(),
+            4,
+            "r1, late-2, late-1 (stale) and the held lease"
+        );
+    });
+}
