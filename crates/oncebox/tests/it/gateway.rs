@@ -1,0 +1,167 @@
+//! The gateway as a user runs it: `oncebox check` on good and bad files, `oncebox serve` with a
+//! configured source, and `oncebox send` signing test events that the gateway accepts.
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Output, Stdio};
+
+const CONFIG: &str = r#"
+listen = "127.0.0.1:0"
+admin_token = "an-admin-token-of-some-length"
+
+[sources.stripe]
+preset = "stripe"
+secrets = ["whsec_test_secret"]
+
+[sources.shop]
+signature = "standard-webhooks"
+secrets = ["whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"]
+event_id = { header = "webhook-id" }
+"#;
+
+fn oncebox(dir: &Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_oncebox"))
+        .args(args)
+        .current_dir(dir)
+        .env_remove("ONCEBOX_CONFIG")
+        .env_remove("RUST_BACKTRACE")
+        .output()
+        .expect("run oncebox")
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+#[test]
+fn check_describes_a_good_file_and_names_the_bad_field() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("oncebox.toml"), CONFIG).unwrap();
+    let ok = oncebox(dir.path(), &["check"]);
+    assert!(ok.status.success(), "{}", text(&ok));
+    assert!(
+        text(&ok).contains("stripe") && !text(&ok).contains("whsec_test_secret"),
+        "{}",
+        text(&ok)
+    );
+    let bad = CONFIG.replace(
+        "preset = \"stripe\"",
+        "preset = \"stripe\"\ntolerance = \"5 parsecs\"",
+    );
+    std::fs::write(dir.path().join("oncebox.toml"), bad).unwrap();
+    let out = oncebox(dir.path(), &["check"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out).contains("sources.stripe.tolerance"),
+        "{}",
+        text(&out)
+    );
+}
+
+struct Server(Child, String);
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn serve(dir: &Path) -> Server {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_oncebox"))
+        .arg("serve")
+        .current_dir(dir)
+        .env_remove("ONCEBOX_CONFIG")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let addr = loop {
+        let line = lines.next().expect("address line").unwrap();
+        if let Some(rest) = line.strip_prefix("oncebox listening on ") {
+            break rest.split_whitespace().next().unwrap().to_owned();
+        }
+    };
+    std::thread::spawn(move || lines.for_each(drop));
+    Server(child, addr)
+}
+
+#[test]
+fn send_signs_events_the_gateway_accepts_once() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("oncebox.toml"), CONFIG).unwrap();
+    let server = serve(dir.path());
+    for source in ["stripe", "shop"] {
+        let first = oncebox(
+            dir.path(),
+            &["send", source, "--id", "evt_cli_1", "--url", &server.1],
+        );
+        assert!(first.status.success(), "{source}: {}", text(&first));
+        assert!(
+            text(&first).starts_with("202") && !text(&first).contains("replayed"),
+            "{}",
+            text(&first)
+        );
+        let again = oncebox(
+            dir.path(),
+            &["send", source, "--id", "evt_cli_1", "--url", &server.1],
+        );
+        // A re-signed resend has the same payload only if the body is the same: the test body
+        // carries a timestamp, so pass the body explicitly to resend the same event.
+        assert!(
+            again.status.success() || again.status.code() == Some(3),
+            "{}",
+            text(&again)
+        );
+    }
+    let body = r#"{"id":"evt_cli_2","type":"charge.succeeded"}"#;
+    let a = oncebox(
+        dir.path(),
+        &[
+            "send",
+            "stripe",
+            "--id",
+            "evt_cli_2",
+            "--body",
+            body,
+            "--url",
+            &server.1,
+        ],
+    );
+    let b = oncebox(
+        dir.path(),
+        &[
+            "send",
+            "stripe",
+            "--id",
+            "evt_cli_2",
+            "--body",
+            body,
+            "--url",
+            &server.1,
+        ],
+    );
+    assert!(
+        text(&a).starts_with("202") && text(&b).contains("(replayed)"),
+        "{}\n{}",
+        text(&a),
+        text(&b)
+    );
+    let events = oncebox(
+        dir.path(),
+        &["events", "--source", "stripe", "--output", "json"],
+    );
+    let listed: serde_json::Value = serde_json::from_slice(&events.stdout).unwrap();
+    let ids: Vec<&str> = listed["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["event_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["evt_cli_1", "evt_cli_2"]);
+}
