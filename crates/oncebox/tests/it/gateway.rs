@@ -107,17 +107,6 @@ fn send_signs_events_the_gateway_accepts_once() {
             "{}",
             text(&first)
         );
-        let again = oncebox(
-            dir.path(),
-            &["send", source, "--id", "evt_cli_1", "--url", &server.1],
-        );
-        // A re-signed resend has the same payload only if the body is the same: the test body
-        // carries a timestamp, so pass the body explicitly to resend the same event.
-        assert!(
-            again.status.success() || again.status.code() == Some(3),
-            "{}",
-            text(&again)
-        );
     }
     let body = r#"{"id":"evt_cli_2","type":"charge.succeeded"}"#;
     let a = oncebox(
