@@ -99,14 +99,23 @@ async fn receive_for<S: EventStore>(
         Ok(e) => e.with_meta(meta(headers)),
         Err(e) => return Answer::Problem(Problem::invalid("invalid-json", e.to_string())),
     };
-    tracing::debug!(key = %event.key, "storing event");
+    let key = event.key.clone();
     let ingest = Ingest {
         accepted: body_json(&event.key, now, false),
         stale: body_json(&event.key, now, true),
         event,
         order,
     };
-    Answer::from_outcome(gw.store.ingest(ingest).await, gw.config.limits.retry_after)
+    let answer = Answer::from_outcome(gw.store.ingest(ingest).await, gw.config.limits.retry_after);
+    // The key is logged, never a secret or a payload.
+    match &answer {
+        Answer::Problem(p) if p.status.is_server_error() => {
+            tracing::warn!(%key, detail = %p.detail, "event not stored");
+        }
+        Answer::Problem(p) => tracing::info!(%key, problem = p.slug, "event refused"),
+        other => tracing::debug!(%key, outcome = other.outcome(), "event stored"),
+    }
+    answer
 }
 
 /// Reads at most `max_body` bytes within the body timeout: an oversize body is refused by its
