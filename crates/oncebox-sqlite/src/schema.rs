@@ -91,16 +91,21 @@ fn sqlite_err(o: &Options) -> impl Fn(rusqlite::Error) -> OpenError + '_ {
     }
 }
 
+/// SQLite's `synchronous` level for a durability.
+fn synchronous(d: Durability) -> &'static str {
+    match d {
+        Durability::Full => "FULL",
+        Durability::Normal => "NORMAL",
+    }
+}
+
 /// Opens the writer connection: WAL, the chosen durability, foreign keys on (SQLite checks them
 /// per connection, so every connection sets it), and the busy timeout.
 pub(crate) fn open_writer(o: &Options) -> Result<Connection, OpenError> {
     let err = sqlite_err(o);
     let conn = Connection::open(&o.path).map_err(&err)?;
     conn.busy_timeout(o.busy_timeout).map_err(&err)?;
-    let sync = match o.durability {
-        Durability::Full => "FULL",
-        Durability::Normal => "NORMAL",
-    };
+    let sync = synchronous(o.durability);
     conn.execute_batch(&format!(
         "PRAGMA journal_mode = WAL; PRAGMA synchronous = {sync}; PRAGMA foreign_keys = ON;
          PRAGMA cache_size = -65536; PRAGMA wal_autocheckpoint = {};",
@@ -124,10 +129,7 @@ pub(crate) fn open_checkpointer(o: &Options) -> Result<Connection, OpenError> {
     let err = sqlite_err(o);
     let conn = Connection::open(&o.path).map_err(&err)?;
     conn.busy_timeout(o.busy_timeout).map_err(&err)?;
-    let sync = match o.durability {
-        Durability::Full => "FULL",
-        Durability::Normal => "NORMAL",
-    };
+    let sync = synchronous(o.durability);
     conn.execute_batch(&format!(
         "PRAGMA synchronous = {sync}; PRAGMA wal_autocheckpoint = 0;"
     ))
