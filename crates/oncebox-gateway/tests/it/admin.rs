@@ -189,3 +189,34 @@ fn openapi_documents_every_route_and_every_documented_route_exists() {
         );
     });
 }
+
+#[test]
+fn without_a_token_the_admin_api_answers_only_on_a_loopback_listener() {
+    run(async {
+        let config = oncebox_gateway::policy::GatewayConfig {
+            admin_token: None,
+            ..crate::support::config()
+        };
+        let gw = TestGateway::with(config, oncebox_sqlite::Options::new);
+        let get = || Request::get("/v1/stats").body(Body::empty()).unwrap();
+        assert_eq!(
+            gw.send(get()).await.status,
+            StatusCode::UNAUTHORIZED,
+            "bound to a network address"
+        );
+        let local = std::sync::Arc::new(oncebox_gateway::Gateway {
+            store: gw.inbox.clone(),
+            config: gw.gateway.config.clone(),
+            clock: gw.gateway.clock.clone(),
+            metrics: None,
+            loopback_only: true,
+        });
+        let a = crate::support::Answer::from(
+            tower::ServiceExt::oneshot(oncebox_gateway::router(local), get())
+                .await
+                .unwrap(),
+        )
+        .await;
+        assert_eq!(a.status, StatusCode::OK, "{a:?}");
+    });
+}
