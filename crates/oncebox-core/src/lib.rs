@@ -9,6 +9,7 @@ pub mod json;
 pub mod key;
 pub mod lease;
 pub mod outcome;
+pub mod relay_store;
 pub mod retention;
 pub mod signature;
 pub mod store;

@@ -27,6 +27,9 @@ pub struct Ingest {
     pub accepted: Vec<u8>,
     /// The answer when the ordering guard finds it stale, replayed likewise.
     pub stale: Vec<u8>,
+    /// Routes that receive the event: one delivery each, committed with the event (a stale
+    /// event gets none).
+    pub routes: Vec<String>,
 }
 
 /// A stored event as operators see it.

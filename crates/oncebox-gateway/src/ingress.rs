@@ -103,6 +103,7 @@ async fn receive_for<S: EventStore>(
     let ingest = Ingest {
         accepted: body_json(&event.key, now, false),
         stale: body_json(&event.key, now, true),
+        routes: Vec::new(),
         event,
         order,
     };

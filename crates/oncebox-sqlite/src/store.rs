@@ -3,8 +3,8 @@
 
 use oncebox_core::store::{EventFilter, EventStore, Ingest, Page, Stats, StoredEvent};
 use oncebox_core::{
-    Fingerprint, Key, Meta, ProcessError, Processed, Response, ResponseKind, Retention, Source,
-    Timestamp, Unavailable,
+    Fingerprint, Key, Meta, OutboxMessage, ProcessError, Processed, Response, ResponseKind,
+    Retention, Source, Timestamp, Unavailable,
 };
 use rusqlite::{Connection, OptionalExtension, Row, params};
 
@@ -135,12 +135,29 @@ impl EventStore for Inbox {
             order,
             accepted,
             stale,
+            routes,
         } = ingest;
         // Entities are namespaced by source: two senders' order ids are unrelated.
         let namespace = event.key.source.as_str().to_owned();
+        let content_type = event
+            .meta
+            .content_type
+            .clone()
+            .unwrap_or_else(|| "application/json".to_owned());
+        let messages: Vec<OutboxMessage> = routes
+            .into_iter()
+            .map(|route| OutboxMessage {
+                destination: route,
+                // `{source}:{event_id}` for every attempt, forever. Do not change.
+                idempotency_key: event.key.to_string(),
+                payload: event.payload.clone(),
+                content_type: content_type.clone(),
+            })
+            .collect();
         self.process(event, move |tx| {
             if let Some(order) = &order {
                 match tx.advance(&namespace, &order.entity, order.version) {
+                    // Stale: only the record is kept, and no delivery is queued.
                     Err(HandlerError::Stale) => {
                         return Ok(Response {
                             kind: ResponseKind::Stale,
@@ -149,6 +166,9 @@ impl EventStore for Inbox {
                     }
                     other => other?,
                 }
+            }
+            for m in &messages {
+                tx.enqueue(m)?;
             }
             Ok(Response::completed(accepted))
         })

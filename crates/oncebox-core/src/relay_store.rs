@@ -1,0 +1,146 @@
+//! The relay's storage seam: claim due deliveries under a fenced lease, record each attempt's
+//! outcome (refused once the lease is lost), and the operator's actions on deliveries.
+
+use std::future::Future;
+use std::time::Duration;
+
+use crate::clock::Timestamp;
+use crate::delivery::{DeliveryState, Verdict};
+use crate::key::Key;
+use crate::lease::LeaseError;
+use crate::outcome::Unavailable;
+use crate::store::Page;
+
+/// A delivery claimed by one relay: it alone may record the outcome, while `token` is the
+/// newest and the lease has not expired.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Claimed {
+    pub id: i64,
+    pub route: String,
+    pub key: Key,
+    /// `{source}:{event_id}`: the same for every attempt, forever. Do not change.
+    pub idempotency_key: String,
+    pub payload: Vec<u8>,
+    pub content_type: String,
+    /// Attempts made before this one.
+    pub attempts: u32,
+    pub created_at: Timestamp,
+    pub token: i64,
+    pub lease_expires_at: Timestamp,
+}
+
+/// One attempt as recorded for operators.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AttemptRecord {
+    pub started_at: Timestamp,
+    pub duration: Duration,
+    /// The receiver's status, when it answered.
+    pub status: Option<u16>,
+    pub error: Option<String>,
+}
+
+/// A delivery as operators see it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeliveryView {
+    pub id: i64,
+    pub route: String,
+    pub key: Key,
+    pub state: DeliveryState,
+    pub attempts: u32,
+    pub created_at: Timestamp,
+    pub next_attempt_at: Option<Timestamp>,
+    pub last_status: Option<u16>,
+    pub last_error: Option<String>,
+    pub note: Option<String>,
+}
+
+/// Which deliveries to list, oldest first.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DeliveryFilter {
+    pub state: Option<DeliveryState>,
+    pub route: Option<String>,
+    pub key: Option<Key>,
+    pub after: Option<i64>,
+    pub limit: usize,
+}
+
+/// Gauges for operators: how many deliveries per state, and the oldest one still owed.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DeliveryGauges {
+    pub by_state: Vec<(String, i64)>,
+    /// Creation time of the oldest delivery not yet delivered, dead or uncertain.
+    pub oldest_pending: Option<Timestamp>,
+}
+
+/// An operator's settlement of a delivery.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Resolve {
+    Delivered,
+    Dead,
+}
+
+/// What the relay and the admin API need of a backend.
+pub trait DeliveryStore: Clone + Send + Sync + 'static {
+    /// Claims up to `limit` deliveries that are due at `now` (pending, or retrying past their
+    /// time, or in flight under an expired lease — a relay that died), oldest first, each under
+    /// a new fencing token until `now + lease`. `routes` limits the claim to those routes
+    /// (empty: all).
+    fn claim(
+        &self,
+        now: Timestamp,
+        limit: usize,
+        lease: Duration,
+        routes: &[String],
+    ) -> impl Future<Output = Result<Vec<Claimed>, Unavailable>> + Send;
+
+    /// Records an attempt and its verdict. Refused with `LeaseError::Fenced` when the lease
+    /// expired or another relay holds a newer token: the attempt's outcome is then not ours to
+    /// record.
+    fn record(
+        &self,
+        claimed: &Claimed,
+        attempt: AttemptRecord,
+        verdict: Verdict,
+        now: Timestamp,
+    ) -> impl Future<Output = Result<(), LeaseError>> + Send;
+
+    fn deliveries(
+        &self,
+        filter: DeliveryFilter,
+    ) -> impl Future<Output = Result<Page<DeliveryView>, Unavailable>> + Send;
+
+    /// The attempts of one delivery, oldest first.
+    fn attempts(
+        &self,
+        id: i64,
+    ) -> impl Future<Output = Result<Vec<AttemptRecord>, Unavailable>> + Send;
+
+    /// Makes a `dead`, `uncertain` or `retrying` delivery due now. False when it is in another
+    /// state (delivered, in flight, pending) or does not exist.
+    fn retry(
+        &self,
+        id: i64,
+        now: Timestamp,
+    ) -> impl Future<Output = Result<bool, Unavailable>> + Send;
+
+    /// Settles an `uncertain` (or `dead`/`retrying`) delivery by hand, with a note. False when
+    /// it is delivered, in flight or does not exist.
+    fn resolve(
+        &self,
+        id: i64,
+        resolution: Resolve,
+        note: &str,
+        now: Timestamp,
+    ) -> impl Future<Output = Result<bool, Unavailable>> + Send;
+
+    /// Makes every delivery of the event due again with the same idempotency key (operator
+    /// replay); returns how many. Deliveries in flight are left alone.
+    fn redeliver(
+        &self,
+        key: &Key,
+        now: Timestamp,
+    ) -> impl Future<Output = Result<u64, Unavailable>> + Send;
+
+    fn gauges(&self) -> impl Future<Output = Result<DeliveryGauges, Unavailable>> + Send;
+}
