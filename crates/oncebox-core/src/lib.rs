@@ -11,6 +11,7 @@ pub mod lease;
 pub mod outcome;
 pub mod relay_store;
 pub mod retention;
+pub mod route;
 pub mod signature;
 pub mod store;
 

@@ -79,7 +79,7 @@ async fn receive_for<S: EventStore>(
         tracing::info!(%source, error = %e, "signature rejected");
         return Answer::Problem(unauthorized(&e));
     }
-    let parsed = match needs_json(policy)
+    let parsed = match (needs_json(policy) || gw.config.routes_read_body(source))
         .then(|| json::parse(&payload))
         .transpose()
     {
@@ -103,7 +103,7 @@ async fn receive_for<S: EventStore>(
     let ingest = Ingest {
         accepted: body_json(&event.key, now, false),
         stale: body_json(&event.key, now, true),
-        routes: Vec::new(),
+        routes: gw.config.routes_for(source, parsed.as_ref()),
         event,
         order,
     };

@@ -101,6 +101,9 @@ pub struct GatewayConfig {
     /// peers.
     pub admin_token: Option<String>,
     pub limits: Limits,
+    /// Where accepted events are delivered; each matching route gets one delivery, committed
+    /// with the event.
+    pub routes: Vec<oncebox_core::route::Route>,
 }
 
 impl std::fmt::Debug for GatewayConfig {
@@ -111,7 +114,30 @@ impl std::fmt::Debug for GatewayConfig {
             .field("open_sources", &self.open_sources)
             .field("admin_token", &self.admin_token.as_ref().map(|_| "***"))
             .field("limits", &self.limits)
+            .field("routes", &self.routes)
             .finish()
+    }
+}
+
+impl GatewayConfig {
+    /// The routes an event of `source` with body `doc` goes to.
+    pub fn routes_for(
+        &self,
+        source: &Source,
+        doc: Option<&oncebox_core::json::Value>,
+    ) -> Vec<String> {
+        self.routes
+            .iter()
+            .filter(|r| r.takes(source, doc))
+            .map(|r| r.name.clone())
+            .collect()
+    }
+
+    /// Whether routing `source`'s events needs the parsed body.
+    pub fn routes_read_body(&self, source: &Source) -> bool {
+        self.routes
+            .iter()
+            .any(|r| r.filter.is_some() && r.sources.contains(source))
     }
 }
 

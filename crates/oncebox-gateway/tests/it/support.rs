@@ -130,6 +130,7 @@ pub fn config() -> GatewayConfig {
             retry_after: Duration::from_secs(2),
             ..Limits::default()
         },
+        routes: Vec::new(),
     }
 }
 

@@ -4,6 +4,7 @@
 mod describe;
 mod presets;
 mod raw;
+mod route;
 mod source;
 #[cfg(test)]
 mod tests;
@@ -291,12 +292,11 @@ fn validate(raw: RawConfig, p: &mut Problems<'_>) -> Settings {
                 .to_owned(),
         );
     }
-    for route in raw.routes.keys() {
-        warnings.push(format!(
-            "routes.{route}: delivery to routes is not available in this build; events are \
-             stored but not delivered"
-        ));
-    }
+    let routes = raw
+        .routes
+        .iter()
+        .filter_map(|(name, r)| route::validate(name, r, &sources, open_sources, p))
+        .collect();
     Settings {
         listen,
         database,
@@ -305,6 +305,7 @@ fn validate(raw: RawConfig, p: &mut Problems<'_>) -> Settings {
             open_sources,
             admin_token: raw.admin_token,
             limits,
+            routes,
         },
         warnings,
     }

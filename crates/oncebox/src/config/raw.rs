@@ -8,7 +8,7 @@ use std::time::Duration;
 use figment::Metadata;
 use figment::error::{Kind, OneOf};
 use serde::de::value::MapAccessDeserializer;
-use serde::de::{self, IgnoredAny, MapAccess, Visitor};
+use serde::de::{self, MapAccess, Visitor};
 use serde::{Deserialize, Deserializer};
 
 /// Fields whose values are secrets: errors about them never include the value.
@@ -24,10 +24,8 @@ pub(super) struct RawConfig {
     pub limits: RawLimits,
     #[serde(default)]
     pub sources: BTreeMap<String, RawSource>,
-    /// Delivery to routes is a later feature. `[routes.*]` tables are accepted unread so that
-    /// files written for the design keep loading; `load` warns that they have no effect yet.
     #[serde(default)]
-    pub routes: BTreeMap<String, IgnoredAny>,
+    pub routes: BTreeMap<String, super::route::RawRoute>,
 }
 
 #[derive(Default, Deserialize)]

@@ -118,11 +118,17 @@ fn design_example_loads() {
     let order = shop.order.as_ref().expect("order guard");
     assert_eq!(order.entity, Pointer::parse("/data/object/id").unwrap());
     assert_eq!(order.version, Pointer::parse("/created").unwrap());
-    assert!(
-        s.warnings.iter().any(|w| w.contains("routes.orders")),
-        "ignored routes are announced: {:?}",
-        s.warnings
-    );
+    let orders = s
+        .gateway
+        .routes
+        .iter()
+        .find(|r| r.name == "orders")
+        .expect("route orders");
+    assert_eq!(orders.url, "http://127.0.0.1:9000/hooks");
+    assert!(orders.idempotent && orders.signing_secret.is_some() && orders.status_url.is_some());
+    assert_eq!(orders.retry.max_attempts, 15);
+    assert_eq!(orders.retry.max_age, Duration::from_secs(3 * 86400));
+    assert_eq!(orders.retry.backoff.cap, Duration::from_secs(3600));
 }
 
 #[test]

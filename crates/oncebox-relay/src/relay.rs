@@ -1,0 +1,290 @@
+//! The relay loop: claim due deliveries under a fenced lease, send each once per claim with
+//! its stable key, decide, and record — a relay whose lease was lost records nothing.
+
+use std::collections::{BTreeMap, HashMap};
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use oncebox_core::delivery::{DeliveryState, Verdict, decide};
+use oncebox_core::relay_store::{Claimed, DeliveryFilter, DeliveryStore, Resolve};
+use oncebox_core::route::Route;
+use oncebox_core::{Clock, LeaseError, Timestamp, Unavailable};
+use tokio::sync::Semaphore;
+
+use crate::send;
+
+/// Tuning of a relay.
+#[derive(Debug, Clone)]
+pub struct RelayOptions {
+    /// How long a claim is ours. Longer than any route's timeout, or a slow attempt would lose
+    /// its lease before it can record the outcome.
+    pub lease: Duration,
+    /// Deliveries claimed per round.
+    pub batch: usize,
+    /// Wait between rounds that found nothing to do (a new event is picked up within it).
+    pub idle_poll: Duration,
+    /// Consecutive failed attempts that open a route's circuit.
+    pub circuit_threshold: u32,
+    /// How long an open circuit keeps the relay off the route before one trial round.
+    pub circuit_cooldown: Duration,
+}
+
+impl Default for RelayOptions {
+    fn default() -> RelayOptions {
+        RelayOptions {
+            lease: Duration::from_secs(120),
+            batch: 64,
+            idle_poll: Duration::from_millis(500),
+            circuit_threshold: 10,
+            circuit_cooldown: Duration::from_secs(30),
+        }
+    }
+}
+
+/// What one round did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Outcome {
+    pub claimed: usize,
+    pub delivered: usize,
+    pub retrying: usize,
+    pub uncertain: usize,
+    pub dead: usize,
+    /// Attempts whose outcome could not be recorded because the lease was lost.
+    pub fenced: usize,
+    /// Uncertain deliveries settled through a status URL.
+    pub reconciled: usize,
+}
+
+#[derive(Debug, Default)]
+struct Circuit {
+    failures: u32,
+    open_until: Option<Timestamp>,
+}
+
+/// A relay over a store and a set of routes.
+#[derive(Debug)]
+pub struct Relay<S> {
+    store: S,
+    routes: BTreeMap<String, (Route, Arc<Semaphore>)>,
+    client: reqwest::Client,
+    clock: Arc<dyn Clock>,
+    options: RelayOptions,
+    circuits: Mutex<HashMap<String, Circuit>>,
+}
+
+impl<S: DeliveryStore> Relay<S> {
+    pub fn new(
+        store: S,
+        routes: Vec<Route>,
+        clock: Arc<dyn Clock>,
+        options: RelayOptions,
+    ) -> Relay<S> {
+        let routes = routes
+            .into_iter()
+            .map(|r| {
+                let permits = Arc::new(Semaphore::new(r.concurrency.max(1)));
+                (r.name.clone(), (r, permits))
+            })
+            .collect();
+        // Redirects are not followed: a receiver that moved must be reconfigured, not guessed.
+        let client = reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .unwrap_or_default();
+        Relay {
+            store,
+            routes,
+            client,
+            clock,
+            options,
+            circuits: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Routes the relay may claim for now: configured, and not behind an open circuit.
+    fn open_routes(&self, now: Timestamp) -> Vec<String> {
+        let circuits = self
+            .circuits
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        self.routes
+            .keys()
+            .filter(|name| {
+                circuits
+                    .get(*name)
+                    .and_then(|c| c.open_until)
+                    .is_none_or(|until| until <= now)
+            })
+            .cloned()
+            .collect()
+    }
+
+    fn note(&self, route: &str, failed: bool, now: Timestamp) {
+        let mut circuits = self
+            .circuits
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let c = circuits.entry(route.to_owned()).or_default();
+        if failed {
+            c.failures = c.failures.saturating_add(1);
+            if c.failures >= self.options.circuit_threshold {
+                // Stop hammering a receiver that keeps failing; its deliveries wait, unharmed.
+                c.open_until = Some(now.plus(self.options.circuit_cooldown));
+                tracing::warn!(route, failures = c.failures, "circuit open");
+            }
+        } else {
+            *c = Circuit::default();
+        }
+    }
+
+    /// One round: claim, send, record. Returns what happened; an unavailable store is an error
+    /// (nothing was claimed, or the claims expire and are taken again).
+    pub async fn run_once(&self) -> Result<Outcome, Unavailable> {
+        let now = self.clock.now();
+        let routes = self.open_routes(now);
+        let mut outcome = Outcome::default();
+        if routes.is_empty() {
+            return Ok(outcome);
+        }
+        let claimed = self
+            .store
+            .claim(now, self.options.batch, self.options.lease, &routes)
+            .await?;
+        outcome.claimed = claimed.len();
+        let results = futures::future::join_all(claimed.iter().map(|c| self.deliver(c))).await;
+        for r in results {
+            match r {
+                Ok(Verdict::Delivered) => outcome.delivered += 1,
+                Ok(Verdict::Retry(_)) => outcome.retrying += 1,
+                Ok(Verdict::Uncertain) => outcome.uncertain += 1,
+                Ok(_) => outcome.dead += 1,
+                Err(LeaseError::Fenced) => outcome.fenced += 1,
+                Err(LeaseError::Unavailable(e)) => return Err(e),
+                Err(e) => return Err(Unavailable::Storage(e.to_string())),
+            }
+        }
+        outcome.reconciled = self.reconcile().await?;
+        Ok(outcome)
+    }
+
+    async fn deliver(&self, claimed: &Claimed) -> Result<Verdict, LeaseError> {
+        let Some((route, permits)) = self.routes.get(&claimed.route) else {
+            // Claims are limited to configured routes; a vanished one keeps its delivery as is.
+            return Err(LeaseError::Fenced);
+        };
+        let _permit = permits.acquire().await.map_err(|_| LeaseError::Fenced)?;
+        let (attempt, record) =
+            send::attempt(&self.client, route, claimed, self.clock.as_ref()).await;
+        let now = self.clock.now();
+        let age = Duration::from_millis(
+            u64::try_from(now.millis() - claimed.created_at.millis()).unwrap_or(0),
+        );
+        let verdict = decide(
+            &attempt,
+            route.idempotent,
+            claimed.attempts.saturating_add(1),
+            age,
+            &route.retry,
+            rand::random(),
+        );
+        self.note(&route.name, !matches!(verdict, Verdict::Delivered), now);
+        let label = match &verdict {
+            Verdict::Delivered => "delivered",
+            Verdict::Retry(_) => "retrying",
+            Verdict::Uncertain => "uncertain",
+            _ => "dead",
+        };
+        metrics::counter!("oncebox_delivery_attempts_total", "route" => route.name.clone(), "outcome" => label).increment(1);
+        tracing::debug!(route = %route.name, key = %claimed.idempotency_key, ?verdict, "attempt");
+        match self
+            .store
+            .record(claimed, record, verdict.clone(), now)
+            .await
+        {
+            Ok(()) => Ok(verdict),
+            Err(LeaseError::Fenced) => {
+                // Another relay took the delivery after our lease expired; its outcome wins.
+                tracing::warn!(key = %claimed.idempotency_key, route = %route.name, "lease lost: outcome not recorded");
+                metrics::counter!("oncebox_delivery_fenced_total", "route" => route.name.clone())
+                    .increment(1);
+                Err(LeaseError::Fenced)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Asks status URLs about uncertain deliveries: applied → delivered; not applied → due again
+    /// with the same key; no answer → left for the next round or an operator.
+    pub async fn reconcile(&self) -> Result<usize, Unavailable> {
+        let mut settled = 0;
+        for (name, (route, _)) in &self.routes {
+            if route.status_url.is_none() {
+                continue;
+            }
+            let filter = DeliveryFilter {
+                state: Some(DeliveryState::Uncertain),
+                route: Some(name.clone()),
+                limit: 100,
+                ..DeliveryFilter::default()
+            };
+            for d in self.store.deliveries(filter).await?.items {
+                let key = d.key.to_string();
+                let now = self.clock.now();
+                let done = match send::applied(&self.client, route, &key).await {
+                    Some(true) => {
+                        self.store
+                            .resolve(d.id, Resolve::Delivered, "status_url: applied", now)
+                            .await?
+                    }
+                    Some(false) => self.store.retry(d.id, now).await?,
+                    None => false,
+                };
+                settled += usize::from(done);
+            }
+        }
+        Ok(settled)
+    }
+
+    /// Publishes gauges: deliveries per state and the age of the oldest one still owed.
+    pub async fn publish_gauges(&self) -> Result<(), Unavailable> {
+        let g = self.store.gauges().await?;
+        for (state, n) in g.by_state {
+            metrics::gauge!("oncebox_deliveries", "state" => state).set(n as f64);
+        }
+        let age = g.oldest_pending.map_or(0.0, |t| {
+            (self.clock.now().millis() - t.millis()).max(0) as f64 / 1000.0
+        });
+        metrics::gauge!("oncebox_oldest_pending_delivery_seconds").set(age);
+        Ok(())
+    }
+
+    /// Runs rounds until `shutdown` completes; waits `idle_poll` after a round with nothing to
+    /// do. Shutdown is checked between rounds, so an attempt in progress finishes and is
+    /// recorded.
+    pub async fn run(&self, shutdown: impl Future<Output = ()>) {
+        tokio::pin!(shutdown);
+        loop {
+            let busy = match self.run_once().await {
+                Ok(o) => o.claimed > 0,
+                Err(e) => {
+                    tracing::warn!(error = %e, "relay round failed");
+                    false
+                }
+            };
+            if let Err(e) = self.publish_gauges().await {
+                tracing::debug!(error = %e, "gauges not published");
+            }
+            let pause = if busy {
+                Duration::ZERO
+            } else {
+                self.options.idle_poll
+            };
+            tokio::select! {
+                biased;
+                () = &mut shutdown => return,
+                () = tokio::time::sleep(pause) => {}
+            }
+        }
+    }
+}

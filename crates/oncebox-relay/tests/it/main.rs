@@ -1,0 +1,1 @@
+//! Relay tests against real HTTP receivers and a real SQLite store.

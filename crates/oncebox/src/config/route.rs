@@ -1,0 +1,201 @@
+//! One `[routes.<name>]` table validated into a `Route`: its sources must exist, its URLs must
+//! be http(s), its signing secret must be a Standard Webhooks secret, its caps must be sane.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use oncebox_core::Source;
+use oncebox_core::delivery::{Backoff, RetryPolicy};
+use oncebox_core::json::{Pointer, Value};
+use oncebox_core::route::Route;
+use oncebox_core::signature::{Scheme, Secret};
+use oncebox_gateway::policy::SourcePolicy;
+use serde::Deserialize;
+
+use super::Problems;
+use super::raw::HumanDuration;
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawRoute {
+    #[serde(default)]
+    pub sources: Vec<String>,
+    pub filter: Option<RawFilter>,
+    pub url: Option<String>,
+    pub timeout: Option<HumanDuration>,
+    pub signing_secret: Option<String>,
+    pub signing_secret_env: Option<String>,
+    #[serde(default)]
+    pub idempotent: bool,
+    pub status_url: Option<String>,
+    pub max_attempts: Option<u32>,
+    pub max_age: Option<HumanDuration>,
+    pub backoff: Option<RawBackoff>,
+    pub concurrency: Option<usize>,
+}
+
+/// `filter = { pointer = "/type", equals = "payment_intent.succeeded" }`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawFilter {
+    pub pointer: String,
+    pub equals: toml_value::Scalar,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawBackoff {
+    pub base: Option<HumanDuration>,
+    pub cap: Option<HumanDuration>,
+}
+
+/// The JSON value a filter compares with: a TOML string, integer or boolean.
+pub(super) mod toml_value {
+    use serde::Deserialize;
+
+    #[derive(Debug, Clone, Deserialize)]
+    #[serde(untagged)]
+    pub enum Scalar {
+        Bool(bool),
+        Int(i64),
+        Text(String),
+    }
+}
+
+const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
+const DEFAULT_CONCURRENCY: usize = 16;
+
+fn http_url(text: &str) -> bool {
+    reqwest::Url::parse(text)
+        .is_ok_and(|u| matches!(u.scheme(), "http" | "https") && u.host().is_some())
+}
+
+/// The route, or `None` after pushing its problems.
+pub(super) fn validate(
+    name: &str,
+    raw: &RawRoute,
+    sources: &BTreeMap<Source, SourcePolicy>,
+    open_sources: bool,
+    p: &mut Problems<'_>,
+) -> Option<Route> {
+    let path = format!("routes.{name}");
+    let before = p.count();
+    if raw.sources.is_empty() {
+        p.push(&format!("{path}.sources"), "must name at least one source");
+    }
+    let mut route_sources = Vec::new();
+    for s in &raw.sources {
+        match Source::new(s.as_str()) {
+            Ok(src) if open_sources || sources.contains_key(&src) => route_sources.push(src),
+            Ok(_) => p.push(
+                &format!("{path}.sources"),
+                format_args!("no source named {s:?}"),
+            ),
+            Err(e) => p.push(&format!("{path}.sources"), format_args!("{s:?}: {e}")),
+        }
+    }
+    let filter = raw
+        .filter
+        .as_ref()
+        .and_then(|f| match Pointer::parse(&f.pointer) {
+            Ok(pointer) => {
+                let value = match &f.equals {
+                    toml_value::Scalar::Bool(b) => Value::Bool(*b),
+                    toml_value::Scalar::Int(i) => {
+                        match oncebox_core::json::parse(i.to_string().as_bytes()) {
+                            Ok(v) => v,
+                            Err(_) => Value::Null,
+                        }
+                    }
+                    toml_value::Scalar::Text(t) => Value::String(t.clone()),
+                };
+                Some((pointer, value))
+            }
+            Err(e) => {
+                p.push(&format!("{path}.filter.pointer"), e);
+                None
+            }
+        });
+    let url = raw.url.clone().unwrap_or_default();
+    if !http_url(&url) {
+        p.push(&format!("{path}.url"), "must be an http:// or https:// URL");
+    }
+    if let Some(status) = &raw.status_url
+        && !http_url(&status.replace("{key}", "k"))
+    {
+        p.push(
+            &format!("{path}.status_url"),
+            "must be an http:// or https:// URL (with {key})",
+        );
+    }
+    let configured = match (&raw.signing_secret, &raw.signing_secret_env) {
+        (Some(s), None) => Some(s.clone()),
+        (None, Some(var)) => match std::env::var(var) {
+            Ok(v) => Some(v),
+            Err(_) => {
+                p.push(
+                    &format!("{path}.signing_secret_env"),
+                    format_args!("environment variable {var} is not set"),
+                );
+                None
+            }
+        },
+        (Some(_), Some(_)) => {
+            p.push(&path, "set signing_secret or signing_secret_env, not both");
+            None
+        }
+        (None, None) => None,
+    };
+    let signing_secret = configured.and_then(|s| {
+        Secret::parse(&Scheme::StandardWebhooks, &s)
+            .map_err(|e| p.push(&format!("{path}.signing_secret"), e))
+            .ok()
+    });
+    let timeout = raw.timeout.map_or(DEFAULT_TIMEOUT, |t| t.0);
+    if timeout.is_zero() {
+        p.push(&format!("{path}.timeout"), "must be more than 0");
+    }
+    let defaults = RetryPolicy::default();
+    let backoff = Backoff {
+        base: raw
+            .backoff
+            .as_ref()
+            .and_then(|b| b.base)
+            .map_or(defaults.backoff.base, |d| d.0),
+        cap: raw
+            .backoff
+            .as_ref()
+            .and_then(|b| b.cap)
+            .map_or(defaults.backoff.cap, |d| d.0),
+    };
+    if backoff.base.is_zero() || backoff.cap < backoff.base {
+        p.push(
+            &format!("{path}.backoff"),
+            "base must be more than 0 and cap at least base",
+        );
+    }
+    let retry = RetryPolicy {
+        max_attempts: raw.max_attempts.unwrap_or(defaults.max_attempts),
+        max_age: raw.max_age.map_or(defaults.max_age, |d| d.0),
+        backoff,
+    };
+    if retry.max_attempts == 0 {
+        p.push(&format!("{path}.max_attempts"), "must be at least 1");
+    }
+    let concurrency = raw.concurrency.unwrap_or(DEFAULT_CONCURRENCY);
+    if concurrency == 0 {
+        p.push(&format!("{path}.concurrency"), "must be at least 1");
+    }
+    (p.count() == before).then(|| Route {
+        name: name.to_owned(),
+        sources: route_sources,
+        filter,
+        url,
+        timeout,
+        signing_secret,
+        idempotent: raw.idempotent,
+        status_url: raw.status_url.clone(),
+        retry,
+        concurrency,
+    })
+}
