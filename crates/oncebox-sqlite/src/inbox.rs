@@ -233,7 +233,7 @@ impl Inbox {
         (Job::new(deadline, tx, run), rx, deadline)
     }
 
-    async fn submit<T, E, F>(&self, run: F) -> Result<T, E>
+    pub(crate) async fn submit<T, E, F>(&self, run: F) -> Result<T, E>
     where
         T: Send + 'static,
         E: From<Unavailable> + Send + 'static,

@@ -19,6 +19,7 @@
 
 mod checkpoint;
 pub mod crash;
+mod deliveries;
 mod error;
 mod inbox;
 mod lease;

@@ -80,6 +80,33 @@ INSERT INTO oncebox_meta (name, value) VALUES ('fence', 0);
 ALTER TABLE oncebox_inbox ADD COLUMN content_type TEXT;
 ALTER TABLE oncebox_inbox ADD COLUMN headers TEXT;
 "#,
+    r#"
+-- The relay's bookkeeping on each delivery (DESIGN §6): the fenced lease of the relay sending
+-- it, the last attempt's result, an operator's note.
+ALTER TABLE oncebox_outbox ADD COLUMN lease_token INTEGER;
+ALTER TABLE oncebox_outbox ADD COLUMN lease_expires_at INTEGER;
+ALTER TABLE oncebox_outbox ADD COLUMN last_status INTEGER;
+ALTER TABLE oncebox_outbox ADD COLUMN last_error TEXT;
+ALTER TABLE oncebox_outbox ADD COLUMN note TEXT;
+ALTER TABLE oncebox_outbox ADD COLUMN delivered_at INTEGER;
+ALTER TABLE oncebox_outbox ADD COLUMN updated_at INTEGER;
+-- A claim reads each claimable state (pending, retrying, in_flight) as one range in
+-- next_attempt_at order and stops at its limit, so it costs the same with a million delivered
+-- rows as with none; the few in_flight rows are filtered on lease_expires_at. The counts per
+-- state read this index only.
+CREATE INDEX oncebox_outbox_due ON oncebox_outbox (state, next_attempt_at);
+-- An event's deliveries (event page, operator replay).
+CREATE INDEX oncebox_outbox_key ON oncebox_outbox (source, event_id);
+CREATE TABLE oncebox_attempts (
+    id          INTEGER PRIMARY KEY,
+    delivery_id INTEGER NOT NULL REFERENCES oncebox_outbox (id) ON DELETE CASCADE,
+    started_at  INTEGER NOT NULL,
+    duration_ms INTEGER NOT NULL,
+    status      INTEGER,
+    error       TEXT
+);
+CREATE INDEX oncebox_attempts_delivery ON oncebox_attempts (delivery_id);
+"#,
 ];
 
 pub(crate) const VERSION: i64 = MIGRATIONS.len() as i64;

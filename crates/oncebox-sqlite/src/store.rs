@@ -15,7 +15,7 @@ use crate::tx::HandlerError;
 /// Listings never return more than this many events at once.
 pub const MAX_PAGE: usize = 500;
 
-fn unavailable(e: Error) -> Unavailable {
+pub(crate) fn unavailable(e: Error) -> Unavailable {
     match e {
         Error::Unavailable(u) => u,
         Error::Sql(e) => Unavailable::Storage(e.to_string()),

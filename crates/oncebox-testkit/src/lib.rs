@@ -16,6 +16,7 @@ use oncebox_core::{
 };
 
 mod model;
+pub mod relay;
 pub mod suite;
 
 /// What a test handler does, in order: check the entity version (stale stops here), check the

@@ -2,6 +2,7 @@
 //! examples' scenarios, all on real SQLite files.
 
 mod crash;
+mod deliveries;
 mod examples;
 mod harness;
 mod sqlite;

@@ -1,0 +1,318 @@
+//! `DeliveryStore` on SQLite: claims and outcomes go through the writer thread (a fenced lease
+//! per delivery), listings and gauges through reader connections.
+
+mod read;
+
+use std::time::Duration;
+
+use oncebox_core::delivery::Verdict;
+use oncebox_core::relay_store::{
+    AttemptRecord, Claimed, DeliveryFilter, DeliveryGauges, DeliveryStore, DeliveryView, Resolve,
+};
+use oncebox_core::store::Page;
+use oncebox_core::{Key, LeaseError, Timestamp, Unavailable};
+use rusqlite::types::Value;
+use rusqlite::{Row, params, params_from_iter};
+
+use self::read::count;
+use crate::inbox::Inbox;
+use crate::store::unavailable;
+use crate::writer::{Cx, Fatal};
+
+fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// `?1` is now, `?2` the limit, `?3…` the routes. Each claimable state is its own arm so each
+/// reads one range of `oncebox_outbox_due` in order and stops at the limit; the arms are then
+/// merged. An `in_flight` row is due when its lease expired: its relay died mid-attempt, and the
+/// delivery is sent again with the same key.
+fn due_sql(routes: usize) -> String {
+    let only = if routes == 0 {
+        String::new()
+    } else {
+        let marks: Vec<String> = (3..3 + routes).map(|i| format!("?{i}")).collect();
+        format!(" AND destination IN ({})", marks.join(", "))
+    };
+    let arm = |due: &str| {
+        format!(
+            "SELECT * FROM (SELECT id, destination, idempotency_key, payload, content_type,
+               source, event_id, attempts, created_at, next_attempt_at
+             FROM oncebox_outbox WHERE {due}{only} ORDER BY next_attempt_at, id LIMIT ?2)"
+        )
+    };
+    format!(
+        "{} UNION ALL {} UNION ALL {} ORDER BY next_attempt_at, id LIMIT ?2",
+        arm("state = 'pending' AND next_attempt_at <= ?1"),
+        arm("state = 'retrying' AND next_attempt_at <= ?1"),
+        arm("state = 'in_flight' AND lease_expires_at <= ?1"),
+    )
+}
+
+/// A due row before it is leased; `key` is `Err` when the stored key no longer validates.
+struct Due {
+    id: i64,
+    route: String,
+    idempotency_key: String,
+    payload: Vec<u8>,
+    content_type: String,
+    key: Result<Key, String>,
+    attempts: i64,
+    created_at: i64,
+}
+
+fn due(r: &Row<'_>) -> rusqlite::Result<Due> {
+    let (source, event_id): (String, String) = (r.get(5)?, r.get(6)?);
+    Ok(Due {
+        id: r.get(0)?,
+        route: r.get(1)?,
+        idempotency_key: r.get(2)?,
+        payload: r.get(3)?,
+        content_type: r.get(4)?,
+        key: Key::parse(&source, &event_id).map_err(|e| e.to_string()),
+        attempts: r.get(7)?,
+        created_at: r.get(8)?,
+    })
+}
+
+fn claim(
+    cx: &mut Cx<'_>,
+    now: Timestamp,
+    limit: usize,
+    lease: Duration,
+    routes: &[String],
+) -> Result<Result<Vec<Claimed>, Unavailable>, Fatal> {
+    let conn = cx.conn;
+    let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+    let mut args = vec![Value::Integer(now.millis()), Value::Integer(limit)];
+    args.extend(routes.iter().map(|r| Value::Text(r.clone())));
+    // A relay's route list is fixed by its configuration, so this caches one statement.
+    let rows: Vec<Due> = conn
+        .prepare_cached(&due_sql(routes.len()))?
+        .query_map(params_from_iter(args), due)?
+        .collect::<Result<_, _>>()?;
+    let expires_at = now.plus(lease);
+    let mut lease_row = conn.prepare_cached(
+        "UPDATE oncebox_outbox SET state = 'in_flight', lease_token = ?2, lease_expires_at = ?3,
+           updated_at = ?4
+         WHERE id = ?1",
+    )?;
+    let mut claimed = Vec::with_capacity(rows.len());
+    for row in rows {
+        let key = match row.key {
+            Ok(key) => key,
+            Err(why) => {
+                // Rows are written from validated keys only. One that no longer validates can
+                // never be handed out, and left due it would take a slot of every claim
+                // forever: park it as dead, visible to operators, with the reason.
+                conn.prepare_cached(
+                    "UPDATE oncebox_outbox SET state = 'dead', last_error = ?2, updated_at = ?3
+                     WHERE id = ?1",
+                )?
+                .execute(params![
+                    row.id,
+                    format!("stored key no longer validates: {why}"),
+                    now.millis()
+                ])?;
+                continue;
+            }
+        };
+        // A new token per claim: whoever held this delivery before now carries a smaller one
+        // and can no longer record (G5).
+        let token = cx.next_fence()?;
+        lease_row.execute(params![row.id, token, expires_at.millis(), now.millis()])?;
+        claimed.push(Claimed {
+            id: row.id,
+            route: row.route,
+            key,
+            idempotency_key: row.idempotency_key,
+            payload: row.payload,
+            content_type: row.content_type,
+            attempts: count(row.attempts),
+            created_at: Timestamp(row.created_at),
+            token,
+            lease_expires_at: expires_at,
+        });
+    }
+    Ok(Ok(claimed))
+}
+
+fn record(
+    cx: &mut Cx<'_>,
+    claimed: &Claimed,
+    attempt: &AttemptRecord,
+    verdict: &Verdict,
+    now: Timestamp,
+) -> Result<Result<(), LeaseError>, Fatal> {
+    let now_ms = now.millis();
+    // (state, next_attempt_at, delivered_at, last_error); `None` keeps the stored value.
+    let (state, next, delivered_at, error) = match verdict {
+        Verdict::Delivered => ("delivered", None, Some(now_ms), attempt.error.clone()),
+        Verdict::Retry(wait) => (
+            "retrying",
+            Some(now.plus(*wait).millis()),
+            None,
+            attempt.error.clone(),
+        ),
+        Verdict::Dead(reason) => (
+            "dead",
+            None,
+            None,
+            Some(attempt.error.clone().unwrap_or_else(|| reason.clone())),
+        ),
+        // `Uncertain`, and any verdict added later: parking it for reconciliation neither
+        // claims an outcome nor risks a second effect.
+        _ => ("uncertain", None, None, attempt.error.clone()),
+    };
+    // The fencing check and the write are one statement: nothing can slip in between. An
+    // expired lease is refused even if nobody took the delivery over yet, because someone may
+    // be about to.
+    let n = cx
+        .conn
+        .prepare_cached(
+            "UPDATE oncebox_outbox SET state = ?4, attempts = attempts + 1, last_status = ?5,
+               last_error = ?6, next_attempt_at = coalesce(?7, next_attempt_at),
+               delivered_at = coalesce(?8, delivered_at), lease_token = NULL,
+               lease_expires_at = NULL, updated_at = ?3
+             WHERE id = ?1 AND state = 'in_flight' AND lease_token = ?2 AND lease_expires_at > ?3",
+        )?
+        .execute(params![
+            claimed.id,
+            claimed.token,
+            now_ms,
+            state,
+            attempt.status,
+            error,
+            next,
+            delivered_at
+        ])?;
+    if n == 0 {
+        // Fenced: nothing is written, not even the attempt row. The delivery belongs to a newer
+        // holder (or to whoever claims it next) and its outcome is theirs to record; counting
+        // this attempt would shrink their retry budget, and its row would show operators an
+        // outcome that decided nothing.
+        return Ok(Err(LeaseError::Fenced));
+    }
+    cx.conn
+        .prepare_cached(
+            "INSERT INTO oncebox_attempts (delivery_id, started_at, duration_ms, status, error)
+             VALUES (?1, ?2, ?3, ?4, ?5)",
+        )?
+        .execute(params![
+            claimed.id,
+            attempt.started_at.millis(),
+            millis(attempt.duration),
+            attempt.status,
+            attempt.error
+        ])?;
+    Ok(Ok(()))
+}
+
+impl DeliveryStore for Inbox {
+    async fn claim(
+        &self,
+        now: Timestamp,
+        limit: usize,
+        lease: Duration,
+        routes: &[String],
+    ) -> Result<Vec<Claimed>, Unavailable> {
+        let routes = routes.to_vec();
+        self.submit(move |cx| claim(cx, now, limit, lease, &routes))
+            .await
+    }
+
+    async fn record(
+        &self,
+        claimed: &Claimed,
+        attempt: AttemptRecord,
+        verdict: Verdict,
+        now: Timestamp,
+    ) -> Result<(), LeaseError> {
+        let claimed = claimed.clone();
+        self.submit(move |cx| record(cx, &claimed, &attempt, &verdict, now))
+            .await
+    }
+
+    async fn deliveries(&self, filter: DeliveryFilter) -> Result<Page<DeliveryView>, Unavailable> {
+        self.read(move |c| read::page(c, &filter))
+            .await
+            .map_err(unavailable)
+    }
+
+    async fn attempts(&self, id: i64) -> Result<Vec<AttemptRecord>, Unavailable> {
+        self.read(move |c| read::attempts(c, id))
+            .await
+            .map_err(unavailable)
+    }
+
+    async fn retry(&self, id: i64, now: Timestamp) -> Result<bool, Unavailable> {
+        self.submit(move |cx| {
+            let n = cx
+                .conn
+                .prepare_cached(
+                    "UPDATE oncebox_outbox SET state = 'pending', next_attempt_at = ?2,
+                       updated_at = ?2
+                     WHERE id = ?1 AND state IN ('dead', 'uncertain', 'retrying')",
+                )?
+                .execute(params![id, now.millis()])?;
+            Ok(Ok(n == 1))
+        })
+        .await
+    }
+
+    async fn resolve(
+        &self,
+        id: i64,
+        resolution: Resolve,
+        note: &str,
+        now: Timestamp,
+    ) -> Result<bool, Unavailable> {
+        let (state, delivered_at) = match resolution {
+            Resolve::Delivered => ("delivered", Some(now.millis())),
+            Resolve::Dead => ("dead", None),
+            // A settlement this build does not know changes nothing.
+            _ => return Ok(false),
+        };
+        let note = note.to_owned();
+        self.submit(move |cx| {
+            // Never in_flight: a relay holds it and its outcome is on the way; never
+            // delivered: that is final.
+            let n = cx
+                .conn
+                .prepare_cached(
+                    "UPDATE oncebox_outbox SET state = ?2, note = ?3,
+                       delivered_at = coalesce(?4, delivered_at), updated_at = ?5
+                     WHERE id = ?1 AND state IN ('uncertain', 'dead', 'retrying')",
+                )?
+                .execute(params![id, state, note, delivered_at, now.millis()])?;
+            Ok(Ok(n == 1))
+        })
+        .await
+    }
+
+    async fn redeliver(&self, key: &Key, now: Timestamp) -> Result<u64, Unavailable> {
+        let key = key.clone();
+        self.submit(move |cx| {
+            // The row, and with it the idempotency key, stays the same: a receiver that
+            // honours the key applies the replay at most once.
+            let n = cx
+                .conn
+                .prepare_cached(
+                    "UPDATE oncebox_outbox SET state = 'pending', next_attempt_at = ?3,
+                       updated_at = ?3
+                     WHERE source = ?1 AND event_id = ?2 AND state <> 'in_flight'",
+                )?
+                .execute(params![
+                    key.source.as_str(),
+                    key.event_id.as_str(),
+                    now.millis()
+                ])?;
+            Ok(Ok(n as u64))
+        })
+        .await
+    }
+
+    async fn gauges(&self) -> Result<DeliveryGauges, Unavailable> {
+        self.read(read::gauges).await.map_err(unavailable)
+    }
+}

@@ -1,0 +1,214 @@
+//! The delivery conformance suite (DESIGN §2 delivery states, §6 relay), written once and run
+//! against each backend through [`DeliveryBackend`] and `delivery_conformance!`: ingest here,
+//! claims and verdicts in `relay/claim.rs`, operators' actions in `relay/operator.rs`.
+
+mod claim;
+mod operator;
+
+use std::future::Future;
+use std::time::Duration;
+
+use oncebox_core::delivery::DeliveryState;
+use oncebox_core::relay_store::{
+    AttemptRecord, Claimed, DeliveryFilter, DeliveryStore, DeliveryView,
+};
+use oncebox_core::store::{EventStore, Ingest, Order};
+use oncebox_core::{Clock, Key, ManualClock, Meta, Processed, Timestamp};
+
+pub use claim::*;
+pub use operator::*;
+
+use crate::{EPOCH, event};
+
+/// A backend under the delivery suite: its gateway store and its relay store on one storage.
+pub trait DeliveryBackend: EventStore + DeliveryStore {
+    /// A new, empty store on `clock`.
+    fn fresh_store(clock: ManualClock) -> impl Future<Output = Self> + Send;
+}
+
+/// Every claim in the suite holds its lease this long.
+pub const LEASE: Duration = Duration::from_secs(30);
+
+const CONTENT_TYPE: &str = "application/vnd.test+json";
+
+pub(crate) async fn fresh<B: DeliveryBackend>() -> (B, ManualClock) {
+    let clock = ManualClock::new(EPOCH);
+    (B::fresh_store(clock.clone()).await, clock)
+}
+
+pub(crate) fn key(id: &str) -> Key {
+    Key::parse("shop", id).expect("valid test key")
+}
+
+/// An event from `shop`, as the gateway hands it over, routed to `routes`.
+pub(crate) fn ingest(id: &str, routes: &[&str], order: Option<(&str, i64)>) -> Ingest {
+    let meta = Meta {
+        content_type: Some(CONTENT_TYPE.into()),
+        headers: Vec::new(),
+    };
+    Ingest {
+        event: event("shop", id, 1).with_meta(meta),
+        order: order.map(|(entity, version)| Order {
+            entity: entity.into(),
+            version,
+        }),
+        accepted: b"accepted".to_vec(),
+        stale: b"stale".to_vec(),
+        routes: routes.iter().map(|r| (*r).to_owned()).collect(),
+    }
+}
+
+/// Ingests a new event routed to `a` and `b`.
+pub(crate) async fn accept<B: DeliveryBackend>(b: &B, id: &str) {
+    let out = b.ingest(ingest(id, &["a", "b"], None)).await;
+    assert!(matches!(out, Ok(Processed::Applied(_))), "{id}: {out:?}");
+}
+
+/// The deliveries of one event, oldest first.
+pub(crate) async fn of_event<B: DeliveryBackend>(b: &B, id: &str) -> Vec<DeliveryView> {
+    let filter = DeliveryFilter {
+        key: Some(key(id)),
+        limit: 100,
+        ..DeliveryFilter::default()
+    };
+    b.deliveries(filter).await.expect("deliveries").items
+}
+
+pub(crate) async fn view<B: DeliveryBackend>(b: &B, id: i64) -> DeliveryView {
+    let filter = DeliveryFilter {
+        after: Some(id - 1),
+        limit: 1,
+        ..DeliveryFilter::default()
+    };
+    let page = b.deliveries(filter).await.expect("deliveries");
+    let found = page.items.into_iter().next().expect("delivery exists");
+    assert_eq!(found.id, id);
+    found
+}
+
+/// Claims on every route under [`LEASE`].
+pub(crate) async fn claim<B: DeliveryBackend>(b: &B, now: Timestamp, limit: usize) -> Vec<Claimed> {
+    b.claim(now, limit, LEASE, &[]).await.expect("claim")
+}
+
+pub(crate) fn answered(status: u16, at: Timestamp) -> AttemptRecord {
+    AttemptRecord {
+        started_at: at,
+        duration: Duration::from_millis(120),
+        status: Some(status),
+        error: None,
+    }
+}
+
+pub(crate) fn failed(error: &str, at: Timestamp) -> AttemptRecord {
+    AttemptRecord {
+        started_at: at,
+        duration: Duration::from_millis(5000),
+        status: None,
+        error: Some(error.into()),
+    }
+}
+
+pub(crate) fn keys_and_routes(claimed: &[Claimed]) -> Vec<(String, String)> {
+    let pairs = claimed
+        .iter()
+        .map(|c| (c.idempotency_key.clone(), c.route.clone()));
+    pairs.collect()
+}
+
+pub(crate) fn pair(key: &str, route: &str) -> (String, String) {
+    (key.to_owned(), route.to_owned())
+}
+
+pub async fn accepted_event_gets_one_pending_delivery_per_route_keyed_by_source_and_event_id<
+    B: DeliveryBackend,
+>() {
+    let (b, clock) = fresh::<B>().await;
+    accept(&b, "evt-1").await;
+    let ds = of_event(&b, "evt-1").await;
+    let routes: Vec<&str> = ds.iter().map(|d| d.route.as_str()).collect();
+    assert_eq!(routes, ["a", "b"]);
+    for d in &ds {
+        assert_eq!(
+            (d.key.clone(), d.state, d.attempts),
+            (key("evt-1"), DeliveryState::Pending, 0)
+        );
+        assert_eq!(
+            (d.created_at, d.next_attempt_at),
+            (clock.now(), Some(clock.now()))
+        );
+        assert_eq!(
+            (d.last_status, &d.last_error, &d.note),
+            (None, &None, &None)
+        );
+    }
+    let claimed = claim(&b, clock.now(), 10).await;
+    assert_eq!(
+        keys_and_routes(&claimed),
+        [pair("shop:evt-1", "a"), pair("shop:evt-1", "b")]
+    );
+    for c in &claimed {
+        assert_eq!(
+            (c.key.clone(), c.attempts, c.created_at),
+            (key("evt-1"), 0, clock.now())
+        );
+        assert_eq!(c.payload, event("shop", "evt-1", 1).payload);
+        assert_eq!(c.content_type, CONTENT_TYPE);
+    }
+}
+
+pub async fn duplicate_ingest_adds_no_delivery<B: DeliveryBackend>() {
+    let (b, _) = fresh::<B>().await;
+    accept(&b, "evt-1").await;
+    // Even with routes added since: a duplicate changes nothing, it only replays the answer.
+    let again = b
+        .ingest(ingest("evt-1", &["a", "b", "c"], None))
+        .await
+        .expect("ingest");
+    assert!(again.is_duplicate(), "{again:?}");
+    assert_eq!(of_event(&b, "evt-1").await.len(), 2);
+}
+
+pub async fn stale_event_gets_no_delivery<B: DeliveryBackend>() {
+    let (b, _) = fresh::<B>().await;
+    let newer = b
+        .ingest(ingest("evt-2", &["a", "b"], Some(("order-7", 2))))
+        .await;
+    assert!(matches!(newer, Ok(Processed::Applied(_))), "{newer:?}");
+    let older = b
+        .ingest(ingest("evt-1", &["a", "b"], Some(("order-7", 1))))
+        .await;
+    assert!(older.as_ref().is_ok_and(Processed::is_stale), "{older:?}");
+    assert!(of_event(&b, "evt-1").await.is_empty());
+    assert_eq!(of_event(&b, "evt-2").await.len(), 2);
+}
+
+/// Instantiates the delivery conformance suite for a backend type: one `#[test]` per behaviour.
+#[macro_export]
+macro_rules! delivery_conformance {
+    ($backend:ty) => {
+        $crate::delivery_conformance!(@tests $backend;
+            accepted_event_gets_one_pending_delivery_per_route_keyed_by_source_and_event_id,
+            duplicate_ingest_adds_no_delivery,
+            stale_event_gets_no_delivery,
+            claim_returns_due_deliveries_oldest_first_and_not_twice_while_leased,
+            expired_lease_is_reclaimed_with_a_higher_token_and_the_old_holder_is_fenced,
+            record_sets_state_attempts_and_last_result_for_each_verdict,
+            retrying_delivery_is_claimable_only_from_its_next_attempt,
+            claim_takes_only_the_given_routes,
+            retry_makes_dead_uncertain_and_retrying_due_now_and_refuses_other_states,
+            resolve_settles_uncertain_dead_or_retrying_and_refuses_in_flight_and_delivered,
+            redeliver_replays_every_delivery_with_the_same_key_except_in_flight,
+            listing_filters_by_state_route_and_key_and_pages_with_a_cursor,
+            gauges_count_by_state_and_report_the_oldest_owed_delivery,
+        );
+    };
+    (@tests $backend:ty; $($name:ident),* $(,)?) => {
+        $(
+            #[test]
+            fn $name() {
+                $crate::run($crate::relay::$name::<$backend>());
+            }
+        )*
+    };
+}

@@ -1,0 +1,222 @@
+//! Delivery conformance tests of the relay's side: claims under a fenced lease, and the verdicts
+//! it records.
+
+use std::time::Duration;
+
+use oncebox_core::delivery::{DeliveryState, Verdict};
+use oncebox_core::{Clock, LeaseError};
+
+use super::{
+    DeliveryBackend, LEASE, accept, answered, claim, failed, fresh, ingest, keys_and_routes, pair,
+    view,
+};
+
+pub async fn claim_returns_due_deliveries_oldest_first_and_not_twice_while_leased<
+    B: DeliveryBackend,
+>() {
+    let (b, clock) = fresh::<B>().await;
+    accept(&b, "evt-1").await;
+    clock.advance(Duration::from_secs(1));
+    accept(&b, "evt-2").await;
+    let now = clock.now();
+    let first = claim(&b, now, 3).await;
+    let expect = [
+        pair("shop:evt-1", "a"),
+        pair("shop:evt-1", "b"),
+        pair("shop:evt-2", "a"),
+    ];
+    assert_eq!(keys_and_routes(&first), expect);
+    for c in &first {
+        assert_eq!(c.lease_expires_at, now.plus(LEASE));
+        assert_eq!(view(&b, c.id).await.state, DeliveryState::InFlight);
+    }
+    let mut tokens: Vec<i64> = first.iter().map(|c| c.token).collect();
+    tokens.sort_unstable();
+    tokens.dedup();
+    assert_eq!(tokens.len(), 3, "one token per claim");
+    let rest = claim(&b, now, 10).await;
+    assert_eq!(keys_and_routes(&rest), [pair("shop:evt-2", "b")]);
+    clock.advance(LEASE - Duration::from_millis(1));
+    assert_eq!(
+        claim(&b, clock.now(), 10).await,
+        [],
+        "leased deliveries are not claimed again"
+    );
+}
+
+pub async fn expired_lease_is_reclaimed_with_a_higher_token_and_the_old_holder_is_fenced<
+    B: DeliveryBackend,
+>() {
+    let (b, clock) = fresh::<B>().await;
+    accept(&b, "evt-1").await;
+    let first = claim(&b, clock.now(), 10).await;
+    assert_eq!(first.len(), 2);
+    clock.advance(LEASE);
+    let now = clock.now();
+    // Expired though nobody took it over yet: fenced all the same, someone may be about to.
+    let lone = &first[1];
+    let late = b
+        .record(lone, answered(200, now), Verdict::Delivered, now)
+        .await;
+    assert_eq!(late, Err(LeaseError::Fenced));
+    let second = claim(&b, now, 10).await;
+    assert_eq!(second.len(), 2, "a relay that died mid-attempt is replaced");
+    let (old, new) = (&first[0], &second[0]);
+    assert_eq!(
+        (new.id, &new.idempotency_key, new.attempts),
+        (old.id, &old.idempotency_key, 0)
+    );
+    assert!(new.token > old.token, "{} !> {}", new.token, old.token);
+    let stale = b
+        .record(old, answered(200, now), Verdict::Delivered, now)
+        .await;
+    assert_eq!(stale, Err(LeaseError::Fenced));
+    // The fenced attempt left no trace: no attempt row, the state is the new holder's.
+    for c in &first {
+        assert_eq!(b.attempts(c.id).await.expect("attempts"), []);
+        let v = view(&b, c.id).await;
+        assert_eq!(
+            (v.state, v.attempts, v.last_status),
+            (DeliveryState::InFlight, 0, None)
+        );
+    }
+    b.record(new, answered(200, now), Verdict::Delivered, now)
+        .await
+        .expect("record");
+    assert_eq!(view(&b, new.id).await.state, DeliveryState::Delivered);
+    for c in [old, new] {
+        let again = b
+            .record(c, answered(500, now), Verdict::Retry(LEASE), now)
+            .await;
+        assert_eq!(again, Err(LeaseError::Fenced), "one outcome per claim");
+    }
+    assert_eq!(
+        b.attempts(new.id).await.expect("attempts"),
+        [answered(200, now)]
+    );
+}
+
+pub async fn record_sets_state_attempts_and_last_result_for_each_verdict<B: DeliveryBackend>() {
+    let (b, clock) = fresh::<B>().await;
+    for id in ["evt-1", "evt-2", "evt-3"] {
+        accept(&b, id).await;
+    }
+    let c = claim(&b, clock.now(), 10).await;
+    assert_eq!(c.len(), 6);
+    clock.advance(Duration::from_secs(1));
+    let now = clock.now();
+    let wait = Duration::from_secs(10);
+    let outcomes = [
+        (answered(204, now), Verdict::Delivered),
+        (answered(503, now), Verdict::Retry(wait)),
+        (failed("timeout", now), Verdict::Uncertain),
+        (
+            answered(404, now),
+            Verdict::Dead("receiver answered 404".into()),
+        ),
+        (
+            failed("connection reset", now),
+            Verdict::Dead("gave up after 15 attempts".into()),
+        ),
+    ];
+    for (claimed, (attempt, verdict)) in c.iter().zip(outcomes.clone()) {
+        b.record(claimed, attempt, verdict, now)
+            .await
+            .expect("record");
+    }
+    let expect = [
+        (DeliveryState::Delivered, None, Some(204), None),
+        (
+            DeliveryState::Retrying,
+            Some(now.plus(wait)),
+            Some(503),
+            None,
+        ),
+        (DeliveryState::Uncertain, None, None, Some("timeout")),
+        (
+            DeliveryState::Dead,
+            None,
+            Some(404),
+            Some("receiver answered 404"),
+        ),
+        // The attempt's own error says more than the policy's reason for giving up.
+        (DeliveryState::Dead, None, None, Some("connection reset")),
+    ];
+    for ((claimed, expect), (attempt, _)) in c.iter().zip(expect).zip(outcomes) {
+        let v = view(&b, claimed.id).await;
+        let seen = (
+            v.state,
+            v.next_attempt_at,
+            v.last_status,
+            v.last_error.as_deref(),
+        );
+        assert_eq!(seen, expect, "{}", claimed.route);
+        assert_eq!(v.attempts, 1);
+        assert_eq!(b.attempts(claimed.id).await.expect("attempts"), [attempt]);
+    }
+    let untouched = view(&b, c[5].id).await;
+    assert_eq!(
+        (untouched.state, untouched.attempts),
+        (DeliveryState::InFlight, 0)
+    );
+    // Delivered, uncertain and dead are never claimed again; retrying and the lost lease are.
+    clock.advance(Duration::from_secs(24 * 3600));
+    let later = claim(&b, clock.now(), 10).await;
+    let ids: Vec<(i64, u32)> = later.iter().map(|l| (l.id, l.attempts)).collect();
+    // The lost lease's delivery has been due since it was created, before the retry's time.
+    assert_eq!(ids, [(c[5].id, 0), (c[1].id, 1)]);
+}
+
+pub async fn retrying_delivery_is_claimable_only_from_its_next_attempt<B: DeliveryBackend>() {
+    let (b, clock) = fresh::<B>().await;
+    b.ingest(ingest("evt-1", &["a"], None))
+        .await
+        .expect("ingest");
+    let t0 = clock.now();
+    let first = claim(&b, t0, 10).await.remove(0);
+    let wait = Duration::from_secs(30);
+    b.record(&first, answered(503, t0), Verdict::Retry(wait), t0)
+        .await
+        .expect("record");
+    assert_eq!(claim(&b, t0, 10).await, []);
+    clock.set(t0.plus(wait).minus(Duration::from_millis(1)));
+    assert_eq!(claim(&b, clock.now(), 10).await, []);
+    clock.set(t0.plus(wait));
+    let now = clock.now();
+    let second = claim(&b, now, 10).await.remove(0);
+    assert_eq!((second.id, second.attempts), (first.id, 1));
+    assert!(second.token > first.token);
+    b.record(&second, answered(200, now), Verdict::Delivered, now)
+        .await
+        .expect("record");
+    let attempts = b.attempts(first.id).await.expect("attempts");
+    assert_eq!(
+        attempts,
+        [answered(503, t0), answered(200, now)],
+        "oldest first"
+    );
+    assert_eq!(view(&b, first.id).await.attempts, 2);
+}
+
+pub async fn claim_takes_only_the_given_routes<B: DeliveryBackend>() {
+    let (b, clock) = fresh::<B>().await;
+    accept(&b, "evt-1").await;
+    accept(&b, "evt-2").await;
+    let now = clock.now();
+    let only_b = b.claim(now, 10, LEASE, &["b".into()]).await.expect("claim");
+    assert_eq!(
+        keys_and_routes(&only_b),
+        [pair("shop:evt-1", "b"), pair("shop:evt-2", "b")]
+    );
+    let a_or_c = b
+        .claim(now, 1, LEASE, &["c".into(), "a".into()])
+        .await
+        .expect("claim");
+    assert_eq!(keys_and_routes(&a_or_c), [pair("shop:evt-1", "a")]);
+    assert_eq!(
+        b.claim(now, 10, LEASE, &["c".into()]).await.expect("claim"),
+        []
+    );
+    let rest = claim(&b, now, 10).await;
+    assert_eq!(keys_and_routes(&rest), [pair("shop:evt-2", "a")]);
+}

@@ -1,0 +1,375 @@
+//! Delivery conformance tests of operators' actions — retry, resolve, redeliver — and of the
+//! listing and gauges they read.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use oncebox_core::delivery::{DeliveryState, Verdict};
+use oncebox_core::relay_store::{Claimed, DeliveryFilter, DeliveryGauges, Resolve};
+use oncebox_core::{Clock, ManualClock, Timestamp};
+
+use super::{DeliveryBackend, accept, answered, claim, failed, fresh, key, of_event, view};
+
+/// One delivery in each state. Events `evt-1`, `evt-2`, `evt-3` arrived a second apart, each
+/// routed to `a` and `b`; their deliveries are, in order: delivered, dead, uncertain, retrying
+/// (for a minute), in flight (under a live lease), pending.
+struct Each {
+    delivered: Claimed,
+    dead: Claimed,
+    uncertain: Claimed,
+    retrying: Claimed,
+    in_flight: Claimed,
+    pending: i64,
+    created: [Timestamp; 3],
+}
+
+impl Each {
+    fn ids(&self) -> [i64; 6] {
+        [
+            self.delivered.id,
+            self.dead.id,
+            self.uncertain.id,
+            self.retrying.id,
+            self.in_flight.id,
+            self.pending,
+        ]
+    }
+}
+
+async fn each_state<B: DeliveryBackend>(b: &B, clock: &ManualClock) -> Each {
+    let mut created = [clock.now(); 3];
+    for (i, id) in ["evt-1", "evt-2", "evt-3"].into_iter().enumerate() {
+        if i > 0 {
+            clock.advance(Duration::from_secs(1));
+        }
+        created[i] = clock.now();
+        accept(b, id).await;
+    }
+    let now = clock.now();
+    let mut c = claim(b, now, 5).await.into_iter();
+    let mut next = || c.next().expect("five claimed");
+    let (delivered, dead, uncertain, retrying, in_flight) =
+        (next(), next(), next(), next(), next());
+    let outcomes = [
+        (&delivered, answered(200, now), Verdict::Delivered),
+        (
+            &dead,
+            answered(410, now),
+            Verdict::Dead("receiver answered 410".into()),
+        ),
+        (&uncertain, failed("timeout", now), Verdict::Uncertain),
+        (
+            &retrying,
+            answered(503, now),
+            Verdict::Retry(Duration::from_secs(60)),
+        ),
+    ];
+    for (claimed, attempt, verdict) in outcomes {
+        b.record(claimed, attempt, verdict, now)
+            .await
+            .expect("record");
+    }
+    let pending = of_event(b, "evt-3").await[1].id;
+    Each {
+        delivered,
+        dead,
+        uncertain,
+        retrying,
+        in_flight,
+        pending,
+        created,
+    }
+}
+
+async fn state<B: DeliveryBackend>(b: &B, id: i64) -> DeliveryState {
+    view(b, id).await.state
+}
+
+pub async fn retry_makes_dead_uncertain_and_retrying_due_now_and_refuses_other_states<
+    B: DeliveryBackend,
+>() {
+    let (b, clock) = fresh::<B>().await;
+    let each = each_state(&b, &clock).await;
+    clock.advance(Duration::from_secs(1));
+    let now = clock.now();
+    let missing = each.ids().into_iter().max().unwrap_or(0) + 1000;
+    for (id, was) in [
+        (each.delivered.id, DeliveryState::Delivered),
+        (each.in_flight.id, DeliveryState::InFlight),
+        (each.pending, DeliveryState::Pending),
+    ] {
+        assert!(!b.retry(id, now).await.expect("retry"), "{was}");
+        assert_eq!(state(&b, id).await, was);
+    }
+    assert!(!b.retry(missing, now).await.expect("retry"));
+    let settled = [&each.dead, &each.uncertain, &each.retrying];
+    for c in settled {
+        assert!(b.retry(c.id, now).await.expect("retry"));
+        let v = view(&b, c.id).await;
+        assert_eq!(
+            (v.state, v.next_attempt_at),
+            (DeliveryState::Pending, Some(now))
+        );
+    }
+    let again = claim(&b, now, 10).await;
+    let mut ids: Vec<i64> = again.iter().map(|c| c.id).collect();
+    ids.sort_unstable();
+    let mut expect = vec![
+        each.dead.id,
+        each.uncertain.id,
+        each.retrying.id,
+        each.pending,
+    ];
+    expect.sort_unstable();
+    assert_eq!(ids, expect);
+    for c in settled {
+        let same = again.iter().find(|a| a.id == c.id).expect("claimed again");
+        assert_eq!(
+            (&same.idempotency_key, same.attempts),
+            (&c.idempotency_key, 1)
+        );
+    }
+}
+
+pub async fn resolve_settles_uncertain_dead_or_retrying_and_refuses_in_flight_and_delivered<
+    B: DeliveryBackend,
+>() {
+    let (b, clock) = fresh::<B>().await;
+    let each = each_state(&b, &clock).await;
+    let now = clock.now();
+    let missing = each.ids().into_iter().max().unwrap_or(0) + 1000;
+    for (id, was) in [
+        (each.in_flight.id, DeliveryState::InFlight),
+        (each.delivered.id, DeliveryState::Delivered),
+        (each.pending, DeliveryState::Pending),
+    ] {
+        for how in [Resolve::Delivered, Resolve::Dead] {
+            assert!(
+                !b.resolve(id, how, "no", now).await.expect("resolve"),
+                "{was}"
+            );
+        }
+        let v = view(&b, id).await;
+        assert_eq!((v.state, v.note), (was, None));
+    }
+    assert!(
+        !b.resolve(missing, Resolve::Dead, "no", now)
+            .await
+            .expect("resolve")
+    );
+    for (c, how, note, to) in [
+        (
+            &each.uncertain,
+            Resolve::Delivered,
+            "receiver confirmed by phone",
+            DeliveryState::Delivered,
+        ),
+        (
+            &each.retrying,
+            Resolve::Dead,
+            "customer closed the account",
+            DeliveryState::Dead,
+        ),
+        (
+            &each.dead,
+            Resolve::Delivered,
+            "applied by hand",
+            DeliveryState::Delivered,
+        ),
+    ] {
+        assert!(b.resolve(c.id, how, note, now).await.expect("resolve"));
+        let v = view(&b, c.id).await;
+        assert_eq!((v.state, v.note.as_deref()), (to, Some(note)));
+    }
+    // The relay holding the delivery in flight still records its own outcome.
+    let held = &each.in_flight;
+    b.record(held, answered(200, now), Verdict::Delivered, now)
+        .await
+        .expect("record");
+    clock.advance(Duration::from_secs(24 * 3600));
+    let later = claim(&b, clock.now(), 10).await;
+    let ids: Vec<i64> = later.iter().map(|c| c.id).collect();
+    assert_eq!(ids, [each.pending], "settled deliveries are never claimed");
+}
+
+pub async fn redeliver_replays_every_delivery_with_the_same_key_except_in_flight<
+    B: DeliveryBackend,
+>() {
+    let (b, clock) = fresh::<B>().await;
+    let each = each_state(&b, &clock).await;
+    clock.advance(Duration::from_secs(1));
+    let now = clock.now();
+    assert_eq!(b.redeliver(&key("evt-1"), now).await.expect("redeliver"), 2);
+    for c in [&each.delivered, &each.dead] {
+        let v = view(&b, c.id).await;
+        assert_eq!(
+            (v.state, v.next_attempt_at),
+            (DeliveryState::Pending, Some(now))
+        );
+    }
+    assert_eq!(b.redeliver(&key("evt-3"), now).await.expect("redeliver"), 1);
+    assert_eq!(state(&b, each.in_flight.id).await, DeliveryState::InFlight);
+    assert_eq!(b.redeliver(&key("evt-9"), now).await.expect("redeliver"), 0);
+    let again = claim(&b, now, 10).await;
+    let seen: Vec<(i64, &str, u32)> = again
+        .iter()
+        .map(|c| (c.id, c.idempotency_key.as_str(), c.attempts))
+        .collect();
+    let expect = [
+        (each.delivered.id, "shop:evt-1", 1),
+        (each.dead.id, "shop:evt-1", 1),
+        (each.pending, "shop:evt-3", 0),
+    ];
+    assert_eq!(seen, expect, "same rows, same keys, history kept");
+    let held = &each.in_flight;
+    b.record(held, answered(200, now), Verdict::Delivered, now)
+        .await
+        .expect("lease untouched");
+}
+
+pub async fn listing_filters_by_state_route_and_key_and_pages_with_a_cursor<B: DeliveryBackend>() {
+    let (b, clock) = fresh::<B>().await;
+    let each = each_state(&b, &clock).await;
+    let list = |filter: DeliveryFilter| {
+        let b = b.clone();
+        async move {
+            let page = b.deliveries(filter).await.expect("deliveries");
+            (
+                page.items.iter().map(|d| d.id).collect::<Vec<_>>(),
+                page.next,
+            )
+        }
+    };
+    let all = DeliveryFilter {
+        limit: 100,
+        ..DeliveryFilter::default()
+    };
+    assert_eq!(list(all.clone()).await, (each.ids().to_vec(), None));
+    for (state, id) in [
+        (DeliveryState::Delivered, each.delivered.id),
+        (DeliveryState::Dead, each.dead.id),
+        (DeliveryState::Uncertain, each.uncertain.id),
+        (DeliveryState::Retrying, each.retrying.id),
+        (DeliveryState::InFlight, each.in_flight.id),
+        (DeliveryState::Pending, each.pending),
+    ] {
+        let filter = DeliveryFilter {
+            state: Some(state),
+            ..all.clone()
+        };
+        assert_eq!(list(filter).await, (vec![id], None), "{state}");
+    }
+    let route_b = DeliveryFilter {
+        route: Some("b".into()),
+        ..all.clone()
+    };
+    let expect = vec![each.dead.id, each.retrying.id, each.pending];
+    assert_eq!(list(route_b.clone()).await, (expect, None));
+    let dead_b = DeliveryFilter {
+        state: Some(DeliveryState::Dead),
+        ..route_b
+    };
+    assert_eq!(list(dead_b).await, (vec![each.dead.id], None));
+    let evt_2 = DeliveryFilter {
+        key: Some(key("evt-2")),
+        ..all.clone()
+    };
+    assert_eq!(
+        list(evt_2.clone()).await,
+        (vec![each.uncertain.id, each.retrying.id], None)
+    );
+    let evt_2_a = DeliveryFilter {
+        route: Some("a".into()),
+        ..evt_2
+    };
+    assert_eq!(list(evt_2_a).await, (vec![each.uncertain.id], None));
+    let nowhere = DeliveryFilter {
+        route: Some("z".into()),
+        ..all.clone()
+    };
+    assert_eq!(list(nowhere).await, (vec![], None));
+    // Pages of two: the cursor is the last id shown, and the last page has none.
+    let ids = each.ids();
+    let mut after = None;
+    for chunk in ids.chunks(2) {
+        let (got, next) = list(DeliveryFilter {
+            after,
+            limit: 2,
+            ..all.clone()
+        })
+        .await;
+        assert_eq!(got, chunk);
+        after = next;
+    }
+    assert_eq!(after, None);
+    let zero = DeliveryFilter { limit: 0, ..all };
+    assert_eq!(
+        list(zero).await,
+        (vec![ids[0]], Some(ids[0])),
+        "a limit of 0 shows one"
+    );
+    let retrying = view(&b, each.retrying.id).await;
+    assert_eq!(
+        retrying.next_attempt_at,
+        Some(each.created[2].plus(Duration::from_secs(60)))
+    );
+    assert_eq!(
+        (retrying.last_status, retrying.created_at),
+        (Some(503), each.created[1])
+    );
+    assert_eq!(view(&b, each.delivered.id).await.next_attempt_at, None);
+}
+
+fn counts(g: &DeliveryGauges) -> BTreeMap<String, i64> {
+    // A backend may list a state with no deliveries as 0 or leave it out.
+    g.by_state.iter().filter(|(_, n)| *n > 0).cloned().collect()
+}
+
+pub async fn gauges_count_by_state_and_report_the_oldest_owed_delivery<B: DeliveryBackend>() {
+    let (b, clock) = fresh::<B>().await;
+    let empty = b.gauges().await.expect("gauges");
+    assert_eq!(
+        (counts(&empty), empty.oldest_pending),
+        (BTreeMap::new(), None)
+    );
+    let each = each_state(&b, &clock).await;
+    let g = b.gauges().await.expect("gauges");
+    let one_each: BTreeMap<String, i64> = [
+        "delivered",
+        "dead",
+        "uncertain",
+        "retrying",
+        "in_flight",
+        "pending",
+    ]
+    .into_iter()
+    .map(|s| (s.to_owned(), 1))
+    .collect();
+    assert_eq!(counts(&g), one_each);
+    // Owed: pending, retrying or in flight. The retrying delivery of evt-2 is the oldest.
+    assert_eq!(g.oldest_pending, Some(each.created[1]));
+    let now = clock.now();
+    assert!(
+        b.resolve(each.retrying.id, Resolve::Dead, "gave up", now)
+            .await
+            .expect("resolve")
+    );
+    assert_eq!(
+        b.gauges().await.expect("gauges").oldest_pending,
+        Some(each.created[2])
+    );
+    let held = &each.in_flight;
+    b.record(held, answered(200, now), Verdict::Delivered, now)
+        .await
+        .expect("record");
+    let last = claim(&b, now, 10).await.remove(0);
+    b.record(&last, answered(200, now), Verdict::Delivered, now)
+        .await
+        .expect("record");
+    let g = b.gauges().await.expect("gauges");
+    let expect: BTreeMap<String, i64> = [("delivered", 3), ("dead", 2), ("uncertain", 1)]
+        .into_iter()
+        .map(|(s, n)| (s.to_owned(), n))
+        .collect();
+    assert_eq!((counts(&g), g.oldest_pending), (expect, None));
+}
