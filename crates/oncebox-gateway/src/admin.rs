@@ -6,6 +6,7 @@ use axum::extract::{Path, Query, Request, State};
 use axum::http::{StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
+use oncebox_core::relay_store::{DeliveryFilter, DeliveryStore};
 use oncebox_core::store::{EventFilter, EventStore, StoredEvent};
 use oncebox_core::{Key, ResponseKind, Source};
 use serde::Deserialize;
@@ -77,7 +78,7 @@ pub(crate) async fn list<S: EventStore>(
     }
 }
 
-pub(crate) async fn show<S: EventStore>(
+pub(crate) async fn show<S: EventStore + DeliveryStore>(
     State(gw): State<Arc<Gateway<S>>>,
     Path((source, event_id)): Path<(String, String)>,
 ) -> Response {
@@ -86,12 +87,52 @@ pub(crate) async fn show<S: EventStore>(
         Err(e) => return Problem::invalid("invalid-key", e.to_string()).into_response(),
     };
     match gw.store.event(&key).await {
-        Ok(Some(e)) => axum::Json(summary(&e, true)).into_response(),
+        Ok(Some(e)) => {
+            let mut body = summary(&e, true);
+            match deliveries_of(&gw, &key).await {
+                Ok(d) => body["deliveries"] = d,
+                Err(e) => {
+                    return Problem::unavailable(e.to_string(), gw.config.limits.retry_after)
+                        .into_response();
+                }
+            }
+            axum::Json(body).into_response()
+        }
         Ok(None) => {
             Problem::not_found("event-not-found", format!("no event {key}")).into_response()
         }
         Err(e) => Problem::unavailable(e.to_string(), gw.config.limits.retry_after).into_response(),
     }
+}
+
+/// The event's deliveries, each with its attempts.
+async fn deliveries_of<S: DeliveryStore>(
+    gw: &Gateway<S>,
+    key: &Key,
+) -> Result<Value, oncebox_core::Unavailable> {
+    let filter = DeliveryFilter {
+        key: Some(key.clone()),
+        limit: 500,
+        ..DeliveryFilter::default()
+    };
+    let mut out = Vec::new();
+    for d in gw.store.deliveries(filter).await?.items {
+        let mut v = crate::deliveries::view(&d);
+        let attempts = gw.store.attempts(d.id).await?;
+        v["attempt_log"] = attempts
+            .iter()
+            .map(|a| {
+                json!({
+                    "started_at": rfc3339(a.started_at),
+                    "duration_ms": a.duration.as_millis() as u64,
+                    "status": a.status,
+                    "error": a.error,
+                })
+            })
+            .collect();
+        out.push(v);
+    }
+    Ok(Value::Array(out))
 }
 
 pub(crate) async fn stats<S: EventStore>(State(gw): State<Arc<Gateway<S>>>) -> Response {

@@ -8,10 +8,12 @@ use axum::Router;
 use axum::extract::DefaultBodyLimit;
 use axum::routing::{get, post};
 use metrics_exporter_prometheus::PrometheusHandle;
+use oncebox_core::relay_store::DeliveryStore;
 use oncebox_core::store::EventStore;
 use oncebox_core::{Clock, Timestamp};
 
 mod admin;
+mod deliveries;
 mod ingress;
 mod limit;
 pub mod openapi;
@@ -34,8 +36,8 @@ pub struct Gateway<S> {
     pub loopback_only: bool,
 }
 
-/// The gateway's routes: ingress, admin, health, OpenAPI.
-pub fn router<S: EventStore>(gw: Arc<Gateway<S>>) -> Router {
+/// The gateway's routes: ingress, admin (events and deliveries), health, OpenAPI.
+pub fn router<S: EventStore + DeliveryStore>(gw: Arc<Gateway<S>>) -> Router {
     let admin = Router::new()
         .route("/v1/events", get(admin::list::<S>))
         .route(
@@ -43,6 +45,16 @@ pub fn router<S: EventStore>(gw: Arc<Gateway<S>>) -> Router {
             get(admin::show::<S>),
         )
         .route("/v1/stats", get(admin::stats::<S>))
+        .route("/v1/deliveries", get(deliveries::list::<S>))
+        .route("/v1/deliveries/{id}/retry", post(deliveries::retry::<S>))
+        .route(
+            "/v1/deliveries/{id}/resolve",
+            post(deliveries::resolve::<S>),
+        )
+        .route(
+            "/v1/sources/{source}/events/{event_id}/redeliver",
+            post(deliveries::redeliver::<S>),
+        )
         .route("/metrics", get(admin::metrics::<S>))
         .route_layer(axum::middleware::from_fn_with_state(
             gw.clone(),

@@ -13,6 +13,10 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("get", "/v1/events"),
     ("get", "/v1/sources/{source}/events/{event_id}"),
     ("get", "/v1/stats"),
+    ("get", "/v1/deliveries"),
+    ("post", "/v1/deliveries/{id}/retry"),
+    ("post", "/v1/deliveries/{id}/resolve"),
+    ("post", "/v1/sources/{source}/events/{event_id}/redeliver"),
     ("get", "/metrics"),
     ("get", "/healthz"),
     ("get", "/readyz"),
@@ -68,6 +72,25 @@ pub fn spec() -> Value {
             "/v1/sources/{source}/events/{event_id}": { "get": {
                 "summary": "One event with payload, headers and stored answer", "security": admin,
                 "responses": { "200": { "description": "the event" }, "404": problem("event-not-found"), "401": problem("unauthorized") } } },
+            "/v1/deliveries": { "get": {
+                "summary": "Deliveries by state and route, oldest first", "security": admin,
+                "parameters": [
+                    { "name": "state", "in": "query", "schema": { "enum": ["pending", "in_flight", "delivered", "retrying", "uncertain", "dead"] } },
+                    { "name": "route", "in": "query", "schema": { "type": "string" } },
+                    { "name": "after", "in": "query", "schema": { "type": "string" } },
+                    { "name": "limit", "in": "query", "schema": { "type": "integer", "maximum": 500 } }],
+                "responses": { "200": { "description": "{\"items\": [{id, route, source, event_id, state, attempts, …}], \"next\": cursor | null}" },
+                               "400": problem("invalid-query"), "401": problem("unauthorized") } } },
+            "/v1/deliveries/{id}/retry": { "post": {
+                "summary": "Make a dead, uncertain or retrying delivery due now (same key)", "security": admin,
+                "responses": { "200": { "description": "pending" }, "409": problem("not-retryable"), "401": problem("unauthorized") } } },
+            "/v1/deliveries/{id}/resolve": { "post": {
+                "summary": "Settle a delivery by hand: {\"outcome\": \"delivered\"|\"dead\", \"note\": …}", "security": admin,
+                "requestBody": { "required": true, "content": { "application/json": {} } },
+                "responses": { "200": { "description": "settled" }, "400": problem("invalid-json"), "409": problem("not-resolvable"), "401": problem("unauthorized") } } },
+            "/v1/sources/{source}/events/{event_id}/redeliver": { "post": {
+                "summary": "Deliver an event to its routes again, with the same idempotency key", "security": admin,
+                "responses": { "200": { "description": "{\"redelivered\": n}" }, "404": problem("no-deliveries"), "401": problem("unauthorized") } } },
             "/v1/stats": { "get": { "summary": "Counts by state", "security": admin,
                 "responses": { "200": { "description": "counts" }, "401": problem("unauthorized") } } },
             "/metrics": { "get": { "summary": "Prometheus metrics", "security": admin,

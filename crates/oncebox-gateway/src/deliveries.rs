@@ -1,0 +1,164 @@
+//! Admin API for deliveries: list by state and route, retry, resolve by hand, redeliver an
+//! event to its routes with the same key.
+
+use std::sync::Arc;
+
+use axum::Json;
+use axum::extract::{Path, Query, State};
+use axum::response::{IntoResponse, Response};
+use oncebox_core::Key;
+use oncebox_core::delivery::DeliveryState;
+use oncebox_core::relay_store::{DeliveryFilter, DeliveryStore, DeliveryView, Resolve};
+use oncebox_core::store::EventStore;
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use crate::problem::Problem;
+use crate::{Gateway, rfc3339};
+
+#[derive(Debug, Deserialize)]
+pub(crate) struct ListQuery {
+    state: Option<String>,
+    route: Option<String>,
+    after: Option<i64>,
+    limit: Option<usize>,
+}
+
+pub(crate) fn view(d: &DeliveryView) -> Value {
+    json!({
+        "id": d.id,
+        "route": d.route,
+        "source": d.key.source.as_str(),
+        "event_id": d.key.event_id.as_str(),
+        "idempotency_key": d.key.to_string(),
+        "state": d.state.as_str(),
+        "attempts": d.attempts,
+        "created_at": rfc3339(d.created_at),
+        "next_attempt_at": d.next_attempt_at.map(rfc3339),
+        "last_status": d.last_status,
+        "last_error": d.last_error,
+        "note": d.note,
+    })
+}
+
+fn unavailable(e: &oncebox_core::Unavailable, gw_retry: std::time::Duration) -> Response {
+    Problem::unavailable(e.to_string(), gw_retry).into_response()
+}
+
+pub(crate) async fn list<S: EventStore + DeliveryStore>(
+    State(gw): State<Arc<Gateway<S>>>,
+    Query(q): Query<ListQuery>,
+) -> Response {
+    let state = match q
+        .state
+        .as_deref()
+        .map(|s| DeliveryState::parse(s).ok_or(s))
+        .transpose()
+    {
+        Ok(s) => s,
+        Err(bad) => {
+            return Problem::invalid("invalid-query", format!("unknown state {bad:?}"))
+                .into_response();
+        }
+    };
+    let filter = DeliveryFilter {
+        state,
+        route: q.route,
+        key: None,
+        after: q.after,
+        limit: q.limit.unwrap_or(50).clamp(1, 500),
+    };
+    match gw.store.deliveries(filter).await {
+        Ok(page) => Json(json!({
+            "items": page.items.iter().map(view).collect::<Vec<_>>(),
+            "next": page.next.map(|n| n.to_string()),
+        }))
+        .into_response(),
+        Err(e) => unavailable(&e, gw.config.limits.retry_after),
+    }
+}
+
+pub(crate) async fn retry<S: EventStore + DeliveryStore>(
+    State(gw): State<Arc<Gateway<S>>>,
+    Path(id): Path<i64>,
+) -> Response {
+    match gw.store.retry(id, gw.clock.now()).await {
+        Ok(true) => Json(json!({ "id": id, "state": "pending" })).into_response(),
+        Ok(false) => Problem::new(
+            axum::http::StatusCode::CONFLICT,
+            "not-retryable",
+            "Not retryable",
+            "only dead, uncertain or retrying deliveries can be retried",
+        )
+        .into_response(),
+        Err(e) => unavailable(&e, gw.config.limits.retry_after),
+    }
+}
+
+#[derive(Debug, Deserialize)]
+pub(crate) struct ResolveBody {
+    outcome: String,
+    #[serde(default)]
+    note: String,
+}
+
+pub(crate) async fn resolve<S: EventStore + DeliveryStore>(
+    State(gw): State<Arc<Gateway<S>>>,
+    Path(id): Path<i64>,
+    body: axum::body::Bytes,
+) -> Response {
+    let Ok(body) = serde_json::from_slice::<ResolveBody>(&body) else {
+        return Problem::invalid(
+            "invalid-json",
+            r#"expected {"outcome":"delivered"|"dead","note":"…"}"#,
+        )
+        .into_response();
+    };
+    let resolution = match body.outcome.as_str() {
+        "delivered" => Resolve::Delivered,
+        "dead" => Resolve::Dead,
+        other => {
+            return Problem::invalid(
+                "invalid-json",
+                format!("outcome must be delivered or dead, not {other:?}"),
+            )
+            .into_response();
+        }
+    };
+    match gw
+        .store
+        .resolve(id, resolution, &body.note, gw.clock.now())
+        .await
+    {
+        Ok(true) => Json(json!({ "id": id, "state": body.outcome })).into_response(),
+        Ok(false) => Problem::new(
+            axum::http::StatusCode::CONFLICT,
+            "not-resolvable",
+            "Not resolvable",
+            "only uncertain, dead or retrying deliveries can be resolved by hand",
+        )
+        .into_response(),
+        Err(e) => unavailable(&e, gw.config.limits.retry_after),
+    }
+}
+
+pub(crate) async fn redeliver<S: EventStore + DeliveryStore>(
+    State(gw): State<Arc<Gateway<S>>>,
+    Path((source, event_id)): Path<(String, String)>,
+) -> Response {
+    let key = match Key::parse(&source, &event_id) {
+        Ok(k) => k,
+        Err(e) => return Problem::invalid("invalid-key", e.to_string()).into_response(),
+    };
+    match gw.store.redeliver(&key, gw.clock.now()).await {
+        Ok(0) => Problem::not_found(
+            "no-deliveries",
+            format!("{key} has no deliveries to redeliver"),
+        )
+        .into_response(),
+        Ok(n) => {
+            Json(json!({ "redelivered": n, "idempotency_key": key.to_string() })).into_response()
+        }
+        Err(e) => unavailable(&e, gw.config.limits.retry_after),
+    }
+}
