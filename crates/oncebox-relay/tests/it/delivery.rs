@@ -1,0 +1,203 @@
+//! Delivery and classification: the request DESIGN §6 describes, backoff honouring
+//! `Retry-After`, client errors dead, refused connections retried, per-route limits.
+
+use std::time::Duration;
+
+use oncebox_core::delivery::DeliveryState;
+use oncebox_core::signature::{Headers, Scheme, Secret, verify};
+use oncebox_testkit::run;
+
+use crate::{SECRET, World, receiver, route};
+
+struct Lookup<'a>(&'a axum::http::HeaderMap);
+
+impl Headers for Lookup<'_> {
+    fn get(&self, name: &str) -> Option<&[u8]> {
+        self.0.get(name).map(|v| v.as_bytes())
+    }
+}
+
+#[test]
+fn delivers_with_a_stable_key_the_attempt_number_and_a_verifiable_signature() {
+    run(async {
+        let w = World::new();
+        let (rx, addr) = receiver::start().await;
+        w.accept("evt_1", &["hooks"]).await;
+        let relay = w.relay(vec![route("hooks", addr, true)]);
+        let out = relay.run_once().await.unwrap();
+        assert_eq!((out.claimed, out.delivered), (1, 1));
+        let seen = rx.requests();
+        assert_eq!(seen.len(), 1);
+        let h = &seen[0].headers;
+        assert_eq!(h["idempotency-key"], "shop:evt_1");
+        assert_eq!(h["oncebox-attempt"], "1");
+        assert_eq!(h["webhook-id"], "shop:evt_1");
+        assert_eq!(seen[0].body, br#"{"id":"evt_1"}"#);
+        let secret = Secret::parse(&Scheme::StandardWebhooks, SECRET).unwrap();
+        verify(
+            &Scheme::StandardWebhooks,
+            &[secret],
+            &Lookup(h),
+            &seen[0].body,
+            w.clock_now(),
+            Duration::from_secs(300),
+        )
+        .expect("the receiver verifies the signature with a Standard Webhooks check");
+        assert_eq!(w.delivery("evt_1").await.state, DeliveryState::Delivered);
+        assert_eq!(
+            relay.run_once().await.unwrap().claimed,
+            0,
+            "delivered once, not again"
+        );
+    });
+}
+
+#[test]
+fn server_errors_back_off_honouring_retry_after_then_deliver_with_the_same_key() {
+    run(async {
+        let w = World::new();
+        let (rx, addr) = receiver::start().await;
+        rx.answer(&[(503, Some(120)), (200, None)]);
+        w.accept("evt_2", &["hooks"]).await;
+        let relay = w.relay(vec![route("hooks", addr, false)]);
+        assert_eq!(relay.run_once().await.unwrap().retrying, 1);
+        let d = w.delivery("evt_2").await;
+        assert_eq!(d.state, DeliveryState::Retrying);
+        let wait = d.next_attempt_at.unwrap().millis() - w.clock_now().millis();
+        assert!(
+            wait >= 120_000,
+            "Retry-After 120 s honoured, waited {wait} ms"
+        );
+        w.clock.advance(Duration::from_secs(119));
+        assert_eq!(
+            relay.run_once().await.unwrap().claimed,
+            0,
+            "not due before Retry-After"
+        );
+        w.clock
+            .advance(Duration::from_millis(wait as u64 - 119_000));
+        assert_eq!(relay.run_once().await.unwrap().delivered, 1);
+        let seen = rx.requests();
+        assert_eq!(seen.len(), 2);
+        assert_eq!(seen[1].headers["oncebox-attempt"], "2");
+        assert_eq!(
+            seen[0].headers["idempotency-key"],
+            seen[1].headers["idempotency-key"]
+        );
+    });
+}
+
+#[test]
+fn client_errors_are_dead_and_throttling_is_retried() {
+    run(async {
+        let w = World::new();
+        let (rx, addr) = receiver::start().await;
+        let relay = w.relay(vec![route("hooks", addr, true)]);
+        for (status, id, want) in [
+            (400, "e400", DeliveryState::Dead),
+            (410, "e410", DeliveryState::Dead),
+            (422, "e422", DeliveryState::Dead),
+            (429, "e429", DeliveryState::Retrying),
+            (408, "e408", DeliveryState::Retrying),
+            (500, "e500", DeliveryState::Retrying),
+        ] {
+            rx.answer(&[(status, None)]);
+            w.accept(id, &["hooks"]).await;
+            relay.run_once().await.unwrap();
+            let d = w.delivery(id).await;
+            assert_eq!((d.state, d.last_status), (want, Some(status)), "{status}");
+        }
+    });
+}
+
+#[test]
+fn refused_connections_are_retried_as_nothing_was_sent() {
+    run(async {
+        let w = World::new();
+        // A port nobody listens on: bind, learn it, close it.
+        let closed = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap();
+        w.accept("evt_r", &["hooks"]).await;
+        let relay = w.relay(vec![route("hooks", closed, false)]);
+        let out = relay.run_once().await.unwrap();
+        assert_eq!(out.retrying, 1, "{out:?}");
+        let d = w.delivery("evt_r").await;
+        assert_eq!(
+            d.state,
+            DeliveryState::Retrying,
+            "not uncertain: the request never left"
+        );
+        assert!(d.last_error.is_some());
+    });
+}
+
+#[test]
+fn attempts_are_capped_then_dead() {
+    run(async {
+        let w = World::new();
+        let (rx, addr) = receiver::start().await;
+        rx.answer(&[(500, None)]);
+        w.accept("evt_c", &["hooks"]).await;
+        let relay = w.relay(vec![route("hooks", addr, true)]);
+        for _ in 0..5 {
+            relay.run_once().await.unwrap();
+            w.clock.advance(Duration::from_secs(3600));
+        }
+        let d = w.delivery("evt_c").await;
+        assert_eq!((d.state, d.attempts), (DeliveryState::Dead, 5));
+        assert_eq!(rx.requests().len(), 5);
+    });
+}
+
+#[test]
+fn a_failing_route_opens_its_circuit_and_other_routes_go_on() {
+    run(async {
+        let w = World::new();
+        let (bad, bad_addr) = receiver::start().await;
+        let (good, good_addr) = receiver::start().await;
+        bad.answer(&[(500, None)]);
+        let options = oncebox_relay::RelayOptions {
+            circuit_threshold: 2,
+            circuit_cooldown: Duration::from_secs(2 * 3600),
+            ..oncebox_relay::RelayOptions::default()
+        };
+        let relay = oncebox_relay::Relay::new(
+            w.inbox.clone(),
+            vec![route("bad", bad_addr, true), route("good", good_addr, true)],
+            std::sync::Arc::new(w.clock.clone()),
+            options,
+        );
+        for i in 0..2 {
+            w.accept(&format!("f{i}"), &["bad"]).await;
+        }
+        relay.run_once().await.unwrap();
+        assert_eq!(bad.requests().len(), 2);
+        w.clock.advance(Duration::from_secs(3600));
+        w.accept("g1", &["good"]).await;
+        let out = relay.run_once().await.unwrap();
+        assert_eq!(out.delivered, 1, "the good route is served: {out:?}");
+        assert_eq!(
+            bad.requests().len(),
+            2,
+            "the open circuit kept the relay off the bad route"
+        );
+        assert_eq!(good.requests().len(), 1);
+        // After the cooldown one trial round goes to the bad route again.
+        w.clock.advance(Duration::from_secs(2 * 3600));
+        relay.run_once().await.unwrap();
+        assert_eq!(
+            bad.requests().len(),
+            4,
+            "both due deliveries tried once more"
+        );
+    });
+}
+
+impl World {
+    pub fn clock_now(&self) -> oncebox_core::Timestamp {
+        use oncebox_core::Clock;
+        self.clock.now()
+    }
+}

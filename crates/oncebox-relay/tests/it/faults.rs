@@ -1,0 +1,153 @@
+//! The outcome-unknown cases: the receiver applied the request and the reply was lost, and a
+//! relay that lost its lease after the receiver's 2xx.
+
+use std::time::Duration;
+
+use oncebox_core::delivery::{DeliveryState, Verdict};
+use oncebox_core::relay_store::{AttemptRecord, DeliveryStore};
+use oncebox_core::{Clock, LeaseError};
+use oncebox_testkit::run;
+
+use crate::{World, receiver, route};
+
+#[test]
+fn reply_dropped_on_an_idempotent_route_is_retried_with_the_same_key_and_applied_once() {
+    run(async {
+        let w = World::new();
+        let (rx, addr) = receiver::start().await;
+        let (proxy, dropped) = receiver::dropping_proxy(addr).await;
+        w.accept("evt_d", &["hooks"]).await;
+        let lossy = w.relay(vec![route("hooks", proxy, true)]);
+        let out = lossy.run_once().await.unwrap();
+        assert_eq!(out.retrying, 1, "{out:?}");
+        assert_eq!(
+            *dropped.lock().unwrap(),
+            1,
+            "the reply was really dropped after the receiver answered"
+        );
+        assert_eq!(rx.hits_of("shop:evt_d"), 1, "the receiver applied it");
+        // The network heals: the next attempt reaches the receiver directly.
+        w.clock.advance(Duration::from_secs(3600));
+        let healed = w.relay(vec![route("hooks", addr, true)]);
+        assert_eq!(healed.run_once().await.unwrap().delivered, 1);
+        assert_eq!(rx.hits_of("shop:evt_d"), 2, "retried with the same key");
+        assert_eq!(
+            rx.effects_of("shop:evt_d"),
+            1,
+            "one effect at a receiver honouring the key"
+        );
+        assert_eq!(w.delivery("evt_d").await.state, DeliveryState::Delivered);
+    });
+}
+
+#[test]
+fn reply_dropped_on_a_plain_route_is_uncertain_and_reconciled_through_the_status_url() {
+    run(async {
+        let w = World::new();
+        let (rx, addr) = receiver::start().await;
+        let (proxy, dropped) = receiver::dropping_proxy(addr).await;
+        w.accept("evt_u", &["hooks"]).await;
+        let mut plain = route("hooks", proxy, false);
+        plain.status_url = Some(format!("http://{addr}/status/{{key}}"));
+        let relay = w.relay(vec![plain]);
+        let out = relay.run_once().await.unwrap();
+        assert_eq!(*dropped.lock().unwrap(), 1);
+        // The same round asks the status URL: the receiver says it applied the key.
+        assert_eq!((out.uncertain, out.reconciled), (1, 1), "{out:?}");
+        let d = w.delivery("evt_u").await;
+        assert_eq!(d.state, DeliveryState::Delivered);
+        assert_eq!(d.note.as_deref(), Some("status_url: applied"));
+        assert_eq!(rx.hits_of("shop:evt_u"), 1, "never sent twice");
+        w.clock.advance(Duration::from_secs(3600));
+        assert_eq!(relay.run_once().await.unwrap().claimed, 0);
+    });
+}
+
+#[test]
+fn uncertain_without_a_status_url_waits_for_an_operator() {
+    run(async {
+        let w = World::new();
+        let (rx, addr) = receiver::start().await;
+        let (proxy, _) = receiver::dropping_proxy(addr).await;
+        w.accept("evt_o", &["hooks"]).await;
+        let relay = w.relay(vec![route("hooks", proxy, false)]);
+        relay.run_once().await.unwrap();
+        w.clock.advance(Duration::from_secs(24 * 3600));
+        assert_eq!(
+            relay.run_once().await.unwrap().claimed,
+            0,
+            "parked, not retried"
+        );
+        let d = w.delivery("evt_o").await;
+        assert_eq!(d.state, DeliveryState::Uncertain);
+        assert!(
+            DeliveryStore::resolve(
+                &w.inbox,
+                d.id,
+                oncebox_core::relay_store::Resolve::Delivered,
+                "checked by hand",
+                w.clock.now()
+            )
+            .await
+            .unwrap()
+        );
+        assert_eq!(w.delivery("evt_o").await.state, DeliveryState::Delivered);
+        assert_eq!(rx.hits_of("shop:evt_o"), 1);
+    });
+}
+
+#[test]
+fn relay_that_lost_its_lease_after_the_receivers_2xx_cannot_record_and_the_key_is_resent() {
+    run(async {
+        let w = World::new();
+        let (rx, addr) = receiver::start().await;
+        w.accept("evt_k", &["hooks"]).await;
+        // Relay A claims and sends; the receiver answers 2xx; A stalls (or dies) before
+        // recording, past its lease.
+        let claimed = w
+            .inbox
+            .claim(
+                w.clock.now(),
+                10,
+                Duration::from_secs(60),
+                &["hooks".to_owned()],
+            )
+            .await
+            .unwrap();
+        assert_eq!(claimed.len(), 1);
+        let a = &claimed[0];
+        let sent = reqwest::Client::new()
+            .post(format!("http://{addr}/hook"))
+            .header("idempotency-key", a.idempotency_key.as_str())
+            .body(a.payload.clone())
+            .send()
+            .await
+            .unwrap();
+        assert!(sent.status().is_success());
+        w.clock.advance(Duration::from_secs(61));
+        // Relay B takes the expired claim over and delivers with the same key.
+        let b = w.relay(vec![route("hooks", addr, true)]);
+        assert_eq!(b.run_once().await.unwrap().delivered, 1);
+        assert_eq!(
+            (rx.hits_of("shop:evt_k"), rx.effects_of("shop:evt_k")),
+            (2, 1)
+        );
+        // A wakes up: its outcome is refused and nothing is overwritten.
+        let late = AttemptRecord {
+            started_at: w.clock.now(),
+            duration: Duration::ZERO,
+            status: Some(200),
+            error: None,
+        };
+        let refused = DeliveryStore::record(
+            &w.inbox,
+            a,
+            late,
+            Verdict::Dead("late".into()),
+            w.clock.now(),
+        )
+        .await;
+        assert_eq!(refused, Err(LeaseError::Fenced));
+        assert_eq!(w.delivery("evt_k").await.state, DeliveryState::Delivered);
+    });
+}

@@ -1,0 +1,174 @@
+//! Third parties the relay talks to, run by the tests: a receiver that counts effects per
+//! idempotency key and can be told how to answer, and a TCP proxy that forwards a request and
+//! then drops the reply (the receiver applied it; the relay never hears so).
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::IntoResponse;
+use axum::routing::{get, post};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+/// One request as the receiver saw it.
+#[derive(Debug, Clone)]
+pub struct Seen {
+    pub headers: HeaderMap,
+    pub body: Vec<u8>,
+}
+
+/// How the receiver answers the next requests; the last entry repeats.
+#[derive(Debug, Default)]
+struct Script {
+    answers: Vec<(u16, Option<u64>)>,
+}
+
+/// Shared state of a counting receiver.
+#[derive(Debug, Default)]
+pub struct Receiver {
+    pub seen: Mutex<Vec<Seen>>,
+    /// 2xx answers per idempotency key. A receiver that honours the key applies the first
+    /// and acknowledges the rest: its effects per key are `min(hits, 1)`.
+    hits: Mutex<HashMap<String, u32>>,
+    script: Mutex<Script>,
+}
+
+impl Receiver {
+    /// Answers `status` (with `Retry-After` seconds) to the next requests, in order.
+    pub fn answer(&self, answers: &[(u16, Option<u64>)]) {
+        self.script.lock().unwrap().answers = answers.to_vec();
+    }
+
+    pub fn requests(&self) -> Vec<Seen> {
+        self.seen.lock().unwrap().clone()
+    }
+
+    /// Requests answered 2xx for `key`.
+    pub fn hits_of(&self, key: &str) -> u32 {
+        self.hits.lock().unwrap().get(key).copied().unwrap_or(0)
+    }
+
+    /// Effects for `key` at a receiver that honours the idempotency key.
+    pub fn effects_of(&self, key: &str) -> u32 {
+        self.hits_of(key).min(1)
+    }
+}
+
+async fn hook(
+    State(r): State<Arc<Receiver>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> impl IntoResponse {
+    r.seen.lock().unwrap().push(Seen {
+        headers: headers.clone(),
+        body: body.to_vec(),
+    });
+    let (status, retry_after) = {
+        let mut script = r.script.lock().unwrap();
+        if script.answers.len() > 1 {
+            script.answers.remove(0)
+        } else {
+            script.answers.first().copied().unwrap_or((200, None))
+        }
+    };
+    if (200..300).contains(&status)
+        && let Some(key) = headers.get("idempotency-key").and_then(|v| v.to_str().ok())
+    {
+        *r.hits.lock().unwrap().entry(key.to_owned()).or_insert(0) += 1;
+    }
+    let mut res = StatusCode::from_u16(status)
+        .unwrap_or(StatusCode::OK)
+        .into_response();
+    if let Some(secs) = retry_after {
+        res.headers_mut().insert("retry-after", secs.into());
+    }
+    res
+}
+
+/// `GET /status/{key}`: whether the key was applied.
+async fn status(State(r): State<Arc<Receiver>>, Path(key): Path<String>) -> impl IntoResponse {
+    let applied = r.hits_of(&key) > 0;
+    axum::Json(serde_json::json!({ "applied": applied }))
+}
+
+/// Starts a receiver on a loopback port.
+pub async fn start() -> (Arc<Receiver>, SocketAddr) {
+    let receiver = Arc::new(Receiver::default());
+    let app = Router::new()
+        .route("/hook", post(hook))
+        .route("/status/{key}", get(status))
+        .with_state(receiver.clone());
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    (receiver, addr)
+}
+
+/// A proxy in front of `upstream` that forwards each request whole, waits for the upstream's
+/// answer, and then closes the client's connection without passing the answer on. Returns the
+/// proxy's address and a counter of replies dropped (the fault, proven to have happened).
+pub async fn dropping_proxy(upstream: SocketAddr) -> (SocketAddr, Arc<Mutex<u32>>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let dropped = Arc::new(Mutex::new(0));
+    let counter = dropped.clone();
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut client, _)) = listener.accept().await else {
+                return;
+            };
+            let counter = counter.clone();
+            tokio::spawn(async move {
+                let mut request = Vec::new();
+                let mut buf = [0u8; 8192];
+                // Read one whole request: headers, then Content-Length bytes of body.
+                loop {
+                    let Ok(n) = client.read(&mut buf).await else {
+                        return;
+                    };
+                    if n == 0 {
+                        return;
+                    }
+                    request.extend_from_slice(&buf[..n]);
+                    if complete(&request) {
+                        break;
+                    }
+                }
+                let Ok(mut up) = TcpStream::connect(upstream).await else {
+                    return;
+                };
+                if up.write_all(&request).await.is_err() {
+                    return;
+                }
+                // Wait until the receiver answered: by then it has applied the request.
+                let mut reply = [0u8; 1024];
+                if matches!(up.read(&mut reply).await, Ok(n) if n > 0) {
+                    *counter.lock().unwrap() += 1;
+                }
+                // Drop both connections: the relay sees the connection close with no answer.
+                drop(client);
+            });
+        }
+    });
+    (addr, dropped)
+}
+
+fn complete(request: &[u8]) -> bool {
+    let Some(end) = request.windows(4).position(|w| w == b"\r\n\r\n") else {
+        return false;
+    };
+    let head = String::from_utf8_lossy(&request[..end]).to_ascii_lowercase();
+    let length = head
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("content-length:")
+                .map(|v| v.trim().parse::<usize>().unwrap_or(0))
+        })
+        .unwrap_or(0);
+    request.len() >= end + 4 + length
+}
