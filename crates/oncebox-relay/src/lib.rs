@@ -4,6 +4,7 @@
 //! an answer is retried only where the route honours the key; otherwise it is parked as
 //! *uncertain* for a status URL or an operator to settle.
 
+pub mod crash;
 mod relay;
 mod send;
 

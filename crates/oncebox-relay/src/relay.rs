@@ -197,6 +197,9 @@ impl<S: DeliveryStore> Relay<S> {
         };
         metrics::counter!("oncebox_delivery_attempts_total", "route" => route.name.clone(), "outcome" => label).increment(1);
         tracing::debug!(route = %route.name, key = %claimed.idempotency_key, ?verdict, "attempt");
+        // Between the receiver's answer and our record: a crash here leaves the delivery in
+        // flight; after the lease it is claimed again and re-sent with the same key.
+        crate::crash::point!("relay-before-record");
         match self
             .store
             .record(claimed, record, verdict.clone(), now)

@@ -11,10 +11,14 @@ pub const POINTS: [&str; 4] = [
 ];
 
 /// Stops the process the way the OOM killer would: SIGKILL, no destructors, no flush.
-#[cfg(feature = "crash-points")]
+///
+/// Always compiled: another crate of the same build may turn on `fail`'s failpoints, which makes
+/// the points below live even when this crate's own feature is off.
 pub fn die() -> ! {
+    #[cfg(feature = "crash-points")]
     let _ = nix::sys::signal::raise(nix::sys::signal::Signal::SIGKILL);
-    // SIGKILL cannot be caught, so this is only reached if raising it failed.
+    // SIGKILL cannot be caught, so this is only reached without the feature or if raising it
+    // failed.
     std::process::abort()
 }
 

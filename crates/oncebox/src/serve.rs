@@ -10,6 +10,7 @@ use oncebox_core::store::EventStore;
 use oncebox_core::{Clock, Retention, SystemClock};
 use oncebox_gateway::policy::GatewayConfig;
 use oncebox_gateway::{Gateway, router, serve};
+use oncebox_relay::Relay;
 use tokio::net::TcpListener;
 
 use crate::config::Settings;
@@ -18,7 +19,8 @@ use crate::open_store;
 /// How often terminal records past their retention are purged.
 const PURGE_EVERY: Duration = Duration::from_secs(3600);
 
-pub async fn run(settings: Settings) -> Result<()> {
+/// Runs the gateway, and the relay in the same process when `with_relay` and routes exist.
+pub async fn run(settings: Settings, with_relay: bool) -> Result<()> {
     for warning in &settings.warnings {
         tracing::warn!("{warning}");
     }
@@ -33,6 +35,8 @@ pub async fn run(settings: Settings) -> Result<()> {
     let config = settings.gateway;
     let limits = config.limits.clone();
     let retention = retention(&config);
+    let routes = config.routes.clone();
+    let relay_options = settings.relay;
     if config.open_sources {
         tracing::warn!(
             "no sources configured: accepting any source name WITHOUT signature checks (loopback only)"
@@ -47,10 +51,46 @@ pub async fn run(settings: Settings) -> Result<()> {
         loopback_only: local.ip().is_loopback(),
     });
     let purger = tokio::spawn(purge_forever(inbox.clone(), retention));
-    serve(listener, router(gw), limits, shutdown_signal()).await?;
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let relay = (with_relay && !routes.is_empty()).then(|| {
+        let relay = Relay::new(inbox.clone(), routes, Arc::new(SystemClock), relay_options);
+        let stopped = stopped.clone();
+        tokio::spawn(async move { relay.run(wait_for(stopped)).await })
+    });
+    serve(listener, router(gw), limits, async move {
+        shutdown_signal().await;
+        let _ = stop.send(true);
+    })
+    .await?;
+    if let Some(relay) = relay {
+        // The relay finishes the attempt in hand and records it before the store closes.
+        let _ = relay.await;
+    }
     purger.abort();
     tracing::info!("stopped");
     Ok(())
+}
+
+/// `oncebox relay`: the relay alone, for deployments that run it apart from the gateway.
+pub async fn relay_only(settings: Settings) -> Result<()> {
+    let (inbox, path) = open_store(&settings.database)?;
+    let routes = settings.gateway.routes;
+    if routes.is_empty() {
+        anyhow::bail!("no [routes] configured: nothing to deliver");
+    }
+    tracing::info!(routes = routes.len(), database = %path.display(), "relay running");
+    let relay = Relay::new(inbox, routes, Arc::new(SystemClock), settings.relay);
+    relay.run(shutdown_signal()).await;
+    tracing::info!("relay stopped");
+    Ok(())
+}
+
+async fn wait_for(mut stopped: tokio::sync::watch::Receiver<bool>) {
+    while !*stopped.borrow_and_update() {
+        if stopped.changed().await.is_err() {
+            return;
+        }
+    }
 }
 
 fn retention(config: &GatewayConfig) -> Retention {

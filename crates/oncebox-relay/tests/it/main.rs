@@ -3,6 +3,7 @@
 
 mod delivery;
 mod faults;
+mod kill;
 mod receiver;
 
 use std::net::SocketAddr;
@@ -26,7 +27,7 @@ pub const START: Timestamp = Timestamp(1_767_225_600_000);
 pub struct World {
     pub inbox: Inbox,
     pub clock: ManualClock,
-    _dir: tempfile::TempDir,
+    dir: tempfile::TempDir,
 }
 
 impl Default for World {
@@ -36,17 +37,17 @@ impl Default for World {
         let inbox =
             Inbox::open(Options::new(dir.path().join("relay.db")).clock(Arc::new(clock.clone())))
                 .unwrap();
-        World {
-            inbox,
-            clock,
-            _dir: dir,
-        }
+        World { inbox, clock, dir }
     }
 }
 
 impl World {
     pub fn new() -> World {
         World::default()
+    }
+
+    pub fn path(&self) -> std::path::PathBuf {
+        self.dir.path().join("relay.db")
     }
 
     /// Accepts `shop:{id}` for `routes`, as the gateway would.

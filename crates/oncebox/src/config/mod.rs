@@ -50,6 +50,7 @@ pub struct Settings {
     pub gateway: GatewayConfig,
     /// Accepted but risky choices, e.g. a source without signature; printed by the caller.
     pub warnings: Vec<String>,
+    pub relay: oncebox_relay::RelayOptions,
 }
 
 /// Written by hand because `GatewayConfig`'s derived `Debug` would print the admin token, and a
@@ -64,6 +65,8 @@ impl fmt::Debug for Settings {
             .field("open_sources", &gw.open_sources)
             .field("admin_token", &gw.admin_token.as_ref().map(|_| "***"))
             .field("limits", &gw.limits)
+            .field("routes", &gw.routes)
+            .field("relay", &self.relay)
             .field("warnings", &self.warnings)
             .finish()
     }
@@ -240,6 +243,33 @@ impl<'f> Problems<'f> {
     }
 }
 
+/// The relay's tuning; its lease must outlast every route's timeout, or a slow attempt would
+/// lose its lease before it could record the outcome.
+fn relay_options(
+    raw: &raw::RawRelay,
+    routes: &[oncebox_core::route::Route],
+    p: &mut Problems<'_>,
+) -> oncebox_relay::RelayOptions {
+    let d = oncebox_relay::RelayOptions::default();
+    let o = oncebox_relay::RelayOptions {
+        lease: raw.lease.map_or(d.lease, |v| v.0),
+        idle_poll: raw.poll.map_or(d.idle_poll, |v| v.0),
+        batch: raw.batch.unwrap_or(d.batch),
+        circuit_threshold: raw.circuit_threshold.unwrap_or(d.circuit_threshold),
+        circuit_cooldown: raw.circuit_cooldown.map_or(d.circuit_cooldown, |v| v.0),
+    };
+    if let Some(slow) = routes.iter().find(|r| r.timeout >= o.lease) {
+        p.push(
+            "relay.lease",
+            format_args!("must be longer than routes.{}.timeout", slow.name),
+        );
+    }
+    if o.batch == 0 || o.circuit_threshold == 0 {
+        p.push("relay", "batch and circuit_threshold must be at least 1");
+    }
+    o
+}
+
 fn validate(raw: RawConfig, p: &mut Problems<'_>) -> Settings {
     let mut warnings = Vec::new();
     let listen = match raw.listen.as_deref() {
@@ -292,12 +322,14 @@ fn validate(raw: RawConfig, p: &mut Problems<'_>) -> Settings {
                 .to_owned(),
         );
     }
-    let routes = raw
+    let routes: Vec<_> = raw
         .routes
         .iter()
         .filter_map(|(name, r)| route::validate(name, r, &sources, open_sources, p))
         .collect();
+    let relay = relay_options(&raw.relay, &routes, p);
     Settings {
+        relay,
         listen,
         database,
         gateway: GatewayConfig {

@@ -26,6 +26,19 @@ pub(super) struct RawConfig {
     pub sources: BTreeMap<String, RawSource>,
     #[serde(default)]
     pub routes: BTreeMap<String, super::route::RawRoute>,
+    #[serde(default)]
+    pub relay: RawRelay,
+}
+
+/// `[relay]`: tuning of the relay that delivers to routes.
+#[derive(Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawRelay {
+    pub lease: Option<HumanDuration>,
+    pub poll: Option<HumanDuration>,
+    pub batch: Option<usize>,
+    pub circuit_threshold: Option<u32>,
+    pub circuit_cooldown: Option<HumanDuration>,
 }
 
 #[derive(Default, Deserialize)]
