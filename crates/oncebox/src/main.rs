@@ -8,11 +8,14 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
+use oncebox_core::relay_store::DeliveryStore;
 use oncebox_core::store::{EventFilter, EventStore};
 use oncebox_core::{Clock, Key, Retention, SystemClock};
 use oncebox_sqlite::{Inbox, Options, RecordState};
 
+mod bench;
 mod config;
+mod deliveries;
 mod send;
 mod serve;
 
@@ -47,7 +50,22 @@ enum Command {
         /// Bearer token of the admin API (or ONCEBOX_ADMIN_TOKEN).
         #[arg(long)]
         admin_token: Option<String>,
+        /// Do not run the relay in this process (run `oncebox relay` elsewhere).
+        #[arg(long)]
+        no_relay: bool,
     },
+    /// Run the relay alone: deliver accepted events to the configured routes.
+    Relay,
+    /// Inspect and settle deliveries.
+    ///
+    /// Example: `oncebox deliveries list --state uncertain` then
+    /// `oncebox deliveries resolve 42 --delivered --note "confirmed with the receiver"`
+    Deliveries {
+        #[command(subcommand)]
+        action: DeliveriesCommand,
+    },
+    /// Deliver an event to its routes again, with the same idempotency key.
+    Redeliver { source: String, event_id: String },
     /// Validate the configuration and describe it; names the bad field if any.
     Check,
     /// Sign a test event with a source's scheme and send it to the running gateway.
@@ -65,6 +83,11 @@ enum Command {
         #[arg(long)]
         url: Option<String>,
     },
+    /// Load the running gateway with new and duplicate events, report requests/s and latency,
+    /// then check that every accepted key is stored exactly once (exit code 3 if not).
+    ///
+    /// Example: `oncebox serve` then `oncebox bench --events 20000 --connections 64`
+    Bench(bench::BenchArgs),
     /// List stored events in arrival order.
     Events {
         #[arg(long)]
@@ -91,6 +114,39 @@ enum Command {
     },
     /// Create the database or bring its schema up to date.
     Migrate,
+}
+
+#[derive(Debug, Subcommand)]
+enum DeliveriesCommand {
+    /// Deliveries oldest first, by state and route.
+    List {
+        /// pending, in_flight, delivered, retrying, uncertain or dead.
+        #[arg(long)]
+        state: Option<String>,
+        #[arg(long)]
+        route: Option<String>,
+        #[arg(long)]
+        after: Option<i64>,
+        #[arg(long, default_value_t = 50)]
+        limit: usize,
+        /// `text` or `json`.
+        #[arg(long, default_value = "text")]
+        output: String,
+    },
+    /// Make a dead, uncertain or retrying delivery due now (same key).
+    Retry { id: i64 },
+    /// Settle a delivery by hand.
+    Resolve {
+        id: i64,
+        /// The receiver did apply it.
+        #[arg(long, conflicts_with = "dead", required_unless_present = "dead")]
+        delivered: bool,
+        /// Give up on it.
+        #[arg(long)]
+        dead: bool,
+        #[arg(long, default_value = "")]
+        note: String,
+    },
 }
 
 /// Opens the store named by a database URL.
@@ -138,6 +194,7 @@ async fn run(cli: Cli) -> Result<bool> {
         Command::Serve {
             listen,
             admin_token,
+            ..
         } => (*listen, admin_token.clone()),
         _ => (None, None),
     };
@@ -150,9 +207,26 @@ async fn run(cli: Cli) -> Result<bool> {
     let settings = config::load(&overrides)?;
     let mut out = std::io::stdout().lock();
     match cli.command {
-        Command::Serve { .. } => {
+        Command::Serve { no_relay, .. } => {
             drop(out);
-            serve::run(settings).await?;
+            serve::run(settings, !no_relay).await?;
+        }
+        Command::Relay => {
+            drop(out);
+            serve::relay_only(settings).await?;
+        }
+        Command::Deliveries { action } => {
+            let (inbox, _) = open_store(&settings.database)?;
+            return deliveries::run(&mut out, &inbox, action).await;
+        }
+        Command::Redeliver { source, event_id } => {
+            let (inbox, _) = open_store(&settings.database)?;
+            let key = Key::parse(&source, &event_id)?;
+            let n = DeliveryStore::redeliver(&inbox, &key, SystemClock.now()).await?;
+            if n == 0 {
+                bail!("{key} has no deliveries to redeliver");
+            }
+            writeln!(out, "{n} deliveries of {key} are due again (same key)")?;
         }
         Command::Check => {
             for w in &settings.warnings {
@@ -178,6 +252,10 @@ async fn run(cli: Cli) -> Result<bool> {
                 },
             )
             .await;
+        }
+        Command::Bench(args) => {
+            drop(out);
+            return bench::run(&settings, args).await;
         }
         Command::Events {
             source,

@@ -1,0 +1,552 @@
+//! `oncebox bench`: load a running gateway with new and duplicate events, then check storage.
+
+use std::collections::{BTreeMap, HashMap};
+use std::io::Write;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use indicatif::{ProgressBar, ProgressStyle};
+use oncebox_core::fingerprint::derive_event_id;
+use oncebox_core::signature::sign;
+use oncebox_core::{Clock, Source, SystemClock};
+use oncebox_gateway::policy::{EventIdRule, SourcePolicy};
+use serde::Deserialize;
+use serde_json::{Map, Value, json};
+
+use crate::config::Settings;
+
+/// Largest page `GET /v1/events` returns.
+const PAGE: usize = 500;
+/// A request that takes longer is counted as unanswered (its outcome is unknown).
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+/// How many differing keys the invariant report names, per kind of difference.
+const SHOWN: usize = 10;
+
+/// Options of `oncebox bench`.
+#[derive(Debug, clap::Args)]
+pub struct BenchArgs {
+    /// Gateway base URL [default: http://<listen>]
+    #[arg(long)]
+    pub url: Option<String>,
+    /// Source to send to [default: a fresh `bench-<millis>` in zero-config mode]. With configured
+    /// sources it must name one; its scheme and first secret sign every request.
+    #[arg(long)]
+    pub source: Option<String>,
+    /// Concurrent connections, one sender each.
+    #[arg(long, default_value_t = 64)]
+    pub connections: usize,
+    /// Requests to send in all, duplicates included.
+    #[arg(long, default_value_t = 20_000)]
+    pub events: usize,
+    /// Share of requests that resend an id the same connection already sent (same body).
+    #[arg(long, default_value_t = 0.1)]
+    pub duplicates: f64,
+    /// Bearer token of the admin API, for the final listing [default: the configured admin_token]
+    #[arg(long)]
+    pub admin_token: Option<String>,
+}
+
+/// What every sender shares.
+struct Target {
+    ingest_url: String,
+    source: Source,
+    policy: SourcePolicy,
+}
+
+/// One event as sent: the id the sender puts in headers, the id the gateway will store it
+/// under (differs only for derived ids), and the body, resent unchanged by duplicates.
+#[derive(Clone)]
+struct Sent {
+    id: String,
+    stored_as: String,
+    body: String,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Class {
+    New,
+    Duplicate,
+}
+
+/// The answer to one request; `status` is `None` when none came (connection error, timeout).
+struct Outcome {
+    class: Class,
+    status: Option<u16>,
+    latency: Duration,
+}
+
+/// What the gateway told one connection about each of its keys.
+#[derive(Default)]
+struct KeyState {
+    /// Some request for the key was answered 2xx: it must be stored.
+    acked: bool,
+    /// Some request for the key got no answer or a 503: it may or may not be stored.
+    uncertain: bool,
+}
+
+#[derive(Default)]
+struct ConnectionReport {
+    outcomes: Vec<Outcome>,
+    keys: HashMap<String, KeyState>,
+    /// Keys answered 2xx without `Idempotent-Replayed` after an earlier 2xx: accepted twice.
+    reaccepted: Vec<String>,
+    first_error: Option<String>,
+}
+
+pub async fn run(settings: &Settings, args: BenchArgs) -> Result<bool> {
+    if args.connections == 0 || args.events == 0 {
+        bail!("--connections and --events must be at least 1");
+    }
+    if !(0.0..1.0).contains(&args.duplicates) {
+        bail!("--duplicates must be a share in [0, 1), e.g. 0.1");
+    }
+    let source = match &args.source {
+        Some(name) => Source::new(name.as_str()).context("--source")?,
+        None if settings.gateway.open_sources => {
+            Source::new(format!("bench-{}", SystemClock.now().millis()))?
+        }
+        None => bail!(
+            "--source is required with configured sources (one of: {})",
+            names(settings)
+        ),
+    };
+    let Some(policy) = settings.gateway.source(&source) else {
+        bail!(
+            "no source {:?} in the configuration (one of: {})",
+            source.as_str(),
+            names(settings)
+        );
+    };
+    let base = args
+        .url
+        .clone()
+        .unwrap_or_else(|| format!("http://{}", settings.listen));
+    let base = base.trim_end_matches('/').to_owned();
+    let token = args
+        .admin_token
+        .clone()
+        .or_else(|| settings.gateway.admin_token.clone());
+    // Fail in a second, not after a full run of refused connections.
+    let probe = format!("{base}/healthz");
+    reqwest::Client::new()
+        .get(&probe)
+        .timeout(Duration::from_secs(5))
+        .send()
+        .await
+        .with_context(|| format!("GET {probe}: is `oncebox serve` running?"))?;
+
+    let target = Arc::new(Target {
+        ingest_url: format!("{base}/v1/sources/{source}/events"),
+        source: source.clone(),
+        policy: policy.clone(),
+    });
+    let mut out = std::io::stdout().lock();
+    writeln!(
+        out,
+        "oncebox bench: {} requests ({:.0}% duplicates) on {} connections to {base}, source {source}",
+        args.events,
+        args.duplicates * 100.0,
+        args.connections
+    )?;
+    drop(out);
+
+    let bar = ProgressBar::new(args.events as u64);
+    bar.set_style(
+        ProgressStyle::with_template("{bar:40} {pos}/{len} {per_sec} eta {eta}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    let started = Instant::now();
+    let senders: Vec<_> = (0..args.connections)
+        .map(|c| {
+            // The remainder goes to the first connections, one each.
+            let n =
+                args.events / args.connections + usize::from(c < args.events % args.connections);
+            tokio::spawn(connection(
+                target.clone(),
+                n,
+                args.duplicates,
+                seed(c),
+                bar.clone(),
+            ))
+        })
+        .collect();
+    let mut reports = Vec::with_capacity(senders.len());
+    for s in senders {
+        reports.push(s.await.context("a sender task failed")??);
+    }
+    let elapsed = started.elapsed();
+    bar.finish_and_clear();
+
+    let mut out = std::io::stdout().lock();
+    print_figures(&mut out, &reports, elapsed)?;
+    let stored = stored_ids(&base, &target.source, token.as_deref()).await?;
+    check(&mut out, &reports, &stored)
+}
+
+fn names(settings: &Settings) -> String {
+    let names: Vec<&str> = settings
+        .gateway
+        .sources
+        .keys()
+        .map(Source::as_str)
+        .collect();
+    names.join(", ")
+}
+
+/// A per-connection seed, so connections pick different earlier ids to repeat.
+fn seed(connection: usize) -> u64 {
+    0x9E37_79B9_7F4A_7C15_u64.wrapping_mul(connection as u64 + 1)
+}
+
+/// xorshift64: enough to pick which earlier id a duplicate repeats.
+fn next(state: &mut u64) -> u64 {
+    *state ^= *state << 13;
+    *state ^= *state >> 7;
+    *state ^= *state << 17;
+    *state
+}
+
+/// One connection: `n` requests in sequence, a `duplicates` share of them resending an id this
+/// connection sent before, so a duplicate never races its original.
+async fn connection(
+    target: Arc<Target>,
+    n: usize,
+    duplicates: f64,
+    mut rng: u64,
+    bar: ProgressBar,
+) -> Result<ConnectionReport> {
+    // One pooled connection per sender: the connection count is exactly `--connections`.
+    let client = reqwest::Client::builder()
+        .pool_max_idle_per_host(1)
+        .tcp_nodelay(true)
+        .timeout(REQUEST_TIMEOUT)
+        .build()
+        .context("building the HTTP client")?;
+    let mut sent: Vec<Sent> = Vec::new();
+    let mut report = ConnectionReport::default();
+    let mut repeated = 0usize;
+    for i in 0..n {
+        // Duplicates are spread evenly: after i+1 requests, floor((i+1)·share) were repeats.
+        let due = ((i + 1) as f64 * duplicates) as usize;
+        let (class, event) = if repeated < due && !sent.is_empty() {
+            repeated += 1;
+            let pick = (next(&mut rng) % sent.len() as u64) as usize;
+            (Class::Duplicate, sent[pick].clone())
+        } else {
+            let event = new_event(&target.policy)?;
+            sent.push(event.clone());
+            (Class::New, event)
+        };
+        let started = Instant::now();
+        let answer = send(&client, &target, &event).await;
+        let latency = started.elapsed();
+        let state = report.keys.entry(event.stored_as.clone()).or_default();
+        let status = match answer {
+            Ok((status, replayed)) => {
+                let success = (200..300).contains(&status);
+                if success && !replayed && state.acked {
+                    report.reaccepted.push(event.stored_as.clone());
+                }
+                state.acked |= success;
+                // 503 may mean "commit outcome unknown" (DESIGN §4): the key may be stored.
+                state.uncertain |= status == 503;
+                Some(status)
+            }
+            Err(e) => {
+                state.uncertain = true;
+                report.first_error.get_or_insert_with(|| format!("{e:#}"));
+                None
+            }
+        };
+        report.outcomes.push(Outcome {
+            class,
+            status,
+            latency,
+        });
+        bar.inc(1);
+    }
+    Ok(report)
+}
+
+/// A fresh UUIDv4 event, with the id wherever the source's rule looks for it.
+fn new_event(policy: &SourcePolicy) -> Result<Sent> {
+    let id = uuid::Uuid::new_v4().to_string();
+    let mut doc = json!({
+        "id": id,
+        "type": "oncebox.bench",
+        "amount": 1,
+        "created": SystemClock.now().millis() / 1000,
+    });
+    match &policy.event_id {
+        EventIdRule::Pointer(p) => set(&mut doc, p.tokens(), Value::String(id.clone())),
+        // Each derivation field gets the (unique) id, so derived ids are unique too.
+        EventIdRule::Derive(pointers) => {
+            for p in pointers {
+                set(&mut doc, p.tokens(), Value::String(id.clone()));
+            }
+        }
+        _ => {}
+    }
+    let body = doc.to_string();
+    let stored_as = match &policy.event_id {
+        EventIdRule::Derive(pointers) => {
+            derive_event_id(body.as_bytes(), pointers).context("deriving the event id")?
+        }
+        _ => id.clone(),
+    };
+    Ok(Sent {
+        id,
+        stored_as,
+        body,
+    })
+}
+
+/// Sets the value at a JSON pointer, creating objects on the way; the root cannot be set.
+fn set(doc: &mut Value, tokens: &[String], value: Value) {
+    let Some((last, path)) = tokens.split_last() else {
+        return;
+    };
+    let mut at = doc;
+    for token in path {
+        if !at.is_object() {
+            *at = Value::Object(Map::new());
+        }
+        let Value::Object(map) = at else { return };
+        at = map
+            .entry(token.clone())
+            .or_insert_with(|| Value::Object(Map::new()));
+    }
+    if !at.is_object() {
+        *at = Value::Object(Map::new());
+    }
+    if let Value::Object(map) = at {
+        map.insert(last.clone(), value);
+    }
+}
+
+/// Posts one event, signed now (a sender's retry is signed again, with the same body).
+async fn send(client: &reqwest::Client, target: &Target, event: &Sent) -> Result<(u16, bool)> {
+    let policy = &target.policy;
+    let mut request = client
+        .post(&target.ingest_url)
+        .header("content-type", "application/json")
+        .body(event.body.clone());
+    match &policy.event_id {
+        EventIdRule::Header(name) => request = request.header(name.as_str(), event.id.as_str()),
+        EventIdRule::Default => request = request.header("idempotency-key", event.id.as_str()),
+        // Pointer and derived ids come from the body itself.
+        _ => {}
+    }
+    if let Some(secret) = policy.secrets.first() {
+        let now = SystemClock.now();
+        for (name, value) in sign(
+            &policy.scheme,
+            secret,
+            &event.id,
+            now,
+            event.body.as_bytes(),
+        ) {
+            request = request.header(name, value);
+        }
+    }
+    let response = request.send().await?;
+    let status = response.status().as_u16();
+    let replayed = response
+        .headers()
+        .get("idempotent-replayed")
+        .is_some_and(|v| v == "true");
+    // Read the body so the connection can carry the next request; the status already decided.
+    let _ = response.bytes().await;
+    Ok((status, replayed))
+}
+
+fn print_figures(
+    out: &mut impl Write,
+    reports: &[ConnectionReport],
+    elapsed: Duration,
+) -> Result<()> {
+    let secs = elapsed.as_secs_f64().max(f64::EPSILON);
+    let all: Vec<&Outcome> = reports.iter().flat_map(|r| &r.outcomes).collect();
+    writeln!(out, "elapsed {secs:.2} s")?;
+    writeln!(
+        out,
+        "{:<11} {:>7} requests {:>8.0} req/s",
+        "all",
+        all.len(),
+        all.len() as f64 / secs
+    )?;
+    for (label, class) in [("new", Class::New), ("duplicates", Class::Duplicate)] {
+        let mut latencies: Vec<Duration> = all
+            .iter()
+            .filter(|o| o.class == class)
+            .map(|o| o.latency)
+            .collect();
+        latencies.sort_unstable();
+        writeln!(
+            out,
+            "{label:<11} {:>7} requests {:>8.0} req/s   p50 {:>7.2} ms   p99 {:>7.2} ms",
+            latencies.len(),
+            latencies.len() as f64 / secs,
+            percentile(&latencies, 50),
+            percentile(&latencies, 99)
+        )?;
+    }
+    let mut statuses: BTreeMap<String, usize> = BTreeMap::new();
+    for o in &all {
+        let name = o
+            .status
+            .map_or_else(|| "no answer".to_owned(), |s| s.to_string());
+        *statuses.entry(name).or_default() += 1;
+    }
+    let statuses: Vec<String> = statuses.iter().map(|(s, n)| format!("{s}: {n}")).collect();
+    writeln!(out, "status {}", statuses.join(", "))?;
+    if let Some(e) = reports.iter().find_map(|r| r.first_error.as_ref()) {
+        writeln!(out, "first error: {e}")?;
+    }
+    Ok(())
+}
+
+/// Nearest-rank percentile of sorted latencies, in milliseconds.
+fn percentile(sorted: &[Duration], p: usize) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let rank = (sorted.len() * p).div_ceil(100).clamp(1, sorted.len());
+    sorted[rank - 1].as_secs_f64() * 1000.0
+}
+
+#[derive(Deserialize)]
+struct EventsPage {
+    items: Vec<EventItem>,
+    next: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct EventItem {
+    event_id: String,
+}
+
+/// Every event id stored for `source`, in arrival order, repeats included.
+async fn stored_ids(base: &str, source: &Source, token: Option<&str>) -> Result<Vec<String>> {
+    let client = reqwest::Client::builder()
+        .timeout(REQUEST_TIMEOUT)
+        .build()
+        .context("building the HTTP client")?;
+    let url = format!("{base}/v1/events");
+    let limit = PAGE.to_string();
+    let mut ids = Vec::new();
+    let mut after: Option<String> = None;
+    loop {
+        let mut query = vec![("source", source.as_str()), ("limit", limit.as_str())];
+        if let Some(cursor) = &after {
+            query.push(("after", cursor.as_str()));
+        }
+        let mut request = client.get(&url).query(&query);
+        if let Some(token) = token {
+            request = request.bearer_auth(token);
+        }
+        let response = request
+            .send()
+            .await
+            .with_context(|| format!("GET {url} for the invariant check"))?;
+        let status = response.status();
+        if !status.is_success() {
+            let text = response.text().await.unwrap_or_default();
+            bail!("GET {url} for the invariant check: {status}: {text} (is --admin-token needed?)");
+        }
+        let page: EventsPage = response
+            .json()
+            .await
+            .with_context(|| format!("GET {url}: unexpected listing"))?;
+        ids.extend(page.items.into_iter().map(|i| i.event_id));
+        match page.next {
+            // A cursor that does not move would loop forever.
+            Some(next) if after.as_ref() != Some(&next) => after = Some(next),
+            Some(next) => bail!("GET {url}: the cursor did not advance past {next}"),
+            None => return Ok(ids),
+        }
+    }
+}
+
+/// Compares what the gateway stored with what it answered: every key answered 2xx stored
+/// exactly once, nothing stored that was refused, no key accepted twice.
+fn check(out: &mut impl Write, reports: &[ConnectionReport], stored: &[String]) -> Result<bool> {
+    let mut copies: HashMap<&str, usize> = HashMap::new();
+    for id in stored {
+        *copies.entry(id.as_str()).or_default() += 1;
+    }
+    let keys: HashMap<&str, &KeyState> = reports
+        .iter()
+        .flat_map(|r| r.keys.iter().map(|(k, s)| (k.as_str(), s)))
+        .collect();
+    let mut missing: Vec<&str> = keys
+        .iter()
+        .filter(|(k, s)| s.acked && !copies.contains_key(*k))
+        .map(|(k, _)| *k)
+        .collect();
+    let mut twice: Vec<&str> = copies
+        .iter()
+        .filter(|(_, n)| **n > 1)
+        .map(|(k, _)| *k)
+        .collect();
+    // Ours, stored, never answered 2xx, and not of unknown outcome either: refused yet kept.
+    let mut unacked: Vec<&str> = keys
+        .iter()
+        .filter(|(k, s)| !s.acked && !s.uncertain && copies.contains_key(*k))
+        .map(|(k, _)| *k)
+        .collect();
+    let mut reaccepted: Vec<&str> = reports
+        .iter()
+        .flat_map(|r| r.reaccepted.iter().map(String::as_str))
+        .collect();
+    let unknown_stored = keys
+        .iter()
+        .filter(|(k, s)| !s.acked && s.uncertain && copies.contains_key(*k))
+        .count();
+    // Ids in the source that this run did not send (an earlier run into a configured source).
+    let foreign = copies.keys().filter(|k| !keys.contains_key(*k)).count();
+    if unknown_stored > 0 {
+        writeln!(
+            out,
+            "note: {unknown_stored} keys of unknown outcome (no answer or 503) were stored"
+        )?;
+    }
+    if foreign > 0 {
+        writeln!(
+            out,
+            "note: {foreign} keys in the source were not sent by this run"
+        )?;
+    }
+    let ours = keys.keys().filter(|k| copies.contains_key(*k)).count();
+    let mut ok = true;
+    for (what, list) in [
+        ("accepted (2xx) but not stored", &mut missing),
+        ("stored more than once", &mut twice),
+        ("stored but refused (no 2xx)", &mut unacked),
+        (
+            "accepted again without Idempotent-Replayed",
+            &mut reaccepted,
+        ),
+    ] {
+        if list.is_empty() {
+            continue;
+        }
+        ok = false;
+        list.sort_unstable();
+        // A key resent several times is named once.
+        list.dedup();
+        let shown: Vec<&str> = list.iter().take(SHOWN).copied().collect();
+        writeln!(
+            out,
+            "invariant: {} keys {what}: {}{}",
+            list.len(),
+            shown.join(", "),
+            if list.len() > SHOWN { ", …" } else { "" }
+        )?;
+    }
+    if ok {
+        writeln!(out, "invariant: ok ({ours} keys)")?;
+    }
+    Ok(ok)
+}
