@@ -2,6 +2,7 @@
 
 mod gateway;
 mod kill;
+mod relay;
 
 use std::process::Command;
 

@@ -1,0 +1,169 @@
+//! The deliveries admin API through the router: events fan out to matching routes, and
+//! operators list, retry, resolve and redeliver.
+
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use oncebox_core::delivery::{RetryPolicy, Verdict};
+use oncebox_core::json::{Pointer, Value};
+use oncebox_core::relay_store::{AttemptRecord, DeliveryStore};
+use oncebox_core::route::Route;
+use oncebox_core::{Clock, Source};
+use oncebox_testkit::run;
+
+use crate::support::{ADMIN_TOKEN, TestGateway, admin_get, config, post};
+
+fn route(name: &str, filter: Option<(&str, &str)>) -> Route {
+    Route {
+        name: name.to_owned(),
+        sources: vec![Source::new("open").unwrap()],
+        filter: filter.map(|(p, v)| (Pointer::parse(p).unwrap(), Value::String(v.to_owned()))),
+        url: "http://127.0.0.1:9/hooks".to_owned(),
+        timeout: Duration::from_secs(5),
+        signing_secret: None,
+        idempotent: true,
+        status_url: None,
+        retry: RetryPolicy::default(),
+        concurrency: 4,
+    }
+}
+
+fn admin_post(path: &str, body: &str) -> Request<Body> {
+    Request::post(path)
+        .header("authorization", format!("Bearer {ADMIN_TOKEN}"))
+        .body(Body::from(body.to_owned()))
+        .unwrap()
+}
+
+#[test]
+fn accepted_events_fan_out_to_matching_routes_only() {
+    run(async {
+        let mut cfg = config();
+        cfg.routes = vec![route("all", None), route("paid", Some(("/type", "paid")))];
+        let gw = TestGateway::with(cfg, oncebox_sqlite::Options::new);
+        gw.send(post("open", &[], r#"{"id":"e1","type":"paid"}"#))
+            .await;
+        gw.send(post("open", &[], r#"{"id":"e2","type":"created"}"#))
+            .await;
+        gw.send(post("open", &[], r#"{"id":"e1","type":"paid"}"#))
+            .await; // a replay adds none
+        gw.send(post("derived", &[], r#"{"order_id":"1","type":"paid"}"#))
+            .await; // other source
+        let list = gw
+            .send(admin_get("/v1/deliveries?state=pending"))
+            .await
+            .json();
+        let got: Vec<(String, String)> = list["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|d| {
+                (
+                    d["route"].as_str().unwrap().to_owned(),
+                    d["event_id"].as_str().unwrap().to_owned(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("all".into(), "e1".into()),
+                ("paid".into(), "e1".into()),
+                ("all".into(), "e2".into())
+            ]
+        );
+        let paid = gw.send(admin_get("/v1/deliveries?route=paid")).await.json();
+        assert_eq!(paid["items"][0]["idempotency_key"], "open:e1");
+        let event = gw
+            .send(admin_get("/v1/sources/open/events/e1"))
+            .await
+            .json();
+        assert_eq!(event["deliveries"].as_array().unwrap().len(), 2);
+        let bad = gw.send(admin_get("/v1/deliveries?state=lost")).await;
+        assert_eq!(
+            (bad.status, bad.slug().as_str()),
+            (StatusCode::BAD_REQUEST, "invalid-query")
+        );
+    });
+}
+
+#[test]
+fn operators_retry_resolve_and_redeliver_with_the_same_key() {
+    run(async {
+        let mut cfg = config();
+        cfg.routes = vec![route("all", None)];
+        let gw = TestGateway::with(cfg, oncebox_sqlite::Options::new);
+        gw.send(post("open", &[], r#"{"id":"e1"}"#)).await;
+        let id = gw.send(admin_get("/v1/deliveries")).await.json()["items"][0]["id"]
+            .as_i64()
+            .unwrap();
+        // Pending: neither retryable nor resolvable by hand.
+        assert_eq!(
+            gw.send(admin_post(&format!("/v1/deliveries/{id}/retry"), ""))
+                .await
+                .status,
+            StatusCode::CONFLICT
+        );
+        let resolve = |outcome: &str| {
+            admin_post(
+                &format!("/v1/deliveries/{id}/resolve"),
+                &format!(r#"{{"outcome":"{outcome}","note":"checked"}}"#),
+            )
+        };
+        assert_eq!(
+            gw.send(resolve("delivered")).await.status,
+            StatusCode::CONFLICT
+        );
+        // A relay's attempt ends uncertain.
+        let now = gw.clock.now();
+        let claimed = gw
+            .inbox
+            .claim(now, 10, Duration::from_secs(60), &[])
+            .await
+            .unwrap();
+        let attempt = AttemptRecord {
+            started_at: now,
+            duration: Duration::ZERO,
+            status: None,
+            error: Some("timeout".into()),
+        };
+        DeliveryStore::record(&gw.inbox, &claimed[0], attempt, Verdict::Uncertain, now)
+            .await
+            .unwrap();
+        let bad = gw
+            .send(admin_post(
+                &format!("/v1/deliveries/{id}/resolve"),
+                r#"{"outcome":"maybe"}"#,
+            ))
+            .await;
+        assert_eq!(bad.status, StatusCode::BAD_REQUEST);
+        let ok = gw.send(resolve("delivered")).await;
+        assert_eq!(ok.status, StatusCode::OK, "{ok:?}");
+        let d = &gw
+            .send(admin_get("/v1/deliveries?state=delivered"))
+            .await
+            .json()["items"][0];
+        assert_eq!(
+            (d["id"].as_i64(), d["note"].as_str()),
+            (Some(id), Some("checked"))
+        );
+        // Redeliver: due again, same key.
+        let again = gw
+            .send(admin_post("/v1/sources/open/events/e1/redeliver", ""))
+            .await;
+        assert_eq!(again.json()["redelivered"], 1);
+        let d = &gw
+            .send(admin_get("/v1/deliveries?state=pending"))
+            .await
+            .json()["items"][0];
+        assert_eq!(d["idempotency_key"], "open:e1");
+        let none = gw
+            .send(admin_post("/v1/sources/open/events/nope/redeliver", ""))
+            .await;
+        assert_eq!(
+            (none.status, none.slug().as_str()),
+            (StatusCode::NOT_FOUND, "no-deliveries")
+        );
+    });
+}
