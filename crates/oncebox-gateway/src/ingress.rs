@@ -102,7 +102,12 @@ async fn receive_for<S: EventStore>(
     let key = event.key.clone();
     let ingest = Ingest {
         accepted: body_json(&event.key, now, false),
-        stale: body_json(&event.key, now, true),
+        // Only a source with an ordering guard can produce a stale answer.
+        stale: if order.is_some() {
+            body_json(&event.key, now, true)
+        } else {
+            Vec::new()
+        },
         routes: gw.config.routes_for(source, parsed.as_ref()),
         event,
         order,

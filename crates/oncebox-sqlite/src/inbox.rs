@@ -112,6 +112,9 @@ impl Inbox {
     where
         F: FnOnce(&mut Tx<'_>) -> Result<Response, HandlerError> + Send + 'static,
     {
+        if let Some(first) = self.committed_duplicate(&event) {
+            return Ok(Processed::Duplicate(first));
+        }
         self.submit(move |cx| process::run(cx, &event, Box::new(handler)))
             .await
     }
@@ -121,7 +124,24 @@ impl Inbox {
     where
         F: FnOnce(&mut Tx<'_>) -> Result<Response, HandlerError> + Send + 'static,
     {
+        if let Some(first) = self.committed_duplicate(&event) {
+            return Ok(Processed::Duplicate(first));
+        }
         self.submit_blocking(move |cx| process::run(cx, &event, Box::new(handler)))
+    }
+
+    /// The first response of a key already committed with the same fingerprint, read on a
+    /// reader connection: duplicates, the most common retry, skip the writer queue. A reader
+    /// sees only committed records, so this is a duplicate answer G3 allows. Anything else — no
+    /// record, another fingerprint (the conflict must be recorded), a lease, an error — goes
+    /// through the writer.
+    fn committed_duplicate(&self, event: &Event) -> Option<Response> {
+        let found = self
+            .shared
+            .readers
+            .with(|c| read::committed(c, &event.key))
+            .ok()??;
+        (found.0 == event.fingerprint.as_bytes()[..]).then_some(found.1)
     }
 
     /// Takes a fenced lease on the key for an effect outside the database.

@@ -97,3 +97,23 @@ pub(crate) fn record(conn: &Connection, key: &Key) -> rusqlite::Result<Option<Re
     })
     .optional()
 }
+
+/// A terminal record's fingerprint and first response; `None` when absent or not terminal.
+pub(crate) fn committed(
+    conn: &Connection,
+    key: &Key,
+) -> rusqlite::Result<Option<(Vec<u8>, Response)>> {
+    conn.prepare_cached(
+        "SELECT fingerprint, state, response FROM oncebox_inbox WHERE source = ?1 AND event_id = ?2",
+    )?
+    .query_row(params![key.source.as_str(), key.event_id.as_str()], |r| {
+        let state: String = r.get(1)?;
+        Ok(ResponseKind::parse(&state).map(|kind| -> rusqlite::Result<_> {
+            let body: Option<Vec<u8>> = r.get(2)?;
+            Ok((r.get(0)?, Response { kind, body: body.unwrap_or_default() }))
+        }))
+    })
+    .optional()?
+    .flatten()
+    .transpose()
+}
