@@ -179,8 +179,12 @@ impl Writer {
             return;
         }
         let until = Instant::now() + self.linger;
+        // Callers coming back arrive close together; once none has arrived for a fifth of the
+        // linger, the rest are not coming soon (a single caller waiting on this very commit,
+        // say) and waiting longer only adds latency.
+        let gap = self.linger / 5;
         while batch.len() < expected {
-            match rx.recv_deadline(until) {
+            match rx.recv_deadline(until.min(Instant::now() + gap)) {
                 Ok(job) => batch.push(job),
                 Err(_) => return,
             }
