@@ -179,10 +179,10 @@ impl Writer {
             return;
         }
         let until = Instant::now() + self.linger;
-        // Callers coming back arrive close together; once none has arrived for a fifth of the
+        // Callers coming back arrive close together; once none has arrived for half the
         // linger, the rest are not coming soon (a single caller waiting on this very commit,
         // say) and waiting longer only adds latency.
-        let gap = self.linger / 5;
+        let gap = self.linger / 2;
         while batch.len() < expected {
             match rx.recv_deadline(until.min(Instant::now() + gap)) {
                 Ok(job) => batch.push(job),
