@@ -201,3 +201,68 @@ impl World {
         self.clock.now()
     }
 }
+
+#[test]
+fn requests_to_a_route_never_exceed_its_concurrency() {
+    run(async {
+        use std::sync::Arc;
+        use std::sync::atomic::{AtomicUsize, Ordering};
+
+        use axum::extract::State;
+        use tokio::sync::{Semaphore, mpsc};
+
+        /// Holds every request until the test lets one go, counting how many are held at once.
+        struct Gate {
+            held: AtomicUsize,
+            most: AtomicUsize,
+            arrived: mpsc::UnboundedSender<()>,
+            release: Semaphore,
+        }
+        async fn held(State(g): State<Arc<Gate>>) -> &'static str {
+            let now = g.held.fetch_add(1, Ordering::SeqCst) + 1;
+            g.most.fetch_max(now, Ordering::SeqCst);
+            let _ = g.arrived.send(());
+            g.release.acquire().await.unwrap().forget();
+            g.held.fetch_sub(1, Ordering::SeqCst);
+            "ok"
+        }
+        let (arrived, mut arrivals) = mpsc::unbounded_channel();
+        let gate = Arc::new(Gate {
+            held: AtomicUsize::new(0),
+            most: AtomicUsize::new(0),
+            arrived,
+            release: Semaphore::new(0),
+        });
+        let app = axum::Router::new()
+            .route("/hook", axum::routing::post(held))
+            .with_state(gate.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+
+        let w = World::new();
+        for i in 0..6 {
+            w.accept(&format!("c{i}"), &["hooks"]).await;
+        }
+        let mut narrow = route("hooks", addr, true);
+        narrow.concurrency = 2;
+        let relay = Arc::new(w.relay(vec![narrow]));
+        let round = tokio::spawn({
+            let relay = relay.clone();
+            async move { relay.run_once().await }
+        });
+        // Let requests go one at a time, each only after another arrived: had the limit not
+        // held, all six would be held at once before the first is released.
+        for _ in 0..6 {
+            arrivals.recv().await.unwrap();
+            gate.release.add_permits(1);
+        }
+        let out = round.await.unwrap().unwrap();
+        assert_eq!(out.delivered, 6);
+        assert_eq!(
+            gate.most.load(Ordering::SeqCst),
+            2,
+            "at most two requests in flight"
+        );
+    });
+}
