@@ -117,3 +117,29 @@ pub(crate) fn committed(
     .flatten()
     .transpose()
 }
+
+/// One page from rows fetched with `LIMIT limit + 1`: the extra row only tells that a next page
+/// exists, whose cursor is the last item's. Rows that map to `None` are skipped.
+pub(crate) fn page<T>(
+    rows: impl Iterator<Item = rusqlite::Result<Option<T>>>,
+    limit: usize,
+    cursor: impl Fn(&T) -> i64,
+) -> rusqlite::Result<oncebox_core::store::Page<T>> {
+    let mut items = Vec::with_capacity(limit);
+    let mut more = false;
+    for row in rows {
+        if items.len() == limit {
+            more = true;
+            break;
+        }
+        if let Some(item) = row? {
+            items.push(item);
+        }
+    }
+    let next = if more {
+        items.last().map(&cursor)
+    } else {
+        None
+    };
+    Ok(oncebox_core::store::Page { items, next })
+}

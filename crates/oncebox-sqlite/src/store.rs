@@ -93,23 +93,7 @@ fn page(
         params![source.map(Source::as_str), after, limit as i64 + 1],
         stored,
     )?;
-    let mut items = Vec::with_capacity(limit);
-    let mut more = false;
-    for row in rows {
-        if items.len() == limit {
-            more = true;
-            break;
-        }
-        if let Some(e) = row? {
-            items.push(e);
-        }
-    }
-    let next = if more {
-        items.last().map(|e| e.seq)
-    } else {
-        None
-    };
-    Ok(Page { items, next })
+    crate::read::page(rows, limit, |x| x.seq)
 }
 
 fn stats(c: &Connection) -> rusqlite::Result<Stats> {

@@ -258,14 +258,16 @@ fn slowloris_headers_are_cut_off() {
             ..Limits::default()
         };
         let s = served(limits.clone()).await;
-        let mut raw = Raw::connect(s.addr).await;
+        // Started before connecting: the server's header timer runs from the connection's start.
         let started = Instant::now();
+        let mut raw = Raw::connect(s.addr).await;
         raw.send(b"POST /v1/sources/open/events HTTP/1.1\r\nHost: x\r\n")
             .await;
         let reply = raw.reply().await;
         // The connection stayed open until the header timer fired: what ended it is the
         // timeout, not an early refusal of the partial head. (Timers never fire early and the
-        // server's timer starts after `started`, so this lower bound cannot flake.)
+        // server's timer starts after `started`, taken before connecting, so this lower bound
+        // cannot flake.)
         assert!(
             started.elapsed() >= limits.header_timeout,
             "ended after {:?}: {reply:?}",
@@ -290,8 +292,8 @@ fn silent_connections_are_cut_off() {
         // a file descriptor forever. (`reply` fails the test if the connection outlives its
         // bound.)
         for opening in [&b""[..], b"P"] {
-            let mut raw = Raw::connect(s.addr).await;
             let started = Instant::now();
+            let mut raw = Raw::connect(s.addr).await;
             if !opening.is_empty() {
                 raw.send(opening).await;
             }
@@ -320,8 +322,9 @@ fn slow_body_is_cut_off_with_408_and_nothing_stored() {
             ..Limits::default()
         };
         let s = served(limits.clone()).await;
-        let mut raw = Raw::connect(s.addr).await;
+        // Started before connecting: the server's header timer runs from the connection's start.
         let started = Instant::now();
+        let mut raw = Raw::connect(s.addr).await;
         raw.send(head("open", 100, "").as_bytes()).await;
         raw.send(br#"{"id":"slo"#).await;
         // The handler has read every byte sent, so the server closes cleanly after its answer:

@@ -77,23 +77,7 @@ pub(super) fn page(
     let mut q = c.prepare_cached(&sql)?;
     // One row more than asked tells whether there is a next page.
     let rows = q.query_map(params_from_iter(args), view)?;
-    let mut items = Vec::with_capacity(limit);
-    let mut more = false;
-    for row in rows {
-        if items.len() == limit {
-            more = true;
-            break;
-        }
-        if let Some(d) = row? {
-            items.push(d);
-        }
-    }
-    let next = if more {
-        items.last().map(|d| d.id)
-    } else {
-        None
-    };
-    Ok(Page { items, next })
+    crate::read::page(rows, limit, |x| x.id)
 }
 
 pub(super) fn attempts(c: &Connection, id: i64) -> rusqlite::Result<Vec<AttemptRecord>> {

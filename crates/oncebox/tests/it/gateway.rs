@@ -1,9 +1,10 @@
 //! The gateway as a user runs it: `oncebox check` on good and bad files, `oncebox serve` with a
 //! configured source, and `oncebox send` signing test events that the gateway accepts.
 
-use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output};
+
+use crate::support::serve;
 
 const CONFIG: &str = r#"
 listen = "127.0.0.1:0"
@@ -60,35 +61,6 @@ fn check_describes_a_good_file_and_names_the_bad_field() {
         "{}",
         text(&out)
     );
-}
-
-struct Server(Child, String);
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn serve(dir: &Path) -> Server {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_oncebox"))
-        .arg("serve")
-        .current_dir(dir)
-        .env_remove("ONCEBOX_CONFIG")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let addr = loop {
-        let line = lines.next().expect("address line").unwrap();
-        if let Some(rest) = line.strip_prefix("oncebox listening on ") {
-            break rest.split_whitespace().next().unwrap().to_owned();
-        }
-    };
-    std::thread::spawn(move || lines.for_each(drop));
-    Server(child, addr)
 }
 
 #[test]

@@ -3,6 +3,7 @@
 mod gateway;
 mod kill;
 mod relay;
+mod support;
 
 use std::process::Command;
 

@@ -2,16 +2,17 @@
 //! delivery is settled through the CLI, and a delivery owed across a restart is not lost.
 
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::Path;
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::extract::State;
 use axum::http::HeaderMap;
 use tokio::sync::Notify;
+
+use crate::support::{Server, serve};
 
 /// A receiver that counts requests per idempotency key; `hang` makes it never answer.
 #[derive(Default)]
@@ -65,42 +66,6 @@ lease = "2s"
 poll = "50ms"
 "#
     )
-}
-
-struct Server(Child, String);
-
-fn serve(dir: &Path) -> Server {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_oncebox"))
-        .arg("serve")
-        .current_dir(dir)
-        .env_remove("ONCEBOX_CONFIG")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let addr = loop {
-        let line = lines.next().expect("address line").unwrap();
-        if let Some(rest) = line.strip_prefix("oncebox listening on ") {
-            break rest.split_whitespace().next().unwrap().to_owned();
-        }
-    };
-    std::thread::spawn(move || lines.for_each(drop));
-    Server(child, addr)
-}
-
-impl Server {
-    /// SIGTERM: the relay finishes and records the attempt in hand, then the process exits.
-    fn stop(mut self) {
-        let pid = nix::unistd::Pid::from_raw(self.0.id() as i32);
-        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
-        assert!(self.0.wait().unwrap().success());
-    }
-
-    fn kill(mut self) {
-        self.0.kill().unwrap();
-        self.0.wait().unwrap();
-    }
 }
 
 async fn post(server: &Server, id: &str) {

@@ -1,0 +1,52 @@
+//! Support for tests that run `oncebox serve` as a child process.
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+
+/// A running `oncebox serve` and its base URL; killed when dropped if still running.
+pub struct Server(pub Child, pub String);
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Starts `oncebox serve` in `dir` (reading `dir/oncebox.toml`) and waits for its address.
+pub fn serve(dir: &Path) -> Server {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_oncebox"))
+        .arg("serve")
+        .current_dir(dir)
+        .env_remove("ONCEBOX_CONFIG")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let addr = loop {
+        let line = lines.next().expect("address line").unwrap();
+        if let Some(rest) = line.strip_prefix("oncebox listening on ") {
+            break rest.split_whitespace().next().unwrap().to_owned();
+        }
+    };
+    // Keep draining stdout so the server never blocks on a full pipe.
+    std::thread::spawn(move || lines.for_each(drop));
+    Server(child, addr)
+}
+
+impl Server {
+    /// SIGTERM: the relay finishes and records the attempt in hand, then the process exits.
+    pub fn stop(mut self) {
+        let pid = nix::unistd::Pid::from_raw(self.0.id() as i32);
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+        assert!(self.0.wait().unwrap().success());
+    }
+
+    /// SIGKILL, as a crash.
+    pub fn kill(mut self) {
+        self.0.kill().unwrap();
+        self.0.wait().unwrap();
+    }
+}
