@@ -248,15 +248,6 @@ fn cpu() -> Cpu {
     total
 }
 
-fn arg(name: &str, default: usize) -> usize {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
 fn line(label: &str, run: &Run) {
     println!(
         "    {label:<9} {:>8.0} req/s   p50 {:>6.2} ms   p99 {:>6.2} ms   [{}]",
@@ -268,9 +259,9 @@ fn line(label: &str, run: &Run) {
 }
 
 fn main() {
-    let requests = arg("--requests", 20_000);
-    let connections = arg("--connections", 64).max(1);
-    let warmup = arg("--warmup", 2_000);
+    let requests = oncebox_testkit::bench_arg("--requests", 20_000);
+    let connections = oncebox_testkit::bench_arg("--connections", 64).max(1);
+    let warmup = oncebox_testkit::bench_arg("--warmup", 2_000);
     let base = std::env::var_os("ONCEBOX_BENCH_DIR")
         .map_or_else(|| Path::new("target").to_path_buf(), Into::into);
     std::fs::create_dir_all(&base).expect("bench dir");

@@ -78,13 +78,18 @@ pub(crate) async fn list<S: EventStore>(
     }
 }
 
+/// The key named by an admin URL, or the 400 that says why it is not one.
+pub(crate) fn key_from_path(source: &str, event_id: &str) -> Result<Key, Problem> {
+    Key::parse(source, event_id).map_err(|e| Problem::invalid("invalid-key", e.to_string()))
+}
+
 pub(crate) async fn show<S: EventStore + DeliveryStore>(
     State(gw): State<Arc<Gateway<S>>>,
     Path((source, event_id)): Path<(String, String)>,
 ) -> Response {
-    let key = match Key::parse(&source, &event_id) {
+    let key = match key_from_path(&source, &event_id) {
         Ok(k) => k,
-        Err(e) => return Problem::invalid("invalid-key", e.to_string()).into_response(),
+        Err(problem) => return problem.into_response(),
     };
     match gw.store.event(&key).await {
         Ok(Some(e)) => {
@@ -172,7 +177,7 @@ pub(crate) async fn readyz<S: EventStore>(State(gw): State<Arc<Gateway<S>>>) -> 
     }
 }
 
-fn text_or_base64(bytes: &[u8]) -> (&'static str, Value) {
+fn text_or_hex(bytes: &[u8]) -> (&'static str, Value) {
     match std::str::from_utf8(bytes) {
         Ok(s) => ("text", json!(s)),
         Err(_) => (
@@ -196,7 +201,7 @@ fn summary(e: &StoredEvent, full: bool) -> Value {
         "conflicts": e.conflicts,
     });
     if full {
-        let (encoding, payload) = text_or_base64(&e.payload);
+        let (encoding, payload) = text_or_hex(&e.payload);
         v["payload"] = payload;
         v["payload_encoding"] = json!(encoding);
         v["headers"] = e

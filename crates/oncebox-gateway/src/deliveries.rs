@@ -6,7 +6,6 @@ use std::sync::Arc;
 use axum::Json;
 use axum::extract::{Path, Query, State};
 use axum::response::{IntoResponse, Response};
-use oncebox_core::Key;
 use oncebox_core::delivery::DeliveryState;
 use oncebox_core::relay_store::{DeliveryFilter, DeliveryStore, DeliveryView, Resolve};
 use oncebox_core::store::EventStore;
@@ -146,9 +145,9 @@ pub(crate) async fn redeliver<S: EventStore + DeliveryStore>(
     State(gw): State<Arc<Gateway<S>>>,
     Path((source, event_id)): Path<(String, String)>,
 ) -> Response {
-    let key = match Key::parse(&source, &event_id) {
+    let key = match crate::admin::key_from_path(&source, &event_id) {
         Ok(k) => k,
-        Err(e) => return Problem::invalid("invalid-key", e.to_string()).into_response(),
+        Err(problem) => return problem.into_response(),
     };
     match gw.store.redeliver(&key, gw.clock.now()).await {
         Ok(0) => Problem::not_found(

@@ -350,19 +350,10 @@ async fn steady(
     let _ = std::fs::remove_file(path);
 }
 
-fn arg(name: &str, default: usize) -> usize {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
 fn main() {
-    let backlog = arg("--backlog", 100_000);
-    let rate = arg("--rate", 1_000).max(1);
-    let seconds = arg("--seconds", 10).max(1);
+    let backlog = oncebox_testkit::bench_arg("--backlog", 100_000);
+    let rate = oncebox_testkit::bench_arg("--rate", 1_000).max(1);
+    let seconds = oncebox_testkit::bench_arg("--seconds", 10).max(1);
     let base = std::env::var_os("ONCEBOX_BENCH_DIR")
         .map_or_else(|| PathBuf::from(env!("CARGO_TARGET_TMPDIR")), Into::into);
     std::fs::create_dir_all(&base).expect("bench dir");
@@ -392,7 +383,8 @@ fn main() {
         );
         // `--setting I` runs that one drain and nothing else (for profiling).
         if std::env::args().any(|a| a == "--setting") {
-            let setting = SETTINGS[arg("--setting", 0).min(SETTINGS.len() - 1)];
+            let setting =
+                SETTINGS[oncebox_testkit::bench_arg("--setting", 0).min(SETTINGS.len() - 1)];
             let run = dir.path().join("drain.db");
             drain(&template, &run, &receiver, &url, setting, backlog).await;
             return;

@@ -217,20 +217,11 @@ fn rate(load: &Load, start: Instant) -> f64 {
     n as f64 / start.elapsed().as_secs_f64()
 }
 
-fn arg(name: &str, default: usize) -> usize {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
 fn main() {
-    let events = arg("--events", 40_000);
-    let naive_events = arg("--naive-events", 4_000);
-    let producers = arg("--producers", 32);
-    let preload = arg("--preload", 1_000_000);
+    let events = oncebox_testkit::bench_arg("--events", 40_000);
+    let naive_events = oncebox_testkit::bench_arg("--naive-events", 4_000);
+    let producers = oncebox_testkit::bench_arg("--producers", 32);
+    let preload = oncebox_testkit::bench_arg("--preload", 1_000_000);
     let base = std::env::var_os("ONCEBOX_BENCH_DIR")
         .map_or_else(|| Path::new("target").to_path_buf(), Into::into);
     std::fs::create_dir_all(&base).expect("bench dir");

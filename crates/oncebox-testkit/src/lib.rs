@@ -158,6 +158,16 @@ pub fn run<F: Future<Output = ()>>(test: F) {
     });
 }
 
+/// A benchmark's `--name N` command-line option, or `default` when absent or not a number.
+pub fn bench_arg(name: &str, default: usize) -> usize {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
 /// A fixed start time for manual clocks: 2026-01-01T00:00:00Z.
 pub const EPOCH: Timestamp = Timestamp(1_767_225_600_000);
 
