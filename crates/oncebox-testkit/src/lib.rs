@@ -158,6 +158,23 @@ pub fn run<F: Future<Output = ()>>(test: F) {
     });
 }
 
+/// The URL of an outside service (PostgreSQL, Redis, RabbitMQ, NATS) a test needs, read from the
+/// environment variable `var`. When it is unset the test says so on stderr and gets `None` (it
+/// skips), unless `ONCEBOX_REQUIRE_SERVICES=1`, which turns every skip into a failure: CI sets it,
+/// so a suite that silently skipped there could not pass.
+pub fn service_url(var: &str) -> Option<String> {
+    match std::env::var(var) {
+        Ok(url) if !url.trim().is_empty() => Some(url),
+        _ if std::env::var("ONCEBOX_REQUIRE_SERVICES").is_ok_and(|v| v == "1") => {
+            panic!("{var} is not set and ONCEBOX_REQUIRE_SERVICES=1: this test needs the service")
+        }
+        _ => {
+            eprintln!("SKIPPED: {var} is not set; this test needs the service it names");
+            None
+        }
+    }
+}
+
 /// A benchmark's `--name N` command-line option, or `default` when absent or not a number.
 pub fn bench_arg(name: &str, default: usize) -> usize {
     let args: Vec<String> = std::env::args().collect();
