@@ -22,6 +22,33 @@ pub struct Meta {
     pub headers: Vec<(String, String)>,
 }
 
+impl Meta {
+    /// The headers as stored: `name: value` lines (an HTTP header value cannot hold a line
+    /// break); `None` when there are none, so the library's events cost no extra bytes.
+    pub fn header_lines(&self) -> Option<String> {
+        if self.headers.is_empty() {
+            return None;
+        }
+        let mut text = String::new();
+        for (name, value) in &self.headers {
+            text.push_str(name);
+            text.push_str(": ");
+            text.push_str(value);
+            text.push('\n');
+        }
+        Some(text)
+    }
+
+    /// Headers read back from [`Meta::header_lines`]' form.
+    pub fn parse_header_lines(text: Option<&str>) -> Vec<(String, String)> {
+        text.unwrap_or_default()
+            .lines()
+            .filter_map(|l| l.split_once(": "))
+            .map(|(n, v)| (n.to_owned(), v.to_owned()))
+            .collect()
+    }
+}
+
 impl Event {
     /// Fingerprints `payload` by `mode`; a payload the mode cannot read is refused here, before
     /// any storage is touched.

@@ -1,6 +1,7 @@
 //! The two-phase form for effects outside the database: a fenced lease on a key.
 
 use crate::clock::Timestamp;
+use crate::fingerprint::Fingerprint;
 use crate::key::Key;
 use crate::outcome::{Response, Unavailable};
 
@@ -34,4 +35,38 @@ pub enum LeaseError {
     Fenced,
     #[error("unavailable: {0}")]
     Unavailable(#[from] Unavailable),
+}
+
+/// How an operator settles a key left `uncertain`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Resolution {
+    /// The external effect did happen: the key is done and replays this response.
+    Completed(Response),
+    /// It did not happen: the key is free again and a retry performs it.
+    Released,
+}
+
+/// A key's record as committed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Record {
+    pub key: Key,
+    pub fingerprint: Option<Fingerprint>,
+    pub state: RecordState,
+    pub payload: Option<Vec<u8>>,
+    pub received_at: Timestamp,
+    pub completed_at: Option<Timestamp>,
+}
+
+/// A record's state (DESIGN §2).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RecordState {
+    /// Held by a two-phase lease.
+    Processing {
+        lease_token: Option<i64>,
+        lease_expires_at: Option<Timestamp>,
+    },
+    /// Terminal: its first response, replayed for duplicates.
+    Done(Response),
+    /// A two-phase effect's outcome is unknown; awaits reconciliation.
+    Uncertain,
 }

@@ -143,4 +143,10 @@ pub trait DeliveryStore: Clone + Send + Sync + 'static {
     ) -> impl Future<Output = Result<u64, Unavailable>> + Send;
 
     fn gauges(&self) -> impl Future<Output = Result<DeliveryGauges, Unavailable>> + Send;
+
+    /// Waits until new work may be due, for at most `at_most`. The relay calls it once with a
+    /// zero wait before its first claim, so a backend that is told about new deliveries
+    /// (PostgreSQL's `LISTEN`) registers before it queries and misses nothing; one that is not
+    /// simply sleeps, which is the polling fallback.
+    fn wait_for_work(&self, at_most: Duration) -> impl Future<Output = ()> + Send;
 }

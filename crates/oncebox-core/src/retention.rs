@@ -86,6 +86,38 @@ impl Retention {
     pub fn cutoff(&self, source: &Source, now: Timestamp) -> Timestamp {
         now.minus(self.for_source(source))
     }
+
+    /// The shortest retention of any source: a record received after `now` minus this is too
+    /// young for every source, which lets a purge scanning in arrival order stop early.
+    pub fn shortest(&self) -> Duration {
+        self.overrides()
+            .map(|(_, d)| d)
+            .fold(self.default, Duration::min)
+    }
+
+    /// Whether a stored record may be deleted now: only terminal records (`completed`,
+    /// `rejected`, `stale`) finished before their source's cutoff. A `processing` or
+    /// `uncertain` key is still owed an outcome and is never purged. A source name that no
+    /// longer validates still gets the default retention.
+    pub fn purgeable(
+        &self,
+        source: &str,
+        state: &str,
+        completed_at: Option<Timestamp>,
+        now: Timestamp,
+    ) -> bool {
+        let Some(completed_at) = completed_at else {
+            return false;
+        };
+        if crate::outcome::ResponseKind::parse(state).is_none() {
+            return false;
+        }
+        let cutoff = match Source::new(source) {
+            Ok(s) => self.cutoff(&s, now),
+            Err(_) => now.minus(self.default),
+        };
+        completed_at < cutoff
+    }
 }
 
 #[cfg(test)]

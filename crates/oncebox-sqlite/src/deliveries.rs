@@ -315,4 +315,9 @@ impl DeliveryStore for Inbox {
     async fn gauges(&self) -> Result<DeliveryGauges, Unavailable> {
         self.read(read::gauges).await.map_err(unavailable)
     }
+
+    /// SQLite has no way to tell another process about a commit: the relay polls.
+    async fn wait_for_work(&self, at_most: std::time::Duration) {
+        tokio::time::sleep(at_most).await;
+    }
 }

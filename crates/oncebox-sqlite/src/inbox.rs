@@ -7,15 +7,14 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use oncebox_core::{
-    Begun, Event, Key, Lease, LeaseError, ProcessError, Processed, Response, Retention, Timestamp,
-    Unavailable,
+    Begun, Event, Key, Lease, LeaseError, ProcessError, Processed, Record, Resolution, Response,
+    Retention, Timestamp, Unavailable,
 };
 use rusqlite::Connection;
 
 use crate::error::{Error, OpenError};
-use crate::lease::Resolution;
 use crate::options::{Durability, Options};
-use crate::read::{Readers, Record};
+use crate::read::Readers;
 use crate::tx::{HandlerError, Tx};
 use crate::writer::{Cx, Fatal, Job, Stats, Writer};
 use crate::{checkpoint, lease, process, purge, read, schema};

@@ -3,21 +3,13 @@
 
 use std::time::Duration;
 
-use oncebox_core::{Begun, Event, Key, Lease, LeaseError, ProcessError, Processed, Response};
+use oncebox_core::{
+    Begun, Event, Key, Lease, LeaseError, ProcessError, Processed, Resolution, Response,
+};
 use rusqlite::{OptionalExtension, params};
 
 use crate::process::{Claim, claim, finish};
 use crate::writer::{Cx, Fatal};
-
-/// How an operator settles a key left `uncertain`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum Resolution {
-    /// The external effect did happen: the key is done and replays this response.
-    Completed(Response),
-    /// It did not happen: the key is free again and a retry performs it.
-    Released,
-}
 
 pub(crate) fn begin(
     cx: &mut Cx<'_>,

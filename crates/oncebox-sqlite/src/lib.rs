@@ -34,8 +34,7 @@ mod writer;
 
 pub use error::{Error, OpenError};
 pub use inbox::Inbox;
-pub use lease::Resolution;
+pub use oncebox_core::{Record, RecordState, Resolution};
 pub use options::{Durability, Options};
-pub use read::{Record, RecordState};
 pub use rusqlite;
 pub use tx::{HandlerError, OffsetMove, Once, Tx};

@@ -113,7 +113,7 @@ pub(crate) fn claim(
             token,
             expires,
             event.meta.content_type,
-            headers_text(&event.meta)
+            event.meta.header_lines()
         ])?;
     if inserted == 1 {
         return Ok(Claim::Fresh(cx.conn.last_insert_rowid()));
@@ -214,25 +214,9 @@ fn record_terminal(cx: &Cx<'_>, event: &Event, response: &Response) -> Result<()
             event.payload,
             cx.now.millis(),
             event.meta.content_type,
-            headers_text(&event.meta)
+            event.meta.header_lines()
         ])?;
     Ok(())
-}
-
-/// Headers as `name: value` lines; HTTP header values cannot contain a line break. `None` when
-/// there are none, so the library's events cost no extra bytes.
-pub(crate) fn headers_text(meta: &oncebox_core::Meta) -> Option<String> {
-    if meta.headers.is_empty() {
-        return None;
-    }
-    let mut text = String::new();
-    for (name, value) in &meta.headers {
-        text.push_str(name);
-        text.push_str(": ");
-        text.push_str(value);
-        text.push('\n');
-    }
-    Some(text)
 }
 
 fn record_conflict(cx: &Cx<'_>, event: &Event, stored: &[u8]) -> Result<(), Fatal> {

@@ -1,7 +1,7 @@
 //! Retention: deletes terminal inbox records older than their source's retention, a chunk per
 //! writer request so a large purge never stalls ingest.
 
-use oncebox_core::{ResponseKind, Retention, Source, Timestamp};
+use oncebox_core::{Retention, Timestamp};
 use rusqlite::params;
 
 use crate::writer::{Cx, Fatal};
@@ -34,11 +34,7 @@ pub(crate) fn chunk(
             Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
         })?
         .collect::<Result<_, _>>()?;
-    let shortest = retention
-        .overrides()
-        .map(|(_, d)| d)
-        .fold(retention.default_retention(), |a, b| a.min(b));
-    let youngest_cutoff = now.minus(shortest).millis();
+    let youngest_cutoff = now.minus(retention.shortest()).millis();
     let mut deleted = 0;
     let mut all_young = true;
     let mut delete = cx
@@ -46,18 +42,7 @@ pub(crate) fn chunk(
         .prepare_cached("DELETE FROM oncebox_inbox WHERE id = ?1")?;
     for (id, source, state, completed_at, received_at) in &rows {
         all_young &= *received_at >= youngest_cutoff;
-        let Some(completed_at) = completed_at else {
-            continue;
-        };
-        if ResponseKind::parse(state).is_none() {
-            continue;
-        }
-        // A source name that no longer validates still gets the default retention.
-        let cutoff = match Source::new(source.as_str()) {
-            Ok(s) => retention.cutoff(&s, now),
-            Err(_) => now.minus(retention.default_retention()),
-        };
-        if *completed_at < cutoff.millis() {
+        if retention.purgeable(source, state, completed_at.map(Timestamp), now) {
             deleted += delete.execute([id])? as u64;
         }
     }

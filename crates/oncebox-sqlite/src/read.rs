@@ -3,38 +3,12 @@
 
 use std::sync::Mutex;
 
-use oncebox_core::{Fingerprint, Key, Response, ResponseKind, Timestamp};
+use oncebox_core::{Fingerprint, Key, Record, RecordState, Response, ResponseKind, Timestamp};
 use rusqlite::{Connection, OptionalExtension, params};
 
 use crate::error::Error;
 use crate::options::Options;
 use crate::schema;
-
-/// A key's record as committed.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Record {
-    pub key: Key,
-    pub fingerprint: Option<Fingerprint>,
-    pub state: RecordState,
-    pub payload: Option<Vec<u8>>,
-    pub received_at: Timestamp,
-    pub completed_at: Option<Timestamp>,
-}
-
-/// A record's state (DESIGN §2).
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum RecordState {
-    /// Held by a two-phase lease.
-    Processing {
-        lease_token: Option<i64>,
-        lease_expires_at: Option<Timestamp>,
-    },
-    /// Terminal: its first response, replayed for duplicates.
-    Done(Response),
-    /// A two-phase effect's outcome is unknown; awaits reconciliation.
-    Uncertain,
-}
 
 /// A small pool of read connections, opened on demand.
 #[derive(Debug)]

@@ -43,14 +43,7 @@ fn stored(r: &Row<'_>) -> rusqlite::Result<Option<StoredEvent>> {
             .unwrap_or_default(),
     });
     let headers: Option<String> = r.get(7)?;
-    let headers = headers
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| {
-            l.split_once(": ")
-                .map(|(n, v)| (n.to_owned(), v.to_owned()))
-        })
-        .collect();
+    let headers = Meta::parse_header_lines(headers.as_deref());
     Ok(Some(StoredEvent {
         seq: r.get(0)?,
         key,

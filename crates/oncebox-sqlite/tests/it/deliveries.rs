@@ -109,6 +109,10 @@ impl DeliveryStore for Store {
     async fn gauges(&self) -> Result<DeliveryGauges, Unavailable> {
         self.inbox.gauges().await
     }
+
+    async fn wait_for_work(&self, at_most: Duration) {
+        self.inbox.wait_for_work(at_most).await;
+    }
 }
 
 oncebox_testkit::delivery_conformance!(Store);

@@ -1,0 +1,284 @@
+//! Batched ingest: concurrent gateway requests are combined into set-based statements
+//! (`INSERT … SELECT FROM UNNEST(…) ON CONFLICT DO NOTHING RETURNING`), so one round trip and one
+//! commit serve many requests. Several workers keep batches in flight at once.
+
+use std::collections::{HashMap, HashSet};
+use std::time::Instant;
+
+use oncebox_core::store::Ingest;
+use oncebox_core::{Fingerprint, ProcessError, Processed, Response, ResponseKind, Unavailable};
+use sqlx::{PgPool, Row};
+use tokio::sync::oneshot;
+
+use crate::error::{commit_failed, storage};
+use crate::inbox::notify;
+use crate::options::Options;
+
+/// One request waiting for its batch.
+pub(crate) struct Job {
+    pub ingest: Ingest,
+    pub deadline: Instant,
+    pub answer: oneshot::Sender<Answer>,
+}
+
+/// What a batch tells a request: its answer, or that it must go through the per-event path
+/// (its key holds a two-phase lease, or vanished between the insert and the read).
+pub(crate) enum Answer {
+    Done(Result<Processed, ProcessError>),
+    Single(Ingest),
+}
+
+/// The queue in front of the batch workers. Workers end when the last clone is dropped.
+#[derive(Clone)]
+pub(crate) struct Batcher {
+    sender: flume::Sender<Job>,
+}
+
+impl Batcher {
+    pub fn start(pool: PgPool, options: Options) -> Batcher {
+        let (sender, receiver) = flume::bounded::<Job>(options.queue_capacity.max(1));
+        for _ in 0..options.batch_workers.max(1) {
+            let (pool, receiver, options) = (pool.clone(), receiver.clone(), options.clone());
+            tokio::spawn(async move {
+                while let Ok(first) = receiver.recv_async().await {
+                    let mut jobs = vec![first];
+                    while jobs.len() < options.max_batch {
+                        match receiver.try_recv() {
+                            Ok(job) => jobs.push(job),
+                            Err(_) => break,
+                        }
+                    }
+                    run(&pool, &options, jobs).await;
+                }
+            });
+        }
+        Batcher { sender }
+    }
+
+    /// Queues `ingest`; a full queue is `Busy` at once, so an overloaded node sheds load fast.
+    pub async fn submit(&self, ingest: Ingest, deadline: Instant) -> Answer {
+        let (answer, receiver) = oneshot::channel();
+        let job = Job {
+            ingest,
+            deadline,
+            answer,
+        };
+        if self.sender.try_send(job).is_err() {
+            return Answer::Done(Err(ProcessError::Unavailable(Unavailable::Busy)));
+        }
+        match tokio::time::timeout_at(deadline.into(), receiver).await {
+            Ok(Ok(answer)) => answer,
+            Ok(Err(_)) => Answer::Done(Err(ProcessError::Unavailable(Unavailable::Closed))),
+            // The batch may still commit: the sender's retry then reads it as a duplicate.
+            Err(_) => Answer::Done(Err(ProcessError::Unavailable(Unavailable::Deadline))),
+        }
+    }
+}
+
+/// Runs `jobs` as batches: the first request of each key now, any further request of a key
+/// already in the batch in the next round, when the first one's record is committed.
+async fn run(pool: &PgPool, options: &Options, mut jobs: Vec<Job>) {
+    let now = Instant::now();
+    jobs.retain_mut(|job| {
+        if job.deadline <= now {
+            // Nobody waits for it any more; its sender retries.
+            return false;
+        }
+        true
+    });
+    while !jobs.is_empty() {
+        let mut seen = HashSet::new();
+        let (first, later): (Vec<Job>, Vec<Job>) = jobs
+            .into_iter()
+            .partition(|j| seen.insert(j.ingest.event.key.clone()));
+        let answers = match batch(pool, options, &first).await {
+            Ok(answers) => answers,
+            Err(why) => first
+                .iter()
+                .map(|_| Answer::Done(Err(ProcessError::Unavailable(why.clone()))))
+                .collect(),
+        };
+        for (job, answer) in first.into_iter().zip(answers) {
+            let _ = job.answer.send(answer);
+        }
+        jobs = later;
+    }
+}
+
+/// A stored record as a batch reads it: fingerprint, state, response.
+type Found = (Vec<u8>, String, Option<Vec<u8>>);
+
+/// One transaction for requests with distinct keys; their answers in order. Any failure fails
+/// them all as `Unavailable` (a failed `COMMIT` as `CommitUnknown`): never a duplicate answer
+/// without a committed row (G3).
+async fn batch(pool: &PgPool, options: &Options, jobs: &[Job]) -> Result<Vec<Answer>, Unavailable> {
+    let now = options.clock.now().millis();
+    // Rows are inserted in key order, so two batches sharing keys lock them in the same order
+    // and cannot deadlock.
+    let mut order: Vec<usize> = (0..jobs.len()).collect();
+    order.sort_by(|a, b| jobs[*a].ingest.event.key.cmp(&jobs[*b].ingest.event.key));
+    let ev = |i: usize| &jobs[i].ingest.event;
+    let sources: Vec<&str> = order.iter().map(|i| ev(*i).key.source.as_str()).collect();
+    let ids: Vec<&str> = order.iter().map(|i| ev(*i).key.event_id.as_str()).collect();
+    let prints: Vec<&[u8]> = order.iter().map(|i| &ev(*i).fingerprint.as_bytes()[..]).collect();
+    let responses: Vec<&[u8]> = order.iter().map(|i| &jobs[*i].ingest.accepted[..]).collect();
+    let payloads: Vec<&[u8]> = order.iter().map(|i| &ev(*i).payload[..]).collect();
+    let types: Vec<Option<&str>> = order.iter().map(|i| ev(*i).meta.content_type.as_deref()).collect();
+    let headers: Vec<Option<String>> = order.iter().map(|i| ev(*i).meta.header_lines()).collect();
+
+    let mut tx = pool.begin().await.map_err(|e| storage(&e))?;
+    let inserted: HashSet<(String, String)> = sqlx::query(
+        "INSERT INTO oncebox_inbox (source, event_id, fingerprint, state, response, payload,
+           received_at, completed_at, content_type, headers)
+         SELECT s, e, f, 'completed', r, p, $8, $8, ct, h
+         FROM UNNEST($1::text[], $2::text[], $3::bytea[], $4::bytea[], $5::bytea[], $6::text[],
+                     $7::text[]) AS t(s, e, f, r, p, ct, h)
+         ON CONFLICT (source, event_id) DO NOTHING RETURNING source, event_id",
+    )
+    .bind(&sources)
+    .bind(&ids)
+    .bind(&prints)
+    .bind(&responses)
+    .bind(&payloads)
+    .bind(&types)
+    .bind(&headers)
+    .bind(now)
+    .fetch_all(&mut *tx)
+    .await
+    .map_err(|e| storage(&e))?
+    .into_iter()
+    .map(|r| Ok((r.try_get(0)?, r.try_get(1)?)))
+    .collect::<Result<_, sqlx::Error>>()
+    .map_err(|e| storage(&e))?;
+    let is_new = |i: usize| {
+        let k = &ev(i).key;
+        inserted.contains(&(k.source.as_str().to_owned(), k.event_id.as_str().to_owned()))
+    };
+
+    // Deliveries of the new events, one per route, in the same transaction.
+    let (mut dest, mut okey, mut opay, mut otype, mut osrc, mut oid) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for &i in order.iter().filter(|i| is_new(**i)) {
+        let e = ev(i);
+        for route in &jobs[i].ingest.routes {
+            dest.push(route.as_str());
+            // `{source}:{event_id}` for every attempt, forever. Do not change.
+            okey.push(e.key.to_string());
+            opay.push(&e.payload[..]);
+            otype.push(e.meta.content_type.as_deref().unwrap_or("application/json"));
+            osrc.push(e.key.source.as_str());
+            oid.push(e.key.event_id.as_str());
+        }
+    }
+    if !dest.is_empty() {
+        sqlx::query(
+            "INSERT INTO oncebox_outbox (destination, idempotency_key, payload, content_type,
+               source, event_id, created_at, next_attempt_at)
+             SELECT d, k, p, ct, s, e, $7, $7
+             FROM UNNEST($1::text[], $2::text[], $3::bytea[], $4::text[], $5::text[], $6::text[])
+               AS t(d, k, p, ct, s, e)
+             ON CONFLICT (destination, idempotency_key) DO NOTHING",
+        )
+        .bind(&dest)
+        .bind(&okey)
+        .bind(&opay)
+        .bind(&otype)
+        .bind(&osrc)
+        .bind(&oid)
+        .bind(now)
+        .execute(&mut *tx)
+        .await
+        .map_err(|e| storage(&e))?;
+        notify(&mut tx).await.map_err(|e| storage(&e))?;
+    }
+
+    // Keys that existed: decide from their committed records.
+    let old: Vec<usize> = order.iter().copied().filter(|i| !is_new(*i)).collect();
+    let mut existing: HashMap<(String, String), Found> = HashMap::new();
+    if !old.is_empty() {
+        let s: Vec<&str> = old.iter().map(|i| ev(*i).key.source.as_str()).collect();
+        let e: Vec<&str> = old.iter().map(|i| ev(*i).key.event_id.as_str()).collect();
+        let rows = sqlx::query(
+            "SELECT i.source, i.event_id, i.fingerprint, i.state, i.response
+             FROM oncebox_inbox i JOIN UNNEST($1::text[], $2::text[]) AS k(s, e)
+               ON i.source = k.s AND i.event_id = k.e",
+        )
+        .bind(&s)
+        .bind(&e)
+        .fetch_all(&mut *tx)
+        .await
+        .map_err(|e| storage(&e))?;
+        for r in rows {
+            let read = (|| -> Result<_, sqlx::Error> {
+                Ok((
+                    (r.try_get(0)?, r.try_get(1)?),
+                    (r.try_get(2)?, r.try_get(3)?, r.try_get(4)?),
+                ))
+            })()
+            .map_err(|e| storage(&e))?;
+            existing.insert(read.0, read.1);
+        }
+    }
+    let mut answers: Vec<Option<Answer>> = (0..jobs.len()).map(|_| None).collect();
+    let mut conflicts = Vec::new();
+    for i in 0..jobs.len() {
+        let ingest = &jobs[i].ingest;
+        let key = &ingest.event.key;
+        if is_new(i) {
+            answers[i] = Some(Answer::Done(Ok(Processed::Applied(Response::completed(
+                ingest.accepted.clone(),
+            )))));
+            continue;
+        }
+        let found = existing.get(&(key.source.as_str().to_owned(), key.event_id.as_str().to_owned()));
+        let answer = match found {
+            Some((stored, _, _)) if stored[..] != ingest.event.fingerprint.as_bytes()[..] => {
+                conflicts.push((i, stored.clone()));
+                let stored = Fingerprint::from_slice(stored).unwrap_or(ingest.event.fingerprint);
+                Answer::Done(Err(ProcessError::Conflict {
+                    stored,
+                    offered: ingest.event.fingerprint,
+                }))
+            }
+            Some((_, state, body)) => match ResponseKind::parse(state) {
+                Some(kind) => Answer::Done(Ok(Processed::Duplicate(Response {
+                    kind,
+                    body: body.clone().unwrap_or_default(),
+                }))),
+                None if state == "uncertain" => Answer::Done(Err(ProcessError::Uncertain)),
+                // A two-phase lease (live or expired): the per-event path decides.
+                None => Answer::Single(ingest.clone()),
+            },
+            None => Answer::Single(ingest.clone()),
+        };
+        answers[i] = Some(answer);
+    }
+    if !conflicts.is_empty() {
+        let s: Vec<&str> = conflicts.iter().map(|(i, _)| ev(*i).key.source.as_str()).collect();
+        let e: Vec<&str> = conflicts.iter().map(|(i, _)| ev(*i).key.event_id.as_str()).collect();
+        let st: Vec<&[u8]> = conflicts.iter().map(|(_, f)| &f[..]).collect();
+        let of: Vec<&[u8]> = conflicts.iter().map(|(i, _)| &ev(*i).fingerprint.as_bytes()[..]).collect();
+        let p: Vec<&[u8]> = conflicts.iter().map(|(i, _)| &ev(*i).payload[..]).collect();
+        sqlx::query(
+            "INSERT INTO oncebox_conflicts (source, event_id, stored_fingerprint,
+               offered_fingerprint, payload, at)
+             SELECT s, e, st, o, p, $6
+             FROM UNNEST($1::text[], $2::text[], $3::bytea[], $4::bytea[], $5::bytea[])
+               AS t(s, e, st, o, p)",
+        )
+        .bind(&s)
+        .bind(&e)
+        .bind(&st)
+        .bind(&of)
+        .bind(&p)
+        .bind(now)
+        .execute(&mut *tx)
+        .await
+        .map_err(|e| storage(&e))?;
+    }
+    tx.commit().await.map_err(|e| commit_failed(&e))?;
+    Ok(answers
+        .into_iter()
+        .map(|a| a.unwrap_or(Answer::Done(Err(ProcessError::Unavailable(Unavailable::Busy)))))
+        .collect())
+}

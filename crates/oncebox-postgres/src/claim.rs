@@ -1,0 +1,149 @@
+//! Claiming a key on PostgreSQL: `INSERT … ON CONFLICT DO NOTHING`, and when the key exists, the
+//! decision from the stored record read back under a row lock — never from an error (G3).
+
+use std::time::Duration;
+
+use oncebox_core::{Event, Fingerprint, ProcessError, Processed, Response, ResponseKind};
+use sqlx::{PgConnection, Row};
+
+/// What the claim decided.
+pub(crate) enum Claim {
+    /// The key is ours: a new record in state `processing`, or an expired lease taken over.
+    Fresh(i64),
+    /// Answered from the record; the handler must not run. The transaction must still commit
+    /// (a conflict is recorded for audit).
+    Answered(Result<Processed, ProcessError>),
+    /// The record vanished between the insert and the read (released or purged meanwhile):
+    /// claim again in a new transaction.
+    Vanished,
+}
+
+/// Claims `event`'s key inside the caller's transaction. `lease` is `Some((token, expires_at))`
+/// for the two-phase form. On an existing key the row is read `FOR UPDATE`: that waits for a
+/// concurrent holder's transaction and then sees its committed result, so the decision is made
+/// on committed state only.
+pub(crate) async fn claim(
+    conn: &mut PgConnection,
+    event: &Event,
+    now: i64,
+    lease: Option<(i64, i64)>,
+) -> Result<Claim, sqlx::Error> {
+    let key = &event.key;
+    let (token, expires) = lease.unzip();
+    let inserted: Option<i64> = sqlx::query_scalar(
+        "INSERT INTO oncebox_inbox (source, event_id, fingerprint, state, payload, received_at,
+           lease_token, lease_expires_at, content_type, headers)
+         VALUES ($1, $2, $3, 'processing', $4, $5, $6, $7, $8, $9)
+         ON CONFLICT (source, event_id) DO NOTHING RETURNING id",
+    )
+    .bind(key.source.as_str())
+    .bind(key.event_id.as_str())
+    .bind(&event.fingerprint.as_bytes()[..])
+    .bind(&event.payload)
+    .bind(now)
+    .bind(token)
+    .bind(expires)
+    .bind(event.meta.content_type.as_deref())
+    .bind(event.meta.header_lines())
+    .fetch_optional(&mut *conn)
+    .await?;
+    if let Some(id) = inserted {
+        return Ok(Claim::Fresh(id));
+    }
+    let Some(row) = sqlx::query(
+        "SELECT id, fingerprint, state, response, lease_expires_at FROM oncebox_inbox
+         WHERE source = $1 AND event_id = $2 FOR UPDATE",
+    )
+    .bind(key.source.as_str())
+    .bind(key.event_id.as_str())
+    .fetch_optional(&mut *conn)
+    .await?
+    else {
+        return Ok(Claim::Vanished);
+    };
+    let id: i64 = row.try_get(0)?;
+    let stored: Vec<u8> = row.try_get(1)?;
+    let state: String = row.try_get(2)?;
+    if stored[..] != event.fingerprint.as_bytes()[..] {
+        record_conflict(conn, event, &stored, now).await?;
+        let stored = Fingerprint::from_slice(&stored).unwrap_or(event.fingerprint);
+        return Ok(Claim::Answered(Err(ProcessError::Conflict {
+            stored,
+            offered: event.fingerprint,
+        })));
+    }
+    if let Some(kind) = ResponseKind::parse(&state) {
+        let body: Option<Vec<u8>> = row.try_get(3)?;
+        return Ok(Claim::Answered(Ok(Processed::Duplicate(Response {
+            kind,
+            body: body.unwrap_or_default(),
+        }))));
+    }
+    if state == "uncertain" {
+        return Ok(Claim::Answered(Err(ProcessError::Uncertain)));
+    }
+    // `processing`: a two-phase lease. Live → in progress; expired → taken over, fenced by a new
+    // token so the old holder can no longer complete.
+    let expires_at: Option<i64> = row.try_get(4)?;
+    let expires_at = expires_at.unwrap_or(i64::MIN);
+    if expires_at > now {
+        let wait = u64::try_from(expires_at - now).unwrap_or(0);
+        return Ok(Claim::Answered(Err(ProcessError::InProgress {
+            retry_after: Duration::from_millis(wait),
+        })));
+    }
+    sqlx::query(
+        "UPDATE oncebox_inbox SET lease_token = $2, lease_expires_at = $3, received_at = $4
+         WHERE id = $1",
+    )
+    .bind(id)
+    .bind(token)
+    .bind(expires)
+    .bind(now)
+    .execute(&mut *conn)
+    .await?;
+    Ok(Claim::Fresh(id))
+}
+
+/// Marks the claimed record terminal with its response.
+pub(crate) async fn finish(
+    conn: &mut PgConnection,
+    row: i64,
+    response: &Response,
+    now: i64,
+) -> Result<(), sqlx::Error> {
+    let body = (!response.body.is_empty()).then_some(&response.body);
+    sqlx::query(
+        "UPDATE oncebox_inbox SET state = $2, response = $3, completed_at = $4,
+           lease_token = NULL, lease_expires_at = NULL
+         WHERE id = $1",
+    )
+    .bind(row)
+    .bind(response.kind.as_str())
+    .bind(body)
+    .bind(now)
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+pub(crate) async fn record_conflict(
+    conn: &mut PgConnection,
+    event: &Event,
+    stored: &[u8],
+    now: i64,
+) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "INSERT INTO oncebox_conflicts (source, event_id, stored_fingerprint,
+           offered_fingerprint, payload, at) VALUES ($1, $2, $3, $4, $5, $6)",
+    )
+    .bind(event.key.source.as_str())
+    .bind(event.key.event_id.as_str())
+    .bind(stored)
+    .bind(&event.fingerprint.as_bytes()[..])
+    .bind(&event.payload)
+    .bind(now)
+    .execute(conn)
+    .await?;
+    Ok(())
+}

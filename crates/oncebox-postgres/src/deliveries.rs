@@ -1,0 +1,1 @@
+//! `DeliveryStore` on PostgreSQL (the relay's claims and the operator's verbs).

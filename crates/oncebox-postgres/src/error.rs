@@ -1,0 +1,93 @@
+//! Errors of the PostgreSQL backend and the one place that decides which failures mean
+//! "unavailable" (retry later) rather than "this request is wrong".
+
+use oncebox_core::Unavailable;
+
+/// Failure of an administrative read or write (`record`, `purge`, listings).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    #[error("unavailable: {0}")]
+    Unavailable(#[from] Unavailable),
+    /// The statement itself is wrong (constraint, syntax, type): retrying will not help.
+    #[error("postgres: {0}")]
+    Sql(sqlx::Error),
+}
+
+impl From<sqlx::Error> for Error {
+    fn from(e: sqlx::Error) -> Error {
+        match unavailable(&e) {
+            Some(u) => Error::Unavailable(u),
+            None => Error::Sql(e),
+        }
+    }
+}
+
+/// Why a store could not be opened.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum OpenError {
+    #[error("invalid database URL: {0}")]
+    Url(String),
+    #[error("cannot connect or migrate: {0}")]
+    Postgres(#[from] sqlx::Error),
+    /// The database was migrated by a newer oncebox; using it could corrupt what that version keeps.
+    #[error("database schema version {found} is newer than this build knows ({known})")]
+    SchemaTooNew { found: i64, known: i64 },
+}
+
+/// SQLSTATEs that say nothing about the request itself. Class 08 (connection), 40001
+/// (serialization failure), 40P01 (deadlock detected), 55P03 (lock not available), 57014
+/// (query cancelled, e.g. statement_timeout), 57P01–57P05 (shutdown, crash recovery,
+/// cannot connect now, database dropped, idle session timeout), 53 (insufficient resources:
+/// disk full, out of memory, too many connections), 58 (system/IO error), XX (internal).
+fn transient(code: &str) -> bool {
+    code.starts_with("08")
+        || code.starts_with("53")
+        || code.starts_with("57")
+        || code.starts_with("58")
+        || code.starts_with("XX")
+        || matches!(code, "40001" | "40P01" | "55P03" | "25P03")
+}
+
+/// Classifies an error as unavailability, or `None` when it is the statement's own fault.
+/// Lost connections, pool timeouts and IO errors are unavailability: such an error must never
+/// become a duplicate answer (G3). A unique violation (23505) is not here: oncebox's own claims
+/// use `ON CONFLICT`, so one reaching a caller comes from the user's SQL and fails that event.
+pub(crate) fn unavailable(e: &sqlx::Error) -> Option<Unavailable> {
+    match e {
+        sqlx::Error::Database(db) => {
+            let code = db.code()?;
+            if code == "40001" || code == "40P01" || code == "55P03" {
+                Some(Unavailable::Busy)
+            } else if transient(&code) {
+                Some(Unavailable::Storage(format!("{} ({code})", db.message())))
+            } else {
+                None
+            }
+        }
+        sqlx::Error::Io(_)
+        | sqlx::Error::Tls(_)
+        | sqlx::Error::Protocol(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::WorkerCrashed => Some(Unavailable::Storage(e.to_string())),
+        _ => None,
+    }
+}
+
+/// Any error from oncebox's own statements is the storage's, not the request's: they are fixed
+/// SQL.
+pub(crate) fn storage(e: &sqlx::Error) -> Unavailable {
+    unavailable(e).unwrap_or_else(|| Unavailable::Storage(e.to_string()))
+}
+
+/// A failed `COMMIT` whose cause may have hit after the server committed (the connection broke
+/// while the reply was in flight): the outcome is unknown, so it is reported as such, and a
+/// retry reads the truth from the inbox.
+pub(crate) fn commit_failed(e: &sqlx::Error) -> Unavailable {
+    match e {
+        sqlx::Error::Database(_) => storage(e),
+        _ => Unavailable::CommitUnknown(e.to_string()),
+    }
+}

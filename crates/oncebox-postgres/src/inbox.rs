@@ -1,0 +1,334 @@
+//! `Inbox`, the public handle on PostgreSQL: the handler form runs each event on a transaction
+//! of its own; the gateway's verbs are batched (see `batch`); leases are guarded single
+//! statements, so any number of nodes can share one database.
+
+use std::panic::AssertUnwindSafe;
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::FutureExt;
+use futures::future::BoxFuture;
+use oncebox_core::{
+    Begun, Clock, Event, Key, Lease, LeaseError, ProcessError, Processed, Record, Resolution,
+    Response, ResponseKind, Unavailable,
+};
+use sqlx::PgPool;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+
+use crate::batch::Batcher;
+use crate::claim::{Claim, claim, finish};
+use crate::error::{OpenError, commit_failed, storage, unavailable};
+use crate::options::Options;
+use crate::tx::{HandlerError, Tx};
+use crate::{OUTBOX_CHANNEL, schema};
+
+/// A claim retries this often when the record it conflicted with vanished meanwhile.
+const CLAIM_ATTEMPTS: usize = 3;
+
+/// The inbox on one PostgreSQL database (and schema). Cheap to clone.
+#[derive(Clone)]
+pub struct Inbox {
+    pub(crate) pool: PgPool,
+    pub(crate) clock: Arc<dyn Clock>,
+    pub(crate) batcher: Batcher,
+    pub(crate) deadline: Duration,
+}
+
+impl std::fmt::Debug for Inbox {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Inbox").finish_non_exhaustive()
+    }
+}
+
+/// The handler `process` runs: it gets the event's open transaction and returns a boxed future
+/// (`|tx| Box::pin(async move { … })`), because the future borrows the transaction.
+pub type Handler = Box<dyn for<'t> FnOnce(&'t mut Tx) -> BoxFuture<'t, Result<Response, HandlerError>> + Send>;
+
+/// The connection options every connection of the pool gets: the schema, durable commits
+/// (G6: `synchronous_commit=on` whatever the server's default), and a name operators can see.
+pub(crate) fn connect_options(options: &Options) -> Result<PgConnectOptions, OpenError> {
+    let mut connect = PgConnectOptions::from_str(&options.url)
+        .map_err(|e| OpenError::Url(e.to_string()))?
+        .application_name("oncebox")
+        .options([("synchronous_commit", "on")]);
+    if let Some(schema) = &options.schema {
+        connect = connect.options([("search_path", schema.as_str())]);
+    }
+    Ok(connect)
+}
+
+impl Inbox {
+    /// Connects, creates the schema if asked for one, migrates (safe when several nodes start at
+    /// once) and starts the batch workers. Must run inside a Tokio runtime.
+    pub async fn open(options: Options) -> Result<Inbox, OpenError> {
+        let connect = connect_options(&options)?;
+        if let Some(schema) = &options.schema {
+            // The schema must exist before a connection can write to it; quoting makes any
+            // name safe.
+            let mut conn: sqlx::PgConnection =
+                sqlx::Connection::connect_with(&connect.clone().options([("search_path", "public")]))
+                    .await?;
+            let quoted = format!("\"{}\"", schema.replace('"', "\"\""));
+            sqlx::query(&format!("CREATE SCHEMA IF NOT EXISTS {quoted}"))
+                .execute(&mut conn)
+                .await
+                .or_else(|e| match &e {
+                    // Two nodes creating it at once: the loser's unique violation means it exists.
+                    sqlx::Error::Database(db) if db.code().as_deref() == Some("23505") => {
+                        Ok(Default::default())
+                    }
+                    _ => Err(e),
+                })?;
+        }
+        let pool = PgPoolOptions::new()
+            .max_connections(options.max_connections)
+            .acquire_timeout(options.deadline)
+            .connect_with(connect)
+            .await?;
+        let mut conn = pool.acquire().await?;
+        schema::migrate(&mut conn).await?;
+        drop(conn);
+        let batcher = Batcher::start(pool.clone(), options.clone());
+        Ok(Inbox {
+            pool,
+            clock: options.clock,
+            batcher,
+            deadline: options.deadline,
+        })
+    }
+
+    /// The connection pool, for the application's own queries.
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    /// Processes `event` once: a new key runs `handler` on the transaction that also records the
+    /// key and its response; a committed key answers `Duplicate` without running it. A handler
+    /// error or panic rolls back everything of this event and leaves the key free.
+    pub async fn process<F>(&self, event: Event, handler: F) -> Result<Processed, ProcessError>
+    where
+        F: for<'t> FnOnce(&'t mut Tx) -> BoxFuture<'t, Result<Response, HandlerError>>
+            + Send
+            + 'static,
+    {
+        let mut handler: Option<Handler> = Some(Box::new(handler));
+        for _ in 0..CLAIM_ATTEMPTS {
+            let now = self.clock.now();
+            let mut tx = self.pool.begin().await.map_err(|e| storage(&e))?;
+            match claim(&mut tx, &event, now.millis(), None)
+                .await
+                .map_err(|e| storage(&e))?
+            {
+                Claim::Vanished => continue,
+                Claim::Answered(answer) => {
+                    tx.commit().await.map_err(|e| commit_failed(&e))?;
+                    return answer;
+                }
+                Claim::Fresh(row) => {
+                    let Some(handler) = handler.take() else { break };
+                    return self.run(Tx::new(tx, event.key.clone(), now), row, handler).await;
+                }
+            }
+        }
+        Err(ProcessError::Unavailable(Unavailable::Busy))
+    }
+
+    /// Runs the handler after a fresh claim. A savepoint after the claim lets a refusal or a
+    /// stale verdict undo the handler's work and keep the (now terminal) record.
+    async fn run(&self, mut tx: Tx, row: i64, handler: Handler) -> Result<Processed, ProcessError> {
+        let now = tx.now().millis();
+        sqlx::query("SAVEPOINT oncebox_effect")
+            .execute(&mut *tx.tx)
+            .await
+            .map_err(|e| storage(&e))?;
+        let outcome = AssertUnwindSafe(handler(&mut tx))
+            .catch_unwind()
+            .await
+            .unwrap_or_else(|_| Err(HandlerError::failed("handler panicked")));
+        let answer = match outcome {
+            Ok(response) if response.kind == ResponseKind::Completed => {
+                finish(&mut tx.tx, row, &response, now).await.map_err(|e| storage(&e))?;
+                Processed::Applied(response)
+            }
+            Ok(response) => {
+                terminal(&mut tx, row, &response, now).await?;
+                Processed::Applied(response)
+            }
+            Err(HandlerError::Stale) => {
+                terminal(&mut tx, row, &Response::stale(), now).await?;
+                Processed::Stale
+            }
+            Err(HandlerError::Sql(e)) => {
+                // Dropping the transaction rolls it back.
+                return Err(match unavailable(&e) {
+                    Some(why) => ProcessError::Unavailable(why),
+                    None => ProcessError::Handler(Box::new(e)),
+                });
+            }
+            Err(HandlerError::Failed(e)) => return Err(ProcessError::Handler(e)),
+        };
+        if tx.queued {
+            notify(&mut tx.tx).await.map_err(|e| storage(&e))?;
+        }
+        tx.tx.commit().await.map_err(|e| commit_failed(&e))?;
+        Ok(answer)
+    }
+
+    /// Takes a fenced lease on the key for an effect outside the database.
+    pub async fn begin(&self, event: Event, ttl: Duration) -> Result<Begun, ProcessError> {
+        for _ in 0..CLAIM_ATTEMPTS {
+            let now = self.clock.now();
+            let expires_at = now.plus(ttl);
+            let mut tx = self.pool.begin().await.map_err(|e| storage(&e))?;
+            let token: i64 = sqlx::query_scalar("SELECT nextval('oncebox_fence')")
+                .fetch_one(&mut *tx)
+                .await
+                .map_err(|e| storage(&e))?;
+            let claimed = claim(&mut tx, &event, now.millis(), Some((token, expires_at.millis())))
+                .await
+                .map_err(|e| storage(&e))?;
+            if matches!(claimed, Claim::Vanished) {
+                continue;
+            }
+            tx.commit().await.map_err(|e| commit_failed(&e))?;
+            return match claimed {
+                Claim::Fresh(_) => Ok(Begun::Leased(Lease {
+                    key: event.key.clone(),
+                    token,
+                    expires_at,
+                })),
+                Claim::Answered(Ok(Processed::Duplicate(r))) => Ok(Begun::Duplicate(r)),
+                Claim::Answered(Ok(other)) => Err(ProcessError::Handler(
+                    format!("unexpected claim answer {other:?}").into(),
+                )),
+                Claim::Answered(Err(e)) => Err(e),
+                Claim::Vanished => Err(ProcessError::Unavailable(Unavailable::Busy)),
+            };
+        }
+        Err(ProcessError::Unavailable(Unavailable::Busy))
+    }
+
+    /// Completes only while the lease is live and still this holder's: an expired holder is
+    /// fenced even if nobody has taken over yet, because someone may be about to.
+    pub async fn complete(&self, lease: &Lease, response: Response) -> Result<(), LeaseError> {
+        let body = (!response.body.is_empty()).then_some(&response.body);
+        let now = self.clock.now().millis();
+        let n = sqlx::query(
+            "UPDATE oncebox_inbox SET state = $4, response = $5, completed_at = $6,
+               lease_token = NULL, lease_expires_at = NULL
+             WHERE source = $1 AND event_id = $2 AND state = 'processing'
+               AND lease_token = $3 AND lease_expires_at > $6",
+        )
+        .bind(lease.key.source.as_str())
+        .bind(lease.key.event_id.as_str())
+        .bind(lease.token)
+        .bind(response.kind.as_str())
+        .bind(body)
+        .bind(now)
+        .execute(&self.pool)
+        .await
+        .map_err(|e| LeaseError::Unavailable(storage(&e)))?;
+        fenced_unless(n.rows_affected())
+    }
+
+    /// Frees the key (the external call failed). Allowed after expiry while nobody took over.
+    pub async fn release(&self, lease: &Lease) -> Result<(), LeaseError> {
+        let n = sqlx::query(
+            "DELETE FROM oncebox_inbox WHERE source = $1 AND event_id = $2
+               AND state = 'processing' AND lease_token = $3",
+        )
+        .bind(lease.key.source.as_str())
+        .bind(lease.key.event_id.as_str())
+        .bind(lease.token)
+        .execute(&self.pool)
+        .await
+        .map_err(|e| LeaseError::Unavailable(storage(&e)))?;
+        fenced_unless(n.rows_affected())
+    }
+
+    /// Parks the key: the external call's outcome is unknown, so it is neither retried nor done
+    /// until reconciled.
+    pub async fn uncertain(&self, lease: &Lease) -> Result<(), LeaseError> {
+        let n = sqlx::query(
+            "UPDATE oncebox_inbox SET state = 'uncertain', lease_expires_at = NULL
+             WHERE source = $1 AND event_id = $2 AND state = 'processing' AND lease_token = $3",
+        )
+        .bind(lease.key.source.as_str())
+        .bind(lease.key.event_id.as_str())
+        .bind(lease.token)
+        .execute(&self.pool)
+        .await
+        .map_err(|e| LeaseError::Unavailable(storage(&e)))?;
+        fenced_unless(n.rows_affected())
+    }
+
+    /// Settles an `uncertain` key; returns false when the key is not uncertain.
+    pub async fn resolve(&self, key: &Key, resolution: Resolution) -> Result<bool, crate::Error> {
+        let now = self.clock.now().millis();
+        let n = match resolution {
+            Resolution::Completed(response) => {
+                sqlx::query(
+                    "UPDATE oncebox_inbox SET state = $3, response = $4, completed_at = $5,
+                       lease_token = NULL
+                     WHERE source = $1 AND event_id = $2 AND state = 'uncertain'",
+                )
+                .bind(key.source.as_str())
+                .bind(key.event_id.as_str())
+                .bind(response.kind.as_str())
+                .bind(response.body)
+                .bind(now)
+                .execute(&self.pool)
+                .await?
+            }
+            Resolution::Released => {
+                sqlx::query(
+                    "DELETE FROM oncebox_inbox
+                     WHERE source = $1 AND event_id = $2 AND state = 'uncertain'",
+                )
+                .bind(key.source.as_str())
+                .bind(key.event_id.as_str())
+                .execute(&self.pool)
+                .await?
+            }
+        };
+        Ok(n.rows_affected() == 1)
+    }
+
+    /// The key's committed record.
+    pub async fn record(&self, key: &Key) -> Result<Option<Record>, crate::Error> {
+        crate::read::record(&self.pool, key).await
+    }
+}
+
+fn fenced_unless(rows: u64) -> Result<(), LeaseError> {
+    if rows == 1 {
+        Ok(())
+    } else {
+        Err(LeaseError::Fenced)
+    }
+}
+
+/// Undoes the handler's work (back to the savepoint after the claim) and makes the record
+/// terminal with `response`.
+async fn terminal(tx: &mut Tx, row: i64, response: &Response, now: i64) -> Result<(), ProcessError> {
+    sqlx::query("ROLLBACK TO SAVEPOINT oncebox_effect")
+        .execute(&mut *tx.tx)
+        .await
+        .map_err(|e| storage(&e))?;
+    // What the handler queued went with the savepoint.
+    tx.queued = false;
+    finish(&mut tx.tx, row, response, now)
+        .await
+        .map_err(|e| ProcessError::Unavailable(storage(&e)))
+}
+
+/// Wakes relays listening for new deliveries; PostgreSQL sends it on commit, once per
+/// transaction however many rows were queued.
+pub(crate) async fn notify(conn: &mut sqlx::PgConnection) -> Result<(), sqlx::Error> {
+    sqlx::query("SELECT pg_notify($1, '')")
+        .bind(OUTBOX_CHANNEL)
+        .execute(conn)
+        .await?;
+    Ok(())
+}

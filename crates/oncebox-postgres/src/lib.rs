@@ -1,0 +1,37 @@
+//! oncebox on PostgreSQL: the same guarantees as on SQLite, for several gateway and relay nodes
+//! sharing one database.
+//!
+//! - **Claims** are `INSERT … ON CONFLICT DO NOTHING` on the key's unique index, under READ
+//!   COMMITTED; a key that exists is decided from its committed record, read under a row lock.
+//!   No reliance on SERIALIZABLE; deadlocks (40P01), serialization failures (40001) and lost
+//!   connections answer `Unavailable`, never `Duplicate` (G3).
+//! - **Handlers** get a real transaction ([`Tx`]): the user's SQL, the inbox record, action keys,
+//!   entity versions, offsets and outbox rows commit or roll back together.
+//! - **Batched ingest** for the gateway: concurrent events become one set-based statement
+//!   (`INSERT … SELECT FROM UNNEST(…) ON CONFLICT DO NOTHING RETURNING`) and one commit.
+//! - **Leases** use fencing tokens from a sequence (never repeated) and single guarded
+//!   statements, so an expired holder cannot complete.
+//! - **Relay** claims with `FOR UPDATE SKIP LOCKED`; new deliveries `NOTIFY` listening relays.
+//! - **Migrations** run under an advisory lock: nodes starting together apply each once.
+
+mod batch;
+mod claim;
+mod deliveries;
+mod error;
+mod inbox;
+mod options;
+mod read;
+mod schema;
+mod store;
+mod tx;
+
+pub use error::{Error, OpenError};
+pub use inbox::{Handler, Inbox};
+pub use oncebox_core::{Record, RecordState, Resolution};
+pub use options::Options;
+pub use read::MAX_PAGE;
+pub use sqlx;
+pub use tx::{HandlerError, OffsetMove, Once, Tx};
+
+/// The `LISTEN`/`NOTIFY` channel on which new deliveries wake relays.
+pub const OUTBOX_CHANNEL: &str = "oncebox_outbox";

@@ -1,0 +1,85 @@
+//! Options of [`crate::Inbox::open`]: where the database is and how much of it to use.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use oncebox_core::{Clock, SystemClock};
+
+/// How to reach PostgreSQL and how to batch against it.
+#[derive(Clone)]
+pub struct Options {
+    /// `postgres://user@host:port/database`.
+    pub url: String,
+    /// The schema oncebox's tables live in (`search_path`); `None` keeps the server's default
+    /// (`public`). Lets several deployments or test runs share one database.
+    pub schema: Option<String>,
+    /// Connections in the pool. Batches, handlers and reads share them.
+    pub max_connections: u32,
+    /// How long a request waits for a connection, and the longest wait for the batch queue,
+    /// before answering `Unavailable` instead of hanging while the database is away.
+    pub deadline: Duration,
+    /// Batches in flight at once: several overlap their round trips and commits.
+    pub batch_workers: usize,
+    /// Requests combined into one set-based statement at most.
+    pub max_batch: usize,
+    /// Requests waiting for a batch at most; beyond it callers get `Unavailable::Busy` at once.
+    pub queue_capacity: usize,
+    pub clock: Arc<dyn Clock>,
+}
+
+impl std::fmt::Debug for Options {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The URL may carry a password.
+        f.debug_struct("Options")
+            .field("schema", &self.schema)
+            .field("max_connections", &self.max_connections)
+            .field("batch_workers", &self.batch_workers)
+            .field("max_batch", &self.max_batch)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Options {
+    pub fn new(url: impl Into<String>) -> Options {
+        Options {
+            url: url.into(),
+            schema: None,
+            max_connections: 16,
+            deadline: Duration::from_secs(5),
+            batch_workers: 4,
+            max_batch: 256,
+            queue_capacity: 16_384,
+            clock: Arc::new(SystemClock),
+        }
+    }
+
+    pub fn schema(mut self, schema: impl Into<String>) -> Options {
+        self.schema = Some(schema.into());
+        self
+    }
+
+    pub fn clock(mut self, clock: Arc<dyn Clock>) -> Options {
+        self.clock = clock;
+        self
+    }
+
+    pub fn max_connections(mut self, n: u32) -> Options {
+        self.max_connections = n.max(2);
+        self
+    }
+
+    pub fn deadline(mut self, t: Duration) -> Options {
+        self.deadline = t;
+        self
+    }
+
+    pub fn batch_workers(mut self, n: usize) -> Options {
+        self.batch_workers = n.max(1);
+        self
+    }
+
+    pub fn max_batch(mut self, n: usize) -> Options {
+        self.max_batch = n.max(1);
+        self
+    }
+}

@@ -1,0 +1,146 @@
+//! Reads for operators and for `record`: events by key or in arrival order, and counts.
+
+use oncebox_core::store::{Page, Stats, StoredEvent};
+use oncebox_core::{
+    Fingerprint, Key, Meta, Record, RecordState, Response, ResponseKind, Source, Timestamp,
+};
+use sqlx::postgres::PgRow;
+use sqlx::{PgPool, Row};
+
+/// Listings never return more than this many events at once.
+pub const MAX_PAGE: usize = 500;
+
+pub(crate) async fn record(pool: &PgPool, key: &Key) -> Result<Option<Record>, crate::Error> {
+    let Some(r) = sqlx::query(
+        "SELECT fingerprint, state, response, payload, received_at, completed_at, lease_token,
+           lease_expires_at
+         FROM oncebox_inbox WHERE source = $1 AND event_id = $2",
+    )
+    .bind(key.source.as_str())
+    .bind(key.event_id.as_str())
+    .fetch_optional(pool)
+    .await?
+    else {
+        return Ok(None);
+    };
+    let fingerprint: Vec<u8> = r.try_get(0)?;
+    let state: String = r.try_get(1)?;
+    let response: Option<Vec<u8>> = r.try_get(2)?;
+    let state = match (ResponseKind::parse(&state), state.as_str()) {
+        (Some(kind), _) => RecordState::Done(Response {
+            kind,
+            body: response.unwrap_or_default(),
+        }),
+        (None, "uncertain") => RecordState::Uncertain,
+        _ => RecordState::Processing {
+            lease_token: r.try_get(6)?,
+            lease_expires_at: r.try_get::<Option<i64>, _>(7)?.map(Timestamp),
+        },
+    };
+    Ok(Some(Record {
+        key: key.clone(),
+        fingerprint: Fingerprint::from_slice(&fingerprint),
+        state,
+        payload: r.try_get(3)?,
+        received_at: Timestamp(r.try_get(4)?),
+        completed_at: r.try_get::<Option<i64>, _>(5)?.map(Timestamp),
+    }))
+}
+
+const COLUMNS: &str = "i.id, i.source, i.event_id, i.state, i.response, i.payload, i.content_type,
+    i.headers, i.fingerprint, i.received_at, i.completed_at,
+    (SELECT count(*) FROM oncebox_conflicts c WHERE c.source = i.source AND c.event_id = i.event_id)";
+
+fn stored(r: &PgRow) -> Result<Option<StoredEvent>, sqlx::Error> {
+    let (source, event_id): (String, String) = (r.try_get(1)?, r.try_get(2)?);
+    // Rows are written only from validated keys; one that no longer validates is skipped
+    // rather than shown under a made-up name.
+    let Ok(key) = Key::parse(&source, &event_id) else {
+        return Ok(None);
+    };
+    let state: String = r.try_get(3)?;
+    let response = ResponseKind::parse(&state).map(|kind| Response {
+        kind,
+        body: r
+            .try_get::<Option<Vec<u8>>, _>(4)
+            .ok()
+            .flatten()
+            .unwrap_or_default(),
+    });
+    let headers: Option<String> = r.try_get(7)?;
+    Ok(Some(StoredEvent {
+        seq: r.try_get(0)?,
+        key,
+        state,
+        response,
+        payload: r.try_get::<Option<Vec<u8>>, _>(5)?.unwrap_or_default(),
+        meta: Meta {
+            content_type: r.try_get(6)?,
+            headers: Meta::parse_header_lines(headers.as_deref()),
+        },
+        fingerprint: Fingerprint::from_slice(&r.try_get::<Vec<u8>, _>(8)?),
+        received_at: Timestamp(r.try_get(9)?),
+        completed_at: r.try_get::<Option<i64>, _>(10)?.map(Timestamp),
+        conflicts: r.try_get(11)?,
+    }))
+}
+
+pub(crate) async fn one(pool: &PgPool, key: &Key) -> Result<Option<StoredEvent>, sqlx::Error> {
+    let row = sqlx::query(&format!(
+        "SELECT {COLUMNS} FROM oncebox_inbox i WHERE i.source = $1 AND i.event_id = $2"
+    ))
+    .bind(key.source.as_str())
+    .bind(key.event_id.as_str())
+    .fetch_optional(pool)
+    .await?;
+    Ok(match row {
+        Some(r) => stored(&r)?,
+        None => None,
+    })
+}
+
+pub(crate) async fn page(
+    pool: &PgPool,
+    source: Option<&Source>,
+    after: i64,
+    limit: usize,
+) -> Result<Page<StoredEvent>, sqlx::Error> {
+    let limit = limit.clamp(1, MAX_PAGE);
+    // One row more than asked tells whether there is a next page.
+    let rows = sqlx::query(&format!(
+        "SELECT {COLUMNS} FROM oncebox_inbox i
+         WHERE ($1::text IS NULL OR i.source = $1) AND i.id > $2 ORDER BY i.id LIMIT $3"
+    ))
+    .bind(source.map(Source::as_str))
+    .bind(after)
+    .bind(limit as i64 + 1)
+    .fetch_all(pool)
+    .await?;
+    let more = rows.len() > limit;
+    let mut items = Vec::with_capacity(limit);
+    for r in rows.iter().take(limit) {
+        if let Some(e) = stored(r)? {
+            items.push(e);
+        }
+    }
+    let next = if more { items.last().map(|e| e.seq) } else { None };
+    Ok(Page { items, next })
+}
+
+pub(crate) async fn stats(pool: &PgPool) -> Result<Stats, sqlx::Error> {
+    let states: Vec<(String, i64)> =
+        sqlx::query_as("SELECT state, count(*) FROM oncebox_inbox GROUP BY state ORDER BY state")
+            .fetch_all(pool)
+            .await?;
+    let conflicts: i64 = sqlx::query_scalar("SELECT count(*) FROM oncebox_conflicts")
+        .fetch_one(pool)
+        .await?;
+    let outbox: i64 = sqlx::query_scalar("SELECT count(*) FROM oncebox_outbox")
+        .fetch_one(pool)
+        .await?;
+    Ok(Stats {
+        states,
+        conflicts,
+        outbox,
+    })
+}

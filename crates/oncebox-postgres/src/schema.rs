@@ -1,0 +1,141 @@
+//! The embedded schema migrations, applied once however many nodes start at the same moment.
+
+use sqlx::{Connection, PgConnection};
+
+use crate::error::OpenError;
+
+/// Migrations in order; `oncebox_schema` records how many ran. Never edit a released entry:
+/// append a new one. Times are Unix milliseconds from the store's clock (as on SQLite), so a
+/// test's manual clock drives expiry and retention exactly as the system clock does.
+const MIGRATIONS: &[&str] = &[r#"
+CREATE TABLE oncebox_inbox (
+    id               BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    source           TEXT NOT NULL,
+    event_id         TEXT NOT NULL,
+    fingerprint      BYTEA NOT NULL,
+    state            TEXT NOT NULL
+                     CHECK (state IN ('processing', 'completed', 'rejected', 'stale', 'uncertain')),
+    response         BYTEA,
+    payload          BYTEA,
+    received_at      BIGINT NOT NULL,
+    completed_at     BIGINT,
+    lease_token      BIGINT,
+    lease_expires_at BIGINT,
+    content_type     TEXT,
+    headers          TEXT,
+    -- The key is two columns, never one concatenated string: (a:b, c) and (a, b:c) differ.
+    UNIQUE (source, event_id)
+);
+CREATE TABLE oncebox_conflicts (
+    id                  BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    source              TEXT NOT NULL,
+    event_id            TEXT NOT NULL,
+    stored_fingerprint  BYTEA NOT NULL,
+    offered_fingerprint BYTEA NOT NULL,
+    payload             BYTEA,
+    at                  BIGINT NOT NULL
+);
+CREATE INDEX oncebox_conflicts_key ON oncebox_conflicts (source, event_id);
+CREATE TABLE oncebox_actions (
+    scope    TEXT NOT NULL,
+    key      TEXT NOT NULL,
+    source   TEXT NOT NULL,
+    event_id TEXT NOT NULL,
+    at       BIGINT NOT NULL,
+    PRIMARY KEY (scope, key)
+);
+CREATE TABLE oncebox_versions (
+    entity    TEXT NOT NULL,
+    entity_id TEXT NOT NULL,
+    version   BIGINT NOT NULL,
+    source    TEXT NOT NULL,
+    event_id  TEXT NOT NULL,
+    PRIMARY KEY (entity, entity_id)
+);
+CREATE TABLE oncebox_offsets (
+    stream    TEXT NOT NULL,
+    partition BIGINT NOT NULL,
+    position  BIGINT NOT NULL,
+    PRIMARY KEY (stream, partition)
+);
+CREATE TABLE oncebox_outbox (
+    id               BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    destination      TEXT NOT NULL,
+    idempotency_key  TEXT NOT NULL,
+    payload          BYTEA NOT NULL,
+    content_type     TEXT NOT NULL,
+    source           TEXT NOT NULL,
+    event_id         TEXT NOT NULL,
+    state            TEXT NOT NULL DEFAULT 'pending',
+    attempts         INTEGER NOT NULL DEFAULT 0,
+    created_at       BIGINT NOT NULL,
+    next_attempt_at  BIGINT NOT NULL,
+    lease_token      BIGINT,
+    lease_expires_at BIGINT,
+    last_status      INTEGER,
+    last_error       TEXT,
+    note             TEXT,
+    delivered_at     BIGINT,
+    updated_at       BIGINT,
+    UNIQUE (destination, idempotency_key)
+);
+-- A claim reads each claimable state as one range in next_attempt_at order and stops at its
+-- limit, so it costs the same with a million delivered rows as with none.
+CREATE INDEX oncebox_outbox_due ON oncebox_outbox (state, next_attempt_at);
+CREATE INDEX oncebox_outbox_key ON oncebox_outbox (source, event_id);
+CREATE TABLE oncebox_attempts (
+    id          BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    delivery_id BIGINT NOT NULL REFERENCES oncebox_outbox (id) ON DELETE CASCADE,
+    started_at  BIGINT NOT NULL,
+    duration_ms BIGINT NOT NULL,
+    status      INTEGER,
+    error       TEXT
+);
+CREATE INDEX oncebox_attempts_delivery ON oncebox_attempts (delivery_id);
+-- Fencing tokens for inbox leases and relay claims: a sequence never hands out a value twice,
+-- not after a rollback, a released key or a restart, and needs no row lock between nodes.
+CREATE SEQUENCE oncebox_fence;
+"#];
+
+pub(crate) const VERSION: i64 = MIGRATIONS.len() as i64;
+
+/// Brings the schema up to date. The transaction first takes a transaction-scoped advisory lock,
+/// then reads the version: nodes starting at once queue on the lock and each later one finds the
+/// work done, so every migration runs exactly once.
+pub(crate) async fn migrate(conn: &mut PgConnection) -> Result<(), OpenError> {
+    let mut tx = conn.begin().await?;
+    // Scoped to the schema the connection writes to, so two schemas in one database (tests,
+    // tenants) migrate independently.
+    sqlx::query("SELECT pg_advisory_xact_lock(hashtext('oncebox-migrate:' || current_schema()))")
+        .execute(&mut *tx)
+        .await?;
+    sqlx::query("CREATE TABLE IF NOT EXISTS oncebox_schema (version BIGINT NOT NULL)")
+        .execute(&mut *tx)
+        .await?;
+    let found: Option<i64> = sqlx::query_scalar("SELECT max(version) FROM oncebox_schema")
+        .fetch_one(&mut *tx)
+        .await?;
+    let found = found.unwrap_or(0);
+    if found > VERSION {
+        return Err(OpenError::SchemaTooNew {
+            found,
+            known: VERSION,
+        });
+    }
+    let start = usize::try_from(found).unwrap_or(0);
+    for sql in &MIGRATIONS[start..] {
+        // A plain string runs through the simple-query protocol: several statements at once.
+        sqlx::Executor::execute(&mut *tx, *sql).await?;
+    }
+    if found < VERSION {
+        sqlx::query("DELETE FROM oncebox_schema")
+            .execute(&mut *tx)
+            .await?;
+        sqlx::query("INSERT INTO oncebox_schema (version) VALUES ($1)")
+            .bind(VERSION)
+            .execute(&mut *tx)
+            .await?;
+    }
+    tx.commit().await?;
+    Ok(())
+}

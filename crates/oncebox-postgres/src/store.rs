@@ -1,0 +1,165 @@
+//! `EventStore` on PostgreSQL: new events through the batcher; events with an ordering guard,
+//! and keys holding a two-phase lease, through `process` with a handler; listings and purge.
+
+use std::time::Instant;
+
+use oncebox_core::store::{EventFilter, EventStore, Ingest, Page, Stats, StoredEvent};
+use oncebox_core::{
+    Key, OutboxMessage, ProcessError, Processed, Response, ResponseKind, Retention, Timestamp,
+    Unavailable,
+};
+
+use crate::batch::Answer;
+use crate::error::storage;
+use crate::inbox::Inbox;
+use crate::read;
+use crate::tx::HandlerError;
+
+/// Purge deletes at most this many records per statement, so a large purge never holds locks
+/// long enough to stall ingest.
+const PURGE_CHUNK: i64 = 1000;
+
+impl Inbox {
+    /// The per-event path of `ingest`: the ordering guard needs the entity's version read and
+    /// moved inside the event's own transaction.
+    async fn ingest_one(&self, ingest: Ingest) -> Result<Processed, ProcessError> {
+        let Ingest {
+            event,
+            order,
+            accepted,
+            stale,
+            routes,
+        } = ingest;
+        // Entities are namespaced by source: two senders' order ids are unrelated.
+        let namespace = event.key.source.as_str().to_owned();
+        let content_type = event
+            .meta
+            .content_type
+            .clone()
+            .unwrap_or_else(|| "application/json".to_owned());
+        let messages: Vec<OutboxMessage> = routes
+            .into_iter()
+            .map(|route| OutboxMessage {
+                destination: route,
+                // `{source}:{event_id}` for every attempt, forever. Do not change.
+                idempotency_key: event.key.to_string(),
+                payload: event.payload.clone(),
+                content_type: content_type.clone(),
+            })
+            .collect();
+        self.process(event, move |tx| {
+            Box::pin(async move {
+                if let Some(order) = &order {
+                    match tx.advance(&namespace, &order.entity, order.version).await {
+                        // Stale: only the record is kept, and no delivery is queued.
+                        Err(HandlerError::Stale) => {
+                            return Ok(Response {
+                                kind: ResponseKind::Stale,
+                                body: stale,
+                            });
+                        }
+                        other => other?,
+                    }
+                }
+                for m in &messages {
+                    tx.enqueue(m).await?;
+                }
+                Ok(Response::completed(accepted))
+            })
+        })
+        .await
+    }
+
+    /// Deletes terminal records past their source's retention, a chunk per statement.
+    pub async fn purge(&self, now: Timestamp, retention: &Retention) -> Result<u64, crate::Error> {
+        let youngest_cutoff = now.minus(retention.shortest()).millis();
+        let (mut after, mut deleted) = (0_i64, 0_u64);
+        loop {
+            let rows: Vec<(i64, String, String, Option<i64>, i64)> = sqlx::query_as(
+                "SELECT id, source, state, completed_at, received_at FROM oncebox_inbox
+                 WHERE id > $1 ORDER BY id LIMIT $2",
+            )
+            .bind(after)
+            .bind(PURGE_CHUNK)
+            .fetch_all(&self.pool)
+            .await?;
+            let due: Vec<i64> = rows
+                .iter()
+                .filter(|(_, source, state, completed_at, _)| {
+                    retention.purgeable(source, state, completed_at.map(Timestamp), now)
+                })
+                .map(|r| r.0)
+                .collect();
+            if !due.is_empty() {
+                // The state guard keeps a record that changed since the scan.
+                deleted += sqlx::query(
+                    "DELETE FROM oncebox_inbox WHERE id = ANY($1)
+                       AND state IN ('completed', 'rejected', 'stale')",
+                )
+                .bind(&due)
+                .execute(&self.pool)
+                .await?
+                .rows_affected();
+            }
+            // Ids follow arrival, so once a whole chunk is younger than the shortest retention
+            // nothing after it can be due.
+            let all_young = rows.iter().all(|r| r.4 >= youngest_cutoff);
+            match rows.last() {
+                Some(last) if rows.len() == PURGE_CHUNK as usize && !all_young => after = last.0,
+                _ => return Ok(deleted),
+            }
+        }
+    }
+}
+
+fn unavailable(e: crate::Error) -> Unavailable {
+    match e {
+        crate::Error::Unavailable(u) => u,
+        crate::Error::Sql(e) => storage(&e),
+    }
+}
+
+impl EventStore for Inbox {
+    async fn ingest(&self, ingest: Ingest) -> Result<Processed, ProcessError> {
+        if ingest.order.is_some() {
+            return self.ingest_one(ingest).await;
+        }
+        let deadline = Instant::now() + self.deadline;
+        match self.batcher.submit(ingest, deadline).await {
+            Answer::Done(answer) => answer,
+            Answer::Single(ingest) => self.ingest_one(ingest).await,
+        }
+    }
+
+    async fn event(&self, key: &Key) -> Result<Option<StoredEvent>, Unavailable> {
+        read::one(&self.pool, key).await.map_err(|e| storage(&e))
+    }
+
+    async fn events(&self, filter: EventFilter) -> Result<Page<StoredEvent>, Unavailable> {
+        read::page(
+            &self.pool,
+            filter.source.as_ref(),
+            filter.after.unwrap_or(0),
+            filter.limit,
+        )
+        .await
+        .map_err(|e| storage(&e))
+    }
+
+    async fn stats(&self) -> Result<Stats, Unavailable> {
+        read::stats(&self.pool).await.map_err(|e| storage(&e))
+    }
+
+    async fn purge(&self, now: Timestamp, retention: &Retention) -> Result<u64, Unavailable> {
+        Inbox::purge(self, now, retention).await.map_err(unavailable)
+    }
+
+    /// Ready when a connection can be had and answers now.
+    async fn ready(&self) -> Result<(), Unavailable> {
+        sqlx::query("SELECT 1")
+            .execute(&self.pool)
+            .await
+            .map(drop)
+            .map_err(|e| storage(&e))
+    }
+}

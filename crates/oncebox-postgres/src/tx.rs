@@ -1,0 +1,193 @@
+//! The handler's view of the open transaction: the user's own SQL, action keys, entity versions,
+//! offset watermarks and the outbox all commit or roll back with the inbox record.
+
+use oncebox_core::{Key, OutboxMessage, Timestamp};
+use sqlx::{PgConnection, Postgres, Transaction};
+
+/// How a handler fails. `Stale` and `Failed` decide what is kept of the event.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum HandlerError {
+    /// From [`Tx::advance`]: the event is older than what was applied. Its effects are undone and
+    /// the key is recorded as `stale`, so a duplicate replays `Stale` too.
+    #[error("event is older than the applied entity version")]
+    Stale,
+    /// A SQL error in the handler. A lost connection, deadlock, serialization failure or
+    /// failing storage answers `Unavailable`; anything else fails only this event.
+    #[error("postgres: {0}")]
+    Sql(#[from] sqlx::Error),
+    /// Everything of this event is rolled back and the key stays free: a retry applies it.
+    #[error("{0}")]
+    Failed(Box<dyn std::error::Error + Send + Sync>),
+}
+
+impl HandlerError {
+    pub fn failed(e: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> HandlerError {
+        HandlerError::Failed(e.into())
+    }
+}
+
+/// Whether an action key was taken now or already by an earlier event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Once {
+    /// This event is the first to ask: perform the action.
+    First,
+    /// Another event already performed it: skip.
+    Already,
+}
+
+/// Where an offset stands against the stream's watermark.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum OffsetMove {
+    Advanced,
+    /// At or below the watermark: a replay of a message already processed.
+    Replay,
+}
+
+/// The open transaction (READ COMMITTED), handed to a handler for one event.
+#[derive(Debug)]
+pub struct Tx {
+    pub(crate) tx: Transaction<'static, Postgres>,
+    key: Key,
+    now: Timestamp,
+    /// An outbox row was queued: relays are woken when this commits.
+    pub(crate) queued: bool,
+}
+
+impl Tx {
+    pub(crate) fn new(tx: Transaction<'static, Postgres>, key: Key, now: Timestamp) -> Tx {
+        Tx {
+            tx,
+            key,
+            now,
+            queued: false,
+        }
+    }
+
+    /// The connection, inside the event's transaction: the user's own SQL goes here. Do not
+    /// issue `COMMIT` or `ROLLBACK` on it — `process` owns the transaction.
+    pub fn conn(&mut self) -> &mut PgConnection {
+        &mut self.tx
+    }
+
+    /// The event being processed.
+    pub fn key(&self) -> &Key {
+        &self.key
+    }
+
+    /// The clock reading taken when the event's transaction began.
+    pub fn now(&self) -> Timestamp {
+        self.now
+    }
+
+    /// Takes the action key `(scope, key)`: the business operation it names happens once
+    /// whichever event asks. A concurrent transaction holding the same action key makes this
+    /// wait for its outcome: if it commits this one answers `Already`, if it rolls back `First`.
+    pub async fn once(&mut self, scope: &str, key: &str) -> Result<Once, HandlerError> {
+        let taken = sqlx::query(
+            "INSERT INTO oncebox_actions (scope, key, source, event_id, at)
+             VALUES ($1, $2, $3, $4, $5) ON CONFLICT (scope, key) DO NOTHING",
+        )
+        .bind(scope)
+        .bind(key)
+        .bind(self.key.source.as_str())
+        .bind(self.key.event_id.as_str())
+        .bind(self.now.millis())
+        .execute(&mut *self.tx)
+        .await?
+        .rows_affected();
+        Ok(if taken == 1 {
+            Once::First
+        } else {
+            Once::Already
+        })
+    }
+
+    /// Records that `(entity, id)` is now at `version`. An older version returns
+    /// `Err(HandlerError::Stale)`: propagate it with `?` and nothing of the event changes. An
+    /// equal version is not stale and leaves it unchanged. One guarded upsert decides, and the
+    /// row it conflicts on stays locked until commit, so two concurrent events for one entity
+    /// cannot both win.
+    pub async fn advance(&mut self, entity: &str, id: &str, version: i64) -> Result<(), HandlerError> {
+        let moved = sqlx::query(
+            "INSERT INTO oncebox_versions (entity, entity_id, version, source, event_id)
+             VALUES ($1, $2, $3, $4, $5)
+             ON CONFLICT (entity, entity_id) DO UPDATE SET version = excluded.version,
+               source = excluded.source, event_id = excluded.event_id
+             WHERE oncebox_versions.version < excluded.version",
+        )
+        .bind(entity)
+        .bind(id)
+        .bind(version)
+        .bind(self.key.source.as_str())
+        .bind(self.key.event_id.as_str())
+        .execute(&mut *self.tx)
+        .await?
+        .rows_affected();
+        if moved == 1 {
+            return Ok(());
+        }
+        let current: i64 = sqlx::query_scalar(
+            "SELECT version FROM oncebox_versions WHERE entity = $1 AND entity_id = $2",
+        )
+        .bind(entity)
+        .bind(id)
+        .fetch_one(&mut *self.tx)
+        .await?;
+        if version < current {
+            Err(HandlerError::Stale)
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Moves the watermark of `(stream, partition)` to `offset`, or reports a replay when the
+    /// offset is at or below it.
+    pub async fn commit_offset(
+        &mut self,
+        stream: &str,
+        partition: i64,
+        offset: i64,
+    ) -> Result<OffsetMove, HandlerError> {
+        let moved = sqlx::query(
+            "INSERT INTO oncebox_offsets (stream, partition, position) VALUES ($1, $2, $3)
+             ON CONFLICT (stream, partition) DO UPDATE SET position = excluded.position
+             WHERE excluded.position > oncebox_offsets.position",
+        )
+        .bind(stream)
+        .bind(partition)
+        .bind(offset)
+        .execute(&mut *self.tx)
+        .await?
+        .rows_affected();
+        Ok(if moved == 1 {
+            OffsetMove::Advanced
+        } else {
+            OffsetMove::Replay
+        })
+    }
+
+    /// Queues a message for delivery after commit. The same idempotency key for the same
+    /// destination is queued once.
+    pub async fn enqueue(&mut self, msg: &OutboxMessage) -> Result<(), HandlerError> {
+        sqlx::query(
+            "INSERT INTO oncebox_outbox (destination, idempotency_key, payload, content_type,
+               source, event_id, created_at, next_attempt_at)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $7)
+             ON CONFLICT (destination, idempotency_key) DO NOTHING",
+        )
+        .bind(&msg.destination)
+        .bind(&msg.idempotency_key)
+        .bind(&msg.payload)
+        .bind(&msg.content_type)
+        .bind(self.key.source.as_str())
+        .bind(self.key.event_id.as_str())
+        .bind(self.now.millis())
+        .execute(&mut *self.tx)
+        .await?;
+        self.queued = true;
+        Ok(())
+    }
+}
