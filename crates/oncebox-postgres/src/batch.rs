@@ -3,6 +3,8 @@
 //! commit serve many requests. Several workers keep batches in flight at once.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use oncebox_core::store::Ingest;
@@ -32,13 +34,35 @@ pub(crate) enum Answer {
 #[derive(Clone)]
 pub(crate) struct Batcher {
     sender: flume::Sender<Job>,
+    pub stats: Arc<BatchStats>,
+}
+
+/// Counters of the batch workers' work since open.
+#[derive(Debug, Default)]
+pub struct BatchStats {
+    commits: AtomicU64,
+    requests: AtomicU64,
+}
+
+impl BatchStats {
+    /// Batch transactions committed.
+    pub fn commits(&self) -> u64 {
+        self.commits.load(Ordering::Relaxed)
+    }
+
+    /// Requests answered by committed batches.
+    pub fn committed_requests(&self) -> u64 {
+        self.requests.load(Ordering::Relaxed)
+    }
 }
 
 impl Batcher {
     pub fn start(pool: PgPool, options: Options) -> Batcher {
         let (sender, receiver) = flume::bounded::<Job>(options.queue_capacity.max(1));
+        let stats = Arc::new(BatchStats::default());
         for _ in 0..options.batch_workers.max(1) {
             let (pool, receiver, options) = (pool.clone(), receiver.clone(), options.clone());
+            let stats = stats.clone();
             tokio::spawn(async move {
                 while let Ok(first) = receiver.recv_async().await {
                     let mut jobs = vec![first];
@@ -48,11 +72,11 @@ impl Batcher {
                             Err(_) => break,
                         }
                     }
-                    run(&pool, &options, jobs).await;
+                    run(&pool, &options, &stats, jobs).await;
                 }
             });
         }
-        Batcher { sender }
+        Batcher { sender, stats }
     }
 
     /// Queues `ingest`; a full queue is `Busy` at once, so an overloaded node sheds load fast.
@@ -77,7 +101,7 @@ impl Batcher {
 
 /// Runs `jobs` as batches: the first request of each key now, any further request of a key
 /// already in the batch in the next round, when the first one's record is committed.
-async fn run(pool: &PgPool, options: &Options, mut jobs: Vec<Job>) {
+async fn run(pool: &PgPool, options: &Options, stats: &BatchStats, mut jobs: Vec<Job>) {
     let now = Instant::now();
     jobs.retain_mut(|job| {
         if job.deadline <= now {
@@ -92,7 +116,11 @@ async fn run(pool: &PgPool, options: &Options, mut jobs: Vec<Job>) {
             .into_iter()
             .partition(|j| seen.insert(j.ingest.event.key.clone()));
         let answers = match batch(pool, options, &first).await {
-            Ok(answers) => answers,
+            Ok(answers) => {
+                stats.commits.fetch_add(1, Ordering::Relaxed);
+                stats.requests.fetch_add(first.len() as u64, Ordering::Relaxed);
+                answers
+            }
             Err(why) => first
                 .iter()
                 .map(|_| Answer::Done(Err(ProcessError::Unavailable(why.clone()))))

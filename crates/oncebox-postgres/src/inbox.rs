@@ -98,6 +98,11 @@ impl Inbox {
         })
     }
 
+    /// Counters of batched ingest since open.
+    pub fn batch_stats(&self) -> &crate::batch::BatchStats {
+        &self.batcher.stats
+    }
+
     /// The connection pool, for the application's own queries.
     pub fn pool(&self) -> &PgPool {
         &self.pool

@@ -25,6 +25,7 @@ mod schema;
 mod store;
 mod tx;
 
+pub use batch::BatchStats;
 pub use error::{Error, OpenError};
 pub use inbox::{Handler, Inbox};
 pub use oncebox_core::{Record, RecordState, Resolution};

@@ -1,0 +1,77 @@
+//! Faults on a real server: a session killed in the middle of a handler's transaction.
+
+use oncebox_core::{ManualClock, ProcessError, Processed, Response};
+use oncebox_postgres::sqlx;
+use oncebox_testkit::{EPOCH, event};
+
+use crate::harness::{Postgres, schema, url};
+
+#[test]
+fn a_session_killed_mid_transaction_answers_unavailable_and_the_retry_applies_once() {
+    if url().is_none() {
+        return;
+    }
+    oncebox_testkit::run(async {
+        let pg = Postgres::open(schema(), ManualClock::new(EPOCH)).await;
+        let (pid_tx, pid_rx) = tokio::sync::oneshot::channel::<i32>();
+        let (go_tx, go_rx) = tokio::sync::oneshot::channel::<()>();
+        let inbox = pg.inbox.clone();
+        let victim = tokio::spawn(async move {
+            inbox
+                .process(event("shop", "k", 7), move |tx| {
+                    Box::pin(async move {
+                        sqlx::query("UPDATE test_accounts SET balance = balance + 7 WHERE id = 1")
+                            .execute(tx.conn())
+                            .await?;
+                        let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+                            .fetch_one(tx.conn())
+                            .await?;
+                        let _ = pid_tx.send(pid);
+                        // Hold the transaction open until the session has been killed.
+                        let _ = go_rx.await;
+                        sqlx::query("UPDATE test_accounts SET balance = balance + 0 WHERE id = 1")
+                            .execute(tx.conn())
+                            .await?;
+                        Ok(Response::completed("ok"))
+                    })
+                })
+                .await
+        });
+        let pid = pid_rx.await.expect("the handler reached its transaction");
+        let killed: bool = sqlx::query_scalar("SELECT pg_terminate_backend($1)")
+            .bind(pid)
+            .fetch_one(pg.inbox.pool())
+            .await
+            .expect("terminate");
+        assert!(killed, "the session was really terminated");
+        go_tx.send(()).expect("handler waiting");
+        let answer = victim.await.expect("victim task");
+        assert!(
+            matches!(answer, Err(ProcessError::Unavailable(_))),
+            "a killed session is unavailability, never a duplicate or success: {answer:?}"
+        );
+        let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM oncebox_inbox")
+            .fetch_one(pg.inbox.pool())
+            .await
+            .expect("count");
+        assert_eq!(rows, 0, "nothing of the killed transaction committed");
+        // The sender's retry applies it exactly once.
+        let retry = pg
+            .inbox
+            .process(event("shop", "k", 7), |tx| {
+                Box::pin(async move {
+                    sqlx::query("UPDATE test_accounts SET balance = balance + 7 WHERE id = 1")
+                        .execute(tx.conn())
+                        .await?;
+                    Ok(Response::completed("ok"))
+                })
+            })
+            .await;
+        assert!(matches!(retry, Ok(Processed::Applied(_))), "{retry:?}");
+        let balance: i64 = sqlx::query_scalar("SELECT balance FROM test_accounts WHERE id = 1")
+            .fetch_one(pg.inbox.pool())
+            .await
+            .expect("balance");
+        assert_eq!(balance, 7);
+    });
+}
