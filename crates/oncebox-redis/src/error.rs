@@ -1,0 +1,33 @@
+//! Errors of the Redis tier and the one place that turns a Redis failure into `Unavailable`:
+//! an error, a timeout or an odd reply never says anything about whether a key was processed.
+
+use oncebox_core::Unavailable;
+
+/// Why [`crate::Leases::connect`] failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConnectError {
+    /// The URL is not a Redis URL (`redis://host:port/db`, `rediss://…`, `unix://…`).
+    #[error("invalid Redis URL: {0}")]
+    Url(redis::RedisError),
+    /// Redis did not answer within the deadline or refused the connection.
+    #[error("cannot reach Redis: {0}")]
+    Unavailable(#[from] Unavailable),
+}
+
+/// Every Redis error is `Unavailable` (G3): a timeout or a dropped connection leaves the
+/// request's fate unknown, and a server error (OOM, READONLY replica, WRONGTYPE on a foreign
+/// key) means this tier cannot answer.
+pub(crate) fn unavailable(e: &redis::RedisError) -> Unavailable {
+    if e.is_timeout() {
+        Unavailable::Deadline
+    } else {
+        Unavailable::Storage(format!("redis: {e}"))
+    }
+}
+
+/// A reply of a shape our own scripts never send: someone else's data under our key, or a
+/// server we do not understand. Still only "unavailable", never a guess.
+pub(crate) fn odd_reply(what: &str, reply: &redis::Value) -> Unavailable {
+    Unavailable::Storage(format!("redis: unexpected reply to {what}: {reply:?}"))
+}

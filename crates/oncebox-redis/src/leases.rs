@@ -1,0 +1,263 @@
+//! `Leases`, the public handle: the two-phase form of DESIGN §8 on Redis — `begin` takes a
+//! fenced lease with a TTL, then `complete`, `release` or `uncertain`; `resolve` settles an
+//! uncertain key.
+
+use std::fmt;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use oncebox_core::{
+    Begun, Event, Fingerprint, Key, Lease, LeaseError, ProcessError, Response, ResponseKind,
+    Unavailable,
+};
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::{RedisResult, ScriptInvocation, Value};
+
+use crate::error::{ConnectError, odd_reply, unavailable};
+use crate::options::Options;
+use crate::scripts::{Scripts, fence_key, record_key};
+
+/// Longest TTL or retention sent to Redis (about 100 years): Redis refuses an expiry that
+/// overflows its clock, and "forever" should not become an error.
+const MAX_MILLIS: u64 = 100 * 365 * 24 * 3600 * 1000;
+
+/// How an operator settles a key left `uncertain`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Resolution {
+    /// The external effect did happen: the key is done and replays this response.
+    Completed(Response),
+    /// It did not happen: the key is free again and a retry performs it.
+    Released,
+}
+
+/// Fenced leases on one Redis (a primary, not Redis Cluster: the begin script touches the
+/// fence counter and the record, which Cluster would need in one slot). Cheap to clone; clones
+/// share one multiplexed connection that reconnects by itself.
+#[derive(Clone)]
+pub struct Leases {
+    conn: ConnectionManager,
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    options: Options,
+    scripts: Scripts,
+    fence: String,
+}
+
+impl fmt::Debug for Leases {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Leases")
+            .field("namespace", &self.shared.options.namespace)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Leases {
+    /// Connects to `url` (`redis://host:port/db`); fails when Redis does not answer within the
+    /// deadline. Later outages are answered `Unavailable` per call while the connection
+    /// reconnects in the background. Needs a tokio runtime with timers enabled.
+    pub async fn connect(url: &str, options: Options) -> Result<Leases, ConnectError> {
+        let client = redis::Client::open(url).map_err(ConnectError::Url)?;
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(options.deadline))
+            .set_response_timeout(Some(options.deadline));
+        let connecting = ConnectionManager::new_with_config(client, config);
+        let conn = match tokio::time::timeout(options.deadline, connecting).await {
+            Err(_) => return Err(Unavailable::Deadline.into()),
+            Ok(Err(e)) => return Err(unavailable(&e).into()),
+            Ok(Ok(conn)) => conn,
+        };
+        Ok(Leases {
+            conn,
+            shared: Arc::new(Shared {
+                fence: fence_key(&options.namespace),
+                options,
+                scripts: Scripts::new(),
+            }),
+        })
+    }
+
+    pub fn options(&self) -> &Options {
+        &self.shared.options
+    }
+
+    /// Takes a lease on the event's key for `ttl`, with a fencing token larger than every token
+    /// this namespace handed out before. A key Redis holds answers from its record instead:
+    /// `Duplicate` (done, same payload), `InProgress` (leased, with the time left), `Conflict`
+    /// (another payload; not recorded here — the SQL inbox keeps the audit) or `Uncertain`.
+    ///
+    /// `Unavailable` says nothing about the key: if only the reply was lost, the lease may
+    /// have been taken, and the key answers `InProgress` until its TTL runs out.
+    pub async fn begin(&self, event: &Event, ttl: Duration) -> Result<Begun, ProcessError> {
+        let expires_at = self.shared.options.clock.now().plus(ttl);
+        let mut call = self.shared.scripts.begin.prepare_invoke();
+        call.key(&self.shared.fence)
+            .key(self.record(&event.key))
+            .arg(&event.fingerprint.as_bytes()[..])
+            .arg(millis(ttl));
+        let reply = self.run(&call).await?;
+        let parts = array(&reply).ok_or_else(|| odd_reply("begin", &reply))?;
+        let odd = || ProcessError::from(odd_reply("begin", &reply));
+        match (parts.first().and_then(text), parts.get(1), parts.get(2)) {
+            (Some(b"leased"), Some(token), None) => {
+                let token = integer(token).ok_or_else(odd)?;
+                Ok(Begun::Leased(Lease {
+                    key: event.key.clone(),
+                    token,
+                    expires_at,
+                }))
+            }
+            (Some(b"done"), Some(kind), Some(body)) => {
+                let kind = text(kind)
+                    .and_then(|k| std::str::from_utf8(k).ok())
+                    .and_then(ResponseKind::parse)
+                    .ok_or_else(odd)?;
+                let body = text(body).ok_or_else(odd)?.to_vec();
+                Ok(Begun::Duplicate(Response { kind, body }))
+            }
+            (Some(b"busy"), Some(left), None) => {
+                let left = integer(left).ok_or_else(odd)?;
+                Err(ProcessError::InProgress {
+                    retry_after: Duration::from_millis(u64::try_from(left).unwrap_or(0)),
+                })
+            }
+            (Some(b"conflict"), Some(stored), None) => {
+                let stored = text(stored)
+                    .and_then(Fingerprint::from_slice)
+                    .unwrap_or(event.fingerprint);
+                Err(ProcessError::Conflict {
+                    stored,
+                    offered: event.fingerprint,
+                })
+            }
+            (Some(b"uncertain"), None, None) => Err(ProcessError::Uncertain),
+            _ => Err(odd()),
+        }
+    }
+
+    /// Marks the key done with its first response, kept for the source's retention. Refused
+    /// (`Fenced`) once the lease expired, was taken over, or Redis forgot it. Repeating a
+    /// completion that succeeded (its reply was lost) answers `Ok` again.
+    pub async fn complete(&self, lease: &Lease, response: &Response) -> Result<(), LeaseError> {
+        let mut call = self.shared.scripts.complete.prepare_invoke();
+        call.key(self.record(&lease.key))
+            .arg(lease.token)
+            .arg(response.kind.as_str())
+            .arg(&response.body[..])
+            .arg(self.retention(&lease.key));
+        self.fenced_write("complete", &call).await
+    }
+
+    /// The external effect failed: frees the key now rather than at the TTL. Refused once the
+    /// lease is no longer this holder's.
+    pub async fn release(&self, lease: &Lease) -> Result<(), LeaseError> {
+        let mut call = self.shared.scripts.release.prepare_invoke();
+        call.key(self.record(&lease.key)).arg(lease.token);
+        self.fenced_write("release", &call).await
+    }
+
+    /// The external effect's outcome is unknown: parks the key (no TTL) until `resolve`.
+    pub async fn uncertain(&self, lease: &Lease) -> Result<(), LeaseError> {
+        let mut call = self.shared.scripts.uncertain.prepare_invoke();
+        call.key(self.record(&lease.key)).arg(lease.token);
+        self.fenced_write("uncertain", &call).await
+    }
+
+    /// Settles an uncertain key; `Ok(false)` when the key was not uncertain.
+    pub async fn resolve(&self, key: &Key, resolution: Resolution) -> Result<bool, Unavailable> {
+        let mut call = self.shared.scripts.resolve.prepare_invoke();
+        call.key(self.record(key));
+        match &resolution {
+            Resolution::Completed(r) => call.arg("completed").arg(r.kind.as_str()).arg(&r.body[..]),
+            Resolution::Released => call.arg("released").arg("").arg(""),
+        };
+        call.arg(self.retention(key));
+        let reply = self.run(&call).await?;
+        match reply {
+            Value::Int(n) => Ok(n == 1),
+            other => Err(odd_reply("resolve", &other)),
+        }
+    }
+
+    async fn fenced_write(
+        &self,
+        what: &str,
+        call: &ScriptInvocation<'_>,
+    ) -> Result<(), LeaseError> {
+        let reply = self.run(call).await?;
+        match text(&reply) {
+            Some(b"ok") => Ok(()),
+            Some(b"fenced") => Err(LeaseError::Fenced),
+            _ => Err(odd_reply(what, &reply).into()),
+        }
+    }
+
+    pub(crate) fn record(&self, key: &Key) -> Vec<u8> {
+        record_key(&self.shared.options.namespace, key)
+    }
+
+    pub(crate) fn retention(&self, key: &Key) -> u64 {
+        millis(self.shared.options.retention.for_source(&key.source))
+    }
+
+    pub(crate) async fn run(&self, call: &ScriptInvocation<'_>) -> Result<Value, Unavailable> {
+        let mut conn = self.conn.clone();
+        self.timed(async move { call.invoke_async(&mut conn).await })
+            .await
+    }
+
+    /// Bounds a Redis call by the deadline. A call cut off here may still run on the server:
+    /// its outcome is unknown, which is exactly what `Unavailable` says.
+    pub(crate) async fn timed(
+        &self,
+        call: impl Future<Output = RedisResult<Value>>,
+    ) -> Result<Value, Unavailable> {
+        match tokio::time::timeout(self.shared.options.deadline, call).await {
+            Err(_) => Err(Unavailable::Deadline),
+            Ok(Err(e)) => Err(unavailable(&e)),
+            Ok(Ok(Value::ServerError(e))) => Err(Unavailable::Storage(format!("redis: {e:?}"))),
+            Ok(Ok(v)) => Ok(v),
+        }
+    }
+
+    pub(crate) fn scripts(&self) -> &Scripts {
+        &self.shared.scripts
+    }
+
+    pub(crate) fn connection(&self) -> ConnectionManager {
+        self.conn.clone()
+    }
+}
+
+/// Milliseconds for `PEXPIRE`: at least 1 (0 would delete the key at once), at most
+/// `MAX_MILLIS`.
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis())
+        .unwrap_or(u64::MAX)
+        .clamp(1, MAX_MILLIS)
+}
+
+pub(crate) fn array(v: &Value) -> Option<&[Value]> {
+    match v {
+        Value::Array(items) => Some(items),
+        _ => None,
+    }
+}
+
+pub(crate) fn text(v: &Value) -> Option<&[u8]> {
+    match v {
+        Value::BulkString(b) => Some(b),
+        Value::SimpleString(s) => Some(s.as_bytes()),
+        _ => None,
+    }
+}
+
+fn integer(v: &Value) -> Option<i64> {
+    match v {
+        Value::Int(n) => Some(*n),
+        other => std::str::from_utf8(text(other)?).ok()?.parse().ok(),
+    }
+}

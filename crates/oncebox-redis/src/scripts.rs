@@ -1,0 +1,166 @@
+//! The key layout and the Lua scripts: every state change is one script, so Redis runs the
+//! check and the write as one step and no other client can slip between them.
+//!
+//! A record is a hash under `{namespace}:k:{source}:{event_id}` with the fields
+//!
+//! | field   | meaning                                                              |
+//! |---------|----------------------------------------------------------------------|
+//! | `state` | `processing` (leased, with a TTL), `done` (kept for the retention), `uncertain` (no TTL) |
+//! | `fp`    | the payload fingerprint, 32 raw bytes                                |
+//! | `token` | the fencing token of the holder that took or completed it (decimal)  |
+//! | `kind`  | `done` only: the response kind (`completed`, `rejected`, `stale`)    |
+//! | `body`  | `done` only: the first response's body                               |
+//!
+//! and `{namespace}:fence` is the fencing counter. These names are stored in users' Redis: do
+//! not change them (a rename makes every live lease and cached answer invisible).
+
+use oncebox_core::Key;
+use redis::Script;
+
+/// Do not change: stored (see the module docs).
+const RECORD_INFIX: &str = ":k:";
+const FENCE_SUFFIX: &str = ":fence";
+
+/// The record's Redis key. A source is a slug without `:`, so the first `:` after the infix
+/// ends it and `(a, b:c)` and `(a:b, c)` can never share a key.
+pub(crate) fn record_key(namespace: &str, key: &Key) -> Vec<u8> {
+    let mut k = Vec::with_capacity(namespace.len() + 8 + 64 + key.event_id.as_str().len());
+    k.extend_from_slice(namespace.as_bytes());
+    k.extend_from_slice(RECORD_INFIX.as_bytes());
+    k.extend_from_slice(key.source.as_str().as_bytes());
+    k.push(b':');
+    k.extend_from_slice(key.event_id.as_str().as_bytes());
+    k
+}
+
+pub(crate) fn fence_key(namespace: &str) -> String {
+    format!("{namespace}{FENCE_SUFFIX}")
+}
+
+/// KEYS: fence, record. ARGV: fingerprint, ttl in ms.
+///
+/// The token is `INCR` of the fence counter, but never below the Redis server's clock in
+/// microseconds: a Redis restarted empty forgets the counter, and without the floor it would
+/// hand out 1, 2, 3… again — tokens a holder from before the restart may still carry. The
+/// floor keeps tokens growing across restarts as long as the server's clock does not go back
+/// (and fewer than a million tokens a second are taken, which one Redis cannot serve anyway).
+/// Tokens stay below 2^53, so Lua's doubles hold them exactly; they travel as strings
+/// (`GET`), because Lua's number-to-string conversion would round them.
+const BEGIN: &str = r"
+local rec = KEYS[2]
+local found = redis.call('HMGET', rec, 'state', 'fp', 'kind', 'body')
+local state = found[1]
+if state then
+  if found[2] ~= ARGV[1] then return {'conflict', found[2] or ''} end
+  if state == 'done' then return {'done', found[3] or '', found[4] or ''} end
+  if state == 'uncertain' then return {'uncertain'} end
+  return {'busy', redis.call('PTTL', rec)}
+end
+local t = redis.call('TIME')
+local floor = t[1] .. string.rep('0', 6 - #t[2]) .. t[2]
+if redis.call('INCR', KEYS[1]) < tonumber(floor) then
+  redis.call('SET', KEYS[1], floor)
+end
+local token = redis.call('GET', KEYS[1])
+redis.call('HSET', rec, 'state', 'processing', 'fp', ARGV[1], 'token', token)
+redis.call('PEXPIRE', rec, ARGV[2])
+return {'leased', token}
+";
+
+/// KEYS: record. ARGV: token, kind, body, retention in ms.
+///
+/// A missing record means the lease expired (or Redis forgot it): fenced, even if nobody took
+/// over yet, because someone may be about to. `done` under the same token is this holder's own
+/// earlier completion whose reply was lost: answered `ok` again so a retry is safe.
+const COMPLETE: &str = r"
+local found = redis.call('HMGET', KEYS[1], 'state', 'token')
+if found[2] ~= ARGV[1] then return 'fenced' end
+if found[1] == 'done' then return 'ok' end
+if found[1] ~= 'processing' then return 'fenced' end
+redis.call('HSET', KEYS[1], 'state', 'done', 'kind', ARGV[2], 'body', ARGV[3])
+redis.call('PEXPIRE', KEYS[1], ARGV[4])
+return 'ok'
+";
+
+/// KEYS: record. ARGV: token. Frees the key only while this holder's lease is live.
+const RELEASE: &str = r"
+local found = redis.call('HMGET', KEYS[1], 'state', 'token')
+if found[1] ~= 'processing' or found[2] ~= ARGV[1] then return 'fenced' end
+redis.call('DEL', KEYS[1])
+return 'ok'
+";
+
+/// KEYS: record. ARGV: token. Parks the key with no TTL: expiring it would let a redelivery
+/// repeat an effect whose outcome nobody knows.
+const UNCERTAIN: &str = r"
+local found = redis.call('HMGET', KEYS[1], 'state', 'token')
+if found[1] ~= 'processing' or found[2] ~= ARGV[1] then return 'fenced' end
+redis.call('HSET', KEYS[1], 'state', 'uncertain')
+redis.call('PERSIST', KEYS[1])
+return 'ok'
+";
+
+/// KEYS: record. ARGV: 'completed' or 'released', kind, body, retention in ms. 1 when the key
+/// was uncertain and is now settled, 0 otherwise. The token is cleared: the operator settled
+/// it, so the parked holder's later `complete` is refused, not taken for its own retry.
+const RESOLVE: &str = r"
+if redis.call('HGET', KEYS[1], 'state') ~= 'uncertain' then return 0 end
+if ARGV[1] == 'released' then
+  redis.call('DEL', KEYS[1])
+else
+  redis.call('HSET', KEYS[1], 'state', 'done', 'kind', ARGV[2], 'body', ARGV[3], 'token', '')
+  redis.call('PEXPIRE', KEYS[1], ARGV[4])
+end
+return 1
+";
+
+/// KEYS: record. ARGV: fingerprint, kind, body, retention in ms. Caches a committed answer
+/// only where Redis knows nothing of the key: a live lease or an earlier answer is kept (the
+/// first response wins). 1 when stored.
+const REMEMBER: &str = r"
+if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+redis.call('HSET', KEYS[1], 'state', 'done', 'fp', ARGV[1], 'kind', ARGV[2], 'body', ARGV[3],
+  'token', '')
+redis.call('PEXPIRE', KEYS[1], ARGV[4])
+return 1
+";
+
+/// The scripts, hashed once. `redis::Script` sends `EVALSHA` and loads the source on
+/// `NOSCRIPT`, which is what a restarted Redis answers first.
+#[derive(Debug)]
+pub(crate) struct Scripts {
+    pub begin: Script,
+    pub complete: Script,
+    pub release: Script,
+    pub uncertain: Script,
+    pub resolve: Script,
+    pub remember: Script,
+}
+
+impl Scripts {
+    pub fn new() -> Scripts {
+        Scripts {
+            begin: Script::new(BEGIN),
+            complete: Script::new(COMPLETE),
+            release: Script::new(RELEASE),
+            uncertain: Script::new(UNCERTAIN),
+            resolve: Script::new(RESOLVE),
+            remember: Script::new(REMEMBER),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_keep_the_pair_apart() {
+        let a = record_key("ns", &Key::parse("a", "b:c").unwrap());
+        let b = record_key("ns", &Key::parse("a.b", "c").unwrap());
+        assert_eq!(a, b"ns:k:a:b:c");
+        assert_eq!(b, b"ns:k:a.b:c");
+        assert_ne!(a, b);
+        assert_eq!(fence_key("ns"), "ns:fence");
+    }
+}

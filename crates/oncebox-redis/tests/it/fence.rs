@@ -1,0 +1,139 @@
+//! A holder paused past its TTL: the lease really expires in Redis, another worker takes over
+//! with a higher token, and everything the first holder tries afterwards is refused.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use oncebox_core::{Begun, Clock, LeaseError, Response, SystemClock};
+use oncebox_testkit::run;
+
+use crate::harness::{Namespace, event, query, raw, report, shared, wait_until};
+use crate::lease::leased;
+
+const KEYS: usize = 10;
+const SHORT: Duration = Duration::from_millis(100);
+const LONG: Duration = Duration::from_secs(30);
+
+/// A receiver that checks fencing tokens, as the crate docs ask of one that must refuse a
+/// paused holder: per key, an effect with a token below the highest seen is refused.
+#[derive(Debug, Default)]
+struct FencedReceiver {
+    seen: Mutex<HashMap<String, (i64, usize)>>,
+}
+
+impl FencedReceiver {
+    fn apply(&self, key: &str, token: i64) -> bool {
+        let mut seen = self.seen.lock().unwrap();
+        let entry = seen.entry(key.to_owned()).or_insert((i64::MIN, 0));
+        if token < entry.0 {
+            return false;
+        }
+        *entry = (token, entry.1 + 1);
+        true
+    }
+
+    fn effects(&self, key: &str) -> usize {
+        self.seen.lock().unwrap().get(key).map_or(0, |e| e.1)
+    }
+}
+
+#[test]
+fn holder_paused_past_its_ttl_is_fenced_by_a_higher_token() {
+    let Some(url) = shared() else { return };
+    run(async move {
+        let ns = Namespace::new(&url);
+        let (first, second) = (ns.leases().await, ns.leases().await);
+        let conn = raw(&url).await;
+        let receiver = FencedReceiver::default();
+        let events: Vec<_> = (0..KEYS).map(|i| event(&format!("slow-{i}"), 1)).collect();
+
+        // The first holder takes every key with a short TTL, then "pauses": it does nothing
+        // until Redis has really expired all its leases.
+        let mut paused = Vec::new();
+        for e in &events {
+            paused.push(leased(first.begin(e, SHORT).await));
+        }
+        let records: Vec<String> = events.iter().map(|e| ns.record(&e.key)).collect();
+        wait_until(
+            "the first holder's leases expire",
+            Duration::from_secs(10),
+            || {
+                let mut conn = conn.clone();
+                let records = records.clone();
+                async move {
+                    let args: Vec<&str> = records.iter().map(String::as_str).collect();
+                    let left: i64 = query(&mut conn, "EXISTS", &args).await;
+                    left == 0
+                }
+            },
+        )
+        .await;
+        let expired = paused.len();
+        for lease in &paused {
+            assert!(
+                SystemClock.now() >= lease.expires_at,
+                "the holder's own estimate is never later than Redis's expiry"
+            );
+        }
+
+        // The second worker takes over with higher tokens, performs the effect, completes.
+        let (mut higher, mut false_duplicates) = (0, 0);
+        for (e, old) in events.iter().zip(&paused) {
+            let lease = match second.begin(e, LONG).await {
+                Ok(Begun::Leased(lease)) => lease,
+                Ok(Begun::Duplicate(_)) => {
+                    false_duplicates += 1; // nobody completed this key
+                    continue;
+                }
+                other => panic!("takeover refused: {other:?}"),
+            };
+            if lease.token > old.token {
+                higher += 1;
+            }
+            assert!(receiver.apply(&e.key.to_string(), lease.token));
+            second
+                .complete(&lease, &Response::completed("second"))
+                .await
+                .unwrap();
+        }
+
+        // The first holder wakes up and carries on as if nothing happened.
+        let mut fenced = 0;
+        for (e, old) in events.iter().zip(&paused) {
+            let refused_there = !receiver.apply(&e.key.to_string(), old.token);
+            let late = Response::completed("first");
+            let refused_here = first.complete(old, &late).await == Err(LeaseError::Fenced)
+                && first.release(old).await == Err(LeaseError::Fenced)
+                && first.uncertain(old).await == Err(LeaseError::Fenced);
+            if refused_there && refused_here {
+                fenced += 1;
+            }
+        }
+
+        // Every key replays the second holder's answer; the first's never got in.
+        let mut lost = 0;
+        for e in &events {
+            match first.begin(e, LONG).await {
+                Ok(Begun::Duplicate(r)) if r == Response::completed("second") => {}
+                _ => lost += 1,
+            }
+        }
+        let mut doubles = 0;
+        for e in &events {
+            match receiver.effects(&e.key.to_string()) {
+                0 => lost += 1,
+                1 => {}
+                _ => doubles += 1,
+            }
+        }
+        report(
+            "fence",
+            doubles,
+            lost,
+            false_duplicates,
+            &format!("keys={KEYS} expired={expired} higher_token={higher} fenced={fenced}"),
+        );
+        assert_eq!((expired, higher, fenced), (KEYS, KEYS, KEYS));
+    });
+}

@@ -1,0 +1,129 @@
+//! The pattern of the crate docs — Redis in front, the SQL inbox's durable lease as the final
+//! guard — with the external effect counted and what Redis said kept for the checks.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use oncebox_core::{Begun, Event, Lease, LeaseError, ProcessError, Response};
+use oncebox_redis::Leases;
+use oncebox_sqlite::Inbox;
+
+pub const TTL: Duration = Duration::from_secs(30);
+
+/// The external effect: one count per call, per key.
+#[derive(Debug, Default)]
+pub struct Receiver(Mutex<HashMap<String, usize>>);
+
+impl Receiver {
+    pub fn send(&self, event: &Event) -> Response {
+        *self
+            .0
+            .lock()
+            .unwrap()
+            .entry(event.key.to_string())
+            .or_default() += 1;
+        Response::completed(format!("receipt for {}", event.key))
+    }
+
+    pub fn effects(&self, event: &Event) -> usize {
+        self.0
+            .lock()
+            .unwrap()
+            .get(&event.key.to_string())
+            .copied()
+            .unwrap_or(0)
+    }
+}
+
+/// What Redis answered `begin`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RedisSaw {
+    Leased(i64),
+    Duplicate,
+    Unavailable,
+    Other(String),
+}
+
+/// How one delivery ended, as the caller (a webhook handler, a consumer) would answer.
+#[derive(Debug)]
+pub enum Answer {
+    Applied(Response),
+    Duplicate(Response),
+    /// Not now: in progress elsewhere, or a store unavailable. Nack, retry later.
+    NotNow(String),
+}
+
+/// One delivery through the whole pattern, and what Redis answered its `begin`.
+pub async fn deliver(
+    redis: &Leases,
+    inbox: &Inbox,
+    receiver: &Receiver,
+    event: &Event,
+) -> (Answer, RedisSaw) {
+    let (fast, saw) = match redis.begin(event, TTL).await {
+        // Cached after an inbox commit: a committed fact.
+        Ok(Begun::Duplicate(first)) => return (Answer::Duplicate(first), RedisSaw::Duplicate),
+        Ok(Begun::Leased(lease)) => {
+            let token = lease.token;
+            (Some(lease), RedisSaw::Leased(token))
+        }
+        // Redis down: the inbox alone decides.
+        Err(ProcessError::Unavailable(_)) => (None, RedisSaw::Unavailable),
+        other => {
+            let why = format!("{other:?}");
+            return (Answer::NotNow(why.clone()), RedisSaw::Other(why));
+        }
+    };
+    (
+        guarded(redis, inbox, receiver, event, fast.as_ref()).await,
+        saw,
+    )
+}
+
+/// Steps two and three: the inbox's lease, the effect, the inbox's completion, then Redis's.
+pub async fn guarded(
+    redis: &Leases,
+    inbox: &Inbox,
+    receiver: &Receiver,
+    event: &Event,
+    fast: Option<&Lease>,
+) -> Answer {
+    let lease = match inbox.begin(event.clone(), TTL).await {
+        Ok(Begun::Leased(lease)) => lease,
+        answer => {
+            if let Some(fast) = fast {
+                let _ = match &answer {
+                    Ok(Begun::Duplicate(first)) => redis.complete(fast, first).await,
+                    _ => redis.release(fast).await,
+                };
+            }
+            return match answer {
+                Ok(Begun::Duplicate(first)) => Answer::Duplicate(first),
+                other => Answer::NotNow(format!("{other:?}")),
+            };
+        }
+    };
+    let response = receiver.send(event);
+    finish(redis, inbox, &lease, fast, &response).await;
+    Answer::Applied(response)
+}
+
+/// The inbox first, so Redis only ever says "done" about a committed key; Redis's refusal
+/// (fenced, forgotten, down) changes nothing, it is only a cache. Returns what Redis said.
+pub async fn finish(
+    redis: &Leases,
+    inbox: &Inbox,
+    lease: &Lease,
+    fast: Option<&Lease>,
+    response: &Response,
+) -> Option<Result<(), LeaseError>> {
+    inbox
+        .complete(lease, response.clone())
+        .await
+        .expect("the inbox lease outlives this test's effect");
+    match fast {
+        Some(fast) => Some(redis.complete(fast, response).await),
+        None => None,
+    }
+}

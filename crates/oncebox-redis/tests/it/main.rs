@@ -1,0 +1,11 @@
+//! Integration tests of the Redis tier against a real Redis: the shared one of
+//! `ONCEBOX_REDIS_URL` (each test in a namespace of its own) and private `redis-server`
+//! processes the restart and outage tests kill.
+
+mod cache;
+mod fence;
+mod guard;
+mod harness;
+mod lease;
+mod race;
+mod restart;
