@@ -2,16 +2,16 @@
 
 use std::io::Write;
 
+use crate::store::Store;
 use anyhow::{Result, bail};
 use oncebox_core::delivery::DeliveryState;
 use oncebox_core::relay_store::{DeliveryFilter, DeliveryStore, Resolve};
 use oncebox_core::{Clock, SystemClock};
-use oncebox_sqlite::Inbox;
 
 use crate::DeliveriesCommand;
 
 /// Returns `Ok(false)` (exit code 3) when an action was refused by the delivery's state.
-pub async fn run(out: &mut impl Write, inbox: &Inbox, action: DeliveriesCommand) -> Result<bool> {
+pub async fn run(out: &mut impl Write, inbox: &Store, action: DeliveriesCommand) -> Result<bool> {
     match action {
         DeliveriesCommand::List {
             state,

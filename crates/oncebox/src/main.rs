@@ -2,7 +2,6 @@
 
 use std::io::Write;
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -10,14 +9,16 @@ use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
 use oncebox_core::relay_store::DeliveryStore;
 use oncebox_core::store::{EventFilter, EventStore};
-use oncebox_core::{Clock, Key, Retention, SystemClock};
-use oncebox_sqlite::{Inbox, Options, RecordState};
+use oncebox_core::{Clock, Key, RecordState, Retention, SystemClock};
 
 mod bench;
 mod config;
 mod deliveries;
 mod send;
 mod serve;
+mod store;
+
+use store::Store;
 
 /// Make the effect of an at-least-once event happen once.
 ///
@@ -30,7 +31,8 @@ struct Cli {
     /// Configuration file (default ./oncebox.toml when it exists).
     #[arg(long, global = true)]
     config: Option<PathBuf>,
-    /// Where events are kept: sqlite://PATH [default: sqlite://oncebox.db]
+    /// Where events are kept: sqlite://PATH or postgres://USER@HOST/DB [default:
+    /// sqlite://oncebox.db]
     #[arg(long, global = true)]
     database: Option<String>,
     #[command(subcommand)]
@@ -149,20 +151,6 @@ enum DeliveriesCommand {
     },
 }
 
-/// Opens the store named by a database URL.
-pub(crate) fn open_store(database: &str) -> Result<(Inbox, PathBuf)> {
-    let path = match database.strip_prefix("sqlite://") {
-        Some(rest) => PathBuf::from(rest),
-        None if database.contains("://") => {
-            bail!("database {database:?}: only sqlite:// is supported by this build")
-        }
-        None => PathBuf::from(database),
-    };
-    let inbox =
-        Inbox::open(Options::new(&path)).with_context(|| format!("opening {}", path.display()))?;
-    Ok((inbox, path))
-}
-
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
@@ -216,11 +204,11 @@ async fn run(cli: Cli) -> Result<bool> {
             serve::relay_only(settings).await?;
         }
         Command::Deliveries { action } => {
-            let (inbox, _) = open_store(&settings.database)?;
+            let inbox = Store::open(&settings.database).await?;
             return deliveries::run(&mut out, &inbox, action).await;
         }
         Command::Redeliver { source, event_id } => {
-            let (inbox, _) = open_store(&settings.database)?;
+            let inbox = Store::open(&settings.database).await?;
             let key = Key::parse(&source, &event_id)?;
             let n = DeliveryStore::redeliver(&inbox, &key, SystemClock.now()).await?;
             if n == 0 {
@@ -263,23 +251,25 @@ async fn run(cli: Cli) -> Result<bool> {
             limit,
             output,
         } => {
-            let (inbox, _) = open_store(&settings.database)?;
+            let inbox = Store::open(&settings.database).await?;
             let source = source.map(oncebox_core::Source::new).transpose()?;
-            let page = inbox
-                .events(EventFilter {
+            let page = EventStore::events(
+                &inbox,
+                EventFilter {
                     source,
                     after,
                     limit,
-                })
-                .await?;
+                },
+            )
+            .await?;
             print_events(&mut out, &page, &output)?;
         }
         Command::Inspect { source, event_id } => {
-            let (inbox, _) = open_store(&settings.database)?;
+            let inbox = Store::open(&settings.database).await?;
             inspect(&mut out, &inbox, &Key::parse(&source, &event_id)?).await?;
         }
         Command::Stats => {
-            let (inbox, _) = open_store(&settings.database)?;
+            let inbox = Store::open(&settings.database).await?;
             let stats = EventStore::stats(&inbox).await?;
             for (state, n) in &stats.states {
                 writeln!(out, "{state:<12} {n}")?;
@@ -288,24 +278,21 @@ async fn run(cli: Cli) -> Result<bool> {
             writeln!(out, "{:<12} {}", "outbox", stats.outbox)?;
         }
         Command::Purge { retention } => {
-            let (inbox, _) = open_store(&settings.database)?;
+            let inbox = Store::open(&settings.database).await?;
             let mut r = Retention::new(retention);
             for (source, policy) in &settings.gateway.sources {
                 let _ = r.set(source.clone(), policy.retention, None);
             }
-            let deleted = Inbox::purge(&inbox, SystemClock.now(), &r).await?;
+            let deleted = EventStore::purge(&inbox, SystemClock.now(), &r).await?;
             writeln!(out, "purged {deleted} records")?;
         }
         Command::Migrate => {
-            let (_, path) = open_store(&settings.database)?;
-            writeln!(out, "{}: schema up to date", display(&path))?;
+            Store::open(&settings.database).await?;
+            let database = store::describe(&settings.database);
+            writeln!(out, "{database}: schema up to date")?;
         }
     }
     Ok(true)
-}
-
-fn display(p: &Path) -> String {
-    p.display().to_string()
 }
 
 fn print_events(
@@ -348,7 +335,7 @@ fn print_events(
     Ok(())
 }
 
-async fn inspect(out: &mut impl Write, inbox: &Inbox, key: &Key) -> Result<()> {
+async fn inspect(out: &mut impl Write, inbox: &Store, key: &Key) -> Result<()> {
     let Some(record) = inbox.record(key).await? else {
         bail!("no record for {key}");
     };

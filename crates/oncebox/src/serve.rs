@@ -14,7 +14,7 @@ use oncebox_relay::Relay;
 use tokio::net::TcpListener;
 
 use crate::config::Settings;
-use crate::open_store;
+use crate::store::{Store, describe};
 
 /// How often terminal records past their retention are purged.
 const PURGE_EVERY: Duration = Duration::from_secs(3600);
@@ -24,7 +24,8 @@ pub async fn run(settings: Settings, with_relay: bool) -> Result<()> {
     for warning in &settings.warnings {
         tracing::warn!("{warning}");
     }
-    let (inbox, path) = open_store(&settings.database)?;
+    let inbox = Store::open(&settings.database).await?;
+    let database = describe(&settings.database);
     let metrics = PrometheusBuilder::new()
         .install_recorder()
         .context("installing the metrics recorder")?;
@@ -42,7 +43,7 @@ pub async fn run(settings: Settings, with_relay: bool) -> Result<()> {
             "no sources configured: accepting any source name WITHOUT signature checks (loopback only)"
         );
     }
-    announce(&local, &path, &config);
+    announce(&local, &database, &config);
     let gw = Arc::new(Gateway {
         store: inbox.clone(),
         config,
@@ -73,12 +74,12 @@ pub async fn run(settings: Settings, with_relay: bool) -> Result<()> {
 
 /// `oncebox relay`: the relay alone, for deployments that run it apart from the gateway.
 pub async fn relay_only(settings: Settings) -> Result<()> {
-    let (inbox, path) = open_store(&settings.database)?;
+    let inbox = Store::open(&settings.database).await?;
     let routes = settings.gateway.routes;
     if routes.is_empty() {
         anyhow::bail!("no [routes] configured: nothing to deliver");
     }
-    tracing::info!(routes = routes.len(), database = %path.display(), "relay running");
+    tracing::info!(routes = routes.len(), database = %describe(&settings.database), "relay running");
     let relay = Relay::new(inbox, routes, Arc::new(SystemClock), settings.relay);
     relay.run(shutdown_signal()).await;
     tracing::info!("relay stopped");
@@ -102,7 +103,7 @@ fn retention(config: &GatewayConfig) -> Retention {
     r
 }
 
-async fn purge_forever(store: oncebox_sqlite::Inbox, retention: Retention) {
+async fn purge_forever(store: Store, retention: Retention) {
     let mut tick = tokio::time::interval(PURGE_EVERY);
     loop {
         tick.tick().await;
@@ -114,15 +115,11 @@ async fn purge_forever(store: oncebox_sqlite::Inbox, retention: Retention) {
     }
 }
 
-fn announce(local: &std::net::SocketAddr, path: &std::path::Path, config: &GatewayConfig) {
+fn announce(local: &std::net::SocketAddr, database: &str, config: &GatewayConfig) {
     use std::io::Write;
     let source = config.sources.keys().next().map_or("demo", |s| s.as_str());
     let mut out = std::io::stdout().lock();
-    let _ = writeln!(
-        out,
-        "oncebox listening on http://{local} (SQLite {})",
-        path.display()
-    );
+    let _ = writeln!(out, "oncebox listening on http://{local} ({database})");
     if config.open_sources {
         let _ = writeln!(
             out,

@@ -1,0 +1,158 @@
+//! The store a command runs on, chosen by the database URL at run time: SQLite or PostgreSQL,
+//! the same binary, no rebuild. Each verb goes to the backend's own implementation.
+
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use oncebox_core::delivery::Verdict;
+use oncebox_core::relay_store::{
+    AttemptRecord, Claimed, DeliveryFilter, DeliveryGauges, DeliveryStore, DeliveryView, Resolve,
+};
+use oncebox_core::store::{EventFilter, EventStore, Ingest, Page, Stats, StoredEvent};
+use oncebox_core::{
+    Key, LeaseError, ProcessError, Processed, Record, Retention, Timestamp, Unavailable,
+};
+
+/// One of the backends.
+#[derive(Clone, Debug)]
+pub enum Store {
+    Sqlite(oncebox_sqlite::Inbox),
+    Postgres(oncebox_postgres::Inbox),
+}
+
+/// Calls the same method on whichever backend this is.
+macro_rules! each {
+    ($self:ident, $s:ident => $call:expr) => {
+        match $self {
+            Store::Sqlite($s) => $call,
+            Store::Postgres($s) => $call,
+        }
+    };
+}
+
+impl Store {
+    /// Opens (and migrates) the store a URL names: `sqlite://PATH` or a bare path, or
+    /// `postgres://…` / `postgresql://…`.
+    pub async fn open(database: &str) -> Result<Store> {
+        if database.starts_with("postgres://") || database.starts_with("postgresql://") {
+            let inbox = oncebox_postgres::Inbox::open(oncebox_postgres::Options::new(database))
+                .await
+                .with_context(|| format!("opening {}", describe(database)))?;
+            return Ok(Store::Postgres(inbox));
+        }
+        let path = match database.strip_prefix("sqlite://") {
+            Some(rest) => rest,
+            None if database.contains("://") => {
+                bail!("database {database:?}: use sqlite://PATH or postgres://…")
+            }
+            None => database,
+        };
+        let inbox = oncebox_sqlite::Inbox::open(oncebox_sqlite::Options::new(path))
+            .with_context(|| format!("opening {path}"))?;
+        Ok(Store::Sqlite(inbox))
+    }
+
+    /// The key's committed record.
+    pub async fn record(&self, key: &Key) -> Result<Option<Record>> {
+        Ok(match self {
+            Store::Sqlite(s) => s.record(key).await?,
+            Store::Postgres(s) => s.record(key).await?,
+        })
+    }
+}
+
+/// The database a URL names, for messages: a PostgreSQL URL without its password.
+pub fn describe(database: &str) -> String {
+    match database.split_once("://") {
+        Some((scheme, rest)) if scheme.starts_with("postgres") => {
+            let host = rest.rsplit_once('@').map_or(rest, |(_, host)| host);
+            format!("PostgreSQL {host}")
+        }
+        _ => format!(
+            "SQLite {}",
+            database.strip_prefix("sqlite://").unwrap_or(database)
+        ),
+    }
+}
+
+impl EventStore for Store {
+    async fn ingest(&self, ingest: Ingest) -> Result<Processed, ProcessError> {
+        each!(self, s => s.ingest(ingest).await)
+    }
+
+    async fn event(&self, key: &Key) -> Result<Option<StoredEvent>, Unavailable> {
+        each!(self, s => EventStore::event(s, key).await)
+    }
+
+    async fn events(&self, filter: EventFilter) -> Result<Page<StoredEvent>, Unavailable> {
+        each!(self, s => EventStore::events(s, filter).await)
+    }
+
+    async fn stats(&self) -> Result<Stats, Unavailable> {
+        each!(self, s => EventStore::stats(s).await)
+    }
+
+    async fn purge(&self, now: Timestamp, retention: &Retention) -> Result<u64, Unavailable> {
+        each!(self, s => EventStore::purge(s, now, retention).await)
+    }
+
+    async fn ready(&self) -> Result<(), Unavailable> {
+        each!(self, s => s.ready().await)
+    }
+}
+
+impl DeliveryStore for Store {
+    async fn claim(
+        &self,
+        now: Timestamp,
+        limit: usize,
+        lease: Duration,
+        routes: &[String],
+    ) -> Result<Vec<Claimed>, Unavailable> {
+        each!(self, s => s.claim(now, limit, lease, routes).await)
+    }
+
+    async fn record(
+        &self,
+        claimed: &Claimed,
+        attempt: AttemptRecord,
+        verdict: Verdict,
+        now: Timestamp,
+    ) -> Result<(), LeaseError> {
+        each!(self, s => DeliveryStore::record(s, claimed, attempt, verdict, now).await)
+    }
+
+    async fn deliveries(&self, filter: DeliveryFilter) -> Result<Page<DeliveryView>, Unavailable> {
+        each!(self, s => s.deliveries(filter).await)
+    }
+
+    async fn attempts(&self, id: i64) -> Result<Vec<AttemptRecord>, Unavailable> {
+        each!(self, s => s.attempts(id).await)
+    }
+
+    async fn retry(&self, id: i64, now: Timestamp) -> Result<bool, Unavailable> {
+        each!(self, s => s.retry(id, now).await)
+    }
+
+    async fn resolve(
+        &self,
+        id: i64,
+        resolution: Resolve,
+        note: &str,
+        now: Timestamp,
+    ) -> Result<bool, Unavailable> {
+        each!(self, s => DeliveryStore::resolve(s, id, resolution, note, now).await)
+    }
+
+    async fn redeliver(&self, key: &Key, now: Timestamp) -> Result<u64, Unavailable> {
+        each!(self, s => s.redeliver(key, now).await)
+    }
+
+    async fn gauges(&self) -> Result<DeliveryGauges, Unavailable> {
+        each!(self, s => s.gauges().await)
+    }
+
+    async fn wait_for_work(&self, at_most: Duration) {
+        each!(self, s => s.wait_for_work(at_most).await)
+    }
+}
