@@ -2,6 +2,7 @@
 //! leases and retention — with no IO and no database driver.
 
 pub mod clock;
+pub mod consume;
 pub mod delivery;
 pub mod event;
 pub mod fingerprint;

@@ -1,0 +1,271 @@
+//! The consumer loop: deliveries run concurrently up to the prefetch, each through the inbox,
+//! and each is settled only after the store answered — ack after the commit, quarantine then
+//! ack, or requeue after a delay.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use futures::StreamExt;
+use futures::stream::FuturesUnordered;
+use lapin::message::Delivery;
+use lapin::options::{
+    BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions,
+    ConfirmSelectOptions,
+};
+use lapin::types::FieldTable;
+use lapin::{Channel, Connection};
+use oncebox_core::consume::{Apply, Counts, MessageRules, Requeue, RetryPolicy, Settle, decide};
+use oncebox_core::{Key, ProcessError};
+use tokio::sync::watch;
+
+use crate::message::{Props, Quarantine, delivery_count, quarantine};
+
+/// Handler failures remembered per key when the queue keeps no delivery count; past this many
+/// keys the memory is cleared (a failing handler then gets a few more attempts, nothing worse).
+const MAX_REMEMBERED_FAILURES: usize = 10_000;
+
+/// What one consumer reads and how it settles messages.
+#[derive(Debug, Clone)]
+pub struct ConsumerOptions {
+    pub queue: String,
+    /// Unacknowledged deliveries the broker sends ahead; also how many run at once.
+    pub prefetch: u16,
+    pub rules: MessageRules,
+    pub quarantine: Quarantine,
+    pub retry: RetryPolicy,
+}
+
+impl ConsumerOptions {
+    /// Prefetch 64; quarantined messages go to `quarantine_exchange` with the queue's name as
+    /// routing key.
+    pub fn new(queue: &str, rules: MessageRules, quarantine_exchange: &str) -> ConsumerOptions {
+        ConsumerOptions {
+            queue: queue.to_owned(),
+            prefetch: 64,
+            rules,
+            quarantine: Quarantine {
+                exchange: quarantine_exchange.to_owned(),
+                routing_key: queue.to_owned(),
+            },
+            retry: RetryPolicy::default(),
+        }
+    }
+}
+
+/// Why `run` stopped before its shutdown signal.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConsumeError {
+    /// The connection or channel failed. Unacknowledged messages go back to the queue; run
+    /// again on a new connection.
+    #[error("broker: {0}")]
+    Broker(#[from] lapin::Error),
+    /// The broker cancelled the consumer (the queue was deleted).
+    #[error("the broker cancelled the consumer")]
+    Cancelled,
+    /// The channel or connection closed under the consumer.
+    #[error("the channel closed")]
+    Closed,
+}
+
+/// A RabbitMQ consumer that applies each message through `A`.
+pub struct Consumer<A> {
+    apply: A,
+    options: ConsumerOptions,
+    counts: watch::Sender<Counts>,
+    failures: Mutex<HashMap<Key, u32>>,
+}
+
+impl<A> std::fmt::Debug for Consumer<A> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Consumer")
+            .field("options", &self.options)
+            .field("counts", &*self.counts.borrow())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<A: Apply> Consumer<A> {
+    pub fn new(apply: A, options: ConsumerOptions) -> Consumer<A> {
+        Consumer {
+            apply,
+            options,
+            counts: watch::Sender::new(Counts::default()),
+            failures: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// What this consumer settled so far; `wait_for` on it waits for a condition.
+    pub fn counts(&self) -> watch::Receiver<Counts> {
+        self.counts.subscribe()
+    }
+
+    /// Consumes until `shutdown` completes or the connection fails. On shutdown it stops taking
+    /// deliveries, finishes and settles those in hand (a pending requeue delay is cut short),
+    /// and closes its channels, which returns anything unacknowledged to the queue.
+    pub async fn run(
+        &self,
+        connection: &Connection,
+        shutdown: impl Future<Output = ()>,
+    ) -> Result<(), ConsumeError> {
+        let channel = connection.create_channel().await?;
+        channel
+            .basic_qos(self.options.prefetch.max(1), BasicQosOptions::default())
+            .await?;
+        // Quarantine publishes wait for confirms on a channel of their own, so the consuming
+        // channel's acks never queue behind them.
+        let publish = connection.create_channel().await?;
+        publish
+            .confirm_select(ConfirmSelectOptions::default())
+            .await?;
+        let mut deliveries = channel
+            .basic_consume(
+                self.options.queue.as_str().into(),
+                "".into(),
+                BasicConsumeOptions::default(),
+                FieldTable::default(),
+            )
+            .await?;
+        let tag = deliveries.tag();
+        let (stop, stopping) = watch::channel(false);
+        let mut in_hand = FuturesUnordered::new();
+        let mut shutdown = std::pin::pin!(shutdown);
+        let ended = loop {
+            tokio::select! {
+                () = &mut shutdown => break Ok(()),
+                Some(()) = in_hand.next(), if !in_hand.is_empty() => {}
+                next = deliveries.next() => match next {
+                    Some(Ok(delivery)) => in_hand.push(self.handle(delivery, &publish, stopping.clone())),
+                    Some(Err(e)) => break Err(ConsumeError::Broker(e)),
+                    None if channel.status().connected() => break Err(ConsumeError::Cancelled),
+                    None => break Err(ConsumeError::Closed),
+                },
+            }
+        };
+        // The order matters: no new deliveries, then settle those in hand, then close (which
+        // requeues what was prefetched but not started).
+        if ended.is_ok() {
+            let _ = channel
+                .basic_cancel(tag, BasicCancelOptions::default())
+                .await;
+        }
+        let _ = stop.send(true);
+        while in_hand.next().await.is_some() {}
+        let _ = publish.close(200, "shutdown".into()).await;
+        let _ = channel.close(200, "shutdown".into()).await;
+        ended
+    }
+
+    async fn handle(&self, delivery: Delivery, publish: &Channel, stopping: watch::Receiver<bool>) {
+        let props = Props(&delivery.properties);
+        let content_type = delivery.properties.content_type().as_ref();
+        let settle = match self.options.rules.event(
+            &props,
+            delivery.data.clone(),
+            content_type.map(|c| c.as_str()),
+        ) {
+            Err(reason) => Settle::Quarantine(reason),
+            Ok(event) => {
+                let key = event.key.clone();
+                let outcome = self.apply.apply(event, None).await;
+                let attempt = self.attempt(&key, &delivery, &outcome);
+                decide(outcome, attempt, &self.options.retry)
+            }
+        };
+        let (settle, acked) = self.settle(settle, &delivery, publish, stopping).await;
+        self.counts.send_modify(|c| c.add(&settle, acked));
+    }
+
+    /// Sends the decision to the broker; returns what was actually done and whether the ack
+    /// went out.
+    async fn settle(
+        &self,
+        settle: Settle,
+        delivery: &Delivery,
+        publish: &Channel,
+        stopping: watch::Receiver<bool>,
+    ) -> (Settle, bool) {
+        let o = &self.options;
+        match settle {
+            Settle::Ack(_) => {
+                // The effect is committed; a crash from here on is redelivered and answered
+                // as a duplicate.
+                crate::crash::point!("amqp-before-ack");
+                let acked = ack(delivery).await;
+                (settle, acked)
+            }
+            Settle::Quarantine(ref reason) => {
+                let source = &o.rules.source;
+                match quarantine(publish, &o.quarantine, &o.queue, source, delivery, reason).await {
+                    Ok(()) => {
+                        tracing::warn!(queue = %o.queue, reason = reason.slug(), detail = %reason.detail(), "message quarantined");
+                        let acked = ack(delivery).await;
+                        (settle, acked)
+                    }
+                    Err(e) => {
+                        tracing::error!(queue = %o.queue, error = %e, "quarantine failed; message requeued");
+                        let after = o.retry.delay;
+                        requeue(delivery, after, stopping).await;
+                        let why = Requeue::Unavailable;
+                        (Settle::Requeue { why, after }, false)
+                    }
+                }
+            }
+            Settle::Requeue { after, why } => {
+                tracing::debug!(queue = %o.queue, ?why, "message requeued");
+                requeue(delivery, after, stopping).await;
+                (settle, false)
+            }
+        }
+    }
+
+    /// This delivery's number for a failing handler: the queue's count where it keeps one,
+    /// else this consumer's memory of the key's failures.
+    fn attempt(
+        &self,
+        key: &Key,
+        delivery: &Delivery,
+        outcome: &Result<oncebox_core::Processed, ProcessError>,
+    ) -> u32 {
+        let Ok(mut failures) = self.failures.lock() else {
+            return 1;
+        };
+        if !matches!(outcome, Err(ProcessError::Handler(_))) {
+            failures.remove(key);
+            return 1;
+        }
+        if failures.len() >= MAX_REMEMBERED_FAILURES {
+            failures.clear();
+        }
+        let n = failures.entry(key.clone()).or_insert(0);
+        *n += 1;
+        delivery_count(&delivery.properties).map_or(*n, |count| count.max(*n))
+    }
+}
+
+async fn ack(delivery: &Delivery) -> bool {
+    match delivery.acker.ack(BasicAckOptions::default()).await {
+        Ok(true) => true,
+        Ok(false) | Err(_) => {
+            // The channel is gone: the broker requeued the message and its redelivery will be
+            // answered as a duplicate.
+            tracing::warn!("ack not sent; the message will come back as a duplicate");
+            false
+        }
+    }
+}
+
+/// Holds the message for `after` (it keeps its prefetch slot, so an outage slows the consumer
+/// down instead of spinning), then returns it to the queue. Shutdown cuts the wait short.
+async fn requeue(delivery: &Delivery, after: Duration, mut stopping: watch::Receiver<bool>) {
+    let _ = tokio::time::timeout(after, stopping.wait_for(|s| *s)).await;
+    let options = BasicNackOptions {
+        requeue: true,
+        multiple: false,
+    };
+    if let Err(e) = delivery.acker.nack(options).await {
+        tracing::debug!(error = %e, "nack not sent; the closing channel requeues the message");
+    }
+}

@@ -1,0 +1,33 @@
+//! oncebox's RabbitMQ consumer: every message runs through the inbox and is acknowledged only
+//! after its commit; duplicates are acknowledged, poison and conflicts are quarantined with the
+//! reason, and an unavailable store acknowledges nothing.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! use oncebox_amqp::{Consumer, ConsumerOptions, InboxHandler};
+//! use oncebox_core::consume::{KeyRule, MessageRules};
+//! use oncebox_core::{Response, Source};
+//! use oncebox_sqlite::{Inbox, Options};
+//!
+//! let inbox = Inbox::open(Options::new("app.db"))?;
+//! let apply = InboxHandler::new(inbox, |tx, event| {
+//!     tx.conn().execute("INSERT INTO payments (body) VALUES (?1)", [&event.payload])?;
+//!     Ok(Response::completed("ok"))
+//! });
+//! let rules = MessageRules::new(Source::new("shop")?, KeyRule::MessageId);
+//! let consumer = Consumer::new(apply, ConsumerOptions::new("payments", rules, "oncebox.quarantine"));
+//! let connection = lapin::Connection::connect("amqp://127.0.0.1:5672/%2f", Default::default()).await?;
+//! consumer.run(&connection, tokio::signal::ctrl_c()).await?;
+//! # Ok(()) }
+//! ```
+
+mod consumer;
+pub mod crash;
+mod message;
+#[cfg(feature = "sqlite")]
+mod sqlite;
+
+pub use consumer::{ConsumeError, Consumer, ConsumerOptions};
+pub use message::{QUARANTINE_HEADERS, Quarantine};
+#[cfg(feature = "sqlite")]
+pub use sqlite::InboxHandler;
