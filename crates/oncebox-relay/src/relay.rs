@@ -12,7 +12,7 @@ use oncebox_core::route::Route;
 use oncebox_core::{Clock, LeaseError, Timestamp, Unavailable};
 use tokio::sync::Semaphore;
 
-use crate::send;
+use crate::send::{self, Link};
 
 /// How often `run` publishes the delivery gauges.
 const GAUGES_EVERY: Duration = Duration::from_secs(10);
@@ -67,11 +67,20 @@ struct Circuit {
     open_until: Option<Timestamp>,
 }
 
+/// One route as the relay serves it: its settings, its concurrency limit, and the link that
+/// carries its attempts (a broker connection is kept here between attempts).
+#[derive(Debug)]
+struct Lane {
+    route: Route,
+    permits: Semaphore,
+    link: Link,
+}
+
 /// A relay over a store and a set of routes.
 #[derive(Debug)]
 pub struct Relay<S> {
     store: S,
-    routes: BTreeMap<String, (Route, Arc<Semaphore>)>,
+    routes: BTreeMap<String, Lane>,
     client: reqwest::Client,
     clock: Arc<dyn Clock>,
     options: RelayOptions,
@@ -87,9 +96,13 @@ impl<S: DeliveryStore> Relay<S> {
     ) -> Relay<S> {
         let routes = routes
             .into_iter()
-            .map(|r| {
-                let permits = Arc::new(Semaphore::new(r.concurrency.max(1)));
-                (r.name.clone(), (r, permits))
+            .map(|route| {
+                let lane = Lane {
+                    permits: Semaphore::new(route.concurrency.max(1)),
+                    link: Link::new(&route),
+                    route,
+                };
+                (lane.route.name.clone(), lane)
             })
             .collect();
         // Redirects are not followed: a receiver that moved must be reconfigured, not guessed.
@@ -174,13 +187,18 @@ impl<S: DeliveryStore> Relay<S> {
     }
 
     async fn deliver(&self, claimed: &Claimed) -> Result<Verdict, LeaseError> {
-        let Some((route, permits)) = self.routes.get(&claimed.route) else {
+        let Some(Lane {
+            route,
+            permits,
+            link,
+        }) = self.routes.get(&claimed.route)
+        else {
             // Claims are limited to configured routes; a vanished one keeps its delivery as is.
             return Err(LeaseError::Fenced);
         };
         let permit = permits.acquire().await.map_err(|_| LeaseError::Fenced)?;
         let (attempt, record) =
-            send::attempt(&self.client, route, claimed, self.clock.as_ref()).await;
+            send::attempt(&self.client, link, route, claimed, self.clock.as_ref()).await;
         // The limit is on requests to the receiver; recording waits for a commit and must not
         // hold the next request back.
         drop(permit);
@@ -229,7 +247,7 @@ impl<S: DeliveryStore> Relay<S> {
     /// with the same key; no answer → left for the next round or an operator.
     pub async fn reconcile(&self) -> Result<usize, Unavailable> {
         let mut settled = 0;
-        for (name, (route, _)) in &self.routes {
+        for (name, Lane { route, .. }) in &self.routes {
             if route.status_url.is_none() {
                 continue;
             }

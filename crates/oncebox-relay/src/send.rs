@@ -1,17 +1,67 @@
-//! One HTTP attempt: the request DESIGN §6 describes, and the honest reading of what happened —
-//! answered, never sent, or sent without an answer.
+//! One attempt of a delivery, dispatched on its route's target: an HTTP request, a RabbitMQ
+//! publish with a publisher confirm, or a JetStream publish with its PubAck. Each is read the
+//! same honest way: confirmed, never sent, or sent without an answer.
 
-use std::time::{Duration, Instant};
+mod amqp;
+mod http;
+mod nats;
+
+use std::fmt;
+use std::time::Instant;
 
 use oncebox_core::Clock;
 use oncebox_core::delivery::Attempt;
 use oncebox_core::relay_store::{AttemptRecord, Claimed};
 use oncebox_core::route::Route;
-use oncebox_core::signature::{Scheme, sign};
 
-/// Sends one attempt of `claimed` to `route`.
+pub(crate) use http::applied;
+
+use crate::target::{Target, TargetError};
+
+/// A broker's confirm in the attempt vocabulary the delivery policy speaks, which is HTTP's:
+/// the broker took responsibility for the message, as a 2xx says a receiver did. The recorded
+/// attempt carries no status, so operators never read an HTTP code nobody sent.
+const CONFIRMED: Attempt = Attempt::Answered {
+    status: 200,
+    retry_after: None,
+};
+
+/// Where one route's attempts go, holding the broker connection between attempts.
+pub(crate) enum Link {
+    Http,
+    Amqp(amqp::Publisher),
+    Nats(nats::Publisher),
+    /// A URL the configuration would have refused (a library caller built the route): every
+    /// attempt fails as not sent, so the delivery waits, unharmed, until the caps end it.
+    Invalid(TargetError),
+}
+
+impl Link {
+    pub(crate) fn new(route: &Route) -> Link {
+        match Target::parse(&route.url) {
+            Ok(Target::Amqp(t)) => Link::Amqp(amqp::Publisher::new(t)),
+            Ok(Target::Nats(t)) => Link::Nats(nats::Publisher::new(t)),
+            Ok(_) => Link::Http,
+            Err(e) => Link::Invalid(e),
+        }
+    }
+}
+
+impl fmt::Debug for Link {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Link::Http => f.write_str("Http"),
+            Link::Amqp(p) => p.fmt(f),
+            Link::Nats(p) => p.fmt(f),
+            Link::Invalid(e) => write!(f, "Invalid({e})"),
+        }
+    }
+}
+
+/// Sends one attempt of `claimed` through `link` to `route`.
 pub(crate) async fn attempt(
     client: &reqwest::Client,
+    link: &Link,
     route: &Route,
     claimed: &Claimed,
     clock: &dyn Clock,
@@ -19,47 +69,20 @@ pub(crate) async fn attempt(
     let started_at = clock.now();
     let started = Instant::now();
     let number = claimed.attempts.saturating_add(1);
-    let mut request = client
-        .post(&route.url)
-        .timeout(route.timeout)
-        .header("content-type", claimed.content_type.as_str())
-        // Stable for every attempt of this (event, route), forever: receivers deduplicate on it.
-        .header("idempotency-key", claimed.idempotency_key.as_str())
-        .header("oncebox-attempt", number.to_string())
-        .body(claimed.payload.clone());
-    if let Some(secret) = &route.signing_secret {
-        for (name, value) in sign(
-            &Scheme::StandardWebhooks,
-            secret,
-            &claimed.idempotency_key,
-            started_at,
-            &claimed.payload,
-        ) {
-            request = request.header(name, value);
-        }
-    }
-    let attempt = match request.send().await {
-        Ok(response) => {
-            let status = response.status().as_u16();
-            let retry_after = response
-                .headers()
-                .get("retry-after")
-                .and_then(|v| v.to_str().ok())
-                .and_then(|v| v.trim().parse::<u64>().ok())
-                .map(Duration::from_secs);
-            // Drain the body so the connection can be reused; its content is not needed.
-            let _ = response.bytes().await;
-            Attempt::Answered {
-                status,
-                retry_after,
-            }
-        }
-        Err(e) => classify(&e),
+    let attempt = match link {
+        Link::Http => http::attempt(client, route, claimed, number, started_at).await,
+        Link::Amqp(p) => p.publish(claimed, number, route.timeout).await,
+        Link::Nats(p) => p.publish(claimed, number, route.timeout).await,
+        Link::Invalid(e) => Attempt::NotSent(format!("route url: {e}")),
     };
-    let (status, error) = match &attempt {
-        Attempt::Answered { status, .. } => (Some(*status), None),
-        Attempt::NotSent(e) | Attempt::NoAnswer(e) => (None, Some(e.clone())),
-        other => (None, Some(format!("{other:?}"))),
+    let status = match (&attempt, link) {
+        (Attempt::Answered { status, .. }, Link::Http) => Some(*status),
+        _ => None,
+    };
+    let error = match &attempt {
+        Attempt::Answered { .. } => None,
+        Attempt::NotSent(e) | Attempt::NoAnswer(e) => Some(e.clone()),
+        other => Some(format!("{other:?}")),
     };
     let record = AttemptRecord {
         started_at,
@@ -68,57 +91,4 @@ pub(crate) async fn attempt(
         error,
     };
     (attempt, record)
-}
-
-/// A connection that could not be made means the receiver saw nothing. Anything else after the
-/// connection was made — a timeout waiting for the answer, a reset — may have come after the
-/// receiver applied the request: the outcome is unknown.
-fn classify(e: &reqwest::Error) -> Attempt {
-    let text = error_chain(e);
-    if e.is_connect() || e.is_builder() {
-        Attempt::NotSent(text)
-    } else {
-        Attempt::NoAnswer(text)
-    }
-}
-
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        text.push_str(": ");
-        text.push_str(&s.to_string());
-        source = s.source();
-    }
-    text
-}
-
-/// Asks the route's status URL whether the receiver applied `key`. `Some(true)`: applied;
-/// `Some(false)`: not applied; `None`: the answer says nothing (no status URL, an error, or a
-/// body without a boolean `applied`).
-pub(crate) async fn applied(client: &reqwest::Client, route: &Route, key: &str) -> Option<bool> {
-    let template = route.status_url.as_ref()?;
-    let url = template.replace("{key}", &percent_encode(key));
-    let response = client.get(url).timeout(route.timeout).send().await.ok()?;
-    if response.status().as_u16() == 404 {
-        // The receiver has no record of the key: it was not applied.
-        return Some(false);
-    }
-    if !response.status().is_success() {
-        return None;
-    }
-    let body: serde_json::Value = response.json().await.ok()?;
-    body.get("applied")?.as_bool()
-}
-
-fn percent_encode(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
 }

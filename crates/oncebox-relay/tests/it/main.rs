@@ -1,9 +1,12 @@
-//! Relay tests against real HTTP receivers started by the test, a fault proxy, and a real
-//! SQLite store; time is a manual clock, so backoffs and leases are stepped, not waited for.
+//! Relay tests against real HTTP receivers started by the test, the running RabbitMQ and NATS
+//! servers, fault proxies, and a real SQLite store; time is a manual clock, so backoffs and
+//! leases are stepped, not waited for.
 
+mod amqp;
 mod delivery;
 mod faults;
 mod kill;
+mod nats;
 mod receiver;
 
 use std::net::SocketAddr;
@@ -113,4 +116,33 @@ pub fn route(name: &str, addr: SocketAddr, idempotent: bool) -> Route {
         },
         concurrency: 4,
     }
+}
+
+/// A route to a broker URL taking source `shop`: no signing secret, a small backoff.
+pub fn broker_route(name: &str, url: &str, idempotent: bool) -> Route {
+    Route {
+        url: url.to_owned(),
+        signing_secret: None,
+        ..route(name, SocketAddr::from(([127, 0, 0, 1], 9)), idempotent)
+    }
+}
+
+/// `base` with `pairs` added to its query.
+pub fn with_query(base: &str, pairs: &[(&str, &str)]) -> String {
+    let mut url = reqwest::Url::parse(base).expect("service URL");
+    url.query_pairs_mut().extend_pairs(pairs);
+    url.to_string()
+}
+
+/// A loopback port nobody listens on: bound, learnt, closed.
+pub fn closed_port() -> SocketAddr {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+}
+
+/// A name no other test run uses, for broker objects.
+pub fn unique(prefix: &str) -> String {
+    format!("oncebox-test-{prefix}-{}", uuid::Uuid::new_v4().simple())
 }

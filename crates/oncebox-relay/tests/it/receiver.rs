@@ -1,9 +1,11 @@
 //! Third parties the relay talks to, run by the tests: a receiver that counts effects per
 //! idempotency key and can be told how to answer, and a TCP proxy that forwards a request and
-//! then drops the reply (the receiver applied it; the relay never hears so).
+//! then drops the reply (the receiver applied it; the relay never hears so), and its
+//! protocol-blind cousin for brokers.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 
 use axum::Router;
@@ -171,4 +173,70 @@ fn complete(request: &[u8]) -> bool {
         })
         .unwrap_or(0);
     request.len() >= end + 4 + length
+}
+
+/// A TCP proxy in front of `upstream` (a broker) that passes bytes both ways until the client
+/// has sent `marker` (a payload): it forwards those bytes, waits for the upstream's next bytes
+/// (its answer: by then it holds the message), and drops both connections without passing the
+/// answer on. Only the first connection carrying the marker is cut; later ones pass through,
+/// as a healed network would. Returns the address and the number of cuts made (the fault,
+/// proven to have happened).
+pub async fn cutting_proxy(upstream: SocketAddr, marker: Vec<u8>) -> (SocketAddr, Arc<AtomicU32>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let cuts = Arc::new(AtomicU32::new(0));
+    let armed = Arc::new(AtomicBool::new(true));
+    let counter = cuts.clone();
+    tokio::spawn(async move {
+        loop {
+            let Ok((client, _)) = listener.accept().await else {
+                return;
+            };
+            let (counter, armed, marker) = (counter.clone(), armed.clone(), marker.clone());
+            tokio::spawn(async move {
+                let Ok(up) = TcpStream::connect(upstream).await else {
+                    return;
+                };
+                pass_until_marker(client, up, &marker, &armed, &counter).await;
+            });
+        }
+    });
+    (addr, cuts)
+}
+
+async fn pass_until_marker(
+    mut client: TcpStream,
+    mut up: TcpStream,
+    marker: &[u8],
+    armed: &AtomicBool,
+    cuts: &AtomicU32,
+) {
+    let mut sent = Vec::new();
+    let (mut from_client, mut from_up) = ([0u8; 8192], [0u8; 8192]);
+    loop {
+        tokio::select! {
+            r = client.read(&mut from_client) => {
+                let n = match r { Ok(0) | Err(_) => return, Ok(n) => n };
+                if up.write_all(&from_client[..n]).await.is_err() {
+                    return;
+                }
+                sent.extend_from_slice(&from_client[..n]);
+                if sent.windows(marker.len()).any(|w| w == marker)
+                    && armed.swap(false, Ordering::SeqCst)
+                {
+                    // Wait until the broker answered: it has the message. Then cut.
+                    if matches!(up.read(&mut from_up).await, Ok(n) if n > 0) {
+                        cuts.fetch_add(1, Ordering::SeqCst);
+                    }
+                    return;
+                }
+            }
+            r = up.read(&mut from_up) => {
+                let n = match r { Ok(0) | Err(_) => return, Ok(n) => n };
+                if client.write_all(&from_up[..n]).await.is_err() {
+                    return;
+                }
+            }
+        }
+    }
 }

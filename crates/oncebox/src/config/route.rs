@@ -1,5 +1,6 @@
-//! One `[routes.<name>]` table validated into a `Route`: its sources must exist, its URLs must
-//! be http(s), its signing secret must be a Standard Webhooks secret, its caps must be sane.
+//! One `[routes.<name>]` table validated into a `Route`: its sources must exist, its URL must be
+//! an http(s) receiver, a RabbitMQ exchange or a NATS subject, its signing secret a Standard
+//! Webhooks secret (HTTP only), its caps sane.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -10,6 +11,7 @@ use oncebox_core::json::{Pointer, Value};
 use oncebox_core::route::Route;
 use oncebox_core::signature::{Scheme, Secret};
 use oncebox_gateway::policy::SourcePolicy;
+use oncebox_relay::Target;
 use serde::Deserialize;
 
 use super::Problems;
@@ -64,6 +66,8 @@ pub(super) mod toml_value {
 
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
 const DEFAULT_CONCURRENCY: usize = 16;
+const AMQP_FORM: &str = "amqp://user:pass@host:port/vhost?exchange=NAME&routing_key=KEY";
+const NATS_FORM: &str = "nats://host:port?subject=NAME";
 
 fn http_url(text: &str) -> bool {
     reqwest::Url::parse(text)
@@ -117,10 +121,42 @@ pub(super) fn validate(
             }
         });
     let url = raw.url.clone().unwrap_or_default();
-    if !http_url(&url) {
-        p.push(&format!("{path}.url"), "must be an http:// or https:// URL");
+    let target = match &raw.url {
+        None => {
+            p.push(&format!("{path}.url"), "is required");
+            None
+        }
+        Some(u) => Target::parse(u)
+            .map_err(|e| {
+                p.push(
+                    &format!("{path}.url"),
+                    format_args!("{e}; expected http(s)://…, {AMQP_FORM} or {NATS_FORM}"),
+                );
+            })
+            .ok(),
+    };
+    let broker = target.as_ref().is_some_and(Target::is_broker);
+    if broker && (raw.signing_secret.is_some() || raw.signing_secret_env.is_some()) {
+        let field = if raw.signing_secret.is_some() {
+            "signing_secret"
+        } else {
+            "signing_secret_env"
+        };
+        p.push(
+            &format!("{path}.{field}"),
+            "applies only to http(s) routes: a broker message carries no webhook signature \
+             (the broker authenticates the publisher); remove it",
+        );
+    }
+    if broker && raw.status_url.is_some() {
+        p.push(
+            &format!("{path}.status_url"),
+            "applies only to http(s) routes: a broker cannot be asked whether a consumer \
+             applied a key; an uncertain publish is settled by an operator; remove it",
+        );
     }
     if let Some(status) = &raw.status_url
+        && !broker
         && !http_url(&status.replace("{key}", "k"))
     {
         p.push(
@@ -129,6 +165,8 @@ pub(super) fn validate(
         );
     }
     let configured = match (&raw.signing_secret, &raw.signing_secret_env) {
+        // Already refused above; reading the secret too would only add noise.
+        _ if broker => None,
         (Some(s), None) => Some(s.clone()),
         (None, Some(var)) => match std::env::var(var) {
             Ok(v) => Some(v),

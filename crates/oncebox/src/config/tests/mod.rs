@@ -1,5 +1,5 @@
 //! Tests of configuration loading: the DESIGN §7 example and zero-config here, every validation
-//! rule in `rules`, layering and secret handling in `layers`.
+//! rule in `rules`, route URLs in `routes`, layering and secret handling in `layers`.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -13,6 +13,7 @@ use oncebox_gateway::policy::{EventIdRule, SourcePolicy};
 use super::{Overrides, Settings, load};
 
 mod layers;
+mod routes;
 mod rules;
 
 const SHOP_SECRET: &str = "whsec_c2hvcC1zaWduaW5nLWtleS0wMTIzNDU2Nzg5";

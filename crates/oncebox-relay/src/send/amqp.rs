@@ -1,0 +1,228 @@
+//! One RabbitMQ attempt: a persistent, mandatory publish on a channel in confirm mode, counted
+//! delivered only on the broker's ack of a message it routed.
+
+use std::fmt;
+use std::time::Duration;
+
+use lapin::options::{BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions};
+use lapin::types::{AMQPValue, FieldTable, ShortString};
+use lapin::{
+    BasicProperties, Channel, Confirmation, Connection, ConnectionProperties, ErrorKind,
+    ExchangeKind,
+};
+use oncebox_core::delivery::Attempt;
+use oncebox_core::relay_store::Claimed;
+use sha2::{Digest, Sha256};
+use tokio::sync::Mutex;
+use tokio::time::{Instant, timeout_at};
+
+use super::CONFIRMED;
+use super::http::error_chain;
+use crate::target::AmqpTarget;
+
+/// AMQP short strings (`message_id`, `content_type`) hold at most this many bytes.
+const SHORT_STRING_MAX: usize = 255;
+
+/// The persistent delivery mode: the broker writes the message to disk before confirming it to
+/// a durable queue.
+const PERSISTENT: u8 = 2;
+
+/// A route's publisher: one connection and one confirm-mode channel, opened on first use and
+/// opened again after any failure.
+pub(crate) struct Publisher {
+    target: AmqpTarget,
+    open: Mutex<Option<Open>>,
+}
+
+struct Open {
+    // Kept so the connection lives as long as its channel; dropping it closes the connection.
+    _connection: Connection,
+    channel: Channel,
+}
+
+impl fmt::Debug for Publisher {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AmqpPublisher")
+            .field("target", &self.target)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The `message_id` of a key: the key itself, or — when it is longer than an AMQP short string
+/// can hold — `sha256:` and the hex SHA-256 of the key. Consumers deduplicate on it: do not
+/// change. The full key is in the `idempotency-key` header either way.
+pub(crate) fn message_id(key: &str) -> String {
+    if key.len() <= SHORT_STRING_MAX {
+        key.to_owned()
+    } else {
+        format!("sha256:{}", hex::encode(Sha256::digest(key.as_bytes())))
+    }
+}
+
+impl Publisher {
+    pub(crate) fn new(target: AmqpTarget) -> Publisher {
+        Publisher {
+            target,
+            open: Mutex::new(None),
+        }
+    }
+
+    /// Publishes attempt `number` of `claimed` and waits for the confirm, all within `timeout`.
+    pub(crate) async fn publish(
+        &self,
+        claimed: &Claimed,
+        number: u32,
+        timeout: Duration,
+    ) -> Attempt {
+        let deadline = Instant::now() + timeout;
+        // Nothing has left until `basic_publish`: any failure before it is "not sent".
+        let channel = match timeout_at(deadline, self.channel()).await {
+            Ok(Ok(channel)) => channel,
+            Ok(Err(e)) => return Attempt::NotSent(e),
+            Err(_) => {
+                return Attempt::NotSent(format!(
+                    "no channel to {} within {timeout:?}",
+                    self.target.server()
+                ));
+            }
+        };
+        let mut headers = FieldTable::default();
+        headers.insert(
+            "idempotency-key".into(),
+            AMQPValue::LongString(claimed.idempotency_key.as_str().into()),
+        );
+        headers.insert(
+            "oncebox-attempt".into(),
+            AMQPValue::LongString(number.to_string().into()),
+        );
+        let mut properties = BasicProperties::default()
+            .with_delivery_mode(PERSISTENT)
+            .with_message_id(message_id(&claimed.idempotency_key).into())
+            .with_headers(headers);
+        // An over-long content type cannot be sent as the property; the payload still can.
+        if claimed.content_type.len() <= SHORT_STRING_MAX {
+            properties = properties.with_content_type(claimed.content_type.as_str().into());
+        }
+        let options = BasicPublishOptions {
+            // An unroutable message comes back instead of vanishing, so it is never counted
+            // delivered.
+            mandatory: true,
+            immediate: false,
+        };
+        let exchange: ShortString = self.target.exchange.as_str().into();
+        let routing_key: ShortString = self.target.routing_key.as_str().into();
+        let sent = timeout_at(
+            deadline,
+            channel.basic_publish(exchange, routing_key, options, &claimed.payload, properties),
+        )
+        .await;
+        let confirm = match sent {
+            Ok(Ok(confirm)) => confirm,
+            Ok(Err(e)) => {
+                self.forget().await;
+                return match e.kind() {
+                    // Refused before a frame was written: the broker saw nothing.
+                    ErrorKind::InvalidChannelState(..) | ErrorKind::InvalidConnectionState(_) => {
+                        Attempt::NotSent(error_chain(&e))
+                    }
+                    _ => Attempt::NoAnswer(error_chain(&e)),
+                };
+            }
+            Err(_) => {
+                self.forget().await;
+                return Attempt::NoAnswer(format!("publish not written within {timeout:?}"));
+            }
+        };
+        match timeout_at(deadline, confirm).await {
+            Ok(Ok(Confirmation::Ack(None))) => CONFIRMED,
+            // Returned (no queue bound for the routing key) and then acked: the broker stored
+            // nothing, so trying again later is safe and may succeed once a queue is bound.
+            // Retried rather than dead because a consumer that declares its queue after the
+            // relay starts is the common cause; the route's caps still end it.
+            Ok(Ok(Confirmation::Ack(Some(returned)))) => Attempt::NotSent(format!(
+                "returned unroutable by the broker: {} {}",
+                returned.reply_code, returned.reply_text
+            )),
+            // The broker declined responsibility for the message: publish it again later.
+            Ok(Ok(Confirmation::Nack(_))) => {
+                Attempt::NotSent("the broker nacked the message".into())
+            }
+            Ok(Ok(Confirmation::NotRequested)) => {
+                // The channel lost confirm mode: nothing tells whether the message was stored.
+                self.forget().await;
+                Attempt::NoAnswer("published without a confirm".into())
+            }
+            // The connection or channel failed after the publish left, or the confirm did not
+            // come in time: the broker may have stored the message.
+            Ok(Err(e)) => {
+                self.forget().await;
+                Attempt::NoAnswer(format!("no confirm: {}", error_chain(&e)))
+            }
+            Err(_) => {
+                self.forget().await;
+                Attempt::NoAnswer(format!("no confirm within {timeout:?}"))
+            }
+        }
+    }
+
+    /// The open channel, or a new connection and channel when there is none or it failed.
+    async fn channel(&self) -> Result<Channel, String> {
+        let mut open = self.open.lock().await;
+        if let Some(o) = open.as_ref()
+            && o.channel.status().connected()
+        {
+            return Ok(o.channel.clone());
+        }
+        // A failed connection is dropped (and so closed) before a new one is made.
+        *open = None;
+        let server = self.target.server();
+        let connection = Connection::connect_uri(
+            self.target.uri.clone(),
+            ConnectionProperties::default().with_connection_name("oncebox-relay".into()),
+        )
+        .await
+        .map_err(|e| format!("connect to {server}: {}", error_chain(&e)))?;
+        let channel = connection
+            .create_channel()
+            .await
+            .map_err(|e| format!("open a channel on {server}: {}", error_chain(&e)))?;
+        channel
+            .confirm_select(ConfirmSelectOptions::default())
+            .await
+            .map_err(|e| format!("confirm mode on {server}: {}", error_chain(&e)))?;
+        if !self.target.exchange.is_empty() {
+            // Checked once per channel, so a missing exchange is a clean "not sent" instead of
+            // a channel closed under a publish, whose outcome could not be told apart from a
+            // lost connection.
+            let passive = ExchangeDeclareOptions {
+                passive: true,
+                ..ExchangeDeclareOptions::default()
+            };
+            channel
+                .exchange_declare(
+                    self.target.exchange.as_str().into(),
+                    ExchangeKind::Direct,
+                    passive,
+                    FieldTable::default(),
+                )
+                .await
+                .map_err(|e| {
+                    format!(
+                        "exchange {:?} on {server}: {}",
+                        self.target.exchange,
+                        error_chain(&e)
+                    )
+                })?;
+        }
+        *open = Some(Open {
+            _connection: connection,
+            channel: channel.clone(),
+        });
+        Ok(channel)
+    }
+
+    /// Drops the connection after a failure; the next attempt opens a new one.
+    async fn forget(&self) {
+        *self.open.lock().await = None;
+    }
+}

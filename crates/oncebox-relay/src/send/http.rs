@@ -1,0 +1,111 @@
+//! One HTTP attempt: the request DESIGN §6 describes, and the honest reading of what happened —
+//! answered, never sent, or sent without an answer. And the status-URL question of
+//! reconciliation.
+
+use std::time::Duration;
+
+use oncebox_core::Timestamp;
+use oncebox_core::delivery::Attempt;
+use oncebox_core::relay_store::Claimed;
+use oncebox_core::route::Route;
+use oncebox_core::signature::{Scheme, sign};
+
+/// POSTs attempt `number` of `claimed` to `route`.
+pub(super) async fn attempt(
+    client: &reqwest::Client,
+    route: &Route,
+    claimed: &Claimed,
+    number: u32,
+    started_at: Timestamp,
+) -> Attempt {
+    let mut request = client
+        .post(&route.url)
+        .timeout(route.timeout)
+        .header("content-type", claimed.content_type.as_str())
+        // Stable for every attempt of this (event, route), forever: receivers deduplicate on it.
+        .header("idempotency-key", claimed.idempotency_key.as_str())
+        .header("oncebox-attempt", number.to_string())
+        .body(claimed.payload.clone());
+    if let Some(secret) = &route.signing_secret {
+        for (name, value) in sign(
+            &Scheme::StandardWebhooks,
+            secret,
+            &claimed.idempotency_key,
+            started_at,
+            &claimed.payload,
+        ) {
+            request = request.header(name, value);
+        }
+    }
+    match request.send().await {
+        Ok(response) => {
+            let status = response.status().as_u16();
+            let retry_after = response
+                .headers()
+                .get("retry-after")
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.trim().parse::<u64>().ok())
+                .map(Duration::from_secs);
+            // Drain the body so the connection can be reused; its content is not needed.
+            let _ = response.bytes().await;
+            Attempt::Answered {
+                status,
+                retry_after,
+            }
+        }
+        Err(e) => classify(&e),
+    }
+}
+
+/// A connection that could not be made means the receiver saw nothing. Anything else after the
+/// connection was made — a timeout waiting for the answer, a reset — may have come after the
+/// receiver applied the request: the outcome is unknown.
+fn classify(e: &reqwest::Error) -> Attempt {
+    let text = error_chain(e);
+    if e.is_connect() || e.is_builder() {
+        Attempt::NotSent(text)
+    } else {
+        Attempt::NoAnswer(text)
+    }
+}
+
+pub(super) fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text
+}
+
+/// Asks the route's status URL whether the receiver applied `key`. `Some(true)`: applied;
+/// `Some(false)`: not applied; `None`: the answer says nothing (no status URL, an error, or a
+/// body without a boolean `applied`).
+pub(crate) async fn applied(client: &reqwest::Client, route: &Route, key: &str) -> Option<bool> {
+    let template = route.status_url.as_ref()?;
+    let url = template.replace("{key}", &percent_encode(key));
+    let response = client.get(url).timeout(route.timeout).send().await.ok()?;
+    if response.status().as_u16() == 404 {
+        // The receiver has no record of the key: it was not applied.
+        return Some(false);
+    }
+    if !response.status().is_success() {
+        return None;
+    }
+    let body: serde_json::Value = response.json().await.ok()?;
+    body.get("applied")?.as_bool()
+}
+
+fn percent_encode(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}

@@ -1,0 +1,156 @@
+//! One NATS attempt: a JetStream publish with `Nats-Msg-Id` = the idempotency key, counted
+//! delivered only on the stream's PubAck.
+
+use std::fmt;
+use std::str::FromStr;
+use std::time::Duration;
+
+use async_nats::connection::State;
+use async_nats::header::{self, HeaderMap, HeaderValue};
+use async_nats::jetstream::context::{Context, PublishErrorKind};
+use async_nats::jetstream::message::PublishMessage;
+use oncebox_core::delivery::Attempt;
+use oncebox_core::relay_store::Claimed;
+use tokio::sync::Mutex;
+use tokio::time::{Instant, timeout_at};
+
+use super::CONFIRMED;
+use super::http::error_chain;
+use crate::target::NatsTarget;
+
+/// A route's publisher: one client, connected on first use. Once connected, the client
+/// reconnects by itself after a failure; attempts made meanwhile are "not sent".
+pub(crate) struct Publisher {
+    target: NatsTarget,
+    client: Mutex<Option<(async_nats::Client, Context)>>,
+}
+
+impl fmt::Debug for Publisher {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("NatsPublisher")
+            .field("target", &self.target)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Publisher {
+    pub(crate) fn new(target: NatsTarget) -> Publisher {
+        Publisher {
+            target,
+            client: Mutex::new(None),
+        }
+    }
+
+    /// Publishes attempt `number` of `claimed` and waits for the PubAck, all within `timeout`.
+    pub(crate) async fn publish(
+        &self,
+        claimed: &Claimed,
+        number: u32,
+        timeout: Duration,
+    ) -> Attempt {
+        let deadline = Instant::now() + timeout;
+        let headers = match headers(claimed, number) {
+            Ok(h) => h,
+            Err(e) => return Attempt::NotSent(e),
+        };
+        let js = match timeout_at(deadline, self.context(timeout)).await {
+            Ok(Ok(js)) => js,
+            Ok(Err(e)) => return Attempt::NotSent(e),
+            Err(_) => {
+                return Attempt::NotSent(format!(
+                    "no connection to {} within {timeout:?}",
+                    self.target.server()
+                ));
+            }
+        };
+        let message = PublishMessage::build()
+            .payload(claimed.payload.clone().into())
+            .headers(headers);
+        let sent = timeout_at(
+            deadline,
+            js.send_publish(self.target.subject.clone(), message),
+        )
+        .await;
+        let ack = match sent {
+            Ok(Ok(ack)) => ack,
+            // Refused by the client before it queued the message (size, in-flight limit, a
+            // full command queue): nothing left.
+            Ok(Err(e)) => return Attempt::NotSent(format!("publish: {}", error_chain(&e))),
+            Err(_) => return Attempt::NotSent(format!("publish not queued within {timeout:?}")),
+        };
+        match timeout_at(deadline, ack.into_future()).await {
+            // A duplicate PubAck means the stream already holds this key's message: delivered.
+            Ok(Ok(_ack)) => CONFIRMED,
+            Ok(Err(e)) => match e.kind() {
+                // "No responders": no stream captures the subject, so no stream stored the
+                // message and no subscriber received it. Safe to publish again later.
+                PublishErrorKind::StreamNotFound => Attempt::NotSent(format!(
+                    "no stream captures subject {:?}",
+                    self.target.subject
+                )),
+                // The stream answered with an error (limits, storage): it refused the message.
+                PublishErrorKind::Other
+                | PublishErrorKind::WrongLastMessageId
+                | PublishErrorKind::WrongLastSequence
+                    if refused_by_stream(&e) =>
+                {
+                    Attempt::NotSent(format!("the stream refused: {}", error_chain(&e)))
+                }
+                // Timed out or the connection broke after the message was queued: the stream
+                // may have stored it.
+                _ => Attempt::NoAnswer(format!("no PubAck: {}", error_chain(&e))),
+            },
+            Err(_) => Attempt::NoAnswer(format!("no PubAck within {timeout:?}")),
+        }
+    }
+
+    /// The JetStream context of a connected client, connecting when there is none.
+    async fn context(&self, timeout: Duration) -> Result<Context, String> {
+        let mut slot = self.client.lock().await;
+        if let Some((client, js)) = slot.as_ref() {
+            // Checked so a message is never queued inside a disconnected client, from where it
+            // could leave after the attempt was recorded "not sent".
+            return match client.connection_state() {
+                State::Connected => Ok(js.clone()),
+                state => Err(format!(
+                    "{} is {state}; the client is reconnecting",
+                    self.target.server()
+                )),
+            };
+        }
+        let client = async_nats::ConnectOptions::new()
+            .name("oncebox-relay")
+            .connection_timeout(timeout)
+            .connect(self.target.server.as_str())
+            .await
+            .map_err(|e| format!("connect to {}: {}", self.target.server(), error_chain(&e)))?;
+        let mut js = async_nats::jetstream::new(client.clone());
+        js.set_timeout(timeout);
+        *slot = Some((client, js.clone()));
+        Ok(js)
+    }
+}
+
+/// Whether a publish error carries the stream's own error answer (it decided not to store).
+fn refused_by_stream(e: &async_nats::jetstream::context::PublishError) -> bool {
+    std::error::Error::source(e)
+        .is_some_and(|s| s.downcast_ref::<async_nats::jetstream::Error>().is_some())
+}
+
+fn headers(claimed: &Claimed, number: u32) -> Result<HeaderMap, String> {
+    // Built with `from_str`, never `From`, which panics on a line break.
+    let value = |v: &str, what: &str| {
+        HeaderValue::from_str(v).map_err(|e| format!("{what} cannot be a NATS header: {e}"))
+    };
+    let key = value(&claimed.idempotency_key, "the idempotency key")?;
+    let mut headers = HeaderMap::new();
+    // The stream drops a second message with the same id inside its duplicate window. A bonus:
+    // consumers still deduplicate on the key, since the window is finite.
+    headers.insert(header::NATS_MESSAGE_ID, key.clone());
+    headers.insert("Idempotency-Key", key);
+    headers.insert("Oncebox-Attempt", HeaderValue::from(number.to_string()));
+    if let Ok(ct) = HeaderValue::from_str(&claimed.content_type) {
+        headers.insert("Content-Type", ct);
+    }
+    Ok(headers)
+}

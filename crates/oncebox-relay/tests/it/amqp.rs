@@ -1,0 +1,328 @@
+//! RabbitMQ routes against the running broker (`ONCEBOX_AMQP_URL`): persistent messages with
+//! the key as `message_id`, delivered only on a confirm of a routed message; returned, nacked
+//! and unreachable publishes retried; a connection lost before the confirm is an unknown outcome.
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use lapin::message::Delivery;
+use lapin::options::{
+    BasicGetOptions, ExchangeDeclareOptions, ExchangeDeleteOptions, QueueBindOptions,
+    QueueDeclareOptions, QueueDeleteOptions,
+};
+use lapin::types::{AMQPValue, FieldTable};
+use lapin::{Channel, Connection, ConnectionProperties, ExchangeKind};
+use oncebox_core::delivery::DeliveryState;
+use oncebox_testkit::{run, service_url};
+
+use crate::{World, broker_route, closed_port, receiver, unique, with_query};
+
+/// A test's own exchange and queue on the broker, deleted by `drop_all`.
+struct Rabbit {
+    base: String,
+    _connection: Connection,
+    channel: Channel,
+    exchange: String,
+    queue: String,
+}
+
+impl Rabbit {
+    /// Declares an exchange and a queue (not yet bound); `None` when the broker is not
+    /// configured. `queue_args` go to the queue's declaration.
+    async fn new(queue_args: FieldTable) -> Option<Rabbit> {
+        let base = service_url("ONCEBOX_AMQP_URL")?;
+        let connection = Connection::connect(&base, ConnectionProperties::default())
+            .await
+            .expect("the test connects to RabbitMQ");
+        let channel = connection.create_channel().await.unwrap();
+        let (exchange, queue) = (unique("ex"), unique("q"));
+        channel
+            .exchange_declare(
+                exchange.as_str().into(),
+                ExchangeKind::Direct,
+                ExchangeDeclareOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .unwrap();
+        let mut args = queue_args;
+        // A safety net for a failed test that never reaches `drop_all`.
+        args.insert("x-expires".into(), AMQPValue::LongInt(300_000));
+        channel
+            .queue_declare(queue.as_str().into(), QueueDeclareOptions::default(), args)
+            .await
+            .unwrap();
+        Some(Rabbit {
+            base,
+            _connection: connection,
+            channel,
+            exchange,
+            queue,
+        })
+    }
+
+    async fn bind(&self) {
+        self.channel
+            .queue_bind(
+                self.queue.as_str().into(),
+                self.exchange.as_str().into(),
+                "paid".into(),
+                QueueBindOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .unwrap();
+    }
+
+    /// The route URL to this test's exchange with routing key `paid`, through `server` (a
+    /// proxy) when given.
+    fn url(&self, server: Option<std::net::SocketAddr>) -> String {
+        let mut base = reqwest::Url::parse(&self.base).unwrap();
+        if let Some(addr) = server {
+            base.set_port(Some(addr.port())).unwrap();
+        }
+        with_query(
+            base.as_str(),
+            &[("exchange", &self.exchange), ("routing_key", "paid")],
+        )
+    }
+
+    /// Every message in the queue, taken out of it.
+    async fn take(&self) -> Vec<Delivery> {
+        let mut out = Vec::new();
+        let get = BasicGetOptions { no_ack: true };
+        while let Some(m) = self
+            .channel
+            .basic_get(self.queue.as_str().into(), get)
+            .await
+            .unwrap()
+        {
+            out.push(m.delivery);
+        }
+        out
+    }
+
+    async fn drop_all(self) {
+        self.channel
+            .queue_delete(self.queue.as_str().into(), QueueDeleteOptions::default())
+            .await
+            .unwrap();
+        self.channel
+            .exchange_delete(
+                self.exchange.as_str().into(),
+                ExchangeDeleteOptions::default(),
+            )
+            .await
+            .unwrap();
+    }
+}
+
+fn header(d: &Delivery, name: &str) -> Option<String> {
+    match d.properties.headers().as_ref()?.inner().get(name)? {
+        AMQPValue::LongString(s) => Some(s.to_string()),
+        other => Some(format!("{other:?}")),
+    }
+}
+
+#[test]
+fn amqp_route_publishes_persistent_messages_with_the_key_as_message_id_then_records_delivered() {
+    run(async {
+        let Some(rabbit) = Rabbit::new(FieldTable::default()).await else {
+            return;
+        };
+        rabbit.bind().await;
+        let w = World::new();
+        w.accept("evt_1", &["rabbit"]).await;
+        w.accept("evt_2", &["rabbit"]).await;
+        let relay = w.relay(vec![broker_route("rabbit", &rabbit.url(None), false)]);
+        let out = relay.run_once().await.unwrap();
+        assert_eq!((out.claimed, out.delivered), (2, 2), "{out:?}");
+        for id in ["evt_1", "evt_2"] {
+            let d = w.delivery(id).await;
+            assert_eq!((d.state, d.last_status), (DeliveryState::Delivered, None));
+        }
+        let mut got = rabbit.take().await;
+        got.sort_by_key(|d| d.properties.message_id().clone());
+        assert_eq!(got.len(), 2, "each event published once");
+        for (d, id) in got.iter().zip(["evt_1", "evt_2"]) {
+            let key = format!("shop:{id}");
+            assert_eq!(
+                d.properties.message_id().as_ref().map(|s| s.as_str()),
+                Some(key.as_str())
+            );
+            assert_eq!(*d.properties.delivery_mode(), Some(2), "persistent");
+            assert_eq!(
+                d.properties.content_type().as_ref().map(|s| s.as_str()),
+                Some("application/json")
+            );
+            assert_eq!(header(d, "idempotency-key").as_deref(), Some(key.as_str()));
+            assert_eq!(header(d, "oncebox-attempt").as_deref(), Some("1"));
+            assert_eq!(d.data, format!(r#"{{"id":"{id}"}}"#).into_bytes());
+        }
+        assert_eq!(relay.run_once().await.unwrap().claimed, 0, "not again");
+        rabbit.drop_all().await;
+    });
+}
+
+#[test]
+fn amqp_unroutable_publish_is_returned_and_retried_never_delivered() {
+    run(async {
+        // No queue bound: the exchange exists but routes nowhere.
+        let Some(rabbit) = Rabbit::new(FieldTable::default()).await else {
+            return;
+        };
+        let w = World::new();
+        w.accept("evt_u", &["rabbit"]).await;
+        let relay = w.relay(vec![broker_route("rabbit", &rabbit.url(None), false)]);
+        let out = relay.run_once().await.unwrap();
+        assert_eq!((out.delivered, out.retrying), (0, 1), "{out:?}");
+        let d = w.delivery("evt_u").await;
+        assert_eq!(d.state, DeliveryState::Retrying);
+        let error = d.last_error.unwrap_or_default();
+        assert!(error.contains("NO_ROUTE"), "{error}");
+        // A consumer binds its queue later: the retry reaches it, with the same key.
+        rabbit.bind().await;
+        w.clock.advance(Duration::from_secs(3600));
+        assert_eq!(relay.run_once().await.unwrap().delivered, 1);
+        let got = rabbit.take().await;
+        assert_eq!(got.len(), 1);
+        assert_eq!(header(&got[0], "oncebox-attempt").as_deref(), Some("2"));
+        rabbit.drop_all().await;
+    });
+}
+
+#[test]
+fn amqp_nacked_publish_is_retried_never_delivered() {
+    run(async {
+        // A queue that takes nothing and rejects rather than drops: every publish is nacked.
+        let mut args = FieldTable::default();
+        args.insert("x-max-length".into(), AMQPValue::LongInt(0));
+        args.insert(
+            "x-overflow".into(),
+            AMQPValue::LongString("reject-publish".into()),
+        );
+        let Some(rabbit) = Rabbit::new(args).await else {
+            return;
+        };
+        rabbit.bind().await;
+        let w = World::new();
+        w.accept("evt_n", &["rabbit"]).await;
+        let relay = w.relay(vec![broker_route("rabbit", &rabbit.url(None), false)]);
+        let out = relay.run_once().await.unwrap();
+        assert_eq!((out.delivered, out.retrying), (0, 1), "{out:?}");
+        let d = w.delivery("evt_n").await;
+        assert_eq!(d.state, DeliveryState::Retrying);
+        assert!(d.last_error.unwrap_or_default().contains("nack"));
+        assert!(rabbit.take().await.is_empty());
+        rabbit.drop_all().await;
+    });
+}
+
+#[test]
+fn amqp_missing_exchange_is_not_sent_and_retried() {
+    run(async {
+        let Some(base) = service_url("ONCEBOX_AMQP_URL") else {
+            return;
+        };
+        let w = World::new();
+        w.accept("evt_x", &["rabbit"]).await;
+        let url = with_query(
+            &base,
+            &[("exchange", &unique("absent")), ("routing_key", "k")],
+        );
+        // Not idempotent: an unknown outcome would park it; a refused one must not.
+        let relay = w.relay(vec![broker_route("rabbit", &url, false)]);
+        assert_eq!(relay.run_once().await.unwrap().retrying, 1);
+        let d = w.delivery("evt_x").await;
+        assert_eq!(d.state, DeliveryState::Retrying);
+        assert!(d.last_error.unwrap_or_default().contains("NOT_FOUND"));
+    });
+}
+
+#[test]
+fn amqp_broker_down_is_retried_never_delivered() {
+    run(async {
+        let w = World::new();
+        w.accept("evt_d", &["rabbit"]).await;
+        let url = format!(
+            "amqp://guest:guest@{}/%2f?exchange=orders&routing_key=k",
+            closed_port()
+        );
+        let relay = w.relay(vec![broker_route("rabbit", &url, false)]);
+        for _ in 0..2 {
+            let out = relay.run_once().await.unwrap();
+            assert_eq!((out.delivered, out.retrying), (0, 1), "{out:?}");
+            w.clock.advance(Duration::from_secs(3600));
+        }
+        let d = w.delivery("evt_d").await;
+        assert_eq!((d.state, d.attempts), (DeliveryState::Retrying, 2));
+        assert!(d.last_error.is_some());
+    });
+}
+
+#[test]
+fn amqp_connection_lost_before_the_confirm_is_unknown_uncertain_or_retried_by_the_route() {
+    run(async {
+        let Some(rabbit) = Rabbit::new(FieldTable::default()).await else {
+            return;
+        };
+        rabbit.bind().await;
+        let broker = reqwest::Url::parse(&rabbit.base).unwrap();
+        let upstream = format!(
+            "{}:{}",
+            broker.host_str().unwrap(),
+            broker.port().unwrap_or(5672)
+        );
+        let upstream = tokio::net::lookup_host(upstream)
+            .await
+            .unwrap()
+            .next()
+            .unwrap();
+        let w = World::new();
+        for (id, idempotent, want) in [
+            ("evt_plain", false, DeliveryState::Uncertain),
+            ("evt_idem", true, DeliveryState::Retrying),
+        ] {
+            // The broker stores the message and confirms it; the confirm never arrives.
+            // The marker is in the body frame, so the broker has the whole message when cut.
+            let marker = format!(r#""id":"{id}""#).into_bytes();
+            let (proxy, cuts) = receiver::cutting_proxy(upstream, marker).await;
+            let name = format!("rabbit-{id}");
+            w.accept(id, &[&name]).await;
+            let relay = w.relay(vec![broker_route(
+                &name,
+                &rabbit.url(Some(proxy)),
+                idempotent,
+            )]);
+            relay.run_once().await.unwrap();
+            assert_eq!(cuts.load(Ordering::SeqCst), 1, "the fault happened");
+            let d = w.delivery(id).await;
+            assert_eq!(d.state, want, "{id}: {:?}", d.last_error);
+            assert_eq!(
+                rabbit.take().await.len(),
+                1,
+                "{id}: the broker did store it"
+            );
+            if idempotent {
+                // The same relay opens a new connection (the network healed) and publishes
+                // again with the same key; consumers deduplicate on message_id.
+                w.clock.advance(Duration::from_secs(3600));
+                assert_eq!(relay.run_once().await.unwrap().delivered, 1);
+                let again = rabbit.take().await;
+                assert_eq!(again.len(), 1);
+                assert_eq!(
+                    again[0]
+                        .properties
+                        .message_id()
+                        .as_ref()
+                        .map(|s| s.as_str()),
+                    Some("shop:evt_idem")
+                );
+            } else {
+                w.clock.advance(Duration::from_secs(24 * 3600));
+                assert_eq!(relay.run_once().await.unwrap().claimed, 0, "parked");
+            }
+        }
+        rabbit.drop_all().await;
+    });
+}

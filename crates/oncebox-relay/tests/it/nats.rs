@@ -1,0 +1,200 @@
+//! NATS JetStream routes against the running server (`ONCEBOX_NATS_URL`): messages stored with
+//! `Nats-Msg-Id` = the key and delivered only on the stream's PubAck; a redelivered key stored
+//! once by the stream's duplicate window; no stream, or no server, retried; a connection lost
+//! before the PubAck is an unknown outcome.
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use async_nats::jetstream::stream::{Config, StorageType, Stream};
+use async_nats::jetstream::{self, Context};
+use oncebox_core::delivery::DeliveryState;
+use oncebox_core::relay_store::DeliveryStore;
+use oncebox_core::{Clock, Key};
+use oncebox_testkit::{run, service_url};
+
+use crate::{World, broker_route, closed_port, receiver, unique, with_query};
+
+/// A test's own stream capturing one subject, deleted by `drop_all`.
+struct JetStream {
+    base: String,
+    js: Context,
+    stream: Stream,
+    name: String,
+    subject: String,
+}
+
+impl JetStream {
+    async fn new() -> Option<JetStream> {
+        let base = service_url("ONCEBOX_NATS_URL")?;
+        let client = async_nats::connect(base.as_str())
+            .await
+            .expect("the test connects to NATS");
+        let js = jetstream::new(client);
+        // Stream names may not contain dots; subjects are dot-separated tokens.
+        let name = unique("stream");
+        let subject = format!("oncebox.test.{}", uuid::Uuid::new_v4().simple());
+        let stream = js
+            .create_stream(Config {
+                name: name.clone(),
+                subjects: vec![subject.clone()],
+                storage: StorageType::Memory,
+                // The dedup window the test relies on, stated rather than defaulted.
+                duplicate_window: Duration::from_secs(120),
+                ..Config::default()
+            })
+            .await
+            .expect("JetStream is enabled on the server");
+        Some(JetStream {
+            base,
+            js,
+            stream,
+            name,
+            subject,
+        })
+    }
+
+    /// The route URL to this test's subject, through `server` (a proxy) when given.
+    fn url(&self, server: Option<std::net::SocketAddr>) -> String {
+        let mut base = reqwest::Url::parse(&self.base).unwrap();
+        if let Some(addr) = server {
+            base.set_port(Some(addr.port())).unwrap();
+        }
+        with_query(base.as_str(), &[("subject", &self.subject)])
+    }
+
+    async fn stored(&self) -> u64 {
+        self.stream.get_info().await.unwrap().state.messages
+    }
+
+    async fn drop_all(self) {
+        self.js.delete_stream(&self.name).await.unwrap();
+    }
+}
+
+#[test]
+fn jetstream_route_stores_messages_with_the_key_as_nats_msg_id_and_a_redelivered_key_once() {
+    run(async {
+        let Some(nats) = JetStream::new().await else {
+            return;
+        };
+        let w = World::new();
+        w.accept("evt_1", &["stream"]).await;
+        let relay = w.relay(vec![broker_route("stream", &nats.url(None), false)]);
+        let out = relay.run_once().await.unwrap();
+        assert_eq!((out.claimed, out.delivered), (1, 1), "{out:?}");
+        let d = w.delivery("evt_1").await;
+        assert_eq!((d.state, d.last_status), (DeliveryState::Delivered, None));
+        assert_eq!(nats.stored().await, 1);
+        let m = nats.stream.get_raw_message(1).await.unwrap();
+        let header = |name: &str| m.headers.get(name).map(|v| v.as_str().to_owned());
+        assert_eq!(header("Nats-Msg-Id").as_deref(), Some("shop:evt_1"));
+        assert_eq!(header("Idempotency-Key").as_deref(), Some("shop:evt_1"));
+        assert_eq!(header("Oncebox-Attempt").as_deref(), Some("1"));
+        assert_eq!(header("Content-Type").as_deref(), Some("application/json"));
+        assert_eq!(&m.payload[..], br#"{"id":"evt_1"}"#);
+
+        // An operator replays the event: same key, inside the stream's duplicate window.
+        let key = Key::parse("shop", "evt_1").unwrap();
+        assert_eq!(w.inbox.redeliver(&key, w.clock.now()).await.unwrap(), 1);
+        assert_eq!(relay.run_once().await.unwrap().delivered, 1);
+        assert_eq!(nats.stored().await, 1, "the stream kept one message");
+        let d = w.delivery("evt_1").await;
+        assert_eq!((d.state, d.attempts), (DeliveryState::Delivered, 2));
+        let attempts = w.inbox.attempts(d.id).await.unwrap();
+        assert_eq!(attempts.len(), 2);
+        assert!(
+            attempts.iter().all(|a| a.error.is_none()),
+            "both confirmed: {attempts:?}"
+        );
+        nats.drop_all().await;
+    });
+}
+
+#[test]
+fn jetstream_subject_without_a_stream_is_not_sent_and_retried() {
+    run(async {
+        let Some(base) = service_url("ONCEBOX_NATS_URL") else {
+            return;
+        };
+        let w = World::new();
+        w.accept("evt_s", &["stream"]).await;
+        let subject = format!("oncebox.nostream.{}", uuid::Uuid::new_v4().simple());
+        let url = with_query(&base, &[("subject", &subject)]);
+        // Not idempotent: "no responders" proves nothing was stored, so it must not be parked.
+        let relay = w.relay(vec![broker_route("stream", &url, false)]);
+        assert_eq!(relay.run_once().await.unwrap().retrying, 1);
+        let d = w.delivery("evt_s").await;
+        assert_eq!(d.state, DeliveryState::Retrying);
+        assert!(d.last_error.unwrap_or_default().contains("no stream"));
+    });
+}
+
+#[test]
+fn jetstream_server_down_is_retried_never_delivered() {
+    run(async {
+        let w = World::new();
+        w.accept("evt_d", &["stream"]).await;
+        let url = format!("nats://{}?subject=orders.paid", closed_port());
+        let relay = w.relay(vec![broker_route("stream", &url, false)]);
+        for _ in 0..2 {
+            let out = relay.run_once().await.unwrap();
+            assert_eq!((out.delivered, out.retrying), (0, 1), "{out:?}");
+            w.clock.advance(Duration::from_secs(3600));
+        }
+        let d = w.delivery("evt_d").await;
+        assert_eq!((d.state, d.attempts), (DeliveryState::Retrying, 2));
+        assert!(d.last_error.is_some());
+    });
+}
+
+#[test]
+fn jetstream_connection_lost_before_the_puback_is_unknown_uncertain_or_retried_by_the_route() {
+    run(async {
+        let Some(nats) = JetStream::new().await else {
+            return;
+        };
+        let server = reqwest::Url::parse(&nats.base).unwrap();
+        let upstream = format!(
+            "{}:{}",
+            server.host_str().unwrap(),
+            server.port().unwrap_or(4222)
+        );
+        let upstream = tokio::net::lookup_host(upstream)
+            .await
+            .unwrap()
+            .next()
+            .unwrap();
+        let w = World::new();
+        for (id, idempotent, want, stored) in [
+            ("evt_plain", false, DeliveryState::Uncertain, 1),
+            ("evt_idem", true, DeliveryState::Retrying, 2),
+        ] {
+            // The stream stores the message and acks it; the PubAck never arrives.
+            let marker = format!(r#""id":"{id}""#).into_bytes();
+            let (proxy, cuts) = receiver::cutting_proxy(upstream, marker).await;
+            let name = format!("stream-{id}");
+            w.accept(id, &[&name]).await;
+            let mut route = broker_route(&name, &nats.url(Some(proxy)), idempotent);
+            // The wait for the lost PubAck.
+            route.timeout = Duration::from_secs(2);
+            let relay = w.relay(vec![route]);
+            relay.run_once().await.unwrap();
+            assert_eq!(cuts.load(Ordering::SeqCst), 1, "the fault happened");
+            let d = w.delivery(id).await;
+            assert_eq!(d.state, want, "{id}: {:?}", d.last_error);
+            assert_eq!(nats.stored().await, stored, "{id}: the stream did store it");
+        }
+        // The network heals: a relay reaching the server directly publishes the idempotent
+        // route's message again; the stream recognises the key and stores nothing new.
+        w.clock.advance(Duration::from_secs(3600));
+        let healed = w.relay(vec![broker_route("stream-evt_idem", &nats.url(None), true)]);
+        assert_eq!(healed.run_once().await.unwrap().delivered, 1);
+        assert_eq!(
+            nats.stored().await,
+            2,
+            "the duplicate window dropped the re-publish"
+        );
+        nats.drop_all().await;
+    });
+}

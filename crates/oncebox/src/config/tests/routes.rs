@@ -1,0 +1,119 @@
+//! Route URLs: http(s) receivers, RabbitMQ exchanges and NATS subjects are accepted; a bad URL
+//! names the part to fix; HTTP-only settings on a broker route are refused by field.
+
+use oncebox_relay::Target;
+
+use super::{assert_mentions, err, ok, shop};
+
+/// `[sources.shop]` and `[routes.r]` with `url` and `extra` lines.
+fn routed(url: &str, extra: &str) -> String {
+    shop(&format!(
+        "[routes.r]\nsources = [\"shop\"]\nurl = \"{url}\"\n{extra}\n"
+    ))
+}
+
+fn target_of(url: &str) -> Target {
+    let s = ok(&routed(url, ""));
+    let route = s
+        .gateway
+        .routes
+        .iter()
+        .find(|r| r.name == "r")
+        .expect("route r");
+    assert_eq!(route.url, url, "the URL is kept as written");
+    Target::parse(&route.url).expect("a validated URL parses")
+}
+
+#[test]
+fn broker_urls_are_accepted_beside_http() {
+    assert_eq!(target_of("https://example.com/hooks"), Target::Http);
+    let Target::Amqp(a) = target_of(
+        "amqp://guest:guest@127.0.0.1:5672/%2f?exchange=orders&routing_key=paid&heartbeat=30",
+    ) else {
+        panic!("an AMQP target")
+    };
+    assert_eq!(
+        (a.exchange.as_str(), a.routing_key.as_str()),
+        ("orders", "paid")
+    );
+    // The default exchange, addressed to a queue by name.
+    let Target::Amqp(q) = target_of("amqp://127.0.0.1/%2f?exchange=&routing_key=orders") else {
+        panic!("an AMQP target")
+    };
+    assert_eq!(
+        (q.exchange.as_str(), q.routing_key.as_str()),
+        ("", "orders")
+    );
+    let Target::Nats(n) = target_of("nats://127.0.0.1:4222?subject=orders.paid") else {
+        panic!("a NATS target")
+    };
+    assert_eq!(n.subject, "orders.paid");
+}
+
+#[test]
+fn a_missing_or_unknown_url_is_refused_by_field() {
+    let e = err(&shop("[routes.r]\nsources = [\"shop\"]\n"));
+    assert_mentions(&e, &["routes.r.url", "is required"]);
+    let e = err(&routed("ftp://example.com/x", ""));
+    assert_mentions(&e, &["routes.r.url", "\"ftp\"", "amqp://", "nats://"]);
+    let e = err(&routed("not a url", ""));
+    assert_mentions(&e, &["routes.r.url", "not a URL"]);
+}
+
+#[test]
+fn amqp_urls_need_an_exchange_and_take_no_stray_parameters() {
+    for (url, says) in [
+        ("amqp://127.0.0.1/%2f", "needs the query parameter exchange"),
+        ("amqp://127.0.0.1/%2f?exchange=", "routing_key"),
+        ("amqp://127.0.0.1/%2f?exchange=a&exchange=b", "given twice"),
+        (
+            "amqp://127.0.0.1/%2f?exchange=a&queue=q",
+            "unknown query parameter \"queue\"",
+        ),
+    ] {
+        assert_mentions(&err(&routed(url, "")), &["routes.r.url", says]);
+    }
+}
+
+#[test]
+fn nats_urls_need_a_publishable_subject() {
+    for (url, says) in [
+        ("nats://127.0.0.1:4222", "needs the query parameter subject"),
+        ("nats://127.0.0.1:4222?subject=orders.*", "wildcards"),
+        ("nats://127.0.0.1:4222?subject=orders..paid", "empty token"),
+        (
+            "nats://127.0.0.1:4222?subject=a&stream=s",
+            "unknown query parameter \"stream\"",
+        ),
+    ] {
+        assert_mentions(&err(&routed(url, "")), &["routes.r.url", says]);
+    }
+}
+
+#[test]
+fn http_only_settings_are_refused_on_broker_routes() {
+    let amqp = "amqp://127.0.0.1/%2f?exchange=orders&routing_key=paid";
+    let e = err(&routed(
+        amqp,
+        "signing_secret = \"whsec_cm91dGUtc2lnbmluZy1rZXk=\"",
+    ));
+    assert_mentions(&e, &["routes.r.signing_secret", "only to http(s) routes"]);
+    assert!(!e.contains("whsec_"), "the secret is never echoed: {e}");
+    let e = err(&routed(amqp, "signing_secret_env = \"UNSET_SECRET\""));
+    assert_mentions(
+        &e,
+        &["routes.r.signing_secret_env", "only to http(s) routes"],
+    );
+    assert!(!e.contains("is not set"), "one message, not two: {e}");
+    let nats = "nats://127.0.0.1:4222?subject=orders.paid";
+    let e = err(&routed(
+        nats,
+        "status_url = \"http://127.0.0.1:9000/s/{key}\"",
+    ));
+    assert_mentions(&e, &["routes.r.status_url", "only to http(s) routes"]);
+    // The same settings stay valid on an HTTP route.
+    ok(&routed(
+        "http://127.0.0.1:9000/hooks",
+        "signing_secret = \"whsec_cm91dGUtc2lnbmluZy1rZXk=\"\nstatus_url = \"http://127.0.0.1:9000/s/{key}\"",
+    ));
+}
