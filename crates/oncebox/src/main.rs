@@ -2,10 +2,11 @@
 
 use std::io::Write;
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Result, bail};
 use clap::{Parser, Subcommand};
 use oncebox_core::relay_store::DeliveryStore;
 use oncebox_core::store::{EventFilter, EventStore};
