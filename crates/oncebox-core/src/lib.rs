@@ -20,6 +20,6 @@ pub use clock::{Clock, ManualClock, SystemClock, Timestamp};
 pub use event::{Event, Meta, OutboxMessage};
 pub use fingerprint::{Fingerprint, FingerprintMode, PayloadError};
 pub use key::{EventId, InvalidKey, Key, Source};
-pub use lease::{Begun, Lease, LeaseError};
+pub use lease::{Begun, Lease, LeaseError, Record, RecordState, Resolution};
 pub use outcome::{Invalid, ProcessError, Processed, Response, ResponseKind, Unavailable};
 pub use retention::Retention;

@@ -288,12 +288,14 @@ impl<S: DeliveryStore> Relay<S> {
         Ok(())
     }
 
-    /// Runs rounds until `shutdown` completes; waits `idle_poll` after a round with nothing to
-    /// do. Shutdown is checked between rounds, so an attempt in progress finishes and is
-    /// recorded.
+    /// Runs rounds until `shutdown` completes; after a round with nothing to do waits for the
+    /// store's wake-up (PostgreSQL's `NOTIFY`) or at most `idle_poll`. Shutdown is checked
+    /// between rounds, so an attempt in progress finishes and is recorded.
     pub async fn run(&self, shutdown: impl Future<Output = ()>) {
         tokio::pin!(shutdown);
         let mut gauges_due = self.clock.now();
+        // A store that is told about new work starts listening before the first claim.
+        self.store.wait_for_work(Duration::ZERO).await;
         loop {
             let busy = match self.run_once().await {
                 Ok(o) => o.claimed > 0,
@@ -318,7 +320,7 @@ impl<S: DeliveryStore> Relay<S> {
             tokio::select! {
                 biased;
                 () = &mut shutdown => return,
-                () = tokio::time::sleep(pause) => {}
+                () = self.store.wait_for_work(pause) => {}
             }
         }
     }
