@@ -1,1 +1,317 @@
-//! `DeliveryStore` on PostgreSQL (the relay's claims and the operator's verbs).
+//! `DeliveryStore` on PostgreSQL: relays on any number of nodes claim with
+//! `FOR UPDATE SKIP LOCKED` and record under a fenced lease; operators' actions that make work
+//! due `NOTIFY` listening relays. Listings and gauges are in `deliveries/read.rs`.
+
+mod read;
+
+use std::sync::LazyLock;
+use std::time::Duration;
+
+use oncebox_core::delivery::Verdict;
+use oncebox_core::relay_store::{
+    AttemptRecord, Claimed, DeliveryFilter, DeliveryGauges, DeliveryStore, DeliveryView, Resolve,
+};
+use oncebox_core::store::Page;
+use oncebox_core::{Key, LeaseError, Timestamp, Unavailable};
+use sqlx::Row;
+use sqlx::postgres::PgRow;
+
+use self::read::count;
+use crate::error::{commit_failed, storage};
+use crate::inbox::{Inbox, notify};
+
+fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// The claim, one statement under READ COMMITTED. `$1` is now, `$2` the limit, `$3` the lease's
+/// end, `$4` the routes (only when some are given, so the planner sees no `IS NULL` branch).
+///
+/// Each claimable state is its own arm reading one range of `oncebox_outbox_due` in order and
+/// stopping at the limit, as on SQLite; an `in_flight` row is due once its lease expired (its
+/// relay died mid-attempt, and the delivery goes out again with the same key). Each arm locks
+/// its rows with `FOR UPDATE SKIP LOCKED`: a row another claimer is taking right now is passed
+/// over, not waited for, and the arm reads on to the next due row, so concurrent relays split
+/// a backlog instead of queueing on each other. A row changed and committed since the
+/// statement's snapshot is re-checked against the arm's condition when locked (and left out if
+/// no longer due). The arms are merged oldest first and cut to the limit; rows an arm locked
+/// but the cut dropped are free again when the statement ends, microseconds later.
+///
+/// Every claimed row gets a new fencing token from the sequence: whoever held it before carries
+/// a smaller one and can no longer record (G5). The rows stay locked until the `UPDATE` is done,
+/// so nothing can change them between the pick and the lease.
+fn claim_sql(routes: bool) -> String {
+    let only = if routes {
+        " AND destination = ANY($4)"
+    } else {
+        ""
+    };
+    let arm = |name: &str, due: &str| {
+        format!(
+            "{name} AS MATERIALIZED (
+               SELECT id, next_attempt_at FROM oncebox_outbox WHERE {due}{only}
+               ORDER BY next_attempt_at, id LIMIT $2 FOR UPDATE SKIP LOCKED)"
+        )
+    };
+    format!(
+        "WITH {}, {}, {},
+         picked AS (
+           SELECT id FROM (SELECT * FROM pending UNION ALL SELECT * FROM retrying
+                           UNION ALL SELECT * FROM expired) AS due
+           ORDER BY next_attempt_at, id LIMIT $2),
+         claimed AS (
+           UPDATE oncebox_outbox o SET state = 'in_flight', lease_token = nextval('oncebox_fence'),
+             lease_expires_at = $3, updated_at = $1
+           FROM picked WHERE o.id = picked.id
+           RETURNING o.id, o.destination, o.idempotency_key, o.payload, o.content_type, o.source,
+             o.event_id, o.attempts, o.created_at, o.lease_token, o.next_attempt_at)
+         SELECT * FROM claimed ORDER BY next_attempt_at, id",
+        arm("pending", "state = 'pending' AND next_attempt_at <= $1"),
+        arm("retrying", "state = 'retrying' AND next_attempt_at <= $1"),
+        arm("expired", "state = 'in_flight' AND lease_expires_at <= $1"),
+    )
+}
+
+/// Built once each: sqlx prepares a statement per connection and SQL text.
+static CLAIM_ANY_ROUTE: LazyLock<String> = LazyLock::new(|| claim_sql(false));
+static CLAIM_ROUTES: LazyLock<String> = LazyLock::new(|| claim_sql(true));
+
+/// A row the claim leased whose stored key no longer validates: its id, token and why.
+type Invalid = (i64, i64, String);
+
+fn claimed(r: &PgRow, expires_at: Timestamp) -> Result<Result<Claimed, Invalid>, sqlx::Error> {
+    let (source, event_id): (String, String) = (r.try_get(5)?, r.try_get(6)?);
+    let (id, token): (i64, i64) = (r.try_get(0)?, r.try_get(9)?);
+    Ok(match Key::parse(&source, &event_id) {
+        Ok(key) => Ok(Claimed {
+            id,
+            route: r.try_get(1)?,
+            key,
+            idempotency_key: r.try_get(2)?,
+            payload: r.try_get(3)?,
+            content_type: r.try_get(4)?,
+            attempts: count(r.try_get(7)?),
+            created_at: Timestamp(r.try_get(8)?),
+            token,
+            lease_expires_at: expires_at,
+        }),
+        Err(e) => Err((id, token, e.to_string())),
+    })
+}
+
+impl Inbox {
+    /// Rows are written from validated keys only. One that no longer validates can never be
+    /// handed out, and left due it would take a slot of every claim forever: park it as dead,
+    /// visible to operators, with the reason. The token guard keeps a row that changed hands.
+    async fn park_invalid(&self, id: i64, token: i64, why: &str, now: Timestamp) {
+        let parked = sqlx::query(
+            "UPDATE oncebox_outbox SET state = 'dead', last_error = $3, lease_token = NULL,
+               lease_expires_at = NULL, updated_at = $4
+             WHERE id = $1 AND lease_token = $2",
+        )
+        .bind(id)
+        .bind(token)
+        .bind(format!("stored key no longer validates: {why}"))
+        .bind(now.millis())
+        .execute(&self.pool)
+        .await;
+        if let Err(e) = parked {
+            // Its lease expires and the next claim tries again; the valid claims stand.
+            tracing::warn!(id, error = %e, "could not park a delivery with an invalid key");
+        }
+    }
+
+    /// Runs `sql` (an `UPDATE` making deliveries due, binding `bind`) and, when it changed
+    /// something, `NOTIFY`s relays in the same transaction: PostgreSQL delivers the
+    /// notification only on commit, so a woken relay's claim sees the rows.
+    async fn make_due<'q>(
+        &self,
+        query: sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>,
+    ) -> Result<u64, Unavailable> {
+        let mut tx = self.pool.begin().await.map_err(|e| storage(&e))?;
+        let n = query
+            .execute(&mut *tx)
+            .await
+            .map_err(|e| storage(&e))?
+            .rows_affected();
+        if n > 0 {
+            notify(&mut tx).await.map_err(|e| storage(&e))?;
+        }
+        tx.commit().await.map_err(|e| commit_failed(&e))?;
+        Ok(n)
+    }
+}
+
+impl DeliveryStore for Inbox {
+    async fn claim(
+        &self,
+        now: Timestamp,
+        limit: usize,
+        lease: Duration,
+        routes: &[String],
+    ) -> Result<Vec<Claimed>, Unavailable> {
+        let expires_at = now.plus(lease);
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let sql = if routes.is_empty() {
+            CLAIM_ANY_ROUTE.as_str()
+        } else {
+            CLAIM_ROUTES.as_str()
+        };
+        let mut query = sqlx::query(sql)
+            .bind(now.millis())
+            .bind(limit)
+            .bind(expires_at.millis());
+        if !routes.is_empty() {
+            query = query.bind(routes);
+        }
+        let rows = query.fetch_all(&self.pool).await.map_err(|e| storage(&e))?;
+        let mut out = Vec::with_capacity(rows.len());
+        for r in &rows {
+            match claimed(r, expires_at).map_err(|e| storage(&e))? {
+                Ok(c) => out.push(c),
+                Err((id, token, why)) => self.park_invalid(id, token, &why, now).await,
+            }
+        }
+        Ok(out)
+    }
+
+    async fn record(
+        &self,
+        claimed: &Claimed,
+        attempt: AttemptRecord,
+        verdict: Verdict,
+        now: Timestamp,
+    ) -> Result<(), LeaseError> {
+        let now_ms = now.millis();
+        // (state, next_attempt_at, delivered_at, last_error); `None` keeps the stored value.
+        let (state, next, delivered_at, error) = match &verdict {
+            Verdict::Delivered => ("delivered", None, Some(now_ms), attempt.error.clone()),
+            Verdict::Retry(wait) => (
+                "retrying",
+                Some(now.plus(*wait).millis()),
+                None,
+                attempt.error.clone(),
+            ),
+            Verdict::Dead(reason) => (
+                "dead",
+                None,
+                None,
+                Some(attempt.error.clone().unwrap_or_else(|| reason.clone())),
+            ),
+            // `Uncertain`, and any verdict added later: parking it for reconciliation neither
+            // claims an outcome nor risks a second effect.
+            _ => ("uncertain", None, None, attempt.error.clone()),
+        };
+        let status = attempt.status.map(i32::from);
+        // The fencing check, the verdict and the attempt row are one statement, so one
+        // transaction: nothing slips in between, and a fenced relay writes nothing, not even its
+        // attempt (counting it would shrink the new holder's retry budget, and its row would show
+        // operators an outcome that decided nothing). An expired lease is refused even if nobody
+        // took the delivery over yet, because someone may be about to.
+        let n = sqlx::query(
+            "WITH verdict AS (
+               UPDATE oncebox_outbox SET state = $4, attempts = attempts + 1, last_status = $5,
+                 last_error = $6, next_attempt_at = coalesce($7, next_attempt_at),
+                 delivered_at = coalesce($8, delivered_at), lease_token = NULL,
+                 lease_expires_at = NULL, updated_at = $3
+               WHERE id = $1 AND state = 'in_flight' AND lease_token = $2 AND lease_expires_at > $3
+               RETURNING id)
+             INSERT INTO oncebox_attempts (delivery_id, started_at, duration_ms, status, error)
+             SELECT id, $9, $10, $5, $11 FROM verdict",
+        )
+        .bind(claimed.id)
+        .bind(claimed.token)
+        .bind(now_ms)
+        .bind(state)
+        .bind(status)
+        .bind(error)
+        .bind(next)
+        .bind(delivered_at)
+        .bind(attempt.started_at.millis())
+        .bind(millis(attempt.duration))
+        .bind(&attempt.error)
+        .execute(&self.pool)
+        .await
+        .map_err(|e| LeaseError::Unavailable(storage(&e)))?;
+        if n.rows_affected() == 1 {
+            Ok(())
+        } else {
+            Err(LeaseError::Fenced)
+        }
+    }
+
+    async fn deliveries(&self, filter: DeliveryFilter) -> Result<Page<DeliveryView>, Unavailable> {
+        read::page(&self.pool, &filter)
+            .await
+            .map_err(|e| storage(&e))
+    }
+
+    async fn attempts(&self, id: i64) -> Result<Vec<AttemptRecord>, Unavailable> {
+        read::attempts(&self.pool, id)
+            .await
+            .map_err(|e| storage(&e))
+    }
+
+    async fn retry(&self, id: i64, now: Timestamp) -> Result<bool, Unavailable> {
+        let query = sqlx::query(
+            "UPDATE oncebox_outbox SET state = 'pending', next_attempt_at = $2, updated_at = $2
+             WHERE id = $1 AND state IN ('dead', 'uncertain', 'retrying')",
+        )
+        .bind(id)
+        .bind(now.millis());
+        Ok(self.make_due(query).await? == 1)
+    }
+
+    async fn resolve(
+        &self,
+        id: i64,
+        resolution: Resolve,
+        note: &str,
+        now: Timestamp,
+    ) -> Result<bool, Unavailable> {
+        let (state, delivered_at) = match resolution {
+            Resolve::Delivered => ("delivered", Some(now.millis())),
+            Resolve::Dead => ("dead", None),
+            // A settlement this build does not know changes nothing.
+            _ => return Ok(false),
+        };
+        // Never in_flight: a relay holds it and its outcome is on the way; never delivered:
+        // that is final.
+        let n = sqlx::query(
+            "UPDATE oncebox_outbox SET state = $2, note = $3,
+               delivered_at = coalesce($4, delivered_at), updated_at = $5
+             WHERE id = $1 AND state IN ('uncertain', 'dead', 'retrying')",
+        )
+        .bind(id)
+        .bind(state)
+        .bind(note)
+        .bind(delivered_at)
+        .bind(now.millis())
+        .execute(&self.pool)
+        .await
+        .map_err(|e| storage(&e))?;
+        Ok(n.rows_affected() == 1)
+    }
+
+    async fn redeliver(&self, key: &Key, now: Timestamp) -> Result<u64, Unavailable> {
+        // The row, and with it the idempotency key, stays the same: a receiver that honours the
+        // key applies the replay at most once.
+        let query = sqlx::query(
+            "UPDATE oncebox_outbox SET state = 'pending', next_attempt_at = $3, updated_at = $3
+             WHERE source = $1 AND event_id = $2 AND state <> 'in_flight'",
+        )
+        .bind(key.source.as_str())
+        .bind(key.event_id.as_str())
+        .bind(now.millis());
+        self.make_due(query).await
+    }
+
+    async fn gauges(&self) -> Result<DeliveryGauges, Unavailable> {
+        read::gauges(&self.pool).await.map_err(|e| storage(&e))
+    }
+
+    /// Woken by `NOTIFY` on [`crate::OUTBOX_CHANNEL`] (see `listen`), else after `at_most`.
+    async fn wait_for_work(&self, at_most: Duration) {
+        self.wake.wait(at_most).await;
+    }
+}

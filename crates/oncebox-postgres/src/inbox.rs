@@ -33,6 +33,8 @@ pub struct Inbox {
     pub(crate) clock: Arc<dyn Clock>,
     pub(crate) batcher: Batcher,
     pub(crate) deadline: Duration,
+    /// Relay wake-ups (`LISTEN`), started by the first `wait_for_work`.
+    pub(crate) wake: crate::listen::Wake,
 }
 
 impl std::fmt::Debug for Inbox {
@@ -91,6 +93,7 @@ impl Inbox {
         drop(conn);
         let batcher = Batcher::start(pool.clone(), options.clone());
         Ok(Inbox {
+            wake: crate::listen::Wake::new(&pool),
             pool,
             clock: options.clock,
             batcher,

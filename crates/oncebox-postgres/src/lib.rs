@@ -19,6 +19,7 @@ mod claim;
 mod deliveries;
 mod error;
 mod inbox;
+mod listen;
 mod options;
 mod read;
 mod schema;

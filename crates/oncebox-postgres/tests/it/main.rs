@@ -1,8 +1,13 @@
 //! Integration tests of the PostgreSQL backend on a real server (`ONCEBOX_POSTGRES_URL`): the
 //! conformance suite and the model-based test, batched ingest, faults.
 
+mod claims;
+mod database;
+mod deliveries;
 mod faults;
 mod harness;
 mod ingest;
+mod relay;
+mod wake;
 
 oncebox_testkit::conformance!(harness::Postgres);

@@ -1,0 +1,212 @@
+//! Relays on several nodes claiming from one outbox: `FOR UPDATE SKIP LOCKED` passes over rows
+//! another claimer holds, so concurrent claims split a backlog, never share a delivery, and
+//! never queue behind each other.
+
+use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::future::join_all;
+use oncebox_core::relay_store::{Claimed, DeliveryFilter, DeliveryStore};
+use oncebox_core::store::{EventStore, Ingest};
+use oncebox_core::{Clock, ManualClock, Processed};
+use oncebox_postgres::Inbox;
+use oncebox_postgres::sqlx;
+use oncebox_testkit::{EPOCH, event, run};
+use tokio::sync::Barrier;
+
+use crate::harness;
+
+const LEASE: Duration = Duration::from_secs(30);
+/// Ample for a claim that does not wait on locks; one that did would block until the holder
+/// ends, which the tests below never do before the deadline.
+const PROMPT: Duration = Duration::from_secs(10);
+
+/// A new event from `shop` routed to `routes`, as the gateway hands it over.
+pub fn routed(id: &str, routes: &[&str]) -> Ingest {
+    Ingest {
+        event: event("shop", id, 1),
+        order: None,
+        accepted: b"accepted".to_vec(),
+        stale: b"stale".to_vec(),
+        routes: routes.iter().map(|r| (*r).to_owned()).collect(),
+    }
+}
+
+/// Ingests `n` events routed to `hooks`, concurrently, as many senders would.
+async fn backlog(inbox: &Inbox, n: usize) {
+    let all = (0..n).map(|i| inbox.ingest(routed(&format!("evt-{i}"), &["hooks"])));
+    for out in join_all(all).await {
+        assert!(matches!(out, Ok(Processed::Applied(_))), "{out:?}");
+    }
+}
+
+/// Two nodes on one schema: each has its own pool, as two relay processes would.
+async fn two_nodes(clock: &ManualClock) -> (Inbox, Inbox) {
+    let schema = harness::schema();
+    let a = Inbox::open(harness::options(&schema, clock))
+        .await
+        .expect("open");
+    let b = Inbox::open(harness::options(&schema, clock))
+        .await
+        .expect("open");
+    (a, b)
+}
+
+fn ids(claimed: &[Claimed]) -> Vec<i64> {
+    claimed.iter().map(|c| c.id).collect()
+}
+
+#[test]
+fn claim_passes_over_deliveries_another_claimer_holds_without_waiting_for_them() {
+    if harness::url().is_none() {
+        return;
+    }
+    run(async {
+        let clock = ManualClock::new(EPOCH);
+        let (a, b) = two_nodes(&clock).await;
+        backlog(&a, 5).await;
+        // Another claimer in the middle of its statement: the two oldest rows locked.
+        let mut holder = a.pool().begin().await.expect("begin");
+        let held: Vec<i64> =
+            sqlx::query_scalar("SELECT id FROM oncebox_outbox ORDER BY id LIMIT 2 FOR UPDATE")
+                .fetch_all(&mut *holder)
+                .await
+                .expect("lock");
+        let now = clock.now();
+        let first = tokio::time::timeout(PROMPT, b.claim(now, 10, LEASE, &[]))
+            .await
+            .expect("a claim never waits for a locked row")
+            .expect("claim");
+        assert_eq!(first.len(), 3, "the three rows nobody holds");
+        assert!(ids(&first).iter().all(|id| !held.contains(id)), "{held:?}");
+        holder.rollback().await.expect("rollback");
+        let second = b.claim(now, 10, LEASE, &[]).await.expect("claim");
+        assert_eq!(ids(&second), held, "free again once the holder ended");
+    });
+}
+
+/// One node's claim in a round: what it got, and when its statement started and ended.
+type Timed = (Vec<Claimed>, Instant, Instant);
+
+#[test]
+fn concurrent_claimers_split_a_backlog_without_claiming_a_delivery_twice() {
+    if harness::url().is_none() {
+        return;
+    }
+    run(async {
+        const EVENTS: usize = 240;
+        const BATCH: usize = 7;
+        let clock = ManualClock::new(EPOCH);
+        let (a, b) = two_nodes(&clock).await;
+        backlog(&a, EVENTS).await;
+        let now = clock.now();
+        // Both claim at once each round (the barrier), and stop after the first round in which
+        // both found nothing.
+        let barrier = Arc::new(Barrier::new(2));
+        let rounds: Arc<Mutex<Vec<[Option<Timed>; 2]>>> = Arc::default();
+        let node = |me: usize, inbox: Inbox| {
+            let (barrier, rounds) = (Arc::clone(&barrier), Arc::clone(&rounds));
+            tokio::spawn(async move {
+                for round in 0.. {
+                    barrier.wait().await;
+                    let start = Instant::now();
+                    let got = inbox.claim(now, BATCH, LEASE, &[]).await.expect("claim");
+                    let end = Instant::now();
+                    {
+                        let mut rounds = rounds.lock().expect("lock");
+                        if rounds.len() <= round {
+                            rounds.push([None, None]);
+                        }
+                        rounds[round][me] = Some((got, start, end));
+                    }
+                    barrier.wait().await;
+                    let rounds = rounds.lock().expect("lock");
+                    let both_empty = rounds[round]
+                        .iter()
+                        .all(|r| r.as_ref().is_some_and(|(got, _, _)| got.is_empty()));
+                    if both_empty {
+                        return;
+                    }
+                }
+            })
+        };
+        let (ta, tb) = (node(0, a.clone()), node(1, b));
+        ta.await.expect("node a");
+        tb.await.expect("node b");
+        let rounds: Vec<[Timed; 2]> = std::mem::take(&mut *rounds.lock().expect("lock"))
+            .into_iter()
+            .map(|[x, y]| [x.expect("a claimed"), y.expect("b claimed")])
+            .collect();
+        let mut seen = BTreeSet::new();
+        let mut tokens = BTreeSet::new();
+        let (mut both_got_rows, mut overlapped) = (0, 0);
+        for [(x, xs, xe), (y, ys, ye)] in &rounds {
+            for c in x.iter().chain(y) {
+                assert!(seen.insert(c.id), "delivery {} claimed twice", c.id);
+                assert!(tokens.insert(c.token), "token {} handed out twice", c.token);
+            }
+            if !x.is_empty() && !y.is_empty() {
+                both_got_rows += 1;
+                if xs < ye && ys < xe {
+                    overlapped += 1;
+                }
+            }
+        }
+        let listed = a
+            .deliveries(DeliveryFilter {
+                limit: 500,
+                ..DeliveryFilter::default()
+            })
+            .await
+            .expect("deliveries");
+        let all: BTreeSet<i64> = listed.items.iter().map(|d| d.id).collect();
+        assert_eq!(all.len(), EVENTS);
+        assert_eq!(seen, all, "together the claimers took every delivery");
+        assert!(
+            overlapped > 0,
+            "no round had both claims in flight at once ({both_got_rows} rounds where both got rows)"
+        );
+    });
+}
+
+#[test]
+fn a_delivery_whose_stored_key_no_longer_validates_is_parked_dead_not_handed_out() {
+    if harness::url().is_none() {
+        return;
+    }
+    run(async {
+        let clock = ManualClock::new(EPOCH);
+        let (a, _) = two_nodes(&clock).await;
+        // Older than the valid one, so it would head every claim if it were left due.
+        sqlx::query(
+            "INSERT INTO oncebox_outbox (destination, idempotency_key, payload, content_type,
+               source, event_id, created_at, next_attempt_at)
+             VALUES ('hooks', 'Not A Source:x', '', 'text/plain', 'Not A Source', 'x', $1, $1)",
+        )
+        .bind(clock.now().millis())
+        .execute(a.pool())
+        .await
+        .expect("insert");
+        clock.advance(Duration::from_secs(1));
+        backlog(&a, 1).await;
+        let got = a.claim(clock.now(), 1, LEASE, &[]).await.expect("claim");
+        assert_eq!(got, [], "the invalid row took the slot, and was parked");
+        let (state, error, token): (String, String, Option<i64>) = sqlx::query_as(
+            "SELECT state, last_error, lease_token FROM oncebox_outbox WHERE source = 'Not A Source'",
+        )
+        .fetch_one(a.pool())
+        .await
+        .expect("parked row");
+        assert_eq!((state.as_str(), token), ("dead", None));
+        assert!(
+            error.starts_with("stored key no longer validates"),
+            "{error}"
+        );
+        let next = a.claim(clock.now(), 1, LEASE, &[]).await.expect("claim");
+        assert_eq!(
+            next.iter().map(|c| c.key.to_string()).collect::<Vec<_>>(),
+            ["shop:evt-0"]
+        );
+    });
+}
