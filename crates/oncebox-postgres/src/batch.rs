@@ -57,7 +57,7 @@ impl BatchStats {
 }
 
 impl Batcher {
-    pub fn start(pool: PgPool, options: Options) -> Batcher {
+    pub fn start(pool: &PgPool, options: &Options) -> Batcher {
         let (sender, receiver) = flume::bounded::<Job>(options.queue_capacity.max(1));
         let stats = Arc::new(BatchStats::default());
         for _ in 0..options.batch_workers.max(1) {
@@ -118,7 +118,9 @@ async fn run(pool: &PgPool, options: &Options, stats: &BatchStats, mut jobs: Vec
         let answers = match batch(pool, options, &first).await {
             Ok(answers) => {
                 stats.commits.fetch_add(1, Ordering::Relaxed);
-                stats.requests.fetch_add(first.len() as u64, Ordering::Relaxed);
+                stats
+                    .requests
+                    .fetch_add(first.len() as u64, Ordering::Relaxed);
                 answers
             }
             Err(why) => first
@@ -148,10 +150,19 @@ async fn batch(pool: &PgPool, options: &Options, jobs: &[Job]) -> Result<Vec<Ans
     let ev = |i: usize| &jobs[i].ingest.event;
     let sources: Vec<&str> = order.iter().map(|i| ev(*i).key.source.as_str()).collect();
     let ids: Vec<&str> = order.iter().map(|i| ev(*i).key.event_id.as_str()).collect();
-    let prints: Vec<&[u8]> = order.iter().map(|i| &ev(*i).fingerprint.as_bytes()[..]).collect();
-    let responses: Vec<&[u8]> = order.iter().map(|i| &jobs[*i].ingest.accepted[..]).collect();
+    let prints: Vec<&[u8]> = order
+        .iter()
+        .map(|i| &ev(*i).fingerprint.as_bytes()[..])
+        .collect();
+    let responses: Vec<&[u8]> = order
+        .iter()
+        .map(|i| &jobs[*i].ingest.accepted[..])
+        .collect();
     let payloads: Vec<&[u8]> = order.iter().map(|i| &ev(*i).payload[..]).collect();
-    let types: Vec<Option<&str>> = order.iter().map(|i| ev(*i).meta.content_type.as_deref()).collect();
+    let types: Vec<Option<&str>> = order
+        .iter()
+        .map(|i| ev(*i).meta.content_type.as_deref())
+        .collect();
     let headers: Vec<Option<String>> = order.iter().map(|i| ev(*i).meta.header_lines()).collect();
 
     let mut tx = pool.begin().await.map_err(|e| storage(&e))?;
@@ -184,8 +195,14 @@ async fn batch(pool: &PgPool, options: &Options, jobs: &[Job]) -> Result<Vec<Ans
     };
 
     // Deliveries of the new events, one per route, in the same transaction.
-    let (mut dest, mut okey, mut opay, mut otype, mut osrc, mut oid) =
-        (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut dest, mut okey, mut opay, mut otype, mut osrc, mut oid) = (
+        Vec::new(),
+        Vec::new(),
+        Vec::new(),
+        Vec::new(),
+        Vec::new(),
+        Vec::new(),
+    );
     for &i in order.iter().filter(|i| is_new(**i)) {
         let e = ev(i);
         for route in &jobs[i].ingest.routes {
@@ -258,7 +275,10 @@ async fn batch(pool: &PgPool, options: &Options, jobs: &[Job]) -> Result<Vec<Ans
             )))));
             continue;
         }
-        let found = existing.get(&(key.source.as_str().to_owned(), key.event_id.as_str().to_owned()));
+        let found = existing.get(&(
+            key.source.as_str().to_owned(),
+            key.event_id.as_str().to_owned(),
+        ));
         let answer = match found {
             Some((stored, _, _)) if stored[..] != ingest.event.fingerprint.as_bytes()[..] => {
                 conflicts.push((i, stored.clone()));
@@ -282,10 +302,19 @@ async fn batch(pool: &PgPool, options: &Options, jobs: &[Job]) -> Result<Vec<Ans
         answers[i] = Some(answer);
     }
     if !conflicts.is_empty() {
-        let s: Vec<&str> = conflicts.iter().map(|(i, _)| ev(*i).key.source.as_str()).collect();
-        let e: Vec<&str> = conflicts.iter().map(|(i, _)| ev(*i).key.event_id.as_str()).collect();
+        let s: Vec<&str> = conflicts
+            .iter()
+            .map(|(i, _)| ev(*i).key.source.as_str())
+            .collect();
+        let e: Vec<&str> = conflicts
+            .iter()
+            .map(|(i, _)| ev(*i).key.event_id.as_str())
+            .collect();
         let st: Vec<&[u8]> = conflicts.iter().map(|(_, f)| &f[..]).collect();
-        let of: Vec<&[u8]> = conflicts.iter().map(|(i, _)| &ev(*i).fingerprint.as_bytes()[..]).collect();
+        let of: Vec<&[u8]> = conflicts
+            .iter()
+            .map(|(i, _)| &ev(*i).fingerprint.as_bytes()[..])
+            .collect();
         let p: Vec<&[u8]> = conflicts.iter().map(|(i, _)| &ev(*i).payload[..]).collect();
         sqlx::query(
             "INSERT INTO oncebox_conflicts (source, event_id, stored_fingerprint,
@@ -307,6 +336,10 @@ async fn batch(pool: &PgPool, options: &Options, jobs: &[Job]) -> Result<Vec<Ans
     tx.commit().await.map_err(|e| commit_failed(&e))?;
     Ok(answers
         .into_iter()
-        .map(|a| a.unwrap_or(Answer::Done(Err(ProcessError::Unavailable(Unavailable::Busy)))))
+        .map(|a| {
+            a.unwrap_or(Answer::Done(Err(ProcessError::Unavailable(
+                Unavailable::Busy,
+            ))))
+        })
         .collect())
 }

@@ -45,7 +45,8 @@ impl std::fmt::Debug for Inbox {
 
 /// The handler `process` runs: it gets the event's open transaction and returns a boxed future
 /// (`|tx| Box::pin(async move { … })`), because the future borrows the transaction.
-pub type Handler = Box<dyn for<'t> FnOnce(&'t mut Tx) -> BoxFuture<'t, Result<Response, HandlerError>> + Send>;
+pub type Handler =
+    Box<dyn for<'t> FnOnce(&'t mut Tx) -> BoxFuture<'t, Result<Response, HandlerError>> + Send>;
 
 /// The connection options every connection of the pool gets: the schema, durable commits
 /// (G6: `synchronous_commit=on` whatever the server's default), and a name operators can see.
@@ -68,9 +69,10 @@ impl Inbox {
         if let Some(schema) = &options.schema {
             // The schema must exist before a connection can write to it; quoting makes any
             // name safe.
-            let mut conn: sqlx::PgConnection =
-                sqlx::Connection::connect_with(&connect.clone().options([("search_path", "public")]))
-                    .await?;
+            let mut conn: sqlx::PgConnection = sqlx::Connection::connect_with(
+                &connect.clone().options([("search_path", "public")]),
+            )
+            .await?;
             let quoted = format!("\"{}\"", schema.replace('"', "\"\""));
             sqlx::query(&format!("CREATE SCHEMA IF NOT EXISTS {quoted}"))
                 .execute(&mut conn)
@@ -91,7 +93,7 @@ impl Inbox {
         let mut conn = pool.acquire().await?;
         schema::migrate(&mut conn).await?;
         drop(conn);
-        let batcher = Batcher::start(pool.clone(), options.clone());
+        let batcher = Batcher::start(&pool, &options);
         Ok(Inbox {
             wake: crate::listen::Wake::new(&pool),
             pool,
@@ -135,7 +137,9 @@ impl Inbox {
                 }
                 Claim::Fresh(row) => {
                     let Some(handler) = handler.take() else { break };
-                    return self.run(Tx::new(tx, event.key.clone(), now), row, handler).await;
+                    return self
+                        .run(Tx::new(tx, event.key.clone(), now), row, handler)
+                        .await;
                 }
             }
         }
@@ -156,7 +160,9 @@ impl Inbox {
             .unwrap_or_else(|_| Err(HandlerError::failed("handler panicked")));
         let answer = match outcome {
             Ok(response) if response.kind == ResponseKind::Completed => {
-                finish(&mut tx.tx, row, &response, now).await.map_err(|e| storage(&e))?;
+                finish(&mut tx.tx, row, &response, now)
+                    .await
+                    .map_err(|e| storage(&e))?;
                 Processed::Applied(response)
             }
             Ok(response) => {
@@ -193,9 +199,14 @@ impl Inbox {
                 .fetch_one(&mut *tx)
                 .await
                 .map_err(|e| storage(&e))?;
-            let claimed = claim(&mut tx, &event, now.millis(), Some((token, expires_at.millis())))
-                .await
-                .map_err(|e| storage(&e))?;
+            let claimed = claim(
+                &mut tx,
+                &event,
+                now.millis(),
+                Some((token, expires_at.millis())),
+            )
+            .await
+            .map_err(|e| storage(&e))?;
             if matches!(claimed, Claim::Vanished) {
                 continue;
             }
@@ -319,7 +330,12 @@ fn fenced_unless(rows: u64) -> Result<(), LeaseError> {
 
 /// Undoes the handler's work (back to the savepoint after the claim) and makes the record
 /// terminal with `response`.
-async fn terminal(tx: &mut Tx, row: i64, response: &Response, now: i64) -> Result<(), ProcessError> {
+async fn terminal(
+    tx: &mut Tx,
+    row: i64,
+    response: &Response,
+    now: i64,
+) -> Result<(), ProcessError> {
     sqlx::query("ROLLBACK TO SAVEPOINT oncebox_effect")
         .execute(&mut *tx.tx)
         .await
