@@ -43,9 +43,13 @@ fn load(events: usize, producers: usize) -> Vec<Vec<Event>> {
 
 async fn open(url: &str, connections: u32) -> Inbox {
     let schema = format!("bench_{}", uuid::Uuid::new_v4().simple());
-    let inbox = Inbox::open(Options::new(url).schema(schema).max_connections(connections))
-        .await
-        .expect("open");
+    let inbox = Inbox::open(
+        Options::new(url)
+            .schema(schema)
+            .max_connections(connections),
+    )
+    .await
+    .expect("open");
     let mut conn = inbox.pool().acquire().await.expect("connection");
     sqlx::Executor::execute(
         &mut *conn,
@@ -88,7 +92,11 @@ where
         duplicate += d;
         n += a + d;
     }
-    (n as f64 / started.elapsed().as_secs_f64(), applied, duplicate)
+    (
+        n as f64 / started.elapsed().as_secs_f64(),
+        applied,
+        duplicate,
+    )
 }
 
 fn main() {

@@ -123,7 +123,11 @@ pub(crate) async fn page(
             items.push(e);
         }
     }
-    let next = if more { items.last().map(|e| e.seq) } else { None };
+    let next = if more {
+        items.last().map(|e| e.seq)
+    } else {
+        None
+    };
     Ok(Page { items, next })
 }
 

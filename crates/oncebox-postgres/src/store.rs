@@ -151,7 +151,9 @@ impl EventStore for Inbox {
     }
 
     async fn purge(&self, now: Timestamp, retention: &Retention) -> Result<u64, Unavailable> {
-        Inbox::purge(self, now, retention).await.map_err(unavailable)
+        Inbox::purge(self, now, retention)
+            .await
+            .map_err(unavailable)
     }
 
     /// Ready when a connection can be had and answers now.

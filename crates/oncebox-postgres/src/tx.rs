@@ -110,7 +110,12 @@ impl Tx {
     /// equal version is not stale and leaves it unchanged. One guarded upsert decides, and the
     /// row it conflicts on stays locked until commit, so two concurrent events for one entity
     /// cannot both win.
-    pub async fn advance(&mut self, entity: &str, id: &str, version: i64) -> Result<(), HandlerError> {
+    pub async fn advance(
+        &mut self,
+        entity: &str,
+        id: &str,
+        version: i64,
+    ) -> Result<(), HandlerError> {
         let moved = sqlx::query(
             "INSERT INTO oncebox_versions (entity, entity_id, version, source, event_id)
              VALUES ($1, $2, $3, $4, $5)

@@ -80,13 +80,15 @@ pub async fn run_script(tx: &mut Tx, script: &Script) -> Result<Response, Handle
         return Ok(Response::completed("replay"));
     }
     let key = tx.key().clone();
-    sqlx::query("INSERT INTO test_effects (source, event_id, amount, account) VALUES ($1, $2, $3, $4)")
-        .bind(key.source.as_str())
-        .bind(key.event_id.as_str())
-        .bind(script.amount)
-        .bind(script.account)
-        .execute(tx.conn())
-        .await?;
+    sqlx::query(
+        "INSERT INTO test_effects (source, event_id, amount, account) VALUES ($1, $2, $3, $4)",
+    )
+    .bind(key.source.as_str())
+    .bind(key.event_id.as_str())
+    .bind(script.amount)
+    .bind(script.account)
+    .execute(tx.conn())
+    .await?;
     sqlx::query("UPDATE test_accounts SET balance = balance + $1 WHERE id = $2")
         .bind(script.amount)
         .bind(script.account)
@@ -129,9 +131,10 @@ async fn observe(pool: &PgPool) -> Result<Observed, sqlx::Error> {
     seen.emails = sqlx::query_scalar("SELECT order_key FROM test_emails ORDER BY id")
         .fetch_all(pool)
         .await?;
-    seen.outbox = sqlx::query_as("SELECT destination, idempotency_key FROM oncebox_outbox ORDER BY id")
-        .fetch_all(pool)
-        .await?;
+    seen.outbox =
+        sqlx::query_as("SELECT destination, idempotency_key FROM oncebox_outbox ORDER BY id")
+            .fetch_all(pool)
+            .await?;
     seen.inbox_rows = sqlx::query_scalar("SELECT count(*) FROM oncebox_inbox")
         .fetch_one(pool)
         .await?;

@@ -46,7 +46,11 @@ fn concurrent_ingest_is_batched_and_stores_each_key_once() {
                 tokio::spawn(async move {
                     let mut answers = Vec::new();
                     for i in 0..40 {
-                        let id = if i % 4 == 3 { format!("e{t}-{}", i - 3) } else { format!("e{t}-{i}") };
+                        let id = if i % 4 == 3 {
+                            format!("e{t}-{}", i - 3)
+                        } else {
+                            format!("e{t}-{i}")
+                        };
                         answers.push((id.clone(), inbox.ingest(ingest(&id, 1, &["r"])).await));
                     }
                     answers
@@ -67,8 +71,14 @@ fn concurrent_ingest_is_batched_and_stores_each_key_once() {
             }
         }
         assert_eq!((applied, duplicates), (64 * 30, 64 * 10));
-        assert_eq!(count(&pg, "SELECT count(*) FROM oncebox_inbox").await, 64 * 30);
-        assert_eq!(count(&pg, "SELECT count(*) FROM oncebox_outbox").await, 64 * 30);
+        assert_eq!(
+            count(&pg, "SELECT count(*) FROM oncebox_inbox").await,
+            64 * 30
+        );
+        assert_eq!(
+            count(&pg, "SELECT count(*) FROM oncebox_outbox").await,
+            64 * 30
+        );
         let stats = pg.inbox.batch_stats();
         eprintln!(
             "{} requests in {} commits ({:.1} per commit)",
@@ -77,7 +87,10 @@ fn concurrent_ingest_is_batched_and_stores_each_key_once() {
             stats.committed_requests() as f64 / stats.commits().max(1) as f64
         );
         // The batching really happened: far fewer commits than requests.
-        assert!(stats.commits() < stats.committed_requests() / 2, "no batching");
+        assert!(
+            stats.commits() < stats.committed_requests() / 2,
+            "no batching"
+        );
     });
 }
 
@@ -130,9 +143,15 @@ fn conflicts_in_and_across_batches_are_recorded_and_the_first_payload_wins() {
             .collect();
         for t in tasks {
             let answer = t.await.expect("sender");
-            assert!(matches!(answer, Err(ProcessError::Conflict { .. })), "{answer:?}");
+            assert!(
+                matches!(answer, Err(ProcessError::Conflict { .. })),
+                "{answer:?}"
+            );
         }
-        assert_eq!(count(&pg, "SELECT count(*) FROM oncebox_conflicts").await, 10);
+        assert_eq!(
+            count(&pg, "SELECT count(*) FROM oncebox_conflicts").await,
+            10
+        );
         let stored: Vec<u8> = sqlx::query_scalar("SELECT payload FROM oncebox_inbox")
             .fetch_one(pg.inbox.pool())
             .await
@@ -154,7 +173,10 @@ fn a_key_under_a_two_phase_lease_is_not_taken_by_ingest() {
             .await;
         assert!(matches!(begun, Ok(Begun::Leased(_))), "{begun:?}");
         let answer = pg.inbox.ingest(ingest("leased", 1, &["r"])).await;
-        assert!(matches!(answer, Err(ProcessError::InProgress { .. })), "{answer:?}");
+        assert!(
+            matches!(answer, Err(ProcessError::InProgress { .. })),
+            "{answer:?}"
+        );
         assert_eq!(count(&pg, "SELECT count(*) FROM oncebox_outbox").await, 0);
         // After expiry the gateway's path takes it over and applies it once.
         pg.clock.advance(Duration::from_secs(31));
@@ -187,7 +209,11 @@ fn ordering_guard_stores_an_older_event_as_stale_without_delivery() {
         }
         assert_eq!(count(&pg, "SELECT count(*) FROM oncebox_outbox").await, 1);
         assert_eq!(
-            count(&pg, "SELECT count(*) FROM oncebox_inbox WHERE state = 'stale'").await,
+            count(
+                &pg,
+                "SELECT count(*) FROM oncebox_inbox WHERE state = 'stale'"
+            )
+            .await,
             1
         );
     });
