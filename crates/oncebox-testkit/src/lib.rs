@@ -16,6 +16,7 @@ use oncebox_core::{
 };
 
 mod model;
+pub mod pg;
 pub mod relay;
 pub mod suite;
 

@@ -1,7 +1,12 @@
 //! The binary's command line, run as a user would run it.
 
+mod counting;
+mod figures;
 mod gateway;
 mod kill;
+mod multinode;
+mod nodes;
+mod outage;
 mod relay;
 mod support;
 
