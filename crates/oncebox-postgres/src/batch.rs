@@ -142,7 +142,6 @@ type Found = (Vec<u8>, String, Option<Vec<u8>>);
 /// them all as `Unavailable` (a failed `COMMIT` as `CommitUnknown`): never a duplicate answer
 /// without a committed row (G3).
 async fn batch(pool: &PgPool, options: &Options, jobs: &[Job]) -> Result<Vec<Answer>, Unavailable> {
-    let now = options.clock.now().millis();
     // Rows are inserted in key order, so two batches sharing keys lock them in the same order
     // and cannot deadlock.
     let mut order: Vec<usize> = (0..jobs.len()).collect();
@@ -166,6 +165,9 @@ async fn batch(pool: &PgPool, options: &Options, jobs: &[Job]) -> Result<Vec<Ans
     let headers: Vec<Option<String>> = order.iter().map(|i| ev(*i).meta.header_lines()).collect();
 
     let mut tx = pool.begin().await.map_err(|e| storage(&e))?;
+    // Read after a connection was had (which may wait): the stamp is as close to the commit as
+    // the clock can know.
+    let now = options.clock.now().millis();
     let inserted: HashSet<(String, String)> = sqlx::query(
         "INSERT INTO oncebox_inbox (source, event_id, fingerprint, state, response, payload,
            received_at, completed_at, content_type, headers)

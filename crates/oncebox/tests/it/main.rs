@@ -58,5 +58,5 @@ fn unsupported_database_url_is_refused() {
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(1));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("only sqlite://"));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("use sqlite://PATH or postgres://"));
 }
