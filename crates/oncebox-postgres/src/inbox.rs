@@ -124,8 +124,8 @@ impl Inbox {
     {
         let mut handler: Option<Handler> = Some(Box::new(handler));
         for _ in 0..CLAIM_ATTEMPTS {
-            let now = self.clock.now();
             let mut tx = self.pool.begin().await.map_err(|e| storage(&e))?;
+            let now = self.clock.now();
             match claim(&mut tx, &event, now.millis(), None)
                 .await
                 .map_err(|e| storage(&e))?
@@ -192,9 +192,9 @@ impl Inbox {
     /// Takes a fenced lease on the key for an effect outside the database.
     pub async fn begin(&self, event: Event, ttl: Duration) -> Result<Begun, ProcessError> {
         for _ in 0..CLAIM_ATTEMPTS {
+            let mut tx = self.pool.begin().await.map_err(|e| storage(&e))?;
             let now = self.clock.now();
             let expires_at = now.plus(ttl);
-            let mut tx = self.pool.begin().await.map_err(|e| storage(&e))?;
             let token: i64 = sqlx::query_scalar("SELECT nextval('oncebox_fence')")
                 .fetch_one(&mut *tx)
                 .await
