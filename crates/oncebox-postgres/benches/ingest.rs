@@ -3,7 +3,7 @@
 //!
 //! `ONCEBOX_POSTGRES_URL=postgres://postgres@127.0.0.1:5432/oncebox_test cargo bench -p
 //! oncebox-postgres --bench ingest` (options: `-- --events N --naive-events N --producers N
-//! --connections N`). Both modes: durable commits (`synchronous_commit=on`), 10% duplicates,
+//! --connections N --workers N`). Both modes: durable commits (`synchronous_commit=on`), 10% duplicates,
 //! UUIDv4 event ids, the same number of concurrent producers, each mode in a fresh schema.
 //! (a) naive: `Inbox::process` — claim, a trivial effect (`UPDATE accounts`), commit — one
 //! transaction per event, on a 16-connection pool; (b) `EventStore::ingest` — the record and one
@@ -41,12 +41,13 @@ fn load(events: usize, producers: usize) -> Vec<Vec<Event>> {
         .collect()
 }
 
-async fn open(url: &str, connections: u32) -> Inbox {
+async fn open(url: &str, connections: u32, workers: usize) -> Inbox {
     let schema = format!("bench_{}", uuid::Uuid::new_v4().simple());
     let inbox = Inbox::open(
         Options::new(url)
             .schema(schema)
-            .max_connections(connections),
+            .max_connections(connections)
+            .batch_workers(workers),
     )
     .await
     .expect("open");
@@ -108,13 +109,14 @@ fn main() {
     let naive_events = oncebox_testkit::bench_arg("--naive-events", 8_000);
     let producers = oncebox_testkit::bench_arg("--producers", 64).max(1);
     let connections = oncebox_testkit::bench_arg("--connections", 16).max(2) as u32;
+    let workers = oncebox_testkit::bench_arg("--workers", Options::new("").batch_workers);
     let rt = tokio::runtime::Runtime::new().expect("runtime");
     rt.block_on(async {
         println!(
             "postgres ingest: {producers} producers, 10% duplicates, UUIDv4 ids, \
-             synchronous_commit=on, {connections} connections"
+             synchronous_commit=on, {connections} connections, {workers} batch workers"
         );
-        let naive = open(&url, connections).await;
+        let naive = open(&url, connections, workers).await;
         let (a, applied, dup) = drive(&load(naive_events, producers), move |e| {
             let inbox = naive.clone();
             async move {
@@ -135,7 +137,7 @@ fn main() {
             "(a) naive, one transaction per event ({naive_events} events): {a:>9.0} events/s \
              [{applied} applied, {dup} duplicates]"
         );
-        let batched = open(&url, connections).await;
+        let batched = open(&url, connections, workers).await;
         let stats_of = batched.clone();
         let (b, applied, dup) = drive(&load(events, producers), move |event| {
             let inbox = batched.clone();
