@@ -134,7 +134,7 @@ impl Inbox {
     /// sees only committed records, so this is a duplicate answer G3 allows. Anything else — no
     /// record, another fingerprint (the conflict must be recorded), a lease, an error — goes
     /// through the writer.
-    fn committed_duplicate(&self, event: &Event) -> Option<Response> {
+    pub(crate) fn committed_duplicate(&self, event: &Event) -> Option<Response> {
         let found = self
             .shared
             .readers

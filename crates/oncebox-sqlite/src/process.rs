@@ -4,7 +4,9 @@
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::time::Duration;
 
-use oncebox_core::{Event, Fingerprint, Key, ProcessError, Processed, Response, ResponseKind};
+use oncebox_core::{
+    Event, Fingerprint, Key, OutboxMessage, ProcessError, Processed, Response, ResponseKind,
+};
 use rusqlite::{Connection, OptionalExtension, params};
 
 use crate::crash;
@@ -234,4 +236,51 @@ fn record_conflict(cx: &Cx<'_>, event: &Event, stored: &[u8]) -> Result<(), Fata
             cx.now.millis()
         ])?;
     Ok(())
+}
+
+/// The gateway's ingest of an event without an ordering guard: the record is inserted already
+/// terminal with its answer, and its deliveries queued, in one savepoint — one write per new
+/// event instead of a claim and an update. A key that exists goes the general way (`run`), which
+/// answers duplicates, conflicts and leases exactly as `process` does.
+pub(crate) fn ingest_new(
+    cx: &mut Cx<'_>,
+    event: &Event,
+    accepted: &Response,
+    messages: &[OutboxMessage],
+) -> Result<Option<Processed>, Fatal> {
+    cx.savepoint()?;
+    let inserted = cx
+        .conn
+        .prepare_cached(
+            "INSERT INTO oncebox_inbox (source, event_id, fingerprint, state, response, payload,
+               received_at, completed_at, content_type, headers)
+             VALUES (?1, ?2, ?3, 'completed', ?4, ?5, ?6, ?6, ?7, ?8)
+             ON CONFLICT (source, event_id) DO NOTHING",
+        )?
+        .execute(params![
+            event.key.source.as_str(),
+            event.key.event_id.as_str(),
+            &event.fingerprint.as_bytes()[..],
+            (!accepted.body.is_empty()).then_some(&accepted.body),
+            event.payload,
+            cx.now.millis(),
+            event.meta.content_type,
+            event.meta.header_lines()
+        ])?;
+    if inserted == 0 {
+        cx.release()?;
+        return Ok(None);
+    }
+    let mut tx = Tx::new(cx.conn, &event.key, cx.now);
+    for m in messages {
+        if let Err(e) = tx.enqueue(m) {
+            // Fixed SQL on a fresh key: a failure is the storage's, and fails the batch.
+            return Err(match e {
+                HandlerError::Sql(e) => Fatal(crate::error::storage(&e)),
+                other => Fatal(oncebox_core::Unavailable::Storage(other.to_string())),
+            });
+        }
+    }
+    cx.release()?;
+    Ok(Some(Processed::Applied(accepted.clone())))
 }

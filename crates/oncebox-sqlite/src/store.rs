@@ -10,7 +10,8 @@ use rusqlite::{Connection, OptionalExtension, Row, params};
 
 use crate::error::Error;
 use crate::inbox::Inbox;
-use crate::tx::HandlerError;
+use crate::process;
+use crate::tx::{HandlerError, Tx};
 
 /// Listings never return more than this many events at once.
 pub const MAX_PAGE: usize = 500;
@@ -131,18 +132,38 @@ impl EventStore for Inbox {
                 content_type: content_type.clone(),
             })
             .collect();
-        self.process(event, move |tx| {
-            if let Some(order) = &order {
-                match tx.advance(&namespace, &order.entity, order.version) {
-                    // Stale: only the record is kept, and no delivery is queued.
-                    Err(HandlerError::Stale) => {
-                        return Ok(Response {
-                            kind: ResponseKind::Stale,
-                            body: stale,
-                        });
+        let Some(order) = order else {
+            // Without an ordering guard a new key needs one write; a known key (duplicate,
+            // conflict, lease) takes the general path in the same writer request.
+            if let Some(first) = self.committed_duplicate(&event) {
+                return Ok(Processed::Duplicate(first));
+            }
+            return self
+                .submit(move |cx| {
+                    let accepted = Response::completed(accepted);
+                    if let Some(done) = process::ingest_new(cx, &event, &accepted, &messages)? {
+                        return Ok(Ok(done));
                     }
-                    other => other?,
+                    let handler = move |tx: &mut Tx<'_>| {
+                        for m in &messages {
+                            tx.enqueue(m)?;
+                        }
+                        Ok(accepted)
+                    };
+                    process::run(cx, &event, Box::new(handler))
+                })
+                .await;
+        };
+        self.process(event, move |tx| {
+            match tx.advance(&namespace, &order.entity, order.version) {
+                // Stale: only the record is kept, and no delivery is queued.
+                Err(HandlerError::Stale) => {
+                    return Ok(Response {
+                        kind: ResponseKind::Stale,
+                        body: stale,
+                    });
                 }
+                other => other?,
             }
             for m in &messages {
                 tx.enqueue(m)?;
