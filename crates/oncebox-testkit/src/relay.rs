@@ -3,6 +3,7 @@
 //! claims and verdicts in `relay/claim.rs`, operators' actions in `relay/operator.rs`.
 
 mod claim;
+mod holding;
 mod operator;
 
 use std::future::Future;
@@ -16,14 +17,23 @@ use oncebox_core::store::{EventStore, Ingest, Order};
 use oncebox_core::{Clock, Key, ManualClock, Meta, Processed, Timestamp};
 
 pub use claim::*;
+pub use holding::Holding;
 pub use operator::*;
 
 use crate::{EPOCH, event};
 
-/// A backend under the delivery suite: its gateway store and its relay store on one storage.
-pub trait DeliveryBackend: EventStore + DeliveryStore {
+/// The gateway's and the relay's store on one storage: what the delivery suite exercises.
+pub trait Stores: EventStore + DeliveryStore {}
+
+impl<S: EventStore + DeliveryStore> Stores for S {}
+
+/// A backend under the delivery suite: how to get a fresh store of it. Implemented on a type of
+/// the backend's own tests, so the store itself needs no wrapper.
+pub trait DeliveryBackend: 'static {
+    type Store: EventStore + DeliveryStore;
+
     /// A new, empty store on `clock`.
-    fn fresh_store(clock: ManualClock) -> impl Future<Output = Self> + Send;
+    fn fresh_store(clock: ManualClock) -> impl Future<Output = Self::Store> + Send;
 
     /// Whether the storage this backend needs is there; a backend on an outside service
     /// answers with [`crate::service_url`], which skips (or fails under
@@ -38,7 +48,7 @@ pub const LEASE: Duration = Duration::from_secs(30);
 
 const CONTENT_TYPE: &str = "application/vnd.test+json";
 
-pub(crate) async fn fresh<B: DeliveryBackend>() -> (B, ManualClock) {
+pub(crate) async fn fresh<B: DeliveryBackend>() -> (B::Store, ManualClock) {
     let clock = ManualClock::new(EPOCH);
     (B::fresh_store(clock.clone()).await, clock)
 }
@@ -66,13 +76,13 @@ pub(crate) fn ingest(id: &str, routes: &[&str], order: Option<(&str, i64)>) -> I
 }
 
 /// Ingests a new event routed to `a` and `b`.
-pub(crate) async fn accept<B: DeliveryBackend>(b: &B, id: &str) {
+pub(crate) async fn accept<S: Stores>(b: &S, id: &str) {
     let out = b.ingest(ingest(id, &["a", "b"], None)).await;
     assert!(matches!(out, Ok(Processed::Applied(_))), "{id}: {out:?}");
 }
 
 /// The deliveries of one event, oldest first.
-pub(crate) async fn of_event<B: DeliveryBackend>(b: &B, id: &str) -> Vec<DeliveryView> {
+pub(crate) async fn of_event<S: Stores>(b: &S, id: &str) -> Vec<DeliveryView> {
     let filter = DeliveryFilter {
         key: Some(key(id)),
         limit: 100,
@@ -81,7 +91,7 @@ pub(crate) async fn of_event<B: DeliveryBackend>(b: &B, id: &str) -> Vec<Deliver
     b.deliveries(filter).await.expect("deliveries").items
 }
 
-pub(crate) async fn view<B: DeliveryBackend>(b: &B, id: i64) -> DeliveryView {
+pub(crate) async fn view<S: Stores>(b: &S, id: i64) -> DeliveryView {
     let filter = DeliveryFilter {
         after: Some(id - 1),
         limit: 1,
@@ -94,7 +104,7 @@ pub(crate) async fn view<B: DeliveryBackend>(b: &B, id: i64) -> DeliveryView {
 }
 
 /// Claims on every route under [`LEASE`].
-pub(crate) async fn claim<B: DeliveryBackend>(b: &B, now: Timestamp, limit: usize) -> Vec<Claimed> {
+pub(crate) async fn claim<S: Stores>(b: &S, now: Timestamp, limit: usize) -> Vec<Claimed> {
     b.claim(now, limit, LEASE, &[]).await.expect("claim")
 }
 

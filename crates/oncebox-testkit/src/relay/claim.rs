@@ -4,6 +4,8 @@
 use std::time::Duration;
 
 use oncebox_core::delivery::{DeliveryState, Verdict};
+use oncebox_core::relay_store::DeliveryStore;
+use oncebox_core::store::EventStore;
 use oncebox_core::{Clock, LeaseError};
 
 use super::{

@@ -5,10 +5,10 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use oncebox_core::delivery::{DeliveryState, Verdict};
-use oncebox_core::relay_store::{Claimed, DeliveryFilter, DeliveryGauges, Resolve};
+use oncebox_core::relay_store::{Claimed, DeliveryFilter, DeliveryGauges, DeliveryStore, Resolve};
 use oncebox_core::{Clock, ManualClock, Timestamp};
 
-use super::{DeliveryBackend, accept, answered, claim, failed, fresh, key, of_event, view};
+use super::{DeliveryBackend, Stores, accept, answered, claim, failed, fresh, key, of_event, view};
 
 /// One delivery in each state. Events `evt-1`, `evt-2`, `evt-3` arrived a second apart, each
 /// routed to `a` and `b`; their deliveries are, in order: delivered, dead, uncertain, retrying
@@ -36,7 +36,7 @@ impl Each {
     }
 }
 
-async fn each_state<B: DeliveryBackend>(b: &B, clock: &ManualClock) -> Each {
+async fn each_state<S: Stores>(b: &S, clock: &ManualClock) -> Each {
     let mut created = [clock.now(); 3];
     for (i, id) in ["evt-1", "evt-2", "evt-3"].into_iter().enumerate() {
         if i > 0 {
@@ -81,7 +81,7 @@ async fn each_state<B: DeliveryBackend>(b: &B, clock: &ManualClock) -> Each {
     }
 }
 
-async fn state<B: DeliveryBackend>(b: &B, id: i64) -> DeliveryState {
+async fn state<S: Stores>(b: &S, id: i64) -> DeliveryState {
     view(b, id).await.state
 }
 

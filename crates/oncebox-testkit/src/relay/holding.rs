@@ -1,0 +1,120 @@
+//! A store together with what must outlive it (a temporary directory): the one place that
+//! forwards both store traits, so backends need no wrapper of their own.
+
+use std::any::Any;
+use std::sync::Arc;
+use std::time::Duration;
+
+use oncebox_core::delivery::Verdict;
+use oncebox_core::relay_store::{
+    AttemptRecord, Claimed, DeliveryFilter, DeliveryGauges, DeliveryStore, DeliveryView, Resolve,
+};
+use oncebox_core::store::{EventFilter, EventStore, Ingest, Page, Stats, StoredEvent};
+use oncebox_core::{Key, LeaseError, ProcessError, Processed, Retention, Timestamp, Unavailable};
+
+/// `store`, and `guard` kept alive as long as any clone of it.
+#[derive(Clone)]
+pub struct Holding<S> {
+    pub store: S,
+    guard: Arc<dyn Any + Send + Sync>,
+}
+
+impl<S> Holding<S> {
+    pub fn new(store: S, guard: impl Any + Send + Sync) -> Holding<S> {
+        Holding {
+            store,
+            guard: Arc::new(guard),
+        }
+    }
+}
+
+impl<S: std::fmt::Debug> std::fmt::Debug for Holding<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let _ = &self.guard;
+        f.debug_struct("Holding")
+            .field("store", &self.store)
+            .finish()
+    }
+}
+
+impl<S: EventStore> EventStore for Holding<S> {
+    async fn ingest(&self, ingest: Ingest) -> Result<Processed, ProcessError> {
+        self.store.ingest(ingest).await
+    }
+
+    async fn event(&self, key: &Key) -> Result<Option<StoredEvent>, Unavailable> {
+        self.store.event(key).await
+    }
+
+    async fn events(&self, filter: EventFilter) -> Result<Page<StoredEvent>, Unavailable> {
+        self.store.events(filter).await
+    }
+
+    async fn stats(&self) -> Result<Stats, Unavailable> {
+        self.store.stats().await
+    }
+
+    async fn purge(&self, now: Timestamp, retention: &Retention) -> Result<u64, Unavailable> {
+        self.store.purge(now, retention).await
+    }
+
+    async fn ready(&self) -> Result<(), Unavailable> {
+        self.store.ready().await
+    }
+}
+
+impl<S: DeliveryStore> DeliveryStore for Holding<S> {
+    async fn claim(
+        &self,
+        now: Timestamp,
+        limit: usize,
+        lease: Duration,
+        routes: &[String],
+    ) -> Result<Vec<Claimed>, Unavailable> {
+        self.store.claim(now, limit, lease, routes).await
+    }
+
+    async fn record(
+        &self,
+        claimed: &Claimed,
+        attempt: AttemptRecord,
+        verdict: Verdict,
+        now: Timestamp,
+    ) -> Result<(), LeaseError> {
+        self.store.record(claimed, attempt, verdict, now).await
+    }
+
+    async fn deliveries(&self, filter: DeliveryFilter) -> Result<Page<DeliveryView>, Unavailable> {
+        self.store.deliveries(filter).await
+    }
+
+    async fn attempts(&self, id: i64) -> Result<Vec<AttemptRecord>, Unavailable> {
+        self.store.attempts(id).await
+    }
+
+    async fn retry(&self, id: i64, now: Timestamp) -> Result<bool, Unavailable> {
+        self.store.retry(id, now).await
+    }
+
+    async fn resolve(
+        &self,
+        id: i64,
+        resolution: Resolve,
+        note: &str,
+        now: Timestamp,
+    ) -> Result<bool, Unavailable> {
+        self.store.resolve(id, resolution, note, now).await
+    }
+
+    async fn redeliver(&self, key: &Key, now: Timestamp) -> Result<u64, Unavailable> {
+        self.store.redeliver(key, now).await
+    }
+
+    async fn gauges(&self) -> Result<DeliveryGauges, Unavailable> {
+        self.store.gauges().await
+    }
+
+    async fn wait_for_work(&self, at_most: Duration) {
+        self.store.wait_for_work(at_most).await;
+    }
+}
