@@ -17,7 +17,7 @@
 //! let rules = MessageRules::new(Source::new("shop")?, KeyRule::MessageId);
 //! let consumer = Consumer::new(apply, ConsumerOptions::new("payments", rules, "oncebox.quarantine"));
 //! let connection = lapin::Connection::connect("amqp://127.0.0.1:5672/%2f", Default::default()).await?;
-//! consumer.run(&connection, tokio::signal::ctrl_c()).await?;
+//! consumer.run(&connection, async { let _ = tokio::signal::ctrl_c().await; }).await?;
 //! # Ok(()) }
 //! ```
 

@@ -1,0 +1,278 @@
+//! The consumer loop on a durable JetStream pull consumer with explicit acks: messages run
+//! concurrently up to the batch (one at a time with the watermark), each through the inbox,
+//! each settled only after the store answered — ack after the commit, quarantine then ack, or
+//! a NAK with a delay.
+
+use std::future::Future;
+use std::time::Duration;
+
+use async_nats::jetstream::consumer::{AckPolicy, DeliverPolicy, PullConsumer, pull};
+use async_nats::jetstream::{self, AckKind};
+use futures::StreamExt;
+use futures::stream::FuturesUnordered;
+use oncebox_core::consume::{
+    Apply, Counts, MessageRules, Position, Requeue, RetryPolicy, Settle, decide,
+};
+use tokio::sync::watch;
+
+use crate::message::{Headers, quarantine};
+
+/// What one consumer reads and how it settles messages.
+#[derive(Debug, Clone)]
+pub struct ConsumerOptions {
+    pub stream: String,
+    /// The durable consumer's name; created with the settings below when it does not exist
+    /// (an existing one is used as configured on the server).
+    pub durable: String,
+    /// One subject filter (server 2.9 knows one; `None`: the whole stream).
+    pub filter_subject: Option<String>,
+    /// How long the server waits for an ack before delivering the message again.
+    pub ack_wait: Duration,
+    /// Unacknowledged messages the server lets this consumer hold.
+    pub max_ack_pending: i64,
+    /// Messages pulled per request, and processed at once.
+    pub batch: usize,
+    pub rules: MessageRules,
+    /// Subject quarantined messages are published to; a stream must capture it.
+    pub quarantine_subject: String,
+    pub retry: RetryPolicy,
+    /// Drive the offset watermark from the stream sequence: each message's sequence moves the
+    /// watermark in its own transaction, and a message at or below it is recorded as stale, so
+    /// a replayed stream (a recreated durable, a restored stream) changes nothing even after
+    /// its inbox records were purged. Needs `max_ack_pending = 1`, so messages are processed
+    /// strictly in order and none passes one that is being retried.
+    pub watermark: bool,
+}
+
+impl ConsumerOptions {
+    pub fn new(
+        stream: &str,
+        durable: &str,
+        rules: MessageRules,
+        quarantine_subject: &str,
+    ) -> ConsumerOptions {
+        ConsumerOptions {
+            stream: stream.to_owned(),
+            durable: durable.to_owned(),
+            filter_subject: None,
+            ack_wait: Duration::from_secs(30),
+            max_ack_pending: 1024,
+            batch: 64,
+            rules,
+            quarantine_subject: quarantine_subject.to_owned(),
+            retry: RetryPolicy::default(),
+            watermark: false,
+        }
+    }
+
+    /// The watermark's stream name: one per durable, so consumers of one stream with other
+    /// filters keep their own. Persisted: do not change.
+    pub fn watermark_name(&self) -> String {
+        format!("nats:{}:{}", self.stream, self.durable)
+    }
+}
+
+/// Why `run` stopped before its shutdown signal.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConsumeError {
+    /// The stream or consumer could not be read or created.
+    #[error("consumer setup: {0}")]
+    Setup(String),
+    /// The watermark needs in-order processing, which the server-side consumer does not give.
+    #[error("watermark mode needs max_ack_pending = 1 on consumer {durable} (it has {found})")]
+    Unordered { durable: String, found: i64 },
+    /// Pulling messages failed. Unacknowledged messages come back after the ack wait.
+    #[error("pull: {0}")]
+    Pull(String),
+}
+
+/// A JetStream consumer that applies each message through `A`.
+pub struct Consumer<A> {
+    apply: A,
+    options: ConsumerOptions,
+    counts: watch::Sender<Counts>,
+}
+
+impl<A> std::fmt::Debug for Consumer<A> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Consumer")
+            .field("options", &self.options)
+            .field("counts", &*self.counts.borrow())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<A: Apply> Consumer<A> {
+    pub fn new(apply: A, options: ConsumerOptions) -> Consumer<A> {
+        Consumer {
+            apply,
+            options,
+            counts: watch::Sender::new(Counts::default()),
+        }
+    }
+
+    /// What this consumer settled so far; `wait_for` on it waits for a condition.
+    pub fn counts(&self) -> watch::Receiver<Counts> {
+        self.counts.subscribe()
+    }
+
+    /// The durable pull consumer, created when absent.
+    pub async fn bind(&self, js: &jetstream::Context) -> Result<PullConsumer, ConsumeError> {
+        let o = &self.options;
+        let setup = |e: &dyn std::fmt::Display| ConsumeError::Setup(e.to_string());
+        let stream = js.get_stream(&o.stream).await.map_err(|e| setup(&e))?;
+        let config = pull::Config {
+            durable_name: Some(o.durable.clone()),
+            filter_subject: o.filter_subject.clone().unwrap_or_default(),
+            ack_policy: AckPolicy::Explicit,
+            ack_wait: o.ack_wait,
+            max_ack_pending: if o.watermark { 1 } else { o.max_ack_pending },
+            deliver_policy: DeliverPolicy::All,
+            ..pull::Config::default()
+        };
+        let mut consumer: PullConsumer = stream
+            .get_or_create_consumer(&o.durable, config)
+            .await
+            .map_err(|e| setup(&e))?;
+        let found = consumer
+            .info()
+            .await
+            .map_err(|e| setup(&e))?
+            .config
+            .max_ack_pending;
+        if o.watermark && found != 1 {
+            return Err(ConsumeError::Unordered {
+                durable: o.durable.clone(),
+                found,
+            });
+        }
+        Ok(consumer)
+    }
+
+    /// Consumes until `shutdown` completes or pulling fails. On shutdown it stops pulling and
+    /// settles the messages in hand; messages pulled but not started come back after the ack
+    /// wait.
+    pub async fn run(
+        &self,
+        js: &jetstream::Context,
+        shutdown: impl Future<Output = ()>,
+    ) -> Result<(), ConsumeError> {
+        let consumer = self.bind(js).await?;
+        let limit = if self.options.watermark {
+            1
+        } else {
+            self.options.batch.max(1)
+        };
+        let mut messages = consumer
+            .stream()
+            .max_messages_per_batch(limit)
+            .heartbeat(Duration::from_secs(5))
+            .expires(Duration::from_secs(30))
+            .messages()
+            .await
+            .map_err(|e| ConsumeError::Pull(e.to_string()))?;
+        let mut in_hand = FuturesUnordered::new();
+        let mut shutdown = std::pin::pin!(shutdown);
+        let ended = loop {
+            tokio::select! {
+                () = &mut shutdown => break Ok(()),
+                Some(()) = in_hand.next(), if !in_hand.is_empty() => {}
+                next = messages.next(), if in_hand.len() < limit => match next {
+                    Some(Ok(message)) => in_hand.push(self.handle(js, message)),
+                    Some(Err(e)) => break Err(ConsumeError::Pull(e.to_string())),
+                    None => break Err(ConsumeError::Pull("message stream ended".into())),
+                },
+            }
+        };
+        while in_hand.next().await.is_some() {}
+        ended
+    }
+
+    async fn handle(&self, js: &jetstream::Context, message: jetstream::Message) {
+        let o = &self.options;
+        // The sequence is the stream's position of the stored message: stable across
+        // redeliveries, so fit for the watermark, yet never part of the key.
+        let (sequence, delivered) = match message.info() {
+            Ok(info) => (info.stream_sequence, info.delivered),
+            Err(_) => (0, 1),
+        };
+        let headers = Headers(message.headers.as_ref());
+        let settle = match o.rules.event(&headers, message.payload.to_vec(), None) {
+            Err(reason) => Settle::Quarantine(reason),
+            Ok(event) => {
+                let position = (o.watermark && sequence > 0).then(|| Position {
+                    stream: o.watermark_name(),
+                    partition: 0,
+                    offset: i64::try_from(sequence).unwrap_or(i64::MAX),
+                });
+                let outcome = self.apply.apply(event, position).await;
+                let attempt = u32::try_from(delivered.max(1)).unwrap_or(u32::MAX);
+                decide(outcome, attempt, &o.retry)
+            }
+        };
+        let (settle, acked) = self.settle(settle, js, &message).await;
+        self.counts.send_modify(|c| c.add(&settle, acked));
+    }
+
+    async fn settle(
+        &self,
+        settle: Settle,
+        js: &jetstream::Context,
+        message: &jetstream::Message,
+    ) -> (Settle, bool) {
+        let o = &self.options;
+        match settle {
+            Settle::Ack(_) => {
+                // The effect is committed; a crash from here on is redelivered and answered
+                // as a duplicate.
+                crate::crash::point!("nats-before-ack");
+                let acked = ack(message).await;
+                (settle, acked)
+            }
+            Settle::Quarantine(ref reason) => {
+                let (stream, source) = (&o.stream, &o.rules.source);
+                match quarantine(js, &o.quarantine_subject, stream, source, message, reason).await {
+                    Ok(()) => {
+                        tracing::warn!(stream = %o.stream, reason = reason.slug(), detail = %reason.detail(), "message quarantined");
+                        let acked = ack(message).await;
+                        (settle, acked)
+                    }
+                    Err(e) => {
+                        tracing::error!(stream = %o.stream, error = %e, "quarantine failed; message requeued");
+                        let after = o.retry.delay;
+                        nak(message, after).await;
+                        let why = Requeue::Unavailable;
+                        (Settle::Requeue { why, after }, false)
+                    }
+                }
+            }
+            Settle::Requeue { after, why } => {
+                tracing::debug!(stream = %o.stream, ?why, "message requeued");
+                nak(message, after).await;
+                (settle, false)
+            }
+        }
+    }
+}
+
+async fn ack(message: &jetstream::Message) -> bool {
+    match message.ack().await {
+        Ok(()) => true,
+        Err(e) => {
+            // Not acknowledged: the server delivers it again after the ack wait, and the
+            // redelivery is answered as a duplicate.
+            tracing::warn!(error = %e, "ack not sent; the message will come back as a duplicate");
+            false
+        }
+    }
+}
+
+/// Returns the message to the server, to be delivered again after `after` (a NAK with a
+/// delay, which server 2.9 honours; the message stays pending meanwhile, so with
+/// `max_ack_pending = 1` nothing overtakes it).
+async fn nak(message: &jetstream::Message, after: Duration) {
+    if let Err(e) = message.ack_with(AckKind::Nak(Some(after))).await {
+        tracing::debug!(error = %e, "nak not sent; the message comes back after the ack wait");
+    }
+}

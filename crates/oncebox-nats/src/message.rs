@@ -1,0 +1,80 @@
+//! A JetStream message as the core reads it (headers, `Nats-Msg-Id`), and the quarantine: a
+//! subject, captured by a stream, where messages that can never be processed are published
+//! with the reason before they are acknowledged.
+
+use std::borrow::Cow;
+
+use async_nats::HeaderMap;
+use async_nats::jetstream;
+use oncebox_core::Source;
+use oncebox_core::consume::{MessageHeaders, Reason};
+
+/// Headers a quarantined message carries: the reason's slug, its detail, the stream it came
+/// from and the source it was read for. Do not rename: operators' tooling reads them.
+pub const QUARANTINE_HEADERS: [&str; 4] = [
+    "Oncebox-Reason",
+    "Oncebox-Detail",
+    "Oncebox-Stream",
+    "Oncebox-Source",
+];
+
+/// The header publishers put their message id in (JetStream's own publish dedup reads it too,
+/// within its window; oncebox never relies on that window).
+const MSG_ID: &str = "Nats-Msg-Id";
+
+/// Why a message could not be quarantined; it is then requeued, never acknowledged.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum QuarantineError {
+    #[error("publish failed: {0}")]
+    Publish(#[from] jetstream::context::PublishError),
+}
+
+/// The headers of a message.
+pub(crate) struct Headers<'a>(pub Option<&'a HeaderMap>);
+
+impl MessageHeaders for Headers<'_> {
+    fn header(&self, name: &str) -> Option<Cow<'_, [u8]>> {
+        let value: &str = self.0?.get(name)?.as_ref();
+        Some(Cow::Borrowed(value.as_bytes()))
+    }
+
+    fn message_id(&self) -> Option<Cow<'_, [u8]>> {
+        self.header(MSG_ID)
+    }
+}
+
+/// Publishes the message to the quarantine subject with the reason and waits for the stream's
+/// acknowledgement, so the original is acknowledged only once its copy is stored.
+pub(crate) async fn quarantine(
+    js: &jetstream::Context,
+    subject: &str,
+    stream: &str,
+    source: &Source,
+    message: &async_nats::Message,
+    reason: &Reason,
+) -> Result<(), QuarantineError> {
+    // Every original header but the message id, which would make the quarantine stream drop
+    // a second quarantined copy of the same id (say, two conflicting payloads) as a duplicate.
+    let mut headers = HeaderMap::new();
+    for (name, values) in message.headers.iter().flat_map(HeaderMap::iter) {
+        if AsRef::<str>::as_ref(name) != MSG_ID {
+            for value in values {
+                headers.append(name.clone(), value.clone());
+            }
+        }
+    }
+    let values = [
+        reason.slug().to_owned(),
+        reason.detail(),
+        stream.to_owned(),
+        source.to_string(),
+    ];
+    for (name, value) in QUARANTINE_HEADERS.iter().zip(values) {
+        // Header values are one line.
+        headers.insert(*name, value.replace(['\r', '\n'], " ").as_str());
+    }
+    js.publish_with_headers(subject.to_owned(), headers, message.payload.clone())
+        .await?
+        .await?;
+    Ok(())
+}
