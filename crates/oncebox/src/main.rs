@@ -14,6 +14,7 @@ use oncebox_core::{Clock, Key, RecordState, Retention, SystemClock};
 
 mod bench;
 mod config;
+mod consume;
 mod deliveries;
 mod send;
 mod serve;
@@ -56,6 +57,18 @@ enum Command {
         /// Do not run the relay in this process (run `oncebox relay` elsewhere).
         #[arg(long)]
         no_relay: bool,
+    },
+    /// Read the configured [consumers] from RabbitMQ and NATS JetStream into the store: each
+    /// message stored once and acknowledged after the commit; poison goes to the quarantine.
+    ///
+    /// Example: `oncebox consume --amqp amqp://guest:guest@127.0.0.1:5672/%2f`
+    Consume {
+        /// RabbitMQ URL for the consumers with a `queue`.
+        #[arg(long, env = "ONCEBOX_AMQP_URL", hide_env_values = true)]
+        amqp: Option<String>,
+        /// NATS URL for the consumers with a `stream`.
+        #[arg(long, env = "ONCEBOX_NATS_URL", hide_env_values = true)]
+        nats: Option<String>,
     },
     /// Run the relay alone: deliver accepted events to the configured routes.
     Relay,
@@ -203,6 +216,10 @@ async fn run(cli: Cli) -> Result<bool> {
         Command::Relay => {
             drop(out);
             serve::relay_only(settings).await?;
+        }
+        Command::Consume { amqp, nats } => {
+            drop(out);
+            consume::run(settings, amqp, nats).await?;
         }
         Command::Deliveries { action } => {
             let inbox = Store::open(&settings.database).await?;

@@ -1,6 +1,7 @@
 //! Configuration of `oncebox serve`: `oncebox.toml`, then `ONCEBOX_…` variables, then flags, read
 //! once at start and validated into the gateway's policy types before anything listens.
 
+mod consumer;
 mod describe;
 mod presets;
 mod raw;
@@ -21,6 +22,7 @@ use figment::value::{Dict, Map, Value};
 use figment::{Figment, Metadata, Profile, Provider};
 use oncebox_gateway::policy::{GatewayConfig, Limits};
 
+pub use consumer::{Broker, ConsumerSpec};
 pub use describe::describe;
 use raw::{RawConfig, RawLimits};
 
@@ -51,6 +53,8 @@ pub struct Settings {
     /// Accepted but risky choices, e.g. a source without signature; printed by the caller.
     pub warnings: Vec<String>,
     pub relay: oncebox_relay::RelayOptions,
+    /// `[consumers]`: broker queues and streams read by `oncebox consume`.
+    pub consumers: Vec<ConsumerSpec>,
 }
 
 /// Written by hand because `GatewayConfig`'s derived `Debug` would print the admin token, and a
@@ -67,6 +71,7 @@ impl fmt::Debug for Settings {
             .field("limits", &gw.limits)
             .field("routes", &gw.routes)
             .field("relay", &self.relay)
+            .field("consumers", &self.consumers)
             .field("warnings", &self.warnings)
             .finish()
     }
@@ -328,8 +333,14 @@ fn validate(raw: RawConfig, p: &mut Problems<'_>) -> Settings {
         .filter_map(|(name, r)| route::validate(name, r, &sources, open_sources, p))
         .collect();
     let relay = relay_options(&raw.relay, &routes, p);
+    let consumers = raw
+        .consumers
+        .iter()
+        .filter_map(|(name, c)| consumer::validate(name, c, p))
+        .collect();
     Settings {
         relay,
+        consumers,
         listen,
         database,
         gateway: GatewayConfig {

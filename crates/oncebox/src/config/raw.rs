@@ -28,6 +28,8 @@ pub(super) struct RawConfig {
     pub routes: BTreeMap<String, super::route::RawRoute>,
     #[serde(default)]
     pub relay: RawRelay,
+    #[serde(default)]
+    pub consumers: BTreeMap<String, super::consumer::RawConsumer>,
 }
 
 /// `[relay]`: tuning of the relay that delivers to routes.

@@ -1,0 +1,370 @@
+//! One `[consumers.<name>]` table validated into a `ConsumerSpec`: a RabbitMQ queue or a NATS
+//! JetStream stream read into the inbox, with where each message's key comes from, the
+//! quarantine, and the in-flight limit.
+
+use std::time::Duration;
+
+use oncebox_core::consume::{KeyRule, MessageRules, RetryPolicy};
+use oncebox_core::json::Pointer;
+use oncebox_core::{FingerprintMode, Source};
+use serde::Deserialize;
+
+use super::Problems;
+use super::raw::{ByteSize, HumanDuration, RawEventId, RawFingerprint};
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawConsumer {
+    pub source: Option<String>,
+    /// RabbitMQ: the queue to consume.
+    pub queue: Option<String>,
+    /// NATS: the JetStream stream, an optional filter subject and the durable's name.
+    pub stream: Option<String>,
+    pub subject: Option<String>,
+    pub durable: Option<String>,
+    pub key: Option<RawKey>,
+    pub fingerprint: Option<RawFingerprint>,
+    pub max_body: Option<ByteSize>,
+    /// RabbitMQ: an exchange (routing key: the queue's name). NATS: a subject a stream keeps.
+    pub quarantine: Option<String>,
+    pub prefetch: Option<u32>,
+    pub ack_wait: Option<HumanDuration>,
+    pub retry_delay: Option<HumanDuration>,
+    pub max_attempts: Option<u32>,
+}
+
+/// `"message-id"` or `{ header = … }` / `{ pointer = … }` / `{ derive = […] }`.
+#[derive(Deserialize)]
+#[serde(untagged)]
+pub(super) enum RawKey {
+    Named(String),
+    Table(RawEventId),
+}
+
+/// Which broker a consumer reads and what it names there.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Broker {
+    Amqp {
+        queue: String,
+        /// Quarantine exchange.
+        quarantine: String,
+        prefetch: u16,
+    },
+    Nats {
+        stream: String,
+        subject: Option<String>,
+        durable: String,
+        /// Quarantine subject.
+        quarantine: String,
+        batch: usize,
+        ack_wait: Duration,
+    },
+}
+
+/// A validated consumer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConsumerSpec {
+    pub name: String,
+    pub broker: Broker,
+    pub rules: MessageRules,
+    pub retry: RetryPolicy,
+}
+
+const DEFAULT_PREFETCH: u32 = 64;
+const DEFAULT_MAX_BODY: u64 = 1 << 20;
+const MAX_MAX_BODY: u64 = 64 << 20;
+
+/// The consumer, or `None` after pushing its problems.
+pub(super) fn validate(
+    name: &str,
+    raw: &RawConsumer,
+    p: &mut Problems<'_>,
+) -> Option<ConsumerSpec> {
+    let path = format!("consumers.{name}");
+    let before = p.count();
+    let source = match raw.source.as_deref().map(Source::new) {
+        Some(Ok(s)) => Some(s),
+        Some(Err(e)) => {
+            p.push(&format!("{path}.source"), e);
+            None
+        }
+        None => {
+            p.push(
+                &format!("{path}.source"),
+                "required: the source its keys belong to",
+            );
+            None
+        }
+    };
+    let key = match &raw.key {
+        None => {
+            p.push(
+                &format!("{path}.key"),
+                "required: \"message-id\", { header = … }, { pointer = … } or { derive = […] }",
+            );
+            None
+        }
+        Some(k) => key(&format!("{path}.key"), k, p),
+    };
+    let fingerprint = match &raw.fingerprint {
+        None | Some(RawFingerprint::Json) => FingerprintMode::Json,
+        Some(RawFingerprint::Raw) => FingerprintMode::Raw,
+        Some(RawFingerprint::Fields(f)) => {
+            FingerprintMode::Fields(pointers(&format!("{path}.fingerprint.fields"), f, p))
+        }
+    };
+    let max_body = raw.max_body.map_or(DEFAULT_MAX_BODY, |b| b.0);
+    if max_body == 0 || max_body > MAX_MAX_BODY {
+        p.push(
+            &format!("{path}.max_body"),
+            format_args!("must be 1 byte to {MAX_MAX_BODY} bytes"),
+        );
+    }
+    let quarantine = raw.quarantine.clone().unwrap_or_default();
+    if quarantine.trim().is_empty() {
+        p.push(
+            &format!("{path}.quarantine"),
+            "required: where messages that can never be processed go (an exchange for RabbitMQ, a subject for NATS)",
+        );
+    }
+    let prefetch = raw.prefetch.unwrap_or(DEFAULT_PREFETCH);
+    if prefetch == 0 || prefetch > u32::from(u16::MAX) {
+        p.push(&format!("{path}.prefetch"), "must be 1 to 65535");
+    }
+    let d = RetryPolicy::default();
+    let retry = RetryPolicy {
+        delay: raw.retry_delay.map_or(d.delay, |v| v.0),
+        max_attempts: raw.max_attempts.unwrap_or(d.max_attempts),
+        ..d
+    };
+    if retry.max_attempts == 0 {
+        p.push(&format!("{path}.max_attempts"), "must be at least 1");
+    }
+    let broker = match (&raw.queue, &raw.stream) {
+        (Some(queue), None) => {
+            for field in [("subject", &raw.subject), ("durable", &raw.durable)] {
+                if field.1.is_some() {
+                    p.push(
+                        &format!("{path}.{}", field.0),
+                        "only for NATS consumers (with stream)",
+                    );
+                }
+            }
+            if raw.ack_wait.is_some() {
+                p.push(
+                    &format!("{path}.ack_wait"),
+                    "only for NATS consumers (with stream)",
+                );
+            }
+            Some(Broker::Amqp {
+                queue: queue.clone(),
+                quarantine,
+                prefetch: u16::try_from(prefetch).unwrap_or(u16::MAX),
+            })
+        }
+        (None, Some(stream)) => {
+            let ack_wait = raw.ack_wait.map_or(Duration::from_secs(30), |v| v.0);
+            if ack_wait < Duration::from_secs(1) {
+                p.push(&format!("{path}.ack_wait"), "must be at least 1s");
+            }
+            Some(Broker::Nats {
+                stream: stream.clone(),
+                subject: raw.subject.clone(),
+                durable: raw
+                    .durable
+                    .clone()
+                    .unwrap_or_else(|| format!("oncebox-{name}")),
+                quarantine,
+                batch: prefetch as usize,
+                ack_wait,
+            })
+        }
+        _ => {
+            p.push(
+                &path,
+                "set exactly one of queue (RabbitMQ) or stream (NATS)",
+            );
+            None
+        }
+    };
+    if p.count() > before {
+        return None;
+    }
+    let mut rules = MessageRules::new(source?, key?);
+    rules.fingerprint = fingerprint;
+    rules.max_body = usize::try_from(max_body).unwrap_or(usize::MAX);
+    Some(ConsumerSpec {
+        name: name.to_owned(),
+        broker: broker?,
+        rules,
+        retry,
+    })
+}
+
+fn key(path: &str, raw: &RawKey, p: &mut Problems<'_>) -> Option<KeyRule> {
+    let t = match raw {
+        RawKey::Named(n) if n == "message-id" => return Some(KeyRule::MessageId),
+        RawKey::Named(n) => {
+            p.push(
+                path,
+                format_args!("{n:?}: expected \"message-id\" or a table"),
+            );
+            return None;
+        }
+        RawKey::Table(t) => t,
+    };
+    match (&t.header, &t.pointer, &t.derive) {
+        // Broker headers are matched exactly as written (AMQP tables and NATS headers keep case).
+        (Some(h), None, None) if !h.trim().is_empty() => Some(KeyRule::Header(h.clone())),
+        (Some(_), None, None) => {
+            p.push(&format!("{path}.header"), "must not be empty");
+            None
+        }
+        (None, Some(ptr), None) => Some(KeyRule::Pointer(pointer(
+            &format!("{path}.pointer"),
+            ptr,
+            p,
+        ))),
+        (None, None, Some(f)) => Some(KeyRule::Derive(pointers(&format!("{path}.derive"), f, p))),
+        _ => {
+            p.push(path, "set exactly one of header, pointer or derive");
+            None
+        }
+    }
+}
+
+fn pointer(path: &str, text: &str, p: &mut Problems<'_>) -> Pointer {
+    Pointer::parse(text).unwrap_or_else(|e| {
+        p.push(path, format_args!("invalid JSON pointer {text:?}: {e}"));
+        Pointer::default()
+    })
+}
+
+fn pointers(path: &str, texts: &[String], p: &mut Problems<'_>) -> Vec<Pointer> {
+    if texts.is_empty() {
+        p.push(path, "needs at least one JSON pointer");
+    }
+    texts
+        .iter()
+        .enumerate()
+        .map(|(i, t)| pointer(&format!("{path}[{i}]"), t, p))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use figment::Jail;
+
+    use super::super::{Overrides, Settings, load};
+    use super::*;
+
+    #[expect(
+        clippy::result_large_err,
+        reason = "figment's Jail fixes the closure's error type"
+    )]
+    fn load_toml(toml: &str) -> Result<Settings, String> {
+        let mut out = None;
+        Jail::expect_with(|jail| {
+            jail.clear_env();
+            jail.create_file("oncebox.toml", toml)?;
+            out = Some(load(&Overrides::default()).map_err(|e| format!("{e:#}")));
+            Ok(())
+        });
+        out.expect("the jail ran")
+    }
+
+    #[test]
+    fn consumers_of_both_brokers_are_read() {
+        let s = load_toml(
+            r#"
+[consumers.orders]
+source = "shop"
+queue = "orders"
+key = "message-id"
+quarantine = "oncebox.quarantine"
+prefetch = 128
+
+[consumers.payments]
+source = "pay"
+stream = "PAYMENTS"
+subject = "payments.done"
+key = { pointer = "/id" }
+fingerprint = "raw"
+quarantine = "payments.quarantine"
+ack_wait = "1m"
+max_attempts = 2
+"#,
+        )
+        .unwrap();
+        let [orders, payments] = &s.consumers[..] else {
+            panic!("two consumers: {:?}", s.consumers);
+        };
+        assert_eq!(
+            orders.broker,
+            Broker::Amqp {
+                queue: "orders".into(),
+                quarantine: "oncebox.quarantine".into(),
+                prefetch: 128
+            }
+        );
+        assert_eq!(orders.rules.key, KeyRule::MessageId);
+        assert_eq!(orders.rules.source.as_str(), "shop");
+        let Broker::Nats {
+            durable,
+            subject,
+            ack_wait,
+            ..
+        } = &payments.broker
+        else {
+            panic!("a NATS consumer: {payments:?}");
+        };
+        assert_eq!(durable, "oncebox-payments");
+        assert_eq!(subject.as_deref(), Some("payments.done"));
+        assert_eq!(*ack_wait, Duration::from_secs(60));
+        assert_eq!(payments.rules.fingerprint, FingerprintMode::Raw);
+        assert_eq!(payments.retry.max_attempts, 2);
+        assert_eq!(
+            payments.rules.key,
+            KeyRule::Pointer(Pointer::parse("/id").unwrap())
+        );
+    }
+
+    #[test]
+    fn bad_consumers_name_the_field() {
+        for (toml, field) in [
+            (
+                "queue = \"q\"\nstream = \"S\"\nkey = \"message-id\"\nquarantine = \"x\"",
+                "consumers.c: set exactly one of queue",
+            ),
+            (
+                "queue = \"q\"\nquarantine = \"x\"",
+                "consumers.c.key: required",
+            ),
+            (
+                "queue = \"q\"\nkey = \"message-id\"",
+                "consumers.c.quarantine: required",
+            ),
+            (
+                "queue = \"q\"\nkey = { pointer = \"id\" }\nquarantine = \"x\"",
+                "consumers.c.key.pointer",
+            ),
+            (
+                "queue = \"q\"\nkey = \"offset\"\nquarantine = \"x\"",
+                "consumers.c.key",
+            ),
+            (
+                "queue = \"q\"\nkey = \"message-id\"\nquarantine = \"x\"\nprefetch = 0",
+                "consumers.c.prefetch",
+            ),
+            (
+                "queue = \"q\"\nkey = \"message-id\"\nquarantine = \"x\"\nack_wait = \"5s\"",
+                "consumers.c.ack_wait",
+            ),
+        ] {
+            let e = load_toml(&format!("[consumers.c]\nsource = \"shop\"\n{toml}\n")).unwrap_err();
+            assert!(e.contains(field), "{field:?} missing from: {e}");
+        }
+        let e = load_toml("[consumers.c]\nsource = \"Shop\"\nqueue = \"q\"\nkey = \"message-id\"\nquarantine = \"x\"\n").unwrap_err();
+        assert!(e.contains("consumers.c.source"), "{e}");
+    }
+}

@@ -1,0 +1,201 @@
+//! `oncebox consume`: the configured `[consumers]` read RabbitMQ queues and NATS JetStream
+//! streams into the store — each message stored once, with one delivery per matching route,
+//! exactly as the gateway stores a webhook — and reconnect after broker failures until SIGINT
+//! or SIGTERM.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Result, bail};
+use oncebox_core::consume::{Apply, Position};
+use oncebox_core::store::{EventStore, Ingest};
+use oncebox_core::{Clock, Event, ProcessError, Processed, SystemClock};
+use oncebox_gateway::policy::GatewayConfig;
+use tokio::sync::watch;
+
+use crate::config::{Broker, ConsumerSpec, Settings};
+use crate::store::Store;
+
+/// Longest wait between reconnection attempts.
+const MAX_BACKOFF: Duration = Duration::from_secs(30);
+
+/// The gateway's ingest as an `Apply`: the event, its first answer and its routes' deliveries
+/// commit together.
+struct Ingesting {
+    store: Store,
+    config: Arc<GatewayConfig>,
+}
+
+impl Apply for Ingesting {
+    async fn apply(&self, event: Event, _: Option<Position>) -> Result<Processed, ProcessError> {
+        let source = event.key.source.clone();
+        let doc = self
+            .config
+            .routes_read_body(&source)
+            .then(|| oncebox_core::json::parse(&event.payload).ok())
+            .flatten();
+        let accepted = serde_json::json!({
+            "status": "accepted",
+            "source": source.as_str(),
+            "event_id": event.key.event_id.as_str(),
+            "received_at": oncebox_gateway::rfc3339(SystemClock.now()),
+        })
+        .to_string()
+        .into_bytes();
+        let ingest = Ingest {
+            routes: self.config.routes_for(&source, doc.as_ref()),
+            event,
+            order: None,
+            accepted,
+            stale: Vec::new(),
+        };
+        self.store.ingest(ingest).await
+    }
+}
+
+/// Runs every configured consumer whose broker was given a URL.
+pub async fn run(settings: Settings, amqp: Option<String>, nats: Option<String>) -> Result<()> {
+    if amqp.is_none() && nats.is_none() {
+        bail!("give --amqp URL and/or --nats URL (or ONCEBOX_AMQP_URL / ONCEBOX_NATS_URL)");
+    }
+    let store = Store::open(&settings.database).await?;
+    let config = Arc::new(settings.gateway);
+    let (stop, stopped) = watch::channel(false);
+    let mut tasks = tokio::task::JoinSet::new();
+    for spec in settings.consumers {
+        let apply = Ingesting {
+            store: store.clone(),
+            config: config.clone(),
+        };
+        let stopped = stopped.clone();
+        match (&spec.broker, &amqp, &nats) {
+            (Broker::Amqp { .. }, Some(url), _) => {
+                tasks.spawn(amqp_forever(spec, url.clone(), apply, stopped));
+            }
+            (Broker::Nats { .. }, _, Some(url)) => {
+                tasks.spawn(nats_forever(spec, url.clone(), apply, stopped));
+            }
+            _ => tracing::warn!(consumer = %spec.name, "skipped: no URL given for its broker"),
+        }
+    }
+    if tasks.is_empty() {
+        bail!("no [consumers] to run with the brokers given");
+    }
+    tracing::info!(consumers = tasks.len(), "consuming");
+    shutdown_signal().await;
+    let _ = stop.send(true);
+    // Each consumer settles the messages in hand before its task ends.
+    while tasks.join_next().await.is_some() {}
+    tracing::info!("consumers stopped");
+    Ok(())
+}
+
+async fn amqp_forever(
+    spec: ConsumerSpec,
+    url: String,
+    apply: Ingesting,
+    stopped: watch::Receiver<bool>,
+) {
+    let Broker::Amqp {
+        queue,
+        quarantine,
+        prefetch,
+    } = &spec.broker
+    else {
+        return;
+    };
+    let mut options = oncebox_amqp::ConsumerOptions::new(queue, spec.rules.clone(), quarantine);
+    options.prefetch = *prefetch;
+    options.retry = spec.retry;
+    let consumer = oncebox_amqp::Consumer::new(apply, options);
+    let mut backoff = Duration::from_secs(1);
+    while !*stopped.borrow() {
+        let conn = lapin::Connection::connect(&url, lapin::ConnectionProperties::default()).await;
+        let ended = match conn {
+            Ok(conn) => {
+                tracing::info!(consumer = %spec.name, %queue, "consuming from RabbitMQ");
+                backoff = Duration::from_secs(1);
+                let r = consumer.run(&conn, wait_for(stopped.clone())).await;
+                let _ = conn.close(200, "shutdown".into()).await;
+                r.map_err(|e| e.to_string())
+            }
+            Err(e) => Err(e.to_string()),
+        };
+        if let Err(e) = ended {
+            tracing::warn!(consumer = %spec.name, error = %e, retry_in = ?backoff, "RabbitMQ consumer stopped; reconnecting");
+            pause(&mut backoff, &stopped).await;
+        }
+    }
+}
+
+async fn nats_forever(
+    spec: ConsumerSpec,
+    url: String,
+    apply: Ingesting,
+    stopped: watch::Receiver<bool>,
+) {
+    let Broker::Nats {
+        stream,
+        subject,
+        durable,
+        quarantine,
+        batch,
+        ack_wait,
+    } = &spec.broker
+    else {
+        return;
+    };
+    let mut options =
+        oncebox_nats::ConsumerOptions::new(stream, durable, spec.rules.clone(), quarantine);
+    options.filter_subject = subject.clone();
+    options.batch = *batch;
+    options.ack_wait = *ack_wait;
+    options.retry = spec.retry;
+    let consumer = oncebox_nats::Consumer::new(apply, options);
+    let mut backoff = Duration::from_secs(1);
+    while !*stopped.borrow() {
+        let ended = match async_nats::connect(&url).await {
+            Ok(client) => {
+                tracing::info!(consumer = %spec.name, %stream, "consuming from NATS JetStream");
+                backoff = Duration::from_secs(1);
+                let js = async_nats::jetstream::new(client);
+                consumer
+                    .run(&js, wait_for(stopped.clone()))
+                    .await
+                    .map_err(|e| e.to_string())
+            }
+            Err(e) => Err(e.to_string()),
+        };
+        if let Err(e) = ended {
+            tracing::warn!(consumer = %spec.name, error = %e, retry_in = ?backoff, "NATS consumer stopped; reconnecting");
+            pause(&mut backoff, &stopped).await;
+        }
+    }
+}
+
+/// Waits `backoff` (or until shutdown), then doubles it up to `MAX_BACKOFF`.
+async fn pause(backoff: &mut Duration, stopped: &watch::Receiver<bool>) {
+    let _ = tokio::time::timeout(*backoff, wait_for(stopped.clone())).await;
+    *backoff = (*backoff * 2).min(MAX_BACKOFF);
+}
+
+async fn wait_for(mut stopped: watch::Receiver<bool>) {
+    let _ = stopped.wait_for(|s| *s).await;
+}
+
+async fn shutdown_signal() {
+    let interrupt = tokio::signal::ctrl_c();
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        _ = interrupt => {}
+        () = terminate => {}
+    }
+    tracing::info!("shutdown requested");
+}
