@@ -4,11 +4,10 @@
 
 use std::collections::HashMap;
 use std::future::Future;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::StreamExt;
-use futures::stream::FuturesUnordered;
 use lapin::message::Delivery;
 use lapin::options::{
     BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions,
@@ -72,6 +71,11 @@ pub enum ConsumeError {
 
 /// A RabbitMQ consumer that applies each message through `A`.
 pub struct Consumer<A> {
+    shared: Arc<Shared<A>>,
+}
+
+/// What every delivery's task needs.
+struct Shared<A> {
     apply: A,
     options: ConsumerOptions,
     counts: watch::Sender<Counts>,
@@ -81,8 +85,8 @@ pub struct Consumer<A> {
 impl<A> std::fmt::Debug for Consumer<A> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Consumer")
-            .field("options", &self.options)
-            .field("counts", &*self.counts.borrow())
+            .field("options", &self.shared.options)
+            .field("counts", &*self.shared.counts.borrow())
             .finish_non_exhaustive()
     }
 }
@@ -90,16 +94,18 @@ impl<A> std::fmt::Debug for Consumer<A> {
 impl<A: Apply> Consumer<A> {
     pub fn new(apply: A, options: ConsumerOptions) -> Consumer<A> {
         Consumer {
-            apply,
-            options,
-            counts: watch::Sender::new(Counts::default()),
-            failures: Mutex::new(HashMap::new()),
+            shared: Arc::new(Shared {
+                apply,
+                options,
+                counts: watch::Sender::new(Counts::default()),
+                failures: Mutex::new(HashMap::new()),
+            }),
         }
     }
 
     /// What this consumer settled so far; `wait_for` on it waits for a condition.
     pub fn counts(&self) -> watch::Receiver<Counts> {
-        self.counts.subscribe()
+        self.shared.counts.subscribe()
     }
 
     /// Consumes until `shutdown` completes or the connection fails. On shutdown it stops taking
@@ -110,9 +116,10 @@ impl<A: Apply> Consumer<A> {
         connection: &Connection,
         shutdown: impl Future<Output = ()>,
     ) -> Result<(), ConsumeError> {
+        let o = &self.shared.options;
         let channel = connection.create_channel().await?;
         channel
-            .basic_qos(self.options.prefetch.max(1), BasicQosOptions::default())
+            .basic_qos(o.prefetch.max(1), BasicQosOptions::default())
             .await?;
         // Quarantine publishes wait for confirms on a channel of their own, so the consuming
         // channel's acks never queue behind them.
@@ -122,7 +129,7 @@ impl<A: Apply> Consumer<A> {
             .await?;
         let mut deliveries = channel
             .basic_consume(
-                self.options.queue.as_str().into(),
+                o.queue.as_str().into(),
                 "".into(),
                 BasicConsumeOptions::default(),
                 FieldTable::default(),
@@ -130,14 +137,19 @@ impl<A: Apply> Consumer<A> {
             .await?;
         let tag = deliveries.tag();
         let (stop, stopping) = watch::channel(false);
-        let mut in_hand = FuturesUnordered::new();
+        // Each delivery is its own task, so decoding, fingerprinting and the store's calls
+        // spread over the runtime's threads; the set is always drained before returning.
+        let mut in_hand = tokio::task::JoinSet::new();
         let mut shutdown = std::pin::pin!(shutdown);
         let ended = loop {
             tokio::select! {
                 () = &mut shutdown => break Ok(()),
-                Some(()) = in_hand.next(), if !in_hand.is_empty() => {}
+                Some(_) = in_hand.join_next(), if !in_hand.is_empty() => {}
                 next = deliveries.next() => match next {
-                    Some(Ok(delivery)) => in_hand.push(self.handle(delivery, &publish, stopping.clone())),
+                    Some(Ok(delivery)) => {
+                        let shared = self.shared.clone();
+                        in_hand.spawn(shared.handle(delivery, publish.clone(), stopping.clone()));
+                    }
                     Some(Err(e)) => break Err(ConsumeError::Broker(e)),
                     None if channel.status().connected() => break Err(ConsumeError::Cancelled),
                     None => break Err(ConsumeError::Closed),
@@ -152,13 +164,20 @@ impl<A: Apply> Consumer<A> {
                 .await;
         }
         let _ = stop.send(true);
-        while in_hand.next().await.is_some() {}
+        while in_hand.join_next().await.is_some() {}
         let _ = publish.close(200, "shutdown".into()).await;
         let _ = channel.close(200, "shutdown".into()).await;
         ended
     }
+}
 
-    async fn handle(&self, delivery: Delivery, publish: &Channel, stopping: watch::Receiver<bool>) {
+impl<A: Apply> Shared<A> {
+    async fn handle(
+        self: Arc<Self>,
+        delivery: Delivery,
+        publish: Channel,
+        stopping: watch::Receiver<bool>,
+    ) {
         let props = Props(&delivery.properties);
         let content_type = delivery.properties.content_type().as_ref();
         let settle = match self.options.rules.event(
@@ -174,7 +193,7 @@ impl<A: Apply> Consumer<A> {
                 decide(outcome, attempt, &self.options.retry)
             }
         };
-        let (settle, acked) = self.settle(settle, &delivery, publish, stopping).await;
+        let (settle, acked) = self.settle(settle, &delivery, &publish, stopping).await;
         self.counts.send_modify(|c| c.add(&settle, acked));
     }
 

@@ -4,12 +4,12 @@
 //! a NAK with a delay.
 
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_nats::jetstream::consumer::{AckPolicy, DeliverPolicy, PullConsumer, pull};
 use async_nats::jetstream::{self, AckKind};
 use futures::StreamExt;
-use futures::stream::FuturesUnordered;
 use oncebox_core::consume::{
     Apply, Counts, MessageRules, Position, Requeue, RetryPolicy, Settle, decide,
 };
@@ -89,6 +89,11 @@ pub enum ConsumeError {
 
 /// A JetStream consumer that applies each message through `A`.
 pub struct Consumer<A> {
+    shared: Arc<Shared<A>>,
+}
+
+/// What every message's task needs.
+struct Shared<A> {
     apply: A,
     options: ConsumerOptions,
     counts: watch::Sender<Counts>,
@@ -97,8 +102,8 @@ pub struct Consumer<A> {
 impl<A> std::fmt::Debug for Consumer<A> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Consumer")
-            .field("options", &self.options)
-            .field("counts", &*self.counts.borrow())
+            .field("options", &self.shared.options)
+            .field("counts", &*self.shared.counts.borrow())
             .finish_non_exhaustive()
     }
 }
@@ -106,20 +111,22 @@ impl<A> std::fmt::Debug for Consumer<A> {
 impl<A: Apply> Consumer<A> {
     pub fn new(apply: A, options: ConsumerOptions) -> Consumer<A> {
         Consumer {
-            apply,
-            options,
-            counts: watch::Sender::new(Counts::default()),
+            shared: Arc::new(Shared {
+                apply,
+                options,
+                counts: watch::Sender::new(Counts::default()),
+            }),
         }
     }
 
     /// What this consumer settled so far; `wait_for` on it waits for a condition.
     pub fn counts(&self) -> watch::Receiver<Counts> {
-        self.counts.subscribe()
+        self.shared.counts.subscribe()
     }
 
     /// The durable pull consumer, created when absent.
     pub async fn bind(&self, js: &jetstream::Context) -> Result<PullConsumer, ConsumeError> {
-        let o = &self.options;
+        let o = &self.shared.options;
         let setup = |e: &dyn std::fmt::Display| ConsumeError::Setup(e.to_string());
         let stream = js.get_stream(&o.stream).await.map_err(|e| setup(&e))?;
         let config = pull::Config {
@@ -159,10 +166,10 @@ impl<A: Apply> Consumer<A> {
         shutdown: impl Future<Output = ()>,
     ) -> Result<(), ConsumeError> {
         let consumer = self.bind(js).await?;
-        let limit = if self.options.watermark {
+        let limit = if self.shared.options.watermark {
             1
         } else {
-            self.options.batch.max(1)
+            self.shared.options.batch.max(1)
         };
         let mut messages = consumer
             .stream()
@@ -172,24 +179,30 @@ impl<A: Apply> Consumer<A> {
             .messages()
             .await
             .map_err(|e| ConsumeError::Pull(e.to_string()))?;
-        let mut in_hand = FuturesUnordered::new();
+        // Each message is its own task, so decoding, fingerprinting and the store's calls
+        // spread over the runtime's threads; the set is always drained before returning.
+        let mut in_hand = tokio::task::JoinSet::new();
         let mut shutdown = std::pin::pin!(shutdown);
         let ended = loop {
             tokio::select! {
                 () = &mut shutdown => break Ok(()),
-                Some(()) = in_hand.next(), if !in_hand.is_empty() => {}
+                Some(_) = in_hand.join_next(), if !in_hand.is_empty() => {}
                 next = messages.next(), if in_hand.len() < limit => match next {
-                    Some(Ok(message)) => in_hand.push(self.handle(js, message)),
+                    Some(Ok(message)) => {
+                        in_hand.spawn(self.shared.clone().handle(js.clone(), message));
+                    }
                     Some(Err(e)) => break Err(ConsumeError::Pull(e.to_string())),
                     None => break Err(ConsumeError::Pull("message stream ended".into())),
                 },
             }
         };
-        while in_hand.next().await.is_some() {}
+        while in_hand.join_next().await.is_some() {}
         ended
     }
+}
 
-    async fn handle(&self, js: &jetstream::Context, message: jetstream::Message) {
+impl<A: Apply> Shared<A> {
+    async fn handle(self: Arc<Self>, js: jetstream::Context, message: jetstream::Message) {
         let o = &self.options;
         // The sequence is the stream's position of the stored message: stable across
         // redeliveries, so fit for the watermark, yet never part of the key.
@@ -211,7 +224,7 @@ impl<A: Apply> Consumer<A> {
                 decide(outcome, attempt, &o.retry)
             }
         };
-        let (settle, acked) = self.settle(settle, js, &message).await;
+        let (settle, acked) = self.settle(settle, &js, &message).await;
         self.counts.send_modify(|c| c.add(&settle, acked));
     }
 
