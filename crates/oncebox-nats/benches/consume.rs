@@ -3,7 +3,8 @@
 //! every message without any dedup, on the same backlog with 10% duplicates.
 //!
 //! `ONCEBOX_NATS_URL=nats://127.0.0.1:4222 cargo bench -p oncebox-nats --bench consume`
-//! (options: `-- --messages N --batch N`). Each run fills a fresh stream first, then times the
+//! (options: `-- --messages N --batch N`, `--inbox-only 1` to profile the inbox path alone).
+//! Each run fills a fresh stream first, then times the
 //! drain from the consumer's start to the last ack. Prints figures; asserts only that every key
 //! was applied exactly once, never anything about time.
 
@@ -117,11 +118,16 @@ async fn main() {
     let run_id = uuid::Uuid::new_v4().simple().to_string();
 
     let plain_s = format!("ONCEBOX_BENCH_PLAIN_{run_id}");
-    fill(&js, &plain_s, &ids).await;
-    let ack_all = from_fn(|_event, _position| async {
-        Ok::<_, oncebox_core::ProcessError>(Processed::Applied(Response::completed("")))
-    });
-    let plain = drain(&js, &plain_s, n, batch, ack_all).await;
+    // `--inbox-only 1` skips the no-dedup loop, to profile the inbox path alone.
+    let plain = if bench_arg("--inbox-only", 0) == 0 {
+        fill(&js, &plain_s, &ids).await;
+        let ack_all = from_fn(|_event, _position| async {
+            Ok::<_, oncebox_core::ProcessError>(Processed::Applied(Response::completed("")))
+        });
+        drain(&js, &plain_s, n, batch, ack_all).await
+    } else {
+        f64::NAN
+    };
 
     let dir = tempfile::tempdir().unwrap();
     let inbox = Inbox::open(Options::new(dir.path().join("bench.db"))).unwrap();
