@@ -4,9 +4,9 @@
 //!
 //! `ONCEBOX_NATS_URL=nats://127.0.0.1:4222 cargo bench -p oncebox-nats --bench consume`
 //! (options: `-- --messages N --batch N`, `--inbox-only 1` to profile the inbox path alone).
-//! Each run fills a fresh stream first, then times the
-//! drain from the consumer's start to the last ack. Prints figures; asserts only that every key
-//! was applied exactly once, never anything about time.
+//! Each run fills a fresh stream first, then times the drain from the consumer's start to the
+//! last ack. Prints figures; asserts only that every key was applied exactly once, never
+//! anything about time.
 
 #![allow(clippy::print_stdout, reason = "a benchmark reports on stdout")]
 
