@@ -131,3 +131,37 @@ pub(crate) async fn quarantine(
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use lapin::types::{FieldArray, FieldTable};
+
+    use super::*;
+
+    #[test]
+    fn headers_read_text_and_integers_only() {
+        let mut table = FieldTable::default();
+        table.insert("s".into(), AMQPValue::LongString("evt_1".into()));
+        table.insert("n".into(), AMQPValue::LongLongInt(-42));
+        table.insert("f".into(), AMQPValue::Double(1.5));
+        table.insert("a".into(), AMQPValue::FieldArray(FieldArray::default()));
+        table.insert("x-delivery-count".into(), AMQPValue::LongInt(2));
+        let props = BasicProperties::default()
+            .with_headers(table)
+            .with_message_id("mid".into());
+        let p = Props(&props);
+        assert_eq!(p.header("s").as_deref(), Some(&b"evt_1"[..]));
+        assert_eq!(p.header("n").as_deref(), Some(&b"-42"[..]));
+        assert_eq!(p.header("f"), None);
+        assert_eq!(p.header("a"), None);
+        assert_eq!(p.header("absent"), None);
+        assert_eq!(p.message_id().as_deref(), Some(&b"mid"[..]));
+        assert_eq!(delivery_count(&props), Some(3), "two earlier deliveries");
+        let bare = BasicProperties::default();
+        assert_eq!(
+            (Props(&bare).header("s"), Props(&bare).message_id()),
+            (None, None)
+        );
+        assert_eq!(delivery_count(&bare), None);
+    }
+}

@@ -3,9 +3,10 @@
 //! with the reason before they are acknowledged.
 
 use std::borrow::Cow;
+use std::str::FromStr;
 
-use async_nats::HeaderMap;
 use async_nats::jetstream;
+use async_nats::{HeaderMap, HeaderName};
 use oncebox_core::Source;
 use oncebox_core::consume::{MessageHeaders, Reason};
 
@@ -34,6 +35,9 @@ pub(crate) struct Headers<'a>(pub Option<&'a HeaderMap>);
 
 impl MessageHeaders for Headers<'_> {
     fn header(&self, name: &str) -> Option<Cow<'_, [u8]>> {
+        // Parsed, not passed as `&str`: the client panics on a name it cannot hold, and a
+        // name no header can have is simply absent.
+        let name = HeaderName::from_str(name).ok()?;
         let value: &str = self.0?.get(name)?.as_ref();
         Some(Cow::Borrowed(value.as_bytes()))
     }
@@ -77,4 +81,23 @@ pub(crate) async fn quarantine(
         .await?
         .await?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn header_lookups_never_panic() {
+        let mut map = HeaderMap::new();
+        map.insert("Event-Id", "evt_1");
+        map.insert(MSG_ID, "msg_1");
+        let h = Headers(Some(&map));
+        assert_eq!(h.header("Event-Id").as_deref(), Some(&b"evt_1"[..]));
+        assert_eq!(h.message_id().as_deref(), Some(&b"msg_1"[..]));
+        for bad in ["", "a:b", "a b", "caf\u{e9}", "x\ny"] {
+            assert_eq!(h.header(bad), None, "{bad:?}");
+        }
+        assert_eq!(Headers(None).header("Event-Id"), None);
+    }
 }
