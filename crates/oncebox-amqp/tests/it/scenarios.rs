@@ -23,9 +23,10 @@ fn same_message_published_five_times_has_one_effect_and_five_acks() {
         let consumer = Arc::new(Consumer::new(apply.clone(), w.options()));
         let mut counts = consumer.counts();
         let (stop, task) = start(&url, consumer.clone());
-        let done = *counts.wait_for(|c| c.acked == 5).await.unwrap();
+        counts.wait_for(|c| c.acked >= 5).await.unwrap();
         let _ = stop.send(());
         task.await.unwrap().unwrap();
+        let done = *consumer.counts().borrow();
         w.wait_ready(&w.queue, 0).await;
 
         let (d, l, f) = w.figures(&["evt_five"], apply.false_duplicates.load(Ordering::SeqCst));
@@ -52,16 +53,17 @@ fn poison_messages_are_quarantined_with_their_reason_after_one_attempt() {
         let (stop, task) = start(&url, consumer.clone());
         // The first payload of a key, applied before its conflicting twin is sent.
         w.publish(Some("evt_first"), r#"{"amount":1}"#).await;
-        counts.wait_for(|c| c.applied == 1).await.unwrap();
+        counts.wait_for(|c| c.applied >= 1).await.unwrap();
 
         w.publish(Some("evt_first"), r#"{"amount":2}"#).await; // key-reused
         w.publish(None, r#"{"amount":3}"#).await; // event-id-missing
         w.publish(Some("evt_json"), "{not json").await; // invalid-json
         w.publish(Some("   "), r#"{"amount":4}"#).await; // event-id-invalid
         w.publish(Some("evt_boom"), r#"{"boom":true}"#).await; // handler fails every time
-        let done = *counts.wait_for(|c| c.quarantined == 5).await.unwrap();
+        counts.wait_for(|c| c.quarantined >= 5).await.unwrap();
         let _ = stop.send(());
         task.await.unwrap().unwrap();
+        let done = *consumer.counts().borrow();
         w.wait_ready(&w.queue, 0).await;
 
         let reasons: Vec<String> = w.quarantined().await.into_iter().map(|(r, _)| r).collect();

@@ -38,36 +38,36 @@ fn database_unavailable_acks_nothing_and_applies_everything_after_recovery() {
         locker.execute_batch("BEGIN EXCLUSIVE").unwrap();
 
         let apply = w.checked();
-        let consumer = Arc::new(Consumer::new(apply.clone(), w.options()));
+        // Messages pulled but not started when the first consumer stops come back after this.
+        let mut options = w.options();
+        options.ack_wait = Duration::from_secs(1);
+        let consumer = Arc::new(Consumer::new(apply.clone(), options));
         let mut counts = consumer.counts();
         let (stop, task) = start(&url, consumer.clone());
         // Every message tried at least twice while the database refuses writes.
-        let during = *counts
-            .wait_for(|c| c.requeued >= 2 * OUTAGE_MESSAGES as u64)
-            .await
-            .unwrap();
+        let during = w
+            .wait_counts(&mut counts, |c| c.requeued >= 2 * OUTAGE_MESSAGES as u64)
+            .await;
         let _ = stop.send(());
         task.await.unwrap().unwrap();
         let info = w.consumer_info().await;
         assert_eq!(during.acked, 0, "nothing acknowledged during the outage");
-        // The server agrees: its ack floor never moved and every message is still owed.
+        // The server agrees: its ack floor never moved. (Its pending counts may count a message
+        // being redelivered twice, so they are no proof.) The proof that nothing was acked is
+        // below: an acknowledged message is never delivered again, yet after recovery every
+        // one of them is delivered and applied.
         assert_eq!(info.ack_floor.stream_sequence, 0);
-        assert_eq!(
-            info.num_ack_pending as u64 + info.num_pending,
-            OUTAGE_MESSAGES as u64
-        );
 
         locker.execute_batch("ROLLBACK").unwrap();
         let consumer = Arc::new(Consumer::new(apply.clone(), w.options()));
         let mut counts = consumer.counts();
         let (stop, task) = start(&url, consumer.clone());
-        let after = *counts
-            .wait_for(|c| c.applied == OUTAGE_MESSAGES as u64)
-            .await
-            .unwrap();
+        w.wait_counts(&mut counts, |c| c.applied >= OUTAGE_MESSAGES as u64)
+            .await;
         w.wait_all_acked().await;
         let _ = stop.send(());
         task.await.unwrap().unwrap();
+        let after = *consumer.counts().borrow();
 
         let keys: Vec<&str> = ids.iter().map(String::as_str).collect();
         let (d, l, f) = w.figures(&keys, apply.false_duplicates.load(Ordering::SeqCst));
@@ -124,15 +124,14 @@ fn processing_longer_than_the_ack_wait_has_one_effect() {
         assert_eq!(seen.recv().await.unwrap().event_id.as_str(), "evt_slow");
         release.send(()).unwrap();
 
-        let done = *counts
-            .wait_for(|c| {
-                c.applied == 1 && c.duplicates >= 1 && c.acked == c.applied + c.duplicates
-            })
-            .await
-            .unwrap();
+        w.wait_counts(&mut counts, |c| {
+            c.applied == 1 && c.duplicates >= 1 && c.acked == c.applied + c.duplicates
+        })
+        .await;
         let info = w.wait_all_acked().await;
         let _ = stop.send(());
         task.await.unwrap().unwrap();
+        let done = *consumer.counts().borrow();
 
         let (d, l, f) = w.figures(&["evt_slow"], apply.false_duplicates.load(Ordering::SeqCst));
         eprintln!(

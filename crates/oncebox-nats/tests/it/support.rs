@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use async_nats::HeaderMap;
 use async_nats::jetstream::{self, consumer, stream};
-use oncebox_core::consume::{Apply, KeyRule, MessageRules, Position, RetryPolicy};
+use oncebox_core::consume::{Apply, Counts, KeyRule, MessageRules, Position, RetryPolicy};
 use oncebox_core::{Event, Key, ProcessError, Processed, Response, Source};
 use oncebox_nats::{Consumer, ConsumerOptions, InboxHandler};
 use oncebox_sqlite::rusqlite::params;
@@ -148,7 +148,8 @@ impl World {
         );
         let mut o =
             ConsumerOptions::new(&self.stream, &self.durable, rules, &self.quarantine_subject);
-        o.ack_wait = Duration::from_secs(1);
+        // Long enough that no test sees a redelivery it did not ask for.
+        o.ack_wait = Duration::from_secs(10);
         o.retry = RetryPolicy {
             delay: Duration::from_millis(20),
             uncertain_delay: Duration::from_millis(20),
@@ -197,6 +198,26 @@ impl World {
             info = self.consumer_info().await;
         }
         panic!("still pending: {info:?}");
+    }
+
+    /// Waits until the consumer's counts satisfy `done`; after 20 s fails with what the
+    /// consumer and the server say, instead of hanging until the test's timeout.
+    pub async fn wait_counts(
+        &self,
+        counts: &mut tokio::sync::watch::Receiver<Counts>,
+        done: impl FnMut(&Counts) -> bool,
+    ) -> Counts {
+        let waited = tokio::time::timeout(Duration::from_secs(20), async {
+            *counts.wait_for(done).await.unwrap()
+        })
+        .await;
+        match waited {
+            Ok(c) => c,
+            Err(_) => {
+                let info = self.consumer_info().await;
+                panic!("stuck at {:?}; server: {info:?}", *counts.borrow());
+            }
+        }
     }
 
     /// The quarantined messages' reasons, in stream order.
