@@ -29,10 +29,8 @@
 mod consumer;
 pub mod crash;
 mod message;
-#[cfg(feature = "sqlite")]
-mod sqlite;
 
 pub use consumer::{ConsumeError, Consumer, ConsumerOptions};
 pub use message::QUARANTINE_HEADERS;
 #[cfg(feature = "sqlite")]
-pub use sqlite::InboxHandler;
+pub use oncebox_sqlite::InboxHandler;

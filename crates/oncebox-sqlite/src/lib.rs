@@ -18,6 +18,7 @@
 //! ```
 
 mod checkpoint;
+mod consume;
 pub mod crash;
 mod deliveries;
 mod error;
@@ -32,6 +33,7 @@ mod store;
 mod tx;
 mod writer;
 
+pub use consume::InboxHandler;
 pub use error::{Error, OpenError};
 pub use inbox::Inbox;
 pub use oncebox_core::{Record, RecordState, Resolution};

@@ -1,11 +1,13 @@
-//! `Apply` for the SQLite inbox: the caller's handler runs on the transaction that records the
-//! key, so the effect and the record commit together before the consumer acknowledges.
+//! `Apply` (the broker consumers' seam) for the SQLite inbox: the caller's handler runs on the
+//! transaction that records the key, so the effect and the record commit together before the
+//! consumer acknowledges.
 
 use std::sync::Arc;
 
 use oncebox_core::consume::{Apply, Position};
 use oncebox_core::{Event, ProcessError, Processed, Response};
-use oncebox_sqlite::{HandlerError, Inbox, OffsetMove, Tx};
+use crate::inbox::Inbox;
+use crate::tx::{HandlerError, OffsetMove, Tx};
 
 /// The SQLite inbox with the handler every new event runs.
 pub struct InboxHandler<H> {
