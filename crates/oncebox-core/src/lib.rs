@@ -4,6 +4,7 @@
 pub mod clock;
 pub mod consume;
 pub mod delivery;
+pub mod effect;
 pub mod event;
 pub mod fingerprint;
 pub mod json;
@@ -17,6 +18,7 @@ pub mod signature;
 pub mod store;
 
 pub use clock::{Clock, ManualClock, SystemClock, Timestamp};
+pub use effect::{OffsetMove, Once};
 pub use event::{Event, Meta, OutboxMessage};
 pub use fingerprint::{Fingerprint, FingerprintMode, PayloadError};
 pub use key::{EventId, InvalidKey, Key, Source};

@@ -4,7 +4,7 @@
 use std::future::Future;
 
 use crate::clock::Timestamp;
-use crate::event::{Event, Meta};
+use crate::event::{Event, Meta, OutboxMessage};
 use crate::fingerprint::Fingerprint;
 use crate::key::{Key, Source};
 use crate::outcome::{ProcessError, Processed, Response, Unavailable};
@@ -30,6 +30,28 @@ pub struct Ingest {
     /// Routes that receive the event: one delivery each, committed with the event (a stale
     /// event gets none).
     pub routes: Vec<String>,
+}
+
+impl Ingest {
+    /// The event's deliveries, one per route, each keyed `{source}:{event_id}` for every
+    /// attempt, forever (do not change), with the event's content type (JSON when it has none).
+    pub fn messages(&self) -> Vec<OutboxMessage> {
+        let content_type = self
+            .event
+            .meta
+            .content_type
+            .clone()
+            .unwrap_or_else(|| "application/json".to_owned());
+        self.routes
+            .iter()
+            .map(|route| OutboxMessage {
+                destination: route.clone(),
+                idempotency_key: self.event.key.to_string(),
+                payload: self.event.payload.clone(),
+                content_type: content_type.clone(),
+            })
+            .collect()
+    }
 }
 
 /// A stored event as operators see it.

@@ -5,8 +5,7 @@ use std::time::Instant;
 
 use oncebox_core::store::{EventFilter, EventStore, Ingest, Page, Stats, StoredEvent};
 use oncebox_core::{
-    Key, OutboxMessage, ProcessError, Processed, Response, ResponseKind, Retention, Timestamp,
-    Unavailable,
+    Key, ProcessError, Processed, Response, ResponseKind, Retention, Timestamp, Unavailable,
 };
 
 use crate::batch::Answer;
@@ -23,30 +22,16 @@ impl Inbox {
     /// The per-event path of `ingest`: the ordering guard needs the entity's version read and
     /// moved inside the event's own transaction.
     async fn ingest_one(&self, ingest: Ingest) -> Result<Processed, ProcessError> {
+        let messages = ingest.messages();
         let Ingest {
             event,
             order,
             accepted,
             stale,
-            routes,
+            ..
         } = ingest;
         // Entities are namespaced by source: two senders' order ids are unrelated.
         let namespace = event.key.source.as_str().to_owned();
-        let content_type = event
-            .meta
-            .content_type
-            .clone()
-            .unwrap_or_else(|| "application/json".to_owned());
-        let messages: Vec<OutboxMessage> = routes
-            .into_iter()
-            .map(|route| OutboxMessage {
-                destination: route,
-                // `{source}:{event_id}` for every attempt, forever. Do not change.
-                idempotency_key: event.key.to_string(),
-                payload: event.payload.clone(),
-                content_type: content_type.clone(),
-            })
-            .collect();
         self.process(event, move |tx| {
             Box::pin(async move {
                 if let Some(order) = &order {

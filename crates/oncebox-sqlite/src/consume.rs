@@ -4,10 +4,10 @@
 
 use std::sync::Arc;
 
-use oncebox_core::consume::{Apply, Position};
-use oncebox_core::{Event, ProcessError, Processed, Response};
 use crate::inbox::Inbox;
 use crate::tx::{HandlerError, OffsetMove, Tx};
+use oncebox_core::consume::{Apply, Position};
+use oncebox_core::{Event, ProcessError, Processed, Response};
 
 /// The SQLite inbox with the handler every new event runs.
 pub struct InboxHandler<H> {

@@ -3,8 +3,8 @@
 
 use oncebox_core::store::{EventFilter, EventStore, Ingest, Page, Stats, StoredEvent};
 use oncebox_core::{
-    Fingerprint, Key, Meta, OutboxMessage, ProcessError, Processed, Response, ResponseKind,
-    Retention, Source, Timestamp, Unavailable,
+    Fingerprint, Key, Meta, ProcessError, Processed, Response, ResponseKind, Retention, Source,
+    Timestamp, Unavailable,
 };
 use rusqlite::{Connection, OptionalExtension, Row, params};
 
@@ -108,30 +108,16 @@ fn stats(c: &Connection) -> rusqlite::Result<Stats> {
 
 impl EventStore for Inbox {
     async fn ingest(&self, ingest: Ingest) -> Result<Processed, ProcessError> {
+        let messages = ingest.messages();
         let Ingest {
             event,
             order,
             accepted,
             stale,
-            routes,
+            ..
         } = ingest;
         // Entities are namespaced by source: two senders' order ids are unrelated.
         let namespace = event.key.source.as_str().to_owned();
-        let content_type = event
-            .meta
-            .content_type
-            .clone()
-            .unwrap_or_else(|| "application/json".to_owned());
-        let messages: Vec<OutboxMessage> = routes
-            .into_iter()
-            .map(|route| OutboxMessage {
-                destination: route,
-                // `{source}:{event_id}` for every attempt, forever. Do not change.
-                idempotency_key: event.key.to_string(),
-                payload: event.payload.clone(),
-                content_type: content_type.clone(),
-            })
-            .collect();
         let Some(order) = order else {
             // Without an ordering guard a new key needs one write; a known key (duplicate,
             // conflict, lease) takes the general path in the same writer request.

@@ -2,6 +2,7 @@
 //! offset watermarks and the outbox all commit or roll back with the inbox record.
 
 use oncebox_core::{Key, OutboxMessage, Timestamp};
+pub use oncebox_core::{OffsetMove, Once};
 use rusqlite::{Connection, OptionalExtension, params};
 
 /// How a handler fails. `Stale` and `Failed` decide what is kept of the event.
@@ -25,25 +26,6 @@ impl HandlerError {
     pub fn failed(e: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> HandlerError {
         HandlerError::Failed(e.into())
     }
-}
-
-/// Whether an action key was taken now or already by an earlier event.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum Once {
-    /// This event is the first to ask: perform the action.
-    First,
-    /// Another event already performed it: skip.
-    Already,
-}
-
-/// Where an offset stands against the stream's watermark.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum OffsetMove {
-    Advanced,
-    /// At or below the watermark: a replay of a message already processed.
-    Replay,
 }
 
 /// The open transaction, handed to a handler for one event.
