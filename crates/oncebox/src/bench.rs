@@ -1,6 +1,6 @@
 //! `oncebox bench`: load a running gateway with new and duplicate events, then check storage.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::io::Write;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -11,10 +11,13 @@ use oncebox_core::fingerprint::derive_event_id;
 use oncebox_core::signature::sign;
 use oncebox_core::{Clock, Source, SystemClock};
 use oncebox_gateway::policy::{EventIdRule, SourcePolicy};
-use serde::Deserialize;
 use serde_json::{Map, Value, json};
 
 use crate::config::Settings;
+
+mod report;
+
+use report::{check, print_figures, stored_ids};
 
 /// Largest page `GET /v1/events` returns.
 const PAGE: usize = 500;
@@ -359,194 +362,4 @@ async fn send(client: &reqwest::Client, target: &Target, event: &Sent) -> Result
     // Read the body so the connection can carry the next request; the status already decided.
     let _ = response.bytes().await;
     Ok((status, replayed))
-}
-
-fn print_figures(
-    out: &mut impl Write,
-    reports: &[ConnectionReport],
-    elapsed: Duration,
-) -> Result<()> {
-    let secs = elapsed.as_secs_f64().max(f64::EPSILON);
-    let all: Vec<&Outcome> = reports.iter().flat_map(|r| &r.outcomes).collect();
-    writeln!(out, "elapsed {secs:.2} s")?;
-    writeln!(
-        out,
-        "{:<11} {:>7} requests {:>8.0} req/s",
-        "all",
-        all.len(),
-        all.len() as f64 / secs
-    )?;
-    for (label, class) in [("new", Class::New), ("duplicates", Class::Duplicate)] {
-        let mut latencies: Vec<Duration> = all
-            .iter()
-            .filter(|o| o.class == class)
-            .map(|o| o.latency)
-            .collect();
-        latencies.sort_unstable();
-        writeln!(
-            out,
-            "{label:<11} {:>7} requests {:>8.0} req/s   p50 {:>7.2} ms   p99 {:>7.2} ms",
-            latencies.len(),
-            latencies.len() as f64 / secs,
-            percentile(&latencies, 50),
-            percentile(&latencies, 99)
-        )?;
-    }
-    let mut statuses: BTreeMap<String, usize> = BTreeMap::new();
-    for o in &all {
-        let name = o
-            .status
-            .map_or_else(|| "no answer".to_owned(), |s| s.to_string());
-        *statuses.entry(name).or_default() += 1;
-    }
-    let statuses: Vec<String> = statuses.iter().map(|(s, n)| format!("{s}: {n}")).collect();
-    writeln!(out, "status {}", statuses.join(", "))?;
-    if let Some(e) = reports.iter().find_map(|r| r.first_error.as_ref()) {
-        writeln!(out, "first error: {e}")?;
-    }
-    Ok(())
-}
-
-/// Nearest-rank percentile of sorted latencies, in milliseconds.
-fn percentile(sorted: &[Duration], p: usize) -> f64 {
-    if sorted.is_empty() {
-        return 0.0;
-    }
-    let rank = (sorted.len() * p).div_ceil(100).clamp(1, sorted.len());
-    sorted[rank - 1].as_secs_f64() * 1000.0
-}
-
-#[derive(Deserialize)]
-struct EventsPage {
-    items: Vec<EventItem>,
-    next: Option<String>,
-}
-
-#[derive(Deserialize)]
-struct EventItem {
-    event_id: String,
-}
-
-/// Every event id stored for `source`, in arrival order, repeats included.
-async fn stored_ids(base: &str, source: &Source, token: Option<&str>) -> Result<Vec<String>> {
-    let client = reqwest::Client::builder()
-        .timeout(REQUEST_TIMEOUT)
-        .build()
-        .context("building the HTTP client")?;
-    let url = format!("{base}/v1/events");
-    let limit = PAGE.to_string();
-    let mut ids = Vec::new();
-    let mut after: Option<String> = None;
-    loop {
-        let mut query = vec![("source", source.as_str()), ("limit", limit.as_str())];
-        if let Some(cursor) = &after {
-            query.push(("after", cursor.as_str()));
-        }
-        let mut request = client.get(&url).query(&query);
-        if let Some(token) = token {
-            request = request.bearer_auth(token);
-        }
-        let response = request
-            .send()
-            .await
-            .with_context(|| format!("GET {url} for the invariant check"))?;
-        let status = response.status();
-        if !status.is_success() {
-            let text = response.text().await.unwrap_or_default();
-            bail!("GET {url} for the invariant check: {status}: {text} (is --admin-token needed?)");
-        }
-        let page: EventsPage = response
-            .json()
-            .await
-            .with_context(|| format!("GET {url}: unexpected listing"))?;
-        ids.extend(page.items.into_iter().map(|i| i.event_id));
-        match page.next {
-            // A cursor that does not move would loop forever.
-            Some(next) if after.as_ref() != Some(&next) => after = Some(next),
-            Some(next) => bail!("GET {url}: the cursor did not advance past {next}"),
-            None => return Ok(ids),
-        }
-    }
-}
-
-/// Compares what the gateway stored with what it answered: every key answered 2xx stored
-/// exactly once, nothing stored that was refused, no key accepted twice.
-fn check(out: &mut impl Write, reports: &[ConnectionReport], stored: &[String]) -> Result<bool> {
-    let mut copies: HashMap<&str, usize> = HashMap::new();
-    for id in stored {
-        *copies.entry(id.as_str()).or_default() += 1;
-    }
-    let keys: HashMap<&str, &KeyState> = reports
-        .iter()
-        .flat_map(|r| r.keys.iter().map(|(k, s)| (k.as_str(), s)))
-        .collect();
-    let mut missing: Vec<&str> = keys
-        .iter()
-        .filter(|(k, s)| s.acked && !copies.contains_key(*k))
-        .map(|(k, _)| *k)
-        .collect();
-    let mut twice: Vec<&str> = copies
-        .iter()
-        .filter(|(_, n)| **n > 1)
-        .map(|(k, _)| *k)
-        .collect();
-    // Ours, stored, never answered 2xx, and not of unknown outcome either: refused yet kept.
-    let mut unacked: Vec<&str> = keys
-        .iter()
-        .filter(|(k, s)| !s.acked && !s.uncertain && copies.contains_key(*k))
-        .map(|(k, _)| *k)
-        .collect();
-    let mut reaccepted: Vec<&str> = reports
-        .iter()
-        .flat_map(|r| r.reaccepted.iter().map(String::as_str))
-        .collect();
-    let unknown_stored = keys
-        .iter()
-        .filter(|(k, s)| !s.acked && s.uncertain && copies.contains_key(*k))
-        .count();
-    // Ids in the source that this run did not send (an earlier run into a configured source).
-    let foreign = copies.keys().filter(|k| !keys.contains_key(*k)).count();
-    if unknown_stored > 0 {
-        writeln!(
-            out,
-            "note: {unknown_stored} keys of unknown outcome (no answer or 503) were stored"
-        )?;
-    }
-    if foreign > 0 {
-        writeln!(
-            out,
-            "note: {foreign} keys in the source were not sent by this run"
-        )?;
-    }
-    let ours = keys.keys().filter(|k| copies.contains_key(*k)).count();
-    let mut ok = true;
-    for (what, list) in [
-        ("accepted (2xx) but not stored", &mut missing),
-        ("stored more than once", &mut twice),
-        ("stored but refused (no 2xx)", &mut unacked),
-        (
-            "accepted again without Idempotent-Replayed",
-            &mut reaccepted,
-        ),
-    ] {
-        if list.is_empty() {
-            continue;
-        }
-        ok = false;
-        list.sort_unstable();
-        // A key resent several times is named once.
-        list.dedup();
-        let shown: Vec<&str> = list.iter().take(SHOWN).copied().collect();
-        writeln!(
-            out,
-            "invariant: {} keys {what}: {}{}",
-            list.len(),
-            shown.join(", "),
-            if list.len() > SHOWN { ", …" } else { "" }
-        )?;
-    }
-    if ok {
-        writeln!(out, "invariant: ok ({ours} keys)")?;
-    }
-    Ok(ok)
 }
