@@ -479,7 +479,8 @@ fn main() {
             rates.insert((phase, name), run.rate());
         }
         if phase == "new" {
-            let run = client_rt.block_on(drive_library(&inbox, &load(requests, connections, false)));
+            let run =
+                client_rt.block_on(drive_library(&inbox, &load(requests, connections, false)));
             line("library", &run);
             println!("              EventStore::ingest on the same SQLite inbox, no HTTP");
             rates.insert((phase, "library"), run.rate());
