@@ -15,11 +15,13 @@ use lapin::options::{
 };
 use lapin::types::FieldTable;
 use lapin::{Channel, Connection};
-use oncebox_core::consume::{Apply, Counts, MessageRules, Requeue, RetryPolicy, Settle, decide};
+use oncebox_core::consume::{
+    Apply, Broker, Counts, MessageRules, Reason, Requeue, RetryPolicy, Settle, decide, settle,
+};
 use oncebox_core::{Key, ProcessError};
 use tokio::sync::watch;
 
-use crate::message::{Props, Quarantine, delivery_count, quarantine};
+use crate::message::{Props, Quarantine, QuarantineError, delivery_count, quarantine};
 
 /// Handler failures remembered per key when the queue keeps no delivery count; past this many
 /// keys the memory is cleared (a failing handler then gets a few more attempts, nothing worse).
@@ -180,7 +182,7 @@ impl<A: Apply> Shared<A> {
     ) {
         let props = Props(&delivery.properties);
         let content_type = delivery.properties.content_type().as_ref();
-        let settle = match self.options.rules.event(
+        let decision = match self.options.rules.event(
             &props,
             delivery.data.clone(),
             content_type.map(|c| c.as_str()),
@@ -193,51 +195,19 @@ impl<A: Apply> Shared<A> {
                 decide(outcome, attempt, &self.options.retry)
             }
         };
-        let (settle, acked) = self.settle(settle, &delivery, &publish, stopping).await;
-        self.counts.send_modify(|c| c.add(&settle, acked));
-    }
-
-    /// Sends the decision to the broker; returns what was actually done and whether the ack
-    /// went out.
-    async fn settle(
-        &self,
-        settle: Settle,
-        delivery: &Delivery,
-        publish: &Channel,
-        stopping: watch::Receiver<bool>,
-    ) -> (Settle, bool) {
-        let o = &self.options;
-        match settle {
-            Settle::Ack(_) => {
-                // The effect is committed; a crash from here on is redelivered and answered
-                // as a duplicate.
-                crate::crash::point!("amqp-before-ack");
-                let acked = ack(delivery).await;
-                (settle, acked)
-            }
-            Settle::Quarantine(ref reason) => {
-                let source = &o.rules.source;
-                match quarantine(publish, &o.quarantine, &o.queue, source, delivery, reason).await {
-                    Ok(()) => {
-                        tracing::warn!(queue = %o.queue, reason = reason.slug(), detail = %reason.detail(), "message quarantined");
-                        let acked = ack(delivery).await;
-                        (settle, acked)
-                    }
-                    Err(e) => {
-                        tracing::error!(queue = %o.queue, error = %e, "quarantine failed; message requeued");
-                        let after = o.retry.delay;
-                        requeue(delivery, after, stopping).await;
-                        let why = Requeue::Unavailable;
-                        (Settle::Requeue { why, after }, false)
-                    }
-                }
-            }
-            Settle::Requeue { after, why } => {
-                tracing::debug!(queue = %o.queue, ?why, "message requeued");
-                requeue(delivery, after, stopping).await;
-                (settle, false)
-            }
+        if matches!(decision, Settle::Ack(_)) {
+            // The effect is committed; a crash from here on is redelivered and answered as a
+            // duplicate.
+            crate::crash::point!("amqp-before-ack");
         }
+        let in_hand = InHand {
+            delivery: &delivery,
+            publish: &publish,
+            options: &self.options,
+            stopping,
+        };
+        let (settle, acked) = settle(&in_hand, decision, &self.options.retry).await;
+        self.counts.send_modify(|c| c.add(&settle, acked));
     }
 
     /// This delivery's number for a failing handler: the queue's count where it keeps one,
@@ -264,27 +234,52 @@ impl<A: Apply> Shared<A> {
     }
 }
 
-async fn ack(delivery: &Delivery) -> bool {
-    match delivery.acker.ack(BasicAckOptions::default()).await {
-        Ok(true) => true,
-        Ok(false) | Err(_) => {
-            // The channel is gone: the broker requeued the message and its redelivery will be
-            // answered as a duplicate.
-            tracing::warn!("ack not sent; the message will come back as a duplicate");
-            false
-        }
-    }
+/// One delivery being settled, with what settling it needs.
+struct InHand<'a> {
+    delivery: &'a Delivery,
+    /// The confirm-mode channel quarantined copies are published on.
+    publish: &'a Channel,
+    options: &'a ConsumerOptions,
+    stopping: watch::Receiver<bool>,
 }
 
-/// Holds the message for `after` (it keeps its prefetch slot, so an outage slows the consumer
-/// down instead of spinning), then returns it to the queue. Shutdown cuts the wait short.
-async fn requeue(delivery: &Delivery, after: Duration, mut stopping: watch::Receiver<bool>) {
-    let _ = tokio::time::timeout(after, stopping.wait_for(|s| *s)).await;
-    let options = BasicNackOptions {
-        requeue: true,
-        multiple: false,
-    };
-    if let Err(e) = delivery.acker.nack(options).await {
-        tracing::debug!(error = %e, "nack not sent; the closing channel requeues the message");
+impl Broker for InHand<'_> {
+    type QuarantineError = QuarantineError;
+
+    async fn ack(&self) -> bool {
+        match self.delivery.acker.ack(BasicAckOptions::default()).await {
+            Ok(true) => true,
+            Ok(false) | Err(_) => {
+                // The channel is gone: the broker requeued the message and its redelivery will
+                // be answered as a duplicate.
+                tracing::warn!("ack not sent; the message will come back as a duplicate");
+                false
+            }
+        }
+    }
+
+    async fn quarantine(&self, reason: &Reason) -> Result<(), QuarantineError> {
+        let o = self.options;
+        let (to, source) = (&o.quarantine, &o.rules.source);
+        quarantine(self.publish, to, &o.queue, source, self.delivery, reason)
+            .await
+            .inspect(|()| tracing::warn!(queue = %o.queue, reason = reason.slug(), detail = %reason.detail(), "message quarantined"))
+            .inspect_err(|e| tracing::error!(queue = %o.queue, error = %e, "quarantine failed; message requeued"))
+    }
+
+    /// Holds the message for `after` (it keeps its prefetch slot, so an outage slows the
+    /// consumer down instead of spinning), then returns it to the queue. Shutdown cuts the wait
+    /// short.
+    async fn requeue(&self, why: Requeue, after: Duration) {
+        tracing::debug!(queue = %self.options.queue, ?why, "message requeued");
+        let mut stopping = self.stopping.clone();
+        let _ = tokio::time::timeout(after, stopping.wait_for(|s| *s)).await;
+        let options = BasicNackOptions {
+            requeue: true,
+            multiple: false,
+        };
+        if let Err(e) = self.delivery.acker.nack(options).await {
+            tracing::debug!(error = %e, "nack not sent; the closing channel requeues the message");
+        }
     }
 }

@@ -92,13 +92,10 @@ pub(crate) async fn quarantine(
     reason: &Reason,
 ) -> Result<(), QuarantineError> {
     let mut headers = delivery.properties.headers().clone().unwrap_or_default();
-    let values = [
-        reason.slug().to_owned(),
-        reason.detail(),
-        queue.to_owned(),
-        source.to_string(),
-    ];
-    for (name, value) in QUARANTINE_HEADERS.iter().zip(values) {
+    for (name, value) in QUARANTINE_HEADERS
+        .iter()
+        .zip(reason.quarantine_values(queue, source))
+    {
         headers.insert(
             ShortString::from(*name),
             AMQPValue::LongString(LongString::from(value)),

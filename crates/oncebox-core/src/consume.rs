@@ -12,6 +12,10 @@ use crate::json::{self, Pointer, Value};
 use crate::key::{EventId, Key, Source};
 use crate::outcome::{ProcessError, Processed};
 
+mod settle;
+
+pub use settle::{Broker, settle};
+
 /// Where a message's event id comes from. Always something the producer wrote: a broker's
 /// delivery tag, offset or sequence changes on redelivery and republishing, so it is never a key.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -166,6 +170,18 @@ impl Reason {
                 format!("handler failed on {attempts} deliveries: {error}")
             }
         }
+    }
+
+    /// What a quarantined copy carries, in this order: the slug, the detail, where the message
+    /// was read (a queue or a stream) and the source it was read for. Each broker names the
+    /// four headers its own way.
+    pub fn quarantine_values(&self, read_from: &str, source: &Source) -> [String; 4] {
+        [
+            self.slug().to_owned(),
+            self.detail(),
+            read_from.to_owned(),
+            source.to_string(),
+        ]
     }
 }
 

@@ -8,35 +8,16 @@
 //! last ack. Prints figures; asserts only that every key was applied exactly once, never
 //! anything about time.
 
-#![allow(clippy::print_stdout, reason = "a benchmark reports on stdout")]
-
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use async_nats::HeaderMap;
 use async_nats::jetstream::{self, stream};
-use oncebox_core::consume::{Apply, KeyRule, MessageRules, from_fn};
-use oncebox_core::{Event, Processed, Response, Source};
+use oncebox_core::Source;
+use oncebox_core::consume::{Apply, KeyRule, MessageRules};
 use oncebox_nats::{Consumer, ConsumerOptions, InboxHandler};
-use oncebox_sqlite::{HandlerError, Inbox, Options, Tx};
+use oncebox_sqlite::Options;
+use oncebox_testkit::consume::{SOURCE, Store, ack_all, backlog, backlog_body, effect, report};
 use oncebox_testkit::{bench_arg, service_url};
-
-fn effect(tx: &mut Tx<'_>, event: &Event) -> Result<Response, HandlerError> {
-    tx.conn().execute(
-        "INSERT INTO effects (event_id) VALUES (?1)",
-        [event.key.event_id.as_str()],
-    )?;
-    Ok(Response::completed("ok"))
-}
-
-/// Every tenth message repeats an earlier one (same id, same body).
-fn ids(n: usize) -> Vec<String> {
-    (0..n)
-        .map(|i| {
-            let k = if i % 10 == 9 { i / 2 } else { i };
-            format!("evt_{k}")
-        })
-        .collect()
-}
 
 /// A fresh stream holding the backlog. The key travels in `Event-Id`, not `Nats-Msg-Id`, so
 /// the stream's publish window does not drop the duplicates the benchmark is about.
@@ -58,11 +39,10 @@ async fn fill(js: &jetstream::Context, name: &str, ids: &[String]) {
                 ack.await.unwrap();
             }
         }
-        let body = format!(r#"{{"id":"{id}","amount":100,"currency":"EUR"}}"#);
         let mut headers = HeaderMap::new();
         headers.insert("Event-Id", id.as_str());
         acks.push(
-            js.publish_with_headers(subject.clone(), headers, body.into())
+            js.publish_with_headers(subject.clone(), headers, backlog_body(id).into())
                 .await
                 .unwrap(),
         );
@@ -81,28 +61,19 @@ async fn drain<A: Apply>(
     apply: A,
 ) -> f64 {
     let rules = MessageRules::new(
-        Source::new("shop").unwrap(),
+        Source::new(SOURCE).unwrap(),
         KeyRule::Header("Event-Id".into()),
     );
     let mut options = ConsumerOptions::new(stream, "bench", rules, "oncebox.bench.quarantine");
     options.batch = batch;
     options.max_ack_pending = i64::try_from(batch * 4).unwrap_or(i64::MAX);
     let consumer = Consumer::new(apply, options);
-    let mut counts = consumer.counts();
-    let started = Instant::now();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let run = consumer.run(js, async move {
-        let _ = stopped.await;
-    });
-    let wait = async {
-        counts.wait_for(|c| c.acked == n as u64).await.unwrap();
-        let elapsed = started.elapsed();
-        let _ = stop.send(());
-        elapsed
-    };
-    let (ran, elapsed) = tokio::join!(run, wait);
-    ran.unwrap();
-    n as f64 / elapsed.as_secs_f64()
+    oncebox_testkit::consume::drain(consumer.counts(), n, |stopped| {
+        consumer.run(js, async move {
+            let _ = stopped.await;
+        })
+    })
+    .await
 }
 
 #[tokio::main]
@@ -112,7 +83,7 @@ async fn main() {
     };
     let n = bench_arg("--messages", 20_000);
     let batch = bench_arg("--batch", 512);
-    let ids = ids(n);
+    let ids = backlog(n);
     let unique = ids.iter().collect::<std::collections::HashSet<_>>().len();
     let js = jetstream::new(async_nats::connect(&url).await.unwrap());
     let run_id = uuid::Uuid::new_v4().simple().to_string();
@@ -121,49 +92,23 @@ async fn main() {
     // `--inbox-only 1` skips the no-dedup loop, to profile the inbox path alone.
     let plain = if bench_arg("--inbox-only", 0) == 0 {
         fill(&js, &plain_s, &ids).await;
-        let ack_all = from_fn(|_event, _position| async {
-            Ok::<_, oncebox_core::ProcessError>(Processed::Applied(Response::completed("")))
-        });
-        drain(&js, &plain_s, n, batch, ack_all).await
+        drain(&js, &plain_s, n, batch, ack_all()).await
     } else {
         f64::NAN
     };
 
-    let dir = tempfile::tempdir().unwrap();
-    let inbox = Inbox::open(Options::new(dir.path().join("bench.db"))).unwrap();
-    inbox
-        .write(|c| c.execute_batch("CREATE TABLE effects (event_id TEXT NOT NULL)"))
-        .await
-        .unwrap();
+    let store = Store::open(Options::new).await;
     let inbox_s = format!("ONCEBOX_BENCH_INBOX_{run_id}");
     fill(&js, &inbox_s, &ids).await;
-    let handler = InboxHandler::new(inbox.clone(), effect);
+    let handler = InboxHandler::new(store.inbox.clone(), effect);
     let dedup = drain(&js, &inbox_s, n, batch, handler).await;
 
-    let (rows, distinct): (i64, i64) = inbox
-        .read(|c| {
-            c.query_row(
-                "SELECT count(*), count(DISTINCT event_id) FROM effects",
-                [],
-                |r| Ok((r.get(0)?, r.get(1)?)),
-            )
-        })
-        .await
-        .unwrap();
     for s in [&plain_s, &inbox_s] {
         let _ = js.delete_stream(s).await;
     }
 
-    println!(
+    let title = format!(
         "NATS JetStream consumer, {n} messages ({unique} keys, 10% duplicates), batch {batch}:"
     );
-    println!("  (a) same loop, ack without dedup:          {plain:>9.0} msg/s");
-    println!("  (b) oncebox inbox on SQLite (FULL sync):   {dedup:>9.0} msg/s");
-    println!("  ratio b/a: {:.2} (target >= 0.50)", dedup / plain);
-    println!("  check: {rows} effect rows for {distinct} keys (expected {unique} and {unique})");
-    assert_eq!(
-        (rows, distinct),
-        (unique as i64, unique as i64),
-        "a key applied twice or lost"
-    );
+    report(&title, plain, dedup, &store, unique).await;
 }

@@ -11,11 +11,12 @@ use async_nats::jetstream::consumer::{AckPolicy, DeliverPolicy, PullConsumer, pu
 use async_nats::jetstream::{self, AckKind};
 use futures::StreamExt;
 use oncebox_core::consume::{
-    Apply, Counts, MessageRules, Position, Requeue, RetryPolicy, Settle, decide,
+    Apply, Broker, Counts, MessageRules, Position, Reason, Requeue, RetryPolicy, Settle, decide,
+    settle,
 };
 use tokio::sync::watch;
 
-use crate::message::{Headers, quarantine};
+use crate::message::{Headers, QuarantineError, quarantine};
 
 /// What one consumer reads and how it settles messages.
 #[derive(Debug, Clone)]
@@ -211,7 +212,7 @@ impl<A: Apply> Shared<A> {
             Err(_) => (0, 1),
         };
         let headers = Headers(message.headers.as_ref());
-        let settle = match o.rules.event(&headers, message.payload.to_vec(), None) {
+        let decision = match o.rules.event(&headers, message.payload.to_vec(), None) {
             Err(reason) => Settle::Quarantine(reason),
             Ok(event) => {
                 let position = (o.watermark && sequence > 0).then(|| Position {
@@ -224,68 +225,59 @@ impl<A: Apply> Shared<A> {
                 decide(outcome, attempt, &o.retry)
             }
         };
-        let (settle, acked) = self.settle(settle, &js, &message).await;
+        if matches!(decision, Settle::Ack(_)) {
+            // The effect is committed; a crash from here on is redelivered and answered as a
+            // duplicate.
+            crate::crash::point!("nats-before-ack");
+        }
+        let in_hand = InHand {
+            js: &js,
+            message: &message,
+            options: o,
+        };
+        let (settle, acked) = settle(&in_hand, decision, &o.retry).await;
         self.counts.send_modify(|c| c.add(&settle, acked));
     }
+}
 
-    async fn settle(
-        &self,
-        settle: Settle,
-        js: &jetstream::Context,
-        message: &jetstream::Message,
-    ) -> (Settle, bool) {
-        let o = &self.options;
-        match settle {
-            Settle::Ack(_) => {
-                // The effect is committed; a crash from here on is redelivered and answered
-                // as a duplicate.
-                crate::crash::point!("nats-before-ack");
-                let acked = ack(message).await;
-                (settle, acked)
-            }
-            Settle::Quarantine(ref reason) => {
-                let (stream, source) = (&o.stream, &o.rules.source);
-                match quarantine(js, &o.quarantine_subject, stream, source, message, reason).await {
-                    Ok(()) => {
-                        tracing::warn!(stream = %o.stream, reason = reason.slug(), detail = %reason.detail(), "message quarantined");
-                        let acked = ack(message).await;
-                        (settle, acked)
-                    }
-                    Err(e) => {
-                        tracing::error!(stream = %o.stream, error = %e, "quarantine failed; message requeued");
-                        let after = o.retry.delay;
-                        nak(message, after).await;
-                        let why = Requeue::Unavailable;
-                        (Settle::Requeue { why, after }, false)
-                    }
-                }
-            }
-            Settle::Requeue { after, why } => {
-                tracing::debug!(stream = %o.stream, ?why, "message requeued");
-                nak(message, after).await;
-                (settle, false)
+/// One message being settled, with what settling it needs.
+struct InHand<'a> {
+    js: &'a jetstream::Context,
+    message: &'a jetstream::Message,
+    options: &'a ConsumerOptions,
+}
+
+impl Broker for InHand<'_> {
+    type QuarantineError = QuarantineError;
+
+    async fn ack(&self) -> bool {
+        match self.message.ack().await {
+            Ok(()) => true,
+            Err(e) => {
+                // Not acknowledged: the server delivers it again after the ack wait, and the
+                // redelivery is answered as a duplicate.
+                tracing::warn!(error = %e, "ack not sent; the message will come back as a duplicate");
+                false
             }
         }
     }
-}
 
-async fn ack(message: &jetstream::Message) -> bool {
-    match message.ack().await {
-        Ok(()) => true,
-        Err(e) => {
-            // Not acknowledged: the server delivers it again after the ack wait, and the
-            // redelivery is answered as a duplicate.
-            tracing::warn!(error = %e, "ack not sent; the message will come back as a duplicate");
-            false
-        }
+    async fn quarantine(&self, reason: &Reason) -> Result<(), QuarantineError> {
+        let o = self.options;
+        let (to, source) = (&o.quarantine_subject, &o.rules.source);
+        quarantine(self.js, to, &o.stream, source, self.message, reason)
+            .await
+            .inspect(|()| tracing::warn!(stream = %o.stream, reason = reason.slug(), detail = %reason.detail(), "message quarantined"))
+            .inspect_err(|e| tracing::error!(stream = %o.stream, error = %e, "quarantine failed; message requeued"))
     }
-}
 
-/// Returns the message to the server, to be delivered again after `after` (a NAK with a
-/// delay, which server 2.9 honours; the message stays pending meanwhile, so with
-/// `max_ack_pending = 1` nothing overtakes it).
-async fn nak(message: &jetstream::Message, after: Duration) {
-    if let Err(e) = message.ack_with(AckKind::Nak(Some(after))).await {
-        tracing::debug!(error = %e, "nak not sent; the message comes back after the ack wait");
+    /// Returns the message to the server, to be delivered again after `after` (a NAK with a
+    /// delay, which server 2.9 honours; the message stays pending meanwhile, so with
+    /// `max_ack_pending = 1` nothing overtakes it).
+    async fn requeue(&self, why: Requeue, after: Duration) {
+        tracing::debug!(stream = %self.options.stream, ?why, "message requeued");
+        if let Err(e) = self.message.ack_with(AckKind::Nak(Some(after))).await {
+            tracing::debug!(error = %e, "nak not sent; the message comes back after the ack wait");
+        }
     }
 }

@@ -67,13 +67,10 @@ pub(crate) async fn quarantine(
             }
         }
     }
-    let values = [
-        reason.slug().to_owned(),
-        reason.detail(),
-        stream.to_owned(),
-        source.to_string(),
-    ];
-    for (name, value) in QUARANTINE_HEADERS.iter().zip(values) {
+    for (name, value) in QUARANTINE_HEADERS
+        .iter()
+        .zip(reason.quarantine_values(stream, source))
+    {
         // Header values are one line.
         headers.insert(*name, value.replace(['\r', '\n'], " ").as_str());
     }

@@ -15,6 +15,7 @@ use oncebox_core::{
     Retention, Timestamp,
 };
 
+pub mod consume;
 mod model;
 pub mod pg;
 pub mod relay;

@@ -1,18 +1,15 @@
 //! A consumer process SIGKILLed between the store's commit and the broker ack: the broker
 //! redelivers the message, and the next consumer acknowledges it as a duplicate; one effect.
 
-use std::os::unix::process::ExitStatusExt;
-use std::process::Command;
-use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use oncebox_amqp::{Consumer, ConsumerOptions, InboxHandler};
-use oncebox_core::Key;
 use oncebox_core::consume::{KeyRule, MessageRules};
 use oncebox_sqlite::{Inbox, Options};
+use oncebox_testkit::consume::{SOURCE, effect, run_child_to_its_crash};
 use oncebox_testkit::{run, service_url};
 
-use crate::support::{SOURCE, World, connect, effect, effects_of, start};
+use crate::support::{World, connect, start};
 
 const CHILD: &str = "ONCEBOX_AMQP_CHILD";
 
@@ -55,44 +52,21 @@ fn consumer_killed_between_commit_and_ack_is_redelivered_and_acked_as_duplicate(
             "{url}|{}|{}|{}",
             w.queue,
             w.quarantine_exchange,
-            w.db_path().display()
+            w.db.path().display()
         );
-        let status = tokio::task::spawn_blocking(move || {
-            Command::new(std::env::current_exe().unwrap())
-                .args([
-                    "--exact",
-                    "kill::amqp_child_process",
-                    "--include-ignored",
-                    "--nocapture",
-                    "--test-threads=1",
-                ])
-                .env(CHILD, spec)
-                .status()
-                .unwrap()
-        })
-        .await
-        .unwrap();
-        assert_eq!(
-            status.signal(),
-            Some(9),
-            "the consumer died by SIGKILL at the crash point"
-        );
-        let key = Key::parse(SOURCE, "evt_kill").unwrap();
-        assert_eq!(effects_of(&w.inbox, &key), 1, "committed before the kill");
+        run_child_to_its_crash("kill::amqp_child_process", CHILD, spec).await;
+        assert_eq!(w.db.effects("evt_kill"), 1, "committed before the kill");
         // The dead consumer's connection is gone: the broker put the message back.
         w.wait_ready(&w.queue, 1).await;
 
-        let apply = w.checked();
-        let consumer = Arc::new(Consumer::new(apply.clone(), w.options()));
-        let mut counts = consumer.counts();
-        let (stop, task) = start(&url, consumer.clone());
-        counts.wait_for(|c| c.acked >= 1).await.unwrap();
-        let _ = stop.send(());
-        task.await.unwrap().unwrap();
-        let done = *consumer.counts().borrow();
+        let apply = w.db.checked();
+        let mut consumer = start(&url, Consumer::new(apply.clone(), w.options()));
+        consumer.wait(|c| c.acked >= 1, w.state()).await;
+        let done = consumer.stop().await;
         w.wait_ready(&w.queue, 0).await;
 
-        let (d, l, f) = w.figures(&["evt_kill"], apply.false_duplicates.load(Ordering::SeqCst));
+        let falses = apply.false_duplicates.load(Ordering::SeqCst);
+        let (d, l, f) = w.db.figures(&["evt_kill"], falses);
         eprintln!(
             "amqp killed between commit and ack: D={d} L={l} F={f} (child killed by signal 9; redelivery acked as duplicate {}, applied again {})",
             done.duplicates, done.applied

@@ -1,10 +1,10 @@
 //! Duplicates and poison: the same message five times is one effect and five acks; messages
 //! that can never be processed are quarantined with their reason after one attempt.
 
-use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use oncebox_amqp::Consumer;
+use oncebox_testkit::consume::{POISON, POISON_REASONS};
 use oncebox_testkit::{run, service_url};
 
 use crate::support::{World, start};
@@ -19,17 +19,14 @@ fn same_message_published_five_times_has_one_effect_and_five_acks() {
         for _ in 0..5 {
             w.publish(Some("evt_five"), r#"{"amount":5}"#).await;
         }
-        let apply = w.checked();
-        let consumer = Arc::new(Consumer::new(apply.clone(), w.options()));
-        let mut counts = consumer.counts();
-        let (stop, task) = start(&url, consumer.clone());
-        counts.wait_for(|c| c.acked >= 5).await.unwrap();
-        let _ = stop.send(());
-        task.await.unwrap().unwrap();
-        let done = *consumer.counts().borrow();
+        let apply = w.db.checked();
+        let mut consumer = start(&url, Consumer::new(apply.clone(), w.options()));
+        consumer.wait(|c| c.acked >= 5, w.state()).await;
+        let done = consumer.stop().await;
         w.wait_ready(&w.queue, 0).await;
 
-        let (d, l, f) = w.figures(&["evt_five"], apply.false_duplicates.load(Ordering::SeqCst));
+        let falses = apply.false_duplicates.load(Ordering::SeqCst);
+        let (d, l, f) = w.db.figures(&["evt_five"], falses);
         eprintln!(
             "amqp five publishes: D={d} L={l} F={f} (acks {}, applied {}, duplicates {}, queue empty)",
             done.acked, done.applied, done.duplicates
@@ -47,47 +44,29 @@ fn poison_messages_are_quarantined_with_their_reason_after_one_attempt() {
     };
     run(async move {
         let w = World::new(&url).await;
-        let apply = w.checked();
-        let consumer = Arc::new(Consumer::new(apply.clone(), w.options()));
-        let mut counts = consumer.counts();
-        let (stop, task) = start(&url, consumer.clone());
+        let apply = w.db.checked();
+        let mut consumer = start(&url, Consumer::new(apply.clone(), w.options()));
         // The first payload of a key, applied before its conflicting twin is sent.
         w.publish(Some("evt_first"), r#"{"amount":1}"#).await;
-        counts.wait_for(|c| c.applied >= 1).await.unwrap();
-
-        w.publish(Some("evt_first"), r#"{"amount":2}"#).await; // key-reused
-        w.publish(None, r#"{"amount":3}"#).await; // event-id-missing
-        w.publish(Some("evt_json"), "{not json").await; // invalid-json
-        w.publish(Some("   "), r#"{"amount":4}"#).await; // event-id-invalid
-        w.publish(Some("evt_boom"), r#"{"boom":true}"#).await; // handler fails every time
-        counts.wait_for(|c| c.quarantined >= 5).await.unwrap();
-        let _ = stop.send(());
-        task.await.unwrap().unwrap();
-        let done = *consumer.counts().borrow();
+        consumer.wait(|c| c.applied >= 1, w.state()).await;
+        for (id, body) in POISON {
+            w.publish(id, body).await;
+        }
+        consumer.wait(|c| c.quarantined >= 5, w.state()).await;
+        let done = consumer.stop().await;
         w.wait_ready(&w.queue, 0).await;
 
         let reasons: Vec<String> = w.quarantined().await.into_iter().map(|(r, _)| r).collect();
-        assert_eq!(
-            reasons,
-            [
-                "event-id-invalid",
-                "event-id-missing",
-                "handler-failed",
-                "invalid-json",
-                "key-reused"
-            ]
-        );
+        assert_eq!(reasons, POISON_REASONS);
         // Only the conflict and the failing handler reach the store: the conflict once, the
         // failing handler exactly `max_attempts` times; nothing loops.
         let max = u64::from(w.options().retry.max_attempts);
         assert_eq!(apply.calls.load(Ordering::SeqCst), 1 + 1 + max);
         assert_eq!(done.requeued, max - 1);
         assert_eq!((done.acked, done.applied), (6, 1));
-        let (d, l, f) = w.figures(
-            &["evt_first"],
-            apply.false_duplicates.load(Ordering::SeqCst),
-        );
-        assert_eq!(crate::support::effects_of(&w.inbox, &key("evt_boom")), 0);
+        let falses = apply.false_duplicates.load(Ordering::SeqCst);
+        let (d, l, f) = w.db.figures(&["evt_first"], falses);
+        assert_eq!(w.db.effects("evt_boom"), 0);
         eprintln!(
             "amqp poison: D={d} L={l} F={f} (quarantined {} with reasons, requeued {} for the failing handler, first payload kept)",
             done.quarantined, done.requeued
@@ -95,8 +74,4 @@ fn poison_messages_are_quarantined_with_their_reason_after_one_attempt() {
         assert_eq!((d, l, f), (0, 0, 0));
         w.cleanup().await;
     });
-}
-
-fn key(id: &str) -> oncebox_core::Key {
-    oncebox_core::Key::parse(crate::support::SOURCE, id).unwrap()
 }

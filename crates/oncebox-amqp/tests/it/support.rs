@@ -1,9 +1,8 @@
 //! The test world: a unique queue and quarantine on the broker (deleted at the end, and set to
-//! expire if a test dies first), a SQLite inbox whose handler records one effect row per key,
-//! and the figures D, L and F read from it.
+//! expire if a test dies first) next to the testkit's SQLite store, whose handler records one
+//! effect row per key and gives the figures D, L and F.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use lapin::options::{
@@ -12,70 +11,11 @@ use lapin::options::{
 };
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties, ExchangeKind};
-use oncebox_amqp::{Consumer, ConsumerOptions, InboxHandler};
-use oncebox_core::consume::{Apply, KeyRule, MessageRules, Position, RetryPolicy};
-use oncebox_core::{Event, Key, ProcessError, Processed, Response, Source};
-use oncebox_sqlite::rusqlite::params;
-use oncebox_sqlite::{HandlerError, Inbox, Options, Tx};
-use tokio::sync::mpsc;
-
-pub const SOURCE: &str = "shop";
-
-/// The handler a user would write: one effect row per event; a payload asking for it fails.
-pub fn effect(tx: &mut Tx<'_>, event: &Event) -> Result<Response, HandlerError> {
-    if event.payload.windows(4).any(|w| w == b"boom") {
-        return Err(HandlerError::failed("the payload asked to fail"));
-    }
-    tx.conn().execute(
-        "INSERT INTO effects (event_id) VALUES (?1)",
-        [event.key.event_id.as_str()],
-    )?;
-    Ok(Response::completed("ok"))
-}
-
-pub type Effects = InboxHandler<fn(&mut Tx<'_>, &Event) -> Result<Response, HandlerError>>;
-
-/// Wraps the real `Apply` to count calls, report each key it is handed, and check every
-/// duplicate answer against the committed effects at that moment (the figure F).
-#[derive(Clone)]
-pub struct Checked<A> {
-    pub inner: A,
-    pub inbox: Inbox,
-    pub calls: Arc<AtomicU64>,
-    pub false_duplicates: Arc<AtomicU64>,
-    pub seen: Option<mpsc::UnboundedSender<Key>>,
-}
-
-impl<A: Apply> Apply for Checked<A> {
-    async fn apply(
-        &self,
-        event: Event,
-        position: Option<Position>,
-    ) -> Result<Processed, ProcessError> {
-        self.calls.fetch_add(1, Ordering::SeqCst);
-        let key = event.key.clone();
-        if let Some(seen) = &self.seen {
-            let _ = seen.send(key.clone());
-        }
-        let outcome = self.inner.apply(event, position).await;
-        if matches!(outcome, Ok(Processed::Duplicate(_))) && effects_of(&self.inbox, &key) == 0 {
-            self.false_duplicates.fetch_add(1, Ordering::SeqCst);
-        }
-        outcome
-    }
-}
-
-pub fn effects_of(inbox: &Inbox, key: &Key) -> i64 {
-    inbox
-        .read_blocking(|c| {
-            c.query_row(
-                "SELECT count(*) FROM effects WHERE event_id = ?1",
-                params![key.event_id.as_str()],
-                |r| r.get(0),
-            )
-        })
-        .unwrap()
-}
+use oncebox_amqp::{ConsumeError, Consumer, ConsumerOptions};
+use oncebox_core::Source;
+use oncebox_core::consume::{Apply, KeyRule, MessageRules, RetryPolicy};
+use oncebox_sqlite::Options;
+use oncebox_testkit::consume::{Running, SOURCE, Store};
 
 /// One test's broker objects and database.
 pub struct World {
@@ -84,8 +24,7 @@ pub struct World {
     pub queue: String,
     pub quarantine_exchange: String,
     pub quarantine_queue: String,
-    pub inbox: Inbox,
-    pub dir: tempfile::TempDir,
+    pub db: Store,
 }
 
 /// Unused test queues vanish after ten minutes even if the test died before deleting them.
@@ -100,10 +39,7 @@ impl World {
         World::with_options(url, Options::new).await
     }
 
-    pub async fn with_options(
-        url: &str,
-        options: impl FnOnce(std::path::PathBuf) -> Options,
-    ) -> World {
+    pub async fn with_options(url: &str, options: impl FnOnce(PathBuf) -> Options) -> World {
         let conn = connect(url).await;
         let channel = conn.create_channel().await.unwrap();
         channel
@@ -146,27 +82,14 @@ impl World {
             )
             .await
             .unwrap();
-        let dir = tempfile::tempdir().unwrap();
-        let inbox = Inbox::open(options(dir.path().join("amqp.db"))).unwrap();
-        inbox
-            .write(|c| {
-                c.execute_batch("CREATE TABLE IF NOT EXISTS effects (event_id TEXT NOT NULL)")
-            })
-            .await
-            .unwrap();
         World {
             conn,
             channel,
             queue,
             quarantine_exchange,
             quarantine_queue,
-            inbox,
-            dir,
+            db: Store::open(options).await,
         }
-    }
-
-    pub fn db_path(&self) -> std::path::PathBuf {
-        self.dir.path().join("amqp.db")
     }
 
     pub fn options(&self) -> ConsumerOptions {
@@ -178,16 +101,6 @@ impl World {
             max_attempts: 3,
         };
         o
-    }
-
-    pub fn checked(&self) -> Checked<Effects> {
-        Checked {
-            inner: InboxHandler::new(self.inbox.clone(), effect as _),
-            inbox: self.inbox.clone(),
-            calls: Arc::default(),
-            false_duplicates: Arc::default(),
-            seen: None,
-        }
     }
 
     /// Publishes with the message id `id` (none if `None`) and waits for the broker's confirm.
@@ -268,15 +181,9 @@ impl World {
         out
     }
 
-    /// D, L and F over `keys` (every one of which was acknowledged by the end).
-    pub fn figures(&self, keys: &[&str], false_duplicates: u64) -> (usize, usize, u64) {
-        let counts: Vec<i64> = keys
-            .iter()
-            .map(|k| effects_of(&self.inbox, &Key::parse(SOURCE, k).unwrap()))
-            .collect();
-        let doubles = counts.iter().filter(|n| **n > 1).count();
-        let lost = counts.iter().filter(|n| **n == 0).count();
-        (doubles, lost, false_duplicates)
+    /// What the broker says about the test's queue, for a test that is stuck.
+    pub async fn state(&self) -> String {
+        format!("{} ready in {}", self.ready(&self.queue).await, self.queue)
     }
 
     pub async fn cleanup(self) {
@@ -303,17 +210,10 @@ pub async fn connect(url: &str) -> Connection {
         .unwrap()
 }
 
-/// Runs `consumer` on its own connection until the returned sender fires or is dropped.
-pub fn start<A: Apply>(
-    url: &str,
-    consumer: Arc<Consumer<A>>,
-) -> (
-    tokio::sync::oneshot::Sender<()>,
-    tokio::task::JoinHandle<Result<(), oncebox_amqp::ConsumeError>>,
-) {
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+/// Runs `consumer` on its own connection until stopped.
+pub fn start<A: Apply>(url: &str, consumer: Consumer<A>) -> Running<ConsumeError> {
     let url = url.to_owned();
-    let task = tokio::spawn(async move {
+    Running::spawn(consumer.counts(), move |stopped| async move {
         let conn = connect(&url).await;
         let out = consumer
             .run(&conn, async move {
@@ -322,6 +222,5 @@ pub fn start<A: Apply>(
             .await;
         let _ = conn.close(200, "done".into()).await;
         out
-    });
-    (stop, task)
+    })
 }

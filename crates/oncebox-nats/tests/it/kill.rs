@@ -2,19 +2,16 @@
 //! the message again after the ack wait, and the next consumer acknowledges it as a duplicate;
 //! one effect.
 
-use std::os::unix::process::ExitStatusExt;
-use std::process::Command;
-use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use oncebox_core::Key;
 use oncebox_core::consume::{KeyRule, MessageRules};
 use oncebox_nats::{Consumer, ConsumerOptions, InboxHandler};
 use oncebox_sqlite::{Inbox, Options};
+use oncebox_testkit::consume::{SOURCE, effect, run_child_to_its_crash};
 use oncebox_testkit::{run, service_url};
 
-use crate::support::{KEY_HEADER, SOURCE, World, connect, effect, effects_of, start};
+use crate::support::{KEY_HEADER, World, connect, start};
 
 const CHILD: &str = "ONCEBOX_NATS_CHILD";
 
@@ -59,30 +56,10 @@ fn consumer_killed_between_commit_and_ack_is_redelivered_and_acked_as_duplicate(
             w.stream,
             w.durable,
             w.quarantine_subject,
-            w.db_path().display()
+            w.db.path().display()
         );
-        let status = tokio::task::spawn_blocking(move || {
-            Command::new(std::env::current_exe().unwrap())
-                .args([
-                    "--exact",
-                    "kill::nats_child_process",
-                    "--include-ignored",
-                    "--nocapture",
-                    "--test-threads=1",
-                ])
-                .env(CHILD, spec)
-                .status()
-                .unwrap()
-        })
-        .await
-        .unwrap();
-        assert_eq!(
-            status.signal(),
-            Some(9),
-            "the consumer died by SIGKILL at the crash point"
-        );
-        let key = Key::parse(SOURCE, "evt_kill").unwrap();
-        assert_eq!(effects_of(&w.inbox, &key), 1, "committed before the kill");
+        run_child_to_its_crash("kill::nats_child_process", CHILD, spec).await;
+        assert_eq!(w.db.effects("evt_kill"), 1, "committed before the kill");
         let info = w.consumer_info().await;
         assert_eq!(
             (info.ack_floor.stream_sequence, info.num_ack_pending),
@@ -90,17 +67,14 @@ fn consumer_killed_between_commit_and_ack_is_redelivered_and_acked_as_duplicate(
             "delivered, never acknowledged"
         );
 
-        let apply = w.checked();
-        let consumer = Arc::new(Consumer::new(apply.clone(), w.options()));
-        let mut counts = consumer.counts();
-        let (stop, task) = start(&url, consumer.clone());
-        w.wait_counts(&mut counts, |c| c.acked >= 1).await;
+        let apply = w.db.checked();
+        let mut consumer = start(&url, Consumer::new(apply.clone(), w.options()));
+        w.wait(&mut consumer, |c| c.acked >= 1).await;
         let info = w.wait_all_acked().await;
-        let _ = stop.send(());
-        task.await.unwrap().unwrap();
-        let done = *consumer.counts().borrow();
+        let done = consumer.stop().await;
 
-        let (d, l, f) = w.figures(&["evt_kill"], apply.false_duplicates.load(Ordering::SeqCst));
+        let falses = apply.false_duplicates.load(Ordering::SeqCst);
+        let (d, l, f) = w.db.figures(&["evt_kill"], falses);
         eprintln!(
             "nats killed between commit and ack: D={d} L={l} F={f} (child killed by signal 9; redelivery acked as duplicate {}, applied again {}, server deliveries {})",
             done.duplicates, done.applied, info.delivered.consumer_sequence

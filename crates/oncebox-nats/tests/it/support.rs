@@ -1,79 +1,21 @@
-//! The test world: a unique stream and quarantine stream on the server (deleted at the end),
-//! a SQLite inbox whose handler records one effect row per key, and the figures D, L and F.
+//! The test world: a unique stream and quarantine stream on the server (deleted at the end)
+//! next to the testkit's SQLite store, whose handler records one effect row per key and gives
+//! the figures D, L and F.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use async_nats::HeaderMap;
 use async_nats::jetstream::{self, consumer, stream};
-use oncebox_core::consume::{Apply, Counts, KeyRule, MessageRules, Position, RetryPolicy};
-use oncebox_core::{Event, Key, ProcessError, Processed, Response, Source};
-use oncebox_nats::{Consumer, ConsumerOptions, InboxHandler};
-use oncebox_sqlite::rusqlite::params;
-use oncebox_sqlite::{HandlerError, Inbox, Options, Tx};
-use tokio::sync::mpsc;
+use oncebox_core::Source;
+use oncebox_core::consume::{Apply, Counts, KeyRule, MessageRules, RetryPolicy};
+use oncebox_nats::{ConsumeError, Consumer, ConsumerOptions};
+use oncebox_sqlite::Options;
+use oncebox_testkit::consume::{Running, SOURCE, Store};
 
-pub const SOURCE: &str = "shop";
 /// The tests' key header. Not `Nats-Msg-Id`: the stream's own publish dedup window would
 /// swallow the duplicates these tests publish on purpose, and oncebox never relies on it.
 pub const KEY_HEADER: &str = "Event-Id";
-
-/// The handler a user would write: one effect row per event; a payload asking for it fails.
-pub fn effect(tx: &mut Tx<'_>, event: &Event) -> Result<Response, HandlerError> {
-    if event.payload.windows(4).any(|w| w == b"boom") {
-        return Err(HandlerError::failed("the payload asked to fail"));
-    }
-    tx.conn().execute(
-        "INSERT INTO effects (event_id) VALUES (?1)",
-        [event.key.event_id.as_str()],
-    )?;
-    Ok(Response::completed("ok"))
-}
-
-pub type Effects = InboxHandler<fn(&mut Tx<'_>, &Event) -> Result<Response, HandlerError>>;
-
-/// Wraps the real `Apply` to count calls, report each key it is handed, and check every
-/// duplicate answer against the committed effects at that moment (the figure F).
-#[derive(Clone)]
-pub struct Checked<A> {
-    pub inner: A,
-    pub inbox: Inbox,
-    pub calls: Arc<AtomicU64>,
-    pub false_duplicates: Arc<AtomicU64>,
-    pub seen: Option<mpsc::UnboundedSender<Key>>,
-}
-
-impl<A: Apply> Apply for Checked<A> {
-    async fn apply(
-        &self,
-        event: Event,
-        position: Option<Position>,
-    ) -> Result<Processed, ProcessError> {
-        self.calls.fetch_add(1, Ordering::SeqCst);
-        let key = event.key.clone();
-        if let Some(seen) = &self.seen {
-            let _ = seen.send(key.clone());
-        }
-        let outcome = self.inner.apply(event, position).await;
-        if matches!(outcome, Ok(Processed::Duplicate(_))) && effects_of(&self.inbox, &key) == 0 {
-            self.false_duplicates.fetch_add(1, Ordering::SeqCst);
-        }
-        outcome
-    }
-}
-
-pub fn effects_of(inbox: &Inbox, key: &Key) -> i64 {
-    inbox
-        .read_blocking(|c| {
-            c.query_row(
-                "SELECT count(*) FROM effects WHERE event_id = ?1",
-                params![key.event_id.as_str()],
-                |r| r.get(0),
-            )
-        })
-        .unwrap()
-}
 
 /// One test's streams and database.
 pub struct World {
@@ -83,8 +25,7 @@ pub struct World {
     pub quarantine_stream: String,
     pub quarantine_subject: String,
     pub durable: String,
-    pub inbox: Inbox,
-    pub dir: tempfile::TempDir,
+    pub db: Store,
 }
 
 impl World {
@@ -92,10 +33,7 @@ impl World {
         World::with_options(url, Options::new).await
     }
 
-    pub async fn with_options(
-        url: &str,
-        options: impl FnOnce(std::path::PathBuf) -> Options,
-    ) -> World {
+    pub async fn with_options(url: &str, options: impl FnOnce(PathBuf) -> Options) -> World {
         let js = connect(url).await;
         let id = uuid::Uuid::new_v4().simple().to_string();
         let (stream, subject) = (
@@ -117,14 +55,6 @@ impl World {
             .await
             .unwrap();
         }
-        let dir = tempfile::tempdir().unwrap();
-        let inbox = Inbox::open(options(dir.path().join("nats.db"))).unwrap();
-        inbox
-            .write(|c| {
-                c.execute_batch("CREATE TABLE IF NOT EXISTS effects (event_id TEXT NOT NULL)")
-            })
-            .await
-            .unwrap();
         World {
             js,
             stream,
@@ -132,13 +62,8 @@ impl World {
             quarantine_stream,
             quarantine_subject,
             durable: format!("oncebox-{id}"),
-            inbox,
-            dir,
+            db: Store::open(options).await,
         }
-    }
-
-    pub fn db_path(&self) -> std::path::PathBuf {
-        self.dir.path().join("nats.db")
     }
 
     pub fn options(&self) -> ConsumerOptions {
@@ -156,16 +81,6 @@ impl World {
             max_attempts: 3,
         };
         o
-    }
-
-    pub fn checked(&self) -> Checked<Effects> {
-        Checked {
-            inner: InboxHandler::new(self.inbox.clone(), effect as _),
-            inbox: self.inbox.clone(),
-            calls: Arc::default(),
-            false_duplicates: Arc::default(),
-            seen: None,
-        }
     }
 
     /// Publishes with the key header `id` (none if `None`) and waits for the stream's ack.
@@ -200,24 +115,15 @@ impl World {
         panic!("still pending: {info:?}");
     }
 
-    /// Waits until the consumer's counts satisfy `done`; after 20 s fails with what the
-    /// consumer and the server say, instead of hanging until the test's timeout.
-    pub async fn wait_counts(
+    /// Waits until the consumer's counts satisfy `done`; when stuck, fails with what the
+    /// server says too.
+    pub async fn wait(
         &self,
-        counts: &mut tokio::sync::watch::Receiver<Counts>,
+        consumer: &mut Running<ConsumeError>,
         done: impl FnMut(&Counts) -> bool,
     ) -> Counts {
-        let waited = tokio::time::timeout(Duration::from_secs(20), async {
-            *counts.wait_for(done).await.unwrap()
-        })
-        .await;
-        match waited {
-            Ok(c) => c,
-            Err(_) => {
-                let info = self.consumer_info().await;
-                panic!("stuck at {:?}; server: {info:?}", *counts.borrow());
-            }
-        }
+        let server = async { format!("server: {:?}", self.consumer_info().await) };
+        consumer.wait(done, server).await
     }
 
     /// The quarantined messages' reasons, in stream order.
@@ -234,17 +140,6 @@ impl World {
         out
     }
 
-    /// D, L and F over `keys` (every one of which was acknowledged by the end).
-    pub fn figures(&self, keys: &[&str], false_duplicates: u64) -> (usize, usize, u64) {
-        let counts: Vec<i64> = keys
-            .iter()
-            .map(|k| effects_of(&self.inbox, &Key::parse(SOURCE, k).unwrap()))
-            .collect();
-        let doubles = counts.iter().filter(|n| **n > 1).count();
-        let lost = counts.iter().filter(|n| **n == 0).count();
-        (doubles, lost, false_duplicates)
-    }
-
     pub async fn cleanup(self) {
         for s in [&self.stream, &self.quarantine_stream] {
             let _ = self.js.delete_stream(s).await;
@@ -256,23 +151,15 @@ pub async fn connect(url: &str) -> jetstream::Context {
     jetstream::new(async_nats::connect(url).await.unwrap())
 }
 
-/// Runs `consumer` on its own connection until the returned sender fires or is dropped.
-pub fn start<A: Apply>(
-    url: &str,
-    consumer: Arc<Consumer<A>>,
-) -> (
-    tokio::sync::oneshot::Sender<()>,
-    tokio::task::JoinHandle<Result<(), oncebox_nats::ConsumeError>>,
-) {
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+/// Runs `consumer` on its own connection until stopped.
+pub fn start<A: Apply>(url: &str, consumer: Consumer<A>) -> Running<ConsumeError> {
     let url = url.to_owned();
-    let task = tokio::spawn(async move {
+    Running::spawn(consumer.counts(), move |stopped| async move {
         let js = connect(&url).await;
         consumer
             .run(&js, async move {
                 let _ = stopped.await;
             })
             .await
-    });
-    (stop, task)
+    })
 }

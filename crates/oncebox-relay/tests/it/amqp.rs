@@ -2,7 +2,6 @@
 //! the key as `message_id`, delivered only on a confirm of a routed message; returned, nacked
 //! and unreachable publishes retried; a connection lost before the confirm is an unknown outcome.
 
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use lapin::message::Delivery;
@@ -15,7 +14,10 @@ use lapin::{Channel, Connection, ConnectionProperties, ExchangeKind};
 use oncebox_core::delivery::DeliveryState;
 use oncebox_testkit::{run, service_url};
 
-use crate::{World, broker_route, closed_port, receiver, unique, with_query};
+use crate::broker::{
+    broker_down_is_retried, cut_before_the_confirm, refused_publish_is_retried, route_url, upstream,
+};
+use crate::{World, broker_route, closed_port, unique, with_query};
 
 /// A test's own exchange and queue on the broker, deleted by `drop_all`.
 struct Rabbit {
@@ -77,14 +79,11 @@ impl Rabbit {
     /// The route URL to this test's exchange with routing key `paid`, through `server` (a
     /// proxy) when given.
     fn url(&self, server: Option<std::net::SocketAddr>) -> String {
-        let mut base = reqwest::Url::parse(&self.base).unwrap();
-        if let Some(addr) = server {
-            base.set_port(Some(addr.port())).unwrap();
-        }
-        with_query(
-            base.as_str(),
-            &[("exchange", &self.exchange), ("routing_key", "paid")],
-        )
+        let pairs = [
+            ("exchange", self.exchange.as_str()),
+            ("routing_key", "paid"),
+        ];
+        route_url(&self.base, server, &pairs)
     }
 
     /// Every message in the queue, taken out of it.
@@ -224,39 +223,22 @@ fn amqp_missing_exchange_is_not_sent_and_retried() {
         let Some(base) = service_url("ONCEBOX_AMQP_URL") else {
             return;
         };
-        let w = World::new();
-        w.accept("evt_x", &["rabbit"]).await;
         let url = with_query(
             &base,
             &[("exchange", &unique("absent")), ("routing_key", "k")],
         );
-        // Not idempotent: an unknown outcome would park it; a refused one must not.
-        let relay = w.relay(vec![broker_route("rabbit", &url, false)]);
-        assert_eq!(relay.run_once().await.unwrap().retrying, 1);
-        let d = w.delivery("evt_x").await;
-        assert_eq!(d.state, DeliveryState::Retrying);
-        assert!(d.last_error.unwrap_or_default().contains("NOT_FOUND"));
+        refused_publish_is_retried(&url, "NOT_FOUND").await;
     });
 }
 
 #[test]
 fn amqp_broker_down_is_retried_never_delivered() {
     run(async {
-        let w = World::new();
-        w.accept("evt_d", &["rabbit"]).await;
         let url = format!(
             "amqp://guest:guest@{}/%2f?exchange=orders&routing_key=k",
             closed_port()
         );
-        let relay = w.relay(vec![broker_route("rabbit", &url, false)]);
-        for _ in 0..2 {
-            let out = relay.run_once().await.unwrap();
-            assert_eq!((out.delivered, out.retrying), (0, 1), "{out:?}");
-            w.clock.advance(Duration::from_secs(3600));
-        }
-        let d = w.delivery("evt_d").await;
-        assert_eq!((d.state, d.attempts), (DeliveryState::Retrying, 2));
-        assert!(d.last_error.is_some());
+        broker_down_is_retried(&url).await;
     });
 }
 
@@ -267,37 +249,20 @@ fn amqp_connection_lost_before_the_confirm_is_unknown_uncertain_or_retried_by_th
             return;
         };
         rabbit.bind().await;
-        let broker = reqwest::Url::parse(&rabbit.base).unwrap();
-        let upstream = format!(
-            "{}:{}",
-            broker.host_str().unwrap(),
-            broker.port().unwrap_or(5672)
-        );
-        let upstream = tokio::net::lookup_host(upstream)
-            .await
-            .unwrap()
-            .next()
-            .unwrap();
+        let upstream = upstream(&rabbit.base, 5672).await;
         let w = World::new();
         for (id, idempotent, want) in [
             ("evt_plain", false, DeliveryState::Uncertain),
             ("evt_idem", true, DeliveryState::Retrying),
         ] {
-            // The broker stores the message and confirms it; the confirm never arrives.
-            // The marker is in the body frame, so the broker has the whole message when cut.
-            let marker = format!(r#""id":"{id}""#).into_bytes();
-            let (proxy, cuts) = receiver::cutting_proxy(upstream, marker).await;
-            let name = format!("rabbit-{id}");
-            w.accept(id, &[&name]).await;
-            let relay = w.relay(vec![broker_route(
-                &name,
-                &rabbit.url(Some(proxy)),
-                idempotent,
-            )]);
-            relay.run_once().await.unwrap();
-            assert_eq!(cuts.load(Ordering::SeqCst), 1, "the fault happened");
-            let d = w.delivery(id).await;
-            assert_eq!(d.state, want, "{id}: {:?}", d.last_error);
+            let route = |proxy| {
+                broker_route(
+                    &format!("rabbit-{id}"),
+                    &rabbit.url(Some(proxy)),
+                    idempotent,
+                )
+            };
+            let relay = cut_before_the_confirm(&w, upstream, id, route, want).await;
             assert_eq!(
                 rabbit.take().await.len(),
                 1,

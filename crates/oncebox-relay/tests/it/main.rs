@@ -3,6 +3,7 @@
 //! leases are stepped, not waited for.
 
 mod amqp;
+mod broker;
 mod delivery;
 mod faults;
 mod kill;

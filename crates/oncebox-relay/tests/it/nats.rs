@@ -3,7 +3,6 @@
 //! once by the stream's duplicate window; no stream, or no server, retried; a connection lost
 //! before the PubAck is an unknown outcome.
 
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use async_nats::jetstream::stream::{Config, StorageType, Stream};
@@ -13,7 +12,10 @@ use oncebox_core::relay_store::DeliveryStore;
 use oncebox_core::{Clock, Key};
 use oncebox_testkit::{run, service_url};
 
-use crate::{World, broker_route, closed_port, receiver, unique, with_query};
+use crate::broker::{
+    broker_down_is_retried, cut_before_the_confirm, refused_publish_is_retried, route_url, upstream,
+};
+use crate::{World, broker_route, closed_port, unique, with_query};
 
 /// A test's own stream capturing one subject, deleted by `drop_all`.
 struct JetStream {
@@ -56,11 +58,7 @@ impl JetStream {
 
     /// The route URL to this test's subject, through `server` (a proxy) when given.
     fn url(&self, server: Option<std::net::SocketAddr>) -> String {
-        let mut base = reqwest::Url::parse(&self.base).unwrap();
-        if let Some(addr) = server {
-            base.set_port(Some(addr.port())).unwrap();
-        }
-        with_query(base.as_str(), &[("subject", &self.subject)])
+        route_url(&self.base, server, &[("subject", &self.subject)])
     }
 
     async fn stored(&self) -> u64 {
@@ -117,34 +115,18 @@ fn jetstream_subject_without_a_stream_is_not_sent_and_retried() {
         let Some(base) = service_url("ONCEBOX_NATS_URL") else {
             return;
         };
-        let w = World::new();
-        w.accept("evt_s", &["stream"]).await;
         let subject = format!("oncebox.nostream.{}", uuid::Uuid::new_v4().simple());
         let url = with_query(&base, &[("subject", &subject)]);
-        // Not idempotent: "no responders" proves nothing was stored, so it must not be parked.
-        let relay = w.relay(vec![broker_route("stream", &url, false)]);
-        assert_eq!(relay.run_once().await.unwrap().retrying, 1);
-        let d = w.delivery("evt_s").await;
-        assert_eq!(d.state, DeliveryState::Retrying);
-        assert!(d.last_error.unwrap_or_default().contains("no stream"));
+        // "No responders": no stream captures the subject, so nothing was stored.
+        refused_publish_is_retried(&url, "no stream").await;
     });
 }
 
 #[test]
 fn jetstream_server_down_is_retried_never_delivered() {
     run(async {
-        let w = World::new();
-        w.accept("evt_d", &["stream"]).await;
         let url = format!("nats://{}?subject=orders.paid", closed_port());
-        let relay = w.relay(vec![broker_route("stream", &url, false)]);
-        for _ in 0..2 {
-            let out = relay.run_once().await.unwrap();
-            assert_eq!((out.delivered, out.retrying), (0, 1), "{out:?}");
-            w.clock.advance(Duration::from_secs(3600));
-        }
-        let d = w.delivery("evt_d").await;
-        assert_eq!((d.state, d.attempts), (DeliveryState::Retrying, 2));
-        assert!(d.last_error.is_some());
+        broker_down_is_retried(&url).await;
     });
 }
 
@@ -154,35 +136,21 @@ fn jetstream_connection_lost_before_the_puback_is_unknown_uncertain_or_retried_b
         let Some(nats) = JetStream::new().await else {
             return;
         };
-        let server = reqwest::Url::parse(&nats.base).unwrap();
-        let upstream = format!(
-            "{}:{}",
-            server.host_str().unwrap(),
-            server.port().unwrap_or(4222)
-        );
-        let upstream = tokio::net::lookup_host(upstream)
-            .await
-            .unwrap()
-            .next()
-            .unwrap();
+        let upstream = upstream(&nats.base, 4222).await;
         let w = World::new();
         for (id, idempotent, want, stored) in [
             ("evt_plain", false, DeliveryState::Uncertain, 1),
             ("evt_idem", true, DeliveryState::Retrying, 2),
         ] {
             // The stream stores the message and acks it; the PubAck never arrives.
-            let marker = format!(r#""id":"{id}""#).into_bytes();
-            let (proxy, cuts) = receiver::cutting_proxy(upstream, marker).await;
-            let name = format!("stream-{id}");
-            w.accept(id, &[&name]).await;
-            let mut route = broker_route(&name, &nats.url(Some(proxy)), idempotent);
-            // The wait for the lost PubAck.
-            route.timeout = Duration::from_secs(2);
-            let relay = w.relay(vec![route]);
-            relay.run_once().await.unwrap();
-            assert_eq!(cuts.load(Ordering::SeqCst), 1, "the fault happened");
-            let d = w.delivery(id).await;
-            assert_eq!(d.state, want, "{id}: {:?}", d.last_error);
+            let route = |proxy| {
+                let mut route =
+                    broker_route(&format!("stream-{id}"), &nats.url(Some(proxy)), idempotent);
+                // The wait for the lost PubAck.
+                route.timeout = Duration::from_secs(2);
+                route
+            };
+            cut_before_the_confirm(&w, upstream, id, route, want).await;
             assert_eq!(nats.stored().await, stored, "{id}: the stream did store it");
         }
         // The network heals: a relay reaching the server directly publishes the idempotent
