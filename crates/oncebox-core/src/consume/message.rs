@@ -1,0 +1,111 @@
+//! How a broker message becomes an `Event`: where its key comes from (a header, the message id,
+//! a JSON pointer or derived fields; never a broker coordinate), the body limit and the
+//! fingerprint, or the reason it can never be processed.
+
+use std::borrow::Cow;
+
+use super::Reason;
+use crate::event::{Event, Meta};
+use crate::fingerprint::{FingerprintMode, derive_event_id};
+use crate::json::{self, Pointer, Value};
+use crate::key::{EventId, Key, Source};
+
+/// Where a message's event id comes from. Always something the producer wrote: a broker's
+/// delivery tag, offset or sequence changes on redelivery and republishing, so it is never a key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum KeyRule {
+    /// A message header (AMQP header table, NATS header), by exact name.
+    Header(String),
+    /// The producer's message id: AMQP's `message_id` property, NATS's `Nats-Msg-Id` header.
+    MessageId,
+    /// A JSON pointer into the body: a string, or an integer written in decimal.
+    Pointer(Pointer),
+    /// SHA-256 of these fields' canonical values, for producers that send no id.
+    Derive(Vec<Pointer>),
+}
+
+/// The transport's view of one message's headers.
+pub trait MessageHeaders {
+    /// The value of header `name`, as bytes (numbers in decimal); `None` when absent or of a
+    /// type that is not text or an integer.
+    fn header(&self, name: &str) -> Option<Cow<'_, [u8]>>;
+    /// The producer's message id, if any.
+    fn message_id(&self) -> Option<Cow<'_, [u8]>>;
+}
+
+/// How a consumer turns messages into events: plain data, built once from configuration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MessageRules {
+    /// Named by configuration, never by the message.
+    pub source: Source,
+    pub key: KeyRule,
+    pub fingerprint: FingerprintMode,
+    pub max_body: usize,
+}
+
+impl MessageRules {
+    pub fn new(source: Source, key: KeyRule) -> MessageRules {
+        MessageRules {
+            source,
+            key,
+            fingerprint: FingerprintMode::Json,
+            max_body: 1 << 20,
+        }
+    }
+
+    /// The event a message carries, or why it can never be processed (it is quarantined, not
+    /// retried: the same bytes would fail the same way).
+    pub fn event(
+        &self,
+        headers: &impl MessageHeaders,
+        payload: Vec<u8>,
+        content_type: Option<&str>,
+    ) -> Result<Event, Reason> {
+        if payload.len() > self.max_body {
+            return Err(Reason::BodyTooLarge {
+                limit: self.max_body,
+            });
+        }
+        let missing = |what: String| Reason::EventIdMissing(what);
+        let invalid = |e: crate::InvalidKey| Reason::EventIdInvalid(e.to_string());
+        let event_id = match &self.key {
+            KeyRule::Header(name) => headers
+                .header(name)
+                .ok_or_else(|| missing(format!("header {name} absent or not text")))
+                .and_then(|v| EventId::from_bytes(&v).map_err(invalid))?,
+            KeyRule::MessageId => headers
+                .message_id()
+                .ok_or_else(|| missing("no message id".to_owned()))
+                .and_then(|v| EventId::from_bytes(&v).map_err(invalid))?,
+            KeyRule::Pointer(p) => {
+                let doc = json::parse(&payload).map_err(|e| Reason::InvalidJson(e.to_string()))?;
+                id_at(&doc, p)?
+            }
+            KeyRule::Derive(fields) => derive_event_id(&payload, fields)
+                .map_err(|e| missing(e.to_string()))
+                .and_then(|id| EventId::new(id).map_err(invalid))?,
+        };
+        let key = Key::new(self.source.clone(), event_id);
+        let event = Event::new(key, payload, &self.fingerprint)
+            .map_err(|e| Reason::InvalidJson(e.to_string()))?;
+        Ok(event.with_meta(Meta {
+            content_type: content_type.map(str::to_owned),
+            headers: Vec::new(),
+        }))
+    }
+}
+
+/// A string, or an integer written in decimal; anything else at the pointer is invalid.
+fn id_at(doc: &Value, p: &Pointer) -> Result<EventId, Reason> {
+    let text = match doc.pointer(p) {
+        None => return Err(Reason::EventIdMissing(format!("{p} absent"))),
+        Some(Value::String(s)) => s.clone(),
+        Some(Value::Number(n)) => n
+            .to_i64()
+            .ok_or_else(|| Reason::EventIdInvalid(format!("{p} is not an integer")))?
+            .to_string(),
+        Some(_) => return Err(Reason::EventIdInvalid(format!("{p} is not a string"))),
+    };
+    EventId::new(text).map_err(|e| Reason::EventIdInvalid(e.to_string()))
+}

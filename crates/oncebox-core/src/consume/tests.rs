@@ -1,0 +1,171 @@
+//! Unit tests of message mapping, the settle decision and the counts: keys come only from the
+//! configured place, bad messages get a reason, only committed outcomes are acknowledged.
+
+use std::borrow::Cow;
+use std::time::Duration;
+
+use super::*;
+use crate::Event;
+use crate::fingerprint::{Fingerprint, FingerprintMode};
+use crate::json::Pointer;
+use crate::key::Source;
+use crate::outcome::{ProcessError, Processed, Response, Unavailable};
+
+struct H(Vec<(&'static str, &'static [u8])>, Option<&'static [u8]>);
+
+impl MessageHeaders for H {
+    fn header(&self, name: &str) -> Option<Cow<'_, [u8]>> {
+        self.0
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, v)| Cow::Borrowed(*v))
+    }
+    fn message_id(&self) -> Option<Cow<'_, [u8]>> {
+        self.1.map(Cow::Borrowed)
+    }
+}
+
+fn rules(key: KeyRule) -> MessageRules {
+    MessageRules::new(Source::new("shop").unwrap(), key)
+}
+
+fn slug(r: Result<Event, Reason>) -> &'static str {
+    r.map(|_| "ok").unwrap_or_else(|e| e.slug())
+}
+
+#[test]
+fn keys_come_from_the_configured_place_only() {
+    let body = br#"{"id":"evt_1","n":7}"#.to_vec();
+    let h = H(vec![("x-id", b"hdr_1")], Some(b"mid_1"));
+    let id = |r: &MessageRules| r.event(&h, body.clone(), None).unwrap().key.event_id;
+    assert_eq!(id(&rules(KeyRule::Header("x-id".into()))).as_str(), "hdr_1");
+    assert_eq!(id(&rules(KeyRule::MessageId)).as_str(), "mid_1");
+    let ptr = KeyRule::Pointer(Pointer::parse("/id").unwrap());
+    assert_eq!(id(&rules(ptr)).as_str(), "evt_1");
+    let num = KeyRule::Pointer(Pointer::parse("/n").unwrap());
+    assert_eq!(id(&rules(num)).as_str(), "7");
+    let derived = KeyRule::Derive(vec![Pointer::parse("/n").unwrap()]);
+    assert_eq!(id(&rules(derived)).as_str().len(), 64);
+}
+
+#[test]
+fn bad_messages_get_a_reason_never_a_panic() {
+    let none = H(vec![("x-id", b"\xff\xfe")], None);
+    let header = rules(KeyRule::Header("x-id".into()));
+    let ptr = rules(KeyRule::Pointer(Pointer::parse("/id").unwrap()));
+    let ok = br#"{"id":"a"}"#.to_vec();
+    assert_eq!(
+        slug(header.event(&none, ok.clone(), None)),
+        "event-id-invalid"
+    );
+    let other = rules(KeyRule::Header("absent".into()));
+    assert_eq!(
+        slug(other.event(&none, ok.clone(), None)),
+        "event-id-missing"
+    );
+    let mid = rules(KeyRule::MessageId);
+    assert_eq!(slug(mid.event(&none, ok, None)), "event-id-missing");
+    for (body, want) in [
+        (&b"not json"[..], "invalid-json"),
+        (b"", "invalid-json"),
+        (br#"{"id":{}}"#, "event-id-invalid"),
+        (br#"{"id":1.5}"#, "event-id-invalid"),
+        (br#"{"id":"   "}"#, "event-id-invalid"),
+        (br#"{"other":1}"#, "event-id-missing"),
+        (br#"{"id":"a","id":"b"}"#, "invalid-json"),
+    ] {
+        assert_eq!(
+            slug(ptr.event(&none, body.to_vec(), None)),
+            want,
+            "{body:?}"
+        );
+    }
+    let mut small = ptr.clone();
+    small.max_body = 4;
+    assert_eq!(
+        slug(small.event(&none, b"{}    ".to_vec(), None)),
+        "body-too-large"
+    );
+    let deep = "[".repeat(100_000);
+    assert_eq!(
+        slug(ptr.event(&none, deep.into_bytes(), None)),
+        "invalid-json"
+    );
+    // A header key with a non-JSON body is fine under the raw fingerprint only.
+    let raw = MessageRules {
+        fingerprint: FingerprintMode::Raw,
+        ..rules(KeyRule::Header("x-id".into()))
+    };
+    let h = H(vec![("x-id", b"k")], None);
+    assert_eq!(slug(raw.event(&h, b"\x00\x01".to_vec(), None)), "ok");
+}
+
+#[test]
+fn only_committed_outcomes_are_acknowledged() {
+    let p = RetryPolicy::default();
+    let done = Processed::Applied(Response::completed(""));
+    assert_eq!(decide(Ok(done.clone()), 1, &p), Settle::Ack(done));
+    let dup = Processed::Duplicate(Response::completed(""));
+    assert_eq!(decide(Ok(dup.clone()), 9, &p), Settle::Ack(dup));
+    for attempt in [1, 5, 1000] {
+        let busy = Err(ProcessError::Unavailable(Unavailable::Busy));
+        assert_eq!(
+            decide(busy, attempt, &p),
+            Settle::Requeue {
+                why: Requeue::Unavailable,
+                after: p.delay
+            },
+            "unavailable is never quarantined nor acked"
+        );
+    }
+    let uncertain = decide(Err(ProcessError::Uncertain), 1, &p);
+    assert!(matches!(
+        uncertain,
+        Settle::Requeue {
+            why: Requeue::Uncertain,
+            ..
+        }
+    ));
+    let fp = Fingerprint::from([0; 32]);
+    let conflict = Err(ProcessError::Conflict {
+        stored: fp,
+        offered: fp,
+    });
+    assert!(matches!(
+        decide(conflict, 1, &p),
+        Settle::Quarantine(Reason::KeyReused { .. })
+    ));
+    let failed = || Err(ProcessError::Handler("boom".into()));
+    assert!(matches!(decide(failed(), 1, &p), Settle::Requeue { .. }));
+    let last = decide(failed(), p.max_attempts, &p);
+    assert!(matches!(last, Settle::Quarantine(ref r) if r.slug() == "handler-failed"));
+}
+
+#[test]
+fn counts_tell_acks_from_requeues() {
+    let mut c = Counts::default();
+    c.add(
+        &Settle::Ack(Processed::Applied(Response::completed(""))),
+        true,
+    );
+    c.add(
+        &Settle::Ack(Processed::Duplicate(Response::completed(""))),
+        false,
+    );
+    c.add(
+        &Settle::Quarantine(Reason::InvalidJson(String::new())),
+        true,
+    );
+    c.add(
+        &Settle::Requeue {
+            why: Requeue::Unavailable,
+            after: Duration::ZERO,
+        },
+        false,
+    );
+    assert_eq!(
+        (c.applied, c.duplicates, c.quarantined, c.requeued),
+        (1, 1, 1, 1)
+    );
+    assert_eq!((c.acked, c.ack_failures), (2, 1));
+}
