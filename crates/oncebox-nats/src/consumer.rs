@@ -4,12 +4,13 @@
 //! a NAK with a delay.
 
 use std::future::Future;
-use std::sync::Arc;
+use std::panic::AssertUnwindSafe;
 use std::time::Duration;
 
 use async_nats::jetstream::consumer::{AckPolicy, DeliverPolicy, PullConsumer, pull};
 use async_nats::jetstream::{self, AckKind};
-use futures::StreamExt;
+use futures::stream::FuturesUnordered;
+use futures::{FutureExt, StreamExt};
 use oncebox_core::consume::{
     Apply, Broker, Counts, MessageRules, Position, Reason, Requeue, RetryPolicy, Settle, decide,
     settle,
@@ -90,11 +91,6 @@ pub enum ConsumeError {
 
 /// A JetStream consumer that applies each message through `A`.
 pub struct Consumer<A> {
-    shared: Arc<Shared<A>>,
-}
-
-/// What every message's task needs.
-struct Shared<A> {
     apply: A,
     options: ConsumerOptions,
     counts: watch::Sender<Counts>,
@@ -103,31 +99,30 @@ struct Shared<A> {
 impl<A> std::fmt::Debug for Consumer<A> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Consumer")
-            .field("options", &self.shared.options)
-            .field("counts", &*self.shared.counts.borrow())
+            .field("options", &self.options)
+            .field("counts", &*self.counts.borrow())
             .finish_non_exhaustive()
     }
 }
 
 impl<A: Apply> Consumer<A> {
     pub fn new(apply: A, options: ConsumerOptions) -> Consumer<A> {
+        let counts = watch::Sender::new(Counts::default());
         Consumer {
-            shared: Arc::new(Shared {
-                apply,
-                options,
-                counts: watch::Sender::new(Counts::default()),
-            }),
+            apply,
+            options,
+            counts,
         }
     }
 
     /// What this consumer settled so far; `wait_for` on it waits for a condition.
     pub fn counts(&self) -> watch::Receiver<Counts> {
-        self.shared.counts.subscribe()
+        self.counts.subscribe()
     }
 
     /// The durable pull consumer, created when absent.
     pub async fn bind(&self, js: &jetstream::Context) -> Result<PullConsumer, ConsumeError> {
-        let o = &self.shared.options;
+        let o = &self.options;
         let setup = |e: &dyn std::fmt::Display| ConsumeError::Setup(e.to_string());
         let stream = js.get_stream(&o.stream).await.map_err(|e| setup(&e))?;
         let config = pull::Config {
@@ -167,10 +162,10 @@ impl<A: Apply> Consumer<A> {
         shutdown: impl Future<Output = ()>,
     ) -> Result<(), ConsumeError> {
         let consumer = self.bind(js).await?;
-        let limit = if self.shared.options.watermark {
+        let limit = if self.options.watermark {
             1
         } else {
-            self.shared.options.batch.max(1)
+            self.options.batch.max(1)
         };
         let mut messages = consumer
             .stream()
@@ -180,30 +175,38 @@ impl<A: Apply> Consumer<A> {
             .messages()
             .await
             .map_err(|e| ConsumeError::Pull(e.to_string()))?;
-        // Each message is its own task, so decoding, fingerprinting and the store's calls
-        // spread over the runtime's threads; the set is always drained before returning.
-        let mut in_hand = tokio::task::JoinSet::new();
+        // The messages in hand are futures of this one task, not a task each: measured with
+        // benches/consume.rs, a task per message cost more (the spawn, a cross-thread wake-up
+        // when the store answers, the context cloned into it) than spreading the decoding over
+        // threads gave. Always drained before returning.
+        let mut in_hand = FuturesUnordered::new();
         let mut shutdown = std::pin::pin!(shutdown);
         let ended = loop {
             tokio::select! {
                 () = &mut shutdown => break Ok(()),
-                Some(_) = in_hand.join_next(), if !in_hand.is_empty() => {}
+                Some(()) = in_hand.next(), if !in_hand.is_empty() => {}
                 next = messages.next(), if in_hand.len() < limit => match next {
-                    Some(Ok(message)) => {
-                        in_hand.spawn(self.shared.clone().handle(js.clone(), message));
-                    }
+                    Some(Ok(message)) => in_hand.push(self.guarded(js, message)),
                     Some(Err(e)) => break Err(ConsumeError::Pull(e.to_string())),
                     None => break Err(ConsumeError::Pull("message stream ended".into())),
                 },
             }
         };
-        while in_hand.join_next().await.is_some() {}
+        while in_hand.next().await.is_some() {}
         ended
     }
-}
 
-impl<A: Apply> Shared<A> {
-    async fn handle(self: Arc<Self>, js: jetstream::Context, message: jetstream::Message) {
+    /// `handle`, with a panic (in the `Apply`, say) confined to its message: it is neither acked
+    /// nor requeued, so the server delivers it again after the ack wait, and the other
+    /// messages go on.
+    async fn guarded(&self, js: &jetstream::Context, message: jetstream::Message) {
+        let handled = AssertUnwindSafe(self.handle(js, message)).catch_unwind();
+        if handled.await.is_err() {
+            tracing::error!(stream = %self.options.stream, "handling a message panicked; it comes back after the ack wait");
+        }
+    }
+
+    async fn handle(&self, js: &jetstream::Context, message: jetstream::Message) {
         let o = &self.options;
         // The sequence is the stream's position of the stored message: stable across
         // redeliveries, so fit for the watermark, yet never part of the key.
@@ -231,7 +234,7 @@ impl<A: Apply> Shared<A> {
             crate::crash::point!("nats-before-ack");
         }
         let in_hand = InHand {
-            js: &js,
+            js,
             message: &message,
             options: o,
         };
