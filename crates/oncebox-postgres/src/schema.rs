@@ -109,9 +109,16 @@ pub(crate) async fn migrate(conn: &mut PgConnection) -> Result<(), OpenError> {
     sqlx::query("SELECT pg_advisory_xact_lock(hashtext('oncebox-migrate:' || current_schema()))")
         .execute(&mut *tx)
         .await?;
-    sqlx::query("CREATE TABLE IF NOT EXISTS oncebox_schema (version BIGINT NOT NULL)")
-        .execute(&mut *tx)
+    // Created only when absent (under the lock, so no race): `IF NOT EXISTS` would log a
+    // server notice at every start.
+    let exists: bool = sqlx::query_scalar("SELECT to_regclass('oncebox_schema') IS NOT NULL")
+        .fetch_one(&mut *tx)
         .await?;
+    if !exists {
+        sqlx::query("CREATE TABLE oncebox_schema (version BIGINT NOT NULL)")
+            .execute(&mut *tx)
+            .await?;
+    }
     let found: Option<i64> = sqlx::query_scalar("SELECT max(version) FROM oncebox_schema")
         .fetch_one(&mut *tx)
         .await?;
