@@ -130,6 +130,42 @@ pub enum Verdict {
     Dead(String),
 }
 
+/// What recording a verdict writes on the delivery; `None` keeps the stored value.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Recorded {
+    pub state: &'static str,
+    pub next_attempt_at: Option<i64>,
+    pub delivered_at: Option<i64>,
+    pub last_error: Option<String>,
+}
+
+impl Verdict {
+    /// The delivery's new state and bookkeeping after an attempt whose error (if any) was
+    /// `error`, at `now`; the same on every backend.
+    pub fn recorded(&self, error: Option<&str>, now: crate::clock::Timestamp) -> Recorded {
+        let error = error.map(str::to_owned);
+        let (state, next_attempt_at, delivered_at, last_error) = match self {
+            Verdict::Delivered => ("delivered", None, Some(now.millis()), error),
+            Verdict::Retry(wait) => ("retrying", Some(now.plus(*wait).millis()), None, error),
+            Verdict::Dead(reason) => (
+                "dead",
+                None,
+                None,
+                Some(error.unwrap_or_else(|| reason.clone())),
+            ),
+            // `Uncertain`: parking it for reconciliation neither claims an outcome nor risks a
+            // second effect.
+            Verdict::Uncertain => ("uncertain", None, None, error),
+        };
+        Recorded {
+            state,
+            next_attempt_at,
+            delivered_at,
+            last_error,
+        }
+    }
+}
+
 /// Decides from one attempt. `attempts_made` counts this one; `age` is the delivery's age now.
 ///
 /// 2xx is delivered. 408, 425, 429, 5xx and a request that never left are retried (honouring

@@ -183,25 +183,9 @@ impl DeliveryStore for Inbox {
         now: Timestamp,
     ) -> Result<(), LeaseError> {
         let now_ms = now.millis();
-        // (state, next_attempt_at, delivered_at, last_error); `None` keeps the stored value.
-        let (state, next, delivered_at, error) = match &verdict {
-            Verdict::Delivered => ("delivered", None, Some(now_ms), attempt.error.clone()),
-            Verdict::Retry(wait) => (
-                "retrying",
-                Some(now.plus(*wait).millis()),
-                None,
-                attempt.error.clone(),
-            ),
-            Verdict::Dead(reason) => (
-                "dead",
-                None,
-                None,
-                Some(attempt.error.clone().unwrap_or_else(|| reason.clone())),
-            ),
-            // `Uncertain`, and any verdict added later: parking it for reconciliation neither
-            // claims an outcome nor risks a second effect.
-            _ => ("uncertain", None, None, attempt.error.clone()),
-        };
+        let r = verdict.recorded(attempt.error.as_deref(), now);
+        let (state, next, delivered_at, error) =
+            (r.state, r.next_attempt_at, r.delivered_at, r.last_error);
         let status = attempt.status.map(i32::from);
         // The fencing check, the verdict and the attempt row are one statement, so one
         // transaction: nothing slips in between, and a fenced relay writes nothing, not even its

@@ -145,25 +145,9 @@ fn record(
     now: Timestamp,
 ) -> Result<Result<(), LeaseError>, Fatal> {
     let now_ms = now.millis();
-    // (state, next_attempt_at, delivered_at, last_error); `None` keeps the stored value.
-    let (state, next, delivered_at, error) = match verdict {
-        Verdict::Delivered => ("delivered", None, Some(now_ms), attempt.error.clone()),
-        Verdict::Retry(wait) => (
-            "retrying",
-            Some(now.plus(*wait).millis()),
-            None,
-            attempt.error.clone(),
-        ),
-        Verdict::Dead(reason) => (
-            "dead",
-            None,
-            None,
-            Some(attempt.error.clone().unwrap_or_else(|| reason.clone())),
-        ),
-        // `Uncertain`, and any verdict added later: parking it for reconciliation neither
-        // claims an outcome nor risks a second effect.
-        _ => ("uncertain", None, None, attempt.error.clone()),
-    };
+    let r = verdict.recorded(attempt.error.as_deref(), now);
+    let (state, next, delivered_at, error) =
+        (r.state, r.next_attempt_at, r.delivered_at, r.last_error);
     // The fencing check and the write are one statement: nothing can slip in between. An
     // expired lease is refused even if nobody took the delivery over yet, because someone may
     // be about to.
