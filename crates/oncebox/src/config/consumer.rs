@@ -5,12 +5,12 @@
 use std::time::Duration;
 
 use oncebox_core::consume::{KeyRule, MessageRules, RetryPolicy};
-use oncebox_core::json::Pointer;
 use oncebox_core::{FingerprintMode, Source};
 use serde::Deserialize;
 
 use super::Problems;
 use super::raw::{ByteSize, HumanDuration, RawEventId, RawFingerprint};
+use super::source::{pointer, pointers};
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -231,24 +231,6 @@ fn key(path: &str, raw: &RawKey, p: &mut Problems<'_>) -> Option<KeyRule> {
             None
         }
     }
-}
-
-fn pointer(path: &str, text: &str, p: &mut Problems<'_>) -> Pointer {
-    Pointer::parse(text).unwrap_or_else(|e| {
-        p.push(path, format_args!("invalid JSON pointer {text:?}: {e}"));
-        Pointer::default()
-    })
-}
-
-fn pointers(path: &str, texts: &[String], p: &mut Problems<'_>) -> Vec<Pointer> {
-    if texts.is_empty() {
-        p.push(path, "needs at least one JSON pointer");
-    }
-    texts
-        .iter()
-        .enumerate()
-        .map(|(i, t)| pointer(&format!("{path}[{i}]"), t, p))
-        .collect()
 }
 
 #[cfg(test)]

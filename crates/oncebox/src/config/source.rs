@@ -275,14 +275,14 @@ fn header_name(path: &str, name: &str, p: &mut Problems<'_>) -> Option<String> {
     }
 }
 
-fn pointer(path: &str, text: &str, p: &mut Problems<'_>) -> Pointer {
+pub(super) fn pointer(path: &str, text: &str, p: &mut Problems<'_>) -> Pointer {
     Pointer::parse(text).unwrap_or_else(|e| {
         p.push(path, format_args!("invalid JSON pointer {text:?}: {e}"));
         Pointer::default()
     })
 }
 
-fn pointers(path: &str, texts: &[String], p: &mut Problems<'_>) -> Vec<Pointer> {
+pub(super) fn pointers(path: &str, texts: &[String], p: &mut Problems<'_>) -> Vec<Pointer> {
     if texts.is_empty() {
         p.push(path, "needs at least one JSON pointer");
     }
