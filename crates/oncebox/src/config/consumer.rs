@@ -236,6 +236,7 @@ fn key(path: &str, raw: &RawKey, p: &mut Problems<'_>) -> Option<KeyRule> {
 #[cfg(test)]
 mod tests {
     use figment::Jail;
+    use oncebox_core::json::Pointer;
 
     use super::super::{Overrides, Settings, load};
     use super::*;
