@@ -42,14 +42,22 @@ pub(crate) fn run(
     handler: Handler,
 ) -> Result<Result<Processed, ProcessError>, Fatal> {
     cx.savepoint()?;
-    let row = match claim(cx, event, None)? {
-        Claim::Fresh(row) => row,
-        Claim::Answered(answer) => {
-            cx.release()?;
-            return Ok(answer);
-        }
+    // A key without a record is written once, already terminal, after the handler: the single
+    // writer holds the write lock from this read to the commit, so nobody can insert the key in
+    // between, and a claim row followed by an update would write the record twice.
+    let claimed = match existing(cx.conn, &event.key)? {
+        None => None,
+        Some(found) => match decide(cx, event, found, None)? {
+            Claim::Fresh(row) => {
+                crash::point!("after-inbox-insert");
+                Some(row)
+            }
+            Claim::Answered(answer) => {
+                cx.release()?;
+                return Ok(answer);
+            }
+        },
     };
-    crash::point!("after-inbox-insert");
     let outcome = catch_unwind(AssertUnwindSafe(|| {
         handler(&mut Tx::new(cx.conn, &event.key, cx.now))
     }))
@@ -57,7 +65,13 @@ pub(crate) fn run(
     crash::point!("after-effect");
     let answer = match outcome {
         Ok(response) if response.kind == ResponseKind::Completed => {
-            finish(cx.conn, row, &response, cx.now.millis())?;
+            match claimed {
+                Some(row) => finish(cx.conn, row, &response, cx.now.millis())?,
+                None => {
+                    record_terminal(cx, event, &response)?;
+                    crash::point!("after-inbox-insert");
+                }
+            }
             Ok(Processed::Applied(response))
         }
         // A refusal or a stale verdict keeps nothing of the handler's work, only the record.
@@ -125,6 +139,18 @@ pub(crate) fn claim(
             "claimed key vanished".into(),
         )));
     };
+    decide(cx, event, existing, lease)
+}
+
+/// What a key's stored record answers: a conflict (recorded), a duplicate, uncertain, a live
+/// lease — or, for an expired lease, the key taken over with `lease`'s new token.
+fn decide(
+    cx: &mut Cx<'_>,
+    event: &Event,
+    existing: Existing,
+    lease: Option<(i64, i64)>,
+) -> Result<Claim, Fatal> {
+    let (token, expires) = lease.unzip();
     if existing.fingerprint[..] != event.fingerprint.as_bytes()[..] {
         record_conflict(cx, event, &existing.fingerprint)?;
         let stored = Fingerprint::from_slice(&existing.fingerprint).unwrap_or(event.fingerprint);
