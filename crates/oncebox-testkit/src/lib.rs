@@ -15,10 +15,16 @@ use oncebox_core::{
     Retention, Timestamp,
 };
 
+pub mod checker;
+pub mod child;
 pub mod consume;
+pub mod history;
 mod model;
 pub mod pg;
+pub mod proxy;
+pub mod receiver;
 pub mod relay;
+pub mod seed;
 pub mod suite;
 
 /// What a test handler does, in order: check the entity version (stale stops here), check the

@@ -1,0 +1,307 @@
+//! A TCP fault proxy between a client and its server (relay → receiver, gateway → PostgreSQL),
+//! for a machine without netem or iptables. Its [`Mode`] is switched at run time and applies to
+//! live connections as well as new ones. Every fault it injects is counted in [`Stats`], so a
+//! test proves the fault happened.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+
+/// What the proxy does to traffic.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Mode {
+    /// Bytes pass both ways.
+    Pass,
+    /// Each chunk, either way, is held this long before it is passed on.
+    Delay(Duration),
+    /// Nothing moves and nothing is refused: connections stay open, bytes wait unread (as in
+    /// a network that drops packets, which TCP retransmits once it heals). New connections are
+    /// accepted and wait too. Switching back delivers everything held, late.
+    BlackHole,
+    /// Every connection, open or new, is closed at once with a reset.
+    Reset,
+    /// The client's bytes are forwarded; the server's next answer to them is dropped and both
+    /// connections are cut: the server acted, the client never hears so. With a marker, only
+    /// an answer to bytes containing it is dropped (e.g. `COMMIT`); the rest passes.
+    DropReply,
+}
+
+/// Faults injected so far.
+#[derive(Debug, Default)]
+pub struct Stats {
+    pub connections: AtomicU64,
+    /// Connections closed by [`Mode::Reset`].
+    pub resets: AtomicU64,
+    /// Answers dropped by [`Mode::DropReply`] after the request reached the server.
+    pub dropped_replies: AtomicU64,
+    /// Chunks that waited at least once in [`Mode::BlackHole`] or [`Mode::Delay`].
+    pub held: AtomicU64,
+}
+
+impl Stats {
+    pub fn get(n: &AtomicU64) -> u64 {
+        n.load(Ordering::SeqCst)
+    }
+}
+
+/// A running proxy; it stops accepting when dropped (open connections end with their peers).
+#[derive(Debug)]
+pub struct Proxy {
+    addr: SocketAddr,
+    mode: watch::Sender<Mode>,
+    pub stats: Arc<Stats>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Proxy {
+    /// Listens on a free loopback port and forwards to `upstream`, passing everything.
+    pub async fn start(upstream: SocketAddr) -> Proxy {
+        Proxy::start_with_marker(upstream, None).await
+    }
+
+    /// As [`Proxy::start`]; in [`Mode::DropReply`] only answers to client bytes containing
+    /// `marker` are dropped.
+    pub async fn start_with_marker(upstream: SocketAddr, marker: Option<Vec<u8>>) -> Proxy {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("proxy port");
+        let addr = listener.local_addr().expect("proxy address");
+        let (mode, _) = watch::channel(Mode::Pass);
+        let stats = Arc::new(Stats::default());
+        let (modes, counters) = (mode.clone(), stats.clone());
+        let marker = Arc::new(marker);
+        let task = tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                counters.connections.fetch_add(1, Ordering::SeqCst);
+                let (modes, stats, marker) = (modes.subscribe(), counters.clone(), marker.clone());
+                tokio::spawn(async move {
+                    let _ = client.set_nodelay(true);
+                    let _ = connection(client, upstream, modes, &stats, marker.as_deref()).await;
+                });
+            }
+        });
+        Proxy {
+            addr,
+            mode,
+            stats,
+            task,
+        }
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Switches every connection, open and new, to `mode`.
+    pub fn set(&self, mode: Mode) {
+        self.mode.send_replace(mode);
+    }
+
+    pub fn mode(&self) -> Mode {
+        self.mode.borrow().clone()
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Closes with a reset (linger zero), not a graceful FIN.
+fn reset(stream: TcpStream) {
+    let _ = stream.set_zero_linger();
+    drop(stream);
+}
+
+/// Waits while the mode holds traffic; returns the mode that lets it move (or resets).
+async fn wait_while_held(modes: &mut watch::Receiver<Mode>, stats: &Stats) -> Mode {
+    let mut counted = false;
+    loop {
+        let mode = modes.borrow_and_update().clone();
+        if mode != Mode::BlackHole {
+            return mode;
+        }
+        if !counted {
+            stats.held.fetch_add(1, Ordering::SeqCst);
+            counted = true;
+        }
+        if modes.changed().await.is_err() {
+            return Mode::Reset;
+        }
+    }
+}
+
+async fn connection(
+    client: TcpStream,
+    upstream: SocketAddr,
+    mut modes: watch::Receiver<Mode>,
+    stats: &Stats,
+    marker: Option<&[u8]>,
+) -> std::io::Result<()> {
+    // A new connection in a black hole is accepted but not connected onwards until it heals.
+    if wait_while_held(&mut modes, stats).await == Mode::Reset {
+        stats.resets.fetch_add(1, Ordering::SeqCst);
+        reset(client);
+        return Ok(());
+    }
+    let up = TcpStream::connect(upstream).await?;
+    let _ = up.set_nodelay(true);
+    let (mut client, mut up) = (client, up);
+    let (mut from_client, mut from_up) = (vec![0u8; 16 * 1024], vec![0u8; 16 * 1024]);
+    // Client bytes forwarded in DropReply mode (matching the marker) whose answer is due.
+    let mut cut_next_answer = false;
+    // The end of the client's previous chunk, so a marker split across two reads is found.
+    let mut tail: Vec<u8> = Vec::new();
+    loop {
+        let mode = wait_while_held(&mut modes, stats).await;
+        if mode == Mode::Reset {
+            stats.resets.fetch_add(1, Ordering::SeqCst);
+            reset(client);
+            reset(up);
+            return Ok(());
+        }
+        tokio::select! {
+            r = client.read(&mut from_client) => {
+                let n = r?;
+                if n == 0 {
+                    return up.shutdown().await;
+                }
+                let chunk = &from_client[..n];
+                let mode = hold(&mut modes, stats).await;
+                if mode == Mode::DropReply {
+                    let mut seen = std::mem::take(&mut tail);
+                    seen.extend_from_slice(chunk);
+                    cut_next_answer |= marker.is_none_or(|m| seen.windows(m.len()).any(|w| w == m));
+                    let keep = marker.map_or(0, |m| m.len().saturating_sub(1));
+                    tail = seen[seen.len().saturating_sub(keep)..].to_vec();
+                }
+                up.write_all(chunk).await?;
+            }
+            r = up.read(&mut from_up) => {
+                let n = r?;
+                if n == 0 {
+                    return client.shutdown().await;
+                }
+                if cut_next_answer && modes.borrow().clone() == Mode::DropReply {
+                    // The server answered, so it has acted on the request: drop the answer.
+                    stats.dropped_replies.fetch_add(1, Ordering::SeqCst);
+                    reset(client);
+                    reset(up);
+                    return Ok(());
+                }
+                cut_next_answer = false;
+                hold(&mut modes, stats).await;
+                client.write_all(&from_up[..n]).await?;
+            }
+            changed = modes.changed() => {
+                // Re-evaluate the new mode at the top of the loop; a closed channel means the
+                // proxy is gone.
+                if changed.is_err() {
+                    return Ok(());
+                }
+            }
+        }
+    }
+}
+
+/// Applies a delay or a black hole to a chunk already read; returns the mode it then passes in.
+async fn hold(modes: &mut watch::Receiver<Mode>, stats: &Stats) -> Mode {
+    let mode = modes.borrow().clone();
+    match mode {
+        Mode::Delay(d) => {
+            stats.held.fetch_add(1, Ordering::SeqCst);
+            tokio::time::sleep(d).await;
+            modes.borrow().clone()
+        }
+        Mode::BlackHole => wait_while_held(modes, stats).await,
+        other => other,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An echo server that counts the chunks it received (it "acted" on them).
+    async fn echo() -> (SocketAddr, Arc<AtomicU64>) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let got = Arc::new(AtomicU64::new(0));
+        let count = got.clone();
+        tokio::spawn(async move {
+            while let Ok((mut s, _)) = listener.accept().await {
+                let count = count.clone();
+                tokio::spawn(async move {
+                    let mut buf = [0u8; 1024];
+                    while let Ok(n) = s.read(&mut buf).await {
+                        if n == 0 || s.write_all(&buf[..n]).await.is_err() {
+                            return;
+                        }
+                        count.fetch_add(1, Ordering::SeqCst);
+                    }
+                });
+            }
+        });
+        (addr, got)
+    }
+
+    async fn roundtrip(addr: SocketAddr, msg: &[u8]) -> std::io::Result<Vec<u8>> {
+        let mut s = TcpStream::connect(addr).await?;
+        s.write_all(msg).await?;
+        let mut buf = vec![0u8; msg.len()];
+        s.read_exact(&mut buf).await?;
+        Ok(buf)
+    }
+
+    #[test]
+    fn every_mode_does_what_it_says_and_is_counted() {
+        crate::run(async {
+            let (server, got) = echo().await;
+            let proxy = Proxy::start_with_marker(server, Some(b"COMMIT".to_vec())).await;
+            assert_eq!(roundtrip(proxy.addr(), b"hello").await.unwrap(), b"hello");
+
+            proxy.set(Mode::DropReply);
+            assert_eq!(roundtrip(proxy.addr(), b"SELECT").await.unwrap(), b"SELECT");
+            let before = got.load(Ordering::SeqCst);
+            assert!(
+                roundtrip(proxy.addr(), b"COMMIT").await.is_err(),
+                "answer dropped"
+            );
+            assert_eq!(
+                got.load(Ordering::SeqCst),
+                before + 1,
+                "the server acted on it"
+            );
+            assert_eq!(Stats::get(&proxy.stats.dropped_replies), 1);
+
+            proxy.set(Mode::Reset);
+            assert!(roundtrip(proxy.addr(), b"x").await.is_err());
+            assert!(Stats::get(&proxy.stats.resets) >= 1);
+
+            // A black hole holds the exchange until it heals, then delivers it.
+            proxy.set(Mode::BlackHole);
+            let held = tokio::spawn(roundtrip(proxy.addr(), b"late"));
+            crate::child::until_async(
+                "the connection waits in the black hole",
+                Duration::from_secs(5),
+                || Stats::get(&proxy.stats.held) >= 1,
+            )
+            .await;
+            assert!(!held.is_finished());
+            proxy.set(Mode::Pass);
+            assert_eq!(held.await.unwrap().unwrap(), b"late");
+
+            proxy.set(Mode::Delay(Duration::from_millis(50)));
+            let start = std::time::Instant::now();
+            assert_eq!(roundtrip(proxy.addr(), b"slow").await.unwrap(), b"slow");
+            assert!(
+                start.elapsed() >= Duration::from_millis(100),
+                "delayed both ways"
+            );
+        });
+    }
+}
