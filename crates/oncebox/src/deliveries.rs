@@ -2,16 +2,52 @@
 
 use std::io::Write;
 
-use crate::store::Store;
-use anyhow::{Result, bail};
+use anyhow::Result;
 use oncebox_core::delivery::DeliveryState;
-use oncebox_core::relay_store::{DeliveryFilter, DeliveryStore, Resolve};
+use oncebox_core::relay_store::{DeliveryFilter, DeliveryStore, DeliveryView, Resolve};
 use oncebox_core::{Clock, SystemClock};
+use oncebox_gateway::rfc3339;
+use serde::Serialize;
 
-use crate::DeliveriesCommand;
+use crate::cli::{DeliveriesCommand, Output};
+use crate::events::Listing;
+use crate::exit;
+use crate::store::Store;
 
-/// Returns `Ok(false)` (exit code 3) when an action was refused by the delivery's state.
-pub async fn run(out: &mut impl Write, inbox: &Store, action: DeliveriesCommand) -> Result<bool> {
+/// One delivery of `deliveries list --output json`; field names are a contract (DESIGN §7
+/// names the first six).
+#[derive(Serialize)]
+struct DeliveryItem<'a> {
+    id: i64,
+    route: &'a str,
+    source: &'a str,
+    event_id: &'a str,
+    state: &'a str,
+    attempts: u32,
+    created_at: String,
+    next_attempt_at: Option<String>,
+    last_status: Option<u16>,
+    last_error: Option<&'a str>,
+    note: Option<&'a str>,
+}
+
+fn item(d: &DeliveryView) -> DeliveryItem<'_> {
+    DeliveryItem {
+        id: d.id,
+        route: &d.route,
+        source: d.key.source.as_str(),
+        event_id: d.key.event_id.as_str(),
+        state: d.state.as_str(),
+        attempts: d.attempts,
+        created_at: rfc3339(d.created_at),
+        next_attempt_at: d.next_attempt_at.map(rfc3339),
+        last_status: d.last_status,
+        last_error: d.last_error.as_deref(),
+        note: d.note.as_deref(),
+    }
+}
+
+pub async fn run(out: &mut impl Write, store: &Store, action: DeliveriesCommand) -> Result<()> {
     match action {
         DeliveriesCommand::List {
             state,
@@ -20,15 +56,8 @@ pub async fn run(out: &mut impl Write, inbox: &Store, action: DeliveriesCommand)
             limit,
             output,
         } => {
-            let state = match state.as_deref() {
-                None => None,
-                Some(s) => match DeliveryState::parse(s) {
-                    Some(s) => Some(s),
-                    None => bail!(
-                        "unknown state {s:?}: pending, in_flight, delivered, retrying, uncertain or dead"
-                    ),
-                },
-            };
+            // clap allows only the names `DeliveryState::parse` knows.
+            let state = state.as_deref().and_then(DeliveryState::parse);
             let filter = DeliveryFilter {
                 state,
                 route,
@@ -36,55 +65,46 @@ pub async fn run(out: &mut impl Write, inbox: &Store, action: DeliveriesCommand)
                 after,
                 limit,
             };
-            let page = inbox.deliveries(filter).await?;
-            if output == "json" {
-                let items: Vec<_> = page
-                    .items
-                    .iter()
-                    .map(|d| {
-                        serde_json::json!({
-                            "id": d.id, "route": d.route, "source": d.key.source.as_str(),
-                            "event_id": d.key.event_id.as_str(), "state": d.state.as_str(),
-                            "attempts": d.attempts, "last_status": d.last_status, "last_error": d.last_error,
-                        })
-                    })
-                    .collect();
-                writeln!(
-                    out,
-                    "{}",
-                    serde_json::json!({ "items": items, "next": page.next.map(|n| n.to_string()) })
-                )?;
-            } else {
-                for d in &page.items {
-                    writeln!(
-                        out,
-                        "{:>8}  {:<10} {:<12} {:>3} attempts  {}  {}",
-                        d.id,
-                        d.state,
-                        d.route,
-                        d.attempts,
-                        d.key,
-                        d.last_error.as_deref().unwrap_or("")
-                    )?;
+            let page = store.deliveries(filter).await?;
+            match output.output {
+                Output::Json => {
+                    let listing = Listing {
+                        items: page.items.iter().map(item).collect(),
+                        next: page.next.map(|n| n.to_string()),
+                    };
+                    writeln!(out, "{}", serde_json::to_string(&listing)?)?;
                 }
-                if let Some(next) = page.next {
-                    writeln!(out, "more: --after {next}")?;
+                Output::Text => {
+                    for d in &page.items {
+                        writeln!(
+                            out,
+                            "{:>8}  {:<10} {:<12} {:>3} attempts  {}  {}",
+                            d.id,
+                            d.state,
+                            d.route,
+                            d.attempts,
+                            d.key,
+                            d.last_error.as_deref().unwrap_or("")
+                        )?;
+                    }
+                    if let Some(next) = page.next {
+                        writeln!(out, "more: --after {next}")?;
+                    }
                 }
             }
-            Ok(true)
+            Ok(())
         }
         DeliveriesCommand::Retry { id } => {
-            let ok = inbox.retry(id, SystemClock.now()).await?;
-            writeln!(
-                out,
-                "{}",
-                if ok {
-                    "due now"
-                } else {
-                    "not retryable (only dead, uncertain or retrying)"
-                }
-            )?;
-            Ok(ok)
+            if store.retry(id, SystemClock.now()).await? {
+                writeln!(out, "due now")?;
+                return Ok(());
+            }
+            Err(refusal(
+                store,
+                id,
+                "not retryable (only dead, uncertain or retrying)",
+            )
+            .await)
         }
         DeliveriesCommand::Resolve {
             id,
@@ -97,18 +117,36 @@ pub async fn run(out: &mut impl Write, inbox: &Store, action: DeliveriesCommand)
             } else {
                 Resolve::Dead
             };
-            let ok =
-                DeliveryStore::resolve(inbox, id, resolution, &note, SystemClock.now()).await?;
-            writeln!(
-                out,
-                "{}",
-                if ok {
-                    "resolved"
-                } else {
-                    "not resolvable (only uncertain, dead or retrying)"
-                }
-            )?;
-            Ok(ok)
+            if DeliveryStore::resolve(store, id, resolution, &note, SystemClock.now()).await? {
+                writeln!(out, "resolved")?;
+                return Ok(());
+            }
+            Err(refusal(
+                store,
+                id,
+                "not resolvable (only uncertain, dead or retrying)",
+            )
+            .await)
         }
+    }
+}
+
+/// Why an action on delivery `id` changed nothing: it does not exist (not found) or its state
+/// refuses the action (refused). The stores answer `false` for both.
+async fn refusal(store: &Store, id: i64, refused: &str) -> anyhow::Error {
+    // Listings are ordered by id, so the first delivery after `id - 1` is `id` if it exists.
+    let filter = DeliveryFilter {
+        after: Some(id.saturating_sub(1)),
+        limit: 1,
+        ..DeliveryFilter::default()
+    };
+    match store.deliveries(filter).await {
+        Ok(page) => match page.items.first() {
+            Some(d) if d.id == id => {
+                exit::refused(format!("delivery {id} is {}: {refused}", d.state))
+            }
+            _ => exit::not_found(format!("no delivery {id}")),
+        },
+        Err(e) => anyhow::Error::new(e).context(format!("delivery {id}: {refused}")),
     }
 }

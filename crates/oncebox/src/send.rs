@@ -1,7 +1,7 @@
 //! `oncebox send`: signs a test event with a source's scheme and first secret, posts it to the
 //! running gateway, and prints the answer — the quickest way to see a source work end to end.
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 use oncebox_core::signature::sign;
 use oncebox_core::{Clock, Source, SystemClock};
 use oncebox_gateway::policy::EventIdRule;
@@ -20,7 +20,9 @@ pub struct SendArgs {
 pub async fn run(settings: &Settings, args: SendArgs) -> Result<bool> {
     let source = Source::new(args.source.as_str()).context("source name")?;
     let Some(policy) = settings.gateway.source(&source) else {
-        bail!("no source {source:?} in the configuration");
+        return Err(crate::exit::not_found(format!(
+            "no source {source:?} in the configuration"
+        )));
     };
     let now = SystemClock.now();
     let id = args

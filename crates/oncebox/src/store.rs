@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 use oncebox_core::delivery::Verdict;
 use oncebox_core::relay_store::{
     AttemptRecord, Claimed, DeliveryFilter, DeliveryGauges, DeliveryStore, DeliveryView, Resolve,
@@ -43,7 +43,9 @@ impl Store {
         let path = match database.strip_prefix("sqlite://") {
             Some(rest) => rest,
             None if database.contains("://") => {
-                bail!("database {database:?}: use sqlite://PATH or postgres://…")
+                return Err(crate::exit::usage(format!(
+                    "database {database:?}: use sqlite://PATH or postgres://…"
+                )));
             }
             None => database,
         };

@@ -139,3 +139,52 @@ fn size(bytes: usize) -> String {
         b => format!("{b} bytes"),
     }
 }
+
+/// What `oncebox check --output json` prints: the same facts as [`describe`], with stable
+/// field names; secrets only as counts and URLs without passwords.
+pub fn describe_json(settings: &Settings) -> serde_json::Value {
+    let gw = &settings.gateway;
+    let sources: Vec<_> = gw
+        .sources
+        .iter()
+        .map(|(name, s)| {
+            serde_json::json!({
+                "name": name.as_str(),
+                "signature": s.scheme.name(),
+                "secrets": s.secrets.len(),
+                "tolerance_secs": s.tolerance.as_secs(),
+                "event_id": event_id(&s.event_id),
+                "fingerprint": fingerprint(&s.fingerprint),
+                "max_body": s.max_body,
+                "retention_secs": s.retention.as_secs(),
+                "order": s.order.as_ref().map(|o| serde_json::json!({
+                    "entity": o.entity.to_string(), "version": o.version.to_string(),
+                })),
+            })
+        })
+        .collect();
+    let routes: Vec<_> = gw
+        .routes
+        .iter()
+        .map(|r| {
+            serde_json::json!({
+                "name": r.name,
+                "sources": r.sources.iter().map(|s| s.as_str()).collect::<Vec<_>>(),
+                "url": redact_url(&r.url),
+                "idempotent": r.idempotent,
+                "signed": r.signing_secret.is_some(),
+                "status_url": r.status_url.is_some(),
+            })
+        })
+        .collect();
+    serde_json::json!({
+        "ok": true,
+        "listen": settings.listen.to_string(),
+        "database": redact_url(&settings.database),
+        "admin_token": gw.admin_token.is_some(),
+        "open_sources": gw.open_sources,
+        "sources": sources,
+        "routes": routes,
+        "warnings": settings.warnings,
+    })
+}

@@ -23,7 +23,7 @@ use figment::{Figment, Metadata, Profile, Provider};
 use oncebox_gateway::policy::{GatewayConfig, Limits};
 
 pub use consumer::{Broker, ConsumerSpec};
-pub use describe::describe;
+pub use describe::{describe, describe_json};
 use raw::{RawConfig, RawLimits};
 
 const DEFAULT_LISTEN: SocketAddr = SocketAddr::new(std::net::IpAddr::V4(Ipv4Addr::LOCALHOST), 8080);

@@ -55,7 +55,7 @@ fn check_describes_a_good_file_and_names_the_bad_field() {
     );
     std::fs::write(dir.path().join("oncebox.toml"), bad).unwrap();
     let out = oncebox(dir.path(), &["check"]);
-    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(out.status.code(), Some(2));
     assert!(
         text(&out).contains("sources.stripe.tolerance"),
         "{}",

@@ -1,5 +1,6 @@
 //! The binary's command line, run as a user would run it.
 
+mod cli;
 mod counting;
 mod figures;
 mod gateway;
@@ -42,7 +43,7 @@ fn inspect_of_an_unknown_key_fails_with_a_clear_message() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("o.db");
     let out = oncebox(&db, &["inspect", "shop", "evt-1"]);
-    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(out.status.code(), Some(3));
     assert!(String::from_utf8_lossy(&out.stderr).contains("no record for shop:evt-1"));
     let bad = oncebox(&db, &["inspect", "Shop", "evt-1"]);
     assert!(
@@ -57,6 +58,6 @@ fn unsupported_database_url_is_refused() {
         .args(["--database", "mysql://localhost/x", "stats"])
         .output()
         .unwrap();
-    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("use sqlite://PATH or postgres://"));
 }

@@ -167,7 +167,7 @@ fn uncertain_delivery_is_resolved_through_the_cli() {
         let again = oncebox(dir.path(), &["deliveries", "resolve", &id, "--dead"]);
         assert_eq!(
             again.status.code(),
-            Some(3),
+            Some(5),
             "a delivered delivery is not resolved again"
         );
         assert_eq!(r.hits.lock().unwrap().get("shop:evt_u"), Some(&1));

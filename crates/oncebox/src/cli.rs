@@ -1,0 +1,247 @@
+//! The command line: every subcommand, its flags, and the examples its `--help` ends with.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+use crate::{bench, redeliver};
+
+/// Make the effect of an at-least-once event happen once.
+///
+/// Configuration comes from `oncebox.toml` (or --config / ONCEBOX_CONFIG), then ONCEBOX_*
+/// environment variables, then flags. With no configuration, `serve` accepts any source on
+/// 127.0.0.1:8080 without signature checks and stores in ./oncebox.db.
+#[derive(Debug, Parser)]
+#[command(version, about, long_about = None, after_help = crate::exit::TABLE)]
+pub struct Cli {
+    /// Configuration file (default ./oncebox.toml when it exists).
+    #[arg(long, global = true)]
+    pub config: Option<PathBuf>,
+    /// Where events are kept: sqlite://PATH or postgres://USER@HOST/DB [default:
+    /// sqlite://oncebox.db]
+    #[arg(long, global = true)]
+    pub database: Option<String>,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// How a command prints what it found.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, ValueEnum)]
+pub enum Output {
+    /// Aligned columns for people.
+    #[default]
+    Text,
+    /// One JSON document on stdout; field names are stable.
+    Json,
+}
+
+/// `--output text|json`, shared by every command that prints a listing or a result.
+#[derive(Debug, Clone, Copy, Args)]
+pub struct OutputArg {
+    /// Print as `text` or as one `json` document (stable field names, for scripts).
+    #[arg(long, value_enum, default_value_t = Output::Text)]
+    pub output: Output,
+}
+
+/// The delivery states a listing can ask for.
+const STATES: [&str; 6] = [
+    "pending",
+    "in_flight",
+    "delivered",
+    "retrying",
+    "uncertain",
+    "dead",
+];
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the gateway (and the relay, unless --no-relay).
+    #[command(after_help = "\
+Examples:
+  oncebox serve                                    # zero-config: any source, ./oncebox.db
+  oncebox serve --config oncebox.toml --listen 0.0.0.0:8080
+  ONCEBOX_ADMIN_TOKEN=change-me oncebox serve --no-relay")]
+    Serve {
+        /// Address to listen on [default: 127.0.0.1:8080]
+        #[arg(long)]
+        listen: Option<SocketAddr>,
+        /// Bearer token of the admin API and the dashboard (or ONCEBOX_ADMIN_TOKEN).
+        #[arg(long)]
+        admin_token: Option<String>,
+        /// Do not run the relay in this process (run `oncebox relay` elsewhere).
+        #[arg(long)]
+        no_relay: bool,
+    },
+    /// Read the configured [consumers] from RabbitMQ and NATS JetStream into the store: each
+    /// message stored once and acknowledged after the commit; poison goes to the quarantine.
+    #[command(after_help = "\
+Examples:
+  oncebox consume --amqp amqp://guest:guest@127.0.0.1:5672/%2f
+  ONCEBOX_NATS_URL=nats://127.0.0.1:4222 oncebox consume")]
+    Consume {
+        /// RabbitMQ URL for the consumers with a `queue`.
+        #[arg(long, env = "ONCEBOX_AMQP_URL", hide_env_values = true)]
+        amqp: Option<String>,
+        /// NATS URL for the consumers with a `stream`.
+        #[arg(long, env = "ONCEBOX_NATS_URL", hide_env_values = true)]
+        nats: Option<String>,
+    },
+    /// Run the relay alone: deliver accepted events to the configured routes.
+    #[command(after_help = "\
+Examples:
+  oncebox serve --no-relay & oncebox relay         # gateway and relay as two processes
+  oncebox relay --database postgres://oncebox@db/oncebox")]
+    Relay,
+    /// Inspect and settle deliveries.
+    #[command(after_help = "\
+Examples:
+  oncebox deliveries list --state uncertain
+  oncebox deliveries resolve 42 --delivered --note \"confirmed with the receiver\"
+  oncebox deliveries retry 42")]
+    Deliveries {
+        #[command(subcommand)]
+        action: DeliveriesCommand,
+    },
+    /// Deliver events to their routes again, with the same idempotency key: one event
+    /// (SOURCE EVENT_ID) or every event of a source (--source, with a progress bar).
+    #[command(after_help = "\
+Examples:
+  oncebox redeliver stripe evt_1MqqbYLkdIwHu7ix
+  oncebox redeliver --source stripe --since 2h --dry-run
+  oncebox redeliver --source shop --since 2024-05-01T00:00:00Z --output json")]
+    Redeliver(redeliver::RedeliverArgs),
+    /// Validate the configuration and describe it; names the bad field if any (exit code 2).
+    #[command(after_help = "\
+Examples:
+  oncebox check
+  oncebox check --config prod.toml --output json | jq '.sources[].name'")]
+    Check(OutputArg),
+    /// Sign a test event with a source's scheme and send it to the running gateway.
+    #[command(after_help = "\
+Examples:
+  oncebox send demo --id evt_1                     # zero-config gateway, any source name
+  oncebox send stripe --id evt_1 --body '{\"id\":\"evt_1\",\"type\":\"charge.succeeded\"}'
+  oncebox send shop --url http://gateway.internal:8080
+Exit code 5 when the gateway answers anything but 2xx.")]
+    Send {
+        source: String,
+        /// Event id [default: evt_test_<millis>]
+        #[arg(long)]
+        id: Option<String>,
+        /// JSON body [default: a small test event carrying the id]
+        #[arg(long)]
+        body: Option<String>,
+        /// Gateway base URL [default: http://<listen>]
+        #[arg(long)]
+        url: Option<String>,
+    },
+    /// Load the running gateway with new and duplicate events, report requests/s and latency,
+    /// then check that every accepted key is stored exactly once (exit code 5 if not).
+    #[command(after_help = "\
+Examples:
+  oncebox serve & oncebox bench --events 20000 --connections 64
+  oncebox bench --source stripe --duplicates 0.2   # signed with the source's first secret")]
+    Bench(bench::BenchArgs),
+    /// List stored events in arrival order.
+    #[command(after_help = "\
+Examples:
+  oncebox events --source stripe --limit 20
+  oncebox events --after 1200                      # the next page, from the `more:` line
+  oncebox events --output json | jq -r '.items[].event_id'")]
+    Events {
+        #[arg(long)]
+        source: Option<String>,
+        /// Only events after this cursor (the `seq` column).
+        #[arg(long)]
+        after: Option<i64>,
+        /// Events per page (at most 500).
+        #[arg(long, default_value_t = 50)]
+        limit: usize,
+        #[command(flatten)]
+        output: OutputArg,
+    },
+    /// Show one key's record: state, first response, fingerprint (exit code 3 if unknown).
+    #[command(after_help = "\
+Examples:
+  oncebox inspect stripe evt_1MqqbYLkdIwHu7ix
+  oncebox inspect shop order-42 --output json")]
+    Inspect {
+        source: String,
+        event_id: String,
+        #[command(flatten)]
+        output: OutputArg,
+    },
+    /// Count records by state, conflicts and outbox messages.
+    #[command(after_help = "\
+Examples:
+  oncebox stats
+  oncebox stats --output json | jq .events.completed")]
+    Stats(OutputArg),
+    /// Delete terminal records older than each source's retention (never processing or
+    /// uncertain ones).
+    #[command(after_help = "\
+Examples:
+  oncebox purge                                    # each source's retention, else 7 days
+  oncebox purge --retention 30d --output json")]
+    Purge {
+        /// Retention for sources without their own, e.g. `7d`.
+        #[arg(long, default_value = "7d", value_parser = humantime::parse_duration)]
+        retention: Duration,
+        #[command(flatten)]
+        output: OutputArg,
+    },
+    /// Create the database or bring its schema up to date.
+    #[command(after_help = "\
+Examples:
+  oncebox migrate --database sqlite://oncebox.db
+  oncebox migrate --database postgres://oncebox@db/oncebox")]
+    Migrate,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum DeliveriesCommand {
+    /// Deliveries oldest first, by state and route.
+    #[command(after_help = "\
+Examples:
+  oncebox deliveries list --state dead --route orders
+  oncebox deliveries list --state uncertain --output json | jq -r '.items[].id'")]
+    List {
+        #[arg(long, value_parser = STATES)]
+        state: Option<String>,
+        #[arg(long)]
+        route: Option<String>,
+        /// Only deliveries after this id.
+        #[arg(long)]
+        after: Option<i64>,
+        /// Deliveries per page (at most 500).
+        #[arg(long, default_value_t = 50)]
+        limit: usize,
+        #[command(flatten)]
+        output: OutputArg,
+    },
+    /// Make a dead, uncertain or retrying delivery due now (same key).
+    #[command(after_help = "\
+Examples:
+  oncebox deliveries retry 42
+Exit code 3 when there is no delivery 42, 5 when its state refuses a retry.")]
+    Retry { id: i64 },
+    /// Settle a delivery by hand.
+    #[command(after_help = "\
+Examples:
+  oncebox deliveries resolve 42 --delivered --note \"receiver shows order 1001 paid\"
+  oncebox deliveries resolve 42 --dead --note \"customer cancelled\"
+Exit code 3 when there is no delivery 42, 5 when its state refuses it (e.g. delivered).")]
+    Resolve {
+        id: i64,
+        /// The receiver did apply it.
+        #[arg(long, conflicts_with = "dead", required_unless_present = "dead")]
+        delivered: bool,
+        /// Give up on it.
+        #[arg(long)]
+        dead: bool,
+        #[arg(long, default_value = "")]
+        note: String,
+    },
+}

@@ -1,0 +1,193 @@
+//! `oncebox events`, `inspect`, `stats` and `purge`: what the store holds, read straight from
+//! the database, as text for people or as JSON whose field names match the admin API's.
+
+use std::io::Write;
+use std::time::Duration;
+
+use anyhow::Result;
+use oncebox_core::store::{EventFilter, EventStore, Page, StoredEvent};
+use oncebox_core::{Clock, Key, RecordState, Retention, Source, SystemClock};
+use oncebox_gateway::rfc3339;
+use serde::Serialize;
+use serde_json::{Map, Value};
+
+use crate::cli::Output;
+use crate::config::Settings;
+use crate::exit;
+use crate::progress;
+use crate::store::Store;
+
+/// One event of `events --output json`, as `GET /v1/events` shows it.
+#[derive(Serialize)]
+struct EventItem<'a> {
+    seq: i64,
+    source: &'a str,
+    event_id: &'a str,
+    state: &'a str,
+    received_at: String,
+    completed_at: Option<String>,
+    fingerprint: Option<String>,
+    content_type: Option<&'a str>,
+    conflicts: i64,
+}
+
+/// A page of a listing: `next` is the cursor to pass as `--after`, as a string like the API's.
+#[derive(Serialize)]
+pub struct Listing<T> {
+    pub items: Vec<T>,
+    pub next: Option<String>,
+}
+
+pub async fn events(
+    out: &mut impl Write,
+    store: &Store,
+    filter: EventFilter,
+    output: Output,
+) -> Result<()> {
+    let page = EventStore::events(store, filter).await?;
+    match output {
+        Output::Json => {
+            let listing = Listing {
+                items: page.items.iter().map(event_item).collect(),
+                next: page.next.map(|n| n.to_string()),
+            };
+            writeln!(out, "{}", serde_json::to_string(&listing)?)?;
+        }
+        Output::Text => print_events(out, &page)?,
+    }
+    Ok(())
+}
+
+fn event_item(e: &StoredEvent) -> EventItem<'_> {
+    EventItem {
+        seq: e.seq,
+        source: e.key.source.as_str(),
+        event_id: e.key.event_id.as_str(),
+        state: &e.state,
+        received_at: rfc3339(e.received_at),
+        completed_at: e.completed_at.map(rfc3339),
+        fingerprint: e.fingerprint.map(|f| f.to_hex()),
+        content_type: e.meta.content_type.as_deref(),
+        conflicts: e.conflicts,
+    }
+}
+
+fn print_events(out: &mut impl Write, page: &Page<StoredEvent>) -> Result<()> {
+    for e in &page.items {
+        writeln!(
+            out,
+            "{:>8}  {:<24} {:<12} {}  {}",
+            e.seq,
+            rfc3339(e.received_at),
+            e.state,
+            e.key.source,
+            e.key.event_id
+        )?;
+    }
+    if let Some(next) = page.next {
+        writeln!(out, "more: --after {next}")?;
+    }
+    Ok(())
+}
+
+/// `inspect --output json`: the record of one key.
+#[derive(Serialize)]
+struct Inspected<'a> {
+    source: &'a str,
+    event_id: &'a str,
+    /// `processing`, `completed`, `rejected`, `stale` or `uncertain`.
+    state: &'a str,
+    /// The first answer, replayed for duplicates; only for terminal records.
+    response: Option<String>,
+    received_at: String,
+    completed_at: Option<String>,
+    fingerprint: Option<String>,
+}
+
+pub async fn inspect(out: &mut impl Write, store: &Store, key: &Key, output: Output) -> Result<()> {
+    let Some(record) = store.record(key).await? else {
+        return Err(exit::not_found(format!("no record for {key}")));
+    };
+    let (state, response) = match &record.state {
+        RecordState::Done(r) => (
+            r.kind.as_str(),
+            Some(String::from_utf8_lossy(&r.body).into_owned()),
+        ),
+        RecordState::Processing { .. } => ("processing", None),
+        RecordState::Uncertain => ("uncertain", None),
+    };
+    let fingerprint = record.fingerprint.map(|f| f.to_hex());
+    if output == Output::Json {
+        let inspected = Inspected {
+            source: key.source.as_str(),
+            event_id: key.event_id.as_str(),
+            state,
+            response,
+            received_at: rfc3339(record.received_at),
+            completed_at: record.completed_at.map(rfc3339),
+            fingerprint,
+        };
+        writeln!(out, "{}", serde_json::to_string(&inspected)?)?;
+        return Ok(());
+    }
+    writeln!(out, "key         {key}")?;
+    match response {
+        Some(body) => writeln!(out, "state       {state} {body}")?,
+        None => writeln!(out, "state       {state}")?,
+    }
+    writeln!(out, "received_at {}", rfc3339(record.received_at))?;
+    writeln!(out, "fingerprint {}", fingerprint.unwrap_or_default())?;
+    Ok(())
+}
+
+pub async fn stats(out: &mut impl Write, store: &Store, output: Output) -> Result<()> {
+    let stats = EventStore::stats(store).await?;
+    if output == Output::Json {
+        // The shape of `GET /v1/stats`: records per state under `events`.
+        let states: Map<String, Value> = stats
+            .states
+            .iter()
+            .map(|(state, n)| (state.clone(), Value::from(*n)))
+            .collect();
+        let doc = serde_json::json!({
+            "events": states, "conflicts": stats.conflicts, "outbox": stats.outbox,
+        });
+        writeln!(out, "{doc}")?;
+        return Ok(());
+    }
+    for (state, n) in &stats.states {
+        writeln!(out, "{state:<12} {n}")?;
+    }
+    writeln!(out, "{:<12} {}", "conflicts", stats.conflicts)?;
+    writeln!(out, "{:<12} {}", "outbox", stats.outbox)?;
+    Ok(())
+}
+
+pub async fn purge(
+    out: &mut impl Write,
+    store: &Store,
+    settings: &Settings,
+    default: Duration,
+    output: Output,
+) -> Result<()> {
+    let mut retention = Retention::new(default);
+    for (source, policy) in &settings.gateway.sources {
+        // The configuration was validated against each preset's horizon when it was loaded.
+        let _ = retention.set(source.clone(), policy.retention, None);
+    }
+    // One store call does the whole purge in chunks; the spinner says it is alive.
+    let spinner = progress::spinner("purging");
+    let deleted = EventStore::purge(store, SystemClock.now(), &retention).await;
+    spinner.finish_and_clear();
+    let deleted = deleted?;
+    match output {
+        Output::Json => writeln!(out, "{}", serde_json::json!({ "purged": deleted }))?,
+        Output::Text => writeln!(out, "purged {deleted} records")?,
+    }
+    Ok(())
+}
+
+/// The `--source` of a listing, checked.
+pub fn source(name: Option<String>) -> Result<Option<Source>> {
+    Ok(name.map(Source::new).transpose()?)
+}

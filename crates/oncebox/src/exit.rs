@@ -1,0 +1,152 @@
+//! The exit codes scripts rely on, defined once, and the one map from the binary's errors to
+//! them. The numbers are a contract: do not change or reuse them.
+
+use std::fmt;
+use std::process::ExitCode;
+
+/// What a run of `oncebox` ended with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Code {
+    /// The command did what it was asked.
+    Ok = 0,
+    /// Anything unexpected: an IO or network error, a failed gateway request, a bug.
+    Failure = 1,
+    /// Invalid flags or arguments, an invalid configuration, an unsupported database URL, an
+    /// invalid source name or event id. Retrying the same command cannot help.
+    Usage = 2,
+    /// The event, delivery or source named does not exist.
+    NotFound = 3,
+    /// The store cannot answer now: unreachable, busy, locked, or a commit whose outcome is
+    /// unknown. Nothing was decided; retry later.
+    Unavailable = 4,
+    /// The command ran and the answer is no: `send` got a non-2xx answer, a delivery's state
+    /// refuses `retry` or `resolve`, `redeliver` found nothing to deliver, `bench` found a
+    /// broken invariant.
+    Refused = 5,
+}
+
+/// The table printed at the end of `oncebox --help` and copied into README.md.
+pub const TABLE: &str = "\
+Exit codes:
+  0  ok
+  1  failure: an unexpected error (IO, network, a failed request to the gateway)
+  2  usage: invalid flags, arguments or configuration; an unsupported database URL
+  3  not found: no such event, delivery or source
+  4  unavailable: the store is unreachable, busy or locked; nothing was decided, retry later
+  5  refused: the command ran and the answer is no (send got a non-2xx, a delivery's state
+     refuses the action, nothing to redeliver, bench found a broken invariant)";
+
+impl From<Code> for ExitCode {
+    fn from(code: Code) -> ExitCode {
+        ExitCode::from(code as u8)
+    }
+}
+
+/// An error that carries the exit code it means; its message is the wrapped error's.
+#[derive(Debug)]
+pub struct Coded {
+    pub code: Code,
+    error: anyhow::Error,
+}
+
+impl fmt::Display for Coded {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:#}", self.error)
+    }
+}
+
+impl std::error::Error for Coded {}
+
+/// Wraps `error` so it exits with `code`.
+pub fn coded(code: Code, error: impl Into<anyhow::Error>) -> anyhow::Error {
+    anyhow::Error::new(Coded {
+        code,
+        error: error.into(),
+    })
+}
+
+pub fn usage(message: impl fmt::Display) -> anyhow::Error {
+    coded(Code::Usage, anyhow::anyhow!("{message}"))
+}
+
+pub fn not_found(message: impl fmt::Display) -> anyhow::Error {
+    coded(Code::NotFound, anyhow::anyhow!("{message}"))
+}
+
+pub fn refused(message: impl fmt::Display) -> anyhow::Error {
+    coded(Code::Refused, anyhow::anyhow!("{message}"))
+}
+
+/// `result.code(Code::Usage)?`: tags a result's error with an exit code.
+pub trait WithCode<T> {
+    fn code(self, code: Code) -> anyhow::Result<T>;
+}
+
+impl<T, E: Into<anyhow::Error>> WithCode<T> for Result<T, E> {
+    fn code(self, code: Code) -> anyhow::Result<T> {
+        self.map_err(|e| coded(code, e))
+    }
+}
+
+/// The exit code of an error: an explicit tag wins, then the storage errors that mean "cannot
+/// answer now", then invalid keys; anything else is a plain failure.
+pub fn classify(error: &anyhow::Error) -> Code {
+    for cause in error.chain() {
+        if let Some(c) = cause.downcast_ref::<Coded>() {
+            return c.code;
+        }
+        if let Some(code) = storage(cause) {
+            return code;
+        }
+        if cause.is::<oncebox_core::InvalidKey>() {
+            return Code::Usage;
+        }
+    }
+    Code::Failure
+}
+
+fn storage(cause: &(dyn std::error::Error + 'static)) -> Option<Code> {
+    use oncebox_core::{ProcessError, Unavailable};
+    if cause.is::<Unavailable>()
+        || matches!(cause.downcast_ref(), Some(ProcessError::Unavailable(_)))
+    {
+        return Some(Code::Unavailable);
+    }
+    if let Some(e) = cause.downcast_ref::<oncebox_sqlite::Error>() {
+        return matches!(e, oncebox_sqlite::Error::Unavailable(_)).then_some(Code::Unavailable);
+    }
+    if let Some(e) = cause.downcast_ref::<oncebox_postgres::Error>() {
+        return matches!(e, oncebox_postgres::Error::Unavailable(_)).then_some(Code::Unavailable);
+    }
+    // A store that cannot be opened is unreachable for this run (file cannot be opened, no
+    // server, refused login); a malformed URL is the caller's mistake.
+    if let Some(e) = cause.downcast_ref::<oncebox_sqlite::OpenError>() {
+        return matches!(e, oncebox_sqlite::OpenError::Sqlite { .. }).then_some(Code::Unavailable);
+    }
+    if let Some(e) = cause.downcast_ref::<oncebox_postgres::OpenError>() {
+        return match e {
+            oncebox_postgres::OpenError::Url(_) => Some(Code::Usage),
+            oncebox_postgres::OpenError::Postgres(_) => Some(Code::Unavailable),
+            _ => None,
+        };
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tags_survive_context_and_storage_errors_are_unavailable() {
+        let tagged = anyhow::Result::<()>::Err(not_found("no record"))
+            .map_err(|e| e.context("inspect"))
+            .unwrap_err();
+        assert_eq!(classify(&tagged), Code::NotFound);
+        let busy = anyhow::Error::new(oncebox_core::Unavailable::Busy).context("stats");
+        assert_eq!(classify(&busy), Code::Unavailable);
+        let key = oncebox_core::Key::parse("Shop", "evt").unwrap_err();
+        assert_eq!(classify(&anyhow::Error::new(key)), Code::Usage);
+        assert_eq!(classify(&anyhow::anyhow!("boom")), Code::Failure);
+    }
+}

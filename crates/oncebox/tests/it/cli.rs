@@ -1,0 +1,345 @@
+//! The command line as scripts use it: `--output json` documents with their stable fields, and
+//! the exit codes of `oncebox --help` for success, bad configuration, unknown keys, refused
+//! actions and a store that cannot be reached.
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+
+use serde_json::Value;
+
+use crate::support::Server;
+
+/// A configured source and a route whose deliveries stay pending: the gateway runs without
+/// its relay, so every state the test reads was written by the commands it ran.
+const CONFIG: &str = r#"
+listen = "127.0.0.1:0"
+
+[sources.shop]
+signature = "none"
+event_id = { header = "idempotency-key" }
+
+[routes.orders]
+sources = ["shop"]
+url = "http://127.0.0.1:9/hook"
+"#;
+
+fn oncebox(dir: &Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_oncebox"))
+        .args(args)
+        .current_dir(dir)
+        .env_remove("ONCEBOX_CONFIG")
+        .env_remove("ONCEBOX_DATABASE")
+        .env_remove("RUST_BACKTRACE")
+        .output()
+        .expect("run oncebox")
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// Runs a command that must exit 0 and print one JSON document on stdout.
+fn json(dir: &Path, args: &[&str]) -> Value {
+    let out = oncebox(dir, args);
+    assert_eq!(out.status.code(), Some(0), "{args:?}: {}", text(&out));
+    serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{args:?} printed no JSON ({e}): {}", text(&out)))
+}
+
+fn code(dir: &Path, args: &[&str]) -> Option<i32> {
+    oncebox(dir, args).status.code()
+}
+
+/// `oncebox serve --no-relay` in `dir`, once it printed its address.
+fn serve_without_relay(dir: &Path) -> Server {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_oncebox"))
+        .args(["serve", "--no-relay"])
+        .current_dir(dir)
+        .env_remove("ONCEBOX_CONFIG")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let addr = loop {
+        let line = lines.next().expect("address line").unwrap();
+        if let Some(rest) = line.strip_prefix("oncebox listening on ") {
+            break rest.split_whitespace().next().unwrap().to_owned();
+        }
+    };
+    std::thread::spawn(move || lines.for_each(drop));
+    Server(child, addr)
+}
+
+/// A directory with `oncebox.toml` and two events of `shop` stored by a real gateway.
+fn two_events() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("oncebox.toml"), CONFIG).unwrap();
+    let server = serve_without_relay(dir.path());
+    let url = server.1.clone();
+    for id in ["evt_1", "evt_2"] {
+        let out = oncebox(dir.path(), &["send", "shop", "--id", id, "--url", &url]);
+        assert!(out.status.success(), "{}", text(&out));
+    }
+    server.stop();
+    dir
+}
+
+fn keys(v: &Value) -> Vec<&str> {
+    let mut keys: Vec<&str> = v
+        .as_object()
+        .expect("an object")
+        .keys()
+        .map(String::as_str)
+        .collect();
+    keys.sort_unstable();
+    keys
+}
+
+#[test]
+fn listings_print_json_with_stable_fields() {
+    let dir = two_events();
+    let d = dir.path();
+
+    let events = json(d, &["events", "--source", "shop", "--output", "json"]);
+    let items = events["items"].as_array().unwrap();
+    assert_eq!(items.len(), 2);
+    assert_eq!(events["next"], Value::Null);
+    assert_eq!(
+        keys(&items[0]),
+        [
+            "completed_at",
+            "conflicts",
+            "content_type",
+            "event_id",
+            "fingerprint",
+            "received_at",
+            "seq",
+            "source",
+            "state"
+        ]
+    );
+    assert_eq!(items[0]["event_id"], "evt_1");
+    assert_eq!(items[1]["event_id"], "evt_2");
+    assert_eq!(items[0]["state"], "completed");
+    assert_eq!(items[0]["fingerprint"].as_str().map(str::len), Some(64));
+
+    // A page of one names the cursor of the next.
+    let first = json(d, &["events", "--limit", "1", "--output", "json"]);
+    let next = first["next"].as_str().expect("a cursor");
+    let second = json(d, &["events", "--after", next, "--output", "json"]);
+    assert_eq!(second["items"][0]["event_id"], "evt_2");
+
+    let stats = json(d, &["stats", "--output", "json"]);
+    assert_eq!(stats["events"]["completed"], 2, "{stats}");
+    assert_eq!(
+        (&stats["conflicts"], &stats["outbox"]),
+        (&0.into(), &2.into())
+    );
+
+    let deliveries = json(d, &["deliveries", "list", "--output", "json"]);
+    let items = deliveries["items"].as_array().unwrap();
+    assert_eq!(items.len(), 2);
+    assert_eq!(
+        keys(&items[0]),
+        [
+            "attempts",
+            "created_at",
+            "event_id",
+            "id",
+            "last_error",
+            "last_status",
+            "next_attempt_at",
+            "note",
+            "route",
+            "source",
+            "state"
+        ]
+    );
+    assert_eq!(
+        (
+            &items[0]["route"],
+            &items[0]["state"],
+            &items[0]["attempts"]
+        ),
+        (&"orders".into(), &"pending".into(), &0.into())
+    );
+    let dead = json(
+        d,
+        &["deliveries", "list", "--state", "dead", "--output", "json"],
+    );
+    assert_eq!(dead["items"], Value::Array(vec![]));
+
+    let record = json(d, &["inspect", "shop", "evt_1", "--output", "json"]);
+    assert_eq!(record["state"], "completed");
+    assert_eq!(record["event_id"], "evt_1");
+    let response: Value = serde_json::from_str(record["response"].as_str().unwrap()).unwrap();
+    assert_eq!(response["status"], "accepted");
+
+    let check = json(d, &["check", "--output", "json"]);
+    assert_eq!(check["ok"], true);
+    assert_eq!(check["sources"][0]["name"], "shop");
+    assert_eq!(check["sources"][0]["signature"], "none");
+    assert_eq!(check["routes"][0]["name"], "orders");
+
+    let purged = json(d, &["purge", "--output", "json"]);
+    assert_eq!(purged, serde_json::json!({ "purged": 0 }));
+}
+
+#[test]
+fn redeliver_one_event_or_a_whole_source() {
+    let dir = two_events();
+    let d = dir.path();
+    assert_eq!(code(d, &["redeliver", "shop", "evt_1"]), Some(0));
+
+    let dry = json(
+        d,
+        &[
+            "redeliver",
+            "--source",
+            "shop",
+            "--since",
+            "1h",
+            "--dry-run",
+            "--output",
+            "json",
+        ],
+    );
+    assert_eq!(
+        dry,
+        serde_json::json!({ "events": 2, "deliveries": 0, "dry_run": true })
+    );
+    let done = json(d, &["redeliver", "--source", "shop", "--output", "json"]);
+    assert_eq!(
+        done,
+        serde_json::json!({ "events": 2, "deliveries": 2, "dry_run": false })
+    );
+    // Nothing was received in the future.
+    assert_eq!(
+        code(
+            d,
+            &[
+                "redeliver",
+                "--source",
+                "shop",
+                "--since",
+                "2999-01-01T00:00:00Z"
+            ]
+        ),
+        Some(3)
+    );
+    // One event, or a source: not both, not neither.
+    assert_eq!(
+        code(d, &["redeliver", "shop", "evt_1", "--source", "shop"]),
+        Some(2)
+    );
+    assert_eq!(code(d, &["redeliver"]), Some(2));
+}
+
+#[test]
+fn exit_codes_tell_scripts_what_happened() {
+    let dir = two_events();
+    let d = dir.path();
+
+    // 3: unknown event, unknown delivery, unknown source.
+    assert_eq!(code(d, &["inspect", "shop", "evt_unknown"]), Some(3));
+    assert_eq!(code(d, &["redeliver", "shop", "evt_unknown"]), Some(3));
+    assert_eq!(code(d, &["deliveries", "retry", "999999"]), Some(3));
+    assert_eq!(
+        code(d, &["send", "nosuchsource", "--url", "http://127.0.0.1:9"]),
+        Some(3)
+    );
+
+    // 5: the delivery exists but its state refuses the action.
+    let first = json(
+        d,
+        &["deliveries", "list", "--limit", "1", "--output", "json"],
+    );
+    let id = first["items"][0]["id"].to_string();
+    let refused = oncebox(d, &["deliveries", "retry", &id]);
+    assert_eq!(refused.status.code(), Some(5), "{}", text(&refused));
+    assert!(text(&refused).contains("is pending"), "{}", text(&refused));
+
+    // 2: invalid arguments, keys and database URLs.
+    assert_eq!(code(d, &["events", "--output", "yaml"]), Some(2));
+    assert_eq!(code(d, &["inspect", "Shop", "evt_1"]), Some(2));
+    assert_eq!(
+        code(d, &["--database", "mysql://localhost/x", "stats"]),
+        Some(2)
+    );
+
+    // 0.
+    assert_eq!(code(d, &["stats"]), Some(0));
+}
+
+#[test]
+fn invalid_configuration_exits_2_and_check_says_why_in_json() {
+    let dir = tempfile::tempdir().unwrap();
+    let bad = CONFIG.replace("signature = \"none\"", "signature = \"rot13\"");
+    std::fs::write(dir.path().join("oncebox.toml"), bad).unwrap();
+    let out = oncebox(dir.path(), &["check", "--output", "json"]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    let verdict: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(verdict["ok"], false);
+    assert!(
+        verdict["error"]
+            .as_str()
+            .unwrap()
+            .contains("sources.shop.signature"),
+        "{verdict}"
+    );
+    // Every command reads the configuration first, and fails the same way.
+    assert_eq!(code(dir.path(), &["stats"]), Some(2));
+    assert_eq!(
+        code(dir.path(), &["--config", "missing.toml", "stats"]),
+        Some(2)
+    );
+}
+
+#[test]
+fn a_store_that_cannot_be_reached_exits_4() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let pg = oncebox(d, &["--database", "postgres://127.0.0.1:1/x", "stats"]);
+    assert_eq!(pg.status.code(), Some(4), "{}", text(&pg));
+    let missing = d.join("no-such-dir").join("o.db");
+    let sqlite = format!("sqlite://{}", missing.display());
+    let out = oncebox(d, &["--database", &sqlite, "events", "--output", "json"]);
+    assert_eq!(out.status.code(), Some(4), "{}", text(&out));
+    assert!(out.stdout.is_empty(), "no partial JSON on stdout");
+}
+
+#[test]
+fn help_ends_with_examples_and_the_exit_codes() {
+    let dir = tempfile::tempdir().unwrap();
+    let top = oncebox(dir.path(), &["--help"]);
+    assert!(text(&top).contains("4  unavailable"), "{}", text(&top));
+    for command in [
+        "serve",
+        "consume",
+        "relay",
+        "deliveries",
+        "redeliver",
+        "check",
+        "send",
+        "bench",
+        "events",
+        "inspect",
+        "stats",
+        "purge",
+        "migrate",
+    ] {
+        let out = oncebox(dir.path(), &[command, "--help"]);
+        assert!(out.status.success(), "{command}: {}", text(&out));
+        assert!(
+            text(&out).contains("Examples:"),
+            "{command}: {}",
+            text(&out)
+        );
+    }
+}
