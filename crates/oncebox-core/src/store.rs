@@ -97,6 +97,39 @@ pub struct Stats {
     pub outbox: i64,
 }
 
+/// An attempt to reuse a key with another payload, kept for audit (the stored payload won).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConflictRecord {
+    /// Order of recording; the listing cursor.
+    pub seq: i64,
+    pub key: Key,
+    pub stored_fingerprint: Option<Fingerprint>,
+    pub offered_fingerprint: Option<Fingerprint>,
+    /// The refused payload, as offered.
+    pub payload: Vec<u8>,
+    pub at: Timestamp,
+}
+
+/// Which conflicts to list, oldest first.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ConflictFilter {
+    pub key: Option<Key>,
+    /// Only conflicts after this `seq`.
+    pub after: Option<i64>,
+    pub limit: usize,
+}
+
+/// What arrived, for the operators' overview.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Activity {
+    /// Records per `(source, state)`, plus refused conflicting payloads per source under the
+    /// state `conflict`; ordered by source, then state.
+    pub counts: Vec<(String, String, i64)>,
+    /// Events received since the asked instant per `(bucket start, source)`, ordered; empty
+    /// buckets are absent.
+    pub buckets: Vec<(Timestamp, String, i64)>,
+}
+
 /// What the gateway needs of a backend.
 pub trait EventStore: Clone + Send + Sync + 'static {
     /// Stores the event once: a new key commits its record (and the ordering guard's version)
@@ -119,6 +152,17 @@ pub trait EventStore: Clone + Send + Sync + 'static {
         now: Timestamp,
         retention: &Retention,
     ) -> impl Future<Output = Result<u64, Unavailable>> + Send;
+    /// Refused conflicting payloads, oldest first.
+    fn conflicts(
+        &self,
+        filter: ConflictFilter,
+    ) -> impl Future<Output = Result<Page<ConflictRecord>, Unavailable>> + Send;
+    /// Counts per source and state, and arrivals since `since` in buckets of `bucket`.
+    fn activity(
+        &self,
+        since: Timestamp,
+        bucket: std::time::Duration,
+    ) -> impl Future<Output = Result<Activity, Unavailable>> + Send;
     /// Whether the store can take writes now (for `/readyz`).
     fn ready(&self) -> impl Future<Output = Result<(), Unavailable>> + Send;
 }

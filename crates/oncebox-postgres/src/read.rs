@@ -148,3 +148,77 @@ pub(crate) async fn stats(pool: &PgPool) -> Result<Stats, sqlx::Error> {
         outbox,
     })
 }
+
+/// Refused conflicting payloads in recording order, optionally for one key.
+pub(crate) async fn conflicts(
+    pool: &PgPool,
+    filter: &oncebox_core::store::ConflictFilter,
+) -> Result<Page<oncebox_core::store::ConflictRecord>, sqlx::Error> {
+    let limit = filter.limit.clamp(1, MAX_PAGE);
+    let key = filter.key.as_ref();
+    // One row more than asked tells whether there is a next page.
+    let rows = sqlx::query(
+        "SELECT id, source, event_id, stored_fingerprint, offered_fingerprint, payload, at
+         FROM oncebox_conflicts
+         WHERE ($1::text IS NULL OR (source = $1 AND event_id = $2)) AND id > $3
+         ORDER BY id LIMIT $4",
+    )
+    .bind(key.map(|k| k.source.as_str()))
+    .bind(key.map(|k| k.event_id.as_str()))
+    .bind(filter.after.unwrap_or(0))
+    .bind(limit as i64 + 1)
+    .fetch_all(pool)
+    .await?;
+    let more = rows.len() > limit;
+    let mut items = Vec::with_capacity(limit);
+    for r in rows.iter().take(limit) {
+        let (source, event_id): (String, String) = (r.try_get(1)?, r.try_get(2)?);
+        // Written only from validated keys; one that no longer validates is skipped.
+        let Ok(key) = Key::parse(&source, &event_id) else {
+            continue;
+        };
+        items.push(oncebox_core::store::ConflictRecord {
+            seq: r.try_get(0)?,
+            key,
+            stored_fingerprint: Fingerprint::from_slice(&r.try_get::<Vec<u8>, _>(3)?),
+            offered_fingerprint: Fingerprint::from_slice(&r.try_get::<Vec<u8>, _>(4)?),
+            payload: r.try_get::<Option<Vec<u8>>, _>(5)?.unwrap_or_default(),
+            at: Timestamp(r.try_get(6)?),
+        });
+    }
+    let next = if more {
+        items.last().map(|c| c.seq)
+    } else {
+        None
+    };
+    Ok(Page { items, next })
+}
+
+/// Counts per source and state, and arrivals since `since` per bucket of `bucket_ms`.
+pub(crate) async fn activity(
+    pool: &PgPool,
+    since: Timestamp,
+    bucket_ms: i64,
+) -> Result<oncebox_core::store::Activity, sqlx::Error> {
+    let counts: Vec<(String, String, i64)> = sqlx::query_as(
+        "SELECT source, state, count(*) FROM oncebox_inbox GROUP BY source, state
+         UNION ALL
+         SELECT source, 'conflict', count(*) FROM oncebox_conflicts GROUP BY source
+         ORDER BY 1, 2",
+    )
+    .fetch_all(pool)
+    .await?;
+    let rows: Vec<(i64, String, i64)> = sqlx::query_as(
+        "SELECT (received_at / $2) * $2 AS b, source, count(*) FROM oncebox_inbox
+         WHERE received_at >= $1 GROUP BY b, source ORDER BY b, source",
+    )
+    .bind(since.millis())
+    .bind(bucket_ms.max(1))
+    .fetch_all(pool)
+    .await?;
+    let buckets = rows
+        .into_iter()
+        .map(|(b, s, n)| (Timestamp(b), s, n))
+        .collect();
+    Ok(oncebox_core::store::Activity { counts, buckets })
+}

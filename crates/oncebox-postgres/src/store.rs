@@ -3,7 +3,10 @@
 
 use std::time::Instant;
 
-use oncebox_core::store::{EventFilter, EventStore, Ingest, Page, Stats, StoredEvent};
+use oncebox_core::store::{
+    Activity, ConflictFilter, ConflictRecord, EventFilter, EventStore, Ingest, Page, Stats,
+    StoredEvent,
+};
 use oncebox_core::{
     Key, ProcessError, Processed, Response, ResponseKind, Retention, Timestamp, Unavailable,
 };
@@ -139,6 +142,23 @@ impl EventStore for Inbox {
         Inbox::purge(self, now, retention)
             .await
             .map_err(unavailable)
+    }
+
+    async fn conflicts(&self, filter: ConflictFilter) -> Result<Page<ConflictRecord>, Unavailable> {
+        read::conflicts(&self.pool, &filter)
+            .await
+            .map_err(|e| storage(&e))
+    }
+
+    async fn activity(
+        &self,
+        since: Timestamp,
+        bucket: std::time::Duration,
+    ) -> Result<Activity, Unavailable> {
+        let bucket_ms = i64::try_from(bucket.as_millis()).unwrap_or(i64::MAX);
+        read::activity(&self.pool, since, bucket_ms)
+            .await
+            .map_err(|e| storage(&e))
     }
 
     /// Ready when a connection can be had and answers now.

@@ -117,3 +117,70 @@ pub(crate) fn page<T>(
     };
     Ok(oncebox_core::store::Page { items, next })
 }
+
+/// Refused conflicting payloads in recording order, optionally for one key.
+pub(crate) fn conflicts(
+    conn: &Connection,
+    filter: &oncebox_core::store::ConflictFilter,
+) -> rusqlite::Result<oncebox_core::store::Page<oncebox_core::store::ConflictRecord>> {
+    let limit = filter.limit.clamp(1, crate::store::MAX_PAGE);
+    let mut q = conn.prepare_cached(
+        "SELECT id, source, event_id, stored_fingerprint, offered_fingerprint, payload, at
+         FROM oncebox_conflicts
+         WHERE (?1 IS NULL OR (source = ?1 AND event_id = ?2)) AND id > ?3
+         ORDER BY id LIMIT ?4",
+    )?;
+    let key = filter.key.as_ref();
+    let rows = q.query_map(
+        params![
+            key.map(|k| k.source.as_str()),
+            key.map(|k| k.event_id.as_str()),
+            filter.after.unwrap_or(0),
+            limit as i64 + 1
+        ],
+        |r| {
+            let (source, event_id): (String, String) = (r.get(1)?, r.get(2)?);
+            // Written only from validated keys; one that no longer validates is skipped.
+            let Ok(key) = Key::parse(&source, &event_id) else {
+                return Ok(None);
+            };
+            Ok(Some(oncebox_core::store::ConflictRecord {
+                seq: r.get(0)?,
+                key,
+                stored_fingerprint: Fingerprint::from_slice(&r.get::<_, Vec<u8>>(3)?),
+                offered_fingerprint: Fingerprint::from_slice(&r.get::<_, Vec<u8>>(4)?),
+                payload: r.get::<_, Option<Vec<u8>>>(5)?.unwrap_or_default(),
+                at: Timestamp(r.get(6)?),
+            }))
+        },
+    )?;
+    page(rows, limit, |c| c.seq)
+}
+
+/// Counts per source and state, and arrivals since `since` per bucket of `bucket_ms`.
+pub(crate) fn activity(
+    conn: &Connection,
+    since: Timestamp,
+    bucket_ms: i64,
+) -> rusqlite::Result<oncebox_core::store::Activity> {
+    let counts = conn
+        .prepare_cached(
+            "SELECT source, state, count(*) FROM oncebox_inbox GROUP BY source, state
+             UNION ALL
+             SELECT source, 'conflict', count(*) FROM oncebox_conflicts GROUP BY source
+             ORDER BY 1, 2",
+        )?
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
+        .collect::<Result<_, _>>()?;
+    let bucket_ms = bucket_ms.max(1);
+    let buckets = conn
+        .prepare_cached(
+            "SELECT (received_at / ?2) * ?2 AS b, source, count(*) FROM oncebox_inbox
+             WHERE received_at >= ?1 GROUP BY b, source ORDER BY b, source",
+        )?
+        .query_map(params![since.millis(), bucket_ms], |r| {
+            Ok((Timestamp(r.get(0)?), r.get(1)?, r.get(2)?))
+        })?
+        .collect::<Result<_, _>>()?;
+    Ok(oncebox_core::store::Activity { counts, buckets })
+}

@@ -1,7 +1,10 @@
 //! `EventStore` on SQLite: the gateway's verbs as `process` with a handler that applies the
 //! ordering guard, and listings read from reader connections.
 
-use oncebox_core::store::{EventFilter, EventStore, Ingest, Page, Stats, StoredEvent};
+use oncebox_core::store::{
+    Activity, ConflictFilter, ConflictRecord, EventFilter, EventStore, Ingest, Page, Stats,
+    StoredEvent,
+};
 use oncebox_core::{
     Fingerprint, Key, Meta, ProcessError, Processed, Response, ResponseKind, Retention, Source,
     Timestamp, Unavailable,
@@ -183,6 +186,23 @@ impl EventStore for Inbox {
 
     async fn purge(&self, now: Timestamp, retention: &Retention) -> Result<u64, Unavailable> {
         Inbox::purge(self, now, retention)
+            .await
+            .map_err(unavailable)
+    }
+
+    async fn conflicts(&self, filter: ConflictFilter) -> Result<Page<ConflictRecord>, Unavailable> {
+        self.read(move |c| crate::read::conflicts(c, &filter))
+            .await
+            .map_err(unavailable)
+    }
+
+    async fn activity(
+        &self,
+        since: Timestamp,
+        bucket: std::time::Duration,
+    ) -> Result<Activity, Unavailable> {
+        let bucket_ms = i64::try_from(bucket.as_millis()).unwrap_or(i64::MAX);
+        self.read(move |c| crate::read::activity(c, since, bucket_ms))
             .await
             .map_err(unavailable)
     }

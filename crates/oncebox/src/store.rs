@@ -8,7 +8,10 @@ use oncebox_core::delivery::Verdict;
 use oncebox_core::relay_store::{
     AttemptRecord, Claimed, DeliveryFilter, DeliveryGauges, DeliveryStore, DeliveryView, Resolve,
 };
-use oncebox_core::store::{EventFilter, EventStore, Ingest, Page, Stats, StoredEvent};
+use oncebox_core::store::{
+    Activity, ConflictFilter, ConflictRecord, EventFilter, EventStore, Ingest, Page, Stats,
+    StoredEvent,
+};
 use oncebox_core::{
     Key, LeaseError, ProcessError, Processed, Record, Retention, Timestamp, Unavailable,
 };
@@ -96,6 +99,14 @@ impl EventStore for Store {
 
     async fn purge(&self, now: Timestamp, retention: &Retention) -> Result<u64, Unavailable> {
         each!(self, s => EventStore::purge(s, now, retention).await)
+    }
+
+    async fn conflicts(&self, filter: ConflictFilter) -> Result<Page<ConflictRecord>, Unavailable> {
+        each!(self, s => s.conflicts(filter).await)
+    }
+
+    async fn activity(&self, since: Timestamp, bucket: Duration) -> Result<Activity, Unavailable> {
+        each!(self, s => s.activity(since, bucket).await)
     }
 
     async fn ready(&self) -> Result<(), Unavailable> {

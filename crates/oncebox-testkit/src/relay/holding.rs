@@ -9,7 +9,10 @@ use oncebox_core::delivery::Verdict;
 use oncebox_core::relay_store::{
     AttemptRecord, Claimed, DeliveryFilter, DeliveryGauges, DeliveryStore, DeliveryView, Resolve,
 };
-use oncebox_core::store::{EventFilter, EventStore, Ingest, Page, Stats, StoredEvent};
+use oncebox_core::store::{
+    Activity, ConflictFilter, ConflictRecord, EventFilter, EventStore, Ingest, Page, Stats,
+    StoredEvent,
+};
 use oncebox_core::{Key, LeaseError, ProcessError, Processed, Retention, Timestamp, Unavailable};
 
 /// `store`, and `guard` kept alive as long as any clone of it.
@@ -56,6 +59,14 @@ impl<S: EventStore> EventStore for Holding<S> {
 
     async fn purge(&self, now: Timestamp, retention: &Retention) -> Result<u64, Unavailable> {
         self.store.purge(now, retention).await
+    }
+
+    async fn conflicts(&self, filter: ConflictFilter) -> Result<Page<ConflictRecord>, Unavailable> {
+        self.store.conflicts(filter).await
+    }
+
+    async fn activity(&self, since: Timestamp, bucket: Duration) -> Result<Activity, Unavailable> {
+        self.store.activity(since, bucket).await
     }
 
     async fn ready(&self) -> Result<(), Unavailable> {
