@@ -13,6 +13,7 @@ use oncebox_core::store::EventStore;
 use oncebox_core::{Clock, Timestamp};
 
 mod admin;
+mod dashboard;
 mod deliveries;
 mod ingress;
 mod limit;
@@ -36,7 +37,7 @@ pub struct Gateway<S> {
     pub loopback_only: bool,
 }
 
-/// The gateway's routes: ingress, admin (events and deliveries), health, OpenAPI.
+/// The gateway's routes: ingress, admin (events and deliveries), health, OpenAPI, dashboard.
 pub fn router<S: EventStore + DeliveryStore>(gw: Arc<Gateway<S>>) -> Router {
     let admin = Router::new()
         .route("/v1/events", get(admin::list::<S>))
@@ -55,10 +56,16 @@ pub fn router<S: EventStore + DeliveryStore>(gw: Arc<Gateway<S>>) -> Router {
             "/v1/sources/{source}/events/{event_id}/redeliver",
             post(deliveries::redeliver::<S>),
         )
+        .route("/v1/activity", get(dashboard::api::activity::<S>))
         .route("/metrics", get(admin::metrics::<S>))
         .route_layer(axum::middleware::from_fn_with_state(
             gw.clone(),
             admin::guard::<S>,
+        ))
+        // Outside the guard: the dashboard's session stands for the token (with its CSRF token).
+        .route_layer(axum::middleware::from_fn_with_state(
+            gw.clone(),
+            dashboard::session::bridge::<S>,
         ));
     Router::new()
         .route("/v1/sources/{source}/events", post(ingress::receive::<S>))
@@ -66,6 +73,7 @@ pub fn router<S: EventStore + DeliveryStore>(gw: Arc<Gateway<S>>) -> Router {
         .route("/readyz", get(admin::readyz::<S>))
         .route("/openapi.json", get(openapi::document))
         .merge(admin)
+        .merge(dashboard::routes::<S>())
         // Bodies are read by the ingress handler within each source's own limit.
         .layer(DefaultBodyLimit::disable())
         .layer(axum::middleware::from_fn_with_state(

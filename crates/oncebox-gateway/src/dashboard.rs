@@ -1,0 +1,96 @@
+//! The web dashboard served at `/`: server-rendered pages (maud escapes every value, payloads
+//! are attacker-controlled) and one small script, both embedded in the binary. Pages need a
+//! session made at `/login` from the admin token, or the admin API's loopback rule; their
+//! buttons call the admin API through [`session::bridge`] with the session's CSRF token.
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Redirect, Response};
+use axum::routing::{get, post};
+use oncebox_core::relay_store::DeliveryStore;
+use oncebox_core::store::EventStore;
+
+use crate::Gateway;
+
+pub(crate) mod api;
+mod config;
+mod conflicts;
+mod diff;
+mod events;
+mod layout;
+mod queues;
+pub(crate) mod session;
+
+use session::Access;
+
+const SCRIPT: &str = include_str!("../assets/dashboard.js");
+const STYLE: &str = include_str!("../assets/dashboard.css");
+
+/// The dashboard's pages, its login and its assets.
+pub(crate) fn routes<S: EventStore + DeliveryStore>() -> Router<Arc<Gateway<S>>> {
+    Router::new()
+        .route("/", get(events::overview::<S>))
+        .route("/events", get(events::list::<S>))
+        .route("/events/{source}/{event_id}", get(events::show::<S>))
+        .route("/deliveries/{state}", get(queues::queue::<S>))
+        .route("/conflicts", get(conflicts::page::<S>))
+        .route("/config", get(config::page::<S>))
+        .route("/login", get(login_form::<S>).post(session::login::<S>))
+        .route("/logout", post(session::logout::<S>))
+        .route("/assets/dashboard.js", get(script))
+        .route("/assets/dashboard.css", get(style))
+}
+
+/// The access of a page request, or the answer that sends it elsewhere.
+fn gate<S>(gw: &Gateway<S>, headers: &HeaderMap) -> Result<Access, Response> {
+    match session::access(gw, headers) {
+        Access::Login => Err(Redirect::to("/login").into_response()),
+        Access::Closed => Err(layout::closed_page()),
+        a => Ok(a),
+    }
+}
+
+/// The store could not answer: say so, never show a partial page as if it were whole.
+fn unavailable(access: &Access, e: &oncebox_core::Unavailable) -> Response {
+    layout::problem(
+        StatusCode::SERVICE_UNAVAILABLE,
+        access,
+        &format!("The store is unavailable: {e}"),
+    )
+}
+
+async fn login_form<S: EventStore>(
+    axum::extract::State(gw): axum::extract::State<Arc<Gateway<S>>>,
+    headers: HeaderMap,
+) -> Response {
+    match session::access(&gw, &headers) {
+        Access::Login => layout::login_page(None),
+        Access::Closed => layout::closed_page(),
+        _ => Redirect::to("/").into_response(),
+    }
+}
+
+fn asset(content_type: &'static str, body: &'static str) -> Response {
+    (
+        [
+            (header::CONTENT_TYPE, HeaderValue::from_static(content_type)),
+            (header::CACHE_CONTROL, HeaderValue::from_static("no-cache")),
+            (
+                header::X_CONTENT_TYPE_OPTIONS,
+                HeaderValue::from_static("nosniff"),
+            ),
+        ],
+        body,
+    )
+        .into_response()
+}
+
+async fn script() -> Response {
+    asset("text/javascript; charset=utf-8", SCRIPT)
+}
+
+async fn style() -> Response {
+    asset("text/css; charset=utf-8", STYLE)
+}

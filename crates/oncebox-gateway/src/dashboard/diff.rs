@@ -1,0 +1,225 @@
+//! JSON payloads for reading: an indented rendering whose lines know the JSON Pointer they
+//! belong to, and the pointers at which two payloads differ, so a conflict can show both side by
+//! side with the differing fields marked. Works on the core's exact JSON values, so `1` and
+//! `1.0` are equal here exactly as they are for fingerprints.
+
+use maud::{Markup, html};
+use oncebox_core::json::Value;
+
+/// A path into a JSON document (object keys and array indexes).
+pub(crate) type Path = Vec<String>;
+
+/// One rendered line: indentation depth, text, and whether it is part of a difference.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Line {
+    pub depth: usize,
+    pub text: String,
+    pub marked: bool,
+}
+
+/// The paths at which `a` and `b` differ: a value that differs, a member or element present
+/// on one side only, or another type. Objects and arrays that differ only inside are not
+/// themselves listed; their differing parts are.
+pub(crate) fn differences(a: &Value, b: &Value) -> Vec<Path> {
+    let mut out = Vec::new();
+    walk(a, b, &mut Vec::new(), &mut out);
+    out
+}
+
+fn walk(a: &Value, b: &Value, at: &mut Path, out: &mut Vec<Path>) {
+    match (a, b) {
+        (Value::Object(x), Value::Object(y)) => {
+            let mut keys: Vec<&String> = x.iter().chain(y).map(|(k, _)| k).collect();
+            keys.sort();
+            keys.dedup();
+            for k in keys {
+                let (l, r) = (member(x, k), member(y, k));
+                at.push(k.clone());
+                match (l, r) {
+                    (Some(l), Some(r)) => walk(l, r, at, out),
+                    _ => out.push(at.clone()),
+                }
+                at.pop();
+            }
+        }
+        (Value::Array(x), Value::Array(y)) => {
+            for i in 0..x.len().max(y.len()) {
+                at.push(i.to_string());
+                match (x.get(i), y.get(i)) {
+                    (Some(l), Some(r)) => walk(l, r, at, out),
+                    _ => out.push(at.clone()),
+                }
+                at.pop();
+            }
+        }
+        _ if a == b => {}
+        _ => out.push(at.clone()),
+    }
+}
+
+fn member<'a>(members: &'a [(String, Value)], key: &str) -> Option<&'a Value> {
+    members.iter().find(|(k, _)| k == key).map(|(_, v)| v)
+}
+
+/// `value` indented two spaces a level, members sorted; lines inside any of `marked` (or
+/// equal to one) are marked.
+pub(crate) fn pretty(value: &Value, marked: &[Path]) -> Vec<Line> {
+    let mut lines = Vec::new();
+    emit(value, None, true, 0, &mut Vec::new(), marked, &mut lines);
+    lines
+}
+
+fn is_marked(at: &Path, marked: &[Path]) -> bool {
+    marked.iter().any(|m| at.starts_with(m))
+}
+
+/// A JSON string literal, escaped as JSON requires.
+fn quoted(s: &str) -> String {
+    String::from_utf8_lossy(&Value::String(s.to_owned()).canonical()).into_owned()
+}
+
+#[expect(
+    clippy::too_many_arguments,
+    reason = "a recursive walk with its context"
+)]
+fn emit(
+    value: &Value,
+    key: Option<&str>,
+    last: bool,
+    depth: usize,
+    at: &mut Path,
+    marked: &[Path],
+    out: &mut Vec<Line>,
+) {
+    let prefix = key.map(|k| format!("{}: ", quoted(k))).unwrap_or_default();
+    let comma = if last { "" } else { "," };
+    let marked_here = is_marked(at, marked);
+    let mut line = |depth: usize, text: String| {
+        out.push(Line {
+            depth,
+            text,
+            marked: marked_here,
+        });
+    };
+    match value {
+        Value::Object(members) if !members.is_empty() => {
+            line(depth, format!("{prefix}{{"));
+            let mut sorted: Vec<&(String, Value)> = members.iter().collect();
+            sorted.sort_by(|a, b| a.0.cmp(&b.0));
+            let n = sorted.len();
+            for (i, (k, v)) in sorted.into_iter().enumerate() {
+                at.push(k.clone());
+                emit(v, Some(k), i + 1 == n, depth + 1, at, marked, out);
+                at.pop();
+            }
+            out.push(Line {
+                depth,
+                text: format!("}}{comma}"),
+                marked: marked_here,
+            });
+        }
+        Value::Array(items) if !items.is_empty() => {
+            line(depth, format!("{prefix}["));
+            let n = items.len();
+            for (i, v) in items.iter().enumerate() {
+                at.push(i.to_string());
+                emit(v, None, i + 1 == n, depth + 1, at, marked, out);
+                at.pop();
+            }
+            out.push(Line {
+                depth,
+                text: format!("]{comma}"),
+                marked: marked_here,
+            });
+        }
+        scalar => {
+            let text = String::from_utf8_lossy(&scalar.canonical()).into_owned();
+            line(depth, format!("{prefix}{text}{comma}"));
+        }
+    }
+}
+
+/// The lines as a block of text; marked lines are `<mark>`ed. Every line's text is escaped.
+pub(crate) fn render(lines: &[Line]) -> Markup {
+    html! {
+        pre.payload {
+            @for l in lines {
+                @let text = format!("{}{}", "  ".repeat(l.depth), l.text);
+                @if l.marked { mark.diff { (text) } "\n" } @else { (text) "\n" }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use oncebox_core::json::parse;
+
+    fn v(s: &str) -> Value {
+        parse(s.as_bytes()).unwrap()
+    }
+
+    fn path(p: &[&str]) -> Path {
+        p.iter().map(|s| (*s).to_owned()).collect()
+    }
+
+    #[test]
+    fn differences_name_changed_missing_and_retyped_fields() {
+        let a = v(r#"{"amount":10,"cur":"EUR","items":[1,2],"meta":{"x":1},"same":1.0}"#);
+        let b = v(r#"{"amount":11,"items":[1,2,3],"meta":"x","same":1,"new":null}"#);
+        assert_eq!(
+            differences(&a, &b),
+            vec![
+                path(&["amount"]),
+                path(&["cur"]),
+                path(&["items", "2"]),
+                path(&["meta"]),
+                path(&["new"]),
+            ]
+        );
+        assert!(differences(&a, &a).is_empty());
+    }
+
+    #[test]
+    fn pretty_marks_the_differing_lines_and_their_insides() {
+        let a = v(r#"{"a":1,"m":{"x":[1]}}"#);
+        let lines = pretty(&a, &[path(&["m"])]);
+        let shown: Vec<(String, bool)> = lines
+            .iter()
+            .map(|l| (format!("{}{}", "  ".repeat(l.depth), l.text), l.marked))
+            .collect();
+        assert_eq!(
+            shown,
+            vec![
+                ("{".to_owned(), false),
+                ("  \"a\": 1,".to_owned(), false),
+                ("  \"m\": {".to_owned(), true),
+                ("    \"x\": [".to_owned(), true),
+                ("      1".to_owned(), true),
+                ("    ]".to_owned(), true),
+                ("  }".to_owned(), true),
+                ("}".to_owned(), false),
+            ]
+        );
+    }
+
+    #[test]
+    fn rendering_escapes_markup_in_keys_and_values() {
+        let a = v(r#"{"<b>":"<script>alert(1)</script>&"}"#);
+        let html = render(&pretty(&a, &[path(&["<b>"])])).into_string();
+        assert!(!html.contains("<script>"), "{html}");
+        assert!(!html.contains("<b>"), "{html}");
+        assert!(
+            html.contains("&lt;script&gt;alert(1)&lt;/script&gt;&amp;"),
+            "{html}"
+        );
+    }
+
+    #[test]
+    fn empty_containers_and_scalars_are_one_line() {
+        assert_eq!(pretty(&v("{}"), &[]).len(), 1);
+        assert_eq!(pretty(&v("[]"), &[]).len(), 1);
+        assert_eq!(pretty(&v("\"a\\nb\""), &[])[0].text, "\"a\\nb\"");
+    }
+}

@@ -1,0 +1,318 @@
+//! The dashboard's session: a signed cookie that stands for the admin token, its per-session
+//! CSRF token, the login and logout handlers, and the bridge that lets the dashboard's own
+//! JavaScript call the admin API with the session instead of the token.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::{Request, State};
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Redirect, Response};
+use hmac::{Hmac, Mac};
+use oncebox_core::Timestamp;
+use oncebox_core::store::EventStore;
+use sha2::Sha256;
+
+use crate::Gateway;
+
+/// Name of the session cookie.
+pub(crate) const COOKIE: &str = "oncebox_session";
+/// Header the dashboard's JavaScript sends the CSRF token in; a cross-site page cannot set it
+/// without a CORS preflight, which the gateway never grants.
+pub(crate) const CSRF_HEADER: &str = "x-oncebox-csrf";
+/// How long a login lasts.
+const LIFETIME: Duration = Duration::from_secs(12 * 3600);
+
+type HmacSha256 = Hmac<Sha256>;
+
+/// Who is looking at a dashboard page.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Access {
+    /// Logged in; the page embeds this CSRF token for its actions.
+    Session { csrf: String },
+    /// No admin token is configured and only loopback peers can connect: the same rule as the
+    /// admin API, so no login.
+    Open,
+    /// A token is configured and the request carries no valid session.
+    Login,
+    /// No token is configured on a listener others can reach: the admin API is closed, and so
+    /// is the dashboard.
+    Closed,
+}
+
+/// A MAC keyed by the admin token: changing the token ends every session.
+fn mac(token: &str, parts: &[&[u8]]) -> HmacSha256 {
+    // HMAC accepts keys of any length, so this never fails.
+    let mut m = <HmacSha256 as Mac>::new_from_slice(token.as_bytes())
+        .unwrap_or_else(|_| unreachable!("HMAC takes any key length"));
+    for p in parts {
+        m.update(p);
+        // A separator no part contains keeps ("ab", "c") and ("a", "bc") apart.
+        m.update(b"\x00");
+    }
+    m
+}
+
+/// A new cookie value for a login at `now`: `expires.nonce.mac`, all lowercase hex or digits.
+pub(crate) fn issue(token: &str, now: Timestamp, nonce: [u8; 16]) -> String {
+    let expires = now.plus(LIFETIME).millis().to_string();
+    let nonce = hex::encode(nonce);
+    let tag = mac(token, &[b"session", expires.as_bytes(), nonce.as_bytes()]).finalize();
+    format!("{expires}.{nonce}.{}", hex::encode(tag.into_bytes()))
+}
+
+/// The session's nonce when `value` is a cookie this token signed and it has not expired. The
+/// MAC is checked in constant time.
+pub(crate) fn verify(token: &str, value: &str, now: Timestamp) -> Option<String> {
+    let mut parts = value.split('.');
+    let (expires, nonce, tag) = (parts.next()?, parts.next()?, parts.next()?);
+    if parts.next().is_some() {
+        return None;
+    }
+    let tag = hex::decode(tag).ok()?;
+    mac(token, &[b"session", expires.as_bytes(), nonce.as_bytes()])
+        .verify_slice(&tag)
+        .ok()?;
+    let expires: i64 = expires.parse().ok()?;
+    (now.millis() < expires).then(|| nonce.to_owned())
+}
+
+/// The CSRF token of the session with this nonce: derived, so nothing is stored server-side.
+pub(crate) fn csrf(token: &str, nonce: &str) -> String {
+    hex::encode(
+        mac(token, &[b"csrf", nonce.as_bytes()])
+            .finalize()
+            .into_bytes(),
+    )
+}
+
+/// Whether `given` is the CSRF token of the session `nonce`, compared in constant time.
+pub(crate) fn csrf_ok(token: &str, nonce: &str, given: &str) -> bool {
+    hex::decode(given).is_ok_and(|tag| {
+        mac(token, &[b"csrf", nonce.as_bytes()])
+            .verify_slice(&tag)
+            .is_ok()
+    })
+}
+
+/// Whether `given` is the admin token. Both sides go through the MAC first, so the comparison
+/// takes the same time whatever the lengths and contents.
+fn token_matches(token: &str, given: &str) -> bool {
+    let expected = mac(token, &[b"login", token.as_bytes()])
+        .finalize()
+        .into_bytes();
+    mac(token, &[b"login", given.as_bytes()])
+        .verify_slice(&expected)
+        .is_ok()
+}
+
+fn cookie_value<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
+    headers
+        .get_all(header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .filter_map(|pair| pair.trim().split_once('='))
+        .find(|(n, _)| *n == name)
+        .map(|(_, v)| v)
+}
+
+/// The session nonce the request's cookie carries, if valid now.
+fn session<S>(gw: &Gateway<S>, headers: &HeaderMap) -> Option<(String, String)> {
+    let token = gw.config.admin_token.as_deref()?;
+    let nonce = verify(token, cookie_value(headers, COOKIE)?, gw.clock.now())?;
+    Some((token.to_owned(), nonce))
+}
+
+/// What a page request may see.
+pub(crate) fn access<S>(gw: &Gateway<S>, headers: &HeaderMap) -> Access {
+    match &gw.config.admin_token {
+        None if gw.loopback_only => Access::Open,
+        None => Access::Closed,
+        Some(_) => match session(gw, headers) {
+            Some((token, nonce)) => Access::Session {
+                csrf: csrf(&token, &nonce),
+            },
+            None => Access::Login,
+        },
+    }
+}
+
+/// A state-changing request from a browser must come from the gateway's own pages: when the
+/// browser names an `Origin`, its host must be the one the request was sent to.
+pub(crate) fn same_origin(headers: &HeaderMap) -> bool {
+    let Some(origin) = headers.get(header::ORIGIN).and_then(|v| v.to_str().ok()) else {
+        // Browsers send Origin on every cross-site POST; its absence means a same-origin
+        // navigation or a non-browser client, which the cookie and CSRF token still guard.
+        return true;
+    };
+    let host = headers.get(header::HOST).and_then(|v| v.to_str().ok());
+    let origin_host = origin
+        .strip_prefix("http://")
+        .or_else(|| origin.strip_prefix("https://"));
+    matches!((origin_host, host), (Some(o), Some(h)) if o == h)
+}
+
+fn set_cookie(value: &str, max_age: u64) -> HeaderValue {
+    // Not `Secure`: the gateway itself speaks plain HTTP (a TLS proxy in front may add it).
+    let cookie = format!("{COOKIE}={value}; Path=/; HttpOnly; SameSite=Strict; Max-Age={max_age}");
+    HeaderValue::from_str(&cookie).unwrap_or_else(|_| HeaderValue::from_static(""))
+}
+
+/// `POST /login` with the form field `token`.
+pub(crate) async fn login<S: EventStore>(
+    State(gw): State<Arc<Gateway<S>>>,
+    headers: HeaderMap,
+    axum::Form(form): axum::Form<LoginForm>,
+) -> Response {
+    let Some(token) = gw.config.admin_token.as_deref() else {
+        return Redirect::to("/").into_response();
+    };
+    if !same_origin(&headers) {
+        return StatusCode::FORBIDDEN.into_response();
+    }
+    if !token_matches(token, form.token.trim()) {
+        let page = super::layout::login_page(Some("That is not the admin token."));
+        return (StatusCode::UNAUTHORIZED, page).into_response();
+    }
+    let value = issue(token, gw.clock.now(), rand::random());
+    (
+        [(header::SET_COOKIE, set_cookie(&value, LIFETIME.as_secs()))],
+        Redirect::to("/"),
+    )
+        .into_response()
+}
+
+#[derive(Debug, serde::Deserialize)]
+pub(crate) struct LoginForm {
+    #[serde(default)]
+    token: String,
+}
+
+#[derive(Debug, serde::Deserialize)]
+pub(crate) struct LogoutForm {
+    #[serde(default)]
+    csrf: String,
+}
+
+/// `POST /logout`: clears the cookie. It carries the CSRF token, so no other site can log the
+/// operator out.
+pub(crate) async fn logout<S: EventStore>(
+    State(gw): State<Arc<Gateway<S>>>,
+    headers: HeaderMap,
+    axum::Form(form): axum::Form<LogoutForm>,
+) -> Response {
+    let valid =
+        session(&gw, &headers).is_some_and(|(token, nonce)| csrf_ok(&token, &nonce, &form.csrf));
+    if !valid || !same_origin(&headers) {
+        return StatusCode::FORBIDDEN.into_response();
+    }
+    (
+        [(header::SET_COOKIE, set_cookie("", 0))],
+        Redirect::to("/login"),
+    )
+        .into_response()
+}
+
+/// Runs before the admin guard: a request without `Authorization` that carries a valid session
+/// cookie *and* that session's CSRF token in [`CSRF_HEADER`] (from the same origin) is let
+/// through as if it carried the admin token. The cookie alone is never enough.
+pub(crate) async fn bridge<S: EventStore>(
+    State(gw): State<Arc<Gateway<S>>>,
+    mut request: Request,
+    next: Next,
+) -> Response {
+    let headers = request.headers();
+    if !headers.contains_key(header::AUTHORIZATION)
+        && let Some((token, nonce)) = session(&gw, headers)
+        && let Some(given) = headers.get(CSRF_HEADER).and_then(|v| v.to_str().ok())
+        && csrf_ok(&token, &nonce, given)
+        && (request.method() == Method::GET || same_origin(headers))
+        && let Ok(bearer) = HeaderValue::from_str(&format!("Bearer {token}"))
+    {
+        request.headers_mut().insert(header::AUTHORIZATION, bearer);
+    }
+    next.run(request).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const T: &str = "s3cret-token";
+
+    #[test]
+    fn an_issued_cookie_verifies_until_it_expires() {
+        let now = Timestamp(1_000_000);
+        let c = issue(T, now, [7; 16]);
+        assert_eq!(
+            verify(T, &c, now).as_deref(),
+            Some(hex::encode([7; 16]).as_str())
+        );
+        assert_eq!(verify(T, &c, now.plus(LIFETIME)), None);
+        assert_eq!(
+            verify("other-token", &c, now),
+            None,
+            "another token's cookie"
+        );
+    }
+
+    #[test]
+    fn a_tampered_cookie_is_refused() {
+        let now = Timestamp(1_000_000);
+        let c = issue(T, now, [7; 16]);
+        let (expires, rest) = c.split_once('.').unwrap();
+        let later = format!("{}.{rest}", expires.parse::<i64>().unwrap() + 1);
+        assert_eq!(verify(T, &later, now), None);
+        for bad in ["", ".", "..", "1.2.3.4", "x.y.zz", &format!("{c}0")] {
+            assert_eq!(verify(T, bad, now), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn only_the_admin_token_logs_in() {
+        assert!(token_matches(T, T));
+        assert!(!token_matches(T, "s3cret-toke"));
+        assert!(!token_matches(T, ""));
+    }
+
+    #[test]
+    fn csrf_token_belongs_to_its_session() {
+        let a = csrf(T, "aa");
+        assert!(csrf_ok(T, "aa", &a));
+        assert!(!csrf_ok(T, "bb", &a));
+        assert!(!csrf_ok(T, "aa", "not hex"));
+        assert!(!csrf_ok(T, "aa", ""));
+    }
+
+    #[test]
+    fn origin_must_match_host_when_present() {
+        let mut h = HeaderMap::new();
+        h.insert(header::HOST, HeaderValue::from_static("127.0.0.1:8080"));
+        assert!(same_origin(&h));
+        h.insert(
+            header::ORIGIN,
+            HeaderValue::from_static("http://127.0.0.1:8080"),
+        );
+        assert!(same_origin(&h));
+        h.insert(
+            header::ORIGIN,
+            HeaderValue::from_static("http://evil.example"),
+        );
+        assert!(!same_origin(&h));
+        h.insert(header::ORIGIN, HeaderValue::from_static("null"));
+        assert!(!same_origin(&h));
+    }
+
+    #[test]
+    fn cookies_are_found_among_others() {
+        let mut h = HeaderMap::new();
+        h.insert(
+            header::COOKIE,
+            HeaderValue::from_static("a=1; oncebox_session=x.y.z; b=2"),
+        );
+        assert_eq!(cookie_value(&h, COOKIE), Some("x.y.z"));
+        assert_eq!(cookie_value(&h, "c"), None);
+    }
+}
