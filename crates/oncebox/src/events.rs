@@ -176,7 +176,7 @@ pub async fn purge(
         let _ = retention.set(source.clone(), policy.retention, None);
     }
     // One store call does the whole purge in chunks; the spinner says it is alive.
-    let spinner = progress::spinner("purging");
+    let spinner = progress::spinner("purging", false);
     let deleted = EventStore::purge(store, SystemClock.now(), &retention).await;
     spinner.finish_and_clear();
     let deleted = deleted?;

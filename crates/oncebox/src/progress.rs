@@ -25,12 +25,17 @@ pub fn bar(len: u64, what: &str) -> ProgressBar {
     bar
 }
 
-/// A spinner for work whose size is not known in advance; it ticks by itself.
-pub fn spinner(what: &str) -> ProgressBar {
+/// A spinner for work whose size is not known in advance; it ticks by itself. `counted` shows
+/// how many steps were made (`inc`), for work that has steps at all.
+pub fn spinner(what: &str, counted: bool) -> ProgressBar {
     let bar = ProgressBar::with_draw_target(None, target());
+    let template = if counted {
+        "{spinner} {msg} {pos} {elapsed}"
+    } else {
+        "{spinner} {msg} {elapsed}"
+    };
     bar.set_style(
-        ProgressStyle::with_template("{spinner} {msg} {pos} {elapsed}")
-            .unwrap_or_else(|_| ProgressStyle::default_spinner()),
+        ProgressStyle::with_template(template).unwrap_or_else(|_| ProgressStyle::default_spinner()),
     );
     bar.set_message(what.to_owned());
     if !bar.is_hidden() {

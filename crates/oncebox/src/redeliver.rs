@@ -69,7 +69,7 @@ fn parse_since(s: &str) -> Result<Since, String> {
 /// What `--output json` prints; field names are a contract.
 #[derive(Serialize)]
 struct Summary {
-    /// Events whose deliveries were made due again (or would be, with `dry_run`).
+    /// Events that matched; their deliveries were made due again (not with `dry_run`).
     events: u64,
     /// Deliveries made due again; 0 with `dry_run`.
     deliveries: u64,
@@ -115,7 +115,7 @@ async fn one(store: &Store, key: &Key) -> Result<Summary> {
     }
     let n = DeliveryStore::redeliver(store, key, SystemClock.now()).await?;
     Ok(Summary {
-        events: u64::from(n > 0),
+        events: 1,
         deliveries: n,
         dry_run: false,
     })
@@ -129,7 +129,7 @@ async fn many(store: &Store, source: &Source, args: &RedeliverArgs) -> Result<Su
     });
     // First the keys, then the work: the bar then knows its length, and redeliveries made
     // while listing cannot shift the pages being read.
-    let listing = progress::spinner("listing events");
+    let listing = progress::spinner("listing events", true);
     let mut keys = Vec::new();
     let mut after = None;
     loop {
@@ -165,7 +165,6 @@ async fn many(store: &Store, source: &Source, args: &RedeliverArgs) -> Result<Su
         return Ok(summary);
     }
     let bar = progress::bar(keys.len() as u64, "redelivering");
-    summary.events = 0;
     for (done, key) in keys.iter().enumerate() {
         // A rerun after a failure sends the first ones again under the same keys, which
         // receivers deduplicate; the error says how far this run got.
@@ -174,7 +173,6 @@ async fn many(store: &Store, source: &Source, args: &RedeliverArgs) -> Result<Su
             .with_context(|| {
                 format!("redelivering {key}, after {done} of {} events", keys.len())
             })?;
-        summary.events += u64::from(n > 0);
         summary.deliveries += n;
         bar.inc(1);
     }

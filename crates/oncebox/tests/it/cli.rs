@@ -86,6 +86,12 @@ fn two_events() -> tempfile::TempDir {
         let out = oncebox(dir.path(), &["send", "shop", "--id", id, "--url", &url]);
         assert!(out.status.success(), "{}", text(&out));
     }
+    // The default body depends on the id alone: sending it again is a replay.
+    let again = oncebox(
+        dir.path(),
+        &["send", "shop", "--id", "evt_1", "--url", &url],
+    );
+    assert!(text(&again).contains("(replayed)"), "{}", text(&again));
     server.stop();
     dir
 }
