@@ -190,6 +190,26 @@ pub fn service_url(var: &str) -> Option<String> {
     }
 }
 
+/// The path of a program a test drives (a browser, a WebDriver server), when it is installed
+/// and executable. When it is absent the test says so on stderr and gets `None` (it skips),
+/// unless `ONCEBOX_REQUIRE_SERVICES=1`, which turns the skip into a failure, as for
+/// [`service_url`].
+pub fn require_program(path: &str) -> Option<std::path::PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    let found =
+        std::fs::metadata(path).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0);
+    match found {
+        true => Some(std::path::PathBuf::from(path)),
+        false if std::env::var("ONCEBOX_REQUIRE_SERVICES").is_ok_and(|v| v == "1") => {
+            panic!("{path} is not installed and ONCEBOX_REQUIRE_SERVICES=1: this test needs it")
+        }
+        false => {
+            eprintln!("SKIPPED: {path} is not installed; this test needs it");
+            None
+        }
+    }
+}
+
 /// A benchmark's `--name N` command-line option, or `default` when absent or not a number.
 pub fn bench_arg(name: &str, default: usize) -> usize {
     let args: Vec<String> = std::env::args().collect();

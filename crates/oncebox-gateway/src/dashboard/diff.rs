@@ -132,6 +132,11 @@ fn emit(
                 marked: marked_here,
             });
         }
+        // Integers as people write them (the canonical form says `1e1` for 10).
+        Value::Number(n) if n.to_i64().is_some() => {
+            let text = n.to_i64().map(|i| i.to_string()).unwrap_or_default();
+            line(depth, format!("{prefix}{text}{comma}"));
+        }
         scalar => {
             let text = String::from_utf8_lossy(&scalar.canonical()).into_owned();
             line(depth, format!("{prefix}{text}{comma}"));

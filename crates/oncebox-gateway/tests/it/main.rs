@@ -2,6 +2,7 @@
 //! SQLite files.
 
 mod admin;
+mod dashboard;
 mod deliveries;
 mod http;
 mod ingress;

@@ -2,6 +2,7 @@
 
 mod cli;
 mod counting;
+mod dashboard;
 mod figures;
 mod gateway;
 mod kill;
