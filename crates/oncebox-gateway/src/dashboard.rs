@@ -44,6 +44,10 @@ pub(crate) fn routes<S: EventStore + DeliveryStore>() -> Router<Arc<Gateway<S>>>
 }
 
 /// The access of a page request, or the answer that sends it elsewhere.
+#[expect(
+    clippy::result_large_err,
+    reason = "the error is the answer itself, returned at once by the handler"
+)]
 fn gate<S>(gw: &Gateway<S>, headers: &HeaderMap) -> Result<Access, Response> {
     match session::access(gw, headers) {
         Access::Login => Err(Redirect::to("/login").into_response()),

@@ -183,7 +183,7 @@ pub(crate) async fn page<S: EventStore + DeliveryStore>(
         }
         @if c.routes.is_empty() { p.muted { "No routes: events are stored and browsable." } }
     };
-    layout::page("Sources & routes", &access, Nav::Config, body)
+    layout::page("Sources & routes", &access, Nav::Config, &body)
 }
 
 #[cfg(test)]

@@ -111,5 +111,5 @@ pub(crate) async fn page<S: EventStore + DeliveryStore>(
         @if conflicts.items.is_empty() { p.muted { "No conflicts." } }
         @if let Some(n) = conflicts.next { a.next href={ "/conflicts?after=" (n) } { "Next page →" } }
     };
-    layout::page("Conflicts", &access, Nav::Conflicts, body)
+    layout::page("Conflicts", &access, Nav::Conflicts, &body)
 }

@@ -78,10 +78,6 @@ fn quoted(s: &str) -> String {
     String::from_utf8_lossy(&Value::String(s.to_owned()).canonical()).into_owned()
 }
 
-#[expect(
-    clippy::too_many_arguments,
-    reason = "a recursive walk with its context"
-)]
 fn emit(
     value: &Value,
     key: Option<&str>,

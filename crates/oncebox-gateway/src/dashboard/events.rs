@@ -106,7 +106,7 @@ pub(crate) async fn overview<S: EventStore + DeliveryStore>(
             @if let Some(t) = gauges.oldest_pending { p { "Oldest delivery still owed: " (time(t)) } }
         }
     };
-    page("Overview", &access, Nav::Overview, body)
+    page("Overview", &access, Nav::Overview, &body)
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -214,7 +214,7 @@ pub(crate) async fn list<S: EventStore + DeliveryStore>(
             a.next href={ "/events?source=" (encode(&q.source)) "&outcome=" (encode(&q.outcome)) "&since=" (encode(&q.since)) "&after=" (n) } { "Next page →" }
         }
     };
-    page("Events", &access, Nav::Events, body)
+    page("Events", &access, Nav::Events, &body)
 }
 
 /// The link to an event's page; both key parts are percent-encoded path segments.
@@ -313,5 +313,5 @@ pub(crate) async fn show<S: EventStore + DeliveryStore>(
             (queues::delivery(d, tries))
         }
     };
-    page(&format!("Event {key}"), &access, Nav::Events, body)
+    page(&format!("Event {key}"), &access, Nav::Events, &body)
 }

@@ -73,7 +73,7 @@ fn head(title: &str) -> Markup {
 }
 
 /// A whole page: navigation, then `body`. The CSRF token rides in a meta tag for the script.
-pub(crate) fn page(title: &str, access: &Access, current: Nav, body: Markup) -> Response {
+pub(crate) fn page(title: &str, access: &Access, current: Nav, body: &Markup) -> Response {
     let csrf = match access {
         Access::Session { csrf } => csrf.as_str(),
         _ => "",
@@ -153,12 +153,8 @@ pub(crate) fn closed_page() -> Response {
 
 /// A page for a failure the operator should see (the store is unavailable, a bad query).
 pub(crate) fn problem(status: StatusCode, access: &Access, detail: &str) -> Response {
-    let mut r = page(
-        "Not available",
-        access,
-        Nav::Overview,
-        html! { p.error { (detail) } },
-    );
+    let body = html! { p.error { (detail) } };
+    let mut r = page("Not available", access, Nav::Overview, &body);
     *r.status_mut() = status;
     r
 }

@@ -87,7 +87,7 @@ pub(crate) async fn queue<S: EventStore + DeliveryStore>(
         @if page_.items.is_empty() { p.muted { "Nothing here." } }
         @if let Some(n) = page_.next { a.next href={ "?after=" (n) } { "Next page →" } }
     };
-    page(title, &access, nav, body)
+    page(title, &access, nav, &body)
 }
 
 /// The buttons that apply to a delivery in its state. The script posts them to the admin API
