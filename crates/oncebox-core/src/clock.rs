@@ -16,14 +16,25 @@ impl Timestamp {
 
     /// Saturates instead of overflowing: a retention of `u64::MAX` seconds means "forever".
     pub fn plus(self, d: Duration) -> Timestamp {
-        let ms = i64::try_from(d.as_millis()).unwrap_or(i64::MAX);
-        Timestamp(self.0.saturating_add(ms))
+        Timestamp::clamped(i128::from(self.0).saturating_add(millis(d)))
     }
 
+    /// Saturates at `i64::MIN` like [`Timestamp::plus`] does at `i64::MAX`.
     pub fn minus(self, d: Duration) -> Timestamp {
-        let ms = i64::try_from(d.as_millis()).unwrap_or(i64::MAX);
-        Timestamp(self.0.saturating_sub(ms))
+        Timestamp::clamped(i128::from(self.0).saturating_sub(millis(d)))
     }
+
+    fn clamped(ms: i128) -> Timestamp {
+        Timestamp(i64::try_from(ms).unwrap_or(if ms < 0 { i64::MIN } else { i64::MAX }))
+    }
+}
+
+/// A duration's milliseconds as an `i128`, where any `i64` plus or minus them is exact.
+/// Clamping the duration to `i64` first would not be: `i64::MIN` plus more than `i64::MAX`
+/// milliseconds must saturate at `i64::MAX`, not stop at -1.
+fn millis(d: Duration) -> i128 {
+    // At most about 2^74 for `Duration::MAX`; saturating keeps this total regardless.
+    i128::try_from(d.as_millis()).unwrap_or(i128::MAX)
 }
 
 impl fmt::Display for Timestamp {
@@ -73,5 +84,30 @@ impl ManualClock {
 impl Clock for ManualClock {
     fn now(&self) -> Timestamp {
         Timestamp(self.0.load(Ordering::SeqCst))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn arithmetic_saturates_past_either_end_from_anywhere() {
+        let forever = Duration::from_millis(u64::MAX);
+        assert_eq!(Timestamp(i64::MIN).plus(forever), Timestamp(i64::MAX));
+        assert_eq!(Timestamp(-5).plus(forever), Timestamp(i64::MAX));
+        assert_eq!(Timestamp(i64::MAX).minus(forever), Timestamp(i64::MIN));
+        assert_eq!(Timestamp(5).minus(forever), Timestamp(i64::MIN));
+        assert_eq!(Timestamp(0).plus(Duration::MAX), Timestamp(i64::MAX));
+        assert_eq!(Timestamp(0).minus(Duration::MAX), Timestamp(i64::MIN));
+        // Exact wherever the result fits: u64::MAX ms reaches from i64::MIN to i64::MAX.
+        assert_eq!(
+            Timestamp(i64::MIN).plus(forever).minus(forever),
+            Timestamp(i64::MIN)
+        );
+        assert_eq!(
+            Timestamp(1).plus(Duration::from_micros(2_999)),
+            Timestamp(3)
+        );
     }
 }

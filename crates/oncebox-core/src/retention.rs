@@ -146,6 +146,7 @@ mod tests {
     fn cutoff_saturates_instead_of_overflowing() {
         let r = Retention::new(Duration::from_secs(u64::MAX));
         let s = Source::new("a").unwrap();
-        assert_eq!(r.cutoff(&s, Timestamp(0)), Timestamp(-i64::MAX));
+        assert_eq!(r.cutoff(&s, Timestamp(0)), Timestamp(i64::MIN));
+        assert_eq!(r.cutoff(&s, Timestamp(i64::MAX)), Timestamp(i64::MIN));
     }
 }
