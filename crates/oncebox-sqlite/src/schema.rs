@@ -1,14 +1,21 @@
 //! The embedded schema migrations and the pragmas every connection gets.
 
-use rusqlite::{Connection, TransactionBehavior};
+use rusqlite::{Connection, Transaction, TransactionBehavior};
 
 use crate::error::OpenError;
 use crate::options::{Durability, Options};
 
+/// One migration: SQL run as a batch, or a change SQL cannot state as a statement.
+enum Step {
+    Sql(&'static str),
+    Code(fn(&Transaction<'_>) -> rusqlite::Result<()>),
+}
+
 /// Migrations in order; `PRAGMA user_version` records how many ran. Never edit a released entry:
 /// append a new one.
-const MIGRATIONS: &[&str] = &[
-    r#"
+const MIGRATIONS: &[Step] = &[
+    Step::Sql(
+        r#"
 CREATE TABLE oncebox_inbox (
     id               INTEGER PRIMARY KEY,
     source           TEXT NOT NULL,
@@ -75,12 +82,16 @@ CREATE TABLE oncebox_meta (name TEXT PRIMARY KEY, value INTEGER NOT NULL) WITHOU
 -- The fencing-token counter only grows; tokens are never reused, even after a key is released.
 INSERT INTO oncebox_meta (name, value) VALUES ('fence', 0);
 "#,
-    r#"
+    ),
+    Step::Sql(
+        r#"
 -- How an event arrived: its content type and request headers ("name: value" lines).
 ALTER TABLE oncebox_inbox ADD COLUMN content_type TEXT;
 ALTER TABLE oncebox_inbox ADD COLUMN headers TEXT;
 "#,
-    r#"
+    ),
+    Step::Sql(
+        r#"
 -- The relay's bookkeeping on each delivery (DESIGN §6): the fenced lease of the relay sending
 -- it, the last attempt's result, an operator's note.
 ALTER TABLE oncebox_outbox ADD COLUMN lease_token INTEGER;
@@ -107,7 +118,35 @@ CREATE TABLE oncebox_attempts (
 );
 CREATE INDEX oncebox_attempts_delivery ON oncebox_attempts (delivery_id);
 "#,
+    ),
+    Step::Code(plain_state_check),
 ];
+
+/// The inbox's `state IN (five values)` CHECK made SQLite build a temporary index of the five
+/// values on every insert and state update (it does so for IN lists longer than two), which
+/// cost more than the insert itself. The same check as a chain of equalities needs none.
+/// Rebuilding the table would copy every payload; the check changes no stored byte, so the
+/// table's definition is edited in place by the procedure SQLite documents for such changes
+/// (`writable_schema`, then a new `schema_version` so every connection re-reads it).
+const STATE_IN: &str = "state IN ('processing', 'completed', 'rejected', 'stale', 'uncertain')";
+const STATE_EQ: &str = "state = 'processing' OR state = 'completed' OR state = 'rejected'
+                           OR state = 'stale' OR state = 'uncertain'";
+
+fn plain_state_check(tx: &Transaction<'_>) -> rusqlite::Result<()> {
+    let version: i64 = tx.query_row("PRAGMA schema_version", [], |r| r.get(0))?;
+    tx.pragma_update(None, "writable_schema", true)?;
+    let edited = tx.execute(
+        "UPDATE sqlite_schema SET sql = replace(sql, ?1, ?2)
+         WHERE type = 'table' AND name = 'oncebox_inbox' AND instr(sql, ?1) > 0",
+        [STATE_IN, STATE_EQ],
+    );
+    let bumped = tx.pragma_update(None, "schema_version", version + 1);
+    // Off again whatever happened (the flag must not outlive this step), and RESET makes this
+    // connection re-read the definition it has cached; others see the new schema_version.
+    tx.execute_batch("PRAGMA writable_schema = RESET")?;
+    edited?;
+    bumped
+}
 
 pub(crate) const VERSION: i64 = MIGRATIONS.len() as i64;
 
@@ -181,10 +220,78 @@ pub(crate) fn migrate(conn: &mut Connection, o: &Options) -> Result<(), OpenErro
         });
     }
     let start = usize::try_from(found).unwrap_or(0);
-    for sql in &MIGRATIONS[start..] {
-        tx.execute_batch(sql).map_err(&err)?;
+    for step in &MIGRATIONS[start..] {
+        match step {
+            Step::Sql(sql) => tx.execute_batch(sql),
+            Step::Code(change) => change(&tx),
+        }
+        .map_err(&err)?;
     }
     tx.pragma_update(None, "user_version", VERSION)
         .map_err(&err)?;
     tx.commit().map_err(&err)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const INSERT: &str = "INSERT INTO oncebox_inbox (source, event_id, fingerprint, state,
+        received_at) VALUES ('s', ?1, x'00', ?2, 1)";
+
+    /// A database made before the check was rewritten: its rows stay, its check still refuses
+    /// an unknown state, and an insert no longer opens a temporary index.
+    #[test]
+    fn the_state_check_is_rewritten_in_place() {
+        let dir = tempfile::tempdir().unwrap();
+        let options = Options::new(dir.path().join("old.db"));
+        let mut conn = open_writer(&options).unwrap();
+        let before = MIGRATIONS.len() - 1;
+        for step in &MIGRATIONS[..before] {
+            let Step::Sql(sql) = step else {
+                panic!("only the last step is code")
+            };
+            conn.execute_batch(sql).unwrap();
+        }
+        conn.pragma_update(None, "user_version", before).unwrap();
+        conn.execute(INSERT, ["kept", "completed"]).unwrap();
+        let explain = |c: &Connection| -> Vec<String> {
+            let mut s = c.prepare(&format!("EXPLAIN {INSERT}")).unwrap();
+            s.query_map(["x", "stale"], |r| r.get::<_, String>(1))
+                .unwrap()
+                .map(Result::unwrap)
+                .collect()
+        };
+        assert!(
+            explain(&conn).iter().any(|op| op == "OpenEphemeral"),
+            "the old check builds a temporary index (else this test proves nothing)"
+        );
+
+        migrate(&mut conn, &options).unwrap();
+        assert!(!explain(&conn).iter().any(|op| op == "OpenEphemeral"));
+        // Another connection reads the new definition too.
+        let other = open_reader(&options).unwrap();
+        assert!(!explain(&other).iter().any(|op| op == "OpenEphemeral"));
+        let kept: String = conn
+            .query_row(
+                "SELECT state FROM oncebox_inbox WHERE event_id = 'kept'",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap();
+        assert_eq!(kept, "completed");
+        for state in ["processing", "completed", "rejected", "stale", "uncertain"] {
+            conn.execute(INSERT, [state, state]).unwrap();
+        }
+        let refused = conn.execute(INSERT, ["bogus", "done"]).unwrap_err();
+        assert!(refused.to_string().contains("CHECK"), "{refused}");
+        let check: String = conn
+            .query_row("PRAGMA integrity_check", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(check, "ok");
+        let writable: i64 = conn
+            .query_row("PRAGMA writable_schema", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(writable, 0);
+    }
 }
