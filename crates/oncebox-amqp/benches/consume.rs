@@ -16,7 +16,9 @@ use oncebox_amqp::{Consumer, ConsumerOptions, InboxHandler};
 use oncebox_core::Source;
 use oncebox_core::consume::{Apply, KeyRule, MessageRules};
 use oncebox_sqlite::Options;
-use oncebox_testkit::consume::{SOURCE, Store, ack_all, backlog, backlog_body, effect, report};
+use oncebox_testkit::consume::{
+    Drained, SOURCE, Store, ack_all, backlog, backlog_body, effect, report,
+};
 use oncebox_testkit::{bench_arg, service_url};
 
 async fn fill(channel: &Channel, queue: &str, ids: &[String]) {
@@ -47,7 +49,13 @@ async fn fill(channel: &Channel, queue: &str, ids: &[String]) {
 }
 
 /// Drains `queue` through a consumer applying with `apply`; returns messages/s.
-async fn drain<A: Apply>(conn: &Connection, queue: &str, n: usize, prefetch: u16, apply: A) -> f64 {
+async fn drain<A: Apply>(
+    conn: &Connection,
+    queue: &str,
+    n: usize,
+    prefetch: u16,
+    apply: A,
+) -> Drained {
     let rules = MessageRules::new(Source::new(SOURCE).unwrap(), KeyRule::MessageId);
     let mut options = ConsumerOptions::new(queue, rules, "");
     options.prefetch = prefetch;

@@ -16,7 +16,9 @@ use oncebox_core::Source;
 use oncebox_core::consume::{Apply, KeyRule, MessageRules};
 use oncebox_nats::{Consumer, ConsumerOptions, InboxHandler};
 use oncebox_sqlite::Options;
-use oncebox_testkit::consume::{SOURCE, Store, ack_all, backlog, backlog_body, effect, report};
+use oncebox_testkit::consume::{
+    Drained, SOURCE, Store, ack_all, backlog, backlog_body, effect, report,
+};
 use oncebox_testkit::{bench_arg, service_url};
 
 /// A fresh stream holding the backlog. The key travels in `Event-Id`, not `Nats-Msg-Id`, so
@@ -59,7 +61,7 @@ async fn drain<A: Apply>(
     n: usize,
     batch: usize,
     apply: A,
-) -> f64 {
+) -> Drained {
     let rules = MessageRules::new(
         Source::new(SOURCE).unwrap(),
         KeyRule::Header("Event-Id".into()),
@@ -94,7 +96,7 @@ async fn main() {
         fill(&js, &plain_s, &ids).await;
         drain(&js, &plain_s, n, batch, ack_all()).await
     } else {
-        f64::NAN
+        Drained::SKIPPED
     };
 
     let store = Store::open(Options::new).await;

@@ -2,7 +2,7 @@
 //! user would write and its effect table, an `Apply` wrapper that checks every duplicate answer,
 //! the figures D, L and F, a consumer running on its own task, the faults' tools (a handler held
 //! inside its transaction, SQLite's write lock taken from outside, a child process killed at a
-//! crash point), and the benchmark's backlog, timing and report.
+//! crash point); the benchmark's part is in `bench`.
 
 use std::fmt::Debug;
 use std::future::Future;
@@ -11,14 +11,17 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use oncebox_core::consume::{Apply, Counts, Position, from_fn};
+use oncebox_core::consume::{Apply, Counts, Position};
 use oncebox_core::{Event, Key, ProcessError, Processed, Response};
 use oncebox_sqlite::rusqlite::{self, params};
 use oncebox_sqlite::{HandlerError, Inbox, InboxHandler, Options, Tx};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
+
+mod bench;
+pub use bench::{Drained, ack_all, backlog, backlog_body, drain, report};
 
 /// The source every consumer test and benchmark reads messages for.
 pub const SOURCE: &str = "shop";
@@ -50,10 +53,11 @@ pub fn effect(tx: &mut Tx<'_>, event: &Event) -> Result<Response, HandlerError> 
     if event.payload.windows(4).any(|w| w == b"boom") {
         return Err(HandlerError::failed("the payload asked to fail"));
     }
-    tx.conn().execute(
-        "INSERT INTO effects (event_id) VALUES (?1)",
-        [event.key.event_id.as_str()],
-    )?;
+    // Cached: the handler runs on the writer thread for every event, and parsing the same SQL
+    // each time would cost more than the insert.
+    tx.conn()
+        .prepare_cached("INSERT INTO effects (event_id) VALUES (?1)")?
+        .execute([event.key.event_id.as_str()])?;
     Ok(Response::completed("ok"))
 }
 
@@ -341,69 +345,5 @@ pub async fn run_child_to_its_crash(test: &str, var: &str, spec: String) {
         status.signal(),
         Some(9),
         "the consumer died by SIGKILL at the crash point"
-    );
-}
-
-/// The benchmark's backlog: `n` message ids, every tenth repeating an earlier one (same id,
-/// same body).
-pub fn backlog(n: usize) -> Vec<String> {
-    (0..n)
-        .map(|i| {
-            let k = if i % 10 == 9 { i / 2 } else { i };
-            format!("evt_{k}")
-        })
-        .collect()
-}
-
-/// The body of backlog message `id`.
-pub fn backlog_body(id: &str) -> String {
-    format!(r#"{{"id":"{id}","amount":100,"currency":"EUR"}}"#)
-}
-
-/// The baseline's `Apply`: every event answered as applied, without any store or dedup.
-pub fn ack_all() -> impl Apply {
-    from_fn(|_event, _position| async {
-        Ok::<_, ProcessError>(Processed::Applied(Response::completed("")))
-    })
-}
-
-/// Times a drain of `n` messages: runs `run` from now until `counts` show `n` acks, then fires
-/// its shutdown receiver and waits for it to end. Returns messages per second.
-pub async fn drain<E: Debug, F: Future<Output = Result<(), E>>>(
-    mut counts: watch::Receiver<Counts>,
-    n: usize,
-    run: impl FnOnce(oneshot::Receiver<()>) -> F,
-) -> f64 {
-    let started = Instant::now();
-    let (stop, stopped) = oneshot::channel::<()>();
-    let run = run(stopped);
-    let wait = async {
-        counts
-            .wait_for(|c| c.acked == n as u64)
-            .await
-            .expect("the consumer's counts");
-        let elapsed = started.elapsed();
-        let _ = stop.send(());
-        elapsed
-    };
-    let (ran, elapsed) = tokio::join!(run, wait);
-    ran.expect("the consumer ran");
-    n as f64 / elapsed.as_secs_f64()
-}
-
-/// Prints a benchmark's figures under `title` (the baseline `plain`, the inbox's `dedup`, in
-/// messages per second), and checks that each of the `unique` keys was applied exactly once.
-#[expect(clippy::print_stdout, reason = "a benchmark reports on stdout")]
-pub async fn report(title: &str, plain: f64, dedup: f64, store: &Store, unique: usize) {
-    let (rows, distinct) = store.rows().await;
-    println!("{title}");
-    println!("  (a) same loop, ack without dedup:          {plain:>9.0} msg/s");
-    println!("  (b) oncebox inbox on SQLite (FULL sync):   {dedup:>9.0} msg/s");
-    println!("  ratio b/a: {:.2} (target >= 0.50)", dedup / plain);
-    println!("  check: {rows} effect rows for {distinct} keys (expected {unique} and {unique})");
-    assert_eq!(
-        (rows, distinct),
-        (unique as i64, unique as i64),
-        "a key applied twice or lost"
     );
 }
