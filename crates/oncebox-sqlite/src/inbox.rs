@@ -7,8 +7,8 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use oncebox_core::{
-    Begun, Event, Key, Lease, LeaseError, ProcessError, Processed, Record, Resolution, Response,
-    Retention, Timestamp, Unavailable,
+    Begun, Event, Fingerprint, Key, Lease, LeaseError, ProcessError, Processed, Record, Resolution,
+    Response, Retention, Timestamp, Unavailable,
 };
 use rusqlite::Connection;
 
@@ -111,11 +111,11 @@ impl Inbox {
     where
         F: FnOnce(&mut Tx<'_>) -> Result<Response, HandlerError> + Send + 'static,
     {
-        if let Some(first) = self.committed_duplicate(&event) {
-            return Ok(Processed::Duplicate(first));
-        }
-        self.submit(move |cx| process::run(cx, &event, Box::new(handler)))
-            .await
+        let (key, fingerprint) = (event.key.clone(), event.fingerprint);
+        let out = self
+            .submit(move |cx| process::run(cx, &event, Box::new(handler)))
+            .await;
+        self.or_committed(out, &key, &fingerprint)
     }
 
     /// `process` for threads outside an async runtime. Blocks the calling thread.
@@ -123,24 +123,48 @@ impl Inbox {
     where
         F: FnOnce(&mut Tx<'_>) -> Result<Response, HandlerError> + Send + 'static,
     {
-        if let Some(first) = self.committed_duplicate(&event) {
-            return Ok(Processed::Duplicate(first));
-        }
-        self.submit_blocking(move |cx| process::run(cx, &event, Box::new(handler)))
+        let (key, fingerprint) = (event.key.clone(), event.fingerprint);
+        let out = self.submit_blocking(move |cx| process::run(cx, &event, Box::new(handler)));
+        self.or_committed(out, &key, &fingerprint)
     }
 
-    /// The first response of a key already committed with the same fingerprint, read on a
-    /// reader connection: duplicates, the most common retry, skip the writer queue. A reader
-    /// sees only committed records, so this is a duplicate answer G3 allows. Anything else — no
-    /// record, another fingerprint (the conflict must be recorded), a lease, an error — goes
-    /// through the writer.
-    pub(crate) fn committed_duplicate(&self, event: &Event) -> Option<Response> {
+    /// When the writer cannot answer (the file locked by another process, a deadline passed), a
+    /// key already committed is still answered from its record on a reader connection. Only
+    /// then: reading first for every event cost new keys, the common case for consumers, a
+    /// read transaction each (8% of the consumer benchmark's instructions), and the writer
+    /// answers duplicates from the same record.
+    fn or_committed(
+        &self,
+        out: Result<Processed, ProcessError>,
+        key: &Key,
+        fingerprint: &Fingerprint,
+    ) -> Result<Processed, ProcessError> {
+        match out {
+            Err(ProcessError::Unavailable(why)) => match self.committed_answer(key, fingerprint) {
+                Some(first) => Ok(Processed::Duplicate(first)),
+                None => Err(ProcessError::Unavailable(why)),
+            },
+            other => other,
+        }
+    }
+
+    /// The first response of a key already committed with `fingerprint`, read on a reader
+    /// connection. A reader sees only committed records, so this is a duplicate answer G3
+    /// allows. Anything else — no record, another fingerprint (the conflict must be recorded),
+    /// a lease, an error — is `None`.
+    fn committed_answer(&self, key: &Key, fingerprint: &Fingerprint) -> Option<Response> {
         let found = self
             .shared
             .readers
-            .with(|c| read::committed(c, &event.key))
+            .with(|c| read::committed(c, key))
             .ok()??;
-        (found.0 == event.fingerprint.as_bytes()[..]).then_some(found.1)
+        (found.0 == fingerprint.as_bytes()[..]).then_some(found.1)
+    }
+
+    /// `committed_answer` before the writer, for the gateway's ingest: duplicates, the most
+    /// common webhook retry, skip the writer queue.
+    pub(crate) fn committed_duplicate(&self, event: &Event) -> Option<Response> {
+        self.committed_answer(&event.key, &event.fingerprint)
     }
 
     /// Takes a fenced lease on the key for an effect outside the database.
