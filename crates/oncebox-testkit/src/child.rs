@@ -213,8 +213,9 @@ impl Proc {
                         Ok(_) => {}
                         Err(_) => panic!(
                             "{program} did not print {prefix:?} within {READY_PATIENCE:?} \
-                             (status {:?})",
-                            self.child.try_wait()
+                             (exit status {:?}; log {:?})",
+                            self.child.try_wait(),
+                            self.spec.log
                         ),
                     }
                 }

@@ -1,0 +1,130 @@
+//! Random kills under load: `oncebox serve` SIGKILLed at seeded random moments (counted in
+//! acknowledgements, not time) while senders keep delivering, restarted on the same port each
+//! time; every sender retries until its event is acknowledged.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use oncebox_testkit::checker::check;
+use oncebox_testkit::child::killed;
+use oncebox_testkit::history::{History, Outcome};
+use oncebox_testkit::seed::Seed;
+use rand::Rng;
+
+use crate::table::{Report, Scenario, scale};
+use crate::world::{self, PgSchema, block_on, final_pg, final_sqlite};
+
+pub const RANDOM_KILLS_SQLITE: Scenario = Scenario {
+    name: "kills: random SIGKILL under load",
+    backend: "sqlite",
+    run: || Some(random_kills(None)),
+};
+
+pub const RANDOM_KILLS_POSTGRES: Scenario = Scenario {
+    name: "kills: random SIGKILL under load",
+    backend: "postgres",
+    run: || {
+        let schema = block_on(world::PATIENCE, PgSchema::create())?;
+        Some(random_kills(Some(&schema)))
+    },
+};
+
+const SENDERS: usize = 12;
+
+fn random_kills(schema: Option<&PgSchema>) -> Report {
+    let seed = Seed::from_env("random kills");
+    let mut rng = seed.rng(7);
+    let events = scale(1500);
+    let kills = scale(3);
+    // Kill after these many acknowledgements: spread over the run.
+    let mut at: Vec<usize> = (0..kills)
+        .map(|_| rng.random_range(events / 10..events * 9 / 10))
+        .collect();
+    at.sort_unstable();
+    let dir = tempfile::tempdir().unwrap();
+    let sqlite = dir.path().join("kills.db");
+    let database = schema.as_ref().map_or_else(
+        || format!("sqlite://{}", sqlite.display()),
+        |s| s.url.clone(),
+    );
+    let listen = world::free_addr();
+    let base = format!("http://{listen}");
+    let history = Arc::new(History::new());
+    block_on(Duration::from_secs(200), async {
+        let spec = world::serve(dir.path(), &database, &listen, &[]);
+        let mut server = spec.start();
+        let (next, acked) = (
+            Arc::new(AtomicUsize::new(0)),
+            Arc::new(tokio::sync::watch::Sender::new(0)),
+        );
+        let senders: Vec<_> = (0..SENDERS as u64)
+            .map(|s| {
+                let (history, base, next, acked) =
+                    (history.clone(), base.clone(), next.clone(), acked.clone());
+                let mut rng = seed.rng(100 + s);
+                tokio::spawn(async move {
+                    let c = world::client();
+                    loop {
+                        let i = next.fetch_add(1, Ordering::SeqCst);
+                        if i >= events {
+                            return;
+                        }
+                        // A fifth of the deliveries repeat an earlier event.
+                        let id = if i > 10 && rng.random_range(0..5) == 0 {
+                            rng.random_range(0..i)
+                        } else {
+                            i
+                        };
+                        let deadline = std::time::Instant::now() + world::PATIENCE;
+                        loop {
+                            let o = world::deliver(
+                                &c,
+                                &history,
+                                &base,
+                                "load",
+                                &format!("k{id}"),
+                                "v1",
+                            )
+                            .await;
+                            if matches!(o, Outcome::Ok { .. }) {
+                                acked.send_modify(|n| *n += 1);
+                                break;
+                            }
+                            assert!(
+                                std::time::Instant::now() < deadline,
+                                "k{id} never accepted: {o:?}"
+                            );
+                            // The sender's retry pace while the server is away.
+                            tokio::time::sleep(Duration::from_millis(20)).await;
+                        }
+                    }
+                })
+            })
+            .collect();
+        let mut done = 0;
+        for threshold in &at {
+            let mut acks = acked.subscribe();
+            let _ = acks.wait_for(|n| *n >= *threshold).await;
+            if killed(server.kill()) {
+                done += 1;
+            }
+            server = spec.start();
+        }
+        for s in senders {
+            s.await.unwrap();
+        }
+        server.terminate();
+        let fin = match schema {
+            Some(s) => final_pg(&s.pool().await, false).await,
+            None => final_sqlite(&sqlite, false),
+        };
+        let unanswered = history.count(|o| matches!(o, Outcome::Info(_)));
+        Report {
+            figures: check(&history.ops(), &fin),
+            exercised: done,
+            what: format!("{done} kills at acks {at:?}, {unanswered} requests unanswered"),
+            expected_u: 0,
+        }
+    })
+}

@@ -1,0 +1,286 @@
+//! Faults on the wire, through the testkit's TCP proxy: the receiver's reply dropped after it
+//! applied a delivery (idempotent and plain routes), PostgreSQL's replies to `COMMIT` lost, and
+//! PostgreSQL frozen (a black hole) under load.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use oncebox_testkit::checker::check;
+use oncebox_testkit::child::until_async;
+use oncebox_testkit::history::{History, Outcome, key};
+use oncebox_testkit::proxy::{Mode, Proxy, Stats};
+use oncebox_testkit::receiver::Receiver;
+
+use crate::table::{Report, Scenario, scale};
+use crate::world::{self, PATIENCE, PgSchema, block_on, final_pg, final_sqlite};
+
+pub const RECEIVER_REPLY_DROPPED_IDEMPOTENT: Scenario = Scenario {
+    name: "net: receiver reply dropped, idem",
+    backend: "sqlite",
+    run: || Some(reply_dropped(true)),
+};
+
+pub const RECEIVER_REPLY_DROPPED_PLAIN: Scenario = Scenario {
+    name: "net: receiver reply dropped, plain",
+    backend: "sqlite",
+    run: || Some(reply_dropped(false)),
+};
+
+pub const COMMIT_REPLY_LOST_POSTGRES: Scenario = Scenario {
+    name: "net: COMMIT reply lost",
+    backend: "postgres",
+    run: || block_on(Duration::from_secs(120), commit_reply_lost()),
+};
+
+pub const POSTGRES_FROZEN: Scenario = Scenario {
+    name: "net: PostgreSQL frozen (black hole)",
+    backend: "postgres",
+    run: || block_on(Duration::from_secs(120), frozen()),
+};
+
+fn route_config(receiver: std::net::SocketAddr, idempotent: bool) -> String {
+    format!(
+        r#"
+[sources.shop]
+signature = "none"
+event_id = {{ pointer = "/id" }}
+[routes.hooks]
+sources = ["shop"]
+url = "http://{receiver}/hook"
+idempotent = {idempotent}
+timeout = "2s"
+backoff = {{ base = "50ms", cap = "200ms" }}
+[relay]
+poll = "20ms"
+"#
+    )
+}
+
+/// Events delivered through a proxy that drops every reply after the receiver applied the
+/// request. On an idempotent route the relay retries with the same key once the network heals
+/// and the receiver counts one effect per key; on a plain route each delivery is parked as
+/// uncertain (U = the events, on purpose) and never re-sent (no second application).
+fn reply_dropped(idempotent: bool) -> Report {
+    // Fewer than the relay's circuit threshold (10 failures in a row), so the healed route is
+    // not left alone for the circuit's cooldown.
+    let events = scale(8);
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("relay.db");
+    block_on(Duration::from_secs(120), async {
+        let (receiver, at) = Receiver::start().await;
+        let proxy = Proxy::start(at).await;
+        proxy.set(Mode::DropReply);
+        std::fs::write(
+            dir.path().join("oncebox.toml"),
+            route_config(proxy.addr(), idempotent),
+        )
+        .unwrap();
+        let database = format!("sqlite://{}", db.display());
+        let mut server = world::serve(dir.path(), &database, "127.0.0.1:0", &[]).start();
+        let base = world::url(&server);
+        let history = Arc::new(History::new());
+        let c = world::client();
+        for i in 0..events {
+            world::deliver_until_done(&c, &history, &base, "shop", &format!("d{i}"), "v1").await;
+        }
+        until_async(
+            "every event applied once behind the proxy",
+            PATIENCE,
+            || receiver.per_key().len() >= events,
+        )
+        .await;
+        let dropped = Stats::get(&proxy.stats.dropped_replies);
+        if idempotent {
+            proxy.set(Mode::Pass);
+            until_async(
+                "every delivery recorded after the network healed",
+                PATIENCE,
+                || count(&db, "state = 'delivered'") >= events,
+            )
+            .await;
+        } else {
+            until_async("every delivery parked as uncertain", PATIENCE, || {
+                count(&db, "state = 'uncertain'") >= events
+            })
+            .await;
+        }
+        server.terminate();
+        let mut fin = final_sqlite(&db, true);
+        // The receiver's effects: one per key where it honours the key, else every application.
+        fin.effects = receiver
+            .applied()
+            .into_iter()
+            .map(|(k, bodies)| {
+                let (source, id) = k.split_once(':').unwrap_or(("?", &k));
+                let n = if idempotent { 1 } else { bodies.len() };
+                (
+                    key(source, id),
+                    bodies.iter().take(n).map(|b| world::tag_of(b)).collect(),
+                )
+            })
+            .collect();
+        Report {
+            figures: check(&history.ops(), &fin),
+            exercised: dropped,
+            what: format!("{dropped} replies dropped after the receiver applied them"),
+            expected_u: if idempotent { 0 } else { events },
+        }
+    })
+}
+
+fn count(db: &std::path::Path, filter: &str) -> usize {
+    let c = oncebox_sqlite::rusqlite::Connection::open(db).unwrap();
+    c.query_row(
+        &format!("SELECT count(*) FROM oncebox_outbox WHERE {filter}"),
+        [],
+        |r| r.get::<_, i64>(0),
+    )
+    .unwrap() as usize
+}
+
+/// Senders deliver new events, each once, `SENDERS` at a time.
+async fn burst(history: &Arc<History>, base: &str, prefix: &str, n: usize) {
+    let tasks: Vec<_> = (0..n)
+        .map(|i| {
+            let (history, base, id) = (history.clone(), base.to_owned(), format!("{prefix}{i}"));
+            tokio::spawn(async move {
+                world::deliver(&world::client(), &history, &base, "pg", &id, "v1").await
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.unwrap();
+    }
+}
+
+/// The gateway talks to PostgreSQL through a proxy that, while armed, forwards each `COMMIT`
+/// and drops the server's answer: the commit happened, the gateway cannot know. Every such
+/// request must be answered 503 (never 2xx, never a replay), and the senders' retries after
+/// the network healed resolve each key once.
+async fn commit_reply_lost() -> Option<Report> {
+    let schema = PgSchema::create().await?;
+    let proxy = Proxy::start_with_marker(schema.server_addr(), Some(b"COMMIT".to_vec())).await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut gw = world::serve(
+        dir.path(),
+        &schema.url_via(proxy.addr()),
+        "127.0.0.1:0",
+        &[],
+    )
+    .start();
+    let base = world::url(&gw);
+    let history = Arc::new(History::new());
+    burst(&history, &base, "warm", 20).await;
+    proxy.set(Mode::DropReply);
+    let armed = history.ops().len();
+    let mut round = 0;
+    // Bursts until some COMMIT answers were dropped (each burst drops at least the first).
+    while Stats::get(&proxy.stats.dropped_replies) < 5 {
+        burst(&history, &base, &format!("lost{round}-"), 10).await;
+        round += 1;
+        assert!(round < 50, "no COMMIT passed the proxy");
+    }
+    proxy.set(Mode::Pass);
+    let during = history.ops()[armed..].to_vec();
+    let acked_during = during
+        .iter()
+        .filter(|o| matches!(o.outcome(), Some(Outcome::Ok { .. })))
+        .count();
+    world::drain(&history, &base, 8).await;
+    gw.terminate();
+    let fin = final_pg(&schema.pool().await, false).await;
+    // Keys whose commit happened although its answer was lost: the retry was a replay.
+    let resolved = history
+        .ops()
+        .iter()
+        .filter(|o| {
+            o.id >= armed + during.len()
+                && matches!(o.outcome(), Some(Outcome::Ok { replayed: true }))
+        })
+        .count();
+    let dropped = Stats::get(&proxy.stats.dropped_replies);
+    Some(Report {
+        figures: check(&history.ops(), &fin),
+        exercised: dropped,
+        what: format!(
+            "{dropped} COMMIT replies lost, {acked_during} acked while armed, {resolved} \
+             resolved as replays on retry"
+        ),
+        expected_u: 0,
+    })
+}
+
+/// PostgreSQL frozen: the proxy holds every byte, both ways, for longer than the store's
+/// deadline (5 s) while events keep arriving. Requests made and answered while it is frozen
+/// end 503, never 2xx; when it thaws the held statements run, and retries apply each key once.
+async fn frozen() -> Option<Report> {
+    const FREEZE: Duration = Duration::from_millis(6500);
+    let schema = PgSchema::create().await?;
+    let proxy = Proxy::start(schema.server_addr()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut gw = world::serve(
+        dir.path(),
+        &schema.url_via(proxy.addr()),
+        "127.0.0.1:0",
+        &[],
+    )
+    .start();
+    let base = world::url(&gw);
+    let history = Arc::new(History::new());
+    burst(&history, &base, "warm", 20).await;
+    proxy.set(Mode::BlackHole);
+    let (frozen_at, first) = (Instant::now(), history.ops().len());
+    let arrivals = {
+        let (history, base) = (history.clone(), base.clone());
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_millis(100));
+            let mut i = 0;
+            while frozen_at.elapsed() < FREEZE - Duration::from_secs(1) {
+                tick.tick().await;
+                let (history, base, id) = (history.clone(), base.clone(), format!("cold{i}"));
+                tokio::spawn(async move {
+                    world::deliver(&world::client(), &history, &base, "pg", &id, "v1").await
+                });
+                i += 1;
+            }
+        })
+    };
+    // The fault itself: the database stays frozen this long.
+    tokio::time::sleep(FREEZE).await;
+    // What the senders saw while it was frozen, read before it thaws.
+    let seen = history.ops();
+    let refused = seen[first..]
+        .iter()
+        .filter(|o| matches!(o.outcome(), Some(Outcome::Info(_))))
+        .count();
+    let acked_frozen = seen[first..]
+        .iter()
+        .filter(|o| matches!(o.outcome(), Some(Outcome::Ok { .. })))
+        .map(|o| o.key.1.clone())
+        .collect::<Vec<_>>();
+    proxy.set(Mode::Pass);
+    arrivals.await.unwrap();
+    until_async(
+        "every request made while frozen has its answer",
+        PATIENCE,
+        || history.ops().iter().all(|o| o.completed.is_some()),
+    )
+    .await;
+    world::drain(&history, &base, 8).await;
+    gw.terminate();
+    assert!(
+        acked_frozen.is_empty(),
+        "2xx while PostgreSQL was frozen: {acked_frozen:?}"
+    );
+    let fin = final_pg(&schema.pool().await, false).await;
+    let held = Stats::get(&proxy.stats.held);
+    Some(Report {
+        figures: check(&history.ops(), &fin),
+        exercised: refused as u64,
+        what: format!(
+            "{refused} answered 503 while frozen {} ms, {held} exchanges held",
+            FREEZE.as_millis()
+        ),
+        expected_u: 0,
+    })
+}

@@ -1,0 +1,368 @@
+//! What the scenarios share: the `oncebox` binary as a child process, senders that record every
+//! request in a history, a PostgreSQL schema per scenario, and the final state read back from
+//! SQLite or PostgreSQL for the checker.
+
+use std::future::Future;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use oncebox_postgres::sqlx::{self, Connection, PgConnection, PgPool};
+use oncebox_sqlite::rusqlite;
+use oncebox_testkit::checker::Final;
+use oncebox_testkit::child::{Proc, Ready, Spec};
+use oncebox_testkit::history::{History, Outcome, Refusal, key};
+
+/// How long any one wait in a scenario may take before it fails.
+pub const PATIENCE: Duration = Duration::from_secs(60);
+
+/// Runs a scenario's async body on a runtime of its own, failing it after `limit`.
+pub fn block_on<T>(limit: Duration, f: impl Future<Output = T>) -> T {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    rt.block_on(async {
+        tokio::time::timeout(limit, f)
+            .await
+            .unwrap_or_else(|_| panic!("scenario timed out after {limit:?}"))
+    })
+}
+
+/// `oncebox serve` in `dir` (reading `dir/oncebox.toml` if there is one) on `database`,
+/// listening on `listen`, ready once it printed its address.
+pub fn serve(dir: &Path, database: &str, listen: &str, extra: &[&str]) -> Spec {
+    Spec::new(env!("CARGO_BIN_EXE_oncebox"))
+        .args(["--database", database, "serve", "--listen", listen])
+        .args(extra)
+        .dir(dir)
+        .env_remove("ONCEBOX_CONFIG")
+        .env_remove("ONCEBOX_DATABASE")
+        .env("RUST_LOG", "warn")
+        .ready(Ready::Stdout("oncebox listening on ".into()))
+        .log(&dir.join("server.log"))
+}
+
+/// The base URL a started gateway printed.
+pub fn url(p: &Proc) -> String {
+    p.ready
+        .split_whitespace()
+        .next()
+        .expect("address after the prefix")
+        .to_owned()
+}
+
+/// A loopback address nobody listens on now, for a server that must come back on the same port.
+pub fn free_addr() -> String {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("free port");
+    l.local_addr().expect("address").to_string()
+}
+
+/// The JSON body of event `id` carrying payload tag `tag`.
+pub fn body(id: &str, tag: &str) -> String {
+    format!(r#"{{"id":"{id}","v":"{tag}"}}"#)
+}
+
+/// The tag a stored payload carries (`"v":"…"`), or the whole payload when it has none.
+pub fn tag_of(payload: &[u8]) -> String {
+    let text = String::from_utf8_lossy(payload);
+    text.split_once(r#""v":""#)
+        .and_then(|(_, rest)| rest.split_once('"'))
+        .map_or_else(|| text.to_string(), |(tag, _)| tag.to_owned())
+}
+
+/// A client for senders: no pooled connection survives a kill silently for long.
+pub fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(20))
+        .pool_idle_timeout(Duration::from_secs(1))
+        .build()
+        .expect("http client")
+}
+
+/// Sends one delivery of event `id` with payload `tag` to source `source` at `base`, recorded
+/// in `history`; returns how it ended.
+pub async fn deliver(
+    c: &reqwest::Client,
+    history: &History,
+    base: &str,
+    source: &str,
+    id: &str,
+    tag: &str,
+) -> Outcome {
+    let op = history.invoke(key(source, id), tag, None);
+    let sent = c
+        .post(format!("{base}/v1/sources/{source}/events"))
+        .header("content-type", "application/json")
+        .body(body(id, tag))
+        .send()
+        .await;
+    let outcome = match sent {
+        Ok(r) => Outcome::http(
+            r.status().as_u16(),
+            r.headers().contains_key("idempotent-replayed"),
+        ),
+        // Nothing left this machine's socket: the server was not there.
+        Err(e) if e.is_connect() => Outcome::Fail(Refusal::Unreached),
+        Err(e) => Outcome::Info(format!("no answer: {e}")),
+    };
+    op.end(outcome.clone());
+    outcome
+}
+
+/// Sends event `id` until it is acknowledged or definitely refused, pausing `pace` between
+/// attempts as a sender's retry policy would.
+pub async fn deliver_until_done(
+    c: &reqwest::Client,
+    history: &History,
+    base: &str,
+    source: &str,
+    id: &str,
+    tag: &str,
+) -> Outcome {
+    let deadline = std::time::Instant::now() + PATIENCE;
+    loop {
+        let o = deliver(c, history, base, source, id, tag).await;
+        if matches!(o, Outcome::Ok { .. } | Outcome::Fail(Refusal::Conflict)) {
+            return o;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{source}/{id} never accepted: {o:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Retries every key of the history that is not acknowledged yet, with its first payload,
+/// `parallel` at a time: the senders' side of the drain.
+pub async fn drain(history: &Arc<History>, base: &str, parallel: usize) {
+    let mut owed: Vec<(String, String, String)> = Vec::new();
+    let ops = history.ops();
+    for op in &ops {
+        let done = ops
+            .iter()
+            .any(|o| o.key == op.key && matches!(o.outcome(), Some(Outcome::Ok { .. })));
+        if !done
+            && !owed
+                .iter()
+                .any(|(s, i, _)| (s, i) == (&op.key.0, &op.key.1))
+        {
+            owed.push((op.key.0.clone(), op.key.1.clone(), op.payload.clone()));
+        }
+    }
+    let owed = Arc::new(std::sync::Mutex::new(owed));
+    let workers: Vec<_> = (0..parallel)
+        .map(|_| {
+            let (owed, history, base) = (owed.clone(), history.clone(), base.to_owned());
+            tokio::spawn(async move {
+                let c = client();
+                loop {
+                    let Some((s, id, tag)) = owed.lock().unwrap().pop() else {
+                        return;
+                    };
+                    deliver_until_done(&c, &history, &base, &s, &id, &tag).await;
+                }
+            })
+        })
+        .collect();
+    for w in workers {
+        w.await.expect("drain worker");
+    }
+}
+
+/// The final state of a SQLite database: each completed inbox record is one effect (its
+/// payload's tag) and one record stamped `completed_at`; records left `processing` or
+/// `uncertain`, and with `outbox`, deliveries not `delivered`, are unresolved. Panics unless
+/// `PRAGMA integrity_check` is ok.
+pub fn final_sqlite(path: &Path, outbox: bool) -> Final {
+    let c = rusqlite::Connection::open(path).expect("open the database");
+    let ok: String = c
+        .query_row("PRAGMA integrity_check", [], |r| r.get(0))
+        .expect("integrity_check");
+    assert_eq!(ok, "ok", "SQLite integrity_check after the scenario");
+    let mut s = c
+        .prepare("SELECT source, event_id, state, completed_at, payload FROM oncebox_inbox")
+        .unwrap();
+    let rows = s
+        .query_map([], |r| {
+            Ok(InboxRow {
+                source: r.get(0)?,
+                event_id: r.get(1)?,
+                state: r.get(2)?,
+                completed_at: r.get(3)?,
+                payload: r.get::<_, Option<Vec<u8>>>(4)?.unwrap_or_default(),
+            })
+        })
+        .unwrap()
+        .map(Result::unwrap)
+        .collect::<Vec<_>>();
+    let deliveries: Vec<(String, String, String)> = if outbox {
+        let mut s = c
+            .prepare("SELECT source, event_id, state FROM oncebox_outbox")
+            .unwrap();
+        s.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+            .unwrap()
+            .map(Result::unwrap)
+            .collect()
+    } else {
+        Vec::new()
+    };
+    build(rows, &deliveries)
+}
+
+/// One inbox row as read back.
+pub struct InboxRow {
+    pub source: String,
+    pub event_id: String,
+    pub state: String,
+    pub completed_at: Option<i64>,
+    pub payload: Vec<u8>,
+}
+
+fn build(rows: Vec<InboxRow>, deliveries: &[(String, String, String)]) -> Final {
+    let mut fin = Final::default();
+    for r in rows {
+        let k = key(&r.source, &r.event_id);
+        match r.state.as_str() {
+            "completed" => {
+                fin.effects
+                    .entry(k.clone())
+                    .or_default()
+                    .push(tag_of(&r.payload));
+                fin.records.entry(k).or_default().push(r.completed_at);
+            }
+            "processing" | "uncertain" => fin.unresolved.push(k),
+            _ => {}
+        }
+    }
+    for (source, id, state) in deliveries {
+        if state != "delivered" {
+            fin.unresolved.push(key(source, id));
+        }
+    }
+    fin
+}
+
+/// The final state of a PostgreSQL schema, read as [`final_sqlite`] reads SQLite.
+pub async fn final_pg(pool: &PgPool, outbox: bool) -> Final {
+    type Row = (String, String, String, Option<i64>, Option<Vec<u8>>);
+    let rows: Vec<Row> =
+        sqlx::query_as("SELECT source, event_id, state, completed_at, payload FROM oncebox_inbox")
+            .fetch_all(pool)
+            .await
+            .expect("read the inbox");
+    let deliveries: Vec<(String, String, String)> = if outbox {
+        sqlx::query_as("SELECT source, event_id, state FROM oncebox_outbox")
+            .fetch_all(pool)
+            .await
+            .expect("read the outbox")
+    } else {
+        Vec::new()
+    };
+    let rows = rows
+        .into_iter()
+        .map(
+            |(source, event_id, state, completed_at, payload)| InboxRow {
+                source,
+                event_id,
+                state,
+                completed_at,
+                payload: payload.unwrap_or_default(),
+            },
+        )
+        .collect();
+    build(rows, &deliveries)
+}
+
+/// A schema no other scenario uses, in the database `ONCEBOX_POSTGRES_URL` names; dropped with
+/// everything in it when this guard goes.
+pub struct PgSchema {
+    base: String,
+    name: String,
+    /// The base URL with the schema as `search_path`: what the nodes are given.
+    pub url: String,
+}
+
+impl PgSchema {
+    /// `None` (a skip) without `ONCEBOX_POSTGRES_URL`.
+    pub async fn create() -> Option<PgSchema> {
+        let base = oncebox_testkit::service_url("ONCEBOX_POSTGRES_URL")?;
+        let name = format!("oncebox_faults_{}", uuid::Uuid::new_v4().simple());
+        let mut conn = PgConnection::connect(&base)
+            .await
+            .expect("connect to ONCEBOX_POSTGRES_URL");
+        sqlx::query(&format!("CREATE SCHEMA {name}"))
+            .execute(&mut conn)
+            .await
+            .expect("create the scenario's schema");
+        Some(PgSchema {
+            url: with_schema(&base, &name),
+            base,
+            name,
+        })
+    }
+
+    /// The schema's URL with the server's `host:port` replaced by `addr` (a fault proxy).
+    pub fn url_via(&self, addr: std::net::SocketAddr) -> String {
+        let (scheme, rest) = self.url.split_once("://").expect("a URL");
+        let (auth, hostpath) = rest.rsplit_once('@').map_or(("", rest), |(a, h)| (a, h));
+        let path = &hostpath[hostpath.find('/').unwrap_or(hostpath.len())..];
+        let at = if auth.is_empty() { "" } else { "@" };
+        format!("{scheme}://{auth}{at}{addr}{path}")
+    }
+
+    /// The server's address, for a proxy in front of it.
+    pub fn server_addr(&self) -> std::net::SocketAddr {
+        let rest = self.base.split_once("://").expect("a URL").1;
+        let host = rest.rsplit_once('@').map_or(rest, |(_, h)| h);
+        let host = &host[..host.find(['/', '?']).unwrap_or(host.len())];
+        let host = if host.contains(':') {
+            host.to_owned()
+        } else {
+            format!("{host}:5432")
+        };
+        std::net::ToSocketAddrs::to_socket_addrs(&host)
+            .expect("resolve the PostgreSQL host")
+            .next()
+            .expect("an address")
+    }
+
+    pub async fn pool(&self) -> PgPool {
+        sqlx::postgres::PgPoolOptions::new()
+            .max_connections(2)
+            .connect(&self.url)
+            .await
+            .expect("connect to the scenario's schema")
+    }
+}
+
+fn with_schema(base: &str, name: &str) -> String {
+    let separator = if base.contains('?') { '&' } else { '?' };
+    format!("{base}{separator}options[search_path]={name}")
+}
+
+impl Drop for PgSchema {
+    fn drop(&mut self) {
+        let (base, name) = (self.base.clone(), self.name.clone());
+        // A runtime of its own on another thread: this may run inside the scenario's runtime.
+        let dropped = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .ok()?;
+            rt.block_on(async {
+                let mut conn = PgConnection::connect(&base).await.ok()?;
+                sqlx::query(&format!("DROP SCHEMA {name} CASCADE"))
+                    .execute(&mut conn)
+                    .await
+                    .ok()
+            })
+        })
+        .join();
+        if !matches!(dropped, Ok(Some(_))) {
+            eprintln!("warning: schema {} was not dropped", self.name);
+        }
+    }
+}
