@@ -306,7 +306,8 @@ fn clients(connections: usize) -> Vec<reqwest::Client> {
 struct Cpu {
     on: u64,
     waiting: u64,
-    sqlite: u64,
+    writer: u64,
+    checkpointer: u64,
 }
 
 fn cpu() -> Cpu {
@@ -324,9 +325,10 @@ fn cpu() -> Cpu {
         let (on, waiting) = (fields.next().unwrap_or(0), fields.next().unwrap_or(0));
         total.on += on;
         total.waiting += waiting;
-        // Thread names are cut to 15 bytes: both SQLite threads read `oncebox-sqlite-`.
-        if comm.starts_with("oncebox-sqlite") {
-            total.sqlite += on;
+        match comm.trim_end() {
+            "oncebox-writer" => total.writer += on,
+            "oncebox-ckpt" => total.checkpointer += on,
+            _ => {}
         }
     }
     total
@@ -470,8 +472,10 @@ fn main() {
                 let commits = inbox.stats().commits() - commits;
                 let committed = inbox.stats().committed_requests() - committed;
                 detail += &format!(
-                    "; SQLite threads {:.0} µs; {commits} commits, {:.1} requests per commit",
-                    per(after.sqlite.saturating_sub(before.sqlite)),
+                    "; SQLite writer {:.0} µs, checkpointer {:.0} µs; {commits} commits, {:.1} \
+                     requests per commit",
+                    per(after.writer.saturating_sub(before.writer)),
+                    per(after.checkpointer.saturating_sub(before.checkpointer)),
                     committed as f64 / commits.max(1) as f64
                 );
             }
@@ -479,10 +483,21 @@ fn main() {
             rates.insert((phase, name), run.rate());
         }
         if phase == "new" {
+            let (commits, before) = (inbox.stats().commits(), cpu());
+            let committed = inbox.stats().committed_requests();
             let run =
                 client_rt.block_on(drive_library(&inbox, &load(requests, connections, false)));
+            let after = cpu();
             line("library", &run);
-            println!("              EventStore::ingest on the same SQLite inbox, no HTTP");
+            let per = |ns: u64| ns as f64 / 1000.0 / run.requests.max(1) as f64;
+            println!(
+                "              EventStore::ingest on the same SQLite inbox, no HTTP; SQLite writer \
+                 {:.0} µs, checkpointer {:.0} µs; {:.1} requests per commit",
+                per(after.writer.saturating_sub(before.writer)),
+                per(after.checkpointer.saturating_sub(before.checkpointer)),
+                (inbox.stats().committed_requests() - committed) as f64
+                    / (inbox.stats().commits() - commits).max(1) as f64
+            );
             rates.insert((phase, "library"), run.rate());
         }
     }

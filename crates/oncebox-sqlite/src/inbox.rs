@@ -87,11 +87,11 @@ impl Inbox {
             stats: stats.clone(),
         };
         let writer = std::thread::Builder::new()
-            .name("oncebox-sqlite-writer".into())
+            .name("oncebox-writer".into())
             .spawn(move || writer.run(&receiver))
             .map_err(OpenError::Thread)?;
         let checkpointer = std::thread::Builder::new()
-            .name("oncebox-sqlite-checkpoint".into())
+            .name("oncebox-ckpt".into())
             .spawn(move || checkpoint::run(&checkpointer, &commits))
             .map_err(OpenError::Thread)?;
         Ok(Inbox {
