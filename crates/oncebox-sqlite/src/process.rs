@@ -297,6 +297,7 @@ pub(crate) fn ingest_new(
         cx.release()?;
         return Ok(None);
     }
+    crash::point!("after-inbox-insert");
     let mut tx = Tx::new(cx.conn, &event.key, cx.now);
     for m in messages {
         if let Err(e) = tx.enqueue(m) {
@@ -307,6 +308,8 @@ pub(crate) fn ingest_new(
             });
         }
     }
+    // The deliveries are this path's effect.
+    crash::point!("after-effect");
     cx.release()?;
     Ok(Some(Processed::Applied(accepted.clone())))
 }
