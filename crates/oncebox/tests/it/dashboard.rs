@@ -190,7 +190,12 @@ async fn delivery_reaches(server: &Server, event_id: &str, want: &str) {
 }
 
 async fn wait_for(c: &Client, css: &str) -> fantoccini::elements::Element {
-    match c.wait().at_most(DEADLINE).for_element(Locator::Css(css)).await {
+    match c
+        .wait()
+        .at_most(DEADLINE)
+        .for_element(Locator::Css(css))
+        .await
+    {
         Ok(e) => e,
         Err(e) => {
             // What the page showed instead is the first thing to look at.
