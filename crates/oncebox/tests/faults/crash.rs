@@ -35,6 +35,8 @@ macro_rules! ingest {
         };
     };
 }
+ingest!(INGEST_AFTER_INBOX_INSERT, "after-inbox-insert");
+ingest!(INGEST_AFTER_EFFECT, "after-effect");
 ingest!(INGEST_BEFORE_COMMIT, "before-commit");
 ingest!(INGEST_AFTER_COMMIT, "after-commit");
 ingest!(INGEST_AFTER_ANSWER, "after-answer");

@@ -13,6 +13,7 @@
 //!
 //! A randomized scenario prints its seed; `ONCEBOX_SEED=N` replays it.
 
+mod authenticity;
 mod clock;
 mod crash;
 mod flood;
@@ -27,8 +28,8 @@ use table::{Row, Scenario};
 
 /// Every scenario, in the order the table lists them.
 const SCENARIOS: &[Scenario] = &[
-    // `after-inbox-insert` and `after-effect` are not on the gateway's path for a new key
-    // (`oncebox_sqlite` ingests it without them); the library's crash test covers them.
+    crash::INGEST_AFTER_INBOX_INSERT,
+    crash::INGEST_AFTER_EFFECT,
     crash::INGEST_BEFORE_COMMIT,
     crash::INGEST_AFTER_COMMIT,
     crash::INGEST_AFTER_ANSWER,
@@ -42,7 +43,7 @@ const SCENARIOS: &[Scenario] = &[
     network::POSTGRES_FROZEN,
     storage::SQLITE_LOCKED,
     storage::DISK_FULL,
-    hostile::AUTHENTICITY,
+    authenticity::AUTHENTICITY,
     hostile::BAD_INPUT,
     flood::SLOWLORIS_AND_FLOODS,
     clock::RETENTION_AND_CLOCK_JUMPS_SQLITE,
