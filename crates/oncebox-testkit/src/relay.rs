@@ -204,6 +204,7 @@ pub async fn stale_event_gets_no_delivery<B: DeliveryBackend>() {
 #[macro_export]
 macro_rules! delivery_conformance {
     ($backend:ty) => {
+        $crate::read_conformance!($backend);
         $crate::delivery_conformance!(@tests $backend;
             accepted_event_gets_one_pending_delivery_per_route_keyed_by_source_and_event_id,
             duplicate_ingest_adds_no_delivery,

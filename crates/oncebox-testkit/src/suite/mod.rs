@@ -1,8 +1,14 @@
 //! The conformance suite: every behaviour of DESIGN §1–4 and §8 as a test written once, run
-//! against each backend through [`crate::Backend`].
+//! against each backend through [`crate::Backend`]. The operators' reads of the gateway's
+//! store (conflicts.rs, activity.rs) run on each backend's store through
+//! [`crate::relay::DeliveryBackend`] and `read_conformance!`, which `delivery_conformance!`
+//! includes.
 
+mod activity;
+mod conflicts;
 mod effects;
 mod lease;
+mod reads;
 
 use std::sync::Arc;
 
@@ -10,6 +16,8 @@ use oncebox_core::{ManualClock, ProcessError, Processed, Response, ResponseKind}
 use tokio::sync::Barrier;
 
 pub use crate::model::model_based_sequences_match_the_model;
+pub use activity::*;
+pub use conflicts::*;
 pub use effects::*;
 pub use lease::*;
 
