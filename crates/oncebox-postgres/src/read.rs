@@ -201,16 +201,19 @@ pub(crate) async fn activity(
     bucket_ms: i64,
 ) -> Result<oncebox_core::store::Activity, sqlx::Error> {
     let counts: Vec<(String, String, i64)> = sqlx::query_as(
-        "SELECT source, state, count(*) FROM oncebox_inbox GROUP BY source, state
-         UNION ALL
-         SELECT source, 'conflict', count(*) FROM oncebox_conflicts GROUP BY source
-         ORDER BY 1, 2",
+        // Byte order (`C`), as SQLite sorts text: the database's own collation might put
+        // `_` before `-` or digits.
+        "SELECT source, state, n FROM (
+           SELECT source, state, count(*) AS n FROM oncebox_inbox GROUP BY source, state
+           UNION ALL
+           SELECT source, 'conflict', count(*) FROM oncebox_conflicts GROUP BY source
+         ) c ORDER BY source COLLATE \"C\", state COLLATE \"C\"",
     )
     .fetch_all(pool)
     .await?;
     let rows: Vec<(i64, String, i64)> = sqlx::query_as(
         "SELECT (received_at / $2) * $2 AS b, source, count(*) FROM oncebox_inbox
-         WHERE received_at >= $1 GROUP BY b, source ORDER BY b, source",
+         WHERE received_at >= $1 GROUP BY b, source ORDER BY b, source COLLATE \"C\"",
     )
     .bind(since.millis())
     .bind(bucket_ms.max(1))

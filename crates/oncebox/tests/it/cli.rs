@@ -2,13 +2,11 @@
 //! the exit codes of `oncebox --help` for success, bad configuration, unknown keys, refused
 //! actions and a store that cannot be reached.
 
-use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
 
 use serde_json::Value;
 
-use crate::support::Server;
+use crate::support::{Server, oncebox, serve_with, text};
 
 /// A configured source and a route whose deliveries stay pending: the gateway runs without
 /// its relay, so every state the test reads was written by the commands it ran.
@@ -24,25 +22,6 @@ sources = ["shop"]
 url = "http://127.0.0.1:9/hook"
 "#;
 
-fn oncebox(dir: &Path, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_oncebox"))
-        .args(args)
-        .current_dir(dir)
-        .env_remove("ONCEBOX_CONFIG")
-        .env_remove("ONCEBOX_DATABASE")
-        .env_remove("RUST_BACKTRACE")
-        .output()
-        .expect("run oncebox")
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
-
 /// Runs a command that must exit 0 and print one JSON document on stdout.
 fn json(dir: &Path, args: &[&str]) -> Value {
     let out = oncebox(dir, args);
@@ -57,23 +36,7 @@ fn code(dir: &Path, args: &[&str]) -> Option<i32> {
 
 /// `oncebox serve --no-relay` in `dir`, once it printed its address.
 fn serve_without_relay(dir: &Path) -> Server {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_oncebox"))
-        .args(["serve", "--no-relay"])
-        .current_dir(dir)
-        .env_remove("ONCEBOX_CONFIG")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let addr = loop {
-        let line = lines.next().expect("address line").unwrap();
-        if let Some(rest) = line.strip_prefix("oncebox listening on ") {
-            break rest.split_whitespace().next().unwrap().to_owned();
-        }
-    };
-    std::thread::spawn(move || lines.for_each(drop));
-    Server(child, addr)
+    serve_with(dir, &["--no-relay"])
 }
 
 /// A directory with `oncebox.toml` and two events of `shop` stored by a real gateway.

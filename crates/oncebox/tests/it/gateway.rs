@@ -1,10 +1,7 @@
 //! The gateway as a user runs it: `oncebox check` on good and bad files, `oncebox serve` with a
 //! configured source, and `oncebox send` signing test events that the gateway accepts.
 
-use std::path::Path;
-use std::process::{Command, Output};
-
-use crate::support::serve;
+use crate::support::{oncebox, serve, text};
 
 const CONFIG: &str = r#"
 listen = "127.0.0.1:0"
@@ -19,24 +16,6 @@ signature = "standard-webhooks"
 secrets = ["whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"]
 event_id = { header = "webhook-id" }
 "#;
-
-fn oncebox(dir: &Path, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_oncebox"))
-        .args(args)
-        .current_dir(dir)
-        .env_remove("ONCEBOX_CONFIG")
-        .env_remove("RUST_BACKTRACE")
-        .output()
-        .expect("run oncebox")
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
 
 #[test]
 fn check_describes_a_good_file_and_names_the_bad_field() {

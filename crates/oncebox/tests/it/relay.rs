@@ -4,7 +4,6 @@
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::Path;
-use std::process::{Command, Output};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -12,7 +11,7 @@ use axum::extract::State;
 use axum::http::HeaderMap;
 use tokio::sync::Notify;
 
-use crate::support::{Server, serve};
+use crate::support::{Server, oncebox, serve};
 
 /// A receiver that counts requests per idempotency key; `hang` makes it never answer.
 #[derive(Default)]
@@ -77,15 +76,6 @@ async fn post(server: &Server, id: &str) {
         .await
         .unwrap();
     assert_eq!(r.status().as_u16(), 202);
-}
-
-fn oncebox(dir: &Path, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_oncebox"))
-        .args(args)
-        .current_dir(dir)
-        .env_remove("ONCEBOX_CONFIG")
-        .output()
-        .unwrap()
 }
 
 fn deliveries(dir: &Path, state: &str) -> Vec<serde_json::Value> {

@@ -2,7 +2,7 @@
 
 use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, Output, Stdio};
 
 /// A running `oncebox serve` and its base URL; killed when dropped if still running.
 pub struct Server(pub Child, pub String);
@@ -16,8 +16,14 @@ impl Drop for Server {
 
 /// Starts `oncebox serve` in `dir` (reading `dir/oncebox.toml`) and waits for its address.
 pub fn serve(dir: &Path) -> Server {
+    serve_with(dir, &[])
+}
+
+/// `oncebox serve` with extra flags, once it printed its address.
+pub fn serve_with(dir: &Path, flags: &[&str]) -> Server {
     let mut child = Command::new(env!("CARGO_BIN_EXE_oncebox"))
         .arg("serve")
+        .args(flags)
         .current_dir(dir)
         .env_remove("ONCEBOX_CONFIG")
         .stdout(Stdio::piped())
@@ -34,6 +40,28 @@ pub fn serve(dir: &Path) -> Server {
     // Keep draining stdout so the server never blocks on a full pipe.
     std::thread::spawn(move || lines.for_each(drop));
     Server(child, addr)
+}
+
+/// Runs `oncebox args…` in `dir` as a user would, with no configuration from this process's
+/// environment.
+pub fn oncebox(dir: &Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_oncebox"))
+        .args(args)
+        .current_dir(dir)
+        .env_remove("ONCEBOX_CONFIG")
+        .env_remove("ONCEBOX_DATABASE")
+        .env_remove("RUST_BACKTRACE")
+        .output()
+        .expect("run oncebox")
+}
+
+/// What a command printed, stdout then stderr.
+pub fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
 }
 
 impl Server {
