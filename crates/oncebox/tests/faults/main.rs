@@ -5,8 +5,9 @@
 //! the prefix `FAULTS|`, to `faults-table.txt` under the cargo target's temporary directory.
 //!
 //! Runs with `cargo test --workspace` (or `cargo test -p oncebox --test faults`); arguments
-//! filter scenarios by name. PostgreSQL scenarios need `ONCEBOX_POSTGRES_URL` and skip without
-//! it (fail under `ONCEBOX_REQUIRE_SERVICES=1`). The soak tier runs the same scenarios with
+//! filter scenarios by name. A scenario on a service needs its URL (`ONCEBOX_POSTGRES_URL`,
+//! `ONCEBOX_REDIS_URL`, `ONCEBOX_NATS_URL`) and skips without it; the fsync scenario needs
+//! `strace` and skips without it (both fail under `ONCEBOX_REQUIRE_SERVICES=1`). The soak tier runs the same scenarios with
 //! ten times the iterations:
 //!
 //!     ONCEBOX_SOAK=1 cargo test --release -p oncebox --test faults
@@ -14,11 +15,14 @@
 //! A randomized scenario prints its seed; `ONCEBOX_SEED=N` replays it.
 
 mod authenticity;
+mod broker;
 mod clock;
 mod crash;
 mod flood;
+mod fsync;
 mod hostile;
 mod kills;
+mod lease;
 mod network;
 mod storage;
 mod table;
@@ -43,15 +47,20 @@ const SCENARIOS: &[Scenario] = &[
     network::POSTGRES_FROZEN,
     storage::SQLITE_LOCKED,
     storage::DISK_FULL,
+    fsync::SQLITE_FSYNC_EIO,
     authenticity::AUTHENTICITY,
     hostile::BAD_INPUT,
     flood::SLOWLORIS_AND_FLOODS,
     clock::RETENTION_AND_CLOCK_JUMPS_SQLITE,
+    lease::REDIS_HOLDER_PAUSED,
+    broker::NATS_BEFORE_ACK,
 ];
 
 fn main() {
-    // A child process of a crash scenario: it runs its part and never returns here.
+    // A child process of a scenario (crash, broker, lease): it runs its part and never returns.
     crash::child_role();
+    broker::child_role();
+    lease::child_role();
     let args = table::Args::parse();
     if args.list {
         for s in SCENARIOS {
