@@ -335,7 +335,9 @@ async fn batch(pool: &PgPool, options: &Options, jobs: &[Job]) -> Result<Vec<Ans
         .await
         .map_err(|e| storage(&e))?;
     }
+    crate::crash::point!("before-commit");
     tx.commit().await.map_err(|e| commit_failed(&e))?;
+    crate::crash::point!("after-commit");
     Ok(answers
         .into_iter()
         .map(|a| {

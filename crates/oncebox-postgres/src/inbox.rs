@@ -185,7 +185,9 @@ impl Inbox {
         if tx.queued {
             notify(&mut tx.tx).await.map_err(|e| storage(&e))?;
         }
+        crate::crash::point!("before-commit");
         tx.tx.commit().await.map_err(|e| commit_failed(&e))?;
+        crate::crash::point!("after-commit");
         Ok(answer)
     }
 

@@ -16,6 +16,7 @@
 
 mod batch;
 mod claim;
+pub mod crash;
 mod deliveries;
 mod error;
 mod inbox;

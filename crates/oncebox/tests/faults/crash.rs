@@ -1,5 +1,6 @@
 //! The crash-point matrix: a child process (this test binary, re-run) SIGKILLs itself at a named
-//! point of the ingest path (`oncebox_sqlite::crash::POINTS`) or of the relay
+//! point of the ingest path (`oncebox_sqlite::crash::POINTS`, on PostgreSQL
+//! `oncebox_postgres::crash::POINTS`) or of the relay
 //! (`relay-before-record`); the parent restarts it without the point, drains, and checks the
 //! figures. "After the answer" is the parent's SIGKILL once answers came back.
 
@@ -20,7 +21,7 @@ use rand::Rng;
 use crate::table::{Report, Scenario, scale};
 use crate::world::{self, PATIENCE, PgSchema, block_on, deliver, drain, final_pg, final_sqlite};
 
-/// The variable that makes this binary a child: `gateway|<db>|<point>|<hits to pass>` or
+/// The variable that makes this binary a child: `gateway|<database>|<point>|<hits to pass>` or
 /// `relay|<database>|<receiver addr>|<hits to pass>`.
 const CHILD: &str = "ONCEBOX_FAULTS_CHILD";
 const SOURCE: &str = "crash";
@@ -31,7 +32,19 @@ macro_rules! ingest {
         pub const $name: Scenario = Scenario {
             name: concat!("crash: ingest ", $point),
             backend: "sqlite",
-            run: || Some(ingest_crash($point)),
+            run: || Some(ingest_crash($point, None)),
+        };
+    };
+}
+macro_rules! ingest_pg {
+    ($name:ident, $point:literal) => {
+        pub const $name: Scenario = Scenario {
+            name: concat!("crash: ingest ", $point),
+            backend: "postgres",
+            run: || {
+                let schema = block_on(PATIENCE, PgSchema::create())?;
+                Some(ingest_crash($point, Some(&schema)))
+            },
         };
     };
 }
@@ -40,6 +53,8 @@ ingest!(INGEST_AFTER_EFFECT, "after-effect");
 ingest!(INGEST_BEFORE_COMMIT, "before-commit");
 ingest!(INGEST_AFTER_COMMIT, "after-commit");
 ingest!(INGEST_AFTER_ANSWER, "after-answer");
+ingest_pg!(INGEST_BEFORE_COMMIT_POSTGRES, "before-commit");
+ingest_pg!(INGEST_AFTER_COMMIT_POSTGRES, "after-commit");
 
 pub const RELAY_BEFORE_RECORD_SQLITE: Scenario = Scenario {
     name: "crash: relay-before-record",
@@ -79,35 +94,49 @@ pub fn child_role() {
     std::process::exit(0);
 }
 
-/// The gateway on SQLite in this process, zero-configuration, printing its address.
-fn gateway_child(db: &str) {
+/// The gateway on SQLite or PostgreSQL (a `postgres` URL) in this process, zero-configuration,
+/// printing its address.
+fn gateway_child(database: &str) {
     let rt = tokio::runtime::Runtime::new().expect("runtime");
     rt.block_on(async {
-        let store = oncebox_sqlite::Inbox::open(oncebox_sqlite::Options::new(db)).expect("open");
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let gw = Arc::new(Gateway {
-            store,
-            config: GatewayConfig {
-                open_sources: true,
-                ..GatewayConfig::default()
-            },
-            clock: Arc::new(SystemClock),
-            metrics: None,
-            loopback_only: true,
-        });
-        let mut out = std::io::stdout().lock();
-        writeln!(out, "listening on http://{addr}").unwrap();
-        out.flush().unwrap();
-        drop(out);
-        let _ = serve(
-            listener,
-            router(gw),
-            Limits::default(),
-            std::future::pending(),
-        )
-        .await;
+        if database.starts_with("postgres") {
+            let opts = oncebox_postgres::Options::new(database);
+            let store = oncebox_postgres::Inbox::open(opts).await.expect("open");
+            gateway_serve(store).await;
+        } else {
+            let opts = oncebox_sqlite::Options::new(database);
+            gateway_serve(oncebox_sqlite::Inbox::open(opts).expect("open")).await;
+        }
     });
+}
+
+async fn gateway_serve<S>(store: S)
+where
+    S: oncebox_core::store::EventStore + oncebox_core::relay_store::DeliveryStore,
+{
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let gw = Arc::new(Gateway {
+        store,
+        config: GatewayConfig {
+            open_sources: true,
+            ..GatewayConfig::default()
+        },
+        clock: Arc::new(SystemClock),
+        metrics: None,
+        loopback_only: true,
+    });
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "listening on http://{addr}").unwrap();
+    out.flush().unwrap();
+    drop(out);
+    let _ = serve(
+        listener,
+        router(gw),
+        Limits::default(),
+        std::future::pending(),
+    )
+    .await;
 }
 
 fn child(role: &str) -> Spec {
@@ -117,9 +146,11 @@ fn child(role: &str) -> Spec {
 }
 
 /// Events sent once each by [`SENDERS`] senders while the child may die at `point`; then the
-/// child comes back without it and every event is retried until acknowledged.
-fn ingest_crash(point: &'static str) -> Report {
-    let seed = Seed::from_env(&format!("crash {point}"));
+/// child comes back without it and every event is retried until acknowledged. On PostgreSQL
+/// (`schema`) the gateway batches, so the commit points are passed once per batch there too.
+fn ingest_crash(point: &'static str, schema: Option<&PgSchema>) -> Report {
+    let backend = if schema.is_some() { " postgres" } else { "" };
+    let seed = Seed::from_env(&format!("crash {point}{backend}"));
     let mut rng = seed.rng(1);
     let events = scale(400);
     // Per-event points are passed once per event, the commit points once per batch.
@@ -129,8 +160,8 @@ fn ingest_crash(point: &'static str) -> Report {
         _ => rng.random_range(0..6),
     };
     let dir = tempfile::tempdir().unwrap();
-    let db = dir.path().join("crash.db");
-    let db = db.to_str().unwrap();
+    let sqlite = dir.path().join("crash.db");
+    let db = schema.map_or_else(|| sqlite.to_str().unwrap().to_owned(), |s| s.url.clone());
     let armed = if point == "after-answer" {
         "none"
     } else {
@@ -180,7 +211,10 @@ fn ingest_crash(point: &'static str) -> Report {
         let mut proc = child(&format!("gateway|{db}|none|0")).start();
         drain(&history, &proc.ready, SENDERS).await;
         proc.kill();
-        let fin = final_sqlite(std::path::Path::new(db), false);
+        let fin = match schema {
+            Some(s) => final_pg(&s.pool().await, false).await,
+            None => final_sqlite(&sqlite, false),
+        };
         let figures = check(&history.ops(), &fin);
         let unanswered = before
             .iter()
