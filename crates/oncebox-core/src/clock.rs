@@ -3,7 +3,8 @@
 use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::sync::{Mutex, OnceLock, Weak};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 /// Milliseconds since the Unix epoch. Stored as an integer so every backend compares it exactly.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -46,6 +47,13 @@ impl fmt::Display for Timestamp {
 /// The source of "now" for lease expiry, timestamps and retention.
 pub trait Clock: Send + Sync + fmt::Debug + 'static {
     fn now(&self) -> Timestamp;
+
+    /// Time elapsed since an arbitrary origin, never jumping: what the wall clock's jumps are
+    /// measured against. Defaults to the process's monotonic clock.
+    fn monotonic(&self) -> Duration {
+        static ORIGIN: OnceLock<Instant> = OnceLock::new();
+        ORIGIN.get_or_init(Instant::now).elapsed()
+    }
 }
 
 /// Wall-clock time.
@@ -61,35 +69,93 @@ impl Clock for SystemClock {
     }
 }
 
-/// A clock that only moves when told to; clones share one time.
+/// A clock that only moves when told to; clones share one time. `advance` is time passing
+/// (wall and monotonic time move together); `set` is a jump of the wall clock alone.
 #[derive(Debug, Clone)]
-pub struct ManualClock(Arc<AtomicI64>);
+pub struct ManualClock(Arc<(AtomicI64, AtomicI64)>);
 
 impl ManualClock {
     pub fn new(start: Timestamp) -> ManualClock {
-        ManualClock(Arc::new(AtomicI64::new(start.0)))
+        ManualClock(Arc::new((AtomicI64::new(start.0), AtomicI64::new(0))))
     }
 
     pub fn advance(&self, d: Duration) {
         let ms = i64::try_from(d.as_millis()).unwrap_or(i64::MAX);
-        self.0.fetch_add(ms, Ordering::SeqCst);
+        self.0.0.fetch_add(ms, Ordering::SeqCst);
+        self.0.1.fetch_add(ms, Ordering::SeqCst);
     }
 
-    /// Moves time backwards too: clock jumps are part of what tests must survive.
+    /// Moves the wall clock backwards or forwards without time passing: clock jumps are part
+    /// of what tests must survive.
     pub fn set(&self, t: Timestamp) {
-        self.0.store(t.0, Ordering::SeqCst);
+        self.0.0.store(t.0, Ordering::SeqCst);
     }
 }
 
 impl Clock for ManualClock {
     fn now(&self) -> Timestamp {
-        Timestamp(self.0.load(Ordering::SeqCst))
+        Timestamp(self.0.0.load(Ordering::SeqCst))
     }
+
+    fn monotonic(&self) -> Duration {
+        Duration::from_millis(u64::try_from(self.0.1.load(Ordering::SeqCst)).unwrap_or(0))
+    }
+}
+
+/// The instant a purge may treat as now: `now`, bounded by [`crate::PurgeAnchor`] to the wall
+/// time of this clock's first purge plus the monotonic time elapsed since. One anchor per clock
+/// instance (all handles opened with it share it); the first purge sets it and is not bounded.
+pub fn purge_now(clock: &Arc<dyn Clock>, now: Timestamp) -> Timestamp {
+    type Anchors = Mutex<Vec<(Weak<dyn Clock>, crate::PurgeAnchor)>>;
+    static ANCHORS: OnceLock<Anchors> = OnceLock::new();
+    let mono = clock.monotonic();
+    let mut anchors = ANCHORS
+        .get_or_init(Anchors::default)
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    // A dropped clock's anchor goes with it; its address may be reused by a new clock.
+    anchors.retain(|(w, _)| w.strong_count() > 0);
+    if let Some((_, anchor)) = anchors
+        .iter()
+        .find(|(w, _)| std::ptr::addr_eq(w.as_ptr(), Arc::as_ptr(clock)))
+    {
+        return anchor.bound(now, mono);
+    }
+    anchors.push((Arc::downgrade(clock), crate::PurgeAnchor::new(now, mono)));
+    now
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn manual_jumps_move_the_wall_clock_only() {
+        let c = ManualClock::new(Timestamp(1_000));
+        c.advance(Duration::from_millis(5));
+        c.set(Timestamp(1_000_000));
+        c.set(Timestamp(0));
+        assert_eq!(
+            (c.now(), c.monotonic()),
+            (Timestamp(0), Duration::from_millis(5))
+        );
+    }
+
+    #[test]
+    fn purge_now_follows_monotonic_time_per_clock() {
+        let manual = ManualClock::new(Timestamp(1_000));
+        let clock: Arc<dyn Clock> = Arc::new(manual.clone());
+        assert_eq!(purge_now(&clock, manual.now()), Timestamp(1_000));
+        manual.set(Timestamp(1_000_000));
+        manual.advance(Duration::from_millis(7));
+        assert_eq!(purge_now(&clock, manual.now()), Timestamp(1_007));
+        manual.set(Timestamp(500));
+        assert_eq!(purge_now(&clock, manual.now()), Timestamp(500));
+        manual.set(Timestamp(1_007));
+        assert_eq!(purge_now(&clock, manual.now()), Timestamp(1_007), "no lag");
+        let other: Arc<dyn Clock> = Arc::new(ManualClock::new(Timestamp(9)));
+        assert_eq!(purge_now(&other, Timestamp(9)), Timestamp(9), "own anchor");
+    }
 
     #[test]
     fn arithmetic_saturates_past_either_end_from_anywhere() {

@@ -16,6 +16,17 @@ pub struct Lease {
     pub expires_at: Timestamp,
 }
 
+/// Whether a two-phase lease begun (or last taken over) at `begun_at` and expiring at
+/// `expires_at` still holds at `now`, when another `begin` finds it.
+///
+/// Its remaining time can never exceed the TTL it was given (`expires_at − begun_at`): a lease
+/// that seems begun after `now` shows the wall clock went back, by an unknown amount, and counts
+/// as expired so it is taken over (with a new fencing token) rather than held for the length of
+/// the jump.
+pub fn lease_live(begun_at: Timestamp, expires_at: Timestamp, now: Timestamp) -> bool {
+    begun_at <= now && now < expires_at
+}
+
 /// What `begin` found.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
@@ -69,4 +80,22 @@ pub enum RecordState {
     Done(Response),
     /// A two-phase effect's outcome is unknown; awaits reconciliation.
     Uncertain,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_lease_begun_in_the_future_is_expired() {
+        let (begun, expires) = (Timestamp(1_000), Timestamp(31_000));
+        assert!(lease_live(begun, expires, Timestamp(1_000)));
+        assert!(lease_live(begun, expires, Timestamp(30_999)));
+        assert!(!lease_live(begun, expires, Timestamp(31_000)), "expired");
+        assert!(
+            !lease_live(begun, expires, Timestamp(999)),
+            "clock went back"
+        );
+        assert!(!lease_live(begun, expires, Timestamp(-3_600_000)));
+    }
 }

@@ -17,11 +17,11 @@ pub mod route;
 pub mod signature;
 pub mod store;
 
-pub use clock::{Clock, ManualClock, SystemClock, Timestamp};
+pub use clock::{Clock, ManualClock, SystemClock, Timestamp, purge_now};
 pub use effect::{OffsetMove, Once};
 pub use event::{Event, Meta, OutboxMessage};
 pub use fingerprint::{Fingerprint, FingerprintMode, PayloadError};
 pub use key::{EventId, InvalidKey, Key, Source};
-pub use lease::{Begun, Lease, LeaseError, Record, RecordState, Resolution};
+pub use lease::{Begun, Lease, LeaseError, Record, RecordState, Resolution, lease_live};
 pub use outcome::{Invalid, ProcessError, Processed, Response, ResponseKind, Unavailable};
-pub use retention::Retention;
+pub use retention::{PurgeAnchor, Retention};

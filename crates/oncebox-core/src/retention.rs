@@ -120,6 +120,30 @@ impl Retention {
     }
 }
 
+/// Where a clock stood at its first purge: its wall time then and its monotonic time then.
+///
+/// A purge never takes `now` further than real time allows: a purge's instant is the wall
+/// clock, bounded by the anchor's wall time plus the monotonic time elapsed since. A wall clock
+/// that jumps forward therefore ages no record faster than real time (purging later, never
+/// earlier); one that jumps back is followed (purging less), and coming back to the present
+/// after such a jump leaves no lag.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PurgeAnchor {
+    wall: Timestamp,
+    monotonic: Duration,
+}
+
+impl PurgeAnchor {
+    pub fn new(wall: Timestamp, monotonic: Duration) -> PurgeAnchor {
+        PurgeAnchor { wall, monotonic }
+    }
+
+    /// The instant a purge at wall time `now` and monotonic time `monotonic` may use for `now`.
+    pub fn bound(&self, now: Timestamp, monotonic: Duration) -> Timestamp {
+        now.min(self.wall.plus(monotonic.saturating_sub(self.monotonic)))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -140,6 +164,24 @@ mod tests {
         );
         r.set(stripe.clone(), three_days, Some(three_days)).unwrap();
         assert_eq!(r.for_source(&stripe), three_days);
+    }
+
+    #[test]
+    fn purge_anchor_follows_real_time_through_jumps() {
+        let day = Duration::from_secs(24 * 3600);
+        let one = Duration::from_secs(1);
+        let a = PurgeAnchor::new(Timestamp(0), Duration::ZERO);
+        // Time passing: the wall clock is used as it is.
+        let t = Timestamp(0).plus(day);
+        assert_eq!(a.bound(t, day), t);
+        // A forward jump of 70 days with one real second: one second further, no more.
+        assert_eq!(a.bound(t.plus(day * 70), day + one), t.plus(one));
+        // A backward jump is followed at once.
+        assert_eq!(a.bound(Timestamp(5), day + one), Timestamp(5));
+        // Back to the present after it: no lag.
+        assert_eq!(a.bound(t.plus(one * 2), day + one * 2), t.plus(one * 2));
+        // A monotonic source behind the anchor (never should be) bounds at the anchor.
+        assert_eq!(a.bound(t, Duration::ZERO), Timestamp(0));
     }
 
     #[test]

@@ -3,7 +3,9 @@
 
 use std::time::Duration;
 
-use oncebox_core::{Event, Fingerprint, ProcessError, Processed, Response, ResponseKind};
+use oncebox_core::{
+    Event, Fingerprint, ProcessError, Processed, Response, ResponseKind, Timestamp, lease_live,
+};
 use sqlx::{PgConnection, Row};
 
 /// What the claim decided.
@@ -51,8 +53,8 @@ pub(crate) async fn claim(
         return Ok(Claim::Fresh(id));
     }
     let Some(row) = sqlx::query(
-        "SELECT id, fingerprint, state, response, lease_expires_at FROM oncebox_inbox
-         WHERE source = $1 AND event_id = $2 FOR UPDATE",
+        "SELECT id, fingerprint, state, response, lease_expires_at, received_at
+         FROM oncebox_inbox WHERE source = $1 AND event_id = $2 FOR UPDATE",
     )
     .bind(key.source.as_str())
     .bind(key.event_id.as_str())
@@ -82,11 +84,13 @@ pub(crate) async fn claim(
     if state == "uncertain" {
         return Ok(Claim::Answered(Err(ProcessError::Uncertain)));
     }
-    // `processing`: a two-phase lease. Live → in progress; expired → taken over, fenced by a new
-    // token so the old holder can no longer complete.
+    // `processing`: a two-phase lease. Live → in progress; expired (or begun after now: the
+    // clock went back, `lease_live`) → taken over, fenced by a new token so the old holder can
+    // no longer complete.
     let expires_at: Option<i64> = row.try_get(4)?;
     let expires_at = expires_at.unwrap_or(i64::MIN);
-    if expires_at > now {
+    let begun_at: i64 = row.try_get(5)?;
+    if lease_live(Timestamp(begun_at), Timestamp(expires_at), Timestamp(now)) {
         let wait = u64::try_from(expires_at - now).unwrap_or(0);
         return Ok(Claim::Answered(Err(ProcessError::InProgress {
             retry_after: Duration::from_millis(wait),

@@ -58,8 +58,11 @@ impl Inbox {
         .await
     }
 
-    /// Deletes terminal records past their source's retention, a chunk per statement.
+    /// Deletes terminal records past their source's retention, a chunk per statement. `now` is
+    /// taken no further than the first purge's plus the monotonic time since
+    /// (`oncebox_core::purge_now`), so a wall clock jumping forward purges no record early.
     pub async fn purge(&self, now: Timestamp, retention: &Retention) -> Result<u64, crate::Error> {
+        let now = oncebox_core::purge_now(&self.clock, now);
         let youngest_cutoff = now.minus(retention.shortest()).millis();
         let (mut after, mut deleted) = (0_i64, 0_u64);
         loop {

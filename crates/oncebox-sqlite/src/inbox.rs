@@ -33,6 +33,8 @@ struct Shared {
     readers: Readers,
     deadline: Duration,
     stats: Arc<Stats>,
+    /// Bounds each purge's `now` by monotonic time (`oncebox_core::purge_now`).
+    clock: Arc<dyn oncebox_core::Clock>,
 }
 
 impl Drop for Shared {
@@ -100,6 +102,7 @@ impl Inbox {
                 threads: Mutex::new(vec![writer, checkpointer]),
                 deadline: options.deadline,
                 stats,
+                clock: options.clock.clone(),
                 readers: Readers::new(options),
             }),
         })
@@ -199,8 +202,11 @@ impl Inbox {
     }
 
     /// Deletes terminal records older than their source's retention as of `now`; returns how
-    /// many. Never touches `processing` or `uncertain` records.
+    /// many. Never touches `processing` or `uncertain` records. `now` is taken no further than
+    /// the first purge's plus the monotonic time since (`oncebox_core::purge_now`), so a wall
+    /// clock jumping forward purges no record early.
     pub async fn purge(&self, now: Timestamp, retention: &Retention) -> Result<u64, Error> {
+        let now = oncebox_core::purge_now(&self.shared.clock, now);
         let mut after = 0;
         let mut deleted = 0;
         loop {

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use oncebox_core::{
     Event, Fingerprint, Key, OutboxMessage, ProcessError, Processed, Response, ResponseKind,
+    Timestamp, lease_live,
 };
 use rusqlite::{Connection, OptionalExtension, params};
 
@@ -25,6 +26,7 @@ pub(crate) struct Existing {
     pub state: String,
     pub response: Option<Vec<u8>>,
     pub lease_expires_at: Option<i64>,
+    pub received_at: i64,
 }
 
 /// What the claim decided.
@@ -169,10 +171,15 @@ fn decide(
     if existing.state == "uncertain" {
         return Ok(Claim::Answered(Err(ProcessError::Uncertain)));
     }
-    // `processing`: a two-phase lease. Live → in progress; expired → taken over, fenced by a new
-    // token so the old holder can no longer complete.
+    // `processing`: a two-phase lease. Live → in progress; expired (or begun after now: the
+    // clock went back, `lease_live`) → taken over, fenced by a new token so the old holder can
+    // no longer complete.
     let expires_at = existing.lease_expires_at.unwrap_or(i64::MIN);
-    if expires_at > cx.now.millis() {
+    if lease_live(
+        Timestamp(existing.received_at),
+        Timestamp(expires_at),
+        cx.now,
+    ) {
         let wait = u64::try_from(expires_at - cx.now.millis()).unwrap_or(0);
         return Ok(Claim::Answered(Err(ProcessError::InProgress {
             retry_after: Duration::from_millis(wait),
@@ -189,7 +196,7 @@ fn decide(
 
 pub(crate) fn existing(conn: &Connection, key: &Key) -> rusqlite::Result<Option<Existing>> {
     conn.prepare_cached(
-        "SELECT id, fingerprint, state, response, lease_expires_at
+        "SELECT id, fingerprint, state, response, lease_expires_at, received_at
          FROM oncebox_inbox WHERE source = ?1 AND event_id = ?2",
     )?
     .query_row(params![key.source.as_str(), key.event_id.as_str()], |r| {
@@ -199,6 +206,7 @@ pub(crate) fn existing(conn: &Connection, key: &Key) -> rusqlite::Result<Option<
             state: r.get(2)?,
             response: r.get(3)?,
             lease_expires_at: r.get(4)?,
+            received_at: r.get(5)?,
         })
     })
     .optional()

@@ -5,6 +5,7 @@
 //! includes.
 
 mod activity;
+mod clock;
 mod conflicts;
 mod effects;
 mod lease;
@@ -17,6 +18,7 @@ use tokio::sync::Barrier;
 
 pub use crate::model::model_based_sequences_match_the_model;
 pub use activity::*;
+pub use clock::*;
 pub use conflicts::*;
 pub use effects::*;
 pub use lease::*;
