@@ -16,15 +16,32 @@ pub struct Lease {
     pub expires_at: Timestamp,
 }
 
-/// Whether a two-phase lease begun (or last taken over) at `begun_at` and expiring at
-/// `expires_at` still holds at `now`, when another `begin` finds it.
-///
-/// Its remaining time can never exceed the TTL it was given (`expires_at − begun_at`): a lease
-/// that seems begun after `now` shows the wall clock went back, by an unknown amount, and counts
-/// as expired so it is taken over (with a new fencing token) rather than held for the length of
-/// the jump.
-pub fn lease_live(begun_at: Timestamp, expires_at: Timestamp, now: Timestamp) -> bool {
-    begun_at <= now && now < expires_at
+/// What another `begin` (or `process`) makes of a two-phase lease it finds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LeaseSeen {
+    /// Held: answer in progress.
+    Live,
+    /// Past its expiry: take it over with a new fencing token.
+    Expired,
+    /// Begun after `now`, so the wall clock went back since. Held for the jump's length it would
+    /// be stuck; taken over at once, two holders could run the outside effect. It keeps its
+    /// holder and token and is re-anchored: it now expires one full TTL after `now` (this
+    /// instant), which the store writes back.
+    Reanchor(Timestamp),
+}
+
+/// How a lease begun (or last taken over) at `begun_at` and expiring at `expires_at` stands at
+/// `now`. Its remaining time can never exceed the TTL it was given (`expires_at − begun_at`).
+pub fn lease_seen(begun_at: Timestamp, expires_at: Timestamp, now: Timestamp) -> LeaseSeen {
+    if begun_at > now {
+        let ttl = expires_at.millis().saturating_sub(begun_at.millis()).max(0);
+        return LeaseSeen::Reanchor(Timestamp(now.millis().saturating_add(ttl)));
+    }
+    if now < expires_at {
+        LeaseSeen::Live
+    } else {
+        LeaseSeen::Expired
+    }
 }
 
 /// What `begin` found.
@@ -87,15 +104,32 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_lease_begun_in_the_future_is_expired() {
+    fn a_lease_begun_in_the_future_is_reanchored_for_one_ttl() {
         let (begun, expires) = (Timestamp(1_000), Timestamp(31_000));
-        assert!(lease_live(begun, expires, Timestamp(1_000)));
-        assert!(lease_live(begun, expires, Timestamp(30_999)));
-        assert!(!lease_live(begun, expires, Timestamp(31_000)), "expired");
-        assert!(
-            !lease_live(begun, expires, Timestamp(999)),
-            "clock went back"
+        assert_eq!(
+            lease_seen(begun, expires, Timestamp(1_000)),
+            LeaseSeen::Live
         );
-        assert!(!lease_live(begun, expires, Timestamp(-3_600_000)));
+        assert_eq!(
+            lease_seen(begun, expires, Timestamp(30_999)),
+            LeaseSeen::Live
+        );
+        assert_eq!(
+            lease_seen(begun, expires, Timestamp(31_000)),
+            LeaseSeen::Expired
+        );
+        // The clock went back: one full TTL from now, neither the jump's length nor nothing.
+        assert_eq!(
+            lease_seen(begun, expires, Timestamp(999)),
+            LeaseSeen::Reanchor(Timestamp(30_999))
+        );
+        assert_eq!(
+            lease_seen(begun, expires, Timestamp(-3_600_000)),
+            LeaseSeen::Reanchor(Timestamp(-3_570_000))
+        );
+        assert_eq!(
+            lease_seen(Timestamp(i64::MAX), Timestamp(i64::MIN), Timestamp(0)),
+            LeaseSeen::Reanchor(Timestamp(0))
+        );
     }
 }

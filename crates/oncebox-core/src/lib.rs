@@ -22,6 +22,6 @@ pub use effect::{OffsetMove, Once};
 pub use event::{Event, Meta, OutboxMessage};
 pub use fingerprint::{Fingerprint, FingerprintMode, PayloadError};
 pub use key::{EventId, InvalidKey, Key, Source};
-pub use lease::{Begun, Lease, LeaseError, Record, RecordState, Resolution, lease_live};
+pub use lease::{Begun, Lease, LeaseError, LeaseSeen, Record, RecordState, Resolution, lease_seen};
 pub use outcome::{Invalid, ProcessError, Processed, Response, ResponseKind, Unavailable};
 pub use retention::{PurgeAnchor, Retention};

@@ -4,7 +4,8 @@
 use std::time::Duration;
 
 use oncebox_core::{
-    Event, Fingerprint, ProcessError, Processed, Response, ResponseKind, Timestamp, lease_live,
+    Event, Fingerprint, LeaseSeen, ProcessError, Processed, Response, ResponseKind, Timestamp,
+    lease_seen,
 };
 use sqlx::{PgConnection, Row};
 
@@ -84,14 +85,30 @@ pub(crate) async fn claim(
     if state == "uncertain" {
         return Ok(Claim::Answered(Err(ProcessError::Uncertain)));
     }
-    // `processing`: a two-phase lease. Live → in progress; expired (or begun after now: the
-    // clock went back, `lease_live`) → taken over, fenced by a new token so the old holder can
-    // no longer complete.
+    // `processing`: a two-phase lease. Live → in progress; begun after now (the clock went
+    // back) → re-anchored to one TTL from now, still in progress; expired → taken over, fenced
+    // by a new token so the old holder can no longer complete.
     let expires_at: Option<i64> = row.try_get(4)?;
     let expires_at = expires_at.unwrap_or(i64::MIN);
     let begun_at: i64 = row.try_get(5)?;
-    if lease_live(Timestamp(begun_at), Timestamp(expires_at), Timestamp(now)) {
-        let wait = u64::try_from(expires_at - now).unwrap_or(0);
+    let until = match lease_seen(Timestamp(begun_at), Timestamp(expires_at), Timestamp(now)) {
+        LeaseSeen::Live => Some(expires_at),
+        LeaseSeen::Reanchor(until) => {
+            // The row is locked (FOR UPDATE above) until this transaction ends.
+            sqlx::query(
+                "UPDATE oncebox_inbox SET received_at = $2, lease_expires_at = $3 WHERE id = $1",
+            )
+            .bind(id)
+            .bind(now)
+            .bind(until.millis())
+            .execute(&mut *conn)
+            .await?;
+            Some(until.millis())
+        }
+        LeaseSeen::Expired => None,
+    };
+    if let Some(until) = until {
+        let wait = u64::try_from(until - now).unwrap_or(0);
         return Ok(Claim::Answered(Err(ProcessError::InProgress {
             retry_after: Duration::from_millis(wait),
         })));

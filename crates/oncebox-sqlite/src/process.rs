@@ -5,8 +5,8 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::time::Duration;
 
 use oncebox_core::{
-    Event, Fingerprint, Key, OutboxMessage, ProcessError, Processed, Response, ResponseKind,
-    Timestamp, lease_live,
+    Event, Fingerprint, Key, LeaseSeen, OutboxMessage, ProcessError, Processed, Response,
+    ResponseKind, Timestamp, lease_seen,
 };
 use rusqlite::{Connection, OptionalExtension, params};
 
@@ -171,16 +171,30 @@ fn decide(
     if existing.state == "uncertain" {
         return Ok(Claim::Answered(Err(ProcessError::Uncertain)));
     }
-    // `processing`: a two-phase lease. Live → in progress; expired (or begun after now: the
-    // clock went back, `lease_live`) → taken over, fenced by a new token so the old holder can
-    // no longer complete.
+    // `processing`: a two-phase lease. Live → in progress; begun after now (the clock went
+    // back) → re-anchored to one TTL from now, still in progress; expired → taken over, fenced
+    // by a new token so the old holder can no longer complete.
     let expires_at = existing.lease_expires_at.unwrap_or(i64::MIN);
-    if lease_live(
+    let now = cx.now.millis();
+    let until = match lease_seen(
         Timestamp(existing.received_at),
         Timestamp(expires_at),
         cx.now,
     ) {
-        let wait = u64::try_from(expires_at - cx.now.millis()).unwrap_or(0);
+        LeaseSeen::Live => Some(expires_at),
+        LeaseSeen::Reanchor(until) => {
+            cx.conn
+                .prepare_cached(
+                    "UPDATE oncebox_inbox SET received_at = ?2, lease_expires_at = ?3
+                     WHERE id = ?1",
+                )?
+                .execute(params![existing.id, now, until.millis()])?;
+            Some(until.millis())
+        }
+        LeaseSeen::Expired => None,
+    };
+    if let Some(until) = until {
+        let wait = u64::try_from(until - now).unwrap_or(0);
         return Ok(Claim::Answered(Err(ProcessError::InProgress {
             retry_after: Duration::from_millis(wait),
         })));
