@@ -64,6 +64,7 @@ async fn receive_for<S: EventStore>(
         Ok(b) => b,
         Err(p) => return Answer::Problem(p),
     };
+    crate::crash::point!("after-body-read");
     let now = gw.clock.now();
     // Authenticity first, over the exact bytes, before parsing anything and before any query:
     // a flood of forged requests costs one HMAC each and never reaches the database.
@@ -79,6 +80,7 @@ async fn receive_for<S: EventStore>(
         tracing::info!(%source, error = %e, "signature rejected");
         return Answer::Problem(unauthorized(&e));
     }
+    crate::crash::point!("after-signature-check");
     let parsed = match (needs_json(policy) || gw.config.routes_read_body(source))
         .then(|| json::parse(&payload))
         .transpose()

@@ -13,6 +13,7 @@ use oncebox_core::store::EventStore;
 use oncebox_core::{Clock, Timestamp};
 
 mod admin;
+pub mod crash;
 mod dashboard;
 mod deliveries;
 mod ingress;

@@ -5,7 +5,8 @@
 /// expired lease pass them in this order; `process` on a new key writes its record after the
 /// handler's effect, in the same transaction, so it passes `after-effect` before
 /// `after-inbox-insert`. Do not rename: crash tests and operators' soak scripts name them.
-pub const POINTS: [&str; 4] = [
+pub const POINTS: [&str; 5] = [
+    "after-begin",
     "after-inbox-insert",
     "after-effect",
     "before-commit",

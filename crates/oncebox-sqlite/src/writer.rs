@@ -200,6 +200,7 @@ impl Writer {
             batch.drain(..).for_each(|job| job.refuse(why.clone()));
             return 1;
         }
+        crash::point!("after-begin");
         let now = self.clock.now();
         let mut finishes: Vec<Finish> = Vec::with_capacity(batch.len());
         let mut jobs = batch.drain(..);

@@ -1,5 +1,6 @@
 //! The crash-point matrix: a child process (this test binary, re-run) SIGKILLs itself at a named
-//! point of the ingest path (`oncebox_sqlite::crash::POINTS`, on PostgreSQL
+//! point of the ingest path (`oncebox_gateway::crash::POINTS` before the store, then
+//! `oncebox_sqlite::crash::POINTS`, on PostgreSQL
 //! `oncebox_postgres::crash::POINTS`) or of the relay
 //! (`relay-before-record`); the parent restarts it without the point, drains, and checks the
 //! figures. "After the answer" is the parent's SIGKILL once answers came back.
@@ -48,11 +49,19 @@ macro_rules! ingest_pg {
         };
     };
 }
+ingest!(INGEST_AFTER_BODY_READ, "after-body-read");
+ingest!(INGEST_AFTER_SIGNATURE_CHECK, "after-signature-check");
+ingest!(INGEST_AFTER_BEGIN, "after-begin");
 ingest!(INGEST_AFTER_INBOX_INSERT, "after-inbox-insert");
 ingest!(INGEST_AFTER_EFFECT, "after-effect");
 ingest!(INGEST_BEFORE_COMMIT, "before-commit");
 ingest!(INGEST_AFTER_COMMIT, "after-commit");
 ingest!(INGEST_AFTER_ANSWER, "after-answer");
+ingest_pg!(INGEST_AFTER_BODY_READ_POSTGRES, "after-body-read");
+ingest_pg!(
+    INGEST_AFTER_SIGNATURE_CHECK_POSTGRES,
+    "after-signature-check"
+);
 ingest_pg!(INGEST_BEFORE_COMMIT_POSTGRES, "before-commit");
 ingest_pg!(INGEST_AFTER_COMMIT_POSTGRES, "after-commit");
 

@@ -32,11 +32,16 @@ use table::{Row, Scenario};
 
 /// Every scenario, in the order the table lists them.
 const SCENARIOS: &[Scenario] = &[
+    crash::INGEST_AFTER_BODY_READ,
+    crash::INGEST_AFTER_SIGNATURE_CHECK,
+    crash::INGEST_AFTER_BEGIN,
     crash::INGEST_AFTER_INBOX_INSERT,
     crash::INGEST_AFTER_EFFECT,
     crash::INGEST_BEFORE_COMMIT,
     crash::INGEST_AFTER_COMMIT,
     crash::INGEST_AFTER_ANSWER,
+    crash::INGEST_AFTER_BODY_READ_POSTGRES,
+    crash::INGEST_AFTER_SIGNATURE_CHECK_POSTGRES,
     crash::INGEST_BEFORE_COMMIT_POSTGRES,
     crash::INGEST_AFTER_COMMIT_POSTGRES,
     crash::RELAY_BEFORE_RECORD_SQLITE,
