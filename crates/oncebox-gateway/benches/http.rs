@@ -307,6 +307,8 @@ struct Cpu {
     on: u64,
     waiting: u64,
     writer: u64,
+    /// Time the writer thread was runnable but waiting for a CPU.
+    writer_waiting: u64,
     checkpointer: u64,
 }
 
@@ -326,7 +328,10 @@ fn cpu() -> Cpu {
         total.on += on;
         total.waiting += waiting;
         match comm.trim_end() {
-            "oncebox-writer" => total.writer += on,
+            "oncebox-writer" => {
+                total.writer += on;
+                total.writer_waiting += waiting;
+            }
             "oncebox-ckpt" => total.checkpointer += on,
             _ => {}
         }
@@ -357,9 +362,14 @@ fn main() {
     // The servers get a runtime like `oncebox serve`'s (one worker per core); the load
     // generator gets its own, as if it were another process: the two share the cores only
     // through the OS scheduler, not through one task queue.
-    let server_rt = Runtime::new().expect("server runtime");
+    let server_rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("server")
+        .build()
+        .expect("server runtime");
     let client_rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
+        .thread_name("load")
         .build()
         .expect("client runtime");
 
@@ -456,8 +466,11 @@ fn main() {
                 // "new" and "dup" send the same ids: new the first time, duplicates the second.
                 _ => fresh,
             };
-            let (commits, committed) =
-                (inbox.stats().commits(), inbox.stats().committed_requests());
+            let (commits, committed, committing) = (
+                inbox.stats().commits(),
+                inbox.stats().committed_requests(),
+                inbox.stats().commit_time(),
+            );
             let before = cpu();
             let run = client_rt.block_on(drive(clients, &server.url, sent));
             let after = cpu();
@@ -472,11 +485,14 @@ fn main() {
                 let commits = inbox.stats().commits() - commits;
                 let committed = inbox.stats().committed_requests() - committed;
                 detail += &format!(
-                    "; SQLite writer {:.0} µs, checkpointer {:.0} µs; {commits} commits, {:.1} \
-                     requests per commit",
+                    "; SQLite writer {:.0} µs (waiting for a CPU {:.0} µs), checkpointer {:.0} µs; \
+                     {commits} commits, {:.1} requests per commit, {:.2} ms in each COMMIT",
                     per(after.writer.saturating_sub(before.writer)),
+                    per(after.writer_waiting.saturating_sub(before.writer_waiting)),
                     per(after.checkpointer.saturating_sub(before.checkpointer)),
-                    committed as f64 / commits.max(1) as f64
+                    committed as f64 / commits.max(1) as f64,
+                    (inbox.stats().commit_time() - committing).as_secs_f64() * 1000.0
+                        / commits.max(1) as f64
                 );
             }
             println!("              {detail}");
@@ -491,9 +507,12 @@ fn main() {
             line("library", &run);
             let per = |ns: u64| ns as f64 / 1000.0 / run.requests.max(1) as f64;
             println!(
-                "              EventStore::ingest on the same SQLite inbox, no HTTP; SQLite writer \
-                 {:.0} µs, checkpointer {:.0} µs; {:.1} requests per commit",
+                "              EventStore::ingest on the same SQLite inbox, no HTTP; CPU per request \
+                 {:.0} µs; SQLite writer {:.0} µs (waiting for a CPU {:.0} µs), checkpointer \
+                 {:.0} µs; {:.1} requests per commit",
+                per(after.on.saturating_sub(before.on)),
                 per(after.writer.saturating_sub(before.writer)),
+                per(after.writer_waiting.saturating_sub(before.writer_waiting)),
                 per(after.checkpointer.saturating_sub(before.checkpointer)),
                 (inbox.stats().committed_requests() - committed) as f64
                     / (inbox.stats().commits() - commits).max(1) as f64

@@ -14,6 +14,7 @@ use rusqlite::Connection;
 
 use crate::error::{Error, OpenError};
 use crate::options::{Durability, Options};
+use crate::probe::ProbeGate;
 use crate::read::Readers;
 use crate::tx::{HandlerError, Tx};
 use crate::writer::{Cx, Fatal, Job, Stats, Writer};
@@ -31,6 +32,8 @@ struct Shared {
     /// The writer, then the checkpointer: joined in this order, as each one's end ends the next.
     threads: Mutex<Vec<JoinHandle<()>>>,
     readers: Readers,
+    /// Whether looking for a committed duplicate on a reader currently pays.
+    probe: ProbeGate,
     deadline: Duration,
     stats: Arc<Stats>,
     /// Bounds each purge's `now` by monotonic time (`oncebox_core::purge_now`).
@@ -90,7 +93,10 @@ impl Inbox {
         };
         let writer = std::thread::Builder::new()
             .name("oncebox-writer".into())
-            .spawn(move || writer.run(&receiver))
+            .spawn(move || {
+                crate::priority::raise();
+                writer.run(&receiver)
+            })
             .map_err(OpenError::Thread)?;
         let checkpointer = std::thread::Builder::new()
             .name("oncebox-ckpt".into())
@@ -104,6 +110,7 @@ impl Inbox {
                 stats,
                 clock: options.clock.clone(),
                 readers: Readers::new(options),
+                probe: ProbeGate::default(),
             }),
         })
     }
@@ -166,8 +173,15 @@ impl Inbox {
 
     /// `committed_answer` before the writer, for the gateway's ingest: duplicates, the most
     /// common webhook retry, skip the writer queue.
+    /// Looks only while looks pay (`ProbeGate`); `None` sends the event to the writer, which
+    /// answers a duplicate too.
     pub(crate) fn committed_duplicate(&self, event: &Event) -> Option<Response> {
-        self.committed_answer(&event.key, &event.fingerprint)
+        if !self.shared.probe.look() {
+            return None;
+        }
+        let found = self.committed_answer(&event.key, &event.fingerprint);
+        self.shared.probe.found(found.is_some());
+        found
     }
 
     /// Takes a fenced lease on the key for an effect outside the database.

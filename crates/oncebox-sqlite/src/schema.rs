@@ -168,6 +168,7 @@ fn synchronous(d: Durability) -> &'static str {
 /// Opens the writer connection: WAL, the chosen durability, foreign keys on (SQLite checks them
 /// per connection, so every connection sets it), and the busy timeout.
 pub(crate) fn open_writer(o: &Options) -> Result<Connection, OpenError> {
+    crate::pcache::install();
     let err = sqlite_err(o);
     let conn = Connection::open(&o.path).map_err(&err)?;
     conn.busy_timeout(o.busy_timeout).map_err(&err)?;
@@ -184,6 +185,7 @@ pub(crate) fn open_writer(o: &Options) -> Result<Connection, OpenError> {
 
 /// Opens a connection for reads only.
 pub(crate) fn open_reader(o: &Options) -> Result<Connection, rusqlite::Error> {
+    crate::pcache::install();
     let conn = Connection::open(&o.path)?;
     conn.busy_timeout(o.busy_timeout)?;
     conn.execute_batch("PRAGMA query_only = ON; PRAGMA foreign_keys = ON;")?;
@@ -192,6 +194,7 @@ pub(crate) fn open_reader(o: &Options) -> Result<Connection, rusqlite::Error> {
 
 /// Opens the checkpointer's connection; it syncs the database file as durably as the writer.
 pub(crate) fn open_checkpointer(o: &Options) -> Result<Connection, OpenError> {
+    crate::pcache::install();
     let err = sqlite_err(o);
     let conn = Connection::open(&o.path).map_err(&err)?;
     conn.busy_timeout(o.busy_timeout).map_err(&err)?;

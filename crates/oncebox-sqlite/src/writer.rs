@@ -134,6 +134,7 @@ pub struct Stats {
     pub(crate) commits: AtomicU64,
     pub(crate) committed_requests: AtomicU64,
     pub(crate) failed_batches: AtomicU64,
+    pub(crate) commit_nanos: AtomicU64,
 }
 
 impl Stats {
@@ -145,6 +146,11 @@ impl Stats {
     /// Requests answered from a committed transaction.
     pub fn committed_requests(&self) -> u64 {
         self.committed_requests.load(Ordering::Relaxed)
+    }
+
+    /// Time spent in `COMMIT` (writing the WAL and syncing it), in total.
+    pub fn commit_time(&self) -> Duration {
+        Duration::from_nanos(self.commit_nanos.load(Ordering::Relaxed))
     }
 
     /// Batches rolled back and answered `Unavailable`.
@@ -239,7 +245,11 @@ impl Writer {
             return 1;
         }
         crash::point!("before-commit");
-        match self.conn.execute_batch("COMMIT") {
+        let committing = Instant::now();
+        let committed = self.conn.execute_batch("COMMIT");
+        let spent = u64::try_from(committing.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        self.stats.commit_nanos.fetch_add(spent, Ordering::Relaxed);
+        match committed {
             Ok(()) => {
                 crash::point!("after-commit");
                 // Counted before answering: none of this batch's callers can have come back yet.
