@@ -143,7 +143,7 @@ impl Inbox {
     /// then: reading first for every event cost new keys, the common case for consumers, a
     /// read transaction each (8% of the consumer benchmark's instructions), and the writer
     /// answers duplicates from the same record.
-    fn or_committed(
+    pub(crate) fn or_committed(
         &self,
         out: Result<Processed, ProcessError>,
         key: &Key,

@@ -127,7 +127,10 @@ impl EventStore for Inbox {
             if let Some(first) = self.committed_duplicate(&event) {
                 return Ok(Processed::Duplicate(first));
             }
-            return self
+            // When the look was skipped and the writer cannot answer (the file locked, say), a
+            // committed duplicate is still answered from a reader.
+            let (key, fingerprint) = (event.key.clone(), event.fingerprint);
+            let out = self
                 .submit(move |cx| {
                     let accepted = Response::completed(accepted);
                     if let Some(done) = process::ingest_new(cx, &event, &accepted, &messages)? {
@@ -142,6 +145,7 @@ impl EventStore for Inbox {
                     process::run(cx, &event, Box::new(handler))
                 })
                 .await;
+            return self.or_committed(out, &key, &fingerprint);
         };
         self.process(event, move |tx| {
             match tx.advance(&namespace, &order.entity, order.version) {

@@ -67,6 +67,53 @@ fn locked_database_answers_unavailable_for_uncommitted_keys_and_replays_committe
     });
 }
 
+/// The gateway's ingest after a run of new keys has stopped looking on a reader first (every
+/// look missed): with the writer locked out, a committed key is still replayed and a new one is
+/// still unavailable.
+#[test]
+fn ingest_replays_committed_keys_under_a_lock_after_looks_stopped_paying() {
+    use oncebox_core::store::{EventStore, Ingest};
+    let ingest = |e: Event| Ingest {
+        event: e,
+        order: None,
+        accepted: b"accepted".to_vec(),
+        stale: Vec::new(),
+        routes: Vec::new(),
+    };
+    run(async {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("o.db");
+        let inbox =
+            Inbox::open(Options::new(&path).busy_timeout(Duration::from_millis(50))).unwrap();
+        for i in 0..64 {
+            let out = inbox.ingest(ingest(event(&format!("new-{i}")))).await;
+            assert!(matches!(out, Ok(Processed::Applied(_))), "{out:?}");
+        }
+        let lock = hold_write_lock(&path);
+        let failed = inbox.stats().failed_batches();
+        let mut replayed = 0;
+        for i in 0..64 {
+            let out = inbox.ingest(ingest(event(&format!("new-{i}")))).await;
+            assert_eq!(
+                out.unwrap(),
+                Processed::Duplicate(Response::completed("accepted"))
+            );
+            replayed += 1;
+        }
+        assert_eq!(replayed, 64);
+        assert!(
+            inbox.stats().failed_batches() > failed,
+            "some replays met the locked writer: the look was really skipped"
+        );
+        let out = inbox.ingest(ingest(event("never"))).await;
+        assert!(
+            matches!(out, Err(ProcessError::Unavailable(Unavailable::Busy))),
+            "{out:?}"
+        );
+        drop(lock);
+    });
+}
+
 #[test]
 fn request_past_its_deadline_is_unavailable_and_writes_nothing() {
     run(async {
