@@ -21,6 +21,10 @@ use oncebox_testkit::consume::{
 };
 use oncebox_testkit::{bench_arg, service_url};
 
+/// The allocator `oncebox consume` runs with, so both loops are measured as shipped.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 async fn fill(channel: &Channel, queue: &str, ids: &[String]) {
     channel
         .queue_declare(

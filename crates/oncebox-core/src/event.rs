@@ -53,7 +53,18 @@ impl Event {
     /// Fingerprints `payload` by `mode`; a payload the mode cannot read is refused here, before
     /// any storage is touched.
     pub fn new(key: Key, payload: Vec<u8>, mode: &FingerprintMode) -> Result<Event, PayloadError> {
-        let fingerprint = mode.fingerprint(&payload)?;
+        Event::parsed(key, payload, mode, None)
+    }
+
+    /// As [`Event::new`], with `parsed` the payload as `json::parse` read it, so it is not parsed
+    /// twice; the fingerprint is the same either way.
+    pub fn parsed(
+        key: Key,
+        payload: Vec<u8>,
+        mode: &FingerprintMode,
+        parsed: Option<&crate::json::Value>,
+    ) -> Result<Event, PayloadError> {
+        let fingerprint = mode.fingerprint_parsed(&payload, parsed)?;
         Ok(Event {
             key,
             payload,

@@ -79,17 +79,35 @@ pub enum PayloadError {
 
 impl FingerprintMode {
     pub fn fingerprint(&self, payload: &[u8]) -> Result<Fingerprint, PayloadError> {
+        self.fingerprint_parsed(payload, None)
+    }
+
+    /// As [`FingerprintMode::fingerprint`], with `parsed` the payload already parsed by
+    /// `json::parse` (the gateway parses it once for the event id and routes as well).
+    pub fn fingerprint_parsed(
+        &self,
+        payload: &[u8],
+        parsed: Option<&Value>,
+    ) -> Result<Fingerprint, PayloadError> {
         let mut hasher = Sha256::new();
+        let owned;
+        let value = match parsed {
+            Some(v) => v,
+            // The raw mode reads no JSON.
+            None if matches!(self, Self::Raw) => &Value::Null,
+            None => {
+                owned = json::parse(payload)?;
+                &owned
+            }
+        };
         match self {
             Self::Json => {
-                let value = json::parse(payload)?;
                 hasher.update(JSON_PREFIX);
                 hasher.update(value.canonical());
             }
             Self::Fields(pointers) => {
-                let value = json::parse(payload)?;
                 hasher.update(FIELDS_PREFIX);
-                hash_fields(&mut hasher, &value, pointers, false)?;
+                hash_fields(&mut hasher, value, pointers, false)?;
             }
             Self::Raw => {
                 hasher.update(RAW_PREFIX);

@@ -97,7 +97,7 @@ async fn receive_for<S: EventStore>(
         Err(p) => return Answer::Problem(p),
     };
     let key = Key::new(source.clone(), event_id);
-    let event = match Event::new(key, payload.to_vec(), &policy.fingerprint) {
+    let event = match Event::parsed(key, payload.to_vec(), &policy.fingerprint, parsed.as_ref()) {
         Ok(e) => e.with_meta(meta(headers)),
         Err(e) => return Answer::Problem(Problem::invalid("invalid-json", e.to_string())),
     };

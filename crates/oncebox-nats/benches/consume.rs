@@ -21,6 +21,10 @@ use oncebox_testkit::consume::{
 };
 use oncebox_testkit::{bench_arg, service_url};
 
+/// The allocator `oncebox consume` runs with, so both loops are measured as shipped.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// A fresh stream holding the backlog. The key travels in `Event-Id`, not `Nats-Msg-Id`, so
 /// the stream's publish window does not drop the duplicates the benchmark is about.
 async fn fill(js: &jetstream::Context, name: &str, ids: &[String]) {

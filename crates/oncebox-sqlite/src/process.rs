@@ -287,16 +287,19 @@ fn record_conflict(cx: &Cx<'_>, event: &Event, stored: &[u8]) -> Result<(), Fata
 }
 
 /// The gateway's ingest of an event without an ordering guard: the record is inserted already
-/// terminal with its answer, and its deliveries queued, in one savepoint — one write per new
-/// event instead of a claim and an update. A key that exists goes the general way (`run`), which
-/// answers duplicates, conflicts and leases exactly as `process` does.
+/// terminal with its answer, and its deliveries queued — one write per new event instead of a
+/// claim and an update. A key that exists goes the general way (`run`), which answers
+/// duplicates, conflicts and leases exactly as `process` does.
+///
+/// No savepoint: nothing here is ever undone on its own. The insert is one statement (SQLite
+/// undoes a failed statement by itself), and any later failure fails the whole batch. A
+/// savepoint would only copy every page the event touches into the statement journal.
 pub(crate) fn ingest_new(
     cx: &mut Cx<'_>,
     event: &Event,
     accepted: &Response,
     messages: &[OutboxMessage],
 ) -> Result<Option<Processed>, Fatal> {
-    cx.savepoint()?;
     let inserted = cx
         .conn
         .prepare_cached(
@@ -316,7 +319,6 @@ pub(crate) fn ingest_new(
             event.meta.header_lines()
         ])?;
     if inserted == 0 {
-        cx.release()?;
         return Ok(None);
     }
     crash::point!("after-inbox-insert");
@@ -332,6 +334,5 @@ pub(crate) fn ingest_new(
     }
     // The deliveries are this path's effect.
     crash::point!("after-effect");
-    cx.release()?;
     Ok(Some(Processed::Applied(accepted.clone())))
 }

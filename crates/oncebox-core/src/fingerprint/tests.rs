@@ -243,4 +243,18 @@ proptest! {
         let whole = fields(&[""]);
         prop_assert_eq!(whole.fingerprint(noisy.as_bytes()), whole.fingerprint(&canonical));
     }
+
+    /// The gateway hands over the value it parsed already; every mode gives the fingerprint it
+    /// gives from the bytes alone.
+    #[test]
+    fn an_already_parsed_value_gives_the_same_fingerprint(value in arb_value(), seed in any::<u64>()) {
+        let noisy = render_noisy(&value, seed);
+        let parsed = json::parse(noisy.as_bytes()).unwrap();
+        for mode in [FingerprintMode::Json, fields(&[""]), fields(&["/a", "/b/0"]), FingerprintMode::Raw] {
+            prop_assert_eq!(
+                mode.fingerprint_parsed(noisy.as_bytes(), Some(&parsed)),
+                mode.fingerprint(noisy.as_bytes())
+            );
+        }
+    }
 }
