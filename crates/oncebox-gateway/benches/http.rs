@@ -314,6 +314,9 @@ struct Cpu {
     /// Time the writer thread was runnable but waiting for a CPU.
     writer_waiting: u64,
     checkpointer: u64,
+    /// The servers' request threads and the load generator's.
+    server: u64,
+    load: u64,
 }
 
 fn cpu() -> Cpu {
@@ -337,6 +340,8 @@ fn cpu() -> Cpu {
                 total.writer_waiting += waiting;
             }
             "oncebox-ckpt" => total.checkpointer += on,
+            "server" => total.server += on,
+            "load" => total.load += on,
             _ => {}
         }
     }
@@ -481,8 +486,11 @@ fn main() {
             line(name, &run);
             let per = |ns: u64| ns as f64 / 1000.0 / run.requests.max(1) as f64;
             let mut detail = format!(
-                "CPU per request {:.0} µs (load generator included), waiting for a CPU {:.0} µs",
+                "CPU per request {:.0} µs (request threads {:.0}, load generator {:.0}), waiting \
+                 for a CPU {:.0} µs",
                 per(after.on.saturating_sub(before.on)),
+                per(after.server.saturating_sub(before.server)),
+                per(after.load.saturating_sub(before.load)),
                 per(after.waiting.saturating_sub(before.waiting))
             );
             if *name == "gateway" {
