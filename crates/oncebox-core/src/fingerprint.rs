@@ -103,7 +103,10 @@ impl FingerprintMode {
         match self {
             Self::Json => {
                 hasher.update(JSON_PREFIX);
-                hasher.update(value.canonical());
+                // The canonical form is about as long as the payload: one allocation, no regrowth.
+                let mut canonical = Vec::with_capacity(payload.len());
+                value.write_canonical(&mut canonical);
+                hasher.update(&canonical);
             }
             Self::Fields(pointers) => {
                 hasher.update(FIELDS_PREFIX);
