@@ -29,9 +29,9 @@ pub const REDIS_HOLDER_PAUSED: Scenario = Scenario {
 /// `<redis url>|<namespace>|<db path>|<effects file>|<event id>`.
 const CHILD: &str = "ONCEBOX_FAULTS_LEASE_CHILD";
 const SOURCE: &str = "lease";
-/// The Redis lease: short, so the pause outlives it.
+/// The paused holder's Redis lease: short, so the pause outlives it.
 const SHORT: Duration = Duration::from_millis(500);
-/// The inbox's lease: longer than any step here.
+/// The inbox's lease and the second worker's Redis lease: longer than any step here.
 const TTL: Duration = Duration::from_secs(30);
 
 fn event(id: &str) -> Event {
@@ -173,11 +173,13 @@ fn holder_paused() -> Option<Report> {
                 .start();
             let token_a: i64 = holder.ready.trim().parse().expect("a token");
             until("the holder stopped itself", PATIENCE, || stopped(&holder));
-            // The other worker, until the paused holder's lease has expired in Redis.
+            // The other worker, until the paused holder's lease has expired in Redis. Its own
+            // lease is long: its inbox work (two fsynced commits) must not race a short TTL on
+            // a loaded machine; only the paused holder's lease is meant to expire.
             let second = history.invoke(key(SOURCE, &id), "v1", None);
             let deadline = Instant::now() + PATIENCE;
             let fast = loop {
-                match redis.begin(&event, SHORT).await {
+                match redis.begin(&event, TTL).await {
                     Ok(Begun::Leased(lease)) => break lease,
                     Err(ProcessError::InProgress { .. }) => refused_live += 1,
                     other => panic!("the second worker's begin: {other:?}"),
