@@ -1,7 +1,8 @@
 //! HTTP ingest benchmark: the gateway on SQLite against a trivial axum handler, side by side.
 //!
 //! `cargo bench -p oncebox-gateway --bench http` (options: `-- --requests N --connections N
-//! --warmup N --preload N`; with `ONCEBOX_POSTGRES_URL` set, the gateway on PostgreSQL too).
+//! --warmup N --preload N --rounds N`; with `ONCEBOX_POSTGRES_URL` set, the gateway on
+//! PostgreSQL too).
 //! One process serves both targets on their own loopback listeners with `oncebox_gateway::serve`:
 //! (a) the baseline, an axum route that parses the JSON body and answers 202 without storing;
 //! (b) the real router over `oncebox_sqlite::Inbox` (WAL, `synchronous=FULL`, on disk under
@@ -11,7 +12,10 @@
 //! `--preload` earlier events (default 1 000 000, as the storage bench does: a real inbox holds
 //! days of events). In the new-event phase the storage library's own ceiling is measured in the
 //! same run: as many callers as connections calling `EventStore::ingest` on the same inbox,
-//! without HTTP. Prints requests/s, p50/p99 latency and the ratios; asserts nothing about time.
+//! without HTTP. Each phase runs in `--rounds` (default 5) rounds with the targets taking turns,
+//! and the ratios are the median of the rounds' ratios: a shared machine's speed drifts during a
+//! run, and a target measured alone in a fast minute would skew its ratio. Prints requests/s,
+//! p50/p99 latency and the ratios; asserts nothing about time.
 
 #![allow(clippy::print_stdout, reason = "a benchmark reports on stdout")]
 
@@ -35,6 +39,11 @@ use oncebox_gateway::{Gateway, router, serve};
 use oncebox_sqlite::{Inbox, Options};
 use tokio::runtime::Runtime;
 
+#[path = "http/measure.rs"]
+mod measure;
+
+use measure::{Load, Mark, Run, Tally, chunk, cpu};
+
 /// The allocator `oncebox serve` runs with, so both targets are measured as shipped.
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
@@ -45,9 +54,6 @@ const TARGET_DUPLICATES: f64 = 0.70;
 /// The issue's alternative for new events when the storage itself is slower than half the
 /// baseline: the gateway reaches this share of the library's own ceiling.
 const TARGET_OF_CEILING: f64 = 0.80;
-
-/// Per connection, the requests it sends in order: (event id, body).
-type Load = Vec<Vec<(String, String)>>;
 
 /// The baseline: parse the JSON, answer 202 with a small body, store nothing.
 async fn baseline(extract::Path(source): extract::Path<String>, body: Bytes) -> Response {
@@ -110,47 +116,6 @@ fn load(requests: usize, connections: usize, duplicates: bool) -> Load {
             mine
         })
         .collect()
-}
-
-/// What one phase measured on one target.
-#[derive(Default)]
-struct Run {
-    requests: usize,
-    elapsed: Duration,
-    latencies: Vec<Duration>,
-    statuses: BTreeMap<u16, usize>,
-    replayed: usize,
-    errors: usize,
-}
-
-impl Run {
-    fn rate(&self) -> f64 {
-        self.requests as f64 / self.elapsed.as_secs_f64()
-    }
-
-    fn percentile_ms(&self, p: usize) -> f64 {
-        let rank = (self.latencies.len() * p)
-            .div_ceil(100)
-            .clamp(1, self.latencies.len().max(1));
-        self.latencies
-            .get(rank - 1)
-            .map_or(0.0, |d| d.as_secs_f64() * 1000.0)
-    }
-
-    fn answers(&self) -> String {
-        let mut parts: Vec<String> = self
-            .statuses
-            .iter()
-            .map(|(s, n)| format!("{s}: {n}"))
-            .collect();
-        if self.replayed > 0 {
-            parts.push(format!("replayed: {}", self.replayed));
-        }
-        if self.errors > 0 {
-            parts.push(format!("no answer: {}", self.errors));
-        }
-        parts.join(", ")
-    }
 }
 
 /// Sends `load` through `clients` (one per connection, in parallel, each in sequence) and
@@ -302,67 +267,12 @@ fn clients(connections: usize) -> Vec<reqwest::Client> {
         .collect()
 }
 
-/// Nanoseconds this process's threads spent on a CPU and runnable but waiting for one, and
-/// the part of the first spent by SQLite's threads (writer and checkpointer), from Linux's
-/// per-thread `schedstat`; zeros elsewhere. On 2 cores the wait says how much the load
-/// generator and the servers slow each other down.
-#[derive(Clone, Copy, Default)]
-struct Cpu {
-    on: u64,
-    waiting: u64,
-    writer: u64,
-    /// Time the writer thread was runnable but waiting for a CPU.
-    writer_waiting: u64,
-    checkpointer: u64,
-    /// The servers' request threads and the load generator's.
-    server: u64,
-    load: u64,
-}
-
-fn cpu() -> Cpu {
-    let mut total = Cpu::default();
-    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
-        return total;
-    };
-    for task in tasks.flatten() {
-        let path = task.path();
-        let comm = std::fs::read_to_string(path.join("comm")).unwrap_or_default();
-        let stat = std::fs::read_to_string(path.join("schedstat")).unwrap_or_default();
-        let mut fields = stat
-            .split_whitespace()
-            .map(|f| f.parse::<u64>().unwrap_or(0));
-        let (on, waiting) = (fields.next().unwrap_or(0), fields.next().unwrap_or(0));
-        total.on += on;
-        total.waiting += waiting;
-        match comm.trim_end() {
-            "oncebox-writer" => {
-                total.writer += on;
-                total.writer_waiting += waiting;
-            }
-            "oncebox-ckpt" => total.checkpointer += on,
-            "server" => total.server += on,
-            "load" => total.load += on,
-            _ => {}
-        }
-    }
-    total
-}
-
-fn line(label: &str, run: &Run) {
-    println!(
-        "    {label:<9} {:>8.0} req/s   p50 {:>6.2} ms   p99 {:>6.2} ms   [{}]",
-        run.rate(),
-        run.percentile_ms(50),
-        run.percentile_ms(99),
-        run.answers()
-    );
-}
-
 fn main() {
     let requests = oncebox_testkit::bench_arg("--requests", 20_000);
     let connections = oncebox_testkit::bench_arg("--connections", 64).max(1);
     let warmup = oncebox_testkit::bench_arg("--warmup", 2_000);
     let preloaded = oncebox_testkit::bench_arg("--preload", 1_000_000);
+    let rounds = oncebox_testkit::bench_arg("--rounds", 5).max(1);
     let base = std::env::var_os("ONCEBOX_BENCH_DIR")
         .map_or_else(|| Path::new("target").to_path_buf(), Into::into);
     std::fs::create_dir_all(&base).expect("bench dir");
@@ -457,91 +367,69 @@ fn main() {
         })
         .collect();
 
-    let mut rates: BTreeMap<(&str, &str), f64> = BTreeMap::new();
+    // Each phase runs in rounds, the targets taking turns, so that a change in the machine's
+    // speed during the run (a shared VM's CPUs vary by a factor of two from minute to minute)
+    // weighs on all targets alike; ratios are the median of the rounds' ratios.
+    let mut tallies: BTreeMap<(&str, &str), Tally> = BTreeMap::new();
     let phases: [(&str, &str); 3] = [
         ("new", "new events only"),
         ("dup", "duplicates only (every id of the new phase again)"),
         ("mixed", "mixed, 10% duplicates"),
     ];
     for (phase, title) in phases {
-        println!("{title}:");
-        for (name, server, clients, fresh) in &targets {
-            let mixed;
-            let sent = match phase {
-                "mixed" => {
-                    mixed = load(requests, connections, true);
-                    &mixed
-                }
+        println!("{title} ({rounds} rounds, targets taking turns):");
+        let mixed = load(requests, connections, true);
+        let library = load(requests, connections, false);
+        let mut names: Vec<&str> = targets.iter().map(|t| t.0).collect();
+        if phase == "new" {
+            names.push("library");
+        }
+        for round in 0..rounds {
+            for (name, server, clients, fresh) in &targets {
                 // "new" and "dup" send the same ids: new the first time, duplicates the second.
-                _ => fresh,
-            };
-            let (commits, committed, committing) = (
-                inbox.stats().commits(),
-                inbox.stats().committed_requests(),
-                inbox.stats().commit_time(),
-            );
-            let before = cpu();
-            let run = client_rt.block_on(drive(clients, &server.url, sent));
-            let after = cpu();
-            line(name, &run);
-            let per = |ns: u64| ns as f64 / 1000.0 / run.requests.max(1) as f64;
-            let mut detail = format!(
-                "CPU per request {:.0} µs (request threads {:.0}, load generator {:.0}), waiting \
-                 for a CPU {:.0} µs",
-                per(after.on.saturating_sub(before.on)),
-                per(after.server.saturating_sub(before.server)),
-                per(after.load.saturating_sub(before.load)),
-                per(after.waiting.saturating_sub(before.waiting))
-            );
-            if *name == "gateway" {
-                let commits = inbox.stats().commits() - commits;
-                let committed = inbox.stats().committed_requests() - committed;
-                detail += &format!(
-                    "; SQLite writer {:.0} µs (waiting for a CPU {:.0} µs), checkpointer {:.0} µs; \
-                     {commits} commits, {:.1} requests per commit, {:.2} ms in each COMMIT",
-                    per(after.writer.saturating_sub(before.writer)),
-                    per(after.writer_waiting.saturating_sub(before.writer_waiting)),
-                    per(after.checkpointer.saturating_sub(before.checkpointer)),
-                    committed as f64 / commits.max(1) as f64,
-                    (inbox.stats().commit_time() - committing).as_secs_f64() * 1000.0
-                        / commits.max(1) as f64
+                let sent = chunk(if phase == "mixed" { &mixed } else { fresh }, round, rounds);
+                let (mark, before) = (Mark::of(&inbox), cpu());
+                let run = client_rt.block_on(drive(clients, &server.url, &sent));
+                tallies.entry((phase, name)).or_default().add(
+                    run,
+                    cpu().minus(before),
+                    mark.since(&inbox),
                 );
             }
-            println!("              {detail}");
-            rates.insert((phase, name), run.rate());
+            if phase == "new" {
+                let sent = chunk(&library, round, rounds);
+                let (mark, before) = (Mark::of(&inbox), cpu());
+                let run = client_rt.block_on(drive_library(&inbox, &sent));
+                tallies.entry((phase, "library")).or_default().add(
+                    run,
+                    cpu().minus(before),
+                    mark.since(&inbox),
+                );
+            }
         }
-        if phase == "new" {
-            let (commits, before) = (inbox.stats().commits(), cpu());
-            let committed = inbox.stats().committed_requests();
-            let run =
-                client_rt.block_on(drive_library(&inbox, &load(requests, connections, false)));
-            let after = cpu();
-            line("library", &run);
-            let per = |ns: u64| ns as f64 / 1000.0 / run.requests.max(1) as f64;
-            println!(
-                "              EventStore::ingest on the same SQLite inbox, no HTTP; CPU per request \
-                 {:.0} µs; SQLite writer {:.0} µs (waiting for a CPU {:.0} µs), checkpointer \
-                 {:.0} µs; {:.1} requests per commit",
-                per(after.on.saturating_sub(before.on)),
-                per(after.writer.saturating_sub(before.writer)),
-                per(after.writer_waiting.saturating_sub(before.writer_waiting)),
-                per(after.checkpointer.saturating_sub(before.checkpointer)),
-                (inbox.stats().committed_requests() - committed) as f64
-                    / (inbox.stats().commits() - commits).max(1) as f64
-            );
-            rates.insert((phase, "library"), run.rate());
+        for name in names {
+            tallies[&(phase, name)].print(name);
         }
     }
+    let median_ratio = |phase: &str, a: &str, b: &str| {
+        let (a, b) = (&tallies[&(phase, a)].rates, &tallies[&(phase, b)].rates);
+        let mut ratios: Vec<f64> = a.iter().zip(b).map(|(x, y)| x / y).collect();
+        ratios.sort_by(f64::total_cmp);
+        ratios.get(ratios.len() / 2).copied().unwrap_or(0.0)
+    };
+    let rates: BTreeMap<(&str, &str), f64> =
+        tallies.iter().map(|(k, t)| (*k, t.run.rate())).collect();
 
-    let ratio = |phase: &str| rates[&(phase, "gateway")] / rates[&(phase, "baseline")];
+    let ratio = |phase: &str| median_ratio(phase, "gateway", "baseline");
     let verdict = |met: bool| if met { "met" } else { "NOT met" };
     let (new, dup, mixed) = (ratio("new"), ratio("dup"), ratio("mixed"));
     let ceiling = rates[&("new", "library")];
-    let of_ceiling = rates[&("new", "gateway")] / ceiling;
-    let below = ceiling < TARGET_NEW * rates[&("new", "baseline")];
+    let ceiling_share = median_ratio("new", "library", "baseline");
+    let of_ceiling = median_ratio("new", "gateway", "library");
+    let below = ceiling_share < TARGET_NEW;
     println!(
-        "ratios gateway/baseline: new events {:.0}%, duplicates {:.0}% (target >= {:.0}%: {}), \
-         mixed {:.0}%",
+        "ratios gateway/baseline (median of the rounds): new events {:.0}%, duplicates {:.0}% \
+         (target >= {:.0}%: {}), mixed {:.0}%",
         100.0 * new,
         100.0 * dup,
         100.0 * TARGET_DUPLICATES,
@@ -551,7 +439,7 @@ fn main() {
     println!(
         "new events: the storage library's own ceiling is {ceiling:.0}/s = {:.0}% of the baseline; \
          gateway/ceiling {:.0}%",
-        100.0 * ceiling / rates[&("new", "baseline")],
+        100.0 * ceiling_share,
         100.0 * of_ceiling
     );
     println!(
@@ -563,7 +451,7 @@ fn main() {
         verdict(new >= TARGET_NEW || (below && of_ceiling >= TARGET_OF_CEILING))
     );
     if rates.contains_key(&("new", "gateway-pg")) {
-        let pg = |phase: &str| rates[&(phase, "gateway-pg")] / rates[&(phase, "gateway")];
+        let pg = |phase: &str| median_ratio(phase, "gateway-pg", "gateway");
         println!(
             "gateway on PostgreSQL / on SQLite: new {:.0}%, duplicates {:.0}%, mixed {:.0}%",
             100.0 * pg("new"),

@@ -1,0 +1,251 @@
+//! The HTTP benchmark's bookkeeping: what a run measured, CPU time per thread group from
+//! Linux's schedstat, and the rounds a phase is split into.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use oncebox_sqlite::Inbox;
+
+/// Per connection, the requests it sends in order: (event id, body).
+pub type Load = Vec<Vec<(String, String)>>;
+
+/// Round `round` of `rounds` of `load`: each connection's share of its own requests, in order.
+pub fn chunk(load: &Load, round: usize, rounds: usize) -> Load {
+    load.iter()
+        .map(|mine| {
+            let (from, to) = (
+                mine.len() * round / rounds,
+                mine.len() * (round + 1) / rounds,
+            );
+            mine[from..to].to_vec()
+        })
+        .collect()
+}
+
+/// What one phase measured on one target.
+#[derive(Default)]
+pub struct Run {
+    pub requests: usize,
+    pub elapsed: Duration,
+    pub latencies: Vec<Duration>,
+    pub statuses: BTreeMap<u16, usize>,
+    pub replayed: usize,
+    pub errors: usize,
+}
+
+impl Run {
+    pub fn rate(&self) -> f64 {
+        self.requests as f64 / self.elapsed.as_secs_f64()
+    }
+
+    pub fn percentile_ms(&self, p: usize) -> f64 {
+        let rank = (self.latencies.len() * p)
+            .div_ceil(100)
+            .clamp(1, self.latencies.len().max(1));
+        self.latencies
+            .get(rank - 1)
+            .map_or(0.0, |d| d.as_secs_f64() * 1000.0)
+    }
+
+    pub fn answers(&self) -> String {
+        let mut parts: Vec<String> = self
+            .statuses
+            .iter()
+            .map(|(s, n)| format!("{s}: {n}"))
+            .collect();
+        if self.replayed > 0 {
+            parts.push(format!("replayed: {}", self.replayed));
+        }
+        if self.errors > 0 {
+            parts.push(format!("no answer: {}", self.errors));
+        }
+        parts.join(", ")
+    }
+}
+
+/// Nanoseconds this process's threads spent on a CPU and runnable but waiting for one, and
+/// the part of the first spent by SQLite's threads (writer and checkpointer), from Linux's
+/// per-thread `schedstat`; zeros elsewhere. On 2 cores the wait says how much the load
+/// generator and the servers slow each other down.
+#[derive(Clone, Copy, Default)]
+pub struct Cpu {
+    on: u64,
+    waiting: u64,
+    writer: u64,
+    /// Time the writer thread was runnable but waiting for a CPU.
+    writer_waiting: u64,
+    checkpointer: u64,
+    /// The servers' request threads and the load generator's.
+    server: u64,
+    load: u64,
+}
+
+pub fn cpu() -> Cpu {
+    let mut total = Cpu::default();
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return total;
+    };
+    for task in tasks.flatten() {
+        let path = task.path();
+        let comm = std::fs::read_to_string(path.join("comm")).unwrap_or_default();
+        let stat = std::fs::read_to_string(path.join("schedstat")).unwrap_or_default();
+        let mut fields = stat
+            .split_whitespace()
+            .map(|f| f.parse::<u64>().unwrap_or(0));
+        let (on, waiting) = (fields.next().unwrap_or(0), fields.next().unwrap_or(0));
+        total.on += on;
+        total.waiting += waiting;
+        match comm.trim_end() {
+            "oncebox-writer" => {
+                total.writer += on;
+                total.writer_waiting += waiting;
+            }
+            "oncebox-ckpt" => total.checkpointer += on,
+            "server" => total.server += on,
+            "load" => total.load += on,
+            _ => {}
+        }
+    }
+    total
+}
+
+fn line(label: &str, run: &Run) {
+    println!(
+        "    {label:<9} {:>8.0} req/s   p50 {:>6.2} ms   p99 {:>6.2} ms   [{}]",
+        run.rate(),
+        run.percentile_ms(50),
+        run.percentile_ms(99),
+        run.answers()
+    );
+}
+
+impl Run {
+    /// Adds another round's run: requests, time, latencies and answers.
+    fn absorb(&mut self, other: Run) {
+        self.requests += other.requests;
+        self.elapsed += other.elapsed;
+        self.latencies.extend(other.latencies);
+        for (s, n) in other.statuses {
+            *self.statuses.entry(s).or_default() += n;
+        }
+        self.replayed += other.replayed;
+        self.errors += other.errors;
+    }
+}
+
+impl Cpu {
+    pub fn minus(self, before: Cpu) -> Cpu {
+        Cpu {
+            on: self.on.saturating_sub(before.on),
+            waiting: self.waiting.saturating_sub(before.waiting),
+            writer: self.writer.saturating_sub(before.writer),
+            writer_waiting: self.writer_waiting.saturating_sub(before.writer_waiting),
+            checkpointer: self.checkpointer.saturating_sub(before.checkpointer),
+            server: self.server.saturating_sub(before.server),
+            load: self.load.saturating_sub(before.load),
+        }
+    }
+
+    fn plus(self, other: Cpu) -> Cpu {
+        Cpu {
+            on: self.on + other.on,
+            waiting: self.waiting + other.waiting,
+            writer: self.writer + other.writer,
+            writer_waiting: self.writer_waiting + other.writer_waiting,
+            checkpointer: self.checkpointer + other.checkpointer,
+            server: self.server + other.server,
+            load: self.load + other.load,
+        }
+    }
+}
+
+/// The SQLite writer's counters at one moment.
+#[derive(Clone, Copy, Default)]
+pub struct Mark {
+    commits: u64,
+    committed: u64,
+    committing: Duration,
+}
+
+impl Mark {
+    pub fn of(inbox: &Inbox) -> Mark {
+        Mark {
+            commits: inbox.stats().commits(),
+            committed: inbox.stats().committed_requests(),
+            committing: inbox.stats().commit_time(),
+        }
+    }
+
+    /// What the writer did since this mark.
+    pub fn since(self, inbox: &Inbox) -> Mark {
+        let now = Mark::of(inbox);
+        Mark {
+            commits: now.commits - self.commits,
+            committed: now.committed - self.committed,
+            committing: now.committing.saturating_sub(self.committing),
+        }
+    }
+}
+
+/// One target's rounds in one phase.
+#[derive(Default)]
+pub struct Tally {
+    pub run: Run,
+    pub cpu: Cpu,
+    writes: Mark,
+    /// Requests/s of each round, in order.
+    pub rates: Vec<f64>,
+}
+
+impl Tally {
+    pub fn add(&mut self, run: Run, cpu: Cpu, writes: Mark) {
+        self.rates.push(run.rate());
+        self.run.absorb(run);
+        self.cpu = self.cpu.plus(cpu);
+        self.writes = Mark {
+            commits: self.writes.commits + writes.commits,
+            committed: self.writes.committed + writes.committed,
+            committing: self.writes.committing + writes.committing,
+        };
+    }
+
+    /// The target's line: rate and latencies over all rounds, CPU per request and, where it
+    /// wrote, the writer's share and its commits.
+    pub fn print(&self, name: &str) {
+        let mut latencies = self.run.latencies.clone();
+        latencies.sort_unstable();
+        let run = Run {
+            requests: self.run.requests,
+            elapsed: self.run.elapsed,
+            latencies,
+            statuses: self.run.statuses.clone(),
+            replayed: self.run.replayed,
+            errors: self.run.errors,
+        };
+        line(name, &run);
+        let per = |ns: u64| ns as f64 / 1000.0 / self.run.requests.max(1) as f64;
+        let c = &self.cpu;
+        let mut detail = format!(
+            "CPU per request {:.0} µs (request threads {:.0}, load generator {:.0}), waiting for \
+             a CPU {:.0} µs",
+            per(c.on),
+            per(c.server),
+            per(c.load),
+            per(c.waiting)
+        );
+        let w = &self.writes;
+        if w.commits > 0 {
+            detail += &format!(
+                "; SQLite writer {:.0} µs (waiting for a CPU {:.0} µs), checkpointer {:.0} µs; \
+                 {} commits, {:.1} requests per commit, {:.2} ms in each COMMIT",
+                per(c.writer),
+                per(c.writer_waiting),
+                per(c.checkpointer),
+                w.commits,
+                w.committed as f64 / w.commits as f64,
+                w.committing.as_secs_f64() * 1000.0 / w.commits as f64
+            );
+        }
+        println!("              {detail}");
+    }
+}
