@@ -251,12 +251,15 @@ fn requests_to_a_route_never_exceed_its_concurrency() {
             let relay = relay.clone();
             async move { relay.run_once().await }
         });
-        // Let requests go one at a time, each only after another arrived: had the limit not
-        // held, all six would be held at once before the first is released.
-        for _ in 0..6 {
-            arrivals.recv().await.unwrap();
+        // Two arrive and are held (the limit is reached before anything is released); then
+        // each release lets one more in. Had the limit not held, all six would be held at once.
+        arrivals.recv().await.unwrap();
+        arrivals.recv().await.unwrap();
+        for _ in 0..4 {
             gate.release.add_permits(1);
+            arrivals.recv().await.unwrap();
         }
+        gate.release.add_permits(2);
         let out = round.await.unwrap().unwrap();
         assert_eq!(out.delivered, 6);
         assert_eq!(
