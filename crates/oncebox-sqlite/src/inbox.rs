@@ -172,9 +172,8 @@ impl Inbox {
     }
 
     /// `committed_answer` before the writer, for the gateway's ingest: duplicates, the most
-    /// common webhook retry, skip the writer queue.
-    /// Looks only while looks pay (`ProbeGate`); `None` sends the event to the writer, which
-    /// answers a duplicate too.
+    /// common webhook retry, skip the writer queue. Looks only while looks pay (`ProbeGate`);
+    /// `None` sends the event to the writer, which answers a duplicate too.
     pub(crate) fn committed_duplicate(&self, event: &Event) -> Option<Response> {
         if !self.shared.probe.look() {
             return None;
