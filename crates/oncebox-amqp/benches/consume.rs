@@ -3,9 +3,10 @@
 //! every message without any dedup, on the same backlog with 10% duplicates.
 //!
 //! `ONCEBOX_AMQP_URL=amqp://guest:guest@127.0.0.1:5672/%2f cargo bench -p oncebox-amqp --bench
-//! consume` (options: `-- --messages N --prefetch N`). Each run fills a fresh queue first, then
-//! times the drain from the consumer's start to the last ack. Prints figures; asserts only that
-//! every key was applied exactly once, never anything about time.
+//! consume` (options: `-- --messages N --prefetch N --rounds N`). Each round fills a fresh queue
+//! per loop with new keys, then times each drain from the consumer's start to the last ack; the
+//! loops take turns, and the ratio is the median of the rounds'. Prints figures; asserts only
+//! that every key was applied exactly once, never anything about time.
 
 use lapin::options::{
     BasicPublishOptions, ConfirmSelectOptions, QueueDeclareOptions, QueueDeleteOptions,
@@ -17,7 +18,7 @@ use oncebox_core::Source;
 use oncebox_core::consume::{Apply, KeyRule, MessageRules};
 use oncebox_sqlite::Options;
 use oncebox_testkit::consume::{
-    Drained, SOURCE, Store, ack_all, backlog, backlog_body, effect, report,
+    Drained, Loop, SOURCE, Store, ack_all, backlog, backlog_body, effect, report, rounds,
 };
 use oncebox_testkit::{bench_arg, service_url};
 
@@ -79,8 +80,11 @@ async fn main() {
     };
     let n = bench_arg("--messages", 20_000);
     let prefetch = u16::try_from(bench_arg("--prefetch", 1024)).unwrap_or(1024);
-    let ids = backlog(n);
-    let unique = ids.iter().collect::<std::collections::HashSet<_>>().len();
+    let round_count = bench_arg("--rounds", 5).max(1);
+    let unique = backlog(n, 0)
+        .iter()
+        .collect::<std::collections::HashSet<_>>()
+        .len();
     let conn = Connection::connect(&url, ConnectionProperties::default())
         .await
         .unwrap();
@@ -90,26 +94,29 @@ async fn main() {
         .await
         .unwrap();
     let run_id = uuid::Uuid::new_v4().simple().to_string();
-
-    let plain_q = format!("oncebox-bench-plain-{run_id}");
-    fill(&channel, &plain_q, &ids).await;
-    let plain = drain(&conn, &plain_q, n, prefetch, ack_all()).await;
-
     let store = Store::open(Options::new).await;
-    let inbox_q = format!("oncebox-bench-inbox-{run_id}");
-    fill(&channel, &inbox_q, &ids).await;
     let handler = InboxHandler::new(store.inbox.clone(), effect);
-    let dedup = drain(&conn, &inbox_q, n, prefetch, handler).await;
 
-    for q in [&plain_q, &inbox_q] {
-        let _ = channel
-            .queue_delete(q.as_str().into(), QueueDeleteOptions::default())
-            .await;
-    }
+    let measured = rounds(round_count, |round, which| {
+        let (conn, channel, handler, run_id) = (&conn, &channel, handler.clone(), &run_id);
+        async move {
+            let queue = format!("oncebox-bench-{which:?}-{run_id}-{round}").to_lowercase();
+            fill(channel, &queue, &backlog(n, round)).await;
+            let drained: Drained = match which {
+                Loop::Plain => drain(conn, &queue, n, prefetch, ack_all()).await,
+                Loop::Inbox => drain(conn, &queue, n, prefetch, handler).await,
+            };
+            let _ = channel
+                .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
+                .await;
+            drained
+        }
+    })
+    .await;
     let _ = conn.close(200, "done".into()).await;
 
     let title = format!(
-        "RabbitMQ consumer, {n} messages ({unique} keys, 10% duplicates), prefetch {prefetch}:"
+        "RabbitMQ consumer, {n} messages per round ({unique} keys, 10% duplicates), prefetch {prefetch}:"
     );
-    report(&title, plain, dedup, &store, unique).await;
+    report(&title, &measured, &store, unique * round_count).await;
 }

@@ -3,9 +3,10 @@
 //! every message without any dedup, on the same backlog with 10% duplicates.
 //!
 //! `ONCEBOX_NATS_URL=nats://127.0.0.1:4222 cargo bench -p oncebox-nats --bench consume`
-//! (options: `-- --messages N --batch N`, `--inbox-only 1` to profile the inbox path alone).
-//! Each run fills a fresh stream first, then times the drain from the consumer's start to the
-//! last ack. Prints figures; asserts only that every key was applied exactly once, never
+//! (options: `-- --messages N --batch N --rounds N`, `--inbox-only 1` to profile the inbox path
+//! alone). Each round fills a fresh stream per loop with new keys, then times each drain from
+//! the consumer's start to the last ack; the loops take turns, and the ratio is the median of
+//! the rounds'. Prints figures; asserts only that every key was applied exactly once, never
 //! anything about time.
 
 use std::time::Duration;
@@ -17,7 +18,7 @@ use oncebox_core::consume::{Apply, KeyRule, MessageRules};
 use oncebox_nats::{Consumer, ConsumerOptions, InboxHandler};
 use oncebox_sqlite::Options;
 use oncebox_testkit::consume::{
-    Drained, SOURCE, Store, ack_all, backlog, backlog_body, effect, report,
+    Drained, Loop, SOURCE, Store, ack_all, backlog, backlog_body, effect, report, rounds,
 };
 use oncebox_testkit::{bench_arg, service_url};
 
@@ -89,32 +90,38 @@ async fn main() {
     };
     let n = bench_arg("--messages", 20_000);
     let batch = bench_arg("--batch", 512);
-    let ids = backlog(n);
-    let unique = ids.iter().collect::<std::collections::HashSet<_>>().len();
+    let round_count = bench_arg("--rounds", 5).max(1);
+    // `--inbox-only 1` skips the no-dedup loop, to profile the inbox path alone.
+    let inbox_only = bench_arg("--inbox-only", 0) != 0;
+    let unique = backlog(n, 0)
+        .iter()
+        .collect::<std::collections::HashSet<_>>()
+        .len();
     let js = jetstream::new(async_nats::connect(&url).await.unwrap());
     let run_id = uuid::Uuid::new_v4().simple().to_string();
-
-    let plain_s = format!("ONCEBOX_BENCH_PLAIN_{run_id}");
-    // `--inbox-only 1` skips the no-dedup loop, to profile the inbox path alone.
-    let plain = if bench_arg("--inbox-only", 0) == 0 {
-        fill(&js, &plain_s, &ids).await;
-        drain(&js, &plain_s, n, batch, ack_all()).await
-    } else {
-        Drained::SKIPPED
-    };
-
     let store = Store::open(Options::new).await;
-    let inbox_s = format!("ONCEBOX_BENCH_INBOX_{run_id}");
-    fill(&js, &inbox_s, &ids).await;
     let handler = InboxHandler::new(store.inbox.clone(), effect);
-    let dedup = drain(&js, &inbox_s, n, batch, handler).await;
 
-    for s in [&plain_s, &inbox_s] {
-        let _ = js.delete_stream(s).await;
-    }
+    let measured = rounds(round_count, |round, which| {
+        let (js, handler, run_id) = (&js, handler.clone(), &run_id);
+        async move {
+            if which == Loop::Plain && inbox_only {
+                return Drained::SKIPPED;
+            }
+            let name = format!("ONCEBOX_BENCH_{which:?}_{run_id}_{round}").to_uppercase();
+            fill(js, &name, &backlog(n, round)).await;
+            let drained = match which {
+                Loop::Plain => drain(js, &name, n, batch, ack_all()).await,
+                Loop::Inbox => drain(js, &name, n, batch, handler).await,
+            };
+            let _ = js.delete_stream(&name).await;
+            drained
+        }
+    })
+    .await;
 
     let title = format!(
-        "NATS JetStream consumer, {n} messages ({unique} keys, 10% duplicates), batch {batch}:"
+        "NATS JetStream consumer, {n} messages per round ({unique} keys, 10% duplicates), batch {batch}:"
     );
-    report(&title, plain, dedup, &store, unique).await;
+    report(&title, &measured, &store, unique * round_count).await;
 }

@@ -76,7 +76,7 @@ fn due(r: &Row<'_>) -> rusqlite::Result<Due> {
 }
 
 fn claim(
-    cx: &mut Cx<'_>,
+    cx: &mut Cx<'_, '_>,
     now: Timestamp,
     limit: usize,
     lease: Duration,
@@ -138,7 +138,7 @@ fn claim(
 }
 
 fn record(
-    cx: &mut Cx<'_>,
+    cx: &mut Cx<'_, '_>,
     claimed: &Claimed,
     attempt: &AttemptRecord,
     verdict: &Verdict,

@@ -85,7 +85,7 @@ impl Inbox {
         let writer = Writer {
             conn,
             clock: options.clock.clone(),
-            fence,
+            fence: std::cell::Cell::new(fence),
             max_batch: options.max_batch,
             linger: options.linger,
             committed: Some(committed),
@@ -288,7 +288,7 @@ impl Inbox {
     where
         T: Send + 'static,
         E: From<Unavailable> + Send + 'static,
-        F: FnOnce(&mut Cx<'_>) -> Result<Result<T, E>, Fatal> + Send + 'static,
+        F: FnOnce(&mut Cx<'_, '_>) -> Result<Result<T, E>, Fatal> + Send + 'static,
     {
         let deadline = Instant::now() + self.shared.deadline;
         let (tx, rx) = flume::bounded(1);
@@ -299,7 +299,7 @@ impl Inbox {
     where
         T: Send + 'static,
         E: From<Unavailable> + Send + 'static,
-        F: FnOnce(&mut Cx<'_>) -> Result<Result<T, E>, Fatal> + Send + 'static,
+        F: FnOnce(&mut Cx<'_, '_>) -> Result<Result<T, E>, Fatal> + Send + 'static,
     {
         let (job, rx, deadline) = self.job(run);
         let sender = self.shared.sender.as_ref().ok_or(Unavailable::Closed)?;
@@ -321,7 +321,7 @@ impl Inbox {
     where
         T: Send + 'static,
         E: From<Unavailable> + Send + 'static,
-        F: FnOnce(&mut Cx<'_>) -> Result<Result<T, E>, Fatal> + Send + 'static,
+        F: FnOnce(&mut Cx<'_, '_>) -> Result<Result<T, E>, Fatal> + Send + 'static,
     {
         let (job, rx, deadline) = self.job(run);
         let sender = self.shared.sender.as_ref().ok_or(Unavailable::Closed)?;
@@ -337,7 +337,7 @@ impl Inbox {
 }
 
 fn write<T>(
-    cx: &mut Cx<'_>,
+    cx: &mut Cx<'_, '_>,
     f: impl FnOnce(&Connection) -> rusqlite::Result<T>,
 ) -> Result<Result<T, Error>, Fatal> {
     cx.savepoint()?;

@@ -12,7 +12,7 @@ use crate::process::{Claim, claim, finish};
 use crate::writer::{Cx, Fatal};
 
 pub(crate) fn begin(
-    cx: &mut Cx<'_>,
+    cx: &mut Cx<'_, '_>,
     event: &Event,
     ttl: Duration,
 ) -> Result<Result<Begun, ProcessError>, Fatal> {
@@ -41,7 +41,7 @@ pub(crate) fn begin(
 /// Completes only while the lease is live and still this holder's: an expired holder is fenced
 /// even if nobody has taken over yet, because someone may be about to.
 pub(crate) fn complete(
-    cx: &mut Cx<'_>,
+    cx: &mut Cx<'_, '_>,
     lease: &Lease,
     response: &Response,
 ) -> Result<Result<(), LeaseError>, Fatal> {
@@ -64,13 +64,13 @@ pub(crate) fn complete(
     let Some(row) = live else {
         return Ok(Err(LeaseError::Fenced));
     };
-    finish(cx.conn, row, response, cx.now.millis())?;
+    finish(cx, row, response)?;
     Ok(Ok(()))
 }
 
 /// Frees the key (the external call failed). Allowed after expiry while nobody took over: it
 /// only makes the key available sooner.
-pub(crate) fn release(cx: &mut Cx<'_>, lease: &Lease) -> Result<Result<(), LeaseError>, Fatal> {
+pub(crate) fn release(cx: &mut Cx<'_, '_>, lease: &Lease) -> Result<Result<(), LeaseError>, Fatal> {
     let n = cx
         .conn
         .prepare_cached(
@@ -91,7 +91,10 @@ pub(crate) fn release(cx: &mut Cx<'_>, lease: &Lease) -> Result<Result<(), Lease
 
 /// Parks the key: the external call's outcome is unknown, so it is neither retried nor done
 /// until reconciled.
-pub(crate) fn uncertain(cx: &mut Cx<'_>, lease: &Lease) -> Result<Result<(), LeaseError>, Fatal> {
+pub(crate) fn uncertain(
+    cx: &mut Cx<'_, '_>,
+    lease: &Lease,
+) -> Result<Result<(), LeaseError>, Fatal> {
     let n = cx
         .conn
         .prepare_cached(
@@ -112,7 +115,7 @@ pub(crate) fn uncertain(cx: &mut Cx<'_>, lease: &Lease) -> Result<Result<(), Lea
 
 /// Settles an `uncertain` key; returns false when the key is not uncertain.
 pub(crate) fn resolve(
-    cx: &mut Cx<'_>,
+    cx: &mut Cx<'_, '_>,
     key: &Key,
     resolution: &Resolution,
 ) -> Result<Result<bool, crate::Error>, Fatal> {

@@ -32,6 +32,7 @@ mod process;
 mod purge;
 mod read;
 mod schema;
+mod stmts;
 mod store;
 mod tx;
 mod writer;

@@ -8,10 +8,11 @@ use oncebox_core::{
     Event, Fingerprint, Key, LeaseSeen, OutboxMessage, ProcessError, Processed, Response,
     ResponseKind, Timestamp, lease_seen,
 };
-use rusqlite::{Connection, OptionalExtension, params};
+use rusqlite::{OptionalExtension, params};
 
 use crate::crash;
 use crate::error::unavailable;
+use crate::stmts::Sql;
 use crate::tx::{HandlerError, Tx};
 use crate::writer::{Cx, Fatal};
 
@@ -39,7 +40,7 @@ pub(crate) enum Claim {
 }
 
 pub(crate) fn run(
-    cx: &mut Cx<'_>,
+    cx: &mut Cx<'_, '_>,
     event: &Event,
     handler: Handler,
 ) -> Result<Result<Processed, ProcessError>, Fatal> {
@@ -47,7 +48,7 @@ pub(crate) fn run(
     // A key without a record is written once, already terminal, after the handler: the single
     // writer holds the write lock from this read to the commit, so nobody can insert the key in
     // between, and a claim row followed by an update would write the record twice.
-    let claimed = match existing(cx.conn, &event.key)? {
+    let claimed = match existing(cx, &event.key)? {
         None => None,
         Some(found) => match decide(cx, event, found, None)? {
             Claim::Fresh(row) => {
@@ -68,7 +69,7 @@ pub(crate) fn run(
     let answer = match outcome {
         Ok(response) if response.kind == ResponseKind::Completed => {
             match claimed {
-                Some(row) => finish(cx.conn, row, &response, cx.now.millis())?,
+                Some(row) => finish(cx, row, &response)?,
                 None => {
                     record_terminal(cx, event, &response)?;
                     crash::point!("after-inbox-insert");
@@ -108,7 +109,7 @@ pub(crate) fn run(
 /// record read back inside this transaction (never from an error or a timeout: G3). `lease`
 /// is `Some((token, expires_at))` for the two-phase form.
 pub(crate) fn claim(
-    cx: &mut Cx<'_>,
+    cx: &mut Cx<'_, '_>,
     event: &Event,
     lease: Option<(i64, i64)>,
 ) -> Result<Claim, Fatal> {
@@ -136,7 +137,7 @@ pub(crate) fn claim(
     if inserted == 1 {
         return Ok(Claim::Fresh(cx.conn.last_insert_rowid()));
     }
-    let Some(existing) = existing(cx.conn, key)? else {
+    let Some(existing) = existing(cx, key)? else {
         return Err(Fatal(oncebox_core::Unavailable::Storage(
             "claimed key vanished".into(),
         )));
@@ -147,7 +148,7 @@ pub(crate) fn claim(
 /// What a key's stored record answers: a conflict (recorded), a duplicate, uncertain, a live
 /// lease — or, for an expired lease, the key taken over with `lease`'s new token.
 fn decide(
-    cx: &mut Cx<'_>,
+    cx: &mut Cx<'_, '_>,
     event: &Event,
     existing: Existing,
     lease: Option<(i64, i64)>,
@@ -208,68 +209,47 @@ fn decide(
     Ok(Claim::Fresh(existing.id))
 }
 
-pub(crate) fn existing(conn: &Connection, key: &Key) -> rusqlite::Result<Option<Existing>> {
-    conn.prepare_cached(
-        "SELECT id, fingerprint, state, response, lease_expires_at, received_at
-         FROM oncebox_inbox WHERE source = ?1 AND event_id = ?2",
-    )?
-    .query_row(params![key.source.as_str(), key.event_id.as_str()], |r| {
-        Ok(Existing {
-            id: r.get(0)?,
-            fingerprint: r.get(1)?,
-            state: r.get(2)?,
-            response: r.get(3)?,
-            lease_expires_at: r.get(4)?,
-            received_at: r.get(5)?,
+pub(crate) fn existing(cx: &Cx<'_, '_>, key: &Key) -> rusqlite::Result<Option<Existing>> {
+    cx.stmt(Sql::Existing)?
+        .query_row(params![key.source.as_str(), key.event_id.as_str()], |r| {
+            Ok(Existing {
+                id: r.get(0)?,
+                fingerprint: r.get(1)?,
+                state: r.get(2)?,
+                response: r.get(3)?,
+                lease_expires_at: r.get(4)?,
+                received_at: r.get(5)?,
+            })
         })
-    })
-    .optional()
+        .optional()
 }
 
 /// Marks the claimed record (by row id) terminal with its response.
-pub(crate) fn finish(
-    conn: &Connection,
-    row: i64,
-    response: &Response,
-    now: i64,
-) -> rusqlite::Result<()> {
+pub(crate) fn finish(cx: &Cx<'_, '_>, row: i64, response: &Response) -> rusqlite::Result<()> {
     let body = (!response.body.is_empty()).then_some(&response.body);
-    conn.prepare_cached(
-        "UPDATE oncebox_inbox SET state = ?2, response = ?3, completed_at = ?4,
-           lease_token = NULL, lease_expires_at = NULL
-         WHERE id = ?1",
-    )?
-    .execute(params![row, response.kind.as_str(), body, now])?;
+    cx.stmt(Sql::Finish)?
+        .execute(params![row, response.kind.as_str(), body, cx.now.millis()])?;
     Ok(())
 }
 
 /// Writes a terminal record after the savepoint was rolled back (the claim went with it).
-fn record_terminal(cx: &Cx<'_>, event: &Event, response: &Response) -> Result<(), Fatal> {
+fn record_terminal(cx: &Cx<'_, '_>, event: &Event, response: &Response) -> Result<(), Fatal> {
     let body = (!response.body.is_empty()).then_some(&response.body);
-    cx.conn
-        .prepare_cached(
-            "INSERT INTO oncebox_inbox (source, event_id, fingerprint, state, response, payload,
-               received_at, completed_at, content_type, headers)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?7, ?8, ?9)
-             ON CONFLICT (source, event_id) DO UPDATE SET state = excluded.state,
-               response = excluded.response, completed_at = excluded.completed_at,
-               lease_token = NULL, lease_expires_at = NULL",
-        )?
-        .execute(params![
-            event.key.source.as_str(),
-            event.key.event_id.as_str(),
-            &event.fingerprint.as_bytes()[..],
-            response.kind.as_str(),
-            body,
-            event.payload,
-            cx.now.millis(),
-            event.meta.content_type,
-            event.meta.header_lines()
-        ])?;
+    cx.stmt(Sql::RecordTerminal)?.execute(params![
+        event.key.source.as_str(),
+        event.key.event_id.as_str(),
+        &event.fingerprint.as_bytes()[..],
+        response.kind.as_str(),
+        body,
+        event.payload,
+        cx.now.millis(),
+        event.meta.content_type,
+        event.meta.header_lines()
+    ])?;
     Ok(())
 }
 
-fn record_conflict(cx: &Cx<'_>, event: &Event, stored: &[u8]) -> Result<(), Fatal> {
+fn record_conflict(cx: &Cx<'_, '_>, event: &Event, stored: &[u8]) -> Result<(), Fatal> {
     cx.conn
         .prepare_cached(
             "INSERT INTO oncebox_conflicts (source, event_id, stored_fingerprint,
@@ -295,29 +275,21 @@ fn record_conflict(cx: &Cx<'_>, event: &Event, stored: &[u8]) -> Result<(), Fata
 /// undoes a failed statement by itself), and any later failure fails the whole batch. A
 /// savepoint would only copy every page the event touches into the statement journal.
 pub(crate) fn ingest_new(
-    cx: &mut Cx<'_>,
+    cx: &mut Cx<'_, '_>,
     event: &Event,
     accepted: &Response,
     messages: &[OutboxMessage],
 ) -> Result<Option<Processed>, Fatal> {
-    let inserted = cx
-        .conn
-        .prepare_cached(
-            "INSERT INTO oncebox_inbox (source, event_id, fingerprint, state, response, payload,
-               received_at, completed_at, content_type, headers)
-             VALUES (?1, ?2, ?3, 'completed', ?4, ?5, ?6, ?6, ?7, ?8)
-             ON CONFLICT (source, event_id) DO NOTHING",
-        )?
-        .execute(params![
-            event.key.source.as_str(),
-            event.key.event_id.as_str(),
-            &event.fingerprint.as_bytes()[..],
-            (!accepted.body.is_empty()).then_some(&accepted.body),
-            event.payload,
-            cx.now.millis(),
-            event.meta.content_type,
-            event.meta.header_lines()
-        ])?;
+    let inserted = cx.stmt(Sql::IngestNew)?.execute(params![
+        event.key.source.as_str(),
+        event.key.event_id.as_str(),
+        &event.fingerprint.as_bytes()[..],
+        (!accepted.body.is_empty()).then_some(&accepted.body),
+        event.payload,
+        cx.now.millis(),
+        event.meta.content_type,
+        event.meta.header_lines()
+    ])?;
     if inserted == 0 {
         return Ok(None);
     }

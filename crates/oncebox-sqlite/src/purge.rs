@@ -19,7 +19,7 @@ pub(crate) struct Chunk {
 /// Scans records in arrival (id) order after `after`. Only `completed`, `rejected` and `stale`
 /// records are ever deleted: a `processing` or `uncertain` key is still owed an outcome.
 pub(crate) fn chunk(
-    cx: &mut Cx<'_>,
+    cx: &mut Cx<'_, '_>,
     after: i64,
     now: Timestamp,
     retention: &Retention,

@@ -2,6 +2,7 @@
 //! are queued — one `BEGIN IMMEDIATE`, a savepoint per request, one `COMMIT` (one fsync) — and
 //! only then answers every caller.
 
+use std::cell::Cell;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -11,35 +12,40 @@ use rusqlite::Connection;
 
 use crate::crash;
 use crate::error::storage;
+use crate::stmts::{Sql, Statements, Stmt};
 
 /// What a request sees of the open transaction.
-pub(crate) struct Cx<'c> {
+pub(crate) struct Cx<'c, 's> {
     pub conn: &'c Connection,
+    /// The writer's hot statements on `conn`.
+    stmts: &'c Statements<'s>,
     /// One instant for the whole batch: every record of one commit carries the same time.
     pub now: Timestamp,
     /// Next fencing token minus one; persisted in `oncebox_meta` by whoever hands a token out.
-    pub fence: &'c mut i64,
+    fence: &'c Cell<i64>,
 }
 
-impl Cx<'_> {
+impl<'s> Cx<'_, 's> {
     pub fn savepoint(&self) -> Result<(), Fatal> {
-        self.exec("SAVEPOINT oncebox_request")
+        self.exec(Sql::Savepoint)
     }
 
     pub fn release(&self) -> Result<(), Fatal> {
-        self.exec("RELEASE oncebox_request")
+        self.exec(Sql::Release)
     }
 
     /// Undoes everything since `savepoint` and keeps the savepoint open.
     pub fn rollback_to(&self) -> Result<(), Fatal> {
-        self.exec("ROLLBACK TO oncebox_request")
+        self.exec(Sql::RollbackTo)
     }
 
-    /// Cached like every per-request statement: re-parsing SQL per event would cost more than
-    /// the savepoint itself.
-    fn exec(&self, sql: &str) -> Result<(), Fatal> {
-        self.conn
-            .prepare_cached(sql)
+    /// One of the writer's hot statements, prepared once for this connection.
+    pub fn stmt(&self, sql: Sql) -> rusqlite::Result<Stmt<'_, 's>> {
+        self.stmts.get(sql)
+    }
+
+    fn exec(&self, sql: Sql) -> Result<(), Fatal> {
+        self.stmt(sql)
             .and_then(|mut s| s.execute([]))
             .map(drop)
             .map_err(|e| Fatal(storage(&e)))
@@ -47,12 +53,13 @@ impl Cx<'_> {
 
     /// Hands out the next fencing token; it commits or rolls back with the batch.
     pub fn next_fence(&mut self) -> Result<i64, Fatal> {
-        *self.fence += 1;
+        let token = self.fence.get() + 1;
+        self.fence.set(token);
         self.conn
             .prepare_cached("UPDATE oncebox_meta SET value = ?1 WHERE name = 'fence'")
-            .and_then(|mut s| s.execute([*self.fence]))
+            .and_then(|mut s| s.execute([token]))
             .map_err(|e| Fatal(storage(&e)))?;
-        Ok(*self.fence)
+        Ok(token)
     }
 }
 
@@ -68,7 +75,7 @@ impl From<rusqlite::Error> for Fatal {
 
 /// Sends the prepared answer once the batch's fate is known (`None`: committed).
 type Finish = Box<dyn FnOnce(Option<Unavailable>) + Send>;
-type Work = Box<dyn FnOnce(Result<&mut Cx<'_>, Unavailable>) -> Result<Finish, Fatal> + Send>;
+type Work = Box<dyn FnOnce(Result<&mut Cx<'_, '_>, Unavailable>) -> Result<Finish, Fatal> + Send>;
 
 /// One queued request.
 pub(crate) struct Job {
@@ -83,7 +90,7 @@ impl Job {
     where
         T: Send + 'static,
         E: From<Unavailable> + Send + 'static,
-        F: FnOnce(&mut Cx<'_>) -> Result<Result<T, E>, Fatal> + Send + 'static,
+        F: FnOnce(&mut Cx<'_, '_>) -> Result<Result<T, E>, Fatal> + Send + 'static,
     {
         let work: Work = Box::new(move |cx| {
             let cx = match cx {
@@ -120,7 +127,7 @@ impl Job {
 pub(crate) struct Writer {
     pub conn: Connection,
     pub clock: Arc<dyn Clock>,
-    pub fence: i64,
+    pub fence: Cell<i64>,
     pub max_batch: usize,
     pub linger: Duration,
     /// Told after each commit so WAL checkpoints run off the writer's critical path.
@@ -161,7 +168,9 @@ impl Stats {
 
 impl Writer {
     /// Runs until every sender is dropped, then finishes what is queued and returns.
-    pub fn run(mut self, rx: &flume::Receiver<Job>) {
+    pub fn run(self, rx: &flume::Receiver<Job>) {
+        // Lives as long as the loop and ends before the connection does.
+        let stmts = Statements::new(&self.conn);
         let mut batch = Vec::with_capacity(self.max_batch);
         // Callers seen in the last batch plus those that queued while it committed: the number
         // of requests likely to be back for the next batch.
@@ -171,7 +180,7 @@ impl Writer {
             // Group commit: whatever queued up while the last fsync ran joins this transaction.
             batch.extend(rx.try_iter().take(self.max_batch.saturating_sub(1)));
             self.linger(rx, &mut batch, expected.min(self.max_batch));
-            expected = self.commit(&mut batch, rx);
+            expected = self.commit(&stmts, &mut batch, rx);
         }
     }
 
@@ -198,7 +207,12 @@ impl Writer {
     }
 
     /// Commits the batch and answers it; returns how many callers to expect next time.
-    fn commit(&mut self, batch: &mut Vec<Job>, rx: &flume::Receiver<Job>) -> usize {
+    fn commit(
+        &self,
+        stmts: &Statements<'_>,
+        batch: &mut Vec<Job>,
+        rx: &flume::Receiver<Job>,
+    ) -> usize {
         let size = batch.len();
         if let Err(e) = self.conn.execute_batch("BEGIN IMMEDIATE") {
             let why = storage(&e);
@@ -220,8 +234,9 @@ impl Writer {
             }
             let mut cx = Cx {
                 conn: &self.conn,
+                stmts,
                 now,
-                fence: &mut self.fence,
+                fence: &self.fence,
             };
             match (job.work)(Ok(&mut cx)) {
                 Ok(finish) => finishes.push(finish),
@@ -276,7 +291,7 @@ impl Writer {
 
     /// Rolls the batch back. The fence counter is not wound back: a COMMIT that failed may
     /// still have become durable, and a token must never be handed out twice.
-    fn abort(&mut self, finishes: Vec<Finish>, why: &Unavailable) {
+    fn abort(&self, finishes: Vec<Finish>, why: &Unavailable) {
         if !self.conn.is_autocommit() {
             let _ = self.conn.execute_batch("ROLLBACK");
         }

@@ -21,7 +21,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 
 mod bench;
-pub use bench::{Drained, ack_all, backlog, backlog_body, drain, report};
+pub use bench::{Drained, Loop, ack_all, backlog, backlog_body, drain, report, rounds};
 
 /// The source every consumer test and benchmark reads messages for.
 pub const SOURCE: &str = "shop";

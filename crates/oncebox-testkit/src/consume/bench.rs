@@ -1,6 +1,6 @@
 //! The broker consumer benchmarks' shared part: the backlog with 10% duplicates, the baseline
-//! that acks without dedup, the timed drain (rate and this process's CPU per message) and the
-//! report with its exactly-once check.
+//! that acks without dedup, the timed drain (rate and this process's CPU per message), the
+//! rounds in which the two loops take turns, and the report with its exactly-once check.
 
 use std::fmt::Debug;
 use std::future::Future;
@@ -12,15 +12,56 @@ use tokio::sync::{oneshot, watch};
 
 use super::Store;
 
-/// The benchmark's backlog: `n` message ids, every tenth repeating an earlier one (same id,
-/// same body).
-pub fn backlog(n: usize) -> Vec<String> {
+/// Round `round`'s backlog: `n` message ids, every tenth repeating an earlier one of the same
+/// round (same id, same body); two rounds share no id, so each finds its keys new.
+pub fn backlog(n: usize, round: usize) -> Vec<String> {
     (0..n)
         .map(|i| {
             let k = if i % 10 == 9 { i / 2 } else { i };
-            format!("evt_{k}")
+            format!("evt_{round}_{k}")
         })
         .collect()
+}
+
+/// Which loop a round's drain runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Loop {
+    /// The consumer acking every message without dedup.
+    Plain,
+    /// The consumer applying every message through the inbox.
+    Inbox,
+}
+
+/// Runs `rounds` rounds of `one(round, loop)` for both loops, taking turns (the plain loop
+/// first in even rounds, second in odd ones), so that a machine whose speed drifts during the
+/// run slows both alike; returns (plain, inbox) per round.
+pub async fn rounds<F, Fut>(rounds: usize, mut one: F) -> Vec<(Drained, Drained)>
+where
+    F: FnMut(usize, Loop) -> Fut,
+    Fut: Future<Output = Drained>,
+{
+    let mut out = Vec::with_capacity(rounds);
+    for round in 0..rounds {
+        let (plain, inbox) = if round % 2 == 0 {
+            let plain = one(round, Loop::Plain).await;
+            (plain, one(round, Loop::Inbox).await)
+        } else {
+            let inbox = one(round, Loop::Inbox).await;
+            (one(round, Loop::Plain).await, inbox)
+        };
+        out.push((plain, inbox));
+    }
+    out
+}
+
+/// The median of `values` (NaN for none).
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    match values.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => values[n / 2],
+        n => (values[n / 2 - 1] + values[n / 2]) / 2.0,
+    }
 }
 
 /// The body of backlog message `id`.
@@ -44,6 +85,10 @@ pub struct Drained {
     /// rate it hardly moves when other work shares the cores, so it compares two loops on a
     /// busy machine; the broker server's own CPU is not in it.
     pub cpu_us: f64,
+    /// The part of `cpu_us` spent by SQLite's writer thread (zero for the plain loop).
+    pub writer_us: f64,
+    /// Time per message the writer thread was ready to run but waited for a CPU.
+    pub writer_wait_us: f64,
 }
 
 impl Drained {
@@ -51,6 +96,8 @@ impl Drained {
     pub const SKIPPED: Drained = Drained {
         rate: f64::NAN,
         cpu_us: f64::NAN,
+        writer_us: f64::NAN,
+        writer_wait_us: f64::NAN,
     };
 }
 
@@ -66,6 +113,27 @@ fn cpu_micros() -> Option<f64> {
     Some(ticks * 10_000.0)
 }
 
+/// Nanoseconds SQLite's writer threads (`oncebox-writer`) of this process have run and have
+/// waited for a CPU, from Linux's per-thread `schedstat` (finer than `/proc/self/stat`'s 10 ms
+/// ticks); zeros elsewhere.
+fn writer_nanos() -> (u64, u64) {
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return (0, 0);
+    };
+    tasks
+        .flatten()
+        .filter(|t| {
+            std::fs::read_to_string(t.path().join("comm"))
+                .is_ok_and(|c| c.trim_end() == "oncebox-writer")
+        })
+        .filter_map(|t| std::fs::read_to_string(t.path().join("schedstat")).ok())
+        .map(|s| {
+            let mut f = s.split_whitespace().map(|v| v.parse::<u64>().unwrap_or(0));
+            (f.next().unwrap_or(0), f.next().unwrap_or(0))
+        })
+        .fold((0, 0), |(a, b), (on, wait)| (a + on, b + wait))
+}
+
 /// Times a drain of `n` messages: runs `run` from now until `counts` show `n` acks, then fires
 /// its shutdown receiver and waits for it to end.
 pub async fn drain<E: Debug, F: Future<Output = Result<(), E>>>(
@@ -74,6 +142,7 @@ pub async fn drain<E: Debug, F: Future<Output = Result<(), E>>>(
     run: impl FnOnce(oneshot::Receiver<()>) -> F,
 ) -> Drained {
     let cpu_before = cpu_micros();
+    let writer_before = writer_nanos();
     let started = Instant::now();
     let (stop, stopped) = oneshot::channel::<()>();
     let run = run(stopped);
@@ -84,10 +153,11 @@ pub async fn drain<E: Debug, F: Future<Output = Result<(), E>>>(
             .expect("the consumer's counts");
         let elapsed = started.elapsed();
         let cpu = cpu_micros();
+        let writer = writer_nanos();
         let _ = stop.send(());
-        (elapsed, cpu)
+        (elapsed, cpu, writer)
     };
-    let (ran, (elapsed, cpu_after)) = tokio::join!(run, wait);
+    let (ran, (elapsed, cpu_after, writer_after)) = tokio::join!(run, wait);
     ran.expect("the consumer ran");
     let cpu_us = match (cpu_before, cpu_after) {
         (Some(b), Some(a)) => (a - b) / n as f64,
@@ -96,34 +166,48 @@ pub async fn drain<E: Debug, F: Future<Output = Result<(), E>>>(
     Drained {
         rate: n as f64 / elapsed.as_secs_f64(),
         cpu_us,
+        writer_us: writer_after.0.saturating_sub(writer_before.0) as f64 / 1000.0 / n as f64,
+        writer_wait_us: writer_after.1.saturating_sub(writer_before.1) as f64 / 1000.0 / n as f64,
     }
 }
 
-/// Prints a benchmark's figures under `title` (the baseline `plain`, the inbox's `dedup`), and
-/// checks that each of the `unique` keys was applied exactly once.
+/// Prints a benchmark's figures under `title`: each round's baseline (plain) and inbox drain,
+/// and the medians of the rounds' ratios; then checks that each of the `unique` keys of all
+/// rounds was applied exactly once.
 #[expect(clippy::print_stdout, reason = "a benchmark reports on stdout")]
-pub async fn report(title: &str, plain: Drained, dedup: Drained, store: &Store, unique: usize) {
+pub async fn report(title: &str, rounds: &[(Drained, Drained)], store: &Store, unique: usize) {
     let (rows, distinct) = store.rows().await;
     println!("{title}");
     println!(
-        "  (a) same loop, ack without dedup:          {:>9.0} msg/s  {:>6.1} µs CPU/msg",
-        plain.rate, plain.cpu_us
+        "  round  (a) ack without dedup        (b) oncebox inbox, SQLite FULL [writer on CPU, waiting]   b/a rate  b/a CPU"
     );
+    for (i, (plain, dedup)) in rounds.iter().enumerate() {
+        println!(
+            "  {:>5}  {:>8.0} msg/s {:>5.1} µs/msg   {:>8.0} msg/s {:>5.1} µs/msg [{:>4.1}, {:>4.1}]          {:>6.2}   {:>6.2}",
+            i + 1,
+            plain.rate,
+            plain.cpu_us,
+            dedup.rate,
+            dedup.cpu_us,
+            dedup.writer_us,
+            dedup.writer_wait_us,
+            dedup.rate / plain.rate,
+            dedup.cpu_us / plain.cpu_us
+        );
+    }
+    let rate = median(rounds.iter().map(|(p, d)| d.rate / p.rate).collect());
+    let cpu = median(rounds.iter().map(|(p, d)| d.cpu_us / p.cpu_us).collect());
     println!(
-        "  (b) oncebox inbox on SQLite (FULL sync):   {:>9.0} msg/s  {:>6.1} µs CPU/msg",
-        dedup.rate, dedup.cpu_us
-    );
-    println!(
-        "  ratio b/a: {:.2} (target >= 0.50); CPU per message b/a: {:.2}",
-        dedup.rate / plain.rate,
-        dedup.cpu_us / plain.cpu_us
+        "  ratio b/a (median of {} rounds): {rate:.2} (target >= 0.50); CPU per message b/a: {cpu:.2}",
+        rounds.len()
     );
     let stats = store.inbox.stats();
     println!(
-        "  (b) committed {} requests in {} transactions ({:.1} per commit)",
+        "  (b) committed {} requests in {} transactions ({:.1} per commit, {:.2} ms in each COMMIT)",
         stats.committed_requests(),
         stats.commits(),
-        stats.committed_requests() as f64 / stats.commits().max(1) as f64
+        stats.committed_requests() as f64 / stats.commits().max(1) as f64,
+        stats.commit_time().as_secs_f64() * 1000.0 / stats.commits().max(1) as f64
     );
     println!("  check: {rows} effect rows for {distinct} keys (expected {unique} and {unique})");
     assert_eq!(
