@@ -78,7 +78,7 @@ async fn main() {
     let Some(url) = service_url("ONCEBOX_AMQP_URL") else {
         return;
     };
-    let n = bench_arg("--messages", 20_000);
+    let n = bench_arg("--messages", 50_000);
     let prefetch = u16::try_from(bench_arg("--prefetch", 1024)).unwrap_or(1024);
     let round_count = bench_arg("--rounds", 5).max(1);
     let unique = backlog(n, 0)

@@ -88,7 +88,7 @@ async fn main() {
     let Some(url) = service_url("ONCEBOX_NATS_URL") else {
         return;
     };
-    let n = bench_arg("--messages", 20_000);
+    let n = bench_arg("--messages", 50_000);
     let batch = bench_arg("--batch", 512);
     let round_count = bench_arg("--rounds", 5).max(1);
     // `--inbox-only 1` skips the no-dedup loop, to profile the inbox path alone.
