@@ -3,6 +3,7 @@
 
 pub mod clock;
 pub mod consume;
+pub mod crash;
 pub mod delivery;
 pub mod effect;
 pub mod event;

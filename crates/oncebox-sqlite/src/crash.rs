@@ -13,22 +13,4 @@ pub const POINTS: [&str; 5] = [
     "after-commit",
 ];
 
-/// Stops the process the way the OOM killer would: SIGKILL, no destructors, no flush.
-///
-/// Always compiled: another crate of the same build may turn on `fail`'s failpoints, which makes
-/// the points below live even when this crate's own feature is off.
-pub fn die() -> ! {
-    #[cfg(feature = "crash-points")]
-    let _ = nix::sys::signal::raise(nix::sys::signal::Signal::SIGKILL);
-    // SIGKILL cannot be caught, so this is only reached without the feature or if raising it
-    // failed.
-    std::process::abort()
-}
-
-/// Expands to a failpoint named `name`; when armed with the `return` action the process dies.
-macro_rules! point {
-    ($name:literal) => {
-        ::fail::fail_point!($name, |_| { $crate::crash::die() })
-    };
-}
-pub(crate) use point;
+pub(crate) use oncebox_core::crash_point as point;
