@@ -179,31 +179,15 @@ impl Writer {
             batch.push(first);
             // Group commit: whatever queued up while the last fsync ran joins this transaction.
             batch.extend(rx.try_iter().take(self.max_batch.saturating_sub(1)));
-            self.linger(rx, &mut batch, expected.min(self.max_batch));
+            gather(
+                rx,
+                &mut batch,
+                expected.min(self.max_batch),
+                self.linger,
+                self.max_batch,
+            );
             expected = self.commit(&stmts, &mut batch, rx);
         }
-    }
-
-    /// Waits briefly for callers answered by the previous commit to send their next request, so
-    /// one fsync serves them too. Without it, closed-loop callers split into two alternating
-    /// cohorts that each pay for a commit. Under light load `expected` is 1 and nobody waits;
-    /// the wait is about `linger` at most (commit_delay in PostgreSQL,
-    /// binlog_group_commit_sync_delay in MySQL).
-    ///
-    /// It sleeps in steps and takes whatever queued meanwhile, rather than waiting on the queue:
-    /// callers come back one by one, a few microseconds apart, and a writer blocked on the queue
-    /// is woken for each of them — a futex call in every caller's send and a context switch in
-    /// the writer, per request. Measured with the NATS consumer benchmark, stepping cut the
-    /// writer's CPU per message by a third, grew the batches from about 130 to 200 requests and
-    /// raised throughput by a quarter.
-    fn linger(&self, rx: &flume::Receiver<Job>, batch: &mut Vec<Job>, expected: usize) {
-        gather(
-            rx,
-            batch,
-            expected.min(self.max_batch),
-            self.linger,
-            self.max_batch,
-        );
     }
 
     /// Commits the batch and answers it; returns how many callers to expect next time.
@@ -301,8 +285,21 @@ impl Writer {
     }
 }
 
-/// [`Writer::linger`]'s wait, for any queue: until `batch` holds `expected` items, `linger` has
-/// passed, or nothing has arrived for half of it; never more than `max_batch` items.
+/// Waits briefly for callers answered by the previous commit to send their next request, so
+/// one fsync serves them too. Without it, closed-loop callers split into two alternating
+/// cohorts that each pay for a commit. Under light load `expected` is 1 and nobody waits;
+/// the wait is about `linger` at most (commit_delay in PostgreSQL,
+/// binlog_group_commit_sync_delay in MySQL).
+///
+/// It sleeps in steps and takes whatever queued meanwhile, rather than waiting on the queue:
+/// callers come back one by one, a few microseconds apart, and a writer blocked on the queue
+/// is woken for each of them — a futex call in every caller's send and a context switch in
+/// the writer, per request. Measured with the NATS consumer benchmark, stepping cut the
+/// writer's CPU per message by a third, grew the batches from about 130 to 200 requests and
+/// raised throughput by a quarter.
+///
+/// It returns once `batch` holds `expected` items, `linger` has passed, or nothing has arrived
+/// for half of it; it never takes more than `max_batch` items.
 fn gather<T>(
     rx: &flume::Receiver<T>,
     batch: &mut Vec<T>,

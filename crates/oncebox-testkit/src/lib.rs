@@ -220,6 +220,42 @@ pub fn bench_arg(name: &str, default: usize) -> usize {
         .unwrap_or(default)
 }
 
+/// One thread of this process as Linux's `schedstat` counts it, for benchmarks that split CPU
+/// time by thread name.
+#[derive(Debug, Clone)]
+pub struct ThreadTime {
+    /// The thread's name (`comm`).
+    pub name: String,
+    /// Nanoseconds on a CPU.
+    pub on: u64,
+    /// Nanoseconds runnable but waiting for a CPU.
+    pub waiting: u64,
+}
+
+/// Every live thread of this process with its CPU time; empty where `/proc` has no per-thread
+/// `schedstat` (it is finer than `/proc/self/stat`'s 10 ms ticks).
+pub fn thread_times() -> Vec<ThreadTime> {
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return Vec::new();
+    };
+    tasks
+        .flatten()
+        .map(|task| {
+            let path = task.path();
+            let name = std::fs::read_to_string(path.join("comm")).unwrap_or_default();
+            let stat = std::fs::read_to_string(path.join("schedstat")).unwrap_or_default();
+            let mut fields = stat
+                .split_whitespace()
+                .map(|f| f.parse::<u64>().unwrap_or(0));
+            ThreadTime {
+                name: name.trim_end().to_owned(),
+                on: fields.next().unwrap_or(0),
+                waiting: fields.next().unwrap_or(0),
+            }
+        })
+        .collect()
+}
+
 /// A fixed start time for manual clocks: 2026-01-01T00:00:00Z.
 pub const EPOCH: Timestamp = Timestamp(1_767_225_600_000);
 

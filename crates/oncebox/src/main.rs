@@ -22,14 +22,14 @@ mod serve;
 mod store;
 
 use cli::{Cli, Command, Output};
+use exit::{Code, WithCode};
+use store::Store;
 
 /// mimalloc rather than the system allocator: the gateway's request path allocates many small
 /// short-lived values (headers, JSON, answers); with glibc's allocator they cost about a
 /// quarter of that path's instructions, measured under callgrind with the HTTP benchmark.
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-use exit::{Code, WithCode};
-use store::Store;
 
 fn main() -> ExitCode {
     tracing_subscriber::fmt()

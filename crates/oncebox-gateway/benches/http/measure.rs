@@ -82,20 +82,10 @@ pub struct Cpu {
 
 pub fn cpu() -> Cpu {
     let mut total = Cpu::default();
-    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
-        return total;
-    };
-    for task in tasks.flatten() {
-        let path = task.path();
-        let comm = std::fs::read_to_string(path.join("comm")).unwrap_or_default();
-        let stat = std::fs::read_to_string(path.join("schedstat")).unwrap_or_default();
-        let mut fields = stat
-            .split_whitespace()
-            .map(|f| f.parse::<u64>().unwrap_or(0));
-        let (on, waiting) = (fields.next().unwrap_or(0), fields.next().unwrap_or(0));
+    for oncebox_testkit::ThreadTime { name, on, waiting } in oncebox_testkit::thread_times() {
         total.on += on;
         total.waiting += waiting;
-        match comm.trim_end() {
+        match name.as_str() {
             "oncebox-writer" => {
                 total.writer += on;
                 total.writer_waiting += waiting;

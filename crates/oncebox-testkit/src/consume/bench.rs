@@ -114,24 +114,12 @@ fn cpu_micros() -> Option<f64> {
 }
 
 /// Nanoseconds SQLite's writer threads (`oncebox-writer`) of this process have run and have
-/// waited for a CPU, from Linux's per-thread `schedstat` (finer than `/proc/self/stat`'s 10 ms
-/// ticks); zeros elsewhere.
+/// waited for a CPU; zeros where Linux's per-thread `schedstat` is missing.
 fn writer_nanos() -> (u64, u64) {
-    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
-        return (0, 0);
-    };
-    tasks
-        .flatten()
-        .filter(|t| {
-            std::fs::read_to_string(t.path().join("comm"))
-                .is_ok_and(|c| c.trim_end() == "oncebox-writer")
-        })
-        .filter_map(|t| std::fs::read_to_string(t.path().join("schedstat")).ok())
-        .map(|s| {
-            let mut f = s.split_whitespace().map(|v| v.parse::<u64>().unwrap_or(0));
-            (f.next().unwrap_or(0), f.next().unwrap_or(0))
-        })
-        .fold((0, 0), |(a, b), (on, wait)| (a + on, b + wait))
+    crate::thread_times()
+        .iter()
+        .filter(|t| t.name == "oncebox-writer")
+        .fold((0, 0), |(on, waiting), t| (on + t.on, waiting + t.waiting))
 }
 
 /// Times a drain of `n` messages: runs `run` from now until `counts` show `n` acks, then fires
