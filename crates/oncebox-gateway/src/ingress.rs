@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use axum::body::Body;
-use axum::extract::{Path, State};
+use axum::extract::{Path, Request, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use http_body_util::{BodyExt, LengthLimitError, Limited};
@@ -25,9 +25,11 @@ const NOT_KEPT: [&str; 3] = ["authorization", "cookie", "proxy-authorization"];
 pub(crate) async fn receive<S: EventStore>(
     State(gw): State<Arc<Gateway<S>>>,
     Path(source): Path<String>,
-    headers: HeaderMap,
-    body: Body,
+    request: Request,
 ) -> Response {
+    // The headers are read in place: the `HeaderMap` extractor would copy them all.
+    let (parts, body) = request.into_parts();
+    let headers = &parts.headers;
     let started = Instant::now();
     let label = if gw.config.sources.keys().any(|s| s.as_str() == source) || gw.config.open_sources
     {
@@ -43,7 +45,7 @@ pub(crate) async fn receive<S: EventStore>(
             "unknown-source",
             format!("no source named {source:?}"),
         )),
-        Some((source, policy)) => receive_for(&gw, &source, policy, &headers, body).await,
+        Some((source, policy)) => receive_for(&gw, &source, policy, headers, body).await,
     };
     let outcome = answer.outcome();
     metrics::counter!("oncebox_ingest_total", "source" => label.clone(), "outcome" => outcome)

@@ -4,22 +4,21 @@
 use rusqlite::Connection;
 
 /// Commits between two checkpoints: often enough to keep the WAL small, rarely enough that the
-/// extra fsync of the database file stays a small cost.
-const EVERY: usize = 64;
+/// extra fsync of the database file stays a small cost. The writer counts them and signals
+/// once per checkpoint: a signal per commit woke this thread for nothing 63 times out of 64.
+pub(crate) const EVERY: u32 = 64;
 
 /// Pages in the WAL at which the writer checkpoints by itself after all (SQLite's
 /// `wal_autocheckpoint`): a bound on the log should this thread fall behind.
 pub(crate) const WRITER_FALLBACK_PAGES: i64 = 16_384;
 
-/// Runs until the writer drops its sender; one last checkpoint keeps the WAL short at close.
-pub(crate) fn run(conn: &Connection, commits: &flume::Receiver<()>) {
-    let mut since = 0;
-    while commits.recv().is_ok() {
-        since += 1 + commits.try_iter().count();
-        if since >= EVERY {
-            since = 0;
-            checkpoint(conn);
-        }
+/// Checkpoints on each signal until the writer drops its sender; one last checkpoint keeps the
+/// WAL short at close.
+pub(crate) fn run(conn: &Connection, due: &flume::Receiver<()>) {
+    while due.recv().is_ok() {
+        // Signals that queued while the last checkpoint ran are served by this one.
+        due.try_iter().for_each(drop);
+        checkpoint(conn);
     }
     checkpoint(conn);
 }

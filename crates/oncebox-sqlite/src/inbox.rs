@@ -80,7 +80,7 @@ impl Inbox {
             })?;
         let checkpointer = schema::open_checkpointer(&options)?;
         let stats = Arc::new(Stats::default());
-        let (committed, commits) = flume::bounded(1024);
+        let (checkpoint_due, due) = flume::bounded(1);
         let (sender, receiver) = flume::bounded(options.queue_capacity.max(1));
         let writer = Writer {
             conn,
@@ -88,7 +88,8 @@ impl Inbox {
             fence: std::cell::Cell::new(fence),
             max_batch: options.max_batch,
             linger: options.linger,
-            committed: Some(committed),
+            checkpoint_due: Some(checkpoint_due),
+            since_checkpoint: std::cell::Cell::new(0),
             stats: stats.clone(),
         };
         let writer = std::thread::Builder::new()
@@ -100,7 +101,7 @@ impl Inbox {
             .map_err(OpenError::Thread)?;
         let checkpointer = std::thread::Builder::new()
             .name("oncebox-ckpt".into())
-            .spawn(move || checkpoint::run(&checkpointer, &commits))
+            .spawn(move || checkpoint::run(&checkpointer, &due))
             .map_err(OpenError::Thread)?;
         Ok(Inbox {
             shared: Arc::new(Shared {

@@ -183,12 +183,31 @@ pub(crate) fn open_writer(o: &Options) -> Result<Connection, OpenError> {
     Ok(conn)
 }
 
+/// How much of the database file a reader maps into memory: SQLite's compiled ceiling for
+/// `mmap_size` (just under 2 GiB), the whole file for any inbox below that size.
+///
+/// Why: a duplicate is answered by a reader looking its key up, and with random keys over a
+/// large inbox that look misses the reader's small page cache almost every time; each miss was
+/// a `pread` system call, a 4 KiB copy and a cache slot recycled. Mapped, the page is read in
+/// place from the OS page cache. Measured with the gateway benchmark (1 000 000 stored events,
+/// duplicates only), request threads went from 32–35 to 24–26 µs of CPU per request. Pages
+/// still in the WAL are read as before. The writer's reads go through its own 64 MiB cache,
+/// and mapping its file did not measurably change its cost.
+///
+/// What mapping changes: an I/O error while reading a mapped page arrives as SIGBUS, which
+/// ends the process, instead of as an error code. No answer is lost by that: nothing is
+/// answered before its commit, and a sender's retry after the restart is deduplicated as
+/// usual. A mapped file shrinking under a reader would fault the same way; oncebox never
+/// shrinks it (no VACUUM, no auto-vacuum: purged rows leave free pages behind).
+const READER_MMAP_BYTES: i64 = 0x7fff_0000;
+
 /// Opens a connection for reads only.
 pub(crate) fn open_reader(o: &Options) -> Result<Connection, rusqlite::Error> {
     crate::pcache::install();
     let conn = Connection::open(&o.path)?;
     conn.busy_timeout(o.busy_timeout)?;
     conn.execute_batch("PRAGMA query_only = ON; PRAGMA foreign_keys = ON;")?;
+    conn.pragma_update(None, "mmap_size", READER_MMAP_BYTES)?;
     Ok(conn)
 }
 
@@ -296,5 +315,46 @@ mod tests {
             .query_row("PRAGMA writable_schema", [], |r| r.get(0))
             .unwrap();
         assert_eq!(writable, 0);
+    }
+
+    /// Readers map the file, and read through the map what was checkpointed into it, and
+    /// through the WAL what was committed since.
+    #[test]
+    fn readers_map_the_file_and_see_every_commit() {
+        let dir = tempfile::tempdir().unwrap();
+        let options = Options::new(dir.path().join("mapped.db"));
+        let mut writer = open_writer(&options).unwrap();
+        migrate(&mut writer, &options).unwrap();
+        let reader = open_reader(&options).unwrap();
+        let mapped: i64 = reader
+            .query_row("PRAGMA mmap_size", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(mapped, READER_MMAP_BYTES);
+        let state = |id: &str| -> String {
+            reader
+                .query_row(
+                    "SELECT state FROM oncebox_inbox WHERE event_id = ?1",
+                    [id],
+                    |r| r.get(0),
+                )
+                .unwrap()
+        };
+        for id in 0..500 {
+            writer
+                .execute(INSERT, [format!("e{id}"), "completed".to_owned()])
+                .unwrap();
+        }
+        writer
+            .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))
+            .unwrap();
+        assert_eq!(state("e7"), "completed");
+        writer
+            .execute(
+                "UPDATE oncebox_inbox SET state = 'rejected' WHERE event_id = 'e7'",
+                [],
+            )
+            .unwrap();
+        assert_eq!(state("e7"), "rejected");
+        assert_eq!(state("e499"), "completed");
     }
 }
