@@ -35,6 +35,7 @@ mod schema;
 mod stmts;
 mod store;
 mod tx;
+mod walvfs;
 mod writer;
 
 pub use consume::InboxHandler;

@@ -1,6 +1,6 @@
 //! The embedded schema migrations and the pragmas every connection gets.
 
-use rusqlite::{Connection, Transaction, TransactionBehavior};
+use rusqlite::{Connection, OpenFlags, Transaction, TransactionBehavior};
 
 use crate::error::OpenError;
 use crate::options::{Durability, Options};
@@ -170,7 +170,13 @@ fn synchronous(d: Durability) -> &'static str {
 pub(crate) fn open_writer(o: &Options) -> Result<Connection, OpenError> {
     crate::pcache::install();
     let err = sqlite_err(o);
-    let conn = Connection::open(&o.path).map_err(&err)?;
+    // The log's appends are gathered per commit only where every commit syncs it (walvfs.rs).
+    let conn = if o.durability == Durability::Full && crate::walvfs::register() {
+        Connection::open_with_flags_and_vfs(&o.path, OpenFlags::default(), crate::walvfs::NAME)
+    } else {
+        Connection::open(&o.path)
+    }
+    .map_err(&err)?;
     conn.busy_timeout(o.busy_timeout).map_err(&err)?;
     let sync = synchronous(o.durability);
     conn.execute_batch(&format!(
@@ -215,7 +221,13 @@ pub(crate) fn open_reader(o: &Options) -> Result<Connection, rusqlite::Error> {
 pub(crate) fn open_checkpointer(o: &Options) -> Result<Connection, OpenError> {
     crate::pcache::install();
     let err = sqlite_err(o);
-    let conn = Connection::open(&o.path).map_err(&err)?;
+    // The log's appends are gathered per commit only where every commit syncs it (walvfs.rs).
+    let conn = if o.durability == Durability::Full && crate::walvfs::register() {
+        Connection::open_with_flags_and_vfs(&o.path, OpenFlags::default(), crate::walvfs::NAME)
+    } else {
+        Connection::open(&o.path)
+    }
+    .map_err(&err)?;
     conn.busy_timeout(o.busy_timeout).map_err(&err)?;
     let sync = synchronous(o.durability);
     conn.execute_batch(&format!(
