@@ -221,13 +221,7 @@ pub(crate) fn open_reader(o: &Options) -> Result<Connection, rusqlite::Error> {
 pub(crate) fn open_checkpointer(o: &Options) -> Result<Connection, OpenError> {
     crate::pcache::install();
     let err = sqlite_err(o);
-    // The log's appends are gathered per commit only where every commit syncs it (walvfs.rs).
-    let conn = if o.durability == Durability::Full && crate::walvfs::register() {
-        Connection::open_with_flags_and_vfs(&o.path, OpenFlags::default(), crate::walvfs::NAME)
-    } else {
-        Connection::open(&o.path)
-    }
-    .map_err(&err)?;
+    let conn = Connection::open(&o.path).map_err(&err)?;
     conn.busy_timeout(o.busy_timeout).map_err(&err)?;
     let sync = synchronous(o.durability);
     conn.execute_batch(&format!(

@@ -9,11 +9,14 @@
 //! Only the write-ahead log of a connection opened with this VFS is wrapped; the database file
 //! and the shared-memory index get the default VFS's own methods untouched. Appends that follow
 //! each other are gathered in memory; anything else — a write elsewhere, a read of the
-//! gathered range, a sync, a truncation, a size query, a file control, closing — writes them
-//! out first. That is sound only where every commit syncs the log (`synchronous=FULL`): SQLite
-//! publishes a commit to other connections after that sync, so no reader can look for frames
-//! still held here, and a crash can only lose frames of a commit that had not returned. The
-//! writer connection uses this VFS at `Durability::Full` only.
+//! gathered range, a sync, a truncation, a size query, a file control — writes them out first.
+//! That is sound only where every commit syncs the log (`synchronous=FULL`): SQLite publishes
+//! a commit to other connections after that sync, so no reader can look for frames still held
+//! here, and a crash can only lose frames of a commit that had not returned. So gathered bytes
+//! outlive a write transaction only if it did not commit; they are dropped then
+//! ([`discard_pending`] after a rollback, and at close), never written over frames another
+//! connection may have committed since. The writer connection uses this VFS at
+//! `Durability::Full` only.
 #![allow(unsafe_code, reason = "SQLite's VFS interface is a C vtable")]
 
 use std::ffi::{CStr, c_int, c_void};
@@ -211,14 +214,39 @@ unsafe extern "C" fn close(f: *mut ffi::sqlite3_file) -> c_int {
     // file after xClose.
     unsafe {
         let w = wal(f);
-        let flushed = flush(w);
+        // Whatever is still gathered belongs to no commit (a commit syncs, which writes it
+        // out): dropped, never written.
         let closed = methods(w).xClose.map_or(ffi::SQLITE_OK, |x| x(w.inner));
         std::ptr::drop_in_place(&raw mut w.pending);
-        if flushed == ffi::SQLITE_OK {
-            closed
-        } else {
-            flushed
+        closed
+    }
+}
+
+/// Drops the appends `conn`'s write transaction gathered without committing; returns how many
+/// bytes that was. The writer calls it after every rollback.
+///
+/// Why: a transaction larger than the cache writes frames before its commit. Rolled back,
+/// those frames belong to nothing, and once the write lock is released another connection
+/// may commit its own frames at the same offsets; writing ours out later would overwrite them.
+pub(crate) fn discard_pending(conn: &rusqlite::Connection) -> usize {
+    let mut file: *mut ffi::sqlite3_file = std::ptr::null_mut();
+    // SAFETY: SQLITE_FCNTL_JOURNAL_POINTER stores the main database's journal or WAL file
+    // pointer (or null) into `file`; the connection is open for the duration of the call, and
+    // the file is only touched if it is one of ours, on the connection's own thread.
+    unsafe {
+        let rc = ffi::sqlite3_file_control(
+            conn.handle(),
+            c"main".as_ptr(),
+            ffi::SQLITE_FCNTL_JOURNAL_POINTER,
+            (&raw mut file).cast(),
+        );
+        if rc != ffi::SQLITE_OK || file.is_null() || !std::ptr::eq((*file).pMethods, &METHODS) {
+            return 0;
         }
+        let w = wal(file);
+        let dropped = w.pending.len();
+        w.pending.clear();
+        dropped
     }
 }
 

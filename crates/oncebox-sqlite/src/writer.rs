@@ -292,6 +292,9 @@ impl Writer {
         if !self.conn.is_autocommit() {
             let _ = self.conn.execute_batch("ROLLBACK");
         }
+        // Frames the batch wrote before failing must never reach the log after the write lock
+        // is gone (walvfs.rs).
+        crate::walvfs::discard_pending(&self.conn);
         self.stats.failed_batches.fetch_add(1, Ordering::Relaxed);
         tracing::warn!(error = %why, requests = finishes.len(), "batch rolled back");
         finishes.into_iter().for_each(|f| f(Some(why.clone())));
