@@ -167,7 +167,7 @@ impl Inbox {
         let found = self
             .shared
             .readers
-            .with(|c| read::committed(c, key))
+            .look(|c| read::committed(c, key))
             .ok()??;
         (found.0 == fingerprint.as_bytes()[..]).then_some(found.1)
     }
