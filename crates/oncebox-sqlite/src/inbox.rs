@@ -80,7 +80,7 @@ impl Inbox {
             })?;
         let checkpointer = schema::open_checkpointer(&options)?;
         let stats = Arc::new(Stats::default());
-        let (checkpoint_due, due) = flume::bounded(1);
+        let (checkpoint, due) = checkpoint::due();
         let (sender, receiver) = flume::bounded(options.queue_capacity.max(1));
         let writer = Writer {
             conn,
@@ -88,8 +88,7 @@ impl Inbox {
             fence: std::cell::Cell::new(fence),
             max_batch: options.max_batch,
             linger: options.linger,
-            checkpoint_due: Some(checkpoint_due),
-            since_checkpoint: std::cell::Cell::new(0),
+            checkpoint,
             stats: stats.clone(),
         };
         let writer = std::thread::Builder::new()

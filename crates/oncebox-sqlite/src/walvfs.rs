@@ -92,6 +92,14 @@ struct WalFile {
     start: i64,
 }
 
+impl WalFile {
+    /// The file offset just past the gathered appends.
+    fn end(&self) -> i64 {
+        self.start
+            .saturating_add(i64::try_from(self.pending.len()).unwrap_or(i64::MAX))
+    }
+}
+
 unsafe extern "C" fn open(
     _vfs: *mut ffi::sqlite3_vfs,
     name: ffi::sqlite3_filename,
@@ -254,9 +262,7 @@ unsafe extern "C" fn read(f: *mut ffi::sqlite3_file, buf: *mut c_void, n: c_int,
     // SAFETY: `f` is ours; forwarding after writing out anything the read could overlap.
     unsafe {
         let w = wal(f);
-        let end = w
-            .start
-            .saturating_add(i64::try_from(w.pending.len()).unwrap_or(i64::MAX));
+        let end = w.end();
         if !w.pending.is_empty() && at < end && at.saturating_add(i64::from(n)) > w.start {
             READ_FLUSHES.fetch_add(1, Ordering::Relaxed);
             let rc = flush(w);
@@ -280,9 +286,7 @@ unsafe extern "C" fn write(
     unsafe {
         let w = wal(f);
         let len = usize::try_from(n).unwrap_or(0);
-        let end = w
-            .start
-            .saturating_add(i64::try_from(w.pending.len()).unwrap_or(i64::MAX));
+        let end = w.end();
         if !w.pending.is_empty() && at != end {
             let rc = flush(w);
             if rc != ffi::SQLITE_OK {

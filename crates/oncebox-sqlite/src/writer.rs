@@ -130,11 +130,8 @@ pub(crate) struct Writer {
     pub fence: Cell<i64>,
     pub max_batch: usize,
     pub linger: Duration,
-    /// Told every `checkpoint::EVERY` commits, so WAL checkpoints run off the writer's
-    /// critical path.
-    pub checkpoint_due: Option<flume::Sender<()>>,
-    /// Commits since the checkpointer was last told.
-    pub since_checkpoint: Cell<u32>,
+    /// Told of each commit, so WAL checkpoints run off the writer's critical path.
+    pub checkpoint: crate::checkpoint::Due,
     pub stats: Arc<Stats>,
 }
 
@@ -261,7 +258,7 @@ impl Writer {
                     .committed_requests
                     .fetch_add(finishes.len() as u64, Ordering::Relaxed);
                 finishes.into_iter().for_each(|f| f(None));
-                self.count_for_checkpoint();
+                self.checkpoint.committed();
                 next
             }
             Err(e) => {
@@ -271,18 +268,6 @@ impl Writer {
                 self.abort(finishes, &why);
                 1
             }
-        }
-    }
-
-    fn count_for_checkpoint(&self) {
-        let since = self.since_checkpoint.get() + 1;
-        if since < crate::checkpoint::EVERY {
-            self.since_checkpoint.set(since);
-            return;
-        }
-        self.since_checkpoint.set(0);
-        if let Some(tx) = &self.checkpoint_due {
-            let _ = tx.try_send(());
         }
     }
 
