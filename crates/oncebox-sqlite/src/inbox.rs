@@ -51,6 +51,16 @@ impl Drop for Shared {
     }
 }
 
+/// What `committed_duplicate` did.
+pub(crate) enum Look {
+    /// A committed duplicate: its first answer.
+    Found(Response),
+    /// Looked, and the key is not committed with this fingerprint.
+    Missed,
+    /// Did not look: looks do not pay at the moment.
+    Skipped,
+}
+
 impl fmt::Debug for Inbox {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Inbox").finish_non_exhaustive()
@@ -172,15 +182,26 @@ impl Inbox {
     }
 
     /// `committed_answer` before the writer, for the gateway's ingest: duplicates, the most
-    /// common webhook retry, skip the writer queue. Looks only while looks pay (`ProbeGate`);
-    /// `None` sends the event to the writer, which answers a duplicate too.
-    pub(crate) fn committed_duplicate(&self, event: &Event) -> Option<Response> {
+    /// common webhook retry, skip the writer queue. Looks only while looks pay (`ProbeGate`):
+    /// `Skipped` sends the event to the writer, which answers a duplicate too, and whose
+    /// answer is then told to the gate with [`Inbox::skipped_look`].
+    pub(crate) fn committed_duplicate(&self, event: &Event) -> Look {
         if !self.shared.probe.look() {
-            return None;
+            return Look::Skipped;
         }
         let found = self.committed_answer(&event.key, &event.fingerprint);
         self.shared.probe.found(found.is_some());
-        found
+        found.map_or(Look::Missed, Look::Found)
+    }
+
+    /// What the writer answered a request whose look was skipped: a duplicate there is a look
+    /// that would have paid. A failure tells nothing about the keys and is not counted.
+    pub(crate) fn skipped_look(&self, out: &Result<Processed, ProcessError>) {
+        if let Ok(processed) = out {
+            self.shared
+                .probe
+                .found(matches!(processed, Processed::Duplicate(_)));
+        }
     }
 
     /// Takes a fenced lease on the key for an effect outside the database.
@@ -284,31 +305,25 @@ impl Inbox {
         self.read(move |c| read::record(c, &key)).await
     }
 
-    fn job<T, E, F>(&self, run: F) -> (Job, flume::Receiver<Result<T, E>>, Instant)
-    where
-        T: Send + 'static,
-        E: From<Unavailable> + Send + 'static,
-        F: FnOnce(&mut Cx<'_, '_>) -> Result<Result<T, E>, Fatal> + Send + 'static,
-    {
-        let deadline = Instant::now() + self.shared.deadline;
-        let (tx, rx) = flume::bounded(1);
-        (Job::new(deadline, tx, run), rx, deadline)
-    }
-
     pub(crate) async fn submit<T, E, F>(&self, run: F) -> Result<T, E>
     where
         T: Send + 'static,
         E: From<Unavailable> + Send + 'static,
         F: FnOnce(&mut Cx<'_, '_>) -> Result<Result<T, E>, Fatal> + Send + 'static,
     {
-        let (job, rx, deadline) = self.job(run);
+        let deadline = Instant::now() + self.shared.deadline;
+        // A oneshot: one allocation and no lock per answer, where a bounded channel cost a
+        // mutex and a waiter registration on every request.
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        // A caller that gave up (deadline) has dropped its receiver; nothing to do then.
+        let job = Job::new(deadline, move |answer| drop(tx.send(answer)), run);
         let sender = self.shared.sender.as_ref().ok_or(Unavailable::Closed)?;
         let wait = async {
             sender
                 .send_async(job)
                 .await
                 .map_err(|_| Unavailable::Closed)?;
-            rx.recv_async().await.map_err(|_| Unavailable::Closed)
+            rx.await.map_err(|_| Unavailable::Closed)
         };
         match tokio::time::timeout_at(deadline.into(), wait).await {
             Ok(Ok(answer)) => answer,
@@ -323,7 +338,9 @@ impl Inbox {
         E: From<Unavailable> + Send + 'static,
         F: FnOnce(&mut Cx<'_, '_>) -> Result<Result<T, E>, Fatal> + Send + 'static,
     {
-        let (job, rx, deadline) = self.job(run);
+        let deadline = Instant::now() + self.shared.deadline;
+        let (tx, rx) = flume::bounded(1);
+        let job = Job::new(deadline, move |answer| drop(tx.send(answer)), run);
         let sender = self.shared.sender.as_ref().ok_or(Unavailable::Closed)?;
         sender.send_deadline(job, deadline).map_err(|e| match e {
             flume::SendTimeoutError::Timeout(_) => Unavailable::Deadline,

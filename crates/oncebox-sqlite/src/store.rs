@@ -12,7 +12,7 @@ use oncebox_core::{
 use rusqlite::{Connection, OptionalExtension, Row, params};
 
 use crate::error::Error;
-use crate::inbox::Inbox;
+use crate::inbox::{Inbox, Look};
 use crate::process;
 use crate::tx::{HandlerError, Tx};
 
@@ -124,7 +124,8 @@ impl EventStore for Inbox {
         let Some(order) = order else {
             // Without an ordering guard a new key needs one write; a known key (duplicate,
             // conflict, lease) takes the general path in the same writer request.
-            if let Some(first) = self.committed_duplicate(&event) {
+            let look = self.committed_duplicate(&event);
+            if let Look::Found(first) = look {
                 return Ok(Processed::Duplicate(first));
             }
             // When the look was skipped and the writer cannot answer (the file locked, say), a
@@ -145,6 +146,9 @@ impl EventStore for Inbox {
                     process::run(cx, &event, Box::new(handler))
                 })
                 .await;
+            if matches!(look, Look::Skipped) {
+                self.skipped_look(&out);
+            }
             return self.or_committed(out, &key, &fingerprint);
         };
         self.process(event, move |tx| {

@@ -85,31 +85,31 @@ pub(crate) struct Job {
 
 impl Job {
     /// Wraps `run` so its answer is held back until commit and replaced by `Unavailable` if the
-    /// batch does not commit.
-    pub fn new<T, E, F>(deadline: Instant, reply: flume::Sender<Result<T, E>>, run: F) -> Job
+    /// batch does not commit. `reply` hands the answer to the caller (a channel's send).
+    pub fn new<T, E, F, R>(deadline: Instant, reply: R, run: F) -> Job
     where
         T: Send + 'static,
         E: From<Unavailable> + Send + 'static,
         F: FnOnce(&mut Cx<'_, '_>) -> Result<Result<T, E>, Fatal> + Send + 'static,
+        R: FnOnce(Result<T, E>) + Send + 'static,
     {
         let work: Work = Box::new(move |cx| {
             let cx = match cx {
                 Ok(cx) => cx,
                 Err(why) => {
-                    let _ = reply.send(Err(E::from(why)));
+                    reply(Err(E::from(why)));
                     return Ok(Box::new(|_| {}));
                 }
             };
             let answer = match run(cx) {
                 Ok(answer) => answer,
                 Err(Fatal(why)) => {
-                    let _ = reply.send(Err(E::from(why.clone())));
+                    reply(Err(E::from(why.clone())));
                     return Err(Fatal(why));
                 }
             };
             Ok(Box::new(move |failed| {
-                // A caller that gave up (deadline) has dropped its receiver; nothing to do then.
-                let _ = reply.send(match failed {
+                reply(match failed {
                     None => answer,
                     Some(why) => Err(E::from(why)),
                 });

@@ -114,6 +114,54 @@ fn ingest_replays_committed_keys_under_a_lock_after_looks_stopped_paying() {
     });
 }
 
+/// Once new keys have stopped the reader looks, retries coming back reopen them through the
+/// writer's answers alone: after a bounded run of duplicates answered by the writer, the rest
+/// are answered by a reader without reaching the writer at all.
+#[test]
+fn duplicates_the_writer_answers_reopen_the_reader_looks() {
+    use oncebox_core::store::{EventStore, Ingest};
+    let ingest = |e: Event| Ingest {
+        event: e,
+        order: None,
+        accepted: b"accepted".to_vec(),
+        stale: Vec::new(),
+        routes: Vec::new(),
+    };
+    run(async {
+        let dir = tempfile::tempdir().unwrap();
+        let inbox = Inbox::open(Options::new(dir.path().join("o.db"))).unwrap();
+        for i in 0..64 {
+            let out = inbox.ingest(ingest(event(&format!("k-{i}")))).await;
+            assert!(matches!(out, Ok(Processed::Applied(_))), "{out:?}");
+        }
+        let written = inbox.stats().committed_requests();
+        assert_eq!(written, 64, "every new key went through the writer");
+        for i in 0..64 {
+            let out = inbox.ingest(ingest(event(&format!("k-{i}")))).await;
+            assert_eq!(
+                out.unwrap(),
+                Processed::Duplicate(Response::completed("accepted"))
+            );
+        }
+        let by_writer = inbox.stats().committed_requests() - written;
+        assert!(
+            (1..=32).contains(&by_writer),
+            "the first retries met the closed gate and the writer answered them, then the \
+             looks resumed: {by_writer} of 64 went to the writer"
+        );
+        let before = inbox.stats().committed_requests();
+        for i in 0..16 {
+            let out = inbox.ingest(ingest(event(&format!("k-{i}")))).await;
+            assert!(out.unwrap().is_duplicate());
+        }
+        assert_eq!(
+            inbox.stats().committed_requests(),
+            before,
+            "with the gate open, duplicates are answered by a reader"
+        );
+    });
+}
+
 #[test]
 fn request_past_its_deadline_is_unavailable_and_writes_nothing() {
     run(async {
