@@ -2,6 +2,7 @@
 //! the batch it joined committed; reads go to reader connections.
 
 use std::fmt;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -16,6 +17,7 @@ use crate::error::{Error, OpenError};
 use crate::options::{Durability, Options};
 use crate::probe::ProbeGate;
 use crate::read::Readers;
+use crate::recent::Recent;
 use crate::tx::{HandlerError, Tx};
 use crate::writer::{Cx, Fatal, Job, Stats, Writer};
 use crate::{checkpoint, lease, process, purge, read, schema};
@@ -34,6 +36,8 @@ struct Shared {
     readers: Readers,
     /// Whether looking for a committed duplicate on a reader currently pays.
     probe: ProbeGate,
+    /// First answers of recently committed keys.
+    recent: Recent,
     deadline: Duration,
     stats: Arc<Stats>,
     /// Bounds each purge's `now` by monotonic time (`oncebox_core::purge_now`).
@@ -119,6 +123,7 @@ impl Inbox {
                 deadline: options.deadline,
                 stats,
                 clock: options.clock.clone(),
+                recent: Recent::new(options.recent_answers),
                 readers: Readers::new(options),
                 probe: ProbeGate::default(),
             }),
@@ -186,12 +191,26 @@ impl Inbox {
     /// `Skipped` sends the event to the writer, which answers a duplicate too, and whose
     /// answer is then told to the gate with [`Inbox::skipped_look`].
     pub(crate) fn committed_duplicate(&self, event: &Event) -> Look {
+        // Not told to the gate: it weighs looks for the duplicates memory does not hold.
+        if let Some(first) = self.shared.recent.get(&event.key, &event.fingerprint) {
+            self.shared
+                .stats
+                .from_memory
+                .fetch_add(1, Ordering::Relaxed);
+            return Look::Found(first);
+        }
         if !self.shared.probe.look() {
             return Look::Skipped;
         }
         let found = self.committed_answer(&event.key, &event.fingerprint);
         self.shared.probe.found(found.is_some());
         found.map_or(Look::Missed, Look::Found)
+    }
+
+    /// Remembers the committed first answer of `key` (`recent.rs`). Only for an answer read
+    /// from, or written by, a committed record.
+    pub(crate) fn remember(&self, key: &Key, fingerprint: Fingerprint, answer: &Response) {
+        self.shared.recent.put(key, fingerprint, answer);
     }
 
     /// What the writer answered a request whose look was skipped: a duplicate there is a look
@@ -249,6 +268,10 @@ impl Inbox {
                 .submit(move |cx| purge::chunk(cx, after, now, &r))
                 .await?;
             deleted += chunk.deleted;
+            if chunk.deleted > 0 {
+                // Deleted records must not be answered from memory (recent.rs).
+                self.shared.recent.clear();
+            }
             match chunk.next {
                 Some(next) => after = next,
                 None => return Ok(deleted),

@@ -31,6 +31,7 @@ mod probe;
 mod process;
 mod purge;
 mod read;
+mod recent;
 mod schema;
 mod stmts;
 mod store;

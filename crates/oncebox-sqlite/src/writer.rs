@@ -142,6 +142,7 @@ pub struct Stats {
     pub(crate) committed_requests: AtomicU64,
     pub(crate) failed_batches: AtomicU64,
     pub(crate) commit_nanos: AtomicU64,
+    pub(crate) from_memory: AtomicU64,
 }
 
 impl Stats {
@@ -158,6 +159,11 @@ impl Stats {
     /// Time spent in `COMMIT` (writing the WAL and syncing it), in total.
     pub fn commit_time(&self) -> Duration {
         Duration::from_nanos(self.commit_nanos.load(Ordering::Relaxed))
+    }
+
+    /// Duplicates answered from the memory of recent first answers, without a read.
+    pub fn answered_from_memory(&self) -> u64 {
+        self.from_memory.load(Ordering::Relaxed)
     }
 
     /// Batches rolled back and answered `Unavailable`.

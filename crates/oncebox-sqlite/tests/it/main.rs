@@ -5,6 +5,7 @@ mod crash;
 mod deliveries;
 mod examples;
 mod harness;
+mod recent;
 mod sqlite;
 
 oncebox_testkit::conformance!(harness::Sqlite);
