@@ -2,14 +2,13 @@
 //! the batch it joined committed; reads go to reader connections.
 
 use std::fmt;
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use oncebox_core::{
-    Begun, Event, Fingerprint, Key, Lease, LeaseError, ProcessError, Processed, Record, Resolution,
-    Response, Retention, Timestamp, Unavailable,
+    Begun, Event, Key, Lease, LeaseError, ProcessError, Processed, Record, Resolution, Response,
+    Retention, Timestamp, Unavailable,
 };
 use rusqlite::Connection;
 
@@ -21,6 +20,9 @@ use crate::recent::Recent;
 use crate::tx::{HandlerError, Tx};
 use crate::writer::{Cx, Fatal, Job, Stats, Writer};
 use crate::{checkpoint, lease, process, purge, read, schema};
+
+mod answers;
+pub(crate) use answers::Look;
 
 /// The inbox on one SQLite file. Cheap to clone; the writer thread stops when the last clone
 /// is dropped, after answering what was queued.
@@ -53,16 +55,6 @@ impl Drop for Shared {
             threads.drain(..).for_each(|t| drop(t.join()));
         }
     }
-}
-
-/// What `committed_duplicate` did.
-pub(crate) enum Look {
-    /// A committed duplicate: its first answer.
-    Found(Response),
-    /// Looked, and the key is not committed with this fingerprint.
-    Missed,
-    /// Did not look: looks do not pay at the moment.
-    Skipped,
 }
 
 impl fmt::Debug for Inbox {
@@ -136,11 +128,18 @@ impl Inbox {
     where
         F: FnOnce(&mut Tx<'_>) -> Result<Response, HandlerError> + Send + 'static,
     {
+        if let Some(first) = self.remembered(&event) {
+            return Ok(Processed::Duplicate(first));
+        }
         let (key, fingerprint) = (event.key.clone(), event.fingerprint);
         let out = self
             .submit(move |cx| process::run(cx, &event, Box::new(handler)))
             .await;
-        self.or_committed(out, &key, &fingerprint)
+        self.settled(
+            self.or_committed(out, &key, &fingerprint),
+            &key,
+            fingerprint,
+        )
     }
 
     /// `process` for threads outside an async runtime. Blocks the calling thread.
@@ -148,79 +147,16 @@ impl Inbox {
     where
         F: FnOnce(&mut Tx<'_>) -> Result<Response, HandlerError> + Send + 'static,
     {
+        if let Some(first) = self.remembered(&event) {
+            return Ok(Processed::Duplicate(first));
+        }
         let (key, fingerprint) = (event.key.clone(), event.fingerprint);
         let out = self.submit_blocking(move |cx| process::run(cx, &event, Box::new(handler)));
-        self.or_committed(out, &key, &fingerprint)
-    }
-
-    /// When the writer cannot answer (the file locked by another process, a deadline passed), a
-    /// key already committed is still answered from its record on a reader connection. Only
-    /// then: reading first for every event cost new keys, the common case for consumers, a
-    /// read transaction each (8% of the consumer benchmark's instructions), and the writer
-    /// answers duplicates from the same record.
-    pub(crate) fn or_committed(
-        &self,
-        out: Result<Processed, ProcessError>,
-        key: &Key,
-        fingerprint: &Fingerprint,
-    ) -> Result<Processed, ProcessError> {
-        match out {
-            Err(ProcessError::Unavailable(why)) => match self.committed_answer(key, fingerprint) {
-                Some(first) => Ok(Processed::Duplicate(first)),
-                None => Err(ProcessError::Unavailable(why)),
-            },
-            other => other,
-        }
-    }
-
-    /// The first response of a key already committed with `fingerprint`, read on a reader
-    /// connection. A reader sees only committed records, so this is a duplicate answer G3
-    /// allows. Anything else — no record, another fingerprint (the conflict must be recorded),
-    /// a lease, an error — is `None`.
-    fn committed_answer(&self, key: &Key, fingerprint: &Fingerprint) -> Option<Response> {
-        let found = self
-            .shared
-            .readers
-            .look(|c| read::committed(c, key))
-            .ok()??;
-        (found.0 == fingerprint.as_bytes()[..]).then_some(found.1)
-    }
-
-    /// `committed_answer` before the writer, for the gateway's ingest: duplicates, the most
-    /// common webhook retry, skip the writer queue. Looks only while looks pay (`ProbeGate`):
-    /// `Skipped` sends the event to the writer, which answers a duplicate too, and whose
-    /// answer is then told to the gate with [`Inbox::skipped_look`].
-    pub(crate) fn committed_duplicate(&self, event: &Event) -> Look {
-        // Not told to the gate: it weighs looks for the duplicates memory does not hold.
-        if let Some(first) = self.shared.recent.get(&event.key, &event.fingerprint) {
-            self.shared
-                .stats
-                .from_memory
-                .fetch_add(1, Ordering::Relaxed);
-            return Look::Found(first);
-        }
-        if !self.shared.probe.look() {
-            return Look::Skipped;
-        }
-        let found = self.committed_answer(&event.key, &event.fingerprint);
-        self.shared.probe.found(found.is_some());
-        found.map_or(Look::Missed, Look::Found)
-    }
-
-    /// Remembers the committed first answer of `key` (`recent.rs`). Only for an answer read
-    /// from, or written by, a committed record.
-    pub(crate) fn remember(&self, key: &Key, fingerprint: Fingerprint, answer: &Response) {
-        self.shared.recent.put(key, fingerprint, answer);
-    }
-
-    /// What the writer answered a request whose look was skipped: a duplicate there is a look
-    /// that would have paid. A failure tells nothing about the keys and is not counted.
-    pub(crate) fn skipped_look(&self, out: &Result<Processed, ProcessError>) {
-        if let Ok(processed) = out {
-            self.shared
-                .probe
-                .found(matches!(processed, Processed::Duplicate(_)));
-        }
+        self.settled(
+            self.or_committed(out, &key, &fingerprint),
+            &key,
+            fingerprint,
+        )
     }
 
     /// Takes a fenced lease on the key for an effect outside the database.

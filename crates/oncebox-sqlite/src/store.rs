@@ -149,12 +149,11 @@ impl EventStore for Inbox {
             if matches!(look, Look::Skipped) {
                 self.skipped_look(&out);
             }
-            let out = self.or_committed(out, &key, &fingerprint);
-            // Either answer comes from a committed record that answers every duplicate alike.
-            if let Ok(Processed::Applied(answer) | Processed::Duplicate(answer)) = &out {
-                self.remember(&key, fingerprint, answer);
-            }
-            return out;
+            return self.settled(
+                self.or_committed(out, &key, &fingerprint),
+                &key,
+                fingerprint,
+            );
         };
         self.process(event, move |tx| {
             match tx.advance(&namespace, &order.entity, order.version) {
