@@ -128,18 +128,11 @@ impl Inbox {
     where
         F: FnOnce(&mut Tx<'_>) -> Result<Response, HandlerError> + Send + 'static,
     {
-        if let Some(first) = self.remembered(&event) {
-            return Ok(Processed::Duplicate(first));
-        }
         let (key, fingerprint) = (event.key.clone(), event.fingerprint);
         let out = self
             .submit(move |cx| process::run(cx, &event, Box::new(handler)))
             .await;
-        self.settled(
-            self.or_committed(out, &key, &fingerprint),
-            &key,
-            fingerprint,
-        )
+        self.or_committed(out, &key, &fingerprint)
     }
 
     /// `process` for threads outside an async runtime. Blocks the calling thread.
@@ -147,16 +140,9 @@ impl Inbox {
     where
         F: FnOnce(&mut Tx<'_>) -> Result<Response, HandlerError> + Send + 'static,
     {
-        if let Some(first) = self.remembered(&event) {
-            return Ok(Processed::Duplicate(first));
-        }
         let (key, fingerprint) = (event.key.clone(), event.fingerprint);
         let out = self.submit_blocking(move |cx| process::run(cx, &event, Box::new(handler)));
-        self.settled(
-            self.or_committed(out, &key, &fingerprint),
-            &key,
-            fingerprint,
-        )
+        self.or_committed(out, &key, &fingerprint)
     }
 
     /// Takes a fenced lease on the key for an effect outside the database.

@@ -37,8 +37,9 @@ pub struct Options {
     /// Longest the writer waits for callers it just answered to send again before it commits a
     /// smaller batch; it only waits when recent batches show that many callers (zero: never).
     pub linger: Duration,
-    /// Keys whose first answer is kept in memory after their commit, so a prompt retry is
-    /// answered without a read (`recent.rs`); about 250 bytes each. Zero: none.
+    /// Keys whose first answer the gateway's ingest keeps in memory after their commit, so a
+    /// prompt retry is answered without a read (`recent.rs`); about 250 bytes each. Zero:
+    /// none.
     pub recent_answers: usize,
     pub clock: Arc<dyn Clock>,
 }

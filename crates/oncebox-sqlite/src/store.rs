@@ -149,11 +149,7 @@ impl EventStore for Inbox {
             if matches!(look, Look::Skipped) {
                 self.skipped_look(&out);
             }
-            return self.settled(
-                self.or_committed(out, &key, &fingerprint),
-                &key,
-                fingerprint,
-            );
+            return self.settled(self.or_committed(out, &key, &fingerprint), key, fingerprint);
         };
         self.process(event, move |tx| {
             match tx.advance(&namespace, &order.entity, order.version) {

@@ -74,7 +74,7 @@ impl Inbox {
     }
 
     /// The committed first answer of a recent key with this fingerprint (`recent.rs`).
-    pub(super) fn remembered(&self, event: &Event) -> Option<Response> {
+    fn remembered(&self, event: &Event) -> Option<Response> {
         let first = self.shared.recent.get(&event.key, &event.fingerprint)?;
         self.shared
             .stats
@@ -88,7 +88,7 @@ impl Inbox {
     pub(crate) fn settled(
         &self,
         out: Result<Processed, ProcessError>,
-        key: &Key,
+        key: Key,
         fingerprint: Fingerprint,
     ) -> Result<Processed, ProcessError> {
         if let Ok(Processed::Applied(answer) | Processed::Duplicate(answer)) = &out {

@@ -79,37 +79,3 @@ fn zero_recent_answers_keeps_none() {
         assert_eq!(inbox.stats().answered_from_memory(), 0);
     });
 }
-
-/// `process` (the library, the broker consumers) answers a redelivery from memory too, without
-/// running the handler; so does `process_blocking`.
-#[test]
-fn a_redelivered_message_is_answered_from_memory_without_its_handler() {
-    use std::sync::Arc;
-    use std::sync::atomic::{AtomicUsize, Ordering};
-    run(async {
-        let dir = tempfile::tempdir().unwrap();
-        let inbox = Inbox::open(Options::new(dir.path().join("o.db"))).unwrap();
-        let runs = Arc::new(AtomicUsize::new(0));
-        let handler = |runs: Arc<AtomicUsize>| {
-            move |_: &mut oncebox_sqlite::Tx<'_>| {
-                runs.fetch_add(1, Ordering::SeqCst);
-                Ok(Response::completed("done"))
-            }
-        };
-        let event = || Event::json(Key::parse("orders", "m-1").unwrap(), r#"{"n":1}"#).unwrap();
-        let first = inbox.process(event(), handler(runs.clone())).await.unwrap();
-        assert_eq!(first, Processed::Applied(Response::completed("done")));
-        let again = inbox.process(event(), handler(runs.clone())).await.unwrap();
-        assert_eq!(again, Processed::Duplicate(Response::completed("done")));
-        let blocking = {
-            let (inbox, runs) = (inbox.clone(), runs.clone());
-            tokio::task::spawn_blocking(move || inbox.process_blocking(event(), handler(runs)))
-                .await
-                .unwrap()
-                .unwrap()
-        };
-        assert_eq!(blocking, Processed::Duplicate(Response::completed("done")));
-        assert_eq!(runs.load(Ordering::SeqCst), 1, "the handler ran once");
-        assert_eq!(inbox.stats().answered_from_memory(), 2);
-    });
-}
