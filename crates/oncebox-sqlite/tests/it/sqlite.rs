@@ -4,6 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use oncebox_core::store::{EventStore, Ingest};
 use oncebox_core::{Event, Key, ProcessError, Processed, Response, Unavailable};
 use oncebox_sqlite::rusqlite::Connection;
 use oncebox_sqlite::{Inbox, OpenError, Options};
@@ -12,6 +13,17 @@ use tokio::sync::Barrier;
 
 fn event(id: &str) -> Event {
     Event::json(Key::parse("shop", id).unwrap(), r#"{"n":1}"#).unwrap()
+}
+
+/// The gateway's ingest of `e` without an ordering guard or routes.
+fn ingest(e: Event) -> Ingest {
+    Ingest {
+        event: e,
+        order: None,
+        accepted: b"accepted".to_vec(),
+        stale: Vec::new(),
+        routes: Vec::new(),
+    }
 }
 
 fn ok(tx: &mut oncebox_sqlite::Tx<'_>) -> Result<Response, oncebox_sqlite::HandlerError> {
@@ -72,14 +84,6 @@ fn locked_database_answers_unavailable_for_uncommitted_keys_and_replays_committe
 /// still unavailable.
 #[test]
 fn ingest_replays_committed_keys_under_a_lock_after_looks_stopped_paying() {
-    use oncebox_core::store::{EventStore, Ingest};
-    let ingest = |e: Event| Ingest {
-        event: e,
-        order: None,
-        accepted: b"accepted".to_vec(),
-        stale: Vec::new(),
-        routes: Vec::new(),
-    };
     run(async {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("o.db");
@@ -122,14 +126,6 @@ fn ingest_replays_committed_keys_under_a_lock_after_looks_stopped_paying() {
 /// are answered by a reader without reaching the writer at all.
 #[test]
 fn duplicates_the_writer_answers_reopen_the_reader_looks() {
-    use oncebox_core::store::{EventStore, Ingest};
-    let ingest = |e: Event| Ingest {
-        event: e,
-        order: None,
-        accepted: b"accepted".to_vec(),
-        stale: Vec::new(),
-        routes: Vec::new(),
-    };
     run(async {
         let dir = tempfile::tempdir().unwrap();
         // Without the memory of recent answers, which would answer every retry here.
