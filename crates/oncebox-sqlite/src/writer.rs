@@ -135,7 +135,8 @@ pub(crate) struct Writer {
     pub stats: Arc<Stats>,
 }
 
-/// Counters of the writer's work, for metrics and for tests that must see batching happen.
+/// Counters of the writer's work, and of duplicates answered without it, for metrics and for
+/// tests that must see batching (or its absence) happen.
 #[derive(Debug, Default)]
 pub struct Stats {
     pub(crate) commits: AtomicU64,
