@@ -238,10 +238,15 @@ mod tests {
                 tokio::spawn(async move {
                     let mut buf = [0u8; 1024];
                     while let Ok(n) = s.read(&mut buf).await {
-                        if n == 0 || s.write_all(&buf[..n]).await.is_err() {
+                        if n == 0 {
                             return;
                         }
+                        // Counted before the echo leaves: once any reply byte can reach the
+                        // proxy (and, through it, the client), the count already holds it.
                         count.fetch_add(1, Ordering::SeqCst);
+                        if s.write_all(&buf[..n]).await.is_err() {
+                            return;
+                        }
                     }
                 });
             }
