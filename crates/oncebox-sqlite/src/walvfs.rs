@@ -306,21 +306,6 @@ unsafe extern "C" fn write(
     }
 }
 
-/// Forwards a call that must see the file as written: gathered appends go out first.
-macro_rules! after_flush {
-    ($f:ident, $method:ident, $missing:expr $(, $arg:expr)*) => {{
-        // SAFETY: `$f` is ours; forwarding to the default VFS's method on its own file.
-        unsafe {
-            let w = wal($f);
-            let rc = flush(w);
-            if rc != ffi::SQLITE_OK {
-                return rc;
-            }
-            methods(w).$method.map_or($missing, |x| x(w.inner $(, $arg)*))
-        }
-    }};
-}
-
 /// Forwards a call that does not touch the log's bytes.
 macro_rules! forward {
     ($f:ident, $method:ident, $missing:expr $(, $arg:expr)*) => {{
@@ -329,6 +314,18 @@ macro_rules! forward {
             let w = wal($f);
             methods(w).$method.map_or($missing, |x| x(w.inner $(, $arg)*))
         }
+    }};
+}
+
+/// Forwards a call that must see the file as written: gathered appends go out first.
+macro_rules! after_flush {
+    ($f:ident, $($rest:tt)*) => {{
+        // SAFETY: `$f` is ours.
+        let rc = unsafe { flush(wal($f)) };
+        if rc != ffi::SQLITE_OK {
+            return rc;
+        }
+        forward!($f, $($rest)*)
     }};
 }
 

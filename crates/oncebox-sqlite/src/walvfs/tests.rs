@@ -5,6 +5,12 @@ use std::sync::atomic::Ordering;
 use crate::options::{Durability, Options};
 use crate::schema::{migrate, open_reader, open_writer};
 
+/// SQLite's own check of the file, as seen by `conn`.
+fn integrity(conn: &rusqlite::Connection) -> String {
+    conn.query_row("PRAGMA integrity_check", [], |r| r.get(0))
+        .unwrap()
+}
+
 /// Commits through the gathering VFS are whole for a second connection and after reopening,
 /// also when a transaction outgrows the writer's cache and SQLite reads its own unsynced
 /// frames back; and the log's page writes really were gathered.
@@ -66,10 +72,7 @@ fn gathered_commits_are_whole_and_fewer_writes_reach_the_file() {
     drop(writer);
     let reopened = open_writer(&options).unwrap();
     assert_eq!(count(&reopened), 1);
-    let check: String = reopened
-        .query_row("PRAGMA integrity_check", [], |r| r.get(0))
-        .unwrap();
-    assert_eq!(check, "ok");
+    assert_eq!(integrity(&reopened), "ok");
 }
 
 /// Frames a rolled-back transaction spilled are dropped, not written later over the frames a
@@ -118,8 +121,5 @@ fn frames_of_a_rolled_back_transaction_never_reach_the_log() {
         .map(Result::unwrap)
         .collect();
     assert_eq!(lengths, [(300, 900), (302, 1000), (303, 100)]);
-    let check: String = writer
-        .query_row("PRAGMA integrity_check", [], |r| r.get(0))
-        .unwrap();
-    assert_eq!(check, "ok");
+    assert_eq!(integrity(&writer), "ok");
 }
