@@ -86,7 +86,9 @@ impl Inbox {
             })?;
         let checkpointer = schema::open_checkpointer(&options)?;
         let stats = Arc::new(Stats::default());
-        let (checkpoint, due) = checkpoint::due();
+        // Opened only to be synced: a failure leaves the syncing to SQLite's own passes.
+        let db = std::fs::File::open(&options.path).ok();
+        let (checkpoint, due) = checkpoint::due(options.wal_restart_frames, db);
         let (sender, receiver) = flume::bounded(options.queue_capacity.max(1));
         let writer = Writer {
             conn,

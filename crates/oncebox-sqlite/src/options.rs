@@ -41,6 +41,12 @@ pub struct Options {
     /// prompt retry is answered without a read (`recent.rs`); about 250 bytes each. Zero:
     /// none.
     pub recent_answers: usize,
+    /// Frames (pages) in the WAL from which the checkpointer works to start the log over
+    /// (`checkpoint.rs`); 32 768 are 128 MiB at SQLite's default page size. The log grows
+    /// that long only under writes that never pause: a pass that copies everything while the
+    /// writer rests lets its next transaction start the log over at any length. Longer means
+    /// fewer syncs of the database file, which rewrite hot pages each time.
+    pub wal_restart_frames: u32,
     pub clock: Arc<dyn Clock>,
 }
 
@@ -55,12 +61,18 @@ impl Options {
             max_batch: 1024,
             linger: Duration::from_micros(500),
             recent_answers: 65_536,
+            wal_restart_frames: 32_768,
             clock: Arc::new(SystemClock),
         }
     }
 
     pub fn recent_answers(mut self, keys: usize) -> Options {
         self.recent_answers = keys;
+        self
+    }
+
+    pub fn wal_restart_frames(mut self, frames: u32) -> Options {
+        self.wal_restart_frames = frames;
         self
     }
 

@@ -182,7 +182,7 @@ pub(crate) fn open_writer(o: &Options) -> Result<Connection, OpenError> {
     conn.execute_batch(&format!(
         "PRAGMA journal_mode = WAL; PRAGMA synchronous = {sync}; PRAGMA foreign_keys = ON;
          PRAGMA cache_size = -65536; PRAGMA wal_autocheckpoint = {};",
-        crate::checkpoint::WRITER_FALLBACK_PAGES
+        crate::checkpoint::writer_fallback(o.wal_restart_frames)
     ))
     .map_err(&err)?;
     conn.set_prepared_statement_cache_capacity(256);

@@ -144,6 +144,7 @@ pub struct Stats {
     pub(crate) failed_batches: AtomicU64,
     pub(crate) commit_nanos: AtomicU64,
     pub(crate) from_memory: AtomicU64,
+    pub(crate) log_restarts: AtomicU64,
 }
 
 impl Stats {
@@ -165,6 +166,12 @@ impl Stats {
     /// Duplicates answered from the memory of recent first answers, without a read.
     pub fn answered_from_memory(&self) -> u64 {
         self.from_memory.load(Ordering::Relaxed)
+    }
+
+    /// Times the writer copied the rest of the WAL back after the checkpointer caught up, so
+    /// that its next transaction started the log over (`checkpoint.rs`).
+    pub fn log_restarts(&self) -> u64 {
+        self.log_restarts.load(Ordering::Relaxed)
     }
 
     /// Batches rolled back and answered `Unavailable`.
@@ -194,6 +201,10 @@ impl Writer {
                 self.max_batch,
             );
             expected = self.commit(&stmts, &mut batch, rx);
+            // After answering, while the callers prepare their next requests.
+            if self.checkpoint.finish(&self.conn) {
+                self.stats.log_restarts.fetch_add(1, Ordering::Relaxed);
+            }
         }
     }
 

@@ -7,5 +7,6 @@ mod examples;
 mod harness;
 mod recent;
 mod sqlite;
+mod wal;
 
 oncebox_testkit::conformance!(harness::Sqlite);
