@@ -185,22 +185,11 @@ impl Writer {
     pub fn run(self, rx: &flume::Receiver<Job>) {
         // Lives as long as the loop and ends before the connection does.
         let stmts = Statements::new(&self.conn);
-        let mut batch = Vec::with_capacity(self.max_batch);
         // Callers seen in the last batch plus those that queued while it committed: the number
         // of requests likely to be back for the next batch.
         let mut expected = 1;
         while let Ok(first) = rx.recv() {
-            batch.push(first);
-            // Group commit: whatever queued up while the last fsync ran joins this transaction.
-            batch.extend(rx.try_iter().take(self.max_batch.saturating_sub(1)));
-            gather(
-                rx,
-                &mut batch,
-                expected.min(self.max_batch),
-                self.linger,
-                self.max_batch,
-            );
-            expected = self.commit(&stmts, &mut batch, rx);
+            expected = self.batch(&stmts, first, rx, expected);
             // After answering, while the callers prepare their next requests.
             if self.checkpoint.finish(&self.conn) {
                 self.stats.log_restarts.fetch_add(1, Ordering::Relaxed);
@@ -208,56 +197,56 @@ impl Writer {
         }
     }
 
-    /// Commits the batch and answers it; returns how many callers to expect next time.
-    fn commit(
+    /// Opens a transaction, runs `first`, whatever queued up while the last fsync ran and
+    /// whatever arrives while it lingers, each as soon as it is taken from the queue, then
+    /// commits and answers them all. Returns how many callers to expect next time.
+    ///
+    /// Running each request as it arrives, rather than once the batch is gathered, lets the
+    /// writer's own work overlap the wait for the callers still coming back: the commit
+    /// follows the last arrival directly.
+    fn batch(
         &self,
         stmts: &Statements<'_>,
-        batch: &mut Vec<Job>,
+        first: Job,
         rx: &flume::Receiver<Job>,
+        expected: usize,
     ) -> usize {
-        let size = batch.len();
         if let Err(e) = self.conn.execute_batch("BEGIN IMMEDIATE") {
             let why = storage(&e);
             self.stats.failed_batches.fetch_add(1, Ordering::Relaxed);
-            batch.drain(..).for_each(|job| job.refuse(why.clone()));
+            first.refuse(why.clone());
+            rx.try_iter()
+                .take(self.max_batch.saturating_sub(1))
+                .for_each(|job| job.refuse(why.clone()));
             return 1;
         }
         crash::point!("after-begin");
-        let now = self.clock.now();
-        let mut finishes: Vec<Finish> = Vec::with_capacity(batch.len());
-        let mut jobs = batch.drain(..);
-        let mut failed = None;
-        for job in jobs.by_ref() {
-            if job.deadline <= Instant::now() {
-                // Its caller has been told `Unavailable` already; doing the work now would only
-                // surprise it. Nothing of it was written.
-                job.refuse(Unavailable::Deadline);
-                continue;
-            }
-            let mut cx = Cx {
+        let mut open = Open {
+            cx: Cx {
                 conn: &self.conn,
                 stmts,
-                now,
+                now: self.clock.now(),
                 fence: &self.fence,
-            };
-            match (job.work)(Ok(&mut cx)) {
-                Ok(finish) => finishes.push(finish),
-                Err(Fatal(why)) => {
-                    failed = Some(why);
-                    break;
-                }
-            }
-            // SQLite rolls the whole transaction back by itself on some errors (full disk, IO):
-            // the savepoints already released are gone too.
-            if self.conn.is_autocommit() {
-                failed = Some(Unavailable::Storage(
-                    "transaction rolled back by SQLite".into(),
-                ));
-                break;
-            }
+            },
+            finishes: Vec::with_capacity(expected),
+            failed: None,
+        };
+        let mut taken = 1;
+        let mut take = |job: Job| open.run(job);
+        if take(first) {
+            gather(
+                rx,
+                &mut taken,
+                expected.min(self.max_batch),
+                self.linger,
+                self.max_batch,
+                &mut take,
+            );
         }
+        let Open {
+            finishes, failed, ..
+        } = open;
         if let Some(why) = failed {
-            jobs.for_each(|job| job.refuse(why.clone()));
             self.abort(finishes, &why);
             return 1;
         }
@@ -270,7 +259,7 @@ impl Writer {
             Ok(()) => {
                 crash::point!("after-commit");
                 // Counted before answering: none of this batch's callers can have come back yet.
-                let next = size + rx.len();
+                let next = taken + rx.len();
                 self.stats.commits.fetch_add(1, Ordering::Relaxed);
                 self.stats
                     .committed_requests
@@ -304,10 +293,68 @@ impl Writer {
     }
 }
 
-/// Waits briefly for callers answered by the previous commit to send their next request, so
-/// one fsync serves them too. Without it, closed-loop callers split into two alternating
-/// cohorts that each pay for a commit. Under light load `expected` is 1 and nobody waits;
-/// the wait is about `linger` at most (commit_delay in PostgreSQL,
+/// An open transaction and the answers it holds back until its commit.
+struct Open<'c, 's> {
+    cx: Cx<'c, 's>,
+    finishes: Vec<Finish>,
+    /// Set by the first request that cannot go on; the batch then takes nobody else (what is
+    /// still queued waits for the next transaction) and rolls back.
+    failed: Option<Unavailable>,
+}
+
+impl Open<'_, '_> {
+    /// Runs one request in the transaction; false once the transaction cannot commit.
+    fn run(&mut self, job: Job) -> bool {
+        if job.deadline <= Instant::now() {
+            // Its caller has been told `Unavailable` already; doing the work now would only
+            // surprise it. Nothing of it was written.
+            job.refuse(Unavailable::Deadline);
+            return true;
+        }
+        match (job.work)(Ok(&mut self.cx)) {
+            Ok(finish) => self.finishes.push(finish),
+            Err(Fatal(why)) => {
+                self.failed = Some(why);
+                return false;
+            }
+        }
+        // SQLite rolls the whole transaction back by itself on some errors (full disk, IO):
+        // the savepoints already released are gone too.
+        if self.cx.conn.is_autocommit() {
+            self.failed = Some(Unavailable::Storage(
+                "transaction rolled back by SQLite".into(),
+            ));
+            return false;
+        }
+        true
+    }
+}
+
+/// Hands `take` what is queued now, until the batch holds `max_batch`; false once `take`
+/// answered that the batch cannot go on.
+fn drain<T>(
+    rx: &flume::Receiver<T>,
+    taken: &mut usize,
+    max_batch: usize,
+    take: &mut impl FnMut(T) -> bool,
+) -> bool {
+    while *taken < max_batch {
+        let Ok(item) = rx.try_recv() else {
+            return true;
+        };
+        *taken += 1;
+        if !take(item) {
+            return false;
+        }
+    }
+    true
+}
+
+/// Group commit: whatever queued up while the last fsync ran joins this transaction; then the
+/// writer waits briefly for callers answered by the previous commit to send their next
+/// request, so one fsync serves them too. Without it, closed-loop callers split into two
+/// alternating cohorts that each pay for a commit. Under light load `expected` is 1 and nobody
+/// waits; the wait is about `linger` at most (commit_delay in PostgreSQL,
 /// binlog_group_commit_sync_delay in MySQL).
 ///
 /// It sleeps in steps and takes whatever queued meanwhile, rather than waiting on the queue:
@@ -317,16 +364,17 @@ impl Writer {
 /// writer's CPU per message by a third, grew the batches from about 130 to 200 requests and
 /// raised throughput by a quarter.
 ///
-/// It returns once `batch` holds `expected` items, `linger` has passed, or nothing has arrived
-/// for half of it; it never takes more than `max_batch` items.
+/// It returns once `taken` reaches `expected`, `linger` has passed, nothing has arrived for
+/// half of it, or `take` refused; it never takes more than `max_batch` items.
 fn gather<T>(
     rx: &flume::Receiver<T>,
-    batch: &mut Vec<T>,
+    taken: &mut usize,
     expected: usize,
     linger: Duration,
     max_batch: usize,
+    take: &mut impl FnMut(T) -> bool,
 ) {
-    if batch.len() >= expected || linger.is_zero() {
+    if !drain(rx, taken, max_batch, take) || *taken >= expected || linger.is_zero() {
         return;
     }
     let start = Instant::now();
@@ -337,15 +385,17 @@ fn gather<T>(
     let gap = linger / 2;
     let step = linger / 8;
     let mut last_arrival = start;
-    while batch.len() < expected {
+    while *taken < expected {
         let now = Instant::now();
         if now >= until || now.duration_since(last_arrival) >= gap {
             return;
         }
         std::thread::sleep(step.min(until - now));
-        let before = batch.len();
-        batch.extend(rx.try_iter().take(max_batch.saturating_sub(before)));
-        if batch.len() > before {
+        let before = *taken;
+        if !drain(rx, taken, max_batch, take) {
+            return;
+        }
+        if *taken > before {
             last_arrival = Instant::now();
         }
     }
@@ -357,15 +407,30 @@ mod tests {
 
     use super::gather;
 
+    /// Gathers into a vector, as the writer runs requests: each one as it is taken.
+    fn gathered(
+        rx: &flume::Receiver<u32>,
+        expected: usize,
+        linger: Duration,
+        max_batch: usize,
+    ) -> Vec<u32> {
+        let mut batch = vec![0];
+        let mut taken = 1;
+        gather(rx, &mut taken, expected, linger, max_batch, &mut |n| {
+            batch.push(n);
+            true
+        });
+        assert_eq!(taken, batch.len());
+        batch
+    }
+
     /// What queued while the writer lingered joins the batch, up to the batch limit, and the
     /// rest stays queued in order for the next one.
     #[test]
     fn lingering_takes_what_queued_up_to_the_limit() {
         let (tx, rx) = flume::unbounded();
         (1..=6).for_each(|n| tx.send(n).unwrap());
-        let mut batch = vec![0];
-        gather(&rx, &mut batch, 3, Duration::from_millis(80), 4);
-        assert_eq!(batch, [0, 1, 2, 3]);
+        assert_eq!(gathered(&rx, 3, Duration::from_millis(80), 4), [0, 1, 2, 3]);
         assert_eq!(rx.try_iter().collect::<Vec<_>>(), [4, 5, 6]);
     }
 
@@ -374,10 +439,32 @@ mod tests {
     #[test]
     fn lingering_ends_when_nobody_comes() {
         let (tx, rx) = flume::unbounded::<u32>();
-        let mut batch = vec![0];
-        gather(&rx, &mut batch, 10, Duration::from_millis(20), 100);
-        gather(&rx, &mut batch, 10, Duration::ZERO, 100);
-        assert_eq!(batch, [0]);
+        assert_eq!(gathered(&rx, 10, Duration::from_millis(20), 100), [0]);
+        assert_eq!(gathered(&rx, 10, Duration::ZERO, 100), [0]);
         drop(tx);
+    }
+
+    /// A request that leaves the transaction unable to commit ends the gathering at once:
+    /// what is still queued stays there for the next transaction, in order.
+    #[test]
+    fn a_failed_request_ends_the_batch_and_leaves_the_rest_queued() {
+        let (tx, rx) = flume::unbounded();
+        (1..=5).for_each(|n| tx.send(n).unwrap());
+        let mut seen = Vec::new();
+        let mut taken = 1;
+        gather(
+            &rx,
+            &mut taken,
+            10,
+            Duration::from_secs(60),
+            100,
+            &mut |n| {
+                seen.push(n);
+                n != 2
+            },
+        );
+        assert_eq!(seen, [1, 2]);
+        assert_eq!(taken, 3);
+        assert_eq!(rx.try_iter().collect::<Vec<_>>(), [3, 4, 5]);
     }
 }

@@ -39,6 +39,28 @@ async fn steady_writes(inbox: &Inbox, round: usize) {
     }
 }
 
+/// Rounds of steady writes until the writer has started the log over once, at most
+/// `MAX_ROUNDS`; returns how many rounds that took. A round is real work, not a wait: the
+/// checkpointer is woken every 64 commits and the writer acts on its request between two
+/// batches, so how many commits one restart needs depends on how the threads are scheduled.
+async fn writes_until_restart(inbox: &Inbox, first_round: usize) -> usize {
+    let before = inbox.stats().log_restarts();
+    for round in 0..MAX_ROUNDS {
+        steady_writes(inbox, first_round + round).await;
+        if inbox.stats().log_restarts() > before {
+            return round + 1;
+        }
+    }
+    panic!(
+        "no restart in {MAX_ROUNDS} rounds, {} commits",
+        inbox.stats().commits()
+    );
+}
+
+const MAX_ROUNDS: usize = 50;
+/// Rounds written while a reader holds its snapshot.
+const HELD_ROUNDS: usize = 5;
+
 fn stored(path: &Path) -> i64 {
     let conn = rusqlite::Connection::open(path).unwrap();
     let ok: String = conn
@@ -56,17 +78,12 @@ fn the_log_starts_over_under_steady_writes_and_keeps_every_commit() {
         let path = dir.path().join("o.db");
         // A short restart length, so that the test's few hundred commits pass it many times.
         let inbox = Inbox::open(Options::new(&path).wal_restart_frames(64)).unwrap();
-        steady_writes(&inbox, 0).await;
-        let stats = inbox.stats();
-        assert!(
-            stats.log_restarts() > 0,
-            "no restart in {} commits",
-            stats.commits()
-        );
-        // The checkpointer only asks for one after a pass found the log this long.
-        assert!(stats.commits() >= 64, "{} commits", stats.commits());
+        let rounds = writes_until_restart(&inbox, 0).await;
+        // The checkpointer is first woken after 64 commits.
+        let commits = inbox.stats().commits();
+        assert!(commits >= 64, "{commits} commits");
         drop(inbox);
-        assert_eq!(stored(&path), (WRITERS * EACH) as i64);
+        assert_eq!(stored(&path), (rounds * WRITERS * EACH) as i64);
     });
 }
 
@@ -85,17 +102,22 @@ fn a_reader_holding_an_old_snapshot_keeps_the_log_until_it_lets_go() {
             .query_row("SELECT count(*) FROM oncebox_inbox", [], |r| r.get(0))
             .unwrap();
         assert_eq!(seen, 1);
-        steady_writes(&inbox, 0).await;
+        // As many rounds as the other test needs for a restart, usually several times over.
+        for round in 0..HELD_ROUNDS {
+            steady_writes(&inbox, round).await;
+        }
         assert_eq!(inbox.stats().log_restarts(), 0);
         let still: i64 = reader
             .query_row("SELECT count(*) FROM oncebox_inbox", [], |r| r.get(0))
             .unwrap();
         assert_eq!(still, 1, "the snapshot held");
         reader.execute_batch("COMMIT").unwrap();
-        steady_writes(&inbox, 1).await;
-        assert!(inbox.stats().log_restarts() > 0);
+        let rounds = writes_until_restart(&inbox, HELD_ROUNDS).await;
         drop(reader);
         drop(inbox);
-        assert_eq!(stored(&path), (2 * WRITERS * EACH + 1) as i64);
+        assert_eq!(
+            stored(&path),
+            ((HELD_ROUNDS + rounds) * WRITERS * EACH + 1) as i64
+        );
     });
 }
