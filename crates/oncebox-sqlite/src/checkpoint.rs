@@ -30,9 +30,11 @@ const EVERY: u32 = 64;
 
 /// Pages in the WAL at which the writer checkpoints by itself after all (SQLite's
 /// `wal_autocheckpoint`): a bound on the log should this thread fall behind, twice the
-/// length at which it starts the log over (`Options::wal_restart_frames`).
+/// length at which it starts the log over (`Options::wal_restart_frames`), and never below
+/// SQLite's own default of 1 000, so that a tiny restart length does not make the writer
+/// checkpoint after nearly every commit.
 pub(crate) fn writer_fallback(restart_frames: u32) -> i64 {
-    i64::from(restart_frames.max(1)).saturating_mul(2)
+    i64::from(restart_frames).saturating_mul(2).max(1000)
 }
 
 /// A pass that had at most this many frames to copy ends the catching up: what the writer

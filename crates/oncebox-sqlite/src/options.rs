@@ -45,7 +45,8 @@ pub struct Options {
     /// (`checkpoint.rs`); 32 768 are 128 MiB at SQLite's default page size. The log grows
     /// that long only under writes that never pause: a pass that copies everything while the
     /// writer rests lets its next transaction start the log over at any length. Longer means
-    /// fewer syncs of the database file, which rewrite hot pages each time.
+    /// fewer syncs of the database file, which rewrite hot pages each time. Zero counts as
+    /// one.
     pub wal_restart_frames: u32,
     pub clock: Arc<dyn Clock>,
 }
