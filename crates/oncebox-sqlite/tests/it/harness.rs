@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use oncebox_core::store::Ingest;
 use oncebox_core::{
     Begun, Event, Key, Lease, LeaseError, ManualClock, OutboxMessage, ProcessError, Processed,
     Response, Retention, Timestamp,
@@ -22,6 +23,22 @@ CREATE TABLE IF NOT EXISTS test_effects (
 CREATE TABLE IF NOT EXISTS test_emails (id INTEGER PRIMARY KEY, order_key TEXT NOT NULL);
 INSERT OR IGNORE INTO test_accounts (id, balance) VALUES (1, 0);
 ";
+
+/// An event of source `shop` with this id and JSON body.
+pub fn shop(id: &str, body: &str) -> Event {
+    Event::json(Key::parse("shop", id).unwrap(), body).unwrap()
+}
+
+/// The gateway's ingest of `event` without an ordering guard or routes, answered `accepted`.
+pub fn ingest(event: Event) -> Ingest {
+    Ingest {
+        event,
+        order: None,
+        accepted: b"accepted".to_vec(),
+        stale: Vec::new(),
+        routes: Vec::new(),
+    }
+}
 
 #[derive(Clone)]
 pub struct Sqlite {

@@ -5,20 +5,14 @@
 use std::time::Duration;
 
 use oncebox_core::store::{EventStore, Ingest};
-use oncebox_core::{
-    Clock, Event, Key, ProcessError, Processed, Response, Retention, SystemClock, Timestamp,
-};
+use oncebox_core::{Clock, ProcessError, Processed, Response, Retention, SystemClock, Timestamp};
 use oncebox_sqlite::{Inbox, Options};
 use oncebox_testkit::run;
 
+use crate::harness::{self, shop};
+
 fn ingest(id: &str, body: &str) -> Ingest {
-    Ingest {
-        event: Event::json(Key::parse("shop", id).unwrap(), body).unwrap(),
-        order: None,
-        accepted: b"accepted".to_vec(),
-        stale: Vec::new(),
-        routes: Vec::new(),
-    }
+    harness::ingest(shop(id, body))
 }
 
 #[test]

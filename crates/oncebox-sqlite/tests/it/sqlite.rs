@@ -4,26 +4,17 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use oncebox_core::store::{EventStore, Ingest};
-use oncebox_core::{Event, Key, ProcessError, Processed, Response, Unavailable};
+use oncebox_core::store::EventStore;
+use oncebox_core::{Event, ProcessError, Processed, Response, Unavailable};
 use oncebox_sqlite::rusqlite::Connection;
 use oncebox_sqlite::{Inbox, OpenError, Options};
 use oncebox_testkit::run;
+
+use crate::harness::{ingest, shop};
 use tokio::sync::Barrier;
 
 fn event(id: &str) -> Event {
-    Event::json(Key::parse("shop", id).unwrap(), r#"{"n":1}"#).unwrap()
-}
-
-/// The gateway's ingest of `e` without an ordering guard or routes.
-fn ingest(e: Event) -> Ingest {
-    Ingest {
-        event: e,
-        order: None,
-        accepted: b"accepted".to_vec(),
-        stale: Vec::new(),
-        routes: Vec::new(),
-    }
+    shop(id, r#"{"n":1}"#)
 }
 
 fn ok(tx: &mut oncebox_sqlite::Tx<'_>) -> Result<Response, oncebox_sqlite::HandlerError> {

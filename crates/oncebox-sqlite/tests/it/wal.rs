@@ -4,22 +4,18 @@
 
 use std::path::Path;
 
+use oncebox_core::Processed;
 use oncebox_core::store::{EventStore, Ingest};
-use oncebox_core::{Event, Key, Processed};
 use oncebox_sqlite::{Inbox, Options};
 use oncebox_testkit::run;
+
+use crate::harness::{self, shop};
 
 const WRITERS: usize = 16;
 const EACH: usize = 100;
 
 fn ingest(id: &str) -> Ingest {
-    Ingest {
-        event: Event::json(Key::parse("shop", id).unwrap(), r#"{"n":1}"#).unwrap(),
-        order: None,
-        accepted: b"accepted".to_vec(),
-        stale: Vec::new(),
-        routes: Vec::new(),
-    }
+    harness::ingest(shop(id, r#"{"n":1}"#))
 }
 
 /// `WRITERS` callers each ingesting `EACH` new keys back to back, so the writer always has
