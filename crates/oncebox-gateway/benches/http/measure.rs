@@ -215,9 +215,13 @@ impl Tally {
         line(name, &run);
         let per = |ns: u64| ns as f64 / 1000.0 / self.run.requests.max(1) as f64;
         let c = &self.cpu;
+        // CPU time over wall time: how many of the machine's cores this process kept busy.
+        // Below the baseline's, the target left cores idle while its requests waited (on an
+        // fsync, say); at the same share, it was bound by its CPU per request.
+        let busy = c.on as f64 / self.run.elapsed.as_nanos().max(1) as f64;
         let mut detail = format!(
-            "CPU per request {:.0} µs (request threads {:.0}, load generator {:.0}), waiting for \
-             a CPU {:.0} µs",
+            "CPU per request {:.0} µs (request threads {:.0}, load generator {:.0}), {busy:.2} \
+             cores busy, waiting for a CPU {:.0} µs",
             per(c.on),
             per(c.server),
             per(c.load),
