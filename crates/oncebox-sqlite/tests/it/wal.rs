@@ -67,13 +67,19 @@ fn stored(path: &Path) -> i64 {
         .unwrap()
 }
 
+/// An inbox in a fresh directory with a short restart length, so that a test's few hundred
+/// commits pass it many times.
+fn short_log() -> (tempfile::TempDir, std::path::PathBuf, Inbox) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("o.db");
+    let inbox = Inbox::open(Options::new(&path).wal_restart_frames(64)).unwrap();
+    (dir, path, inbox)
+}
+
 #[test]
 fn the_log_starts_over_under_steady_writes_and_keeps_every_commit() {
     run(async {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("o.db");
-        // A short restart length, so that the test's few hundred commits pass it many times.
-        let inbox = Inbox::open(Options::new(&path).wal_restart_frames(64)).unwrap();
+        let (_dir, path, inbox) = short_log();
         let rounds = writes_until_restart(&inbox, 0).await;
         // The checkpointer is first woken after 64 commits.
         let commits = inbox.stats().commits();
@@ -86,9 +92,7 @@ fn the_log_starts_over_under_steady_writes_and_keeps_every_commit() {
 #[test]
 fn a_reader_holding_an_old_snapshot_keeps_the_log_until_it_lets_go() {
     run(async {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("o.db");
-        let inbox = Inbox::open(Options::new(&path).wal_restart_frames(64)).unwrap();
+        let (_dir, path, inbox) = short_log();
         inbox.ingest(ingest("first")).await.unwrap();
         // An open read transaction on the first commit's snapshot: no pass may copy past it,
         // so nothing can start the log over.
