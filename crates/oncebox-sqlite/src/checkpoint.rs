@@ -24,6 +24,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use rusqlite::Connection;
 
+use crate::read::Looks;
+use crate::read::looks::HOLD;
+
 /// Commits between two checkpoints: often enough to keep the WAL small, rarely enough that the
 /// extra fsync of the database file stays a small cost.
 const EVERY: u32 = 64;
@@ -62,10 +65,16 @@ pub(crate) struct Checkpointer {
     restart_frames: i64,
     /// The database file, synced here after each catching-up pass (see `catch_up`).
     db: Option<std::fs::File>,
+    /// Look connections whose kept snapshots would hold the passes back (`read/looks.rs`).
+    looks: Arc<Looks>,
 }
 
 /// The writer's `Due` and what `run` takes.
-pub(crate) fn due(restart_frames: u32, db: Option<std::fs::File>) -> (Due, Checkpointer) {
+pub(crate) fn due(
+    restart_frames: u32,
+    db: Option<std::fs::File>,
+    looks: Arc<Looks>,
+) -> (Due, Checkpointer) {
     let (tx, rx) = flume::bounded(1);
     let finish = Arc::new(AtomicBool::new(false));
     let due = Due {
@@ -78,6 +87,7 @@ pub(crate) fn due(restart_frames: u32, db: Option<std::fs::File>) -> (Due, Check
         finish,
         restart_frames: i64::from(restart_frames.max(1)),
         db,
+        looks,
     };
     (due, checkpointer)
 }
@@ -132,9 +142,19 @@ fn passive(conn: &Connection) -> Option<Pass> {
 }
 
 /// Checkpoints on each signal until the writer drops its sender; one last checkpoint keeps the
-/// WAL short at close.
+/// WAL short at close. Before each pass, and every `HOLD` while no signal comes, it ends the
+/// snapshots idle look connections keep: a snapshot older than the log's end stops a pass
+/// at its frame and any restart, and one kept after the last commit would do so for the
+/// next writer, this process's or another's.
 pub(crate) fn run(conn: &Connection, c: &Checkpointer) {
-    while c.due.recv().is_ok() {
+    loop {
+        let signal = c.due.recv_timeout(HOLD);
+        c.looks.release_idle();
+        match signal {
+            Ok(()) => {}
+            Err(flume::RecvTimeoutError::Timeout) => continue,
+            Err(flume::RecvTimeoutError::Disconnected) => break,
+        }
         // Signals that queued while the last checkpoint ran are served by this one.
         c.due.try_iter().for_each(drop);
         if let Some(pass) = passive(conn)

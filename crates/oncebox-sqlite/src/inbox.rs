@@ -15,7 +15,7 @@ use rusqlite::Connection;
 use crate::error::{Error, OpenError};
 use crate::options::{Durability, Options};
 use crate::probe::ProbeGate;
-use crate::read::Readers;
+use crate::read::{Looks, Readers};
 use crate::recent::Recent;
 use crate::tx::{HandlerError, Tx};
 use crate::writer::{Cx, Fatal, Job, Stats, Writer};
@@ -88,7 +88,8 @@ impl Inbox {
         let stats = Arc::new(Stats::default());
         // Opened only to be synced: a failure leaves the syncing to SQLite's own passes.
         let db = std::fs::File::open(&options.path).ok();
-        let (checkpoint, due) = checkpoint::due(options.wal_restart_frames, db);
+        let looks = Arc::new(Looks::new(options.clone(), stats.clone()));
+        let (checkpoint, due) = checkpoint::due(options.wal_restart_frames, db, looks.clone());
         let (sender, receiver) = flume::bounded(options.queue_capacity.max(1));
         let writer = Writer {
             conn,
@@ -118,7 +119,7 @@ impl Inbox {
                 stats,
                 clock: options.clock.clone(),
                 recent: Recent::new(options.recent_answers),
-                readers: Readers::new(options),
+                readers: Readers::new(options, looks),
                 probe: ProbeGate::default(),
             }),
         })

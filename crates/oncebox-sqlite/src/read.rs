@@ -1,7 +1,9 @@
 //! Reads on connections of their own, so they never wait behind the writer's transaction (WAL
 //! readers see the last commit).
 
-use std::sync::Mutex;
+pub(crate) mod looks;
+
+use std::sync::{Arc, Mutex};
 
 use oncebox_core::{Fingerprint, Key, Record, RecordState, Response, ResponseKind, Timestamp};
 use rusqlite::{Connection, OptionalExtension, params};
@@ -9,6 +11,8 @@ use rusqlite::{Connection, OptionalExtension, params};
 use crate::error::Error;
 use crate::options::Options;
 use crate::schema;
+
+pub(crate) use looks::Looks;
 
 /// Two small pools of read connections, opened on demand: one for single-key looks, one for
 /// everything else.
@@ -24,40 +28,34 @@ use crate::schema;
 pub(crate) struct Readers {
     options: Options,
     idle: Mutex<Vec<Connection>>,
-    looks: Mutex<Vec<Connection>>,
+    looks: Arc<Looks>,
 }
 
 impl Readers {
-    pub fn new(options: Options) -> Readers {
+    /// `looks` is shared with the checkpointer, which releases the snapshots they keep.
+    pub fn new(options: Options, looks: Arc<Looks>) -> Readers {
         Readers {
             options,
             idle: Mutex::new(Vec::new()),
-            looks: Mutex::new(Vec::new()),
+            looks,
         }
+    }
+
+    /// A read of one key, on a connection that never serves anything larger and may keep its
+    /// snapshot from the last look (`looks.rs`).
+    pub fn look<T>(&self, f: impl FnOnce(&Connection) -> rusqlite::Result<T>) -> Result<T, Error> {
+        self.looks.look(f)
     }
 
     /// Any read.
     pub fn with<T>(&self, f: impl FnOnce(&Connection) -> rusqlite::Result<T>) -> Result<T, Error> {
-        self.on(&self.idle, f)
-    }
-
-    /// A read of one key, on a connection that never serves anything larger.
-    pub fn look<T>(&self, f: impl FnOnce(&Connection) -> rusqlite::Result<T>) -> Result<T, Error> {
-        self.on(&self.looks, f)
-    }
-
-    fn on<T>(
-        &self,
-        pool: &Mutex<Vec<Connection>>,
-        f: impl FnOnce(&Connection) -> rusqlite::Result<T>,
-    ) -> Result<T, Error> {
-        let pooled = pool.lock().ok().and_then(|mut idle| idle.pop());
+        let pooled = self.idle.lock().ok().and_then(|mut idle| idle.pop());
         let conn = match pooled {
             Some(c) => c,
             None => schema::open_reader(&self.options)?,
         };
         let out = f(&conn);
-        if let Ok(mut idle) = pool.lock() {
+        if let Ok(mut idle) = self.idle.lock() {
             idle.push(conn);
         }
         Ok(out?)
@@ -222,7 +220,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let options = Options::new(dir.path().join("pools.db"));
         drop(crate::schema::open_writer(&options).unwrap());
-        let readers = Readers::new(options);
+        let looks = super::Looks::new(options.clone(), std::sync::Arc::default());
+        let readers = Readers::new(options, std::sync::Arc::new(looks));
         let cache = |c: &rusqlite::Connection| c.query_row("PRAGMA cache_size", [], |r| r.get(0));
         readers
             .with(|c| c.execute_batch("PRAGMA cache_size = 7"))

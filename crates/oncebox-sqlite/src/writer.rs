@@ -263,7 +263,8 @@ impl Writer {
                 crash::point!("after-commit");
                 // Counted before answering: none of this batch's callers can have come back yet.
                 let next = taken + rx.len();
-                self.stats.commits.fetch_add(1, Ordering::Relaxed);
+                // Release: a look that sees this count sees the commit (`read/looks.rs`).
+                self.stats.commits.fetch_add(1, Ordering::Release);
                 self.stats
                     .committed_requests
                     .fetch_add(finishes.len() as u64, Ordering::Relaxed);

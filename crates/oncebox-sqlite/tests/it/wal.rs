@@ -121,3 +121,24 @@ fn a_reader_holding_an_old_snapshot_keeps_the_log_until_it_lets_go() {
         );
     });
 }
+
+/// A duplicate's look keeps its snapshot for the next look (`read/looks.rs`). Once the looks
+/// stop (new keys close the gate), the checkpointer ends that snapshot, or it would keep the
+/// log from starting over like the reader above.
+#[test]
+fn a_look_left_idle_does_not_keep_the_log_from_starting_over() {
+    run(async {
+        let (dir, path, inbox) = short_log();
+        inbox.ingest(ingest("first")).await.unwrap();
+        drop(inbox);
+        // Reopened, the memory of recent answers is empty: the retry is answered by a look.
+        let inbox = Inbox::open(Options::new(&path).wal_restart_frames(64)).unwrap();
+        let again = inbox.ingest(ingest("first")).await.unwrap();
+        assert!(matches!(again, Processed::Duplicate(_)), "{again:?}");
+        assert_eq!(inbox.stats().answered_from_memory(), 0);
+        let rounds = writes_until_restart(&inbox, 0).await;
+        drop(inbox);
+        assert_eq!(stored(&path), (rounds * WRITERS * EACH + 1) as i64);
+        drop(dir);
+    });
+}
