@@ -155,6 +155,8 @@ pub struct Mark {
     commits: u64,
     committed: u64,
     committing: Duration,
+    /// Duplicates answered from the memory of recent answers, without a read.
+    remembered: u64,
 }
 
 impl Mark {
@@ -163,6 +165,7 @@ impl Mark {
             commits: inbox.stats().commits(),
             committed: inbox.stats().committed_requests(),
             committing: inbox.stats().commit_time(),
+            remembered: inbox.stats().answered_from_memory(),
         }
     }
 
@@ -173,6 +176,7 @@ impl Mark {
             commits: now.commits - self.commits,
             committed: now.committed - self.committed,
             committing: now.committing.saturating_sub(self.committing),
+            remembered: now.remembered - self.remembered,
         }
     }
 }
@@ -196,6 +200,7 @@ impl Tally {
             commits: self.writes.commits + writes.commits,
             committed: self.writes.committed + writes.committed,
             committing: self.writes.committing + writes.committing,
+            remembered: self.writes.remembered + writes.remembered,
         };
     }
 
@@ -238,6 +243,15 @@ impl Tally {
                 w.commits,
                 w.committed as f64 / w.commits as f64,
                 w.committing.as_secs_f64() * 1000.0 / w.commits as f64
+            );
+        }
+        // Which path answered the duplicates: the memory holds only the newest answers, and a
+        // replay older than that is a reader's look (or the writer's, while looks do not pay).
+        // The marks read the SQLite inbox: a target on another store shows none.
+        if w.remembered > 0 {
+            detail += &format!(
+                "; {} of {} duplicates answered from memory",
+                w.remembered, self.run.replayed
             );
         }
         println!("              {detail}");
