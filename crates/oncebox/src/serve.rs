@@ -24,7 +24,7 @@ pub async fn run(settings: Settings, with_relay: bool) -> Result<()> {
     for warning in &settings.warnings {
         tracing::warn!("{warning}");
     }
-    let inbox = Store::open(&settings.database).await?;
+    let inbox = Store::open_with(&settings.database, &settings.storage).await?;
     let database = describe(&settings.database);
     let metrics = PrometheusBuilder::new()
         .install_recorder()

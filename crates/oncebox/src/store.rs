@@ -16,6 +16,8 @@ use oncebox_core::{
     Key, LeaseError, ProcessError, Processed, Record, Retention, Timestamp, Unavailable,
 };
 
+use crate::config::Storage;
+
 /// One of the backends.
 #[derive(Clone, Debug)]
 pub enum Store {
@@ -37,6 +39,11 @@ impl Store {
     /// Opens (and migrates) the store a URL names: `sqlite://PATH` or a bare path, or
     /// `postgres://…` / `postgresql://…`.
     pub async fn open(database: &str) -> Result<Store> {
+        Store::open_with(database, &Storage::default()).await
+    }
+
+    /// `open`, tuned by `[storage]`.
+    pub async fn open_with(database: &str, storage: &Storage) -> Result<Store> {
         if database.starts_with("postgres://") || database.starts_with("postgresql://") {
             let inbox = oncebox_postgres::Inbox::open(oncebox_postgres::Options::new(database))
                 .await
@@ -52,8 +59,12 @@ impl Store {
             }
             None => database,
         };
-        let inbox = oncebox_sqlite::Inbox::open(oncebox_sqlite::Options::new(path))
-            .with_context(|| format!("opening {path}"))?;
+        let mut options = oncebox_sqlite::Options::new(path);
+        if let Some(keys) = storage.recent_answers {
+            options = options.recent_answers(keys);
+        }
+        let inbox =
+            oncebox_sqlite::Inbox::open(options).with_context(|| format!("opening {path}"))?;
         Ok(Store::Sqlite(inbox))
     }
 
@@ -167,5 +178,51 @@ impl DeliveryStore for Store {
 
     async fn wait_for_work(&self, at_most: Duration) {
         each!(self, s => s.wait_for_work(at_most).await)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use oncebox_core::store::{EventStore, Ingest};
+    use oncebox_core::{Event, Key, Processed};
+
+    use super::Store;
+    use crate::config::Storage;
+
+    /// How many of one retry's answers came from the memory of recent answers, on a SQLite
+    /// store opened with `storage`.
+    async fn retry_answered_from_memory(storage: &Storage) -> u64 {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}", dir.path().join("o.db").display());
+        let Store::Sqlite(inbox) = Store::open_with(&url, storage).await.unwrap() else {
+            panic!("a SQLite URL opens SQLite");
+        };
+        let ingest = || Ingest {
+            event: Event::json(Key::parse("shop", "evt_1").unwrap(), r#"{"n":1}"#).unwrap(),
+            order: None,
+            accepted: br#"{"status":"accepted"}"#.to_vec(),
+            stale: Vec::new(),
+            routes: Vec::new(),
+        };
+        assert!(matches!(
+            inbox.ingest(ingest()).await,
+            Ok(Processed::Applied(_))
+        ));
+        assert!(matches!(
+            inbox.ingest(ingest()).await,
+            Ok(Processed::Duplicate(_))
+        ));
+        inbox.stats().answered_from_memory()
+    }
+
+    /// `[storage] recent_answers` reaches the inbox: 0 turns the memory off, and without it
+    /// the library's default answers the retry from memory.
+    #[tokio::test]
+    async fn recent_answers_reach_the_sqlite_inbox() {
+        assert_eq!(retry_answered_from_memory(&Storage::default()).await, 1);
+        let off = Storage {
+            recent_answers: Some(0),
+        };
+        assert_eq!(retry_answered_from_memory(&off).await, 0);
     }
 }

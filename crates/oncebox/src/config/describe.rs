@@ -19,6 +19,9 @@ pub fn describe(settings: &Settings) -> String {
     // Writing to a String cannot fail; the results are ignored rather than unwrapped.
     let _ = writeln!(out, "listen      {}", settings.listen);
     let _ = writeln!(out, "database    {}", redact_url(&settings.database));
+    if let Some(keys) = settings.storage.recent_answers {
+        let _ = writeln!(out, "storage     {keys} recent answers kept in memory");
+    }
     let admin = if gw.admin_token.is_some() {
         "bearer token set"
     } else {
@@ -181,6 +184,7 @@ pub fn describe_json(settings: &Settings) -> serde_json::Value {
         "ok": true,
         "listen": settings.listen.to_string(),
         "database": redact_url(&settings.database),
+        "storage": { "recent_answers": settings.storage.recent_answers },
         "admin_token": gw.admin_token.is_some(),
         "open_sources": gw.open_sources,
         "sources": sources,

@@ -7,6 +7,7 @@ mod presets;
 mod raw;
 mod route;
 mod source;
+mod storage;
 #[cfg(test)]
 mod tests;
 
@@ -25,6 +26,7 @@ use oncebox_gateway::policy::{GatewayConfig, Limits};
 pub use consumer::{Broker, ConsumerSpec};
 pub use describe::{describe, describe_json};
 use raw::{RawConfig, RawLimits};
+pub use storage::Storage;
 
 const DEFAULT_LISTEN: SocketAddr = SocketAddr::new(std::net::IpAddr::V4(Ipv4Addr::LOCALHOST), 8080);
 const DEFAULT_DATABASE: &str = "sqlite://oncebox.db";
@@ -36,7 +38,7 @@ const MIN_ADMIN_TOKEN_CHARS: usize = 16;
 /// prefix is shared with things that are not configuration data (`ONCEBOX_CONFIG` names the
 /// file, test harnesses use `ONCEBOX_REQUIRE_SERVICES` and the like), so anything else is left
 /// alone rather than refused as an unknown key.
-const ENV_TABLES: &[&str] = &["limits", "sources"];
+const ENV_TABLES: &[&str] = &["limits", "sources", "storage"];
 /// Top-level strings read verbatim. Through the generic provider a token of only digits, or
 /// `true`, would be coerced to a number or a boolean and then refused or mangled.
 const ENV_STRINGS: &[(&str, &str)] = &[
@@ -49,6 +51,8 @@ const ENV_STRINGS: &[(&str, &str)] = &[
 pub struct Settings {
     pub listen: SocketAddr,
     pub database: String,
+    /// `[storage]`: how the store is opened, past its URL.
+    pub storage: Storage,
     pub gateway: GatewayConfig,
     /// Accepted but risky choices, e.g. a source without signature; printed by the caller.
     pub warnings: Vec<String>,
@@ -65,6 +69,7 @@ impl fmt::Debug for Settings {
         f.debug_struct("Settings")
             .field("listen", &self.listen)
             .field("database", &redact_url(&self.database))
+            .field("storage", &self.storage)
             .field("sources", &gw.sources)
             .field("open_sources", &gw.open_sources)
             .field("admin_token", &gw.admin_token.as_ref().map(|_| "***"))
@@ -301,6 +306,7 @@ fn validate(raw: RawConfig, p: &mut Problems<'_>) -> Settings {
         );
     }
     let limits = limits(&raw.limits, p);
+    let storage = storage::validate(&raw.storage, &database, p, &mut warnings);
 
     // Zero-config (DESIGN §7) is exactly "no source configured".
     let open_sources = raw.sources.is_empty();
@@ -343,6 +349,7 @@ fn validate(raw: RawConfig, p: &mut Problems<'_>) -> Settings {
         consumers,
         listen,
         database,
+        storage,
         gateway: GatewayConfig {
             sources,
             open_sources,

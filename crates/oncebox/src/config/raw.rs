@@ -30,6 +30,8 @@ pub(super) struct RawConfig {
     pub relay: RawRelay,
     #[serde(default)]
     pub consumers: BTreeMap<String, super::consumer::RawConsumer>,
+    #[serde(default)]
+    pub storage: super::storage::RawStorage,
 }
 
 /// `[relay]`: tuning of the relay that delivers to routes.

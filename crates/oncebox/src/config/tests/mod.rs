@@ -166,3 +166,42 @@ fn every_problem_is_reported_at_once() {
         ],
     );
 }
+
+/// `[storage] recent_answers` sizes the SQLite memory of recent answers, from the file or the
+/// environment; absent, the library's default stays; too large is refused by its path; set
+/// for PostgreSQL, which keeps no such memory, it warns.
+#[test]
+fn storage_sizes_the_memory_of_recent_answers() {
+    assert_eq!(ok(&shop("")).storage.recent_answers, None);
+    let s = ok(&format!("{}\n[storage]\nrecent_answers = 0\n", shop("")));
+    assert_eq!(s.storage.recent_answers, Some(0));
+    let s = jailed(|jail| {
+        jail.set_env("ONCEBOX_STORAGE__RECENT_ANSWERS", "250000");
+        load_file(jail, &shop(""))
+    })
+    .expect("valid");
+    assert_eq!(s.storage.recent_answers, Some(250_000));
+    assert!(super::describe(&s).contains("250000 recent answers kept in memory"));
+    assert_mentions(
+        &err(&format!(
+            "{}\n[storage]\nrecent_answers = 20000000\n",
+            shop("")
+        )),
+        &["storage.recent_answers:", "at most 10000000"],
+    );
+    assert_mentions(
+        &err(&format!("{}\n[storage]\nrecent_answer = 5\n", shop(""))),
+        &["recent_answer"],
+    );
+    let s = ok(&format!(
+        "database = \"postgres://oncebox@127.0.0.1/oncebox\"\n{}\n[storage]\nrecent_answers = 5\n",
+        shop("")
+    ));
+    assert!(
+        s.warnings
+            .iter()
+            .any(|w| w.contains("storage.recent_answers")),
+        "{:?}",
+        s.warnings
+    );
+}

@@ -1,0 +1,46 @@
+//! `[storage]`: tuning of the store `oncebox serve` opens; today the size of the SQLite
+//! inbox's memory of recent first answers.
+
+use serde::Deserialize;
+
+use super::Problems;
+
+/// Most answers the memory may be asked to keep: about 250 bytes each, so 2.5 GB.
+const MAX_RECENT_ANSWERS: usize = 10_000_000;
+
+#[derive(Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawStorage {
+    pub recent_answers: Option<usize>,
+}
+
+/// How the store is opened, past its URL.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Storage {
+    /// First answers of recently committed keys kept in memory (SQLite), so that a prompt
+    /// retry is answered without a read; `None` keeps the library's default, 0 turns it off.
+    pub recent_answers: Option<usize>,
+}
+
+pub(super) fn validate(
+    raw: &RawStorage,
+    database: &str,
+    p: &mut Problems<'_>,
+    warnings: &mut Vec<String>,
+) -> Storage {
+    if raw.recent_answers.is_some() && database.starts_with("postgres") {
+        warnings.push(
+            "storage.recent_answers is for SQLite: the PostgreSQL store keeps no answers in memory"
+                .to_owned(),
+        );
+    }
+    if raw.recent_answers.is_some_and(|n| n > MAX_RECENT_ANSWERS) {
+        p.push(
+            "storage.recent_answers",
+            format_args!("must be at most {MAX_RECENT_ANSWERS} (about 250 bytes of memory each)"),
+        );
+    }
+    Storage {
+        recent_answers: raw.recent_answers,
+    }
+}
