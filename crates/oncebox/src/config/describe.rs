@@ -9,7 +9,7 @@ use oncebox_core::json::Pointer;
 use oncebox_core::signature::{Encoding, Scheme};
 use oncebox_gateway::policy::{EventIdRule, SourcePolicy};
 
-use super::{Settings, redact_url};
+use super::Settings;
 
 /// A multi-line summary of `settings`; contains no secret and no database password.
 pub fn describe(settings: &Settings) -> String {
@@ -191,4 +191,20 @@ pub fn describe_json(settings: &Settings) -> serde_json::Value {
         "routes": routes,
         "warnings": settings.warnings,
     })
+}
+
+/// `scheme://user:password@host/…` with the password replaced by `***`; anything else as is.
+pub(super) fn redact_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(authority_end);
+    let Some((userinfo, host)) = authority.rsplit_once('@') else {
+        return url.to_owned();
+    };
+    match userinfo.split_once(':') {
+        Some((user, _password)) => format!("{scheme}://{user}:***@{host}{tail}"),
+        None => url.to_owned(),
+    }
 }

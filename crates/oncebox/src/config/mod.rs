@@ -24,6 +24,7 @@ use figment::{Figment, Metadata, Profile, Provider};
 use oncebox_gateway::policy::{GatewayConfig, Limits};
 
 pub use consumer::{Broker, ConsumerSpec};
+use describe::redact_url;
 pub use describe::{describe, describe_json};
 use raw::{RawConfig, RawLimits};
 pub use storage::Storage;
@@ -388,21 +389,5 @@ fn limits(raw: &RawLimits, p: &mut Problems<'_>) -> Limits {
         body_timeout,
         shutdown_grace: raw.shutdown_grace.map_or(d.shutdown_grace, |t| t.0),
         retry_after,
-    }
-}
-
-/// `scheme://user:password@host/…` with the password replaced by `***`; anything else as is.
-fn redact_url(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_owned();
-    };
-    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-    let (authority, tail) = rest.split_at(authority_end);
-    let Some((userinfo, host)) = authority.rsplit_once('@') else {
-        return url.to_owned();
-    };
-    match userinfo.split_once(':') {
-        Some((user, _password)) => format!("{scheme}://{user}:***@{host}{tail}"),
-        None => url.to_owned(),
     }
 }
