@@ -1,5 +1,5 @@
 //! The human summary `oncebox check` prints: what each source accepts and how, with secrets shown
-//! only as a count.
+//! only as a count and database URLs without their password.
 
 use std::fmt::Write as _;
 
