@@ -11,9 +11,9 @@
 //! began; the next look after a commit begins a new one. Commits of another process on the
 //! same file are not counted: a kept snapshot misses them for at most `HOLD`, and a look that
 //! misses sends its request to the writer, which sees everything. A snapshot kept open also
-//! holds back checkpoints and the log's restart, so none outlives `HOLD`: a look ends an
-//! older one, and the checkpointer ends those of idle connections before each pass and every
-//! `HOLD` while idle ([`Looks::release_idle`]).
+//! holds back checkpoints and the log's restart, so none is kept long: a look ends one older
+//! than `HOLD`, and the checkpointer ends those of idle connections before each pass and at
+//! least every `HOLD` ([`Looks::release_idle`]).
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
