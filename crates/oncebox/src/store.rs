@@ -217,12 +217,30 @@ mod tests {
 
     /// `[storage] recent_answers` reaches the inbox: 0 turns the memory off, and without it
     /// the library's default answers the retry from memory.
-    #[tokio::test]
-    async fn recent_answers_reach_the_sqlite_inbox() {
-        assert_eq!(retry_answered_from_memory(&Storage::default()).await, 1);
-        let off = Storage {
-            recent_answers: Some(0),
-        };
-        assert_eq!(retry_answered_from_memory(&off).await, 0);
+    ///
+    /// It runs inside figment's `Jail`, whose lock the configuration tests hold while they set
+    /// environment variables: SQLite reads the environment (`SQLITE_TMPDIR`) from C when it
+    /// first initializes, outside Rust's environment lock, and a run beside those tests
+    /// crashed in `getenv` (2 runs in 150, seen in a core dump).
+    #[test]
+    #[expect(
+        clippy::result_large_err,
+        reason = "figment's Jail fixes the closure's error type"
+    )]
+    fn recent_answers_reach_the_sqlite_inbox() {
+        figment::Jail::expect_with(|_| {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async {
+                assert_eq!(retry_answered_from_memory(&Storage::default()).await, 1);
+                let off = Storage {
+                    recent_answers: Some(0),
+                };
+                assert_eq!(retry_answered_from_memory(&off).await, 0);
+            });
+            Ok(())
+        });
     }
 }
