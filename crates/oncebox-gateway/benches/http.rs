@@ -307,6 +307,11 @@ fn main() {
     let metrics = PrometheusBuilder::new()
         .install_recorder()
         .expect("metrics recorder");
+    // ...and its histogram samples are folded in on a timer, as `oncebox serve` does.
+    server_rt.spawn(oncebox_gateway::meter::upkeep(
+        metrics.clone(),
+        oncebox_gateway::meter::UPKEEP_EVERY,
+    ));
     let gateway = Arc::new(Gateway {
         store: inbox.clone(),
         config: GatewayConfig {

@@ -31,12 +31,7 @@ pub(crate) async fn receive<S: EventStore>(
     let (parts, body) = request.into_parts();
     let headers = &parts.headers;
     let started = Instant::now();
-    let label = if gw.config.sources.keys().any(|s| s.as_str() == source) || gw.config.open_sources
-    {
-        source.clone()
-    } else {
-        "unknown".to_owned()
-    };
+    let known = gw.config.open_sources || gw.config.sources.keys().any(|s| s.as_str() == source);
     let answer = match Source::new(source.as_str())
         .ok()
         .and_then(|s| gw.config.source(&s).map(|p| (s, p)))
@@ -47,11 +42,10 @@ pub(crate) async fn receive<S: EventStore>(
         )),
         Some((source, policy)) => receive_for(&gw, &source, policy, headers, body).await,
     };
-    let outcome = answer.outcome();
-    metrics::counter!("oncebox_ingest_total", "source" => label.clone(), "outcome" => outcome)
-        .increment(1);
-    metrics::histogram!("oncebox_ingest_duration_seconds", "source" => label)
-        .record(started.elapsed());
+    // An unknown name is counted under one label: senders choose it.
+    let label = if known { source.as_str() } else { "unknown" };
+    let installed = gw.metrics.is_some();
+    crate::meter::ingest(installed, label, answer.outcome(), started.elapsed());
     answer.into_response()
 }
 

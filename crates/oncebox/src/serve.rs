@@ -9,7 +9,7 @@ use metrics_exporter_prometheus::PrometheusBuilder;
 use oncebox_core::store::EventStore;
 use oncebox_core::{Clock, Retention, SystemClock};
 use oncebox_gateway::policy::GatewayConfig;
-use oncebox_gateway::{Gateway, router, serve};
+use oncebox_gateway::{Gateway, meter, router, serve};
 use oncebox_relay::Relay;
 use tokio::net::TcpListener;
 
@@ -48,10 +48,13 @@ pub async fn run(settings: Settings, with_relay: bool) -> Result<()> {
         store: inbox.clone(),
         config,
         clock: Arc::new(SystemClock),
-        metrics: Some(metrics),
+        metrics: Some(metrics.clone()),
         loopback_only: local.ip().is_loopback(),
     });
     let purger = tokio::spawn(purge_forever(inbox.clone(), retention));
+    // The recorder keeps histogram samples until they are folded in: without this, memory
+    // grows with every request while nobody scrapes `/metrics`.
+    let upkeep = tokio::spawn(meter::upkeep(metrics, meter::UPKEEP_EVERY));
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let relay = (with_relay && !routes.is_empty()).then(|| {
         let relay = Relay::new(inbox.clone(), routes, Arc::new(SystemClock), relay_options);
@@ -68,6 +71,7 @@ pub async fn run(settings: Settings, with_relay: bool) -> Result<()> {
         let _ = relay.await;
     }
     purger.abort();
+    upkeep.abort();
     tracing::info!("stopped");
     Ok(())
 }

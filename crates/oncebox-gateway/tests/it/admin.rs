@@ -135,6 +135,60 @@ fn stats_and_metrics_count_outcomes_per_source() {
     });
 }
 
+/// Exact counts per outcome and one duration sample per request, for a source no other test
+/// uses (the recorder is shared by the whole test process), with the recorder's upkeep folding
+/// samples in between requests as `oncebox serve` does on a timer; an unknown source name is
+/// counted under `unknown`, never under the name the sender chose.
+#[test]
+fn metrics_count_each_request_once_across_upkeep() {
+    run(async {
+        let mut config = crate::support::config();
+        config.sources.insert(
+            oncebox_core::Source::new("metered").unwrap(),
+            oncebox_gateway::policy::SourcePolicy::open(),
+        );
+        let gw = TestGateway::with(config, oncebox_sqlite::Options::new);
+        let handle = gw.gateway.metrics.clone().unwrap();
+        let sends = [
+            r#"{"id":"k1","amount":1}"#,
+            r#"{"id":"k2","amount":1}"#,
+            r#"{"id":"k1","amount":1}"#,
+            r#"{"id":"k1","amount":2}"#,
+            r#"{"amount":2}"#,
+            r#"{"id":"k3","amount":1}"#,
+        ];
+        for (i, body) in sends.into_iter().enumerate() {
+            gw.send(post("metered", &[], body)).await;
+            if i % 2 == 1 {
+                handle.run_upkeep();
+            }
+        }
+        gw.send(post("no-such-source-metered", &[], r#"{"id":"k1"}"#))
+            .await;
+        let text = String::from_utf8(gw.send(admin_get("/metrics")).await.body).unwrap();
+        let value = |prefix: &str| {
+            text.lines()
+                .find_map(|l| l.strip_prefix(prefix)?.trim().parse::<f64>().ok())
+                .unwrap_or_else(|| panic!("{prefix} missing in:\n{text}"))
+        };
+        for (outcome, n) in [
+            ("accepted", 3.0),
+            ("duplicate", 1.0),
+            ("conflict", 1.0),
+            ("invalid", 1.0),
+        ] {
+            let line = format!(r#"oncebox_ingest_total{{source="metered",outcome="{outcome}"}}"#);
+            assert_eq!(value(&line), n, "{line}");
+        }
+        assert_eq!(
+            value(r#"oncebox_ingest_duration_seconds_count{source="metered"}"#),
+            6.0
+        );
+        assert!(value(r#"oncebox_ingest_total{source="unknown",outcome="invalid"}"#) >= 1.0);
+        assert!(!text.contains("no-such-source-metered"), "{text}");
+    });
+}
+
 #[test]
 fn health_and_readiness_are_open() {
     run(async {
