@@ -44,7 +44,7 @@ impl Store {
 
     /// `open`, tuned by `[storage]`.
     pub async fn open_with(database: &str, storage: &Storage) -> Result<Store> {
-        if database.starts_with("postgres://") || database.starts_with("postgresql://") {
+        if is_postgres(database) {
             let inbox = oncebox_postgres::Inbox::open(oncebox_postgres::Options::new(database))
                 .await
                 .with_context(|| format!("opening {}", describe(database)))?;
@@ -77,10 +77,16 @@ impl Store {
     }
 }
 
+/// Whether a database URL names PostgreSQL (`postgres://…` or `postgresql://…`); anything
+/// else is SQLite, or refused by `Store::open` for its unknown scheme.
+pub fn is_postgres(database: &str) -> bool {
+    database.starts_with("postgres://") || database.starts_with("postgresql://")
+}
+
 /// The database a URL names, for messages: a PostgreSQL URL without its password.
 pub fn describe(database: &str) -> String {
     match database.split_once("://") {
-        Some((scheme, rest)) if scheme.starts_with("postgres") => {
+        Some((_, rest)) if is_postgres(database) => {
             let host = rest.rsplit_once('@').map_or(rest, |(_, host)| host);
             format!("PostgreSQL {host}")
         }
@@ -242,5 +248,31 @@ mod tests {
             });
             Ok(())
         });
+    }
+
+    /// One test of the URL's scheme decides which store opens, which one a message names
+    /// (without the password) and whether `[storage]` warns.
+    #[test]
+    fn postgres_is_told_by_its_two_schemes() {
+        for url in [
+            "postgres://u:secret@db:5432/x",
+            "postgresql://u:secret@db/x",
+        ] {
+            assert!(super::is_postgres(url), "{url}");
+            let said = super::describe(url);
+            assert!(
+                said.starts_with("PostgreSQL db") && !said.contains("secret"),
+                "{said}"
+            );
+        }
+        for url in [
+            "sqlite://postgres.db",
+            "postgres.db",
+            "postgresx://h/x",
+            "./postgres://x",
+        ] {
+            assert!(!super::is_postgres(url), "{url}");
+            assert!(super::describe(url).starts_with("SQLite "), "{url}");
+        }
     }
 }

@@ -28,7 +28,7 @@ pub(super) fn validate(
     p: &mut Problems<'_>,
     warnings: &mut Vec<String>,
 ) -> Storage {
-    if raw.recent_answers.is_some() && database.starts_with("postgres") {
+    if raw.recent_answers.is_some() && crate::store::is_postgres(database) {
         warnings.push(
             "storage.recent_answers is for SQLite: the PostgreSQL store keeps no answers in memory"
                 .to_owned(),
