@@ -9,7 +9,7 @@ use axum::extract::{Path, Request, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use http_body_util::{BodyExt, LengthLimitError, Limited};
-use oncebox_core::fingerprint::derive_event_id;
+use oncebox_core::fingerprint::{PayloadError, derive_event_id};
 use oncebox_core::json::{self, Pointer, Value};
 use oncebox_core::signature::{self, SignatureError};
 use oncebox_core::store::{EventStore, Ingest, Order};
@@ -204,7 +204,11 @@ fn event_id(
             from_pointer(parsed, p).unwrap_or_else(|| Err(missing(&format!("{p} absent"))))
         }
         EventIdRule::Derive(pointers) => derive_event_id(payload, pointers)
-            .map_err(|e| Problem::invalid("event-id-missing", e.to_string()))
+            .map_err(|e| match e {
+                // A body that is not JSON is named as such, as for every other id rule.
+                PayloadError::Json(_) => Problem::invalid("invalid-json", e.to_string()),
+                _ => Problem::invalid("event-id-missing", e.to_string()),
+            })
             .and_then(|id| EventId::new(id).map_err(invalid)),
         EventIdRule::Default => from_header("idempotency-key")
             .or_else(|| from_header("webhook-id"))

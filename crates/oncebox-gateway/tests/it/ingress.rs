@@ -255,6 +255,13 @@ fn invalid_events_are_400_or_413_and_write_nothing() {
                 StatusCode::BAD_REQUEST,
                 "event-id-missing",
             ),
+            (
+                "derived",
+                vec![],
+                r#"{"order_id":"o1","type":"paid""#.into(),
+                StatusCode::BAD_REQUEST,
+                "invalid-json",
+            ),
         ];
         for (source, headers, body, status, slug) in cases {
             let a = gw.send(post(source, &headers, body)).await;
