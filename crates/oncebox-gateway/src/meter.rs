@@ -19,17 +19,11 @@ use std::time::Duration;
 use metrics::{Counter, Histogram};
 use metrics_exporter_prometheus::PrometheusHandle;
 
-/// Every value `Answer::outcome` gives.
-const OUTCOMES: [&str; 8] = [
-    "accepted",
-    "duplicate",
-    "stale",
-    "unauthorized",
-    "in_progress",
-    "conflict",
-    "unavailable",
-    "invalid",
-];
+use crate::problem::OUTCOMES;
+
+/// The two series, made both for kept handles and through the macros.
+const TOTAL: &str = "oncebox_ingest_total";
+const DURATION: &str = "oncebox_ingest_duration_seconds";
 
 /// Source names whose handles are kept. Open sources (loopback only) take any name; past this
 /// many the rest are recorded through the macros, as before, rather than kept forever.
@@ -49,9 +43,9 @@ impl Meter {
     fn new(source: &str) -> Meter {
         Meter {
             outcomes: OUTCOMES.map(|outcome| {
-                metrics::counter!("oncebox_ingest_total", "source" => source.to_owned(), "outcome" => outcome)
+                metrics::counter!(TOTAL, "source" => source.to_owned(), "outcome" => outcome)
             }),
-            duration: metrics::histogram!("oncebox_ingest_duration_seconds", "source" => source.to_owned()),
+            duration: metrics::histogram!(DURATION, "source" => source.to_owned()),
         }
     }
 }
@@ -82,10 +76,8 @@ pub(crate) fn ingest(installed: bool, source: &str, outcome: &'static str, took:
             return record(&m);
         }
     }
-    metrics::counter!("oncebox_ingest_total", "source" => source.to_owned(), "outcome" => outcome)
-        .increment(1);
-    metrics::histogram!("oncebox_ingest_duration_seconds", "source" => source.to_owned())
-        .record(took);
+    metrics::counter!(TOTAL, "source" => source.to_owned(), "outcome" => outcome).increment(1);
+    metrics::histogram!(DURATION, "source" => source.to_owned()).record(took);
 }
 
 /// Makes and keeps the handles of `source` on its first request; `None` once `most` names

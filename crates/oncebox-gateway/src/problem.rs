@@ -130,7 +130,7 @@ impl Answer {
         }
     }
 
-    /// The metrics label of this answer.
+    /// The metrics label of this answer: one of [`OUTCOMES`].
     pub fn outcome(&self) -> &'static str {
         match self {
             Answer::Accepted(_) => "accepted",
@@ -146,6 +146,18 @@ impl Answer {
         }
     }
 }
+
+/// Every value [`Answer::outcome`] gives; `meter.rs` keeps a counter for each.
+pub const OUTCOMES: [&str; 8] = [
+    "accepted",
+    "duplicate",
+    "stale",
+    "unauthorized",
+    "in_progress",
+    "conflict",
+    "unavailable",
+    "invalid",
+];
 
 fn json(status: StatusCode, body: Vec<u8>) -> Response {
     (
