@@ -37,6 +37,9 @@ fn main() -> ExitCode {
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
         )
         .with_writer(std::io::stderr)
+        // Colour codes only for a person at a terminal: a log file, journald or a container's
+        // log would keep them as escape sequences.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     // clap prints usage errors itself and exits with 2 (exit::Code::Usage).
     let cli = Cli::parse();

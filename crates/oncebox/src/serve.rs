@@ -38,11 +38,6 @@ pub async fn run(settings: Settings, with_relay: bool) -> Result<()> {
     let retention = retention(&config);
     let routes = config.routes.clone();
     let relay_options = settings.relay;
-    if config.open_sources {
-        tracing::warn!(
-            "no sources configured: accepting any source name WITHOUT signature checks (loopback only)"
-        );
-    }
     announce(&local, &database, &config);
     let gw = Arc::new(Gateway {
         store: inbox.clone(),

@@ -9,6 +9,7 @@ mod kill;
 mod multinode;
 mod nodes;
 mod outage;
+mod quickstart;
 mod relay;
 mod support;
 

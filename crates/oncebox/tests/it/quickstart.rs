@@ -1,0 +1,155 @@
+//! The README's first command: `oncebox serve` with no configuration at all, and the example
+//! request it prints, sent exactly as printed.
+
+use std::io::{BufRead, BufReader, Read};
+use std::process::{Command, Stdio};
+
+use crate::support::{oncebox, text};
+
+/// Splits a printed shell command into words: single quotes group, a backslash before the
+/// line break continues the line. Anything else a shell would read differently (double
+/// quotes, other escapes) is refused, so a changed example fails here instead of being
+/// half-understood.
+fn words(command: &str) -> Vec<String> {
+    let mut words = Vec::new();
+    let mut word: Option<String> = None;
+    let mut chars = command.chars().peekable();
+    while let Some(c) = chars.next() {
+        match c {
+            '\'' => {
+                let quoted: String = chars.by_ref().take_while(|&q| q != '\'').collect();
+                word.get_or_insert_with(String::new).push_str(&quoted);
+            }
+            '\\' if chars.peek() == Some(&'\n') => {
+                chars.next();
+            }
+            '"' | '\\' | '$' | '`' => {
+                panic!("the example uses {c:?}, which this test does not read")
+            }
+            c if c.is_whitespace() => words.extend(word.take()),
+            c => word.get_or_insert_with(String::new).push(c),
+        }
+    }
+    words.extend(word);
+    words
+}
+
+/// A request as a `curl` command line states it.
+#[derive(Debug, Default)]
+struct Curl {
+    method: String,
+    url: String,
+    headers: Vec<(String, String)>,
+    body: String,
+}
+
+fn curl(command: &str) -> Curl {
+    let words = words(command);
+    assert_eq!(words.first().map(String::as_str), Some("curl"), "{command}");
+    let mut request = Curl {
+        method: "GET".into(),
+        ..Curl::default()
+    };
+    let mut args = words[1..].iter();
+    while let Some(arg) = args.next() {
+        let mut value = || args.next().cloned().expect("a flag's value");
+        match arg.as_str() {
+            "-i" | "-s" => {}
+            "-X" => request.method = value(),
+            "-H" => {
+                let header = value();
+                let (name, v) = header.split_once(':').expect("name: value");
+                request.headers.push((name.trim().into(), v.trim().into()));
+            }
+            "-d" => request.body = value(),
+            url if url.starts_with("http://") => request.url = url.into(),
+            other => panic!("the example uses {other:?}, which this test does not read"),
+        }
+    }
+    request
+}
+
+#[tokio::test]
+async fn serve_with_no_configuration_prints_a_request_that_is_stored_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_oncebox"))
+        // Any free port instead of 8080; everything else as a new user runs it.
+        .args(["serve", "--listen", "127.0.0.1:0"])
+        .current_dir(dir.path())
+        .env_remove("ONCEBOX_CONFIG")
+        .env_remove("ONCEBOX_DATABASE")
+        .env_remove("RUST_LOG")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut printed = String::new();
+    let command = loop {
+        let line = lines.next().expect("the example request").unwrap();
+        printed.push_str(&line);
+        printed.push('\n');
+        if let Some(rest) = line.strip_prefix("try:") {
+            let mut command = rest.trim().to_owned();
+            while command.ends_with('\\') {
+                command.push('\n');
+                command.push_str(&lines.next().expect("continued line").unwrap());
+            }
+            break command;
+        }
+    };
+    assert!(
+        printed.starts_with("oncebox listening on http://127.0.0.1:")
+            && printed.contains("oncebox.db"),
+        "{printed}"
+    );
+    std::thread::spawn(move || lines.for_each(drop));
+
+    let example = curl(&command);
+    assert_eq!(example.method, "POST", "{command}");
+    let client = reqwest::Client::new();
+    let send = || {
+        let mut request = client.post(&example.url).body(example.body.clone());
+        for (name, value) in &example.headers {
+            request = request.header(name, value);
+        }
+        request.send()
+    };
+    let first = send().await.unwrap();
+    assert_eq!(first.status(), 202);
+    assert!(first.headers().get("idempotent-replayed").is_none());
+    let first_body = first.bytes().await.unwrap();
+    let again = send().await.unwrap();
+    assert_eq!(again.status(), 202);
+    assert_eq!(again.headers()["idempotent-replayed"], "true");
+    assert_eq!(again.bytes().await.unwrap(), first_body);
+
+    // SIGTERM: a clean stop, then what it logged.
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id()).unwrap());
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+    assert!(child.wait().unwrap().success());
+    let mut logged = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut logged)
+        .unwrap();
+    assert_eq!(
+        logged.matches("no sources configured").count(),
+        1,
+        "the zero-config warning, once: {logged}"
+    );
+    assert!(
+        !logged.contains('\x1b'),
+        "no terminal colour codes in a log that is not a terminal: {logged:?}"
+    );
+
+    // Stored once, in ./oncebox.db of the directory it ran in.
+    let events = oncebox(dir.path(), &["events", "--output", "json"]);
+    assert!(events.status.success(), "{}", text(&events));
+    let listed: serde_json::Value = serde_json::from_slice(&events.stdout).unwrap();
+    let items = listed["items"].as_array().unwrap();
+    assert_eq!(items.len(), 1, "{listed}");
+    assert_eq!(items[0]["event_id"], "evt_1");
+}
