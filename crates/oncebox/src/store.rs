@@ -86,9 +86,16 @@ pub fn is_postgres(database: &str) -> bool {
 /// The database a URL names, for messages: a PostgreSQL URL without its password.
 pub fn describe(database: &str) -> String {
     match database.split_once("://") {
-        Some((_, rest)) if is_postgres(database) => {
-            let host = rest.rsplit_once('@').map_or(rest, |(_, host)| host);
-            format!("PostgreSQL {host}")
+        Some(_) if is_postgres(database) => {
+            // Shown without the user, and without any password the URL holds (in its user
+            // info or its query).
+            let shown = crate::config::redact_url(database);
+            let rest = shown
+                .split_once("://")
+                .map_or(shown.as_str(), |(_, rest)| rest);
+            let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+            let host = rest[..authority_end].rfind('@').map_or(0, |at| at + 1);
+            format!("PostgreSQL {}", &rest[host..])
         }
         _ => format!(
             "SQLite {}",
@@ -257,6 +264,7 @@ mod tests {
         for url in [
             "postgres://u:secret@db:5432/x",
             "postgresql://u:secret@db/x",
+            "postgres://db/x?user=u&password=secret",
         ] {
             assert!(super::is_postgres(url), "{url}");
             let said = super::describe(url);

@@ -24,7 +24,7 @@ use figment::{Figment, Metadata, Profile, Provider};
 use oncebox_gateway::policy::{GatewayConfig, Limits};
 
 pub use consumer::{Broker, ConsumerSpec};
-use describe::redact_url;
+pub(crate) use describe::redact_url;
 pub use describe::{describe, describe_json};
 use raw::{RawConfig, RawLimits};
 pub use storage::Storage;

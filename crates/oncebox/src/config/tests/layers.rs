@@ -208,4 +208,17 @@ fn database_passwords_are_redacted_for_display() {
     assert_eq!(redact_url("postgres://app@db/x"), "postgres://app@db/x");
     assert_eq!(redact_url("sqlite://oncebox.db"), "sqlite://oncebox.db");
     assert_eq!(redact_url("oncebox.db"), "oncebox.db");
+    // Drivers take a password in the query too; webhook receivers take tokens there.
+    assert_eq!(
+        redact_url("postgres://db/x?user=app&password=hunter2&sslmode=require#f"),
+        "postgres://db/x?user=app&password=***&sslmode=require#f"
+    );
+    assert_eq!(
+        redact_url("https://hooks.example/in?Access_Token=hunter2&sslPassword=hunter2&n=1"),
+        "https://hooks.example/in?Access_Token=***&sslPassword=***&n=1"
+    );
+    assert_eq!(
+        redact_url("postgres://app:hunter2@db?api_key=hunter2"),
+        "postgres://app:***@db?api_key=***"
+    );
 }
