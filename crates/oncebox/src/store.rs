@@ -83,25 +83,20 @@ pub fn is_postgres(database: &str) -> bool {
     database.starts_with("postgres://") || database.starts_with("postgresql://")
 }
 
-/// The database a URL names, for messages: a PostgreSQL URL without its password.
+/// The database a URL names, for messages: a PostgreSQL URL without its user and without any
+/// password it holds (in its user info or its query, `redact_url`).
 pub fn describe(database: &str) -> String {
-    match database.split_once("://") {
-        Some(_) if is_postgres(database) => {
-            // Shown without the user, and without any password the URL holds (in its user
-            // info or its query).
-            let shown = crate::config::redact_url(database);
-            let rest = shown
-                .split_once("://")
-                .map_or(shown.as_str(), |(_, rest)| rest);
-            let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-            let host = rest[..authority_end].rfind('@').map_or(0, |at| at + 1);
-            format!("PostgreSQL {}", &rest[host..])
-        }
-        _ => format!(
-            "SQLite {}",
-            database.strip_prefix("sqlite://").unwrap_or(database)
-        ),
+    if !is_postgres(database) {
+        let path = database.strip_prefix("sqlite://").unwrap_or(database);
+        return format!("SQLite {path}");
     }
+    let shown = crate::config::redact_url(database);
+    let rest = shown
+        .split_once("://")
+        .map_or(shown.as_str(), |(_, rest)| rest);
+    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let host = rest[..authority_end].rfind('@').map_or(0, |at| at + 1);
+    format!("PostgreSQL {}", &rest[host..])
 }
 
 impl EventStore for Store {
