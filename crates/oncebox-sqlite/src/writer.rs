@@ -217,10 +217,16 @@ impl Writer {
         if let Err(e) = self.conn.execute_batch("BEGIN IMMEDIATE") {
             let why = storage(&e);
             self.stats.failed_batches.fetch_add(1, Ordering::Relaxed);
-            first.refuse(why.clone());
-            rx.try_iter()
+            // What queued while BEGIN waited out the busy timeout shares its failure. It is
+            // taken before anyone is answered: a caller answered here may send again at once,
+            // and that request must get a try of its own, not this stale failure (the lock
+            // may be gone by then).
+            let waited: Vec<Job> = rx
+                .try_iter()
                 .take(self.max_batch.saturating_sub(1))
-                .for_each(|job| job.refuse(why.clone()));
+                .collect();
+            first.refuse(why.clone());
+            waited.into_iter().for_each(|job| job.refuse(why.clone()));
             return 1;
         }
         crash::point!("after-begin");

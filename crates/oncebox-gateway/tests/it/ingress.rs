@@ -401,9 +401,12 @@ fn locked_database_is_503_for_new_events_and_committed_ones_still_replay() {
                 .await
                 .replayed()
         );
+        let b = gw.send(post("open", &[], r#"{"id":"evt_2"}"#)).await;
         assert_eq!(
-            gw.send(post("open", &[], r#"{"id":"evt_2"}"#)).await.status,
-            StatusCode::ACCEPTED
+            b.status,
+            StatusCode::ACCEPTED,
+            "{}",
+            String::from_utf8_lossy(&b.body)
         );
     });
 }
