@@ -4,7 +4,7 @@
 use std::io::{BufRead, BufReader, Read};
 use std::process::{Command, Stdio};
 
-use crate::support::{oncebox, text};
+use crate::support::{Server, oncebox, text};
 
 /// Splits a printed shell command into words: single quotes group, a backslash before the
 /// line break continues the line. Anything else a shell would read differently (double
@@ -125,16 +125,10 @@ async fn serve_with_no_configuration_prints_a_request_that_is_stored_once() {
     assert_eq!(again.bytes().await.unwrap(), first_body);
 
     // SIGTERM: a clean stop, then what it logged.
-    let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id()).unwrap());
-    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
-    assert!(child.wait().unwrap().success());
+    let mut stderr = child.stderr.take().unwrap();
+    Server(child, example.url.clone()).stop();
     let mut logged = String::new();
-    child
-        .stderr
-        .take()
-        .unwrap()
-        .read_to_string(&mut logged)
-        .unwrap();
+    stderr.read_to_string(&mut logged).unwrap();
     assert_eq!(
         logged.matches("no sources configured").count(),
         1,
