@@ -1,7 +1,9 @@
 //! The HTTP benchmark's bookkeeping: what a run measured, CPU time per thread group from
-//! Linux's schedstat, and the rounds a phase is split into.
+//! Linux's schedstat, the disk's writes from its block-layer counters, and the rounds a phase
+//! is split into.
 
 use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use oncebox_sqlite::Inbox;
@@ -149,6 +151,66 @@ impl Cpu {
     }
 }
 
+/// The block device holding the database, as Linux counts its work: what a new event costs the
+/// disk (the WAL's pages, and the checkpoint's copies once written back) and how long its
+/// writes took. The WAL's fsync waits behind those writes, so `COMMIT` grows with the bytes
+/// every request makes the disk write, the checkpoint's included. `None` where the counters
+/// cannot be read (not Linux, or a filesystem with no block device of its own).
+#[derive(Clone, Copy, Default)]
+pub struct Disk {
+    writes: u64,
+    sectors: u64,
+    write_ms: u64,
+    flushes: u64,
+}
+
+impl Disk {
+    /// `/sys/dev/block/MAJOR:MINOR/stat` of the device holding `dir`.
+    pub fn stat_file(dir: &Path) -> Option<PathBuf> {
+        use std::os::unix::fs::MetadataExt;
+        let dev = std::fs::metadata(dir).ok()?.dev();
+        // glibc's encoding of a device number.
+        let major = ((dev >> 8) & 0xfff) | ((dev >> 32) & !0xfff);
+        let minor = (dev & 0xff) | ((dev >> 12) & !0xff);
+        let file = PathBuf::from(format!("/sys/dev/block/{major}:{minor}/stat"));
+        file.exists().then_some(file)
+    }
+
+    pub fn of(file: Option<&Path>) -> Option<Disk> {
+        let text = std::fs::read_to_string(file?).ok()?;
+        let f: Vec<u64> = text
+            .split_whitespace()
+            .map(|n| n.parse().unwrap_or(0))
+            .collect();
+        // Fields 5–8 are the writes; 16 the flushes (kernels from 5.5 on).
+        Some(Disk {
+            writes: *f.get(4)?,
+            sectors: *f.get(6)?,
+            write_ms: *f.get(7)?,
+            flushes: f.get(15).copied().unwrap_or(0),
+        })
+    }
+
+    pub fn since(self, file: Option<&Path>) -> Option<Disk> {
+        let now = Disk::of(file)?;
+        Some(Disk {
+            writes: now.writes.saturating_sub(self.writes),
+            sectors: now.sectors.saturating_sub(self.sectors),
+            write_ms: now.write_ms.saturating_sub(self.write_ms),
+            flushes: now.flushes.saturating_sub(self.flushes),
+        })
+    }
+
+    fn plus(self, other: Disk) -> Disk {
+        Disk {
+            writes: self.writes + other.writes,
+            sectors: self.sectors + other.sectors,
+            write_ms: self.write_ms + other.write_ms,
+            flushes: self.flushes + other.flushes,
+        }
+    }
+}
+
 /// The SQLite writer's counters at one moment.
 #[derive(Clone, Copy, Default)]
 pub struct Mark {
@@ -187,12 +249,17 @@ pub struct Tally {
     pub run: Run,
     pub cpu: Cpu,
     writes: Mark,
+    disk: Option<Disk>,
     /// Requests/s of each round, in order.
     pub rates: Vec<f64>,
 }
 
 impl Tally {
-    pub fn add(&mut self, run: Run, cpu: Cpu, writes: Mark) {
+    pub fn add(&mut self, run: Run, cpu: Cpu, writes: Mark, disk: Option<Disk>) {
+        self.disk = match (self.disk, disk) {
+            (Some(a), Some(b)) => Some(a.plus(b)),
+            (a, b) => a.or(b),
+        };
         self.rates.push(run.rate());
         self.run.absorb(run);
         self.cpu = self.cpu.plus(cpu);
@@ -255,5 +322,16 @@ impl Tally {
             );
         }
         println!("              {detail}");
+        if let Some(d) = self.disk.filter(|d| d.sectors > 0 && w.commits > 0) {
+            let n = self.run.requests.max(1) as f64;
+            println!(
+                "              disk: {:.1} KiB written per request ({:.1} MB/s), {:.2} ms per \
+                 write on average, {:.2} flushes per commit",
+                d.sectors as f64 * 512.0 / 1024.0 / n,
+                d.sectors as f64 * 512.0 / 1e6 / self.run.elapsed.as_secs_f64().max(1e-9),
+                d.write_ms as f64 / d.writes.max(1) as f64,
+                d.flushes as f64 / w.commits as f64
+            );
+        }
     }
 }
