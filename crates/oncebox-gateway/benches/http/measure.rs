@@ -154,8 +154,9 @@ impl Cpu {
 /// The block device holding the database, as Linux counts its work: what a new event costs the
 /// disk (the WAL's pages, and the checkpoint's copies once written back) and how long its
 /// writes took. The WAL's fsync waits behind those writes, so `COMMIT` grows with the bytes
-/// every request makes the disk write, the checkpoint's included. `None` where the counters
-/// cannot be read (not Linux, or a filesystem with no block device of its own).
+/// every request makes the disk write, the checkpoint's included. The counters are the whole
+/// device's: another program writing to it during a phase counts too. `None` where they cannot
+/// be read (not Linux, or a filesystem with no block device of its own).
 #[derive(Clone, Copy, Default)]
 pub struct Disk {
     writes: u64,
