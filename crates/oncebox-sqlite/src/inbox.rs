@@ -91,6 +91,19 @@ impl Inbox {
         let looks = Arc::new(Looks::new(options.clone(), stats.clone()));
         let (checkpoint, due) = checkpoint::due(options.wal_restart_frames, db, looks.clone());
         let (sender, receiver) = flume::bounded(options.queue_capacity.max(1));
+        let cpu = crate::placement::cpu_for(options.placement, &options.path);
+        if let Some(cpu) = cpu {
+            tracing::debug!(cpu, "writer and checkpointer kept on one CPU");
+        }
+        // Open returns once both threads run where placed (and under their names).
+        let (started, running) = std::sync::mpsc::sync_channel::<()>(2);
+        let keep = move |started: std::sync::mpsc::SyncSender<()>| {
+            if let Some(cpu) = cpu.filter(|&cpu| !crate::priority::pin(cpu)) {
+                tracing::debug!(cpu, "a storage thread could not be kept on its CPU");
+            }
+            let _ = started.send(());
+        };
+        let started_too = started.clone();
         let writer = Writer {
             conn,
             clock: options.clock.clone(),
@@ -104,13 +117,19 @@ impl Inbox {
             .name("oncebox-writer".into())
             .spawn(move || {
                 crate::priority::raise();
+                keep(started);
                 writer.run(&receiver)
             })
             .map_err(OpenError::Thread)?;
         let checkpointer = std::thread::Builder::new()
             .name("oncebox-ckpt".into())
-            .spawn(move || checkpoint::run(&checkpointer, &due))
+            .spawn(move || {
+                keep(started_too);
+                checkpoint::run(&checkpointer, &due)
+            })
             .map_err(OpenError::Thread)?;
+        // An error means a thread ended first; it then runs nowhere.
+        let _ = (running.recv(), running.recv());
         Ok(Inbox {
             shared: Arc::new(Shared {
                 sender: Some(sender),

@@ -1,10 +1,13 @@
-//! How a SQLite store is opened: file, durability, timeouts, queue bounds and the clock.
+//! How a SQLite store is opened: file, durability, timeouts, queue bounds, thread placement and
+//! the clock.
 
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use oncebox_core::{Clock, SystemClock};
+
+use crate::placement::Placement;
 
 /// What a commit survives. Only `Full` keeps G6; the others are the user's explicit choice and
 /// are logged as a warning when the store opens.
@@ -48,6 +51,8 @@ pub struct Options {
     /// fewer syncs of the database file, which rewrite hot pages each time. Zero counts as
     /// one.
     pub wal_restart_frames: u32,
+    /// Which CPU the writer and checkpoint threads are kept on (`placement.rs`).
+    pub placement: Placement,
     pub clock: Arc<dyn Clock>,
 }
 
@@ -63,6 +68,7 @@ impl Options {
             linger: Duration::from_micros(500),
             recent_answers: 65_536,
             wal_restart_frames: 32_768,
+            placement: Placement::default(),
             clock: Arc::new(SystemClock),
         }
     }
@@ -74,6 +80,11 @@ impl Options {
 
     pub fn wal_restart_frames(mut self, frames: u32) -> Options {
         self.wal_restart_frames = frames;
+        self
+    }
+
+    pub fn placement(mut self, placement: Placement) -> Options {
+        self.placement = placement;
         self
     }
 

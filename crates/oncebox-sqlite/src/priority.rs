@@ -1,4 +1,5 @@
-//! The writer thread's scheduling priority: it is the one serial section every commit waits on.
+//! The writer thread's scheduling priority (it is the one serial section every commit waits on),
+//! and the CPU the storage threads are kept on (`placement.rs` says which and why).
 //!
 //! Why: on a busy machine the writer competes for a CPU with the threads that parse requests.
 //! Each time it is preempted, every caller in its batch waits, and the callers that keep the
@@ -10,7 +11,7 @@
 //! call fails and the writer keeps the default priority, which changes speed, not results.
 #![allow(
     unsafe_code,
-    reason = "setpriority(2) has no safe wrapper in the crates used here"
+    reason = "setpriority(2) and sched_setaffinity(2) have no safe wrapper in the crates used here"
 )]
 
 /// The writer's nice value when the process may set it: ahead of request threads, behind
@@ -33,6 +34,29 @@ pub(crate) fn raise() -> bool {
     }
     #[cfg(not(target_os = "linux"))]
     {
+        false
+    }
+}
+
+/// Keeps the calling thread on `cpu`; returns whether it took effect (a CPU outside the
+/// process's set, or past the kernel's count, is refused and changes nothing).
+pub(crate) fn pin(cpu: usize) -> bool {
+    #[cfg(target_os = "linux")]
+    {
+        if cpu >= usize::try_from(libc::CPU_SETSIZE).unwrap_or(0) {
+            return false;
+        }
+        // SAFETY: the set is a plain bitmask owned by this frame, zeroed before use, and `cpu`
+        // was checked against its size above; pid 0 is the calling thread.
+        unsafe {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            libc::CPU_SET(cpu, &mut set);
+            libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) == 0
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        let _ = cpu;
         false
     }
 }

@@ -5,6 +5,7 @@ mod crash;
 mod deliveries;
 mod examples;
 mod harness;
+mod placement;
 mod recent;
 mod sqlite;
 mod wal;
