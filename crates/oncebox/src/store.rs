@@ -63,6 +63,9 @@ impl Store {
         if let Some(keys) = storage.recent_answers {
             options = options.recent_answers(keys);
         }
+        if let Some(placement) = storage.placement {
+            options = options.placement(placement);
+        }
         let inbox =
             oncebox_sqlite::Inbox::open(options).with_context(|| format!("opening {path}"))?;
         Ok(Store::Sqlite(inbox))
@@ -245,6 +248,7 @@ mod tests {
                 assert_eq!(retry_answered_from_memory(&Storage::default()).await, 1);
                 let off = Storage {
                     recent_answers: Some(0),
+                    ..Storage::default()
                 };
                 assert_eq!(retry_answered_from_memory(&off).await, 0);
             });

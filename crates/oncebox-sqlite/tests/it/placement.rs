@@ -62,7 +62,11 @@ fn placement_child() {
     let options = Options::new(dir.path().join("any.db")).placement(Placement::Anywhere);
     let _inbox = Inbox::open(options).unwrap();
     for thread in ["oncebox-writer", "oncebox-ckpt"] {
-        assert_eq!(allowed_of(thread), std::slice::from_ref(&everywhere), "{thread}");
+        assert_eq!(
+            allowed_of(thread),
+            std::slice::from_ref(&everywhere),
+            "{thread}"
+        );
     }
 }
 

@@ -22,6 +22,14 @@ pub fn describe(settings: &Settings) -> String {
     if let Some(keys) = settings.storage.recent_answers {
         let _ = writeln!(out, "storage     {keys} recent answers kept in memory");
     }
+    if let Some(placement) = settings.storage.placement {
+        let place = match placement {
+            oncebox_sqlite::Placement::Cpu(cpu) => format!("kept on CPU {cpu}"),
+            oncebox_sqlite::Placement::Anywhere => "run anywhere".to_owned(),
+            _ => "kept on the CPU taking the disk's interrupts".to_owned(),
+        };
+        let _ = writeln!(out, "storage     writer and checkpointer {place}");
+    }
     let admin = if gw.admin_token.is_some() {
         "bearer token set"
     } else {

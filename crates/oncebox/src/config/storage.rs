@@ -1,6 +1,7 @@
-//! `[storage]`: tuning of the store `oncebox serve` opens; today the size of the SQLite
-//! inbox's memory of recent first answers.
+//! `[storage]`: tuning of the store `oncebox serve` opens: the size of the SQLite inbox's
+//! memory of recent first answers, and the CPU its writer and checkpointer are kept on.
 
+use oncebox_sqlite::Placement;
 use serde::Deserialize;
 
 use super::Problems;
@@ -12,6 +13,15 @@ const MAX_RECENT_ANSWERS: usize = 10_000_000;
 #[serde(deny_unknown_fields)]
 pub(super) struct RawStorage {
     pub recent_answers: Option<usize>,
+    pub placement: Option<RawPlacement>,
+}
+
+/// `placement = "disk-interrupts"`, `"anywhere"` or a CPU number.
+#[derive(Deserialize)]
+#[serde(untagged)]
+pub(super) enum RawPlacement {
+    Cpu(usize),
+    Named(String),
 }
 
 /// How the store is opened, past its URL.
@@ -20,6 +30,9 @@ pub struct Storage {
     /// First answers of recently committed keys kept in memory (SQLite), so that a prompt
     /// retry is answered without a read; `None` keeps the library's default, 0 turns it off.
     pub recent_answers: Option<usize>,
+    /// Which CPU the SQLite writer and checkpointer are kept on; `None` keeps the library's
+    /// default (the CPU taking the disk's interrupts, where one takes them all).
+    pub placement: Option<Placement>,
 }
 
 pub(super) fn validate(
@@ -40,7 +53,29 @@ pub(super) fn validate(
             format_args!("must be at most {MAX_RECENT_ANSWERS} (about 250 bytes of memory each)"),
         );
     }
+    if raw.placement.is_some() && crate::store::is_postgres(database) {
+        warnings.push(
+            "storage.placement is for SQLite: the PostgreSQL store runs no writer thread"
+                .to_owned(),
+        );
+    }
+    let placement = match &raw.placement {
+        None => None,
+        Some(RawPlacement::Cpu(cpu)) => Some(Placement::Cpu(*cpu)),
+        Some(RawPlacement::Named(name)) => match name.as_str() {
+            "disk-interrupts" => Some(Placement::DiskInterrupts),
+            "anywhere" => Some(Placement::Anywhere),
+            _ => {
+                p.push(
+                    "storage.placement",
+                    format_args!("{name:?}: use \"disk-interrupts\", \"anywhere\" or a CPU number"),
+                );
+                None
+            }
+        },
+    };
     Storage {
         recent_answers: raw.recent_answers,
+        placement,
     }
 }

@@ -167,6 +167,37 @@ fn every_problem_is_reported_at_once() {
     );
 }
 
+/// `[storage] placement` names where the SQLite writer and checkpointer run, from the file or
+/// the environment; absent, the library's default stays; an unknown name is refused by its
+/// path.
+#[test]
+fn storage_places_the_storage_threads() {
+    use oncebox_sqlite::Placement;
+    assert_eq!(ok(&shop("")).storage.placement, None);
+    let s = ok(&format!(
+        "{}\n[storage]\nplacement = \"anywhere\"\n",
+        shop("")
+    ));
+    assert_eq!(s.storage.placement, Some(Placement::Anywhere));
+    assert!(super::describe(&s).contains("writer and checkpointer run anywhere"));
+    let s = ok(&format!(
+        "{}\n[storage]\nplacement = \"disk-interrupts\"\n",
+        shop("")
+    ));
+    assert_eq!(s.storage.placement, Some(Placement::DiskInterrupts));
+    let s = jailed(|jail| {
+        jail.set_env("ONCEBOX_STORAGE__PLACEMENT", "1");
+        load_file(jail, &shop(""))
+    })
+    .expect("valid");
+    assert_eq!(s.storage.placement, Some(Placement::Cpu(1)));
+    assert!(super::describe(&s).contains("kept on CPU 1"));
+    assert_mentions(
+        &err(&format!("{}\n[storage]\nplacement = \"cpu1\"\n", shop(""))),
+        &["storage.placement:", "\"cpu1\"", "disk-interrupts"],
+    );
+}
+
 /// `[storage] recent_answers` sizes the SQLite memory of recent answers, from the file or the
 /// environment; absent, the library's default stays; too large is refused by its path; set
 /// for PostgreSQL, which keeps no such memory, it warns.
