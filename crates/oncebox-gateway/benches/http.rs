@@ -364,7 +364,8 @@ fn main() {
     );
     println!(
         "  {cpus} CPUs: the load generator runs in this process and competes with the servers \
-         (and with SQLite's writer thread) for them"
+         (and with SQLite's writer thread) for them; writer and checkpointer on CPUs {:?}",
+        oncebox_testkit::thread_cpus("oncebox-writer")
     );
 
     // Per target: its clients, and its own ids (the gateway stores them; duplicates resend them).

@@ -256,6 +256,28 @@ pub fn thread_times() -> Vec<ThreadTime> {
         .collect()
 }
 
+/// The CPUs each live thread of this process named `name` may run on, as the kernel lists
+/// them (`Cpus_allowed_list`: "0-1", "3"); empty where `/proc` has no such thread.
+pub fn thread_cpus(name: &str) -> Vec<String> {
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return Vec::new();
+    };
+    tasks
+        .flatten()
+        .filter(|task| {
+            let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
+            comm.trim_end() == name
+        })
+        .filter_map(|task| {
+            let status = std::fs::read_to_string(task.path().join("status")).ok()?;
+            let list = status
+                .lines()
+                .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))?;
+            Some(list.trim().to_owned())
+        })
+        .collect()
+}
+
 /// A fixed start time for manual clocks: 2026-01-01T00:00:00Z.
 pub const EPOCH: Timestamp = Timestamp(1_767_225_600_000);
 

@@ -5,29 +5,9 @@
 use std::process::Command;
 
 use oncebox_sqlite::{Inbox, Options, Placement};
+use oncebox_testkit::thread_cpus;
 
 const CHILD: &str = "ONCEBOX_PLACEMENT_CHILD";
-
-/// `Cpus_allowed_list` of every thread of this process named `name`.
-fn allowed_of(name: &str) -> Vec<String> {
-    let mut lists = Vec::new();
-    for task in std::fs::read_dir("/proc/self/task").unwrap() {
-        let dir = task.unwrap().path();
-        let Ok(comm) = std::fs::read_to_string(dir.join("comm")) else {
-            continue;
-        };
-        if comm.trim() != name {
-            continue;
-        }
-        let status = std::fs::read_to_string(dir.join("status")).unwrap();
-        let list = status
-            .lines()
-            .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
-            .unwrap();
-        lists.push(list.trim().to_owned());
-    }
-    lists
-}
 
 fn own_allowed() -> String {
     let status = std::fs::read_to_string("/proc/self/status").unwrap();
@@ -55,7 +35,7 @@ fn placement_child() {
         let options = Options::new(dir.path().join("one.db")).placement(Placement::Cpu(first));
         let _inbox = Inbox::open(options).unwrap();
         for thread in ["oncebox-writer", "oncebox-ckpt"] {
-            assert_eq!(allowed_of(thread), [first.to_string()], "{thread}");
+            assert_eq!(thread_cpus(thread), [first.to_string()], "{thread}");
         }
     }
     // Dropping the inbox joined its threads: any thread of that name now is the next one's.
@@ -63,7 +43,7 @@ fn placement_child() {
     let _inbox = Inbox::open(options).unwrap();
     for thread in ["oncebox-writer", "oncebox-ckpt"] {
         assert_eq!(
-            allowed_of(thread),
+            thread_cpus(thread),
             std::slice::from_ref(&everywhere),
             "{thread}"
         );
