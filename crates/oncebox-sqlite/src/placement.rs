@@ -8,9 +8,9 @@
 //! interrupt's CPU, it is woken where the interrupt lands and, at its raised priority, runs
 //! at once. The checkpointer's reads, writes and syncs go to the same disk and are kept there
 //! too; it then also runs only while the writer waits. Measured with the gateway benchmark on
-//! two cores, alternating runs: `COMMIT` 0.47–0.49 → 0.39–0.43 ms, new events 27.0–27.8k →
-//! 28.2–30.9k requests/s. Either thread kept there alone, or both on the other CPU, gained
-//! nothing clear.
+//! a two-core VM, alternating runs: `COMMIT` 0.45–0.58 → 0.40–0.43 ms in most runs, new
+//! events 0.40 → 0.44 of the baseline (medians of 22 and 14 runs). Either thread kept there
+//! alone, or both on the other CPU, gained nothing clear.
 //!
 //! A device that spreads its interrupts (one queue per CPU, as NVMe does) completes a request
 //! on the CPU that submitted it, wherever the writer runs: then nothing is pinned. Nor is it
