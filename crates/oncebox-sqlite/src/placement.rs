@@ -24,7 +24,8 @@ use std::path::Path;
 #[non_exhaustive]
 pub enum Placement {
     /// On the CPU that took at least nine in ten of the database disk's interrupts since boot,
-    /// if there is one and the process may run there; otherwise where the scheduler puts them.
+    /// if there is one, they are all routed there now and the process may run there;
+    /// otherwise where the scheduler puts them.
     #[default]
     DiskInterrupts,
     /// Where the scheduler puts them.
@@ -52,7 +53,15 @@ fn disk_interrupt_cpu(path: &Path) -> Option<usize> {
     if irqs.is_empty() {
         return None;
     }
-    one_cpu(&std::fs::read_to_string("/proc/interrupts").ok()?, &irqs)
+    let taken = taken(&std::fs::read_to_string("/proc/interrupts").ok()?, &irqs)?;
+    let cpu = taken.one_cpu()?;
+    // The counts run since boot: an interrupt moved since (by irqbalance, say) must not keep
+    // the threads where it no longer lands, so every line that fired must be routed there now.
+    let moved = taken.fired.iter().any(|irq| {
+        std::fs::read_to_string(format!("/proc/irq/{irq}/effective_affinity_list"))
+            .is_ok_and(|list| list.trim().parse::<usize>() != Ok(cpu))
+    });
+    (!moved).then_some(cpu)
 }
 
 #[cfg(not(target_os = "linux"))]
@@ -85,9 +94,22 @@ fn device_irqs(block: &Path) -> Vec<u32> {
     Vec::new()
 }
 
-/// From a `/proc/interrupts` table: the CPU that took at least nine in ten of the interrupts
-/// on `irqs`, if any were taken at all.
-fn one_cpu(table: &str, irqs: &[u32]) -> Option<usize> {
+/// What a `/proc/interrupts` table says of the lines of `irqs`.
+#[derive(Debug)]
+struct Taken {
+    /// The CPU of each column.
+    cpus: Vec<usize>,
+    /// Interrupts taken on each column's CPU, over all of `irqs`.
+    per_cpu: Vec<u64>,
+    /// Those of `irqs` that took any.
+    fired: Vec<u32>,
+}
+
+#[cfg_attr(
+    not(target_os = "linux"),
+    allow(dead_code, reason = "read only on Linux")
+)]
+fn taken(table: &str, irqs: &[u32]) -> Option<Taken> {
     let mut lines = table.lines();
     // "CPU0 CPU1 …": offline CPUs have no column, so the numbers are read, not counted.
     let cpus: Vec<usize> = lines
@@ -95,28 +117,54 @@ fn one_cpu(table: &str, irqs: &[u32]) -> Option<usize> {
         .split_whitespace()
         .map(|c| c.strip_prefix("CPU")?.parse().ok())
         .collect::<Option<_>>()?;
-    let mut taken = vec![0u64; cpus.len()];
+    let mut per_cpu = vec![0u64; cpus.len()];
+    let mut fired = Vec::new();
     for line in lines {
         let mut fields = line.split_whitespace();
-        let irq = fields
+        let Some(irq) = fields
             .next()
-            .and_then(|f| f.strip_suffix(':')?.parse::<u32>().ok());
-        if !irq.is_some_and(|n| irqs.contains(&n)) {
+            .and_then(|f| f.strip_suffix(':')?.parse::<u32>().ok())
+            .filter(|n| irqs.contains(n))
+        else {
             continue;
+        };
+        let mut any = false;
+        for (sum, count) in per_cpu.iter_mut().zip(fields) {
+            let count = count.parse().unwrap_or(0);
+            any |= count > 0;
+            *sum = sum.saturating_add(count);
         }
-        for (sum, count) in taken.iter_mut().zip(fields) {
-            *sum = sum.saturating_add(count.parse().unwrap_or(0));
+        if any {
+            fired.push(irq);
         }
     }
-    let total = taken.iter().fold(0u64, |a, &b| a.saturating_add(b));
-    let (column, &most) = taken.iter().enumerate().max_by_key(|&(_, n)| *n)?;
-    // most / total >= 9/10, without floating point.
-    (total > 0 && most.saturating_mul(10) >= total.saturating_mul(9)).then(|| cpus[column])
+    Some(Taken {
+        cpus,
+        per_cpu,
+        fired,
+    })
+}
+
+impl Taken {
+    /// The CPU that took at least nine in ten of the interrupts, if any were taken at all.
+    #[cfg_attr(
+        not(target_os = "linux"),
+        allow(dead_code, reason = "read only on Linux")
+    )]
+    fn one_cpu(&self) -> Option<usize> {
+        let total = self.per_cpu.iter().fold(0u64, |a, &b| a.saturating_add(b));
+        let (column, &most) = self.per_cpu.iter().enumerate().max_by_key(|&(_, n)| *n)?;
+        // most / total >= 9/10, without floating point.
+        let one = total > 0 && most.saturating_mul(10) >= total.saturating_mul(9);
+        one.then(|| self.cpus.get(column).copied()).flatten()
+    }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::one_cpu;
+    fn one_cpu(table: &str, irqs: &[u32]) -> Option<usize> {
+        super::taken(table, irqs)?.one_cpu()
+    }
 
     /// A two-CPU VM's table (abridged): virtio1 is the disk, its requests on vector 36.
     const VM: &str = "           CPU0       CPU1       
@@ -130,6 +178,8 @@ LOC:    9041223    8774410   Local timer interrupts
     #[test]
     fn the_cpu_taking_the_disks_interrupts_is_found() {
         assert_eq!(one_cpu(VM, &[35, 36]), Some(1));
+        // Only lines that took an interrupt are checked for where they are routed now.
+        assert_eq!(super::taken(VM, &[28, 35, 36]).unwrap().fired, [35, 36]);
         // Other devices' lines and the per-CPU summary lines are not counted.
         assert_eq!(one_cpu(VM, &[28]), None, "no interrupt taken at all");
         assert_eq!(one_cpu(VM, &[99]), None, "no such line");
