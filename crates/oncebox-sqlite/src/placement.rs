@@ -15,7 +15,8 @@
 //! A device that spreads its interrupts (one queue per CPU, as NVMe does) completes a request
 //! on the CPU that submitted it, wherever the writer runs: then nothing is pinned. Nor is it
 //! for a file on a device without interrupts of its own (tmpfs, device-mapper, network file
-//! systems), or outside Linux.
+//! systems), or outside Linux. Several stores on one such disk in one process share its CPU:
+//! their commits queue for that disk anyway.
 
 use std::path::Path;
 
