@@ -9,7 +9,7 @@
 //! at once. The checkpointer's reads, writes and syncs go to the same disk and are kept there
 //! too; it then also runs only while the writer waits. Measured with the gateway benchmark on
 //! a two-core VM, alternating runs: `COMMIT` 0.45–0.58 → 0.40–0.43 ms in most runs, new
-//! events 0.40 → 0.44 of the baseline (medians of 22 and 14 runs). Either thread kept there
+//! events 0.40 → 0.44 of the baseline (medians of 22 and 20 runs). Either thread kept there
 //! alone, or both on the other CPU, gained nothing clear.
 //!
 //! A device that spreads its interrupts (one queue per CPU, as NVMe does) completes a request
