@@ -18,7 +18,10 @@ pub(super) struct RawStorage {
 
 /// `placement = "disk-interrupts"`, `"anywhere"` or a CPU number.
 #[derive(Deserialize)]
-#[serde(untagged)]
+#[serde(
+    untagged,
+    expecting = "\"disk-interrupts\", \"anywhere\" or a CPU number (0 or more)"
+)]
 pub(super) enum RawPlacement {
     Cpu(usize),
     Named(String),

@@ -196,6 +196,10 @@ fn storage_places_the_storage_threads() {
         &err(&format!("{}\n[storage]\nplacement = \"cpu1\"\n", shop(""))),
         &["storage.placement:", "\"cpu1\"", "disk-interrupts"],
     );
+    assert_mentions(
+        &err(&format!("{}\n[storage]\nplacement = -1\n", shop(""))),
+        &["storage.placement:", "a CPU number (0 or more)"],
+    );
 }
 
 /// `[storage] recent_answers` sizes the SQLite memory of recent answers, from the file or the
