@@ -126,7 +126,7 @@ async fn serve_with_no_configuration_prints_a_request_that_is_stored_once() {
 
     // SIGTERM: a clean stop, then what it logged.
     let mut stderr = child.stderr.take().unwrap();
-    Server(child, example.url.clone()).stop();
+    Server(child, example.url.clone(), None).stop();
     let mut logged = String::new();
     stderr.read_to_string(&mut logged).unwrap();
     assert_eq!(

@@ -1,11 +1,12 @@
 //! Support for tests that run `oncebox serve` as a child process.
 
 use std::io::{BufRead, BufReader};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 
-/// A running `oncebox serve` and its base URL; killed when dropped if still running.
-pub struct Server(pub Child, pub String);
+/// A running `oncebox serve`, its base URL and the file its log goes to (if it has one);
+/// killed when dropped if still running.
+pub struct Server(pub Child, pub String, pub Option<PathBuf>);
 
 impl Drop for Server {
     fn drop(&mut self) {
@@ -21,13 +22,15 @@ pub fn serve(dir: &Path) -> Server {
 
 /// `oncebox serve` with extra flags, once it printed its address.
 pub fn serve_with(dir: &Path, flags: &[&str]) -> Server {
+    // The log is kept for a failing stop to show.
+    let log = dir.join("serve.log");
     let mut child = Command::new(env!("CARGO_BIN_EXE_oncebox"))
         .arg("serve")
         .args(flags)
         .current_dir(dir)
         .env_remove("ONCEBOX_CONFIG")
         .stdout(Stdio::piped())
-        .stderr(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
         .spawn()
         .unwrap();
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
@@ -39,7 +42,7 @@ pub fn serve_with(dir: &Path, flags: &[&str]) -> Server {
     };
     // Keep draining stdout so the server never blocks on a full pipe.
     std::thread::spawn(move || lines.for_each(drop));
-    Server(child, addr)
+    Server(child, addr, Some(log))
 }
 
 /// Runs `oncebox args…` in `dir` as a user would, with no configuration from this process's
@@ -69,7 +72,12 @@ impl Server {
     pub fn stop(mut self) {
         let pid = nix::unistd::Pid::from_raw(self.0.id() as i32);
         nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
-        assert!(self.0.wait().unwrap().success());
+        let status = self.0.wait().unwrap();
+        let log = self.2.as_ref().map(std::fs::read_to_string);
+        assert!(
+            status.success(),
+            "oncebox serve: {status}; its log: {log:?}"
+        );
     }
 
     /// SIGKILL, as a crash.
