@@ -170,9 +170,7 @@ impl Disk {
     pub fn stat_file(dir: &Path) -> Option<PathBuf> {
         use std::os::unix::fs::MetadataExt;
         let dev = std::fs::metadata(dir).ok()?.dev();
-        // glibc's encoding of a device number.
-        let major = ((dev >> 8) & 0xfff) | ((dev >> 32) & !0xfff);
-        let minor = (dev & 0xff) | ((dev >> 12) & !0xff);
+        let (major, minor) = (libc::major(dev), libc::minor(dev));
         let file = PathBuf::from(format!("/sys/dev/block/{major}:{minor}/stat"));
         file.exists().then_some(file)
     }
