@@ -268,14 +268,23 @@ pub fn thread_cpus(name: &str) -> Vec<String> {
             let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
             comm.trim_end() == name
         })
-        .filter_map(|task| {
-            let status = std::fs::read_to_string(task.path().join("status")).ok()?;
-            let list = status
-                .lines()
-                .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))?;
-            Some(list.trim().to_owned())
-        })
+        .filter_map(|task| allowed_cpus(&task.path().join("status")))
         .collect()
+}
+
+/// The CPUs this process may run on, as the kernel lists them; `None` where `/proc` has no
+/// such line.
+pub fn process_cpus() -> Option<String> {
+    allowed_cpus("/proc/self/status".as_ref())
+}
+
+/// `Cpus_allowed_list` of a `/proc` status file.
+fn allowed_cpus(status: &std::path::Path) -> Option<String> {
+    let status = std::fs::read_to_string(status).ok()?;
+    let list = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))?;
+    Some(list.trim().to_owned())
 }
 
 /// A fixed start time for manual clocks: 2026-01-01T00:00:00Z.

@@ -5,17 +5,9 @@
 use std::process::Command;
 
 use oncebox_sqlite::{Inbox, Options, Placement};
-use oncebox_testkit::thread_cpus;
+use oncebox_testkit::{process_cpus, thread_cpus};
 
 const CHILD: &str = "ONCEBOX_PLACEMENT_CHILD";
-
-fn own_allowed() -> String {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap();
-    let list = status
-        .lines()
-        .find_map(|l| l.strip_prefix("Cpus_allowed_list:"));
-    list.unwrap().trim().to_owned()
-}
 
 #[test]
 #[ignore = "run by storage_threads_stay_where_placed in a process of its own"]
@@ -24,7 +16,7 @@ fn placement_child() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let everywhere = own_allowed();
+    let everywhere = process_cpus().unwrap();
     // The first CPU the process may use ("0-1", "2,5" → 0, 2).
     let first = everywhere
         .split([',', '-'])
