@@ -11,7 +11,7 @@
 //! call fails and the writer keeps the default priority, which changes speed, not results.
 #![allow(
     unsafe_code,
-    reason = "setpriority(2) and sched_setaffinity(2) have no safe wrapper in the crates used here"
+    reason = "setpriority(2) has no safe wrapper in the crates used here"
 )]
 
 /// The writer's nice value when the process may set it: ahead of request threads, behind
@@ -43,16 +43,10 @@ pub(crate) fn raise() -> bool {
 pub(crate) fn pin(cpu: usize) -> bool {
     #[cfg(target_os = "linux")]
     {
-        if cpu >= usize::try_from(libc::CPU_SETSIZE).unwrap_or(0) {
-            return false;
-        }
-        // SAFETY: the set is a plain bitmask owned by this frame, zeroed before use, and `cpu`
-        // was checked against its size above; pid 0 is the calling thread.
-        unsafe {
-            let mut set: libc::cpu_set_t = std::mem::zeroed();
-            libc::CPU_SET(cpu, &mut set);
-            libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) == 0
-        }
+        use nix::sched::{CpuSet, sched_setaffinity};
+        let mut set = CpuSet::new();
+        // Pid 0 is the calling thread.
+        set.set(cpu).is_ok() && sched_setaffinity(nix::unistd::Pid::from_raw(0), &set).is_ok()
     }
     #[cfg(not(target_os = "linux"))]
     {
