@@ -42,19 +42,14 @@ use tokio::runtime::Runtime;
 
 #[path = "http/measure.rs"]
 mod measure;
+#[path = "http/verdict.rs"]
+mod verdict;
 
 use measure::{Disk, Load, Mark, Run, Tally, chunk, cpu};
 
 /// The allocator `oncebox serve` runs with, so both targets are measured as shipped.
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
-/// Targets of the issue: gateway/baseline for new events and for duplicates.
-const TARGET_NEW: f64 = 0.50;
-const TARGET_DUPLICATES: f64 = 0.70;
-/// The issue's alternative for new events when the storage itself is slower than half the
-/// baseline: the gateway reaches this share of the library's own ceiling.
-const TARGET_OF_CEILING: f64 = 0.80;
 
 /// The baseline: parse the JSON, answer 202 with a small body, store nothing.
 async fn baseline(extract::Path(source): extract::Path<String>, body: Bytes) -> Response {
@@ -425,54 +420,7 @@ fn main() {
             tallies[&(phase, name)].print(name);
         }
     }
-    let median_ratio = |phase: &str, a: &str, b: &str| {
-        let (a, b) = (&tallies[&(phase, a)].rates, &tallies[&(phase, b)].rates);
-        let mut ratios: Vec<f64> = a.iter().zip(b).map(|(x, y)| x / y).collect();
-        ratios.sort_by(f64::total_cmp);
-        ratios.get(ratios.len() / 2).copied().unwrap_or(0.0)
-    };
-    let rates: BTreeMap<(&str, &str), f64> =
-        tallies.iter().map(|(k, t)| (*k, t.run.rate())).collect();
-
-    let ratio = |phase: &str| median_ratio(phase, "gateway", "baseline");
-    let verdict = |met: bool| if met { "met" } else { "NOT met" };
-    let (new, dup, mixed) = (ratio("new"), ratio("dup"), ratio("mixed"));
-    let ceiling = rates[&("new", "library")];
-    let ceiling_share = median_ratio("new", "library", "baseline");
-    let of_ceiling = median_ratio("new", "gateway", "library");
-    let below = ceiling_share < TARGET_NEW;
-    println!(
-        "ratios gateway/baseline (median of the rounds): new events {:.0}%, duplicates {:.0}% \
-         (target >= {:.0}%: {}), mixed {:.0}%",
-        100.0 * new,
-        100.0 * dup,
-        100.0 * TARGET_DUPLICATES,
-        verdict(dup >= TARGET_DUPLICATES),
-        100.0 * mixed
-    );
-    println!(
-        "new events: the storage library's own ceiling is {ceiling:.0}/s = {:.0}% of the baseline; \
-         gateway/ceiling {:.0}%",
-        100.0 * ceiling_share,
-        100.0 * of_ceiling
-    );
-    println!(
-        "new-event target (>= {:.0}% of the baseline, or >= {:.0}% of the library's ceiling where \
-         that ceiling is below {:.0}% of the baseline): {}",
-        100.0 * TARGET_NEW,
-        100.0 * TARGET_OF_CEILING,
-        100.0 * TARGET_NEW,
-        verdict(new >= TARGET_NEW || (below && of_ceiling >= TARGET_OF_CEILING))
-    );
-    if rates.contains_key(&("new", "gateway-pg")) {
-        let pg = |phase: &str| median_ratio(phase, "gateway-pg", "gateway");
-        println!(
-            "gateway on PostgreSQL / on SQLite: new {:.0}%, duplicates {:.0}%, mixed {:.0}%",
-            100.0 * pg("new"),
-            100.0 * pg("dup"),
-            100.0 * pg("mixed")
-        );
-    }
+    verdict::report(&tallies);
 
     for (_, server) in servers {
         let _ = server.stop.send(());
