@@ -45,7 +45,7 @@ mod measure;
 #[path = "http/verdict.rs"]
 mod verdict;
 
-use measure::{Disk, Load, Mark, Run, Tally, chunk, cpu};
+use measure::{Disk, Load, Mark, Run, Settle, Tally, chunk, cpu};
 
 /// The allocator `oncebox serve` runs with, so both targets are measured as shipped.
 #[global_allocator]
@@ -377,6 +377,7 @@ fn main() {
     // Each phase runs in rounds, the targets taking turns, so that a change in the machine's
     // speed during the run (a shared VM's CPUs vary by a factor of two from minute to minute)
     // weighs on all targets alike; ratios are the median of the rounds' ratios.
+    let settle = Settle::open(&dir.path().join("gateway.db"));
     let mut tallies: BTreeMap<(&str, &str), Tally> = BTreeMap::new();
     let phases: [(&str, &str); 3] = [
         ("new", "new events only"),
@@ -395,6 +396,7 @@ fn main() {
             for (name, server, clients, fresh) in &targets {
                 // "new" and "dup" send the same ids: new the first time, duplicates the second.
                 let sent = chunk(if phase == "mixed" { &mixed } else { fresh }, round, rounds);
+                settle.wait();
                 let (mark, before, io) = (Mark::of(&inbox), cpu(), Disk::of(disk.as_deref()));
                 let run = client_rt.block_on(drive(clients, &server.url, &sent));
                 tallies.entry((phase, name)).or_default().add(
@@ -406,6 +408,7 @@ fn main() {
             }
             if phase == "new" {
                 let sent = chunk(&library, round, rounds);
+                settle.wait();
                 let (mark, before, io) = (Mark::of(&inbox), cpu(), Disk::of(disk.as_deref()));
                 let run = client_rt.block_on(drive_library(&inbox, &sent));
                 tallies.entry((phase, "library")).or_default().add(
