@@ -49,7 +49,11 @@ impl Settle {
                     Ok((r.get(0)?, r.get(1)?, r.get(2)?))
                 })
                 .expect("checkpoint");
-            if (busy == 0 && copied >= log) || started.elapsed() > Duration::from_secs(10) {
+            if busy == 0 && copied >= log {
+                return;
+            }
+            if started.elapsed() > Duration::from_secs(10) {
+                println!("  (the log was not settled after 10 s: {copied} of {log} frames copied)");
                 return;
             }
             std::thread::sleep(Duration::from_millis(1));
