@@ -14,7 +14,8 @@
 //! same run: as many callers as connections calling `EventStore::ingest` on the same inbox,
 //! without HTTP. Each phase runs in `--rounds` (default 5) rounds with the targets taking turns,
 //! and the ratios are the median of the rounds' ratios: a shared machine's speed drifts during a
-//! run, and a target measured alone in a fast minute would skew its ratio. Prints requests/s,
+//! run, and a target measured alone in a fast minute would skew its ratio. Each round starts once
+//! the log the last one wrote is copied back (`measure::Settle`). Prints requests/s,
 //! p50/p99 latency, CPU per request, the writer's commits, the disk's writes (on Linux) and the
 //! ratios; asserts nothing about time.
 
