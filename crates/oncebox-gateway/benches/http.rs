@@ -15,7 +15,8 @@
 //! without HTTP. Each phase runs in `--rounds` (default 5) rounds with the targets taking turns,
 //! and the ratios are the median of the rounds' ratios: a shared machine's speed drifts during a
 //! run, and a target measured alone in a fast minute would skew its ratio. Each round starts once
-//! the log the last one wrote is copied back (`measure::Settle`). Prints requests/s,
+//! the log the last one wrote is copied back, and with a PostgreSQL target once its server has
+//! written its dirty buffers out (`measure::Settle`). Prints requests/s,
 //! p50/p99 latency, CPU per request, the writer's commits, the disk's writes (on Linux) and the
 //! ratios; asserts nothing about time.
 
@@ -331,6 +332,7 @@ fn main() {
         ("gateway", start(&server_rt, router(gateway.clone()))),
     ];
     // The same gateway on PostgreSQL, in a fresh schema, when a server is named.
+    let mut pg_pool = None;
     if let Ok(url) = std::env::var("ONCEBOX_POSTGRES_URL") {
         let schema = format!("bench_{}", uuid::Uuid::new_v4().simple());
         let pg = server_rt
@@ -338,6 +340,7 @@ fn main() {
                 oncebox_postgres::Options::new(url).schema(schema),
             ))
             .expect("open PostgreSQL");
+        pg_pool = Some(pg.pool().clone());
         let on_pg = Arc::new(Gateway {
             store: pg,
             config: gateway.config.clone(),
@@ -378,7 +381,10 @@ fn main() {
     // Each phase runs in rounds, the targets taking turns, so that a change in the machine's
     // speed during the run (a shared VM's CPUs vary by a factor of two from minute to minute)
     // weighs on all targets alike; ratios are the median of the rounds' ratios.
-    let settle = Settle::open(&dir.path().join("gateway.db"));
+    let mut settle = Settle::open(&dir.path().join("gateway.db"));
+    if let Some(pool) = pg_pool {
+        settle = settle.with_postgres(server_rt.handle().clone(), pool);
+    }
     let mut tallies: BTreeMap<(&str, &str), Tally> = BTreeMap::new();
     let phases: [(&str, &str); 3] = [
         ("new", "new events only"),
