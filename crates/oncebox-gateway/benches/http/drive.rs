@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use oncebox_core::store::{EventStore, Ingest};
 use oncebox_core::{Event, Key, Processed};
 use oncebox_sqlite::Inbox;
+use tokio::task::JoinHandle;
 
 use crate::measure::{Load, Run};
 
@@ -79,20 +80,7 @@ pub async fn drive(clients: &[reqwest::Client], url: &str, load: &Load) -> Run {
             })
         })
         .collect();
-    let mut total = Run::default();
-    for t in tasks {
-        let run = t.await.expect("connection task");
-        total.requests += run.requests;
-        total.latencies.extend(run.latencies);
-        for (s, n) in run.statuses {
-            *total.statuses.entry(s).or_default() += n;
-        }
-        total.replayed += run.replayed;
-        total.errors += run.errors;
-    }
-    total.elapsed = started.elapsed();
-    total.latencies.sort_unstable();
-    total
+    total(tasks, started).await
 }
 
 /// The storage library's ceiling for the gateway's write: `connections` callers, each calling
@@ -131,6 +119,11 @@ pub async fn drive_library<S: EventStore>(store: &S, load: &Load) -> Run {
             })
         })
         .collect();
+    total(tasks, started).await
+}
+
+/// Waits for every caller's task and sums what they measured, timed from `started`.
+async fn total(tasks: Vec<JoinHandle<Run>>, started: Instant) -> Run {
     let mut total = Run::default();
     for t in tasks {
         let run = t.await.expect("caller task");
@@ -139,6 +132,8 @@ pub async fn drive_library<S: EventStore>(store: &S, load: &Load) -> Run {
         for (s, n) in run.statuses {
             *total.statuses.entry(s).or_default() += n;
         }
+        total.replayed += run.replayed;
+        total.errors += run.errors;
     }
     total.elapsed = started.elapsed();
     total.latencies.sort_unstable();
