@@ -2,6 +2,7 @@
 
 use std::sync::Arc;
 
+use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query, Request, State};
 use axum::http::{StatusCode, header};
 use axum::middleware::Next;
@@ -57,8 +58,12 @@ pub(crate) struct ListQuery {
 
 pub(crate) async fn list<S: EventStore>(
     State(gw): State<Arc<Gateway<S>>>,
-    Query(q): Query<ListQuery>,
+    q: Result<Query<ListQuery>, QueryRejection>,
 ) -> Response {
+    let q = match crate::rejection::query(q) {
+        Ok(q) => q,
+        Err(p) => return p.into_response(),
+    };
     let source = match q.source.as_deref().map(Source::new).transpose() {
         Ok(s) => s,
         Err(e) => return Problem::invalid("invalid-query", e.to_string()).into_response(),

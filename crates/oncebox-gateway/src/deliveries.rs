@@ -4,6 +4,7 @@
 use std::sync::Arc;
 
 use axum::Json;
+use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query, State};
 use axum::response::{IntoResponse, Response};
 use oncebox_core::delivery::DeliveryState;
@@ -46,8 +47,12 @@ fn unavailable(e: &oncebox_core::Unavailable, gw_retry: std::time::Duration) -> 
 
 pub(crate) async fn list<S: EventStore + DeliveryStore>(
     State(gw): State<Arc<Gateway<S>>>,
-    Query(q): Query<ListQuery>,
+    q: Result<Query<ListQuery>, QueryRejection>,
 ) -> Response {
+    let q = match crate::rejection::query(q) {
+        Ok(q) => q,
+        Err(p) => return p.into_response(),
+    };
     let state = match q
         .state
         .as_deref()

@@ -22,6 +22,7 @@ pub mod meter;
 pub mod openapi;
 pub mod policy;
 pub mod problem;
+mod rejection;
 mod serve;
 
 pub use serve::serve;
@@ -82,6 +83,8 @@ pub fn router<S: EventStore + DeliveryStore>(gw: Arc<Gateway<S>>) -> Router {
             limit::Limiter::new(gw.config.limits.concurrency, gw.config.limits.retry_after),
             limit::shed,
         ))
+        // Outermost, so that it also sees the router's own 404s and 405s.
+        .layer(axum::middleware::map_response(rejection::as_problem))
         .with_state(gw)
 }
 

@@ -3,6 +3,14 @@
 use axum::Json;
 use serde_json::{Value, json};
 
+/// A dashboard page: HTML for a signed-in session (or the admin token), else a redirect to
+/// `/login`.
+fn page(summary: &str) -> Value {
+    json!({ "get": { "summary": summary, "tags": ["dashboard"], "security": [{ "session": [] }, { "bearer": [] }],
+        "responses": { "200": { "description": "HTML page", "content": { "text/html": {} } },
+                       "303": { "description": "not signed in: to /login" } } } })
+}
+
 fn problem(description: &str) -> Value {
     json!({ "description": description, "content": { "application/problem+json": { "schema": { "$ref": "#/components/schemas/Problem" } } } })
 }
@@ -22,6 +30,17 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("get", "/healthz"),
     ("get", "/readyz"),
     ("get", "/openapi.json"),
+    ("get", "/"),
+    ("get", "/events"),
+    ("get", "/events/{source}/{event_id}"),
+    ("get", "/deliveries/{state}"),
+    ("get", "/conflicts"),
+    ("get", "/config"),
+    ("get", "/login"),
+    ("post", "/login"),
+    ("post", "/logout"),
+    ("get", "/assets/dashboard.js"),
+    ("get", "/assets/dashboard.css"),
 ];
 
 pub(crate) async fn document() -> Json<Value> {
@@ -35,7 +54,8 @@ pub fn spec() -> Value {
         "openapi": "3.1.0",
         "info": { "title": "oncebox gateway", "version": env!("CARGO_PKG_VERSION") },
         "components": {
-            "securitySchemes": { "bearer": { "type": "http", "scheme": "bearer" } },
+            "securitySchemes": { "bearer": { "type": "http", "scheme": "bearer" },
+                                 "session": { "type": "apiKey", "in": "cookie", "name": "oncebox_session" } },
             "schemas": {
                 "Problem": { "type": "object", "properties": {
                     "type": { "type": "string", "description": "urn:oncebox:problem:<slug>" },
@@ -101,7 +121,25 @@ pub fn spec() -> Value {
             "/healthz": { "get": { "summary": "The process is up", "responses": { "200": { "description": "ok" } } } },
             "/readyz": { "get": { "summary": "The store takes writes now",
                 "responses": { "200": { "description": "ready" }, "503": problem("unavailable") } } },
-            "/openapi.json": { "get": { "summary": "This document", "responses": { "200": { "description": "OpenAPI 3.1" } } } }
+            "/openapi.json": { "get": { "summary": "This document", "responses": { "200": { "description": "OpenAPI 3.1" } } } },
+            "/": page("Dashboard: activity per source, deliveries by state"),
+            "/events": page("Dashboard: events, filtered by source and state"),
+            "/events/{source}/{event_id}": page("Dashboard: one event, its answer and deliveries"),
+            "/deliveries/{state}": page("Dashboard: the deliveries in one state, with retry and resolve"),
+            "/conflicts": page("Dashboard: reused keys with the two payloads side by side"),
+            "/config": page("Dashboard: the sources and routes in effect, secrets masked"),
+            "/login": {
+                "get": { "summary": "Dashboard sign-in form", "tags": ["dashboard"],
+                    "responses": { "200": { "description": "HTML form", "content": { "text/html": {} } } } },
+                "post": { "summary": "Sign in with the admin token; sets the session cookie", "tags": ["dashboard"],
+                    "requestBody": { "required": true, "content": { "application/x-www-form-urlencoded": {} } },
+                    "responses": { "303": { "description": "signed in: to the dashboard" }, "401": { "description": "wrong token: the form again" } } } },
+            "/logout": { "post": { "summary": "Sign out: ends the session", "tags": ["dashboard"],
+                "responses": { "303": { "description": "to /login" } } } },
+            "/assets/dashboard.js": { "get": { "summary": "The dashboard's script", "tags": ["dashboard"],
+                "responses": { "200": { "description": "JavaScript", "content": { "text/javascript": {} } } } } },
+            "/assets/dashboard.css": { "get": { "summary": "The dashboard's stylesheet", "tags": ["dashboard"],
+                "responses": { "200": { "description": "CSS", "content": { "text/css": {} } } } } }
         }
     })
 }

@@ -6,5 +6,6 @@ mod dashboard;
 mod deliveries;
 mod http;
 mod ingress;
+mod rejections;
 mod signatures;
 mod support;

@@ -1,0 +1,101 @@
+//! Errors the framework answers by itself still reach the client as problem documents with
+//! their status and headers: a path segment or query that does not parse, a method a route
+//! does not take, a path no route has.
+
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use oncebox_testkit::run;
+
+use crate::support::{TestGateway, admin_get, post};
+
+#[test]
+fn a_source_that_is_not_utf8_is_a_problem_and_stores_nothing() {
+    run(async {
+        let gw = TestGateway::new();
+        let a = gw.send(post("%FF", &[], r#"{"id":"e1"}"#)).await;
+        assert_eq!(
+            (a.status, a.slug().as_str()),
+            (StatusCode::BAD_REQUEST, "bad-request"),
+            "{a:?}"
+        );
+        assert!(
+            a.json()["detail"].as_str().unwrap().contains("UTF-8"),
+            "{a:?}"
+        );
+        let page = gw.send(admin_get("/v1/events")).await.json();
+        assert_eq!(page["items"].as_array().unwrap().len(), 0, "{page}");
+    });
+}
+
+#[test]
+fn a_method_a_route_does_not_take_is_a_405_problem_with_allow() {
+    run(async {
+        let gw = TestGateway::new();
+        for method in ["GET", "PUT", "DELETE"] {
+            let a = gw
+                .send(
+                    Request::builder()
+                        .method(method)
+                        .uri("/v1/sources/open/events")
+                        .body(Body::empty())
+                        .unwrap(),
+                )
+                .await;
+            assert_eq!(
+                (a.status, a.slug().as_str()),
+                (StatusCode::METHOD_NOT_ALLOWED, "method-not-allowed"),
+                "{method}"
+            );
+            assert_eq!(a.headers["allow"], "POST", "{method}");
+            assert_eq!(a.json()["status"], 405);
+        }
+    });
+}
+
+#[test]
+fn a_path_no_route_has_is_a_404_problem() {
+    run(async {
+        let gw = TestGateway::new();
+        for path in ["/v2/nothing", "/v1/sources/open/events/e1/unknown"] {
+            let a = gw.send(admin_get(path)).await;
+            assert_eq!(
+                (a.status, a.slug().as_str()),
+                (StatusCode::NOT_FOUND, "not-found"),
+                "{path}"
+            );
+        }
+    });
+}
+
+#[test]
+fn a_query_or_id_that_does_not_parse_is_a_problem() {
+    run(async {
+        let gw = TestGateway::new();
+        for path in [
+            "/v1/events?after=x",
+            "/v1/events?limit=-1",
+            "/v1/deliveries?after=x",
+            "/v1/deliveries?limit=many",
+        ] {
+            let a = gw.send(admin_get(path)).await;
+            assert_eq!(
+                (a.status, a.slug().as_str()),
+                (StatusCode::BAD_REQUEST, "invalid-query"),
+                "{path}"
+            );
+        }
+        let retry = Request::post("/v1/deliveries/abc/retry")
+            .header(
+                "authorization",
+                format!("Bearer {}", crate::support::ADMIN_TOKEN),
+            )
+            .body(Body::empty())
+            .unwrap();
+        let a = gw.send(retry).await;
+        assert_eq!(
+            (a.status, a.slug().as_str()),
+            (StatusCode::BAD_REQUEST, "bad-request"),
+            "{a:?}"
+        );
+    });
+}
