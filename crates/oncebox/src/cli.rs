@@ -187,7 +187,7 @@ Examples:
   oncebox purge --retention 30d --output json")]
     Purge {
         /// Retention for sources without their own, e.g. `7d`.
-        #[arg(long, default_value = "7d", value_parser = humantime::parse_duration)]
+        #[arg(long, default_value = "7d", value_parser = retention)]
         retention: Duration,
         #[command(flatten)]
         output: OutputArg,
@@ -244,4 +244,14 @@ Exit code 3 when there is no delivery 42, 5 when its state refuses it (e.g. deli
         #[arg(long, default_value = "")]
         note: String,
     },
+}
+
+/// A retention for `purge`: more than zero, as a source's own `retention` must be, since zero
+/// would delete every completed record, including those whose senders still retry.
+fn retention(v: &str) -> Result<Duration, String> {
+    let d = crate::config::parse_duration(v)?;
+    if d.is_zero() {
+        return Err("must be more than 0".to_owned());
+    }
+    Ok(d)
 }

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
 use metrics_exporter_prometheus::PrometheusBuilder;
 use oncebox_core::store::EventStore;
 use oncebox_core::{Clock, Retention, SystemClock};
@@ -61,12 +61,18 @@ pub async fn run(settings: Settings, with_relay: bool) -> Result<()> {
         let _ = stop.send(true);
     })
     .await?;
-    if let Some(relay) = relay {
-        // The relay finishes the attempt in hand and records it before the store closes.
-        let _ = relay.await;
-    }
+    // The relay finishes the attempt in hand and records it before the store closes.
+    let relay_ended = match relay {
+        Some(relay) => relay.await,
+        None => Ok(()),
+    };
     purger.abort();
     upkeep.abort();
+    if let Err(e) = relay_ended {
+        // Its deliveries stay queued in the store; the exit status says they were not served.
+        tracing::error!(error = %e, "the relay stopped on its own");
+        bail!("the relay stopped on its own: {e}");
+    }
     tracing::info!("stopped");
     Ok(())
 }

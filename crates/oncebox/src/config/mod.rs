@@ -11,6 +11,8 @@ mod storage;
 #[cfg(test)]
 mod tests;
 
+pub(crate) use raw::parse_duration;
+
 use std::collections::BTreeMap;
 use std::fmt;
 use std::net::{Ipv4Addr, SocketAddr};
@@ -365,8 +367,11 @@ fn validate(raw: RawConfig, p: &mut Problems<'_>) -> Settings {
 fn limits(raw: &RawLimits, p: &mut Problems<'_>) -> Limits {
     let d = Limits::default();
     let concurrency = raw.concurrency.unwrap_or(d.concurrency);
-    if concurrency == 0 {
-        p.push("limits.concurrency", "must be at least 1");
+    if concurrency == 0 || concurrency > raw::MAX_CONCURRENCY {
+        p.push(
+            "limits.concurrency",
+            format!("must be from 1 to {}", raw::MAX_CONCURRENCY),
+        );
     }
     let header_timeout = raw.header_timeout.map_or(d.header_timeout, |t| t.0);
     let body_timeout = raw.body_timeout.map_or(d.body_timeout, |t| t.0);

@@ -179,6 +179,24 @@ impl<'de> Visitor<'de> for FingerprintVisitor {
     }
 }
 
+/// The longest duration a setting takes: a century. Longer ones mean nothing here, and a time
+/// far enough ahead overflows the clocks the durations are added to.
+pub(crate) const MAX_DURATION: Duration = Duration::from_secs(100 * 366 * 24 * 3600);
+
+/// Most requests or deliveries a concurrency setting admits at once; far more than any host
+/// serves, and far below what a semaphore can count.
+pub(crate) const MAX_CONCURRENCY: usize = 1_000_000;
+
+/// Parses a humantime duration of at most [`MAX_DURATION`], for settings and flags alike.
+pub(crate) fn parse_duration(v: &str) -> Result<Duration, String> {
+    let d = humantime::parse_duration(v)
+        .map_err(|_| format!(r#"invalid duration {v:?} (expected e.g. "30s", "5m", "7d")"#))?;
+    if d > MAX_DURATION {
+        return Err(format!("duration {v:?} is longer than 100 years"));
+    }
+    Ok(d)
+}
+
 /// A humantime duration such as `"30s"`, `"5m"` or `"7d"`.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct HumanDuration(pub Duration);
@@ -199,13 +217,7 @@ impl Visitor<'_> for DurationVisitor {
     }
 
     fn visit_str<E: de::Error>(self, v: &str) -> Result<HumanDuration, E> {
-        humantime::parse_duration(v)
-            .map(HumanDuration)
-            .map_err(|_| {
-                E::custom(format!(
-                    r#"invalid duration {v:?} (expected e.g. "30s", "5m", "7d")"#
-                ))
-            })
+        parse_duration(v).map(HumanDuration).map_err(E::custom)
     }
 }
 

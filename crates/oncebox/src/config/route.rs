@@ -221,8 +221,11 @@ pub(super) fn validate(
         p.push(&format!("{path}.max_attempts"), "must be at least 1");
     }
     let concurrency = raw.concurrency.unwrap_or(DEFAULT_CONCURRENCY);
-    if concurrency == 0 {
-        p.push(&format!("{path}.concurrency"), "must be at least 1");
+    if concurrency == 0 || concurrency > super::raw::MAX_CONCURRENCY {
+        p.push(
+            &format!("{path}.concurrency"),
+            format!("must be from 1 to {}", super::raw::MAX_CONCURRENCY),
+        );
     }
     (p.count() == before).then(|| Route {
         name: name.to_owned(),

@@ -158,6 +158,15 @@ fn listings_print_json_with_stable_fields() {
 
     let purged = json(d, &["purge", "--output", "json"]);
     assert_eq!(purged, serde_json::json!({ "purged": 0 }));
+    // A zero retention would purge every completed record, including those whose senders
+    // still retry: refused as a usage error, as it is in the file, and nothing is deleted.
+    for bad in ["0s", "300000000000y"] {
+        let out = oncebox(d, &["purge", "--retention", bad]);
+        assert_eq!(out.status.code(), Some(2), "{bad}: {}", text(&out));
+        assert!(text(&out).contains("--retention"), "{bad}: {}", text(&out));
+    }
+    let record = json(d, &["inspect", "shop", "evt_1", "--output", "json"]);
+    assert_eq!(record["state"], "completed");
 }
 
 #[test]

@@ -321,3 +321,23 @@ fn limits_map_onto_the_gateway() {
         ],
     );
 }
+
+/// Values past any sense are refused by name rather than taken: a concurrency a semaphore
+/// cannot count, or a duration that overflows the clock it is added to, would panic later.
+#[test]
+fn limits_past_any_sense_are_refused() {
+    let e = err("[limits]\nconcurrency = 9223372036854775807\n");
+    assert_mentions(&e, &["limits.concurrency", "must be from 1 to 1000000"]);
+    let e = err(
+        "[sources.shop]\nsignature = \"none\"\n\n[routes.r]\nsources = [\"shop\"]\n\
+         url = \"http://127.0.0.1:9/hook\"\nconcurrency = 9223372036854775807\n",
+    );
+    assert_mentions(&e, &["routes.r.concurrency", "must be from 1 to 1000000"]);
+    let e = err(
+        "[sources.shop]\nsignature = \"none\"\n\n[routes.r]\nsources = [\"shop\"]\n\
+         url = \"http://127.0.0.1:9/hook\"\ntimeout = \"300000000000y\"\n",
+    );
+    assert_mentions(&e, &["routes.r.timeout", "longer than 100 years"]);
+    let s = ok("[limits]\nconcurrency = 1000000\nbody_timeout = \"100y\"\n");
+    assert_eq!(s.gateway.limits.concurrency, 1_000_000);
+}
