@@ -102,11 +102,11 @@ async fn run(cli: Cli) -> Result<()> {
             consume::run(settings, amqp, nats).await?;
         }
         Command::Deliveries { action } => {
-            let store = Store::open(&settings.database).await?;
+            let store = Store::open_existing(&settings.database).await?;
             deliveries::run(&mut out, &store, action).await?;
         }
         Command::Redeliver(args) => {
-            let store = Store::open(&settings.database).await?;
+            let store = Store::open_existing(&settings.database).await?;
             redeliver::run(&mut out, &store, args).await?;
         }
         Command::Check(o) => match o.output {
@@ -153,7 +153,7 @@ async fn run(cli: Cli) -> Result<()> {
                 after,
                 limit,
             };
-            let store = Store::open(&settings.database).await?;
+            let store = Store::open_existing(&settings.database).await?;
             events::events(&mut out, &store, filter, output.output).await?;
         }
         Command::Inspect {
@@ -162,15 +162,15 @@ async fn run(cli: Cli) -> Result<()> {
             output,
         } => {
             let key = Key::parse(&source, &event_id).code(Code::Usage)?;
-            let store = Store::open(&settings.database).await?;
+            let store = Store::open_existing(&settings.database).await?;
             events::inspect(&mut out, &store, &key, output.output).await?;
         }
         Command::Stats(o) => {
-            let store = Store::open(&settings.database).await?;
+            let store = Store::open_existing(&settings.database).await?;
             events::stats(&mut out, &store, o.output).await?;
         }
         Command::Purge { retention, output } => {
-            let store = Store::open(&settings.database).await?;
+            let store = Store::open_existing(&settings.database).await?;
             events::purge(&mut out, &store, &settings, retention, output.output).await?;
         }
         Command::Migrate => {

@@ -28,6 +28,13 @@ pub async fn run(settings: &Settings, args: SendArgs) -> Result<bool> {
     let id = args
         .id
         .unwrap_or_else(|| format!("evt_test_{}", now.millis()));
+    // The id travels in a header under most schemes: one that cannot is the caller's mistake,
+    // named here rather than as the HTTP client's "failed to parse header value".
+    if reqwest::header::HeaderValue::from_str(&id).is_err() {
+        return Err(crate::exit::usage(format!(
+            "--id {id:?}: an event id must be printable text without line breaks"
+        )));
+    }
     // The default body depends on the id alone, so sending the same id again is a duplicate
     // (replayed), not a conflict.
     let body = args

@@ -42,6 +42,26 @@ impl Store {
         Store::open_with(database, &Storage::default()).await
     }
 
+    /// `open` for a command that only reads or changes what is stored: a SQLite file that does
+    /// not exist is not created (with its schema) but named, since a mistyped path or another
+    /// working directory would otherwise read as an empty store.
+    pub async fn open_existing(database: &str) -> Result<Store> {
+        // Other schemes go to `open`, which takes PostgreSQL and refuses the rest.
+        let sqlite = database
+            .strip_prefix("sqlite://")
+            .or((!database.contains("://")).then_some(database));
+        if let Some(path) = sqlite.filter(|p| !std::path::Path::new(p).exists()) {
+            // The store cannot be reached, as for a missing directory: nothing was decided.
+            return Err(crate::exit::coded(
+                crate::exit::Code::Unavailable,
+                anyhow::anyhow!(
+                    "no database at {path}: `oncebox serve` or `oncebox migrate` creates it"
+                ),
+            ));
+        }
+        Store::open(database).await
+    }
+
     /// `open`, tuned by `[storage]`.
     pub async fn open_with(database: &str, storage: &Storage) -> Result<Store> {
         if is_postgres(database) {

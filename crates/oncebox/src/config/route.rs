@@ -170,10 +170,14 @@ pub(super) fn validate(
         (Some(s), None) => Some(s.clone()),
         (None, Some(var)) => match std::env::var(var) {
             Ok(v) => Some(v),
-            Err(_) => {
+            Err(e) => {
+                let why = match e {
+                    std::env::VarError::NotPresent => "is not set",
+                    std::env::VarError::NotUnicode(_) => "is not valid UTF-8",
+                };
                 p.push(
                     &format!("{path}.signing_secret_env"),
-                    format_args!("environment variable {var} is not set"),
+                    format_args!("environment variable {var} {why}"),
                 );
                 None
             }

@@ -246,6 +246,9 @@ fn exit_codes_tell_scripts_what_happened() {
     // 2: invalid arguments, keys and database URLs.
     assert_eq!(code(d, &["events", "--output", "yaml"]), Some(2));
     assert_eq!(code(d, &["inspect", "Shop", "evt_1"]), Some(2));
+    let bad_id = oncebox(d, &["send", "shop", "--id", "a\nb"]);
+    assert_eq!(bad_id.status.code(), Some(2), "{}", text(&bad_id));
+    assert!(text(&bad_id).contains("--id"), "{}", text(&bad_id));
     assert_eq!(
         code(d, &["--database", "mysql://localhost/x", "stats"]),
         Some(2)
@@ -290,6 +293,20 @@ fn a_store_that_cannot_be_reached_exits_4() {
     let out = oncebox(d, &["--database", &sqlite, "events", "--output", "json"]);
     assert_eq!(out.status.code(), Some(4), "{}", text(&out));
     assert!(out.stdout.is_empty(), "no partial JSON on stdout");
+    // A mistyped file in a real directory is not created, empty, and read as a store.
+    let typo = d.join("typo.db");
+    let sqlite = format!("sqlite://{}", typo.display());
+    for command in [
+        &["stats"][..],
+        &["events"],
+        &["inspect", "shop", "evt_1"],
+        &["purge"],
+    ] {
+        let out = oncebox(d, &[&["--database", &sqlite][..], command].concat());
+        assert_eq!(out.status.code(), Some(4), "{command:?}: {}", text(&out));
+        assert!(text(&out).contains("no database at"), "{}", text(&out));
+        assert!(!typo.exists(), "{command:?} created {}", typo.display());
+    }
 }
 
 #[test]
