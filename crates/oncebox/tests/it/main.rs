@@ -44,8 +44,9 @@ fn migrate_creates_the_database_and_stats_reads_it() {
 fn inspect_of_an_unknown_key_fails_with_a_clear_message() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("o.db");
+    assert!(oncebox(&db, &["migrate"]).status.success());
     let out = oncebox(&db, &["inspect", "shop", "evt-1"]);
-    assert_eq!(out.status.code(), Some(3));
+    assert_eq!(out.status.code(), Some(3), "{out:?}");
     assert!(String::from_utf8_lossy(&out.stderr).contains("no record for shop:evt-1"));
     let bad = oncebox(&db, &["inspect", "Shop", "evt-1"]);
     assert!(
