@@ -47,10 +47,7 @@ impl Store {
     /// working directory would otherwise read as an empty store.
     pub async fn open_existing(database: &str) -> Result<Store> {
         // Other schemes go to `open`, which takes PostgreSQL and refuses the rest.
-        let sqlite = database
-            .strip_prefix("sqlite://")
-            .or((!database.contains("://")).then_some(database));
-        if let Some(path) = sqlite.filter(|p| !std::path::Path::new(p).exists()) {
+        if let Some(path) = sqlite_path(database).filter(|p| !std::path::Path::new(p).exists()) {
             // The store cannot be reached, as for a missing directory: nothing was decided.
             return Err(crate::exit::coded(
                 crate::exit::Code::Unavailable,
@@ -70,14 +67,10 @@ impl Store {
                 .with_context(|| format!("opening {}", describe(database)))?;
             return Ok(Store::Postgres(inbox));
         }
-        let path = match database.strip_prefix("sqlite://") {
-            Some(rest) => rest,
-            None if database.contains("://") => {
-                return Err(crate::exit::usage(format!(
-                    "database {database:?}: use sqlite://PATH or postgres://…"
-                )));
-            }
-            None => database,
+        let Some(path) = sqlite_path(database) else {
+            return Err(crate::exit::usage(format!(
+                "database {database:?}: use sqlite://PATH or postgres://…"
+            )));
         };
         let mut options = oncebox_sqlite::Options::new(path);
         if let Some(keys) = storage.recent_answers {
@@ -98,6 +91,14 @@ impl Store {
             Store::Postgres(s) => s.record(key).await?,
         })
     }
+}
+
+/// The file a SQLite database URL names (`sqlite://PATH` or a bare path); `None` for any URL
+/// with another scheme.
+fn sqlite_path(database: &str) -> Option<&str> {
+    database
+        .strip_prefix("sqlite://")
+        .or((!database.contains("://")).then_some(database))
 }
 
 /// Whether a database URL names PostgreSQL (`postgres://…` or `postgresql://…`); anything
