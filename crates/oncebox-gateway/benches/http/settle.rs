@@ -1,7 +1,6 @@
 //! The quiet between two rounds of the HTTP benchmark: the stores' background writing left by
 //! one round is finished before the next starts.
 
-use std::cell::RefCell;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -18,7 +17,7 @@ pub struct Settle {
     /// The gateway-on-PostgreSQL target's store, when there is one: its server's buffers
     /// dirtied by a round are otherwise written out by its background writer and checkpointer
     /// during the rounds that follow. `None` also once a `CHECKPOINT` was refused.
-    postgres: RefCell<Option<(tokio::runtime::Handle, PgPool)>>,
+    postgres: Option<(tokio::runtime::Handle, PgPool)>,
 }
 
 impl Settle {
@@ -26,14 +25,16 @@ impl Settle {
         Settle {
             sqlite: oncebox_sqlite::rusqlite::Connection::open(db)
                 .expect("open the inbox to settle it"),
-            postgres: RefCell::new(None),
+            postgres: None,
         }
     }
 
     /// Settles PostgreSQL too, through `pool`, on `runtime`.
     pub fn with_postgres(self, runtime: tokio::runtime::Handle, pool: PgPool) -> Settle {
-        self.postgres.replace(Some((runtime, pool)));
-        self
+        Settle {
+            postgres: Some((runtime, pool)),
+            ..self
+        }
     }
 
     /// Copies the rest of the log back, alongside the inbox's own checkpointer (a pass it is
@@ -41,15 +42,14 @@ impl Settle {
     /// file and synced there; gives up after ten seconds (a reader's old snapshot, say). Then
     /// has PostgreSQL, if any, write every dirty buffer out (`CHECKPOINT` returns once they
     /// are synced); autovacuum may still start later, which nothing here can wait for.
-    pub fn wait(&self) {
+    pub fn wait(&mut self) {
         self.wait_sqlite();
-        let mut postgres = self.postgres.borrow_mut();
-        if let Some((runtime, pool)) = postgres.as_ref() {
+        if let Some((runtime, pool)) = &self.postgres {
             let checkpoint = runtime.block_on(sqlx::query("CHECKPOINT").execute(pool));
             if let Err(e) = checkpoint {
                 // CHECKPOINT needs a superuser or the pg_checkpoint role.
                 println!("  (PostgreSQL not settled between rounds: CHECKPOINT refused: {e})");
-                *postgres = None;
+                self.postgres = None;
             }
         }
     }
