@@ -268,8 +268,11 @@ fn record_conflict(cx: &Cx<'_, '_>, event: &Event, stored: &[u8]) -> Result<(), 
 
 /// The gateway's ingest of an event without an ordering guard: the record is inserted already
 /// terminal with its answer, and its deliveries queued — one write per new event instead of a
-/// claim and an update. A key that exists goes the general way (`run`), which answers
-/// duplicates, conflicts and leases exactly as `process` does.
+/// claim and an update. False when the key exists: the caller then goes the general way
+/// (`run`), which answers duplicates, conflicts and leases exactly as `process` does.
+///
+/// It only reads what it is given: the caller keeps the event, its rendered header lines and
+/// its answer, and answers `Applied` with them itself (`store.rs` says why).
 ///
 /// No savepoint: nothing here is ever undone on its own. The insert is one statement (SQLite
 /// undoes a failed statement by itself), and any later failure fails the whole batch. A
@@ -277,9 +280,10 @@ fn record_conflict(cx: &Cx<'_, '_>, event: &Event, stored: &[u8]) -> Result<(), 
 pub(crate) fn ingest_new(
     cx: &mut Cx<'_, '_>,
     event: &Event,
+    header_lines: Option<&str>,
     accepted: &Response,
     messages: &[OutboxMessage],
-) -> Result<Option<Processed>, Fatal> {
+) -> Result<bool, Fatal> {
     let inserted = cx.stmt(Sql::IngestNew)?.execute(params![
         event.key.source.as_str(),
         event.key.event_id.as_str(),
@@ -288,10 +292,10 @@ pub(crate) fn ingest_new(
         event.payload,
         cx.now.millis(),
         event.meta.content_type,
-        event.meta.header_lines()
+        header_lines
     ])?;
     if inserted == 0 {
-        return Ok(None);
+        return Ok(false);
     }
     crash::point!("after-inbox-insert");
     let mut tx = Tx::new(cx.conn, &event.key, cx.now);
@@ -306,5 +310,5 @@ pub(crate) fn ingest_new(
     }
     // The deliveries are this path's effect.
     crash::point!("after-effect");
-    Ok(Some(Processed::Applied(accepted.clone())))
+    Ok(true)
 }

@@ -26,13 +26,19 @@
 //! gateway's request-thread CPU with new events only (a profile of the gateway benchmark),
 //! and is about 2% now, 4% while the rings still fill. A slot is overwritten in insertion
 //! order, which is the eviction order.
+//!
+//! A slot keeps one buffer from one key to the next, holding the key's two strings and the
+//! answer's body: a put with the ring full writes into the evicted entry's memory instead of
+//! freeing its three blocks and allocating three more. Those blocks were the oldest memory of
+//! the process, long out of every cache, and the allocator handed them straight back to the
+//! next request's allocations, a cache miss each.
 
 use std::collections::HashMap;
 use std::collections::hash_map::RandomState;
 use std::hash::{BuildHasher, BuildHasherDefault, Hasher};
 use std::sync::{Mutex, MutexGuard};
 
-use oncebox_core::{Fingerprint, Key, Response};
+use oncebox_core::{Fingerprint, Key, Response, ResponseKind};
 
 /// Independent locks, so callers rarely meet on one.
 const SHARDS: u64 = 16;
@@ -57,9 +63,57 @@ struct Shard {
 }
 
 struct Entry {
-    key: Key,
+    /// The key's source, its event id, then the answer's body.
+    bytes: Vec<u8>,
+    source_len: usize,
+    event_id_len: usize,
     fingerprint: Fingerprint,
-    answer: Response,
+    kind: ResponseKind,
+}
+
+impl Entry {
+    fn new(key: &Key, fingerprint: Fingerprint, answer: &Response) -> Entry {
+        let mut entry = Entry {
+            bytes: Vec::new(),
+            source_len: 0,
+            event_id_len: 0,
+            fingerprint,
+            kind: answer.kind,
+        };
+        entry.refill(key, fingerprint, answer);
+        entry
+    }
+
+    /// Holds `key` and its answer instead, in the same buffer.
+    fn refill(&mut self, key: &Key, fingerprint: Fingerprint, answer: &Response) {
+        let (source, event_id) = (key.source.as_str(), key.event_id.as_str());
+        self.bytes.clear();
+        self.bytes.extend_from_slice(source.as_bytes());
+        self.bytes.extend_from_slice(event_id.as_bytes());
+        self.bytes.extend_from_slice(&answer.body);
+        self.source_len = source.len();
+        self.event_id_len = event_id.len();
+        self.fingerprint = fingerprint;
+        self.kind = answer.kind;
+    }
+
+    fn is(&self, key: &Key) -> bool {
+        let (source, rest) = self.bytes.split_at(self.source_len.min(self.bytes.len()));
+        let event_id = rest.get(..self.event_id_len);
+        source == key.source.as_str().as_bytes()
+            && event_id == Some(key.event_id.as_str().as_bytes())
+    }
+
+    fn answer(&self) -> Response {
+        Response {
+            kind: self.kind,
+            body: self
+                .bytes
+                .get(self.source_len + self.event_id_len..)
+                .unwrap_or_default()
+                .to_vec(),
+        }
+    }
 }
 
 /// The map's hasher for keys that already are hashes.
@@ -116,30 +170,28 @@ impl Recent {
     pub fn get(&self, key: &Key, fingerprint: &Fingerprint) -> Option<Response> {
         let (hash, shard) = self.shard(key)?;
         let (_, entry) = shard.ring.get(*shard.slots.get(&hash)?)?;
-        (entry.key == *key && entry.fingerprint == *fingerprint).then(|| entry.answer.clone())
+        (entry.fingerprint == *fingerprint && entry.is(key)).then(|| entry.answer())
     }
 
     /// Remembers a committed key's first answer. Call only after its commit.
-    pub fn put(&self, key: Key, fingerprint: Fingerprint, answer: &Response) {
-        let Some((hash, mut shard)) = self.shard(&key) else {
+    pub fn put(&self, key: &Key, fingerprint: Fingerprint, answer: &Response) {
+        let Some((hash, mut shard)) = self.shard(key) else {
             return;
         };
         if shard.capacity == 0 || shard.slots.contains_key(&hash) {
             return;
         }
-        let entry = Entry {
-            key,
-            fingerprint,
-            answer: answer.clone(),
-        };
         let slot = shard.next;
         shard.next = (slot + 1) % shard.capacity;
-        if let Some(taken) = shard.ring.get_mut(slot) {
-            let (oldest, _) = std::mem::replace(taken, (hash, entry));
+        if let Some((taken, entry)) = shard.ring.get_mut(slot) {
+            let oldest = std::mem::replace(taken, hash);
+            entry.refill(key, fingerprint, answer);
             shard.slots.remove(&oldest);
         } else {
             // Still filling: `slot` is the ring's length.
-            shard.ring.push((hash, entry));
+            shard
+                .ring
+                .push((hash, Entry::new(key, fingerprint, answer)));
         }
         shard.slots.insert(hash, slot);
     }
@@ -173,7 +225,7 @@ mod tests {
     #[test]
     fn answers_only_the_same_fingerprint() {
         let recent = Recent::new(64);
-        recent.put(key("a"), fp(1), &Response::completed("first"));
+        recent.put(&key("a"), fp(1), &Response::completed("first"));
         assert_eq!(
             recent.get(&key("a"), &fp(1)),
             Some(Response::completed("first"))
@@ -190,15 +242,15 @@ mod tests {
     fn the_first_answer_stays_and_the_oldest_key_leaves_first() {
         // One key per shard at most: the second put into a full shard evicts the first.
         let recent = Recent::new(SHARDS as usize);
-        recent.put(key("a"), fp(1), &Response::completed("first"));
-        recent.put(key("a"), fp(1), &Response::completed("second"));
+        recent.put(&key("a"), fp(1), &Response::completed("first"));
+        recent.put(&key("a"), fp(1), &Response::completed("second"));
         assert_eq!(
             recent.get(&key("a"), &fp(1)),
             Some(Response::completed("first"))
         );
         let kept = (0..200)
             .map(|i| key(&format!("k{i}")))
-            .inspect(|k| recent.put(k.clone(), fp(1), &Response::completed("x")))
+            .inspect(|k| recent.put(k, fp(1), &Response::completed("x")))
             .collect::<Vec<_>>();
         let remembered = kept
             .iter()
@@ -219,7 +271,7 @@ mod tests {
         for round in 0..2 {
             let keys: Vec<Key> = (0..1000).map(|i| key(&format!("r{round}-{i}"))).collect();
             for k in &keys {
-                recent.put(k.clone(), fp(1), &Response::completed("x"));
+                recent.put(k, fp(1), &Response::completed("x"));
             }
             for shard in 0..SHARDS {
                 let mine: Vec<&Key> = keys.iter().filter(|k| shard_of(k) == shard).collect();
@@ -237,13 +289,33 @@ mod tests {
         }
     }
 
+    /// A slot refilled with a longer or a shorter key and answer holds exactly the new ones, and
+    /// the key's two strings stay two: ("ab", "c") is not ("a", "bc").
+    #[test]
+    fn a_reused_slot_holds_exactly_its_new_key_and_answer() {
+        let two = |s: &str, id: &str| Key::new(Source::new(s).unwrap(), EventId::new(id).unwrap());
+        let mut entry = Entry::new(&two("ab", "c"), fp(1), &Response::completed("short"));
+        assert!(entry.is(&two("ab", "c")));
+        assert!(!entry.is(&two("a", "bc")));
+        assert!(!entry.is(&two("ab", "cd")));
+        let long = Response::rejected("a much longer first answer than before");
+        entry.refill(&two("source-with-a-long-name", "evt_1"), fp(2), &long);
+        assert!(entry.is(&two("source-with-a-long-name", "evt_1")));
+        assert!(!entry.is(&two("ab", "c")));
+        assert_eq!(entry.answer(), long);
+        assert_eq!(entry.fingerprint, fp(2));
+        entry.refill(&two("s", "e"), fp(3), &Response::completed(""));
+        assert!(entry.is(&two("s", "e")));
+        assert_eq!(entry.answer(), Response::completed(""));
+    }
+
     #[test]
     fn zero_capacity_keeps_nothing_and_clear_forgets() {
         let none = Recent::new(0);
-        none.put(key("a"), fp(1), &Response::completed("x"));
+        none.put(&key("a"), fp(1), &Response::completed("x"));
         assert_eq!(none.get(&key("a"), &fp(1)), None);
         let recent = Recent::new(64);
-        recent.put(key("a"), fp(1), &Response::completed("x"));
+        recent.put(&key("a"), fp(1), &Response::completed("x"));
         recent.clear();
         assert_eq!(recent.get(&key("a"), &fp(1)), None);
     }

@@ -88,7 +88,7 @@ impl Inbox {
     pub(crate) fn settled(
         &self,
         out: Result<Processed, ProcessError>,
-        key: Key,
+        key: &Key,
         fingerprint: Fingerprint,
     ) -> Result<Processed, ProcessError> {
         if let Ok(Processed::Applied(answer) | Processed::Duplicate(answer)) = &out {
