@@ -15,37 +15,58 @@ pub struct Event {
 }
 
 /// Transport details of an event: its content type and the request headers worth keeping.
+///
+/// The headers are kept as they are stored, one `name: value` line each (an HTTP header value
+/// cannot hold a line break): written once at the edge, stored as they are, and split only
+/// when someone reads them. Pairs of strings cost two allocations a header on every request
+/// and a rendering on the writer thread, which every caller of a batch waits for.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Meta {
     pub content_type: Option<String>,
     /// Lowercase names, in arrival order; credentials (authorization, cookies) are never kept.
-    pub headers: Vec<(String, String)>,
+    lines: String,
 }
 
 impl Meta {
-    /// The headers as stored: `name: value` lines (an HTTP header value cannot hold a line
-    /// break); `None` when there are none, so the library's events cost no extra bytes.
-    pub fn header_lines(&self) -> Option<String> {
-        if self.headers.is_empty() {
-            return None;
+    /// A content type and no headers.
+    pub fn new(content_type: Option<String>) -> Meta {
+        Meta {
+            content_type,
+            lines: String::new(),
         }
-        let mut text = String::new();
-        for (name, value) in &self.headers {
-            text.push_str(name);
-            text.push_str(": ");
-            text.push_str(value);
-            text.push('\n');
-        }
-        Some(text)
     }
 
-    /// Headers read back from [`Meta::header_lines`]' form.
-    pub fn parse_header_lines(text: Option<&str>) -> Vec<(String, String)> {
-        text.unwrap_or_default()
-            .lines()
-            .filter_map(|l| l.split_once(": "))
-            .map(|(n, v)| (n.to_owned(), v.to_owned()))
-            .collect()
+    /// Read back from the stored form ([`Meta::header_lines`]).
+    pub fn from_header_lines(content_type: Option<String>, lines: Option<String>) -> Meta {
+        Meta {
+            content_type,
+            lines: lines.unwrap_or_default(),
+        }
+    }
+
+    /// Keeps one header. A name or value with a line break, or a name with `": "`, would not
+    /// read back as written and is not kept (HTTP allows neither).
+    pub fn push_header(&mut self, name: &str, value: &str) {
+        let breaks = |s: &str| s.contains(['\n', '\r']);
+        if breaks(name) || breaks(value) || name.contains(": ") {
+            return;
+        }
+        self.lines.reserve(name.len() + value.len() + 3);
+        self.lines.push_str(name);
+        self.lines.push_str(": ");
+        self.lines.push_str(value);
+        self.lines.push('\n');
+    }
+
+    /// The kept headers, in arrival order.
+    pub fn headers(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.lines.lines().filter_map(|l| l.split_once(": "))
+    }
+
+    /// The headers as stored; `None` when there are none, so the library's events cost no
+    /// extra bytes.
+    pub fn header_lines(&self) -> Option<&str> {
+        (!self.lines.is_empty()).then_some(self.lines.as_str())
     }
 }
 
@@ -112,5 +133,34 @@ impl OutboxMessage {
             payload: payload.into(),
             content_type: "application/json".to_owned(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Meta;
+
+    /// Headers read back from the stored lines are the ones kept, in order; a value or name
+    /// that would not read back as written is not kept at all.
+    #[test]
+    fn headers_read_back_as_kept() {
+        let mut meta = Meta::new(Some("application/json".into()));
+        assert_eq!(meta.header_lines(), None, "no headers, no bytes");
+        meta.push_header("content-type", "application/json");
+        meta.push_header("x-empty", "");
+        meta.push_header("x-colon", "a: b");
+        meta.push_header("x-break", "a\nb");
+        meta.push_header("x-return", "a\rb");
+        meta.push_header("bad: name", "v");
+        let kept = [
+            ("content-type", "application/json"),
+            ("x-empty", ""),
+            ("x-colon", "a: b"),
+        ];
+        assert_eq!(meta.headers().collect::<Vec<_>>(), kept);
+        let stored = meta.header_lines().map(str::to_owned);
+        let back = Meta::from_header_lines(meta.content_type.clone(), stored);
+        assert_eq!(back, meta);
+        assert_eq!(back.headers().collect::<Vec<_>>(), kept);
     }
 }

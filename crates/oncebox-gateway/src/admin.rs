@@ -209,12 +209,7 @@ fn summary(e: &StoredEvent, full: bool) -> Value {
         let (encoding, payload) = text_or_hex(&e.payload);
         v["payload"] = payload;
         v["payload_encoding"] = json!(encoding);
-        v["headers"] = e
-            .meta
-            .headers
-            .iter()
-            .map(|(n, val)| json!([n, val]))
-            .collect();
+        v["headers"] = e.meta.headers().map(|(n, val)| json!([n, val])).collect();
         v["response"] = match &e.response {
             Some(r) => json!({
                 "kind": match r.kind { ResponseKind::Completed => "completed", ResponseKind::Rejected => "rejected", _ => "stale" },

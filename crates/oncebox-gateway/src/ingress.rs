@@ -277,21 +277,17 @@ fn order(policy: &SourcePolicy, parsed: Option<&Value>) -> Result<Option<Order>,
 }
 
 fn meta(headers: &HeaderMap) -> Meta {
-    let kept = headers
-        .iter()
-        .filter(|(name, _)| !NOT_KEPT.contains(&name.as_str()))
-        .filter_map(|(name, value)| {
-            Some((name.as_str().to_owned(), value.to_str().ok()?.to_owned()))
-        })
-        .collect();
     let content_type = headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned);
-    Meta {
-        content_type,
-        headers: kept,
+    let mut meta = Meta::new(content_type);
+    for (name, value) in headers {
+        if let (false, Ok(value)) = (NOT_KEPT.contains(&name.as_str()), value.to_str()) {
+            meta.push_header(name.as_str(), value);
+        }
     }
+    meta
 }
 
 /// The 202 body, stored as the first answer and replayed byte for byte. Written directly, in

@@ -162,7 +162,10 @@ async fn batch(pool: &PgPool, options: &Options, jobs: &[Job]) -> Result<Vec<Ans
         .iter()
         .map(|i| ev(*i).meta.content_type.as_deref())
         .collect();
-    let headers: Vec<Option<String>> = order.iter().map(|i| ev(*i).meta.header_lines()).collect();
+    let headers: Vec<Option<String>> = order
+        .iter()
+        .map(|i| ev(*i).meta.header_lines().map(str::to_owned))
+        .collect();
 
     let mut tx = pool.begin().await.map_err(|e| storage(&e))?;
     // Read after a connection was had (which may wait): the stamp is as close to the commit as

@@ -74,10 +74,7 @@ fn stored(r: &PgRow) -> Result<Option<StoredEvent>, sqlx::Error> {
         state,
         response,
         payload: r.try_get::<Option<Vec<u8>>, _>(5)?.unwrap_or_default(),
-        meta: Meta {
-            content_type: r.try_get(6)?,
-            headers: Meta::parse_header_lines(headers.as_deref()),
-        },
+        meta: Meta::from_header_lines(r.try_get(6)?, headers),
         fingerprint: Fingerprint::from_slice(&r.try_get::<Vec<u8>, _>(8)?),
         received_at: Timestamp(r.try_get(9)?),
         completed_at: r.try_get::<Option<i64>, _>(10)?.map(Timestamp),

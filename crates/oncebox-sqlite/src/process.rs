@@ -271,8 +271,8 @@ fn record_conflict(cx: &Cx<'_, '_>, event: &Event, stored: &[u8]) -> Result<(), 
 /// claim and an update. False when the key exists: the caller then goes the general way
 /// (`run`), which answers duplicates, conflicts and leases exactly as `process` does.
 ///
-/// It only reads what it is given: the caller keeps the event, its rendered header lines and
-/// its answer, and answers `Applied` with them itself (`store.rs` says why).
+/// It only reads what it is given: the caller keeps the event and its answer, and answers
+/// `Applied` itself (`store.rs` says why).
 ///
 /// No savepoint: nothing here is ever undone on its own. The insert is one statement (SQLite
 /// undoes a failed statement by itself), and any later failure fails the whole batch. A
@@ -280,7 +280,6 @@ fn record_conflict(cx: &Cx<'_, '_>, event: &Event, stored: &[u8]) -> Result<(), 
 pub(crate) fn ingest_new(
     cx: &mut Cx<'_, '_>,
     event: &Event,
-    header_lines: Option<&str>,
     accepted: &Response,
     messages: &[OutboxMessage],
 ) -> Result<bool, Fatal> {
@@ -292,7 +291,7 @@ pub(crate) fn ingest_new(
         event.payload,
         cx.now.millis(),
         event.meta.content_type,
-        header_lines
+        event.meta.header_lines()
     ])?;
     if inserted == 0 {
         return Ok(false);

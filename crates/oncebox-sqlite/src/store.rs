@@ -49,17 +49,13 @@ fn stored(r: &Row<'_>) -> rusqlite::Result<Option<StoredEvent>> {
             .unwrap_or_default(),
     });
     let headers: Option<String> = r.get(7)?;
-    let headers = Meta::parse_header_lines(headers.as_deref());
     Ok(Some(StoredEvent {
         seq: r.get(0)?,
         key,
         state,
         response,
         payload: r.get::<_, Option<Vec<u8>>>(5)?.unwrap_or_default(),
-        meta: Meta {
-            content_type: r.get(6)?,
-            headers,
-        },
+        meta: Meta::from_header_lines(r.get(6)?, headers),
         fingerprint: Fingerprint::from_slice(&r.get::<_, Vec<u8>>(8)?),
         received_at: Timestamp(r.get(9)?),
         completed_at: r.get::<_, Option<i64>>(10)?.map(Timestamp),
@@ -114,9 +110,6 @@ fn stats(c: &Connection) -> rusqlite::Result<Stats> {
 /// What the writer reads of an event it ingests, while the request keeps it (`ingest_unordered`).
 struct Unordered {
     event: Event,
-    /// The event's headers as stored, rendered before it is queued: the writer's time is the
-    /// batch's, and every caller waits for it.
-    header_lines: Option<String>,
     accepted: Response,
     messages: Vec<OutboxMessage>,
 }
@@ -142,7 +135,6 @@ impl Inbox {
             return Ok(Processed::Duplicate(first));
         }
         let ours = Arc::new(Unordered {
-            header_lines: event.meta.header_lines(),
             event,
             accepted: Response::completed(accepted),
             messages,
@@ -152,13 +144,7 @@ impl Inbox {
         let out = self
             .submit(move |cx| {
                 let u = &*theirs;
-                let new = process::ingest_new(
-                    cx,
-                    &u.event,
-                    u.header_lines.as_deref(),
-                    &u.accepted,
-                    &u.messages,
-                )?;
+                let new = process::ingest_new(cx, &u.event, &u.accepted, &u.messages)?;
                 if new {
                     return Ok(Ok(None));
                 }
@@ -178,7 +164,6 @@ impl Inbox {
             event, accepted, ..
         } = Arc::try_unwrap(ours).unwrap_or_else(|shared| Unordered {
             event: shared.event.clone(),
-            header_lines: None,
             accepted: shared.accepted.clone(),
             messages: Vec::new(),
         });

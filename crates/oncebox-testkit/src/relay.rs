@@ -59,10 +59,7 @@ pub(crate) fn key(id: &str) -> Key {
 
 /// An event from `shop`, as the gateway hands it over, routed to `routes`.
 pub(crate) fn ingest(id: &str, routes: &[&str], order: Option<(&str, i64)>) -> Ingest {
-    let meta = Meta {
-        content_type: Some(CONTENT_TYPE.into()),
-        headers: Vec::new(),
-    };
+    let meta = Meta::new(Some(CONTENT_TYPE.into()));
     Ingest {
         event: event("shop", id, 1).with_meta(meta),
         order: order.map(|(entity, version)| Order {

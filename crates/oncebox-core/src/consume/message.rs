@@ -89,10 +89,7 @@ impl MessageRules {
         let key = Key::new(self.source.clone(), event_id);
         let event = Event::new(key, payload, &self.fingerprint)
             .map_err(|e| Reason::InvalidJson(e.to_string()))?;
-        Ok(event.with_meta(Meta {
-            content_type: content_type.map(str::to_owned),
-            headers: Vec::new(),
-        }))
+        Ok(event.with_meta(Meta::new(content_type.map(str::to_owned))))
     }
 }
 

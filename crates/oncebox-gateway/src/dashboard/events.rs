@@ -300,7 +300,7 @@ pub(crate) async fn show<S: EventStore + DeliveryStore>(
             } @else { "0" } }
         }
         h2 { "Headers" }
-        table.headers { tbody { @for (name, value) in &event.meta.headers { tr { th { (name) } td { (value) } } } } }
+        table.headers { tbody { @for (name, value) in event.meta.headers() { tr { th { (name) } td { (value) } } } } }
         h2 { "Payload" }
         div #payload { (layout::payload(&event.payload)) }
         @if let Some(r) = &event.response {
