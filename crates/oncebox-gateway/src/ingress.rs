@@ -110,6 +110,8 @@ async fn receive_for<S: EventStore>(
         event,
         order,
     };
+    // Freed here, on the thread that allocated them: the answer may resume on another one.
+    drop((parsed, payload));
     let answer = Answer::from_outcome(gw.store.ingest(ingest).await, gw.config.limits.retry_after);
     // The key is logged, never a secret or a payload.
     match &answer {

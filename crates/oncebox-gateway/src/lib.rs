@@ -79,12 +79,11 @@ pub fn router<S: EventStore + DeliveryStore>(gw: Arc<Gateway<S>>) -> Router {
         .merge(dashboard::routes::<S>())
         // Bodies are read by the ingress handler within each source's own limit.
         .layer(DefaultBodyLimit::disable())
-        .layer(axum::middleware::from_fn_with_state(
-            limit::Limiter::new(gw.config.limits.concurrency, gw.config.limits.retry_after),
-            limit::shed,
+        // Outermost, so that its rewriting also sees the router's own 404s and 405s.
+        .layer(limit::Edge::new(
+            gw.config.limits.concurrency,
+            gw.config.limits.retry_after,
         ))
-        // Outermost, so that it also sees the router's own 404s and 405s.
-        .layer(axum::middleware::map_response(rejection::as_problem))
         .with_state(gw)
 }
 

@@ -14,17 +14,10 @@ const MAX_DETAIL: usize = 1024;
 /// its other headers (`Allow` on a 405). Everything else passes untouched: successes, the
 /// gateway's own problems, the dashboard's HTML pages.
 pub(crate) async fn as_problem(response: Response) -> Response {
+    if !untyped_error(&response) {
+        return response;
+    }
     let status = response.status();
-    if !(status.is_client_error() || status.is_server_error()) {
-        return response;
-    }
-    let untyped = response
-        .headers()
-        .get(header::CONTENT_TYPE)
-        .is_none_or(|v| v.as_bytes().starts_with(b"text/plain"));
-    if !untyped {
-        return response;
-    }
     let (mut parts, body) = response.into_parts();
     let text = axum::body::to_bytes(body, MAX_DETAIL)
         .await
@@ -44,6 +37,16 @@ pub(crate) async fn as_problem(response: Response) -> Response {
         HeaderValue::from_static("application/problem+json"),
     );
     Response::from_parts(parts, body)
+}
+
+/// An error answer that is plain text or has no type at all: the framework's own.
+pub(crate) fn untyped_error(response: &Response) -> bool {
+    let status = response.status();
+    (status.is_client_error() || status.is_server_error())
+        && response
+            .headers()
+            .get(header::CONTENT_TYPE)
+            .is_none_or(|v| v.as_bytes().starts_with(b"text/plain"))
 }
 
 /// The slug and title of a framework error, by its status.
