@@ -109,10 +109,10 @@ where
         loop {
             match self.as_mut().project() {
                 Step::Ready { response } => {
-                    // Polled again after it answered: tower never does; answer something sane.
-                    let response = response
-                        .take()
-                        .unwrap_or_else(|| axum::http::StatusCode::GONE.into_response());
+                    // Polled again after it answered, which hyper never does: never a 2xx.
+                    let response = response.take().unwrap_or_else(|| {
+                        axum::http::StatusCode::INTERNAL_SERVER_ERROR.into_response()
+                    });
                     return Poll::Ready(Ok(response));
                 }
                 Step::Running { future, permit } => {
