@@ -44,11 +44,19 @@ impl Meta {
         }
     }
 
-    /// Keeps one header. A name or value with a line break, or a name with `": "`, would not
-    /// read back as written and is not kept (HTTP allows neither).
+    /// Room for `bytes` more of header lines, so that the headers pushed next need no regrowth.
+    pub fn reserve_headers(&mut self, bytes: usize) {
+        self.lines.reserve(bytes);
+    }
+
+    /// Keeps one header. A name or value with a line break, or a name with a colon, would not
+    /// read back as written and is not kept (HTTP allows neither). Checked byte by byte: `str`
+    /// pattern searches cost more than the rest of the gateway's header handling together.
     pub fn push_header(&mut self, name: &str, value: &str) {
-        let breaks = |s: &str| s.contains(['\n', '\r']);
-        if breaks(name) || breaks(value) || name.contains(": ") {
+        let breaks = |b: &u8| *b == b'\n' || *b == b'\r';
+        if name.as_bytes().iter().any(|b| breaks(b) || *b == b':')
+            || value.as_bytes().iter().any(breaks)
+        {
             return;
         }
         self.lines.reserve(name.len() + value.len() + 3);
@@ -152,6 +160,7 @@ mod tests {
         meta.push_header("x-break", "a\nb");
         meta.push_header("x-return", "a\rb");
         meta.push_header("bad: name", "v");
+        meta.push_header("bad:name", "v");
         let kept = [
             ("content-type", "application/json"),
             ("x-empty", ""),

@@ -284,6 +284,13 @@ fn meta(headers: &HeaderMap) -> Meta {
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned);
     let mut meta = Meta::new(content_type);
+    // One allocation for all the lines ("name: value\n"), a little more if some are not kept.
+    meta.reserve_headers(
+        headers
+            .iter()
+            .map(|(n, v)| n.as_str().len() + v.len() + 3)
+            .sum(),
+    );
     for (name, value) in headers {
         if let (false, Ok(value)) = (NOT_KEPT.contains(&name.as_str()), value.to_str()) {
             meta.push_header(name.as_str(), value);
@@ -300,7 +307,7 @@ fn body_json(key: &Key, now: Timestamp, stale: bool) -> Vec<u8> {
     body.extend_from_slice(br#"{"event_id":"#);
     json_string(&mut body, key.event_id.as_str());
     body.extend_from_slice(br#","received_at":""#);
-    body.extend_from_slice(crate::rfc3339(now).as_bytes());
+    crate::write_rfc3339(&mut body, now);
     body.extend_from_slice(br#"","source":"#);
     json_string(&mut body, key.source.as_str());
     if stale {

@@ -89,7 +89,17 @@ pub fn router<S: EventStore + DeliveryStore>(gw: Arc<Gateway<S>>) -> Router {
 
 /// RFC 3339 with milliseconds, UTC.
 pub fn rfc3339(t: Timestamp) -> String {
+    rfc3339_form(t).to_string()
+}
+
+/// [`rfc3339`] appended to `out`, without a string of its own.
+pub(crate) fn write_rfc3339(out: &mut Vec<u8>, t: Timestamp) {
+    use std::io::Write;
+    // Writing into a Vec cannot fail.
+    let _ = write!(out, "{}", rfc3339_form(t));
+}
+
+fn rfc3339_form(t: Timestamp) -> humantime::Rfc3339Timestamp {
     let ms = u64::try_from(t.millis()).unwrap_or(0);
     humantime::format_rfc3339_millis(std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms))
-        .to_string()
 }
