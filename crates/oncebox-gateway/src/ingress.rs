@@ -6,6 +6,7 @@ use std::time::Instant;
 
 use axum::body::Body;
 use axum::extract::{Path, Request, State};
+use axum::http::request::Parts;
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use http_body_util::{BodyExt, LengthLimitError, Limited};
@@ -29,7 +30,6 @@ pub(crate) async fn receive<S: EventStore>(
 ) -> Response {
     // The headers are read in place: the `HeaderMap` extractor would copy them all.
     let (parts, body) = request.into_parts();
-    let headers = &parts.headers;
     let started = Instant::now();
     let known = gw.config.open_sources || gw.config.sources.keys().any(|s| s.as_str() == source);
     let answer = match Source::new(source.as_str())
@@ -40,7 +40,7 @@ pub(crate) async fn receive<S: EventStore>(
             "unknown-source",
             format!("no source named {source:?}"),
         )),
-        Some((source, policy)) => receive_for(&gw, &source, policy, headers, body).await,
+        Some((source, policy)) => receive_for(&gw, &source, policy, parts, body).await,
     };
     // An unknown name is counted under one label: senders choose it.
     let label = if known { source.as_str() } else { "unknown" };
@@ -53,9 +53,10 @@ async fn receive_for<S: EventStore>(
     gw: &Gateway<S>,
     source: &Source,
     policy: &SourcePolicy,
-    headers: &HeaderMap,
+    parts: Parts,
     body: Body,
 ) -> Answer {
+    let headers = &parts.headers;
     let payload = match read_body(gw, policy, headers, body).await {
         Ok(b) => b,
         Err(p) => return Answer::Problem(p),
@@ -111,7 +112,7 @@ async fn receive_for<S: EventStore>(
         order,
     };
     // Freed here, on the thread that allocated them: the answer may resume on another one.
-    drop((parsed, payload));
+    drop((parsed, payload, parts));
     let answer = Answer::from_outcome(gw.store.ingest(ingest).await, gw.config.limits.retry_after);
     // The key is logged, never a secret or a payload.
     match &answer {
