@@ -158,16 +158,33 @@ impl Inbox {
                 process::run(cx, &u.event, Box::new(handler)).map(|out| out.map(Some))
             })
             .await;
-        // The writer let go of its share when it ran the request, before its commit; only a
-        // request it never ran (a passed deadline, a closed store) may still hold it here.
-        let Unordered {
-            event, accepted, ..
-        } = Arc::try_unwrap(ours).unwrap_or_else(|shared| Unordered {
-            event: shared.event.clone(),
-            accepted: shared.accepted.clone(),
-            messages: Vec::new(),
-        });
-        let out = out.map(|done| done.unwrap_or(Processed::Applied(accepted)));
+        // The writer let go of its share when it ran the request, before its commit. Only a
+        // request it never ran (a passed deadline, a closed store) may still be held: its
+        // answer is a failure, so the answer is never copied there.
+        match Arc::try_unwrap(ours) {
+            Ok(Unordered {
+                event, accepted, ..
+            }) => {
+                let out = out.map(|done| done.unwrap_or(Processed::Applied(accepted)));
+                self.unordered_answer(out, &look, &event)
+            }
+            Err(shared) => {
+                let out = out.map(|done| {
+                    done.unwrap_or_else(|| Processed::Applied(shared.accepted.clone()))
+                });
+                self.unordered_answer(out, &look, &shared.event)
+            }
+        }
+    }
+
+    /// What `ingest_unordered` answers once the writer did: told to the look's gate, a
+    /// committed duplicate read when the writer could not answer, remembered when committed.
+    fn unordered_answer(
+        &self,
+        out: Result<Processed, ProcessError>,
+        look: &Look,
+        event: &Event,
+    ) -> Result<Processed, ProcessError> {
         if matches!(look, Look::Skipped) {
             self.skipped_look(&out);
         }
