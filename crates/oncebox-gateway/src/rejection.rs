@@ -10,13 +10,10 @@ use crate::problem::Problem;
 /// Longest framework error body kept as the problem's detail; theirs are one line.
 const MAX_DETAIL: usize = 1024;
 
-/// Rewrites an error answer that is plain text or has no type at all, keeping its status and
-/// its other headers (`Allow` on a 405). Everything else passes untouched: successes, the
-/// gateway's own problems, the dashboard's HTML pages.
+/// Rewrites a framework error (one that [`untyped_error`] picked; the edge in `limit.rs` passes
+/// every other answer on untouched: successes, the gateway's own problems, the dashboard's
+/// HTML pages), keeping its status and its other headers (`Allow` on a 405).
 pub(crate) async fn as_problem(response: Response) -> Response {
-    if !untyped_error(&response) {
-        return response;
-    }
     let status = response.status();
     let (mut parts, body) = response.into_parts();
     let text = axum::body::to_bytes(body, MAX_DETAIL)
