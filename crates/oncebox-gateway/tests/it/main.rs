@@ -6,6 +6,8 @@ mod dashboard;
 mod deliveries;
 mod http;
 mod ingress;
+mod linger;
 mod rejections;
 mod signatures;
 mod support;
+mod wire;
