@@ -74,8 +74,7 @@ impl LedgerSummary {
 
 /// Runs the whole scenario on a new database in `dir`.
 pub fn run(dir: &Path) -> Result<LedgerSummary, BoxError> {
-    let inbox = Inbox::open(Options::new(dir.join("ledger.db")))?;
-    inbox.write_blocking(|c| c.execute_batch(SCHEMA))?;
+    let inbox = open(dir)?;
 
     let first = deliver(&inbox, credit("provider-a", "evt-1", 1, 500)?, false)?;
     let repeat = deliver(&inbox, credit("provider-a", "evt-1", 1, 500)?, false)?;
@@ -127,6 +126,24 @@ pub fn run(dir: &Path) -> Result<LedgerSummary, BoxError> {
         inbox_rows_after_missing_account,
         late_duplicate,
     })
+}
+
+/// A new ledger database in `dir`: the inbox and the application's tables, account 1 at 0.
+pub fn open(dir: &Path) -> Result<Inbox, BoxError> {
+    let inbox = Inbox::open(Options::new(dir.join("ledger.db")))?;
+    inbox.write_blocking(|c| c.execute_batch(SCHEMA))?;
+    Ok(inbox)
+}
+
+/// What the ledger holds: account 1's balance, the credit rows and the inbox's records.
+pub fn state(inbox: &Inbox) -> Result<(i64, i64, i64), BoxError> {
+    Ok(inbox.read_blocking(|c| {
+        Ok((
+            account_balance(c)?,
+            count(c, "credits")?,
+            count(c, "oncebox_inbox")?,
+        ))
+    })?)
 }
 
 /// The sender's side: a credit event. The key comes from the (already authenticated) sender,

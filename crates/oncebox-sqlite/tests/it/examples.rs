@@ -70,6 +70,64 @@ fn ledger_scenario_matches_the_seed() {
     assert_eq!(s.late_duplicate, Processed::Duplicate(balance(1500)));
 }
 
+/// Amounts the ledger must refuse: out of its range, beyond i64, not integers, not numbers.
+/// Each is refused by the handler before any SQL, so nothing is credited and the key is not
+/// recorded; the sender's corrected retry under the same key then applies once.
+#[test]
+fn bad_amounts_are_refused_with_no_partial_effect() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let inbox = ledger::open(dir.path()).expect("ledger");
+    let bad = [
+        "9223372036854775807",
+        "-9223372036854775808",
+        "9223372036854775808",
+        "1000000001",
+        "-5",
+        "0",
+        "-0",
+        "1e309",
+        "-1e309",
+        "1.5",
+        "0.1",
+        "1e-3",
+        r#""100""#,
+        "null",
+        "[100]",
+    ];
+    let mut refused = Vec::new();
+    for (n, amount) in bad.iter().enumerate() {
+        let payload = format!(r#"{{"account_id":1,"amount":{amount}}}"#);
+        let key = oncebox_core::Key::parse("provider-a", &format!("bad-{n}")).expect("key");
+        let event = oncebox_core::Event::json(key, payload).expect("valid JSON");
+        let outcome = ledger::deliver(&inbox, event, false);
+        refused.push(format!("{amount}: {}", handler_failure(&outcome)));
+    }
+    assert!(
+        refused
+            .iter()
+            .all(|r| r.ends_with("amount must be an integer from 1 to 10^9")),
+        "{refused:#?}"
+    );
+    assert_eq!(
+        ledger::state(&inbox).expect("state"),
+        (0, 0, 0),
+        "balance, credit rows, inbox records after {} refusals",
+        bad.len()
+    );
+
+    // The key was not burned: the corrected delivery applies, and once.
+    let fixed = ledger::credit("provider-a", "bad-0", 1, 500).expect("event");
+    assert_eq!(
+        ledger::deliver(&inbox, fixed.clone(), false).expect("applied"),
+        Processed::Applied(balance(500))
+    );
+    assert_eq!(
+        ledger::deliver(&inbox, fixed, false).expect("duplicate"),
+        Processed::Duplicate(balance(500))
+    );
+    assert_eq!(ledger::state(&inbox).expect("state"), (500, 1, 1));
+}
+
 #[test]
 fn thank_you_scenario_sends_one_email_per_order() {
     oncebox_testkit::run(async {
