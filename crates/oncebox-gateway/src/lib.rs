@@ -18,6 +18,7 @@ mod dashboard;
 mod deliveries;
 mod ingress;
 mod limit;
+mod linger;
 pub mod meter;
 pub mod openapi;
 pub mod policy;
