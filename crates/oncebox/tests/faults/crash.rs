@@ -43,7 +43,7 @@ macro_rules! ingest_pg {
             name: concat!("crash: ingest ", $point),
             backend: "postgres",
             run: || {
-                let schema = block_on(PATIENCE, PgSchema::create())?;
+                let schema = block_on(PATIENCE, world::pg_schema())?;
                 Some(ingest_crash($point, Some(&schema)))
             },
         };
@@ -75,7 +75,7 @@ pub const RELAY_BEFORE_RECORD_POSTGRES: Scenario = Scenario {
     name: "crash: relay-before-record",
     backend: "postgres",
     run: || {
-        let schema = block_on(PATIENCE, PgSchema::create())?;
+        let schema = block_on(PATIENCE, world::pg_schema())?;
         Some(relay_crash(Some(&schema)))
     },
 };

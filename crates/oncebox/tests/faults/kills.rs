@@ -25,7 +25,7 @@ pub const RANDOM_KILLS_POSTGRES: Scenario = Scenario {
     name: "kills: random SIGKILL under load",
     backend: "postgres",
     run: || {
-        let schema = block_on(world::PATIENCE, PgSchema::create())?;
+        let schema = block_on(world::PATIENCE, world::pg_schema())?;
         Some(random_kills(Some(&schema)))
     },
 };

@@ -24,6 +24,8 @@ mod hostile;
 mod kills;
 mod lease;
 mod network;
+#[path = "../shared/schema.rs"]
+mod schema;
 mod storage;
 mod table;
 mod world;

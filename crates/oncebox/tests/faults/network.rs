@@ -12,7 +12,7 @@ use oncebox_testkit::proxy::{Mode, Proxy, Stats};
 use oncebox_testkit::receiver::Receiver;
 
 use crate::table::{Report, Scenario, scale};
-use crate::world::{self, PATIENCE, PgSchema, block_on, final_pg, final_sqlite};
+use crate::world::{self, PATIENCE, block_on, final_pg, final_sqlite};
 
 pub const RECEIVER_REPLY_DROPPED_IDEMPOTENT: Scenario = Scenario {
     name: "net: receiver reply dropped, idem",
@@ -158,7 +158,7 @@ async fn burst(history: &Arc<History>, base: &str, prefix: &str, n: usize) {
 /// request must be answered 503 (never 2xx, never a replay), and the senders' retries after
 /// the network healed resolve each key once.
 async fn commit_reply_lost() -> Option<Report> {
-    let schema = PgSchema::create().await?;
+    let schema = world::pg_schema().await?;
     let proxy = Proxy::start_with_marker(schema.server_addr(), Some(b"COMMIT".to_vec())).await;
     let dir = tempfile::tempdir().unwrap();
     let mut gw = world::serve(
@@ -215,7 +215,7 @@ async fn commit_reply_lost() -> Option<Report> {
 /// end 503, never 2xx; when it thaws the held statements run, and retries apply each key once.
 async fn frozen() -> Option<Report> {
     const FREEZE: Duration = Duration::from_millis(6500);
-    let schema = PgSchema::create().await?;
+    let schema = world::pg_schema().await?;
     let proxy = Proxy::start(schema.server_addr()).await;
     let dir = tempfile::tempdir().unwrap();
     let mut gw = world::serve(

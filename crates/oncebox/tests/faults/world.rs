@@ -7,7 +7,9 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use oncebox_postgres::sqlx::{self, Connection, PgConnection, PgPool};
+use oncebox_postgres::sqlx::{self, PgPool};
+
+pub use crate::schema::Schema as PgSchema;
 use oncebox_sqlite::rusqlite;
 use oncebox_testkit::checker::Final;
 use oncebox_testkit::child::{Proc, Ready, Spec};
@@ -276,93 +278,9 @@ pub async fn final_pg(pool: &PgPool, outbox: bool) -> Final {
     build(rows, &deliveries)
 }
 
-/// A schema no other scenario uses, in the database `ONCEBOX_POSTGRES_URL` names; dropped with
-/// everything in it when this guard goes.
-pub struct PgSchema {
-    base: String,
-    name: String,
-    /// The base URL with the schema as `search_path`: what the nodes are given.
-    pub url: String,
-}
-
-impl PgSchema {
-    /// `None` (a skip) without `ONCEBOX_POSTGRES_URL`.
-    pub async fn create() -> Option<PgSchema> {
-        let base = oncebox_testkit::service_url("ONCEBOX_POSTGRES_URL")?;
-        let name = format!("oncebox_faults_{}", uuid::Uuid::new_v4().simple());
-        let mut conn = PgConnection::connect(&base)
-            .await
-            .expect("connect to ONCEBOX_POSTGRES_URL");
-        sqlx::query(&format!("CREATE SCHEMA {name}"))
-            .execute(&mut conn)
-            .await
-            .expect("create the scenario's schema");
-        Some(PgSchema {
-            url: with_schema(&base, &name),
-            base,
-            name,
-        })
-    }
-
-    /// The schema's URL with the server's `host:port` replaced by `addr` (a fault proxy).
-    pub fn url_via(&self, addr: std::net::SocketAddr) -> String {
-        let (scheme, rest) = self.url.split_once("://").expect("a URL");
-        let (auth, hostpath) = rest.rsplit_once('@').map_or(("", rest), |(a, h)| (a, h));
-        let path = &hostpath[hostpath.find('/').unwrap_or(hostpath.len())..];
-        let at = if auth.is_empty() { "" } else { "@" };
-        format!("{scheme}://{auth}{at}{addr}{path}")
-    }
-
-    /// The server's address, for a proxy in front of it.
-    pub fn server_addr(&self) -> std::net::SocketAddr {
-        let rest = self.base.split_once("://").expect("a URL").1;
-        let host = rest.rsplit_once('@').map_or(rest, |(_, h)| h);
-        let host = &host[..host.find(['/', '?']).unwrap_or(host.len())];
-        let host = if host.contains(':') {
-            host.to_owned()
-        } else {
-            format!("{host}:5432")
-        };
-        std::net::ToSocketAddrs::to_socket_addrs(&host)
-            .expect("resolve the PostgreSQL host")
-            .next()
-            .expect("an address")
-    }
-
-    pub async fn pool(&self) -> PgPool {
-        sqlx::postgres::PgPoolOptions::new()
-            .max_connections(2)
-            .connect(&self.url)
-            .await
-            .expect("connect to the scenario's schema")
-    }
-}
-
-fn with_schema(base: &str, name: &str) -> String {
-    let separator = if base.contains('?') { '&' } else { '?' };
-    format!("{base}{separator}options[search_path]={name}")
-}
-
-impl Drop for PgSchema {
-    fn drop(&mut self) {
-        let (base, name) = (self.base.clone(), self.name.clone());
-        // A runtime of its own on another thread: this may run inside the scenario's runtime.
-        let dropped = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .ok()?;
-            rt.block_on(async {
-                let mut conn = PgConnection::connect(&base).await.ok()?;
-                sqlx::query(&format!("DROP SCHEMA {name} CASCADE"))
-                    .execute(&mut conn)
-                    .await
-                    .ok()
-            })
-        })
-        .join();
-        if !matches!(dropped, Ok(Some(_))) {
-            eprintln!("warning: schema {} was not dropped", self.name);
-        }
-    }
+/// A schema no other scenario uses, in the database `ONCEBOX_POSTGRES_URL` names: `None` (a
+/// skip) without the variable.
+pub async fn pg_schema() -> Option<PgSchema> {
+    let base = oncebox_testkit::service_url("ONCEBOX_POSTGRES_URL")?;
+    Some(PgSchema::create(&base, "oncebox_faults").await)
 }

@@ -11,6 +11,8 @@ mod nodes;
 mod outage;
 mod quickstart;
 mod relay;
+#[path = "../shared/schema.rs"]
+mod schema;
 mod support;
 
 use std::process::Command;

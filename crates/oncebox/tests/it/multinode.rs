@@ -16,7 +16,8 @@ use rand::{Rng, SeedableRng};
 use tokio::sync::Notify;
 
 use crate::counting::Receiver;
-use crate::nodes::{Node, Schema, gateway, relay, run_within, until};
+use crate::nodes::{Node, gateway, relay, run_within, until};
+use crate::schema::Schema;
 
 const REQUESTS: usize = 10_000;
 const KEYS: usize = 7_000;
@@ -177,7 +178,7 @@ fn three_gateways_and_two_relays_apply_every_key_once_through_a_kill_and_a_pause
     eprintln!("seed {seed} (ONCEBOX_SEED={seed} replays the workload)");
     run_within(Duration::from_secs(150), async move {
         let started = Instant::now();
-        let schema = Schema::create(&base).await;
+        let schema = Schema::create(&base, "oncebox_mn").await;
         let (receiver, at) = Receiver::start().await;
         receiver.hold(0, HOLD_AFTER);
         let dir = tempfile::tempdir().unwrap();

@@ -10,7 +10,6 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use nix::sys::signal::Signal;
-use oncebox_postgres::sqlx::{self, Connection, PgConnection, PgPool};
 
 /// The log line a relay writes when it may not record an outcome: its lease was taken over.
 const FENCED_LINE: &str = "lease lost";
@@ -38,67 +37,6 @@ pub async fn until(what: &str, patience: Duration, mut done: impl FnMut() -> boo
             "{what}: not within {patience:?}"
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
-/// A schema no other test uses, in the database `base` names; dropped with everything in it
-/// when this guard goes, whether the test passed or not.
-pub struct Schema {
-    base: String,
-    name: String,
-    /// `base` with the schema as the connections' `search_path`: what the nodes are given.
-    pub url: String,
-}
-
-impl Schema {
-    pub async fn create(base: &str) -> Schema {
-        let name = format!("oncebox_mn_{}", uuid::Uuid::new_v4().simple());
-        let mut conn = PgConnection::connect(base)
-            .await
-            .expect("connect to ONCEBOX_POSTGRES_URL");
-        sqlx::query(&format!("CREATE SCHEMA {name}"))
-            .execute(&mut conn)
-            .await
-            .expect("create the test schema");
-        let separator = if base.contains('?') { '&' } else { '?' };
-        Schema {
-            url: format!("{base}{separator}options[search_path]={name}"),
-            base: base.to_owned(),
-            name,
-        }
-    }
-
-    /// A small pool on the schema, for the test's own reads.
-    pub async fn pool(&self) -> PgPool {
-        sqlx::postgres::PgPoolOptions::new()
-            .max_connections(2)
-            .connect(&self.url)
-            .await
-            .expect("connect to the test schema")
-    }
-}
-
-impl Drop for Schema {
-    fn drop(&mut self) {
-        let (base, name) = (self.base.clone(), self.name.clone());
-        // A runtime of its own on another thread: this may run inside the test's runtime.
-        let dropped = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .ok()?;
-            rt.block_on(async {
-                let mut conn = PgConnection::connect(&base).await.ok()?;
-                sqlx::query(&format!("DROP SCHEMA {name} CASCADE"))
-                    .execute(&mut conn)
-                    .await
-                    .ok()
-            })
-        })
-        .join();
-        if !matches!(dropped, Ok(Some(_))) {
-            eprintln!("warning: test schema {} was not dropped", self.name);
-        }
     }
 }
 
