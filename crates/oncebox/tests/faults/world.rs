@@ -8,12 +8,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use oncebox_postgres::sqlx::{self, PgPool};
-
-pub use crate::schema::Schema as PgSchema;
 use oncebox_sqlite::rusqlite;
 use oncebox_testkit::checker::Final;
 use oncebox_testkit::child::{Proc, Ready, Spec};
 use oncebox_testkit::history::{History, Outcome, Refusal, key};
+
+pub use crate::schema::Schema as PgSchema;
 
 /// How long any one wait in a scenario may take before it fails.
 pub const PATIENCE: Duration = Duration::from_secs(60);
