@@ -48,6 +48,10 @@ pub struct BenchArgs {
     /// Bearer token of the admin API, for the final listing [default: the configured admin_token]
     #[arg(long)]
     pub admin_token: Option<String>,
+    /// Print the figures only: no final listing and invariant check, for a target that is not
+    /// an oncebox gateway (a bare server measured for comparison stores nothing to list).
+    #[arg(long)]
+    pub no_check: bool,
 }
 
 /// What every sender shares.
@@ -183,6 +187,10 @@ pub async fn run(settings: &Settings, args: BenchArgs) -> Result<bool> {
 
     let mut out = std::io::stdout().lock();
     print_figures(&mut out, &reports, elapsed)?;
+    if args.no_check {
+        writeln!(out, "invariant: not checked (--no-check)")?;
+        return Ok(true);
+    }
     let stored = stored_ids(&base, &target.source, token.as_deref()).await?;
     check(&mut out, &reports, &stored)
 }

@@ -142,7 +142,8 @@ Exit code 5 when the gateway answers anything but 2xx.")]
     #[command(after_help = "\
 Examples:
   oncebox serve & oncebox bench --events 20000 --connections 64
-  oncebox bench --source stripe --duplicates 0.2   # signed with the source's first secret")]
+  oncebox bench --source stripe --duplicates 0.2   # signed with the source's first secret
+  oncebox bench --url http://127.0.0.1:8090 --no-check   # another server, figures only")]
     Bench(bench::BenchArgs),
     /// List stored events in arrival order.
     #[command(after_help = "\

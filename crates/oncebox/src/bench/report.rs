@@ -208,3 +208,75 @@ pub(super) fn check(
     }
     Ok(ok)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// One connection that sent `keys` with the given (acked, uncertain), and `reaccepted`.
+    fn report(keys: &[(&str, bool, bool)], reaccepted: &[&str]) -> ConnectionReport {
+        ConnectionReport {
+            keys: keys
+                .iter()
+                .map(|(k, acked, uncertain)| {
+                    let state = KeyState {
+                        acked: *acked,
+                        uncertain: *uncertain,
+                    };
+                    ((*k).to_owned(), state)
+                })
+                .collect(),
+            reaccepted: reaccepted.iter().map(|k| (*k).to_owned()).collect(),
+            ..ConnectionReport::default()
+        }
+    }
+
+    fn checked(reports: &[ConnectionReport], stored: &[&str]) -> (bool, String) {
+        let stored: Vec<String> = stored.iter().map(|s| (*s).to_owned()).collect();
+        let mut out = Vec::new();
+        let ok = check(&mut out, reports, &stored).unwrap();
+        (ok, String::from_utf8(out).unwrap())
+    }
+
+    #[test]
+    fn every_accepted_key_stored_once_passes() {
+        let reports = [report(&[("a", true, false), ("b", true, false)], &[])];
+        assert_eq!(
+            checked(&reports, &["a", "b"]),
+            (true, "invariant: ok (2 keys)\n".into())
+        );
+    }
+
+    #[test]
+    fn each_broken_invariant_is_named_with_its_keys() {
+        let reports = [
+            report(&[("lost", true, false), ("twice", true, false)], &[]),
+            report(&[("refused", false, false)], &["again"]),
+        ];
+        let (ok, out) = checked(&reports, &["twice", "twice", "refused", "again"]);
+        assert!(!ok, "{out}");
+        for line in [
+            "invariant: 1 keys accepted (2xx) but not stored: lost",
+            "invariant: 1 keys stored more than once: twice",
+            "invariant: 1 keys stored but refused (no 2xx): refused",
+            "invariant: 1 keys accepted again without Idempotent-Replayed: again",
+        ] {
+            assert!(out.contains(line), "{line:?} in {out}");
+        }
+    }
+
+    /// A key without an answer (or with a 503) may be stored or not; a stranger's key in the
+    /// source is not this run's. Both are told, neither fails the check.
+    #[test]
+    fn unknown_outcomes_and_foreign_keys_are_notes() {
+        let reports = [report(&[("a", true, false), ("maybe", false, true)], &[])];
+        let (ok, out) = checked(&reports, &["a", "maybe", "earlier-run"]);
+        assert!(ok, "{out}");
+        assert!(out.contains("note: 1 keys of unknown outcome"), "{out}");
+        assert!(
+            out.contains("note: 1 keys in the source were not sent"),
+            "{out}"
+        );
+        assert!(out.contains("invariant: ok (2 keys)"), "{out}");
+    }
+}

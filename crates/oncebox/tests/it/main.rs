@@ -1,5 +1,6 @@
 //! The binary's command line, run as a user would run it.
 
+mod bench;
 mod cli;
 mod counting;
 mod dashboard;
