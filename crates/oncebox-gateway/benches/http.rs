@@ -29,11 +29,6 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use axum::Router;
-use axum::body::Bytes;
-use axum::extract;
-use axum::http::StatusCode;
-use axum::response::{IntoResponse, Response};
-use axum::routing::post;
 use metrics_exporter_prometheus::PrometheusBuilder;
 use oncebox_core::SystemClock;
 use oncebox_gateway::policy::{GatewayConfig, Limits};
@@ -41,6 +36,8 @@ use oncebox_gateway::{Gateway, router, serve};
 use oncebox_sqlite::{Inbox, Options};
 use tokio::runtime::Runtime;
 
+#[path = "http/baseline.rs"]
+mod baseline;
 #[path = "http/drive.rs"]
 mod drive;
 #[path = "http/measure.rs"]
@@ -57,20 +54,6 @@ use settle::Settle;
 /// The allocator `oncebox serve` runs with, so both targets are measured as shipped.
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
-/// The baseline: parse the JSON, answer 202 with a small body, store nothing.
-async fn baseline(extract::Path(source): extract::Path<String>, body: Bytes) -> Response {
-    match serde_json::from_slice::<serde_json::Value>(&body) {
-        Ok(doc) => (
-            StatusCode::ACCEPTED,
-            axum::Json(serde_json::json!({
-                "status": "accepted", "source": source, "event_id": doc.get("id"),
-            })),
-        )
-            .into_response(),
-        Err(_) => StatusCode::BAD_REQUEST.into_response(),
-    }
-}
 
 /// A served router; dropping `stop` shuts it down.
 struct Server {
@@ -152,13 +135,7 @@ fn main() {
         loopback_only: true,
     });
     let mut servers = vec![
-        (
-            "baseline",
-            start(
-                &server_rt,
-                Router::new().route("/v1/sources/{source}/events", post(baseline)),
-            ),
-        ),
+        ("baseline", start(&server_rt, baseline::router())),
         ("gateway", start(&server_rt, router(gateway.clone()))),
     ];
     // The same gateway on PostgreSQL, in a fresh schema, when a server is named.
