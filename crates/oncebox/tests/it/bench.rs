@@ -87,7 +87,7 @@ async fn forgetful(listing: bool) -> (String, tokio::task::JoinHandle<()>) {
 /// Runs `oncebox bench` against `url` off the runtime's threads, which serve the stand-in.
 async fn bench(url: &str, extra: &[&str]) -> std::process::Output {
     let dir = tempfile::tempdir().unwrap();
-    let mut args: Vec<String> = [
+    let fixed = [
         "bench",
         "--url",
         url,
@@ -95,12 +95,10 @@ async fn bench(url: &str, extra: &[&str]) -> std::process::Output {
         "50",
         "--connections",
         "4",
-    ]
-    .iter()
-    .chain(extra)
-    .map(|s| (*s).to_owned())
-    .collect();
-    args.extend(["--duplicates".into(), "0".into()]);
+        "--duplicates",
+        "0",
+    ];
+    let args: Vec<String> = fixed.iter().chain(extra).map(|s| (*s).to_owned()).collect();
     tokio::task::spawn_blocking(move || {
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         oncebox(dir.path(), &args)
