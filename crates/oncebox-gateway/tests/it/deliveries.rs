@@ -167,3 +167,74 @@ fn operators_retry_resolve_and_redeliver_with_the_same_key() {
         );
     });
 }
+
+#[test]
+fn delivery_endpoints_need_the_token_and_change_nothing_without_it() {
+    run(async {
+        let mut cfg = config();
+        cfg.routes = vec![route("all", None)];
+        let gw = TestGateway::with(cfg, oncebox_sqlite::Options::new);
+        gw.send(post("open", &[], r#"{"id":"e1"}"#)).await;
+        // An uncertain delivery: retry, resolve and redeliver would each change it.
+        let now = gw.clock.now();
+        let claimed = gw
+            .inbox
+            .claim(now, 10, Duration::from_secs(60), &[])
+            .await
+            .unwrap();
+        let attempt = AttemptRecord {
+            started_at: now,
+            duration: Duration::ZERO,
+            status: None,
+            error: Some("timeout".into()),
+        };
+        DeliveryStore::record(&gw.inbox, &claimed[0], attempt, Verdict::Uncertain, now)
+            .await
+            .unwrap();
+        let id = claimed[0].id;
+        let state = || async {
+            let d = gw.send(admin_get("/v1/deliveries")).await.json();
+            d["items"][0]["state"].as_str().unwrap().to_owned()
+        };
+        assert_eq!(state().await, "uncertain");
+        let writes = [
+            (format!("/v1/deliveries/{id}/retry"), String::new()),
+            (
+                format!("/v1/deliveries/{id}/resolve"),
+                r#"{"outcome":"delivered","note":"forged"}"#.to_owned(),
+            ),
+            (
+                "/v1/sources/open/events/e1/redeliver".to_owned(),
+                String::new(),
+            ),
+        ];
+        for (path, body) in &writes {
+            // None, a wrong token, and the right token without its `Bearer` scheme.
+            for token in [None, Some("Bearer wrong-token-0123456"), Some(ADMIN_TOKEN)] {
+                let mut r = Request::post(path.as_str());
+                if let Some(t) = token {
+                    r = r.header("authorization", t);
+                }
+                let a = gw.send(r.body(Body::from(body.clone())).unwrap()).await;
+                assert_eq!(
+                    (a.status, a.slug().as_str()),
+                    (StatusCode::UNAUTHORIZED, "unauthorized"),
+                    "{path} with {token:?}"
+                );
+            }
+        }
+        for path in ["/v1/deliveries", "/v1/activity"] {
+            let a = gw
+                .send(Request::get(path).body(Body::empty()).unwrap())
+                .await;
+            assert_eq!(a.status, StatusCode::UNAUTHORIZED, "{path}");
+        }
+        assert_eq!(state().await, "uncertain", "no refused request changed it");
+        let attempts = gw.inbox.attempts(id).await.unwrap();
+        assert_eq!(attempts.len(), 1);
+        // The same request with the token does take effect.
+        let ok = gw.send(admin_post(&writes[1].0, &writes[1].1)).await;
+        assert_eq!(ok.status, StatusCode::OK, "{ok:?}");
+        assert_eq!(state().await, "delivered");
+    });
+}

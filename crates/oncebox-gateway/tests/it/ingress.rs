@@ -324,16 +324,39 @@ fn derived_ids_make_business_duplicates_one_event() {
 fn same_event_id_from_two_sources_is_two_events() {
     run(async {
         let gw = TestGateway::new();
-        let a = gw.send(post("open", &[], r#"{"id":"same"}"#)).await;
-        let b = gw
-            .send(post(
-                "derived",
-                &[("idempotency-key", "same")],
-                r#"{"order_id":"1","type":"t"}"#,
-            ))
+        // Both sources take the id from the body by the default rule, so both events carry
+        // the same id: only the source tells them apart.
+        let a = gw
+            .send(post("open", &[], r#"{"id":"same","amount":1}"#))
             .await;
-        assert!(!a.replayed() && !b.replayed());
-        assert_eq!(gw.rows(), 2);
+        let b = gw
+            .send(post("fields", &[], r#"{"id":"same","amount":2}"#))
+            .await;
+        for answer in [&a, &b] {
+            assert_eq!(answer.status, StatusCode::ACCEPTED, "{answer:?}");
+            assert_eq!(answer.json()["event_id"], "same");
+            assert!(!answer.replayed(), "{answer:?}");
+        }
+        assert_eq!(a.json()["source"], "open");
+        assert_eq!(b.json()["source"], "fields");
+        // A retry to either source replays that source's own event.
+        let again = gw
+            .send(post("fields", &[], r#"{"id":"same","amount":2}"#))
+            .await;
+        assert!(
+            again.replayed() && again.json()["source"] == "fields",
+            "{again:?}"
+        );
+        let stored: Vec<(String, String)> = gw
+            .inbox
+            .read_blocking(|c| {
+                c.prepare("SELECT source, event_id FROM oncebox_inbox ORDER BY source")?
+                    .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
+                    .collect()
+            })
+            .unwrap();
+        let same = |s: &str| (s.to_owned(), "same".to_owned());
+        assert_eq!(stored, vec![same("fields"), same("open")]);
     });
 }
 
@@ -429,5 +452,44 @@ fn credentials_are_not_stored_with_the_event() {
             headers.contains("x-trace: t1") && !headers.contains("secret"),
             "{headers}"
         );
+    });
+}
+
+#[test]
+fn a_ten_megabyte_event_id_is_400_and_stores_nothing() {
+    run(async {
+        let mut cfg = config();
+        // A body limit the id fits under, so that the id's own check is what refuses it.
+        let roomy = oncebox_gateway::policy::SourcePolicy {
+            max_body: 16 << 20,
+            ..oncebox_gateway::policy::SourcePolicy::open()
+        };
+        cfg.sources
+            .insert(oncebox_core::Source::new("roomy").unwrap(), roomy);
+        let gw = TestGateway::with(cfg, oncebox_sqlite::Options::new);
+        let huge = "i".repeat(10 << 20);
+        let in_body = gw
+            .send(post("roomy", &[], format!(r#"{{"id":"{huge}"}}"#)))
+            .await;
+        let in_header = gw
+            .send(post("roomy", &[("idempotency-key", &huge)], r#"{"n":1}"#))
+            .await;
+        for a in [&in_body, &in_header] {
+            assert_eq!(
+                (a.status, a.slug().as_str()),
+                (StatusCode::BAD_REQUEST, "event-id-invalid")
+            );
+            // The refusal names the limit; it does not echo ten megabytes back.
+            assert!(a.body.len() < 1024, "{} bytes", a.body.len());
+        }
+        // The default limit refuses the same body before it is parsed.
+        let limited = gw
+            .send(post("open", &[], format!(r#"{{"id":"{huge}"}}"#)))
+            .await;
+        assert_eq!(
+            (limited.status, limited.slug().as_str()),
+            (StatusCode::PAYLOAD_TOO_LARGE, "body-too-large")
+        );
+        assert_eq!(gw.rows(), 0);
     });
 }

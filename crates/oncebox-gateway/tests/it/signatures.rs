@@ -65,6 +65,41 @@ fn standard_webhooks_spec_vector_is_accepted_at_its_time() {
 }
 
 #[test]
+fn stripe_fixed_vector_is_accepted_at_its_time() {
+    run(async {
+        let gw = TestGateway::new();
+        gw.clock.set(Timestamp(1_700_000_000_000));
+        // Computed independently with Python's standard library, from Stripe's scheme:
+        // hmac.new(b"whsec_stripe_test_secret", b'1700000000.{"id":"evt_1","object":"event"}',
+        //          hashlib.sha256).hexdigest()
+        let sig =
+            "t=1700000000,v1=f0b45ad397b7d5f0c0a066aba48c4fdbf1e7da80b9ce240806f9bd530f378263";
+        let body = r#"{"id":"evt_1","object":"event"}"#;
+        let a = gw
+            .send(post("stripe", &[("stripe-signature", sig)], body))
+            .await;
+        assert_eq!(a.status, StatusCode::ACCEPTED, "{a:?}");
+        assert_eq!(a.json()["event_id"], "evt_1");
+        // The same header a byte off in its digest, or over another body, is refused.
+        let off = sig.replace("263", "264");
+        let b = gw
+            .send(post("stripe", &[("stripe-signature", &off)], body))
+            .await;
+        let other = r#"{"id":"evt_1","object":"Event"}"#;
+        let c = gw
+            .send(post("stripe", &[("stripe-signature", sig)], other))
+            .await;
+        for refused in [&b, &c] {
+            assert_eq!(
+                (refused.status, refused.slug().as_str()),
+                (StatusCode::UNAUTHORIZED, "signature-invalid")
+            );
+        }
+        assert_eq!(gw.rows(), 1);
+    });
+}
+
+#[test]
 fn one_changed_byte_of_body_id_or_timestamp_is_401() {
     run(async {
         let gw = TestGateway::new();
@@ -187,19 +222,31 @@ fn timestamps_outside_tolerance_are_401_in_both_directions() {
 fn a_sources_secret_never_works_for_another_source() {
     run(async {
         let gw = TestGateway::new();
-        let body = "Hello, World!";
-        let github = Secret::parse(&Scheme::Github, GITHUB_SECRET).unwrap();
-        let signed = sign(&Scheme::Github, &github, "", NOW, body.as_bytes());
-        // The hmac source reads another header and another secret.
-        let sig = signed[0].1.trim_start_matches("sha256=").to_owned();
-        let a = gw
-            .send(post(
-                "hmac",
-                &[("x-signature", &sig), ("idempotency-key", "u1")],
-                r#"{"id":"u1"}"#,
-            ))
-            .await;
-        assert_eq!(a.status, StatusCode::UNAUTHORIZED);
+        let body = r#"{"id":"u1"}"#;
+        // Well-formed signatures in each source's own scheme and header, made with another
+        // source's secret: refused for the secret, not for their form.
+        let stripe = Scheme::Stripe;
+        let hmac = Scheme::HmacSha256 {
+            header: "x-signature".into(),
+            encoding: oncebox_core::signature::Encoding::Base64,
+            prefix: String::new(),
+        };
+        let cases = [
+            ("stripe", &stripe, SW_SECRET),
+            ("stripe", &stripe, GITHUB_SECRET),
+            ("hmac", &hmac, STRIPE_SECRET),
+            ("hmac", &hmac, GITHUB_SECRET),
+        ];
+        for (source, scheme, foreign) in cases {
+            let key = Secret::parse(scheme, foreign).unwrap();
+            let signed = sign(scheme, &key, "u1", NOW, body.as_bytes());
+            let a = gw.send(post(source, &headers(&signed), body)).await;
+            assert_eq!(
+                (a.status, a.slug().as_str()),
+                (StatusCode::UNAUTHORIZED, "signature-invalid"),
+                "{source} with another source's secret"
+            );
+        }
         let missing = gw.send(post("shop", &[("webhook-id", "m1")], "{}")).await;
         assert_eq!(
             (missing.status, missing.slug().as_str()),
@@ -210,6 +257,57 @@ fn a_sources_secret_never_works_for_another_source() {
             0,
             "U = 0: nothing stored under another source's name"
         );
+    });
+}
+
+#[test]
+fn forged_requests_are_refused_before_the_database() {
+    run(async {
+        let gw = TestGateway::with(crate::support::config(), |p| {
+            oncebox_sqlite::Options::new(p).busy_timeout(Duration::from_millis(50))
+        });
+        let scheme = Scheme::Stripe;
+        let key = Secret::parse(&scheme, STRIPE_SECRET).unwrap();
+        let signed = |body: &str| sign(&scheme, &key, "", NOW, body.as_bytes());
+        let stored = r#"{"id":"evt_stored"}"#;
+        let first = gw
+            .send(post("stripe", &headers(&signed(stored)), stored))
+            .await;
+        assert_eq!(first.status, StatusCode::ACCEPTED, "{first:?}");
+        // Another connection holds the write lock: whatever reaches the store for a new key now
+        // waits out the busy timeout and is answered 503.
+        let lock = oncebox_sqlite::rusqlite::Connection::open(&gw.path).unwrap();
+        lock.execute_batch("BEGIN IMMEDIATE").unwrap();
+        let fresh = r#"{"id":"evt_new"}"#;
+        let genuine = gw
+            .send(post("stripe", &headers(&signed(fresh)), fresh))
+            .await;
+        assert_eq!(
+            genuine.status,
+            StatusCode::SERVICE_UNAVAILABLE,
+            "{genuine:?}"
+        );
+        // Forgeries for new keys and for the stored one: a 401 each, never the 503 or the
+        // replay the store would have given, so none of them reached it.
+        let forged = format!("t={},v1={}", NOW.millis() / 1000, "0".repeat(64));
+        for n in 0..200 {
+            let body = if n % 2 == 0 {
+                format!(r#"{{"id":"evt_forged_{n}"}}"#)
+            } else {
+                stored.to_owned()
+            };
+            let a = gw
+                .send(post("stripe", &[("stripe-signature", &forged)], body))
+                .await;
+            assert_eq!(
+                (a.status, a.slug().as_str()),
+                (StatusCode::UNAUTHORIZED, "signature-invalid"),
+                "forgery {n}"
+            );
+            assert!(!a.replayed());
+        }
+        lock.execute_batch("ROLLBACK").unwrap();
+        assert_eq!(gw.rows(), 1);
     });
 }
 

@@ -17,6 +17,10 @@ pub const SLOWLORIS_AND_FLOODS: Scenario = Scenario {
     run: || Some(slowloris_and_floods()),
 };
 
+/// The stage's `header_timeout` and `body_timeout` (`hostile.rs`): no slow client may be cut
+/// off sooner, or it was refused for something else.
+const TIMEOUT: Duration = Duration::from_secs(1);
+
 /// Opens a connection and trickles `head` then `body` a byte every 100 ms; returns how long the
 /// server let it live (it must cut it off), or `None` if it outlived `limit`.
 async fn slow(addr: &str, head: &str, body: &str, limit: Duration) -> Option<Duration> {
@@ -29,8 +33,14 @@ async fn slow(addr: &str, head: &str, body: &str, limit: Duration) -> Option<Dur
         }
         tokio::select! {
             r = s.read(&mut buf) => {
-                // An answer (408) or a close: either way the server ended it.
-                let _ = r;
+                // A close, or an answer that must be the timeout's 408: anything else (a 400
+                // for the trickled bytes, say) would not be the timeout firing.
+                let n = r.unwrap_or(0);
+                let answer = String::from_utf8_lossy(&buf[..n]);
+                assert!(
+                    n == 0 || answer.starts_with("HTTP/1.1 408"),
+                    "a slow client was answered {answer:?}"
+                );
                 return Some(start.elapsed());
             }
             // The trickle itself is the fault: one byte every 100 ms.
@@ -69,6 +79,10 @@ fn slowloris_and_floods() -> Report {
         assert!(
             cut.iter().all(Option::is_some),
             "a slow client outlived the timeouts: {cut:?}"
+        );
+        assert!(
+            cut.iter().flatten().all(|d| *d >= TIMEOUT),
+            "a slow client was cut off before the timeout: {cut:?}"
         );
         // A flood of one key: one record, every other answer a replay.
         let c = world::client();

@@ -47,7 +47,8 @@ struct Acks {
     enough: tokio::sync::Notify,
 }
 
-async fn deliver(addr: String, ids: Vec<usize>, acked: Arc<Acks>, sent: Arc<AtomicUsize>) {
+/// Delivers `ids` in order; false if the server went away before all were answered.
+async fn deliver(addr: String, ids: Vec<usize>, acked: Arc<Acks>, sent: Arc<AtomicUsize>) -> bool {
     let client = reqwest::Client::new();
     for i in ids {
         let url = format!("http://{addr}/v1/sources/load/events");
@@ -69,9 +70,10 @@ async fn deliver(addr: String, ids: Vec<usize>, acked: Arc<Acks>, sent: Arc<Atom
             }
             Ok(r) => assert!(r.status().as_u16() == 503, "unexpected {}", r.status()),
             // The server died mid-request: no answer, nothing acknowledged.
-            Err(_) => return,
+            Err(_) => return false,
         }
     }
+    true
 }
 
 #[test]
@@ -116,12 +118,16 @@ fn server_killed_under_load_keeps_every_acknowledged_key() {
             Some(9),
             "killed by SIGKILL"
         );
+        let mut cut = 0;
         for t in tasks {
-            t.await.unwrap();
+            cut += usize::from(!t.await.unwrap());
         }
         let before: Vec<usize> = acked.ids.lock().unwrap().clone();
+        // Proof that the kill landed under load: clients lost their connection with requests
+        // still to send, so fewer were answered than were sent.
+        assert!(cut > 0, "no client was cut off by the kill");
         assert!(
-            before.len() < EVENTS,
+            before.len() < sent.load(Ordering::Relaxed),
             "the kill interrupted the load ({} acknowledged)",
             before.len()
         );
@@ -154,13 +160,14 @@ fn server_killed_under_load_keeps_every_acknowledged_key() {
         let all: Vec<usize> = (0..CLIENTS)
             .flat_map(|c| (0..EVENTS / CLIENTS).map(move |k| c * 1000 + k))
             .collect();
-        deliver(
+        let whole = deliver(
             server.addr.clone(),
             all.clone(),
             retry_acked.clone(),
             Arc::new(AtomicUsize::new(0)),
         )
         .await;
+        assert!(whole, "the restarted server answered every retry");
         assert_eq!(retry_acked.ids.lock().unwrap().len(), all.len());
         server.child.kill().unwrap();
         server.child.wait().unwrap();
@@ -174,7 +181,8 @@ fn server_killed_under_load_keeps_every_acknowledged_key() {
             .unwrap();
         assert_eq!(rows as usize, all.len());
         eprintln!(
-            "killed after {} acknowledged of {} sent; L=0, rows={rows}",
+            "killed after {} acknowledged of {} sent, {cut} of {CLIENTS} clients cut off; \
+             L=0, rows={rows}",
             before.len(),
             sent.load(Ordering::Relaxed)
         );
