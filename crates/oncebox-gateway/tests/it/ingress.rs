@@ -493,3 +493,35 @@ fn a_ten_megabyte_event_id_is_400_and_stores_nothing() {
         assert_eq!(gw.rows(), 0);
     });
 }
+
+#[test]
+fn a_flood_of_one_committed_key_never_reaches_the_writer() {
+    run(async {
+        let gw = TestGateway::new();
+        let body = r#"{"id":"hot","amount":5}"#;
+        let first = gw.send(post("open", &[], body)).await;
+        assert_eq!(first.status, StatusCode::ACCEPTED);
+        let stats = gw.inbox.stats();
+        let (commits, committed) = (stats.commits(), stats.committed_requests());
+        let router = gw.router();
+        let flood: Vec<_> = (0..500)
+            .map(|_| {
+                let router = router.clone();
+                tokio::spawn(async move {
+                    use tower::ServiceExt;
+                    let res = router.oneshot(post("open", &[], body)).await.unwrap();
+                    crate::support::Answer::from(res).await
+                })
+            })
+            .collect();
+        for t in flood {
+            let a = t.await.unwrap();
+            assert!(a.status == StatusCode::ACCEPTED && a.replayed(), "{a:?}");
+        }
+        // Every retry was answered from memory: no transaction, no write, no read.
+        assert_eq!(stats.commits(), commits);
+        assert_eq!(stats.committed_requests(), committed);
+        assert_eq!(stats.answered_from_memory(), 500);
+        assert_eq!(gw.rows(), 1);
+    });
+}
