@@ -41,7 +41,15 @@ const MIN_ADMIN_TOKEN_CHARS: usize = 16;
 /// prefix is shared with things that are not configuration data (`ONCEBOX_CONFIG` names the
 /// file, test harnesses use `ONCEBOX_REQUIRE_SERVICES` and the like), so anything else is left
 /// alone rather than refused as an unknown key.
-const ENV_TABLES: &[&str] = &["limits", "sources", "storage"];
+/// Matched whole: `ONCEBOX_RELAY_CHILD` is `relay_child`, not the `relay` table.
+const ENV_TABLES: &[&str] = &[
+    "limits",
+    "sources",
+    "storage",
+    "routes",
+    "relay",
+    "consumers",
+];
 /// Top-level strings read verbatim. Through the generic provider a token of only digits, or
 /// `true`, would be coerced to a number or a boolean and then refused or mangled.
 const ENV_STRINGS: &[(&str, &str)] = &[

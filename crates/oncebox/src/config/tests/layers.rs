@@ -70,6 +70,42 @@ fn environment_errors_name_the_field_and_the_variable() {
 }
 
 #[test]
+fn environment_reaches_routes_relay_and_consumers() {
+    let file = shop(
+        "[routes.r]\nsources = [\"shop\"]\nurl = \"http://127.0.0.1:9/hooks\"\n\
+         [consumers.q]\nsource = \"shop\"\nqueue = \"orders\"\nkey = \"message-id\"\n\
+         quarantine = \"dead\"\n",
+    );
+    let s = jailed(|jail| {
+        jail.set_env("ONCEBOX_ROUTES__R__TIMEOUT", "7s");
+        jail.set_env("ONCEBOX_RELAY__BATCH", "3");
+        jail.set_env("ONCEBOX_CONSUMERS__Q__QUEUE", "payments");
+        // Not configuration data, though it starts like the `relay` table.
+        jail.set_env("ONCEBOX_RELAY_CHILD", "1");
+        load_file(jail, &file)
+    })
+    .expect("valid");
+    let route = s.gateway.routes.iter().find(|r| r.name == "r").unwrap();
+    assert_eq!(route.timeout, Duration::from_secs(7));
+    assert_eq!(s.relay.batch, 3);
+    let consumer = s.consumers.iter().find(|c| c.name == "q").unwrap();
+    assert!(
+        format!("{:?}", consumer.broker).contains("payments"),
+        "{consumer:?}"
+    );
+    for (var, value, field) in [
+        ("ONCEBOX_RELAY__LEASE", "bogus", "relay.lease"),
+        ("ONCEBOX_ROUTES__R__TIMEOUT", "bogus", "routes.r.timeout"),
+    ] {
+        let e = jailed(|jail| {
+            jail.set_env(var, value);
+            load_file(jail, &file).map(|_| ()).unwrap_err()
+        });
+        assert_mentions(&format!("{e:#}"), &[field, "ONCEBOX_"]);
+    }
+}
+
+#[test]
 fn config_file_is_chosen_by_flag_then_env_then_cwd() {
     let s = jailed(|jail| {
         jail.create_file("elsewhere.toml", &shop(""))
