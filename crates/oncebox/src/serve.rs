@@ -44,7 +44,8 @@ pub async fn run(settings: Settings, with_relay: bool) -> Result<()> {
         config,
         clock: Arc::new(SystemClock),
         metrics: Some(metrics.clone()),
-        loopback_only: local.ip().is_loopback(),
+        // `[::ffff:127.0.0.1]` is loopback too, as the configuration's check of `listen` says.
+        loopback_only: local.ip().to_canonical().is_loopback(),
     });
     let purger = tokio::spawn(purge_forever(inbox.clone(), retention));
     // The recorder keeps histogram samples until they are folded in: without this, memory

@@ -105,3 +105,20 @@ fn send_signs_events_the_gateway_accepts_once() {
         .collect();
     assert_eq!(ids, ["evt_cli_1", "evt_cli_2"]);
 }
+
+#[tokio::test]
+async fn admin_api_answers_without_a_token_on_either_spelling_of_loopback() {
+    let client = reqwest::Client::new();
+    for listen in ["127.0.0.1:0", "[::ffff:127.0.0.1]:0"] {
+        let dir = tempfile::tempdir().unwrap();
+        let server = crate::support::serve_with(dir.path(), &["--listen", listen]);
+        let stats = client
+            .get(format!("{}/v1/stats", server.1))
+            .send()
+            .await
+            .unwrap();
+        // Zero-config is loopback-only, so the admin API needs no token there.
+        assert_eq!(stats.status(), 200, "{listen}: {}", server.1);
+        server.stop();
+    }
+}
