@@ -150,3 +150,19 @@ pub trait DeliveryStore: Clone + Send + Sync + 'static {
     /// simply sleeps, which is the polling fallback.
     fn wait_for_work(&self, at_most: Duration) -> impl Future<Output = ()> + Send;
 }
+
+/// Delivery `id`, if it exists. `retry` and `resolve` answer `false` both for a delivery whose
+/// state refuses them and for none at all; callers tell the two apart with this.
+pub async fn delivery<S: DeliveryStore>(
+    store: &S,
+    id: i64,
+) -> Result<Option<DeliveryView>, Unavailable> {
+    // Listings are ordered by id, so the first delivery after `id - 1` is `id` if it exists.
+    let filter = DeliveryFilter {
+        after: Some(id.saturating_sub(1)),
+        limit: 1,
+        ..DeliveryFilter::default()
+    };
+    let page = store.deliveries(filter).await?;
+    Ok(page.items.into_iter().next().filter(|d| d.id == id))
+}

@@ -51,8 +51,11 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 
 #[derive(Debug, Deserialize)]
 pub(crate) struct ListQuery {
+    #[serde(default, deserialize_with = "crate::rejection::blank")]
     source: Option<String>,
+    #[serde(default, deserialize_with = "crate::rejection::blank")]
     after: Option<i64>,
+    #[serde(default, deserialize_with = "crate::rejection::blank")]
     limit: Option<usize>,
 }
 
@@ -66,7 +69,7 @@ pub(crate) async fn list<S: EventStore>(
     };
     let source = match q.source.as_deref().map(Source::new).transpose() {
         Ok(s) => s,
-        Err(e) => return Problem::invalid("invalid-query", e.to_string()).into_response(),
+        Err(e) => return Problem::invalid_request("invalid-query", e.to_string()).into_response(),
     };
     let filter = EventFilter {
         source,
@@ -85,7 +88,7 @@ pub(crate) async fn list<S: EventStore>(
 
 /// The key named by an admin URL, or the 400 that says why it is not one.
 pub(crate) fn key_from_path(source: &str, event_id: &str) -> Result<Key, Problem> {
-    Key::parse(source, event_id).map_err(|e| Problem::invalid("invalid-key", e.to_string()))
+    Key::parse(source, event_id).map_err(|e| Problem::invalid_request("invalid-key", e.to_string()))
 }
 
 pub(crate) async fn show<S: EventStore + DeliveryStore>(

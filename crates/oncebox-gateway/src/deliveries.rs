@@ -18,9 +18,13 @@ use crate::{Gateway, rfc3339};
 
 #[derive(Debug, Deserialize)]
 pub(crate) struct ListQuery {
+    #[serde(default, deserialize_with = "crate::rejection::blank")]
     state: Option<String>,
+    #[serde(default, deserialize_with = "crate::rejection::blank")]
     route: Option<String>,
+    #[serde(default, deserialize_with = "crate::rejection::blank")]
     after: Option<i64>,
+    #[serde(default, deserialize_with = "crate::rejection::blank")]
     limit: Option<usize>,
 }
 
@@ -61,7 +65,7 @@ pub(crate) async fn list<S: EventStore + DeliveryStore>(
     {
         Ok(s) => s,
         Err(bad) => {
-            return Problem::invalid("invalid-query", format!("unknown state {bad:?}"))
+            return Problem::invalid_request("invalid-query", format!("unknown state {bad:?}"))
                 .into_response();
         }
     };
@@ -88,11 +92,40 @@ pub(crate) async fn retry<S: EventStore + DeliveryStore>(
 ) -> Response {
     match gw.store.retry(id, gw.clock.now()).await {
         Ok(true) => Json(json!({ "id": id, "state": "pending" })).into_response(),
-        Ok(false) => Problem::new(
+        Ok(false) => {
+            refusal(
+                &gw,
+                id,
+                ("not-retryable", "Not retryable"),
+                "only dead, uncertain or retrying deliveries can be retried",
+            )
+            .await
+        }
+        Err(e) => unavailable(&e, gw.config.limits.retry_after),
+    }
+}
+
+/// Why `retry` or `resolve` changed nothing: the stores answer `false` both when there is no
+/// such delivery (404 `no-delivery`) and when its state refuses the action (409, naming it).
+async fn refusal<S: EventStore + DeliveryStore>(
+    gw: &Gateway<S>,
+    id: i64,
+    (slug, title): (&'static str, &'static str),
+    rule: &str,
+) -> Response {
+    match oncebox_core::relay_store::delivery(&gw.store, id).await {
+        Ok(Some(d)) => Problem::new(
             axum::http::StatusCode::CONFLICT,
-            "not-retryable",
-            "Not retryable",
-            "only dead, uncertain or retrying deliveries can be retried",
+            slug,
+            title,
+            format!("delivery {id} is {}: {rule}", d.state),
+        )
+        .into_response(),
+        Ok(None) => Problem::new(
+            axum::http::StatusCode::NOT_FOUND,
+            "no-delivery",
+            "No such delivery",
+            format!("no delivery {id}"),
         )
         .into_response(),
         Err(e) => unavailable(&e, gw.config.limits.retry_after),
@@ -135,13 +168,15 @@ pub(crate) async fn resolve<S: EventStore + DeliveryStore>(
         .await
     {
         Ok(true) => Json(json!({ "id": id, "state": body.outcome })).into_response(),
-        Ok(false) => Problem::new(
-            axum::http::StatusCode::CONFLICT,
-            "not-resolvable",
-            "Not resolvable",
-            "only uncertain, dead or retrying deliveries can be resolved by hand",
-        )
-        .into_response(),
+        Ok(false) => {
+            refusal(
+                &gw,
+                id,
+                ("not-resolvable", "Not resolvable"),
+                "only uncertain, dead or retrying deliveries can be resolved by hand",
+            )
+            .await
+        }
         Err(e) => unavailable(&e, gw.config.limits.retry_after),
     }
 }

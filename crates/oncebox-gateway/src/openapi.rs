@@ -3,10 +3,10 @@
 use axum::Json;
 use serde_json::{Value, json};
 
-/// A dashboard page: HTML for a signed-in session (or the admin token), else a redirect to
-/// `/login`.
+/// A dashboard page: HTML for a session signed in with the admin token at `/login` (a browser
+/// sends no bearer header on a navigation), else a redirect to `/login`.
 fn page(summary: &str) -> Value {
-    json!({ "get": { "summary": summary, "tags": ["dashboard"], "security": [{ "session": [] }, { "bearer": [] }],
+    json!({ "get": { "summary": summary, "tags": ["dashboard"], "security": [{ "session": [] }],
         "responses": { "200": { "description": "HTML page", "content": { "text/html": {} } },
                        "303": { "description": "not signed in: to /login" } } } })
 }
@@ -89,10 +89,12 @@ pub fn spec() -> Value {
                     { "name": "source", "in": "query", "schema": { "type": "string" } },
                     { "name": "after", "in": "query", "schema": { "type": "string" }, "description": "cursor from `next`" },
                     { "name": "limit", "in": "query", "schema": { "type": "integer", "maximum": 500 } }],
-                "responses": { "200": { "description": "{\"items\": [...], \"next\": cursor | null}" }, "401": problem("unauthorized") } } },
+                "responses": { "200": { "description": "{\"items\": [...], \"next\": cursor | null}" },
+                               "400": problem("invalid-query"), "401": problem("unauthorized"), "503": problem("unavailable") } } },
             "/v1/sources/{source}/events/{event_id}": { "get": {
                 "summary": "One event with payload, headers and stored answer", "security": admin,
-                "responses": { "200": { "description": "the event" }, "404": problem("event-not-found"), "401": problem("unauthorized") } } },
+                "responses": { "200": { "description": "the event" }, "400": problem("invalid-key"), "404": problem("event-not-found"),
+                               "401": problem("unauthorized"), "503": problem("unavailable") } } },
             "/v1/deliveries": { "get": {
                 "summary": "Deliveries by state and route, oldest first", "security": admin,
                 "parameters": [
@@ -101,23 +103,27 @@ pub fn spec() -> Value {
                     { "name": "after", "in": "query", "schema": { "type": "string" } },
                     { "name": "limit", "in": "query", "schema": { "type": "integer", "maximum": 500 } }],
                 "responses": { "200": { "description": "{\"items\": [{id, route, source, event_id, state, attempts, …}], \"next\": cursor | null}" },
-                               "400": problem("invalid-query"), "401": problem("unauthorized") } } },
+                               "400": problem("invalid-query"), "401": problem("unauthorized"), "503": problem("unavailable") } } },
             "/v1/deliveries/{id}/retry": { "post": {
                 "summary": "Make a dead, uncertain or retrying delivery due now (same key)", "security": admin,
-                "responses": { "200": { "description": "pending" }, "409": problem("not-retryable"), "401": problem("unauthorized") } } },
+                "responses": { "200": { "description": "pending" }, "404": problem("no-delivery"), "409": problem("not-retryable: its state, named"),
+                               "401": problem("unauthorized"), "503": problem("unavailable") } } },
             "/v1/deliveries/{id}/resolve": { "post": {
                 "summary": "Settle a delivery by hand: {\"outcome\": \"delivered\"|\"dead\", \"note\": …}", "security": admin,
                 "requestBody": { "required": true, "content": { "application/json": {} } },
-                "responses": { "200": { "description": "settled" }, "400": problem("invalid-json"), "409": problem("not-resolvable"), "401": problem("unauthorized") } } },
+                "responses": { "200": { "description": "settled" }, "400": problem("invalid-json"), "404": problem("no-delivery"),
+                               "409": problem("not-resolvable: its state, named"), "401": problem("unauthorized"), "503": problem("unavailable") } } },
             "/v1/sources/{source}/events/{event_id}/redeliver": { "post": {
                 "summary": "Deliver an event to its routes again, with the same idempotency key", "security": admin,
-                "responses": { "200": { "description": "{\"redelivered\": n}" }, "404": problem("no-deliveries"), "401": problem("unauthorized") } } },
+                "responses": { "200": { "description": "{\"redelivered\": n}" }, "400": problem("invalid-key"), "404": problem("no-deliveries"),
+                               "401": problem("unauthorized"), "503": problem("unavailable") } } },
             "/v1/stats": { "get": { "summary": "Counts by state", "security": admin,
-                "responses": { "200": { "description": "counts" }, "401": problem("unauthorized") } } },
+                "responses": { "200": { "description": "counts" }, "401": problem("unauthorized"), "503": problem("unavailable") } } },
             "/v1/activity": { "get": { "summary": "Counts per source and outcome, arrivals per minute over the last hour, deliveries per state", "security": admin,
                 "responses": { "200": { "description": "{\"counts\": [{source, state, count}], \"buckets\": [{start_ms, source, count}], \"deliveries\": [{state, count}], …}" }, "401": problem("unauthorized"), "503": problem("unavailable") } } },
             "/metrics": { "get": { "summary": "Prometheus metrics", "security": admin,
-                "responses": { "200": { "description": "text exposition format" }, "401": problem("unauthorized") } } },
+                "responses": { "200": { "description": "text exposition format" }, "401": problem("unauthorized"),
+                               "404": problem("metrics-disabled: no recorder installed") } } },
             "/healthz": { "get": { "summary": "The process is up", "responses": { "200": { "description": "ok" } } } },
             "/readyz": { "get": { "summary": "The store takes writes now",
                 "responses": { "200": { "description": "ready" }, "503": problem("unavailable") } } },

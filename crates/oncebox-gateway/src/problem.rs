@@ -78,6 +78,11 @@ impl Problem {
     pub fn invalid(slug: &'static str, detail: impl Into<String>) -> Problem {
         Problem::new(StatusCode::BAD_REQUEST, slug, "Invalid event", detail)
     }
+
+    /// An admin request's query or path that names nothing valid.
+    pub fn invalid_request(slug: &'static str, detail: impl Into<String>) -> Problem {
+        Problem::new(StatusCode::BAD_REQUEST, slug, "Invalid request", detail)
+    }
 }
 
 impl Answer {

@@ -67,5 +67,20 @@ pub(crate) fn query<T>(
     q: Result<axum::extract::Query<T>, axum::extract::rejection::QueryRejection>,
 ) -> Result<T, Problem> {
     q.map(|axum::extract::Query(q)| q)
-        .map_err(|e| Problem::invalid("invalid-query", e.body_text()))
+        .map_err(|e| Problem::invalid_request("invalid-query", e.body_text()))
+}
+
+/// A query parameter given empty (`?source=&limit=`, as forms and URL templates send them) is
+/// the same as one not given; any other value must parse.
+pub(crate) fn blank<'de, D, T>(d: D) -> Result<Option<T>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: std::str::FromStr,
+    T::Err: std::fmt::Display,
+{
+    let text: Option<String> = serde::Deserialize::deserialize(d)?;
+    match text.as_deref() {
+        None | Some("") => Ok(None),
+        Some(t) => t.parse().map(Some).map_err(serde::de::Error::custom),
+    }
 }

@@ -134,19 +134,9 @@ pub async fn run(out: &mut impl Write, store: &Store, action: DeliveriesCommand)
 /// Why an action on delivery `id` changed nothing: it does not exist (not found) or its state
 /// refuses the action (refused). The stores answer `false` for both.
 async fn refusal(store: &Store, id: i64, refused: &str) -> anyhow::Error {
-    // Listings are ordered by id, so the first delivery after `id - 1` is `id` if it exists.
-    let filter = DeliveryFilter {
-        after: Some(id.saturating_sub(1)),
-        limit: 1,
-        ..DeliveryFilter::default()
-    };
-    match store.deliveries(filter).await {
-        Ok(page) => match page.items.first() {
-            Some(d) if d.id == id => {
-                exit::refused(format!("delivery {id} is {}: {refused}", d.state))
-            }
-            _ => exit::not_found(format!("no delivery {id}")),
-        },
+    match oncebox_core::relay_store::delivery(store, id).await {
+        Ok(Some(d)) => exit::refused(format!("delivery {id} is {}: {refused}", d.state)),
+        Ok(None) => exit::not_found(format!("no delivery {id}")),
         Err(e) => anyhow::Error::new(e).context(format!("delivery {id}: {refused}")),
     }
 }

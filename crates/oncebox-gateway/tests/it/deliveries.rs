@@ -238,3 +238,66 @@ fn delivery_endpoints_need_the_token_and_change_nothing_without_it() {
         assert_eq!(state().await, "delivered");
     });
 }
+
+#[test]
+fn retry_and_resolve_tell_a_missing_delivery_from_a_refusing_state() {
+    run(async {
+        let mut cfg = config();
+        cfg.routes = vec![route("all", None)];
+        let gw = TestGateway::with(cfg, oncebox_sqlite::Options::new);
+        gw.send(post("open", &[], r#"{"id":"e1"}"#)).await;
+        let id = gw.send(admin_get("/v1/deliveries")).await.json()["items"][0]["id"]
+            .as_i64()
+            .unwrap();
+        let resolve = r#"{"outcome":"dead"}"#;
+        for (action, body) in [("retry", ""), ("resolve", resolve)] {
+            let missing = gw
+                .send(admin_post(
+                    &format!("/v1/deliveries/{}/{action}", id + 1),
+                    body,
+                ))
+                .await;
+            assert_eq!(
+                (missing.status, missing.slug().as_str()),
+                (StatusCode::NOT_FOUND, "no-delivery"),
+                "{action}"
+            );
+            let pending = gw
+                .send(admin_post(&format!("/v1/deliveries/{id}/{action}"), body))
+                .await;
+            assert_eq!(pending.status, StatusCode::CONFLICT, "{action}");
+            let detail = pending.json()["detail"].as_str().unwrap().to_owned();
+            assert!(detail.contains("is pending"), "{action}: {detail}");
+        }
+    });
+}
+
+#[test]
+fn empty_query_parameters_mean_no_filter() {
+    run(async {
+        let mut cfg = config();
+        cfg.routes = vec![route("all", None)];
+        let gw = TestGateway::with(cfg, oncebox_sqlite::Options::new);
+        gw.send(post("open", &[], r#"{"id":"e1"}"#)).await;
+        // The URL templates of the API, sent as written.
+        for path in [
+            "/v1/deliveries?state=&route=",
+            "/v1/deliveries?state=&route=&after=&limit=",
+            "/v1/events?source=&after=&limit=",
+        ] {
+            let a = gw.send(admin_get(path)).await;
+            assert_eq!(a.status, StatusCode::OK, "{path}: {a:?}");
+            assert_eq!(a.json()["items"].as_array().unwrap().len(), 1, "{path}");
+        }
+        // A value that is given must still parse.
+        for path in ["/v1/events?after=abc", "/v1/deliveries?limit=-1"] {
+            let a = gw.send(admin_get(path)).await;
+            assert_eq!(
+                (a.status, a.slug().as_str()),
+                (StatusCode::BAD_REQUEST, "invalid-query"),
+                "{path}"
+            );
+            assert_eq!(a.json()["title"], "Invalid request");
+        }
+    });
+}
