@@ -130,6 +130,9 @@ fn template(dir: &Path, preload: usize) {
 fn copy_template(dir: &Path, name: &str) -> std::path::PathBuf {
     let path = dir.join(name);
     std::fs::copy(dir.join("template.db"), &path).expect("copy template");
+    std::fs::File::open(&path)
+        .and_then(|f| f.sync_all())
+        .expect("sync copy");
     path
 }
 
