@@ -27,21 +27,44 @@ pub(crate) async fn guard<S: EventStore>(
     request: Request,
     next: Next,
 ) -> Response {
-    let allowed = match &gw.config.admin_token {
-        Some(token) => request
-            .headers()
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .is_some_and(|given| constant_time_eq(given.as_bytes(), token.as_bytes())),
-        None => gw.loopback_only,
+    let Some(token) = &gw.config.admin_token else {
+        if gw.loopback_only {
+            return next.run(request).await;
+        }
+        // No credentials can help here: 403, not a 401 asking for a token that does not exist.
+        return Problem::new(
+            StatusCode::FORBIDDEN,
+            "admin-disabled",
+            "Admin API disabled",
+            "no admin_token is configured and the listener is not loopback-only",
+        )
+        .into_response();
     };
-    if allowed {
-        next.run(request).await
-    } else {
-        Problem::unauthorized("the admin API needs `Authorization: Bearer <admin_token>`")
-            .into_response()
+    let given = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(bearer);
+    if given.is_some_and(|given| constant_time_eq(given.as_bytes(), token.as_bytes())) {
+        return next.run(request).await;
     }
+    let mut refused =
+        Problem::unauthorized("the admin API needs `Authorization: Bearer <admin_token>`")
+            .into_response();
+    // RFC 9110 §11.6.1: a 401 names the scheme that would be accepted.
+    refused.headers_mut().insert(
+        header::WWW_AUTHENTICATE,
+        header::HeaderValue::from_static("Bearer realm=\"oncebox\""),
+    );
+    refused
+}
+
+/// The token of an `Authorization` value in the bearer scheme (RFC 6750 §2.1). Scheme names
+/// are case-insensitive (RFC 9110 §11.1): `bearer x` is as good as `Bearer x`.
+fn bearer(value: &str) -> Option<&str> {
+    let (scheme, token) = value.split_once(' ')?;
+    let token = token.trim_start_matches(' ');
+    (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then_some(token)
 }
 
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {

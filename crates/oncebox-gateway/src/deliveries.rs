@@ -190,10 +190,16 @@ pub(crate) async fn redeliver<S: EventStore + DeliveryStore>(
         Err(problem) => return problem.into_response(),
     };
     match gw.store.redeliver(&key, gw.clock.now()).await {
-        Ok(0) => Problem::not_found(
-            "no-deliveries",
-            format!("{key} has no deliveries to redeliver"),
-        )
+        // Nothing to redeliver: say whether the event is unknown or simply has no deliveries
+        // (no route took it, as with every event of a gateway without routes).
+        Ok(0) => match gw.store.event(&key).await {
+            Ok(None) => Problem::not_found("event-not-found", format!("no event {key}")),
+            Ok(Some(_)) => Problem::not_found(
+                "no-deliveries",
+                format!("{key} has no deliveries to redeliver: no route took it"),
+            ),
+            Err(e) => return unavailable(&e, gw.config.limits.retry_after),
+        }
         .into_response(),
         Ok(n) => {
             Json(json!({ "redelivered": n, "idempotency_key": key.to_string() })).into_response()

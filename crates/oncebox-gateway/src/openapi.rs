@@ -47,8 +47,101 @@ pub(crate) async fn document() -> Json<Value> {
     Json(spec())
 }
 
-/// The description itself.
+/// The description itself. Every operation also gets its path's parameters and the `503` of
+/// the concurrency limit, which the edge (`limit.rs`) answers on every route.
 pub fn spec() -> Value {
+    let mut doc = described();
+    if let Some(paths) = doc["paths"].as_object_mut() {
+        for (path, item) in paths.iter_mut() {
+            let Some(item) = item.as_object_mut() else {
+                continue;
+            };
+            for op in item.values_mut() {
+                complete(path, op);
+            }
+        }
+    }
+    doc
+}
+
+/// The names of a path template's parameters: `{source}` and `{event_id}` in
+/// `/v1/sources/{source}/events/{event_id}`.
+pub fn template_names(path: &str) -> Vec<&str> {
+    path.split('{')
+        .skip(1)
+        .filter_map(|rest| rest.split_once('}').map(|(name, _)| name))
+        .collect()
+}
+
+/// The schema of a path parameter, by its name.
+fn path_schema(name: &str) -> Value {
+    match name {
+        "id" => json!({ "type": "integer", "format": "int64" }),
+        "state" => json!({ "enum": DELIVERY_STATES }),
+        _ => json!({ "type": "string" }),
+    }
+}
+
+const DELIVERY_STATES: [&str; 6] = [
+    "pending",
+    "in_flight",
+    "delivered",
+    "retrying",
+    "uncertain",
+    "dead",
+];
+
+/// Adds to one operation what every operation on `path` answers or takes.
+fn complete(path: &str, op: &mut Value) {
+    let Some(op) = op.as_object_mut() else {
+        return;
+    };
+    let params = op.entry("parameters").or_insert_with(|| json!([]));
+    if let Some(params) = params.as_array_mut() {
+        for name in template_names(path) {
+            let declared = params
+                .iter()
+                .any(|p| p["in"] == "path" && p["name"] == name);
+            if !declared {
+                params.push(json!({ "name": name, "in": "path", "required": true, "schema": path_schema(name) }));
+            }
+        }
+        if params.is_empty() {
+            op.remove("parameters");
+        }
+    }
+    let admin = op
+        .get("security")
+        .is_some_and(|s| s.to_string().contains("\"bearer\""));
+    if let Some(responses) = op.get_mut("responses").and_then(Value::as_object_mut) {
+        if admin {
+            responses.entry("403").or_insert_with(|| {
+                problem("admin-disabled: no admin_token is configured and the listener is not loopback-only")
+            });
+            if let Some(refused) = responses.get_mut("401") {
+                refused["headers"]["WWW-Authenticate"] =
+                    json!({ "schema": { "type": "string", "const": "Bearer realm=\"oncebox\"" } });
+            }
+        }
+        let busy =
+            problem("unavailable: too many requests in flight, or the store cannot answer now");
+        let busy = retry_after(busy);
+        match responses.get_mut("503") {
+            Some(given) => *given = retry_after(given.take()),
+            None => {
+                responses.insert("503".into(), busy);
+            }
+        }
+    }
+}
+
+/// A response that carries `Retry-After` (seconds).
+fn retry_after(mut response: Value) -> Value {
+    response["headers"]["Retry-After"] = json!({ "description": "seconds to wait before trying again", "schema": { "type": "integer", "minimum": 1 } });
+    response
+}
+
+fn described() -> Value {
     let admin = json!([{ "bearer": [] }]);
     json!({
         "openapi": "3.1.0",
@@ -74,7 +167,7 @@ pub fn spec() -> Value {
                     "202": { "description": "Accepted (new, stale, or replayed with Idempotent-Replayed: true)",
                              "headers": { "Idempotent-Replayed": { "schema": { "const": "true" } } },
                              "content": { "application/json": { "schema": { "$ref": "#/components/schemas/Accepted" } } } },
-                    "400": problem("event-id-missing, event-id-invalid, invalid-json, order-field-invalid"),
+                    "400": problem("event-id-missing, event-id-invalid, invalid-json, order-field-invalid, body-unreadable"),
                     "401": problem("signature-invalid, timestamp-out-of-tolerance"),
                     "404": problem("unknown-source"),
                     "408": problem("body-timeout"),
@@ -87,7 +180,7 @@ pub fn spec() -> Value {
                 "summary": "Events in arrival order", "security": admin,
                 "parameters": [
                     { "name": "source", "in": "query", "schema": { "type": "string" } },
-                    { "name": "after", "in": "query", "schema": { "type": "string" }, "description": "cursor from `next`" },
+                    { "name": "after", "in": "query", "schema": { "type": "integer" }, "description": "cursor from `next`" },
                     { "name": "limit", "in": "query", "schema": { "type": "integer", "maximum": 500 } }],
                 "responses": { "200": { "description": "{\"items\": [...], \"next\": cursor | null}" },
                                "400": problem("invalid-query"), "401": problem("unauthorized"), "503": problem("unavailable") } } },
@@ -98,24 +191,24 @@ pub fn spec() -> Value {
             "/v1/deliveries": { "get": {
                 "summary": "Deliveries by state and route, oldest first", "security": admin,
                 "parameters": [
-                    { "name": "state", "in": "query", "schema": { "enum": ["pending", "in_flight", "delivered", "retrying", "uncertain", "dead"] } },
+                    { "name": "state", "in": "query", "schema": { "enum": DELIVERY_STATES } },
                     { "name": "route", "in": "query", "schema": { "type": "string" } },
-                    { "name": "after", "in": "query", "schema": { "type": "string" } },
+                    { "name": "after", "in": "query", "schema": { "type": "integer" }, "description": "cursor from `next`" },
                     { "name": "limit", "in": "query", "schema": { "type": "integer", "maximum": 500 } }],
                 "responses": { "200": { "description": "{\"items\": [{id, route, source, event_id, state, attempts, …}], \"next\": cursor | null}" },
                                "400": problem("invalid-query"), "401": problem("unauthorized"), "503": problem("unavailable") } } },
             "/v1/deliveries/{id}/retry": { "post": {
                 "summary": "Make a dead, uncertain or retrying delivery due now (same key)", "security": admin,
-                "responses": { "200": { "description": "pending" }, "404": problem("no-delivery"), "409": problem("not-retryable: its state, named"),
+                "responses": { "200": { "description": "pending" }, "400": problem("bad-request: the id is not a number"), "404": problem("no-delivery"), "409": problem("not-retryable: its state, named"),
                                "401": problem("unauthorized"), "503": problem("unavailable") } } },
             "/v1/deliveries/{id}/resolve": { "post": {
                 "summary": "Settle a delivery by hand: {\"outcome\": \"delivered\"|\"dead\", \"note\": …}", "security": admin,
                 "requestBody": { "required": true, "content": { "application/json": {} } },
-                "responses": { "200": { "description": "settled" }, "400": problem("invalid-json"), "404": problem("no-delivery"),
+                "responses": { "200": { "description": "settled" }, "400": problem("invalid-json; bad-request: the id is not a number"), "404": problem("no-delivery"),
                                "409": problem("not-resolvable: its state, named"), "401": problem("unauthorized"), "503": problem("unavailable") } } },
             "/v1/sources/{source}/events/{event_id}/redeliver": { "post": {
                 "summary": "Deliver an event to its routes again, with the same idempotency key", "security": admin,
-                "responses": { "200": { "description": "{\"redelivered\": n}" }, "400": problem("invalid-key"), "404": problem("no-deliveries"),
+                "responses": { "200": { "description": "{\"redelivered\": n}" }, "400": problem("invalid-key"), "404": problem("event-not-found; no-deliveries: the event has none (no route took it)"),
                                "401": problem("unauthorized"), "503": problem("unavailable") } } },
             "/v1/stats": { "get": { "summary": "Counts by state", "security": admin,
                 "responses": { "200": { "description": "counts" }, "401": problem("unauthorized"), "503": problem("unavailable") } } },

@@ -158,8 +158,20 @@ fn operators_retry_resolve_and_redeliver_with_the_same_key() {
             .await
             .json()["items"][0];
         assert_eq!(d["idempotency_key"], "open:e1");
+        // Nothing to redeliver: an unknown event, and one that no route took, are told apart.
         let none = gw
             .send(admin_post("/v1/sources/open/events/nope/redeliver", ""))
+            .await;
+        assert_eq!(
+            (none.status, none.slug().as_str()),
+            (StatusCode::NOT_FOUND, "event-not-found")
+        );
+        let unrouted = gw
+            .send(post("fields", &[], r#"{"id":"e2","amount":1}"#))
+            .await;
+        assert_eq!(unrouted.status, StatusCode::ACCEPTED);
+        let none = gw
+            .send(admin_post("/v1/sources/fields/events/e2/redeliver", ""))
             .await;
         assert_eq!(
             (none.status, none.slug().as_str()),

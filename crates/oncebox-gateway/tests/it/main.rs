@@ -7,6 +7,7 @@ mod deliveries;
 mod http;
 mod ingress;
 mod linger;
+mod openapi;
 mod rejections;
 mod signatures;
 mod support;

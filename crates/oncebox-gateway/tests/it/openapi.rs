@@ -1,0 +1,190 @@
+//! The OpenAPI document against the router: every route documented, every documented route
+//! routed, every path parameter declared, and the error answers the router gives documented
+//! for the operation that gave them.
+
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use oncebox_testkit::run;
+use serde_json::Value;
+
+use crate::support::{ADMIN_TOKEN, TestGateway, post};
+
+#[test]
+fn openapi_documents_every_route_and_every_documented_route_exists() {
+    run(async {
+        let gw = TestGateway::new();
+        let doc = gw
+            .send(Request::get("/openapi.json").body(Body::empty()).unwrap())
+            .await
+            .json();
+        let paths = doc["paths"].as_object().unwrap();
+        for (method, path) in oncebox_gateway::openapi::ROUTES {
+            assert!(
+                paths.get(*path).and_then(|p| p.get(*method)).is_some(),
+                "{method} {path} undocumented"
+            );
+            let uri = path
+                .replace("{source}", "open")
+                .replace("{event_id}", "e1")
+                .replace("{state}", "dead");
+            let req = Request::builder()
+                .method(method.to_uppercase().as_str())
+                .uri(uri)
+                .header(
+                    "authorization",
+                    format!("Bearer {}", crate::support::ADMIN_TOKEN),
+                )
+                .body(Body::from("{}"))
+                .unwrap();
+            let a = gw.send(req).await;
+            // An unrouted path gets the router's own 404, as a problem named `not-found`;
+            // a routed one may answer 404 too, but with its own name or an HTML page.
+            let unrouted = a.status == StatusCode::NOT_FOUND
+                && a.headers["content-type"] == "application/problem+json"
+                && a.slug() == "not-found";
+            assert!(
+                a.status != StatusCode::METHOD_NOT_ALLOWED && !unrouted,
+                "{method} {path} not routed: {a:?}"
+            );
+        }
+        assert_eq!(
+            paths.len(),
+            oncebox_gateway::openapi::ROUTES
+                .iter()
+                .map(|r| r.1)
+                .collect::<std::collections::BTreeSet<_>>()
+                .len()
+        );
+    });
+}
+
+/// The document as the router serves it.
+async fn document(gw: &TestGateway) -> Value {
+    gw.send(Request::get("/openapi.json").body(Body::empty()).unwrap())
+        .await
+        .json()
+}
+
+#[test]
+fn every_path_parameter_is_declared_and_every_operation_can_be_busy() {
+    run(async {
+        let gw = TestGateway::new();
+        let doc = document(&gw).await;
+        for (method, path) in oncebox_gateway::openapi::ROUTES {
+            let op = &doc["paths"][*path][*method];
+            let declared: Vec<&str> = op["parameters"]
+                .as_array()
+                .map(|ps| {
+                    ps.iter()
+                        .filter(|p| p["in"] == "path" && p["required"] == true)
+                        .filter_map(|p| p["name"].as_str())
+                        .collect()
+                })
+                .unwrap_or_default();
+            let mut named = oncebox_gateway::openapi::template_names(path);
+            named.sort_unstable();
+            let mut declared_sorted = declared.clone();
+            declared_sorted.sort_unstable();
+            // OpenAPI 3.1: each template expression matches exactly one declared path parameter.
+            assert_eq!(named, declared_sorted, "{method} {path}: {op}");
+            // The edge's concurrency limit answers any route with a 503 and Retry-After.
+            let busy = &op["responses"]["503"];
+            assert!(
+                busy["headers"]["Retry-After"].is_object(),
+                "{method} {path}: {busy}"
+            );
+        }
+        assert_eq!(
+            oncebox_gateway::openapi::template_names("/v1/sources/{source}/events/{event_id}"),
+            ["source", "event_id"]
+        );
+    });
+}
+
+/// Requests that the router answers with an error, each sent for real: the status it gives
+/// must be among the operation's documented responses, under the slug the document names.
+#[test]
+fn error_answers_are_documented_for_their_operation() {
+    run(async {
+        let gw = TestGateway::new();
+        let doc = document(&gw).await;
+        let admin = |method: &str, uri: &str, body: &str| {
+            Request::builder()
+                .method(method)
+                .uri(uri)
+                .header("authorization", format!("Bearer {ADMIN_TOKEN}"))
+                .body(Body::from(body.to_owned()))
+                .unwrap()
+        };
+        let cases: Vec<(&str, &str, Request<Body>)> = vec![
+            (
+                "post",
+                "/v1/sources/{source}/events",
+                post("open", &[], "{"),
+            ),
+            (
+                "post",
+                "/v1/sources/{source}/events",
+                post("open", &[], "{}"),
+            ),
+            ("get", "/v1/events", admin("GET", "/v1/events?after=x", "")),
+            (
+                "get",
+                "/v1/events",
+                Request::get("/v1/events").body(Body::empty()).unwrap(),
+            ),
+            (
+                "get",
+                "/v1/sources/{source}/events/{event_id}",
+                admin("GET", "/v1/sources/open/events/nope", ""),
+            ),
+            (
+                "get",
+                "/v1/deliveries",
+                admin("GET", "/v1/deliveries?state=lost", ""),
+            ),
+            (
+                "post",
+                "/v1/deliveries/{id}/retry",
+                admin("POST", "/v1/deliveries/abc/retry", ""),
+            ),
+            (
+                "post",
+                "/v1/deliveries/{id}/retry",
+                admin("POST", "/v1/deliveries/7/retry", ""),
+            ),
+            (
+                "post",
+                "/v1/deliveries/{id}/resolve",
+                admin("POST", "/v1/deliveries/7/resolve", "{"),
+            ),
+            (
+                "post",
+                "/v1/deliveries/{id}/resolve",
+                admin("POST", "/v1/deliveries/7/resolve", r#"{"outcome":"dead"}"#),
+            ),
+            (
+                "post",
+                "/v1/sources/{source}/events/{event_id}/redeliver",
+                admin("POST", "/v1/sources/open/events/nope/redeliver", ""),
+            ),
+        ];
+        for (method, path, request) in cases {
+            let uri = request.uri().to_string();
+            let a = gw.send(request).await;
+            assert!(
+                a.status.is_client_error(),
+                "{method} {uri}: an error case answered {}",
+                a.status
+            );
+            let documented = &doc["paths"][path][method]["responses"][a.status.as_str()];
+            let description = documented["description"].as_str().unwrap_or_default();
+            assert!(
+                description.contains(&a.slug()),
+                "{method} {uri}: {} {} not documented ({documented})",
+                a.status,
+                a.slug()
+            );
+        }
+    });
+}
