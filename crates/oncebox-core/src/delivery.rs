@@ -17,7 +17,18 @@ pub enum DeliveryState {
 }
 
 impl DeliveryState {
-    pub fn as_str(self) -> &'static str {
+    /// Every state's stored name, in the order of a delivery's life: what listings and the CLI
+    /// accept.
+    pub const NAMES: [&'static str; 6] = [
+        DeliveryState::Pending.as_str(),
+        DeliveryState::InFlight.as_str(),
+        DeliveryState::Delivered.as_str(),
+        DeliveryState::Retrying.as_str(),
+        DeliveryState::Uncertain.as_str(),
+        DeliveryState::Dead.as_str(),
+    ];
+
+    pub const fn as_str(self) -> &'static str {
         match self {
             DeliveryState::Pending => "pending",
             DeliveryState::InFlight => "in_flight",
@@ -348,6 +359,12 @@ mod tests {
             DeliveryState::Dead,
         ] {
             assert_eq!(DeliveryState::parse(s.as_str()), Some(s));
+        }
+        for name in DeliveryState::NAMES {
+            assert_eq!(
+                DeliveryState::parse(name).map(DeliveryState::as_str),
+                Some(name)
+            );
         }
     }
 }

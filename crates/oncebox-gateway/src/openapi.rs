@@ -82,14 +82,7 @@ fn path_schema(name: &str) -> Value {
     }
 }
 
-const DELIVERY_STATES: [&str; 6] = [
-    "pending",
-    "in_flight",
-    "delivered",
-    "retrying",
-    "uncertain",
-    "dead",
-];
+const DELIVERY_STATES: [&str; 6] = oncebox_core::delivery::DeliveryState::NAMES;
 
 /// Adds to one operation what every operation on `path` answers or takes.
 fn complete(path: &str, op: &mut Value) {

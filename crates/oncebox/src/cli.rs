@@ -46,14 +46,7 @@ pub struct OutputArg {
 }
 
 /// The delivery states a listing can ask for.
-const STATES: [&str; 6] = [
-    "pending",
-    "in_flight",
-    "delivered",
-    "retrying",
-    "uncertain",
-    "dead",
-];
+const STATES: [&str; 6] = oncebox_core::delivery::DeliveryState::NAMES;
 
 #[derive(Debug, Subcommand)]
 pub enum Command {

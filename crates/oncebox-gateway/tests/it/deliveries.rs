@@ -36,6 +36,18 @@ fn admin_post(path: &str, body: &str) -> Request<Body> {
         .unwrap()
 }
 
+/// A gateway with one route taking every event of `open`, and the delivery of its event `e1`.
+async fn one_delivery() -> (TestGateway, i64) {
+    let mut cfg = config();
+    cfg.routes = vec![route("all", None)];
+    let gw = TestGateway::with(cfg, oncebox_sqlite::Options::new);
+    gw.send(post("open", &[], r#"{"id":"e1"}"#)).await;
+    let id = gw.send(admin_get("/v1/deliveries")).await.json()["items"][0]["id"]
+        .as_i64()
+        .unwrap();
+    (gw, id)
+}
+
 #[test]
 fn accepted_events_fan_out_to_matching_routes_only() {
     run(async {
@@ -91,13 +103,7 @@ fn accepted_events_fan_out_to_matching_routes_only() {
 #[test]
 fn operators_retry_resolve_and_redeliver_with_the_same_key() {
     run(async {
-        let mut cfg = config();
-        cfg.routes = vec![route("all", None)];
-        let gw = TestGateway::with(cfg, oncebox_sqlite::Options::new);
-        gw.send(post("open", &[], r#"{"id":"e1"}"#)).await;
-        let id = gw.send(admin_get("/v1/deliveries")).await.json()["items"][0]["id"]
-            .as_i64()
-            .unwrap();
+        let (gw, id) = one_delivery().await;
         // Pending: neither retryable nor resolvable by hand.
         assert_eq!(
             gw.send(admin_post(&format!("/v1/deliveries/{id}/retry"), ""))
@@ -183,10 +189,7 @@ fn operators_retry_resolve_and_redeliver_with_the_same_key() {
 #[test]
 fn delivery_endpoints_need_the_token_and_change_nothing_without_it() {
     run(async {
-        let mut cfg = config();
-        cfg.routes = vec![route("all", None)];
-        let gw = TestGateway::with(cfg, oncebox_sqlite::Options::new);
-        gw.send(post("open", &[], r#"{"id":"e1"}"#)).await;
+        let (gw, _) = one_delivery().await;
         // An uncertain delivery: retry, resolve and redeliver would each change it.
         let now = gw.clock.now();
         let claimed = gw
@@ -254,13 +257,7 @@ fn delivery_endpoints_need_the_token_and_change_nothing_without_it() {
 #[test]
 fn retry_and_resolve_tell_a_missing_delivery_from_a_refusing_state() {
     run(async {
-        let mut cfg = config();
-        cfg.routes = vec![route("all", None)];
-        let gw = TestGateway::with(cfg, oncebox_sqlite::Options::new);
-        gw.send(post("open", &[], r#"{"id":"e1"}"#)).await;
-        let id = gw.send(admin_get("/v1/deliveries")).await.json()["items"][0]["id"]
-            .as_i64()
-            .unwrap();
+        let (gw, id) = one_delivery().await;
         let resolve = r#"{"outcome":"dead"}"#;
         for (action, body) in [("retry", ""), ("resolve", resolve)] {
             let missing = gw
@@ -287,10 +284,7 @@ fn retry_and_resolve_tell_a_missing_delivery_from_a_refusing_state() {
 #[test]
 fn empty_query_parameters_mean_no_filter() {
     run(async {
-        let mut cfg = config();
-        cfg.routes = vec![route("all", None)];
-        let gw = TestGateway::with(cfg, oncebox_sqlite::Options::new);
-        gw.send(post("open", &[], r#"{"id":"e1"}"#)).await;
+        let (gw, _) = one_delivery().await;
         // The URL templates of the API, sent as written.
         for path in [
             "/v1/deliveries?state=&route=",
