@@ -32,15 +32,19 @@ pub(crate) async fn receive<S: EventStore>(
     let (parts, body) = request.into_parts();
     let started = Instant::now();
     let known = gw.config.open_sources || gw.config.sources.keys().any(|s| s.as_str() == source);
-    let answer = match Source::new(source.as_str())
-        .ok()
-        .and_then(|s| gw.config.source(&s).map(|p| (s, p)))
-    {
-        None => Answer::Problem(Problem::not_found(
+    let answer = match Source::new(source.as_str()) {
+        // Even zero-config, which opens every name, cannot open this one: say why.
+        Err(e) => Answer::Problem(Problem::not_found(
             "unknown-source",
-            format!("no source named {source:?}"),
+            format!("no source named {source:?}: {e}"),
         )),
-        Some((source, policy)) => receive_for(&gw, &source, policy, parts, body).await,
+        Ok(name) => match gw.config.source(&name) {
+            None => Answer::Problem(Problem::not_found(
+                "unknown-source",
+                format!("no source named {source:?}"),
+            )),
+            Some(policy) => receive_for(&gw, &name, policy, parts, body).await,
+        },
     };
     // An unknown name is counted under one label: senders choose it.
     let label = if known { source.as_str() } else { "unknown" };

@@ -385,6 +385,17 @@ fn unknown_source_is_404_and_any_source_is_open_only_in_zero_config() {
                 .status,
             StatusCode::ACCEPTED
         );
+        // A name no source can have is refused there too, with the rule it breaks.
+        for name in ["Shop", "x".repeat(65).as_str()] {
+            let a = zero.send(post(name, &[], r#"{"id":"1"}"#)).await;
+            assert_eq!(
+                (a.status, a.slug().as_str()),
+                (StatusCode::NOT_FOUND, "unknown-source"),
+                "{name}"
+            );
+            let detail = a.json()["detail"].as_str().unwrap().to_owned();
+            assert!(detail.contains("source must"), "{name}: {detail}");
+        }
     });
 }
 
