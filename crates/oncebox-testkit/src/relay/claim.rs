@@ -222,3 +222,48 @@ pub async fn claim_takes_only_the_given_routes<B: DeliveryBackend>() {
     let rest = claim(&b, now, 10).await;
     assert_eq!(keys_and_routes(&rest), [pair("shop:evt-2", "a")]);
 }
+
+/// A relay dies holding deliveries and the wall clock then goes back an hour. Its leases are
+/// not taken over at once (a live holder may still be sending, and a route that ignores the
+/// key would get the request twice), nor held for the hour: they end one lease length after
+/// the first claim that sees them, and the delivery goes out again with the same key.
+pub async fn a_backward_clock_jump_holds_a_lease_one_lease_length_not_the_jump<
+    B: DeliveryBackend,
+>() {
+    let (b, clock) = fresh::<B>().await;
+    accept(&b, "evt-1").await;
+    let first = claim(&b, clock.now(), 10).await;
+    assert_eq!(first.len(), 2);
+    clock.set(clock.now().minus(Duration::from_secs(3600)));
+    assert_eq!(
+        claim(&b, clock.now(), 10).await,
+        [],
+        "held just after the jump"
+    );
+    clock.advance(LEASE - Duration::from_millis(1));
+    assert_eq!(
+        claim(&b, clock.now(), 10).await,
+        [],
+        "held for one lease length"
+    );
+    // A live holder still records within that length, on the new timeline.
+    let now = clock.now();
+    b.record(&first[1], answered(200, now), Verdict::Delivered, now)
+        .await
+        .expect("the holder records its outcome after the jump");
+    clock.advance(Duration::from_millis(1));
+    let now = clock.now();
+    let second = claim(&b, now, 10).await;
+    assert_eq!(
+        keys_and_routes(&second),
+        keys_and_routes(&first[..1]),
+        "the dead holder's delivery is claimed again one lease after the jump was seen"
+    );
+    assert!(second[0].token > first[0].token);
+    assert_eq!(second[0].idempotency_key, first[0].idempotency_key);
+    let late = b
+        .record(&first[0], answered(200, now), Verdict::Delivered, now)
+        .await;
+    assert_eq!(late, Err(LeaseError::Fenced));
+    assert_eq!(view(&b, first[1].id).await.state, DeliveryState::Delivered);
+}
