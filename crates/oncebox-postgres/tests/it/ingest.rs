@@ -125,6 +125,50 @@ fn fifty_concurrent_deliveries_of_one_key_apply_once() {
     });
 }
 
+/// Two nodes (two stores with pools of their own, as two gateway processes have) on one
+/// database take the same key at the same moment, 25 senders each: one applies it, every
+/// other answer on either node is the first answer replayed, and one record and one delivery
+/// exist.
+#[test]
+fn one_key_raced_on_two_nodes_applies_once() {
+    if url().is_none() {
+        return;
+    }
+    oncebox_testkit::run(async {
+        let pg = fresh().await;
+        let other = oncebox_postgres::Inbox::open(crate::harness::options(&pg.schema, &pg.clock))
+            .await
+            .expect("second node");
+        let nodes = [pg.inbox.clone(), other];
+        let barrier = Arc::new(tokio::sync::Barrier::new(50));
+        let tasks: Vec<_> = (0..50)
+            .map(|i| {
+                let (inbox, barrier) = (nodes[i % 2].clone(), barrier.clone());
+                tokio::spawn(async move {
+                    barrier.wait().await;
+                    (i % 2, inbox.ingest(ingest("raced", 5, &["r"])).await)
+                })
+            })
+            .collect();
+        let mut applied = [0; 2];
+        for t in tasks {
+            match t.await.expect("sender") {
+                (node, Ok(Processed::Applied(_))) => applied[node] += 1,
+                (_, Ok(Processed::Duplicate(first))) => assert_eq!(first.body, b"accepted"),
+                (node, other) => panic!("node {node}: {other:?}"),
+            }
+        }
+        assert_eq!(applied.iter().sum::<i32>(), 1, "{applied:?}");
+        // Both nodes really took part: each committed its senders' requests itself.
+        for (n, node) in nodes.iter().enumerate() {
+            let stats = node.batch_stats();
+            assert!(stats.committed_requests() >= 1, "node {n} answered nobody");
+        }
+        assert_eq!(count(&pg, "SELECT count(*) FROM oncebox_inbox").await, 1);
+        assert_eq!(count(&pg, "SELECT count(*) FROM oncebox_outbox").await, 1);
+    });
+}
+
 #[test]
 fn conflicts_in_and_across_batches_are_recorded_and_the_first_payload_wins() {
     if url().is_none() {
