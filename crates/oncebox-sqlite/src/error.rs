@@ -38,6 +38,15 @@ pub enum OpenError {
     SchemaTooNew { found: i64, known: i64 },
     #[error("cannot start the writer thread: {0}")]
     Thread(std::io::Error),
+    /// The database file is missing or empty while its write-ahead log is not: the file was
+    /// lost or truncated. Opened anyway, SQLite would start an empty database and discard the
+    /// log, and every key the inbox remembered would be new again.
+    #[error(
+        "{path} is missing or empty but its write-ahead log {path}-wal holds {log_bytes} bytes: \
+         the database file was lost or truncated; restore it, or move the log away to start an \
+         empty inbox"
+    )]
+    LostDatabase { path: String, log_bytes: u64 },
 }
 
 /// Classifies SQLite errors that say nothing about the request itself: the database is busy,

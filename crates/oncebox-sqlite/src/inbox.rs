@@ -72,6 +72,7 @@ impl Inbox {
                 "durability below synchronous=FULL: the last commits may be lost on power failure"
             );
         }
+        schema::refuse_lost_file(&options)?;
         let mut conn = schema::open_writer(&options)?;
         schema::migrate(&mut conn, &options)?;
         let fence: i64 = conn

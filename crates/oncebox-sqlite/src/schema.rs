@@ -167,6 +167,22 @@ fn synchronous(d: Durability) -> &'static str {
 
 /// Opens the writer connection: WAL, the chosen durability, foreign keys on (SQLite checks them
 /// per connection, so every connection sets it), and the busy timeout.
+/// Refuses a database file that is missing or empty beside a log that is not (`LostDatabase`).
+/// A fresh inbox has neither; SQLite itself never leaves a log without its file.
+pub(crate) fn refuse_lost_file(o: &Options) -> Result<(), OpenError> {
+    let mut log = o.path.clone().into_os_string();
+    log.push("-wal");
+    let log_bytes = std::fs::metadata(&log).map_or(0, |m| m.len());
+    let file_bytes = std::fs::metadata(&o.path).map_or(0, |m| m.len());
+    if log_bytes > 0 && file_bytes == 0 {
+        return Err(OpenError::LostDatabase {
+            path: o.path.display().to_string(),
+            log_bytes,
+        });
+    }
+    Ok(())
+}
+
 pub(crate) fn open_writer(o: &Options) -> Result<Connection, OpenError> {
     crate::pcache::install();
     let err = sqlite_err(o);

@@ -272,6 +272,56 @@ fn damaged_file_is_refused_not_replaced() {
     );
 }
 
+/// A database file lost or truncated beside its log (a restore that missed it, a truncation)
+/// is refused: opened, SQLite would start an empty database over it, drop the log, and every
+/// key the inbox had committed would be new again. The log is left as it was.
+#[test]
+fn a_database_file_lost_beside_its_log_is_refused_not_started_empty() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("o.db");
+    let inbox = Inbox::open(Options::new(&path)).unwrap();
+    assert!(matches!(
+        inbox.process_blocking(event("k"), ok),
+        Ok(Processed::Applied(_))
+    ));
+    // The state a crash leaves: the file and its log, the log holding the last commits.
+    let log = std::fs::read(dir.path().join("o.db-wal")).unwrap();
+    assert!(!log.is_empty(), "the commit is in the log");
+    let file = std::fs::read(&path).unwrap();
+    for (name, file_bytes) in [("missing.db", None), ("emptied.db", Some(Vec::new()))] {
+        let lost = dir.path().join(name);
+        let lost_log = dir.path().join(format!("{name}-wal"));
+        std::fs::write(&lost_log, &log).unwrap();
+        if let Some(bytes) = &file_bytes {
+            std::fs::write(&lost, bytes).unwrap();
+        }
+        let err = Inbox::open(Options::new(&lost)).unwrap_err();
+        assert!(
+            matches!(err, OpenError::LostDatabase { log_bytes, .. } if log_bytes == log.len() as u64),
+            "{name}: {err:?}"
+        );
+        assert!(err.to_string().contains("lost or truncated"), "{err}");
+        assert_eq!(
+            std::fs::read(&lost_log).unwrap(),
+            log,
+            "{name}: log untouched"
+        );
+        assert_eq!(
+            std::fs::read(&lost).ok(),
+            file_bytes,
+            "{name}: nothing created"
+        );
+        // With the file back, the key is remembered.
+        std::fs::write(&lost, &file).unwrap();
+        let back = Inbox::open(Options::new(&lost)).unwrap();
+        let again = back.process_blocking(event("k"), ok);
+        assert!(
+            matches!(again, Ok(Processed::Duplicate(_))),
+            "{name}: {again:?}"
+        );
+    }
+}
+
 #[test]
 fn schema_newer_than_this_build_is_refused() {
     let dir = tempfile::tempdir().unwrap();

@@ -338,3 +338,54 @@ fn help_ends_with_examples_and_the_exit_codes() {
         );
     }
 }
+
+/// `oncebox serve` beside a log whose database file is gone (a restore that missed it) stops
+/// with the reason instead of starting an empty inbox over the log: every key it remembered
+/// would be new again.
+#[test]
+fn serve_refuses_a_database_file_lost_beside_its_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    // A real log: a store commits a key, and the log is kept without its file.
+    let kept = d.join("kept");
+    std::fs::create_dir(&kept).unwrap();
+    let server = serve_with(&kept, &["--listen", "127.0.0.1:0", "--no-relay"]);
+    let sent = oncebox(
+        &kept,
+        &["send", "shop", "--id", "evt_1", "--url", &server.1],
+    );
+    assert!(sent.status.success(), "{}", text(&sent));
+    let log = std::fs::read(kept.join("oncebox.db-wal")).unwrap();
+    server.kill();
+    assert!(!log.is_empty());
+    std::fs::write(d.join("oncebox.db-wal"), &log).unwrap();
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_oncebox"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--no-relay"])
+        .current_dir(d)
+        .env_remove("ONCEBOX_CONFIG")
+        .env_remove("ONCEBOX_DATABASE")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("serve started over a lost database file");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr).unwrap();
+    assert!(!status.success(), "{stderr}");
+    assert!(stderr.contains("lost or truncated"), "{stderr}");
+    assert_eq!(std::fs::read(d.join("oncebox.db-wal")).unwrap(), log);
+    assert!(
+        !d.join("oncebox.db").exists(),
+        "an empty database was created"
+    );
+}
