@@ -253,6 +253,15 @@ async fn frozen() -> Option<Report> {
         .iter()
         .filter(|o| matches!(o.outcome(), Some(Outcome::Info(_))))
         .count();
+    // Answered while frozen means answered by the gateway's deadline: a 503 (retry later),
+    // never a 500, a 4xx, or a connection the sender had to give up on.
+    let other: Vec<_> = seen[first..]
+        .iter()
+        .filter_map(|o| match o.outcome() {
+            Some(Outcome::Info(why)) if why != "HTTP 503" => Some(why.clone()),
+            _ => None,
+        })
+        .collect();
     let acked_frozen = seen[first..]
         .iter()
         .filter(|o| matches!(o.outcome(), Some(Outcome::Ok { .. })))
@@ -271,6 +280,10 @@ async fn frozen() -> Option<Report> {
     assert!(
         acked_frozen.is_empty(),
         "2xx while PostgreSQL was frozen: {acked_frozen:?}"
+    );
+    assert!(
+        other.is_empty(),
+        "while frozen, answers other than 503: {other:?}"
     );
     let fin = final_pg(&schema.pool().await, false).await;
     let held = Stats::get(&proxy.stats.held);

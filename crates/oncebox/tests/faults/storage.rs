@@ -158,10 +158,16 @@ fn disk_full() -> Option<Report> {
         let mut refused = 0;
         for round in 0..scale(20) {
             let out = burst(&history, &base, &format!("full{round}-"), 8, 8192).await;
-            refused += out
-                .iter()
-                .filter(|o| !matches!(o, Outcome::Ok { .. }))
-                .count();
+            for o in out.iter().filter(|o| !matches!(o, Outcome::Ok { .. })) {
+                // A full disk is the store's trouble, not the request's: 503 (retry later),
+                // never a 4xx that tells the sender to drop the event, nor a 500.
+                assert_eq!(
+                    *o,
+                    Outcome::Info("HTTP 503".into()),
+                    "a full disk answered {o:?}"
+                );
+                refused += 1;
+            }
             if refused >= 8 {
                 break;
             }
