@@ -246,6 +246,16 @@ fn ingest_crash(point: &'static str, schema: Option<&PgSchema>) -> Report {
                     .any(|b| b.key == o.key && matches!(b.outcome(), Some(Outcome::Ok { .. })))
             })
             .count();
+        // Killed between its COMMIT and its answers, the run left a committed batch nobody was
+        // told of: those senders' retries must be replays of it. A retry answered as new would
+        // mean the commit was lost and the key applied again, which the final store alone
+        // (one record either way) cannot show.
+        if died && point == "after-commit" {
+            assert!(
+                committed_unanswered > 0,
+                "killed after a COMMIT, yet no retry was answered as a replay of it"
+            );
+        }
         Report {
             figures,
             exercised: u64::from(died),
