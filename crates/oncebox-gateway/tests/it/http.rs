@@ -111,7 +111,7 @@ fn silent_connections_are_cut_off() {
         raw.send(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n").await;
         match raw.reply().await {
             Reply::Answer(a) => assert_eq!(a.status, StatusCode::BAD_REQUEST),
-            Reply::Closed(_) => {}
+            Reply::Closed(why) => eprintln!("CLOSED {why}"),
         }
         assert_eq!(s.gw.rows(), 0);
     });
@@ -137,6 +137,36 @@ fn slow_body_is_cut_off_with_408_and_nothing_stored() {
         assert_eq!(a.status, StatusCode::REQUEST_TIMEOUT, "{a:?}");
         assert_eq!(a.slug(), "body-timeout");
         assert_eq!(s.gw.rows(), 0);
+    });
+}
+
+/// A client that declares 100 bytes, sends a whole JSON object of fewer and then closes its
+/// side: what arrived parses, but it is not the body the request announced, so nothing is
+/// stored and the answer is 400 `body-unreadable`.
+#[test]
+fn a_body_cut_short_of_its_content_length_stores_nothing() {
+    run(async {
+        let s = served(Limits::default()).await;
+        let mut raw = Raw::connect(s.addr).await;
+        let part = br#"{"id":"cut-1"}"#;
+        assert!(part.len() < 100);
+        raw.send(head("open", 100, "").as_bytes()).await;
+        raw.send(part).await;
+        raw.stream.shutdown().await.expect("shutdown");
+        // Only the client's sending side is closed: the refusal still reaches it.
+        let a = raw.reply().await.answer();
+        assert_eq!(
+            (a.status, a.slug().as_str()),
+            (StatusCode::BAD_REQUEST, "body-unreadable"),
+            "{a:?}"
+        );
+        assert_eq!(s.gw.rows(), 0, "a partial body was stored");
+        // The same object sent whole is stored: the refusal was for the cut, not the content.
+        let mut whole = Raw::connect(s.addr).await;
+        whole.send(head("open", part.len(), "").as_bytes()).await;
+        whole.send(part).await;
+        assert_eq!(whole.reply().await.answer().status, StatusCode::ACCEPTED);
+        assert_eq!(s.gw.rows(), 1);
     });
 }
 
@@ -280,7 +310,7 @@ fn requests_cut_by_the_shutdown_grace_never_get_2xx() {
         // connection, which is the expected outcome.
         let _ = a.stream.write_all(&body.as_bytes()[10..]).await;
         match a.reply().await {
-            Reply::Closed(_) => {}
+            Reply::Closed(why) => eprintln!("CLOSED {why}"),
             Reply::Answer(answer) => {
                 panic!("the request outlived the shutdown grace and was answered: {answer:?}")
             }
