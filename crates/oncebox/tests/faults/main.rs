@@ -26,6 +26,7 @@ mod lease;
 mod network;
 #[path = "../shared/schema.rs"]
 mod schema;
+mod standins;
 mod storage;
 mod table;
 mod world;
@@ -63,6 +64,7 @@ const SCENARIOS: &[Scenario] = &[
     clock::RETENTION_AND_CLOCK_JUMPS_SQLITE,
     lease::REDIS_HOLDER_PAUSED,
     broker::NATS_BEFORE_ACK,
+    standins::BROKEN_STANDINS,
 ];
 
 fn main() {
