@@ -322,6 +322,7 @@ macro_rules! conformance {
             uncertain_key_is_neither_retried_nor_duplicate_until_resolved,
             process_takes_over_an_expired_lease,
             purge_deletes_only_terminal_records_past_retention,
+            purge_beside_ingest_never_deletes_inside_the_window,
             forward_clock_jump_purges_no_record_early,
             backward_clock_jump_leaves_no_lease_stuck,
             model_based_sequences_match_the_model,

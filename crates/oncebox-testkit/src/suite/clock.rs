@@ -1,5 +1,5 @@
-//! Conformance tests of wall-clock jumps: a jump forward purges no record early, a jump back
-//! leaves no lease stuck. `ManualClock::set` jumps the wall clock alone; `advance` is real time.
+//! Conformance tests of retention in time: a forward jump of the wall clock purges no record
+//! early, a jump back leaves no lease stuck, and purges racing ingest keep the window. `ManualClock::set` jumps the wall clock alone; `advance` is real time.
 
 use std::time::Duration;
 
@@ -78,4 +78,76 @@ pub async fn backward_clock_jump_leaves_no_lease_stuck<B: Backend>() {
     b.complete(&third, Response::completed("sent"))
         .await
         .unwrap();
+}
+
+/// Retention running beside ingest: events arrive over two hours (five a minute) while purges
+/// run back to back on the same store. Purges race every commit, yet none deletes a record
+/// inside the window: at the end every event of the last hour still answers as a duplicate,
+/// and every older one is gone.
+pub async fn purge_beside_ingest_never_deletes_inside_the_window<B: Backend>() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    let (b, clock) = fresh::<B>().await;
+    let retention = Retention::new(Duration::from_secs(3600));
+    let minute = Duration::from_secs(60);
+    let stop = Arc::new(AtomicBool::new(false));
+    let purger = {
+        let (b, clock, retention, stop) =
+            (b.clone(), clock.clone(), retention.clone(), stop.clone());
+        tokio::spawn(async move {
+            let (mut passes, mut deleted) = (0u64, 0u64);
+            while !stop.load(Ordering::Relaxed) {
+                deleted += b.purge(clock.now(), &retention).await;
+                passes += 1;
+                tokio::task::yield_now().await;
+            }
+            (passes, deleted)
+        })
+    };
+    for m in 0..120 {
+        for i in 0..5 {
+            let out = b
+                .process(event("shop", &format!("m{m}-{i}"), 1), Script::credit(1))
+                .await;
+            assert!(
+                matches!(out, Ok(oncebox_core::Processed::Applied(_))),
+                "m{m}-{i}: {out:?}"
+            );
+        }
+        clock.advance(minute);
+    }
+    stop.store(true, Ordering::Relaxed);
+    let (passes, deleted) = purger.await.expect("purger");
+    // The race really ran: purges between the commits, deleting as the window moved.
+    assert!(
+        passes > 1 && deleted > 0,
+        "{passes} passes, {deleted} deleted"
+    );
+    b.purge(clock.now(), &retention).await;
+    // Now is minute 120: minute 61 on is inside the hour (minute 60 is on its edge).
+    let rows = b.observe().await.inbox_rows;
+    assert!((59 * 5..=60 * 5).contains(&rows), "{rows} records left");
+    for m in 61..120 {
+        for i in 0..5 {
+            let again = b
+                .process(event("shop", &format!("m{m}-{i}"), 1), Script::credit(1))
+                .await;
+            assert!(
+                again
+                    .as_ref()
+                    .is_ok_and(oncebox_core::Processed::is_duplicate),
+                "m{m}-{i}, inside the window, was purged: {again:?}"
+            );
+        }
+    }
+    for m in 0..60 {
+        let again = b
+            .process(event("shop", &format!("m{m}-0"), 1), Script::credit(1))
+            .await;
+        assert!(
+            matches!(again, Ok(oncebox_core::Processed::Applied(_))),
+            "m{m}-0, past the window, was kept: {again:?}"
+        );
+    }
 }
