@@ -1,5 +1,6 @@
 //! Conformance tests of retention in time: a forward jump of the wall clock purges no record
-//! early, a jump back leaves no lease stuck, and purges racing ingest keep the window. `ManualClock::set` jumps the wall clock alone; `advance` is real time.
+//! early, a jump back leaves no lease stuck, and purges racing ingest keep the window.
+//! `ManualClock::set` jumps the wall clock alone; `advance` is real time.
 
 use std::time::Duration;
 
