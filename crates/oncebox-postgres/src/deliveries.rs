@@ -53,15 +53,19 @@ fn claim_sql(routes: bool) -> String {
                ORDER BY next_attempt_at, id LIMIT $2 FOR UPDATE SKIP LOCKED)"
         )
     };
-    // `reanchored`: a lease taken at a time later than now was taken before the wall clock went
-    // back; as on SQLite it keeps its holder and ends one lease length from now. Its rows end
-    // after now, so no arm picks them: no row is written twice by the statement.
+    // `reanchored`: a lease taken more than its own length later than now was taken before the
+    // wall clock went back; as on SQLite it keeps its holder and ends one lease length from now.
+    // A claimer whose clock runs behind another node's by less than a lease leaves that node's
+    // leases alone: re-anchoring on any later claim time would cut the holder's lease by the
+    // skew, and its outcome would be fenced. Its rows end after now, so no arm picks them: no
+    // row is written twice by the statement.
     format!(
         "WITH {}, {}, {},
          reanchored AS (
            UPDATE oncebox_outbox SET lease_expires_at = $1 + (lease_expires_at - updated_at),
              updated_at = $1
-           WHERE state = 'in_flight' AND updated_at > $1 AND lease_expires_at > $1
+           WHERE state = 'in_flight' AND updated_at - $1 > lease_expires_at - updated_at
+             AND lease_expires_at > $1
            RETURNING id),
          picked AS (
            SELECT id FROM (SELECT * FROM pending UNION ALL SELECT * FROM retrying

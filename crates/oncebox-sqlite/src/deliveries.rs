@@ -86,14 +86,15 @@ fn claim(
     let limit = i64::try_from(limit).unwrap_or(i64::MAX);
     let mut args = vec![Value::Integer(now.millis()), Value::Integer(limit)];
     args.extend(routes.iter().map(|r| Value::Text(r.clone())));
-    // A lease taken at a time later than now was taken before the wall clock went back. Left
-    // as it is, a dead relay's delivery would wait out the jump on top of its lease; taken over
-    // at once, a live relay's request could go out twice. Like an inbox lease (`lease_seen`) it
-    // keeps its holder and token and now ends one lease length from here.
+    // A lease taken more than its own length later than now was taken before the wall clock
+    // went back. Left as it is, a dead relay's delivery would wait out the jump on top of its
+    // lease; taken over at once, a live relay's request could go out twice. Like an inbox lease
+    // (`lease_seen`) it keeps its holder and token and now ends one lease length from here.
+    // A smaller difference is left alone, as on PostgreSQL, where it is two nodes' clock skew.
     conn.prepare_cached(
         "UPDATE oncebox_outbox SET lease_expires_at = ?1 + (lease_expires_at - updated_at),
            updated_at = ?1
-         WHERE state = 'in_flight' AND updated_at > ?1",
+         WHERE state = 'in_flight' AND updated_at - ?1 > lease_expires_at - updated_at",
     )?
     .execute([now.millis()])?;
     // A relay's route list is fixed by its configuration, so this caches one statement.

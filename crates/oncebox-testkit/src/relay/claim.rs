@@ -267,3 +267,23 @@ pub async fn a_backward_clock_jump_holds_a_lease_one_lease_length_not_the_jump<
     assert_eq!(late, Err(LeaseError::Fenced));
     assert_eq!(view(&b, first[1].id).await.state, DeliveryState::Delivered);
 }
+
+/// A claimer whose clock runs behind the holder's by less than a lease (two nodes' skew) leaves
+/// the lease as it is: the holder still records its outcome near the lease's end on its own
+/// clock, and nobody takes the delivery over meanwhile.
+pub async fn a_claimer_behind_by_less_than_a_lease_leaves_the_lease_alone<B: DeliveryBackend>() {
+    let (b, clock) = fresh::<B>().await;
+    accept(&b, "evt-1").await;
+    let held = claim(&b, clock.now(), 10).await;
+    assert_eq!(held.len(), 2);
+    // Another node, its clock half a lease behind, polls.
+    assert_eq!(claim(&b, clock.now().minus(LEASE / 2), 10).await, []);
+    clock.advance(LEASE - Duration::from_millis(1));
+    let now = clock.now();
+    for c in &held {
+        b.record(c, answered(200, now), Verdict::Delivered, now)
+            .await
+            .expect("the holder's lease was not cut by the other claimer's skew");
+        assert_eq!(view(&b, c.id).await.state, DeliveryState::Delivered);
+    }
+}
