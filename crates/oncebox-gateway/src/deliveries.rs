@@ -145,7 +145,7 @@ pub(crate) async fn resolve<S: EventStore + DeliveryStore>(
     body: axum::body::Bytes,
 ) -> Response {
     let Ok(body) = serde_json::from_slice::<ResolveBody>(&body) else {
-        return Problem::invalid(
+        return Problem::invalid_request(
             "invalid-json",
             r#"expected {"outcome":"delivered"|"dead","note":"…"}"#,
         )
@@ -155,7 +155,7 @@ pub(crate) async fn resolve<S: EventStore + DeliveryStore>(
         "delivered" => Resolve::Delivered,
         "dead" => Resolve::Dead,
         other => {
-            return Problem::invalid(
+            return Problem::invalid_request(
                 "invalid-json",
                 format!("outcome must be delivered or dead, not {other:?}"),
             )
@@ -190,20 +190,47 @@ pub(crate) async fn redeliver<S: EventStore + DeliveryStore>(
         Err(problem) => return problem.into_response(),
     };
     match gw.store.redeliver(&key, gw.clock.now()).await {
-        // Nothing to redeliver: say whether the event is unknown or simply has no deliveries
-        // (no route took it, as with every event of a gateway without routes).
-        Ok(0) => match gw.store.event(&key).await {
-            Ok(None) => Problem::not_found("event-not-found", format!("no event {key}")),
-            Ok(Some(_)) => Problem::not_found(
-                "no-deliveries",
-                format!("{key} has no deliveries to redeliver: no route took it"),
-            ),
-            Err(e) => return unavailable(&e, gw.config.limits.retry_after),
-        }
-        .into_response(),
+        Ok(0) => nothing_redelivered(&gw, &key).await,
         Ok(n) => {
             Json(json!({ "redelivered": n, "idempotency_key": key.to_string() })).into_response()
         }
         Err(e) => unavailable(&e, gw.config.limits.retry_after),
     }
+}
+
+/// Why `redeliver` changed nothing: every delivery of the event is being sent right now (409
+/// `in-flight`: redeliver once they settle), the event has none because no route took it (404
+/// `no-deliveries`, as with every event of a gateway without routes), or there is no such event
+/// (404 `event-not-found`).
+async fn nothing_redelivered<S: EventStore + DeliveryStore>(
+    gw: &Gateway<S>,
+    key: &oncebox_core::Key,
+) -> Response {
+    let of_event = DeliveryFilter {
+        key: Some(key.clone()),
+        limit: 1,
+        ..DeliveryFilter::default()
+    };
+    let has_deliveries = match gw.store.deliveries(of_event).await {
+        Ok(page) => !page.items.is_empty(),
+        Err(e) => return unavailable(&e, gw.config.limits.retry_after),
+    };
+    if has_deliveries {
+        return Problem::new(
+            axum::http::StatusCode::CONFLICT,
+            "in-flight",
+            "Being delivered",
+            format!("every delivery of {key} is being sent now; redeliver once they settle"),
+        )
+        .into_response();
+    }
+    match gw.store.event(key).await {
+        Ok(None) => Problem::not_found("event-not-found", format!("no event {key}")),
+        Ok(Some(_)) => Problem::not_found(
+            "no-deliveries",
+            format!("{key} has no deliveries to redeliver: no route took it"),
+        ),
+        Err(e) => return unavailable(&e, gw.config.limits.retry_after),
+    }
+    .into_response()
 }

@@ -103,9 +103,11 @@ fn complete(path: &str, op: &mut Value) {
             op.remove("parameters");
         }
     }
+    // The admin API's operations: those whose security names the bearer scheme.
     let admin = op
         .get("security")
-        .is_some_and(|s| s.to_string().contains("\"bearer\""));
+        .and_then(Value::as_array)
+        .is_some_and(|schemes| schemes.iter().any(|s| s.get("bearer").is_some()));
     if let Some(responses) = op.get_mut("responses").and_then(Value::as_object_mut) {
         if admin {
             responses.entry("403").or_insert_with(|| {
@@ -202,6 +204,7 @@ fn described() -> Value {
             "/v1/sources/{source}/events/{event_id}/redeliver": { "post": {
                 "summary": "Deliver an event to its routes again, with the same idempotency key", "security": admin,
                 "responses": { "200": { "description": "{\"redelivered\": n}" }, "400": problem("invalid-key"), "404": problem("event-not-found; no-deliveries: the event has none (no route took it)"),
+                               "409": problem("in-flight: every delivery is being sent now"),
                                "401": problem("unauthorized"), "503": problem("unavailable") } } },
             "/v1/stats": { "get": { "summary": "Counts by state", "security": admin,
                 "responses": { "200": { "description": "counts" }, "401": problem("unauthorized"), "503": problem("unavailable") } } },

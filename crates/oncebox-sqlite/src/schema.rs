@@ -165,8 +165,6 @@ fn synchronous(d: Durability) -> &'static str {
     }
 }
 
-/// Opens the writer connection: WAL, the chosen durability, foreign keys on (SQLite checks them
-/// per connection, so every connection sets it), and the busy timeout.
 /// Refuses a database file that is missing or empty beside a log that is not (`LostDatabase`).
 /// A fresh inbox has neither; SQLite itself never leaves a log without its file.
 pub(crate) fn refuse_lost_file(o: &Options) -> Result<(), OpenError> {
@@ -183,6 +181,8 @@ pub(crate) fn refuse_lost_file(o: &Options) -> Result<(), OpenError> {
     Ok(())
 }
 
+/// Opens the writer connection: WAL, the chosen durability, foreign keys on (SQLite checks them
+/// per connection, so every connection sets it), and the busy timeout.
 pub(crate) fn open_writer(o: &Options) -> Result<Connection, OpenError> {
     crate::pcache::install();
     let err = sqlite_err(o);

@@ -307,3 +307,32 @@ fn empty_query_parameters_mean_no_filter() {
         }
     });
 }
+
+/// Redeliver never re-sends a delivery a relay holds: with every delivery of the event in
+/// flight, nothing changes and the answer says why (409 `in-flight`), not that no route took it.
+#[test]
+fn redeliver_of_an_event_whose_deliveries_are_in_flight_is_409() {
+    run(async {
+        let (gw, id) = one_delivery().await;
+        let now = gw.clock.now();
+        let claimed = gw
+            .inbox
+            .claim(now, 10, Duration::from_secs(60), &[])
+            .await
+            .unwrap();
+        assert_eq!(claimed.len(), 1);
+        let a = gw
+            .send(admin_post("/v1/sources/open/events/e1/redeliver", ""))
+            .await;
+        assert_eq!(
+            (a.status, a.slug().as_str()),
+            (StatusCode::CONFLICT, "in-flight"),
+            "{a:?}"
+        );
+        let d = gw.send(admin_get("/v1/deliveries")).await.json()["items"][0].clone();
+        assert_eq!(
+            (d["id"].as_i64(), d["state"].as_str()),
+            (Some(id), Some("in_flight"))
+        );
+    });
+}

@@ -1,4 +1,4 @@
-//! Through a real listener: racing duplicates, slow and oversize clients, limits, shutdown.
+//! Through a real listener: racing duplicates, slow clients, limits, shutdown.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -11,7 +11,7 @@ use tokio::net::TcpStream;
 use tokio::sync::Barrier;
 
 use crate::support::Answer;
-use crate::wire::{BOUND, Raw, Reply, deliver, get, head, in_flight, read_reply, served};
+use crate::wire::{BOUND, Raw, Reply, deliver, get, in_flight, served};
 
 #[test]
 fn fifty_concurrent_deliveries_of_one_key_give_one_accept_and_49_replays() {
@@ -111,111 +111,8 @@ fn silent_connections_are_cut_off() {
         raw.send(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n").await;
         match raw.reply().await {
             Reply::Answer(a) => assert_eq!(a.status, StatusCode::BAD_REQUEST),
-            Reply::Closed(why) => eprintln!("CLOSED {why}"),
+            Reply::Closed(_) => {}
         }
-        assert_eq!(s.gw.rows(), 0);
-    });
-}
-
-#[test]
-fn slow_body_is_cut_off_with_408_and_nothing_stored() {
-    run(async {
-        let limits = Limits {
-            body_timeout: Duration::from_millis(300),
-            ..Limits::default()
-        };
-        let s = served(limits.clone()).await;
-        // Started before connecting: the server's header timer runs from the connection's start.
-        let started = Instant::now();
-        let mut raw = Raw::connect(s.addr).await;
-        raw.send(head("open", 100, "").as_bytes()).await;
-        raw.send(br#"{"id":"slo"#).await;
-        // The handler has read every byte sent, so the server closes cleanly after its answer:
-        // the 408 always arrives.
-        let a = raw.reply().await.answer();
-        assert!(started.elapsed() >= limits.body_timeout);
-        assert_eq!(a.status, StatusCode::REQUEST_TIMEOUT, "{a:?}");
-        assert_eq!(a.slug(), "body-timeout");
-        assert_eq!(s.gw.rows(), 0);
-    });
-}
-
-/// A client that declares 100 bytes, sends a whole JSON object of fewer and then closes its
-/// side: what arrived parses, but it is not the body the request announced, so nothing is
-/// stored and the answer is 400 `body-unreadable`.
-#[test]
-fn a_body_cut_short_of_its_content_length_stores_nothing() {
-    run(async {
-        let s = served(Limits::default()).await;
-        let mut raw = Raw::connect(s.addr).await;
-        let part = br#"{"id":"cut-1"}"#;
-        assert!(part.len() < 100);
-        raw.send(head("open", 100, "").as_bytes()).await;
-        raw.send(part).await;
-        raw.stream.shutdown().await.expect("shutdown");
-        // Only the client's sending side is closed: the refusal still reaches it.
-        let a = raw.reply().await.answer();
-        assert_eq!(
-            (a.status, a.slug().as_str()),
-            (StatusCode::BAD_REQUEST, "body-unreadable"),
-            "{a:?}"
-        );
-        assert_eq!(s.gw.rows(), 0, "a partial body was stored");
-        // The same object sent whole is stored: the refusal was for the cut, not the content.
-        let mut whole = Raw::connect(s.addr).await;
-        whole.send(head("open", part.len(), "").as_bytes()).await;
-        whole.send(part).await;
-        assert_eq!(whole.reply().await.answer().status, StatusCode::ACCEPTED);
-        assert_eq!(s.gw.rows(), 1);
-    });
-}
-
-#[test]
-fn oversize_body_without_content_length_is_refused_413() {
-    run(async {
-        let s = served(Limits::default()).await;
-
-        // Chunked, 1 MiB for a 16-byte source, and never terminated: an answer can only come
-        // from a server that refused while the body was still arriving.
-        let mut raw = Raw::connect(s.addr).await;
-        raw.send(
-            b"POST /v1/sources/tiny/events HTTP/1.1\r\nHost: x\r\n\
-              Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n",
-        )
-        .await;
-        let chunk = vec![b' '; 64 * 1024];
-        let (mut rd, mut wr) = raw.stream.split();
-        let writer = async {
-            for _ in 0..16 {
-                let size = format!("{:x}\r\n", chunk.len());
-                // Once the server has answered it may close; the remaining chunks then fail.
-                let sent = async {
-                    wr.write_all(size.as_bytes()).await?;
-                    wr.write_all(&chunk).await?;
-                    wr.write_all(b"\r\n").await
-                };
-                if sent.await.is_err() {
-                    break;
-                }
-            }
-            std::future::pending::<()>().await;
-        };
-        let reply = tokio::select! {
-            reply = read_reply(&mut rd, &mut raw.buf) => reply,
-            () = writer => unreachable!("the writer never finishes"),
-        };
-        let a = reply.answer();
-        assert_eq!(a.status, StatusCode::PAYLOAD_TOO_LARGE, "{a:?}");
-        assert_eq!(a.slug(), "body-too-large");
-
-        // A declared length over the limit is refused on the head alone: no body byte is sent.
-        let mut raw = Raw::connect(s.addr).await;
-        raw.send(head("tiny", 10 * 1024 * 1024, "").as_bytes())
-            .await;
-        let a = raw.reply().await.answer();
-        assert_eq!(a.status, StatusCode::PAYLOAD_TOO_LARGE, "{a:?}");
-        assert_eq!(a.slug(), "body-too-large");
-
         assert_eq!(s.gw.rows(), 0);
     });
 }
@@ -310,7 +207,7 @@ fn requests_cut_by_the_shutdown_grace_never_get_2xx() {
         // connection, which is the expected outcome.
         let _ = a.stream.write_all(&body.as_bytes()[10..]).await;
         match a.reply().await {
-            Reply::Closed(why) => eprintln!("CLOSED {why}"),
+            Reply::Closed(_) => {}
             Reply::Answer(answer) => {
                 panic!("the request outlived the shutdown grace and was answered: {answer:?}")
             }

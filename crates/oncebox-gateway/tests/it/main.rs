@@ -2,6 +2,7 @@
 //! SQLite files.
 
 mod admin;
+mod bodies;
 mod dashboard;
 mod deliveries;
 mod http;

@@ -258,8 +258,9 @@ async fn frozen() -> Option<Report> {
     let other: Vec<_> = seen[first..]
         .iter()
         .filter_map(|o| match o.outcome() {
-            Some(Outcome::Info(why)) if why != "HTTP 503" => Some(why.clone()),
-            _ => None,
+            None | Some(Outcome::Ok { .. }) => None,
+            Some(Outcome::Info(why)) if why == "HTTP 503" => None,
+            Some(answered) => Some(format!("{answered:?}")),
         })
         .collect();
     let acked_frozen = seen[first..]
