@@ -7,6 +7,7 @@ mod dashboard;
 mod deliveries;
 mod http;
 mod ingress;
+mod keys;
 mod linger;
 mod openapi;
 mod rejections;

@@ -1,0 +1,172 @@
+//! Which key an event gets, through the real router: where the event id comes from (header,
+//! pointer, derived from business fields), sources as namespaces, names no source can have,
+//! and ids too long to be ids.
+
+use axum::http::StatusCode;
+use oncebox_gateway::policy::GatewayConfig;
+use oncebox_testkit::run;
+
+use crate::support::{TestGateway, config, post};
+
+#[test]
+fn event_id_sources_follow_the_default_order() {
+    run(async {
+        let gw = TestGateway::new();
+        let a = gw
+            .send(post(
+                "open",
+                &[("idempotency-key", "k1"), ("webhook-id", "w1")],
+                r#"{"id":"b1"}"#,
+            ))
+            .await;
+        assert_eq!(a.json()["event_id"], "k1");
+        let b = gw
+            .send(post("open", &[("webhook-id", "w2")], r#"{"id":"b2"}"#))
+            .await;
+        assert_eq!(b.json()["event_id"], "w2");
+        let c = gw.send(post("open", &[], r#"{"id":42}"#)).await;
+        assert_eq!(c.json()["event_id"], "42");
+    });
+}
+
+#[test]
+fn derived_ids_make_business_duplicates_one_event() {
+    run(async {
+        let gw = TestGateway::new();
+        let a = gw
+            .send(post("derived", &[], r#"{"order_id":"o1","type":"paid"}"#))
+            .await;
+        let id = a.json()["event_id"].as_str().unwrap().to_owned();
+        assert_eq!(id.len(), 64, "SHA-256 hex");
+        let b = gw
+            .send(post("derived", &[], r#"{"type":"paid","order_id":"o1"}"#))
+            .await;
+        assert!(b.replayed());
+        let c = gw
+            .send(post(
+                "derived",
+                &[],
+                r#"{"order_id":"o1","type":"refunded"}"#,
+            ))
+            .await;
+        assert_ne!(c.json()["event_id"].as_str().unwrap(), id);
+    });
+}
+
+#[test]
+fn same_event_id_from_two_sources_is_two_events() {
+    run(async {
+        let gw = TestGateway::new();
+        // Both sources take the id from the body by the default rule, so both events carry
+        // the same id: only the source tells them apart.
+        let a = gw
+            .send(post("open", &[], r#"{"id":"same","amount":1}"#))
+            .await;
+        let b = gw
+            .send(post("fields", &[], r#"{"id":"same","amount":2}"#))
+            .await;
+        for answer in [&a, &b] {
+            assert_eq!(answer.status, StatusCode::ACCEPTED, "{answer:?}");
+            assert_eq!(answer.json()["event_id"], "same");
+            assert!(!answer.replayed(), "{answer:?}");
+        }
+        assert_eq!(a.json()["source"], "open");
+        assert_eq!(b.json()["source"], "fields");
+        // A retry to either source replays that source's own event.
+        let again = gw
+            .send(post("fields", &[], r#"{"id":"same","amount":2}"#))
+            .await;
+        assert!(
+            again.replayed() && again.json()["source"] == "fields",
+            "{again:?}"
+        );
+        let stored: Vec<(String, String)> = gw
+            .inbox
+            .read_blocking(|c| {
+                c.prepare("SELECT source, event_id FROM oncebox_inbox ORDER BY source")?
+                    .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
+                    .collect()
+            })
+            .unwrap();
+        let same = |s: &str| (s.to_owned(), "same".to_owned());
+        assert_eq!(stored, vec![same("fields"), same("open")]);
+    });
+}
+
+#[test]
+fn unknown_source_is_404_and_any_source_is_open_only_in_zero_config() {
+    run(async {
+        let gw = TestGateway::new();
+        for name in ["nope", "Bad", "a%2Fb", "x".repeat(65).as_str()] {
+            let a = gw.send(post(name, &[], r#"{"id":"1"}"#)).await;
+            assert_eq!(
+                (a.status, a.slug().as_str()),
+                (StatusCode::NOT_FOUND, "unknown-source"),
+                "{name}"
+            );
+        }
+        let zero = TestGateway::with(
+            GatewayConfig {
+                open_sources: true,
+                ..GatewayConfig::default()
+            },
+            oncebox_sqlite::Options::new,
+        );
+        assert_eq!(
+            zero.send(post("anything", &[], r#"{"id":"1"}"#))
+                .await
+                .status,
+            StatusCode::ACCEPTED
+        );
+        // A name no source can have is refused there too, with the rule it breaks.
+        for name in ["Shop", "x".repeat(65).as_str()] {
+            let a = zero.send(post(name, &[], r#"{"id":"1"}"#)).await;
+            assert_eq!(
+                (a.status, a.slug().as_str()),
+                (StatusCode::NOT_FOUND, "unknown-source"),
+                "{name}"
+            );
+            let detail = a.json()["detail"].as_str().unwrap().to_owned();
+            assert!(detail.contains("source must"), "{name}: {detail}");
+        }
+    });
+}
+
+#[test]
+fn a_ten_megabyte_event_id_is_400_and_stores_nothing() {
+    run(async {
+        let mut cfg = config();
+        // A body limit the id fits under, so that the id's own check is what refuses it.
+        let roomy = oncebox_gateway::policy::SourcePolicy {
+            max_body: 16 << 20,
+            ..oncebox_gateway::policy::SourcePolicy::open()
+        };
+        cfg.sources
+            .insert(oncebox_core::Source::new("roomy").unwrap(), roomy);
+        let gw = TestGateway::with(cfg, oncebox_sqlite::Options::new);
+        let huge = "i".repeat(10 << 20);
+        let in_body = gw
+            .send(post("roomy", &[], format!(r#"{{"id":"{huge}"}}"#)))
+            .await;
+        let in_header = gw
+            .send(post("roomy", &[("idempotency-key", &huge)], r#"{"n":1}"#))
+            .await;
+        for a in [&in_body, &in_header] {
+            assert_eq!(
+                (a.status, a.slug().as_str()),
+                (StatusCode::BAD_REQUEST, "event-id-invalid")
+            );
+            // The refusal names the limit; it does not echo ten megabytes back.
+            assert!(a.body.len() < 1024, "{} bytes", a.body.len());
+        }
+        // The default limit refuses the same body before it is parsed.
+        let limited = gw
+            .send(post("open", &[], format!(r#"{{"id":"{huge}"}}"#)))
+            .await;
+        assert_eq!(
+            (limited.status, limited.slug().as_str()),
+            (StatusCode::PAYLOAD_TOO_LARGE, "body-too-large")
+        );
+        assert_eq!(gw.rows(), 0);
+    });
+}
