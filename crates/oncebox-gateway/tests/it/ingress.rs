@@ -1,5 +1,6 @@
 //! Every row of DESIGN §4 through the real router: new, duplicate, stale, conflict, in
-//! progress, invalid, unavailable — and the fingerprint and ordering rules behind them (ids: keys.rs).
+//! progress, invalid, unavailable — and the fingerprint and ordering rules behind them (the
+//! event id's rules are in keys.rs).
 
 use std::time::Duration;
 
