@@ -23,18 +23,22 @@ pub enum LeaseSeen {
     Live,
     /// Past its expiry: take it over with a new fencing token.
     Expired,
-    /// Begun after `now`, so the wall clock went back since. Held for the jump's length it would
-    /// be stuck; taken over at once, two holders could run the outside effect. It keeps its
-    /// holder and token and is re-anchored: it now expires one full TTL after `now` (this
-    /// instant), which the store writes back.
+    /// Begun more than its TTL after `now`, so the wall clock went back since. Held for the
+    /// jump's length it would be stuck; taken over at once, two holders could run the outside
+    /// effect. It keeps its holder and token and is re-anchored: it now expires one full TTL
+    /// after `now` (this instant), which the store writes back.
     Reanchor(Timestamp),
 }
 
 /// How a lease begun (or last taken over) at `begun_at` and expiring at `expires_at` stands at
-/// `now`. Its remaining time can never exceed the TTL it was given (`expires_at − begun_at`).
+/// `now`. Its remaining time never exceeds twice the TTL it was given (`expires_at − begun_at`).
+///
+/// A lease begun less than a TTL after `now` is left as it is: on several nodes that is one
+/// node's clock running ahead of another's, and re-anchoring it on the slower clock would cut
+/// the holder's lease by the skew (the delivery leases of both backends follow the same rule).
 pub fn lease_seen(begun_at: Timestamp, expires_at: Timestamp, now: Timestamp) -> LeaseSeen {
-    if begun_at > now {
-        let ttl = expires_at.millis().saturating_sub(begun_at.millis()).max(0);
+    let ttl = expires_at.millis().saturating_sub(begun_at.millis()).max(0);
+    if begun_at.millis().saturating_sub(now.millis()) > ttl {
         return LeaseSeen::Reanchor(Timestamp(now.millis().saturating_add(ttl)));
     }
     if now < expires_at {
@@ -118,10 +122,18 @@ mod tests {
             lease_seen(begun, expires, Timestamp(31_000)),
             LeaseSeen::Expired
         );
-        // The clock went back: one full TTL from now, neither the jump's length nor nothing.
+        // Begun up to a TTL ahead of now (another node's clock, or a short jump back): held as
+        // it is, so a skew never cuts the holder's lease.
+        assert_eq!(lease_seen(begun, expires, Timestamp(999)), LeaseSeen::Live);
         assert_eq!(
-            lease_seen(begun, expires, Timestamp(999)),
-            LeaseSeen::Reanchor(Timestamp(30_999))
+            lease_seen(begun, expires, Timestamp(-29_000)),
+            LeaseSeen::Live
+        );
+        // The clock went back further: one full TTL from now, neither the jump's length nor
+        // nothing.
+        assert_eq!(
+            lease_seen(begun, expires, Timestamp(-29_001)),
+            LeaseSeen::Reanchor(Timestamp(-29_001 + 30_000))
         );
         assert_eq!(
             lease_seen(begun, expires, Timestamp(-3_600_000)),
