@@ -8,7 +8,8 @@ use serde_json::{Value, json};
 fn page(summary: &str) -> Value {
     json!({ "get": { "summary": summary, "tags": ["dashboard"], "security": [{ "session": [] }],
         "responses": { "200": { "description": "HTML page", "content": { "text/html": {} } },
-                       "303": { "description": "not signed in: to /login" } } } })
+                       "303": { "description": "not signed in: to /login" },
+                       "403": { "description": "closed: no admin token on a listener beyond loopback", "content": { "text/html": {} } } } } })
 }
 
 fn problem(description: &str) -> Value {
@@ -225,7 +226,8 @@ fn described() -> Value {
             "/config": page("Dashboard: the sources and routes in effect, secrets masked"),
             "/login": {
                 "get": { "summary": "Dashboard sign-in form", "tags": ["dashboard"],
-                    "responses": { "200": { "description": "HTML form", "content": { "text/html": {} } } } },
+                    "responses": { "200": { "description": "HTML form", "content": { "text/html": {} } },
+                                   "403": { "description": "closed: no admin token on a listener beyond loopback", "content": { "text/html": {} } } } },
                 "post": { "summary": "Sign in with the admin token; sets the session cookie", "tags": ["dashboard"],
                     "requestBody": { "required": true, "content": { "application/x-www-form-urlencoded": {} } },
                     "responses": { "303": { "description": "signed in: to the dashboard" }, "401": { "description": "wrong token: the form again" } } } },

@@ -148,7 +148,8 @@ pub(crate) fn closed_page() -> Response {
             } }
         }
     };
-    respond(StatusCode::UNAUTHORIZED, markup)
+    // No token could open it: 403, as the admin API answers there (`admin-disabled`).
+    respond(StatusCode::FORBIDDEN, markup)
 }
 
 /// A page for a failure the operator should see (the store is unavailable, a bad query).

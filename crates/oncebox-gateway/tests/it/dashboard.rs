@@ -259,3 +259,22 @@ fn unknown_queues_events_and_filters_are_refused_as_pages() {
         }
     });
 }
+
+/// Without an admin token on a listener that is not loopback-only, the pages say the dashboard
+/// is closed with 403, as the admin API answers there: no token could open it.
+#[test]
+fn without_a_token_beyond_loopback_the_dashboard_is_closed_403() {
+    run(async {
+        let mut cfg = config();
+        cfg.admin_token = None;
+        let gw = TestGateway::with(cfg, oncebox_sqlite::Options::new);
+        for path in ["/", "/events", "/login"] {
+            let page = gw.send(get(path, "")).await;
+            assert_eq!(page.status, StatusCode::FORBIDDEN, "{path}");
+            assert!(
+                text(&page.body).contains("The dashboard is closed"),
+                "{path}"
+            );
+        }
+    });
+}
