@@ -38,7 +38,14 @@ fn millis(d: Duration) -> i64 {
 /// but the cut dropped are free again when the statement ends, microseconds later.
 ///
 /// Every claimed row gets a new fencing token from the sequence: whoever held it before carries
-/// a smaller one and can no longer record (G5). The rows stay locked until the `UPDATE` is done,
+/// a smaller one and can no longer record (G5).
+///
+/// Unlike SQLite's claim, this one does not re-anchor a lease taken "in the future" after a
+/// backward clock jump. Here the claimers are several nodes with clocks of their own: a lease
+/// begun ahead of this node's now is as likely another node's clock running ahead, and
+/// re-anchoring it on this clock would move its end into that node's past, so its holder's
+/// outcome would be fenced and the delivery sent again, round after round. A node whose clock
+/// went back leaves a dead relay's delivery held for the jump's length on top of its lease. The rows stay locked until the `UPDATE` is done,
 /// so nothing can change them between the pick and the lease.
 fn claim_sql(routes: bool) -> String {
     let only = if routes {
@@ -53,20 +60,8 @@ fn claim_sql(routes: bool) -> String {
                ORDER BY next_attempt_at, id LIMIT $2 FOR UPDATE SKIP LOCKED)"
         )
     };
-    // `reanchored`: a lease taken more than its own length later than now was taken before the
-    // wall clock went back; as on SQLite it keeps its holder and ends one lease length from now.
-    // A claimer whose clock runs behind another node's by less than a lease leaves that node's
-    // leases alone: re-anchoring on any later claim time would cut the holder's lease by the
-    // skew, and its outcome would be fenced. Its rows end after now, so no arm picks them: no
-    // row is written twice by the statement.
     format!(
         "WITH {}, {}, {},
-         reanchored AS (
-           UPDATE oncebox_outbox SET lease_expires_at = $1 + (lease_expires_at - updated_at),
-             updated_at = $1
-           WHERE state = 'in_flight' AND updated_at - $1 > lease_expires_at - updated_at
-             AND lease_expires_at > $1
-           RETURNING id),
          picked AS (
            SELECT id FROM (SELECT * FROM pending UNION ALL SELECT * FROM retrying
                            UNION ALL SELECT * FROM expired) AS due

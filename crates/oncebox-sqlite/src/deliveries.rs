@@ -90,7 +90,10 @@ fn claim(
     // went back. Left as it is, a dead relay's delivery would wait out the jump on top of its
     // lease; taken over at once, a live relay's request could go out twice. Like an inbox lease
     // (`lease_seen`) it keeps its holder and token and now ends one lease length from here.
-    // A smaller difference is left alone, as on PostgreSQL, where it is two nodes' clock skew.
+    // Every process on a SQLite file runs on one machine, with one clock, so a lease begun in
+    // the future means a jump; a difference under a lease is left alone all the same, as inbox
+    // leases do. (PostgreSQL's claimers are nodes with clocks of their own: it does not
+    // re-anchor, `oncebox-postgres` says why.)
     conn.prepare_cached(
         "UPDATE oncebox_outbox SET lease_expires_at = ?1 + (lease_expires_at - updated_at),
            updated_at = ?1

@@ -208,7 +208,6 @@ macro_rules! delivery_conformance {
             stale_event_gets_no_delivery,
             claim_returns_due_deliveries_oldest_first_and_not_twice_while_leased,
             expired_lease_is_reclaimed_with_a_higher_token_and_the_old_holder_is_fenced,
-            a_backward_clock_jump_holds_a_lease_one_lease_length_not_the_jump,
             a_claimer_behind_by_less_than_a_lease_leaves_the_lease_alone,
             record_sets_state_attempts_and_last_result_for_each_verdict,
             retrying_delivery_is_claimable_only_from_its_next_attempt,

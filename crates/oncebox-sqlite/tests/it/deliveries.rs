@@ -22,3 +22,22 @@ impl DeliveryBackend for Sqlite {
 }
 
 oncebox_testkit::delivery_conformance!(Sqlite);
+
+/// A backward clock jump re-anchors a dead relay's lease (one clock: every process on a SQLite
+/// file runs on one machine).
+#[test]
+fn a_backward_clock_jump_holds_a_lease_one_lease_length_not_the_jump() {
+    oncebox_testkit::run(
+        oncebox_testkit::relay::a_backward_clock_jump_holds_a_lease_one_lease_length_not_the_jump::<
+            Sqlite,
+        >(),
+    );
+}
+
+#[test]
+fn a_lease_is_re_anchored_only_when_taken_over_a_lease_ahead() {
+    oncebox_testkit::run(
+        oncebox_testkit::relay::a_lease_is_re_anchored_only_when_taken_over_a_lease_ahead::<Sqlite>(
+        ),
+    );
+}

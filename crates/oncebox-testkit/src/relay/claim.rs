@@ -223,10 +223,12 @@ pub async fn claim_takes_only_the_given_routes<B: DeliveryBackend>() {
     assert_eq!(keys_and_routes(&rest), [pair("shop:evt-2", "a")]);
 }
 
-/// A relay dies holding deliveries and the wall clock then goes back an hour. Its leases are
-/// not taken over at once (a live holder may still be sending, and a route that ignores the
-/// key would get the request twice), nor held for the hour: they end one lease length after
-/// the first claim that sees them, and the delivery goes out again with the same key.
+/// On one clock (SQLite; PostgreSQL's claimers are nodes with clocks of their own and do not
+/// re-anchor, `oncebox-postgres` says why): a relay dies holding deliveries and the wall clock
+/// then goes back an hour. Its leases are not taken over at once (a live holder may still be
+/// sending, and a route that ignores the key would get the request twice), nor held for the
+/// hour: they end one lease length after the first claim that sees them, and the delivery goes
+/// out again with the same key.
 pub async fn a_backward_clock_jump_holds_a_lease_one_lease_length_not_the_jump<
     B: DeliveryBackend,
 >() {
@@ -285,5 +287,34 @@ pub async fn a_claimer_behind_by_less_than_a_lease_leaves_the_lease_alone<B: Del
             .await
             .expect("the holder's lease was not cut by the other claimer's skew");
         assert_eq!(view(&b, c.id).await.state, DeliveryState::Delivered);
+    }
+}
+
+/// On one clock, the re-anchor's boundary: a lease taken exactly one lease length after a
+/// claimer's now is left as it is, one taken a millisecond later is re-anchored to end one
+/// lease from that now.
+pub async fn a_lease_is_re_anchored_only_when_taken_over_a_lease_ahead<B: DeliveryBackend>() {
+    for (ahead, kept) in [(LEASE, true), (LEASE + Duration::from_millis(1), false)] {
+        let (b, clock) = fresh::<B>().await;
+        accept(&b, "evt-1").await;
+        let at = clock.now();
+        let held = claim(&b, at, 10).await;
+        assert_eq!(held.len(), 2);
+        assert_eq!(claim(&b, at.minus(ahead), 10).await, []);
+        // The holder's last moment on its own clock.
+        let end = at.plus(LEASE - Duration::from_millis(1));
+        let recorded = b
+            .record(&held[0], answered(200, end), Verdict::Delivered, end)
+            .await;
+        if kept {
+            assert_eq!(recorded, Ok(()), "one lease ahead: left alone");
+        } else {
+            // Re-anchored to end one lease after `at - ahead`: before `end`.
+            assert_eq!(
+                recorded,
+                Err(LeaseError::Fenced),
+                "over a lease ahead: re-anchored"
+            );
+        }
     }
 }
