@@ -48,6 +48,17 @@ async fn one_delivery() -> (TestGateway, i64) {
     (gw, id)
 }
 
+/// What a relay claims at `now`: every due delivery, each under a minute's lease.
+async fn claim_all(
+    gw: &TestGateway,
+    now: oncebox_core::Timestamp,
+) -> Vec<oncebox_core::relay_store::Claimed> {
+    gw.inbox
+        .claim(now, 10, Duration::from_secs(60), &[])
+        .await
+        .unwrap()
+}
+
 #[test]
 fn accepted_events_fan_out_to_matching_routes_only() {
     run(async {
@@ -123,11 +134,7 @@ fn operators_retry_resolve_and_redeliver_with_the_same_key() {
         );
         // A relay's attempt ends uncertain.
         let now = gw.clock.now();
-        let claimed = gw
-            .inbox
-            .claim(now, 10, Duration::from_secs(60), &[])
-            .await
-            .unwrap();
+        let claimed = claim_all(&gw, now).await;
         let attempt = AttemptRecord {
             started_at: now,
             duration: Duration::ZERO,
@@ -192,11 +199,7 @@ fn delivery_endpoints_need_the_token_and_change_nothing_without_it() {
         let (gw, _) = one_delivery().await;
         // An uncertain delivery: retry, resolve and redeliver would each change it.
         let now = gw.clock.now();
-        let claimed = gw
-            .inbox
-            .claim(now, 10, Duration::from_secs(60), &[])
-            .await
-            .unwrap();
+        let claimed = claim_all(&gw, now).await;
         let attempt = AttemptRecord {
             started_at: now,
             duration: Duration::ZERO,
@@ -315,11 +318,7 @@ fn redeliver_of_an_event_whose_deliveries_are_in_flight_is_409() {
     run(async {
         let (gw, id) = one_delivery().await;
         let now = gw.clock.now();
-        let claimed = gw
-            .inbox
-            .claim(now, 10, Duration::from_secs(60), &[])
-            .await
-            .unwrap();
+        let claimed = claim_all(&gw, now).await;
         assert_eq!(claimed.len(), 1);
         let a = gw
             .send(admin_post("/v1/sources/open/events/e1/redeliver", ""))
