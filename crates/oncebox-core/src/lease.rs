@@ -35,7 +35,7 @@ pub enum LeaseSeen {
 ///
 /// A lease begun less than a TTL after `now` is left as it is: on several nodes that is one
 /// node's clock running ahead of another's, and re-anchoring it on the slower clock would cut
-/// the holder's lease by the skew (the delivery leases of both backends follow the same rule).
+/// the holder's lease by the skew (SQLite's delivery leases follow the same rule).
 pub fn lease_seen(begun_at: Timestamp, expires_at: Timestamp, now: Timestamp) -> LeaseSeen {
     let ttl = expires_at.millis().saturating_sub(begun_at.millis()).max(0);
     if begun_at.millis().saturating_sub(now.millis()) > ttl {

@@ -119,15 +119,10 @@ fn complete(path: &str, op: &mut Value) {
                     json!({ "schema": { "type": "string", "const": "Bearer realm=\"oncebox\"" } });
             }
         }
-        let busy =
-            problem("unavailable: too many requests in flight, or the store cannot answer now");
-        let busy = retry_after(busy);
-        match responses.get_mut("503") {
-            Some(given) => *given = retry_after(given.take()),
-            None => {
-                responses.insert("503".into(), busy);
-            }
-        }
+        let busy = responses.remove("503").unwrap_or_else(|| {
+            problem("unavailable: too many requests in flight, or the store cannot answer now")
+        });
+        responses.insert("503".into(), retry_after(busy));
     }
 }
 

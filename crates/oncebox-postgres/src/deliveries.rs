@@ -38,15 +38,15 @@ fn millis(d: Duration) -> i64 {
 /// but the cut dropped are free again when the statement ends, microseconds later.
 ///
 /// Every claimed row gets a new fencing token from the sequence: whoever held it before carries
-/// a smaller one and can no longer record (G5).
+/// a smaller one and can no longer record (G5). The rows stay locked until the `UPDATE` is done,
+/// so nothing can change them between the pick and the lease.
 ///
 /// Unlike SQLite's claim, this one does not re-anchor a lease taken "in the future" after a
 /// backward clock jump. Here the claimers are several nodes with clocks of their own: a lease
 /// begun ahead of this node's now is as likely another node's clock running ahead, and
 /// re-anchoring it on this clock would move its end into that node's past, so its holder's
 /// outcome would be fenced and the delivery sent again, round after round. A node whose clock
-/// went back leaves a dead relay's delivery held for the jump's length on top of its lease. The rows stay locked until the `UPDATE` is done,
-/// so nothing can change them between the pick and the lease.
+/// went back leaves a dead relay's delivery held for the jump's length on top of its lease.
 fn claim_sql(routes: bool) -> String {
     let only = if routes {
         " AND destination = ANY($4)"
