@@ -120,6 +120,25 @@ impl Observed {
     }
 }
 
+/// Where [`Backend::crash`] kills the process delivering an event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CrashAt {
+    /// In the handler, after its effects, before the transaction commits.
+    BeforeCommit,
+    /// After the commit, before the answer reaches the caller.
+    AfterCommit,
+}
+
+/// How a delivery run by [`Backend::crash`] ended.
+#[derive(Debug)]
+pub enum Crashed {
+    /// The process died at the point; no answer was seen.
+    Died,
+    /// The delivery never reached the point (a duplicate, a conflict, a failing handler) and
+    /// was answered; the process died after answering.
+    Answered(Result<Processed, ProcessError>),
+}
+
 /// A backend under test. Each call is one request to the real store.
 pub trait Backend: Clone + Send + Sync + Sized + 'static {
     /// A new, empty store on `clock`, with account 1 (balance 0) in the test tables
@@ -127,6 +146,15 @@ pub trait Backend: Clone + Send + Sync + Sized + 'static {
     fn fresh(clock: ManualClock) -> impl Future<Output = Self> + Send;
     /// Closes the store and opens the same storage again (an orderly restart).
     fn reopen(self) -> impl Future<Output = Self> + Send;
+    /// Delivers `event` in a process killed at `at`, and returns the store a new process opens
+    /// on what the dead one left: the files as they were at that moment (SQLite), the
+    /// server's state after the dead client's session is gone (PostgreSQL).
+    fn crash(
+        self,
+        event: Event,
+        script: Script,
+        at: CrashAt,
+    ) -> impl Future<Output = (Self, Crashed)> + Send;
     fn process(
         &self,
         event: Event,

@@ -2,6 +2,7 @@
 
 mod hostile;
 mod props;
+mod timestamps;
 
 use std::collections::BTreeMap;
 use std::slice;

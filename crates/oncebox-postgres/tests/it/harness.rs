@@ -9,9 +9,9 @@ use oncebox_core::{
     Begun, Event, Key, Lease, LeaseError, ManualClock, OutboxMessage, ProcessError, Processed,
     Response, Retention, Timestamp,
 };
-use oncebox_postgres::sqlx::{self, PgPool, Row};
+use oncebox_postgres::sqlx::{self, Connection, PgPool, Row};
 use oncebox_postgres::{HandlerError, Inbox, OffsetMove, Once, Options, Resolution, Tx};
-use oncebox_testkit::{Backend, End, Observed, Script};
+use oncebox_testkit::{Backend, CrashAt, Crashed, End, Observed, Script};
 
 /// The variable naming the test database.
 pub const URL_VAR: &str = "ONCEBOX_POSTGRES_URL";
@@ -65,6 +65,53 @@ impl Postgres {
             inbox,
             schema,
             clock,
+        }
+    }
+}
+
+impl Postgres {
+    /// Delivers `event` with a handler that makes its effects, then waits while its session is
+    /// terminated on the server, as the session of a process killed there ends; then it tries
+    /// to commit. The server rolls back a session that ends in a transaction, so nothing of the
+    /// delivery may remain, and the commit must fail.
+    async fn killed_before_commit(&self, event: Event, script: Script) -> Crashed {
+        let (reached, at_point) = tokio::sync::oneshot::channel::<i32>();
+        let (die, dying) = tokio::sync::oneshot::channel::<()>();
+        let script = script.end(End::Complete("ok".into()));
+        let inbox = self.inbox.clone();
+        let run = tokio::spawn(async move {
+            inbox
+                .process(event, move |tx| {
+                    Box::pin(async move {
+                        run_script(tx, &script).await?;
+                        let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+                            .fetch_one(tx.conn())
+                            .await?;
+                        let _ = reached.send(pid);
+                        let _ = dying.await;
+                        Ok(Response::completed("ok"))
+                    })
+                })
+                .await
+        });
+        // The handler is dropped unrun when the key was answered without it.
+        let Ok(pid) = at_point.await else {
+            return Crashed::Answered(run.await.expect("delivery task"));
+        };
+        let mut admin = sqlx::PgConnection::connect(&url().expect("URL"))
+            .await
+            .expect("connect");
+        // Waits up to 10 s for the session to end; false if it did not.
+        let ended: bool = sqlx::query_scalar("SELECT pg_terminate_backend($1, 10000)")
+            .bind(pid)
+            .fetch_one(&mut admin)
+            .await
+            .expect("terminate the session");
+        assert!(ended, "session {pid} did not end");
+        drop(die);
+        match run.await.expect("delivery task") {
+            Err(_) => Crashed::Died,
+            Ok(p) => panic!("a terminated session committed the delivery: {p:?}"),
         }
     }
 }
@@ -158,6 +205,17 @@ impl Backend for Postgres {
         inbox.pool().close().await;
         drop(inbox);
         Postgres::open(schema, clock).await
+    }
+
+    async fn crash(self, event: Event, script: Script, at: CrashAt) -> (Postgres, Crashed) {
+        let crashed = match at {
+            CrashAt::AfterCommit => match self.process(event, script).await {
+                Ok(Processed::Applied(_)) => Crashed::Died,
+                other => Crashed::Answered(other),
+            },
+            CrashAt::BeforeCommit => self.killed_before_commit(event, script).await,
+        };
+        (self.reopen().await, crashed)
     }
 
     async fn process(&self, event: Event, script: Script) -> Result<Processed, ProcessError> {

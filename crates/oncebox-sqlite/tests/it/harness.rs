@@ -12,7 +12,7 @@ use oncebox_core::{
 };
 use oncebox_sqlite::rusqlite::{Connection, params};
 use oncebox_sqlite::{HandlerError, Inbox, OffsetMove, Once, Options, Resolution, Tx};
-use oncebox_testkit::{Backend, End, Observed, Script};
+use oncebox_testkit::{Backend, CrashAt, Crashed, End, Observed, Script};
 
 /// The tables the suite's scripted handlers write, as a user's application would have them.
 pub const APP_SCHEMA: &str = "
@@ -51,6 +51,36 @@ pub struct Sqlite {
 impl Sqlite {
     fn options(path: &PathBuf, clock: &ManualClock) -> Options {
         Options::new(path).clock(Arc::new(clock.clone()))
+    }
+
+    /// Copies the database as a process killed now leaves it on disk, into a new directory.
+    /// The log is copied first: nothing commits meanwhile, so whatever the checkpointer copies
+    /// into the database file after that is in the copied log too, and recovery replays it
+    /// over the copied file. The shared-memory index stays behind; a first connection after a
+    /// crash rebuilds it from the log.
+    fn copy_files(&self) -> (tempfile::TempDir, PathBuf) {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let to = dir.path().join("oncebox.db");
+        let log = |p: &PathBuf| PathBuf::from(format!("{}-wal", p.display()));
+        match std::fs::copy(log(&self.path), log(&to)) {
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => panic!("copy the log: {e}"),
+        }
+        std::fs::copy(&self.path, &to).expect("copy the database");
+        (dir, to)
+    }
+
+    /// The store a new process opens on `copy`; this one is closed.
+    fn restart_on(self, (dir, path): (tempfile::TempDir, PathBuf)) -> Sqlite {
+        drop(self.inbox);
+        let inbox = Inbox::open(Sqlite::options(&path, &self.clock)).expect("open after a crash");
+        Sqlite {
+            inbox,
+            path,
+            clock: self.clock,
+            _dir: Arc::new(dir),
+        }
     }
 }
 
@@ -153,6 +183,44 @@ impl Backend for Sqlite {
             clock,
             _dir,
         }
+    }
+
+    async fn crash(self, event: Event, script: Script, at: CrashAt) -> (Sqlite, Crashed) {
+        let crashed = match at {
+            CrashAt::AfterCommit => match self.process(event, script).await {
+                Ok(Processed::Applied(_)) => Crashed::Died,
+                other => Crashed::Answered(other),
+            },
+            CrashAt::BeforeCommit => {
+                let (reached, at_point) = tokio::sync::oneshot::channel();
+                let (die, dying) = std::sync::mpsc::channel::<()>();
+                let script = script.end(End::Complete("ok".into()));
+                let inbox = self.inbox.clone();
+                // The handler holds the writer's transaction open, its effects made, while the
+                // files are copied; then it fails, so this process's own database moves on
+                // without it, as the copy must.
+                let run = tokio::spawn(async move {
+                    inbox
+                        .process(event, move |tx| {
+                            run_script(tx, &script)?;
+                            let _ = reached.send(());
+                            let _ = dying.recv();
+                            Err(HandlerError::failed("killed"))
+                        })
+                        .await
+                });
+                // The handler is dropped unrun when the key was answered without it.
+                if at_point.await.is_ok() {
+                    let copy = self.copy_files();
+                    drop(die);
+                    let _ = run.await.expect("delivery task");
+                    return (self.restart_on(copy), Crashed::Died);
+                }
+                Crashed::Answered(run.await.expect("delivery task"))
+            }
+        };
+        let copy = self.copy_files();
+        (self.restart_on(copy), crashed)
     }
 
     async fn process(&self, event: Event, script: Script) -> Result<Processed, ProcessError> {
