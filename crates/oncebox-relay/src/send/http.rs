@@ -44,8 +44,7 @@ pub(super) async fn attempt(
                 .headers()
                 .get("retry-after")
                 .and_then(|v| v.to_str().ok())
-                .and_then(|v| v.trim().parse::<u64>().ok())
-                .map(Duration::from_secs);
+                .and_then(|v| retry_after(v, started_at));
             // Drain the body so the connection can be reused; its content is not needed.
             let _ = response.bytes().await;
             Attempt::Answered {
@@ -55,6 +54,24 @@ pub(super) async fn attempt(
         }
         Err(e) => classify(&e),
     }
+}
+
+/// The wait a `Retry-After` value asks for (RFC 9110 §10.2.3): a number of seconds, or an
+/// HTTP date, measured from `now` (a date already past asks for none). A number too large to
+/// hold waits the longest possible, so the route's age limit gives the delivery up instead of
+/// retrying it early. `None` for anything else: the backoff alone decides.
+fn retry_after(value: &str, now: Timestamp) -> Option<Duration> {
+    let value = value.trim();
+    if !value.is_empty() && value.bytes().all(|b| b.is_ascii_digit()) {
+        return Some(Duration::from_secs(value.parse().unwrap_or(u64::MAX)));
+    }
+    let at = httpdate::parse_http_date(value).ok()?;
+    let at_millis = match at.duration_since(std::time::UNIX_EPOCH) {
+        Ok(since) => i64::try_from(since.as_millis()).unwrap_or(i64::MAX),
+        Err(_) => 0,
+    };
+    let wait = at_millis.saturating_sub(now.millis()).max(0);
+    Some(Duration::from_millis(u64::try_from(wait).unwrap_or(0)))
 }
 
 /// A connection that could not be made means the receiver saw nothing. Anything else after the
@@ -108,4 +125,43 @@ fn percent_encode(s: &str) -> String {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// 2015-10-21T07:28:00Z, the example date of RFC 9110.
+    const AT: Timestamp = Timestamp(1_445_412_480_000);
+
+    #[test]
+    fn retry_after_reads_seconds_and_http_dates() {
+        let cases: [(&str, Option<Duration>); 10] = [
+            ("120", Some(Duration::from_secs(120))),
+            (" 0 ", Some(Duration::ZERO)),
+            (
+                "Wed, 21 Oct 2015 07:30:00 GMT",
+                Some(Duration::from_secs(120)),
+            ),
+            // The obsolete forms a recipient must still accept.
+            (
+                "Wednesday, 21-Oct-15 07:30:00 GMT",
+                Some(Duration::from_secs(120)),
+            ),
+            ("Wed Oct 21 07:30:00 2015", Some(Duration::from_secs(120))),
+            // Already past: due now, not a negative wait.
+            ("Wed, 21 Oct 2015 07:27:00 GMT", Some(Duration::ZERO)),
+            (
+                "99999999999999999999999",
+                Some(Duration::from_secs(u64::MAX)),
+            ),
+            ("-5", None),
+            ("1.5", None),
+            ("soon", None),
+        ];
+        for (value, want) in cases {
+            assert_eq!(retry_after(value, AT), want, "{value:?}");
+        }
+        assert_eq!(retry_after("", AT), None);
+    }
 }

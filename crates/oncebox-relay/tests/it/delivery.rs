@@ -1,13 +1,15 @@
 //! Delivery and classification: the request DESIGN §6 describes, backoff honouring
 //! `Retry-After`, client errors dead, refused connections retried, per-route limits.
 
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use oncebox_core::delivery::DeliveryState;
+use oncebox_core::route::Route;
 use oncebox_core::signature::{Headers, Scheme, Secret, verify};
 use oncebox_testkit::run;
 
-use crate::{SECRET, World, receiver, route};
+use crate::{SECRET, START, World, receiver, route};
 
 struct Lookup<'a>(&'a axum::http::HeaderMap);
 
@@ -84,6 +86,72 @@ fn server_errors_back_off_honouring_retry_after_then_deliver_with_the_same_key()
             seen[0].headers["idempotency-key"],
             seen[1].headers["idempotency-key"]
         );
+    });
+}
+
+#[test]
+fn throttling_honours_retry_after_given_as_an_http_date() {
+    run(async {
+        let w = World::new();
+        let (rx, addr) = receiver::start().await;
+        // START (2026-01-01T00:00:00Z) plus 90 s, in the date form RFC 9110 prefers.
+        rx.answer_text(&[(429, Some("Thu, 01 Jan 2026 00:01:30 GMT")), (200, None)]);
+        w.accept("evt_d", &["hooks"]).await;
+        let relay = w.relay(vec![route("hooks", addr, true)]);
+        assert_eq!(relay.run_once().await.unwrap().retrying, 1);
+        let d = w.delivery("evt_d").await;
+        let due = d.next_attempt_at.unwrap().millis();
+        assert!(
+            due >= START.millis() + 90_000,
+            "due {} ms after the start, before the date asked for",
+            due - START.millis()
+        );
+        w.clock.advance(Duration::from_secs(89));
+        assert_eq!(
+            relay.run_once().await.unwrap().claimed,
+            0,
+            "not due before the date"
+        );
+        w.clock
+            .advance(Duration::from_millis((due - w.clock_now().millis()) as u64));
+        assert_eq!(relay.run_once().await.unwrap().delivered, 1);
+        assert_eq!(rx.requests().len(), 2);
+    });
+}
+
+#[test]
+fn a_receiver_that_never_answers_is_cut_off_at_the_route_timeout() {
+    run(async {
+        let w = World::new();
+        let (addr, read) = receiver::silent().await;
+        let quick = |name: &str, idempotent| Route {
+            timeout: Duration::from_millis(300),
+            ..route(name, addr, idempotent)
+        };
+        w.accept("evt_idem", &["idem"]).await;
+        w.accept("evt_plain", &["plain"]).await;
+        let relay = w.relay(vec![quick("idem", true), quick("plain", false)]);
+        let out = relay.run_once().await.unwrap();
+        // Both requests arrived: the receiver may have applied them, so the silence is no
+        // proof that nothing happened.
+        assert_eq!(read.load(Ordering::SeqCst), 2, "{out:?}");
+        assert_eq!((out.retrying, out.uncertain), (1, 1), "{out:?}");
+        let idem = w.delivery("evt_idem").await;
+        assert_eq!(
+            idem.state,
+            DeliveryState::Retrying,
+            "the same key again is safe at a receiver that deduplicates"
+        );
+        let plain = w.delivery("evt_plain").await;
+        assert_eq!(
+            plain.state,
+            DeliveryState::Uncertain,
+            "a second send could apply it twice: it waits for reconciliation"
+        );
+        for d in [&idem, &plain] {
+            let error = d.last_error.as_deref().unwrap_or_default();
+            assert!(error.contains("timed out"), "{error}");
+        }
     });
 }
 

@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::{Path, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::IntoResponse;
 use axum::routing::{get, post};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -27,7 +27,8 @@ pub struct Seen {
 /// How the receiver answers the next requests; the last entry repeats.
 #[derive(Debug, Default)]
 struct Script {
-    answers: Vec<(u16, Option<u64>)>,
+    /// Status and `Retry-After` text.
+    answers: Vec<(u16, Option<String>)>,
 }
 
 /// Shared state of a counting receiver.
@@ -43,7 +44,14 @@ pub struct Receiver {
 impl Receiver {
     /// Answers `status` (with `Retry-After` seconds) to the next requests, in order.
     pub fn answer(&self, answers: &[(u16, Option<u64>)]) {
-        self.script.lock().unwrap().answers = answers.to_vec();
+        let text = |(status, secs): &(u16, Option<u64>)| (*status, secs.map(|s| s.to_string()));
+        self.script.lock().unwrap().answers = answers.iter().map(text).collect();
+    }
+
+    /// As [`Receiver::answer`], with `Retry-After` given as its text (an HTTP date, say).
+    pub fn answer_text(&self, answers: &[(u16, Option<&str>)]) {
+        let own = |(status, text): &(u16, Option<&str>)| (*status, text.map(str::to_owned));
+        self.script.lock().unwrap().answers = answers.iter().map(own).collect();
     }
 
     pub fn requests(&self) -> Vec<Seen> {
@@ -75,7 +83,7 @@ async fn hook(
         if script.answers.len() > 1 {
             script.answers.remove(0)
         } else {
-            script.answers.first().copied().unwrap_or((200, None))
+            script.answers.first().cloned().unwrap_or((200, None))
         }
     };
     if (200..300).contains(&status)
@@ -86,8 +94,8 @@ async fn hook(
     let mut res = StatusCode::from_u16(status)
         .unwrap_or(StatusCode::OK)
         .into_response();
-    if let Some(secs) = retry_after {
-        res.headers_mut().insert("retry-after", secs.into());
+    if let Some(value) = retry_after.and_then(|t| HeaderValue::from_str(&t).ok()) {
+        res.headers_mut().insert("retry-after", value);
     }
     res
 }
@@ -109,6 +117,33 @@ pub async fn start() -> (Arc<Receiver>, SocketAddr) {
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
     (receiver, addr)
+}
+
+/// A receiver that reads each request whole and never answers, holding the connection open.
+/// Returns its address and a count of the requests it has read.
+pub async fn silent() -> (SocketAddr, Arc<AtomicU32>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let read = Arc::new(AtomicU32::new(0));
+    let counter = read.clone();
+    tokio::spawn(async move {
+        while let Ok((mut client, _)) = listener.accept().await {
+            let counter = counter.clone();
+            tokio::spawn(async move {
+                let (mut request, mut buf) = (Vec::new(), [0u8; 8192]);
+                while !complete(&request) {
+                    match client.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => request.extend_from_slice(&buf[..n]),
+                    }
+                }
+                counter.fetch_add(1, Ordering::SeqCst);
+                // Held until the sender gives up and closes it.
+                let _ = client.read(&mut buf).await;
+            });
+        }
+    });
+    (addr, read)
 }
 
 /// A proxy in front of `upstream` that forwards each request whole, waits for the upstream's

@@ -199,6 +199,17 @@ async fn commit_reply_lost() -> Option<Report> {
         })
         .count();
     let dropped = Stats::get(&proxy.stats.dropped_replies);
+    // Every COMMIT's answer was dropped while armed, so no new key could be acknowledged then;
+    // the figures alone would not show a gateway that guessed success, as its guesses came
+    // true. And the commits must really have happened: some retries are replays of them.
+    assert_eq!(
+        acked_during, 0,
+        "{acked_during} requests were acknowledged though every COMMIT answer was lost"
+    );
+    assert!(
+        resolved > 0,
+        "no retry was a replay: the lost COMMITs did not commit"
+    );
     Some(Report {
         figures: check(&history.ops(), &fin),
         exercised: dropped,
