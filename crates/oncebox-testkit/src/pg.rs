@@ -5,6 +5,9 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+use nix::sys::signal::Signal;
+use nix::unistd::Pid;
+
 /// The OS user the server runs as when the test runs as root: `initdb` and `postgres` refuse
 /// to run as root.
 const SERVER_USER: &str = "postgres";
@@ -108,6 +111,59 @@ impl Cluster {
         self.pg_ctl(&["start", "-w", "-t", "60", "-o", &options, "-l", path(&log)]);
     }
 
+    /// Freezes the server as a stalled host would: SIGSTOP to the postmaster, then to every
+    /// process it started. Connections stay open and whatever was sent waits unanswered; new
+    /// connections are never served. Returns how many processes were stopped.
+    pub fn freeze(&self) -> usize {
+        let processes = self.processes();
+        for pid in &processes {
+            nix::sys::signal::kill(*pid, Signal::SIGSTOP)
+                .unwrap_or_else(|e| panic!("SIGSTOP {pid}: {e}"));
+        }
+        processes.len()
+    }
+
+    /// Undoes [`Cluster::freeze`]: SIGCONT to the postmaster and everything it started.
+    pub fn thaw(&self) {
+        for pid in self.processes() {
+            // A process may have ended meanwhile.
+            let _ = nix::sys::signal::kill(pid, Signal::SIGCONT);
+        }
+    }
+
+    /// The postmaster (from `postmaster.pid`), then its children (from `/proc`). The
+    /// postmaster comes first so that, stopped, it starts no child the list would miss.
+    fn processes(&self) -> Vec<Pid> {
+        let Ok(lockfile) = std::fs::read_to_string(self.data().join("postmaster.pid")) else {
+            return Vec::new();
+        };
+        let Some(postmaster) = lockfile.lines().next().and_then(|l| l.trim().parse().ok()) else {
+            return Vec::new();
+        };
+        let mut all = vec![Pid::from_raw(postmaster)];
+        for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+            let Some(pid) = entry
+                .file_name()
+                .to_str()
+                .and_then(|n| n.parse::<i32>().ok())
+            else {
+                continue;
+            };
+            let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+                continue;
+            };
+            // `pid (comm) state ppid ...`; the command name may itself hold spaces and `)`.
+            let parent = stat
+                .rsplit_once(')')
+                .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+                .and_then(|p| p.parse::<i32>().ok());
+            if parent == Some(postmaster) {
+                all.push(Pid::from_raw(pid));
+            }
+        }
+        all
+    }
+
     fn data(&self) -> PathBuf {
         self.root.path().join("data")
     }
@@ -155,7 +211,9 @@ impl Cluster {
 
 impl Drop for Cluster {
     fn drop(&mut self) {
-        // Already stopped is fine; the directory goes with `root`.
+        // Already stopped is fine; the directory goes with `root`. A frozen server could not
+        // act on the stop.
+        self.thaw();
         let data = self.data();
         let _ = self
             .command("pg_ctl")

@@ -1,7 +1,9 @@
-//! PostgreSQL stopped for 10 s under load: the gateway stays up and answers every request made
-//! while the database is down `503` with `Retry-After` (never a 2xx, never a replay); after the
-//! database is back, every event its sender retried is applied exactly once. The database is a
-//! private cluster, so the outage touches no other test.
+//! PostgreSQL stopped, and PostgreSQL frozen, for 10 s under load: the gateway stays up and
+//! answers every request made while the database is away `503` with `Retry-After` (never a
+//! 2xx, never a replay); after the database is back, every event its sender retried is applied
+//! exactly once. Stopped, the server is gone and connections are refused; frozen (every server
+//! process SIGSTOPped), connections stay open and statements already sent hang, then run when
+//! it thaws. The database is a private cluster, so the outage touches no other test.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -134,8 +136,26 @@ struct Window {
     back_ms: i64,
 }
 
+/// How the database goes away.
+#[derive(Debug, Clone, Copy)]
+enum Fault {
+    /// `pg_ctl stop -m immediate`, then a start.
+    Stopped,
+    /// SIGSTOP to every server process, then SIGCONT.
+    Frozen,
+}
+
 #[test]
 fn postgres_stopped_under_load_gets_only_503s_and_every_retried_event_applies_once() {
+    under_load(Fault::Stopped);
+}
+
+#[test]
+fn postgres_frozen_under_load_gets_only_503s_and_every_retried_event_applies_once() {
+    under_load(Fault::Frozen);
+}
+
+fn under_load(fault: Fault) {
     let Some(cluster) = Cluster::start() else {
         return;
     };
@@ -152,12 +172,22 @@ fn postgres_stopped_under_load_gets_only_503s_and_every_retried_event_applies_on
             load.accepted.load(Ordering::SeqCst) >= WARM
         })
         .await;
-        tokio::task::block_in_place(|| cluster.stop_immediate());
+        match fault {
+            Fault::Stopped => tokio::task::block_in_place(|| cluster.stop_immediate()),
+            Fault::Frozen => {
+                // The postmaster and at least the gateway's own sessions.
+                let stopped = cluster.freeze();
+                assert!(stopped > 1, "{stopped} server processes frozen");
+            }
+        }
         let (down, down_ms) = (Instant::now(), now_ms());
         // The fault itself: the database stays away this long.
         tokio::time::sleep(outage).await;
         let (back, back_ms) = (Instant::now(), now_ms());
-        tokio::task::block_in_place(|| cluster.resume());
+        match fault {
+            Fault::Stopped => tokio::task::block_in_place(|| cluster.resume()),
+            Fault::Frozen => cluster.thaw(),
+        }
         let before = load.accepted.load(Ordering::SeqCst);
         until("events accepted after the outage", PATIENCE, || {
             load.accepted.load(Ordering::SeqCst) >= before + WARM
@@ -189,6 +219,7 @@ fn postgres_stopped_under_load_gets_only_503s_and_every_retried_event_applies_on
             back,
             back_ms,
         };
+        eprint!("{fault:?}: ");
         check(&attempts, &commits, &window);
     });
 }
