@@ -11,6 +11,7 @@ mod multinode;
 mod nodes;
 mod outage;
 mod quickstart;
+mod race;
 mod relay;
 #[path = "../shared/schema.rs"]
 mod schema;
