@@ -168,6 +168,7 @@ async fn batch(pool: &PgPool, options: &Options, jobs: &[Job]) -> Result<Vec<Ans
         .collect();
 
     let mut tx = pool.begin().await.map_err(|e| storage(&e))?;
+    crate::crash::point!("after-begin");
     // Read after a connection was had (which may wait): the stamp is as close to the commit as
     // the clock can know.
     let now = options.clock.now().millis();
@@ -194,6 +195,7 @@ async fn batch(pool: &PgPool, options: &Options, jobs: &[Job]) -> Result<Vec<Ans
     .map(|r| Ok((r.try_get(0)?, r.try_get(1)?)))
     .collect::<Result<_, sqlx::Error>>()
     .map_err(|e| storage(&e))?;
+    crate::crash::point!("after-inbox-insert");
     let is_new = |i: usize| {
         let k = &ev(i).key;
         inserted.contains(&(k.source.as_str().to_owned(), k.event_id.as_str().to_owned()))
@@ -241,6 +243,8 @@ async fn batch(pool: &PgPool, options: &Options, jobs: &[Job]) -> Result<Vec<Ans
         .map_err(|e| storage(&e))?;
         notify(&mut tx).await.map_err(|e| storage(&e))?;
     }
+    // The gateway's effect is its deliveries, queued above.
+    crate::crash::point!("after-effect");
 
     // Keys that existed: decide from their committed records.
     let old: Vec<usize> = order.iter().copied().filter(|i| !is_new(*i)).collect();

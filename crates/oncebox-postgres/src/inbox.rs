@@ -125,6 +125,7 @@ impl Inbox {
         let mut handler: Option<Handler> = Some(Box::new(handler));
         for _ in 0..CLAIM_ATTEMPTS {
             let mut tx = self.pool.begin().await.map_err(|e| storage(&e))?;
+            crate::crash::point!("after-begin");
             let now = self.clock.now();
             match claim(&mut tx, &event, now.millis(), None)
                 .await
@@ -136,6 +137,7 @@ impl Inbox {
                     return answer;
                 }
                 Claim::Fresh(row) => {
+                    crate::crash::point!("after-inbox-insert");
                     let Some(handler) = handler.take() else { break };
                     return self
                         .run(Tx::new(tx, event.key.clone(), now), row, handler)
@@ -158,6 +160,7 @@ impl Inbox {
             .catch_unwind()
             .await
             .unwrap_or_else(|_| Err(HandlerError::failed("handler panicked")));
+        crate::crash::point!("after-effect");
         let answer = match outcome {
             Ok(response) if response.kind == ResponseKind::Completed => {
                 finish(&mut tx.tx, row, &response, now)

@@ -66,8 +66,12 @@ ingest_pg!(
     INGEST_AFTER_SIGNATURE_CHECK_POSTGRES,
     "after-signature-check"
 );
+ingest_pg!(INGEST_AFTER_BEGIN_POSTGRES, "after-begin");
+ingest_pg!(INGEST_AFTER_INBOX_INSERT_POSTGRES, "after-inbox-insert");
+ingest_pg!(INGEST_AFTER_EFFECT_POSTGRES, "after-effect");
 ingest_pg!(INGEST_BEFORE_COMMIT_POSTGRES, "before-commit");
 ingest_pg!(INGEST_AFTER_COMMIT_POSTGRES, "after-commit");
+ingest_pg!(INGEST_AFTER_ANSWER_POSTGRES, "after-answer");
 
 /// In a child process: runs its role and exits. Returns at once in the parent.
 pub fn child_role() {
