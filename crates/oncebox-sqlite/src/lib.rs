@@ -27,6 +27,8 @@ mod lease;
 mod options;
 mod pcache;
 mod placement;
+#[cfg(feature = "crash-points")]
+pub mod powerloss;
 mod priority;
 mod probe;
 mod process;

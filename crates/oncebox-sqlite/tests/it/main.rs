@@ -6,6 +6,7 @@ mod deliveries;
 mod examples;
 mod harness;
 mod placement;
+mod powerloss;
 mod recent;
 mod sqlite;
 mod wal;
