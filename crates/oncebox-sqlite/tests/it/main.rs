@@ -2,6 +2,7 @@
 //! examples' scenarios, all on real SQLite files.
 
 mod crash;
+mod damaged;
 mod deliveries;
 mod examples;
 mod harness;

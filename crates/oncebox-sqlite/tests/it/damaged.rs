@@ -1,0 +1,104 @@
+//! A database damaged inside rather than as a whole: one page of the inbox's key index
+//! overwritten. The keys that page held must come back unavailable (the sender retries later)
+//! or the store must refuse to open, never answer as new: an index that said "not found"
+//! would apply those events a second time.
+
+use oncebox_core::store::EventStore;
+use oncebox_core::{Event, ProcessError, Processed, Response, Unavailable};
+use oncebox_sqlite::rusqlite::Connection;
+use oncebox_sqlite::{Inbox, OpenError, Options};
+use oncebox_testkit::run;
+
+use crate::harness::{ingest, shop};
+
+const KEYS: usize = 20;
+
+fn event(i: usize) -> Event {
+    shop(&format!("evt-{i}"), r#"{"n":1}"#)
+}
+
+/// Overwrites the first byte (the b-tree page type) of the key index's root page, which with
+/// [`KEYS`] keys is its only page; returns what `integrity_check` says of the file afterwards.
+fn damage_key_index(path: &std::path::Path) -> String {
+    let (page_size, root): (i64, i64) = {
+        let c = Connection::open(path).unwrap();
+        let page_size = c.query_row("PRAGMA page_size", [], |r| r.get(0)).unwrap();
+        let root = c
+            .query_row(
+                "SELECT rootpage FROM sqlite_schema WHERE tbl_name = 'oncebox_inbox'
+                   AND type = 'index' AND sql IS NULL",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap();
+        (page_size, root)
+    };
+    let mut bytes = std::fs::read(path).unwrap();
+    let at = usize::try_from((root - 1) * page_size).unwrap();
+    assert_eq!(bytes[at], 0x0a, "the root is an index leaf page");
+    bytes[at] = 0xff;
+    std::fs::write(path, bytes).unwrap();
+    Connection::open(path)
+        .unwrap()
+        .query_row("PRAGMA integrity_check", [], |r| r.get(0))
+        .unwrap()
+}
+
+#[test]
+fn a_damaged_key_index_answers_unavailable_never_new() {
+    run(async {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("o.db");
+        let inbox = Inbox::open(Options::new(&path)).unwrap();
+        for i in 0..KEYS {
+            let applied = inbox
+                .process(event(i), |_| Ok(Response::completed("done")))
+                .await;
+            assert!(matches!(applied, Ok(Processed::Applied(_))), "{applied:?}");
+        }
+        // The last close copies the log into the file and removes it: the index is in the file.
+        drop(inbox);
+        assert!(!dir.path().join("o.db-wal").exists());
+        let check = damage_key_index(&path);
+        assert_ne!(check, "ok", "the damage is there");
+
+        let inbox = match Inbox::open(Options::new(&path)) {
+            Ok(inbox) => inbox,
+            Err(e) => {
+                assert!(matches!(e, OpenError::Sqlite { .. }), "{e:?}");
+                eprintln!("the damaged file was refused at open: {e}");
+                return;
+            }
+        };
+        for i in 0..KEYS {
+            let processed = inbox
+                .process(event(i), |_| Ok(Response::completed("again")))
+                .await;
+            assert!(
+                matches!(
+                    processed,
+                    Err(ProcessError::Unavailable(Unavailable::Storage(_)))
+                ),
+                "evt-{i} through process: {processed:?}"
+            );
+            // The gateway's path, with its reads of committed keys beside the writer.
+            let ingested = inbox.ingest(ingest(event(i))).await;
+            assert!(
+                matches!(
+                    ingested,
+                    Err(ProcessError::Unavailable(Unavailable::Storage(_)))
+                ),
+                "evt-{i} through ingest: {ingested:?}"
+            );
+        }
+        drop(inbox);
+        // Counted from the table itself: the damaged index cannot count.
+        let records: i64 = Connection::open(&path)
+            .unwrap()
+            .query_row("SELECT count(*) FROM oncebox_inbox NOT INDEXED", [], |r| {
+                r.get(0)
+            })
+            .unwrap();
+        assert_eq!(records, KEYS as i64, "no record was added or lost");
+    });
+}
