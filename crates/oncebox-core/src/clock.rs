@@ -54,6 +54,23 @@ pub trait Clock: Send + Sync + fmt::Debug + 'static {
         static ORIGIN: OnceLock<Instant> = OnceLock::new();
         ORIGIN.get_or_init(Instant::now).elapsed()
     }
+
+    /// The machine's boot and the time since it, if known. Without it, only purges within one
+    /// process are held to real time.
+    fn boot(&self) -> Option<Boot> {
+        None
+    }
+}
+
+/// Which boot of the machine a clock runs on, and the time since it began. Unlike
+/// [`Clock::monotonic`] it runs on across process restarts, so a purge in a new process can be
+/// held to the time the purges of earlier processes on the same boot measured
+/// ([`crate::retention::boot_bound`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Boot {
+    pub id: i64,
+    /// Including any time suspended: real time passed.
+    pub since: Duration,
 }
 
 /// Wall-clock time.
@@ -67,6 +84,26 @@ impl Clock for SystemClock {
             .map_or(0, |d| d.as_millis());
         Timestamp(i64::try_from(ms).unwrap_or(i64::MAX))
     }
+
+    /// Linux's boot id (its first 64 bits) and uptime (boot time, suspend included); `None`
+    /// where they cannot be read. In a container both are the host's, which is what a restart
+    /// of the container needs.
+    fn boot(&self) -> Option<Boot> {
+        let id = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").ok()?;
+        let uptime = std::fs::read_to_string("/proc/uptime").ok()?;
+        parse_boot(&id, &uptime)
+    }
+}
+
+/// A boot from the text of `/proc/sys/kernel/random/boot_id` and of `/proc/uptime`.
+fn parse_boot(id: &str, uptime: &str) -> Option<Boot> {
+    let hex: String = id.trim().chars().filter(|c| *c != '-').take(16).collect();
+    let id = u64::from_str_radix(&hex, 16).ok()?;
+    let seconds: f64 = uptime.split_whitespace().next()?.parse().ok()?;
+    Some(Boot {
+        id: i64::from_ne_bytes(id.to_ne_bytes()),
+        since: Duration::try_from_secs_f64(seconds).ok()?,
+    })
 }
 
 /// A clock that only moves when told to; clones share one time. `advance` is time passing
@@ -99,6 +136,15 @@ impl Clock for ManualClock {
 
     fn monotonic(&self) -> Duration {
         Duration::from_millis(u64::try_from(self.0.1.load(Ordering::SeqCst)).unwrap_or(0))
+    }
+
+    /// One boot for a clock and its clones, as old as the time that passed on them: restarting
+    /// a store on a clone is a process restart on the same machine.
+    fn boot(&self) -> Option<Boot> {
+        Some(Boot {
+            id: 1,
+            since: self.monotonic(),
+        })
     }
 }
 
@@ -139,6 +185,29 @@ mod tests {
             (c.now(), c.monotonic()),
             (Timestamp(0), Duration::from_millis(5))
         );
+    }
+
+    #[test]
+    fn boots_are_read_from_the_kernel_texts() {
+        let b = parse_boot(
+            "6b3e3c36-1f0a-4c1e-9a7d-2f1e0c9b8a77\n",
+            "12345.67 23456.78\n",
+        );
+        assert_eq!(
+            b,
+            Some(Boot {
+                id: i64::from_ne_bytes(0x6b3e_3c36_1f0a_4c1e_u64.to_ne_bytes()),
+                since: Duration::from_secs_f64(12345.67),
+            })
+        );
+        assert_eq!(parse_boot("not hex", "1.0"), None);
+        assert_eq!(parse_boot("6b3e3c36", "-1"), None);
+        assert_eq!(parse_boot("6b3e3c36", ""), None);
+        if cfg!(target_os = "linux") {
+            let (a, b) = (SystemClock.boot().unwrap(), SystemClock.boot().unwrap());
+            assert_eq!(a.id, b.id);
+            assert!(b.since >= a.since && a.since > Duration::ZERO);
+        }
     }
 
     #[test]

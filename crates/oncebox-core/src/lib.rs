@@ -18,11 +18,11 @@ pub mod route;
 pub mod signature;
 pub mod store;
 
-pub use clock::{Clock, ManualClock, SystemClock, Timestamp, purge_now};
+pub use clock::{Boot, Clock, ManualClock, SystemClock, Timestamp, purge_now};
 pub use effect::{OffsetMove, Once};
 pub use event::{Event, Meta, OutboxMessage};
 pub use fingerprint::{Fingerprint, FingerprintMode, PayloadError};
 pub use key::{EventId, InvalidKey, Key, Source};
 pub use lease::{Begun, Lease, LeaseError, LeaseSeen, Record, RecordState, Resolution, lease_seen};
 pub use outcome::{Invalid, ProcessError, Processed, Response, ResponseKind, Unavailable};
-pub use retention::{PurgeAnchor, Retention};
+pub use retention::{BootAnchor, PurgeAnchor, Retention, boot_bound};

@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use crate::clock::Timestamp;
+use crate::clock::{Boot, Timestamp};
 use crate::key::Source;
 
 /// Seven days: longer than every common sender's retry window (Stripe retries for three).
@@ -144,6 +144,41 @@ impl PurgeAnchor {
     }
 }
 
+/// A store's record of the first purge on a boot of the machine ([`Boot`]): any later purge on
+/// that boot, in whichever process, treats as now no later than its wall time plus the time
+/// the boot has run since. A wall clock that jumps ahead, then a restart, thus purges no
+/// record inside its window; only the first purge after a reboot trusts the wall clock alone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BootAnchor {
+    pub boot: i64,
+    pub wall: Timestamp,
+    pub since: Duration,
+}
+
+/// The time a purge at wall time `now` on `boot` may use, given the store's anchor for that
+/// boot, and the anchor to record when there is none (or it cannot be this boot's: its time
+/// since boot is ahead of the clock's).
+pub fn boot_bound(
+    stored: Option<BootAnchor>,
+    now: Timestamp,
+    boot: Boot,
+) -> (Timestamp, Option<BootAnchor>) {
+    match stored {
+        Some(a) if a.boot == boot.id && a.since <= boot.since => (
+            PurgeAnchor::new(a.wall, a.since).bound(now, boot.since),
+            None,
+        ),
+        _ => {
+            let anchor = BootAnchor {
+                boot: boot.id,
+                wall: now,
+                since: boot.since,
+            };
+            (now, Some(anchor))
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -190,5 +225,43 @@ mod tests {
         let s = Source::new("a").unwrap();
         assert_eq!(r.cutoff(&s, Timestamp(0)), Timestamp(i64::MIN));
         assert_eq!(r.cutoff(&s, Timestamp(i64::MAX)), Timestamp(i64::MIN));
+    }
+
+    #[test]
+    fn boot_anchors_hold_purges_to_the_boot_time_passed() {
+        let day = Duration::from_secs(24 * 3600);
+        let boot = |since| Boot { id: 7, since };
+        // No anchor yet: the wall clock is trusted, and becomes the anchor.
+        let (now, record) = boot_bound(None, Timestamp(1_000), boot(day));
+        let anchor = record.unwrap();
+        assert_eq!(
+            (now, anchor.wall, anchor.since),
+            (Timestamp(1_000), Timestamp(1_000), day)
+        );
+        // Same boot, one real hour later, the wall clock ten days ahead: an hour counts.
+        let hour = Duration::from_secs(3600);
+        let jumped = Timestamp(1_000).plus(day * 10);
+        let (now, record) = boot_bound(Some(anchor), jumped, boot(day + hour));
+        assert_eq!((now, record), (Timestamp(1_000).plus(hour), None));
+        // Behind is taken as is: purging less is safe.
+        assert_eq!(
+            boot_bound(Some(anchor), Timestamp(5), boot(day + hour)),
+            (Timestamp(5), None)
+        );
+        // Another boot, or one younger than the anchor's: a new anchor, the wall clock as is.
+        for other in [
+            Boot {
+                id: 8,
+                since: day * 2,
+            },
+            boot(hour),
+        ] {
+            let (now, record) = boot_bound(Some(anchor), jumped, other);
+            assert_eq!(now, jumped);
+            assert_eq!(
+                record.map(|a| (a.boot, a.since)),
+                Some((other.id, other.since))
+            );
+        }
     }
 }

@@ -7,7 +7,8 @@ use crate::error::OpenError;
 /// Migrations in order; `oncebox_schema` records how many ran. Never edit a released entry:
 /// append a new one. Times are Unix milliseconds from the store's clock (as on SQLite), so a
 /// test's manual clock drives expiry and retention exactly as the system clock does.
-const MIGRATIONS: &[&str] = &[r#"
+const MIGRATIONS: &[&str] = &[
+    r#"
 CREATE TABLE oncebox_inbox (
     id               BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     source           TEXT NOT NULL,
@@ -95,7 +96,19 @@ CREATE INDEX oncebox_attempts_delivery ON oncebox_attempts (delivery_id);
 -- Fencing tokens for inbox leases and relay claims: a sequence never hands out a value twice,
 -- not after a rollback, a released key or a restart, and needs no row lock between nodes.
 CREATE SEQUENCE oncebox_fence;
-"#];
+"#,
+    r#"
+-- Retention's record of the first purge on each boot of each node's machine
+-- (oncebox_core::BootAnchor): a later purge on that boot, in any process, uses no later time
+-- than that purge's wall time plus the boot time passed since, so a clock jump ahead and a
+-- restart purge nothing early.
+CREATE TABLE oncebox_purge_anchors (
+    boot  BIGINT PRIMARY KEY,
+    wall  BIGINT NOT NULL,
+    since BIGINT NOT NULL
+);
+"#,
+];
 
 pub(crate) const VERSION: i64 = MIGRATIONS.len() as i64;
 

@@ -1,14 +1,15 @@
 //! `EventStore` on PostgreSQL: new events through the batcher; events with an ordering guard,
 //! and keys holding a two-phase lease, through `process` with a handler; listings and purge.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use oncebox_core::store::{
     Activity, ConflictFilter, ConflictRecord, EventFilter, EventStore, Ingest, Page, Stats,
     StoredEvent,
 };
 use oncebox_core::{
-    Key, ProcessError, Processed, Response, ResponseKind, Retention, Timestamp, Unavailable,
+    Boot, BootAnchor, Key, ProcessError, Processed, Response, ResponseKind, Retention, Timestamp,
+    Unavailable,
 };
 
 use crate::batch::Answer;
@@ -58,11 +59,43 @@ impl Inbox {
         .await
     }
 
+    /// [`oncebox_core::boot_bound`] against the anchor stored for `boot`; records a new anchor
+    /// when it says to (two processes doing so at once on one boot: the last one's stays).
+    async fn boot_bound(&self, now: Timestamp, boot: Boot) -> Result<Timestamp, crate::Error> {
+        let stored: Option<(i64, i64)> =
+            sqlx::query_as("SELECT wall, since FROM oncebox_purge_anchors WHERE boot = $1")
+                .bind(boot.id)
+                .fetch_optional(&self.pool)
+                .await?;
+        let stored = stored.map(|(wall, since)| BootAnchor {
+            boot: boot.id,
+            wall: Timestamp(wall),
+            since: Duration::from_millis(u64::try_from(since).unwrap_or(0)),
+        });
+        let (now, record) = oncebox_core::boot_bound(stored, now, boot);
+        if let Some(a) = record {
+            sqlx::query(
+                "INSERT INTO oncebox_purge_anchors (boot, wall, since) VALUES ($1, $2, $3)
+                 ON CONFLICT (boot) DO UPDATE SET wall = excluded.wall, since = excluded.since",
+            )
+            .bind(a.boot)
+            .bind(a.wall.millis())
+            .bind(i64::try_from(a.since.as_millis()).unwrap_or(i64::MAX))
+            .execute(&self.pool)
+            .await?;
+        }
+        Ok(now)
+    }
+
     /// Deletes terminal records past their source's retention, a chunk per statement. `now` is
     /// taken no further than the first purge's plus the monotonic time since
     /// (`oncebox_core::purge_now`), so a wall clock jumping forward purges no record early.
     pub async fn purge(&self, now: Timestamp, retention: &Retention) -> Result<u64, crate::Error> {
         let now = oncebox_core::purge_now(&self.clock, now);
+        let now = match self.clock.boot() {
+            Some(boot) => self.boot_bound(now, boot).await?,
+            None => now,
+        };
         let youngest_cutoff = now.minus(retention.shortest()).millis();
         let (mut after, mut deleted) = (0_i64, 0_u64);
         loop {

@@ -205,6 +205,10 @@ impl Inbox {
     /// clock jumping forward purges no record early.
     pub async fn purge(&self, now: Timestamp, retention: &Retention) -> Result<u64, Error> {
         let now = oncebox_core::purge_now(&self.shared.clock, now);
+        let now = match self.shared.clock.boot() {
+            Some(boot) => self.write(move |c| purge::boot_bound(c, now, boot)).await?,
+            None => now,
+        };
         let mut after = 0;
         let mut deleted = 0;
         loop {

@@ -1,8 +1,10 @@
 //! Retention: deletes terminal inbox records older than their source's retention, a chunk per
 //! writer request so a large purge never stalls ingest.
 
-use oncebox_core::{Retention, Timestamp};
-use rusqlite::params;
+use std::time::Duration;
+
+use oncebox_core::{Boot, BootAnchor, Retention, Timestamp};
+use rusqlite::{Connection, OptionalExtension, params};
 
 use crate::writer::{Cx, Fatal};
 
@@ -51,4 +53,34 @@ pub(crate) fn chunk(
     let done = rows.len() < CHUNK as usize || all_young;
     let next = if done { None } else { rows.last().map(|r| r.0) };
     Ok(Ok(Chunk { deleted, next }))
+}
+
+/// [`oncebox_core::boot_bound`] against the anchor stored for `boot`; records a new anchor
+/// when it says to.
+pub(crate) fn boot_bound(
+    c: &Connection,
+    now: Timestamp,
+    boot: Boot,
+) -> rusqlite::Result<Timestamp> {
+    let stored = c
+        .query_row(
+            "SELECT wall, since FROM oncebox_purge_anchors WHERE boot = ?1",
+            [boot.id],
+            |r| Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?)),
+        )
+        .optional()?
+        .map(|(wall, since)| BootAnchor {
+            boot: boot.id,
+            wall: Timestamp(wall),
+            since: Duration::from_millis(u64::try_from(since).unwrap_or(0)),
+        });
+    let (now, record) = oncebox_core::boot_bound(stored, now, boot);
+    if let Some(a) = record {
+        let since = i64::try_from(a.since.as_millis()).unwrap_or(i64::MAX);
+        c.execute(
+            "INSERT OR REPLACE INTO oncebox_purge_anchors (boot, wall, since) VALUES (?1, ?2, ?3)",
+            params![a.boot, a.wall.millis(), since],
+        )?;
+    }
+    Ok(now)
 }

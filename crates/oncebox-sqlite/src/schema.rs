@@ -120,6 +120,18 @@ CREATE INDEX oncebox_attempts_delivery ON oncebox_attempts (delivery_id);
 "#,
     ),
     Step::Code(plain_state_check),
+    Step::Sql(
+        r#"
+-- Retention's record of the first purge on each boot of the machine (oncebox_core::BootAnchor):
+-- a later purge on that boot, in any process, uses no later time than that purge's wall time
+-- plus the boot time passed since, so a clock jump ahead and a restart purge nothing early.
+CREATE TABLE oncebox_purge_anchors (
+    boot  INTEGER PRIMARY KEY,
+    wall  INTEGER NOT NULL,
+    since INTEGER NOT NULL
+);
+"#,
+    ),
 ];
 
 /// The inbox's `state IN (five values)` CHECK made SQLite build a temporary index of the five

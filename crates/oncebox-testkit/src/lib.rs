@@ -352,6 +352,7 @@ macro_rules! conformance {
             purge_deletes_only_terminal_records_past_retention,
             purge_beside_ingest_never_deletes_inside_the_window,
             forward_clock_jump_purges_no_record_early,
+            forward_clock_jump_then_restart_purges_no_record_early,
             backward_clock_jump_leaves_no_lease_stuck,
             model_based_sequences_match_the_model,
         );

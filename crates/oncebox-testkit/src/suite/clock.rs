@@ -44,6 +44,38 @@ pub async fn forward_clock_jump_purges_no_record_early<B: Backend>() {
     assert_eq!(b.observe().await.inbox_rows, 1, "`mid` stays");
 }
 
+/// The same jump, but the process restarts after it (a deploy, a crash, a cron `oncebox
+/// purge`): the new process's first purge has no earlier purge of its own to measure the jump
+/// against, only the store's record of the purges made on this boot of the machine.
+pub async fn forward_clock_jump_then_restart_purges_no_record_early<B: Backend>() {
+    let (b, clock) = fresh::<B>().await;
+    let retain = Duration::from_secs(7 * 24 * 3600);
+    let retention = Retention::new(retain);
+    b.process(event("shop", "old", 1), Script::credit(1))
+        .await
+        .unwrap();
+    assert_eq!(b.purge(clock.now(), &retention).await, 0);
+    clock.advance(retain / 2);
+    clock.set(clock.now().plus(retain * 10));
+    let b = b.reopen().await;
+    assert_eq!(
+        b.purge(clock.now(), &retention).await,
+        0,
+        "a jump ages nothing, across a restart too"
+    );
+    assert!(
+        b.process(event("shop", "old", 1), Script::credit(1))
+            .await
+            .unwrap()
+            .is_duplicate(),
+        "a retry inside the real retention is still a duplicate"
+    );
+    // Real time passes in a later process until `old` is past its retention.
+    let b = b.reopen().await;
+    clock.advance(retain / 2 + Duration::from_millis(1));
+    assert_eq!(b.purge(clock.now(), &retention).await, 1);
+}
+
 pub async fn backward_clock_jump_leaves_no_lease_stuck<B: Backend>() {
     let (b, clock) = fresh::<B>().await;
     let e = event("mail", "jump-1", 0);
