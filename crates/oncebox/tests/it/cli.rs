@@ -40,7 +40,7 @@ fn serve_without_relay(dir: &Path) -> Server {
 }
 
 /// A directory with `oncebox.toml` and two events of `shop` stored by a real gateway.
-fn two_events() -> tempfile::TempDir {
+pub(crate) fn two_events() -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("oncebox.toml"), CONFIG).unwrap();
     let server = serve_without_relay(dir.path());

@@ -4,6 +4,7 @@ mod bench;
 mod cli;
 mod counting;
 mod dashboard;
+mod faketime;
 mod figures;
 mod gateway;
 mod kill;
