@@ -2,6 +2,20 @@
 //! names a point. Each crate lists its own points (`crash::POINTS`) and keeps its own
 //! `crash-points` feature, which turns this crate's on.
 
+/// The points every store's write path passes, in this order (each store's `crash::POINTS`
+/// says where exactly): `after-begin` once its transaction has begun, `after-inbox-insert`
+/// once the records are inserted, `after-effect` once the effect is made (the handler
+/// returned; in the gateway's ingest, the deliveries are queued), `before-commit` just before
+/// COMMIT, `after-commit` right after it returned, before anyone is answered. Do not rename:
+/// crash tests and operators' soak scripts name them.
+pub const STORE_POINTS: [&str; 5] = [
+    "after-begin",
+    "after-inbox-insert",
+    "after-effect",
+    "before-commit",
+    "after-commit",
+];
+
 /// Stops the process the way the OOM killer would: SIGKILL, no destructors, no flush.
 ///
 /// Always compiled: any crate of the build may turn on `fail`'s failpoints, which makes every

@@ -39,6 +39,7 @@ mod schema;
 mod stmts;
 mod store;
 mod tx;
+mod vfsfile;
 mod walvfs;
 mod writer;
 

@@ -21,6 +21,8 @@ use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 use rusqlite::ffi;
 
+use crate::vfsfile::{self, Wrapper};
+
 /// The name this VFS is registered by; it is also made the default.
 pub const NAME: &CStr = c"oncebox-powerloss";
 
@@ -96,6 +98,15 @@ struct File {
     unsynced: Shared,
 }
 
+// SAFETY: `open` stores the platform VFS's file, methods set, in `inner` of every file it
+// gives `METHODS`.
+unsafe impl Wrapper for File {
+    unsafe fn inner(f: *mut ffi::sqlite3_file) -> *mut ffi::sqlite3_file {
+        // SAFETY: per the trait's contract, `f` is a `File`.
+        unsafe { (*f.cast::<File>()).inner }
+    }
+}
+
 unsafe extern "C" fn open(
     _vfs: *mut ffi::sqlite3_vfs,
     name: ffi::sqlite3_filename,
@@ -166,16 +177,16 @@ static METHODS: ffi::sqlite3_io_methods = ffi::sqlite3_io_methods {
     xTruncate: Some(truncate),
     xSync: Some(sync),
     xFileSize: Some(file_size),
-    xLock: Some(lock),
-    xUnlock: Some(unlock),
-    xCheckReservedLock: Some(check_reserved_lock),
+    xLock: Some(vfsfile::lock::<File>),
+    xUnlock: Some(vfsfile::unlock::<File>),
+    xCheckReservedLock: Some(vfsfile::check_reserved_lock::<File>),
     xFileControl: Some(file_control),
-    xSectorSize: Some(sector_size),
-    xDeviceCharacteristics: Some(device_characteristics),
-    xShmMap: Some(shm_map),
-    xShmLock: Some(shm_lock),
-    xShmBarrier: Some(shm_barrier),
-    xShmUnmap: Some(shm_unmap),
+    xSectorSize: Some(vfsfile::sector_size::<File>),
+    xDeviceCharacteristics: Some(vfsfile::device_characteristics::<File>),
+    xShmMap: Some(vfsfile::shm_map::<File>),
+    xShmLock: Some(vfsfile::shm_lock::<File>),
+    xShmBarrier: Some(vfsfile::shm_barrier::<File>),
+    xShmUnmap: Some(vfsfile::shm_unmap::<File>),
     xFetch: Some(fetch),
     xUnfetch: Some(unfetch),
 };
@@ -366,65 +377,4 @@ macro_rules! forward {
 
 unsafe extern "C" fn file_control(f: *mut ffi::sqlite3_file, op: c_int, arg: *mut c_void) -> c_int {
     forward!(f, xFileControl, ffi::SQLITE_NOTFOUND, op, arg)
-}
-
-unsafe extern "C" fn lock(f: *mut ffi::sqlite3_file, level: c_int) -> c_int {
-    forward!(f, xLock, ffi::SQLITE_OK, level)
-}
-
-unsafe extern "C" fn unlock(f: *mut ffi::sqlite3_file, level: c_int) -> c_int {
-    forward!(f, xUnlock, ffi::SQLITE_OK, level)
-}
-
-unsafe extern "C" fn check_reserved_lock(f: *mut ffi::sqlite3_file, out: *mut c_int) -> c_int {
-    forward!(f, xCheckReservedLock, ffi::SQLITE_OK, out)
-}
-
-unsafe extern "C" fn sector_size(f: *mut ffi::sqlite3_file) -> c_int {
-    forward!(f, xSectorSize, 4096)
-}
-
-unsafe extern "C" fn device_characteristics(f: *mut ffi::sqlite3_file) -> c_int {
-    forward!(f, xDeviceCharacteristics, 0)
-}
-
-unsafe extern "C" fn shm_map(
-    f: *mut ffi::sqlite3_file,
-    page: c_int,
-    size: c_int,
-    extend: c_int,
-    out: *mut *mut c_void,
-) -> c_int {
-    forward!(
-        f,
-        xShmMap,
-        ffi::SQLITE_IOERR_SHMMAP,
-        page,
-        size,
-        extend,
-        out
-    )
-}
-
-unsafe extern "C" fn shm_lock(
-    f: *mut ffi::sqlite3_file,
-    offset: c_int,
-    n: c_int,
-    flags: c_int,
-) -> c_int {
-    forward!(f, xShmLock, ffi::SQLITE_IOERR_SHMLOCK, offset, n, flags)
-}
-
-unsafe extern "C" fn shm_barrier(f: *mut ffi::sqlite3_file) {
-    // SAFETY: `f` is ours; forwarding to the platform VFS's method on its own file.
-    unsafe {
-        let (file, methods) = parts(f);
-        if let Some(x) = methods.xShmBarrier {
-            x(file.inner);
-        }
-    }
-}
-
-unsafe extern "C" fn shm_unmap(f: *mut ffi::sqlite3_file, delete: c_int) -> c_int {
-    forward!(f, xShmUnmap, ffi::SQLITE_OK, delete)
 }

@@ -25,6 +25,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use rusqlite::ffi;
 
+use crate::vfsfile::{self, Wrapper};
+
 /// The name connections open this VFS by.
 pub(crate) const NAME: &CStr = c"oncebox-wal";
 
@@ -92,6 +94,15 @@ struct WalFile {
     start: i64,
 }
 
+// SAFETY: `open` stores the default VFS's file, methods set, in `inner` of every file it
+// gives `METHODS`.
+unsafe impl Wrapper for WalFile {
+    unsafe fn inner(f: *mut ffi::sqlite3_file) -> *mut ffi::sqlite3_file {
+        // SAFETY: per the trait's contract, `f` is a `WalFile`.
+        unsafe { (*f.cast::<WalFile>()).inner }
+    }
+}
+
 impl WalFile {
     /// The file offset just past the gathered appends.
     fn end(&self) -> i64 {
@@ -153,16 +164,16 @@ static METHODS: ffi::sqlite3_io_methods = ffi::sqlite3_io_methods {
     xTruncate: Some(truncate),
     xSync: Some(sync),
     xFileSize: Some(file_size),
-    xLock: Some(lock),
-    xUnlock: Some(unlock),
-    xCheckReservedLock: Some(check_reserved_lock),
+    xLock: Some(vfsfile::lock::<WalFile>),
+    xUnlock: Some(vfsfile::unlock::<WalFile>),
+    xCheckReservedLock: Some(vfsfile::check_reserved_lock::<WalFile>),
     xFileControl: Some(file_control),
-    xSectorSize: Some(sector_size),
-    xDeviceCharacteristics: Some(device_characteristics),
-    xShmMap: Some(shm_map),
-    xShmLock: Some(shm_lock),
-    xShmBarrier: Some(shm_barrier),
-    xShmUnmap: Some(shm_unmap),
+    xSectorSize: Some(vfsfile::sector_size::<WalFile>),
+    xDeviceCharacteristics: Some(vfsfile::device_characteristics::<WalFile>),
+    xShmMap: Some(vfsfile::shm_map::<WalFile>),
+    xShmLock: Some(vfsfile::shm_lock::<WalFile>),
+    xShmBarrier: Some(vfsfile::shm_barrier::<WalFile>),
+    xShmUnmap: Some(vfsfile::shm_unmap::<WalFile>),
     xFetch: Some(fetch),
     xUnfetch: Some(unfetch),
 };
@@ -359,67 +370,6 @@ unsafe extern "C" fn fetch(
 
 unsafe extern "C" fn unfetch(f: *mut ffi::sqlite3_file, at: i64, p: *mut c_void) -> c_int {
     forward!(f, xUnfetch, ffi::SQLITE_OK, at, p)
-}
-
-unsafe extern "C" fn lock(f: *mut ffi::sqlite3_file, level: c_int) -> c_int {
-    forward!(f, xLock, ffi::SQLITE_OK, level)
-}
-
-unsafe extern "C" fn unlock(f: *mut ffi::sqlite3_file, level: c_int) -> c_int {
-    forward!(f, xUnlock, ffi::SQLITE_OK, level)
-}
-
-unsafe extern "C" fn check_reserved_lock(f: *mut ffi::sqlite3_file, out: *mut c_int) -> c_int {
-    forward!(f, xCheckReservedLock, ffi::SQLITE_OK, out)
-}
-
-unsafe extern "C" fn sector_size(f: *mut ffi::sqlite3_file) -> c_int {
-    forward!(f, xSectorSize, 4096)
-}
-
-unsafe extern "C" fn device_characteristics(f: *mut ffi::sqlite3_file) -> c_int {
-    forward!(f, xDeviceCharacteristics, 0)
-}
-
-unsafe extern "C" fn shm_map(
-    f: *mut ffi::sqlite3_file,
-    page: c_int,
-    size: c_int,
-    extend: c_int,
-    out: *mut *mut c_void,
-) -> c_int {
-    forward!(
-        f,
-        xShmMap,
-        ffi::SQLITE_IOERR_SHMMAP,
-        page,
-        size,
-        extend,
-        out
-    )
-}
-
-unsafe extern "C" fn shm_lock(
-    f: *mut ffi::sqlite3_file,
-    offset: c_int,
-    n: c_int,
-    flags: c_int,
-) -> c_int {
-    forward!(f, xShmLock, ffi::SQLITE_IOERR_SHMLOCK, offset, n, flags)
-}
-
-unsafe extern "C" fn shm_barrier(f: *mut ffi::sqlite3_file) {
-    // SAFETY: `f` is ours; forwarding to the default VFS's method on its own file.
-    unsafe {
-        let w = wal(f);
-        if let Some(x) = methods(w).xShmBarrier {
-            x(w.inner);
-        }
-    }
-}
-
-unsafe extern "C" fn shm_unmap(f: *mut ffi::sqlite3_file, delete: c_int) -> c_int {
-    forward!(f, xShmUnmap, ffi::SQLITE_OK, delete)
 }
 
 #[cfg(test)]
