@@ -59,6 +59,7 @@ const SCENARIOS: &[Scenario] = &[
     network::RECEIVER_REPLY_DROPPED_PLAIN,
     network::COMMIT_REPLY_LOST_POSTGRES,
     network::POSTGRES_FROZEN,
+    network::POSTGRES_RESET,
     storage::SQLITE_LOCKED,
     storage::DISK_FULL,
     fsync::SQLITE_FSYNC_EIO,

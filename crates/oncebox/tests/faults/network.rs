@@ -1,6 +1,6 @@
 //! Faults on the wire, through the testkit's TCP proxy: the receiver's reply dropped after it
-//! applied a delivery (idempotent and plain routes), PostgreSQL's replies to `COMMIT` lost, and
-//! PostgreSQL frozen (a black hole) under load.
+//! applied a delivery (idempotent and plain routes), PostgreSQL's replies to `COMMIT` lost,
+//! PostgreSQL frozen (a black hole) and its connections reset under load.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -36,6 +36,12 @@ pub const POSTGRES_FROZEN: Scenario = Scenario {
     name: "net: PostgreSQL frozen (black hole)",
     backend: "postgres",
     run: || block_on(Duration::from_secs(120), frozen()),
+};
+
+pub const POSTGRES_RESET: Scenario = Scenario {
+    name: "net: PostgreSQL connections reset",
+    backend: "postgres",
+    run: || block_on(Duration::from_secs(120), reset()),
 };
 
 fn route_config(receiver: std::net::SocketAddr, idempotent: bool) -> String {
@@ -306,6 +312,63 @@ async fn frozen() -> Option<Report> {
             "{refused} answered 503 while frozen {} ms, {held} exchanges held",
             FREEZE.as_millis()
         ),
+        expected_u: 0,
+    })
+}
+
+/// PostgreSQL's connections reset under load: while armed, the proxy cuts every connection
+/// with a RST at its next exchange (mid-transaction, mid-`COMMIT`, or as it opens). Nothing can
+/// commit then, so every request made meanwhile ends 503, never 2xx; once it heals the pool
+/// connects again, and the senders' retries apply each key once.
+async fn reset() -> Option<Report> {
+    let schema = world::pg_schema().await?;
+    let proxy = Proxy::start(schema.server_addr()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut gw = world::serve(
+        dir.path(),
+        &schema.url_via(proxy.addr()),
+        "127.0.0.1:0",
+        &[],
+    )
+    .start();
+    let base = world::url(&gw);
+    let history = Arc::new(History::new());
+    burst(&history, &base, "warm", 20).await;
+    let armed = history.ops().len();
+    proxy.set(Mode::Reset);
+    let mut round = 0;
+    while Stats::get(&proxy.stats.resets) < 5 {
+        burst(&history, &base, &format!("cut{round}-"), 10).await;
+        round += 1;
+        assert!(round < 50, "no connection was reset");
+    }
+    proxy.set(Mode::Pass);
+    let during = history.ops()[armed..].to_vec();
+    let refused = during
+        .iter()
+        .filter(|o| matches!(o.outcome(), Some(Outcome::Info(why)) if why == "HTTP 503"))
+        .count();
+    let other: Vec<String> = during
+        .iter()
+        .filter_map(|o| match o.outcome() {
+            Some(Outcome::Info(why)) if why == "HTTP 503" => None,
+            answered => Some(format!("{}: {answered:?}", o.key.1)),
+        })
+        .collect();
+    world::drain(&history, &base, 8).await;
+    gw.terminate();
+    // Every request while armed was answered, and only with a 503: a 2xx would claim a commit
+    // no connection could make.
+    assert!(
+        other.is_empty(),
+        "while reset, answers other than 503: {other:?}"
+    );
+    let fin = final_pg(&schema.pool().await, false).await;
+    let resets = Stats::get(&proxy.stats.resets);
+    Some(Report {
+        figures: check(&history.ops(), &fin),
+        exercised: resets,
+        what: format!("{resets} connections reset, {refused} requests answered 503 meanwhile"),
         expected_u: 0,
     })
 }
