@@ -60,6 +60,12 @@ pub trait Clock: Send + Sync + fmt::Debug + 'static {
     fn boot(&self) -> Option<Boot> {
         None
     }
+
+    /// Whether the wall clock is known to be right (disciplined by NTP). A purge trusts such a
+    /// clock and moves its anchors to it; otherwise it holds to them.
+    fn synchronized(&self) -> bool {
+        false
+    }
 }
 
 /// Which boot of the machine a clock runs on, and the time since it began. Unlike
@@ -85,24 +91,81 @@ impl Clock for SystemClock {
         Timestamp(i64::try_from(ms).unwrap_or(i64::MAX))
     }
 
-    /// Linux's boot id (its first 64 bits) and uptime (boot time, suspend included); `None`
-    /// where they cannot be read. In a container both are the host's, which is what a restart
-    /// of the container needs.
+    /// Linux's boot id, with the process's time namespace mixed in, and `CLOCK_BOOTTIME`
+    /// (suspend included); `None` where they cannot be read. In a container the boot is the
+    /// host's, so a restarted container finds its anchor; a time namespace of its own (which
+    /// offsets `CLOCK_BOOTTIME`) is another boot.
     fn boot(&self) -> Option<Boot> {
         let id = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").ok()?;
-        let uptime = std::fs::read_to_string("/proc/uptime").ok()?;
-        parse_boot(&id, &uptime)
+        let namespace = std::fs::read_link("/proc/self/ns/time")
+            .map(|p| p.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        boot_from(&id, &namespace, boot_time()?)
+    }
+
+    /// Whether the kernel holds the clock synchronised by NTP (`ntp_adjtime`'s state is not
+    /// `TIME_ERROR`). Setting the clock by hand marks it unsynchronised until NTP takes it back.
+    fn synchronized(&self) -> bool {
+        #[cfg(target_os = "linux")]
+        {
+            // SAFETY: `ntp_adjtime` with `modes` 0 only reads the kernel's state into `tx`, a
+            // zeroed `timex` that lives for the call.
+            #[allow(unsafe_code, reason = "reading the kernel's NTP state")]
+            let state = unsafe {
+                let mut tx: libc::timex = std::mem::zeroed();
+                libc::ntp_adjtime(&raw mut tx)
+            };
+            state >= 0 && state != libc::TIME_ERROR
+        }
+        #[cfg(not(target_os = "linux"))]
+        false
     }
 }
 
-/// A boot from the text of `/proc/sys/kernel/random/boot_id` and of `/proc/uptime`.
-fn parse_boot(id: &str, uptime: &str) -> Option<Boot> {
-    let hex: String = id.trim().chars().filter(|c| *c != '-').take(16).collect();
-    let id = u64::from_str_radix(&hex, 16).ok()?;
-    let seconds: f64 = uptime.split_whitespace().next()?.parse().ok()?;
+/// `CLOCK_BOOTTIME`: time since boot, suspend included.
+fn boot_time() -> Option<Duration> {
+    #[cfg(target_os = "linux")]
+    {
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: `clock_gettime` writes one `timespec` to a valid pointer that lives for the
+        // call.
+        #[allow(
+            unsafe_code,
+            reason = "reading CLOCK_BOOTTIME, which std does not offer"
+        )]
+        let rc = unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &raw mut ts) };
+        if rc != 0 {
+            return None;
+        }
+        let secs = u64::try_from(ts.tv_sec).ok()?;
+        let nanos = u32::try_from(ts.tv_nsec).ok()?;
+        Some(Duration::new(secs, nanos))
+    }
+    #[cfg(not(target_os = "linux"))]
+    None
+}
+
+/// A boot from the text of `/proc/sys/kernel/random/boot_id`, the name of the time namespace
+/// and the time since boot: the id is a hash of both texts.
+fn boot_from(id: &str, namespace: &str, since: Duration) -> Option<Boot> {
+    let id = id.trim();
+    if id.is_empty() {
+        return None;
+    }
+    // FNV-1a: stable across builds and platforms, unlike std's hasher.
+    let hash = id
+        .bytes()
+        .chain([0])
+        .chain(namespace.bytes())
+        .fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+        });
     Some(Boot {
-        id: i64::from_ne_bytes(id.to_ne_bytes()),
-        since: Duration::try_from_secs_f64(seconds).ok()?,
+        id: i64::from_ne_bytes(hash.to_ne_bytes()),
+        since,
     })
 }
 
@@ -188,21 +251,15 @@ mod tests {
     }
 
     #[test]
-    fn boots_are_read_from_the_kernel_texts() {
-        let b = parse_boot(
-            "6b3e3c36-1f0a-4c1e-9a7d-2f1e0c9b8a77\n",
-            "12345.67 23456.78\n",
-        );
-        assert_eq!(
-            b,
-            Some(Boot {
-                id: i64::from_ne_bytes(0x6b3e_3c36_1f0a_4c1e_u64.to_ne_bytes()),
-                since: Duration::from_secs_f64(12345.67),
-            })
-        );
-        assert_eq!(parse_boot("not hex", "1.0"), None);
-        assert_eq!(parse_boot("6b3e3c36", "-1"), None);
-        assert_eq!(parse_boot("6b3e3c36", ""), None);
+    fn boots_hash_the_boot_id_and_the_time_namespace() {
+        let id = "6b3e3c36-1f0a-4c1e-9a7d-2f1e0c9b8a77\n";
+        let hour = Duration::from_secs(3600);
+        let a = boot_from(id, "time:[4026531834]", hour).unwrap();
+        assert_eq!(a, boot_from(id, "time:[4026531834]", hour).unwrap());
+        assert_eq!(a.since, hour);
+        assert_ne!(a.id, boot_from(id, "time:[4026532999]", hour).unwrap().id);
+        assert_ne!(a.id, boot_from("0", "time:[4026531834]", hour).unwrap().id);
+        assert_eq!(boot_from(" \n", "", hour), None);
         if cfg!(target_os = "linux") {
             let (a, b) = (SystemClock.boot().unwrap(), SystemClock.boot().unwrap());
             assert_eq!(a.id, b.id);

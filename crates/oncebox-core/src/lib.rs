@@ -25,4 +25,6 @@ pub use fingerprint::{Fingerprint, FingerprintMode, PayloadError};
 pub use key::{EventId, InvalidKey, Key, Source};
 pub use lease::{Begun, Lease, LeaseError, LeaseSeen, Record, RecordState, Resolution, lease_seen};
 pub use outcome::{Invalid, ProcessError, Processed, Response, ResponseKind, Unavailable};
-pub use retention::{BootAnchor, PurgeAnchor, Retention, boot_bound};
+pub use retention::{
+    BOOT_ANCHORS_KEPT, BootAnchor, PurgeAnchor, Retention, boot_bound, purge_time,
+};

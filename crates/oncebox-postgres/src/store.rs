@@ -8,8 +8,8 @@ use oncebox_core::store::{
     StoredEvent,
 };
 use oncebox_core::{
-    Boot, BootAnchor, Key, ProcessError, Processed, Response, ResponseKind, Retention, Timestamp,
-    Unavailable,
+    BOOT_ANCHORS_KEPT, BootAnchor, Key, ProcessError, Processed, Response, ResponseKind, Retention,
+    Timestamp, Unavailable,
 };
 
 use crate::batch::Answer;
@@ -59,20 +59,27 @@ impl Inbox {
         .await
     }
 
-    /// [`oncebox_core::boot_bound`] against the anchor stored for `boot`; records a new anchor
-    /// when it says to (two processes doing so at once on one boot: the last one's stays).
-    async fn boot_bound(&self, now: Timestamp, boot: Boot) -> Result<Timestamp, crate::Error> {
-        let stored: Option<(i64, i64)> =
-            sqlx::query_as("SELECT wall, since FROM oncebox_purge_anchors WHERE boot = $1")
-                .bind(boot.id)
-                .fetch_optional(&self.pool)
-                .await?;
-        let stored = stored.map(|(wall, since)| BootAnchor {
-            boot: boot.id,
-            wall: Timestamp(wall),
-            since: Duration::from_millis(u64::try_from(since).unwrap_or(0)),
-        });
-        let (now, record) = oncebox_core::boot_bound(stored, now, boot);
+    /// The time this purge may use ([`oncebox_core::purge_time`]), from the anchor stored for
+    /// this node's boot; records the anchor it says to (two processes doing so at once on one
+    /// boot: the last one's stays), and drops those of boots long gone.
+    async fn purge_time(&self, now: Timestamp) -> Result<Timestamp, crate::Error> {
+        let boot = self.clock.boot();
+        let stored = match boot {
+            Some(b) => {
+                let row: Option<(i64, i64)> =
+                    sqlx::query_as("SELECT wall, since FROM oncebox_purge_anchors WHERE boot = $1")
+                        .bind(b.id)
+                        .fetch_optional(&self.pool)
+                        .await?;
+                row.map(|(wall, since)| BootAnchor {
+                    boot: b.id,
+                    wall: Timestamp(wall),
+                    since: Duration::from_millis(u64::try_from(since).unwrap_or(0)),
+                })
+            }
+            None => None,
+        };
+        let (now, record) = oncebox_core::purge_time(&self.clock, now, boot, stored);
         if let Some(a) = record {
             sqlx::query(
                 "INSERT INTO oncebox_purge_anchors (boot, wall, since) VALUES ($1, $2, $3)
@@ -83,6 +90,11 @@ impl Inbox {
             .bind(i64::try_from(a.since.as_millis()).unwrap_or(i64::MAX))
             .execute(&self.pool)
             .await?;
+            sqlx::query("DELETE FROM oncebox_purge_anchors WHERE boot != $1 AND wall < $2")
+                .bind(a.boot)
+                .bind(now.minus(BOOT_ANCHORS_KEPT).millis())
+                .execute(&self.pool)
+                .await?;
         }
         Ok(now)
     }
@@ -91,11 +103,7 @@ impl Inbox {
     /// taken no further than the first purge's plus the monotonic time since
     /// (`oncebox_core::purge_now`), so a wall clock jumping forward purges no record early.
     pub async fn purge(&self, now: Timestamp, retention: &Retention) -> Result<u64, crate::Error> {
-        let now = oncebox_core::purge_now(&self.clock, now);
-        let now = match self.clock.boot() {
-            Some(boot) => self.boot_bound(now, boot).await?,
-            None => now,
-        };
+        let now = self.purge_time(now).await?;
         let youngest_cutoff = now.minus(retention.shortest()).millis();
         let (mut after, mut deleted) = (0_i64, 0_u64);
         loop {

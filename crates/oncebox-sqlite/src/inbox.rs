@@ -204,11 +204,10 @@ impl Inbox {
     /// the first purge's plus the monotonic time since (`oncebox_core::purge_now`), so a wall
     /// clock jumping forward purges no record early.
     pub async fn purge(&self, now: Timestamp, retention: &Retention) -> Result<u64, Error> {
-        let now = oncebox_core::purge_now(&self.shared.clock, now);
-        let now = match self.shared.clock.boot() {
-            Some(boot) => self.write(move |c| purge::boot_bound(c, now, boot)).await?,
-            None => now,
-        };
+        let clock = self.shared.clock.clone();
+        let now = self
+            .write(move |c| purge::purge_time(c, &clock, now))
+            .await?;
         let mut after = 0;
         let mut deleted = 0;
         loop {

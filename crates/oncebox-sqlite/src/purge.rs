@@ -1,9 +1,10 @@
 //! Retention: deletes terminal inbox records older than their source's retention, a chunk per
 //! writer request so a large purge never stalls ingest.
 
+use std::sync::Arc;
 use std::time::Duration;
 
-use oncebox_core::{Boot, BootAnchor, Retention, Timestamp};
+use oncebox_core::{BOOT_ANCHORS_KEPT, BootAnchor, Clock, Retention, Timestamp};
 use rusqlite::{Connection, OptionalExtension, params};
 
 use crate::writer::{Cx, Fatal};
@@ -55,31 +56,39 @@ pub(crate) fn chunk(
     Ok(Ok(Chunk { deleted, next }))
 }
 
-/// [`oncebox_core::boot_bound`] against the anchor stored for `boot`; records a new anchor
-/// when it says to.
-pub(crate) fn boot_bound(
+/// The time this purge may use ([`oncebox_core::purge_time`]), from the anchor stored for the
+/// machine's boot; records the anchor it says to, and drops those of boots long gone.
+pub(crate) fn purge_time(
     c: &Connection,
+    clock: &Arc<dyn Clock>,
     now: Timestamp,
-    boot: Boot,
 ) -> rusqlite::Result<Timestamp> {
-    let stored = c
-        .query_row(
-            "SELECT wall, since FROM oncebox_purge_anchors WHERE boot = ?1",
-            [boot.id],
-            |r| Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?)),
-        )
-        .optional()?
-        .map(|(wall, since)| BootAnchor {
-            boot: boot.id,
-            wall: Timestamp(wall),
-            since: Duration::from_millis(u64::try_from(since).unwrap_or(0)),
-        });
-    let (now, record) = oncebox_core::boot_bound(stored, now, boot);
+    let boot = clock.boot();
+    let stored = match boot {
+        Some(b) => c
+            .query_row(
+                "SELECT wall, since FROM oncebox_purge_anchors WHERE boot = ?1",
+                [b.id],
+                |r| Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?)),
+            )
+            .optional()?
+            .map(|(wall, since)| BootAnchor {
+                boot: b.id,
+                wall: Timestamp(wall),
+                since: Duration::from_millis(u64::try_from(since).unwrap_or(0)),
+            }),
+        None => None,
+    };
+    let (now, record) = oncebox_core::purge_time(clock, now, boot, stored);
     if let Some(a) = record {
         let since = i64::try_from(a.since.as_millis()).unwrap_or(i64::MAX);
         c.execute(
             "INSERT OR REPLACE INTO oncebox_purge_anchors (boot, wall, since) VALUES (?1, ?2, ?3)",
             params![a.boot, a.wall.millis(), since],
+        )?;
+        c.execute(
+            "DELETE FROM oncebox_purge_anchors WHERE boot != ?1 AND wall < ?2",
+            params![a.boot, now.minus(BOOT_ANCHORS_KEPT).millis()],
         )?;
     }
     Ok(now)
