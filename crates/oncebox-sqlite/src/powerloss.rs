@@ -1,6 +1,8 @@
 //! A VFS for power-loss tests, built with the `crash-points` feature only: every write stays in
 //! this process's memory until its file is synced, so a process killed with SIGKILL leaves on
-//! disk exactly what was synced, which is what a machine that lost power finds at worst.
+//! disk exactly what was synced: what a machine that lost power finds when none of its unsynced
+//! writes reached the disk. (A real power cut may also keep some of them, in any order, or tear
+//! a sector; this VFS does not try those. Truncations and deletions take effect at once.)
 //!
 //! Why not just SIGKILL: the kernel keeps a killed process's writes in its page cache and
 //! writes them out later, so a commit that was written but never synced survives a kill. A

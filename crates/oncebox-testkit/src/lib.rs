@@ -125,7 +125,9 @@ impl Observed {
 pub enum CrashAt {
     /// In the handler, after its effects, before the transaction commits.
     BeforeCommit,
-    /// After the commit, before the answer reaches the caller.
+    /// After the commit, before the answer reaches the caller. The store's state is taken
+    /// once its answer came back and thrown away: nothing is written between a COMMIT and its
+    /// answer, so this is what a kill right after the COMMIT leaves.
     AfterCommit,
 }
 

@@ -66,7 +66,9 @@ fn kept(end: &End) -> Option<Response> {
 type Model = BTreeMap<(u8, u8), (i64, Response)>;
 
 /// Crashes that really killed a delivery, before and after its commit, over all sequences:
-/// a run in which none did would not have tested recovery at all.
+/// a run in which none did would not have tested recovery at all. (Before the commit the kill
+/// can be missed: a key already recorded never reaches its handler. After it, every applied
+/// delivery counts; what is tested there is the recovery of the committed state.)
 #[derive(Default)]
 struct Deaths {
     before_commit: AtomicUsize,

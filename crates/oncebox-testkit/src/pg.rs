@@ -5,7 +5,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use nix::sys::signal::Signal;
+use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 
 /// The OS user the server runs as when the test runs as root: `initdb` and `postgres` refuse
@@ -115,53 +115,44 @@ impl Cluster {
     /// process it started. Connections stay open and whatever was sent waits unanswered; new
     /// connections are never served. Returns how many processes were stopped.
     pub fn freeze(&self) -> usize {
-        let processes = self.processes();
-        for pid in &processes {
-            nix::sys::signal::kill(*pid, Signal::SIGSTOP)
-                .unwrap_or_else(|e| panic!("SIGSTOP {pid}: {e}"));
+        let Some(postmaster) = self.postmaster() else {
+            return 0;
+        };
+        kill(postmaster, Signal::SIGSTOP).unwrap_or_else(|e| panic!("SIGSTOP {postmaster}: {e}"));
+        // Stopped, the postmaster starts no one; a child it started just before is found by
+        // the next scan. A child that ended meanwhile needs no stopping.
+        let mut stopped = vec![postmaster];
+        loop {
+            let new: Vec<Pid> = children(postmaster)
+                .into_iter()
+                .filter(|pid| !stopped.contains(pid))
+                .collect();
+            if new.is_empty() {
+                return stopped.len();
+            }
+            for pid in new {
+                let _ = kill(pid, Signal::SIGSTOP);
+                stopped.push(pid);
+            }
         }
-        processes.len()
     }
 
     /// Undoes [`Cluster::freeze`]: SIGCONT to the postmaster and everything it started.
     pub fn thaw(&self) {
-        for pid in self.processes() {
+        let Some(postmaster) = self.postmaster() else {
+            return;
+        };
+        for pid in std::iter::once(postmaster).chain(children(postmaster)) {
             // A process may have ended meanwhile.
-            let _ = nix::sys::signal::kill(pid, Signal::SIGCONT);
+            let _ = kill(pid, Signal::SIGCONT);
         }
     }
 
-    /// The postmaster (from `postmaster.pid`), then its children (from `/proc`). The
-    /// postmaster comes first so that, stopped, it starts no child the list would miss.
-    fn processes(&self) -> Vec<Pid> {
-        let Ok(lockfile) = std::fs::read_to_string(self.data().join("postmaster.pid")) else {
-            return Vec::new();
-        };
-        let Some(postmaster) = lockfile.lines().next().and_then(|l| l.trim().parse().ok()) else {
-            return Vec::new();
-        };
-        let mut all = vec![Pid::from_raw(postmaster)];
-        for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-            let Some(pid) = entry
-                .file_name()
-                .to_str()
-                .and_then(|n| n.parse::<i32>().ok())
-            else {
-                continue;
-            };
-            let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
-                continue;
-            };
-            // `pid (comm) state ppid ...`; the command name may itself hold spaces and `)`.
-            let parent = stat
-                .rsplit_once(')')
-                .and_then(|(_, rest)| rest.split_whitespace().nth(1))
-                .and_then(|p| p.parse::<i32>().ok());
-            if parent == Some(postmaster) {
-                all.push(Pid::from_raw(pid));
-            }
-        }
-        all
+    /// The postmaster's process id, from its lock file.
+    fn postmaster(&self) -> Option<Pid> {
+        let lockfile = std::fs::read_to_string(self.data().join("postmaster.pid")).ok()?;
+        let pid = lockfile.lines().next()?.trim().parse().ok()?;
+        Some(Pid::from_raw(pid))
     }
 
     fn data(&self) -> PathBuf {
@@ -221,6 +212,32 @@ impl Drop for Cluster {
             .current_dir(self.root.path())
             .output();
     }
+}
+
+/// The processes whose parent is `parent`, from `/proc`.
+fn children(parent: Pid) -> Vec<Pid> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+            continue;
+        };
+        // `pid (comm) state ppid ...`; the command name may itself hold spaces and `)`.
+        let ppid = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+            .and_then(|p| p.parse::<i32>().ok());
+        if ppid == Some(parent.as_raw()) {
+            found.push(Pid::from_raw(pid));
+        }
+    }
+    found
 }
 
 fn server_binaries() -> Option<PathBuf> {

@@ -40,11 +40,11 @@ pub(super) async fn attempt(
     match request.send().await {
         Ok(response) => {
             let status = response.status().as_u16();
-            let retry_after = response
-                .headers()
-                .get("retry-after")
-                .and_then(|v| v.to_str().ok())
-                .and_then(|v| retry_after(v, started_at));
+            let header = |name| response.headers().get(name).and_then(|v| v.to_str().ok());
+            // A date in Retry-After is on the receiver's clock: measured from its own Date, a
+            // skew between the two clocks does not stretch or shorten the wait.
+            let sent_at = header("date").and_then(http_date).unwrap_or(started_at);
+            let retry_after = header("retry-after").and_then(|v| retry_after(v, sent_at));
             // Drain the body so the connection can be reused; its content is not needed.
             let _ = response.bytes().await;
             Attempt::Answered {
@@ -57,7 +57,7 @@ pub(super) async fn attempt(
 }
 
 /// The wait a `Retry-After` value asks for (RFC 9110 §10.2.3): a number of seconds, or an
-/// HTTP date, measured from `now` (a date already past asks for none). A number too large to
+/// HTTP date, measured from `now`, the answer's own date (a date already past asks for none). A number too large to
 /// hold waits the longest possible, so the route's age limit gives the delivery up instead of
 /// retrying it early. `None` for anything else: the backoff alone decides.
 fn retry_after(value: &str, now: Timestamp) -> Option<Duration> {
@@ -65,13 +65,20 @@ fn retry_after(value: &str, now: Timestamp) -> Option<Duration> {
     if !value.is_empty() && value.bytes().all(|b| b.is_ascii_digit()) {
         return Some(Duration::from_secs(value.parse().unwrap_or(u64::MAX)));
     }
-    let at = httpdate::parse_http_date(value).ok()?;
-    let at_millis = match at.duration_since(std::time::UNIX_EPOCH) {
-        Ok(since) => i64::try_from(since.as_millis()).unwrap_or(i64::MAX),
-        Err(_) => 0,
-    };
-    let wait = at_millis.saturating_sub(now.millis()).max(0);
+    let wait = http_date(value)?
+        .millis()
+        .saturating_sub(now.millis())
+        .max(0);
     Some(Duration::from_millis(u64::try_from(wait).unwrap_or(0)))
+}
+
+/// An HTTP date (RFC 9110 §5.6.7, the obsolete forms included).
+fn http_date(value: &str) -> Option<Timestamp> {
+    let at = httpdate::parse_http_date(value.trim()).ok()?;
+    let since = at.duration_since(std::time::UNIX_EPOCH).ok()?;
+    Some(Timestamp(
+        i64::try_from(since.as_millis()).unwrap_or(i64::MAX),
+    ))
 }
 
 /// A connection that could not be made means the receiver saw nothing. Anything else after the

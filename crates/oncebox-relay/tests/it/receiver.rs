@@ -27,8 +27,8 @@ pub struct Seen {
 /// How the receiver answers the next requests; the last entry repeats.
 #[derive(Debug, Default)]
 struct Script {
-    /// Status and `Retry-After` text.
-    answers: Vec<(u16, Option<String>)>,
+    /// Status and headers.
+    answers: Vec<(u16, Vec<(String, String)>)>,
 }
 
 /// Shared state of a counting receiver.
@@ -44,13 +44,22 @@ pub struct Receiver {
 impl Receiver {
     /// Answers `status` (with `Retry-After` seconds) to the next requests, in order.
     pub fn answer(&self, answers: &[(u16, Option<u64>)]) {
-        let text = |(status, secs): &(u16, Option<u64>)| (*status, secs.map(|s| s.to_string()));
-        self.script.lock().unwrap().answers = answers.iter().map(text).collect();
+        let headers = |(status, secs): &(u16, Option<u64>)| {
+            let retry = secs.map(|s| ("retry-after".to_owned(), s.to_string()));
+            (*status, retry.into_iter().collect())
+        };
+        self.script.lock().unwrap().answers = answers.iter().map(headers).collect();
     }
 
-    /// As [`Receiver::answer`], with `Retry-After` given as its text (an HTTP date, say).
-    pub fn answer_text(&self, answers: &[(u16, Option<&str>)]) {
-        let own = |(status, text): &(u16, Option<&str>)| (*status, text.map(str::to_owned));
+    /// As [`Receiver::answer`], with the headers of each answer given (`Retry-After` as an
+    /// HTTP date and the answer's own `Date`, say).
+    pub fn answer_with(&self, answers: &[(u16, &[(&str, &str)])]) {
+        let own = |(status, headers): &(u16, &[(&str, &str)])| {
+            let headers = headers
+                .iter()
+                .map(|(n, v)| ((*n).to_owned(), (*v).to_owned()));
+            (*status, headers.collect())
+        };
         self.script.lock().unwrap().answers = answers.iter().map(own).collect();
     }
 
@@ -78,12 +87,12 @@ async fn hook(
         headers: headers.clone(),
         body: body.to_vec(),
     });
-    let (status, retry_after) = {
+    let (status, reply_headers) = {
         let mut script = r.script.lock().unwrap();
         if script.answers.len() > 1 {
             script.answers.remove(0)
         } else {
-            script.answers.first().cloned().unwrap_or((200, None))
+            script.answers.first().cloned().unwrap_or((200, Vec::new()))
         }
     };
     if (200..300).contains(&status)
@@ -94,8 +103,13 @@ async fn hook(
     let mut res = StatusCode::from_u16(status)
         .unwrap_or(StatusCode::OK)
         .into_response();
-    if let Some(value) = retry_after.and_then(|t| HeaderValue::from_str(&t).ok()) {
-        res.headers_mut().insert("retry-after", value);
+    for (name, value) in reply_headers {
+        if let (Ok(name), Ok(value)) = (
+            axum::http::HeaderName::try_from(name),
+            HeaderValue::from_str(&value),
+        ) {
+            res.headers_mut().insert(name, value);
+        }
     }
     res
 }
