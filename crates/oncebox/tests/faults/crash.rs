@@ -85,7 +85,16 @@ pub fn child_role() {
             if parts[2] != "none" {
                 fail::cfg(parts[2], &format!("{skip}*off->return")).expect("arm the point");
             }
-            gateway_child(parts[1]);
+            gateway_child(parts[1], "127.0.0.1:0");
+        }
+        // The gateway on SQLite through the power-loss VFS, listening on `parts[2]`: a SIGKILL
+        // then leaves on disk only what was synced (`kills.rs`).
+        "power" => {
+            assert!(
+                oncebox_sqlite::powerloss::install(),
+                "the power-loss VFS installs"
+            );
+            gateway_child(parts[1], parts[2]);
         }
         "relay" => {
             fail::cfg("relay-before-record", &format!("{skip}*off->return")).expect("arm");
@@ -98,25 +107,25 @@ pub fn child_role() {
 
 /// The gateway on SQLite or PostgreSQL (a `postgres` URL) in this process, zero-configuration,
 /// printing its address.
-fn gateway_child(database: &str) {
+fn gateway_child(database: &str, listen: &str) {
     let rt = tokio::runtime::Runtime::new().expect("runtime");
     rt.block_on(async {
         if database.starts_with("postgres") {
             let opts = oncebox_postgres::Options::new(database);
             let store = oncebox_postgres::Inbox::open(opts).await.expect("open");
-            gateway_serve(store).await;
+            gateway_serve(store, listen).await;
         } else {
             let opts = oncebox_sqlite::Options::new(database);
-            gateway_serve(oncebox_sqlite::Inbox::open(opts).expect("open")).await;
+            gateway_serve(oncebox_sqlite::Inbox::open(opts).expect("open"), listen).await;
         }
     });
 }
 
-async fn gateway_serve<S>(store: S)
+async fn gateway_serve<S>(store: S, listen: &str)
 where
     S: oncebox_core::store::EventStore + oncebox_core::relay_store::DeliveryStore,
 {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let listener = tokio::net::TcpListener::bind(listen).await.unwrap();
     let addr = listener.local_addr().unwrap();
     let gw = Arc::new(Gateway {
         store,
@@ -141,7 +150,7 @@ where
     .await;
 }
 
-fn child(role: &str) -> Spec {
+pub(crate) fn child(role: &str) -> Spec {
     Spec::new(std::env::current_exe().expect("this binary"))
         .env(CHILD, role)
         .ready(Ready::Stdout("listening on ".into()))

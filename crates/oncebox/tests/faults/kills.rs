@@ -1,6 +1,8 @@
 //! Random kills under load: `oncebox serve` SIGKILLed at seeded random moments (counted in
 //! acknowledgements, not time) while senders keep delivering, restarted on the same port each
-//! time; every sender retries until its event is acknowledged.
+//! time; every sender retries until its event is acknowledged. The same with power cuts: the
+//! gateway on SQLite through the power-loss VFS (`oncebox_sqlite::powerloss`), so each kill
+//! leaves on disk only what was synced, as a power cut would.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -18,7 +20,13 @@ use crate::world::{self, PgSchema, block_on, final_pg, final_sqlite};
 pub const RANDOM_KILLS_SQLITE: Scenario = Scenario {
     name: "kills: random SIGKILL under load",
     backend: "sqlite",
-    run: || Some(random_kills(None)),
+    run: || Some(random_kills(None, false)),
+};
+
+pub const RANDOM_POWER_CUTS_SQLITE: Scenario = Scenario {
+    name: "kills: random power cut under load",
+    backend: "sqlite",
+    run: || Some(random_kills(None, true)),
 };
 
 pub const RANDOM_KILLS_POSTGRES: Scenario = Scenario {
@@ -26,14 +34,20 @@ pub const RANDOM_KILLS_POSTGRES: Scenario = Scenario {
     backend: "postgres",
     run: || {
         let schema = block_on(world::PATIENCE, world::pg_schema())?;
-        Some(random_kills(Some(&schema)))
+        Some(random_kills(Some(&schema), false))
     },
 };
 
 const SENDERS: usize = 12;
 
-fn random_kills(schema: Option<&PgSchema>) -> Report {
-    let seed = Seed::from_env("random kills");
+/// `power`: the gateway runs in a child of this binary writing through the power-loss VFS
+/// (SQLite only), instead of `oncebox serve`.
+fn random_kills(schema: Option<&PgSchema>, power: bool) -> Report {
+    let seed = Seed::from_env(if power {
+        "random power cuts"
+    } else {
+        "random kills"
+    });
     let mut rng = seed.rng(7);
     let events = scale(1500);
     let kills = scale(3);
@@ -52,7 +66,11 @@ fn random_kills(schema: Option<&PgSchema>) -> Report {
     let base = format!("http://{listen}");
     let history = Arc::new(History::new());
     block_on(Duration::from_secs(200), async {
-        let spec = world::serve(dir.path(), &database, &listen, &[]);
+        let spec = if power {
+            crate::crash::child(&format!("power|{}|{listen}|0", sqlite.display()))
+        } else {
+            world::serve(dir.path(), &database, &listen, &[])
+        };
         let mut server = spec.start();
         let (next, acked) = (
             Arc::new(AtomicUsize::new(0)),
@@ -123,7 +141,10 @@ fn random_kills(schema: Option<&PgSchema>) -> Report {
         Report {
             figures: check(&history.ops(), &fin),
             exercised: done,
-            what: format!("{done} kills at acks {at:?}, {unanswered} requests unanswered"),
+            what: format!(
+                "{done} {} at acks {at:?}, {unanswered} requests unanswered",
+                if power { "power cuts" } else { "kills" }
+            ),
             expected_u: 0,
         }
     })
