@@ -60,12 +60,6 @@ pub trait Clock: Send + Sync + fmt::Debug + 'static {
     fn boot(&self) -> Option<Boot> {
         None
     }
-
-    /// Whether the wall clock is known to be right (disciplined by NTP). A purge trusts such a
-    /// clock and moves its anchors to it; otherwise it holds to them.
-    fn synchronized(&self) -> bool {
-        false
-    }
 }
 
 /// Which boot of the machine a clock runs on, and the time since it began. Unlike
@@ -102,41 +96,24 @@ impl Clock for SystemClock {
             .unwrap_or_default();
         boot_from(&id, &namespace, boot_time()?)
     }
-
-    /// Whether the kernel holds the clock synchronised by NTP (`ntp_adjtime`'s state is not
-    /// `TIME_ERROR`). Setting the clock by hand marks it unsynchronised until NTP takes it back.
-    fn synchronized(&self) -> bool {
-        #[cfg(target_os = "linux")]
-        {
-            // SAFETY: `ntp_adjtime` with `modes` 0 only reads the kernel's state into `tx`, a
-            // zeroed `timex` that lives for the call.
-            #[allow(unsafe_code, reason = "reading the kernel's NTP state")]
-            let state = unsafe {
-                let mut tx: libc::timex = std::mem::zeroed();
-                libc::ntp_adjtime(&raw mut tx)
-            };
-            state >= 0 && state != libc::TIME_ERROR
-        }
-        #[cfg(not(target_os = "linux"))]
-        false
-    }
 }
 
 /// `CLOCK_BOOTTIME`: time since boot, suspend included.
 fn boot_time() -> Option<Duration> {
     #[cfg(target_os = "linux")]
     {
-        let mut ts = libc::timespec {
-            tv_sec: 0,
-            tv_nsec: 0,
-        };
-        // SAFETY: `clock_gettime` writes one `timespec` to a valid pointer that lives for the
-        // call.
+        // SAFETY: an all-zero `timespec` is valid (some targets give it private padding, so
+        // it is not built field by field); `clock_gettime` writes one to a pointer that lives
+        // for the call.
         #[allow(
             unsafe_code,
             reason = "reading CLOCK_BOOTTIME, which std does not offer"
         )]
-        let rc = unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &raw mut ts) };
+        let (rc, ts) = unsafe {
+            let mut ts: libc::timespec = std::mem::zeroed();
+            let rc = libc::clock_gettime(libc::CLOCK_BOOTTIME, &raw mut ts);
+            (rc, ts)
+        };
         if rc != 0 {
             return None;
         }

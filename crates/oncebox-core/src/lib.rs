@@ -26,5 +26,6 @@ pub use key::{EventId, InvalidKey, Key, Source};
 pub use lease::{Begun, Lease, LeaseError, LeaseSeen, Record, RecordState, Resolution, lease_seen};
 pub use outcome::{Invalid, ProcessError, Processed, Response, ResponseKind, Unavailable};
 pub use retention::{
-    BOOT_ANCHORS_KEPT, BootAnchor, PurgeAnchor, Retention, boot_bound, purge_time,
+    BootAnchor, PURGE_LAG_ADVICE, PURGE_LAG_WARNING, PurgeAnchor, Retention, boot_bound, purge_lag,
+    purge_time,
 };

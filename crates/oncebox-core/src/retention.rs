@@ -181,41 +181,42 @@ pub fn boot_bound(
     }
 }
 
-/// How long a store keeps the anchors of other boots (machines rebooted, nodes gone): a boot
-/// that runs longer loses its anchor, and its next purge sets a new one.
-pub const BOOT_ANCHORS_KEPT: Duration = Duration::from_secs(400 * 24 * 3600);
-
 /// The time a purge at wall time `now` may use, given the machine's `boot` and the store's
-/// anchor for it (`stored`), and the anchor the store is to record for that boot, if any.
+/// anchor for it (`stored`), and the anchor the store is to record for that boot, if any:
+/// `now` bounded by this process's first purge plus its monotonic time since
+/// ([`crate::purge_now`]) and by the boot's anchor plus the boot time since ([`boot_bound`]).
 ///
-/// A clock the kernel holds synchronised (NTP) is trusted as it is, and the boot's anchor moves
-/// up to it: a clock that was behind at the boot's first purge holds purges back only until NTP
-/// sets it right. Otherwise `now` is bounded twice, by this process's first purge plus its
-/// monotonic time since ([`crate::purge_now`]) and by the boot's anchor plus the boot time
-/// since ([`boot_bound`]).
+/// Nothing the clock says of itself moves an anchor: the kernel marks a clock set by hand
+/// synchronised again as soon as its NTP daemon has a source, while it may still be far off.
+/// So a clock that was behind at the boot's first purge holds purges back by as much for the
+/// whole boot; the stores warn of it past [`PURGE_LAG_WARNING`].
 pub fn purge_time(
     clock: &Arc<dyn Clock>,
     now: Timestamp,
     boot: Option<Boot>,
     stored: Option<BootAnchor>,
 ) -> (Timestamp, Option<BootAnchor>) {
-    // Called either way, so this process's anchor is set by its first purge.
     let bounded = crate::purge_now(clock, now);
-    if clock.synchronized() {
-        let record = boot.and_then(|b| {
-            let behind = stored.is_none_or(|a| boot_bound(Some(a), now, b).0 < now);
-            behind.then_some(BootAnchor {
-                boot: b.id,
-                wall: now,
-                since: b.since,
-            })
-        });
-        return (now, record);
-    }
     match boot {
         Some(b) => boot_bound(stored, bounded, b),
         None => (bounded, None),
     }
+}
+
+/// How far a purge's time may trail the wall clock before the store warns that purges are
+/// held back (a clock behind at the boot's first purge, or one that jumped ahead since).
+pub const PURGE_LAG_WARNING: Duration = Duration::from_secs(24 * 3600);
+
+/// What a store logs when [`purge_lag`] says purges are held back.
+pub const PURGE_LAG_ADVICE: &str = "purges are held behind the wall clock: the clock was behind \
+    at this boot's first purge, or jumped ahead since, and records are kept that much longer; \
+    if the clock is right now, delete this boot's row from oncebox_purge_anchors";
+
+/// How far a purge's time `bounded` trails the wall clock `now`, if by more than
+/// [`PURGE_LAG_WARNING`].
+pub fn purge_lag(now: Timestamp, bounded: Timestamp) -> Option<Duration> {
+    let lag = Duration::from_millis(u64::try_from(now.0.saturating_sub(bounded.0)).unwrap_or(0));
+    (lag > PURGE_LAG_WARNING).then_some(lag)
 }
 
 #[cfg(test)]
@@ -302,51 +303,5 @@ mod tests {
                 Some((other.id, other.since))
             );
         }
-    }
-
-    /// A manual clock that says it is synchronised, or not.
-    #[derive(Debug)]
-    struct Synced(crate::ManualClock, bool);
-
-    impl Clock for Synced {
-        fn now(&self) -> Timestamp {
-            self.0.now()
-        }
-        fn monotonic(&self) -> Duration {
-            self.0.monotonic()
-        }
-        fn synchronized(&self) -> bool {
-            self.1
-        }
-    }
-
-    #[test]
-    fn a_synchronised_clock_is_trusted_and_moves_the_anchor_up() {
-        let hour = Duration::from_secs(3600);
-        let manual = crate::ManualClock::new(Timestamp(0));
-        let boot = Some(Boot { id: 3, since: hour });
-        // The boot's first purge ran with the clock a day behind.
-        let behind = BootAnchor {
-            boot: 3,
-            wall: Timestamp(0).minus(hour * 24),
-            since: hour,
-        };
-        let unsynced: Arc<dyn Clock> = Arc::new(Synced(manual.clone(), false));
-        let (now, record) = purge_time(&unsynced, Timestamp(0), boot, Some(behind));
-        assert_eq!((now, record), (behind.wall, None), "held to the anchor");
-        let synced: Arc<dyn Clock> = Arc::new(Synced(manual, true));
-        let (now, record) = purge_time(&synced, Timestamp(0), boot, Some(behind));
-        assert_eq!(now, Timestamp(0), "trusted");
-        assert_eq!(
-            record.map(|a| a.wall),
-            Some(Timestamp(0)),
-            "the anchor moves up"
-        );
-        let current = record.unwrap();
-        assert_eq!(
-            purge_time(&synced, Timestamp(0), boot, Some(current)),
-            (Timestamp(0), None),
-            "an anchor already there is not written again"
-        );
     }
 }

@@ -8,7 +8,7 @@ use oncebox_core::store::{
     StoredEvent,
 };
 use oncebox_core::{
-    BOOT_ANCHORS_KEPT, BootAnchor, Key, ProcessError, Processed, Response, ResponseKind, Retention,
+    BootAnchor, Key, PURGE_LAG_ADVICE, ProcessError, Processed, Response, ResponseKind, Retention,
     Timestamp, Unavailable,
 };
 
@@ -61,7 +61,7 @@ impl Inbox {
 
     /// The time this purge may use ([`oncebox_core::purge_time`]), from the anchor stored for
     /// this node's boot; records the anchor it says to (two processes doing so at once on one
-    /// boot: the last one's stays), and drops those of boots long gone.
+    /// boot: the last one's stays). One row per boot of each node, never dropped.
     async fn purge_time(&self, now: Timestamp) -> Result<Timestamp, crate::Error> {
         let boot = self.clock.boot();
         let stored = match boot {
@@ -79,7 +79,7 @@ impl Inbox {
             }
             None => None,
         };
-        let (now, record) = oncebox_core::purge_time(&self.clock, now, boot, stored);
+        let (bounded, record) = oncebox_core::purge_time(&self.clock, now, boot, stored);
         if let Some(a) = record {
             sqlx::query(
                 "INSERT INTO oncebox_purge_anchors (boot, wall, since) VALUES ($1, $2, $3)
@@ -90,13 +90,11 @@ impl Inbox {
             .bind(i64::try_from(a.since.as_millis()).unwrap_or(i64::MAX))
             .execute(&self.pool)
             .await?;
-            sqlx::query("DELETE FROM oncebox_purge_anchors WHERE boot != $1 AND wall < $2")
-                .bind(a.boot)
-                .bind(now.minus(BOOT_ANCHORS_KEPT).millis())
-                .execute(&self.pool)
-                .await?;
         }
-        Ok(now)
+        if let Some(lag) = oncebox_core::purge_lag(now, bounded) {
+            tracing::warn!(lag_ms = lag.as_millis(), "{PURGE_LAG_ADVICE}");
+        }
+        Ok(bounded)
     }
 
     /// Deletes terminal records past their source's retention, a chunk per statement. `now` is

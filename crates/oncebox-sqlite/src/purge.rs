@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use oncebox_core::{BOOT_ANCHORS_KEPT, BootAnchor, Clock, Retention, Timestamp};
+use oncebox_core::{BootAnchor, Clock, PURGE_LAG_ADVICE, Retention, Timestamp};
 use rusqlite::{Connection, OptionalExtension, params};
 
 use crate::writer::{Cx, Fatal};
@@ -57,7 +57,8 @@ pub(crate) fn chunk(
 }
 
 /// The time this purge may use ([`oncebox_core::purge_time`]), from the anchor stored for the
-/// machine's boot; records the anchor it says to, and drops those of boots long gone.
+/// machine's boot; records the anchor it says to. One row per boot of the machine, never
+/// dropped: a few bytes a reboot.
 pub(crate) fn purge_time(
     c: &Connection,
     clock: &Arc<dyn Clock>,
@@ -79,17 +80,16 @@ pub(crate) fn purge_time(
             }),
         None => None,
     };
-    let (now, record) = oncebox_core::purge_time(clock, now, boot, stored);
+    let (bounded, record) = oncebox_core::purge_time(clock, now, boot, stored);
     if let Some(a) = record {
         let since = i64::try_from(a.since.as_millis()).unwrap_or(i64::MAX);
         c.execute(
             "INSERT OR REPLACE INTO oncebox_purge_anchors (boot, wall, since) VALUES (?1, ?2, ?3)",
             params![a.boot, a.wall.millis(), since],
         )?;
-        c.execute(
-            "DELETE FROM oncebox_purge_anchors WHERE boot != ?1 AND wall < ?2",
-            params![a.boot, now.minus(BOOT_ANCHORS_KEPT).millis()],
-        )?;
     }
-    Ok(now)
+    if let Some(lag) = oncebox_core::purge_lag(now, bounded) {
+        tracing::warn!(lag_ms = lag.as_millis(), "{PURGE_LAG_ADVICE}");
+    }
+    Ok(bounded)
 }

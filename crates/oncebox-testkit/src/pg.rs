@@ -119,6 +119,15 @@ impl Cluster {
             return 0;
         };
         kill(postmaster, Signal::SIGSTOP).unwrap_or_else(|e| panic!("SIGSTOP {postmaster}: {e}"));
+        // SIGSTOP takes effect after `kill` returns: a fork under way could still finish.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while state(postmaster) != Some('T') {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the postmaster did not stop"
+            );
+            std::thread::yield_now();
+        }
         // Stopped, the postmaster starts no one; a child it started just before is found by
         // the next scan. A child that ended meanwhile needs no stopping.
         let mut stopped = vec![postmaster];
@@ -212,6 +221,17 @@ impl Drop for Cluster {
             .current_dir(self.root.path())
             .output();
     }
+}
+
+/// A process's state letter from `/proc` (`T`: stopped).
+fn state(pid: Pid) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit_once(')')?
+        .1
+        .split_whitespace()
+        .next()?
+        .chars()
+        .next()
 }
 
 /// The processes whose parent is `parent`, from `/proc`.

@@ -125,7 +125,22 @@ async fn gateway_serve<S>(store: S, listen: &str)
 where
     S: oncebox_core::store::EventStore + oncebox_core::relay_store::DeliveryStore,
 {
-    let listener = tokio::net::TcpListener::bind(listen).await.unwrap();
+    // A fixed port just freed by a killed process may be held for a moment by a sender's
+    // outgoing connection: retried until it is free.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let listener = loop {
+        match tokio::net::TcpListener::bind(listen).await {
+            Ok(l) => break l,
+            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "{listen} stays in use"
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(e) => panic!("bind {listen}: {e}"),
+        }
+    };
     let addr = listener.local_addr().unwrap();
     let gw = Arc::new(Gateway {
         store,
