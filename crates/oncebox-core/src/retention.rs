@@ -304,4 +304,14 @@ mod tests {
             );
         }
     }
+
+    #[test]
+    fn a_purge_held_back_more_than_a_day_is_reported() {
+        let now = Timestamp(10 * 24 * 3_600_000);
+        assert_eq!(purge_lag(now, now), None);
+        assert_eq!(purge_lag(now, now.minus(PURGE_LAG_WARNING)), None);
+        let held = now.minus(PURGE_LAG_WARNING * 2);
+        assert_eq!(purge_lag(now, held), Some(PURGE_LAG_WARNING * 2));
+        assert_eq!(purge_lag(held, now), None, "ahead is not held back");
+    }
 }
