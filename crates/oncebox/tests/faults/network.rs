@@ -6,13 +6,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use oncebox_testkit::checker::check;
-use oncebox_testkit::child::until_async;
+use oncebox_testkit::child::{Proc, until_async};
 use oncebox_testkit::history::{History, Outcome, key};
 use oncebox_testkit::proxy::{Mode, Proxy, Stats};
 use oncebox_testkit::receiver::Receiver;
 
 use crate::table::{Report, Scenario, scale};
-use crate::world::{self, PATIENCE, block_on, final_pg, final_sqlite};
+use crate::world::{self, PATIENCE, PgSchema, block_on, final_pg, final_sqlite};
 
 pub const RECEIVER_REPLY_DROPPED_IDEMPOTENT: Scenario = Scenario {
     name: "net: receiver reply dropped, idem",
@@ -43,6 +43,43 @@ pub const POSTGRES_RESET: Scenario = Scenario {
     backend: "postgres",
     run: || block_on(Duration::from_secs(120), reset()),
 };
+
+/// A gateway on a PostgreSQL schema of its own, reaching it through a fault proxy (which, with
+/// a marker, drops only answers to bytes holding it), after 20 events went through.
+struct Behind {
+    schema: PgSchema,
+    proxy: Proxy,
+    _dir: tempfile::TempDir,
+    gw: Proc,
+    base: String,
+    history: Arc<History>,
+}
+
+impl Behind {
+    async fn start(marker: Option<Vec<u8>>) -> Option<Behind> {
+        let schema = world::pg_schema().await?;
+        let proxy = Proxy::start_with_marker(schema.server_addr(), marker).await;
+        let dir = tempfile::tempdir().unwrap();
+        let gw = world::serve(
+            dir.path(),
+            &schema.url_via(proxy.addr()),
+            "127.0.0.1:0",
+            &[],
+        )
+        .start();
+        let base = world::url(&gw);
+        let history = Arc::new(History::new());
+        burst(&history, &base, "warm", 20).await;
+        Some(Behind {
+            schema,
+            proxy,
+            _dir: dir,
+            gw,
+            base,
+            history,
+        })
+    }
+}
 
 fn route_config(receiver: std::net::SocketAddr, idempotent: bool) -> String {
     format!(
@@ -164,19 +201,14 @@ async fn burst(history: &Arc<History>, base: &str, prefix: &str, n: usize) {
 /// request must be answered 503 (never 2xx, never a replay), and the senders' retries after
 /// the network healed resolve each key once.
 async fn commit_reply_lost() -> Option<Report> {
-    let schema = world::pg_schema().await?;
-    let proxy = Proxy::start_with_marker(schema.server_addr(), Some(b"COMMIT".to_vec())).await;
-    let dir = tempfile::tempdir().unwrap();
-    let mut gw = world::serve(
-        dir.path(),
-        &schema.url_via(proxy.addr()),
-        "127.0.0.1:0",
-        &[],
-    )
-    .start();
-    let base = world::url(&gw);
-    let history = Arc::new(History::new());
-    burst(&history, &base, "warm", 20).await;
+    let Behind {
+        schema,
+        proxy,
+        _dir,
+        mut gw,
+        base,
+        history,
+    } = Behind::start(Some(b"COMMIT".to_vec())).await?;
     proxy.set(Mode::DropReply);
     let armed = history.ops().len();
     let mut round = 0;
@@ -232,19 +264,14 @@ async fn commit_reply_lost() -> Option<Report> {
 /// end 503, never 2xx; when it thaws the held statements run, and retries apply each key once.
 async fn frozen() -> Option<Report> {
     const FREEZE: Duration = Duration::from_millis(6500);
-    let schema = world::pg_schema().await?;
-    let proxy = Proxy::start(schema.server_addr()).await;
-    let dir = tempfile::tempdir().unwrap();
-    let mut gw = world::serve(
-        dir.path(),
-        &schema.url_via(proxy.addr()),
-        "127.0.0.1:0",
-        &[],
-    )
-    .start();
-    let base = world::url(&gw);
-    let history = Arc::new(History::new());
-    burst(&history, &base, "warm", 20).await;
+    let Behind {
+        schema,
+        proxy,
+        _dir,
+        mut gw,
+        base,
+        history,
+    } = Behind::start(None).await?;
     proxy.set(Mode::BlackHole);
     let (frozen_at, first) = (Instant::now(), history.ops().len());
     let arrivals = {
@@ -321,19 +348,14 @@ async fn frozen() -> Option<Report> {
 /// commit then, so every request made meanwhile ends 503, never 2xx; once it heals the pool
 /// connects again, and the senders' retries apply each key once.
 async fn reset() -> Option<Report> {
-    let schema = world::pg_schema().await?;
-    let proxy = Proxy::start(schema.server_addr()).await;
-    let dir = tempfile::tempdir().unwrap();
-    let mut gw = world::serve(
-        dir.path(),
-        &schema.url_via(proxy.addr()),
-        "127.0.0.1:0",
-        &[],
-    )
-    .start();
-    let base = world::url(&gw);
-    let history = Arc::new(History::new());
-    burst(&history, &base, "warm", 20).await;
+    let Behind {
+        schema,
+        proxy,
+        _dir,
+        mut gw,
+        base,
+        history,
+    } = Behind::start(None).await?;
     let armed = history.ops().len();
     proxy.set(Mode::Reset);
     let mut round = 0;
