@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use oncebox_testkit::checker::check;
 use oncebox_testkit::child::{Proc, until_async};
-use oncebox_testkit::history::{History, Outcome, key};
+use oncebox_testkit::history::{History, Op, Outcome, key};
 use oncebox_testkit::proxy::{Mode, Proxy, Stats};
 use oncebox_testkit::receiver::Receiver;
 
@@ -79,6 +79,32 @@ impl Behind {
             history,
         })
     }
+}
+
+/// Arms `mode` (`DropReply` or `Reset`) and sends bursts of 10 new events (ids starting with
+/// `prefix`) until the proxy did it 5 times, then heals; returns what the senders saw
+/// meanwhile.
+async fn armed(
+    proxy: &Proxy,
+    history: &Arc<History>,
+    base: &str,
+    mode: Mode,
+    prefix: &str,
+) -> Vec<Op> {
+    let count = |s: &Stats| match mode {
+        Mode::DropReply => Stats::get(&s.dropped_replies),
+        _ => Stats::get(&s.resets),
+    };
+    let first = history.ops().len();
+    proxy.set(mode.clone());
+    let mut round = 0;
+    while count(&proxy.stats) < 5 {
+        burst(history, base, &format!("{prefix}{round}-"), 10).await;
+        round += 1;
+        assert!(round < 50, "{mode:?}: the proxy never did it");
+    }
+    proxy.set(Mode::Pass);
+    history.ops()[first..].to_vec()
 }
 
 fn route_config(receiver: std::net::SocketAddr, idempotent: bool) -> String {
@@ -209,17 +235,9 @@ async fn commit_reply_lost() -> Option<Report> {
         base,
         history,
     } = Behind::start(Some(b"COMMIT".to_vec())).await?;
-    proxy.set(Mode::DropReply);
-    let armed = history.ops().len();
-    let mut round = 0;
-    // Bursts until some COMMIT answers were dropped (each burst drops at least the first).
-    while Stats::get(&proxy.stats.dropped_replies) < 5 {
-        burst(&history, &base, &format!("lost{round}-"), 10).await;
-        round += 1;
-        assert!(round < 50, "no COMMIT passed the proxy");
-    }
-    proxy.set(Mode::Pass);
-    let during = history.ops()[armed..].to_vec();
+    // Each burst drops at least the first COMMIT's answer.
+    let during = armed(&proxy, &history, &base, Mode::DropReply, "lost").await;
+    let healed = history.ops().len();
     let acked_during = during
         .iter()
         .filter(|o| matches!(o.outcome(), Some(Outcome::Ok { .. })))
@@ -231,10 +249,7 @@ async fn commit_reply_lost() -> Option<Report> {
     let resolved = history
         .ops()
         .iter()
-        .filter(|o| {
-            o.id >= armed + during.len()
-                && matches!(o.outcome(), Some(Outcome::Ok { replayed: true }))
-        })
+        .filter(|o| o.id >= healed && matches!(o.outcome(), Some(Outcome::Ok { replayed: true })))
         .count();
     let dropped = Stats::get(&proxy.stats.dropped_replies);
     // Every COMMIT's answer was dropped while armed, so no new key could be acknowledged then;
@@ -356,16 +371,7 @@ async fn reset() -> Option<Report> {
         base,
         history,
     } = Behind::start(None).await?;
-    let armed = history.ops().len();
-    proxy.set(Mode::Reset);
-    let mut round = 0;
-    while Stats::get(&proxy.stats.resets) < 5 {
-        burst(&history, &base, &format!("cut{round}-"), 10).await;
-        round += 1;
-        assert!(round < 50, "no connection was reset");
-    }
-    proxy.set(Mode::Pass);
-    let during = history.ops()[armed..].to_vec();
+    let during = armed(&proxy, &history, &base, Mode::Reset, "cut").await;
     let refused = during
         .iter()
         .filter(|o| matches!(o.outcome(), Some(Outcome::Info(why)) if why == "HTTP 503"))
