@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use oncebox_testkit::checker::check;
 use oncebox_testkit::child::killed;
-use oncebox_testkit::history::{History, Outcome};
+use oncebox_testkit::history::{History, Outcome, Refusal};
 use oncebox_testkit::seed::Seed;
 use rand::Rng;
 
@@ -88,25 +88,30 @@ fn random_kills(schema: Option<&PgSchema>, power: bool) -> Report {
                         if i >= events {
                             return;
                         }
-                        // A fifth of the deliveries repeat an earlier event.
-                        let id = if i > 10 && rng.random_range(0..5) == 0 {
-                            rng.random_range(0..i)
+                        // A fifth of the deliveries repeat an earlier event, and one in four
+                        // of those with another payload: a conflict, which must be refused
+                        // across the kills as it is without them.
+                        let (id, tag) = if i > 10 && rng.random_range(0..5) == 0 {
+                            let tag = if rng.random_range(0..4) == 0 {
+                                "v2"
+                            } else {
+                                "v1"
+                            };
+                            (rng.random_range(0..i), tag)
                         } else {
-                            i
+                            (i, "v1")
                         };
                         let deadline = std::time::Instant::now() + world::PATIENCE;
                         loop {
-                            let o = world::deliver(
-                                &c,
-                                &history,
-                                &base,
-                                "load",
-                                &format!("k{id}"),
-                                "v1",
-                            )
-                            .await;
+                            let o =
+                                world::deliver(&c, &history, &base, "load", &format!("k{id}"), tag)
+                                    .await;
                             if matches!(o, Outcome::Ok { .. }) {
                                 acked.send_modify(|n| *n += 1);
+                                break;
+                            }
+                            // Refused for good: the other payload was committed first.
+                            if matches!(o, Outcome::Fail(Refusal::Conflict)) {
                                 break;
                             }
                             assert!(
@@ -138,11 +143,13 @@ fn random_kills(schema: Option<&PgSchema>, power: bool) -> Report {
             None => final_sqlite(&sqlite, false),
         };
         let unanswered = history.count(|o| matches!(o, Outcome::Info(_)));
+        let refused = history.count(|o| matches!(o, Outcome::Fail(Refusal::Conflict)));
         Report {
             figures: check(&history.ops(), &fin),
             exercised: done,
             what: format!(
-                "{done} {} at acks {at:?}, {unanswered} requests unanswered",
+                "{done} {} at acks {at:?}, {unanswered} requests unanswered, {refused} \
+                 conflicts refused",
                 if power { "power cuts" } else { "kills" }
             ),
             expected_u: 0,
