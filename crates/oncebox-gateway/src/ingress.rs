@@ -82,7 +82,7 @@ async fn receive_for<S: EventStore>(
         return Answer::Problem(unauthorized(&e));
     }
     crate::crash::point!("after-signature-check");
-    let parsed = match (needs_json(policy) || gw.config.routes_read_body(source))
+    let parsed = match (needs_json(policy, headers) || gw.config.routes_read_body(source))
         .then(|| json::parse(&payload))
         .transpose()
     {
@@ -182,13 +182,19 @@ fn unauthorized(e: &SignatureError) -> Problem {
     }
 }
 
-fn needs_json(policy: &SourcePolicy) -> bool {
+/// Whether the id or the ordering guard must read the body as JSON. The default rule reads it
+/// only when no header names the id: a `raw` source may take form or text bodies that way.
+fn needs_json(policy: &SourcePolicy, headers: &HeaderMap) -> bool {
     policy.order.is_some()
-        || matches!(
-            policy.event_id,
-            EventIdRule::Pointer(_) | EventIdRule::Default
-        )
+        || match policy.event_id {
+            EventIdRule::Pointer(_) => true,
+            EventIdRule::Default => !DEFAULT_ID_HEADERS.iter().any(|h| headers.contains_key(*h)),
+            EventIdRule::Header(_) | EventIdRule::Derive(_) => false,
+        }
 }
+
+/// The headers the default id rule reads, in order, before the body's `/id`.
+const DEFAULT_ID_HEADERS: [&str; 2] = ["idempotency-key", "webhook-id"];
 
 fn event_id(
     policy: &SourcePolicy,
@@ -217,8 +223,9 @@ fn event_id(
                 _ => Problem::invalid("event-id-missing", e.to_string()),
             })
             .and_then(|id| EventId::new(id).map_err(invalid)),
-        EventIdRule::Default => from_header("idempotency-key")
-            .or_else(|| from_header("webhook-id"))
+        EventIdRule::Default => DEFAULT_ID_HEADERS
+            .iter()
+            .find_map(|h| from_header(h))
             .or_else(|| from_pointer(parsed, &Pointer::from_tokens(vec!["id".to_owned()])))
             .unwrap_or_else(|| Err(missing("no Idempotency-Key, webhook-id or /id"))),
     }

@@ -29,6 +29,43 @@ fn event_id_sources_follow_the_default_order() {
     });
 }
 
+/// A `raw` source with the default id rule takes bodies that are not JSON when a header names
+/// the id: the body is read as JSON only to find `/id`.
+#[test]
+fn a_raw_source_takes_a_form_body_keyed_by_a_header() {
+    run(async {
+        let gw = TestGateway::new();
+        let form = "amount=100&currency=eur";
+        for header in ["idempotency-key", "webhook-id"] {
+            let key = format!("{header}-1");
+            let first = gw.send(post("plain", &[(header, &key)], form)).await;
+            assert_eq!(first.status, StatusCode::ACCEPTED, "{first:?}");
+            assert_eq!(first.json()["event_id"], key.as_str());
+            let again = gw.send(post("plain", &[(header, &key)], form)).await;
+            assert!(again.replayed(), "{again:?}");
+            // The raw fingerprint compares the bytes: another body under the key is a conflict.
+            let other = gw
+                .send(post("plain", &[(header, &key)], "amount=999&currency=eur"))
+                .await;
+            assert_eq!(
+                (other.status, other.slug().as_str()),
+                (StatusCode::UNPROCESSABLE_ENTITY, "key-reused"),
+                "{other:?}"
+            );
+        }
+        // Without a header the id can only be the body's `/id`, so the body must be JSON.
+        let bare = gw.send(post("plain", &[], form)).await;
+        assert_eq!(
+            (bare.status, bare.slug().as_str()),
+            (StatusCode::BAD_REQUEST, "invalid-json"),
+            "{bare:?}"
+        );
+        let json = gw.send(post("plain", &[], r#"{"id":"j1"}"#)).await;
+        assert_eq!(json.json()["event_id"], "j1");
+        assert_eq!(gw.rows(), 3);
+    });
+}
+
 #[test]
 fn derived_ids_make_business_duplicates_one_event() {
     run(async {

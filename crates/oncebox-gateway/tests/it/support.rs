@@ -57,7 +57,8 @@ fn policy(scheme: Scheme, secrets: &[&str], event_id: EventIdRule) -> SourcePoli
 /// Sources: `open` (no signature, default id rule), `shop` (standard webhooks), `stripe`,
 /// `github` (raw bytes, the TESTING.md vector), `hmac` (base64 HMAC in `x-signature`),
 /// `derived` (id derived from `/order_id` and `/type`), `ordered` (ordering guard), `tiny`
-/// (16-byte bodies), `fields` (fingerprint of `/amount` only).
+/// (16-byte bodies), `fields` (fingerprint of `/amount` only), `plain` (default id rule, raw
+/// fingerprint: bodies need not be JSON).
 pub fn config() -> GatewayConfig {
     let mut sources = BTreeMap::new();
     let mut add = |name: &str, p: SourcePolicy| sources.insert(Source::new(name).unwrap(), p);
@@ -119,6 +120,13 @@ pub fn config() -> GatewayConfig {
         "fields",
         SourcePolicy {
             fingerprint: FingerprintMode::Fields(vec![pointer("/amount")]),
+            ..SourcePolicy::open()
+        },
+    );
+    add(
+        "plain",
+        SourcePolicy {
+            fingerprint: FingerprintMode::Raw,
             ..SourcePolicy::open()
         },
     );
