@@ -29,7 +29,6 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use axum::Router;
-use metrics_exporter_prometheus::PrometheusBuilder;
 use oncebox_core::SystemClock;
 use oncebox_gateway::policy::{GatewayConfig, Limits};
 use oncebox_gateway::{Gateway, router, serve};
@@ -116,7 +115,7 @@ fn main() {
         loading.elapsed().as_secs_f64()
     );
     // As `oncebox serve` does: metrics are recorded on every request.
-    let metrics = PrometheusBuilder::new()
+    let metrics = oncebox_gateway::meter::recorder()
         .install_recorder()
         .expect("metrics recorder");
     // ...and its histogram samples are folded in on a timer, as `oncebox serve` does.

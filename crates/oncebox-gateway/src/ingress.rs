@@ -31,23 +31,25 @@ pub(crate) async fn receive<S: EventStore>(
     // The headers are read in place: the `HeaderMap` extractor would copy them all.
     let (parts, body) = request.into_parts();
     let started = Instant::now();
-    let known = gw.config.open_sources || gw.config.sources.keys().any(|s| s.as_str() == source);
-    let answer = match Source::new(source.as_str()) {
+    let name = Source::new(source.as_str());
+    let answer = match &name {
         // Even zero-config, which opens every name, cannot open this one: say why.
         Err(e) => Answer::Problem(Problem::not_found(
             "unknown-source",
             format!("no source named {source:?}: {e}"),
         )),
-        Ok(name) => match gw.config.source(&name) {
+        Ok(name) => match gw.config.source(name) {
             None => Answer::Problem(Problem::not_found(
                 "unknown-source",
                 format!("no source named {source:?}"),
             )),
-            Some(policy) => receive_for(&gw, &name, policy, parts, body).await,
+            Some(policy) => receive_for(&gw, name, policy, parts, body).await,
         },
     };
-    // An unknown name is counted under one label: senders choose it.
-    let label = if known { source.as_str() } else { "unknown" };
+    let label = match &name {
+        Ok(name) if crate::meter::known(&gw.config, name) => source.as_str(),
+        _ => "unknown",
+    };
     let installed = gw.metrics.is_some();
     crate::meter::ingest(installed, label, answer.outcome(), started.elapsed());
     answer.into_response()

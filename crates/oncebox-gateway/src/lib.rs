@@ -81,10 +81,7 @@ pub fn router<S: EventStore + DeliveryStore>(gw: Arc<Gateway<S>>) -> Router {
         // Bodies are read by the ingress handler within each source's own limit.
         .layer(DefaultBodyLimit::disable())
         // Outermost, so that its rewriting also sees the router's own 404s and 405s.
-        .layer(limit::Edge::new(
-            gw.config.limits.concurrency,
-            gw.config.limits.retry_after,
-        ))
+        .layer(limit::Edge::new(&gw.config, gw.metrics.is_some()))
         .with_state(gw)
 }
 

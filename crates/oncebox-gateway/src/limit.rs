@@ -1,7 +1,8 @@
 //! The gateway's outermost layer: the concurrency limit (past it a request is answered 503 at
 //! once instead of queueing, so an overload shows as fast retries rather than as timeouts at
 //! the sender), and the framework's own errors rewritten as problem documents
-//! (`rejection.rs`).
+//! (`rejection.rs`). A shed ingest request is counted under its source as `unavailable`; the
+//! health probes are never shed (a busy gateway is alive, and its readiness is the store's).
 //!
 //! Written as one tower service rather than two axum middlewares: `from_fn` clones the inner
 //! service into a box and boxes its future on every request, and `map_response` boxes
@@ -20,6 +21,7 @@ use axum::response::{IntoResponse, Response};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tower::{Layer, Service};
 
+use crate::policy::GatewayConfig;
 use crate::problem::Problem;
 
 /// Permits for requests in flight.
@@ -27,15 +29,43 @@ use crate::problem::Problem;
 pub(crate) struct Edge {
     permits: Arc<Semaphore>,
     retry_after: Duration,
+    /// Which source names are counted as themselves.
+    config: Arc<GatewayConfig>,
+    /// A recorder is installed (see `meter::ingest`).
+    installed: bool,
 }
 
 impl Edge {
-    pub fn new(concurrency: usize, retry_after: Duration) -> Edge {
+    pub fn new(config: &GatewayConfig, installed: bool) -> Edge {
         Edge {
-            permits: Arc::new(Semaphore::new(concurrency.max(1))),
-            retry_after,
+            permits: Arc::new(Semaphore::new(config.limits.concurrency.max(1))),
+            retry_after: config.limits.retry_after,
+            config: Arc::new(config.clone()),
+            installed,
         }
     }
+
+    /// Counts a shed ingest request under its source, as the handler counts what it answers.
+    fn count_shed(&self, request: &Request) {
+        metrics::counter!("oncebox_shed_total").increment(1);
+        let path = request.uri().path();
+        let source = path
+            .strip_prefix("/v1/sources/")
+            .and_then(|rest| rest.strip_suffix("/events"))
+            .filter(|name| !name.contains('/'));
+        if let (true, Some(name)) = (request.method() == axum::http::Method::POST, source) {
+            let label = match oncebox_core::Source::new(name) {
+                Ok(source) if crate::meter::known(&self.config, &source) => name,
+                _ => "unknown",
+            };
+            crate::meter::ingest(self.installed, label, "unavailable", Duration::ZERO);
+        }
+    }
+}
+
+/// The probes, answered past the limit: each is a few microseconds of work.
+fn is_probe(request: &Request) -> bool {
+    matches!(request.uri().path(), "/healthz" | "/readyz")
 }
 
 impl<S> Layer<S> for Edge {
@@ -69,19 +99,20 @@ where
     }
 
     fn call(&mut self, request: Request) -> Self::Future {
-        let Ok(permit) = self.edge.permits.clone().try_acquire_owned() else {
-            metrics::counter!("oncebox_shed_total").increment(1);
+        let permit = self.edge.permits.clone().try_acquire_owned().ok();
+        if permit.is_none() && !is_probe(&request) {
+            self.edge.count_shed(&request);
             let shed = Problem::unavailable("too many requests in flight", self.edge.retry_after);
             return Answering::Ready {
                 response: Some(shed.into_response()),
             };
-        };
+        }
         // The clone that was made ready is the one that serves (tower's rule for `call`).
         let ready = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, ready);
         Answering::Running {
             future: inner.call(request),
-            permit: Some(permit),
+            permit,
         }
     }
 }

@@ -17,19 +17,38 @@ use std::sync::{Arc, LazyLock, RwLock};
 use std::time::Duration;
 
 use metrics::{Counter, Histogram};
-use metrics_exporter_prometheus::PrometheusHandle;
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
+use oncebox_core::Source;
+
+use crate::policy::GatewayConfig;
 use crate::problem::OUTCOMES;
 
 /// The two series, made both for kept handles and through the macros.
 const TOTAL: &str = "oncebox_ingest_total";
 const DURATION: &str = "oncebox_ingest_duration_seconds";
 
+/// The ingest latency histogram's bucket bounds, in seconds: from a cached replay to GitHub's
+/// 10 s delivery timeout, the strictest a common sender sets.
+pub const DURATION_BUCKETS: [f64; 14] = [
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+];
+
+/// The Prometheus recorder as the gateway installs it: the ingest latency is a histogram with
+/// [`DURATION_BUCKETS`], so that the series of several gateways add up (a summary's quantiles
+/// do not), and every other distribution keeps the exporter's default.
+pub fn recorder() -> PrometheusBuilder {
+    PrometheusBuilder::new()
+        .set_buckets_for_metric(Matcher::Full(DURATION.to_owned()), &DURATION_BUCKETS)
+        // Only an empty list is refused, and this one is not.
+        .unwrap_or_else(|_| PrometheusBuilder::new())
+}
+
 /// Source names whose handles are kept. Open sources (loopback only) take any name; past this
 /// many the rest are recorded through the macros, as before, rather than kept forever.
 const MOST_KEPT: usize = 1024;
 
-/// How often the recorder's histogram samples are folded into their summaries: the interval
+/// How often the recorder's histogram samples are folded in: the interval
 /// `metrics-exporter-prometheus` uses for the recorders it installs with an upkeep task.
 pub const UPKEEP_EVERY: Duration = Duration::from_secs(5);
 
@@ -55,6 +74,12 @@ impl Meter {
 static METERS: LazyLock<Meters> = LazyLock::new(Default::default);
 
 type Meters = RwLock<HashMap<String, Arc<Meter>>>;
+
+/// Whether requests for `source` are counted under its own name: senders choose names, so one
+/// that names no source is counted under `unknown` (any valid name, with open sources).
+pub(crate) fn known(config: &GatewayConfig, source: &Source) -> bool {
+    config.open_sources || config.sources.contains_key(source)
+}
 
 /// Counts one ingest request and records its duration.
 ///
@@ -95,7 +120,7 @@ fn keep(meters: &Meters, source: &str, most: usize) -> Option<Arc<Meter>> {
     Some(meter)
 }
 
-/// Folds the recorder's histogram samples into their summaries every `every`, for as long as
+/// Folds the recorder's histogram samples into their buckets and summaries every `every`, for as long as
 /// it is polled (spawn it beside the server).
 pub async fn upkeep(handle: PrometheusHandle, every: Duration) {
     let mut tick = tokio::time::interval(every);

@@ -5,7 +5,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
-use metrics_exporter_prometheus::PrometheusBuilder;
 use oncebox_core::store::EventStore;
 use oncebox_core::{Clock, Retention, SystemClock};
 use oncebox_gateway::policy::GatewayConfig;
@@ -26,7 +25,7 @@ pub async fn run(settings: Settings, with_relay: bool) -> Result<()> {
     }
     let inbox = Store::open_with(&settings.database, &settings.storage).await?;
     let database = describe(&settings.database);
-    let metrics = PrometheusBuilder::new()
+    let metrics = oncebox_gateway::meter::recorder()
         .install_recorder()
         .context("installing the metrics recorder")?;
     let listener = TcpListener::bind(settings.listen)

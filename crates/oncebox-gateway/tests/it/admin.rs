@@ -207,8 +207,85 @@ fn metrics_count_each_request_once_across_upkeep() {
             value(r#"oncebox_ingest_duration_seconds_count{source="metered"}"#),
             6.0
         );
+        // A histogram, not a summary: buckets add up across gateways.
+        assert_eq!(
+            value(r#"oncebox_ingest_duration_seconds_bucket{source="metered",le="10"}"#),
+            6.0
+        );
+        assert_eq!(
+            value(r#"oncebox_ingest_duration_seconds_bucket{source="metered",le="+Inf"}"#),
+            6.0
+        );
         assert!(value(r#"oncebox_ingest_total{source="unknown",outcome="invalid"}"#) >= 1.0);
         assert!(!text.contains("no-such-source-metered"), "{text}");
+    });
+}
+
+/// The outcomes the test above cannot reach on an open source: stale (an ordering guard),
+/// unauthorized (a signature) and unavailable (the store's write lock held elsewhere), each
+/// counted once under a source no other test uses.
+#[test]
+fn metrics_count_stale_unauthorized_and_unavailable() {
+    run(async {
+        use oncebox_core::signature::{Encoding, Scheme};
+        use oncebox_gateway::policy::SourcePolicy;
+        let mut config = crate::support::config();
+        let ordered = config.sources[&oncebox_core::Source::new("ordered").unwrap()].clone();
+        let hmac = Scheme::HmacSha256 {
+            header: "x-signature".into(),
+            encoding: Encoding::Hex,
+            prefix: String::new(),
+        };
+        let signed = SourcePolicy {
+            secrets: vec![oncebox_core::signature::Secret::parse(&hmac, "s3cret").unwrap()],
+            scheme: hmac,
+            ..SourcePolicy::open()
+        };
+        for (name, policy) in [("gauged", ordered), ("gauged-signed", signed)] {
+            config
+                .sources
+                .insert(oncebox_core::Source::new(name).unwrap(), policy);
+        }
+        let gw = TestGateway::with(config, |p| {
+            oncebox_sqlite::Options::new(p).busy_timeout(std::time::Duration::from_millis(50))
+        });
+        let ev = |id: &str, created: i64| {
+            format!(r#"{{"id":"{id}","created":{created},"data":{{"object":{{"id":"pi_1"}}}}}}"#)
+        };
+        assert_eq!(
+            gw.send(post("gauged", &[], ev("new", 20))).await.status,
+            StatusCode::ACCEPTED
+        );
+        let late = gw.send(post("gauged", &[], ev("old", 10))).await;
+        assert_eq!(late.json()["stale"], true, "{late:?}");
+        let forged = gw
+            .send(post(
+                "gauged-signed",
+                &[("x-signature", "00")],
+                r#"{"id":"f"}"#,
+            ))
+            .await;
+        assert_eq!(forged.status, StatusCode::UNAUTHORIZED, "{forged:?}");
+        let lock = oncebox_sqlite::rusqlite::Connection::open(&gw.path).unwrap();
+        lock.execute_batch("BEGIN IMMEDIATE").unwrap();
+        let locked = gw.send(post("gauged", &[], ev("locked", 30))).await;
+        assert_eq!(locked.status, StatusCode::SERVICE_UNAVAILABLE, "{locked:?}");
+        drop(lock);
+
+        let text = String::from_utf8(gw.send(admin_get("/metrics")).await.body).unwrap();
+        for (source, outcome) in [
+            ("gauged", "accepted"),
+            ("gauged", "stale"),
+            ("gauged", "unavailable"),
+            ("gauged-signed", "unauthorized"),
+        ] {
+            let line =
+                format!(r#"oncebox_ingest_total{{source="{source}",outcome="{outcome}"}} 1"#);
+            assert!(
+                text.lines().any(|l| l == line),
+                "{line} missing in:\n{text}"
+            );
+        }
     });
 }
 

@@ -4,13 +4,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::http::StatusCode;
-use oncebox_gateway::policy::Limits;
+use oncebox_gateway::policy::{GatewayConfig, Limits};
 use oncebox_testkit::run;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tokio::sync::Barrier;
 
-use crate::support::Answer;
+use crate::support::{Answer, TestGateway};
 use crate::wire::{BOUND, Raw, Reply, deliver, get, in_flight, served};
 
 #[test]
@@ -150,6 +150,57 @@ fn concurrency_limit_answers_503_at_once() {
         assert_eq!(retried.status, StatusCode::ACCEPTED, "{retried:?}");
         assert!(!retried.replayed());
         assert_eq!(s.gw.rows(), 2);
+    });
+}
+
+/// Past the limit the probes still answer (a busy gateway is alive, and ready while its store
+/// is), and each shed ingest request is counted `unavailable` under its source, or under
+/// `unknown` for a name no source has.
+#[test]
+fn past_the_limit_probes_answer_and_shed_requests_are_counted_per_source() {
+    run(async {
+        let limits = Limits {
+            concurrency: 1,
+            body_timeout: Duration::from_secs(30),
+            ..Limits::default()
+        };
+        let mut config = GatewayConfig {
+            limits: limits.clone(),
+            ..crate::support::config()
+        };
+        config.sources.insert(
+            oncebox_core::Source::new("shed").unwrap(),
+            oncebox_gateway::policy::SourcePolicy::open(),
+        );
+        let gw = TestGateway::with(config, oncebox_sqlite::Options::new);
+        let (addr, _stop, _server) = gw.listen(limits).await;
+        let body = r#"{"id":"evt-holder","amount":1}"#;
+        let mut holder = in_flight(addr, body, 10).await;
+
+        let client = reqwest::Client::new();
+        for path in ["/healthz", "/readyz"] {
+            let probe = client
+                .get(format!("http://{addr}{path}"))
+                .send()
+                .await
+                .expect("probe");
+            assert_eq!(probe.status(), StatusCode::OK, "{path}");
+        }
+        for source in ["shed", "no-such-source-shed"] {
+            let shed = deliver(&client, addr, source, r#"{"id":"s1"}"#).await;
+            assert_eq!(shed.status, StatusCode::SERVICE_UNAVAILABLE, "{shed:?}");
+        }
+        let text = crate::support::metrics().render();
+        let line = r#"oncebox_ingest_total{source="shed",outcome="unavailable"} 1"#;
+        assert!(
+            text.lines().any(|l| l == line),
+            "{line} missing in:\n{text}"
+        );
+        assert!(!text.contains("no-such-source-shed"), "{text}");
+
+        holder.send(&body.as_bytes()[10..]).await;
+        assert_eq!(holder.reply().await.answer().status, StatusCode::ACCEPTED);
+        assert_eq!(gw.rows(), 1);
     });
 }
 

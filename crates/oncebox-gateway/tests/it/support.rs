@@ -10,7 +10,7 @@ use axum::Router;
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use http_body_util::BodyExt;
-use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use metrics_exporter_prometheus::PrometheusHandle;
 use oncebox_core::json::Pointer;
 use oncebox_core::signature::{Encoding, Scheme, Secret};
 use oncebox_core::{FingerprintMode, ManualClock, Source, Timestamp};
@@ -30,7 +30,7 @@ pub fn metrics() -> PrometheusHandle {
     static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
     HANDLE
         .get_or_init(|| {
-            PrometheusBuilder::new()
+            oncebox_gateway::meter::recorder()
                 .install_recorder()
                 .expect("install recorder")
         })
