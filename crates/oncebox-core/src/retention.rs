@@ -183,8 +183,13 @@ pub fn boot_bound(
 
 /// The time a purge at wall time `now` may use, given the machine's `boot` and the store's
 /// anchor for it (`stored`), and the anchor the store is to record for that boot, if any:
-/// `now` bounded by this process's first purge plus its monotonic time since
-/// ([`crate::purge_now`]) and by the boot's anchor plus the boot time since ([`boot_bound`]).
+/// `now` bounded by the boot's anchor plus the boot time since ([`boot_bound`]), or, where the
+/// boot is not known, by this process's first purge plus its monotonic time since
+/// ([`crate::purge_now`]).
+///
+/// Where the boot is known its anchor alone bounds: it binds every process on that boot, so a
+/// process's own anchor would add nothing but a lag the operator released by deleting the row,
+/// and the time a suspended machine slept (its monotonic clock stops; boot time does not).
 ///
 /// Nothing the clock says of itself moves an anchor: the kernel marks a clock set by hand
 /// synchronised again as soon as its NTP daemon has a source, while it may still be far off.
@@ -196,10 +201,9 @@ pub fn purge_time(
     boot: Option<Boot>,
     stored: Option<BootAnchor>,
 ) -> (Timestamp, Option<BootAnchor>) {
-    let bounded = crate::purge_now(clock, now);
     match boot {
-        Some(b) => boot_bound(stored, bounded, b),
-        None => (bounded, None),
+        Some(b) => boot_bound(stored, now, b),
+        None => (crate::purge_now(clock, now), None),
     }
 }
 
@@ -210,7 +214,8 @@ pub const PURGE_LAG_WARNING: Duration = Duration::from_secs(24 * 3600);
 /// What a store logs when [`purge_lag`] says purges are held back.
 pub const PURGE_LAG_ADVICE: &str = "purges are held behind the wall clock: the clock was behind \
     at this boot's first purge, or jumped ahead since, and records are kept that much longer; \
-    if the clock is right now, delete this boot's row from oncebox_purge_anchors";
+    if the clock is right now, delete this boot's row (the boot logged here) from \
+    oncebox_purge_anchors, and the next purge anchors at the clock";
 
 /// How far a purge's time `bounded` trails the wall clock `now`, if by more than
 /// [`PURGE_LAG_WARNING`].

@@ -92,14 +92,15 @@ impl Inbox {
             .await?;
         }
         if let Some(lag) = oncebox_core::purge_lag(now, bounded) {
-            tracing::warn!(lag_ms = lag.as_millis(), "{PURGE_LAG_ADVICE}");
+            let boot = boot.map(|b| b.id);
+            tracing::warn!(lag_ms = lag.as_millis(), ?boot, "{PURGE_LAG_ADVICE}");
         }
         Ok(bounded)
     }
 
     /// Deletes terminal records past their source's retention, a chunk per statement. `now` is
-    /// taken no further than the first purge's plus the monotonic time since
-    /// (`oncebox_core::purge_now`), so a wall clock jumping forward purges no record early.
+    /// taken no further than the boot's first purge plus the boot time since
+    /// (`oncebox_core::purge_time`), so a wall clock jumping forward purges no record early.
     pub async fn purge(&self, now: Timestamp, retention: &Retention) -> Result<u64, crate::Error> {
         let now = self.purge_time(now).await?;
         let youngest_cutoff = now.minus(retention.shortest()).millis();

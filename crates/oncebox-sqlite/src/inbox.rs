@@ -42,7 +42,7 @@ struct Shared {
     recent: Recent,
     deadline: Duration,
     stats: Arc<Stats>,
-    /// Bounds each purge's `now` by monotonic time (`oncebox_core::purge_now`).
+    /// Bounds each purge's `now` by boot time (`oncebox_core::purge_time`).
     clock: Arc<dyn oncebox_core::Clock>,
 }
 
@@ -201,7 +201,7 @@ impl Inbox {
 
     /// Deletes terminal records older than their source's retention as of `now`; returns how
     /// many. Never touches `processing` or `uncertain` records. `now` is taken no further than
-    /// the first purge's plus the monotonic time since (`oncebox_core::purge_now`), so a wall
+    /// the boot's first purge plus the boot time since (`oncebox_core::purge_time`), so a wall
     /// clock jumping forward purges no record early.
     pub async fn purge(&self, now: Timestamp, retention: &Retention) -> Result<u64, Error> {
         let clock = self.shared.clock.clone();

@@ -89,7 +89,8 @@ pub(crate) fn purge_time(
         )?;
     }
     if let Some(lag) = oncebox_core::purge_lag(now, bounded) {
-        tracing::warn!(lag_ms = lag.as_millis(), "{PURGE_LAG_ADVICE}");
+        let boot = boot.map(|b| b.id);
+        tracing::warn!(lag_ms = lag.as_millis(), ?boot, "{PURGE_LAG_ADVICE}");
     }
     Ok(bounded)
 }

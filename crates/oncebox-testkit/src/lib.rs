@@ -179,6 +179,9 @@ pub trait Backend: Clone + Send + Sync + Sized + 'static {
     fn resolve(&self, key: &Key, completed: Option<Response>) -> impl Future<Output = bool> + Send;
     fn purge(&self, now: Timestamp, retention: &Retention) -> impl Future<Output = u64> + Send;
     fn observe(&self) -> impl Future<Output = Observed> + Send;
+    /// Deletes every boot's purge anchor, as an operator releasing purges held behind the
+    /// clock does with SQL (the stores' purge-lag warning says how).
+    fn forget_purge_anchors(&self) -> impl Future<Output = ()> + Send;
 
     /// Whether the storage this backend needs is there; a backend on an outside service
     /// answers with [`service_url`], which skips (or fails under `ONCEBOX_REQUIRE_SERVICES=1`)
@@ -355,6 +358,7 @@ macro_rules! conformance {
             purge_beside_ingest_never_deletes_inside_the_window,
             forward_clock_jump_purges_no_record_early,
             forward_clock_jump_then_restart_purges_no_record_early,
+            a_deleted_boot_anchor_lets_purges_follow_the_clock_again,
             backward_clock_jump_leaves_no_lease_stuck,
             model_based_sequences_match_the_model,
         );

@@ -255,6 +255,13 @@ impl Backend for Postgres {
         observe(self.inbox.pool()).await.expect("observe")
     }
 
+    async fn forget_purge_anchors(&self) {
+        sqlx::query("DELETE FROM oncebox_purge_anchors")
+            .execute(self.inbox.pool())
+            .await
+            .expect("delete anchors");
+    }
+
     fn available() -> bool {
         url().is_some()
     }

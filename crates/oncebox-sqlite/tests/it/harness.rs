@@ -257,4 +257,11 @@ impl Backend for Sqlite {
     async fn observe(&self) -> Observed {
         self.inbox.read(observe).await.expect("observe")
     }
+
+    async fn forget_purge_anchors(&self) {
+        self.inbox
+            .write(|c| c.execute("DELETE FROM oncebox_purge_anchors", []))
+            .await
+            .expect("delete anchors");
+    }
 }

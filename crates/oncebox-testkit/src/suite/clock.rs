@@ -76,6 +76,36 @@ pub async fn forward_clock_jump_then_restart_purges_no_record_early<B: Backend>(
     assert_eq!(b.purge(clock.now(), &retention).await, 1);
 }
 
+/// A clock behind at the boot's first purge holds every later purge on that boot back by as
+/// much, in this process too. Deleting the boot's anchor, as the purge-lag warning advises,
+/// releases them: the next purge anchors at the clock, in the same process.
+pub async fn a_deleted_boot_anchor_lets_purges_follow_the_clock_again<B: Backend>() {
+    let (b, clock) = fresh::<B>().await;
+    let retain = Duration::from_secs(7 * 24 * 3600);
+    let retention = Retention::new(retain);
+    let right = clock.now();
+    b.process(event("shop", "old", 1), Script::credit(1))
+        .await
+        .unwrap();
+    // The first purge runs on a clock four weeks behind: it anchors the boot there.
+    clock.set(right.minus(retain * 4));
+    assert_eq!(b.purge(clock.now(), &retention).await, 0);
+    // The clock is set right; real time passes until `old` is past its retention.
+    clock.advance(retain + Duration::from_millis(1));
+    clock.set(right.plus(retain + Duration::from_millis(1)));
+    assert_eq!(
+        b.purge(clock.now(), &retention).await,
+        0,
+        "held behind by the boot's anchor"
+    );
+    b.forget_purge_anchors().await;
+    assert_eq!(
+        b.purge(clock.now(), &retention).await,
+        1,
+        "the anchor deleted, the purge follows the clock"
+    );
+}
+
 pub async fn backward_clock_jump_leaves_no_lease_stuck<B: Backend>() {
     let (b, clock) = fresh::<B>().await;
     let e = event("mail", "jump-1", 0);
