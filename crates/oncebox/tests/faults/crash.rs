@@ -79,25 +79,30 @@ pub fn child_role() {
         return;
     };
     let parts: Vec<&str> = spec.split('|').collect();
-    let skip: usize = parts[3].parse().expect("hits to pass");
+    let skip = || -> usize { parts[3].parse().expect("hits to pass") };
     match parts[0] {
         "gateway" => {
             if parts[2] != "none" {
-                fail::cfg(parts[2], &format!("{skip}*off->return")).expect("arm the point");
+                fail::cfg(parts[2], &format!("{}*off->return", skip())).expect("arm the point");
             }
             gateway_child(parts[1], "127.0.0.1:0");
         }
         // The gateway on SQLite through the power-loss VFS, listening on `parts[2]`: a SIGKILL
-        // then leaves on disk only what was synced (`kills.rs`).
+        // then leaves on disk only what was synced (`kills.rs`). `parts[3]` is `normal` for
+        // the control run at `Durability::Normal`.
         "power" => {
             assert!(
                 oncebox_sqlite::powerloss::install(),
                 "the power-loss VFS installs"
             );
-            gateway_child(parts[1], parts[2]);
+            let durability = match parts[3] {
+                "normal" => oncebox_sqlite::Durability::Normal,
+                _ => oncebox_sqlite::Durability::Full,
+            };
+            gateway_child_with(parts[1], parts[2], durability);
         }
         "relay" => {
-            fail::cfg("relay-before-record", &format!("{skip}*off->return")).expect("arm");
+            fail::cfg("relay-before-record", &format!("{}*off->return", skip())).expect("arm");
             relay_child(parts[1], parts[2]);
         }
         other => panic!("unknown child role {other}"),
@@ -108,6 +113,11 @@ pub fn child_role() {
 /// The gateway on SQLite or PostgreSQL (a `postgres` URL) in this process, zero-configuration,
 /// printing its address.
 fn gateway_child(database: &str, listen: &str) {
+    gateway_child_with(database, listen, oncebox_sqlite::Durability::Full);
+}
+
+/// [`gateway_child`] with the SQLite store at `durability`.
+fn gateway_child_with(database: &str, listen: &str, durability: oncebox_sqlite::Durability) {
     let rt = tokio::runtime::Runtime::new().expect("runtime");
     rt.block_on(async {
         if database.starts_with("postgres") {
@@ -115,7 +125,7 @@ fn gateway_child(database: &str, listen: &str) {
             let store = oncebox_postgres::Inbox::open(opts).await.expect("open");
             gateway_serve(store, listen).await;
         } else {
-            let opts = oncebox_sqlite::Options::new(database);
+            let opts = oncebox_sqlite::Options::new(database).durability(durability);
             gateway_serve(oncebox_sqlite::Inbox::open(opts).expect("open"), listen).await;
         }
     });

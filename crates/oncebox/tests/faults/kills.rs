@@ -2,7 +2,8 @@
 //! acknowledgements, not time) while senders keep delivering, restarted on the same port each
 //! time; every sender retries until its event is acknowledged. The same with power cuts: the
 //! gateway on SQLite through the power-loss VFS (`oncebox_sqlite::powerloss`), so each kill
-//! leaves on disk only what was synced, as a power cut would.
+//! leaves on disk only what was synced, as a power cut would; a control run at
+//! `Durability::Normal` first shows that the cuts bite.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -20,13 +21,13 @@ use crate::world::{self, PgSchema, block_on, final_pg, final_sqlite};
 pub const RANDOM_KILLS_SQLITE: Scenario = Scenario {
     name: "kills: random SIGKILL under load",
     backend: "sqlite",
-    run: || Some(random_kills(None, false)),
+    run: || Some(random_kills(None, Death::Kill)),
 };
 
 pub const RANDOM_POWER_CUTS_SQLITE: Scenario = Scenario {
     name: "kills: random power cut under load",
     backend: "sqlite",
-    run: || Some(random_kills(None, true)),
+    run: || Some(power_cuts()),
 };
 
 pub const RANDOM_KILLS_POSTGRES: Scenario = Scenario {
@@ -34,19 +35,45 @@ pub const RANDOM_KILLS_POSTGRES: Scenario = Scenario {
     backend: "postgres",
     run: || {
         let schema = block_on(world::PATIENCE, world::pg_schema())?;
-        Some(random_kills(Some(&schema), false))
+        Some(random_kills(Some(&schema), Death::Kill))
     },
 };
 
 const SENDERS: usize = 12;
 
-/// `power`: the gateway runs in a child of this binary writing through the power-loss VFS
-/// (SQLite only), instead of `oncebox serve`.
-fn random_kills(schema: Option<&PgSchema>, power: bool) -> Report {
-    let seed = Seed::from_env(if power {
-        "random power cuts"
-    } else {
-        "random kills"
+/// How the gateway dies.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Death {
+    /// SIGKILL: what the gateway wrote stays in the page cache.
+    Kill,
+    /// A power cut, with the store at `Durability::Full` or, as a control, `Normal`.
+    Power { normal: bool },
+}
+
+/// The power-cut run, and before it the same run at `Durability::Normal`, which must lose
+/// acknowledged events (L or P): otherwise the cuts did not bite, and the run proves nothing.
+fn power_cuts() -> Report {
+    let control = random_kills(None, Death::Power { normal: true });
+    let bitten = control.figures.l.len() + control.figures.p.len();
+    let mut report = random_kills(None, Death::Power { normal: false });
+    if bitten == 0 {
+        report.exercised = 0;
+    }
+    report.what += &format!(
+        "; control at Durability::Normal: L = {}, P = {}",
+        control.figures.l.len(),
+        control.figures.p.len()
+    );
+    report
+}
+
+/// With power cuts the gateway runs in a child of this binary writing through the power-loss
+/// VFS (SQLite only), instead of `oncebox serve`.
+fn random_kills(schema: Option<&PgSchema>, death: Death) -> Report {
+    let seed = Seed::from_env(match death {
+        Death::Kill => "random kills",
+        Death::Power { normal: false } => "random power cuts",
+        Death::Power { normal: true } => "random power cuts, control at Durability::Normal",
     });
     let mut rng = seed.rng(7);
     let events = scale(1500);
@@ -66,10 +93,13 @@ fn random_kills(schema: Option<&PgSchema>, power: bool) -> Report {
     let base = format!("http://{listen}");
     let history = Arc::new(History::new());
     block_on(Duration::from_secs(200), async {
-        let spec = if power {
-            crate::crash::child(&format!("power|{}|{listen}|0", sqlite.display()))
-        } else {
-            world::serve(dir.path(), &database, &listen, &[])
+        let spec = match death {
+            Death::Power { normal } => crate::crash::child(&format!(
+                "power|{}|{listen}|{}",
+                sqlite.display(),
+                if normal { "normal" } else { "full" }
+            )),
+            Death::Kill => world::serve(dir.path(), &database, &listen, &[]),
         };
         let mut server = spec.start();
         let (next, acked) = (
@@ -150,7 +180,11 @@ fn random_kills(schema: Option<&PgSchema>, power: bool) -> Report {
             what: format!(
                 "{done} {} at acks {at:?}, {unanswered} requests unanswered, {refused} \
                  conflicts refused",
-                if power { "power cuts" } else { "kills" }
+                if death == Death::Kill {
+                    "kills"
+                } else {
+                    "power cuts"
+                }
             ),
             expected_u: 0,
         }
