@@ -56,3 +56,15 @@ pub(super) fn preset(which: RawPreset) -> Preset {
         },
     }
 }
+
+/// The preset whose sender signs with `scheme`, if one does: without a preset its horizon is
+/// only likely, not known (other senders sign the same way), so the config warns instead of
+/// refusing.
+pub(super) fn for_scheme(scheme: RawScheme) -> Option<Preset> {
+    match scheme {
+        RawScheme::Stripe => Some(preset(RawPreset::Stripe)),
+        RawScheme::Github => Some(preset(RawPreset::Github)),
+        RawScheme::StandardWebhooks => Some(preset(RawPreset::StandardWebhooks)),
+        RawScheme::None | RawScheme::HmacSha256 => None,
+    }
+}

@@ -91,6 +91,20 @@ pub(super) fn validate(
     } else if let Some(source) = &source {
         check_horizon(&path, source, retention, preset.as_ref(), p);
     }
+    let likely = raw.signature.filter(|_| preset.is_none());
+    if let Some(sender) = likely.and_then(super::presets::for_scheme)
+        && retention < sender.horizon
+    {
+        warnings.push(format!(
+            "source {name}: retention {} is shorter than the {} that {} senders may redeliver \
+             for; a redelivery after the purge is taken as a new event (set preset = \"{}\" \
+             to refuse such a retention)",
+            humantime::format_duration(retention),
+            humantime::format_duration(sender.horizon),
+            sender.name,
+            sender.name,
+        ));
+    }
 
     let order = raw.order.as_ref().map(|o| OrderGuard {
         entity: pointer(&format!("{path}.order.entity"), &o.entity, p),

@@ -46,9 +46,20 @@ fn a_source_must_name_its_signature() {
 fn retention_shorter_than_the_preset_horizon_is_refused() {
     let e = err("[sources.pay]\npreset = \"stripe\"\nsecrets = [\"sk\"]\nretention = \"2d\"");
     assert_mentions(&e, &["sources.pay.retention", "stripe", "3days"]);
-    // Without a preset there is no known horizon; one day is the operator's call.
+    // Without a preset the horizon is only likely (other senders sign the same way): one day
+    // is the operator's call, with a warning.
     let s = ok(&shop("retention = \"1d\""));
     assert_eq!(policy(&s, "shop").retention, Duration::from_secs(86400));
+    assert!(
+        s.warnings
+            .iter()
+            .any(|w| w.starts_with("source shop: retention 1day")
+                && w.contains("3days that stripe senders")),
+        "{:?}",
+        s.warnings
+    );
+    let s = ok(&shop("retention = \"3d\""));
+    assert!(s.warnings.is_empty(), "{:?}", s.warnings);
     let e = err(&shop("retention = \"0s\""));
     assert_mentions(&e, &["sources.shop.retention", "more than 0"]);
 }
