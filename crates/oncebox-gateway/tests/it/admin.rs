@@ -289,6 +289,44 @@ fn metrics_count_stale_unauthorized_and_unavailable() {
     });
 }
 
+/// An event id no key can have is 400 `invalid-key` on the admin API; a gateway without a
+/// metrics recorder answers `/metrics` with 404 `metrics-disabled`.
+#[test]
+fn admin_refusals_carry_their_slugs() {
+    run(async {
+        let gw = TestGateway::new();
+        let long = "x".repeat(300);
+        for path in [
+            format!("/v1/sources/open/events/{long}"),
+            "/v1/sources/open/events/%01".to_owned(),
+        ] {
+            let a = gw.send(admin_get(&path)).await;
+            assert_eq!(
+                (a.status, a.slug().as_str()),
+                (StatusCode::BAD_REQUEST, "invalid-key"),
+                "{path}: {a:?}"
+            );
+        }
+        let unmetered = std::sync::Arc::new(oncebox_gateway::Gateway {
+            store: gw.inbox.clone(),
+            config: crate::support::config(),
+            clock: std::sync::Arc::new(gw.clock.clone()),
+            metrics: None,
+            loopback_only: false,
+        });
+        let res =
+            tower::ServiceExt::oneshot(oncebox_gateway::router(unmetered), admin_get("/metrics"))
+                .await
+                .unwrap();
+        let a = crate::support::Answer::from(res).await;
+        assert_eq!(
+            (a.status, a.slug().as_str()),
+            (StatusCode::NOT_FOUND, "metrics-disabled"),
+            "{a:?}"
+        );
+    });
+}
+
 #[test]
 fn health_and_readiness_are_open() {
     run(async {

@@ -277,7 +277,16 @@ fn retry_and_resolve_tell_a_missing_delivery_from_a_refusing_state() {
             let pending = gw
                 .send(admin_post(&format!("/v1/deliveries/{id}/{action}"), body))
                 .await;
-            assert_eq!(pending.status, StatusCode::CONFLICT, "{action}");
+            let slug = if action == "retry" {
+                "not-retryable"
+            } else {
+                "not-resolvable"
+            };
+            assert_eq!(
+                (pending.status, pending.slug().as_str()),
+                (StatusCode::CONFLICT, slug),
+                "{action}"
+            );
             let detail = pending.json()["detail"].as_str().unwrap().to_owned();
             assert!(detail.contains("is pending"), "{action}: {detail}");
         }
