@@ -90,12 +90,31 @@ impl Clock for SystemClock {
     /// host's, so a restarted container finds its anchor; a time namespace of its own (which
     /// offsets `CLOCK_BOOTTIME`) is another boot.
     fn boot(&self) -> Option<Boot> {
-        let id = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").ok()?;
-        let namespace = std::fs::read_link("/proc/self/ns/time")
-            .map(|p| p.to_string_lossy().into_owned())
-            .unwrap_or_default();
-        boot_from(&id, &namespace, boot_time()?)
+        Some(Boot {
+            id: boot_id()?,
+            since: boot_time()?,
+        })
     }
+}
+
+/// This process's boot id, read once: a process lives within one boot and one time namespace,
+/// and a later read that failed (no file descriptor left, say) or read another namespace name
+/// must not make the same boot look new, which would anchor it afresh at whatever the wall
+/// clock says then. A failed first read is tried again at the next call.
+fn boot_id() -> Option<i64> {
+    static ID: OnceLock<i64> = OnceLock::new();
+    if let Some(id) = ID.get() {
+        return Some(*id);
+    }
+    let text = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").ok()?;
+    let namespace = match std::fs::read_link("/proc/self/ns/time") {
+        Ok(p) => p.to_string_lossy().into_owned(),
+        // A kernel without time namespaces (before 5.6): every process shares the boot's.
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+        Err(_) => return None,
+    };
+    let id = boot_hash(&text, &namespace)?;
+    Some(*ID.get_or_init(|| id))
 }
 
 /// `CLOCK_BOOTTIME`: time since boot, suspend included.
@@ -125,9 +144,9 @@ fn boot_time() -> Option<Duration> {
     None
 }
 
-/// A boot from the text of `/proc/sys/kernel/random/boot_id`, the name of the time namespace
-/// and the time since boot: the id is a hash of both texts.
-fn boot_from(id: &str, namespace: &str, since: Duration) -> Option<Boot> {
+/// A boot id from the text of `/proc/sys/kernel/random/boot_id` and the name of the time
+/// namespace: a hash of both texts.
+fn boot_hash(id: &str, namespace: &str) -> Option<i64> {
     let id = id.trim();
     if id.is_empty() {
         return None;
@@ -140,10 +159,7 @@ fn boot_from(id: &str, namespace: &str, since: Duration) -> Option<Boot> {
         .fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
             (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
         });
-    Some(Boot {
-        id: i64::from_ne_bytes(hash.to_ne_bytes()),
-        since,
-    })
+    Some(i64::from_ne_bytes(hash.to_ne_bytes()))
 }
 
 /// A clock that only moves when told to; clones share one time. `advance` is time passing
@@ -230,13 +246,11 @@ mod tests {
     #[test]
     fn boots_hash_the_boot_id_and_the_time_namespace() {
         let id = "6b3e3c36-1f0a-4c1e-9a7d-2f1e0c9b8a77\n";
-        let hour = Duration::from_secs(3600);
-        let a = boot_from(id, "time:[4026531834]", hour).unwrap();
-        assert_eq!(a, boot_from(id, "time:[4026531834]", hour).unwrap());
-        assert_eq!(a.since, hour);
-        assert_ne!(a.id, boot_from(id, "time:[4026532999]", hour).unwrap().id);
-        assert_ne!(a.id, boot_from("0", "time:[4026531834]", hour).unwrap().id);
-        assert_eq!(boot_from(" \n", "", hour), None);
+        let a = boot_hash(id, "time:[4026531834]").unwrap();
+        assert_eq!(a, boot_hash(id, "time:[4026531834]").unwrap());
+        assert_ne!(a, boot_hash(id, "time:[4026532999]").unwrap());
+        assert_ne!(a, boot_hash("0", "time:[4026531834]").unwrap());
+        assert_eq!(boot_hash(" \n", ""), None);
         if cfg!(target_os = "linux") {
             let (a, b) = (SystemClock.boot().unwrap(), SystemClock.boot().unwrap());
             assert_eq!(a.id, b.id);

@@ -184,8 +184,8 @@ pub fn boot_bound(
 /// The time a purge at wall time `now` may use, given the machine's `boot` and the store's
 /// anchor for it (`stored`), and the anchor the store is to record for that boot, if any:
 /// `now` bounded by the boot's anchor plus the boot time since ([`boot_bound`]), or, where the
-/// boot is not known, by this process's first purge plus its monotonic time since
-/// ([`crate::purge_now`]).
+/// boot is not known (not Linux, or a read that failed), by this process's first purge plus
+/// its monotonic time since ([`crate::purge_now`], kept up by every purge).
 ///
 /// Where the boot is known its anchor alone bounds: it binds every process on that boot, so a
 /// process's own anchor would add nothing but a lag the operator released by deleting the row,
@@ -201,9 +201,12 @@ pub fn purge_time(
     boot: Option<Boot>,
     stored: Option<BootAnchor>,
 ) -> (Timestamp, Option<BootAnchor>) {
+    // Kept from the first purge on, so that a purge that cannot read the boot (a failed read
+    // mid-life) is still bounded by this process's own history.
+    let process = crate::purge_now(clock, now);
     match boot {
         Some(b) => boot_bound(stored, now, b),
-        None => (crate::purge_now(clock, now), None),
+        None => (process, None),
     }
 }
 
@@ -318,5 +321,33 @@ mod tests {
         let held = now.minus(PURGE_LAG_WARNING * 2);
         assert_eq!(purge_lag(now, held), Some(PURGE_LAG_WARNING * 2));
         assert_eq!(purge_lag(held, now), None, "ahead is not held back");
+    }
+
+    /// A process that purged with its boot known, then once could not read it, after the wall
+    /// clock jumped ahead: that purge is still held to the process's first purge plus the time
+    /// since, not to the jumped clock.
+    #[test]
+    fn a_purge_that_loses_the_boot_is_held_to_the_process_history() {
+        let manual = crate::ManualClock::new(Timestamp(1_000));
+        let clock: Arc<dyn Clock> = Arc::new(manual.clone());
+        let b = Boot {
+            id: 3,
+            since: Duration::from_secs(60),
+        };
+        let (first, record) = purge_time(&clock, manual.now(), Some(b), None);
+        assert_eq!(first, Timestamp(1_000));
+        let stored = record.expect("the boot is anchored");
+        manual.advance(Duration::from_millis(5));
+        manual.set(Timestamp(1_000).plus(Duration::from_secs(30 * 24 * 3600)));
+        let later = Boot {
+            since: b.since + Duration::from_millis(5),
+            ..b
+        };
+        let held = Timestamp(1_005);
+        assert_eq!(
+            purge_time(&clock, manual.now(), Some(later), Some(stored)),
+            (held, None)
+        );
+        assert_eq!(purge_time(&clock, manual.now(), None, None), (held, None));
     }
 }

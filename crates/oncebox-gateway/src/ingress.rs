@@ -51,7 +51,7 @@ pub(crate) async fn receive<S: EventStore>(
         _ => "unknown",
     };
     let installed = gw.metrics.is_some();
-    crate::meter::ingest(installed, label, answer.outcome(), started.elapsed());
+    crate::meter::ingest(installed, label, answer.outcome(), Some(started.elapsed()));
     answer.into_response()
 }
 
@@ -84,12 +84,17 @@ async fn receive_for<S: EventStore>(
         return Answer::Problem(unauthorized(&e));
     }
     crate::crash::point!("after-signature-check");
-    let parsed = match (needs_json(policy, headers) || gw.config.routes_read_body(source))
-        .then(|| json::parse(&payload))
-        .transpose()
+    // A body the id or the guard needs as JSON must be JSON; one only routes' filters read may
+    // be anything else (a `raw` source), and then matches no filter.
+    let strict = needs_json(policy, headers);
+    let parsed = match (strict || gw.config.routes_read_body(source)).then(|| json::parse(&payload))
     {
-        Ok(v) => v,
-        Err(e) => return Answer::Problem(Problem::invalid("invalid-json", e.to_string())),
+        None => None,
+        Some(Ok(v)) => Some(v),
+        Some(Err(e)) if strict => {
+            return Answer::Problem(Problem::invalid("invalid-json", e.to_string()));
+        }
+        Some(Err(_)) => None,
     };
     let event_id = match event_id(policy, headers, &payload, parsed.as_ref()) {
         Ok(id) => id,

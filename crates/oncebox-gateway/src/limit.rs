@@ -1,8 +1,9 @@
 //! The gateway's outermost layer: the concurrency limit (past it a request is answered 503 at
 //! once instead of queueing, so an overload shows as fast retries rather than as timeouts at
 //! the sender), and the framework's own errors rewritten as problem documents
-//! (`rejection.rs`). A shed ingest request is counted under its source as `unavailable`; the
-//! health probes are never shed (a busy gateway is alive, and its readiness is the store's).
+//! (`rejection.rs`). A shed ingest request is counted under its source as `unavailable`. The
+//! probes answer past the limit: `/healthz` always (a busy gateway is alive), `/readyz` within
+//! a few permits of its own (its answer is the store's, and asking the store is work).
 //!
 //! Written as one tower service rather than two axum middlewares: `from_fn` clones the inner
 //! service into a box and boxes its future on every request, and `map_response` boxes
@@ -24,10 +25,15 @@ use tower::{Layer, Service};
 use crate::policy::GatewayConfig;
 use crate::problem::Problem;
 
+/// Readiness probes answered at once past the limit.
+const READY_PROBES: usize = 4;
+
 /// Permits for requests in flight.
 #[derive(Debug, Clone)]
 pub(crate) struct Edge {
     permits: Arc<Semaphore>,
+    /// For `/readyz` once `permits` are all taken.
+    probes: Arc<Semaphore>,
     retry_after: Duration,
     /// Which source names are counted as themselves.
     config: Arc<GatewayConfig>,
@@ -39,33 +45,48 @@ impl Edge {
     pub fn new(config: &GatewayConfig, installed: bool) -> Edge {
         Edge {
             permits: Arc::new(Semaphore::new(config.limits.concurrency.max(1))),
+            probes: Arc::new(Semaphore::new(READY_PROBES)),
             retry_after: config.limits.retry_after,
             config: Arc::new(config.clone()),
             installed,
         }
     }
 
-    /// Counts a shed ingest request under its source, as the handler counts what it answers.
+    /// A permit for `request`: `Err` sheds it. `/healthz` needs none.
+    fn admit(&self, request: &Request) -> Result<Option<OwnedSemaphorePermit>, ()> {
+        if let Ok(permit) = self.permits.clone().try_acquire_owned() {
+            return Ok(Some(permit));
+        }
+        match request.uri().path() {
+            "/healthz" => Ok(None),
+            "/readyz" => self
+                .probes
+                .clone()
+                .try_acquire_owned()
+                .map(Some)
+                .map_err(drop),
+            _ => Err(()),
+        }
+    }
+
+    /// Counts a shed ingest request under its source (its name percent-decoded, as the
+    /// router's), as the handler counts what it answers; it has no latency to record.
     fn count_shed(&self, request: &Request) {
         metrics::counter!("oncebox_shed_total").increment(1);
         let path = request.uri().path();
         let source = path
             .strip_prefix("/v1/sources/")
             .and_then(|rest| rest.strip_suffix("/events"))
-            .filter(|name| !name.contains('/'));
+            .filter(|name| !name.contains('/'))
+            .map(|name| percent_encoding::percent_decode_str(name).decode_utf8_lossy());
         if let (true, Some(name)) = (request.method() == axum::http::Method::POST, source) {
-            let label = match oncebox_core::Source::new(name) {
-                Ok(source) if crate::meter::known(&self.config, &source) => name,
+            let label = match oncebox_core::Source::new(name.as_ref()) {
+                Ok(source) if crate::meter::known(&self.config, &source) => name.as_ref(),
                 _ => "unknown",
             };
-            crate::meter::ingest(self.installed, label, "unavailable", Duration::ZERO);
+            crate::meter::ingest(self.installed, label, "unavailable", None);
         }
     }
-}
-
-/// The probes, answered past the limit: each is a few microseconds of work.
-fn is_probe(request: &Request) -> bool {
-    matches!(request.uri().path(), "/healthz" | "/readyz")
 }
 
 impl<S> Layer<S> for Edge {
@@ -99,14 +120,13 @@ where
     }
 
     fn call(&mut self, request: Request) -> Self::Future {
-        let permit = self.edge.permits.clone().try_acquire_owned().ok();
-        if permit.is_none() && !is_probe(&request) {
+        let Ok(permit) = self.edge.admit(&request) else {
             self.edge.count_shed(&request);
             let shed = Problem::unavailable("too many requests in flight", self.edge.retry_after);
             return Answering::Ready {
                 response: Some(shed.into_response()),
             };
-        }
+        };
         // The clone that was made ready is the one that serves (tower's rule for `call`).
         let ready = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, ready);
@@ -158,5 +178,41 @@ where
                 Step::Rewriting { future } => return future.as_mut().poll(cx).map(Ok),
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::body::Body;
+
+    fn request(path: &str) -> Request {
+        Request::post(path).body(Body::empty()).expect("request")
+    }
+
+    /// Past the limit `/healthz` needs no permit, `/readyz` takes one of its own few, and
+    /// everything else is shed.
+    #[test]
+    fn past_the_limit_only_the_probes_are_admitted() {
+        let config = GatewayConfig {
+            limits: crate::policy::Limits {
+                concurrency: 1,
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let edge = Edge::new(&config, false);
+        let held = edge.admit(&request("/v1/sources/a/events"));
+        assert!(matches!(held, Ok(Some(_))), "the one permit");
+        assert!(edge.admit(&request("/v1/sources/a/events")).is_err());
+        assert!(edge.admit(&request("/metrics")).is_err());
+        let probes: Vec<_> = (0..READY_PROBES)
+            .map(|_| edge.admit(&request("/readyz")))
+            .collect();
+        assert!(probes.iter().all(|p| matches!(p, Ok(Some(_)))));
+        assert!(edge.admit(&request("/readyz")).is_err(), "its permits taken");
+        assert!(matches!(edge.admit(&request("/healthz")), Ok(None)));
+        drop(held);
+        assert!(matches!(edge.admit(&request("/readyz")), Ok(Some(_))));
     }
 }

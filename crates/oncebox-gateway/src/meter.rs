@@ -81,17 +81,20 @@ pub(crate) fn known(config: &GatewayConfig, source: &Source) -> bool {
     config.open_sources || config.sources.contains_key(source)
 }
 
-/// Counts one ingest request and records its duration.
+/// Counts one ingest request and records its duration, if it has one (a request shed at the
+/// edge has none: it was never handled).
 ///
 /// `installed` says a recorder is in place (the gateway holds its handle): only then are
 /// handles kept, because a handle taken before any recorder is installed records nothing,
 /// and would go on recording nothing after one is.
-pub(crate) fn ingest(installed: bool, source: &str, outcome: &'static str, took: Duration) {
+pub(crate) fn ingest(installed: bool, source: &str, outcome: &'static str, took: Option<Duration>) {
     // Every outcome is in the list; were one missing, it would still be counted, below.
     if installed && let Some(slot) = OUTCOMES.iter().position(|o| *o == outcome) {
         let record = |m: &Meter| {
             m.outcomes[slot].increment(1);
-            m.duration.record(took);
+            if let Some(took) = took {
+                m.duration.record(took);
+            }
         };
         // A poisoned lock still holds valid handles: a panic cannot leave the map half-updated.
         if let Some(m) = METERS.read().unwrap_or_else(|e| e.into_inner()).get(source) {
@@ -102,7 +105,9 @@ pub(crate) fn ingest(installed: bool, source: &str, outcome: &'static str, took:
         }
     }
     metrics::counter!(TOTAL, "source" => source.to_owned(), "outcome" => outcome).increment(1);
-    metrics::histogram!(DURATION, "source" => source.to_owned()).record(took);
+    if let Some(took) = took {
+        metrics::histogram!(DURATION, "source" => source.to_owned()).record(took);
+    }
 }
 
 /// Makes and keeps the handles of `source` on its first request; `None` once `most` names

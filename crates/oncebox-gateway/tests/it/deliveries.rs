@@ -59,6 +59,48 @@ async fn claim_all(
         .unwrap()
 }
 
+/// A `raw` source's body need not be JSON even when a route filters its events: such a body
+/// matches no filter, and routes without one still take it.
+#[test]
+fn a_raw_source_routes_a_form_body_past_filters() {
+    run(async {
+        let mut cfg = config();
+        cfg.routes = [route("all", None), route("paid", Some(("/type", "paid")))]
+            .map(|r| Route {
+                sources: vec![Source::new("plain").unwrap()],
+                ..r
+            })
+            .to_vec();
+        let gw = TestGateway::with(cfg, oncebox_sqlite::Options::new);
+        let form = gw
+            .send(post("plain", &[("idempotency-key", "f1")], "type=paid"))
+            .await;
+        assert_eq!(form.status, StatusCode::ACCEPTED, "{form:?}");
+        let json = gw
+            .send(post(
+                "plain",
+                &[("idempotency-key", "j1")],
+                r#"{"type":"paid"}"#,
+            ))
+            .await;
+        assert_eq!(json.status, StatusCode::ACCEPTED, "{json:?}");
+        let items = gw.send(admin_get("/v1/deliveries")).await.json()["items"].clone();
+        let mut taken: Vec<(String, String)> = items
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|d| {
+                let text = |k: &str| d[k].as_str().unwrap_or_default().to_owned();
+                (text("route"), text("event_id"))
+            })
+            .collect();
+        taken.sort();
+        let expected = [("all", "f1"), ("all", "j1"), ("paid", "j1")]
+            .map(|(r, e)| (r.to_owned(), e.to_owned()));
+        assert_eq!(taken, expected, "{items}");
+    });
+}
+
 #[test]
 fn accepted_events_fan_out_to_matching_routes_only() {
     run(async {

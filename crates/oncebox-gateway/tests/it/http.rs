@@ -186,17 +186,24 @@ fn past_the_limit_probes_answer_and_shed_requests_are_counted_per_source() {
                 .expect("probe");
             assert_eq!(probe.status(), StatusCode::OK, "{path}");
         }
-        for source in ["shed", "no-such-source-shed"] {
+        // `sh%65d` is `shed` percent-encoded, as the router would decode it.
+        for source in ["shed", "sh%65d", "no-such-source-shed"] {
             let shed = deliver(&client, addr, source, r#"{"id":"s1"}"#).await;
             assert_eq!(shed.status, StatusCode::SERVICE_UNAVAILABLE, "{shed:?}");
         }
         let text = crate::support::metrics().render();
-        let line = r#"oncebox_ingest_total{source="shed",outcome="unavailable"} 1"#;
+        let line = r#"oncebox_ingest_total{source="shed",outcome="unavailable"} 2"#;
         assert!(
             text.lines().any(|l| l == line),
             "{line} missing in:\n{text}"
         );
         assert!(!text.contains("no-such-source-shed"), "{text}");
+        // Shed requests were never handled: they add no latency sample (the series may exist,
+        // empty, with the source's kept handles).
+        let samples = text.lines().find_map(|l| {
+            l.strip_prefix(r#"oncebox_ingest_duration_seconds_count{source="shed"} "#)
+        });
+        assert!(matches!(samples, None | Some("0")), "{samples:?}");
 
         holder.send(&body.as_bytes()[10..]).await;
         assert_eq!(holder.reply().await.answer().status, StatusCode::ACCEPTED);
