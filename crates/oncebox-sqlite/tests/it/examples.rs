@@ -1,8 +1,11 @@
-//! The examples' scenarios as tests: seed 003's ledger and seed 004's thank-you emails, each on
-//! its own SQLite file, every step checked against exact values.
+//! The examples' scenarios as tests: seed 003's ledger, seed 004's thank-you emails and the
+//! guarded status transitions of seeds 000 and 002, each on its own SQLite file, every step
+//! checked against exact values.
 
 #[path = "../../examples/ledger.rs"]
 mod ledger;
+#[path = "../../examples/payment_status.rs"]
+mod payment_status;
 #[path = "../../examples/thank_you.rs"]
 mod thank_you;
 
@@ -181,5 +184,36 @@ fn thank_you_scenario_sends_one_email_per_order() {
             s.outbox,
             pairs(&[("email", "thank-you:o-1"), ("email", "thank-you:o-2")])
         );
+    });
+}
+
+/// The same payment reported under three event ids, one of them delivered twice, and a refund
+/// between: one transition per fact, every report answered, the refund never undone.
+#[test]
+fn guarded_transitions_apply_each_fact_once() {
+    oncebox_testkit::run(async {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let s = payment_status::run(dir.path())
+            .await
+            .expect("payment scenario");
+        let moved = |to: &str| {
+            Response::completed(format!(
+                r#"{{"payment":"p-1","changed":true,"status":"{to}"}}"#
+            ))
+        };
+        let unchanged = Response::completed(r#"{"payment":"p-1","changed":false}"#);
+        let expected = [
+            ("evt-a", Processed::Applied(moved("paid"))),
+            // Another event id for the same success: applied, the guard changes nothing.
+            ("evt-b", Processed::Applied(unchanged.clone())),
+            // The same event again: the inbox replays its first answer.
+            ("evt-a", Processed::Duplicate(moved("paid"))),
+            ("evt-r", Processed::Applied(moved("refunded"))),
+            // A late success cannot move the refunded payment back to paid.
+            ("evt-c", Processed::Applied(unchanged)),
+        ];
+        assert_eq!(s.answers, expected);
+        assert_eq!(s.status, "refunded");
+        assert_eq!(s.ledger, vec![500, -500]);
     });
 }
