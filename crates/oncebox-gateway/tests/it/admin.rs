@@ -249,9 +249,7 @@ fn metrics_count_stale_unauthorized_and_unavailable() {
         let gw = TestGateway::with(config, |p| {
             oncebox_sqlite::Options::new(p).busy_timeout(std::time::Duration::from_millis(50))
         });
-        let ev = |id: &str, created: i64| {
-            format!(r#"{{"id":"{id}","created":{created},"data":{{"object":{{"id":"pi_1"}}}}}}"#)
-        };
+        let ev = crate::support::ordered_event;
         assert_eq!(
             gw.send(post("gauged", &[], ev("new", 20))).await.status,
             StatusCode::ACCEPTED

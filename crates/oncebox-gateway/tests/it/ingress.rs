@@ -99,9 +99,7 @@ fn fields_fingerprint_ignores_other_fields() {
 fn older_entity_version_is_202_stale_and_replayed_as_such() {
     run(async {
         let gw = TestGateway::new();
-        let ev = |id: &str, created: i64| {
-            format!(r#"{{"id":"{id}","created":{created},"data":{{"object":{{"id":"pi_1"}}}}}}"#)
-        };
+        let ev = crate::support::ordered_event;
         assert_eq!(
             gw.send(post("ordered", &[], ev("paid", 20))).await.status,
             StatusCode::ACCEPTED

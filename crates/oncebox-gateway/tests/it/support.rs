@@ -267,6 +267,11 @@ impl Answer {
 }
 
 /// `POST /v1/sources/{source}/events` with headers.
+/// An event for the `ordered` source's guard: entity `pi_1` at version `created`.
+pub fn ordered_event(id: &str, created: i64) -> String {
+    format!(r#"{{"id":"{id}","created":{created},"data":{{"object":{{"id":"pi_1"}}}}}}"#)
+}
+
 pub fn post(source: &str, headers: &[(&str, &str)], body: impl Into<Body>) -> Request<Body> {
     let mut r = Request::post(format!("/v1/sources/{source}/events"))
         .header("content-type", "application/json");
