@@ -117,11 +117,6 @@ pub struct RetryPolicy {
     /// senders whose events oncebox relays).
     pub max_age: Duration,
     pub backoff: Backoff,
-    /// How long the receiver remembers an idempotency key (Stripe's API: 24 hours). A retry
-    /// later than this after the delivery began could find the key forgotten and apply the
-    /// event again, so once a request may have reached the receiver such a delivery is
-    /// parked uncertain instead. `None`: keys are kept for as long as the route retries.
-    pub key_window: Option<Duration>,
 }
 
 impl Default for RetryPolicy {
@@ -130,7 +125,6 @@ impl Default for RetryPolicy {
             max_attempts: 15,
             max_age: Duration::from_secs(3 * 24 * 3600),
             backoff: Backoff::default(),
-            key_window: None,
         }
     }
 }
@@ -189,9 +183,6 @@ impl Verdict {
 /// `Retry-After`, never waiting less than the backoff asks). Other 4xx are dead: the receiver
 /// refuses the request itself. A request sent without an answer is retried only when the
 /// route honours the idempotency key; otherwise it is uncertain. Attempts and age are capped.
-/// A retry that would come after the receiver's key window ([`RetryPolicy::key_window`]),
-/// once a request may have reached the receiver, is uncertain: the receiver may have applied
-/// an earlier request and forgotten its key.
 pub fn decide(
     attempt: &Attempt,
     idempotent: bool,
@@ -236,14 +227,6 @@ pub fn decide(
             policy.max_age
         ));
     }
-    // Only requests that never left, this one and every one before it, reached no receiver.
-    let reached = attempts_made > 1 || !matches!(attempt, Attempt::NotSent(_));
-    if let Some(window) = policy.key_window
-        && reached
-        && age.saturating_add(wait) > window
-    {
-        return Verdict::Uncertain;
-    }
     Verdict::Retry(wait)
 }
 
@@ -258,66 +241,7 @@ mod tests {
             base: Duration::from_secs(1),
             cap: Duration::from_secs(60),
         },
-        key_window: None,
     };
-
-    /// Past the receiver's key window a retry could apply the event again: uncertain, once a
-    /// request may have reached the receiver; within it, or with every request unsent so
-    /// far, retried as before.
-    #[test]
-    fn retries_past_the_receivers_key_window_are_uncertain() {
-        let windowed = RetryPolicy {
-            key_window: Some(Duration::from_secs(600)),
-            ..P
-        };
-        let lost = Attempt::NoAnswer("timeout".into());
-        let refused = Attempt::NotSent("refused".into());
-        let (inside, edge, past) = (
-            Duration::from_secs(60),
-            Duration::from_secs(600),
-            Duration::from_secs(601),
-        );
-        // jitter 0: no wait, so the retry comes at `age` itself.
-        for a in [&lost, &answered(503), &answered(429)] {
-            assert!(matches!(
-                decide(a, true, 2, inside, &windowed, 0.0),
-                Verdict::Retry(_)
-            ));
-            assert!(matches!(
-                decide(a, true, 2, edge, &windowed, 0.0),
-                Verdict::Retry(_)
-            ));
-            assert_eq!(
-                decide(a, true, 2, past, &windowed, 0.0),
-                Verdict::Uncertain,
-                "{a:?}"
-            );
-            assert!(matches!(
-                decide(a, true, 2, past, &P, 0.0),
-                Verdict::Retry(_)
-            ));
-        }
-        // The first request never left: nothing can have been applied.
-        assert!(matches!(
-            decide(&refused, true, 1, past, &windowed, 0.0),
-            Verdict::Retry(_)
-        ));
-        // One before it might have been.
-        assert_eq!(
-            decide(&refused, true, 2, past, &windowed, 0.0),
-            Verdict::Uncertain
-        );
-        // The wait counts: a retry due past the window is not sent either.
-        assert_eq!(
-            decide(&lost, true, 2, inside, &windowed, 1.0),
-            Verdict::Retry(Duration::from_secs(2))
-        );
-        let near = Duration::from_secs(599);
-        assert_eq!(
-            decide(&lost, true, 2, near, &windowed, 1.0),
-            Verdict::Uncertain
-        );
-    }
 
     fn answered(status: u16) -> Attempt {
         Attempt::Answered {

@@ -7,7 +7,7 @@ mod http;
 mod nats;
 
 use std::fmt;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use oncebox_core::Clock;
 use oncebox_core::delivery::Attempt;
@@ -69,26 +69,11 @@ pub(crate) async fn attempt(
     let started_at = clock.now();
     let started = Instant::now();
     let number = claimed.attempts.saturating_add(1);
-    let age = Duration::from_millis(
-        u64::try_from(started_at.millis() - claimed.created_at.millis()).unwrap_or(0),
-    );
-    // A retry past the receiver's key window (the relay was away, or the wait ran long) could
-    // apply the event again: it is not sent, and `decide` parks the delivery uncertain.
-    let forgotten = route
-        .retry
-        .key_window
-        .filter(|w| claimed.attempts > 0 && age > *w);
-    let attempt = match (forgotten, link) {
-        (Some(w), _) => Attempt::NotSent(format!(
-            "not sent: the receiver's key window of {} has passed",
-            humantime::format_duration(w)
-        )),
-        (None, link) => match link {
-            Link::Http => http::attempt(client, route, claimed, number, started_at).await,
-            Link::Amqp(p) => p.publish(claimed, number, route.timeout).await,
-            Link::Nats(p) => p.publish(claimed, number, route.timeout).await,
-            Link::Invalid(e) => Attempt::NotSent(format!("route url: {e}")),
-        },
+    let attempt = match link {
+        Link::Http => http::attempt(client, route, claimed, number, started_at).await,
+        Link::Amqp(p) => p.publish(claimed, number, route.timeout).await,
+        Link::Nats(p) => p.publish(claimed, number, route.timeout).await,
+        Link::Invalid(e) => Attempt::NotSent(format!("route url: {e}")),
     };
     let status = match (&attempt, link) {
         (Attempt::Answered { status, .. }, Link::Http) => Some(*status),

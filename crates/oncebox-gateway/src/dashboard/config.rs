@@ -171,8 +171,7 @@ pub(crate) async fn page<S: EventStore + DeliveryStore>(
                         } @else { "all events" } }
                         td { code { (masked_url(&r.url)) } }
                         td { (duration(r.timeout)) }
-                        td { (if r.idempotent { "yes" } else { "no" })
-                             @if let Some(w) = r.retry.key_window { " (keys kept " (duration(w)) ")" } }
+                        td { (if r.idempotent { "yes" } else { "no" }) }
                         td { (if r.signing_secret.is_some() { "secret (***)" } else { "unsigned" }) }
                         td { (r.status_url.as_deref().map(masked_url).unwrap_or_default()) }
                         td { (r.retry.max_attempts) " / " (duration(r.retry.max_age)) }

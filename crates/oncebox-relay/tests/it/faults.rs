@@ -40,37 +40,6 @@ fn reply_dropped_on_an_idempotent_route_is_retried_with_the_same_key_and_applied
     });
 }
 
-/// A receiver that keeps keys for an hour: a reply lost within the hour is retried, but a
-/// relay away for longer does not send the retry (the receiver may have applied the first
-/// request and forgotten its key); the delivery waits uncertain.
-#[test]
-fn past_the_receivers_key_window_a_lost_reply_is_not_retried() {
-    run(async {
-        let w = World::new();
-        let (rx, addr) = receiver::start().await;
-        let (proxy, dropped) = receiver::dropping_proxy(addr).await;
-        w.accept("evt_k", &["hooks"]).await;
-        let windowed = |to| {
-            let mut r = route("hooks", to, true);
-            r.retry.key_window = Some(Duration::from_secs(3600));
-            r
-        };
-        let lossy = w.relay(vec![windowed(proxy)]);
-        assert_eq!(lossy.run_once().await.unwrap().retrying, 1);
-        assert_eq!(*dropped.lock().unwrap(), 1, "the reply was really dropped");
-        assert_eq!(rx.hits_of("shop:evt_k"), 1, "the receiver applied it");
-        w.clock.advance(Duration::from_secs(2 * 3600));
-        let healed = w.relay(vec![windowed(addr)]);
-        let out = healed.run_once().await.unwrap();
-        assert_eq!((out.claimed, out.uncertain), (1, 1), "{out:?}");
-        assert_eq!(rx.hits_of("shop:evt_k"), 1, "not sent again");
-        let d = w.delivery("evt_k").await;
-        assert_eq!(d.state, DeliveryState::Uncertain);
-        let error = d.last_error.unwrap_or_default();
-        assert!(error.contains("key window of 1h"), "{error}");
-    });
-}
-
 #[test]
 fn reply_dropped_on_a_plain_route_is_uncertain_and_reconciled_through_the_status_url() {
     run(async {

@@ -114,7 +114,6 @@ pub fn route(name: &str, addr: SocketAddr, idempotent: bool) -> Route {
                 base: Duration::from_secs(1),
                 cap: Duration::from_secs(60),
             },
-            key_window: None,
         },
         concurrency: 4,
     }

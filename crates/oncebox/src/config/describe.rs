@@ -183,7 +183,6 @@ pub fn describe_json(settings: &Settings) -> serde_json::Value {
                 "sources": r.sources.iter().map(|s| s.as_str()).collect::<Vec<_>>(),
                 "url": redact_url(&r.url),
                 "idempotent": r.idempotent,
-                "key_window_secs": r.retry.key_window.map(|w| w.as_secs()),
                 "signed": r.signing_secret.is_some(),
                 "status_url": r.status_url.is_some(),
             })

@@ -32,8 +32,6 @@ pub(super) struct RawRoute {
     pub status_url: Option<String>,
     pub max_attempts: Option<u32>,
     pub max_age: Option<HumanDuration>,
-    /// How long the receiver keeps idempotency keys (an idempotent route only).
-    pub key_window: Option<HumanDuration>,
     pub backoff: Option<RawBackoff>,
     pub concurrency: Option<usize>,
 }
@@ -222,16 +220,7 @@ pub(super) fn validate(
         max_attempts: raw.max_attempts.unwrap_or(defaults.max_attempts),
         max_age: raw.max_age.map_or(defaults.max_age, |d| d.0),
         backoff,
-        key_window: raw.key_window.map(|d| d.0),
     };
-    match retry.key_window {
-        Some(_) if !raw.idempotent => p.push(
-            &format!("{path}.key_window"),
-            "is the receiver's memory of idempotency keys: only for idempotent = true",
-        ),
-        Some(w) if w.is_zero() => p.push(&format!("{path}.key_window"), "must be more than 0"),
-        _ => {}
-    }
     if retry.max_attempts == 0 {
         p.push(&format!("{path}.max_attempts"), "must be at least 1");
     }

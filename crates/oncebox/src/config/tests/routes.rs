@@ -117,20 +117,3 @@ fn http_only_settings_are_refused_on_broker_routes() {
         "signing_secret = \"whsec_cm91dGUtc2lnbmluZy1rZXk=\"\nstatus_url = \"http://127.0.0.1:9000/s/{key}\"",
     ));
 }
-
-/// `key_window` is the receiver's memory of idempotency keys: kept on an idempotent route,
-/// refused on any other and when zero.
-#[test]
-fn a_key_window_belongs_to_idempotent_routes() {
-    let url = "https://example.com/hooks";
-    let s = ok(&routed(url, "idempotent = true\nkey_window = \"24h\""));
-    let route = s.gateway.routes.iter().find(|r| r.name == "r").unwrap();
-    assert_eq!(
-        route.retry.key_window,
-        Some(std::time::Duration::from_secs(24 * 3600))
-    );
-    let e = err(&routed(url, "key_window = \"24h\""));
-    assert_mentions(&e, &["routes.r.key_window", "idempotent = true"]);
-    let e = err(&routed(url, "idempotent = true\nkey_window = \"0s\""));
-    assert_mentions(&e, &["routes.r.key_window", "more than 0"]);
-}

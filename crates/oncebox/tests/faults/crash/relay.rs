@@ -52,7 +52,6 @@ fn route(receiver: &str) -> oncebox_core::route::Route {
                 base: Duration::from_millis(100),
                 cap: Duration::from_millis(500),
             },
-            key_window: None,
         },
         concurrency: 4,
     }
