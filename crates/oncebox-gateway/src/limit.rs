@@ -210,7 +210,10 @@ mod tests {
             .map(|_| edge.admit(&request("/readyz")))
             .collect();
         assert!(probes.iter().all(|p| matches!(p, Ok(Some(_)))));
-        assert!(edge.admit(&request("/readyz")).is_err(), "its permits taken");
+        assert!(
+            edge.admit(&request("/readyz")).is_err(),
+            "its permits taken"
+        );
         assert!(matches!(edge.admit(&request("/healthz")), Ok(None)));
         drop(held);
         assert!(matches!(edge.admit(&request("/readyz")), Ok(Some(_))));

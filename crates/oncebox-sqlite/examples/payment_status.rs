@@ -2,38 +2,43 @@
 //! (`UPDATE … WHERE status = 'created'`), so a second report of a payment, under another event
 //! id, changes nothing, is still answered (acknowledged), and a late report cannot undo a
 //! refund. The inbox answers the same event delivered twice; the guard answers the same fact.
+//! Webhooks arrive in any order: a refund reported before the payment's success is recorded
+//! from `created` too, and the success after it then changes nothing.
 
 use std::path::Path;
 
 use oncebox_core::{Event, Key, ProcessError, Processed, Response};
 use oncebox_sqlite::rusqlite::{self, params};
-use oncebox_sqlite::{HandlerError, Inbox, Options};
+use oncebox_sqlite::{HandlerError, Inbox, Options, Tx};
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
-/// The application's payments, and its ledger of money received.
+/// The application's payments, and its ledger of money received and returned.
 const SCHEMA: &str = "
 CREATE TABLE payments (id TEXT PRIMARY KEY, status TEXT NOT NULL);
 CREATE TABLE ledger (payment TEXT NOT NULL, amount INTEGER NOT NULL);
-INSERT INTO payments (id, status) VALUES ('p-1', 'created');
+INSERT INTO payments (id, status) VALUES ('p-1', 'created'), ('p-2', 'created');
 ";
 
-/// What each delivery answered, then the payment's status and its ledger lines.
+/// What each delivery answered, then each payment's status and the ledger's lines.
 #[derive(Debug)]
 pub struct PaymentSummary {
     pub answers: Vec<(&'static str, Processed)>,
-    pub status: String,
-    pub ledger: Vec<i64>,
+    pub statuses: Vec<(String, String)>,
+    pub ledger: Vec<(String, i64)>,
 }
 
-/// The provider's reports about p-1, in the order they arrive: the payment succeeded (twice,
-/// under two event ids), evt-a delivered again, a refund, then the success yet again.
-pub const REPORTS: [(&str, &str); 5] = [
-    ("evt-a", "payment.succeeded"),
-    ("evt-b", "payment.succeeded"),
-    ("evt-a", "payment.succeeded"),
-    ("evt-r", "charge.refunded"),
-    ("evt-c", "payment.succeeded"),
+/// The provider's reports, in the order they arrive: p-1's success (twice, under two event
+/// ids), evt-a delivered again, its refund, then its success yet again; p-2's refund before
+/// its success.
+pub const REPORTS: [(&str, &str, &str); 7] = [
+    ("evt-a", "payment.succeeded", "p-1"),
+    ("evt-b", "payment.succeeded", "p-1"),
+    ("evt-a", "payment.succeeded", "p-1"),
+    ("evt-r", "charge.refunded", "p-1"),
+    ("evt-c", "payment.succeeded", "p-1"),
+    ("evt-r2", "charge.refunded", "p-2"),
+    ("evt-s2", "payment.succeeded", "p-2"),
 ];
 
 /// Runs the whole scenario on a new database in `dir`.
@@ -41,62 +46,94 @@ pub async fn run(dir: &Path) -> Result<PaymentSummary, BoxError> {
     let inbox = Inbox::open(Options::new(dir.join("payments.db")))?;
     inbox.write(|c| c.execute_batch(SCHEMA)).await?;
     let mut answers = Vec::new();
-    for (event_id, kind) in REPORTS {
-        answers.push((event_id, deliver(&inbox, event_id, kind).await?));
+    for (event_id, kind, payment) in REPORTS {
+        answers.push((event_id, deliver(&inbox, event_id, kind, payment).await?));
     }
-    let status = inbox
-        .read(|c| {
-            c.query_row("SELECT status FROM payments WHERE id = 'p-1'", [], |r| {
-                r.get(0)
-            })
-        })
+    let statuses = inbox
+        .read(pairs("SELECT id, status FROM payments ORDER BY id"))
         .await?;
     let ledger = inbox
-        .read(|c| {
-            c.prepare("SELECT amount FROM ledger ORDER BY rowid")?
-                .query_map([], |r| r.get(0))?
-                .collect::<rusqlite::Result<Vec<i64>>>()
-        })
+        .read(pairs("SELECT payment, amount FROM ledger ORDER BY rowid"))
         .await?;
     Ok(PaymentSummary {
         answers,
-        status,
+        statuses,
         ledger,
     })
 }
 
-/// One report about p-1, whose amount is 500.
-pub async fn deliver(inbox: &Inbox, event_id: &str, kind: &str) -> Result<Processed, ProcessError> {
-    let payload = format!(r#"{{"type":"{kind}","payment":"p-1","amount":500}}"#);
+/// A query's rows as pairs.
+fn pairs<A, B>(
+    sql: &'static str,
+) -> impl FnOnce(&rusqlite::Connection) -> rusqlite::Result<Vec<(A, B)>>
+where
+    A: rusqlite::types::FromSql,
+    B: rusqlite::types::FromSql,
+{
+    move |c| {
+        c.prepare(sql)?
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
+            .collect()
+    }
+}
+
+/// One report about `payment`, whose amount is 500.
+pub async fn deliver(
+    inbox: &Inbox,
+    event_id: &str,
+    kind: &str,
+    payment: &str,
+) -> Result<Processed, ProcessError> {
+    let payload = format!(r#"{{"type":"{kind}","payment":"{payment}","amount":500}}"#);
     let key = Key::parse("provider", event_id).map_err(|e| ProcessError::Invalid(e.into()))?;
     let event = Event::json(key, payload).map_err(|e| ProcessError::Invalid(e.into()))?;
-    let kind = kind.to_owned();
+    let (kind, payment) = (kind.to_owned(), payment.to_owned());
     inbox
         .process(event, move |tx| {
-            // Each report names the one transition it may make; the guard is in the `WHERE`.
-            let (from, to, amount) = match kind.as_str() {
-                "payment.succeeded" => ("created", "paid", 500),
-                "charge.refunded" => ("paid", "refunded", -500),
+            // Each report names the transitions it may make, tried in turn: the guard is in
+            // the `WHERE`, and the first that moves the row decides the ledger line.
+            let moves: &[(&str, &str, i64)] = match kind.as_str() {
+                "payment.succeeded" => &[("created", "paid", 500)],
+                // From `paid` the money goes back; from `created` the refund came first and
+                // the success that follows will change nothing, so no money moves at all.
+                "charge.refunded" => &[("paid", "refunded", -500), ("created", "refunded", 0)],
                 other => return Err(HandlerError::failed(format!("unknown report {other}"))),
             };
-            let moved = tx.conn().execute(
-                "UPDATE payments SET status = ?1 WHERE id = 'p-1' AND status = ?2",
-                params![to, from],
-            )?;
-            // Zero rows: the payment is already past `from`. Not an error: the report is
-            // answered, so the provider stops sending it, and nothing changes.
-            if moved == 0 {
-                return Ok(Response::completed(r#"{"payment":"p-1","changed":false}"#));
+            for (from, to, amount) in moves {
+                if transition(tx, &payment, from, to, *amount)? {
+                    return Ok(Response::completed(format!(
+                        r#"{{"payment":"{payment}","changed":true,"status":"{to}"}}"#
+                    )));
+                }
             }
-            tx.conn().execute(
-                "INSERT INTO ledger (payment, amount) VALUES ('p-1', ?1)",
-                [amount],
-            )?;
+            // No row moved: the payment is already past every `from`. Not an error: the
+            // report is answered, so the provider stops sending it, and nothing changes.
             Ok(Response::completed(format!(
-                r#"{{"payment":"p-1","changed":true,"status":"{to}"}}"#
+                r#"{{"payment":"{payment}","changed":false}}"#
             )))
         })
         .await
+}
+
+/// Moves `payment` from `from` to `to` if it is there, with its ledger line; whether it moved.
+fn transition(
+    tx: &mut Tx<'_>,
+    payment: &str,
+    from: &str,
+    to: &str,
+    amount: i64,
+) -> rusqlite::Result<bool> {
+    let moved = tx.conn().execute(
+        "UPDATE payments SET status = ?1 WHERE id = ?2 AND status = ?3",
+        params![to, payment, from],
+    )?;
+    if moved == 1 && amount != 0 {
+        tx.conn().execute(
+            "INSERT INTO ledger (payment, amount) VALUES (?1, ?2)",
+            params![payment, amount],
+        )?;
+    }
+    Ok(moved == 1)
 }
 
 #[cfg_attr(test, allow(dead_code, reason = "the tests call `run`, not `main`"))]
@@ -112,7 +149,7 @@ async fn main() -> Result<(), BoxError> {
             other => println!("{event_id}: {other:?}"),
         }
     }
-    println!("p-1 is {}, ledger {:?}", s.status, s.ledger);
+    println!("payments {:?}, ledger {:?}", s.statuses, s.ledger);
     Ok(())
 }
 

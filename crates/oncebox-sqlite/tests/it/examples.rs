@@ -188,7 +188,8 @@ fn thank_you_scenario_sends_one_email_per_order() {
 }
 
 /// The same payment reported under three event ids, one of them delivered twice, and a refund
-/// between: one transition per fact, every report answered, the refund never undone.
+/// between: one transition per fact, every report answered, the refund never undone. Another
+/// payment's refund arrives before its success: recorded, and the success changes nothing.
 #[test]
 fn guarded_transitions_apply_each_fact_once() {
     oncebox_testkit::run(async {
@@ -196,24 +197,41 @@ fn guarded_transitions_apply_each_fact_once() {
         let s = payment_status::run(dir.path())
             .await
             .expect("payment scenario");
-        let moved = |to: &str| {
+        let moved = |p: &str, to: &str| {
             Response::completed(format!(
-                r#"{{"payment":"p-1","changed":true,"status":"{to}"}}"#
+                r#"{{"payment":"{p}","changed":true,"status":"{to}"}}"#
             ))
         };
-        let unchanged = Response::completed(r#"{"payment":"p-1","changed":false}"#);
+        let unchanged =
+            |p: &str| Response::completed(format!(r#"{{"payment":"{p}","changed":false}}"#));
         let expected = [
-            ("evt-a", Processed::Applied(moved("paid"))),
+            ("evt-a", Processed::Applied(moved("p-1", "paid"))),
             // Another event id for the same success: applied, the guard changes nothing.
-            ("evt-b", Processed::Applied(unchanged.clone())),
+            ("evt-b", Processed::Applied(unchanged("p-1"))),
             // The same event again: the inbox replays its first answer.
-            ("evt-a", Processed::Duplicate(moved("paid"))),
-            ("evt-r", Processed::Applied(moved("refunded"))),
+            ("evt-a", Processed::Duplicate(moved("p-1", "paid"))),
+            ("evt-r", Processed::Applied(moved("p-1", "refunded"))),
             // A late success cannot move the refunded payment back to paid.
-            ("evt-c", Processed::Applied(unchanged)),
+            ("evt-c", Processed::Applied(unchanged("p-1"))),
+            // Out of order: the refund first, then the success, which changes nothing.
+            ("evt-r2", Processed::Applied(moved("p-2", "refunded"))),
+            ("evt-s2", Processed::Applied(unchanged("p-2"))),
         ];
         assert_eq!(s.answers, expected);
-        assert_eq!(s.status, "refunded");
-        assert_eq!(s.ledger, vec![500, -500]);
+        let owned = |items: &[(&str, &str)]| -> Vec<(String, String)> {
+            items
+                .iter()
+                .map(|(a, b)| ((*a).to_owned(), (*b).to_owned()))
+                .collect()
+        };
+        assert_eq!(
+            s.statuses,
+            owned(&[("p-1", "refunded"), ("p-2", "refunded")])
+        );
+        // p-1 received and returned; p-2's money never showed as received.
+        assert_eq!(
+            s.ledger,
+            vec![("p-1".to_owned(), 500), ("p-1".to_owned(), -500)]
+        );
     });
 }
