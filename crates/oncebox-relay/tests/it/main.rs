@@ -8,6 +8,7 @@ mod delivery;
 mod faults;
 mod kill;
 mod nats;
+mod outbox;
 mod receiver;
 
 use std::net::SocketAddr;

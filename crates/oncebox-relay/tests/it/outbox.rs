@@ -1,0 +1,55 @@
+//! The library's own outbox through the relay: a message a handler queues with `Tx::enqueue`
+//! is delivered to the route its destination names, once per key, and a handler that fails
+//! after queueing leaves nothing to deliver.
+
+use oncebox_core::{Event, Key, OutboxMessage, ProcessError, Processed, Response};
+use oncebox_sqlite::HandlerError;
+use oncebox_testkit::run;
+
+use crate::{World, receiver, route};
+
+/// Processes `event_id`, whose handler queues the thank-you message of order o-7 to `hooks`,
+/// then fails if `fail`.
+async fn process(w: &World, event_id: &str, fail: bool) -> Result<Processed, ProcessError> {
+    let key = Key::parse("shop", event_id).unwrap();
+    let event = Event::json(key, r#"{"order":"o-7"}"#).unwrap();
+    w.inbox
+        .process(event, move |tx| {
+            tx.enqueue(&OutboxMessage::json(
+                "hooks",
+                "thank-you:o-7",
+                r#"{"order":"o-7","template":"thank-you"}"#,
+            ))?;
+            if fail {
+                return Err(HandlerError::failed("the mail template is missing"));
+            }
+            Ok(Response::completed("{}"))
+        })
+        .await
+}
+
+#[test]
+fn a_message_queued_by_a_handler_is_delivered_once_under_its_own_key() {
+    run(async {
+        let w = World::new();
+        let (rx, addr) = receiver::start().await;
+        // A failed handler's message is rolled back with its effect: nothing to deliver.
+        assert!(process(&w, "evt-fails", true).await.is_err());
+        let relay = w.relay(vec![route("hooks", addr, true)]);
+        assert_eq!(relay.run_once().await.unwrap().claimed, 0);
+        // Two events about one order queue one message: its key is the order's.
+        for event_id in ["evt-paid-a", "evt-paid-b"] {
+            assert!(matches!(
+                process(&w, event_id, false).await,
+                Ok(Processed::Applied(_))
+            ));
+        }
+        let out = relay.run_once().await.unwrap();
+        assert_eq!((out.claimed, out.delivered), (1, 1), "{out:?}");
+        let seen = rx.requests();
+        assert_eq!(seen.len(), 1);
+        assert_eq!(seen[0].headers["idempotency-key"], "thank-you:o-7");
+        assert_eq!(seen[0].body, br#"{"order":"o-7","template":"thank-you"}"#);
+        assert_eq!(relay.run_once().await.unwrap().claimed, 0, "delivered once");
+    });
+}
