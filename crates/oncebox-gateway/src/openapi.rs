@@ -48,8 +48,9 @@ pub(crate) async fn document() -> Json<Value> {
     Json(spec())
 }
 
-/// The description itself. Every operation also gets its path's parameters and the `503` of
-/// the concurrency limit, which the edge (`limit.rs`) answers on every route.
+/// The description itself. Every operation also gets its path's parameters and, but for
+/// `/healthz`, the `503` of the concurrency limit, which the edge (`limit.rs`) answers on
+/// every other route.
 pub fn spec() -> Value {
     let mut doc = described();
     if let Some(paths) = doc["paths"].as_object_mut() {
@@ -119,10 +120,13 @@ fn complete(path: &str, op: &mut Value) {
                     json!({ "schema": { "type": "string", "const": "Bearer realm=\"oncebox\"" } });
             }
         }
-        let busy = responses.remove("503").unwrap_or_else(|| {
-            problem("unavailable: too many requests in flight, or the store cannot answer now")
-        });
-        responses.insert("503".into(), retry_after(busy));
+        // `/healthz` is admitted past the limit and has nothing that could be unavailable.
+        if path != "/healthz" {
+            let busy = responses.remove("503").unwrap_or_else(|| {
+                problem("unavailable: too many requests in flight, or the store cannot answer now")
+            });
+            responses.insert("503".into(), retry_after(busy));
+        }
     }
 }
 
