@@ -125,8 +125,8 @@ fn keep(meters: &Meters, source: &str, most: usize) -> Option<Arc<Meter>> {
     Some(meter)
 }
 
-/// Folds the recorder's histogram samples into their buckets and summaries every `every`, for as long as
-/// it is polled (spawn it beside the server).
+/// Folds the recorder's histogram samples into their buckets and summaries every `every`, for
+/// as long as it is polled (spawn it beside the server).
 pub async fn upkeep(handle: PrometheusHandle, every: Duration) {
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

@@ -11,6 +11,14 @@ mod thank_you;
 
 use oncebox_core::{ProcessError, Processed, Response};
 
+/// Owned copies of string pairs, as the scenarios report them.
+fn pairs(items: &[(&str, &str)]) -> Vec<(String, String)> {
+    items
+        .iter()
+        .map(|(a, b)| ((*a).to_owned(), (*b).to_owned()))
+        .collect()
+}
+
 fn balance(n: i64) -> Response {
     Response::completed(format!(r#"{{"balance":{n}}}"#))
 }
@@ -143,12 +151,6 @@ fn thank_you_scenario_sends_one_email_per_order() {
                 r#"{{"order_id":"{order}","status":"{status}","thank_you":"{thank_you}"}}"#
             ))
         };
-        let pairs = |items: &[(&str, &str)]| -> Vec<(String, String)> {
-            items
-                .iter()
-                .map(|(a, b)| ((*a).to_owned(), (*b).to_owned()))
-                .collect()
-        };
 
         assert_eq!(
             s.created,
@@ -218,15 +220,9 @@ fn guarded_transitions_apply_each_fact_once() {
             ("evt-s2", Processed::Applied(unchanged("p-2"))),
         ];
         assert_eq!(s.answers, expected);
-        let owned = |items: &[(&str, &str)]| -> Vec<(String, String)> {
-            items
-                .iter()
-                .map(|(a, b)| ((*a).to_owned(), (*b).to_owned()))
-                .collect()
-        };
         assert_eq!(
             s.statuses,
-            owned(&[("p-1", "refunded"), ("p-2", "refunded")])
+            pairs(&[("p-1", "refunded"), ("p-2", "refunded")])
         );
         // p-1 received and returned; p-2's money never showed as received.
         assert_eq!(

@@ -85,7 +85,7 @@ pub fn child_role() {
             if parts[2] != "none" {
                 fail::cfg(parts[2], &format!("{}*off->return", skip())).expect("arm the point");
             }
-            gateway_child(parts[1], "127.0.0.1:0");
+            gateway_child(parts[1], "127.0.0.1:0", oncebox_sqlite::Durability::Full);
         }
         // The gateway on SQLite through the power-loss VFS, listening on `parts[2]`: a SIGKILL
         // then leaves on disk only what was synced (`kills.rs`). `parts[3]` is `normal` for
@@ -99,7 +99,7 @@ pub fn child_role() {
                 "normal" => oncebox_sqlite::Durability::Normal,
                 _ => oncebox_sqlite::Durability::Full,
             };
-            gateway_child_with(parts[1], parts[2], durability);
+            gateway_child(parts[1], parts[2], durability);
         }
         "relay" => {
             fail::cfg("relay-before-record", &format!("{}*off->return", skip())).expect("arm");
@@ -110,14 +110,9 @@ pub fn child_role() {
     std::process::exit(0);
 }
 
-/// The gateway on SQLite or PostgreSQL (a `postgres` URL) in this process, zero-configuration,
-/// printing its address.
-fn gateway_child(database: &str, listen: &str) {
-    gateway_child_with(database, listen, oncebox_sqlite::Durability::Full);
-}
-
-/// [`gateway_child`] with the SQLite store at `durability`.
-fn gateway_child_with(database: &str, listen: &str, durability: oncebox_sqlite::Durability) {
+/// The gateway on SQLite (at `durability`) or PostgreSQL (a `postgres` URL) in this process,
+/// zero-configuration, printing its address.
+fn gateway_child(database: &str, listen: &str, durability: oncebox_sqlite::Durability) {
     let rt = tokio::runtime::Runtime::new().expect("runtime");
     rt.block_on(async {
         if database.starts_with("postgres") {
