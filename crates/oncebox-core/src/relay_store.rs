@@ -45,6 +45,9 @@ pub struct DeliveryView {
     pub id: i64,
     pub route: String,
     pub key: Key,
+    /// The key every attempt carries: `{source}:{event_id}` for a routed event, the handler's
+    /// own for a message a library handler queued. A status URL is asked about this one.
+    pub idempotency_key: String,
     pub state: DeliveryState,
     pub attempts: u32,
     pub created_at: Timestamp,
@@ -61,6 +64,9 @@ pub struct DeliveryFilter {
     pub route: Option<String>,
     pub key: Option<Key>,
     pub after: Option<i64>,
+    /// Only deliveries whose next attempt (or, for an uncertain one, next status check) is
+    /// due by then.
+    pub due_by: Option<Timestamp>,
     pub limit: usize,
 }
 
@@ -79,6 +85,24 @@ pub enum Resolve {
     Delivered,
     Dead,
 }
+
+/// What a route's status URL said about an `uncertain` delivery's key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum StatusAnswer {
+    /// The receiver applied it: delivered.
+    Applied,
+    /// The receiver never saw it: due again now, with the same key.
+    NotApplied,
+    /// The question went unanswered: it stays uncertain and is asked again later, after twice
+    /// as long as since it was last asked (10 s at the least, 30 min at the most), so a status
+    /// URL that is down is not hammered.
+    NoAnswer,
+}
+
+/// The shortest and longest wait before a status URL is asked again about one delivery.
+pub const STATUS_RECHECK: (Duration, Duration) =
+    (Duration::from_secs(10), Duration::from_secs(30 * 60));
 
 /// What the relay and the admin API need of a backend.
 pub trait DeliveryStore: Clone + Send + Sync + 'static {
@@ -102,6 +126,14 @@ pub trait DeliveryStore: Clone + Send + Sync + 'static {
         claimed: &Claimed,
         attempt: AttemptRecord,
         verdict: Verdict,
+        now: Timestamp,
+    ) -> impl Future<Output = Result<(), LeaseError>> + Send;
+
+    /// Gives a claim back unsent: due again at `now`, no attempt counted, the lease ended.
+    /// Refused with `LeaseError::Fenced` when the lease is no longer ours.
+    fn unclaim(
+        &self,
+        claimed: &Claimed,
         now: Timestamp,
     ) -> impl Future<Output = Result<(), LeaseError>> + Send;
 
@@ -131,6 +163,16 @@ pub trait DeliveryStore: Clone + Send + Sync + 'static {
         id: i64,
         resolution: Resolve,
         note: &str,
+        now: Timestamp,
+    ) -> impl Future<Output = Result<bool, Unavailable>> + Send;
+
+    /// Settles a delivery by its receiver's status URL, only while it is still `uncertain`.
+    /// False otherwise: an operator who settled it while the question was out has the last
+    /// word. `NoAnswer` settles nothing and only puts the next question off (true).
+    fn reconcile(
+        &self,
+        id: i64,
+        answer: StatusAnswer,
         now: Timestamp,
     ) -> impl Future<Output = Result<bool, Unavailable>> + Send;
 

@@ -34,7 +34,7 @@ pub(crate) fn view(d: &DeliveryView) -> Value {
         "route": d.route,
         "source": d.key.source.as_str(),
         "event_id": d.key.event_id.as_str(),
-        "idempotency_key": d.key.to_string(),
+        "idempotency_key": d.idempotency_key,
         "state": d.state.as_str(),
         "attempts": d.attempts,
         "created_at": rfc3339(d.created_at),
@@ -74,6 +74,7 @@ pub(crate) async fn list<S: EventStore + DeliveryStore>(
         route: q.route,
         key: None,
         after: q.after,
+        due_by: None,
         limit: q.limit.unwrap_or(50).clamp(1, 500),
     };
     match gw.store.deliveries(filter).await {

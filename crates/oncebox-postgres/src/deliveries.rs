@@ -10,6 +10,7 @@ use std::time::Duration;
 use oncebox_core::delivery::Verdict;
 use oncebox_core::relay_store::{
     AttemptRecord, Claimed, DeliveryFilter, DeliveryGauges, DeliveryStore, DeliveryView, Resolve,
+    STATUS_RECHECK, StatusAnswer,
 };
 use oncebox_core::store::Page;
 use oncebox_core::{Key, LeaseError, Timestamp, Unavailable};
@@ -149,6 +150,26 @@ impl Inbox {
     }
 }
 
+impl Inbox {
+    /// Puts the next status check of an uncertain delivery off by twice the time since the
+    /// last one, within [`STATUS_RECHECK`].
+    async fn ask_again_later(&self, id: i64, now: Timestamp) -> Result<bool, Unavailable> {
+        let n = sqlx::query(
+            "UPDATE oncebox_outbox SET updated_at = $2,
+               next_attempt_at = $2 + least(greatest(2 * ($2 - updated_at), $3), $4)
+             WHERE id = $1 AND state = 'uncertain'",
+        )
+        .bind(id)
+        .bind(now.millis())
+        .bind(millis(STATUS_RECHECK.0))
+        .bind(millis(STATUS_RECHECK.1))
+        .execute(&self.pool)
+        .await
+        .map_err(|e| storage(&e))?;
+        Ok(n.rows_affected() == 1)
+    }
+}
+
 impl DeliveryStore for Inbox {
     async fn claim(
         &self,
@@ -231,6 +252,24 @@ impl DeliveryStore for Inbox {
         }
     }
 
+    async fn unclaim(&self, claimed: &Claimed, now: Timestamp) -> Result<(), LeaseError> {
+        // Fenced like `record`: only the holder of a live lease gives it back.
+        let query = sqlx::query(
+            "UPDATE oncebox_outbox SET state = CASE WHEN attempts = 0 THEN 'pending'
+               ELSE 'retrying' END, next_attempt_at = $3, lease_token = NULL,
+               lease_expires_at = NULL, updated_at = $3
+             WHERE id = $1 AND state = 'in_flight' AND lease_token = $2 AND lease_expires_at > $3",
+        )
+        .bind(claimed.id)
+        .bind(claimed.token)
+        .bind(now.millis());
+        match self.make_due(query).await {
+            Ok(1) => Ok(()),
+            Ok(_) => Err(LeaseError::Fenced),
+            Err(e) => Err(LeaseError::Unavailable(e)),
+        }
+    }
+
     async fn deliveries(&self, filter: DeliveryFilter) -> Result<Page<DeliveryView>, Unavailable> {
         read::page(&self.pool, &filter)
             .await
@@ -282,6 +321,33 @@ impl DeliveryStore for Inbox {
         .await
         .map_err(|e| storage(&e))?;
         Ok(n.rows_affected() == 1)
+    }
+
+    async fn reconcile(
+        &self,
+        id: i64,
+        answer: StatusAnswer,
+        now: Timestamp,
+    ) -> Result<bool, Unavailable> {
+        let (state, delivered_at, note) = match answer {
+            StatusAnswer::Applied => ("delivered", Some(now.millis()), "status_url: applied"),
+            StatusAnswer::NotApplied => ("pending", None, "status_url: not applied"),
+            StatusAnswer::NoAnswer => return self.ask_again_later(id, now).await,
+            _ => return Ok(false),
+        };
+        let query = sqlx::query(
+            "UPDATE oncebox_outbox SET state = $2, note = $3, next_attempt_at = $5,
+               delivered_at = coalesce($4, delivered_at), updated_at = $5
+             WHERE id = $1 AND state = 'uncertain'",
+        )
+        .bind(id)
+        .bind(state)
+        .bind(note)
+        .bind(delivered_at)
+        .bind(now.millis());
+        // A delivery made due again wakes the relays listening; a delivered one wakes them for
+        // nothing, which costs one empty claim.
+        Ok(self.make_due(query).await? == 1)
     }
 
     async fn redeliver(&self, key: &Key, now: Timestamp) -> Result<u64, Unavailable> {

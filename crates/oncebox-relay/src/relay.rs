@@ -6,16 +6,36 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use oncebox_core::delivery::{DeliveryState, Verdict, decide};
-use oncebox_core::relay_store::{Claimed, DeliveryFilter, DeliveryStore, Resolve};
+use oncebox_core::delivery::{Verdict, decide};
+use oncebox_core::relay_store::{AttemptRecord, Claimed, DeliveryStore};
 use oncebox_core::route::Route;
 use oncebox_core::{Clock, LeaseError, Timestamp, Unavailable};
-use tokio::sync::Semaphore;
+use tokio::sync::{Semaphore, watch};
 
 use crate::send::{self, Link};
 
+mod reconcile;
+
 /// How often `run` publishes the delivery gauges.
 const GAUGES_EVERY: Duration = Duration::from_secs(10);
+
+/// How often `run` looks for uncertain deliveries whose status check is due.
+const RECONCILE_EVERY: Duration = Duration::from_secs(1);
+
+/// What a lease must still hold after an attempt's timeout when it is sent: time to record.
+pub const RECORD_MARGIN: Duration = Duration::from_secs(5);
+
+/// Recording an outcome while the store is unavailable: the first and the longest pause
+/// between tries, and how many tries at most (about 13 s in all).
+const RECORD_RETRY: (Duration, Duration) = (Duration::from_millis(100), Duration::from_secs(4));
+const RECORD_TRIES: u32 = 8;
+
+/// What became of one claimed delivery.
+enum Step {
+    Decided(Verdict),
+    /// Given back unsent: too little of its lease was left to send it.
+    Unclaimed,
+}
 
 /// Tuning of a relay.
 #[derive(Debug, Clone)]
@@ -57,6 +77,9 @@ pub struct Outcome {
     pub dead: usize,
     /// Attempts whose outcome could not be recorded because the lease was lost.
     pub fenced: usize,
+    /// Claims given back unsent, due again at once: their lease ran short while they waited
+    /// for the route's concurrency.
+    pub unclaimed: usize,
     /// Uncertain deliveries settled through a status URL.
     pub reconciled: usize,
 }
@@ -74,6 +97,9 @@ struct Lane {
     route: Route,
     permits: Semaphore,
     link: Link,
+    /// The route's own HTTP client (its attempts and its status URL): connects give up within
+    /// a part of the route's timeout, so a receiver that drops packets reads as not reached.
+    client: reqwest::Client,
 }
 
 /// A relay over a store and a set of routes.
@@ -81,7 +107,6 @@ struct Lane {
 pub struct Relay<S> {
     store: S,
     routes: BTreeMap<String, Lane>,
-    client: reqwest::Client,
     clock: Arc<dyn Clock>,
     options: RelayOptions,
     circuits: Mutex<HashMap<String, Circuit>>,
@@ -100,20 +125,15 @@ impl<S: DeliveryStore> Relay<S> {
                 let lane = Lane {
                     permits: Semaphore::new(route.concurrency.max(1)),
                     link: Link::new(&route),
+                    client: send::client(&route),
                     route,
                 };
                 (lane.route.name.clone(), lane)
             })
             .collect();
-        // Redirects are not followed: a receiver that moved must be reconfigured, not guessed.
-        let client = reqwest::Client::builder()
-            .redirect(reqwest::redirect::Policy::none())
-            .build()
-            .unwrap_or_default();
         Relay {
             store,
             routes,
-            client,
             clock,
             options,
             circuits: Mutex::new(HashMap::new()),
@@ -156,9 +176,17 @@ impl<S: DeliveryStore> Relay<S> {
         }
     }
 
-    /// One round: claim, send, record. Returns what happened; an unavailable store is an error
-    /// (nothing was claimed, or the claims expire and are taken again).
+    /// One round: claim, send, record, then ask status URLs about uncertain deliveries.
+    /// Returns what happened; an unavailable store is an error (nothing was claimed, or the
+    /// claims expire and are taken again).
     pub async fn run_once(&self) -> Result<Outcome, Unavailable> {
+        let mut outcome = self.deliver_due().await?;
+        outcome.reconciled = self.reconcile().await?;
+        Ok(outcome)
+    }
+
+    /// Claims what is due on the open routes, sends each and records its outcome.
+    async fn deliver_due(&self) -> Result<Outcome, Unavailable> {
         let now = self.clock.now();
         let routes = self.open_routes(now);
         let mut outcome = Outcome::default();
@@ -173,32 +201,43 @@ impl<S: DeliveryStore> Relay<S> {
         let results = futures::future::join_all(claimed.iter().map(|c| self.deliver(c))).await;
         for r in results {
             match r {
-                Ok(Verdict::Delivered) => outcome.delivered += 1,
-                Ok(Verdict::Retry(_)) => outcome.retrying += 1,
-                Ok(Verdict::Uncertain) => outcome.uncertain += 1,
-                Ok(_) => outcome.dead += 1,
+                Ok(Step::Decided(Verdict::Delivered)) => outcome.delivered += 1,
+                Ok(Step::Decided(Verdict::Retry(_))) => outcome.retrying += 1,
+                Ok(Step::Decided(Verdict::Uncertain)) => outcome.uncertain += 1,
+                Ok(Step::Decided(_)) => outcome.dead += 1,
+                Ok(Step::Unclaimed) => outcome.unclaimed += 1,
                 Err(LeaseError::Fenced) => outcome.fenced += 1,
                 Err(LeaseError::Unavailable(e)) => return Err(e),
                 Err(e) => return Err(Unavailable::Storage(e.to_string())),
             }
         }
-        outcome.reconciled = self.reconcile().await?;
         Ok(outcome)
     }
 
-    async fn deliver(&self, claimed: &Claimed) -> Result<Verdict, LeaseError> {
+    async fn deliver(&self, claimed: &Claimed) -> Result<Step, LeaseError> {
         let Some(Lane {
             route,
             permits,
             link,
+            client,
         }) = self.routes.get(&claimed.route)
         else {
             // Claims are limited to configured routes; a vanished one keeps its delivery as is.
             return Err(LeaseError::Fenced);
         };
         let permit = permits.acquire().await.map_err(|_| LeaseError::Fenced)?;
+        // The attempt and its record must both fit in the lease. One sent later could still be
+        // on its way when the lease ends and another relay sends the delivery again; waiting
+        // for a permit behind a slow receiver is where the time goes. Unsent, the claim is
+        // given back and taken again in the next round.
+        let now = self.clock.now();
+        if now.plus(route.timeout).plus(RECORD_MARGIN) >= claimed.lease_expires_at {
+            drop(permit);
+            self.store.unclaim(claimed, now).await?;
+            return Ok(Step::Unclaimed);
+        }
         let (attempt, record) =
-            send::attempt(&self.client, link, route, claimed, self.clock.as_ref()).await;
+            send::attempt(client, link, route, claimed, self.clock.as_ref()).await;
         // The limit is on requests to the receiver; recording waits for a commit and must not
         // hold the next request back.
         drop(permit);
@@ -226,12 +265,8 @@ impl<S: DeliveryStore> Relay<S> {
         // Between the receiver's answer and our record: a crash here leaves the delivery in
         // flight; after the lease it is claimed again and re-sent with the same key.
         crate::crash::point!("relay-before-record");
-        match self
-            .store
-            .record(claimed, record, verdict.clone(), now)
-            .await
-        {
-            Ok(()) => Ok(verdict),
+        match self.record(claimed, record, &verdict).await {
+            Ok(()) => Ok(Step::Decided(verdict)),
             Err(LeaseError::Fenced) => {
                 // Another relay took the delivery after our lease expired; its outcome wins.
                 tracing::warn!(key = %claimed.idempotency_key, route = %route.name, "lease lost: outcome not recorded");
@@ -243,36 +278,36 @@ impl<S: DeliveryStore> Relay<S> {
         }
     }
 
-    /// Asks status URLs about uncertain deliveries: applied → delivered; not applied → due again
-    /// with the same key; no answer → left for the next round or an operator.
-    pub async fn reconcile(&self) -> Result<usize, Unavailable> {
-        let mut settled = 0;
-        for (name, Lane { route, .. }) in &self.routes {
-            if route.status_url.is_none() {
-                continue;
-            }
-            let filter = DeliveryFilter {
-                state: Some(DeliveryState::Uncertain),
-                route: Some(name.clone()),
-                limit: 100,
-                ..DeliveryFilter::default()
-            };
-            for d in self.store.deliveries(filter).await?.items {
-                let key = d.key.to_string();
-                let now = self.clock.now();
-                let done = match send::applied(&self.client, route, &key).await {
-                    Some(true) => {
-                        self.store
-                            .resolve(d.id, Resolve::Delivered, "status_url: applied", now)
-                            .await?
-                    }
-                    Some(false) => self.store.retry(d.id, now).await?,
-                    None => false,
-                };
-                settled += usize::from(done);
+    /// Records an attempt's outcome. A store that is briefly unavailable (a lock held by
+    /// another process, a pool out of connections) is asked again while the lease lasts: the
+    /// outcome is known only here, and once the lease is gone the delivery is sent again —
+    /// a second effect where the route does not honour the key.
+    async fn record(
+        &self,
+        claimed: &Claimed,
+        record: AttemptRecord,
+        verdict: &Verdict,
+    ) -> Result<(), LeaseError> {
+        let mut pause = RECORD_RETRY.0;
+        let mut tries = 1;
+        loop {
+            let now = self.clock.now();
+            match self
+                .store
+                .record(claimed, record.clone(), verdict.clone(), now)
+                .await
+            {
+                Err(LeaseError::Unavailable(e))
+                    if tries < RECORD_TRIES && now.plus(pause) < claimed.lease_expires_at =>
+                {
+                    tries += 1;
+                    tracing::warn!(key = %claimed.idempotency_key, error = %e, "outcome not recorded yet; trying again");
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(RECORD_RETRY.1);
+                }
+                done => return done,
             }
         }
-        Ok(settled)
     }
 
     /// Publishes gauges: deliveries per state and the age of the oldest one still owed.
@@ -289,15 +324,28 @@ impl<S: DeliveryStore> Relay<S> {
     }
 
     /// Runs rounds until `shutdown` completes; after a round with nothing to do waits for the
-    /// store's wake-up (PostgreSQL's `NOTIFY`) or at most `idle_poll`. Shutdown is checked
-    /// between rounds, so an attempt in progress finishes and is recorded.
+    /// store's wake-up (PostgreSQL's `NOTIFY`) or at most `idle_poll`. Status URLs are asked
+    /// beside the rounds, never in them, so a slow one holds no delivery back. Shutdown is
+    /// checked between rounds, so an attempt in progress finishes and is recorded.
     pub async fn run(&self, shutdown: impl Future<Output = ()>) {
-        tokio::pin!(shutdown);
+        let (stop, stopped) = watch::channel(false);
+        let signal = async move {
+            shutdown.await;
+            let _ = stop.send(true);
+        };
+        tokio::join!(
+            signal,
+            self.deliver_until(stopped.clone()),
+            self.reconcile_until(stopped)
+        );
+    }
+
+    async fn deliver_until(&self, mut stopped: watch::Receiver<bool>) {
         let mut gauges_due = self.clock.now();
         // A store that is told about new work starts listening before the first claim.
         self.store.wait_for_work(Duration::ZERO).await;
         loop {
-            let busy = match self.run_once().await {
+            let busy = match self.deliver_due().await {
                 Ok(o) => o.claimed > 0,
                 Err(e) => {
                     tracing::warn!(error = %e, "relay round failed");
@@ -319,8 +367,21 @@ impl<S: DeliveryStore> Relay<S> {
             };
             tokio::select! {
                 biased;
-                () = &mut shutdown => return,
+                _ = stopped.wait_for(|stop| *stop) => return,
                 () = self.store.wait_for_work(pause) => {}
+            }
+        }
+    }
+
+    async fn reconcile_until(&self, mut stopped: watch::Receiver<bool>) {
+        loop {
+            if let Err(e) = self.reconcile().await {
+                tracing::warn!(error = %e, "reconciliation failed");
+            }
+            tokio::select! {
+                biased;
+                _ = stopped.wait_for(|stop| *stop) => return,
+                () = tokio::time::sleep(RECONCILE_EVERY) => {}
             }
         }
     }

@@ -8,6 +8,7 @@ use std::time::Duration;
 use oncebox_core::delivery::Verdict;
 use oncebox_core::relay_store::{
     AttemptRecord, Claimed, DeliveryFilter, DeliveryGauges, DeliveryStore, DeliveryView, Resolve,
+    STATUS_RECHECK, StatusAnswer,
 };
 use oncebox_core::store::Page;
 use oncebox_core::{Key, LeaseError, Timestamp, Unavailable};
@@ -206,6 +207,26 @@ fn record(
     Ok(Ok(()))
 }
 
+impl Inbox {
+    /// Puts the next status check of an uncertain delivery off by twice the time since the
+    /// last one, within [`STATUS_RECHECK`].
+    async fn ask_again_later(&self, id: i64, now: Timestamp) -> Result<bool, Unavailable> {
+        let (least, most) = (millis(STATUS_RECHECK.0), millis(STATUS_RECHECK.1));
+        self.submit(move |cx| {
+            let n = cx
+                .conn
+                .prepare_cached(
+                    "UPDATE oncebox_outbox SET updated_at = ?2,
+                       next_attempt_at = ?2 + min(max(2 * (?2 - updated_at), ?3), ?4)
+                     WHERE id = ?1 AND state = 'uncertain'",
+                )?
+                .execute(params![id, now.millis(), least, most])?;
+            Ok(Ok(n == 1))
+        })
+        .await
+    }
+}
+
 impl DeliveryStore for Inbox {
     async fn claim(
         &self,
@@ -229,6 +250,29 @@ impl DeliveryStore for Inbox {
         let claimed = claimed.clone();
         self.submit(move |cx| record(cx, &claimed, &attempt, &verdict, now))
             .await
+    }
+
+    async fn unclaim(&self, claimed: &Claimed, now: Timestamp) -> Result<(), LeaseError> {
+        let (id, token) = (claimed.id, claimed.token);
+        self.submit(move |cx| {
+            // Fenced like `record`: only the holder of a live lease gives it back.
+            let n = cx
+                .conn
+                .prepare_cached(
+                    "UPDATE oncebox_outbox SET state = CASE WHEN attempts = 0 THEN 'pending'
+                       ELSE 'retrying' END, next_attempt_at = ?3, lease_token = NULL,
+                       lease_expires_at = NULL, updated_at = ?3
+                     WHERE id = ?1 AND state = 'in_flight' AND lease_token = ?2
+                       AND lease_expires_at > ?3",
+                )?
+                .execute(params![id, token, now.millis()])?;
+            Ok(if n == 1 {
+                Ok(())
+            } else {
+                Err(LeaseError::Fenced)
+            })
+        })
+        .await
     }
 
     async fn deliveries(&self, filter: DeliveryFilter) -> Result<Page<DeliveryView>, Unavailable> {
@@ -281,6 +325,32 @@ impl DeliveryStore for Inbox {
                     "UPDATE oncebox_outbox SET state = ?2, note = ?3,
                        delivered_at = coalesce(?4, delivered_at), updated_at = ?5
                      WHERE id = ?1 AND state IN ('uncertain', 'dead', 'retrying')",
+                )?
+                .execute(params![id, state, note, delivered_at, now.millis()])?;
+            Ok(Ok(n == 1))
+        })
+        .await
+    }
+
+    async fn reconcile(
+        &self,
+        id: i64,
+        answer: StatusAnswer,
+        now: Timestamp,
+    ) -> Result<bool, Unavailable> {
+        let (state, delivered_at, note) = match answer {
+            StatusAnswer::Applied => ("delivered", Some(now.millis()), "status_url: applied"),
+            StatusAnswer::NotApplied => ("pending", None, "status_url: not applied"),
+            StatusAnswer::NoAnswer => return self.ask_again_later(id, now).await,
+            _ => return Ok(false),
+        };
+        self.submit(move |cx| {
+            let n = cx
+                .conn
+                .prepare_cached(
+                    "UPDATE oncebox_outbox SET state = ?2, note = ?3, next_attempt_at = ?5,
+                       delivered_at = coalesce(?4, delivered_at), updated_at = ?5
+                     WHERE id = ?1 AND state = 'uncertain'",
                 )?
                 .execute(params![id, state, note, delivered_at, now.millis()])?;
             Ok(Ok(n == 1))

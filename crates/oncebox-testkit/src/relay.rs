@@ -1,10 +1,12 @@
 //! The delivery conformance suite (DESIGN §2 delivery states, §6 relay), written once and run
 //! against each backend through [`DeliveryBackend`] and `delivery_conformance!`: ingest here,
-//! claims and verdicts in `relay/claim.rs`, operators' actions in `relay/operator.rs`.
+//! claims and verdicts in `relay/claim.rs`, operators' actions in `relay/operator.rs`, the
+//! relay's own settlements in `relay/settle.rs`.
 
 mod claim;
 mod holding;
 mod operator;
+mod settle;
 
 use std::future::Future;
 use std::time::Duration;
@@ -19,6 +21,7 @@ use oncebox_core::{Clock, Key, ManualClock, Meta, Processed, Timestamp};
 pub use claim::*;
 pub use holding::Holding;
 pub use operator::*;
+pub use settle::*;
 
 use crate::{EPOCH, event};
 
@@ -217,6 +220,8 @@ macro_rules! delivery_conformance {
             redeliver_replays_every_delivery_with_the_same_key_except_in_flight,
             listing_filters_by_state_route_and_key_and_pages_with_a_cursor,
             gauges_count_by_state_and_report_the_oldest_owed_delivery,
+            unclaim_gives_a_claim_back_due_now_without_an_attempt_and_only_to_its_holder,
+            reconcile_settles_only_an_uncertain_delivery_and_puts_off_an_unanswered_check,
         );
     };
     (@tests $backend:ty; $($name:ident),* $(,)?) => {

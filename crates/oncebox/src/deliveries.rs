@@ -63,6 +63,7 @@ pub async fn run(out: &mut impl Write, store: &Store, action: DeliveriesCommand)
                 route,
                 key: None,
                 after,
+                due_by: None,
                 limit,
             };
             let page = store.deliveries(filter).await?;

@@ -7,6 +7,7 @@ use anyhow::{Context, Result};
 use oncebox_core::delivery::Verdict;
 use oncebox_core::relay_store::{
     AttemptRecord, Claimed, DeliveryFilter, DeliveryGauges, DeliveryStore, DeliveryView, Resolve,
+    StatusAnswer,
 };
 use oncebox_core::store::{
     Activity, ConflictFilter, ConflictRecord, EventFilter, EventStore, Ingest, Page, Stats,
@@ -178,6 +179,10 @@ impl DeliveryStore for Store {
         each!(self, s => DeliveryStore::record(s, claimed, attempt, verdict, now).await)
     }
 
+    async fn unclaim(&self, claimed: &Claimed, now: Timestamp) -> Result<(), LeaseError> {
+        each!(self, s => s.unclaim(claimed, now).await)
+    }
+
     async fn deliveries(&self, filter: DeliveryFilter) -> Result<Page<DeliveryView>, Unavailable> {
         each!(self, s => s.deliveries(filter).await)
     }
@@ -198,6 +203,15 @@ impl DeliveryStore for Store {
         now: Timestamp,
     ) -> Result<bool, Unavailable> {
         each!(self, s => DeliveryStore::resolve(s, id, resolution, note, now).await)
+    }
+
+    async fn reconcile(
+        &self,
+        id: i64,
+        answer: StatusAnswer,
+        now: Timestamp,
+    ) -> Result<bool, Unavailable> {
+        each!(self, s => s.reconcile(id, answer, now).await)
     }
 
     async fn redeliver(&self, key: &Key, now: Timestamp) -> Result<u64, Unavailable> {

@@ -116,7 +116,7 @@ pub(crate) fn delivery(d: &DeliveryView, attempts: &[AttemptRecord]) -> Markup {
         section.delivery #{ "delivery-" (d.id) } data-state=(d.state.as_str()) {
             h3 { "#" (d.id) " → " (d.route) " " (badge(d.state.as_str())) " " (actions(d)) }
             p.muted {
-                "Idempotency-Key " code { (d.key.to_string()) } " · "
+                "Idempotency-Key " code { (d.idempotency_key) } " · "
                 (d.attempts) " attempt(s)"
                 @if let Some(t) = d.next_attempt_at { " · next " (time(t)) }
                 @if let Some(n) = &d.note { " · note: " (n) }

@@ -23,7 +23,7 @@ fn status(s: Option<i32>) -> Option<u16> {
 }
 
 const VIEW_COLUMNS: &str = "id, destination, source, event_id, state, attempts, created_at,
-    next_attempt_at, last_status, last_error, note";
+    next_attempt_at, last_status, last_error, note, idempotency_key";
 
 fn view(r: &PgRow) -> Result<Option<DeliveryView>, sqlx::Error> {
     let (source, event_id, state): (String, String, String) =
@@ -43,6 +43,7 @@ fn view(r: &PgRow) -> Result<Option<DeliveryView>, sqlx::Error> {
         id: r.try_get(0)?,
         route: r.try_get(1)?,
         key,
+        idempotency_key: r.try_get(11)?,
         state,
         attempts: count(r.try_get(5)?),
         created_at: Timestamp(r.try_get(6)?),
@@ -74,6 +75,9 @@ pub(super) async fn page(
         sql.push(" AND source = ").push_bind(key.source.as_str());
         sql.push(" AND event_id = ")
             .push_bind(key.event_id.as_str());
+    }
+    if let Some(due) = filter.due_by {
+        sql.push(" AND next_attempt_at <= ").push_bind(due.millis());
     }
     // One row more than asked tells whether there is a next page.
     sql.push(" ORDER BY id LIMIT ").push_bind(limit as i64 + 1);

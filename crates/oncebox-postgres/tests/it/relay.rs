@@ -12,6 +12,7 @@ use axum::routing::post;
 use oncebox_core::delivery::{DeliveryState, RetryPolicy, Verdict};
 use oncebox_core::relay_store::{
     AttemptRecord, Claimed, DeliveryFilter, DeliveryGauges, DeliveryStore, DeliveryView, Resolve,
+    StatusAnswer,
 };
 use oncebox_core::route::Route;
 use oncebox_core::store::{EventStore, Page};
@@ -108,6 +109,10 @@ impl DeliveryStore for Watched {
         DeliveryStore::record(&self.inbox, claimed, attempt, verdict, now).await
     }
 
+    async fn unclaim(&self, claimed: &Claimed, now: Timestamp) -> Result<(), LeaseError> {
+        self.inbox.unclaim(claimed, now).await
+    }
+
     async fn deliveries(&self, filter: DeliveryFilter) -> Result<Page<DeliveryView>, Unavailable> {
         self.inbox.deliveries(filter).await
     }
@@ -128,6 +133,15 @@ impl DeliveryStore for Watched {
         now: Timestamp,
     ) -> Result<bool, Unavailable> {
         DeliveryStore::resolve(&self.inbox, id, resolution, note, now).await
+    }
+
+    async fn reconcile(
+        &self,
+        id: i64,
+        answer: StatusAnswer,
+        now: Timestamp,
+    ) -> Result<bool, Unavailable> {
+        self.inbox.reconcile(id, answer, now).await
     }
 
     async fn redeliver(&self, key: &Key, now: Timestamp) -> Result<u64, Unavailable> {

@@ -10,6 +10,19 @@ use oncebox_core::relay_store::Claimed;
 use oncebox_core::route::Route;
 use oncebox_core::signature::{Scheme, sign};
 
+/// The client of one route. Redirects are not followed: a receiver that moved must be
+/// reconfigured, not guessed. A connection not made within half the route's timeout is given
+/// up as a connect error: the receiver saw nothing and the attempt is retried. Without it the
+/// whole timeout would fire during the connect, and a receiver behind a firewall that drops
+/// packets would read as sent without an answer — uncertain.
+pub(crate) fn client(route: &Route) -> reqwest::Client {
+    reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .connect_timeout(route.timeout / 2)
+        .build()
+        .unwrap_or_default()
+}
+
 /// POSTs attempt `number` of `claimed` to `route`.
 pub(super) async fn attempt(
     client: &reqwest::Client,

@@ -10,6 +10,7 @@ mod kill;
 mod nats;
 mod outbox;
 mod receiver;
+mod settle;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -37,18 +38,22 @@ pub struct World {
 
 impl Default for World {
     fn default() -> World {
-        let dir = tempfile::tempdir().unwrap();
-        let clock = ManualClock::new(START);
-        let inbox =
-            Inbox::open(Options::new(dir.path().join("relay.db")).clock(Arc::new(clock.clone())))
-                .unwrap();
-        World { inbox, clock, dir }
+        World::with(|o| o)
     }
 }
 
 impl World {
     pub fn new() -> World {
         World::default()
+    }
+
+    /// A world whose store is opened with `options` applied to the defaults.
+    pub fn with(options: impl FnOnce(Options) -> Options) -> World {
+        let dir = tempfile::tempdir().unwrap();
+        let clock = ManualClock::new(START);
+        let opened = Options::new(dir.path().join("relay.db")).clock(Arc::new(clock.clone()));
+        let inbox = Inbox::open(options(opened)).unwrap();
+        World { inbox, clock, dir }
     }
 
     pub fn path(&self) -> std::path::PathBuf {

@@ -2,6 +2,7 @@
 //! is delivered to the route its destination names, once per key, and a handler that fails
 //! after queueing leaves nothing to deliver.
 
+use oncebox_core::delivery::DeliveryState;
 use oncebox_core::{Event, Key, OutboxMessage, ProcessError, Processed, Response};
 use oncebox_sqlite::HandlerError;
 use oncebox_testkit::run;
@@ -51,5 +52,34 @@ fn a_message_queued_by_a_handler_is_delivered_once_under_its_own_key() {
         assert_eq!(seen[0].headers["idempotency-key"], "thank-you:o-7");
         assert_eq!(seen[0].body, br#"{"order":"o-7","template":"thank-you"}"#);
         assert_eq!(relay.run_once().await.unwrap().claimed, 0, "delivered once");
+    });
+}
+
+#[test]
+fn an_uncertain_message_is_reconciled_by_the_key_it_carried_not_its_events() {
+    run(async {
+        let w = World::new();
+        let (rx, addr) = receiver::start().await;
+        let (proxy, dropped) = receiver::dropping_proxy(addr).await;
+        assert!(matches!(
+            process(&w, "evt-paid-a", false).await,
+            Ok(Processed::Applied(_))
+        ));
+        // A receiver that does not honour keys, whose reply is lost: the message is uncertain.
+        let mut plain = route("hooks", proxy, false);
+        plain.status_url = Some(format!("http://{addr}/status/{{key}}"));
+        let relay = w.relay(vec![plain]);
+        let out = relay.run_once().await.unwrap();
+        assert_eq!(*dropped.lock().unwrap(), 1, "the reply was really dropped");
+        assert_eq!((out.uncertain, out.reconciled), (1, 1), "{out:?}");
+        let d = w.delivery("evt-paid-a").await;
+        assert_eq!(d.idempotency_key, "thank-you:o-7");
+        assert_eq!(
+            (d.state, d.note.as_deref()),
+            (DeliveryState::Delivered, Some("status_url: applied"))
+        );
+        w.clock.advance(std::time::Duration::from_secs(3600));
+        assert_eq!(relay.run_once().await.unwrap().claimed, 0);
+        assert_eq!(rx.hits_of("thank-you:o-7"), 1, "never sent twice");
     });
 }

@@ -18,7 +18,7 @@ pub(super) fn count(n: i64) -> u32 {
 }
 
 const VIEW_COLUMNS: &str = "id, destination, source, event_id, state, attempts, created_at,
-    next_attempt_at, last_status, last_error, note";
+    next_attempt_at, last_status, last_error, note, idempotency_key";
 
 fn view(r: &Row<'_>) -> rusqlite::Result<Option<DeliveryView>> {
     let (source, event_id, state): (String, String, String) = (r.get(2)?, r.get(3)?, r.get(4)?);
@@ -37,6 +37,7 @@ fn view(r: &Row<'_>) -> rusqlite::Result<Option<DeliveryView>> {
         id: r.get(0)?,
         route: r.get(1)?,
         key,
+        idempotency_key: r.get(11)?,
         state,
         attempts: count(r.get(5)?),
         created_at: Timestamp(r.get(6)?),
@@ -71,6 +72,10 @@ pub(super) fn page(
     if let Some(key) = &filter.key {
         and("source", Value::Text(key.source.as_str().to_owned()));
         and("event_id", Value::Text(key.event_id.as_str().to_owned()));
+    }
+    if let Some(due) = filter.due_by {
+        args.push(Value::Integer(due.millis()));
+        sql.push_str(&format!(" AND next_attempt_at <= ?{}", args.len()));
     }
     args.push(Value::Integer(limit as i64 + 1));
     sql.push_str(&format!(" ORDER BY id LIMIT ?{}", args.len()));

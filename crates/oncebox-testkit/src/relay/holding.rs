@@ -8,6 +8,7 @@ use std::time::Duration;
 use oncebox_core::delivery::Verdict;
 use oncebox_core::relay_store::{
     AttemptRecord, Claimed, DeliveryFilter, DeliveryGauges, DeliveryStore, DeliveryView, Resolve,
+    StatusAnswer,
 };
 use oncebox_core::store::{
     Activity, ConflictFilter, ConflictRecord, EventFilter, EventStore, Ingest, Page, Stats,
@@ -95,6 +96,10 @@ impl<S: DeliveryStore> DeliveryStore for Holding<S> {
         self.store.record(claimed, attempt, verdict, now).await
     }
 
+    async fn unclaim(&self, claimed: &Claimed, now: Timestamp) -> Result<(), LeaseError> {
+        self.store.unclaim(claimed, now).await
+    }
+
     async fn deliveries(&self, filter: DeliveryFilter) -> Result<Page<DeliveryView>, Unavailable> {
         self.store.deliveries(filter).await
     }
@@ -115,6 +120,15 @@ impl<S: DeliveryStore> DeliveryStore for Holding<S> {
         now: Timestamp,
     ) -> Result<bool, Unavailable> {
         self.store.resolve(id, resolution, note, now).await
+    }
+
+    async fn reconcile(
+        &self,
+        id: i64,
+        answer: StatusAnswer,
+        now: Timestamp,
+    ) -> Result<bool, Unavailable> {
+        self.store.reconcile(id, answer, now).await
     }
 
     async fn redeliver(&self, key: &Key, now: Timestamp) -> Result<u64, Unavailable> {

@@ -13,18 +13,18 @@ use super::{DeliveryBackend, Stores, accept, answered, claim, failed, fresh, key
 /// One delivery in each state. Events `evt-1`, `evt-2`, `evt-3` arrived a second apart, each
 /// routed to `a` and `b`; their deliveries are, in order: delivered, dead, uncertain, retrying
 /// (for a minute), in flight (under a live lease), pending.
-struct Each {
-    delivered: Claimed,
-    dead: Claimed,
-    uncertain: Claimed,
-    retrying: Claimed,
-    in_flight: Claimed,
-    pending: i64,
-    created: [Timestamp; 3],
+pub(crate) struct Each {
+    pub(crate) delivered: Claimed,
+    pub(crate) dead: Claimed,
+    pub(crate) uncertain: Claimed,
+    pub(crate) retrying: Claimed,
+    pub(crate) in_flight: Claimed,
+    pub(crate) pending: i64,
+    pub(crate) created: [Timestamp; 3],
 }
 
 impl Each {
-    fn ids(&self) -> [i64; 6] {
+    pub(crate) fn ids(&self) -> [i64; 6] {
         [
             self.delivered.id,
             self.dead.id,
@@ -36,7 +36,7 @@ impl Each {
     }
 }
 
-async fn each_state<S: Stores>(b: &S, clock: &ManualClock) -> Each {
+pub(crate) async fn each_state<S: Stores>(b: &S, clock: &ManualClock) -> Each {
     let mut created = [clock.now(); 3];
     for (i, id) in ["evt-1", "evt-2", "evt-3"].into_iter().enumerate() {
         if i > 0 {

@@ -1,0 +1,58 @@
+//! Reconciliation: asking routes' status URLs whether their receivers applied the keys of
+//! uncertain deliveries, and settling each by the answer.
+
+use futures::future::join_all;
+use oncebox_core::Unavailable;
+use oncebox_core::delivery::DeliveryState;
+use oncebox_core::relay_store::{DeliveryFilter, DeliveryStore, DeliveryView, StatusAnswer};
+
+use super::{Lane, Relay};
+use crate::send;
+
+/// Uncertain deliveries one route's status URL is asked about per pass. Their questions run
+/// side by side within the route's concurrency, so a pass takes a few of its timeouts at most.
+const PER_PASS: usize = 16;
+
+impl<S: DeliveryStore> Relay<S> {
+    /// Asks status URLs about the uncertain deliveries whose check is due: applied →
+    /// delivered; not applied → due again with the same key; no answer → asked again later,
+    /// after a wait that doubles each time. Returns how many were settled.
+    pub async fn reconcile(&self) -> Result<usize, Unavailable> {
+        let mut settled = 0;
+        for (name, lane) in &self.routes {
+            if lane.route.status_url.is_none() {
+                continue;
+            }
+            let filter = DeliveryFilter {
+                state: Some(DeliveryState::Uncertain),
+                route: Some(name.clone()),
+                due_by: Some(self.clock.now()),
+                limit: PER_PASS,
+                ..DeliveryFilter::default()
+            };
+            let due = self.store.deliveries(filter).await?.items;
+            for done in join_all(due.iter().map(|d| self.ask(lane, d))).await {
+                settled += usize::from(done?);
+            }
+        }
+        Ok(settled)
+    }
+
+    /// Asks about one delivery; true when its answer settled it.
+    async fn ask(&self, lane: &Lane, d: &DeliveryView) -> Result<bool, Unavailable> {
+        let answer = {
+            let Ok(_permit) = lane.permits.acquire().await else {
+                return Ok(false);
+            };
+            // The key the receiver saw: a library handler's message carries its own.
+            match send::applied(&lane.client, &lane.route, &d.idempotency_key).await {
+                Some(true) => StatusAnswer::Applied,
+                Some(false) => StatusAnswer::NotApplied,
+                None => StatusAnswer::NoAnswer,
+            }
+        };
+        // Only while it is still uncertain: an operator may have settled it meanwhile.
+        let changed = self.store.reconcile(d.id, answer, self.clock.now()).await?;
+        Ok(changed && answer != StatusAnswer::NoAnswer)
+    }
+}

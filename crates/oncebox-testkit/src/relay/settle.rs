@@ -1,0 +1,159 @@
+//! Delivery conformance tests of the relay's own settlements: a claim given back unsent, and
+//! an uncertain delivery settled (or put off) by its route's status URL.
+
+use std::time::Duration;
+
+use oncebox_core::delivery::{DeliveryState, Verdict};
+use oncebox_core::relay_store::{DeliveryFilter, DeliveryStore, STATUS_RECHECK, StatusAnswer};
+use oncebox_core::{Clock, LeaseError};
+
+use super::operator::each_state;
+use super::{DeliveryBackend, LEASE, Stores, accept, answered, claim, failed, fresh, view};
+
+const MS: Duration = Duration::from_millis(1);
+
+/// Whether delivery `id` is among the uncertain ones whose status check is due at `at`.
+async fn check_due<S: Stores>(b: &S, id: i64, at: oncebox_core::Timestamp) -> bool {
+    let filter = DeliveryFilter {
+        state: Some(DeliveryState::Uncertain),
+        due_by: Some(at),
+        limit: 100,
+        ..DeliveryFilter::default()
+    };
+    let page = b.deliveries(filter).await.expect("deliveries");
+    page.items.iter().any(|d| d.id == id)
+}
+
+pub async fn unclaim_gives_a_claim_back_due_now_without_an_attempt_and_only_to_its_holder<
+    B: DeliveryBackend,
+>() {
+    let (b, clock) = fresh::<B>().await;
+    accept(&b, "evt-1").await;
+    let first = claim(&b, clock.now(), 2).await;
+    let (a, other) = (&first[0], &first[1]);
+    // A holder whose lease expired and was taken over cannot give it back.
+    clock.advance(LEASE + Duration::from_secs(1));
+    let again = claim(&b, clock.now(), 2).await;
+    let taken = again.iter().find(|c| c.id == a.id).expect("taken over");
+    assert!(matches!(
+        b.unclaim(a, clock.now()).await,
+        Err(LeaseError::Fenced)
+    ));
+    assert_eq!(view(&b, a.id).await.state, DeliveryState::InFlight);
+    clock.advance(Duration::from_secs(1));
+    let now = clock.now();
+    b.unclaim(taken, now)
+        .await
+        .expect("the holder gives it back");
+    let v = view(&b, a.id).await;
+    assert_eq!(
+        (v.state, v.attempts, v.next_attempt_at),
+        (DeliveryState::Pending, 0, Some(now))
+    );
+    assert!(matches!(
+        b.unclaim(taken, now).await,
+        Err(LeaseError::Fenced)
+    ));
+    // A delivery with an attempt behind it goes back to retrying, its count unchanged.
+    let held = again.iter().find(|c| c.id == other.id).expect("claimed");
+    let retry = Verdict::Retry(Duration::from_secs(5));
+    b.record(held, answered(503, now), retry, now)
+        .await
+        .expect("record");
+    clock.advance(Duration::from_secs(10));
+    let now = clock.now();
+    let third = claim(&b, now, 2).await;
+    let ids: Vec<i64> = third.iter().map(|c| c.id).collect();
+    assert_eq!(ids, [a.id, other.id], "the given-back claim is due at once");
+    b.unclaim(&third[1], now).await.expect("unclaim");
+    let v = view(&b, other.id).await;
+    assert_eq!(
+        (v.state, v.attempts, v.next_attempt_at),
+        (DeliveryState::Retrying, 1, Some(now))
+    );
+    let fourth = claim(&b, now, 2).await;
+    assert_eq!(fourth.len(), 1);
+    assert_eq!(
+        (fourth[0].id, fourth[0].attempts, &fourth[0].idempotency_key),
+        (other.id, 1, &other.idempotency_key)
+    );
+}
+
+pub async fn reconcile_settles_only_an_uncertain_delivery_and_puts_off_an_unanswered_check<
+    B: DeliveryBackend,
+>() {
+    let (b, clock) = fresh::<B>().await;
+    let each = each_state(&b, &clock).await;
+    let now = clock.now();
+    let answers = [
+        StatusAnswer::Applied,
+        StatusAnswer::NotApplied,
+        StatusAnswer::NoAnswer,
+    ];
+    let others = [
+        (each.delivered.id, DeliveryState::Delivered),
+        (each.dead.id, DeliveryState::Dead),
+        (each.retrying.id, DeliveryState::Retrying),
+        (each.in_flight.id, DeliveryState::InFlight),
+        (each.pending, DeliveryState::Pending),
+    ];
+    for (id, was) in others {
+        for answer in answers {
+            assert!(!b.reconcile(id, answer, now).await.expect("reconcile"));
+            let v = view(&b, id).await;
+            assert_eq!((v.state, v.note), (was, None), "{answer:?}");
+        }
+    }
+    let u = each.uncertain.id;
+    assert_eq!(
+        view(&b, u).await.idempotency_key,
+        each.uncertain.idempotency_key
+    );
+    assert!(check_due(&b, u, now).await, "checked as soon as uncertain");
+    // No answer: asked again after the shortest wait, then after twice the time since.
+    let (least, _) = STATUS_RECHECK;
+    assert!(b.reconcile(u, StatusAnswer::NoAnswer, now).await.unwrap());
+    assert_eq!(view(&b, u).await.state, DeliveryState::Uncertain);
+    let second = now.plus(least);
+    assert!(!check_due(&b, u, second.minus(MS)).await);
+    assert!(check_due(&b, u, second).await);
+    clock.advance(least);
+    assert!(
+        b.reconcile(u, StatusAnswer::NoAnswer, second)
+            .await
+            .unwrap()
+    );
+    let third = second.plus(least * 2);
+    assert!(!check_due(&b, u, third.minus(MS)).await);
+    assert!(check_due(&b, u, third).await);
+    // Not applied: due again now, with the same key, its attempts unchanged.
+    assert!(
+        b.reconcile(u, StatusAnswer::NotApplied, third)
+            .await
+            .unwrap()
+    );
+    let v = view(&b, u).await;
+    assert_eq!(
+        (v.state, v.next_attempt_at, v.attempts, v.note.as_deref()),
+        (
+            DeliveryState::Pending,
+            Some(third),
+            1,
+            Some("status_url: not applied")
+        )
+    );
+    assert!(!b.reconcile(u, StatusAnswer::Applied, third).await.unwrap());
+    let again = claim(&b, third, 10).await;
+    let back = again.iter().find(|c| c.id == u).expect("due again");
+    assert_eq!(back.idempotency_key, each.uncertain.idempotency_key);
+    // Applied: delivered, and never claimed again.
+    b.record(back, failed("timeout", third), Verdict::Uncertain, third)
+        .await
+        .expect("record");
+    assert!(b.reconcile(u, StatusAnswer::Applied, third).await.unwrap());
+    let v = view(&b, u).await;
+    assert_eq!(
+        (v.state, v.note.as_deref()),
+        (DeliveryState::Delivered, Some("status_url: applied"))
+    );
+}
