@@ -108,20 +108,14 @@ pub fn is_postgres(database: &str) -> bool {
     database.starts_with("postgres://") || database.starts_with("postgresql://")
 }
 
-/// The database a URL names, for messages: a PostgreSQL URL without its user and without any
-/// password it holds (in its user info or its query, `redact_url`).
+/// The database a URL names, for messages: a PostgreSQL URL without its user info and without
+/// any password in its query (`host_and_path`, the masking of `redact_url`).
 pub fn describe(database: &str) -> String {
     if !is_postgres(database) {
         let path = database.strip_prefix("sqlite://").unwrap_or(database);
         return format!("SQLite {path}");
     }
-    let shown = crate::config::redact_url(database);
-    let rest = shown
-        .split_once("://")
-        .map_or(shown.as_str(), |(_, rest)| rest);
-    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-    let host = rest[..authority_end].rfind('@').map_or(0, |at| at + 1);
-    format!("PostgreSQL {}", &rest[host..])
+    format!("PostgreSQL {}", crate::config::host_and_path(database))
 }
 
 impl EventStore for Store {
@@ -306,6 +300,14 @@ mod tests {
                 said.starts_with("PostgreSQL db") && !said.contains("secret"),
                 "{said}"
             );
+        }
+        // A password pasted without percent-encoding is not shown either.
+        for url in [
+            "postgres://app:ab/s3cr3t@db/x",
+            "postgres://app:ab?s3cr3t@db/x",
+            "postgres://app:ab#s3cr3t@db/x",
+        ] {
+            assert_eq!(super::describe(url), "PostgreSQL db/x", "{url}");
         }
         for url in [
             "sqlite://postgres.db",

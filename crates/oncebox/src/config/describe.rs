@@ -9,7 +9,7 @@ use oncebox_core::json::Pointer;
 use oncebox_core::signature::{Encoding, Scheme};
 use oncebox_gateway::policy::{EventIdRule, SourcePolicy};
 
-use super::Settings;
+use super::{Settings, redact_url};
 
 /// A multi-line summary of `settings`; contains no secret and no database password.
 pub fn describe(settings: &Settings) -> String {
@@ -199,56 +199,4 @@ pub fn describe_json(settings: &Settings) -> serde_json::Value {
         "routes": routes,
         "warnings": settings.warnings,
     })
-}
-
-/// A URL fit to show: the password of `scheme://user:password@host/…` and the values of query
-/// parameters named like secrets (`?password=…`, `?token=…`: drivers and webhook receivers take
-/// them there too) replaced by `***`; anything else as is.
-pub(crate) fn redact_url(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_owned();
-    };
-    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-    let (authority, tail) = rest.split_at(authority_end);
-    let authority = match authority.rsplit_once('@') {
-        Some((userinfo, host)) => match userinfo.split_once(':') {
-            Some((user, _password)) => format!("{user}:***@{host}"),
-            None => authority.to_owned(),
-        },
-        None => authority.to_owned(),
-    };
-    format!("{scheme}://{authority}{}", redact_query(tail))
-}
-
-/// Names of query parameters whose values are never shown (compared without case, as parts
-/// of the name: `sslpassword`, `api_key`, `access_token` match too).
-const SECRET_PARAMETERS: [&str; 5] = ["password", "secret", "token", "key", "signature"];
-
-/// A URL's path, query and fragment with the values of secret-named parameters hidden.
-fn redact_query(tail: &str) -> String {
-    let Some((path, after)) = tail.split_once('?') else {
-        return tail.to_owned();
-    };
-    let (query, fragment) = match after.split_once('#') {
-        Some((query, fragment)) => (query, Some(fragment)),
-        None => (after, None),
-    };
-    let query: Vec<String> = query
-        .split('&')
-        .map(|pair| match pair.split_once('=') {
-            Some((name, _)) if is_secret(name) => format!("{name}=***"),
-            _ => pair.to_owned(),
-        })
-        .collect();
-    let mut shown = format!("{path}?{}", query.join("&"));
-    if let Some(fragment) = fragment {
-        shown.push('#');
-        shown.push_str(fragment);
-    }
-    shown
-}
-
-fn is_secret(name: &str) -> bool {
-    let name = name.to_ascii_lowercase();
-    SECRET_PARAMETERS.iter().any(|s| name.contains(s))
 }

@@ -2,9 +2,11 @@
 //! once at start and validated into the gateway's policy types before anything listens.
 
 mod consumer;
+mod debug;
 mod describe;
 mod presets;
 mod raw;
+mod redact;
 mod route;
 mod source;
 mod storage;
@@ -26,9 +28,9 @@ use figment::{Figment, Metadata, Profile, Provider};
 use oncebox_gateway::policy::{GatewayConfig, Limits};
 
 pub use consumer::{Broker, ConsumerSpec};
-pub(crate) use describe::redact_url;
 pub use describe::{describe, describe_json};
 use raw::{RawConfig, RawLimits};
+pub(crate) use redact::{host_and_path, redact_url};
 pub use storage::Storage;
 
 const DEFAULT_LISTEN: SocketAddr = SocketAddr::new(std::net::IpAddr::V4(Ipv4Addr::LOCALHOST), 8080);
@@ -72,27 +74,6 @@ pub struct Settings {
     pub consumers: Vec<ConsumerSpec>,
 }
 
-/// Written by hand because `GatewayConfig`'s derived `Debug` would print the admin token, and a
-/// database URL may carry a password.
-impl fmt::Debug for Settings {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let gw = &self.gateway;
-        f.debug_struct("Settings")
-            .field("listen", &self.listen)
-            .field("database", &redact_url(&self.database))
-            .field("storage", &self.storage)
-            .field("sources", &gw.sources)
-            .field("open_sources", &gw.open_sources)
-            .field("admin_token", &gw.admin_token.as_ref().map(|_| "***"))
-            .field("limits", &gw.limits)
-            .field("routes", &gw.routes)
-            .field("relay", &self.relay)
-            .field("consumers", &self.consumers)
-            .field("warnings", &self.warnings)
-            .finish()
-    }
-}
-
 /// What the command line says; each `Some` wins over the file and the environment.
 #[derive(Default)]
 pub struct Overrides {
@@ -100,17 +81,6 @@ pub struct Overrides {
     pub listen: Option<SocketAddr>,
     pub database: Option<String>,
     pub admin_token: Option<String>,
-}
-
-impl fmt::Debug for Overrides {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Overrides")
-            .field("config", &self.config)
-            .field("listen", &self.listen)
-            .field("database", &self.database.as_deref().map(redact_url))
-            .field("admin_token", &self.admin_token.as_ref().map(|_| "***"))
-            .finish()
-    }
 }
 
 /// Reads the file, the environment and `overrides`, in that order of precedence, and validates

@@ -1,0 +1,90 @@
+//! URLs are shown only redacted: in `check`'s summary and in `Debug` of the settings.
+
+use super::super::redact_url;
+use super::{assert_mentions, ok, shop};
+
+#[test]
+fn database_passwords_are_redacted_for_display() {
+    assert_eq!(
+        redact_url("postgres://app:hunter2@db:5432/oncebox?sslmode=require"),
+        "postgres://***@db:5432/oncebox?sslmode=require"
+    );
+    assert_eq!(redact_url("sqlite://oncebox.db"), "sqlite://oncebox.db");
+    assert_eq!(redact_url("oncebox.db"), "oncebox.db");
+    // Drivers take a password in the query too; webhook receivers take tokens there.
+    assert_eq!(
+        redact_url("postgres://db/x?user=app&password=hunter2&sslmode=require#f"),
+        "postgres://db/x?user=app&password=***&sslmode=require#f"
+    );
+    assert_eq!(
+        redact_url("https://hooks.example/in?Access_Token=hunter2&sslPassword=hunter2&n=1"),
+        "https://hooks.example/in?Access_Token=***&sslPassword=***&n=1"
+    );
+    assert_eq!(
+        redact_url("postgres://app:hunter2@db?api_key=hunter2"),
+        "postgres://***@db?api_key=***"
+    );
+}
+
+/// The whole user info is hidden, a token without a colon too, and so is a password pasted
+/// without percent-encoding whose `/`, `?` or `#` would end the authority by RFC 3986.
+#[test]
+fn user_info_is_hidden_whole_even_when_pasted_unencoded() {
+    for (url, shown) in [
+        (
+            "https://s3cr3t@hooks.example/in",
+            "https://***@hooks.example/in",
+        ),
+        (
+            "nats://s3cr3t@nats:4222?subject=x",
+            "nats://***@nats:4222?subject=x",
+        ),
+        ("postgres://app:ab/s3cr3t@db/x", "postgres://***@db/x"),
+        ("postgres://app:ab?s3cr3t@db/x", "postgres://***@db/x"),
+        ("postgres://app:ab#s3cr3t@db/x", "postgres://***@db/x"),
+        ("postgres://app:s3/cr@3t@db/x", "postgres://***@db/x"),
+        ("postgres://app:s3@cr/3t@db/x", "postgres://***@db/x"),
+        ("postgres://app@db/x", "postgres://***@db/x"),
+        (
+            "postgres://app:s3cr3t@[::1]:5432/x",
+            "postgres://***@[::1]:5432/x",
+        ),
+        // An address in the query is not taken for the host.
+        (
+            "https://app:s3cr3t@hooks.example/in?to=ops@example.com",
+            "https://***@hooks.example/in?to=ops@example.com",
+        ),
+    ] {
+        assert_eq!(redact_url(url), shown, "{url}");
+    }
+    // Without user info, an `@` in the path or query is left alone: the URL stays readable.
+    for url in [
+        "https://hooks.example/in",
+        "https://social.example/@alice/inbox",
+        "https://hooks.example/in?to=ops@example.com",
+        "http://127.0.0.1:9000/hooks",
+        "http://[::1]:9000/@x",
+        "postgres://db:5432/oncebox?sslmode=require",
+    ] {
+        assert_eq!(redact_url(url), url);
+    }
+}
+
+/// Every URL of the settings is redacted in their `Debug`: the database's, and the routes'
+/// receiver and status URLs, which the route's derived `Debug` would print raw.
+#[test]
+fn settings_debug_shows_no_url_unredacted() {
+    let s = ok(&format!(
+        "database = \"postgres://app:hunter2@db/oncebox\"\n{}",
+        shop(
+            "[routes.r]\nsources = [\"shop\"]\n\
+             url = \"https://tok3n@hooks.example/in?token=t0ken\"\n\
+             status_url = \"https://app:pa55@hooks.example/s/{key}\"\n"
+        )
+    ));
+    let debug = format!("{s:?}");
+    for secret in ["hunter2", "tok3n", "t0ken", "pa55"] {
+        assert!(!debug.contains(secret), "{secret} in {debug}");
+    }
+    assert_mentions(&debug, &["hooks.example/in", "db/oncebox"]);
+}
