@@ -69,8 +69,10 @@ impl Store {
             return Ok(Store::Postgres(inbox));
         }
         let Some(path) = sqlite_path(database) else {
+            // Validation refuses such a URL first; this stays for callers that skip it.
             return Err(crate::exit::usage(format!(
-                "database {database:?}: use sqlite://PATH or postgres://…"
+                "database {}: use sqlite://PATH or postgres://…",
+                crate::config::redact_url(database)
             )));
         };
         let mut options = oncebox_sqlite::Options::new(path);
@@ -103,19 +105,30 @@ fn sqlite_path(database: &str) -> Option<&str> {
 }
 
 /// Whether a database URL names PostgreSQL (`postgres://…` or `postgresql://…`); anything
-/// else is SQLite, or refused by `Store::open` for its unknown scheme.
+/// else is SQLite, or refused for its unknown scheme.
 pub fn is_postgres(database: &str) -> bool {
     database.starts_with("postgres://") || database.starts_with("postgresql://")
 }
 
+/// Whether a store can be opened on the URL: SQLite (`sqlite://PATH` or a bare path) or
+/// PostgreSQL. Configuration validation refuses any other before a command runs.
+pub fn is_supported(database: &str) -> bool {
+    is_postgres(database) || sqlite_path(database).is_some()
+}
+
 /// The database a URL names, for messages: a PostgreSQL URL without its user info and without
-/// any password in its query (`host_and_path`, the masking of `redact_url`).
+/// any password in its query; any URL that is not SQLite's only through `redact_url`.
 pub fn describe(database: &str) -> String {
-    if !is_postgres(database) {
-        let path = database.strip_prefix("sqlite://").unwrap_or(database);
-        return format!("SQLite {path}");
+    if is_postgres(database) {
+        return format!("PostgreSQL {}", crate::config::host_and_path(database));
     }
-    format!("PostgreSQL {}", crate::config::host_and_path(database))
+    match sqlite_path(database) {
+        Some(path) => format!("SQLite {path}"),
+        None => format!(
+            "unsupported database {}",
+            crate::config::redact_url(database)
+        ),
+    }
 }
 
 impl EventStore for Store {
@@ -309,14 +322,25 @@ mod tests {
         ] {
             assert_eq!(super::describe(url), "PostgreSQL db/x", "{url}");
         }
-        for url in [
-            "sqlite://postgres.db",
-            "postgres.db",
-            "postgresx://h/x",
-            "./postgres://x",
-        ] {
+        for url in ["sqlite://postgres.db", "postgres.db"] {
             assert!(!super::is_postgres(url), "{url}");
             assert!(super::describe(url).starts_with("SQLite "), "{url}");
+        }
+        // Neither store's: named as such, through `redact_url`.
+        for url in [
+            "postgresx://u:secret@h/x",
+            "./postgres://x",
+            "mysql://secret@h/x",
+        ] {
+            assert!(
+                !super::is_postgres(url) && !super::is_supported(url),
+                "{url}"
+            );
+            let said = super::describe(url);
+            assert!(
+                said.starts_with("unsupported database") && !said.contains("secret"),
+                "{said}"
+            );
         }
     }
 }

@@ -276,6 +276,15 @@ fn validate(raw: RawConfig, p: &mut Problems<'_>) -> Settings {
     let database = raw.database.unwrap_or_else(|| DEFAULT_DATABASE.to_owned());
     if database.trim().is_empty() {
         p.push("database", "must not be empty");
+    } else if !crate::store::is_supported(&database) {
+        // Refused here so `check` says so; shown redacted, since it may carry a password.
+        p.push(
+            "database",
+            format_args!(
+                "unsupported URL {}: use sqlite://PATH or postgres://USER@HOST/DB",
+                redact_url(&database)
+            ),
+        );
     }
     if let Some(token) = &raw.admin_token
         && token.chars().count() < MIN_ADMIN_TOKEN_CHARS

@@ -69,3 +69,32 @@ fn unsupported_database_url_is_refused() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("use sqlite://PATH or postgres://"));
 }
+
+/// A mistyped scheme is refused by every command, `check` included, under the field's name and
+/// without the password the URL carries.
+#[test]
+fn a_mistyped_database_scheme_is_refused_without_its_password() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = "postgress://app:hunter2@db/oncebox";
+    for command in [
+        &["check"][..],
+        &["stats"],
+        &["migrate"],
+        &["serve", "--listen", "127.0.0.1:0"],
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_oncebox"))
+            .args(["--database", url])
+            .args(command)
+            .current_dir(dir.path())
+            .env_remove("ONCEBOX_CONFIG")
+            .output()
+            .unwrap();
+        let text = support::text(&out);
+        assert_eq!(out.status.code(), Some(2), "{command:?}: {text}");
+        assert!(
+            text.contains("database: unsupported URL"),
+            "{command:?}: {text}"
+        );
+        assert!(!text.contains("hunter2"), "{command:?}: {text}");
+    }
+}

@@ -1,7 +1,8 @@
-//! URLs are shown only redacted: in `check`'s summary and in `Debug` of the settings.
+//! URLs are shown only redacted: in `check`'s summary, in `Debug` of the settings, and in the
+//! message refusing a database URL of an unsupported scheme.
 
 use super::super::redact_url;
-use super::{assert_mentions, ok, shop};
+use super::{assert_mentions, err, ok, shop};
 
 #[test]
 fn database_passwords_are_redacted_for_display() {
@@ -87,4 +88,27 @@ fn settings_debug_shows_no_url_unredacted() {
         assert!(!debug.contains(secret), "{secret} in {debug}");
     }
     assert_mentions(&debug, &["hooks.example/in", "db/oncebox"]);
+}
+
+/// A database URL no store takes is refused by `check` under its field, without its password:
+/// `serve`, `stats` and `migrate` would otherwise print it whole when they fail to open it.
+#[test]
+fn unsupported_database_url_is_refused_by_field_without_its_password() {
+    let e = err(&format!(
+        "database = \"postgress://app:hunter2@db/oncebox\"\n{}",
+        shop("")
+    ));
+    assert_mentions(
+        &e,
+        &["database:", "postgress://***@db/oncebox", "sqlite://PATH"],
+    );
+    assert!(!e.contains("hunter2"), "{e}");
+    for url in [
+        "sqlite://o.db",
+        "o.db",
+        "postgresql://db/x",
+        "postgres://db/x",
+    ] {
+        ok(&format!("database = \"{url}\"\n{}", shop("")));
+    }
 }
