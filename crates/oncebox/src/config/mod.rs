@@ -323,10 +323,11 @@ fn validate(raw: RawConfig, p: &mut Problems<'_>) -> Settings {
                 .to_owned(),
         );
     }
+    let configured = raw.sources.keys().map(String::as_str).collect();
     let routes: Vec<_> = raw
         .routes
         .iter()
-        .filter_map(|(name, r)| route::validate(name, r, &sources, open_sources, p))
+        .filter_map(|(name, r)| route::validate(name, r, &configured, open_sources, p))
         .collect();
     let relay = relay_options(&raw.relay, &routes, p);
     let consumers = raw

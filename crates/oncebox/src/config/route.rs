@@ -2,7 +2,7 @@
 //! an http(s) receiver, a RabbitMQ exchange or a NATS subject, its signing secret a Standard
 //! Webhooks secret (HTTP only), its caps sane.
 
-use std::collections::BTreeMap;
+use std::collections::BTreeSet;
 use std::time::Duration;
 
 use oncebox_core::Source;
@@ -10,7 +10,6 @@ use oncebox_core::delivery::{Backoff, RetryPolicy};
 use oncebox_core::json::{Pointer, Value};
 use oncebox_core::route::Route;
 use oncebox_core::signature::{Scheme, Secret};
-use oncebox_gateway::policy::SourcePolicy;
 use oncebox_relay::Target;
 use serde::Deserialize;
 
@@ -74,11 +73,11 @@ fn http_url(text: &str) -> bool {
         .is_ok_and(|u| matches!(u.scheme(), "http" | "https") && u.host().is_some())
 }
 
-/// The route, or `None` after pushing its problems.
+/// The route, or `None` after pushing its problems. `configured` holds the `[sources]` names.
 pub(super) fn validate(
     name: &str,
     raw: &RawRoute,
-    sources: &BTreeMap<Source, SourcePolicy>,
+    configured: &BTreeSet<&str>,
     open_sources: bool,
     p: &mut Problems<'_>,
 ) -> Option<Route> {
@@ -90,7 +89,9 @@ pub(super) fn validate(
     let mut route_sources = Vec::new();
     for s in &raw.sources {
         match Source::new(s.as_str()) {
-            Ok(src) if open_sources || sources.contains_key(&src) => route_sources.push(src),
+            // Checked against the names configured, not the sources that passed validation: a
+            // source with a bad setting is reported once, under its own path, not again here.
+            Ok(src) if open_sources || configured.contains(s.as_str()) => route_sources.push(src),
             Ok(_) => p.push(
                 &format!("{path}.sources"),
                 format_args!("no source named {s:?}"),

@@ -117,3 +117,17 @@ fn http_only_settings_are_refused_on_broker_routes() {
         "signing_secret = \"whsec_cm91dGUtc2lnbmluZy1rZXk=\"\nstatus_url = \"http://127.0.0.1:9000/s/{key}\"",
     ));
 }
+
+/// A route names the sources configured: one whose settings are refused is reported under its
+/// own path only, not a second time as a source the route cannot find.
+#[test]
+fn a_refused_source_is_not_also_missing_from_its_routes() {
+    let route = "[routes.orders]\nsources = [\"shop\"]\nurl = \"http://127.0.0.1:9000/hooks\"\n";
+    let e = err(&shop(&format!("tolerance = \"0s\"\n{route}")));
+    assert_mentions(&e, &["sources.shop.tolerance"]);
+    assert!(!e.contains("no source named"), "{e}");
+    let e = err(&shop(
+        &route.replace("[\"shop\"]", "[\"shop\", \"nosuch\"]"),
+    ));
+    assert_mentions(&e, &["routes.orders.sources", "no source named \"nosuch\""]);
+}
