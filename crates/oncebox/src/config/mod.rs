@@ -211,8 +211,9 @@ impl<'f> Problems<'f> {
     }
 
     fn push(&mut self, path: &str, what: impl fmt::Display) {
-        // `a.b[2]` is looked up as `a.b`: figment knows tables, not list items.
-        let key = path.split('[').next().unwrap_or(path);
+        // `a.b[2]` is looked up as `a.b`: figment knows tables, not list items; `a.b (VAR)`
+        // as `a.b`.
+        let key = path.split(['[', ' ']).next().unwrap_or(path);
         let origin = self
             .figment
             .find_metadata(key)

@@ -168,30 +168,19 @@ pub(super) fn validate(
     let configured = match (&raw.signing_secret, &raw.signing_secret_env) {
         // Already refused above; reading the secret too would only add noise.
         _ if broker => None,
-        (Some(s), None) => Some(s.clone()),
-        (None, Some(var)) => match std::env::var(var) {
-            Ok(v) => Some(v),
-            Err(e) => {
-                let why = match e {
-                    std::env::VarError::NotPresent => "is not set",
-                    std::env::VarError::NotUnicode(_) => "is not valid UTF-8",
-                };
-                p.push(
-                    &format!("{path}.signing_secret_env"),
-                    format_args!("environment variable {var} {why}"),
-                );
-                None
-            }
-        },
+        (Some(s), None) => Some((format!("{path}.signing_secret"), s.clone())),
+        (None, Some(var)) => {
+            super::source::secret_from_env(&format!("{path}.signing_secret_env"), var, p)
+        }
         (Some(_), Some(_)) => {
             p.push(&path, "set signing_secret or signing_secret_env, not both");
             None
         }
         (None, None) => None,
     };
-    let signing_secret = configured.and_then(|s| {
+    let signing_secret = configured.and_then(|(at, s)| {
         Secret::parse(&Scheme::StandardWebhooks, &s)
-            .map_err(|e| p.push(&format!("{path}.signing_secret"), e))
+            .map_err(|e| p.push(&at, e))
             .ok()
     });
     let timeout = raw.timeout.map_or(DEFAULT_TIMEOUT, |t| t.0);

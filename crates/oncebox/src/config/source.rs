@@ -201,7 +201,7 @@ fn scheme(
 }
 
 /// Inline `secrets` then the values of the `secrets_env` variables, parsed for `scheme`.
-/// Messages name the field and the variable, never a value.
+/// Messages name the field, and the variable once it is known to be one; never a value.
 fn secrets(path: &str, raw: &RawSource, scheme: &Scheme, p: &mut Problems<'_>) -> Vec<Secret> {
     let mut configured: Vec<(String, String)> = raw
         .secrets
@@ -210,21 +210,8 @@ fn secrets(path: &str, raw: &RawSource, scheme: &Scheme, p: &mut Problems<'_>) -
         .map(|(i, s)| (format!("{path}.secrets[{i}]"), s.clone()))
         .collect();
     for (i, var) in raw.secrets_env.iter().enumerate() {
-        let at = format!("{path}.secrets_env[{i}]");
-        if var.is_empty() || var.contains(['=', '\0']) {
-            p.push(
-                &at,
-                format_args!("{var:?} is not an environment variable name"),
-            );
-            continue;
-        }
-        match std::env::var_os(var).map(std::ffi::OsString::into_string) {
-            None => p.push(&at, format_args!("environment variable {var} is not set")),
-            Some(Err(_)) => p.push(
-                &at,
-                format_args!("environment variable {var} is not valid UTF-8"),
-            ),
-            Some(Ok(value)) => configured.push((format!("{at} ({var})"), value)),
+        if let Some(read) = secret_from_env(&format!("{path}.secrets_env[{i}]"), var, p) {
+            configured.push(read);
         }
     }
     let any_listed = !raw.secrets.is_empty() || !raw.secrets_env.is_empty();
@@ -251,6 +238,45 @@ fn secrets(path: &str, raw: &RawSource, scheme: &Scheme, p: &mut Problems<'_>) -
         .iter()
         .filter_map(|(at, value)| Secret::parse(scheme, value).map_err(|e| p.push(at, e)).ok())
         .collect()
+}
+
+/// The value of the environment variable `var` that the field at `at` names, with the field
+/// and variable to name in a message about the value; `None` after pushing why not.
+///
+/// A name that is not set is not shown: it is as likely a secret typed where its variable's
+/// name belongs (`secrets_env = ["whsec_…"]`), and the field's path already says which entry
+/// to fix. A variable that is set is one, and naming it helps.
+pub(super) fn secret_from_env(
+    at: &str,
+    var: &str,
+    p: &mut Problems<'_>,
+) -> Option<(String, String)> {
+    // Such a name cannot be set, and the standard library would refuse to look it up.
+    if var.is_empty() || var.contains(['=', '\0']) {
+        p.push(
+            at,
+            "not an environment variable name (the value is not shown)",
+        );
+        return None;
+    }
+    match std::env::var_os(var).map(std::ffi::OsString::into_string) {
+        None => {
+            p.push(
+                at,
+                "names an environment variable that is not set (the name is not shown: it may \
+                 be a secret typed in its place)",
+            );
+            None
+        }
+        Some(Err(_)) => {
+            p.push(
+                at,
+                format_args!("environment variable {var} is not valid UTF-8"),
+            );
+            None
+        }
+        Some(Ok(value)) => Some((format!("{at} ({var})"), value)),
+    }
 }
 
 fn event_id(path: &str, raw: &RawEventId, p: &mut Problems<'_>) -> Option<EventIdRule> {
