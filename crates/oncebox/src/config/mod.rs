@@ -4,6 +4,7 @@
 mod consumer;
 mod debug;
 mod describe;
+mod layers;
 mod presets;
 mod raw;
 mod redact;
@@ -18,13 +19,11 @@ pub(crate) use raw::parse_duration;
 use std::collections::BTreeMap;
 use std::fmt;
 use std::net::{Ipv4Addr, SocketAddr};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
-use anyhow::{anyhow, bail};
-use figment::providers::{Env, Format as _, Toml};
-use figment::value::{Dict, Map, Value};
-use figment::{Figment, Metadata, Profile, Provider};
+use anyhow::anyhow;
+use figment::Figment;
 use oncebox_gateway::policy::{GatewayConfig, Limits};
 
 pub use consumer::{Broker, ConsumerSpec};
@@ -35,30 +34,8 @@ pub use storage::Storage;
 
 const DEFAULT_LISTEN: SocketAddr = SocketAddr::new(std::net::IpAddr::V4(Ipv4Addr::LOCALHOST), 8080);
 const DEFAULT_DATABASE: &str = "sqlite://oncebox.db";
-const DEFAULT_FILE: &str = "oncebox.toml";
 /// Shorter tokens can be guessed online; 16 characters is what a password manager's default gives.
 const MIN_ADMIN_TOKEN_CHARS: usize = 16;
-
-/// Top-level keys that `ONCEBOX_` variables may set through the generic `__` nesting. The
-/// prefix is shared with things that are not configuration data (`ONCEBOX_CONFIG` names the
-/// file, test harnesses use `ONCEBOX_REQUIRE_SERVICES` and the like), so anything else is left
-/// alone rather than refused as an unknown key.
-/// Matched whole: `ONCEBOX_RELAY_CHILD` is `relay_child`, not the `relay` table.
-const ENV_TABLES: &[&str] = &[
-    "limits",
-    "sources",
-    "storage",
-    "routes",
-    "relay",
-    "consumers",
-];
-/// Top-level strings read verbatim. Through the generic provider a token of only digits, or
-/// `true`, would be coerced to a number or a boolean and then refused or mangled.
-const ENV_STRINGS: &[(&str, &str)] = &[
-    ("ONCEBOX_LISTEN", "listen"),
-    ("ONCEBOX_DATABASE", "database"),
-    ("ONCEBOX_ADMIN_TOKEN", "admin_token"),
-];
 
 /// Everything `oncebox serve` needs, validated.
 pub struct Settings {
@@ -86,7 +63,7 @@ pub struct Overrides {
 /// Reads the file, the environment and `overrides`, in that order of precedence, and validates
 /// the result. The error lists every problem found, each starting with the field's path.
 pub fn load(overrides: &Overrides) -> anyhow::Result<Settings> {
-    let figment = layers(overrides)?;
+    let figment = layers::layers(overrides)?;
     let raw: RawConfig = figment
         .extract()
         .map_err(|e| invalid(&raw::describe_errors(e)))?;
@@ -102,97 +79,6 @@ fn invalid(problems: &[String]) -> anyhow::Error {
     match problems {
         [one] => anyhow!("invalid configuration: {one}"),
         many => anyhow!("invalid configuration:\n  {}", many.join("\n  ")),
-    }
-}
-
-fn layers(overrides: &Overrides) -> anyhow::Result<Figment> {
-    let mut figment = Figment::new();
-    if let Some(file) = config_file(overrides)? {
-        // `file_exact`: plain `file` would also search every parent directory.
-        figment = figment.merge(Toml::file_exact(file));
-    }
-    figment = figment.merge(Env::prefixed("ONCEBOX_").split("__").filter(|key| {
-        let top = key.as_str().split('.').next().unwrap_or_default();
-        ENV_TABLES.iter().any(|t| t.eq_ignore_ascii_case(top))
-    }));
-    for (var, key) in ENV_STRINGS {
-        if let Some(value) = std::env::var_os(var) {
-            let Ok(value) = value.into_string() else {
-                bail!("invalid configuration: environment variable {var} is not valid UTF-8");
-            };
-            figment = figment.merge(Verbatim::new(
-                key,
-                value,
-                format!("environment variable {var}"),
-            ));
-        }
-    }
-    let flags = [
-        (
-            "listen",
-            overrides.listen.map(|a| a.to_string()),
-            "--listen",
-        ),
-        ("database", overrides.database.clone(), "--database"),
-        (
-            "admin_token",
-            overrides.admin_token.clone(),
-            "--admin-token",
-        ),
-    ];
-    for (key, value, flag) in flags {
-        if let Some(value) = value {
-            figment = figment.merge(Verbatim::new(key, value, format!("flag {flag}")));
-        }
-    }
-    Ok(figment)
-}
-
-/// `--config`, else `ONCEBOX_CONFIG`, else `./oncebox.toml` when present. A file that was named
-/// explicitly must exist: silently starting in zero-config mode would open the gateway.
-fn config_file(overrides: &Overrides) -> anyhow::Result<Option<PathBuf>> {
-    if let Some(path) = &overrides.config {
-        return must_exist(path, "--config").map(Some);
-    }
-    if let Some(path) = std::env::var_os("ONCEBOX_CONFIG").filter(|p| !p.is_empty()) {
-        return must_exist(Path::new(&path), "ONCEBOX_CONFIG").map(Some);
-    }
-    let default = Path::new(DEFAULT_FILE);
-    Ok(default.is_file().then(|| default.to_path_buf()))
-}
-
-fn must_exist(path: &Path, named_by: &str) -> anyhow::Result<PathBuf> {
-    match std::fs::metadata(path) {
-        Ok(m) if m.is_file() => Ok(path.to_path_buf()),
-        Ok(_) => bail!(
-            "config file {} (from {named_by}) is not a file",
-            path.display()
-        ),
-        Err(e) => bail!("config file {} (from {named_by}): {e}", path.display()),
-    }
-}
-
-/// One top-level string from the environment or a flag, kept exactly as given.
-struct Verbatim {
-    key: &'static str,
-    value: String,
-    origin: String,
-}
-
-impl Verbatim {
-    fn new(key: &'static str, value: String, origin: String) -> Verbatim {
-        Verbatim { key, value, origin }
-    }
-}
-
-impl Provider for Verbatim {
-    fn metadata(&self) -> Metadata {
-        Metadata::named(self.origin.clone())
-    }
-
-    fn data(&self) -> figment::Result<Map<Profile, Dict>> {
-        let dict = Dict::from([(self.key.to_owned(), Value::from(self.value.clone()))]);
-        Ok(Map::from([(Profile::Default, dict)]))
     }
 }
 
@@ -217,7 +103,7 @@ impl<'f> Problems<'f> {
         let origin = self
             .figment
             .find_metadata(key)
-            .map(raw::origin)
+            .map(|md| raw::origin(md, key))
             .unwrap_or_default();
         self.list.push(format!("{path}: {what}{origin}"));
     }

@@ -290,15 +290,15 @@ pub(super) fn describe_errors(errors: figment::Error) -> Vec<String> {
     errors
         .into_iter()
         .map(|e| {
-            let mut path = e.path.join(".");
+            let mut keys = e.path.clone();
             let secret = e.path.iter().any(|k| SECRET_KEYS.contains(&k.as_str()));
             let what = match &e.kind {
                 Kind::UnknownField(field, expected) => {
-                    path = with_key(&e.path, field);
+                    keys = with_key(&e.path, field);
                     format!("unknown key (expected {})", OneOf(expected))
                 }
                 Kind::MissingField(field) => {
-                    path = with_key(&e.path, field);
+                    keys = with_key(&e.path, field);
                     "required".to_owned()
                 }
                 Kind::InvalidType(_, expected) | Kind::InvalidValue(_, expected) if secret => {
@@ -308,23 +308,27 @@ pub(super) fn describe_errors(errors: figment::Error) -> Vec<String> {
                 Kind::Message(m) => without_source_lines(m),
                 other => other.to_string(),
             };
-            let origin = e.metadata.as_ref().map(origin).unwrap_or_default();
-            if path.is_empty() {
+            let origin = e
+                .metadata
+                .as_ref()
+                .map(|md| origin(md, &keys.join(".")))
+                .unwrap_or_default();
+            if keys.is_empty() {
                 format!("{what}{origin}")
             } else {
-                format!("{path}: {what}{origin}")
+                format!("{}: {what}{origin}", keys.join("."))
             }
         })
         .collect()
 }
 
 /// The path to `key`: figment's path ends with it for some errors and not for others.
-fn with_key(path: &[String], key: &str) -> String {
-    match path.last() {
-        Some(last) if last == key => path.join("."),
-        Some(_) => format!("{}.{key}", path.join(".")),
-        None => key.to_owned(),
+fn with_key(path: &[String], key: &str) -> Vec<String> {
+    let mut keys = path.to_vec();
+    if path.last().is_none_or(|last| last != key) {
+        keys.push(key.to_owned());
     }
+    keys
 }
 
 /// TOML syntax errors quote the offending line, which may hold a secret: keep the position and
@@ -341,10 +345,21 @@ fn without_source_lines(message: &str) -> String {
         .join(": ")
 }
 
-/// ` (in FILE)` or ` (from environment variable …)`: where a value came from.
-pub(super) fn origin(md: &Metadata) -> String {
+/// ` (in FILE)` or ` (from environment variable …)`: where the value at `path` (`a.b.c`) came
+/// from.
+pub(super) fn origin(md: &Metadata, path: &str) -> String {
     match &md.source {
-        Some(figment::Source::File(path)) => format!(" (in {})", path.display()),
+        Some(figment::Source::File(file)) => format!(" (in {})", file.display()),
+        _ if md.name == super::layers::NESTED_ENV && !path.is_empty() => {
+            format!(" (from environment variable {})", env_var(path))
+        }
         _ => format!(" (from {})", md.name),
     }
+}
+
+/// The variable that sets the field at `path` through the `__` nesting: `sources.shop.tolerance`
+/// is `ONCEBOX_SOURCES__SHOP__TOLERANCE` (figment lowercases the names it reads, so any case
+/// of it set the value; this is the one people write).
+fn env_var(path: &str) -> String {
+    format!("ONCEBOX_{}", path.replace('.', "__").to_ascii_uppercase())
 }

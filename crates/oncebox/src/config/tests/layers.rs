@@ -61,7 +61,30 @@ fn environment_errors_name_the_field_and_the_variable() {
         load_file(jail, &shop("")).map(|_| ()).unwrap_err()
     });
     let e = format!("{e:#}");
-    assert_mentions(&e, &["sources.shop.tolerance", "ONCEBOX_"]);
+    assert_mentions(
+        &e,
+        &["sources.shop.tolerance", "ONCEBOX_SOURCES__SHOP__TOLERANCE"],
+    );
+    // A value that parses but is refused by validation, and a key that does not exist.
+    for (var, value, field) in [
+        (
+            "ONCEBOX_SOURCES__SHOP__TOLERANCE",
+            "2d",
+            "sources.shop.tolerance",
+        ),
+        (
+            "ONCEBOX_SOURCES__SHOP__TOLERANS",
+            "5m",
+            "sources.shop.tolerans",
+        ),
+        ("ONCEBOX_LIMITS__CONCURRENCY", "0", "limits.concurrency"),
+    ] {
+        let e = jailed(|jail| {
+            jail.set_env(var, value);
+            load_file(jail, &shop("")).map(|_| ()).unwrap_err()
+        });
+        assert_mentions(&format!("{e:#}"), &[field, &format!("variable {var}")]);
+    }
     let e = jailed(|jail| {
         jail.set_env("ONCEBOX_LISTEN", "nowhere");
         load(&Overrides::default()).map(|_| ()).unwrap_err()
@@ -101,7 +124,7 @@ fn environment_reaches_routes_relay_and_consumers() {
             jail.set_env(var, value);
             load_file(jail, &file).map(|_| ()).unwrap_err()
         });
-        assert_mentions(&format!("{e:#}"), &[field, "ONCEBOX_"]);
+        assert_mentions(&format!("{e:#}"), &[field, var]);
     }
 }
 

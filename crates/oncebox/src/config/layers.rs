@@ -1,0 +1,144 @@
+//! The layers of the configuration in their order of precedence: `oncebox.toml` (or the file
+//! `--config` / `ONCEBOX_CONFIG` names), then `ONCEBOX_…` variables, then flags.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::bail;
+use figment::providers::{Env, Format as _, Toml};
+use figment::value::{Dict, Map, Value};
+use figment::{Figment, Metadata, Profile, Provider};
+
+use super::Overrides;
+
+const DEFAULT_FILE: &str = "oncebox.toml";
+/// The origin of values set through `ONCEBOX_<TABLE>__<KEY>…` variables: `raw::origin` names
+/// the variable of a field from its path when a value's metadata has this name.
+pub(super) const NESTED_ENV: &str = "ONCEBOX_ environment variables";
+
+/// Top-level keys that `ONCEBOX_` variables may set through the generic `__` nesting. The
+/// prefix is shared with things that are not configuration data (`ONCEBOX_CONFIG` names the
+/// file, test harnesses use `ONCEBOX_REQUIRE_SERVICES` and the like), so anything else is left
+/// alone rather than refused as an unknown key.
+/// Matched whole: `ONCEBOX_RELAY_CHILD` is `relay_child`, not the `relay` table.
+const ENV_TABLES: &[&str] = &[
+    "limits",
+    "sources",
+    "storage",
+    "routes",
+    "relay",
+    "consumers",
+];
+/// Top-level strings read verbatim. Through the generic provider a token of only digits, or
+/// `true`, would be coerced to a number or a boolean and then refused or mangled.
+const ENV_STRINGS: &[(&str, &str)] = &[
+    ("ONCEBOX_LISTEN", "listen"),
+    ("ONCEBOX_DATABASE", "database"),
+    ("ONCEBOX_ADMIN_TOKEN", "admin_token"),
+];
+
+pub(super) fn layers(overrides: &Overrides) -> anyhow::Result<Figment> {
+    let mut figment = Figment::new();
+    if let Some(file) = config_file(overrides)? {
+        // `file_exact`: plain `file` would also search every parent directory.
+        figment = figment.merge(Toml::file_exact(file));
+    }
+    figment = figment.merge(NestedEnv(Env::prefixed("ONCEBOX_").split("__").filter(
+        |key| {
+            let top = key.as_str().split('.').next().unwrap_or_default();
+            ENV_TABLES.iter().any(|t| t.eq_ignore_ascii_case(top))
+        },
+    )));
+    for (var, key) in ENV_STRINGS {
+        if let Some(value) = std::env::var_os(var) {
+            let Ok(value) = value.into_string() else {
+                bail!("invalid configuration: environment variable {var} is not valid UTF-8");
+            };
+            figment = figment.merge(Verbatim::new(
+                key,
+                value,
+                format!("environment variable {var}"),
+            ));
+        }
+    }
+    let flags = [
+        (
+            "listen",
+            overrides.listen.map(|a| a.to_string()),
+            "--listen",
+        ),
+        ("database", overrides.database.clone(), "--database"),
+        (
+            "admin_token",
+            overrides.admin_token.clone(),
+            "--admin-token",
+        ),
+    ];
+    for (key, value, flag) in flags {
+        if let Some(value) = value {
+            figment = figment.merge(Verbatim::new(key, value, format!("flag {flag}")));
+        }
+    }
+    Ok(figment)
+}
+
+/// `--config`, else `ONCEBOX_CONFIG`, else `./oncebox.toml` when present. A file that was named
+/// explicitly must exist: silently starting in zero-config mode would open the gateway.
+fn config_file(overrides: &Overrides) -> anyhow::Result<Option<PathBuf>> {
+    if let Some(path) = &overrides.config {
+        return must_exist(path, "--config").map(Some);
+    }
+    if let Some(path) = std::env::var_os("ONCEBOX_CONFIG").filter(|p| !p.is_empty()) {
+        return must_exist(Path::new(&path), "ONCEBOX_CONFIG").map(Some);
+    }
+    let default = Path::new(DEFAULT_FILE);
+    Ok(default.is_file().then(|| default.to_path_buf()))
+}
+
+fn must_exist(path: &Path, named_by: &str) -> anyhow::Result<PathBuf> {
+    match std::fs::metadata(path) {
+        Ok(m) if m.is_file() => Ok(path.to_path_buf()),
+        Ok(_) => bail!(
+            "config file {} (from {named_by}) is not a file",
+            path.display()
+        ),
+        Err(e) => bail!("config file {} (from {named_by}): {e}", path.display()),
+    }
+}
+
+/// One top-level string from the environment or a flag, kept exactly as given.
+struct Verbatim {
+    key: &'static str,
+    value: String,
+    origin: String,
+}
+
+impl Verbatim {
+    fn new(key: &'static str, value: String, origin: String) -> Verbatim {
+        Verbatim { key, value, origin }
+    }
+}
+
+impl Provider for Verbatim {
+    fn metadata(&self) -> Metadata {
+        Metadata::named(self.origin.clone())
+    }
+
+    fn data(&self) -> figment::Result<Map<Profile, Dict>> {
+        let dict = Dict::from([(self.key.to_owned(), Value::from(self.value.clone()))]);
+        Ok(Map::from([(Profile::Default, dict)]))
+    }
+}
+
+/// figment's `Env` under the name [`NESTED_ENV`]: its own metadata names only the prefix, so a
+/// message could not say which variable held the bad value.
+struct NestedEnv(Env);
+
+impl Provider for NestedEnv {
+    fn metadata(&self) -> Metadata {
+        Metadata::named(NESTED_ENV)
+    }
+
+    fn data(&self) -> figment::Result<Map<Profile, Dict>> {
+        self.0.data()
+    }
+}
