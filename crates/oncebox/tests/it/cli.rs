@@ -309,36 +309,6 @@ fn a_store_that_cannot_be_reached_exits_4() {
     }
 }
 
-#[test]
-fn help_ends_with_examples_and_the_exit_codes() {
-    let dir = tempfile::tempdir().unwrap();
-    let top = oncebox(dir.path(), &["--help"]);
-    assert!(text(&top).contains("4  unavailable"), "{}", text(&top));
-    for command in [
-        "serve",
-        "consume",
-        "relay",
-        "deliveries",
-        "redeliver",
-        "check",
-        "send",
-        "bench",
-        "events",
-        "inspect",
-        "stats",
-        "purge",
-        "migrate",
-    ] {
-        let out = oncebox(dir.path(), &[command, "--help"]);
-        assert!(out.status.success(), "{command}: {}", text(&out));
-        assert!(
-            text(&out).contains("Examples:"),
-            "{command}: {}",
-            text(&out)
-        );
-    }
-}
-
 /// `oncebox serve` beside a log whose database file is gone (a restore that missed it) stops
 /// with the reason instead of starting an empty inbox over the log: every key it remembered
 /// would be new again.

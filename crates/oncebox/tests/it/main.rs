@@ -7,6 +7,7 @@ mod dashboard;
 mod faketime;
 mod figures;
 mod gateway;
+mod help;
 mod kill;
 mod multinode;
 mod nodes;
