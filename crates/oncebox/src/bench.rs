@@ -7,12 +7,12 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use indicatif::{ProgressBar, ProgressStyle};
-use oncebox_core::fingerprint::derive_event_id;
 use oncebox_core::signature::sign;
 use oncebox_core::{Clock, Source, SystemClock};
 use oncebox_gateway::policy::{EventIdRule, SourcePolicy};
-use serde_json::{Map, Value, json};
+use serde_json::json;
 
+use crate::client;
 use crate::config::Settings;
 
 mod report;
@@ -289,51 +289,14 @@ fn new_event(policy: &SourcePolicy) -> Result<Sent> {
         "amount": 1,
         "created": SystemClock.now().millis() / 1000,
     });
-    match &policy.event_id {
-        EventIdRule::Pointer(p) => set(&mut doc, p.tokens(), Value::String(id.clone())),
-        // Each derivation field gets the (unique) id, so derived ids are unique too.
-        EventIdRule::Derive(pointers) => {
-            for p in pointers {
-                set(&mut doc, p.tokens(), Value::String(id.clone()));
-            }
-        }
-        _ => {}
-    }
+    client::place_id(&policy.event_id, &mut doc, &id);
     let body = doc.to_string();
-    let stored_as = match &policy.event_id {
-        EventIdRule::Derive(pointers) => {
-            derive_event_id(body.as_bytes(), pointers).context("deriving the event id")?
-        }
-        _ => id.clone(),
-    };
+    let stored_as = client::stored_id(&policy.event_id, &body, &id)?;
     Ok(Sent {
         id,
         stored_as,
         body,
     })
-}
-
-/// Sets the value at a JSON pointer, creating objects on the way; the root cannot be set.
-fn set(doc: &mut Value, tokens: &[String], value: Value) {
-    let Some((last, path)) = tokens.split_last() else {
-        return;
-    };
-    let mut at = doc;
-    for token in path {
-        if !at.is_object() {
-            *at = Value::Object(Map::new());
-        }
-        let Value::Object(map) = at else { return };
-        at = map
-            .entry(token.clone())
-            .or_insert_with(|| Value::Object(Map::new()));
-    }
-    if !at.is_object() {
-        *at = Value::Object(Map::new());
-    }
-    if let Value::Object(map) = at {
-        map.insert(last.clone(), value);
-    }
 }
 
 /// Posts one event, signed now (a sender's retry is signed again, with the same body).

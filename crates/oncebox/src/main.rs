@@ -10,6 +10,7 @@ use oncebox_core::store::EventFilter;
 
 mod bench;
 mod cli;
+mod client;
 mod config;
 mod consume;
 mod deliveries;

@@ -36,10 +36,12 @@ pub async fn run(settings: &Settings, args: SendArgs) -> Result<bool> {
         )));
     }
     // The default body depends on the id alone, so sending the same id again is a duplicate
-    // (replayed), not a conflict.
-    let body = args
-        .body
-        .unwrap_or_else(|| serde_json::json!({ "id": id, "type": "oncebox.test" }).to_string());
+    // (replayed), not a conflict. It carries the id where the source reads it, as bench's do.
+    let body = args.body.unwrap_or_else(|| {
+        let mut doc = serde_json::json!({ "id": id, "type": "oncebox.test" });
+        crate::client::place_id(&policy.event_id, &mut doc, &id);
+        doc.to_string()
+    });
     let base = args
         .url
         .unwrap_or_else(|| format!("http://{}", settings.listen));

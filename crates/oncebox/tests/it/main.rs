@@ -17,6 +17,7 @@ mod race;
 mod relay;
 #[path = "../shared/schema.rs"]
 mod schema;
+mod send;
 mod support;
 
 use std::process::Command;

@@ -1,0 +1,61 @@
+//! `oncebox send` against a real gateway: its default body carries the event id where the
+//! source's rule reads it, as `bench`'s bodies do, so any source can be tried with `--id`.
+
+use serde_json::Value;
+
+use crate::support::{oncebox, serve_with, text};
+
+/// One source reads its id at a JSON pointer, the other derives it from two body fields.
+const CONFIG: &str = r#"
+listen = "127.0.0.1:0"
+
+[sources.shop]
+signature = "none"
+event_id = { pointer = "/data/id" }
+
+[sources.ledger]
+signature = "none"
+event_id = { derive = ["/data/order", "/data/id"] }
+"#;
+
+fn event_ids(dir: &std::path::Path, source: &str) -> Vec<String> {
+    let out = oncebox(dir, &["events", "--source", source, "--output", "json"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let listing: Value = serde_json::from_slice(&out.stdout).unwrap();
+    listing["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["event_id"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+#[test]
+fn send_puts_the_id_where_the_source_reads_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::fs::write(d.join("oncebox.toml"), CONFIG).unwrap();
+    let server = serve_with(d, &["--no-relay"]);
+    let url = server.1.clone();
+    let send = |source: &str, id: &str| {
+        let out = oncebox(d, &["send", source, "--id", id, "--url", &url]);
+        assert_eq!(out.status.code(), Some(0), "{source} {id}: {}", text(&out));
+        assert!(
+            text(&out).starts_with("202"),
+            "{source} {id}: {}",
+            text(&out)
+        );
+        text(&out).contains("(replayed)")
+    };
+    assert!(!send("shop", "evt_1"));
+    // Two ids are two events of a derived source; the same id again is a replay.
+    assert!(!send("ledger", "evt_1"));
+    assert!(!send("ledger", "evt_2"));
+    assert!(send("ledger", "evt_1"));
+    server.stop();
+
+    assert_eq!(event_ids(d, "shop"), ["evt_1"]);
+    let derived = event_ids(d, "ledger");
+    assert_eq!(derived.len(), 2, "{derived:?}");
+    assert_ne!(derived[0], derived[1]);
+}
