@@ -5,7 +5,7 @@ use std::io::Write;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use oncebox_core::signature::sign;
 use oncebox_core::{Clock, Source, SystemClock};
@@ -14,6 +14,7 @@ use serde_json::json;
 
 use crate::client;
 use crate::config::Settings;
+use crate::exit;
 
 mod report;
 
@@ -102,34 +103,36 @@ struct ConnectionReport {
 }
 
 pub async fn run(settings: &Settings, args: BenchArgs) -> Result<bool> {
+    // Exit codes as the README's table has them: 2 for a flag that cannot work, 3 for a
+    // source that is not configured.
     if args.connections == 0 || args.events == 0 {
-        bail!("--connections and --events must be at least 1");
+        return Err(exit::usage("--connections and --events must be at least 1"));
     }
     if !(0.0..1.0).contains(&args.duplicates) {
-        bail!("--duplicates must be a share in [0, 1), e.g. 0.1");
+        return Err(exit::usage(
+            "--duplicates must be a share in [0, 1), e.g. 0.1",
+        ));
     }
     let source = match &args.source {
         Some(name) => Source::new(name.as_str()).context("--source")?,
         None if settings.gateway.open_sources => {
             Source::new(format!("bench-{}", SystemClock.now().millis()))?
         }
-        None => bail!(
-            "--source is required with configured sources (one of: {})",
-            names(settings)
-        ),
+        None => {
+            return Err(exit::usage(format!(
+                "--source is required with configured sources (one of: {})",
+                names(settings)
+            )));
+        }
     };
     let Some(policy) = settings.gateway.source(&source) else {
-        bail!(
+        return Err(exit::not_found(format!(
             "no source {:?} in the configuration (one of: {})",
             source.as_str(),
             names(settings)
-        );
+        )));
     };
-    let base = args
-        .url
-        .clone()
-        .unwrap_or_else(|| format!("http://{}", settings.listen));
-    let base = base.trim_end_matches('/').to_owned();
+    let base = client::gateway_base(args.url.as_deref(), settings)?;
     let token = args
         .admin_token
         .clone()

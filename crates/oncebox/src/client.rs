@@ -1,10 +1,31 @@
-//! What `send` and `bench` share as clients of a running gateway: test event bodies that carry
-//! the event id where the source's rule reads it.
+//! What `send` and `bench` share as clients of a running gateway: its base URL, and test event
+//! bodies that carry the event id where the source's rule reads it.
 
 use anyhow::{Context, Result};
 use oncebox_core::fingerprint::derive_event_id;
 use oncebox_gateway::policy::EventIdRule;
 use serde_json::{Map, Value};
+
+use crate::config::Settings;
+
+/// The gateway's base URL without a trailing `/`: `url` (the `--url` flag), else
+/// `http://<listen>`. One that is not `http(s)://HOST…` is the caller's mistake (exit 2), said
+/// so here rather than as the HTTP client's "relative URL without a base" (exit 1).
+pub fn gateway_base(url: Option<&str>, settings: &Settings) -> Result<String> {
+    let Some(url) = url else {
+        return Ok(format!("http://{}", settings.listen));
+    };
+    // `localhost:8080` parses, as scheme `localhost`: the scheme and host are checked too.
+    let valid = reqwest::Url::parse(url)
+        .is_ok_and(|u| matches!(u.scheme(), "http" | "https") && u.host().is_some());
+    if !valid {
+        return Err(crate::exit::usage(format!(
+            "--url {}: expected the gateway's base URL, e.g. http://127.0.0.1:8080",
+            crate::config::redact_url(url)
+        )));
+    }
+    Ok(url.trim_end_matches('/').to_owned())
+}
 
 /// Sets `id` in `doc` wherever `rule` reads the event id from the body: at its JSON pointer,
 /// or at each field a derived id is computed from (a unique id there makes the derived id

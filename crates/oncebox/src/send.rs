@@ -35,6 +35,7 @@ pub async fn run(settings: &Settings, args: SendArgs) -> Result<bool> {
             "--id {id:?}: an event id must be printable text without line breaks"
         )));
     }
+    let base = crate::client::gateway_base(args.url.as_deref(), settings)?;
     // The default body depends on the id alone, so sending the same id again is a duplicate
     // (replayed), not a conflict. It carries the id where the source reads it, as bench's do.
     let body = args.body.unwrap_or_else(|| {
@@ -42,10 +43,7 @@ pub async fn run(settings: &Settings, args: SendArgs) -> Result<bool> {
         crate::client::place_id(&policy.event_id, &mut doc, &id);
         doc.to_string()
     });
-    let base = args
-        .url
-        .unwrap_or_else(|| format!("http://{}", settings.listen));
-    let url = format!("{}/v1/sources/{source}/events", base.trim_end_matches('/'));
+    let url = format!("{base}/v1/sources/{source}/events");
     let mut request = reqwest::Client::new()
         .post(&url)
         .header("content-type", "application/json")

@@ -232,6 +232,13 @@ fn exit_codes_tell_scripts_what_happened() {
         code(d, &["send", "nosuchsource", "--url", "http://127.0.0.1:9"]),
         Some(3)
     );
+    assert_eq!(
+        code(
+            d,
+            &["bench", "--source", "nosuch", "--url", "http://127.0.0.1:9"]
+        ),
+        Some(3)
+    );
 
     // 5: the delivery exists but its state refuses the action.
     let first = json(
@@ -253,6 +260,30 @@ fn exit_codes_tell_scripts_what_happened() {
         code(d, &["--database", "mysql://localhost/x", "stats"]),
         Some(2)
     );
+    // Flags of send and bench that cannot work, refused before anything is sent.
+    std::fs::write(
+        d.join("two.toml"),
+        "[sources.a]\nsignature = \"none\"\n[sources.b]\nsignature = \"none\"\n",
+    )
+    .unwrap();
+    let bench = ["bench", "--source", "shop", "--url", "http://127.0.0.1:9"];
+    for args in [
+        &[&bench[..], &["--connections", "0"]].concat(),
+        &[&bench[..], &["--duplicates", "1.5"]].concat(),
+        &["bench", "--source", "shop", "--url", "localhost:8080"][..],
+        &["send", "shop", "--url", "localhost:8080"],
+        // Which of the configured sources to load is not guessed.
+        &[
+            "--config",
+            "two.toml",
+            "bench",
+            "--url",
+            "http://127.0.0.1:9",
+        ],
+    ] {
+        let out = oncebox(d, args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {}", text(&out));
+    }
 
     // 0.
     assert_eq!(code(d, &["stats"]), Some(0));
