@@ -265,6 +265,11 @@ impl Inbox {
             .map_err(|e| Error::Unavailable(Unavailable::Storage(e.to_string())))?
     }
 
+    /// Requests waiting for the writer now, not yet taken into a transaction.
+    pub fn queued(&self) -> usize {
+        self.shared.sender.as_ref().map_or(0, flume::Sender::len)
+    }
+
     /// Counters of the writer's work since open.
     pub fn stats(&self) -> &Stats {
         &self.shared.stats

@@ -1,0 +1,84 @@
+//! No duplicate is answered before the first delivery's COMMIT (G3: only a committed record
+//! produces a replay). The first delivery of a key is held inside its transaction, just before
+//! `COMMIT`; 49 more deliveries of the key arrive meanwhile and must all wait; released, the
+//! first is applied and the 49 replay its answer. A test binary of its own: the failpoint it
+//! arms is global to the process and would hold every other test's commits too.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, mpsc};
+use std::time::Duration;
+
+use oncebox_core::store::{EventStore, Ingest};
+use oncebox_core::{Event, Key, Processed};
+use oncebox_sqlite::{Inbox, Options};
+
+fn ingest() -> Ingest {
+    Ingest {
+        event: Event::json(Key::parse("shop", "evt-1").unwrap(), r#"{"n":1}"#).unwrap(),
+        order: None,
+        accepted: br#"{"status":"accepted"}"#.to_vec(),
+        stale: Vec::new(),
+        routes: Vec::new(),
+    }
+}
+
+#[test]
+fn no_replay_is_answered_before_the_first_deliverys_commit() {
+    let dir = tempfile::tempdir().unwrap();
+    let inbox = Inbox::open(Options::new(dir.path().join("o.db"))).unwrap();
+    // The writer, at its first `before-commit`, says so and waits for the release.
+    let (reached, at_point) = mpsc::channel::<()>();
+    let (release, released) = mpsc::channel::<()>();
+    let released = Mutex::new(released);
+    let first = AtomicBool::new(true);
+    fail::cfg_callback("before-commit", move || {
+        if first.swap(false, Ordering::SeqCst) {
+            reached.send(()).unwrap();
+            released.lock().unwrap().recv().unwrap();
+        }
+    })
+    .unwrap();
+    oncebox_testkit::run(async move {
+        let inbox = Arc::new(inbox);
+        // Set just before the release: an answer that finds it unset came before the COMMIT.
+        let open = Arc::new(AtomicBool::new(false));
+        let spawn = || {
+            let (inbox, open) = (inbox.clone(), open.clone());
+            tokio::spawn(async move {
+                let answer = inbox.ingest(ingest()).await;
+                (answer, open.load(Ordering::SeqCst))
+            })
+        };
+        let winner = spawn();
+        tokio::task::spawn_blocking(move || at_point.recv_timeout(Duration::from_secs(30)))
+            .await
+            .unwrap()
+            .expect("the first delivery reached the point before its COMMIT");
+        let others: Vec<_> = (0..49).map(|_| spawn()).collect();
+        // Each of the 49 has either passed every look at committed state and waits for the
+        // writer, or been answered (which the checks below refuse).
+        while inbox.queued() + others.iter().filter(|o| o.is_finished()).count() < 49 {
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(inbox.stats().commits(), 0, "nothing committed yet");
+        open.store(true, Ordering::SeqCst);
+        release.send(()).unwrap();
+        let (won, after) = winner.await.unwrap();
+        assert!(after, "the first delivery was answered before its COMMIT");
+        let Processed::Applied(answer) = won.unwrap() else {
+            panic!("the first delivery is applied");
+        };
+        for other in others {
+            let (got, after) = other.await.unwrap();
+            assert!(
+                after,
+                "a replay was answered before the first delivery's COMMIT"
+            );
+            match got.unwrap() {
+                Processed::Duplicate(replay) => assert_eq!(replay, answer),
+                got => panic!("a later delivery replays the first: {got:?}"),
+            }
+        }
+        assert!(inbox.stats().commits() >= 1);
+    });
+}
