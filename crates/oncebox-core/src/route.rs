@@ -29,6 +29,9 @@ pub struct Route {
     pub retry: RetryPolicy,
     /// Requests in flight to this route at once.
     pub concurrency: usize,
+    /// PEM certificates of authorities an `https` receiver's certificate may come from,
+    /// trusted beside the system's (a receiver behind a private authority).
+    pub ca_pem: Option<Vec<u8>>,
 }
 
 impl Route {

@@ -23,7 +23,8 @@ const GAUGES_EVERY: Duration = Duration::from_secs(10);
 const RECONCILE_EVERY: Duration = Duration::from_secs(1);
 
 /// What a lease must still hold after an attempt's timeout when it is sent: time to record.
-pub const RECORD_MARGIN: Duration = Duration::from_secs(5);
+/// At most half of what the lease holds beyond the timeout, so a fresh claim is always sent.
+const RECORD_MARGIN: Duration = Duration::from_secs(5);
 
 /// Recording an outcome while the store is unavailable: the first and the longest pause
 /// between tries, and how many tries at most (about 13 s in all).
@@ -99,7 +100,9 @@ struct Lane {
     link: Link,
     /// The route's own HTTP client (its attempts and its status URL): connects give up within
     /// a part of the route's timeout, so a receiver that drops packets reads as not reached.
-    client: reqwest::Client,
+    /// `Err` when it could not be built (authorities that do not parse, say): every attempt
+    /// then fails as not sent, and the delivery waits, unharmed, until the caps end it.
+    client: Result<reqwest::Client, String>,
 }
 
 /// A relay over a store and a set of routes.
@@ -214,6 +217,17 @@ impl<S: DeliveryStore> Relay<S> {
         Ok(outcome)
     }
 
+    /// How much of its lease a claim must still hold to be sent on `route`: the timeout and a
+    /// margin to record. `None` for a lease no longer than the timeout (a library caller's
+    /// choice; configuration refuses it), where holding sends back would send nothing at all.
+    fn latest_send(&self, route: &Route) -> Option<Duration> {
+        let beyond = self.options.lease.checked_sub(route.timeout)?;
+        if beyond.is_zero() {
+            return None;
+        }
+        Some(route.timeout + RECORD_MARGIN.min(beyond / 2))
+    }
+
     async fn deliver(&self, claimed: &Claimed) -> Result<Step, LeaseError> {
         let Some(Lane {
             route,
@@ -231,7 +245,10 @@ impl<S: DeliveryStore> Relay<S> {
         // for a permit behind a slow receiver is where the time goes. Unsent, the claim is
         // given back and taken again in the next round.
         let now = self.clock.now();
-        if now.plus(route.timeout).plus(RECORD_MARGIN) >= claimed.lease_expires_at {
+        if self
+            .latest_send(route)
+            .is_some_and(|spare| now.plus(spare) >= claimed.lease_expires_at)
+        {
             drop(permit);
             self.store.unclaim(claimed, now).await?;
             return Ok(Step::Unclaimed);

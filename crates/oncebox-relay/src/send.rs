@@ -60,7 +60,7 @@ impl fmt::Debug for Link {
 
 /// Sends one attempt of `claimed` through `link` to `route`.
 pub(crate) async fn attempt(
-    client: &reqwest::Client,
+    client: &Result<reqwest::Client, String>,
     link: &Link,
     route: &Route,
     claimed: &Claimed,
@@ -70,7 +70,10 @@ pub(crate) async fn attempt(
     let started = Instant::now();
     let number = claimed.attempts.saturating_add(1);
     let attempt = match link {
-        Link::Http => http::attempt(client, route, claimed, number, started_at).await,
+        Link::Http => match client {
+            Ok(client) => http::attempt(client, route, claimed, number, started_at).await,
+            Err(e) => Attempt::NotSent(format!("route client: {e}")),
+        },
         Link::Amqp(p) => p.publish(claimed, number, route.timeout).await,
         Link::Nats(p) => p.publish(claimed, number, route.timeout).await,
         Link::Invalid(e) => Attempt::NotSent(format!("route url: {e}")),

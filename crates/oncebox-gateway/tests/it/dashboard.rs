@@ -29,6 +29,7 @@ fn gateway() -> TestGateway {
         status_url: None,
         retry: RetryPolicy::default(),
         concurrency: 4,
+        ca_pem: None,
     }];
     TestGateway::with(cfg, oncebox_sqlite::Options::new)
 }

@@ -26,6 +26,7 @@ fn route(name: &str, filter: Option<(&str, &str)>) -> Route {
         status_url: None,
         retry: RetryPolicy::default(),
         concurrency: 4,
+        ca_pem: None,
     }
 }
 

@@ -76,6 +76,7 @@ fn route(url: String) -> Route {
         status_url: None,
         retry: RetryPolicy::default(),
         concurrency: 4,
+        ca_pem: None,
     }
 }
 

@@ -45,7 +45,11 @@ impl<S: DeliveryStore> Relay<S> {
                 return Ok(false);
             };
             // The key the receiver saw: a library handler's message carries its own.
-            match send::applied(&lane.client, &lane.route, &d.idempotency_key).await {
+            let asked = match &lane.client {
+                Ok(client) => send::applied(client, &lane.route, &d.idempotency_key).await,
+                Err(_) => None,
+            };
+            match asked {
                 Some(true) => StatusAnswer::Applied,
                 Some(false) => StatusAnswer::NotApplied,
                 None => StatusAnswer::NoAnswer,

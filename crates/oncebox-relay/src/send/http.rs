@@ -14,13 +14,20 @@ use oncebox_core::signature::{Scheme, sign};
 /// reconfigured, not guessed. A connection not made within half the route's timeout is given
 /// up as a connect error: the receiver saw nothing and the attempt is retried. Without it the
 /// whole timeout would fire during the connect, and a receiver behind a firewall that drops
-/// packets would read as sent without an answer — uncertain.
-pub(crate) fn client(route: &Route) -> reqwest::Client {
-    reqwest::Client::builder()
+/// packets would read as sent without an answer — uncertain. An `https` receiver must present
+/// a certificate from the system's authorities or from the route's own (`ca_pem`).
+pub(crate) fn client(route: &Route) -> Result<reqwest::Client, String> {
+    let mut builder = reqwest::Client::builder()
         .redirect(reqwest::redirect::Policy::none())
-        .connect_timeout(route.timeout / 2)
-        .build()
-        .unwrap_or_default()
+        .connect_timeout(route.timeout / 2);
+    if let Some(pem) = &route.ca_pem {
+        let authorities = reqwest::Certificate::from_pem_bundle(pem)
+            .map_err(|e| format!("the route's authorities: {}", error_chain(&e)))?;
+        for ca in authorities {
+            builder = builder.add_root_certificate(ca);
+        }
+    }
+    builder.build().map_err(|e| error_chain(&e))
 }
 
 /// POSTs attempt `number` of `claimed` to `route`.

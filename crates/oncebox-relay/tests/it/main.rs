@@ -11,6 +11,7 @@ mod nats;
 mod outbox;
 mod receiver;
 mod settle;
+mod tls;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -122,6 +123,7 @@ pub fn route(name: &str, addr: SocketAddr, idempotent: bool) -> Route {
             },
         },
         concurrency: 4,
+        ca_pem: None,
     }
 }
 

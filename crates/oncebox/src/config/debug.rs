@@ -48,6 +48,7 @@ impl fmt::Debug for ShownRoute<'_> {
             status_url,
             retry,
             concurrency,
+            ca_pem,
         } = self.0;
         f.debug_struct("Route")
             .field("name", name)
@@ -60,6 +61,8 @@ impl fmt::Debug for ShownRoute<'_> {
             .field("status_url", &status_url.as_deref().map(redact_url))
             .field("retry", retry)
             .field("concurrency", concurrency)
+            // Public certificates: their size says enough.
+            .field("ca_pem", &ca_pem.as_ref().map(Vec::len))
             .finish()
     }
 }

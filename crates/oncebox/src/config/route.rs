@@ -1,6 +1,6 @@
 //! One `[routes.<name>]` table validated into a `Route`: its sources must exist, its URL must be
 //! an http(s) receiver, a RabbitMQ exchange or a NATS subject, its signing secret a Standard
-//! Webhooks secret (HTTP only), its caps sane.
+//! Webhooks secret (HTTP only), its authorities PEM certificates (HTTP only), its caps sane.
 
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -33,6 +33,9 @@ pub(super) struct RawRoute {
     pub max_age: Option<HumanDuration>,
     pub backoff: Option<RawBackoff>,
     pub concurrency: Option<usize>,
+    /// A PEM file of authorities an `https` receiver's certificate may come from, beside the
+    /// system's.
+    pub ca_file: Option<std::path::PathBuf>,
 }
 
 /// `filter = { pointer = "/type", equals = "payment_intent.succeeded" }`.
@@ -165,6 +168,10 @@ pub(super) fn validate(
             "must be an http:// or https:// URL (with {key})",
         );
     }
+    let ca_pem = raw
+        .ca_file
+        .as_ref()
+        .and_then(|file| authorities(&format!("{path}.ca_file"), file, broker, p));
     let configured = match (&raw.signing_secret, &raw.signing_secret_env) {
         // Already refused above; reading the secret too would only add noise.
         _ if broker => None,
@@ -232,5 +239,44 @@ pub(super) fn validate(
         status_url: raw.status_url.clone(),
         retry,
         concurrency,
+        ca_pem,
     })
+}
+
+/// The PEM certificates in `file`, which must hold at least one (public certificates: the path
+/// and the reason are safe to show).
+fn authorities(
+    at: &str,
+    file: &std::path::Path,
+    broker: bool,
+    p: &mut Problems<'_>,
+) -> Option<Vec<u8>> {
+    if broker {
+        p.push(at, "applies only to https routes; remove it");
+        return None;
+    }
+    let pem = match std::fs::read(file) {
+        Ok(pem) => pem,
+        Err(e) => {
+            p.push(at, format_args!("cannot read {}: {e}", file.display()));
+            return None;
+        }
+    };
+    match reqwest::Certificate::from_pem_bundle(&pem) {
+        Ok(certs) if !certs.is_empty() => Some(pem),
+        Ok(_) => {
+            p.push(
+                at,
+                format_args!("{} holds no PEM certificate", file.display()),
+            );
+            None
+        }
+        Err(e) => {
+            p.push(
+                at,
+                format_args!("{}: not PEM certificates: {e}", file.display()),
+            );
+            None
+        }
+    }
 }

@@ -131,3 +131,34 @@ fn a_refused_source_is_not_also_missing_from_its_routes() {
     ));
     assert_mentions(&e, &["routes.orders.sources", "no source named \"nosuch\""]);
 }
+
+#[test]
+fn a_routes_authorities_are_read_from_a_pem_file_and_refused_by_field_when_unusable() {
+    let dir = tempfile::tempdir().unwrap();
+    let key = rcgen::KeyPair::generate().unwrap();
+    let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    let pem = params.self_signed(&key).unwrap().pem();
+    let good = dir.path().join("ca.pem");
+    std::fs::write(&good, &pem).unwrap();
+    let s = ok(&routed(
+        "https://hooks.internal/in",
+        &format!("ca_file = {:?}", good.display().to_string()),
+    ));
+    let route = s.gateway.routes.iter().find(|r| r.name == "r").unwrap();
+    assert_eq!(route.ca_pem.as_deref(), Some(pem.as_bytes()));
+    let empty = dir.path().join("empty.pem");
+    std::fs::write(&empty, "not a certificate\n").unwrap();
+    let missing = dir.path().join("missing.pem");
+    for (file, says) in [
+        (&empty, "holds no PEM certificate"),
+        (&missing, "cannot read"),
+    ] {
+        let line = format!("ca_file = {:?}", file.display().to_string());
+        let e = err(&routed("https://hooks.internal/in", &line));
+        assert_mentions(&e, &["routes.r.ca_file", says]);
+    }
+    let line = format!("ca_file = {:?}", good.display().to_string());
+    let e = err(&routed("nats://127.0.0.1:4222?subject=orders", &line));
+    assert_mentions(&e, &["routes.r.ca_file", "https"]);
+}
