@@ -165,8 +165,15 @@ impl Verdict {
                 Some(error.unwrap_or_else(|| reason.clone())),
             ),
             // `Uncertain`: parking it for reconciliation neither claims an outcome nor risks a
-            // second effect.
-            Verdict::Uncertain => ("uncertain", None, None, error),
+            // second effect. Its status URL is first asked a while later: a receiver that
+            // timed out is often still at work on the request, and asked at once would answer
+            // "not applied" and have it sent again.
+            Verdict::Uncertain => (
+                "uncertain",
+                Some(now.plus(crate::relay_store::STATUS_RECHECK.0).millis()),
+                None,
+                error,
+            ),
         };
         Recorded {
             state,

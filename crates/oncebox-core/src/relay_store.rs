@@ -64,8 +64,9 @@ pub struct DeliveryFilter {
     pub route: Option<String>,
     pub key: Option<Key>,
     pub after: Option<i64>,
-    /// Only deliveries whose next attempt (or, for an uncertain one, next status check) is
-    /// due by then.
+    /// Only deliveries whose `next_attempt_at` is due by then: for a pending or retrying one
+    /// its next attempt, for an uncertain one its next status question (for others it means
+    /// nothing).
     pub due_by: Option<Timestamp>,
     pub limit: usize,
 }
@@ -100,7 +101,8 @@ pub enum StatusAnswer {
     NoAnswer,
 }
 
-/// The shortest and longest wait before a status URL is asked again about one delivery.
+/// The shortest and longest wait before a status URL is asked about one delivery; the first
+/// question waits the shortest after the delivery became uncertain.
 pub const STATUS_RECHECK: (Duration, Duration) =
     (Duration::from_secs(10), Duration::from_secs(30 * 60));
 
@@ -166,9 +168,12 @@ pub trait DeliveryStore: Clone + Send + Sync + 'static {
         now: Timestamp,
     ) -> impl Future<Output = Result<bool, Unavailable>> + Send;
 
-    /// Settles a delivery by its receiver's status URL, only while it is still `uncertain`.
-    /// False otherwise: an operator who settled it while the question was out has the last
-    /// word. `NoAnswer` settles nothing and only puts the next question off (true).
+    /// Settles a delivery by its receiver's status URL, only while it is still `uncertain`
+    /// and its question was due at `now`. False otherwise: an operator who settled it while
+    /// the question was out has the last word, and an answer about an earlier attempt (the
+    /// delivery was retried and became uncertain again meanwhile), or a second relay's answer
+    /// to the same question, changes nothing. `NoAnswer` settles nothing and only puts the
+    /// next question off (true).
     fn reconcile(
         &self,
         id: i64,

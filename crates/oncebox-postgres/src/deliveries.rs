@@ -157,7 +157,7 @@ impl Inbox {
         let n = sqlx::query(
             "UPDATE oncebox_outbox SET updated_at = $2,
                next_attempt_at = $2 + least(greatest(2 * ($2 - updated_at), $3), $4)
-             WHERE id = $1 AND state = 'uncertain'",
+             WHERE id = $1 AND state = 'uncertain' AND next_attempt_at <= $2",
         )
         .bind(id)
         .bind(now.millis())
@@ -338,7 +338,7 @@ impl DeliveryStore for Inbox {
         let query = sqlx::query(
             "UPDATE oncebox_outbox SET state = $2, note = $3, next_attempt_at = $5,
                delivered_at = coalesce($4, delivered_at), updated_at = $5
-             WHERE id = $1 AND state = 'uncertain'",
+             WHERE id = $1 AND state = 'uncertain' AND next_attempt_at <= $5",
         )
         .bind(id)
         .bind(state)

@@ -6,14 +6,15 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use oncebox_core::delivery::{Verdict, decide};
-use oncebox_core::relay_store::{AttemptRecord, Claimed, DeliveryStore};
+use oncebox_core::delivery::Verdict;
+use oncebox_core::relay_store::DeliveryStore;
 use oncebox_core::route::Route;
 use oncebox_core::{Clock, LeaseError, Timestamp, Unavailable};
 use tokio::sync::{Semaphore, watch};
 
 use crate::send::{self, Link};
 
+mod deliver;
 mod reconcile;
 
 /// How often `run` publishes the delivery gauges.
@@ -21,15 +22,6 @@ const GAUGES_EVERY: Duration = Duration::from_secs(10);
 
 /// How often `run` looks for uncertain deliveries whose status check is due.
 const RECONCILE_EVERY: Duration = Duration::from_secs(1);
-
-/// What a lease must still hold after an attempt's timeout when it is sent: time to record.
-/// At most half of what the lease holds beyond the timeout, so a fresh claim is always sent.
-const RECORD_MARGIN: Duration = Duration::from_secs(5);
-
-/// Recording an outcome while the store is unavailable: the first and the longest pause
-/// between tries, and how many tries at most (about 13 s in all).
-const RECORD_RETRY: (Duration, Duration) = (Duration::from_millis(100), Duration::from_secs(4));
-const RECORD_TRIES: u32 = 8;
 
 /// What became of one claimed delivery.
 enum Step {
@@ -96,7 +88,11 @@ struct Circuit {
 #[derive(Debug)]
 struct Lane {
     route: Route,
+    /// Requests to the receiver in flight at once: the route's concurrency.
     permits: Semaphore,
+    /// Status-URL questions in flight at once, apart from the requests: a slow status URL
+    /// never holds a delivery back.
+    questions: Semaphore,
     link: Link,
     /// The route's own HTTP client (its attempts and its status URL): connects give up within
     /// a part of the route's timeout, so a receiver that drops packets reads as not reached.
@@ -127,8 +123,11 @@ impl<S: DeliveryStore> Relay<S> {
             .map(|route| {
                 let lane = Lane {
                     permits: Semaphore::new(route.concurrency.max(1)),
+                    questions: Semaphore::new(route.concurrency.max(1)),
                     link: Link::new(&route),
-                    client: send::client(&route),
+                    client: send::client(&route).inspect_err(|e| {
+                        tracing::error!(route = %route.name, error = %e, "route client not built: its attempts fail as not sent");
+                    }),
                     route,
                 };
                 (lane.route.name.clone(), lane)
@@ -217,116 +216,6 @@ impl<S: DeliveryStore> Relay<S> {
         Ok(outcome)
     }
 
-    /// How much of its lease a claim must still hold to be sent on `route`: the timeout and a
-    /// margin to record. `None` for a lease no longer than the timeout (a library caller's
-    /// choice; configuration refuses it), where holding sends back would send nothing at all.
-    fn latest_send(&self, route: &Route) -> Option<Duration> {
-        let beyond = self.options.lease.checked_sub(route.timeout)?;
-        if beyond.is_zero() {
-            return None;
-        }
-        Some(route.timeout + RECORD_MARGIN.min(beyond / 2))
-    }
-
-    async fn deliver(&self, claimed: &Claimed) -> Result<Step, LeaseError> {
-        let Some(Lane {
-            route,
-            permits,
-            link,
-            client,
-        }) = self.routes.get(&claimed.route)
-        else {
-            // Claims are limited to configured routes; a vanished one keeps its delivery as is.
-            return Err(LeaseError::Fenced);
-        };
-        let permit = permits.acquire().await.map_err(|_| LeaseError::Fenced)?;
-        // The attempt and its record must both fit in the lease. One sent later could still be
-        // on its way when the lease ends and another relay sends the delivery again; waiting
-        // for a permit behind a slow receiver is where the time goes. Unsent, the claim is
-        // given back and taken again in the next round.
-        let now = self.clock.now();
-        if self
-            .latest_send(route)
-            .is_some_and(|spare| now.plus(spare) >= claimed.lease_expires_at)
-        {
-            drop(permit);
-            self.store.unclaim(claimed, now).await?;
-            return Ok(Step::Unclaimed);
-        }
-        let (attempt, record) =
-            send::attempt(client, link, route, claimed, self.clock.as_ref()).await;
-        // The limit is on requests to the receiver; recording waits for a commit and must not
-        // hold the next request back.
-        drop(permit);
-        let now = self.clock.now();
-        let age = Duration::from_millis(
-            u64::try_from(now.millis() - claimed.created_at.millis()).unwrap_or(0),
-        );
-        let verdict = decide(
-            &attempt,
-            route.idempotent,
-            claimed.attempts.saturating_add(1),
-            age,
-            &route.retry,
-            rand::random(),
-        );
-        self.note(&route.name, !matches!(verdict, Verdict::Delivered), now);
-        let label = match &verdict {
-            Verdict::Delivered => "delivered",
-            Verdict::Retry(_) => "retrying",
-            Verdict::Uncertain => "uncertain",
-            _ => "dead",
-        };
-        metrics::counter!("oncebox_delivery_attempts_total", "route" => route.name.clone(), "outcome" => label).increment(1);
-        tracing::debug!(route = %route.name, key = %claimed.idempotency_key, ?verdict, "attempt");
-        // Between the receiver's answer and our record: a crash here leaves the delivery in
-        // flight; after the lease it is claimed again and re-sent with the same key.
-        crate::crash::point!("relay-before-record");
-        match self.record(claimed, record, &verdict).await {
-            Ok(()) => Ok(Step::Decided(verdict)),
-            Err(LeaseError::Fenced) => {
-                // Another relay took the delivery after our lease expired; its outcome wins.
-                tracing::warn!(key = %claimed.idempotency_key, route = %route.name, "lease lost: outcome not recorded");
-                metrics::counter!("oncebox_delivery_fenced_total", "route" => route.name.clone())
-                    .increment(1);
-                Err(LeaseError::Fenced)
-            }
-            Err(e) => Err(e),
-        }
-    }
-
-    /// Records an attempt's outcome. A store that is briefly unavailable (a lock held by
-    /// another process, a pool out of connections) is asked again while the lease lasts: the
-    /// outcome is known only here, and once the lease is gone the delivery is sent again —
-    /// a second effect where the route does not honour the key.
-    async fn record(
-        &self,
-        claimed: &Claimed,
-        record: AttemptRecord,
-        verdict: &Verdict,
-    ) -> Result<(), LeaseError> {
-        let mut pause = RECORD_RETRY.0;
-        let mut tries = 1;
-        loop {
-            let now = self.clock.now();
-            match self
-                .store
-                .record(claimed, record.clone(), verdict.clone(), now)
-                .await
-            {
-                Err(LeaseError::Unavailable(e))
-                    if tries < RECORD_TRIES && now.plus(pause) < claimed.lease_expires_at =>
-                {
-                    tries += 1;
-                    tracing::warn!(key = %claimed.idempotency_key, error = %e, "outcome not recorded yet; trying again");
-                    tokio::time::sleep(pause).await;
-                    pause = (pause * 2).min(RECORD_RETRY.1);
-                }
-                done => return done,
-            }
-        }
-    }
-
     /// Publishes gauges: deliveries per state and the age of the oldest one still owed.
     pub async fn publish_gauges(&self) -> Result<(), Unavailable> {
         let g = self.store.gauges().await?;
@@ -392,8 +281,14 @@ impl<S: DeliveryStore> Relay<S> {
 
     async fn reconcile_until(&self, mut stopped: watch::Receiver<bool>) {
         loop {
-            if let Err(e) = self.reconcile().await {
-                tracing::warn!(error = %e, "reconciliation failed");
+            // A pass only asks and settles, each settlement one guarded statement: it may be
+            // cut short, so that a hanging status URL never holds the shutdown up.
+            tokio::select! {
+                biased;
+                _ = stopped.wait_for(|stop| *stop) => return,
+                done = self.reconcile() => if let Err(e) = done {
+                    tracing::warn!(error = %e, "reconciliation failed");
+                },
             }
             tokio::select! {
                 biased;

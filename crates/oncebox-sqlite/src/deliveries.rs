@@ -218,7 +218,7 @@ impl Inbox {
                 .prepare_cached(
                     "UPDATE oncebox_outbox SET updated_at = ?2,
                        next_attempt_at = ?2 + min(max(2 * (?2 - updated_at), ?3), ?4)
-                     WHERE id = ?1 AND state = 'uncertain'",
+                     WHERE id = ?1 AND state = 'uncertain' AND next_attempt_at <= ?2",
                 )?
                 .execute(params![id, now.millis(), least, most])?;
             Ok(Ok(n == 1))
@@ -350,7 +350,7 @@ impl DeliveryStore for Inbox {
                 .prepare_cached(
                     "UPDATE oncebox_outbox SET state = ?2, note = ?3, next_attempt_at = ?5,
                        delivered_at = coalesce(?4, delivered_at), updated_at = ?5
-                     WHERE id = ?1 AND state = 'uncertain'",
+                     WHERE id = ?1 AND state = 'uncertain' AND next_attempt_at <= ?5",
                 )?
                 .execute(params![id, state, note, delivered_at, now.millis()])?;
             Ok(Ok(n == 1))

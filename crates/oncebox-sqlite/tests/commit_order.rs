@@ -57,9 +57,14 @@ fn no_replay_is_answered_before_the_first_deliverys_commit() {
         let others: Vec<_> = (0..49).map(|_| spawn()).collect();
         // Each of the 49 has either passed every look at committed state and waits for the
         // writer, or been answered (which the checks below refuse).
-        while inbox.queued() + others.iter().filter(|o| o.is_finished()).count() < 49 {
-            tokio::task::yield_now().await;
-        }
+        let waited = tokio::time::timeout(Duration::from_secs(30), async {
+            while inbox.queued() + others.iter().filter(|o| o.is_finished()).count() < 49 {
+                tokio::task::yield_now().await;
+            }
+        });
+        waited
+            .await
+            .expect("the 49 reached the writer's queue or were answered");
         assert_eq!(inbox.stats().commits(), 0, "nothing committed yet");
         open.store(true, Ordering::SeqCst);
         release.send(()).unwrap();

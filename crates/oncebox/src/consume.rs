@@ -58,6 +58,7 @@ pub async fn run(settings: Settings, amqp: Option<String>, nats: Option<String>)
     if amqp.is_none() && nats.is_none() {
         bail!("give --amqp URL and/or --nats URL (or ONCEBOX_AMQP_URL / ONCEBOX_NATS_URL)");
     }
+    let shutdown = crate::serve::shutdown_signal();
     let store = Store::open(&settings.database).await?;
     let config = Arc::new(settings.gateway);
     let (stop, stopped) = watch::channel(false);
@@ -82,7 +83,7 @@ pub async fn run(settings: Settings, amqp: Option<String>, nats: Option<String>)
         bail!("no [consumers] to run with the brokers given");
     }
     tracing::info!(consumers = tasks.len(), "consuming");
-    shutdown_signal().await;
+    shutdown.await;
     let _ = stop.send(true);
     // Each consumer settles the messages in hand before its task ends.
     while tasks.join_next().await.is_some() {}
@@ -181,21 +182,4 @@ async fn pause(backoff: &mut Duration, stopped: &watch::Receiver<bool>) {
 
 async fn wait_for(mut stopped: watch::Receiver<bool>) {
     let _ = stopped.wait_for(|s| *s).await;
-}
-
-async fn shutdown_signal() {
-    let interrupt = tokio::signal::ctrl_c();
-    let terminate = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    tokio::select! {
-        _ = interrupt => {}
-        () = terminate => {}
-    }
-    tracing::info!("shutdown requested");
 }

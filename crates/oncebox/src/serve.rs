@@ -20,6 +20,7 @@ const PURGE_EVERY: Duration = Duration::from_secs(3600);
 
 /// Runs the gateway, and the relay in the same process when `with_relay` and routes exist.
 pub async fn run(settings: Settings, with_relay: bool) -> Result<()> {
+    let shutdown = shutdown_signal();
     for warning in &settings.warnings {
         tracing::warn!("{warning}");
     }
@@ -57,7 +58,7 @@ pub async fn run(settings: Settings, with_relay: bool) -> Result<()> {
         tokio::spawn(async move { relay.run(wait_for(stopped)).await })
     });
     serve(listener, router(gw), limits, async move {
-        shutdown_signal().await;
+        shutdown.await;
         let _ = stop.send(true);
     })
     .await?;
@@ -79,6 +80,7 @@ pub async fn run(settings: Settings, with_relay: bool) -> Result<()> {
 
 /// `oncebox relay`: the relay alone, for deployments that run it apart from the gateway.
 pub async fn relay_only(settings: Settings) -> Result<()> {
+    let shutdown = shutdown_signal();
     let inbox = Store::open(&settings.database).await?;
     let routes = settings.gateway.routes;
     if routes.is_empty() {
@@ -86,7 +88,7 @@ pub async fn relay_only(settings: Settings) -> Result<()> {
     }
     tracing::info!(routes = routes.len(), database = %describe(&settings.database), "relay running");
     let relay = Relay::new(inbox, routes, Arc::new(SystemClock), settings.relay);
-    relay.run(shutdown_signal()).await;
+    relay.run(shutdown).await;
     tracing::info!("relay stopped");
     Ok(())
 }
@@ -139,22 +141,35 @@ fn announce(local: &std::net::SocketAddr, database: &str, config: &GatewayConfig
     );
 }
 
-async fn shutdown_signal() {
-    let interrupt = tokio::signal::ctrl_c();
+/// Resolves on the first SIGINT or SIGTERM. The handlers are registered here, at once, not
+/// when the future is first polled: a signal that comes while the store opens, or while the
+/// relay already delivers, ends the process gracefully instead of by the default action.
+pub(crate) fn shutdown_signal() -> impl std::future::Future<Output = ()> {
     #[cfg(unix)]
-    let terminate = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
+    let signals = {
+        use tokio::signal::unix::{SignalKind, signal};
+        [SignalKind::interrupt(), SignalKind::terminate()].map(|kind| signal(kind).ok())
     };
-    #[cfg(not(unix))]
-    let terminate = std::future::pending::<()>();
-    tokio::select! {
-        _ = interrupt => {}
-        () = terminate => {}
+    async move {
+        #[cfg(unix)]
+        {
+            let [mut interrupt, mut terminate] = signals;
+            tokio::select! {
+                () = received(interrupt.as_mut()) => {}
+                () = received(terminate.as_mut()) => {}
+            }
+        }
+        #[cfg(not(unix))]
+        let _ = tokio::signal::ctrl_c().await;
+        tracing::info!("shutdown requested");
     }
-    tracing::info!("shutdown requested");
+}
+
+/// The next delivery of a signal, or never when its handler could not be registered.
+#[cfg(unix)]
+async fn received(signal: Option<&mut tokio::signal::unix::Signal>) {
+    match signal {
+        Some(s) => drop(s.recv().await),
+        None => std::future::pending::<()>().await,
+    }
 }

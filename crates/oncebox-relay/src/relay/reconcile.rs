@@ -10,7 +10,8 @@ use super::{Lane, Relay};
 use crate::send;
 
 /// Uncertain deliveries one route's status URL is asked about per pass. Their questions run
-/// side by side within the route's concurrency, so a pass takes a few of its timeouts at most.
+/// side by side, as many at once as the route's concurrency (on permits of their own, so they
+/// never wait in line with deliveries), so a pass takes a few of its timeouts at most.
 const PER_PASS: usize = 16;
 
 impl<S: DeliveryStore> Relay<S> {
@@ -41,7 +42,7 @@ impl<S: DeliveryStore> Relay<S> {
     /// Asks about one delivery; true when its answer settled it.
     async fn ask(&self, lane: &Lane, d: &DeliveryView) -> Result<bool, Unavailable> {
         let answer = {
-            let Ok(_permit) = lane.permits.acquire().await else {
+            let Ok(_permit) = lane.questions.acquire().await else {
                 return Ok(false);
             };
             // The key the receiver saw: a library handler's message carries its own.

@@ -109,21 +109,34 @@ pub async fn reconcile_settles_only_an_uncertain_delivery_and_puts_off_an_unansw
         view(&b, u).await.idempotency_key,
         each.uncertain.idempotency_key
     );
-    assert!(check_due(&b, u, now).await, "checked as soon as uncertain");
-    // No answer: asked again after the shortest wait, then after twice the time since.
+    // First asked the shortest wait after it became uncertain, not at once: a receiver that
+    // timed out may still be at work on it. Before then no answer counts.
     let (least, _) = STATUS_RECHECK;
-    assert!(b.reconcile(u, StatusAnswer::NoAnswer, now).await.unwrap());
+    let first = now.plus(least);
+    assert!(!check_due(&b, u, first.minus(MS)).await);
+    assert!(check_due(&b, u, first).await);
+    for answer in answers {
+        assert!(!b.reconcile(u, answer, first.minus(MS)).await.unwrap());
+    }
+    // No answer: asked again after twice the time since it was last asked (or parked).
+    assert!(b.reconcile(u, StatusAnswer::NoAnswer, first).await.unwrap());
     assert_eq!(view(&b, u).await.state, DeliveryState::Uncertain);
-    let second = now.plus(least);
+    let second = first.plus(least * 2);
     assert!(!check_due(&b, u, second.minus(MS)).await);
     assert!(check_due(&b, u, second).await);
-    clock.advance(least);
+    // A second relay's answer to the question just put off changes nothing.
+    assert!(!b.reconcile(u, StatusAnswer::NoAnswer, first).await.unwrap());
+    assert!(
+        !b.reconcile(u, StatusAnswer::NotApplied, first)
+            .await
+            .unwrap()
+    );
     assert!(
         b.reconcile(u, StatusAnswer::NoAnswer, second)
             .await
             .unwrap()
     );
-    let third = second.plus(least * 2);
+    let third = second.plus(least * 4);
     assert!(!check_due(&b, u, third.minus(MS)).await);
     assert!(check_due(&b, u, third).await);
     // Not applied: due again now, with the same key, its attempts unchanged.
@@ -150,7 +163,14 @@ pub async fn reconcile_settles_only_an_uncertain_delivery_and_puts_off_an_unansw
     b.record(back, failed("timeout", third), Verdict::Uncertain, third)
         .await
         .expect("record");
-    assert!(b.reconcile(u, StatusAnswer::Applied, third).await.unwrap());
+    // An answer to the question about the attempt before changes nothing.
+    assert!(
+        !b.reconcile(u, StatusAnswer::NotApplied, third)
+            .await
+            .unwrap()
+    );
+    let fourth = third.plus(least);
+    assert!(b.reconcile(u, StatusAnswer::Applied, fourth).await.unwrap());
     let v = view(&b, u).await;
     assert_eq!(
         (v.state, v.note.as_deref()),

@@ -1,0 +1,138 @@
+//! One claimed delivery: wait for the route's concurrency, send it if its lease still covers
+//! the attempt and its record, decide, and record the outcome while the lease lasts.
+
+use std::time::Duration;
+
+use oncebox_core::delivery::{Verdict, decide};
+use oncebox_core::relay_store::{AttemptRecord, Claimed, DeliveryStore};
+use oncebox_core::route::Route;
+use oncebox_core::{LeaseError, Unavailable};
+
+use super::{Lane, Relay, Step};
+use crate::send;
+
+/// What a lease must still hold after an attempt's timeout when it is sent: time to record.
+/// At most half of what the lease holds beyond the timeout, so a fresh claim is always sent.
+const RECORD_MARGIN: Duration = Duration::from_secs(5);
+
+/// Recording an outcome while the store is unavailable: the first and the longest pause
+/// between tries, and how many tries at most (about 13 s in all).
+const RECORD_RETRY: (Duration, Duration) = (Duration::from_millis(100), Duration::from_secs(4));
+const RECORD_TRIES: u32 = 8;
+
+impl<S: DeliveryStore> Relay<S> {
+    /// How much of its lease a claim must still hold to be sent on `route`: the timeout and a
+    /// margin to record. `None` for a lease no longer than the timeout (a library caller's
+    /// choice; configuration refuses it), where holding sends back would send nothing at all.
+    fn latest_send(&self, route: &Route) -> Option<Duration> {
+        let beyond = self.options.lease.checked_sub(route.timeout)?;
+        if beyond.is_zero() {
+            return None;
+        }
+        Some(route.timeout + RECORD_MARGIN.min(beyond / 2))
+    }
+
+    pub(super) async fn deliver(&self, claimed: &Claimed) -> Result<Step, LeaseError> {
+        let Some(Lane {
+            route,
+            permits,
+            link,
+            client,
+            ..
+        }) = self.routes.get(&claimed.route)
+        else {
+            // Claims are limited to configured routes; a vanished one keeps its delivery as is.
+            return Err(LeaseError::Fenced);
+        };
+        let permit = permits.acquire().await.map_err(|_| LeaseError::Fenced)?;
+        // The attempt and its record must both fit in the lease. One sent later could still be
+        // on its way when the lease ends and another relay sends the delivery again; waiting
+        // for a permit behind a slow receiver is where the time goes. Unsent, the claim is
+        // given back and taken again in the next round.
+        let now = self.clock.now();
+        if self
+            .latest_send(route)
+            .is_some_and(|spare| now.plus(spare) >= claimed.lease_expires_at)
+        {
+            drop(permit);
+            self.store.unclaim(claimed, now).await?;
+            return Ok(Step::Unclaimed);
+        }
+        let (attempt, record) =
+            send::attempt(client, link, route, claimed, self.clock.as_ref()).await;
+        // The limit is on requests to the receiver; recording waits for a commit and must not
+        // hold the next request back.
+        drop(permit);
+        let now = self.clock.now();
+        let age = Duration::from_millis(
+            u64::try_from(now.millis() - claimed.created_at.millis()).unwrap_or(0),
+        );
+        let verdict = decide(
+            &attempt,
+            route.idempotent,
+            claimed.attempts.saturating_add(1),
+            age,
+            &route.retry,
+            rand::random(),
+        );
+        self.note(&route.name, !matches!(verdict, Verdict::Delivered), now);
+        let label = match &verdict {
+            Verdict::Delivered => "delivered",
+            Verdict::Retry(_) => "retrying",
+            Verdict::Uncertain => "uncertain",
+            _ => "dead",
+        };
+        metrics::counter!("oncebox_delivery_attempts_total", "route" => route.name.clone(), "outcome" => label).increment(1);
+        tracing::debug!(route = %route.name, key = %claimed.idempotency_key, ?verdict, "attempt");
+        // Between the receiver's answer and our record: a crash here leaves the delivery in
+        // flight; after the lease it is claimed again and re-sent with the same key.
+        crate::crash::point!("relay-before-record");
+        match self.record(claimed, record, &verdict).await {
+            Ok(()) => Ok(Step::Decided(verdict)),
+            Err(LeaseError::Fenced) => {
+                // Another relay took the delivery after our lease expired; its outcome wins.
+                tracing::warn!(key = %claimed.idempotency_key, route = %route.name, "lease lost: outcome not recorded");
+                metrics::counter!("oncebox_delivery_fenced_total", "route" => route.name.clone())
+                    .increment(1);
+                Err(LeaseError::Fenced)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Records an attempt's outcome. A store that is briefly unavailable (a lock held by
+    /// another process, a pool out of connections) is asked again while the lease lasts: the
+    /// outcome is known only here, and once the lease is gone the delivery is sent again —
+    /// a second effect where the route does not honour the key.
+    async fn record(
+        &self,
+        claimed: &Claimed,
+        record: AttemptRecord,
+        verdict: &Verdict,
+    ) -> Result<(), LeaseError> {
+        let mut pause = RECORD_RETRY.0;
+        let mut tries = 1;
+        loop {
+            let now = self.clock.now();
+            match self
+                .store
+                .record(claimed, record.clone(), verdict.clone(), now)
+                .await
+            {
+                // Not after a COMMIT whose fate is unknown: it may have recorded the outcome,
+                // and a second try would then read as a lost lease.
+                Err(LeaseError::Unavailable(e))
+                    if tries < RECORD_TRIES
+                        && now.plus(pause) < claimed.lease_expires_at
+                        && !matches!(e, Unavailable::CommitUnknown(_)) =>
+                {
+                    tries += 1;
+                    tracing::warn!(key = %claimed.idempotency_key, error = %e, "outcome not recorded yet; trying again");
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(RECORD_RETRY.1);
+                }
+                done => return done,
+            }
+        }
+    }
+}
