@@ -101,6 +101,32 @@ pub enum StatusAnswer {
     NoAnswer,
 }
 
+/// What settling an uncertain delivery by a status answer writes: its state, its delivery
+/// time and its note; the same on every backend.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Settled {
+    pub state: &'static str,
+    pub delivered_at: Option<i64>,
+    pub note: &'static str,
+}
+
+impl StatusAnswer {
+    /// What `Applied` and `NotApplied` write at `now`; `None` for an answer that settles
+    /// nothing (`NoAnswer` only puts the next question off).
+    pub fn settled(self, now: Timestamp) -> Option<Settled> {
+        let (state, delivered_at, note) = match self {
+            StatusAnswer::Applied => ("delivered", Some(now.millis()), "status_url: applied"),
+            StatusAnswer::NotApplied => ("pending", None, "status_url: not applied"),
+            StatusAnswer::NoAnswer => return None,
+        };
+        Some(Settled {
+            state,
+            delivered_at,
+            note,
+        })
+    }
+}
+
 /// The shortest and longest wait before a status URL is asked about one delivery; the first
 /// question waits the shortest after the delivery became uncertain.
 pub const STATUS_RECHECK: (Duration, Duration) =

@@ -10,7 +10,7 @@ use std::time::Duration;
 use oncebox_core::delivery::Verdict;
 use oncebox_core::relay_store::{
     AttemptRecord, Claimed, DeliveryFilter, DeliveryGauges, DeliveryStore, DeliveryView, Resolve,
-    STATUS_RECHECK, StatusAnswer,
+    STATUS_RECHECK, Settled, StatusAnswer,
 };
 use oncebox_core::store::Page;
 use oncebox_core::{Key, LeaseError, Timestamp, Unavailable};
@@ -329,11 +329,13 @@ impl DeliveryStore for Inbox {
         answer: StatusAnswer,
         now: Timestamp,
     ) -> Result<bool, Unavailable> {
-        let (state, delivered_at, note) = match answer {
-            StatusAnswer::Applied => ("delivered", Some(now.millis()), "status_url: applied"),
-            StatusAnswer::NotApplied => ("pending", None, "status_url: not applied"),
-            StatusAnswer::NoAnswer => return self.ask_again_later(id, now).await,
-            _ => return Ok(false),
+        let Some(Settled {
+            state,
+            delivered_at,
+            note,
+        }) = answer.settled(now)
+        else {
+            return self.ask_again_later(id, now).await;
         };
         let query = sqlx::query(
             "UPDATE oncebox_outbox SET state = $2, note = $3, next_attempt_at = $5,

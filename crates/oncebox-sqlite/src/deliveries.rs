@@ -8,7 +8,7 @@ use std::time::Duration;
 use oncebox_core::delivery::Verdict;
 use oncebox_core::relay_store::{
     AttemptRecord, Claimed, DeliveryFilter, DeliveryGauges, DeliveryStore, DeliveryView, Resolve,
-    STATUS_RECHECK, StatusAnswer,
+    STATUS_RECHECK, Settled, StatusAnswer,
 };
 use oncebox_core::store::Page;
 use oncebox_core::{Key, LeaseError, Timestamp, Unavailable};
@@ -338,11 +338,13 @@ impl DeliveryStore for Inbox {
         answer: StatusAnswer,
         now: Timestamp,
     ) -> Result<bool, Unavailable> {
-        let (state, delivered_at, note) = match answer {
-            StatusAnswer::Applied => ("delivered", Some(now.millis()), "status_url: applied"),
-            StatusAnswer::NotApplied => ("pending", None, "status_url: not applied"),
-            StatusAnswer::NoAnswer => return self.ask_again_later(id, now).await,
-            _ => return Ok(false),
+        let Some(Settled {
+            state,
+            delivered_at,
+            note,
+        }) = answer.settled(now)
+        else {
+            return self.ask_again_later(id, now).await;
         };
         self.submit(move |cx| {
             let n = cx
