@@ -148,9 +148,7 @@ impl Inbox {
         tx.commit().await.map_err(|e| commit_failed(&e))?;
         Ok(n)
     }
-}
 
-impl Inbox {
     /// Puts the next status check of an uncertain delivery off by twice the time since the
     /// last one, within [`STATUS_RECHECK`].
     async fn ask_again_later(&self, id: i64, now: Timestamp) -> Result<bool, Unavailable> {

@@ -15,10 +15,7 @@ pub fn gateway_base(url: Option<&str>, settings: &Settings) -> Result<String> {
     let Some(url) = url else {
         return Ok(format!("http://{}", settings.listen));
     };
-    // `localhost:8080` parses, as scheme `localhost`: the scheme and host are checked too.
-    let valid = reqwest::Url::parse(url)
-        .is_ok_and(|u| matches!(u.scheme(), "http" | "https") && u.host().is_some());
-    if !valid {
+    if !crate::config::http_url(url) {
         return Err(crate::exit::usage(format!(
             "--url {}: expected the gateway's base URL, e.g. http://127.0.0.1:8080",
             crate::config::redact_url(url)

@@ -127,10 +127,15 @@ pub async fn start() -> (Arc<Receiver>, SocketAddr) {
         .route("/hook", post(hook))
         .route("/status/{key}", get(status))
         .with_state(receiver.clone());
+    (receiver, serve(app).await)
+}
+
+/// Serves `app` on a loopback port; returns its address.
+pub async fn serve(app: Router) -> SocketAddr {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-    (receiver, addr)
+    addr
 }
 
 /// A receiver that reads each request whole and never answers, holding the connection open.

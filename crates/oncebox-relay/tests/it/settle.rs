@@ -15,20 +15,13 @@ use oncebox_core::delivery::DeliveryState;
 use oncebox_core::relay_store::{DeliveryStore, Resolve, STATUS_RECHECK};
 use oncebox_core::{Clock, Timestamp};
 use oncebox_testkit::run;
-use tokio::net::TcpListener;
 use tokio::sync::Notify;
 
 use oncebox_relay::Relay;
 use oncebox_sqlite::Inbox;
 
+use crate::receiver::serve;
 use crate::{START, World, receiver, route};
-
-async fn serve(app: Router) -> SocketAddr {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-    addr
-}
 
 #[test]
 fn a_claim_whose_lease_runs_short_behind_a_slow_route_is_given_back_not_sent_late() {

@@ -30,6 +30,7 @@ pub use consumer::{Broker, ConsumerSpec};
 pub use describe::{describe, describe_json};
 use raw::{RawConfig, RawLimits};
 pub(crate) use redact::{host_and_path, redact_url};
+pub(crate) use route::http_url;
 pub use storage::Storage;
 
 const DEFAULT_LISTEN: SocketAddr = SocketAddr::new(std::net::IpAddr::V4(Ipv4Addr::LOCALHOST), 8080);

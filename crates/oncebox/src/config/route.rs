@@ -71,7 +71,9 @@ const DEFAULT_CONCURRENCY: usize = 16;
 const AMQP_FORM: &str = "amqp://user:pass@host:port/vhost?exchange=NAME&routing_key=KEY";
 const NATS_FORM: &str = "nats://host:port?subject=NAME";
 
-fn http_url(text: &str) -> bool {
+/// Whether `text` is an absolute `http(s)://HOST…` URL (`localhost:8080` parses, as scheme
+/// `localhost`: the scheme and host are checked too).
+pub(crate) fn http_url(text: &str) -> bool {
     reqwest::Url::parse(text)
         .is_ok_and(|u| matches!(u.scheme(), "http" | "https") && u.host().is_some())
 }
