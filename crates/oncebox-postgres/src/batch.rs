@@ -42,6 +42,8 @@ pub(crate) struct Batcher {
 pub struct BatchStats {
     commits: AtomicU64,
     requests: AtomicU64,
+    held: AtomicU64,
+    in_flight: AtomicU64,
 }
 
 impl BatchStats {
@@ -53,6 +55,17 @@ impl BatchStats {
     /// Requests answered by committed batches.
     pub fn committed_requests(&self) -> u64 {
         self.requests.load(Ordering::Relaxed)
+    }
+
+    /// Requests the workers have taken from the queue and not yet answered: in a batch's
+    /// transaction, or waiting for the next round because their key is already in one.
+    pub fn held(&self) -> u64 {
+        self.held.load(Ordering::Relaxed)
+    }
+
+    /// Batch transactions in flight now (begun, not yet committed or failed).
+    pub fn in_flight(&self) -> u64 {
+        self.in_flight.load(Ordering::Relaxed)
     }
 }
 
@@ -72,11 +85,17 @@ impl Batcher {
                             Err(_) => break,
                         }
                     }
+                    stats.held.fetch_add(jobs.len() as u64, Ordering::Relaxed);
                     run(&pool, &options, &stats, jobs).await;
                 }
             });
         }
         Batcher { sender, stats }
+    }
+
+    /// Requests in the queue, not yet taken by a worker.
+    pub fn queued(&self) -> usize {
+        self.sender.len()
     }
 
     /// Queues `ingest`; a full queue is `Busy` at once, so an overloaded node sheds load fast.
@@ -106,6 +125,7 @@ async fn run(pool: &PgPool, options: &Options, stats: &BatchStats, mut jobs: Vec
     jobs.retain_mut(|job| {
         if job.deadline <= now {
             // Nobody waits for it any more; its sender retries.
+            stats.held.fetch_sub(1, Ordering::Relaxed);
             return false;
         }
         true
@@ -115,7 +135,10 @@ async fn run(pool: &PgPool, options: &Options, stats: &BatchStats, mut jobs: Vec
         let (first, later): (Vec<Job>, Vec<Job>) = jobs
             .into_iter()
             .partition(|j| seen.insert(j.ingest.event.key.clone()));
-        let answers = match batch(pool, options, &first).await {
+        stats.in_flight.fetch_add(1, Ordering::Relaxed);
+        let answers = batch(pool, options, &first).await;
+        stats.in_flight.fetch_sub(1, Ordering::Relaxed);
+        let answers = match answers {
             Ok(answers) => {
                 stats.commits.fetch_add(1, Ordering::Relaxed);
                 stats
@@ -130,6 +153,7 @@ async fn run(pool: &PgPool, options: &Options, stats: &BatchStats, mut jobs: Vec
         };
         for (job, answer) in first.into_iter().zip(answers) {
             let _ = job.answer.send(answer);
+            stats.held.fetch_sub(1, Ordering::Relaxed);
         }
         jobs = later;
     }

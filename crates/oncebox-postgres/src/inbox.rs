@@ -108,6 +108,11 @@ impl Inbox {
         &self.batcher.stats
     }
 
+    /// Requests waiting in the queue for a batch worker to take them.
+    pub fn queued(&self) -> usize {
+        self.batcher.queued()
+    }
+
     /// The connection pool, for the application's own queries.
     pub fn pool(&self) -> &PgPool {
         &self.pool

@@ -2,6 +2,7 @@
 //! conformance suite and the model-based test, batched ingest, faults.
 
 mod claims;
+mod commit_order;
 mod database;
 mod deliveries;
 mod faults;

@@ -1,0 +1,158 @@
+//! No duplicate is answered before the first delivery's COMMIT (G3), across two nodes sharing
+//! one database. The first delivery of a key holds its transaction open after its inbox insert
+//! (through `process`, whose handler can wait: the batched path has no such pause); 49 more
+//! deliveries of the key arrive meanwhile at two nodes' batchers, half at each, and must all
+//! wait — queued, or in a batch that PostgreSQL holds on the first one's uncommitted row.
+//! Released, the first is applied and the 49 replay its answer.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use oncebox_core::store::{EventStore, Ingest};
+use oncebox_core::{ManualClock, Processed, Response};
+use oncebox_postgres::{Inbox, sqlx};
+use oncebox_testkit::{EPOCH, event};
+
+use crate::harness::{options, schema, url};
+
+fn ingest() -> Ingest {
+    Ingest {
+        event: event("shop", "evt-1", 5),
+        order: None,
+        accepted: b"accepted".to_vec(),
+        stale: Vec::new(),
+        routes: Vec::new(),
+    }
+}
+
+/// Requests of both nodes waiting for, or inside, a batch.
+fn waiting(nodes: &[Inbox]) -> u64 {
+    nodes
+        .iter()
+        .map(|n| n.queued() as u64 + n.batch_stats().held())
+        .sum()
+}
+
+#[test]
+fn no_replay_is_answered_before_the_first_deliverys_commit_on_either_node() {
+    if url().is_none() {
+        return;
+    }
+    oncebox_testkit::run(async {
+        let clock = ManualClock::new(EPOCH);
+        let schema = schema();
+        // Two nodes: each its own pool and batch workers on the same tables. Enough workers
+        // that every one of the 49 can have its batch at the server (none need wait in a
+        // queue), so each is answered by what PostgreSQL says about the row.
+        let node = || async {
+            let o = options(&schema, &clock)
+                .batch_workers(25)
+                .max_connections(27);
+            Inbox::open(o).await.expect("node")
+        };
+        let nodes = [node().await, node().await];
+
+        // The first delivery says which server session holds its transaction, then waits.
+        let (reached, at_point) = tokio::sync::oneshot::channel::<i32>();
+        let (release, released) = tokio::sync::oneshot::channel::<()>();
+        // Set just before the release: an answer that finds it unset came before the COMMIT.
+        let open = Arc::new(AtomicBool::new(false));
+        let winner = {
+            let (inbox, open) = (nodes[0].clone(), open.clone());
+            tokio::spawn(async move {
+                let answer = inbox
+                    .process(event("shop", "evt-1", 5), move |tx| {
+                        Box::pin(async move {
+                            let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+                                .fetch_one(tx.conn())
+                                .await?;
+                            let _ = reached.send(pid);
+                            let _ = released.await;
+                            Ok(Response::completed("accepted"))
+                        })
+                    })
+                    .await;
+                (answer, open.load(Ordering::SeqCst))
+            })
+        };
+        let holder = tokio::time::timeout(Duration::from_secs(30), at_point)
+            .await
+            .expect("the first delivery inserted its record in time")
+            .expect("the first delivery's handler ran");
+
+        let others: Vec<_> = (0..49)
+            .map(|n| {
+                let (inbox, open) = (nodes[n % 2].clone(), open.clone());
+                tokio::spawn(async move {
+                    let answer = inbox.ingest(ingest()).await;
+                    (answer, open.load(Ordering::SeqCst))
+                })
+            })
+            .collect();
+        // Every batch in flight on either node waits for the holder's transaction (PostgreSQL
+        // says so), and each of the 49 is in one of them or queued behind — or was answered,
+        // which the checks below refuse.
+        let mut admin = nodes[0].pool().acquire().await.expect("connection");
+        let settled = tokio::time::timeout(Duration::from_secs(30), async {
+            loop {
+                let blocked: i64 = sqlx::query_scalar(
+                    "SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid))",
+                )
+                .bind(holder)
+                .fetch_one(&mut *admin)
+                .await
+                .expect("lock waits");
+                let in_flight: u64 = nodes.iter().map(|n| n.batch_stats().in_flight()).sum();
+                let answered = others.iter().filter(|o| o.is_finished()).count() as u64;
+                if answered > 0
+                    || blocked > 0 && blocked as u64 == in_flight && waiting(&nodes) == 49
+                {
+                    return (blocked, answered);
+                }
+                tokio::task::yield_now().await;
+            }
+        });
+        let (blocked, answered) = settled
+            .await
+            .expect("the 49 reached the batchers and their batches waited on the first's row");
+        assert_eq!(
+            answered, 0,
+            "a later delivery was answered while the first was open"
+        );
+        let queued: usize = nodes.iter().map(Inbox::queued).sum();
+        eprintln!(
+            "commit order: of 49 later deliveries, {} in {blocked} batches held on the first's row, {queued} queued",
+            49 - queued
+        );
+        assert!(
+            blocked >= 1,
+            "a batch waited on the first delivery's row lock"
+        );
+        drop(admin);
+
+        open.store(true, Ordering::SeqCst);
+        release.send(()).expect("the first delivery still waits");
+        let (won, after) = winner.await.expect("first delivery");
+        assert!(after);
+        let Processed::Applied(answer) = won.expect("first delivery") else {
+            panic!("the first delivery is applied");
+        };
+        for other in others {
+            let (got, after) = other.await.expect("later delivery");
+            assert!(
+                after,
+                "a replay was answered before the first delivery's COMMIT"
+            );
+            match got.expect("later delivery") {
+                Processed::Duplicate(replay) => assert_eq!(replay, answer),
+                got => panic!("a later delivery replays the first: {got:?}"),
+            }
+        }
+        let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM oncebox_inbox")
+            .fetch_one(nodes[0].pool())
+            .await
+            .expect("count");
+        assert_eq!(rows, 1, "one record of the key");
+    });
+}
