@@ -239,13 +239,16 @@ impl Inbox {
     }
 
     /// Completes only while the lease is live and still this holder's: an expired holder is
-    /// fenced even if nobody has taken over yet, because someone may be about to.
+    /// fenced even if nobody has taken over yet, because someone may be about to. A holder
+    /// repeating its own completion is answered `Ok`.
     pub async fn complete(&self, lease: &Lease, response: Response) -> Result<(), LeaseError> {
         let body = (!response.body.is_empty()).then_some(&response.body);
         let now = self.clock.now().millis();
+        // The completing token stays on the record: the holder repeating its completion (its
+        // reply was lost) is told `Ok` again below, and the first response stays.
         let n = sqlx::query(
             "UPDATE oncebox_inbox SET state = $4, response = $5, completed_at = $6,
-               lease_token = NULL, lease_expires_at = NULL
+               lease_expires_at = NULL
              WHERE source = $1 AND event_id = $2 AND state = 'processing'
                AND lease_token = $3 AND lease_expires_at > $6",
         )
@@ -258,7 +261,20 @@ impl Inbox {
         .execute(&self.pool)
         .await
         .map_err(|e| LeaseError::Unavailable(storage(&e)))?;
-        fenced_unless(n.rows_affected())
+        if n.rows_affected() == 1 {
+            return Ok(());
+        }
+        let own: bool = sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM oncebox_inbox WHERE source = $1 AND event_id = $2
+               AND lease_token = $3 AND state NOT IN ('processing', 'uncertain'))",
+        )
+        .bind(lease.key.source.as_str())
+        .bind(lease.key.event_id.as_str())
+        .bind(lease.token)
+        .fetch_one(&self.pool)
+        .await
+        .map_err(|e| LeaseError::Unavailable(storage(&e)))?;
+        if own { Ok(()) } else { Err(LeaseError::Fenced) }
     }
 
     /// Frees the key (the external call failed). Allowed after expiry while nobody took over.

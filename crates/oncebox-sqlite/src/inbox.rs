@@ -174,6 +174,7 @@ impl Inbox {
     }
 
     /// Records the external effect as done; refused once the lease expired or was taken over.
+    /// The holder repeating its own completion (its reply was lost) is answered `Ok` again.
     pub async fn complete(&self, lease: &Lease, response: Response) -> Result<(), LeaseError> {
         let lease = lease.clone();
         self.submit(move |cx| lease::complete(cx, &lease, &response))

@@ -39,33 +39,42 @@ pub(crate) fn begin(
 }
 
 /// Completes only while the lease is live and still this holder's: an expired holder is fenced
-/// even if nobody has taken over yet, because someone may be about to.
+/// even if nobody has taken over yet, because someone may be about to. The completing token
+/// stays on the record, so the holder repeating its completion (its reply was lost) is told
+/// `Ok` again, and the first response stays.
 pub(crate) fn complete(
     cx: &mut Cx<'_, '_>,
     lease: &Lease,
     response: &Response,
 ) -> Result<Result<(), LeaseError>, Fatal> {
-    let live: Option<i64> = cx
+    let key = (lease.key.source.as_str(), lease.key.event_id.as_str());
+    let (state, row): (String, i64) = match cx
         .conn
         .prepare_cached(
-            "SELECT id FROM oncebox_inbox WHERE source = ?1 AND event_id = ?2
-               AND state = 'processing' AND lease_token = ?3 AND lease_expires_at > ?4",
+            "SELECT CASE WHEN state = 'processing' AND lease_expires_at > ?4 THEN 'live'
+                         WHEN state NOT IN ('processing', 'uncertain') THEN 'done'
+                         ELSE 'other' END, id
+             FROM oncebox_inbox WHERE source = ?1 AND event_id = ?2 AND lease_token = ?3",
         )?
-        .query_row(
-            params![
-                lease.key.source.as_str(),
-                lease.key.event_id.as_str(),
-                lease.token,
-                cx.now.millis()
-            ],
-            |r| r.get(0),
-        )
-        .optional()?;
-    let Some(row) = live else {
-        return Ok(Err(LeaseError::Fenced));
+        .query_row(params![key.0, key.1, lease.token, cx.now.millis()], |r| {
+            Ok((r.get(0)?, r.get(1)?))
+        })
+        .optional()?
+    {
+        Some(found) => found,
+        None => return Ok(Err(LeaseError::Fenced)),
     };
-    finish(cx, row, response)?;
-    Ok(Ok(()))
+    match state.as_str() {
+        "live" => {
+            finish(cx, row, response)?;
+            cx.conn
+                .prepare_cached("UPDATE oncebox_inbox SET lease_token = ?2 WHERE id = ?1")?
+                .execute(params![row, lease.token])?;
+            Ok(Ok(()))
+        }
+        "done" => Ok(Ok(())),
+        _ => Ok(Err(LeaseError::Fenced)),
+    }
 }
 
 /// Frees the key (the external call failed). Allowed after expiry while nobody took over: it

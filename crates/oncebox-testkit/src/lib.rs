@@ -19,6 +19,7 @@ pub mod checker;
 pub mod child;
 pub mod consume;
 pub mod history;
+pub mod leasing;
 mod model;
 pub mod pg;
 pub mod proxy;
@@ -349,10 +350,7 @@ macro_rules! conformance {
             offset_at_or_below_watermark_is_a_replay,
             outbox_message_commits_only_with_the_effect,
             restart_keeps_every_committed_key,
-            lease_blocks_other_workers_until_completed,
-            expired_lease_is_taken_over_and_old_holder_is_fenced,
-            released_key_is_free_and_tokens_never_repeat,
-            uncertain_key_is_neither_retried_nor_duplicate_until_resolved,
+            process_waits_behind_a_lease_and_an_uncertain_key,
             process_takes_over_an_expired_lease,
             purge_deletes_only_terminal_records_past_retention,
             purge_beside_ingest_never_deletes_inside_the_window,
@@ -362,6 +360,7 @@ macro_rules! conformance {
             backward_clock_jump_leaves_no_lease_stuck,
             model_based_sequences_match_the_model,
         );
+        $crate::lease_conformance!($crate::leasing::SqlLeases<$backend>);
     };
     (@tests $backend:ty; $($name:ident),* $(,)?) => {
         $(

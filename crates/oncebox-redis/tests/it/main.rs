@@ -3,6 +3,7 @@
 //! processes the restart and outage tests kill.
 
 mod cache;
+mod conformance;
 mod fence;
 mod guard;
 mod harness;

@@ -9,6 +9,7 @@ mod clock;
 mod conflicts;
 mod effects;
 mod lease;
+pub mod leasing;
 mod reads;
 
 use std::sync::Arc;
