@@ -3,16 +3,21 @@
 //! retried, relays and consumers run until idle). Each figure is a list of findings naming a
 //! key, so a failure says which key broke which guarantee.
 //!
-//! The letters follow TESTING.md's table with two changes, both stricter: TESTING's "U"
-//! (effects in source B caused by source A's credentials) and "C" (conflicts detected equal
-//! conflicts injected) are both *contamination* here, figure C, which must be zero; and U
-//! counts what a run left unresolved, which TESTING.md asks for in prose ("drain before
-//! checking") and which only a scenario that parks deliveries on purpose may see non-zero.
+//! The six letters mean what TESTING.md's table says: D applied more than once, L acknowledged
+//! and lost, F a duplicate answer for an uncommitted key, P a 2xx before our commit was
+//! durable, C conflicts detected against conflicts injected (shown `detected/injected`, equal
+//! when clean), U effects in a source caused by another source's credentials. One more count
+//! sits beside them under its own name, *unresolved*: what the run left neither done nor free,
+//! which TESTING.md asks for in prose ("drain before checking") and which only a scenario that
+//! parks deliveries on purpose may see non-zero, as many as it parked.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
 use crate::history::{Key, Op, Outcome, Refusal};
+
+#[cfg(test)]
+mod tests;
 
 /// What the system holds after the drain.
 #[derive(Debug, Clone, Default)]
@@ -30,10 +35,17 @@ pub struct Final {
     pub unresolved: Vec<Key>,
 }
 
-/// The six figures, each a list of findings; and the counts that say what the run did.
+/// The six figures, each a list of findings; the unresolved count; and the counts that say
+/// what the run did.
 #[derive(Debug, Clone, Default)]
 pub struct Figures {
     /// D: keys whose effect was applied more than once (two effects, or two inbox records).
+    /// Two *different* payloads applied under one key are found here too, in the same finding
+    /// as the key's effect count: that is D's definition word for word (the key's effect ran
+    /// twice), and D is raised by the count whatever the payloads. That the second payload
+    /// should have been refused as a conflict is C's concern only where a sender was answered
+    /// (C counts answers: an acknowledged second payload is injected and not detected);
+    /// counting the applied payload in C as well would count one conflicting delivery twice.
     pub d: Vec<String>,
     /// L: keys acknowledged (an `ok` answer, replayed or not) with no effect after the drain.
     pub l: Vec<String>,
@@ -46,22 +58,36 @@ pub struct Figures {
     /// was durable: no committed record after the drain (the commit was lost, say in a crash),
     /// or every record stamped after the answer.
     pub p: Vec<String>,
-    /// C: contamination across sources, keys or payloads: an effect whose payload no operation
-    /// sent for that key with valid credentials (an effect in source B from A's secret); two
-    /// payloads applied under one key; an injected conflict (another payload for a committed
-    /// key) acknowledged instead of refused; or a conflict reported for the payload that won.
-    /// Zero means conflicts detected equal conflicts injected.
+    /// C: one finding for each answer where conflicts detected and conflicts injected part
+    /// ([`Figures::conflicts_injected`], [`Figures::conflicts_detected`]): another payload
+    /// for a key acknowledged instead of refused (injected, not detected), or the winning
+    /// payload refused as a conflict (detected, not injected). Empty means detected equals
+    /// injected, answer by answer, not merely in total.
     pub c: Vec<String>,
-    /// U: left unresolved: [`Final::unresolved`], and operations that never completed (a
-    /// sender that never got an answer and never retried: the run did not drain).
+    /// U: effects in a source that its own credentials did not cause: an effect whose payload
+    /// no operation sent for that key with the source's credentials (or with none, where the
+    /// source takes unsigned requests), so one that only another source's secret, a forged
+    /// signature or nobody sent; and an acknowledgement of a request signed with credentials
+    /// other than the key's source's (an acknowledgement is the gateway's word that the
+    /// request's effect is there, which L holds it to). Stricter than TESTING.md's "source A's
+    /// credentials": any credentials but the source's own count.
     pub u: Vec<String>,
+    /// Not one of TESTING.md's figures: left unresolved, [`Final::unresolved`], and operations
+    /// that never completed (a sender that never got an answer and never retried: the run did
+    /// not drain). Must equal what the scenario parks on purpose, usually zero.
+    pub unresolved: Vec<String>,
     /// Operations, and how they ended.
     pub ops: usize,
     pub ok: usize,
     pub replays: usize,
     pub fails: usize,
     pub infos: usize,
+    /// Conflicts injected: answered operations (acknowledged, or refused as a conflict) that
+    /// carried another payload than the one that won their key. Operations with no definite
+    /// answer are not counted: nobody can say what the system decided for them.
     pub conflicts_injected: usize,
+    /// Conflicts detected: conflict refusals (422 `key-reused`, `Conflict`) on a key with a
+    /// winner, whichever payload they carried.
     pub conflicts_detected: usize,
 }
 
@@ -85,26 +111,28 @@ pub fn check(history: &[Op], fin: &Final) -> Figures {
             }
             Some(Outcome::Fail(_)) => f.fails += 1,
             Some(Outcome::Info(_)) => f.infos += 1,
-            None => {
-                f.u.push(format!("op {} on {} never completed", op.id, name(&op.key)))
-            }
+            None => f
+                .unresolved
+                .push(format!("op {} on {} never completed", op.id, name(&op.key))),
         }
     }
     for (k, effects) in &fin.effects {
-        if effects.len() > 1 {
-            f.d.push(format!("{}: {} effects", name(k), effects.len()));
-        }
         let tags: BTreeSet<&String> = effects.iter().collect();
-        if tags.len() > 1 {
-            f.c.push(format!("{}: payloads {tags:?} all applied", name(k)));
+        if effects.len() > 1 {
+            let payloads = if tags.len() > 1 {
+                format!(" of payloads {tags:?}: another payload applied under the key")
+            } else {
+                String::new()
+            };
+            f.d.push(format!("{}: {} effects{payloads}", name(k), effects.len()));
         }
         for tag in tags {
-            let legit = by_key.get(k).is_some_and(|ops| {
+            let own = by_key.get(k).is_some_and(|ops| {
                 ops.iter()
                     .any(|o| &o.payload == tag && o.credentials.as_ref().is_none_or(|c| *c == k.0))
             });
-            if !legit {
-                f.c.push(format!(
+            if !own {
+                f.u.push(format!(
                     "{}: effect of payload {tag} that no sender with this source's \
                      credentials sent",
                     name(k)
@@ -118,7 +146,8 @@ pub fn check(history: &[Op], fin: &Final) -> Figures {
         }
     }
     for k in &fin.unresolved {
-        f.u.push(format!("{} unresolved after the drain", name(k)));
+        f.unresolved
+            .push(format!("{} unresolved after the drain", name(k)));
     }
     for (k, ops) in &by_key {
         let effects = fin.effects.get(*k).map_or(&[][..], Vec::as_slice);
@@ -174,7 +203,7 @@ pub fn check(history: &[Op], fin: &Final) -> Figures {
             if op.credentials.as_ref().is_some_and(|c| *c != k.0)
                 && matches!(outcome, Outcome::Ok { .. })
             {
-                f.c.push(format!(
+                f.u.push(format!(
                     "{}: op {} signed for {:?} was acknowledged",
                     name(k),
                     op.id,
@@ -182,24 +211,26 @@ pub fn check(history: &[Op], fin: &Final) -> Figures {
                 ));
             }
             let Some(winner) = winner else { continue };
-            let conflict = matches!(outcome, Outcome::Fail(Refusal::Conflict));
-            if &op.payload != winner {
-                f.conflicts_injected +=
-                    usize::from(conflict || matches!(outcome, Outcome::Ok { .. }));
-                if conflict {
-                    f.conflicts_detected += 1;
-                } else if matches!(outcome, Outcome::Ok { .. }) {
-                    f.c.push(format!(
-                        "{}: payload {} acknowledged after {winner} won",
-                        name(k),
-                        op.payload
-                    ));
-                }
-            } else if conflict {
-                f.c.push(format!(
-                    "{}: the winning payload {winner} was called a conflict",
-                    name(k)
-                ));
+            let refused = matches!(outcome, Outcome::Fail(Refusal::Conflict));
+            let acknowledged = matches!(outcome, Outcome::Ok { .. });
+            let injected = &op.payload != winner && (refused || acknowledged);
+            f.conflicts_injected += usize::from(injected);
+            f.conflicts_detected += usize::from(refused);
+            // Every answer moves both counts alike or leaves a finding: so C empty means the
+            // two are equal, and equal totals cannot hide a missed conflict behind a false one.
+            match (injected, refused) {
+                (true, false) => f.c.push(format!(
+                    "{}: payload {} acknowledged after {winner} won: injected, not detected",
+                    name(k),
+                    op.payload
+                )),
+                (false, true) => f.c.push(format!(
+                    "{}: op {} with the winning payload {winner} refused as a conflict: \
+                     detected, not injected",
+                    name(k),
+                    op.id
+                )),
+                _ => {}
             }
         }
     }
@@ -207,199 +238,65 @@ pub fn check(history: &[Op], fin: &Final) -> Figures {
 }
 
 impl Figures {
-    /// `[D, L, F, P, C, U]`.
+    /// `[D, L, F, P, C, U]`: the number of findings of each figure (C: the answers where
+    /// detected and injected part).
     pub fn counts(&self) -> [usize; 6] {
         [&self.d, &self.l, &self.f, &self.p, &self.c, &self.u].map(Vec::len)
     }
 
-    /// Fails the test with the first findings of every non-zero figure, U allowed up to
-    /// `expected_u` exactly (a scenario that parks deliveries on purpose says how many).
-    pub fn assert_clean(&self, scenario: &str, expected_u: usize) {
-        let [d, l, f, p, c, u] = self.counts();
+    /// C as TESTING.md shows it: `detected/injected`.
+    pub fn conflicts(&self) -> String {
+        format!("{}/{}", self.conflicts_detected, self.conflicts_injected)
+    }
+
+    /// Whether the run is clean: no finding in any figure (so C's detected equals injected)
+    /// and exactly `expected_unresolved` left unresolved (what the scenario parks on purpose).
+    pub fn clean(&self, expected_unresolved: usize) -> bool {
+        self.counts() == [0; 6]
+            && self.conflicts_detected == self.conflicts_injected
+            && self.unresolved.len() == expected_unresolved
+    }
+
+    /// Fails the test with the first findings of every non-zero figure unless [`clean`].
+    ///
+    /// [`clean`]: Figures::clean
+    pub fn assert_clean(&self, scenario: &str, expected_unresolved: usize) {
         assert!(
-            d + l + f + p + c == 0 && u == expected_u,
-            "{scenario}: expected D L F P C = 0 and U = {expected_u}; {self}"
+            self.clean(expected_unresolved),
+            "{scenario}: expected D L F P U = 0, C detected = injected and \
+             {expected_unresolved} unresolved; {self}"
         );
     }
 }
 
 impl fmt::Display for Figures {
     fn fmt(&self, out: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let [d, l, f, p, c, u] = self.counts();
+        let [d, l, f, p, _, u] = self.counts();
         write!(
             out,
-            "D={d} L={l} F={f} P={p} C={c} U={u} (ops {}, ok {}, replays {}, fail {}, info {}, \
-             conflicts {}/{})",
+            "D={d} L={l} F={f} P={p} C={} U={u} unresolved={} (ops {}, ok {}, replays {}, \
+             fail {}, info {})",
+            self.conflicts(),
+            self.unresolved.len(),
             self.ops,
             self.ok,
             self.replays,
             self.fails,
             self.infos,
-            self.conflicts_detected,
-            self.conflicts_injected
         )?;
-        for (letter, list) in ["D", "L", "F", "P", "C", "U"]
-            .iter()
-            .zip([&self.d, &self.l, &self.f, &self.p, &self.c, &self.u])
-        {
+        for (letter, list) in ["D", "L", "F", "P", "C", "U", "unresolved"].iter().zip([
+            &self.d,
+            &self.l,
+            &self.f,
+            &self.p,
+            &self.c,
+            &self.u,
+            &self.unresolved,
+        ]) {
             for finding in list.iter().take(5) {
                 write!(out, "\n  {letter}: {finding}")?;
             }
         }
         Ok(())
-    }
-}
-
-/// The checker's self-tests: a clean history is all zero, and each deliberately broken variant
-/// is caught by the figure meant for it and no other.
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::history::{History, key};
-
-    /// Two keys delivered, the second twice (a retry answered as a replay), with their
-    /// effects and records stamped at the time of the commit.
-    fn clean() -> (History, Final) {
-        let h = History::new();
-        h.invoke(key("shop", "e1"), "v1", Some("shop")).ok(false);
-        h.invoke(key("shop", "e2"), "v1", None).info("HTTP 503");
-        h.invoke(key("shop", "e2"), "v1", None).ok(true);
-        let mut fin = Final::default();
-        for id in ["e1", "e2"] {
-            fin.effects.insert(key("shop", id), vec!["v1".into()]);
-            fin.records.insert(key("shop", id), vec![Some(0)]);
-        }
-        (h, fin)
-    }
-
-    fn figures(h: &History, fin: &Final) -> [usize; 6] {
-        check(&h.ops(), fin).counts()
-    }
-
-    #[test]
-    fn a_clean_history_has_every_figure_at_zero() {
-        let (h, fin) = clean();
-        let f = check(&h.ops(), &fin);
-        assert_eq!(f.counts(), [0; 6], "{f}");
-        assert_eq!((f.ok, f.replays, f.infos), (2, 1, 1));
-        f.assert_clean("clean", 0);
-    }
-
-    #[test]
-    fn double_apply_is_d() {
-        let (h, mut fin) = clean();
-        fin.effects
-            .get_mut(&key("shop", "e1"))
-            .unwrap()
-            .push("v1".into());
-        assert_eq!(figures(&h, &fin), [1, 0, 0, 0, 0, 0]);
-        let (h, mut fin) = clean();
-        fin.records
-            .get_mut(&key("shop", "e2"))
-            .unwrap()
-            .push(Some(1));
-        assert_eq!(figures(&h, &fin), [1, 0, 0, 0, 0, 0]);
-    }
-
-    #[test]
-    fn lost_acknowledged_event_is_l_and_p() {
-        let (h, mut fin) = clean();
-        // The effect and the record of an acknowledged key are gone (a lost commit).
-        fin.effects.remove(&key("shop", "e1"));
-        fin.records.remove(&key("shop", "e1"));
-        assert_eq!(figures(&h, &fin), [0, 1, 0, 1, 0, 0]);
-        // Only the effect is gone (a relay that never delivered): L alone.
-        let (h, mut fin) = clean();
-        fin.effects.remove(&key("shop", "e1"));
-        assert_eq!(figures(&h, &fin), [0, 1, 0, 0, 0, 0]);
-    }
-
-    #[test]
-    fn duplicate_answer_for_an_uncommitted_key_is_f() {
-        // A first delivery answered as a replay: nobody could have committed it before.
-        let (h, mut fin) = clean();
-        h.invoke(key("shop", "e3"), "v1", None).ok(true);
-        fin.effects.insert(key("shop", "e3"), vec!["v1".into()]);
-        fin.records.insert(key("shop", "e3"), vec![Some(0)]);
-        assert_eq!(figures(&h, &fin), [0, 0, 1, 0, 0, 0]);
-        // A replay answered before the only commit's stamp.
-        let (h, mut fin) = clean();
-        fin.records.insert(key("shop", "e2"), vec![Some(i64::MAX)]);
-        assert_eq!(figures(&h, &fin), [0, 0, 1, 0, 0, 0]);
-        // An earlier delivery that was refused (401) could not have committed it.
-        let h2 = History::new();
-        h2.invoke(key("shop", "e4"), "v1", Some("other"))
-            .fail(Refusal::Unauthorized);
-        h2.invoke(key("shop", "e4"), "v1", Some("shop")).ok(true);
-        let mut fin = Final::default();
-        fin.effects.insert(key("shop", "e4"), vec!["v1".into()]);
-        fin.records.insert(key("shop", "e4"), vec![None]);
-        assert_eq!(figures(&h2, &fin), [0, 0, 1, 0, 0, 0]);
-    }
-
-    #[test]
-    fn acknowledgement_before_the_commit_is_p() {
-        let (h, mut fin) = clean();
-        fin.records.insert(key("shop", "e1"), vec![Some(i64::MAX)]);
-        assert_eq!(figures(&h, &fin), [0, 0, 0, 1, 0, 0]);
-    }
-
-    #[test]
-    fn cross_source_effect_and_undetected_conflict_are_c() {
-        // An effect in source `bank` from a payload only ever sent with shop's secret.
-        let (h, mut fin) = clean();
-        h.invoke(key("bank", "e1"), "v9", Some("shop"))
-            .fail(Refusal::Unauthorized);
-        fin.effects.insert(key("bank", "e1"), vec!["v9".into()]);
-        fin.records.insert(key("bank", "e1"), vec![None]);
-        assert_eq!(figures(&h, &fin), [0, 0, 0, 0, 1, 0]);
-        // Shop's secret acknowledged on bank's endpoint.
-        let (h, fin) = clean();
-        h.invoke(key("bank", "e1"), "v1", Some("shop")).ok(false);
-        let f = check(&h.ops(), &fin);
-        assert_eq!(f.c.len(), 1, "{f}");
-        // Another payload for a committed key acknowledged: an injected conflict missed.
-        let (h, fin) = clean();
-        h.invoke(key("shop", "e1"), "v2", Some("shop")).ok(true);
-        let f = check(&h.ops(), &fin);
-        assert_eq!(
-            (f.c.len(), f.conflicts_injected, f.conflicts_detected),
-            (1, 1, 0)
-        );
-        // The same conflict refused: detected equals injected, C is zero.
-        let (h, fin) = clean();
-        h.invoke(key("shop", "e1"), "v2", Some("shop"))
-            .fail(Refusal::Conflict);
-        let f = check(&h.ops(), &fin);
-        assert_eq!(
-            (f.counts(), f.conflicts_injected, f.conflicts_detected),
-            ([0; 6], 1, 1)
-        );
-        // The winning payload called a conflict.
-        let (h, fin) = clean();
-        h.invoke(key("shop", "e1"), "v1", Some("shop"))
-            .fail(Refusal::Conflict);
-        assert_eq!(figures(&h, &fin), [0, 0, 0, 0, 1, 0]);
-    }
-
-    #[test]
-    fn unresolved_keys_and_unfinished_operations_are_u() {
-        let (h, mut fin) = clean();
-        fin.unresolved.push(key("shop", "e1"));
-        let _never = h.invoke(key("shop", "e9"), "v1", None);
-        let f = check(&h.ops(), &fin);
-        assert_eq!(f.counts(), [0, 0, 0, 0, 0, 2], "{f}");
-        f.assert_clean("parks one on purpose", 2);
-    }
-
-    #[test]
-    #[should_panic(expected = "D=1")]
-    fn assert_clean_fails_on_any_finding() {
-        let (h, mut fin) = clean();
-        fin.effects
-            .get_mut(&key("shop", "e1"))
-            .unwrap()
-            .push("v1".into());
-        check(&h.ops(), &fin).assert_clean("broken", 0);
     }
 }

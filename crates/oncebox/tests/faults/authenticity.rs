@@ -1,6 +1,7 @@
 //! The webhook authenticity table against `oncebox serve`: forged, truncated, over-long,
 //! out-of-time and cross-source signatures, each answered as the table expects. Every answer is
-//! in the history; the checker's C catches any effect a forged or foreign-signed request caused.
+//! in the history; the checker's U catches any effect a forged or foreign-signed request caused,
+//! and any such request acknowledged.
 
 use std::time::Duration;
 
@@ -216,7 +217,7 @@ fn authenticity() -> Report {
             figures: stage.finish(),
             exercised: refused,
             what: format!("{refused} forged or foreign requests refused"),
-            expected_u: 0,
+            expected_unresolved: 0,
         }
     })
 }

@@ -207,7 +207,7 @@ fn nats_before_ack() -> Option<Report> {
                 "{kills} SIGKILLs at nats-before-ack; {} redeliveries acked as duplicates, {} applied",
                 done.duplicates, done.applied
             ),
-            expected_u: 0,
+            expected_unresolved: 0,
         }
     }))
 }

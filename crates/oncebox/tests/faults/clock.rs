@@ -76,7 +76,7 @@ fn retention() -> Report {
             figures: check(&history.ops(), &fin),
             exercised: past + replays as u64,
             what: format!("{replays} replay at retention − 1 s, {past} purged past it, 0 inside"),
-            expected_u: 0,
+            expected_unresolved: 0,
         }
     })
 }

@@ -285,7 +285,7 @@ fn ingest_crash(point: &'static str, schema: Option<&PgSchema>) -> Report {
                 "killed at {point} after {skip} hits: {acked_before} acked, {unanswered} unanswered, \
                  {committed_unanswered} committed unanswered"
             ),
-            expected_u: 0,
+            expected_unresolved: 0,
         }
     })
 }

@@ -134,7 +134,7 @@ fn slowloris_and_floods() -> Report {
                 "{cuts} slow clients cut off (slowest {:?}), {flood} same-key and {flood} forged requests",
                 cut.iter().flatten().max()
             ),
-            expected_u: 0,
+            expected_unresolved: 0,
         }
     })
 }

@@ -163,7 +163,7 @@ fn fsync_eio() -> Option<Report> {
             figures: check(&history.ops(), &final_sqlite(&db, false)),
             exercised: eio as u64,
             what: format!("{eio} answered 503 under fsync EIO, {committed} committed before"),
-            expected_u: 0,
+            expected_unresolved: 0,
         }
     }))
 }

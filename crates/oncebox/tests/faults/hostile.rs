@@ -305,7 +305,7 @@ fn bad_input() -> Report {
             figures: stage.finish(),
             exercised: refused,
             what: format!("{refused} bad inputs refused"),
-            expected_u: 0,
+            expected_unresolved: 0,
         }
     })
 }

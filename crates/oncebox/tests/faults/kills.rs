@@ -186,7 +186,7 @@ fn random_kills(schema: Option<&PgSchema>, death: Death) -> Report {
                     "power cuts"
                 }
             ),
-            expected_u: 0,
+            expected_unresolved: 0,
         }
     })
 }

@@ -231,7 +231,7 @@ fn holder_paused() -> Option<Report> {
                 "{fenced} stale completions refused; {refused_live} begins refused while the \
                  paused lease lived"
             ),
-            expected_u: 0,
+            expected_unresolved: 0,
         }
     }))
 }

@@ -1,7 +1,8 @@
 //! The fault tier: every scenario of TESTING.md this binary covers, run against the real
 //! `oncebox` (as child processes where crashes matter), each ending in one row of figures
-//! (D L F P C U, see `oncebox_testkit::checker`) and an "exercised" count proving its fault
-//! happened. The rows are printed as one table at the end, and also written, one line each with
+//! (TESTING.md's D L F P C U, C as conflicts detected/injected; beside them what the run left
+//! unresolved against what the scenario parks on purpose; see `oncebox_testkit::checker`) and
+//! an "exercised" count proving its fault happened. The rows are printed as one table at the end, and also written, one line each with
 //! the prefix `FAULTS|`, to `faults-table.txt` under the cargo target's temporary directory.
 //!
 //! Runs with `cargo test --workspace` (or `cargo test -p oncebox --test faults`); arguments

@@ -128,7 +128,7 @@ poll = "20ms"
 /// Events delivered through a proxy that drops every reply after the receiver applied the
 /// request. On an idempotent route the relay retries with the same key once the network heals
 /// and the receiver counts one effect per key; on a plain route each delivery is parked as
-/// uncertain (U = the events, on purpose) and never re-sent (no second application).
+/// uncertain (unresolved: the events, on purpose) and never re-sent (no second application).
 fn reply_dropped(idempotent: bool) -> Report {
     // Fewer than the relay's circuit threshold (10 failures in a row), so the healed route is
     // not left alone for the circuit's cooldown.
@@ -192,7 +192,7 @@ fn reply_dropped(idempotent: bool) -> Report {
             figures: check(&history.ops(), &fin),
             exercised: dropped,
             what: format!("{dropped} replies dropped after the receiver applied them"),
-            expected_u: if idempotent { 0 } else { events },
+            expected_unresolved: if idempotent { 0 } else { events },
         }
     })
 }
@@ -270,7 +270,7 @@ async fn commit_reply_lost() -> Option<Report> {
             "{dropped} COMMIT replies lost, {acked_during} acked while armed, {resolved} \
              resolved as replays on retry"
         ),
-        expected_u: 0,
+        expected_unresolved: 0,
     })
 }
 
@@ -354,7 +354,7 @@ async fn frozen() -> Option<Report> {
             "{refused} answered 503 while frozen {} ms, {held} exchanges held",
             FREEZE.as_millis()
         ),
-        expected_u: 0,
+        expected_unresolved: 0,
     })
 }
 
@@ -397,6 +397,6 @@ async fn reset() -> Option<Report> {
         figures: check(&history.ops(), &fin),
         exercised: resets,
         what: format!("{resets} connections reset, {refused} requests answered 503 meanwhile"),
-        expected_u: 0,
+        expected_unresolved: 0,
     })
 }

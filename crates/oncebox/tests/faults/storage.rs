@@ -91,7 +91,7 @@ fn locked() -> Report {
             figures: check(&history.ops(), &final_sqlite(&db, false)),
             exercised: refused as u64,
             what: format!("{refused} refused 503 under the lock, {replays} replays served"),
-            expected_u: 0,
+            expected_unresolved: 0,
         }
     })
 }
@@ -180,7 +180,7 @@ fn disk_full() -> Option<Report> {
             figures: check(&history.ops(), &final_sqlite(&db, false)),
             exercised: refused as u64,
             what: format!("{refused} refused while the disk was full"),
-            expected_u: 0,
+            expected_unresolved: 0,
         }
     }))
 }

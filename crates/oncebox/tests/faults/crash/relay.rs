@@ -187,7 +187,7 @@ fn relay_crash(schema: Option<&PgSchema>) -> Report {
             what: format!(
                 "relay SIGKILLed after {skip} records; {resent} keys re-sent with the same key"
             ),
-            expected_u: 0,
+            expected_unresolved: 0,
         }
     })
 }
