@@ -136,10 +136,10 @@ impl Inbox {
                 sender: Some(sender),
                 threads: Mutex::new(vec![writer, checkpointer]),
                 deadline: options.deadline,
-                stats,
+                stats: stats.clone(),
                 clock: options.clock.clone(),
                 recent: Recent::new(options.recent_answers),
-                readers: Readers::new(options, looks),
+                readers: Readers::new(options, looks, stats),
                 probe: ProbeGate::default(),
             }),
         })
@@ -271,7 +271,7 @@ impl Inbox {
         self.shared.sender.as_ref().map_or(0, flume::Sender::len)
     }
 
-    /// Counters of the writer's work since open.
+    /// Counters of the writer's work and of reads served since open.
     pub fn stats(&self) -> &Stats {
         &self.shared.stats
     }

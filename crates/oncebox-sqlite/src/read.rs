@@ -3,6 +3,7 @@
 
 pub(crate) mod looks;
 
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
 use oncebox_core::{Fingerprint, Key, Record, RecordState, Response, ResponseKind, Timestamp};
@@ -11,6 +12,7 @@ use rusqlite::{Connection, OptionalExtension, params};
 use crate::error::Error;
 use crate::options::Options;
 use crate::schema;
+use crate::writer::Stats;
 
 pub(crate) use looks::Looks;
 
@@ -24,27 +26,41 @@ pub(crate) use looks::Looks;
 /// of a gateway under load, before readers mapped the file; mapped pages bypass the cache now,
 /// pages read from the WAL still fill it). Connections that only ever look up one key keep a
 /// small table.
+///
+/// Every read either pool serves is counted in [`Stats::reads`], here where all of them pass:
+/// the count is how a test proves that a request (a forged one, say) never reached the
+/// database. A relaxed increment, beside a read transaction's own cost.
 #[derive(Debug)]
 pub(crate) struct Readers {
     options: Options,
     idle: Mutex<Vec<Connection>>,
     looks: Arc<Looks>,
+    stats: Arc<Stats>,
 }
 
 impl Readers {
     /// `looks` is shared with the checkpointer, which releases the snapshots they keep.
-    pub fn new(options: Options, looks: Arc<Looks>) -> Readers {
+    pub fn new(options: Options, looks: Arc<Looks>, stats: Arc<Stats>) -> Readers {
         Readers {
             options,
             idle: Mutex::new(Vec::new()),
             looks,
+            stats,
         }
+    }
+
+    /// Counts one read, as it runs on its connection.
+    fn served(&self) {
+        self.stats.reads.fetch_add(1, Ordering::Relaxed);
     }
 
     /// A read of one key, on a connection that never serves anything larger and may keep its
     /// snapshot from the last look (`looks.rs`).
     pub fn look<T>(&self, f: impl FnOnce(&Connection) -> rusqlite::Result<T>) -> Result<T, Error> {
-        self.looks.look(f)
+        self.looks.look(|c| {
+            self.served();
+            f(c)
+        })
     }
 
     /// Any read.
@@ -54,6 +70,7 @@ impl Readers {
             Some(c) => c,
             None => schema::open_reader(&self.options)?,
         };
+        self.served();
         let out = f(&conn);
         if let Ok(mut idle) = self.idle.lock() {
             idle.push(conn);
@@ -210,8 +227,11 @@ pub(crate) fn activity(
 
 #[cfg(test)]
 mod tests {
-    use super::Readers;
+    use std::sync::Arc;
+
+    use super::{Looks, Readers};
     use crate::options::Options;
+    use crate::writer::Stats;
 
     /// Looks and other reads are served by different connections: a setting made on one pool's
     /// connection is seen again by that pool only.
@@ -220,8 +240,9 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let options = Options::new(dir.path().join("pools.db"));
         drop(crate::schema::open_writer(&options).unwrap());
-        let looks = super::Looks::new(options.clone(), std::sync::Arc::default());
-        let readers = Readers::new(options, std::sync::Arc::new(looks));
+        let stats = Arc::new(Stats::default());
+        let looks = Looks::new(options.clone(), stats.clone());
+        let readers = Readers::new(options, Arc::new(looks), stats.clone());
         let cache = |c: &rusqlite::Connection| c.query_row("PRAGMA cache_size", [], |r| r.get(0));
         readers
             .with(|c| c.execute_batch("PRAGMA cache_size = 7"))
@@ -230,5 +251,6 @@ mod tests {
         let seen_by_read: i64 = readers.with(cache).unwrap();
         assert_eq!(seen_by_read, 7, "the pool reuses its connection");
         assert_ne!(seen_by_look, 7);
+        assert_eq!(stats.reads(), 3, "every read of either pool is counted");
     }
 }

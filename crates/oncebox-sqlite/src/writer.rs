@@ -138,8 +138,9 @@ pub(crate) struct Writer {
     pub stats: Arc<Stats>,
 }
 
-/// Counters of the writer's work, and of duplicates answered without it, for metrics and for
-/// tests that must see batching (or its absence) happen.
+/// Counters of the writer's work, of duplicates answered without it and of reads served on
+/// reader connections, for metrics and for tests that must see batching (or its absence), or
+/// a request that never reached the database, happen.
 #[derive(Debug, Default)]
 pub struct Stats {
     pub(crate) commits: AtomicU64,
@@ -148,6 +149,7 @@ pub struct Stats {
     pub(crate) commit_nanos: AtomicU64,
     pub(crate) from_memory: AtomicU64,
     pub(crate) log_restarts: AtomicU64,
+    pub(crate) reads: AtomicU64,
 }
 
 impl Stats {
@@ -180,6 +182,14 @@ impl Stats {
     /// Batches rolled back and answered `Unavailable`.
     pub fn failed_batches(&self) -> u64 {
         self.failed_batches.load(Ordering::Relaxed)
+    }
+
+    /// Reads the database served on reader connections: looks for a committed key (a
+    /// duplicate before the writer, or when the writer could not answer), records, events,
+    /// listings, counts. Not the writer's own reads inside its transactions, nor answers from
+    /// the memory of recent ones ([`Stats::answered_from_memory`]).
+    pub fn reads(&self) -> u64 {
+        self.reads.load(Ordering::Relaxed)
     }
 }
 

@@ -260,11 +260,18 @@ fn a_sources_secret_never_works_for_another_source() {
     });
 }
 
+/// A flood of forgeries makes no database query: no write (with the write lock held, a request
+/// that reached the writer would be answered 503, or a replay) and no read (the store's count
+/// of reads it served stands still, and moves for a genuine duplicate).
 #[test]
 fn forged_requests_are_refused_before_the_database() {
     run(async {
+        // Without the memory of recent answers: a duplicate of the stored key is then answered
+        // by a read, the look-up a forgery must never cause.
         let gw = TestGateway::with(crate::support::config(), |p| {
-            oncebox_sqlite::Options::new(p).busy_timeout(Duration::from_millis(50))
+            oncebox_sqlite::Options::new(p)
+                .busy_timeout(Duration::from_millis(50))
+                .recent_answers(0)
         });
         let scheme = Scheme::Stripe;
         let key = Secret::parse(&scheme, STRIPE_SECRET).unwrap();
@@ -288,7 +295,9 @@ fn forged_requests_are_refused_before_the_database() {
             "{genuine:?}"
         );
         // Forgeries for new keys and for the stored one: a 401 each, never the 503 or the
-        // replay the store would have given, so none of them reached it.
+        // replay the store would have given, so none of them reached the writer; and not one
+        // read, so none looked anything up either.
+        let reads = gw.inbox.stats().reads();
         let forged = format!("t={},v1={}", NOW.millis() / 1000, "0".repeat(64));
         for n in 0..200 {
             let body = if n % 2 == 0 {
@@ -306,6 +315,22 @@ fn forged_requests_are_refused_before_the_database() {
             );
             assert!(!a.replayed());
         }
+        assert_eq!(
+            gw.inbox.stats().reads(),
+            reads,
+            "200 forgeries made no read of the database"
+        );
+        // The same key genuinely signed is read: the writer cannot answer under the lock, a
+        // reader finds its committed record and the first answer is replayed.
+        let duplicate = gw
+            .send(post("stripe", &headers(&signed(stored)), stored))
+            .await;
+        assert_eq!(duplicate.status, StatusCode::ACCEPTED, "{duplicate:?}");
+        assert!(duplicate.replayed());
+        assert!(
+            gw.inbox.stats().reads() > reads,
+            "a genuine duplicate is counted as a read"
+        );
         lock.execute_batch("ROLLBACK").unwrap();
         assert_eq!(gw.rows(), 1);
     });
