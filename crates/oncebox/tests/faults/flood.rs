@@ -24,8 +24,11 @@ const TIMEOUT: Duration = Duration::from_secs(1);
 /// Opens a connection and trickles `head` then `body` a byte every 100 ms; returns how long the
 /// server let it live (it must cut it off), or `None` if it outlived `limit`.
 async fn slow(addr: &str, head: &str, body: &str, limit: Duration) -> Option<Duration> {
-    let mut s = tokio::net::TcpStream::connect(addr).await.ok()?;
+    // Started before connecting: the server's timeout runs from its accept, which cannot come
+    // earlier, while this task may resume from `connect` a few ms after that accept (once
+    // measured from after `connect`: cut off at 998.99 ms of a 1 s timeout).
     let start = Instant::now();
+    let mut s = tokio::net::TcpStream::connect(addr).await.ok()?;
     let mut buf = [0u8; 256];
     for b in head.bytes().chain(body.bytes()).cycle() {
         if start.elapsed() > limit {
