@@ -1,4 +1,5 @@
-//! `oncebox bench`: load a running gateway with new and duplicate events, then check storage.
+//! `oncebox bench`: load a running gateway with new and duplicate events, as fast as answers come
+//! or on a schedule (`--rate`), then judge the latency budget and check storage.
 
 use std::collections::HashMap;
 use std::io::Write;
@@ -7,18 +8,20 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
-use oncebox_core::signature::sign;
 use oncebox_core::{Clock, Source, SystemClock};
-use oncebox_gateway::policy::{EventIdRule, SourcePolicy};
-use serde_json::json;
+use oncebox_gateway::policy::SourcePolicy;
 
 use crate::client;
 use crate::config::Settings;
 use crate::exit;
 
+mod connection;
+mod open;
 mod report;
 
-use report::{check, print_figures, stored_ids};
+use connection::Connection;
+use open::Schedule;
+use report::{check, print_figures, stored_ids, within_budget};
 
 /// Largest page `GET /v1/events` returns.
 const PAGE: usize = 500;
@@ -37,7 +40,7 @@ pub struct BenchArgs {
     /// sources it must name one; its scheme and first secret sign every request.
     #[arg(long)]
     pub source: Option<String>,
-    /// Concurrent connections, one sender each.
+    /// Concurrent connections, one sender each; with --rate, the most requests in flight.
     #[arg(long, default_value_t = 64)]
     pub connections: usize,
     /// Requests to send in all, duplicates included.
@@ -53,6 +56,26 @@ pub struct BenchArgs {
     /// an oncebox gateway (a bare server measured for comparison stores nothing to list).
     #[arg(long)]
     pub no_check: bool,
+    /// Open loop: requests fall due at this many per second (request i at i/rate seconds after
+    /// the start), however fast the answers come; --connections caps how many are in flight,
+    /// and a request due while every connection is busy waits for one. Its latency runs from
+    /// its due time, not from when it went out, so the wait counts: that is what a sender with
+    /// a timeout sees. Without it, the closed loop: each connection sends its next request when
+    /// the last is answered, and its latencies leave out the queueing a slow gateway causes.
+    #[arg(long, allow_negative_numbers = true)]
+    pub rate: Option<f64>,
+    /// Latency budget: when the p99 of all requests is above it (e.g. 10s, GitHub's timeout, or
+    /// 250ms), the run is refused with exit code 5. Pair it with --rate: the closed loop's p99
+    /// leaves the queueing out.
+    // A value starting with '-' is taken as one, so that "-1s" is refused as a duration rather
+    // than as a stray flag that names neither.
+    #[arg(
+        long,
+        value_name = "DURATION",
+        value_parser = crate::config::parse_duration,
+        allow_hyphen_values = true
+    )]
+    pub p99_max: Option<Duration>,
 }
 
 /// What every sender shares.
@@ -60,15 +83,6 @@ struct Target {
     ingest_url: String,
     source: Source,
     policy: SourcePolicy,
-}
-
-/// One event as sent: the id the sender puts in headers, the id the gateway will store it
-/// under (differs only for derived ids), and the body, resent unchanged by duplicates.
-#[derive(Clone)]
-struct Sent {
-    id: String,
-    stored_as: String,
-    body: String,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -100,6 +114,12 @@ struct ConnectionReport {
     /// Keys answered 2xx without `Idempotent-Replayed` after an earlier 2xx: accepted twice.
     reaccepted: Vec<String>,
     first_error: Option<String>,
+    /// Open loop: requests that fell due while every connection was busy, and so started more
+    /// than [`open::LATE`] after their due time.
+    late: usize,
+    /// Open loop: requests that started that late although a connection was free: this
+    /// process itself was slow to send them.
+    lagged: usize,
 }
 
 pub async fn run(settings: &Settings, args: BenchArgs) -> Result<bool> {
@@ -113,6 +133,10 @@ pub async fn run(settings: &Settings, args: BenchArgs) -> Result<bool> {
             "--duplicates must be a share in [0, 1), e.g. 0.1",
         ));
     }
+    let schedule = args
+        .rate
+        .map(|rate| Schedule::new(rate, args.events))
+        .transpose()?;
     let source = match &args.source {
         Some(name) => Source::new(name.as_str()).context("--source")?,
         None if settings.gateway.open_sources => {
@@ -152,9 +176,13 @@ pub async fn run(settings: &Settings, args: BenchArgs) -> Result<bool> {
         policy: policy.clone(),
     });
     let mut out = std::io::stdout().lock();
+    let mode = match &schedule {
+        Some(s) => format!("open loop at {} req/s, at most", s.rate()),
+        None => "closed loop,".to_owned(),
+    };
     writeln!(
         out,
-        "oncebox bench: {} requests ({:.0}% duplicates) on {} connections to {base}, source {source}",
+        "oncebox bench: {} requests ({:.0}% duplicates), {mode} {} connections to {base}, source {source}",
         args.events,
         args.duplicates * 100.0,
         args.connections
@@ -166,36 +194,78 @@ pub async fn run(settings: &Settings, args: BenchArgs) -> Result<bool> {
         ProgressStyle::with_template("{bar:40} {pos}/{len} {per_sec} eta {eta}")
             .unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
+    // Clients are built before the clock starts: each loads the system's root certificates,
+    // which would otherwise make the first requests of the schedule late.
+    let connections = (0..args.connections)
+        .map(|c| Connection::new(target.clone(), args.duplicates, c))
+        .collect::<Result<Vec<_>>>()?;
     let started = Instant::now();
-    let senders: Vec<_> = (0..args.connections)
-        .map(|c| {
+    let reports = match schedule {
+        Some(schedule) => open::run(connections, schedule, &bar).await?,
+        None => closed_loop(connections, args.events, &bar).await?,
+    };
+    let elapsed = started.elapsed();
+    bar.finish_and_clear();
+
+    let mut out = std::io::stdout().lock();
+    let p99 = print_figures(&mut out, &reports, elapsed, schedule.map(|s| s.rate()))?;
+    // The budget is judged first and the invariant still checked: a slow run can also be wrong.
+    let over_budget = match args.p99_max {
+        Some(max) if !within_budget(&mut out, p99, max)? => Some(max),
+        _ => None,
+    };
+    let ok = if args.no_check {
+        writeln!(out, "invariant: not checked (--no-check)")?;
+        true
+    } else {
+        let stored = stored_ids(&base, &target.source, token.as_deref()).await?;
+        check(&mut out, &reports, &stored)?
+    };
+    if let Some(max) = over_budget {
+        return Err(exit::refused(format!(
+            "p99 latency {} is above --p99-max {}{}",
+            report::millis(p99),
+            humantime::format_duration(max),
+            if ok {
+                ""
+            } else {
+                ", and the invariant check failed"
+            }
+        )));
+    }
+    Ok(ok)
+}
+
+/// The closed loop: each connection sends its share of the requests one after another, the
+/// next as soon as the last is answered.
+async fn closed_loop(
+    connections: Vec<Connection>,
+    events: usize,
+    bar: &ProgressBar,
+) -> Result<Vec<ConnectionReport>> {
+    let count = connections.len();
+    let senders: Vec<_> = connections
+        .into_iter()
+        .enumerate()
+        .map(|(c, mut connection)| {
             // The remainder goes to the first connections, one each.
-            let n =
-                args.events / args.connections + usize::from(c < args.events % args.connections);
-            tokio::spawn(connection(
-                target.clone(),
-                n,
-                args.duplicates,
-                seed(c),
-                bar.clone(),
-            ))
+            let n = events / count + usize::from(c < events % count);
+            let bar = bar.clone();
+            tokio::spawn(async move {
+                for _ in 0..n {
+                    let (class, event) = connection.next_event()?;
+                    connection.send(class, &event, Instant::now()).await;
+                    bar.inc(1);
+                }
+                anyhow::Ok(connection.report)
+            })
         })
         .collect();
     let mut reports = Vec::with_capacity(senders.len());
     for s in senders {
         reports.push(s.await.context("a sender task failed")??);
     }
-    let elapsed = started.elapsed();
-    bar.finish_and_clear();
-
-    let mut out = std::io::stdout().lock();
-    print_figures(&mut out, &reports, elapsed)?;
-    if args.no_check {
-        writeln!(out, "invariant: not checked (--no-check)")?;
-        return Ok(true);
-    }
-    let stored = stored_ids(&base, &target.source, token.as_deref()).await?;
-    check(&mut out, &reports, &stored)
+    Ok(reports)
 }
 
 fn names(settings: &Settings) -> String {
@@ -206,134 +276,4 @@ fn names(settings: &Settings) -> String {
         .map(Source::as_str)
         .collect();
     names.join(", ")
-}
-
-/// A per-connection seed, so connections pick different earlier ids to repeat.
-fn seed(connection: usize) -> u64 {
-    0x9E37_79B9_7F4A_7C15_u64.wrapping_mul(connection as u64 + 1)
-}
-
-/// xorshift64: enough to pick which earlier id a duplicate repeats.
-fn next(state: &mut u64) -> u64 {
-    *state ^= *state << 13;
-    *state ^= *state >> 7;
-    *state ^= *state << 17;
-    *state
-}
-
-/// One connection: `n` requests in sequence, a `duplicates` share of them resending an id this
-/// connection sent before, so a duplicate never races its original.
-async fn connection(
-    target: Arc<Target>,
-    n: usize,
-    duplicates: f64,
-    mut rng: u64,
-    bar: ProgressBar,
-) -> Result<ConnectionReport> {
-    // One pooled connection per sender: the connection count is exactly `--connections`.
-    let client = reqwest::Client::builder()
-        .pool_max_idle_per_host(1)
-        .tcp_nodelay(true)
-        .timeout(REQUEST_TIMEOUT)
-        .build()
-        .context("building the HTTP client")?;
-    let mut sent: Vec<Sent> = Vec::new();
-    let mut report = ConnectionReport::default();
-    let mut repeated = 0usize;
-    for i in 0..n {
-        // Duplicates are spread evenly: after i+1 requests, floor((i+1)·share) were repeats.
-        let due = ((i + 1) as f64 * duplicates) as usize;
-        let (class, event) = if repeated < due && !sent.is_empty() {
-            repeated += 1;
-            let pick = (next(&mut rng) % sent.len() as u64) as usize;
-            (Class::Duplicate, sent[pick].clone())
-        } else {
-            let event = new_event(&target.policy)?;
-            sent.push(event.clone());
-            (Class::New, event)
-        };
-        let started = Instant::now();
-        let answer = send(&client, &target, &event).await;
-        let latency = started.elapsed();
-        let state = report.keys.entry(event.stored_as.clone()).or_default();
-        let status = match answer {
-            Ok((status, replayed)) => {
-                let success = (200..300).contains(&status);
-                if success && !replayed && state.acked {
-                    report.reaccepted.push(event.stored_as.clone());
-                }
-                state.acked |= success;
-                // 503 may mean "commit outcome unknown" (DESIGN §4): the key may be stored.
-                state.uncertain |= status == 503;
-                Some(status)
-            }
-            Err(e) => {
-                state.uncertain = true;
-                report.first_error.get_or_insert_with(|| format!("{e:#}"));
-                None
-            }
-        };
-        report.outcomes.push(Outcome {
-            class,
-            status,
-            latency,
-        });
-        bar.inc(1);
-    }
-    Ok(report)
-}
-
-/// A fresh UUIDv4 event, with the id wherever the source's rule looks for it.
-fn new_event(policy: &SourcePolicy) -> Result<Sent> {
-    let id = uuid::Uuid::new_v4().to_string();
-    let mut doc = json!({
-        "id": id,
-        "type": "oncebox.bench",
-        "amount": 1,
-        "created": SystemClock.now().millis() / 1000,
-    });
-    client::place_id(&policy.event_id, &mut doc, &id);
-    let body = doc.to_string();
-    let stored_as = client::stored_id(&policy.event_id, &body, &id)?;
-    Ok(Sent {
-        id,
-        stored_as,
-        body,
-    })
-}
-
-/// Posts one event, signed now (a sender's retry is signed again, with the same body).
-async fn send(client: &reqwest::Client, target: &Target, event: &Sent) -> Result<(u16, bool)> {
-    let policy = &target.policy;
-    let mut request = client
-        .post(&target.ingest_url)
-        .header("content-type", "application/json")
-        .body(event.body.clone());
-    match &policy.event_id {
-        EventIdRule::Header(name) => request = request.header(name.as_str(), event.id.as_str()),
-        EventIdRule::Default => request = request.header("idempotency-key", event.id.as_str()),
-        // Pointer and derived ids come from the body itself.
-        _ => {}
-    }
-    if let Some(secret) = policy.secrets.first() {
-        let now = SystemClock.now();
-        for (name, value) in sign(
-            &policy.scheme,
-            secret,
-            &event.id,
-            now,
-            event.body.as_bytes(),
-        ) {
-            request = request.header(name, value);
-        }
-    }
-    let response = request.send().await?;
-    let status = response.status().as_u16();
-    let replayed = response
-        .headers()
-        .get("idempotent-replayed")
-        .is_some_and(|v| v == "true");
-    // Read the body so the connection can carry the next request; the status already decided.
-    let _ = response.bytes().await;
-    Ok((status, replayed))
 }

@@ -1,5 +1,6 @@
 //! `oncebox bench` end to end: its invariant check passes against a real gateway, names the
-//! keys a gateway accepted and did not store, and is skipped on request for another server.
+//! keys a gateway accepted and did not store, and is skipped on request for another server; the
+//! open loop (`--rate`) reports its percentiles and rates, and a p99 over `--p99-max` is refused.
 
 use axum::Router;
 use axum::http::StatusCode;
@@ -57,6 +58,115 @@ fn against_a_real_gateway_every_accepted_key_is_stored_once() {
     server.stop();
 }
 
+/// The open loop against a real gateway: every percentile, the rate asked and achieved, the
+/// late starts, and the invariant check as in the closed loop.
+#[test]
+fn the_open_loop_reports_percentiles_and_rates_and_checks_the_invariant() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = serve_with(dir.path(), &["--listen", "127.0.0.1:0"]);
+    let url = server.1.clone();
+    let out = oncebox(
+        dir.path(),
+        &[
+            "bench",
+            "--url",
+            &url,
+            "--rate",
+            "1000",
+            "--events",
+            "300",
+            "--connections",
+            "8",
+        ],
+    );
+    let printed = text(&out);
+    assert!(out.status.success(), "{printed}");
+    assert!(printed.contains("open loop at 1000 req/s"), "{printed}");
+    for column in ["p50 ms", "p90 ms", "p99 ms", "p99.9 ms", "max ms"] {
+        assert!(printed.contains(column), "{column} in {printed}");
+    }
+    // Five latencies after the count and the rate; how large they are is the machine's.
+    let all = printed.lines().find(|l| l.starts_with("all ")).unwrap();
+    assert_eq!(all.split_whitespace().count(), 8, "{printed}");
+    let achieved: f64 = printed
+        .lines()
+        .find_map(|l| l.strip_prefix("rate asked 1000 req/s, achieved "))
+        .and_then(|rest| rest.split_whitespace().next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no achieved rate in {printed}"));
+    assert!(achieved > 0.0, "{printed}");
+    assert!(printed.contains("late starts "), "{printed}");
+    assert!(printed.contains("status 202: 300"), "{printed}");
+    let new = requests(&printed, "new ");
+    assert!(
+        printed.contains(&format!("invariant: ok ({new} keys)")),
+        "{printed}"
+    );
+    server.stop();
+}
+
+/// No request is answered within a nanosecond: the budget is broken, the p99 is named, the
+/// exit code is 5, and the invariant is still checked.
+#[test]
+fn a_p99_above_the_budget_exits_5_and_names_the_p99() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = serve_with(dir.path(), &["--listen", "127.0.0.1:0"]);
+    let url = server.1.clone();
+    let out = oncebox(
+        dir.path(),
+        &[
+            "bench",
+            "--url",
+            &url,
+            "--rate",
+            "1000",
+            "--events",
+            "100",
+            "--connections",
+            "4",
+            "--p99-max",
+            "1ns",
+        ],
+    );
+    let printed = text(&out);
+    assert_eq!(out.status.code(), Some(5), "{printed}");
+    assert!(printed.contains("budget: p99 "), "{printed}");
+    assert!(printed.contains("is above --p99-max 1ns"), "{printed}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("error: p99 latency "),
+        "{printed}"
+    );
+    assert!(printed.contains("invariant: ok ("), "{printed}");
+    server.stop();
+}
+
+/// Rates whose schedule cannot be computed and budgets that are not durations are refused
+/// before anything is sent (no gateway listens at the URL), naming the flag.
+#[test]
+fn bad_rates_and_budgets_exit_2_naming_the_flag() {
+    let dir = tempfile::tempdir().unwrap();
+    for (flag, value) in [
+        ("--rate", "0"),
+        ("--rate", "-5"),
+        ("--rate", "NaN"),
+        ("--rate", "inf"),
+        ("--rate", "1e300"),
+        ("--rate", "1e-300"),
+        ("--rate", "fast"),
+        ("--p99-max", "soon"),
+        ("--p99-max", "-1s"),
+        ("--p99-max", "10"),
+    ] {
+        let out = oncebox(
+            dir.path(),
+            &["bench", "--url", "http://127.0.0.1:9", flag, value],
+        );
+        let printed = text(&out);
+        assert_eq!(out.status.code(), Some(2), "{flag} {value}: {printed}");
+        assert!(printed.contains(flag), "{flag} {value}: {printed}");
+        assert!(!printed.contains("is `oncebox serve` running"), "{printed}");
+    }
+}
+
 /// A stand-in for a broken gateway: it answers every event 202 and stores nothing.
 async fn forgetful(listing: bool) -> (String, tokio::task::JoinHandle<()>) {
     let mut app = Router::new()
@@ -84,6 +194,30 @@ async fn forgetful(listing: bool) -> (String, tokio::task::JoinHandle<()>) {
     (url, task)
 }
 
+/// A stand-in that takes at least `SLOW` to answer each event and stores nothing.
+async fn slow() -> (String, tokio::task::JoinHandle<()>) {
+    let app = Router::new()
+        .route("/healthz", get(|| async { "ok" }))
+        .route(
+            "/v1/sources/{source}/events",
+            post(|| async {
+                // A floor on each answer's time, not a barrier: the test asserts only the lower
+                // bounds this floor implies, which no slow machine can break.
+                tokio::time::sleep(SLOW).await;
+                (StatusCode::ACCEPTED, r#"{"status":"accepted"}"#)
+            }),
+        );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let task = tokio::spawn(async move {
+        axum::serve(listener, app).await.unwrap();
+    });
+    (url, task)
+}
+
+/// The least time [`slow`] takes to answer.
+const SLOW: std::time::Duration = std::time::Duration::from_millis(5);
+
 /// Runs `oncebox bench` against `url` off the runtime's threads, which serve the stand-in.
 async fn bench(url: &str, extra: &[&str]) -> std::process::Output {
     let dir = tempfile::tempdir().unwrap();
@@ -105,6 +239,36 @@ async fn bench(url: &str, extra: &[&str]) -> std::process::Output {
     })
     .await
     .unwrap()
+}
+
+/// 50 requests due within 50 µs on 4 connections to a gateway that takes at least 5 ms each:
+/// all but the first 4 fall due while every connection is busy, and the last waits for 12
+/// answers before its own, a wait its latency includes because it runs from the due time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_due_while_every_connection_is_busy_starts_late_and_its_wait_counts() {
+    let (url, task) = slow().await;
+    let out = bench(&url, &["--rate", "1000000", "--no-check"]).await;
+    let printed = text(&out);
+    assert!(out.status.success(), "{printed}");
+    let late: usize = printed
+        .lines()
+        .find_map(|l| l.strip_prefix("late starts ")?.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no late starts in {printed}"));
+    assert!((46..=50).contains(&late), "{printed}");
+    let max_ms: f64 = printed
+        .lines()
+        .find(|l| l.starts_with("all "))
+        .and_then(|l| l.split_whitespace().last()?.parse().ok())
+        .unwrap_or_else(|| panic!("no max latency in {printed}"));
+    // The 50th request is the 4th of its connection's 13th: 13 answers of at least 5 ms each
+    // end after it fell due (all fell due within the first 50 µs).
+    let floor = 13.0 * SLOW.as_secs_f64() * 1000.0 - 0.05;
+    assert!(
+        max_ms >= floor,
+        "max {max_ms} ms below {floor} ms: {printed}"
+    );
+    task.abort();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
