@@ -12,8 +12,7 @@ use super::ConnectionReport;
 use super::connection::Connection;
 use crate::exit;
 
-/// A request that begins later than this after its due time is counted as a late start. Tokio's
-/// timers tick in milliseconds, so a start up to a tick late is the clock's grain, not a delay.
+/// A request that begins later than this after its due time is counted as a late start.
 pub(super) const LATE: Duration = Duration::from_millis(1);
 
 /// Durations count nanoseconds: above this rate two requests would fall due less than 1 ns
@@ -69,16 +68,24 @@ impl Schedule {
     }
 }
 
-/// Runs the schedule from now on `connections`. Each free connection claims the next request
-/// in order and waits for its due time; a request that falls due while every connection is
-/// busy is claimed by the first to become free, and its wait counts in its latency. Returns
-/// each connection's report.
+/// A request released by the pacer: its number, and whether a connection was waiting for work
+/// when it fell due (one was set aside for it).
+struct Due {
+    index: usize,
+    connection_free: bool,
+}
+
+/// Runs the schedule from now on `connections`. A thread of its own releases each request at
+/// its due time into a queue the connections take from in order; a request that falls due
+/// while every connection is busy waits in the queue for the first to become free, and the
+/// wait counts in its latency. Returns each connection's report.
 pub(super) async fn run(
     connections: Vec<Connection>,
     schedule: Schedule,
     bar: &ProgressBar,
 ) -> Result<Vec<ConnectionReport>> {
-    let claimed = Arc::new(AtomicUsize::new(0));
+    let (queue, due) = flume::unbounded();
+    let idle = Arc::new(AtomicUsize::new(0));
     let start = Instant::now();
     let senders: Vec<_> = connections
         .into_iter()
@@ -87,47 +94,91 @@ pub(super) async fn run(
                 connection,
                 schedule,
                 start,
-                claimed.clone(),
+                due.clone(),
+                idle.clone(),
                 bar.clone(),
             ))
         })
         .collect();
+    // Not a tokio timer: those tick in milliseconds, and a request released up to a tick late
+    // would carry the tick in its latency. A sleeping thread wakes within tens of µs.
+    // Only the senders take from the queue: once they are all gone, the pacer's next send
+    // fails and it stops.
+    drop(due);
+    let pacer = {
+        let idle = idle.clone();
+        std::thread::Builder::new()
+            .name("oncebox-bench-pacer".into())
+            .spawn(move || pace(schedule, start, &queue, &idle))
+            .context("starting the pacing thread")?
+    };
     let mut reports = Vec::with_capacity(senders.len());
     for s in senders {
         reports.push(s.await.context("a sender task failed")??);
     }
+    // The queue is closed once the pacer released the last request, so it has ended or is
+    // about to; it holds no lock and cannot fail.
+    let _ = pacer.join();
     Ok(reports)
 }
 
-/// One connection's share: the next unclaimed request, at its due time, until none is left.
+/// Releases every request at its due time, in order, and closes the queue after the last.
+fn pace(schedule: Schedule, start: Instant, queue: &flume::Sender<Due>, idle: &AtomicUsize) {
+    for index in 0..schedule.events {
+        let due = start + schedule.offset(index);
+        let now = Instant::now();
+        if due > now {
+            std::thread::sleep(due - now);
+        }
+        // Sets aside one of the connections waiting for work, if any: that one takes this
+        // request (or an earlier one, which comes to the same count).
+        let connection_free = idle
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1))
+            .is_ok();
+        let released = Due {
+            index,
+            connection_free,
+        };
+        if queue.send(released).is_err() {
+            // Every sender is gone (one failed): nobody is left to take the rest.
+            return;
+        }
+    }
+}
+
+/// One connection's share: the next request released, sent at once, until the queue closes.
 async fn sender(
     mut connection: Connection,
     schedule: Schedule,
     start: Instant,
-    claimed: Arc<AtomicUsize>,
+    due: flume::Receiver<Due>,
+    idle: Arc<AtomicUsize>,
     bar: ProgressBar,
 ) -> Result<ConnectionReport> {
     loop {
-        // Claims are taken in order; the counter only orders them, it guards no other data.
-        let i = claimed.fetch_add(1, Ordering::Relaxed);
-        if i >= schedule.events {
-            return Ok(connection.report);
-        }
-        let due = start + schedule.offset(i);
-        // A free connection claims its next request ahead of time, so one claimed after its
-        // due time fell due while every connection was busy.
-        let busy = Instant::now().saturating_duration_since(due) > LATE;
         // Built before the wait, so that building it is not counted as the gateway's time.
         let (class, event) = connection.next_event()?;
-        tokio::time::sleep_until(due.into()).await;
-        if busy {
-            connection.report.late += 1;
-        } else if Instant::now().saturating_duration_since(due) > LATE {
-            // A connection was free, yet the request went out late: this process was slow to
-            // run it (busy CPUs), which inflates the latencies without the gateway's doing.
-            connection.report.lagged += 1;
+        // Counted as waiting until the pacer sets it aside or it takes a request nobody had
+        // set aside a connection for: every count is taken back exactly once.
+        idle.fetch_add(1, Ordering::AcqRel);
+        let Ok(released) = due.recv_async().await else {
+            return Ok(connection.report);
+        };
+        if !released.connection_free {
+            // Saturating: the pacer may just have set this count aside for a later request.
+            let _ = idle.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1));
         }
-        connection.send(class, &event, due).await;
+        let due_at = start + schedule.offset(released.index);
+        if Instant::now().saturating_duration_since(due_at) > LATE {
+            if released.connection_free {
+                // A connection was waiting, yet took the request late: this process was slow
+                // to run it (short of CPU), which inflates the latency without the gateway.
+                connection.report.lagged += 1;
+            } else {
+                connection.report.late += 1;
+            }
+        }
+        connection.send(class, &event, due_at).await;
         bar.inc(1);
     }
 }
