@@ -119,6 +119,10 @@ pub enum Invalid {
     Key(#[from] InvalidKey),
     #[error(transparent)]
     Payload(#[from] PayloadError),
+    /// A field the source's ordering guard reads has the wrong type (the entity must be a
+    /// string or number, the version an integer).
+    #[error("ordering guard: {0}")]
+    Order(String),
 }
 
 /// Why an answer cannot be given now. Never a statement about whether the key was processed.

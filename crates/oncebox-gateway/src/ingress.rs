@@ -111,10 +111,10 @@ async fn receive_for<S: EventStore>(
     };
     let key = event.key.clone();
     let ingest = Ingest {
-        accepted: body_json(&event.key, now, false),
+        accepted: accepted_body(&event.key, now, false),
         // Only a source with an ordering guard can produce a stale answer.
         stale: if order.is_some() {
-            body_json(&event.key, now, true)
+            accepted_body(&event.key, now, true)
         } else {
             Vec::new()
         },
@@ -268,33 +268,9 @@ fn order(policy: &SourcePolicy, parsed: Option<&Value>) -> Result<Option<Order>,
     let (Some(guard), Some(doc)) = (&policy.order, parsed) else {
         return Ok(None);
     };
-    let (Some(entity), Some(version)) = (doc.pointer(&guard.entity), doc.pointer(&guard.version))
-    else {
-        return Ok(None);
-    };
-    let entity = match entity {
-        Value::String(s) => s.clone(),
-        Value::Number(n) => n.to_string(),
-        _ => {
-            return Err(Problem::invalid(
-                "order-field-invalid",
-                format!("{} is not a string", guard.entity),
-            ));
-        }
-    };
-    let Value::Number(n) = version else {
-        return Err(Problem::invalid(
-            "order-field-invalid",
-            format!("{} is not an integer", guard.version),
-        ));
-    };
-    let version = n.to_i64().ok_or_else(|| {
-        Problem::invalid(
-            "order-field-invalid",
-            format!("{} is not an integer", guard.version),
-        )
-    })?;
-    Ok(Some(Order { entity, version }))
+    guard
+        .read(doc)
+        .map_err(|e| Problem::invalid("order-field-invalid", e))
 }
 
 fn meta(headers: &HeaderMap) -> Meta {
@@ -321,7 +297,7 @@ fn meta(headers: &HeaderMap) -> Meta {
 /// The 202 body, stored as the first answer and replayed byte for byte. Written directly, in
 /// the key order `serde_json` gives a map (sorted), which earlier records hold: building a
 /// `serde_json::Value` and printing it was a sixth of the handler's instructions.
-fn body_json(key: &Key, now: Timestamp, stale: bool) -> Vec<u8> {
+pub fn accepted_body(key: &Key, now: Timestamp, stale: bool) -> Vec<u8> {
     let mut body = Vec::with_capacity(128 + key.event_id.as_str().len());
     body.extend_from_slice(br#"{"event_id":"#);
     json_string(&mut body, key.event_id.as_str());
@@ -374,7 +350,7 @@ mod tests {
                     expected["stale"] = serde_json::Value::Bool(true);
                 }
                 assert_eq!(
-                    String::from_utf8(super::body_json(&key, now, stale)).unwrap(),
+                    String::from_utf8(super::accepted_body(&key, now, stale)).unwrap(),
                     expected.to_string()
                 );
             }

@@ -26,6 +26,7 @@ pub mod problem;
 mod rejection;
 mod serve;
 
+pub use ingress::accepted_body;
 pub use serve::serve;
 
 /// Everything a request handler needs, shared by all requests.

@@ -5,8 +5,9 @@ use std::collections::BTreeMap;
 use std::sync::LazyLock;
 use std::time::Duration;
 
-use oncebox_core::json::Pointer;
+use oncebox_core::json::{Pointer, Value};
 use oncebox_core::signature::{Scheme, Secret};
+use oncebox_core::store::Order;
 use oncebox_core::{FingerprintMode, Source};
 
 /// Where a source's event id comes from.
@@ -29,6 +30,28 @@ pub enum EventIdRule {
 pub struct OrderGuard {
     pub entity: Pointer,
     pub version: Pointer,
+}
+
+impl OrderGuard {
+    /// The entity and version `doc` carries: `None` when either field is absent (the event is
+    /// not guarded), an error naming the field when one has the wrong type.
+    pub fn read(&self, doc: &Value) -> Result<Option<Order>, String> {
+        let (Some(entity), Some(version)) = (doc.pointer(&self.entity), doc.pointer(&self.version))
+        else {
+            return Ok(None);
+        };
+        let entity = match entity {
+            Value::String(s) => s.clone(),
+            Value::Number(n) => n.to_string(),
+            _ => return Err(format!("{} is not a string", self.entity)),
+        };
+        let not_integer = || format!("{} is not an integer", self.version);
+        let Value::Number(n) = version else {
+            return Err(not_integer());
+        };
+        let version = n.to_i64().ok_or_else(not_integer)?;
+        Ok(Some(Order { entity, version }))
+    }
 }
 
 /// One source's rules.

@@ -30,8 +30,8 @@
 //! - **A lease does not stop a paused holder.** A holder paused (GC, SIGSTOP, a slow network)
 //!   past its TTL does not know it; its external call may still go out. Fencing refuses its
 //!   writes here; only a receiver that checks the token (or the idempotency key) refuses the call.
-//! - **No audit.** A conflicting payload is answered `Conflict` but not recorded; the SQL inbox
-//!   records it.
+//! - **No audit.** A conflicting payload is answered `Conflict` but not recorded: pass it on to
+//!   the SQL inbox, which records it (below).
 //!
 //! So Redis buys speed — cheap exclusion across nodes, duplicates answered without a database
 //! round trip — and the SQL inbox remains the guard. Needs Redis 5 or later (scripts that read
@@ -61,7 +61,9 @@
 //!         Ok(Begun::Duplicate(first)) => return Ok(first), // written only after the inbox committed
 //!         Ok(Begun::Leased(lease)) => Some(lease),
 //!         Err(ProcessError::Unavailable(_)) => None, // Redis is down: the inbox alone decides
-//!         Err(other) => return Err(other.into()),    // in progress elsewhere, conflict, uncertain
+//!         // Another payload: the inbox records it for the audit (G4) and answers it.
+//!         Err(ProcessError::Conflict { .. }) => None,
+//!         Err(other) => return Err(other.into()),    // in progress elsewhere, uncertain
 //!         Ok(_) => None,
 //!     };
 //!     // 2. The SQL inbox: the durable lease, the final guard. It remembers what Redis forgot.

@@ -9,7 +9,8 @@ use std::time::Duration;
 use anyhow::{Result, bail};
 use oncebox_core::consume::{Apply, Position};
 use oncebox_core::store::{EventStore, Ingest};
-use oncebox_core::{Clock, Event, ProcessError, Processed, SystemClock};
+use oncebox_core::{Clock, Event, Invalid, ProcessError, Processed, SystemClock};
+use oncebox_gateway::accepted_body;
 use oncebox_gateway::policy::GatewayConfig;
 use tokio::sync::watch;
 
@@ -29,25 +30,29 @@ struct Ingesting {
 impl Apply for Ingesting {
     async fn apply(&self, event: Event, _: Option<Position>) -> Result<Processed, ProcessError> {
         let source = event.key.source.clone();
-        let doc = self
-            .config
-            .routes_read_body(&source)
+        // The source's ordering guard holds for its broker messages as for its webhooks: an
+        // event older than the newest applied one of its entity is stored stale, not routed.
+        let guard = self.config.source(&source).and_then(|p| p.order.as_ref());
+        let doc = (guard.is_some() || self.config.routes_read_body(&source))
             .then(|| oncebox_core::json::parse(&event.payload).ok())
             .flatten();
-        let accepted = serde_json::json!({
-            "status": "accepted",
-            "source": source.as_str(),
-            "event_id": event.key.event_id.as_str(),
-            "received_at": oncebox_gateway::rfc3339(SystemClock.now()),
-        })
-        .to_string()
-        .into_bytes();
+        let order = match (guard, &doc) {
+            (Some(guard), Some(doc)) => guard
+                .read(doc)
+                .map_err(|e| ProcessError::Invalid(Invalid::Order(e)))?,
+            _ => None,
+        };
+        let now = SystemClock.now();
         let ingest = Ingest {
             routes: self.config.routes_for(&source, doc.as_ref()),
+            accepted: accepted_body(&event.key, now, false),
+            stale: if order.is_some() {
+                accepted_body(&event.key, now, true)
+            } else {
+                Vec::new()
+            },
             event,
-            order: None,
-            accepted,
-            stale: Vec::new(),
+            order,
         };
         self.store.ingest(ingest).await
     }
@@ -111,7 +116,13 @@ async fn amqp_forever(
     let consumer = oncebox_amqp::Consumer::new(apply, options);
     let mut backoff = Duration::from_secs(1);
     while !*stopped.borrow() {
-        let conn = lapin::Connection::connect(&url, lapin::ConnectionProperties::default()).await;
+        // A broker that accepts TCP and never answers holds the handshake: lapin has no
+        // deadline of its own, so a stop request must not wait behind it.
+        let connect = lapin::Connection::connect(&url, lapin::ConnectionProperties::default());
+        let conn = tokio::select! {
+            conn = connect => conn,
+            () = wait_for(stopped.clone()) => break,
+        };
         let ended = match conn {
             Ok(conn) => {
                 tracing::info!(consumer = %spec.name, %queue, "consuming from RabbitMQ");
@@ -155,7 +166,11 @@ async fn nats_forever(
     let consumer = oncebox_nats::Consumer::new(apply, options);
     let mut backoff = Duration::from_secs(1);
     while !*stopped.borrow() {
-        let ended = match async_nats::connect(&url).await {
+        let connected = tokio::select! {
+            c = async_nats::connect(&url) => c,
+            () = wait_for(stopped.clone()) => break,
+        };
+        let ended = match connected {
             Ok(client) => {
                 tracing::info!(consumer = %spec.name, %stream, "consuming from NATS JetStream");
                 backoff = Duration::from_secs(1);

@@ -70,6 +70,9 @@ pub async fn deliver(
         }
         // Redis down: the inbox alone decides.
         Err(ProcessError::Unavailable(_)) => (None, RedisSaw::Unavailable),
+        // Another payload under the key: the inbox records it (G4) and answers it; Redis
+        // keeps no audit.
+        Err(ProcessError::Conflict { .. }) => (None, RedisSaw::Other("conflict".into())),
         other => {
             let why = format!("{other:?}");
             return (Answer::NotNow(why.clone()), RedisSaw::Other(why));
@@ -125,5 +128,41 @@ pub async fn finish(
     match fast {
         Some(fast) => Some(redis.complete(fast, response).await),
         None => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::harness::{Namespace, event, shared};
+
+    /// A conflicting payload that Redis refuses still reaches the inbox, which records it for
+    /// the audit and answers it as a conflict; nothing is sent.
+    #[test]
+    fn a_conflict_refused_by_redis_is_recorded_by_the_inbox() {
+        let Some(url) = shared() else { return };
+        oncebox_testkit::run(async move {
+            let ns = Namespace::new(&url);
+            let redis = ns.leases().await;
+            let dir = tempfile::tempdir().unwrap();
+            let options = oncebox_sqlite::Options::new(dir.path().join("inbox.db"));
+            let inbox = Inbox::open(options).unwrap();
+            let receiver = Receiver::default();
+            let (first, other) = (event("order-1", 1), event("order-1", 2));
+            let (answer, _) = deliver(&redis, &inbox, &receiver, &first).await;
+            assert!(matches!(answer, Answer::Applied(_)), "{answer:?}");
+            let (answer, saw) = deliver(&redis, &inbox, &receiver, &other).await;
+            assert_eq!(saw, RedisSaw::Other("conflict".into()), "Redis refused it");
+            assert!(
+                matches!(&answer, Answer::NotNow(why) if why.contains("Conflict")),
+                "{answer:?}"
+            );
+            let recorded: i64 = inbox
+                .read(|c| c.query_row("SELECT count(*) FROM oncebox_conflicts", [], |r| r.get(0)))
+                .await
+                .unwrap();
+            assert_eq!(recorded, 1, "the inbox keeps the conflicting payload");
+            assert_eq!(receiver.effects(&first), 1);
+        });
     }
 }

@@ -2,6 +2,7 @@
 
 mod bench;
 mod cli;
+mod consume;
 mod counting;
 mod dashboard;
 mod faketime;
