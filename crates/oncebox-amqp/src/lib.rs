@@ -23,9 +23,11 @@
 
 mod consumer;
 pub mod crash;
+mod handle;
 mod message;
+mod publish;
 
-pub use consumer::{ConsumeError, Consumer, ConsumerOptions};
+pub use consumer::{ConsumeError, Consumer, ConsumerOptions, OptionsError};
 pub use message::{QUARANTINE_HEADERS, Quarantine};
 #[cfg(feature = "sqlite")]
 pub use oncebox_sqlite::InboxHandler;

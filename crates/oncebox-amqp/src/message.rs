@@ -3,10 +3,10 @@
 
 use std::borrow::Cow;
 
-use lapin::message::Delivery;
-use lapin::options::BasicPublishOptions;
-use lapin::types::{AMQPValue, LongString, ShortString};
-use lapin::{BasicProperties, Channel};
+use std::collections::BTreeMap;
+
+use lapin::BasicProperties;
+use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use oncebox_core::Source;
 use oncebox_core::consume::{MessageHeaders, Reason};
 
@@ -25,17 +25,6 @@ pub const QUARANTINE_HEADERS: [&str; 4] = [
 pub struct Quarantine {
     pub exchange: String,
     pub routing_key: String,
-}
-
-/// Why a message could not be quarantined; it is then requeued, never acknowledged.
-#[derive(Debug, thiserror::Error)]
-pub(crate) enum QuarantineError {
-    #[error("publish failed: {0}")]
-    Publish(#[from] lapin::Error),
-    #[error("the broker refused the quarantined message")]
-    Nacked,
-    #[error("the quarantine exchange routed the message nowhere")]
-    Unroutable,
 }
 
 /// The AMQP properties of a delivery.
@@ -81,17 +70,29 @@ pub(crate) fn delivery_count(props: &BasicProperties) -> Option<u32> {
     n.parse::<u32>().ok().map(|n| n.saturating_add(1))
 }
 
-/// Publishes `delivery` to the quarantine with the reason and waits for the broker's confirm,
-/// so the original is acknowledged only once its copy is safe.
-pub(crate) async fn quarantine(
-    channel: &Channel,
-    to: &Quarantine,
+/// Headers a copy never keeps: RabbitMQ routes a message to every routing key listed in them
+/// (sender-selected distribution), so a copy would reach queues besides the quarantine.
+const ROUTING_HEADERS: [&str; 2] = ["CC", "BCC"];
+
+/// The properties of `delivery`'s quarantined copy: the original's, with the reason's headers
+/// added, made persistent (a quarantined message is kept for an operator), and without what
+/// would lose or scatter the only remaining copy: the per-message TTL (`expiration`), the
+/// `CC`/`BCC` routing headers, and `user_id`, which the broker refuses unless it names the
+/// publishing connection's own user (and a refusal closes the channel).
+pub(crate) fn copy_properties(
+    original: &BasicProperties,
+    reason: &Reason,
     queue: &str,
     source: &Source,
-    delivery: &Delivery,
-    reason: &Reason,
-) -> Result<(), QuarantineError> {
-    let mut headers = delivery.properties.headers().clone().unwrap_or_default();
+) -> BasicProperties {
+    let mut headers: BTreeMap<ShortString, AMQPValue> = original
+        .headers()
+        .as_ref()
+        .map(|h| h.inner().clone())
+        .unwrap_or_default();
+    for name in ROUTING_HEADERS {
+        headers.remove(name);
+    }
     for (name, value) in QUARANTINE_HEADERS
         .iter()
         .zip(reason.quarantine_values(queue, source))
@@ -101,32 +102,41 @@ pub(crate) async fn quarantine(
             AMQPValue::LongString(LongString::from(value)),
         );
     }
-    // Persistent, whatever the original was: a quarantined message is kept for an operator.
-    let properties = delivery
-        .properties
-        .clone()
-        .with_headers(headers)
+    let mut copy = BasicProperties::default()
+        .with_headers(FieldTable::from(headers))
         .with_delivery_mode(2);
-    let confirm = channel
-        .basic_publish(
-            to.exchange.as_str().into(),
-            to.routing_key.as_str().into(),
-            BasicPublishOptions {
-                mandatory: true,
-                ..BasicPublishOptions::default()
-            },
-            &delivery.data,
-            properties,
-        )
-        .await?
-        .await?;
-    if !confirm.is_ack() {
-        return Err(QuarantineError::Nacked);
+    let o = original;
+    if let Some(v) = o.content_type() {
+        copy = copy.with_content_type(v.clone());
     }
-    if confirm.take_message().is_some() {
-        return Err(QuarantineError::Unroutable);
+    if let Some(v) = o.content_encoding() {
+        copy = copy.with_content_encoding(v.clone());
     }
-    Ok(())
+    if let Some(v) = o.priority() {
+        copy = copy.with_priority(*v);
+    }
+    if let Some(v) = o.correlation_id() {
+        copy = copy.with_correlation_id(v.clone());
+    }
+    if let Some(v) = o.reply_to() {
+        copy = copy.with_reply_to(v.clone());
+    }
+    if let Some(v) = o.message_id() {
+        copy = copy.with_message_id(v.clone());
+    }
+    if let Some(v) = o.timestamp() {
+        copy = copy.with_timestamp(*v);
+    }
+    if let Some(v) = o.kind() {
+        copy = copy.with_type(v.clone());
+    }
+    if let Some(v) = o.app_id() {
+        copy = copy.with_app_id(v.clone());
+    }
+    if let Some(v) = o.cluster_id() {
+        copy = copy.with_cluster_id(v.clone());
+    }
+    copy
 }
 
 #[cfg(test)]

@@ -1,18 +1,20 @@
 //! Faults around the consumer: the database unavailable (another connection holds SQLite's
-//! write lock), and processing that outlasts the broker's patience so the message is delivered
+//! write lock), on a classic queue and on a quorum queue with a delivery limit, and processing that outlasts the broker's patience so the message is delivered
 //! to a second consumer while the first is still applying it.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::time::Instant;
 
 use oncebox_amqp::Consumer;
+use oncebox_core::consume::Counts;
 use oncebox_testkit::consume::{
     Checked, OUTAGE_MESSAGES, WriteLock, hold_next, ids, impatient, slow_effect,
 };
 use oncebox_testkit::{run, service_url};
 use tokio::sync::mpsc;
 
-use crate::support::{World, start};
+use crate::support::{World, poll, start};
 
 #[test]
 fn database_unavailable_acks_nothing_and_applies_everything_after_recovery() {
@@ -28,13 +30,26 @@ fn database_unavailable_acks_nothing_and_applies_everything_after_recovery() {
         let lock = WriteLock::take(w.db.path());
 
         let apply = w.db.checked();
-        let mut consumer = start(&url, Consumer::new(apply.clone(), w.options()));
-        // Every message tried at least twice while the database refuses writes.
+        let c = Consumer::new(apply.clone(), w.options());
+        let counts = c.counts();
+        let consumer = start(&url, c);
+        // Every message tried at least twice while the database refuses writes, each held by
+        // the consumer meanwhile: nothing is acknowledged, and nothing is handed back yet.
         let outage = 2 * OUTAGE_MESSAGES as u64;
-        let during = consumer.wait(|c| c.requeued >= outage, w.state()).await;
-        consumer.stop().await;
+        poll("as many store tries as two of every message", || {
+            apply.calls.load(Ordering::SeqCst) >= outage
+        })
+        .await;
+        let held = *counts.borrow();
+        let during = consumer.stop().await;
+        assert_eq!(
+            (held.acked, held.requeued),
+            (0, 0),
+            "held during the outage"
+        );
         assert_eq!(during.acked, 0, "nothing acknowledged during the outage");
-        // Nothing was acknowledged: once the consumer let go, the queue holds every message.
+        // Stopping handed every held message back.
+        assert_eq!(during.requeued, OUTAGE_MESSAGES as u64);
         w.wait_ready(&w.queue, OUTAGE_MESSAGES as u32).await;
 
         lock.release();
@@ -112,6 +127,56 @@ fn processing_longer_than_the_brokers_patience_has_one_effect() {
         assert_eq!((d, l, f), (0, 0, 0));
         assert_eq!((a_done.applied, a_done.acked), (1, 0));
         assert_eq!((b_done.duplicates, b_done.applied), (1, 0));
+        w.cleanup().await;
+    });
+}
+
+#[test]
+fn outage_longer_than_a_quorum_queues_delivery_limit_loses_nothing() {
+    let Some(url) = service_url("ONCEBOX_AMQP_URL") else {
+        return;
+    };
+    run(async move {
+        // The queue drops (here: dead-letters) a message returned to it a third time.
+        let w = World::quorum(&url, impatient, 2).await;
+        w.publish(Some("evt_quorum"), r#"{"amount":3}"#).await;
+        let lock = WriteLock::take(w.db.path());
+        let began = Instant::now();
+
+        let apply = w.db.checked();
+        let c = Consumer::new(apply.clone(), w.options());
+        let counts = c.counts();
+        let mut consumer = start(&url, c);
+        // Five tries of the store, more than the queue allows deliveries, the message held
+        // throughout.
+        poll("five tries during the outage", || {
+            apply.calls.load(Ordering::SeqCst) >= 5
+        })
+        .await;
+        let held = *counts.borrow();
+        let outage = began.elapsed();
+        lock.release();
+        consumer.wait(|c| c.acked >= 1, w.state()).await;
+        let done = consumer.stop().await;
+        w.wait_ready(&w.queue, 0).await;
+
+        let delay = w.options().retry.delay;
+        let falses = apply.false_duplicates.load(Ordering::SeqCst);
+        let (d, l, f) = w.db.figures(&["evt_quorum"], falses);
+        let dead = w.ready(&w.dead_queue).await;
+        eprintln!(
+            "amqp outage on a quorum queue with delivery limit 2: D={d} L={l} F={f} (outage {outage:?}, {} store tries, {} dead-lettered, requeued {})",
+            apply.calls.load(Ordering::SeqCst),
+            dead,
+            done.requeued
+        );
+        assert!(
+            outage > 3 * delay,
+            "the outage outlasted three retry delays"
+        );
+        assert_eq!(held, Counts::default(), "held, neither acked nor requeued");
+        assert_eq!((d, l, f), (0, 0, 0));
+        assert_eq!((done.applied, done.requeued, dead), (1, 0, 0));
         w.cleanup().await;
     });
 }

@@ -24,6 +24,8 @@ pub struct World {
     pub queue: String,
     pub quarantine_exchange: String,
     pub quarantine_queue: String,
+    /// Where the consumed queue dead-letters what its delivery limit drops (quorum queues).
+    pub dead_queue: String,
     pub db: Store,
 }
 
@@ -40,6 +42,24 @@ impl World {
     }
 
     pub async fn with_options(url: &str, options: impl FnOnce(PathBuf) -> Options) -> World {
+        World::build(url, options, None).await
+    }
+
+    /// A world whose consumed queue is a quorum queue that drops a message after
+    /// `delivery_limit` returns to the queue, dead-lettering it to `dead_queue`.
+    pub async fn quorum(
+        url: &str,
+        options: impl FnOnce(PathBuf) -> Options,
+        delivery_limit: i32,
+    ) -> World {
+        World::build(url, options, Some(delivery_limit)).await
+    }
+
+    async fn build(
+        url: &str,
+        options: impl FnOnce(PathBuf) -> Options,
+        quorum: Option<i32>,
+    ) -> World {
         let conn = connect(url).await;
         let channel = conn.create_channel().await.unwrap();
         channel
@@ -50,7 +70,35 @@ impl World {
         let queue = format!("oncebox-test-{id}");
         let quarantine_exchange = format!("oncebox-test-quarantine-{id}");
         let quarantine_queue = format!("oncebox-test-quarantined-{id}");
-        for q in [&queue, &quarantine_queue] {
+        let dead_queue = format!("oncebox-test-dead-{id}");
+        if let Some(limit) = quorum {
+            let mut args = expiring();
+            args.insert(
+                "x-queue-type".into(),
+                AMQPValue::LongString("quorum".into()),
+            );
+            args.insert("x-delivery-limit".into(), AMQPValue::LongInt(limit));
+            args.insert(
+                "x-dead-letter-exchange".into(),
+                AMQPValue::LongString("".into()),
+            );
+            let dead = AMQPValue::LongString(dead_queue.as_str().into());
+            args.insert("x-dead-letter-routing-key".into(), dead);
+            let durable = QueueDeclareOptions {
+                durable: true,
+                ..QueueDeclareOptions::default()
+            };
+            channel
+                .queue_declare(queue.as_str().into(), durable, args)
+                .await
+                .unwrap();
+        }
+        let classic = if quorum.is_some() {
+            vec![&quarantine_queue, &dead_queue]
+        } else {
+            vec![&queue, &quarantine_queue, &dead_queue]
+        };
+        for q in classic {
             channel
                 .queue_declare(
                     q.as_str().into(),
@@ -88,6 +136,7 @@ impl World {
             queue,
             quarantine_exchange,
             quarantine_queue,
+            dead_queue,
             db: Store::open(options).await,
         }
     }
@@ -105,7 +154,13 @@ impl World {
 
     /// Publishes with the message id `id` (none if `None`) and waits for the broker's confirm.
     pub async fn publish(&self, id: Option<&str>, body: &str) {
-        let mut props = BasicProperties::default().with_content_type("application/json".into());
+        self.publish_with(id, body, BasicProperties::default())
+            .await;
+    }
+
+    /// As [`World::publish`], over `props`.
+    pub async fn publish_with(&self, id: Option<&str>, body: &str, props: BasicProperties) {
+        let mut props = props.with_content_type("application/json".into());
         if let Some(id) = id {
             props = props.with_message_id(id.into());
         }
@@ -187,7 +242,7 @@ impl World {
     }
 
     pub async fn cleanup(self) {
-        for q in [&self.queue, &self.quarantine_queue] {
+        for q in [&self.queue, &self.quarantine_queue, &self.dead_queue] {
             let _ = self
                 .channel
                 .queue_delete(q.as_str().into(), QueueDeleteOptions::default())
@@ -201,6 +256,18 @@ impl World {
             )
             .await;
         let _ = self.conn.close(200, "done".into()).await;
+    }
+}
+
+/// Waits until `done` holds, polling every 10 ms; after 20 s it fails with `what`.
+pub async fn poll(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while !done() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "still waiting: {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
 

@@ -1,0 +1,254 @@
+//! One delivery, from the store's answer to what the broker is told: an outage is waited out
+//! with the delivery held (never handed back, where a quorum queue would count it towards its
+//! delivery limit), a panicking handler counts as a failing one, and handler failures are
+//! counted here, not by the broker.
+
+use std::collections::HashMap;
+use std::panic::AssertUnwindSafe;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use futures::FutureExt;
+use lapin::message::Delivery;
+use lapin::options::{BasicAckOptions, BasicNackOptions};
+use oncebox_core::consume::{Broker, Counts, Reason, Requeue, Settle, decide, settle};
+use oncebox_core::delivery::Backoff;
+use oncebox_core::{Event, Key, ProcessError, Processed};
+use tokio::sync::watch;
+
+use crate::ConsumerOptions;
+use crate::message::{Props, delivery_count};
+use crate::publish::{Publisher, QuarantineError};
+
+/// Handler failures remembered per key; past this many keys the memory is cleared (a failing
+/// handler then gets a few more attempts, nothing worse).
+const MAX_REMEMBERED_FAILURES: usize = 10_000;
+
+/// The longest wait between two tries of an unavailable store (or `retry.delay`, if longer):
+/// an outage of hours is retried every half minute at most, not every few hours.
+const OUTAGE_BACKOFF_CAP: Duration = Duration::from_secs(30);
+
+/// What every delivery's task needs.
+pub(crate) struct Shared<A> {
+    pub(crate) apply: A,
+    pub(crate) options: ConsumerOptions,
+    pub(crate) counts: watch::Sender<Counts>,
+    failures: Mutex<HashMap<Key, u32>>,
+}
+
+impl<A: oncebox_core::consume::Apply> Shared<A> {
+    pub(crate) fn new(apply: A, options: ConsumerOptions) -> Shared<A> {
+        Shared {
+            apply,
+            options,
+            counts: watch::Sender::new(Counts::default()),
+            failures: Mutex::new(HashMap::new()),
+        }
+    }
+
+    pub(crate) async fn handle(
+        self: Arc<Self>,
+        delivery: Delivery,
+        publisher: Arc<Publisher>,
+        stopping: watch::Receiver<bool>,
+    ) {
+        let decision = match self.event(&delivery) {
+            Err(reason) => Settle::Quarantine(reason),
+            Ok(event) => self.process(event, &delivery, &stopping).await,
+        };
+        if matches!(decision, Settle::Ack(_)) {
+            // The effect is committed; a crash from here on is redelivered and answered as a
+            // duplicate.
+            crate::crash::point!("amqp-before-ack");
+        }
+        let in_hand = InHand {
+            delivery: &delivery,
+            publisher: &publisher,
+            options: &self.options,
+            stopping,
+        };
+        let (settle, acked) = settle(&in_hand, decision, &self.options.retry).await;
+        self.counts.send_modify(|c| c.add(&settle, acked));
+    }
+
+    fn event(&self, delivery: &Delivery) -> Result<Event, Reason> {
+        let content_type = delivery.properties.content_type().as_ref();
+        self.options.rules.event(
+            &Props(&delivery.properties),
+            delivery.data.clone(),
+            content_type.map(|c| c.as_str()),
+        )
+    }
+
+    /// Applies the event until the store answers something other than `Unavailable`, or the
+    /// consumer stops. While the store is out the delivery stays in hand and the store is
+    /// tried again after growing waits: nacking it back each time would count towards a
+    /// quorum queue's delivery limit (20 by default since RabbitMQ 4.0), past which the broker
+    /// drops or dead-letters a message that was never acknowledged. On shutdown it is
+    /// requeued (the caller's wait is cut short then).
+    async fn process(
+        &self,
+        mut event: Event,
+        delivery: &Delivery,
+        stopping: &watch::Receiver<bool>,
+    ) -> Settle {
+        let retry = &self.options.retry;
+        let backoff = Backoff {
+            base: retry.delay,
+            cap: OUTAGE_BACKOFF_CAP.max(retry.delay),
+        };
+        let mut outages = 0;
+        loop {
+            let key = event.key.clone();
+            let outcome = self.apply_caught(event).await;
+            let attempt = self.attempt(&key, delivery, &outcome);
+            let decision = decide(outcome, attempt, retry);
+            match decision {
+                Settle::Requeue {
+                    why: Requeue::Unavailable,
+                    ..
+                } => {}
+                Settle::Requeue { .. } => return decision,
+                Settle::Ack(_) | Settle::Quarantine(_) => {
+                    self.forget(&key);
+                    return decision;
+                }
+            }
+            let wait = backoff.delay(outages, jitter());
+            outages = outages.saturating_add(1);
+            let mut stopped = stopping.clone();
+            if *stopped.borrow()
+                || tokio::time::timeout(wait, stopped.wait_for(|s| *s))
+                    .await
+                    .is_ok()
+            {
+                return decision;
+            }
+            tracing::debug!(queue = %self.options.queue, "store unavailable; trying again");
+            // Built again from the delivery rather than cloned before every first try: only
+            // an outage pays for it. The same bytes give the same event.
+            event = match self.event(delivery) {
+                Ok(event) => event,
+                Err(reason) => return Settle::Quarantine(reason),
+            };
+        }
+    }
+
+    /// The store's answer, with a panic in `Apply` turned into a handler failure: a panicking
+    /// task would drop the delivery unsettled, holding its prefetch slot until the channel
+    /// closes. Whatever the panic interrupted, nothing was reported committed, and a redelivery
+    /// is answered by the store.
+    async fn apply_caught(&self, event: Event) -> Result<Processed, ProcessError> {
+        match AssertUnwindSafe(self.apply.apply(event, None))
+            .catch_unwind()
+            .await
+        {
+            Ok(outcome) => outcome,
+            Err(panic) => {
+                let what = panic
+                    .downcast_ref::<&str>()
+                    .map(|s| (*s).to_owned())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "no message".to_owned());
+                tracing::error!(queue = %self.options.queue, panic = %what, "handler panicked");
+                Err(ProcessError::Handler(
+                    format!("the handler panicked: {what}").into(),
+                ))
+            }
+        }
+    }
+
+    /// This delivery's number among the key's handler failures, counted by this consumer. The
+    /// broker's count (quorum queues) is only a fallback for a key this consumer has no count
+    /// of (it restarted): it also counts requeues for other reasons (another worker's lease,
+    /// an uncertain key, a shutdown), which are no handler failures.
+    fn attempt(
+        &self,
+        key: &Key,
+        delivery: &Delivery,
+        outcome: &Result<Processed, ProcessError>,
+    ) -> u32 {
+        if !matches!(outcome, Err(ProcessError::Handler(_))) {
+            return 1;
+        }
+        let mut failures = self.failures.lock().unwrap_or_else(PoisonError::into_inner);
+        let n = match failures.get(key) {
+            Some(n) => n.saturating_add(1),
+            None => {
+                if failures.len() >= MAX_REMEMBERED_FAILURES {
+                    failures.clear();
+                }
+                delivery_count(&delivery.properties).unwrap_or(1)
+            }
+        };
+        failures.insert(key.clone(), n);
+        n
+    }
+
+    /// The key was settled for good: its failures are no longer counted.
+    fn forget(&self, key: &Key) {
+        let mut failures = self.failures.lock().unwrap_or_else(PoisonError::into_inner);
+        if !failures.is_empty() {
+            failures.remove(key);
+        }
+    }
+}
+
+/// One delivery being settled, with what settling it needs.
+struct InHand<'a> {
+    delivery: &'a Delivery,
+    publisher: &'a Publisher,
+    options: &'a ConsumerOptions,
+    stopping: watch::Receiver<bool>,
+}
+
+impl Broker for InHand<'_> {
+    type QuarantineError = QuarantineError;
+
+    async fn ack(&self) -> bool {
+        match self.delivery.acker.ack(BasicAckOptions::default()).await {
+            Ok(true) => true,
+            Ok(false) | Err(_) => {
+                // The channel is gone: the broker requeued the message and its redelivery will
+                // be answered as a duplicate.
+                tracing::warn!("ack not sent; the message will come back as a duplicate");
+                false
+            }
+        }
+    }
+
+    async fn quarantine(&self, reason: &Reason) -> Result<(), QuarantineError> {
+        let o = self.options;
+        self.publisher
+            .quarantine(&o.quarantine, &o.queue, &o.rules.source, self.delivery, reason)
+            .await
+            .inspect(|()| tracing::warn!(queue = %o.queue, reason = reason.slug(), detail = %reason.detail(), "message quarantined"))
+            .inspect_err(|e| tracing::error!(queue = %o.queue, error = %e, "quarantine failed; message requeued"))
+    }
+
+    /// Holds the message for `after` (it keeps its prefetch slot, so a failing handler or a
+    /// held lease slows the consumer down instead of spinning), then returns it to the queue.
+    /// Shutdown cuts the wait short.
+    async fn requeue(&self, why: Requeue, after: Duration) {
+        tracing::debug!(queue = %self.options.queue, ?why, "message requeued");
+        let mut stopping = self.stopping.clone();
+        let _ = tokio::time::timeout(after, stopping.wait_for(|s| *s)).await;
+        let options = BasicNackOptions {
+            requeue: true,
+            multiple: false,
+        };
+        if let Err(e) = self.delivery.acker.nack(options).await {
+            tracing::debug!(error = %e, "nack not sent; the closing channel requeues the message");
+        }
+    }
+}
+
+/// A number in `[0, 1)` that differs between calls, for full jitter: many deliveries held
+/// through one outage must not all try the store again at the same instant. `RandomState`
+/// gives each call new keys, so this needs no random-number dependency.
+fn jitter() -> f64 {
+    use std::hash::BuildHasher;
+    let bits = std::collections::hash_map::RandomState::new().hash_one(0u8);
+    // The top 53 bits, as a fraction: exactly representable, strictly below 1.
+    (bits >> 11) as f64 / (1u64 << 53) as f64
+}

@@ -1,0 +1,166 @@
+//! The confirm-mode channel quarantined copies are published on: reopened whenever the broker
+//! has closed it, and every publish bounded by a deadline, so a broker that stops answering
+//! turns a quarantine into a requeue instead of a hang.
+
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use lapin::message::Delivery;
+use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
+use lapin::{Channel, Connection};
+use oncebox_core::Source;
+use oncebox_core::consume::Reason;
+use tokio::sync::{mpsc, oneshot};
+
+use crate::message::{Quarantine, copy_properties};
+
+/// Why a message could not be quarantined; it is then requeued, never acknowledged.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum QuarantineError {
+    #[error("publish failed: {0}")]
+    Publish(#[from] lapin::Error),
+    #[error("the broker refused the quarantined message")]
+    Nacked,
+    #[error("the quarantine exchange routed the message nowhere")]
+    Unroutable,
+    /// The copy may still reach the quarantine: a later attempt can then store a second copy,
+    /// which is better than acknowledging a message whose only copy may be lost.
+    #[error("no confirm from the broker within {0:?}")]
+    Timeout(Duration),
+    #[error("the consumer stopped before a new publish channel was opened")]
+    Stopped,
+}
+
+/// A request to the consumer's loop, which owns the connection, for a working channel.
+type Reopen = oneshot::Sender<Result<Channel, QuarantineError>>;
+
+/// The quarantine's channel, shared by every delivery's task.
+pub(crate) struct Publisher {
+    current: Mutex<Channel>,
+    reopen: mpsc::Sender<Reopen>,
+    /// Bounds each quarantine (reopening included) and each broker call on shutdown.
+    pub(crate) deadline: Duration,
+}
+
+/// The consumer loop's end of [`Publisher`]: it answers reopen requests, since only it holds
+/// the connection.
+pub(crate) struct Reopens(mpsc::Receiver<Reopen>);
+
+impl Reopens {
+    pub(crate) async fn next(&mut self) -> Option<Reopen> {
+        self.0.recv().await
+    }
+}
+
+async fn open(connection: &Connection) -> Result<Channel, lapin::Error> {
+    let channel = connection.create_channel().await?;
+    channel
+        .confirm_select(ConfirmSelectOptions::default())
+        .await?;
+    Ok(channel)
+}
+
+impl Publisher {
+    pub(crate) async fn open(
+        connection: &Connection,
+        deadline: Duration,
+    ) -> Result<(Arc<Publisher>, Reopens), lapin::Error> {
+        let channel = open(connection).await?;
+        let (reopen, requests) = mpsc::channel(16);
+        let publisher = Publisher {
+            current: Mutex::new(channel),
+            reopen,
+            deadline,
+        };
+        Ok((Arc::new(publisher), Reopens(requests)))
+    }
+
+    fn current(&self) -> Channel {
+        self.current
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Answers one reopen request on `connection`. Requests are served one at a time, so a
+    /// burst of tasks that all found the channel closed opens one new channel, not many.
+    pub(crate) async fn serve(&self, connection: &Connection, reply: Reopen) {
+        let current = self.current();
+        let answer = if current.status().connected() {
+            Ok(current)
+        } else {
+            match tokio::time::timeout(self.deadline, open(connection)).await {
+                Ok(Ok(channel)) => {
+                    *self.current.lock().unwrap_or_else(PoisonError::into_inner) = channel.clone();
+                    tracing::info!("quarantine channel reopened");
+                    Ok(channel)
+                }
+                Ok(Err(e)) => Err(QuarantineError::Publish(e)),
+                Err(_) => Err(QuarantineError::Timeout(self.deadline)),
+            }
+        };
+        let _ = reply.send(answer);
+    }
+
+    /// A connected channel: the current one, or a new one when the broker closed it (a publish
+    /// to a missing exchange closes the channel with 404; later publishes on it all fail).
+    async fn channel(&self) -> Result<Channel, QuarantineError> {
+        let current = self.current();
+        if current.status().connected() {
+            return Ok(current);
+        }
+        let (reply, answer) = oneshot::channel();
+        self.reopen
+            .send(reply)
+            .await
+            .map_err(|_| QuarantineError::Stopped)?;
+        answer.await.map_err(|_| QuarantineError::Stopped)?
+    }
+
+    /// Publishes `delivery`'s copy with the reason and waits for the broker's confirm, so the
+    /// original is acknowledged only once its copy is safe; all of it within the deadline.
+    pub(crate) async fn quarantine(
+        &self,
+        to: &Quarantine,
+        queue: &str,
+        source: &Source,
+        delivery: &Delivery,
+        reason: &Reason,
+    ) -> Result<(), QuarantineError> {
+        let properties = copy_properties(&delivery.properties, reason, queue, source);
+        let publish = async {
+            let confirm = self
+                .channel()
+                .await?
+                .basic_publish(
+                    to.exchange.as_str().into(),
+                    to.routing_key.as_str().into(),
+                    BasicPublishOptions {
+                        mandatory: true,
+                        ..BasicPublishOptions::default()
+                    },
+                    &delivery.data,
+                    properties,
+                )
+                .await?
+                .await?;
+            if !confirm.is_ack() {
+                return Err(QuarantineError::Nacked);
+            }
+            if confirm.take_message().is_some() {
+                return Err(QuarantineError::Unroutable);
+            }
+            Ok(())
+        };
+        tokio::time::timeout(self.deadline, publish)
+            .await
+            .map_err(|_| QuarantineError::Timeout(self.deadline))?
+    }
+
+    /// Closes the channel, waiting no longer than the deadline: a blocked broker may never
+    /// answer, and the connection's close releases the channel anyway.
+    pub(crate) async fn close(&self) {
+        let _ =
+            tokio::time::timeout(self.deadline, self.current().close(200, "shutdown".into())).await;
+    }
+}
