@@ -6,7 +6,7 @@ use std::borrow::Cow;
 
 use super::Reason;
 use crate::event::{Event, Meta};
-use crate::fingerprint::{FingerprintMode, derive_event_id};
+use crate::fingerprint::{FingerprintMode, PayloadError, derive_event_id};
 use crate::json::{self, Pointer, Value};
 use crate::key::{EventId, Key, Source};
 
@@ -83,7 +83,11 @@ impl MessageRules {
                 id_at(&doc, p)?
             }
             KeyRule::Derive(fields) => derive_event_id(&payload, fields)
-                .map_err(|e| missing(e.to_string()))
+                .map_err(|e| match e {
+                    // The body is not JSON at all: say so, not that a field is missing.
+                    PayloadError::Json(e) => Reason::InvalidJson(e.to_string()),
+                    e => missing(e.to_string()),
+                })
                 .and_then(|id| EventId::new(id).map_err(invalid))?,
         };
         let key = Key::new(self.source.clone(), event_id);

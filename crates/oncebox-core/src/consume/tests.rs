@@ -80,6 +80,14 @@ fn bad_messages_get_a_reason_never_a_panic() {
             "{body:?}"
         );
     }
+    let derived = rules(KeyRule::Derive(vec![Pointer::parse("/id").unwrap()]));
+    for (body, want) in [
+        (&b"not json"[..], "invalid-json"),
+        (br#"{"other":1}"#, "event-id-missing"),
+    ] {
+        let got = slug(derived.event(&none, body.to_vec(), None));
+        assert_eq!(got, want, "derived from {body:?}");
+    }
     let mut small = ptr.clone();
     small.max_body = 4;
     assert_eq!(

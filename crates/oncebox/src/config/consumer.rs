@@ -73,6 +73,7 @@ pub struct ConsumerSpec {
 const DEFAULT_PREFETCH: u32 = 64;
 const DEFAULT_MAX_BODY: u64 = 1 << 20;
 const MAX_MAX_BODY: u64 = 64 << 20;
+const MIN_RETRY_DELAY: Duration = Duration::from_millis(10);
 
 /// The consumer, or `None` after pushing its problems.
 pub(super) fn validate(
@@ -139,6 +140,20 @@ pub(super) fn validate(
     };
     if retry.max_attempts == 0 {
         p.push(&format!("{path}.max_attempts"), "must be at least 1");
+    }
+    // No delay would turn a store outage into a tight loop of redeliveries.
+    if retry.delay < MIN_RETRY_DELAY {
+        p.push(&format!("{path}.retry_delay"), "must be at least 10ms");
+    }
+    for (field, value) in [
+        ("queue", &raw.queue),
+        ("stream", &raw.stream),
+        ("subject", &raw.subject),
+        ("durable", &raw.durable),
+    ] {
+        if value.as_deref().is_some_and(|v| v.trim().is_empty()) {
+            p.push(&format!("{path}.{field}"), "must not be empty");
+        }
     }
     let broker = match (&raw.queue, &raw.stream) {
         (Some(queue), None) => {
@@ -342,6 +357,18 @@ max_attempts = 2
             (
                 "queue = \"q\"\nkey = \"message-id\"\nquarantine = \"x\"\nack_wait = \"5s\"",
                 "consumers.c.ack_wait",
+            ),
+            (
+                "queue = \"q\"\nkey = \"message-id\"\nquarantine = \"x\"\nretry_delay = \"0s\"",
+                "consumers.c.retry_delay",
+            ),
+            (
+                "queue = \" \"\nkey = \"message-id\"\nquarantine = \"x\"",
+                "consumers.c.queue: must not be empty",
+            ),
+            (
+                "stream = \"\"\nkey = \"message-id\"\nquarantine = \"x\"",
+                "consumers.c.stream: must not be empty",
             ),
         ] {
             let e = load_toml(&format!("[consumers.c]\nsource = \"shop\"\n{toml}\n")).unwrap_err();
