@@ -16,12 +16,14 @@ use crate::config::Settings;
 use crate::exit;
 
 mod connection;
+mod figures;
 mod open;
 mod report;
 
 use connection::Connection;
+use figures::{print_figures, within_budget};
 use open::Schedule;
-use report::{check, print_figures, stored_ids, within_budget};
+use report::{check, stored_ids};
 
 /// Largest page `GET /v1/events` returns.
 const PAGE: usize = 500;
@@ -224,7 +226,7 @@ pub async fn run(settings: &Settings, args: BenchArgs) -> Result<bool> {
     if let Some(max) = over_budget {
         return Err(exit::refused(format!(
             "p99 latency {} is above --p99-max {}{}",
-            report::millis(p99),
+            figures::millis(p99),
             humantime::format_duration(max),
             if ok {
                 ""

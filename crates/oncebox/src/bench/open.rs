@@ -100,11 +100,11 @@ pub(super) async fn run(
             ))
         })
         .collect();
-    // Not a tokio timer: those tick in milliseconds, and a request released up to a tick late
-    // would carry the tick in its latency. A sleeping thread wakes within tens of µs.
     // Only the senders take from the queue: once they are all gone, the pacer's next send
     // fails and it stops.
     drop(due);
+    // Not a tokio timer: those tick in milliseconds, and a request released up to a tick late
+    // would carry the tick in its latency. A sleeping thread wakes within tens of µs.
     let pacer = {
         let idle = idle.clone();
         std::thread::Builder::new()
@@ -116,8 +116,8 @@ pub(super) async fn run(
     for s in senders {
         reports.push(s.await.context("a sender task failed")??);
     }
-    // The queue is closed once the pacer released the last request, so it has ended or is
-    // about to; it holds no lock and cannot fail.
+    // Every sender saw the queue closed, which the pacer does by returning, so this join does
+    // not wait; it fails only on a panic, and nothing in `pace` panics on an accepted schedule.
     let _ = pacer.join();
     Ok(reports)
 }
