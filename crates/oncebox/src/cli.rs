@@ -136,7 +136,8 @@ Exit code 5 when the gateway answers anything but 2xx.")]
 Examples:
   oncebox serve & oncebox bench --events 20000 --connections 64
   oncebox bench --source stripe --duplicates 0.2   # signed with the source's first secret
-  oncebox bench --url http://127.0.0.1:8090 --no-check   # another server, figures only")]
+  oncebox bench --url http://127.0.0.1:8090 --no-check   # another server, figures only
+  oncebox bench --rate 4000 --events 240000 --p99-max 10s   # open loop: p99 at 4000/s within 10 s?")]
     Bench(bench::BenchArgs),
     /// List stored events in arrival order.
     #[command(after_help = "\
