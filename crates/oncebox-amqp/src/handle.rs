@@ -20,8 +20,8 @@ use crate::ConsumerOptions;
 use crate::message::{Props, delivery_count};
 use crate::publish::{Publisher, QuarantineError};
 
-/// Handler failures remembered per key; past this many keys the memory is cleared (a failing
-/// handler then gets a few more attempts, nothing worse).
+/// Keys remembered with their handler failures until settled; past this many the memory is
+/// cleared (a failing handler then gets a few more attempts, nothing worse).
 const MAX_REMEMBERED_FAILURES: usize = 10_000;
 
 /// The longest wait between two tries of an unavailable store (or `retry.delay`, if longer):
@@ -158,31 +158,33 @@ impl<A: oncebox_core::consume::Apply> Shared<A> {
         }
     }
 
-    /// This delivery's number among the key's handler failures, counted by this consumer. The
-    /// broker's count (quorum queues) is only a fallback for a key this consumer has no count
-    /// of (it restarted): it also counts requeues for other reasons (another worker's lease,
-    /// an uncertain key, a shutdown), which are no handler failures.
+    /// This delivery's number among the key's handler failures, counted by this consumer,
+    /// which remembers every key it handed back until the key is settled. The broker's count
+    /// (quorum queues) is only a fallback for a key this consumer never saw (it restarted):
+    /// that count also includes requeues for other reasons (another worker's lease, an
+    /// uncertain key, a shutdown), which are no handler failures.
     fn attempt(
         &self,
         key: &Key,
         delivery: &Delivery,
         outcome: &Result<Processed, ProcessError>,
     ) -> u32 {
-        if !matches!(outcome, Err(ProcessError::Handler(_))) {
+        if outcome.is_ok() {
             return 1;
         }
         let mut failures = self.failures.lock().unwrap_or_else(PoisonError::into_inner);
+        if !failures.contains_key(key) && failures.len() >= MAX_REMEMBERED_FAILURES {
+            failures.clear();
+        }
+        let failed = matches!(outcome, Err(ProcessError::Handler(_)));
         let n = match failures.get(key) {
-            Some(n) => n.saturating_add(1),
-            None => {
-                if failures.len() >= MAX_REMEMBERED_FAILURES {
-                    failures.clear();
-                }
-                delivery_count(&delivery.properties).unwrap_or(1)
-            }
+            Some(n) if failed => n.saturating_add(1),
+            Some(_) => return 1,
+            None if failed => delivery_count(&delivery.properties).unwrap_or(1),
+            None => 0,
         };
         failures.insert(key.clone(), n);
-        n
+        n.max(1)
     }
 
     /// The key was settled for good: its failures are no longer counted.

@@ -171,4 +171,42 @@ mod tests {
         );
         assert_eq!(delivery_count(&bare), None);
     }
+
+    #[test]
+    fn quarantined_copy_keeps_what_identifies_the_message_and_drops_what_would_lose_or_scatter_it()
+    {
+        let mut table = FieldTable::default();
+        table.insert("CC".into(), AMQPValue::FieldArray(FieldArray::default()));
+        table.insert("BCC".into(), AMQPValue::FieldArray(FieldArray::default()));
+        table.insert("x-event-id".into(), AMQPValue::LongString("evt_1".into()));
+        let original = BasicProperties::default()
+            .with_expiration("100".into())
+            .with_user_id("someone-else".into())
+            .with_message_id("mid".into())
+            .with_content_type("application/json".into())
+            .with_correlation_id("corr".into())
+            .with_priority(3)
+            .with_headers(table);
+        let reason = Reason::EventIdMissing("no message id".to_owned());
+        let source = Source::new("shop").unwrap();
+        let copy = copy_properties(&original, &reason, "orders", &source);
+        let headers = copy.headers().clone().unwrap_or_default();
+        let names: Vec<&str> = headers.inner().keys().map(|k| k.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "x-event-id",
+                "x-oncebox-detail",
+                "x-oncebox-queue",
+                "x-oncebox-reason",
+                "x-oncebox-source"
+            ]
+        );
+        assert_eq!((copy.expiration(), copy.user_id()), (&None, &None));
+        assert_eq!(copy.delivery_mode(), &Some(2));
+        assert_eq!(copy.message_id(), original.message_id());
+        assert_eq!(copy.content_type(), original.content_type());
+        assert_eq!(copy.correlation_id(), original.correlation_id());
+        assert_eq!(copy.priority(), original.priority());
+    }
 }

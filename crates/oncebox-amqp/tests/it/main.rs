@@ -1,8 +1,12 @@
 //! The RabbitMQ consumer against the real broker (`ONCEBOX_AMQP_URL`) and real SQLite files:
 //! duplicates, a consumer killed between commit and ack, processing past the broker's patience,
-//! poison messages and an unavailable database. Each scenario prints its figures D, L and F.
+//! poison messages, an unavailable database (also on a quorum queue with a delivery limit),
+//! failing and panicking handlers, a quarantine that fails or is misconfigured, and a broker
+//! that stops answering. Each scenario prints what it measured.
 
 mod faults;
+mod handler;
 mod kill;
+mod quarantine;
 mod scenarios;
 mod support;

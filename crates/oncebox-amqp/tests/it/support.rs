@@ -108,29 +108,7 @@ impl World {
                 .await
                 .unwrap();
         }
-        channel
-            .exchange_declare(
-                quarantine_exchange.as_str().into(),
-                ExchangeKind::Fanout,
-                ExchangeDeclareOptions {
-                    auto_delete: true,
-                    ..ExchangeDeclareOptions::default()
-                },
-                FieldTable::default(),
-            )
-            .await
-            .unwrap();
-        channel
-            .queue_bind(
-                quarantine_queue.as_str().into(),
-                quarantine_exchange.as_str().into(),
-                "".into(),
-                QueueBindOptions::default(),
-                FieldTable::default(),
-            )
-            .await
-            .unwrap();
-        World {
+        let w = World {
             conn,
             channel,
             queue,
@@ -138,7 +116,33 @@ impl World {
             quarantine_queue,
             dead_queue,
             db: Store::open(options).await,
-        }
+        };
+        w.declare_quarantine().await;
+        w
+    }
+
+    /// Declares the quarantine exchange and binds the quarantine queue to it.
+    pub async fn declare_quarantine(&self) {
+        let exchange = self.quarantine_exchange.as_str();
+        let auto_delete = ExchangeDeclareOptions {
+            auto_delete: true,
+            ..ExchangeDeclareOptions::default()
+        };
+        let fanout = ExchangeKind::Fanout;
+        self.channel
+            .exchange_declare(exchange.into(), fanout, auto_delete, FieldTable::default())
+            .await
+            .unwrap();
+        self.channel
+            .queue_bind(
+                self.quarantine_queue.as_str().into(),
+                exchange.into(),
+                "".into(),
+                QueueBindOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .unwrap();
     }
 
     pub fn options(&self) -> ConsumerOptions {

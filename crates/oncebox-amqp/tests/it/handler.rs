@@ -1,0 +1,117 @@
+//! Handlers that fail or panic: a panic counts as a failure (the delivery is settled, not left
+//! holding its prefetch slot), and only handler failures count towards `max_attempts`, not the
+//! requeues a quorum queue also counts in `x-delivery-count`.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use oncebox_amqp::Consumer;
+use oncebox_core::consume::from_fn;
+use oncebox_core::{Event, ProcessError, Processed, Response};
+use oncebox_sqlite::Options;
+use oncebox_testkit::{run, service_url};
+
+use crate::support::{World, start};
+
+fn applied() -> Result<Processed, ProcessError> {
+    Ok(Processed::Applied(Response::completed("ok")))
+}
+
+#[test]
+fn panicking_handler_is_quarantined_after_max_attempts_and_the_next_message_runs() {
+    let Some(url) = service_url("ONCEBOX_AMQP_URL") else {
+        return;
+    };
+    run(async move {
+        let w = World::new(&url).await;
+        let panics = Arc::new(AtomicU64::new(0));
+        let seen = panics.clone();
+        let apply = from_fn(move |event: Event, _| {
+            let seen = seen.clone();
+            async move {
+                if event.key.event_id.as_str() == "evt_panic" {
+                    seen.fetch_add(1, Ordering::SeqCst);
+                    panic!("a handler bug");
+                }
+                applied()
+            }
+        });
+        // One slot: a panic that left its delivery unsettled would stall everything behind it.
+        let mut options = w.options();
+        options.prefetch = 1;
+        w.publish(Some("evt_panic"), r#"{"amount":1}"#).await;
+        w.publish(Some("evt_after"), r#"{"amount":2}"#).await;
+        let mut consumer = start(&url, Consumer::new(apply, options));
+        consumer
+            .wait(|c| c.quarantined >= 1 && c.applied >= 1, w.state())
+            .await;
+        let done = consumer.stop().await;
+        w.wait_ready(&w.queue, 0).await;
+
+        let quarantined = w.quarantined().await;
+        let max = u64::from(w.options().retry.max_attempts);
+        eprintln!(
+            "amqp panicking handler: {} panics, requeued {}, quarantined {:?}, the next message applied {}",
+            panics.load(Ordering::SeqCst),
+            done.requeued,
+            quarantined.iter().map(|(r, _)| r).collect::<Vec<_>>(),
+            done.applied
+        );
+        assert_eq!(panics.load(Ordering::SeqCst), max);
+        assert_eq!(
+            (done.requeued, done.quarantined, done.applied),
+            (max - 1, 1, 1)
+        );
+        assert_eq!(quarantined.len(), 1);
+        assert_eq!(quarantined[0].0, "handler-failed");
+        w.cleanup().await;
+    });
+}
+
+#[test]
+fn requeues_for_other_reasons_do_not_count_as_handler_failures_on_a_quorum_queue() {
+    let Some(url) = service_url("ONCEBOX_AMQP_URL") else {
+        return;
+    };
+    run(async move {
+        // No delivery limit worth reaching: the broker's count is what matters here.
+        let w = World::quorum(&url, Options::new, 100).await;
+        let max = w.options().retry.max_attempts;
+        let calls = Arc::new(AtomicU64::new(0));
+        let counted = calls.clone();
+        // Another worker holds the key for `max` deliveries (each a requeue the quorum queue
+        // counts), then the handler fails once, then it succeeds.
+        let apply = from_fn(move |_: Event, _| {
+            let n = counted.fetch_add(1, Ordering::SeqCst) + 1;
+            async move {
+                match n {
+                    n if n <= u64::from(max) => Err(ProcessError::InProgress {
+                        retry_after: Duration::ZERO,
+                    }),
+                    n if n == u64::from(max) + 1 => Err(ProcessError::Handler("transient".into())),
+                    _ => applied(),
+                }
+            }
+        });
+        w.publish(Some("evt_leased"), r#"{"amount":1}"#).await;
+        let mut consumer = start(&url, Consumer::new(apply, w.options()));
+        consumer
+            .wait(|c| c.applied + c.quarantined >= 1, w.state())
+            .await;
+        let done = consumer.stop().await;
+        w.wait_ready(&w.queue, 0).await;
+
+        eprintln!(
+            "amqp quorum queue, {max} requeues for a held lease then one handler failure: requeued {}, quarantined {}, applied {} after {} calls",
+            done.requeued,
+            done.quarantined,
+            done.applied,
+            calls.load(Ordering::SeqCst)
+        );
+        assert_eq!(done.requeued, u64::from(max) + 1, "every requeue happened");
+        assert_eq!((done.quarantined, done.applied), (0, 1));
+        assert!(w.quarantined().await.is_empty());
+        w.cleanup().await;
+    });
+}

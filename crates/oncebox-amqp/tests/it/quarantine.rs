@@ -1,0 +1,119 @@
+//! The quarantine when it goes wrong: an exchange that did not exist yet (the broker closes the
+//! publishing channel), an original with a per-message TTL and routing headers, and a
+//! configuration that would send every copy back into the consumed queue.
+
+use std::time::{Duration, Instant};
+
+use lapin::options::{BasicGetOptions, ExchangeDeleteOptions};
+use lapin::types::{AMQPValue, FieldArray, FieldTable};
+use lapin::{BasicProperties, Connection};
+use oncebox_amqp::{ConsumeError, Consumer, OptionsError};
+use oncebox_testkit::{run, service_url};
+
+use crate::support::{World, connect, start};
+
+#[test]
+fn quarantine_exchange_declared_after_a_refused_publish_receives_the_message() {
+    let Some(url) = service_url("ONCEBOX_AMQP_URL") else {
+        return;
+    };
+    run(async move {
+        let w = World::new(&url).await;
+        let exchange = w.quarantine_exchange.as_str().into();
+        let gone = ExchangeDeleteOptions::default();
+        w.channel.exchange_delete(exchange, gone).await.unwrap();
+        let mut consumer = start(&url, Consumer::new(w.db.checked(), w.options()));
+        w.publish(None, r#"{"amount":1}"#).await;
+        // Two publishes to the missing exchange refused (each 404 closes the channel).
+        let refused = consumer.wait(|c| c.requeued >= 2, w.state()).await;
+        w.declare_quarantine().await;
+        consumer.wait(|c| c.quarantined >= 1, w.state()).await;
+        let done = consumer.stop().await;
+        w.wait_ready(&w.queue, 0).await;
+
+        let reasons: Vec<String> = w.quarantined().await.into_iter().map(|(r, _)| r).collect();
+        eprintln!(
+            "amqp quarantine exchange declared late: requeued {} while it was missing, then quarantined {} ({reasons:?})",
+            refused.requeued, done.quarantined
+        );
+        assert_eq!((refused.quarantined, refused.acked), (0, 0));
+        assert_eq!(reasons, ["event-id-missing"]);
+        assert_eq!((done.quarantined, done.acked), (1, 1));
+        w.cleanup().await;
+    });
+}
+
+#[test]
+fn quarantined_copy_outlives_the_originals_ttl_and_drops_its_routing_headers() {
+    let Some(url) = service_url("ONCEBOX_AMQP_URL") else {
+        return;
+    };
+    run(async move {
+        let w = World::new(&url).await;
+        let mut consumer = start(&url, Consumer::new(w.db.checked(), w.options()));
+        let mut headers = FieldTable::default();
+        let elsewhere = AMQPValue::LongString("oncebox-test-nowhere".into());
+        let cc = AMQPValue::FieldArray(FieldArray::from(vec![elsewhere]));
+        headers.insert("CC".into(), cc);
+        let props = BasicProperties::default()
+            .with_expiration("100".into())
+            .with_headers(headers);
+        w.publish_with(None, r#"{"amount":1}"#, props).await;
+        consumer.wait(|c| c.quarantined >= 1, w.state()).await;
+        consumer.stop().await;
+
+        // Measured, not a barrier: the copy is still there ten times the original's TTL later.
+        let since = Instant::now();
+        while since.elapsed() < Duration::from_secs(1) {
+            let kept = w.ready(&w.quarantine_queue).await;
+            assert_eq!(kept, 1, "copy gone after {:?}", since.elapsed());
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let get = BasicGetOptions { no_ack: true };
+        let queue = w.quarantine_queue.as_str().into();
+        let copy = w.channel.basic_get(queue, get).await.unwrap().unwrap();
+        let props = &copy.delivery.properties;
+        let headers = props.headers().clone().unwrap_or_default();
+        eprintln!(
+            "amqp quarantined copy: kept {:?} past an expiration of 100 ms; expiration {:?}, CC {:?}",
+            since.elapsed(),
+            props.expiration(),
+            headers.inner().get("CC")
+        );
+        assert_eq!(props.expiration(), &None);
+        assert!(!headers.contains_key("CC"));
+        assert!(headers.contains_key("x-oncebox-reason"));
+        w.cleanup().await;
+    });
+}
+
+#[test]
+fn quarantine_into_the_consumed_queue_is_refused_at_start() {
+    let Some(url) = service_url("ONCEBOX_AMQP_URL") else {
+        return;
+    };
+    run(async move {
+        let w = World::new(&url).await;
+        w.publish(None, r#"{"amount":1}"#).await;
+        let mut options = w.options();
+        // The default exchange, and the routing key is the queue's own name.
+        options.quarantine.exchange = String::new();
+        let consumer = Consumer::new(w.db.checked(), options);
+        let conn: Connection = connect(&url).await;
+        let ended = tokio::time::timeout(
+            Duration::from_secs(10),
+            consumer.run(&conn, std::future::pending()),
+        )
+        .await
+        .expect("refused at start instead of consuming");
+        eprintln!("amqp quarantine into the consumed queue: {ended:?}");
+        assert!(matches!(
+            ended,
+            Err(ConsumeError::Options(OptionsError::QuarantineIsTheQueue(ref q))) if *q == w.queue
+        ));
+        assert_eq!(*consumer.counts().borrow(), Default::default());
+        w.wait_ready(&w.queue, 1).await;
+        let _ = conn.close(200, "done".into()).await;
+        w.cleanup().await;
+    });
+}
