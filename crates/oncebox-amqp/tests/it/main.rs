@@ -4,6 +4,7 @@
 //! failing and panicking handlers, a quarantine that fails or is misconfigured, and a broker
 //! that stops answering. Each scenario prints what it measured.
 
+mod blocked;
 mod faults;
 mod handler;
 mod kill;

@@ -51,6 +51,9 @@ fn quarantined_copy_outlives_the_originals_ttl_and_drops_its_routing_headers() {
     run(async move {
         let w = World::new(&url).await;
         let mut consumer = start(&url, Consumer::new(w.db.checked(), w.options()));
+        // The consumer is subscribed before the message that expires in 100 ms is published.
+        w.publish(Some("evt_ready"), r#"{"amount":1}"#).await;
+        consumer.wait(|c| c.applied >= 1, w.state()).await;
         let mut headers = FieldTable::default();
         let elsewhere = AMQPValue::LongString("oncebox-test-nowhere".into());
         let cc = AMQPValue::FieldArray(FieldArray::from(vec![elsewhere]));

@@ -1,0 +1,104 @@
+//! A broker that stops answering (as under a resource alarm, when RabbitMQ stops reading a
+//! publishing connection), staged with a TCP proxy that holds every byte: a quarantine whose
+//! confirm never comes is requeued after `confirm_timeout`, and shutdown does not wait for the
+//! broker either.
+
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use oncebox_amqp::Consumer;
+use oncebox_core::consume::from_fn;
+use oncebox_core::{Event, ProcessError};
+use oncebox_testkit::proxy::{Mode, Proxy, Stats};
+use oncebox_testkit::{run, service_url};
+use tokio::sync::{Notify, mpsc, oneshot};
+
+use crate::support::{World, connect};
+
+/// `host:port` of an `amqp://user:pass@host:port/vhost` URL.
+fn authority(url: &str) -> &str {
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
+    let rest = rest.rsplit_once('@').map_or(rest, |(_, r)| r);
+    rest.split('/').next().unwrap_or(rest)
+}
+
+#[test]
+fn quarantine_without_a_confirm_is_requeued_and_shutdown_does_not_wait_for_the_broker() {
+    let Some(url) = service_url("ONCEBOX_AMQP_URL") else {
+        return;
+    };
+    run(async move {
+        let w = World::new(&url).await;
+        let broker = authority(&url);
+        let upstream: SocketAddr = broker.to_socket_addrs().unwrap().next().unwrap();
+        let proxy = Proxy::start(upstream).await;
+        let via = url.replacen(broker, &proxy.addr().to_string(), 1);
+
+        // The handler fails once, when let go; with one attempt allowed that is a quarantine.
+        let (entered, mut inside) = mpsc::unbounded_channel();
+        let release = Arc::new(Notify::new());
+        let gate = release.clone();
+        let apply = from_fn(move |_: Event, _| {
+            let (entered, gate) = (entered.clone(), gate.clone());
+            async move {
+                let _ = entered.send(());
+                gate.notified().await;
+                Err(ProcessError::Handler("fails for good".into()))
+            }
+        });
+        let mut options = w.options();
+        options.retry.max_attempts = 1;
+        options.confirm_timeout = Duration::from_millis(300);
+        let consumer = Arc::new(Consumer::new(apply, options));
+        let mut counts = consumer.counts();
+        let conn = connect(&via).await;
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn({
+            let consumer = consumer.clone();
+            async move {
+                let ended = consumer
+                    .run(&conn, async {
+                        let _ = stopped.await;
+                    })
+                    .await;
+                (ended, conn)
+            }
+        });
+
+        w.publish(Some("evt_blocked"), r#"{"amount":1}"#).await;
+        inside.recv().await.unwrap();
+        // From here the broker hears nothing from the consumer, and it nothing from the broker.
+        proxy.set(Mode::BlackHole);
+        release.notify_one();
+        let requeued = tokio::time::timeout(
+            Duration::from_secs(20),
+            counts.wait_for(|c| c.requeued >= 1),
+        )
+        .await
+        .expect("the quarantine gave up after its deadline")
+        .map(|c| *c)
+        .unwrap();
+
+        let began = Instant::now();
+        stop.send(()).unwrap();
+        let (ended, conn) = tokio::time::timeout(Duration::from_secs(10), task)
+            .await
+            .expect("shutdown finished while the broker was silent")
+            .unwrap();
+        let shutdown = began.elapsed();
+        let held = Stats::get(&proxy.stats.held);
+        eprintln!(
+            "amqp silent broker: quarantine requeued after its 300 ms deadline ({requeued:?}); shutdown took {shutdown:?}, {held} chunks held by the proxy"
+        );
+        assert!(held >= 1, "the proxy held the consumer's traffic");
+        assert_eq!((requeued.quarantined, requeued.acked), (0, 0));
+        ended.unwrap();
+
+        // The connection dies: the broker takes the unacknowledged message back.
+        proxy.set(Mode::Reset);
+        drop(conn);
+        w.wait_ready(&w.queue, 1).await;
+        w.cleanup().await;
+    });
+}
