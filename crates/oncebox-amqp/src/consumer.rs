@@ -116,9 +116,11 @@ impl<A: Apply> Consumer<A> {
         self.shared.counts.subscribe()
     }
 
-    /// Consumes until `shutdown` completes or the connection fails. On shutdown it stops taking
-    /// deliveries, finishes and settles those in hand (a pending requeue delay is cut short),
-    /// and closes its channels, which returns anything unacknowledged to the queue.
+    /// Consumes until `shutdown` completes or the connection fails; refuses options that
+    /// [`ConsumerOptions::check`] refuses. On shutdown it stops taking deliveries, finishes and
+    /// settles those in hand (a pending requeue delay is cut short, and a message held through
+    /// a store outage is requeued), and closes its channels, which returns anything
+    /// unacknowledged to the queue; no broker call on the way waits past `confirm_timeout`.
     pub async fn run(
         &self,
         connection: &Connection,

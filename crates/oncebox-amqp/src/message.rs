@@ -20,7 +20,9 @@ pub const QUARANTINE_HEADERS: [&str; 4] = [
 ];
 
 /// Where quarantined messages go: an exchange (it must exist and route the key somewhere;
-/// an unroutable quarantine is an error, not a silent drop) and the routing key.
+/// an unroutable quarantine is an error, not a silent drop) and the routing key. The default
+/// exchange with the consumed queue's own name is refused at start: it would route every
+/// copy back.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Quarantine {
     pub exchange: String,
