@@ -7,7 +7,7 @@ use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::time::Duration;
 
-use async_nats::jetstream::consumer::{AckPolicy, DeliverPolicy, PullConsumer, pull};
+use async_nats::jetstream::consumer::PullConsumer;
 use async_nats::jetstream::{self, AckKind};
 use futures::stream::FuturesUnordered;
 use futures::{FutureExt, StreamExt};
@@ -15,16 +15,19 @@ use oncebox_core::consume::{
     Apply, Broker, Counts, MessageRules, Position, Reason, Requeue, RetryPolicy, Settle, decide,
     settle,
 };
+use oncebox_core::retention::DEFAULT_RETENTION;
 use tokio::sync::watch;
 
 use crate::message::{Headers, QuarantineError, quarantine};
+use crate::setup::{ConsumeError, DeliverFrom, bind};
 
 /// What one consumer reads and how it settles messages.
 #[derive(Debug, Clone)]
 pub struct ConsumerOptions {
     pub stream: String,
-    /// The durable consumer's name; created with the settings below when it does not exist
-    /// (an existing one is used as configured on the server).
+    /// The durable consumer's name; created with the settings below when it does not exist.
+    /// An existing one keeps its settings: it is refused unless its acks are explicit and its
+    /// deliveries unlimited, and a filter or ack wait other than these is logged.
     pub durable: String,
     /// One subject filter (server 2.9 knows one; `None`: the whole stream).
     pub filter_subject: Option<String>,
@@ -32,10 +35,14 @@ pub struct ConsumerOptions {
     pub ack_wait: Duration,
     /// Unacknowledged messages the server lets this consumer hold.
     pub max_ack_pending: i64,
+    /// Where a durable created by this consumer starts reading. `oncebox consume` gives its
+    /// source's retention.
+    pub deliver_from: DeliverFrom,
     /// Messages pulled per request, and processed at once.
     pub batch: usize,
     pub rules: MessageRules,
-    /// Subject quarantined messages are published to; a stream must capture it.
+    /// Subject quarantined messages are published to; a stream must capture it. The consumer
+    /// refuses to start when its own stream captures it and its filter lets it through.
     pub quarantine_subject: String,
     pub retry: RetryPolicy,
     /// Drive the offset watermark from the stream sequence: each message's sequence moves the
@@ -59,6 +66,7 @@ impl ConsumerOptions {
             filter_subject: None,
             ack_wait: Duration::from_secs(30),
             max_ack_pending: 1024,
+            deliver_from: DeliverFrom::Retention(DEFAULT_RETENTION),
             batch: 64,
             rules,
             quarantine_subject: quarantine_subject.to_owned(),
@@ -72,21 +80,6 @@ impl ConsumerOptions {
     pub fn watermark_name(&self) -> String {
         format!("nats:{}:{}", self.stream, self.durable)
     }
-}
-
-/// Why `run` stopped before its shutdown signal.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum ConsumeError {
-    /// The stream or consumer could not be read or created.
-    #[error("consumer setup: {0}")]
-    Setup(String),
-    /// The watermark needs in-order processing, which the server-side consumer does not give.
-    #[error("watermark mode needs max_ack_pending = 1 on consumer {durable} (it has {found})")]
-    Unordered { durable: String, found: i64 },
-    /// Pulling messages failed. Unacknowledged messages come back after the ack wait.
-    #[error("pull: {0}")]
-    Pull(String),
 }
 
 /// A JetStream consumer that applies each message through `A`.
@@ -120,37 +113,10 @@ impl<A: Apply> Consumer<A> {
         self.counts.subscribe()
     }
 
-    /// The durable pull consumer, created when absent.
+    /// The durable pull consumer, created when absent (see [`DeliverFrom`] for where a new
+    /// one starts), after the checks that refuse a setup this consumer cannot be safe with.
     pub async fn bind(&self, js: &jetstream::Context) -> Result<PullConsumer, ConsumeError> {
-        let o = &self.options;
-        let setup = |e: &dyn std::fmt::Display| ConsumeError::Setup(e.to_string());
-        let stream = js.get_stream(&o.stream).await.map_err(|e| setup(&e))?;
-        let config = pull::Config {
-            durable_name: Some(o.durable.clone()),
-            filter_subject: o.filter_subject.clone().unwrap_or_default(),
-            ack_policy: AckPolicy::Explicit,
-            ack_wait: o.ack_wait,
-            max_ack_pending: if o.watermark { 1 } else { o.max_ack_pending },
-            deliver_policy: DeliverPolicy::All,
-            ..pull::Config::default()
-        };
-        let mut consumer: PullConsumer = stream
-            .get_or_create_consumer(&o.durable, config)
-            .await
-            .map_err(|e| setup(&e))?;
-        let found = consumer
-            .info()
-            .await
-            .map_err(|e| setup(&e))?
-            .config
-            .max_ack_pending;
-        if o.watermark && found != 1 {
-            return Err(ConsumeError::Unordered {
-                durable: o.durable.clone(),
-                found,
-            });
-        }
-        Ok(consumer)
+        Ok(bind(js, &self.options).await?.consumer)
     }
 
     /// Consumes until `shutdown` completes or pulling fails. On shutdown it stops pulling and

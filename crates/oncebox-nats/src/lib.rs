@@ -29,8 +29,11 @@
 mod consumer;
 pub mod crash;
 mod message;
+mod setup;
+mod subject;
 
-pub use consumer::{ConsumeError, Consumer, ConsumerOptions};
+pub use consumer::{Consumer, ConsumerOptions};
 pub use message::QUARANTINE_HEADERS;
 #[cfg(feature = "sqlite")]
 pub use oncebox_sqlite::InboxHandler;
+pub use setup::{ConsumeError, DeliverFrom, DurableProblem};

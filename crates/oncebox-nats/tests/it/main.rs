@@ -1,9 +1,10 @@
 //! The JetStream consumer against the real NATS server (`ONCEBOX_NATS_URL`) and real SQLite
 //! files: duplicates, a consumer killed between commit and ack, processing past the ack wait,
-//! poison messages, an unavailable database and the stream-sequence watermark. Each scenario
-//! prints its figures D, L and F.
+//! poison messages, an unavailable database, the stream-sequence watermark, the setups refused at
+//! start and where a new durable starts. Each scenario prints its figures.
 
 mod faults;
 mod kill;
 mod scenarios;
+mod setup;
 mod support;

@@ -46,14 +46,7 @@ impl World {
             (&stream, &subject),
             (&quarantine_stream, &quarantine_subject),
         ] {
-            js.create_stream(stream::Config {
-                name: name.clone(),
-                subjects: vec![subject.clone()],
-                max_age: Duration::from_secs(600),
-                ..stream::Config::default()
-            })
-            .await
-            .unwrap();
+            create_stream(&js, name, subject).await;
         }
         World {
             js,
@@ -145,6 +138,18 @@ impl World {
             let _ = self.js.delete_stream(s).await;
         }
     }
+}
+
+/// A stream keeping `subject` for ten minutes.
+pub async fn create_stream(js: &jetstream::Context, name: &str, subject: &str) {
+    js.create_stream(stream::Config {
+        name: name.to_owned(),
+        subjects: vec![subject.to_owned()],
+        max_age: Duration::from_secs(600),
+        ..stream::Config::default()
+    })
+    .await
+    .unwrap();
 }
 
 pub async fn connect(url: &str) -> jetstream::Context {

@@ -1,0 +1,186 @@
+//! Binding the consumer at start: the stream read, the durable got or created, and every setting
+//! under which the consumer could not keep its promises refused before a message is pulled — a
+//! quarantine the consumer would read back, a durable that acks or drops messages on its own, a
+//! watermark without in-order delivery.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use async_nats::jetstream::consumer::{AckPolicy, DeliverPolicy, PullConsumer, pull};
+use async_nats::jetstream::{self, stream};
+
+use crate::consumer::ConsumerOptions;
+use crate::subject::matches;
+
+/// Where a durable that does not exist yet starts reading. An existing durable goes on from
+/// its own position whatever this says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum DeliverFrom {
+    /// The messages stored within this horizon before the durable is created: give the
+    /// source's inbox retention. An older message may have been applied already and had its
+    /// inbox record purged since, so a new durable would apply it a second time; one inside
+    /// the horizon is still answered as a duplicate. Records of messages near the horizon
+    /// expire while a new durable works through its backlog: a horizon shorter than the
+    /// retention by the time a catch-up takes closes that gap.
+    Retention(Duration),
+    /// The whole stream, from its first message: only for a stream whose every message is
+    /// still guarded by an inbox record (or by the watermark) or was never applied.
+    All,
+}
+
+/// Why `run` stopped before its shutdown signal.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConsumeError {
+    /// The stream or consumer could not be read or created.
+    #[error("consumer setup: {0}")]
+    Setup(String),
+    /// The watermark needs in-order processing, which the server-side consumer does not give.
+    /// Retrying does not help until the durable is changed.
+    #[error("watermark mode needs max_ack_pending = 1 on consumer {durable} (it has {found})")]
+    Unordered { durable: String, found: i64 },
+    /// The consumed stream stores the quarantine subject and the consumer's filter lets it
+    /// through: every quarantined copy would come back, fail the same way and be quarantined
+    /// again, without end. Retrying does not help until the configuration is changed.
+    #[error(
+        "quarantine subject {quarantine} is stored by stream {stream} (its subject {captured_by}) \
+         and read back by consumer {durable} ({filter}): quarantine to a subject this stream \
+         does not keep, or filter it out"
+    )]
+    QuarantineReadBack {
+        stream: String,
+        durable: String,
+        quarantine: String,
+        captured_by: String,
+        /// The consumer's filter, or "no filter".
+        filter: String,
+    },
+    /// The existing durable is configured so that messages could be acknowledged without being
+    /// processed or dropped after some deliveries. Retrying does not help until the durable is
+    /// deleted or changed.
+    #[error("durable {durable} on stream {stream} cannot be used: {problem}")]
+    UnsafeDurable {
+        stream: String,
+        durable: String,
+        problem: DurableProblem,
+    },
+    /// Pulling messages failed. Unacknowledged messages come back after the ack wait.
+    #[error("pull: {0}")]
+    Pull(String),
+}
+
+/// What makes an existing durable unsafe to consume with.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum DurableProblem {
+    /// `All` acknowledges every earlier message with one ack, including those NAKed for a
+    /// retry; `None` counts a message acknowledged as soon as it is delivered.
+    #[error("its ack policy is {0:?}, not Explicit")]
+    AckPolicy(AckPolicy),
+    /// The server stops delivering a message after this many deliveries, however long an
+    /// outage kept the store from answering: the message is lost.
+    #[error("its max_deliver is {0}, not unlimited")]
+    MaxDeliver(i64),
+}
+
+/// The consumer bound to its durable.
+pub(crate) struct Bound {
+    pub consumer: PullConsumer,
+}
+
+pub(crate) async fn bind(
+    js: &jetstream::Context,
+    o: &ConsumerOptions,
+) -> Result<Bound, ConsumeError> {
+    let setup = |e: &dyn std::fmt::Display| ConsumeError::Setup(e.to_string());
+    let stream = js.get_stream(&o.stream).await.map_err(|e| setup(&e))?;
+    let info = stream.cached_info();
+    // Checked with the filter asked for before anything is created, and again below with the
+    // filter of the durable found, which is the one the server applies.
+    let asked_filter = o.filter_subject.clone().unwrap_or_default();
+    read_back(info, o, &asked_filter)?;
+    let config = pull::Config {
+        durable_name: Some(o.durable.clone()),
+        filter_subject: asked_filter.clone(),
+        ack_policy: AckPolicy::Explicit,
+        ack_wait: o.ack_wait,
+        max_ack_pending: if o.watermark { 1 } else { o.max_ack_pending },
+        deliver_policy: deliver_policy(o.deliver_from).map_err(|e| setup(&e))?,
+        ..pull::Config::default()
+    };
+    // Only used when the durable is absent; an existing one keeps its own settings, checked
+    // below.
+    let mut consumer: PullConsumer = stream
+        .get_or_create_consumer(&o.durable, config)
+        .await
+        .map_err(|e| setup(&e))?;
+    let found = consumer.info().await.map_err(|e| setup(&e))?.config.clone();
+    let unsafe_durable = |problem| ConsumeError::UnsafeDurable {
+        stream: o.stream.clone(),
+        durable: o.durable.clone(),
+        problem,
+    };
+    if found.ack_policy != AckPolicy::Explicit {
+        return Err(unsafe_durable(DurableProblem::AckPolicy(found.ack_policy)));
+    }
+    // The server reports an unlimited max_deliver as -1; 0 is the client's "not set".
+    if found.max_deliver > 0 {
+        return Err(unsafe_durable(DurableProblem::MaxDeliver(
+            found.max_deliver,
+        )));
+    }
+    read_back(info, o, &found.filter_subject)?;
+    if found.filter_subject != asked_filter {
+        tracing::warn!(durable = %o.durable, found = %found.filter_subject, asked = %asked_filter, "the existing durable filters other subjects than configured; its own filter applies");
+    }
+    if found.ack_wait != o.ack_wait {
+        tracing::warn!(durable = %o.durable, found = ?found.ack_wait, asked = ?o.ack_wait, "the existing durable has another ack wait than configured; its own applies");
+    }
+    if o.watermark && found.max_ack_pending != 1 {
+        return Err(ConsumeError::Unordered {
+            durable: o.durable.clone(),
+            found: found.max_ack_pending,
+        });
+    }
+    Ok(Bound { consumer })
+}
+
+/// Refuses a consumer that would read its own quarantined copies back.
+fn read_back(info: &stream::Info, o: &ConsumerOptions, filter: &str) -> Result<(), ConsumeError> {
+    let quarantine = &o.quarantine_subject;
+    let Some(captured_by) = info.config.subjects.iter().find(|s| matches(s, quarantine)) else {
+        return Ok(());
+    };
+    // An empty filter is the whole stream.
+    if !filter.is_empty() && !matches(filter, quarantine) {
+        return Ok(());
+    }
+    Err(ConsumeError::QuarantineReadBack {
+        stream: o.stream.clone(),
+        durable: o.durable.clone(),
+        quarantine: quarantine.clone(),
+        captured_by: captured_by.clone(),
+        filter: if filter.is_empty() {
+            "no filter".to_owned()
+        } else {
+            format!("filter {filter}")
+        },
+    })
+}
+
+/// Where a new durable starts: the horizon is taken back from this host's clock, which is
+/// the clock the inbox's retention runs on too.
+fn deliver_policy(from: DeliverFrom) -> Result<DeliverPolicy, async_nats::Error> {
+    match from {
+        DeliverFrom::All => Ok(DeliverPolicy::All),
+        DeliverFrom::Retention(horizon) => {
+            let now = SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .unwrap_or_default();
+            let start = i128::try_from(now.saturating_sub(horizon).as_nanos())?;
+            Ok(DeliverPolicy::ByStartTime {
+                start_time: async_nats::datetime::from_nanos(start)?,
+            })
+        }
+    }
+}

@@ -1,0 +1,207 @@
+//! What the consumer checks and decides when it binds: a quarantine it would read back and a
+//! durable that acks or drops messages on its own are refused before anything is pulled; a
+//! durable it creates starts at the retention horizon, not at the stream's first message.
+
+use std::time::Duration;
+
+use async_nats::jetstream::consumer::{AckPolicy, DeliverPolicy, pull};
+use oncebox_nats::{ConsumeError, Consumer, DeliverFrom, DurableProblem};
+use oncebox_testkit::{run, service_url};
+
+use crate::support::{World, create_stream, start};
+
+#[test]
+fn a_quarantine_the_consumer_would_read_back_is_refused_at_start() {
+    let Some(url) = service_url("ONCEBOX_NATS_URL") else {
+        return;
+    };
+    run(async move {
+        let w = World::new(&url).await;
+        // A stream that keeps its events and its own quarantine under one wildcard: without
+        // the check, every quarantined copy would be delivered again, fail the same way and be
+        // quarantined again, without end.
+        let id = uuid::Uuid::new_v4().simple().to_string();
+        let (stream, base) = (format!("ONCEBOX_TESTRB_{id}"), format!("oncebox.test.{id}"));
+        create_stream(&w.js, &stream, &format!("{base}.>")).await;
+        let quarantine = format!("{base}.quarantine");
+        let options = |filter: Option<String>| {
+            let mut o = w.options();
+            o.stream = stream.clone();
+            o.quarantine_subject = quarantine.clone();
+            o.filter_subject = filter;
+            o
+        };
+        for filter in [
+            None,
+            Some(format!("{base}.*")),
+            Some(format!("{base}.>")),
+            Some(quarantine.clone()),
+        ] {
+            let consumer = Consumer::new(w.db.checked(), options(filter.clone()));
+            let refused = consumer.bind(&w.js).await.unwrap_err();
+            assert!(
+                matches!(refused, ConsumeError::QuarantineReadBack { .. }),
+                "{filter:?}: {refused}"
+            );
+            assert!(refused.to_string().contains(&quarantine), "{refused}");
+        }
+        let s = w.js.get_stream(&stream).await.unwrap();
+        assert!(
+            s.consumer_info(&w.durable).await.is_err(),
+            "a refused consumer creates no durable"
+        );
+
+        // A filter that leaves the quarantine out reads the same stream safely.
+        let safe = options(Some(format!("{base}.events")));
+        Consumer::new(w.db.checked(), safe.clone())
+            .bind(&w.js)
+            .await
+            .unwrap();
+        // But an existing durable's own filter is what the server applies: one without a
+        // filter reads the quarantine back whatever the options ask for.
+        s.delete_consumer(&w.durable).await.unwrap();
+        s.create_consumer(pull::Config {
+            durable_name: Some(w.durable.clone()),
+            ack_policy: AckPolicy::Explicit,
+            ..pull::Config::default()
+        })
+        .await
+        .unwrap();
+        let refused = Consumer::new(w.db.checked(), safe)
+            .bind(&w.js)
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&refused, ConsumeError::QuarantineReadBack { filter, .. } if filter == "no filter"),
+            "{refused}"
+        );
+        eprintln!("nats quarantine read back: refused with {refused}");
+        w.js.delete_stream(&stream).await.unwrap();
+        w.cleanup().await;
+    });
+}
+
+#[test]
+fn an_existing_durable_that_acks_or_drops_on_its_own_is_refused() {
+    let Some(url) = service_url("ONCEBOX_NATS_URL") else {
+        return;
+    };
+    run(async move {
+        let w = World::new(&url).await;
+        w.publish(Some("evt_kept"), r#"{"amount":1}"#).await;
+        let s = w.js.get_stream(&w.stream).await.unwrap();
+        for (config, problem) in [
+            (
+                pull::Config {
+                    ack_policy: AckPolicy::All,
+                    ..pull::Config::default()
+                },
+                DurableProblem::AckPolicy(AckPolicy::All),
+            ),
+            (
+                pull::Config {
+                    ack_policy: AckPolicy::None,
+                    ..pull::Config::default()
+                },
+                DurableProblem::AckPolicy(AckPolicy::None),
+            ),
+            (
+                pull::Config {
+                    ack_policy: AckPolicy::Explicit,
+                    max_deliver: 3,
+                    ..pull::Config::default()
+                },
+                DurableProblem::MaxDeliver(3),
+            ),
+        ] {
+            let _ = s.delete_consumer(&w.durable).await;
+            s.create_consumer(pull::Config {
+                durable_name: Some(w.durable.clone()),
+                ..config
+            })
+            .await
+            .unwrap();
+            let apply = w.db.checked();
+            let consumer = Consumer::new(apply.clone(), w.options());
+            let ran = consumer.run(&w.js, std::future::pending());
+            let refused = tokio::time::timeout(Duration::from_secs(5), ran)
+                .await
+                .expect("refused at start, not consuming")
+                .unwrap_err();
+            match &refused {
+                ConsumeError::UnsafeDurable { problem: p, .. } => assert_eq!(p, &problem),
+                other => panic!("expected {problem}, got {other}"),
+            }
+            eprintln!("nats unsafe durable: refused with {refused}");
+            assert!(refused.to_string().contains(&w.durable), "{refused}");
+            // Refused before a message was pulled: nothing applied, nothing acknowledged.
+            let info = w.consumer_info().await;
+            assert_eq!(info.delivered.stream_sequence, 0);
+            assert_eq!(
+                apply.calls.load(std::sync::atomic::Ordering::SeqCst),
+                0,
+                "nothing applied"
+            );
+        }
+        w.cleanup().await;
+    });
+}
+
+#[test]
+fn a_new_durable_starts_at_the_retention_horizon_not_at_the_first_message() {
+    let Some(url) = service_url("ONCEBOX_NATS_URL") else {
+        return;
+    };
+    run(async move {
+        let w = World::new(&url).await;
+        let horizon = Duration::from_secs(1);
+        for id in ["evt_old_1", "evt_old_2"] {
+            w.publish(Some(id), r#"{"amount":1}"#).await;
+        }
+        // Older than the horizon, by the server's own timestamp, before the durable exists.
+        let s = w.js.get_stream(&w.stream).await.unwrap();
+        let stored = s.get_raw_message(2).await.unwrap().time;
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        while (async_nats::datetime::now() - stored).whole_milliseconds() < 1_200 {
+            assert!(tokio::time::Instant::now() < deadline, "the clock stands");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        for id in ["evt_new_1", "evt_new_2"] {
+            w.publish(Some(id), r#"{"amount":1}"#).await;
+        }
+
+        let mut options = w.options();
+        options.deliver_from = DeliverFrom::Retention(horizon);
+        let apply = w.db.checked();
+        let mut consumer = start(&url, Consumer::new(apply.clone(), options.clone()));
+        w.wait(&mut consumer, |c| c.applied >= 2).await;
+        let info = w.wait_all_acked().await;
+        let done = consumer.stop().await;
+        assert_eq!(
+            (w.db.effects("evt_new_1"), w.db.effects("evt_new_2")),
+            (1, 1)
+        );
+        assert_eq!(
+            (w.db.effects("evt_old_1"), w.db.effects("evt_old_2")),
+            (0, 0)
+        );
+        assert_eq!((done.applied, done.acked), (2, 2));
+        assert!(matches!(
+            info.config.deliver_policy,
+            DeliverPolicy::ByStartTime { .. }
+        ));
+
+        // The old messages are there: a durable asked to read everything gets them.
+        options.durable = format!("{}-all", w.durable);
+        options.deliver_from = DeliverFrom::All;
+        let mut all = start(&url, Consumer::new(apply.clone(), options));
+        w.wait(&mut all, |c| c.acked >= 4).await;
+        let everything = all.stop().await;
+        eprintln!(
+            "nats new durable: horizon {horizon:?} delivered {} of 4 (the 2 older not); from the start: applied {}, duplicates {}",
+            done.acked, everything.applied, everything.duplicates
+        );
+        assert_eq!((everything.applied, everything.duplicates), (2, 2));
+        w.cleanup().await;
+    });
+}
