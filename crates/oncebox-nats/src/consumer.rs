@@ -49,7 +49,9 @@ pub struct ConsumerOptions {
     /// watermark in its own transaction, and a message at or below it is recorded as stale, so
     /// a replayed stream (a recreated durable, a restored stream) changes nothing even after
     /// its inbox records were purged. Needs `max_ack_pending = 1`, so messages are processed
-    /// strictly in order and none passes one that is being retried.
+    /// strictly in order and none passes one that is being retried. The watermark's name
+    /// carries the stream's creation time: a stream deleted and created again, whose sequences
+    /// start at 1 again, gets a watermark of its own.
     pub watermark: bool,
 }
 
@@ -73,12 +75,6 @@ impl ConsumerOptions {
             retry: RetryPolicy::default(),
             watermark: false,
         }
-    }
-
-    /// The watermark's stream name: one per durable, so consumers of one stream with other
-    /// filters keep their own. Persisted: do not change.
-    pub fn watermark_name(&self) -> String {
-        format!("nats:{}:{}", self.stream, self.durable)
     }
 }
 
@@ -127,13 +123,19 @@ impl<A: Apply> Consumer<A> {
         js: &jetstream::Context,
         shutdown: impl Future<Output = ()>,
     ) -> Result<(), ConsumeError> {
-        let consumer = self.bind(js).await?;
+        let bound = bind(js, &self.options).await?;
+        let watermark = watermark_name(&self.options, bound.stream_created);
+        let at = Stream {
+            js,
+            watermark: &watermark,
+        };
         let limit = if self.options.watermark {
             1
         } else {
             self.options.batch.max(1)
         };
-        let mut messages = consumer
+        let mut messages = bound
+            .consumer
             .stream()
             .max_messages_per_batch(limit)
             .heartbeat(Duration::from_secs(5))
@@ -152,7 +154,7 @@ impl<A: Apply> Consumer<A> {
                 () = &mut shutdown => break Ok(()),
                 Some(()) = in_hand.next(), if !in_hand.is_empty() => {}
                 next = messages.next(), if in_hand.len() < limit => match next {
-                    Some(Ok(message)) => in_hand.push(self.guarded(js, message)),
+                    Some(Ok(message)) => in_hand.push(self.guarded(&at, message)),
                     Some(Err(e)) => break Err(ConsumeError::Pull(e.to_string())),
                     None => break Err(ConsumeError::Pull("message stream ended".into())),
                 },
@@ -165,14 +167,14 @@ impl<A: Apply> Consumer<A> {
     /// `handle`, with a panic (in the `Apply`, say) confined to its message: it is neither acked
     /// nor requeued, so the server delivers it again after the ack wait, and the other
     /// messages go on.
-    async fn guarded(&self, js: &jetstream::Context, message: jetstream::Message) {
-        let handled = AssertUnwindSafe(self.handle(js, message)).catch_unwind();
+    async fn guarded(&self, at: &Stream<'_>, message: jetstream::Message) {
+        let handled = AssertUnwindSafe(self.handle(at, message)).catch_unwind();
         if handled.await.is_err() {
             tracing::error!(stream = %self.options.stream, "handling a message panicked; it comes back after the ack wait");
         }
     }
 
-    async fn handle(&self, js: &jetstream::Context, message: jetstream::Message) {
+    async fn handle(&self, at: &Stream<'_>, message: jetstream::Message) {
         let o = &self.options;
         // The sequence is the stream's position of the stored message: stable across
         // redeliveries, so fit for the watermark, yet never part of the key.
@@ -185,7 +187,7 @@ impl<A: Apply> Consumer<A> {
             Err(reason) => Settle::Quarantine(reason),
             Ok(event) => {
                 let position = (o.watermark && sequence > 0).then(|| Position {
-                    stream: o.watermark_name(),
+                    stream: at.watermark.to_owned(),
                     partition: 0,
                     offset: i64::try_from(sequence).unwrap_or(i64::MAX),
                 });
@@ -200,13 +202,43 @@ impl<A: Apply> Consumer<A> {
             crate::crash::point!("nats-before-ack");
         }
         let in_hand = InHand {
-            js,
+            js: at.js,
             message: &message,
             options: o,
         };
         let (settle, acked) = settle(&in_hand, decision, &o.retry).await;
         self.counts.send_modify(|c| c.add(&settle, acked));
     }
+}
+
+/// The offset watermark's stream name, `nats:{stream}:{durable}:{created}` with the stream's
+/// creation time in Unix nanoseconds. Persisted: do not change.
+///
+/// One per durable, so consumers of one stream with other filters keep their own. One per
+/// incarnation of the stream: a stream deleted and created again under its name numbers its
+/// messages from 1 again, and a watermark left high by the old one would record every new
+/// message as stale, which loses it. A stream restored from a snapshot keeps its creation time
+/// (the server takes it from the snapshot), and so its watermark: a replay of it stays stale.
+///
+/// The creation time is in the name rather than stored beside the offset and compared,
+/// because the store's watermark holds an offset and compares nothing else; and a new name
+/// needs no reset: it starts from nothing, and the new stream's first message sets it.
+///
+/// Before, the name was `nats:{stream}:{durable}`. A deployment that upgrades starts a new
+/// watermark and leaves the old one unused. Its durable goes on from its ack floor, so only
+/// messages not yet acknowledged come again, each answered by its inbox record as before; a
+/// message is applied twice only if it is read again after its record was purged, which the ack
+/// floor and, for a new durable, `DeliverFrom::Retention` rule out (`DeliverFrom::All` on a new
+/// durable does not).
+fn watermark_name(o: &ConsumerOptions, stream_created: i128) -> String {
+    format!("nats:{}:{}:{stream_created}", o.stream, o.durable)
+}
+
+/// The stream being consumed, as one `run` bound it.
+struct Stream<'a> {
+    js: &'a jetstream::Context,
+    /// The offset watermark's name.
+    watermark: &'a str,
 }
 
 /// One message being settled, with what settling it needs.

@@ -83,9 +83,12 @@ pub enum DurableProblem {
     MaxDeliver(i64),
 }
 
-/// The consumer bound to its durable.
+/// The consumer bound to its durable, and the stream's identity.
 pub(crate) struct Bound {
     pub consumer: PullConsumer,
+    /// When the stream was created, in Unix nanoseconds: a stream deleted and created again
+    /// under the same name starts its sequences at 1 again, and this tells the two apart.
+    pub stream_created: i128,
 }
 
 pub(crate) async fn bind(
@@ -95,6 +98,7 @@ pub(crate) async fn bind(
     let setup = |e: &dyn std::fmt::Display| ConsumeError::Setup(e.to_string());
     let stream = js.get_stream(&o.stream).await.map_err(|e| setup(&e))?;
     let info = stream.cached_info();
+    let stream_created = info.created.unix_timestamp_nanos();
     // Checked with the filter asked for before anything is created, and again below with the
     // filter of the durable found, which is the one the server applies.
     let asked_filter = o.filter_subject.clone().unwrap_or_default();
@@ -142,7 +146,10 @@ pub(crate) async fn bind(
             found: found.max_ack_pending,
         });
     }
-    Ok(Bound { consumer })
+    Ok(Bound {
+        consumer,
+        stream_created,
+    })
 }
 
 /// Refuses a consumer that would read its own quarantined copies back.

@@ -125,3 +125,45 @@ fn watermark_makes_a_replayed_stream_stale_after_its_records_were_purged() {
         w.cleanup().await;
     });
 }
+
+#[test]
+fn watermark_of_a_recreated_stream_starts_afresh() {
+    let Some(url) = service_url("ONCEBOX_NATS_URL") else {
+        return;
+    };
+    run(async move {
+        let w = World::new(&url).await;
+        for id in ["evt_r1", "evt_r2", "evt_r3"] {
+            w.publish(Some(id), r#"{"amount":1}"#).await;
+        }
+        let mut options = w.options();
+        options.watermark = true;
+        let apply = w.db.checked();
+        let mut consumer = start(&url, Consumer::new(apply.clone(), options.clone()));
+        w.wait(&mut consumer, |c| c.applied >= 3).await;
+        w.wait_all_acked().await;
+        consumer.stop().await;
+
+        // Deleted and created again under its name: its sequences start at 1 again, below
+        // the old stream's watermark of 3. Its durable went with it.
+        w.recreate_stream().await;
+        let fresh = ["evt_n1", "evt_n2"];
+        for id in fresh {
+            w.publish(Some(id), r#"{"amount":1}"#).await;
+        }
+        let mut consumer = start(&url, Consumer::new(apply.clone(), options));
+        w.wait(&mut consumer, |c| c.acked >= 2).await;
+        let info = w.wait_all_acked().await;
+        let after = consumer.stop().await;
+
+        let falses = apply.false_duplicates.load(Ordering::SeqCst);
+        let (d, l, f) = w.db.figures(&fresh, falses);
+        eprintln!(
+            "nats watermark after the stream was recreated: D={d} L={l} F={f} (new messages at sequences 1..={}: applied {}, stale {})",
+            info.ack_floor.stream_sequence, after.applied, after.stale
+        );
+        assert_eq!((d, l, f), (0, 0, 0));
+        assert_eq!((after.applied, after.stale), (2, 0));
+        w.cleanup().await;
+    });
+}

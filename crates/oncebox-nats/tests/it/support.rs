@@ -95,6 +95,13 @@ impl World {
         stream.consumer_info(&self.durable).await.unwrap()
     }
 
+    /// Deletes the consumed stream (its durable goes with it) and creates it again under the
+    /// same name: its sequences start at 1 again.
+    pub async fn recreate_stream(&self) {
+        self.js.delete_stream(&self.stream).await.unwrap();
+        create_stream(&self.js, &self.stream, &self.subject).await;
+    }
+
     /// Waits until the server holds nothing for the consumer: every message acknowledged.
     pub async fn wait_all_acked(&self) -> consumer::Info {
         let mut info = self.consumer_info().await;
