@@ -23,6 +23,10 @@ pub const QUARANTINE_HEADERS: [&str; 4] = [
 /// within its window; oncebox never relies on that window).
 const MSG_ID: &str = "Nats-Msg-Id";
 
+/// What a quarantined copy calls an original `Nats-*` header: `Oncebox-Original-Nats-Msg-Id`,
+/// say. Do not rename: operators' tooling reads them.
+const ORIGINAL_PREFIX: &str = "Oncebox-Original-";
+
 /// Why a message could not be quarantined; it is then requeued, never acknowledged.
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum QuarantineError {
@@ -57,14 +61,28 @@ pub(crate) async fn quarantine(
     message: &async_nats::Message,
     reason: &Reason,
 ) -> Result<(), QuarantineError> {
-    // Every original header but the message id, which would make the quarantine stream drop
-    // a second quarantined copy of the same id (say, two conflicting payloads) as a duplicate.
+    // Every original header, but those JetStream acts on (`Nats-*`) renamed: the message id
+    // would make the quarantine stream drop a second copy of the same id (say, two conflicting
+    // payloads) as a duplicate; `Nats-Expected-*` make it refuse the copy (requeued then,
+    // forever); `Nats-Rollup` would purge earlier copies; `Nats-TTL` would expire this one.
     let mut headers = HeaderMap::new();
     for (name, values) in message.headers.iter().flat_map(HeaderMap::iter) {
-        if AsRef::<str>::as_ref(name) != MSG_ID {
-            for value in values {
-                headers.append(name.clone(), value.clone());
+        let original: &str = name.as_ref();
+        let is_nats = original
+            .get(..5)
+            .is_some_and(|p| p.eq_ignore_ascii_case("nats-"));
+        let name = if is_nats {
+            // A name that was valid stays valid with a prefix of header characters; if the
+            // client disagrees, the value is dropped rather than kept under its own name.
+            match HeaderName::from_str(&format!("{ORIGINAL_PREFIX}{original}")) {
+                Ok(renamed) => renamed,
+                Err(_) => continue,
             }
+        } else {
+            name.clone()
+        };
+        for value in values {
+            headers.append(name.clone(), value.clone());
         }
     }
     for (name, value) in QUARANTINE_HEADERS

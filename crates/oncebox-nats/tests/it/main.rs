@@ -6,5 +6,6 @@
 mod faults;
 mod kill;
 mod scenarios;
+mod settle;
 mod setup;
 mod support;

@@ -82,6 +82,11 @@ impl World {
         if let Some(id) = id {
             headers.insert(KEY_HEADER, id);
         }
+        self.publish_with(headers, body).await;
+    }
+
+    /// Publishes with these headers and waits for the stream's ack.
+    pub async fn publish_with(&self, headers: HeaderMap, body: &str) {
         self.js
             .publish_with_headers(self.subject.clone(), headers, body.to_owned().into())
             .await
