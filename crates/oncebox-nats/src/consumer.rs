@@ -11,6 +11,7 @@ use async_nats::jetstream::consumer::PullConsumer;
 use async_nats::jetstream::{self, AckKind};
 use futures::stream::FuturesUnordered;
 use futures::{FutureExt, StreamExt};
+use oncebox_core::ProcessError;
 use oncebox_core::consume::{
     Apply, Broker, Counts, MessageRules, Position, Reason, Requeue, RetryPolicy, Settle, decide,
     settle,
@@ -18,8 +19,12 @@ use oncebox_core::consume::{
 use oncebox_core::retention::DEFAULT_RETENTION;
 use tokio::sync::watch;
 
+use crate::attempts::Attempts;
 use crate::message::{Headers, QuarantineError, quarantine};
 use crate::setup::{ConsumeError, DeliverFrom, bind};
+
+/// How long `run` waits, before it returns, for the acks it sent to reach the server.
+const FLUSH_LIMIT: Duration = Duration::from_secs(5);
 
 /// What one consumer reads and how it settles messages.
 #[derive(Debug, Clone)]
@@ -83,6 +88,8 @@ pub struct Consumer<A> {
     apply: A,
     options: ConsumerOptions,
     counts: watch::Sender<Counts>,
+    /// Kept across `run`s, so a reconnect does not forget a failing handler's attempts.
+    attempts: Attempts,
 }
 
 impl<A> std::fmt::Debug for Consumer<A> {
@@ -101,6 +108,7 @@ impl<A: Apply> Consumer<A> {
             apply,
             options,
             counts,
+            attempts: Attempts::default(),
         }
     }
 
@@ -127,6 +135,7 @@ impl<A: Apply> Consumer<A> {
         let watermark = watermark_name(&self.options, bound.stream_created);
         let at = Stream {
             js,
+            created: bound.stream_created,
             watermark: &watermark,
         };
         let limit = if self.options.watermark {
@@ -161,12 +170,25 @@ impl<A: Apply> Consumer<A> {
             }
         };
         while in_hand.next().await.is_some() {}
+        // Acks are queued in the client, not yet written: flushed, so the acks `counts` reports
+        // have reached the server before the caller goes on (and its process, maybe, exits).
+        // Bounded, so a dead connection cannot hold up a shutdown; an ack lost there comes
+        // back as a duplicate.
+        match tokio::time::timeout(FLUSH_LIMIT, js.client().flush()).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "acks not flushed; those lost come back as duplicates")
+            }
+            Err(_) => {
+                tracing::warn!("acks not flushed in time; those lost come back as duplicates")
+            }
+        }
         ended
     }
 
-    /// `handle`, with a panic (in the `Apply`, say) confined to its message: it is neither acked
-    /// nor requeued, so the server delivers it again after the ack wait, and the other
-    /// messages go on.
+    /// `handle`, with a panic outside the `Apply` (whose panics are handler failures) confined
+    /// to its message: it is neither acked nor requeued, so the server delivers it again after
+    /// the ack wait, and the other messages go on.
     async fn guarded(&self, at: &Stream<'_>, message: jetstream::Message) {
         let handled = AssertUnwindSafe(self.handle(at, message)).catch_unwind();
         if handled.await.is_err() {
@@ -191,8 +213,16 @@ impl<A: Apply> Consumer<A> {
                     partition: 0,
                     offset: i64::try_from(sequence).unwrap_or(i64::MAX),
                 });
-                let outcome = self.apply.apply(event, position).await;
-                let attempt = u32::try_from(delivered.max(1)).unwrap_or(u32::MAX);
+                let outcome = self.apply_caught(event, position).await;
+                let failed = matches!(outcome, Err(ProcessError::Handler(_)));
+                let attempt = match (&outcome, sequence) {
+                    (Ok(_), _) => 1,
+                    // No sequence to tell the message by: the server's count is all there is.
+                    (_, 0) => u32::try_from(delivered.max(1)).unwrap_or(u32::MAX),
+                    _ => self
+                        .attempts
+                        .unsettled((at.created, sequence), delivered, failed),
+                };
                 decide(outcome, attempt, &o.retry)
             }
         };
@@ -207,7 +237,33 @@ impl<A: Apply> Consumer<A> {
             options: o,
         };
         let (settle, acked) = settle(&in_hand, decision, &o.retry).await;
+        if !matches!(settle, Settle::Requeue { .. }) {
+            self.attempts.settled((at.created, sequence));
+        }
         self.counts.send_modify(|c| c.add(&settle, acked));
+    }
+
+    /// The `Apply`, with a panic taken as a failed handler: counted, requeued, and quarantined
+    /// after `max_attempts` like any failure, instead of the message coming back after every
+    /// ack wait forever. Whether the `Apply` committed before it panicked is unknown; if it
+    /// did, the redelivery is answered as a duplicate, so retrying is safe.
+    async fn apply_caught(
+        &self,
+        event: oncebox_core::Event,
+        position: Option<Position>,
+    ) -> Result<oncebox_core::Processed, ProcessError> {
+        // The call is inside the caught future, so a panic before the `Apply` returns its
+        // future is caught too.
+        let applied = AssertUnwindSafe(async { self.apply.apply(event, position).await });
+        applied.catch_unwind().await.unwrap_or_else(|panic| {
+            let what = panic
+                .downcast_ref::<&str>()
+                .map(|s| (*s).to_owned())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "no message".to_owned());
+            tracing::error!(stream = %self.options.stream, panic = %what, "the apply panicked; counted as a failed handler");
+            Err(ProcessError::Handler(format!("panicked: {what}").into()))
+        })
     }
 }
 
@@ -237,6 +293,8 @@ fn watermark_name(o: &ConsumerOptions, stream_created: i128) -> String {
 /// The stream being consumed, as one `run` bound it.
 struct Stream<'a> {
     js: &'a jetstream::Context,
+    /// The stream's creation time (see `setup::Bound`).
+    created: i128,
     /// The offset watermark's name.
     watermark: &'a str,
 }

@@ -1,7 +1,9 @@
 //! oncebox's NATS JetStream consumer: a durable pull consumer with explicit acks; every
 //! message runs through the inbox and is acknowledged only after its commit; duplicates are
 //! acknowledged, poison and conflicts are quarantined with the reason, an unavailable store
-//! acknowledges nothing; the stream sequence can drive the offset watermark.
+//! acknowledges nothing; the stream sequence can drive the offset watermark. A failing (or
+//! panicking) handler's attempts are counted by the consumer, not by the server's delivery count,
+//! and a setup that would loop or lose messages is refused at start (see `ConsumeError`).
 //!
 //! Written against JetStream as nats-server 2.9 offers it: one filter subject per consumer,
 //! NAK with a delay, explicit acks.
@@ -26,6 +28,7 @@
 //! # Ok(()) }
 //! ```
 
+mod attempts;
 mod consumer;
 pub mod crash;
 mod message;

@@ -62,8 +62,8 @@ fn poison_messages_are_quarantined_with_their_reason_after_one_attempt() {
         let reasons = w.quarantined().await;
         assert_eq!(reasons, POISON_REASONS);
         // Only the conflict and the failing handler reach the store: the conflict once, the
-        // failing handler exactly `max_attempts` times (the server's delivery count); nothing
-        // loops.
+        // failing handler exactly `max_attempts` times (its failures, counted by the consumer);
+        // nothing loops.
         let max = u64::from(w.options().retry.max_attempts);
         assert_eq!(apply.calls.load(Ordering::SeqCst), 1 + 1 + max);
         assert_eq!(done.requeued, max - 1);
