@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use anyhow::{Result, bail};
 use oncebox_core::consume::{Apply, Position};
+use oncebox_core::retention::DEFAULT_RETENTION;
 use oncebox_core::store::{EventStore, Ingest};
 use oncebox_core::{Clock, Event, Invalid, ProcessError, Processed, SystemClock};
 use oncebox_gateway::accepted_body;
@@ -163,6 +164,12 @@ async fn nats_forever(
     options.batch = *batch;
     options.ack_wait = *ack_wait;
     options.retry = spec.retry;
+    options.deliver_from = oncebox_nats::DeliverFrom::Retention(new_durable_horizon(
+        apply
+            .config
+            .source(&spec.rules.source)
+            .map_or(DEFAULT_RETENTION, |p| p.retention),
+    ));
     let consumer = oncebox_nats::Consumer::new(apply, options);
     let mut backoff = Duration::from_secs(1);
     while !*stopped.borrow() {
@@ -175,10 +182,16 @@ async fn nats_forever(
                 tracing::info!(consumer = %spec.name, %stream, "consuming from NATS JetStream");
                 backoff = Duration::from_secs(1);
                 let js = async_nats::jetstream::new(client);
-                consumer
-                    .run(&js, wait_for(stopped.clone()))
-                    .await
-                    .map_err(|e| e.to_string())
+                match consumer.run(&js, wait_for(stopped.clone())).await {
+                    // Only a change of configuration or of the durable ends these: said loudly,
+                    // and tried again in case the operator fixed it meanwhile.
+                    Err(e @ oncebox_nats::ConsumeError::Setup(_)) => Err(e.to_string()),
+                    Err(e) => {
+                        tracing::error!(consumer = %spec.name, error = %e, "NATS consumer refused to start");
+                        Err(e.to_string())
+                    }
+                    Ok(counts) => Ok(counts),
+                }
             }
             Err(e) => Err(e.to_string()),
         };
@@ -189,6 +202,14 @@ async fn nats_forever(
     }
 }
 
+/// How far back a NATS durable the consumer creates starts: the source's retention, less the
+/// time a new durable may take to catch up (a tenth, at most an hour). A message older than the
+/// retention may have been applied and had its record purged, so reading it would apply it
+/// again; one near the edge may lose its record while the durable is still catching up.
+fn new_durable_horizon(retention: Duration) -> Duration {
+    retention.saturating_sub((retention / 10).min(Duration::from_secs(3600)))
+}
+
 /// Waits `backoff` (or until shutdown), then doubles it up to `MAX_BACKOFF`.
 async fn pause(backoff: &mut Duration, stopped: &watch::Receiver<bool>) {
     let _ = tokio::time::timeout(*backoff, wait_for(stopped.clone())).await;
@@ -197,4 +218,20 @@ async fn pause(backoff: &mut Duration, stopped: &watch::Receiver<bool>) {
 
 async fn wait_for(mut stopped: watch::Receiver<bool>) {
     let _ = stopped.wait_for(|s| *s).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_new_durable_starts_inside_the_retention_by_its_catch_up_margin() {
+        let hour = Duration::from_secs(3600);
+        assert_eq!(
+            new_durable_horizon(DEFAULT_RETENTION),
+            DEFAULT_RETENTION - hour
+        );
+        assert_eq!(new_durable_horizon(hour), hour - hour / 10);
+        assert_eq!(new_durable_horizon(Duration::ZERO), Duration::ZERO);
+    }
 }
