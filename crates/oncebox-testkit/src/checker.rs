@@ -210,8 +210,20 @@ pub fn check(history: &[Op], fin: &Final) -> Figures {
                     op.credentials
                 ));
             }
-            let Some(winner) = winner else { continue };
             let refused = matches!(outcome, Outcome::Fail(Refusal::Conflict));
+            let Some(winner) = winner else {
+                // A conflict needs a stored first payload: with no record of the key at all
+                // after the drain, the refusal was false (detected, never injected).
+                if refused && records.is_empty() {
+                    f.conflicts_detected += 1;
+                    f.c.push(format!(
+                        "{}: op {} refused as a conflict with nothing stored under the key",
+                        name(k),
+                        op.id
+                    ));
+                }
+                continue;
+            };
             let acknowledged = matches!(outcome, Outcome::Ok { .. });
             let injected = &op.payload != winner && (refused || acknowledged);
             f.conflicts_injected += usize::from(injected);

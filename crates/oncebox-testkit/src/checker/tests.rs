@@ -156,6 +156,22 @@ fn conflicts_detected_unlike_conflicts_injected_are_c() {
 }
 
 #[test]
+fn a_conflict_refused_with_nothing_stored_is_c() {
+    let (h, fin) = clean();
+    h.invoke(key("shop", "e9"), "v1", Some("shop"))
+        .fail(Refusal::Conflict);
+    let f = check(&h.ops(), &fin);
+    assert_eq!(f.counts(), [0, 0, 0, 0, 1, 0], "{f}");
+    assert_eq!(f.conflicts(), "1/0");
+    // A record without an effect (stored stale, say) is something to conflict with.
+    let (h, mut fin) = clean();
+    fin.records.insert(key("shop", "e9"), vec![Some(0)]);
+    h.invoke(key("shop", "e9"), "v2", Some("shop"))
+        .fail(Refusal::Conflict);
+    assert_eq!(figures(&h, &fin), [0; 6]);
+}
+
+#[test]
 fn effects_from_another_sources_credentials_are_u() {
     // An effect in source `bank` from a payload only ever sent with shop's secret.
     let (h, mut fin) = clean();
