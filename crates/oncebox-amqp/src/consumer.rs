@@ -27,8 +27,10 @@ pub struct ConsumerOptions {
     pub quarantine: Quarantine,
     pub retry: RetryPolicy,
     /// How long a quarantine may wait for the broker's confirm (a broker under a resource
-    /// alarm never sends it); past it the message is requeued. Also bounds each broker call on
-    /// shutdown, so a stop request is not held by a broker that stopped answering.
+    /// alarm never sends it); past it the message is requeued. Also bounds every other broker
+    /// call the consumer makes: opening its channels at start (past it `run` fails with
+    /// [`ConsumeError::Timeout`]), each ack and nack, and each call on shutdown, so neither a
+    /// delivery's task nor a stop request is held by a broker that stopped answering.
     pub confirm_timeout: Duration,
 }
 
@@ -88,6 +90,25 @@ pub enum ConsumeError {
     /// The channel or connection closed under the consumer.
     #[error("the channel closed")]
     Closed,
+    /// The broker did not answer a call at start within `confirm_timeout`; nothing was
+    /// consumed. Run again, on a new connection if this one stays silent.
+    #[error("the broker did not answer {call} within {after:?}")]
+    Timeout { call: &'static str, after: Duration },
+}
+
+/// `call` within `after`, its silence an error.
+async fn bounded<T, E>(
+    call: &'static str,
+    after: Duration,
+    f: impl Future<Output = Result<T, E>>,
+) -> Result<T, ConsumeError>
+where
+    ConsumeError: From<E>,
+{
+    match tokio::time::timeout(after, f).await {
+        Ok(answer) => Ok(answer?),
+        Err(_) => Err(ConsumeError::Timeout { call, after }),
+    }
 }
 
 /// A RabbitMQ consumer that applies each message through `A`.
@@ -120,7 +141,8 @@ impl<A: Apply> Consumer<A> {
     /// [`ConsumerOptions::check`] refuses. On shutdown it stops taking deliveries, finishes and
     /// settles those in hand (a pending requeue delay is cut short, and a message held through
     /// a store outage is requeued), and closes its channels, which returns anything
-    /// unacknowledged to the queue; no broker call on the way waits past `confirm_timeout`.
+    /// unacknowledged to the queue. Every broker call it makes, from opening its channels to
+    /// closing them, each ack and nack included, waits no longer than `confirm_timeout`.
     pub async fn run(
         &self,
         connection: &Connection,
@@ -128,21 +150,23 @@ impl<A: Apply> Consumer<A> {
     ) -> Result<(), ConsumeError> {
         let o = &self.shared.options;
         o.check()?;
-        let channel = connection.create_channel().await?;
-        channel
-            .basic_qos(o.prefetch.max(1), BasicQosOptions::default())
-            .await?;
+        // A broker under a resource alarm may not read the connection at all: each call at
+        // start is bounded, so `run` fails instead of hanging.
+        let deadline = o.confirm_timeout;
+        let channel = bounded("channel.open", deadline, connection.create_channel()).await?;
+        let qos = channel.basic_qos(o.prefetch.max(1), BasicQosOptions::default());
+        bounded("basic.qos", deadline, qos).await?;
         // Quarantine publishes wait for confirms on a channel of their own, so the consuming
         // channel's acks never queue behind them.
-        let (publisher, mut reopens) = Publisher::open(connection, o.confirm_timeout).await?;
-        let mut deliveries = channel
-            .basic_consume(
-                o.queue.as_str().into(),
-                "".into(),
-                BasicConsumeOptions::default(),
-                FieldTable::default(),
-            )
-            .await?;
+        let open = Publisher::open(connection, deadline);
+        let (publisher, mut reopens) = bounded("the quarantine channel", deadline, open).await?;
+        let consume = channel.basic_consume(
+            o.queue.as_str().into(),
+            "".into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        );
+        let mut deliveries = bounded("basic.consume", deadline, consume).await?;
         let tag = deliveries.tag();
         let (stop, stopping) = watch::channel(false);
         // Each delivery is its own task, so decoding, fingerprinting and the store's calls
@@ -168,7 +192,6 @@ impl<A: Apply> Consumer<A> {
         // The order matters: no new deliveries, then settle those in hand, then close (which
         // requeues what was prefetched but not started). Each broker call is bounded: a broker
         // under a resource alarm stops reading the connection, and a stop must not wait for it.
-        let deadline = o.confirm_timeout;
         if ended.is_ok() {
             let cancel = channel.basic_cancel(tag, BasicCancelOptions::default());
             let _ = tokio::time::timeout(deadline, cancel).await;

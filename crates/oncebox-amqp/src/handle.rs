@@ -11,7 +11,9 @@ use std::time::Duration;
 use futures::FutureExt;
 use lapin::message::Delivery;
 use lapin::options::{BasicAckOptions, BasicNackOptions};
-use oncebox_core::consume::{Broker, Counts, Reason, Requeue, Settle, decide, settle};
+use oncebox_core::consume::{
+    Broker, Counts, Reason, Requeue, Settle, decide, panic_message, settle,
+};
 use oncebox_core::delivery::Backoff;
 use oncebox_core::{Event, Key, ProcessError, Processed};
 use tokio::sync::watch;
@@ -21,7 +23,10 @@ use crate::message::{Props, delivery_count};
 use crate::publish::{Publisher, QuarantineError};
 
 /// Keys remembered with their handler failures until settled; past this many the memory is
-/// cleared (a failing handler then gets a few more attempts, nothing worse).
+/// cleared, and a key failing again falls back to the broker's `x-delivery-count`, which also
+/// counts requeues that were no handler failure: such a message may be quarantined sooner
+/// than `max_attempts` failures (never looped). A classic queue keeps no count: its messages
+/// start again from one.
 const MAX_REMEMBERED_FAILURES: usize = 10_000;
 
 /// The longest wait between two tries of an unavailable store (or `retry.delay`, if longer):
@@ -114,7 +119,9 @@ impl<A: oncebox_core::consume::Apply> Shared<A> {
                     return decision;
                 }
             }
-            let wait = backoff.delay(outages, jitter());
+            // Full jitter: many deliveries held through one outage must not all try the store
+            // again at the same instant.
+            let wait = backoff.delay(outages, rand::random::<f64>());
             outages = outages.saturating_add(1);
             let mut stopped = stopping.clone();
             if *stopped.borrow()
@@ -145,11 +152,7 @@ impl<A: oncebox_core::consume::Apply> Shared<A> {
         {
             Ok(outcome) => outcome,
             Err(panic) => {
-                let what = panic
-                    .downcast_ref::<&str>()
-                    .map(|s| (*s).to_owned())
-                    .or_else(|| panic.downcast_ref::<String>().cloned())
-                    .unwrap_or_else(|| "no message".to_owned());
+                let what = panic_message(&*panic);
                 tracing::error!(queue = %self.options.queue, panic = %what, "handler panicked");
                 Err(ProcessError::Handler(
                     format!("the handler panicked: {what}").into(),
@@ -207,13 +210,26 @@ struct InHand<'a> {
 impl Broker for InHand<'_> {
     type QuarantineError = QuarantineError;
 
+    /// Bounded by `confirm_timeout`: a broker under a resource alarm stops reading the
+    /// connection (which the quarantine publishes on too), and a stop must not wait for it.
     async fn ack(&self) -> bool {
-        match self.delivery.acker.ack(BasicAckOptions::default()).await {
-            Ok(true) => true,
-            Ok(false) | Err(_) => {
+        let deadline = self.options.confirm_timeout;
+        let ack = self.delivery.acker.ack(BasicAckOptions::default());
+        match tokio::time::timeout(deadline, ack).await {
+            Ok(Ok(true)) => true,
+            Ok(Ok(false) | Err(_)) => {
                 // The channel is gone: the broker requeued the message and its redelivery will
                 // be answered as a duplicate.
                 tracing::warn!("ack not sent; the message will come back as a duplicate");
+                false
+            }
+            Err(_) => {
+                // The ack may still reach the broker; if it does not, the channel's close
+                // requeues the message, and its redelivery is answered as a duplicate.
+                tracing::warn!(
+                    ?deadline,
+                    "ack not sent in time; the message may come back as a duplicate"
+                );
                 false
             }
         }
@@ -230,7 +246,7 @@ impl Broker for InHand<'_> {
 
     /// Holds the message for `after` (it keeps its prefetch slot, so a failing handler or a
     /// held lease slows the consumer down instead of spinning), then returns it to the queue.
-    /// Shutdown cuts the wait short.
+    /// Shutdown cuts the wait short. The nack is bounded by `confirm_timeout`, as the ack is.
     async fn requeue(&self, why: Requeue, after: Duration) {
         tracing::debug!(queue = %self.options.queue, ?why, "message requeued");
         let mut stopping = self.stopping.clone();
@@ -239,18 +255,18 @@ impl Broker for InHand<'_> {
             requeue: true,
             multiple: false,
         };
-        if let Err(e) = self.delivery.acker.nack(options).await {
-            tracing::debug!(error = %e, "nack not sent; the closing channel requeues the message");
+        let deadline = self.options.confirm_timeout;
+        match tokio::time::timeout(deadline, self.delivery.acker.nack(options)).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => {
+                tracing::debug!(error = %e, "nack not sent; the closing channel requeues the message");
+            }
+            Err(_) => {
+                tracing::debug!(
+                    ?deadline,
+                    "nack not sent in time; the closing channel requeues the message"
+                );
+            }
         }
     }
-}
-
-/// A number in `[0, 1)` that differs between calls, for full jitter: many deliveries held
-/// through one outage must not all try the store again at the same instant. `RandomState`
-/// gives each call new keys, so this needs no random-number dependency.
-fn jitter() -> f64 {
-    use std::hash::BuildHasher;
-    let bits = std::collections::hash_map::RandomState::new().hash_one(0u8);
-    // The top 53 bits, as a fraction: exactly representable, strictly below 1.
-    (bits >> 11) as f64 / (1u64 << 53) as f64
 }

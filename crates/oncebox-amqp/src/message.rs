@@ -76,11 +76,28 @@ pub(crate) fn delivery_count(props: &BasicProperties) -> Option<u32> {
 /// (sender-selected distribution), so a copy would reach queues besides the quarantine.
 const ROUTING_HEADERS: [&str; 2] = ["CC", "BCC"];
 
+/// The broker's delivery history, which a copy keeps only under another name (the prefix
+/// below): a copy an operator sends back into a queue would otherwise carry the original's
+/// `x-delivery-count`, read by [`delivery_count`] as earlier failures, and be quarantined again
+/// at its first failure. `x-first-death-*` and `x-last-death-*` are RabbitMQ's summary of
+/// `x-death`. Do not rename the kept names: operators' tooling reads them.
+const HISTORY_HEADERS: [&str; 7] = [
+    "x-delivery-count",
+    "x-death",
+    "x-first-death-exchange",
+    "x-first-death-queue",
+    "x-first-death-reason",
+    "x-last-death-exchange",
+    "x-last-death-queue",
+];
+const HISTORY_PREFIX: &str = "x-oncebox-original-";
+
 /// The properties of `delivery`'s quarantined copy: the original's, with the reason's headers
 /// added, made persistent (a quarantined message is kept for an operator), and without what
 /// would lose or scatter the only remaining copy: the per-message TTL (`expiration`), the
 /// `CC`/`BCC` routing headers, and `user_id`, which the broker refuses unless it names the
-/// publishing connection's own user (and a refusal closes the channel).
+/// publishing connection's own user (and a refusal closes the channel). The broker's delivery
+/// history (`x-delivery-count`, `x-death`, …) is kept as `x-oncebox-original-…`.
 pub(crate) fn copy_properties(
     original: &BasicProperties,
     reason: &Reason,
@@ -94,6 +111,13 @@ pub(crate) fn copy_properties(
         .unwrap_or_default();
     for name in ROUTING_HEADERS {
         headers.remove(name);
+    }
+    for name in HISTORY_HEADERS {
+        if let Some(value) = headers.remove(name) {
+            // `x-` dropped: `x-oncebox-original-delivery-count`, `x-oncebox-original-death`.
+            let kept = format!("{HISTORY_PREFIX}{}", &name[2..]);
+            headers.insert(ShortString::from(kept), value);
+        }
     }
     for (name, value) in QUARANTINE_HEADERS
         .iter()
@@ -181,6 +205,15 @@ mod tests {
         table.insert("CC".into(), AMQPValue::FieldArray(FieldArray::default()));
         table.insert("BCC".into(), AMQPValue::FieldArray(FieldArray::default()));
         table.insert("x-event-id".into(), AMQPValue::LongString("evt_1".into()));
+        table.insert("x-delivery-count".into(), AMQPValue::LongLongInt(4));
+        table.insert(
+            "x-death".into(),
+            AMQPValue::FieldArray(FieldArray::default()),
+        );
+        table.insert(
+            "x-first-death-reason".into(),
+            AMQPValue::LongString("delivery_limit".into()),
+        );
         let original = BasicProperties::default()
             .with_expiration("100".into())
             .with_user_id("someone-else".into())
@@ -199,10 +232,20 @@ mod tests {
             [
                 "x-event-id",
                 "x-oncebox-detail",
+                "x-oncebox-original-death",
+                "x-oncebox-original-delivery-count",
+                "x-oncebox-original-first-death-reason",
                 "x-oncebox-queue",
                 "x-oncebox-reason",
                 "x-oncebox-source"
             ]
+        );
+        // Sent back into a queue, the copy starts its count again; the original's is kept.
+        assert_eq!(delivery_count(&original), Some(5));
+        assert_eq!(delivery_count(&copy), None);
+        assert_eq!(
+            headers.inner().get("x-oncebox-original-delivery-count"),
+            Some(&AMQPValue::LongLongInt(4))
         );
         assert_eq!((copy.expiration(), copy.user_id()), (&None, &None));
         assert_eq!(copy.delivery_mode(), &Some(2));

@@ -1,13 +1,13 @@
 //! A broker that stops answering (as under a resource alarm, when RabbitMQ stops reading a
 //! publishing connection), staged with a TCP proxy that holds every byte: a quarantine whose
-//! confirm never comes is requeued after `confirm_timeout`, and shutdown does not wait for the
-//! broker either.
+//! confirm never comes is requeued after `confirm_timeout`, shutdown does not wait for the
+//! broker either, and neither does a consumer opening its channels.
 
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use oncebox_amqp::Consumer;
+use oncebox_amqp::{ConsumeError, Consumer};
 use oncebox_core::consume::from_fn;
 use oncebox_core::{Event, ProcessError};
 use oncebox_testkit::proxy::{Mode, Proxy, Stats};
@@ -99,6 +99,54 @@ fn quarantine_without_a_confirm_is_requeued_and_shutdown_does_not_wait_for_the_b
         proxy.set(Mode::Reset);
         drop(conn);
         w.wait_ready(&w.queue, 1).await;
+        w.cleanup().await;
+    });
+}
+
+#[test]
+fn a_broker_silent_at_start_fails_the_run_after_the_deadline() {
+    let Some(url) = service_url("ONCEBOX_AMQP_URL") else {
+        return;
+    };
+    run(async move {
+        let w = World::new(&url).await;
+        let broker = authority(&url);
+        let upstream: SocketAddr = broker.to_socket_addrs().unwrap().next().unwrap();
+        let proxy = Proxy::start(upstream).await;
+        let via = url.replacen(broker, &proxy.addr().to_string(), 1);
+        let apply = from_fn(|_: Event, _| async { Err(ProcessError::Handler("unused".into())) });
+        let mut options = w.options();
+        options.confirm_timeout = Duration::from_millis(300);
+        let consumer = Consumer::new(apply, options);
+
+        // Connected, then the broker goes silent: the channel's open is never answered.
+        let conn = connect(&via).await;
+        proxy.set(Mode::BlackHole);
+        let began = Instant::now();
+        let ended = tokio::time::timeout(
+            Duration::from_secs(10),
+            consumer.run(&conn, std::future::pending()),
+        )
+        .await
+        .expect("run gave up on the silent broker");
+        eprintln!(
+            "amqp broker silent at start: run ended after {:?} with {ended:?}",
+            began.elapsed()
+        );
+        assert!(
+            matches!(
+                ended,
+                Err(ConsumeError::Timeout {
+                    call: "channel.open",
+                    ..
+                })
+            ),
+            "{ended:?}"
+        );
+        assert_eq!(*consumer.counts().borrow(), Default::default());
+
+        proxy.set(Mode::Reset);
+        drop(conn);
         w.cleanup().await;
     });
 }

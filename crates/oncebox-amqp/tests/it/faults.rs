@@ -2,19 +2,24 @@
 //! write lock), on a classic queue and on a quorum queue with a delivery limit, and processing that outlasts the broker's patience so the message is delivered
 //! to a second consumer while the first is still applying it.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use oncebox_amqp::Consumer;
 use oncebox_core::consume::Counts;
+use oncebox_testkit::child::until_async;
 use oncebox_testkit::consume::{
     Checked, OUTAGE_MESSAGES, WriteLock, hold_next, ids, impatient, slow_effect,
 };
 use oncebox_testkit::{run, service_url};
 use tokio::sync::mpsc;
 
-use crate::support::{World, poll, start};
+use crate::support::{World, start};
+
+/// How long a wait for the consumer's tries may take before the test fails.
+const PATIENCE: Duration = Duration::from_secs(20);
 
 #[test]
 fn database_unavailable_acks_nothing_and_applies_everything_after_recovery() {
@@ -29,15 +34,22 @@ fn database_unavailable_acks_nothing_and_applies_everything_after_recovery() {
         }
         let lock = WriteLock::take(w.db.path());
 
-        let apply = w.db.checked();
+        let (seen_tx, mut seen) = mpsc::unbounded_channel();
+        let apply = Checked {
+            seen: Some(seen_tx),
+            ..w.db.checked()
+        };
         let c = Consumer::new(apply.clone(), w.options());
         let counts = c.counts();
         let consumer = start(&url, c);
         // Every message tried at least twice while the database refuses writes, each held by
         // the consumer meanwhile: nothing is acknowledged, and nothing is handed back yet.
-        let outage = 2 * OUTAGE_MESSAGES as u64;
-        poll("as many store tries as two of every message", || {
-            apply.calls.load(Ordering::SeqCst) >= outage
+        let mut tries: HashMap<String, u32> = HashMap::new();
+        until_async("every message tried twice", PATIENCE, || {
+            while let Ok(key) = seen.try_recv() {
+                *tries.entry(key.event_id.as_str().to_owned()).or_default() += 1;
+            }
+            ids.iter().all(|id| tries.get(id).is_some_and(|&n| n >= 2))
         })
         .await;
         let held = *counts.borrow();
@@ -149,7 +161,7 @@ fn outage_longer_than_a_quorum_queues_delivery_limit_loses_nothing() {
         let mut consumer = start(&url, c);
         // Five tries of the store, more than the queue allows deliveries, the message held
         // throughout.
-        poll("five tries during the outage", || {
+        until_async("five tries during the outage", PATIENCE, || {
             apply.calls.load(Ordering::SeqCst) >= 5
         })
         .await;
@@ -160,7 +172,6 @@ fn outage_longer_than_a_quorum_queues_delivery_limit_loses_nothing() {
         let done = consumer.stop().await;
         w.wait_ready(&w.queue, 0).await;
 
-        let delay = w.options().retry.delay;
         let falses = apply.false_duplicates.load(Ordering::SeqCst);
         let (d, l, f) = w.db.figures(&["evt_quorum"], falses);
         let dead = w.ready(&w.dead_queue).await;
@@ -169,10 +180,6 @@ fn outage_longer_than_a_quorum_queues_delivery_limit_loses_nothing() {
             apply.calls.load(Ordering::SeqCst),
             dead,
             done.requeued
-        );
-        assert!(
-            outage > 3 * delay,
-            "the outage outlasted three retry delays"
         );
         assert_eq!(held, Counts::default(), "held, neither acked nor requeued");
         assert_eq!((d, l, f), (0, 0, 0));

@@ -263,18 +263,6 @@ impl World {
     }
 }
 
-/// Waits until `done` holds, polling every 10 ms; after 20 s it fails with `what`.
-pub async fn poll(what: &str, mut done: impl FnMut() -> bool) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    while !done() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "still waiting: {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
-
 pub async fn connect(url: &str) -> Connection {
     Connection::connect(url, ConnectionProperties::default())
         .await
