@@ -135,6 +135,16 @@ impl Default for RetryPolicy {
     }
 }
 
+/// What a caught panic said (`&str` or `String` payloads), for the handler failure a
+/// consumer records in its place.
+pub fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "no message".to_owned())
+}
+
 /// Decides from the store's answer. `attempt` is this delivery's number, from 1 (the broker's
 /// delivery count where it has one).
 ///

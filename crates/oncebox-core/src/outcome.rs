@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use crate::fingerprint::{Fingerprint, PayloadError};
 use crate::key::InvalidKey;
+use crate::store::OrderFieldInvalid;
 
 /// The kind of answer stored with a terminal inbox record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -119,10 +120,9 @@ pub enum Invalid {
     Key(#[from] InvalidKey),
     #[error(transparent)]
     Payload(#[from] PayloadError),
-    /// A field the source's ordering guard reads has the wrong type (the entity must be a
-    /// string or number, the version an integer).
+    /// A field the source's ordering guard reads has the wrong type.
     #[error("ordering guard: {0}")]
-    Order(String),
+    Order(#[from] OrderFieldInvalid),
 }
 
 /// Why an answer cannot be given now. Never a statement about whether the key was processed.

@@ -18,6 +18,17 @@ pub struct Order {
     pub version: i64,
 }
 
+/// A field the ordering guard reads has the wrong type: the entity must be a string or a
+/// number, the version an integer.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{field} is not {expected}")]
+pub struct OrderFieldInvalid {
+    /// The field's JSON pointer.
+    pub field: String,
+    /// What it must be: "a string" or "an integer".
+    pub expected: &'static str,
+}
+
 /// One verified event to store, with the answers to keep for it.
 #[derive(Debug, Clone)]
 pub struct Ingest {

@@ -270,7 +270,7 @@ fn order(policy: &SourcePolicy, parsed: Option<&Value>) -> Result<Option<Order>,
     };
     guard
         .read(doc)
-        .map_err(|e| Problem::invalid("order-field-invalid", e))
+        .map_err(|e| Problem::invalid("order-field-invalid", e.to_string()))
 }
 
 fn meta(headers: &HeaderMap) -> Meta {

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use oncebox_core::json::{Pointer, Value};
 use oncebox_core::signature::{Scheme, Secret};
-use oncebox_core::store::Order;
+use oncebox_core::store::{Order, OrderFieldInvalid};
 use oncebox_core::{FingerprintMode, Source};
 
 /// Where a source's event id comes from.
@@ -35,21 +35,26 @@ pub struct OrderGuard {
 impl OrderGuard {
     /// The entity and version `doc` carries: `None` when either field is absent (the event is
     /// not guarded), an error naming the field when one has the wrong type.
-    pub fn read(&self, doc: &Value) -> Result<Option<Order>, String> {
+    pub fn read(&self, doc: &Value) -> Result<Option<Order>, OrderFieldInvalid> {
         let (Some(entity), Some(version)) = (doc.pointer(&self.entity), doc.pointer(&self.version))
         else {
             return Ok(None);
         };
+        let invalid = |field: &Pointer, expected| OrderFieldInvalid {
+            field: field.to_string(),
+            expected,
+        };
         let entity = match entity {
             Value::String(s) => s.clone(),
             Value::Number(n) => n.to_string(),
-            _ => return Err(format!("{} is not a string", self.entity)),
+            _ => return Err(invalid(&self.entity, "a string")),
         };
-        let not_integer = || format!("{} is not an integer", self.version);
         let Value::Number(n) = version else {
-            return Err(not_integer());
+            return Err(invalid(&self.version, "an integer"));
         };
-        let version = n.to_i64().ok_or_else(not_integer)?;
+        let version = n
+            .to_i64()
+            .ok_or_else(|| invalid(&self.version, "an integer"))?;
         Ok(Some(Order { entity, version }))
     }
 }

@@ -256,11 +256,7 @@ impl<A: Apply> Consumer<A> {
         // future is caught too.
         let applied = AssertUnwindSafe(async { self.apply.apply(event, position).await });
         applied.catch_unwind().await.unwrap_or_else(|panic| {
-            let what = panic
-                .downcast_ref::<&str>()
-                .map(|s| (*s).to_owned())
-                .or_else(|| panic.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "no message".to_owned());
+            let what = oncebox_core::consume::panic_message(&*panic);
             tracing::error!(stream = %self.options.stream, panic = %what, "the apply panicked; counted as a failed handler");
             Err(ProcessError::Handler(format!("panicked: {what}").into()))
         })

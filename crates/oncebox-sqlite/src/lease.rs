@@ -8,7 +8,7 @@ use oncebox_core::{
 };
 use rusqlite::{OptionalExtension, params};
 
-use crate::process::{Claim, claim, finish};
+use crate::process::{Claim, claim};
 use crate::writer::{Cx, Fatal};
 
 pub(crate) fn begin(
@@ -66,10 +66,15 @@ pub(crate) fn complete(
     };
     match state.as_str() {
         "live" => {
-            finish(cx, row, response)?;
+            // As `finish`, but the token stays.
+            let body = (!response.body.is_empty()).then_some(&response.body);
             cx.conn
-                .prepare_cached("UPDATE oncebox_inbox SET lease_token = ?2 WHERE id = ?1")?
-                .execute(params![row, lease.token])?;
+                .prepare_cached(
+                    "UPDATE oncebox_inbox SET state = ?2, response = ?3, completed_at = ?4,
+                       lease_expires_at = NULL
+                     WHERE id = ?1",
+                )?
+                .execute(params![row, response.kind.as_str(), body, cx.now.millis()])?;
             Ok(Ok(()))
         }
         "done" => Ok(Ok(())),

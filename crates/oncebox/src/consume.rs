@@ -4,13 +4,13 @@
 //! or SIGTERM.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::{Result, bail};
 use oncebox_core::consume::{Apply, Position};
 use oncebox_core::retention::DEFAULT_RETENTION;
 use oncebox_core::store::{EventStore, Ingest};
-use oncebox_core::{Clock, Event, Invalid, ProcessError, Processed, SystemClock};
+use oncebox_core::{Clock, Event, ProcessError, Processed, SystemClock};
 use oncebox_gateway::accepted_body;
 use oncebox_gateway::policy::GatewayConfig;
 use tokio::sync::watch;
@@ -40,7 +40,7 @@ impl Apply for Ingesting {
         let order = match (guard, &doc) {
             (Some(guard), Some(doc)) => guard
                 .read(doc)
-                .map_err(|e| ProcessError::Invalid(Invalid::Order(e)))?,
+                .map_err(|e| ProcessError::Invalid(e.into()))?,
             _ => None,
         };
         let now = SystemClock.now();
@@ -127,9 +127,12 @@ async fn amqp_forever(
         let ended = match conn {
             Ok(conn) => {
                 tracing::info!(consumer = %spec.name, %queue, "consuming from RabbitMQ");
-                backoff = Duration::from_secs(1);
+                let started = Instant::now();
                 let r = consumer.run(&conn, wait_for(stopped.clone())).await;
-                let _ = conn.close(200, "shutdown".into()).await;
+                earned_a_fresh_start(started, &mut backoff);
+                // A broker that stopped reading (a memory alarm blocks a publishing
+                // connection) would hold the close's reply until its heartbeat gives up.
+                let _ = tokio::time::timeout(CLOSE_WAIT, conn.close(200, "shutdown".into())).await;
                 r.map_err(|e| e.to_string())
             }
             Err(e) => Err(e.to_string()),
@@ -180,17 +183,22 @@ async fn nats_forever(
         let ended = match connected {
             Ok(client) => {
                 tracing::info!(consumer = %spec.name, %stream, "consuming from NATS JetStream");
-                backoff = Duration::from_secs(1);
+                let started = Instant::now();
                 let js = async_nats::jetstream::new(client);
-                match consumer.run(&js, wait_for(stopped.clone())).await {
-                    // Only a change of configuration or of the durable ends these: said loudly,
-                    // and tried again in case the operator fixed it meanwhile.
-                    Err(e @ oncebox_nats::ConsumeError::Setup(_)) => Err(e.to_string()),
-                    Err(e) => {
+                let r = consumer.run(&js, wait_for(stopped.clone())).await;
+                earned_a_fresh_start(started, &mut backoff);
+                match r {
+                    // Only a change of the configuration or of the durable ends these: said
+                    // loudly, and tried again in case the operator fixed it meanwhile.
+                    Err(
+                        e @ (oncebox_nats::ConsumeError::QuarantineReadBack { .. }
+                        | oncebox_nats::ConsumeError::UnsafeDurable { .. }
+                        | oncebox_nats::ConsumeError::Unordered { .. }),
+                    ) => {
                         tracing::error!(consumer = %spec.name, error = %e, "NATS consumer refused to start");
                         Err(e.to_string())
                     }
-                    Ok(counts) => Ok(counts),
+                    r => r.map(drop).map_err(|e| e.to_string()),
                 }
             }
             Err(e) => Err(e.to_string()),
@@ -208,6 +216,19 @@ async fn nats_forever(
 /// again; one near the edge may lose its record while the durable is still catching up.
 fn new_durable_horizon(retention: Duration) -> Duration {
     retention.saturating_sub((retention / 10).min(Duration::from_secs(3600)))
+}
+
+/// A consumer that ran this long before it stopped starts its reconnection waits afresh; one
+/// that stops at once (refused, or a broker that drops it) keeps doubling them.
+const FRESH_START_AFTER: Duration = Duration::from_secs(30);
+
+/// The longest wait for a broker to confirm a connection's close on the way out.
+const CLOSE_WAIT: Duration = Duration::from_secs(10);
+
+fn earned_a_fresh_start(started: Instant, backoff: &mut Duration) {
+    if started.elapsed() >= FRESH_START_AFTER {
+        *backoff = Duration::from_secs(1);
+    }
 }
 
 /// Waits `backoff` (or until shutdown), then doubles it up to `MAX_BACKOFF`.

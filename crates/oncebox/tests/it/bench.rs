@@ -255,7 +255,14 @@ async fn a_request_due_while_every_connection_is_busy_starts_late_and_its_wait_c
         .find_map(|l| l.strip_prefix("late starts ")?.split_whitespace().next())
         .and_then(|n| n.parse().ok())
         .unwrap_or_else(|| panic!("no late starts in {printed}"));
-    assert!((46..=50).contains(&late), "{printed}");
+    // A pacer descheduled past the first answers (a loaded machine) finds connections free
+    // again: those requests are still late, counted as the generator's own lag.
+    let lagged: usize = printed
+        .lines()
+        .find_map(|l| l.strip_prefix("note: ")?.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
+    assert!((46..=50).contains(&(late + lagged)), "{printed}");
     let max_ms: f64 = printed
         .lines()
         .find(|l| l.starts_with("all "))
