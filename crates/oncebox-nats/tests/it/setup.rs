@@ -154,15 +154,19 @@ fn a_new_durable_starts_at_the_retention_horizon_not_at_the_first_message() {
     };
     run(async move {
         let w = World::new(&url).await;
-        let horizon = Duration::from_secs(1);
+        // Several seconds: the new messages must still be inside it when the durable is
+        // created, after the consumer's task has started, connected and bound, which on a
+        // loaded machine takes a while.
+        let horizon = Duration::from_secs(5);
         for id in ["evt_old_1", "evt_old_2"] {
             w.publish(Some(id), r#"{"amount":1}"#).await;
         }
         // Older than the horizon, by the server's own timestamp, before the durable exists.
         let s = w.js.get_stream(&w.stream).await.unwrap();
         let stored = s.get_raw_message(2).await.unwrap().time;
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-        while (async_nats::datetime::now() - stored).whole_milliseconds() < 1_200 {
+        let aged = horizon + Duration::from_millis(200);
+        let deadline = tokio::time::Instant::now() + horizon + Duration::from_secs(10);
+        while async_nats::datetime::now() - stored < aged {
             assert!(tokio::time::Instant::now() < deadline, "the clock stands");
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
