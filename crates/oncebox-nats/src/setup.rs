@@ -103,13 +103,22 @@ pub(crate) async fn bind(
     // filter of the durable found, which is the one the server applies.
     let asked_filter = o.filter_subject.clone().unwrap_or_default();
     read_back(info, o, &asked_filter)?;
+    let deliver_policy = deliver_policy(o.deliver_from).map_err(|e| setup(&e))?;
+    if let DeliverPolicy::ByStartTime { start_time } = deliver_policy
+        && info.state.messages > 0
+        && info.state.first_timestamp < start_time
+        && stream.consumer_info(&o.durable).await.is_err()
+    {
+        // Said once, when the durable is made: those messages are never read by it.
+        tracing::warn!(stream = %o.stream, durable = %o.durable, first = %info.state.first_timestamp, start = %start_time, "a new durable starts at the retention horizon: the stream's messages before it are not read (DeliverFrom::All reads them)");
+    }
     let config = pull::Config {
         durable_name: Some(o.durable.clone()),
         filter_subject: asked_filter.clone(),
         ack_policy: AckPolicy::Explicit,
         ack_wait: o.ack_wait,
         max_ack_pending: if o.watermark { 1 } else { o.max_ack_pending },
-        deliver_policy: deliver_policy(o.deliver_from).map_err(|e| setup(&e))?,
+        deliver_policy,
         ..pull::Config::default()
     };
     // Only used when the durable is absent; an existing one keeps its own settings, checked
