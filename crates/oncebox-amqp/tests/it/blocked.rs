@@ -17,6 +17,15 @@ use tokio::sync::{Notify, mpsc, oneshot};
 use crate::support::{World, connect};
 
 /// `host:port` of an `amqp://user:pass@host:port/vhost` URL.
+/// A proxy in front of the broker of `url`, and the URL that goes through it.
+async fn proxied(url: &str) -> (Proxy, String) {
+    let broker = authority(url);
+    let upstream: SocketAddr = broker.to_socket_addrs().unwrap().next().unwrap();
+    let proxy = Proxy::start(upstream).await;
+    let via = url.replacen(broker, &proxy.addr().to_string(), 1);
+    (proxy, via)
+}
+
 fn authority(url: &str) -> &str {
     let rest = url.split_once("://").map_or(url, |(_, r)| r);
     let rest = rest.rsplit_once('@').map_or(rest, |(_, r)| r);
@@ -30,10 +39,7 @@ fn quarantine_without_a_confirm_is_requeued_and_shutdown_does_not_wait_for_the_b
     };
     run(async move {
         let w = World::new(&url).await;
-        let broker = authority(&url);
-        let upstream: SocketAddr = broker.to_socket_addrs().unwrap().next().unwrap();
-        let proxy = Proxy::start(upstream).await;
-        let via = url.replacen(broker, &proxy.addr().to_string(), 1);
+        let (proxy, via) = proxied(&url).await;
 
         // The handler fails once, when let go; with one attempt allowed that is a quarantine.
         let (entered, mut inside) = mpsc::unbounded_channel();
@@ -110,10 +116,7 @@ fn a_broker_silent_at_start_fails_the_run_after_the_deadline() {
     };
     run(async move {
         let w = World::new(&url).await;
-        let broker = authority(&url);
-        let upstream: SocketAddr = broker.to_socket_addrs().unwrap().next().unwrap();
-        let proxy = Proxy::start(upstream).await;
-        let via = url.replacen(broker, &proxy.addr().to_string(), 1);
+        let (proxy, via) = proxied(&url).await;
         let apply = from_fn(|_: Event, _| async { Err(ProcessError::Handler("unused".into())) });
         let mut options = w.options();
         options.confirm_timeout = Duration::from_millis(300);
