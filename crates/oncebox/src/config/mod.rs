@@ -218,11 +218,22 @@ fn validate(raw: RawConfig, p: &mut Problems<'_>) -> Settings {
         .filter_map(|(name, r)| route::validate(name, r, &configured, open_sources, p))
         .collect();
     let relay = relay_options(&raw.relay, &routes, p);
-    let consumers = raw
+    let consumers: Vec<ConsumerSpec> = raw
         .consumers
         .iter()
         .filter_map(|(name, c)| consumer::validate(name, c, p))
         .collect();
+    // Routes name configured sources only, so a consumer's messages under any other source
+    // (a typo, most likely) would be stored and never delivered.
+    for c in &consumers {
+        let source = c.rules.source.as_str();
+        if !open_sources && !configured.contains(source) {
+            warnings.push(format!(
+                "consumers.{}.source: no [sources.{source}], so no route can take its                  messages: they are stored and never delivered",
+                c.name
+            ));
+        }
+    }
     Settings {
         relay,
         consumers,

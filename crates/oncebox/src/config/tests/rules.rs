@@ -352,3 +352,28 @@ fn limits_past_any_sense_are_refused() {
     let s = ok("[limits]\nconcurrency = 1000000\nbody_timeout = \"100y\"\n");
     assert_eq!(s.gateway.limits.concurrency, 1_000_000);
 }
+
+#[test]
+fn a_consumer_of_a_source_nobody_configured_is_a_warning() {
+    let consumer = "[consumers.c]\nqueue = \"q\"\nkey = \"message-id\"\nquarantine = \"x\"\n";
+    let warned = |s: &super::super::Settings| {
+        s.warnings
+            .iter()
+            .any(|w| w.starts_with("consumers.c.source: no [sources.shpo]"))
+    };
+    let typo = ok(&format!(
+        "[sources.shop]\nsignature = \"none\"\n{consumer}source = \"shpo\"\n"
+    ));
+    assert!(warned(&typo), "{:?}", typo.warnings);
+    let right = ok(&format!(
+        "[sources.shop]\nsignature = \"none\"\n{consumer}source = \"shop\"\n"
+    ));
+    assert!(
+        !right.warnings.iter().any(|w| w.starts_with("consumers.")),
+        "{:?}",
+        right.warnings
+    );
+    // Zero-config: every source is open, so nothing is unconfigured.
+    let open = ok(&format!("{consumer}source = \"shpo\"\n"));
+    assert!(!warned(&open), "{:?}", open.warnings);
+}
