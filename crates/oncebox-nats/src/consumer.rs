@@ -13,8 +13,8 @@ use futures::stream::FuturesUnordered;
 use futures::{FutureExt, StreamExt};
 use oncebox_core::ProcessError;
 use oncebox_core::consume::{
-    Apply, Broker, Counts, MessageRules, Position, Reason, Requeue, RetryPolicy, Settle, decide,
-    settle,
+    Apply, Broker, Counts, MessageHeaders, MessageRules, Position, Reason, Requeue, RetryPolicy,
+    Settle, decide, settle,
 };
 use oncebox_core::retention::DEFAULT_RETENTION;
 use tokio::sync::watch;
@@ -205,27 +205,37 @@ impl<A: Apply> Consumer<A> {
             Err(_) => (0, 1),
         };
         let headers = Headers(message.headers.as_ref());
-        let decision = match o.rules.event(&headers, message.payload.to_vec(), None) {
-            Err(reason) => Settle::Quarantine(reason),
-            Ok(event) => {
-                let position = (o.watermark && sequence > 0).then(|| Position {
-                    stream: at.watermark.to_owned(),
-                    partition: 0,
-                    offset: i64::try_from(sequence).unwrap_or(i64::MAX),
-                });
-                let outcome = self.apply_caught(event, position).await;
-                let failed = matches!(outcome, Err(ProcessError::Handler(_)));
-                let attempt = match (&outcome, sequence) {
-                    (Ok(_), _) => 1,
-                    // No sequence to tell the message by: the server's count is all there is.
-                    (_, 0) => u32::try_from(delivered.max(1)).unwrap_or(u32::MAX),
-                    _ => self
-                        .attempts
-                        .unsettled((at.created, sequence), delivered, failed),
-                };
-                decide(outcome, attempt, &o.retry)
-            }
-        };
+        // Kept with the event, so a relay forwards a raw body under the type it came with
+        // rather than as JSON.
+        let content_type = ["Content-Type", "content-type"]
+            .into_iter()
+            .find_map(|name| headers.header(name))
+            .and_then(|v| String::from_utf8(v.into_owned()).ok());
+        let decision =
+            match o
+                .rules
+                .event(&headers, message.payload.to_vec(), content_type.as_deref())
+            {
+                Err(reason) => Settle::Quarantine(reason),
+                Ok(event) => {
+                    let position = (o.watermark && sequence > 0).then(|| Position {
+                        stream: at.watermark.to_owned(),
+                        partition: 0,
+                        offset: i64::try_from(sequence).unwrap_or(i64::MAX),
+                    });
+                    let outcome = self.apply_caught(event, position).await;
+                    let failed = matches!(outcome, Err(ProcessError::Handler(_)));
+                    let attempt = match (&outcome, sequence) {
+                        (Ok(_), _) => 1,
+                        // No sequence to tell the message by: the server's count is all there is.
+                        (_, 0) => u32::try_from(delivered.max(1)).unwrap_or(u32::MAX),
+                        _ => self
+                            .attempts
+                            .unsettled((at.created, sequence), delivered, failed),
+                    };
+                    decide(outcome, attempt, &o.retry)
+                }
+            };
         if matches!(decision, Settle::Ack(_)) {
             // The effect is committed; a crash from here on is redelivered and answered as a
             // duplicate.

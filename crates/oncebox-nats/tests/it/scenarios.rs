@@ -1,14 +1,18 @@
 //! Duplicates, poison and the watermark: the same message five times is one effect and five
 //! acks; messages that can never be processed are quarantined with their reason after one
-//! attempt; a replayed stream is stale below the watermark even after its records were purged.
+//! attempt; a replayed stream is stale below the watermark even after its records were purged;
+//! a message's Content-Type is stored with its event.
 
 use std::sync::atomic::Ordering;
 
+use async_nats::HeaderMap;
+use oncebox_core::FingerprintMode;
+use oncebox_core::store::EventStore;
 use oncebox_nats::Consumer;
-use oncebox_testkit::consume::{POISON, POISON_REASONS};
+use oncebox_testkit::consume::{POISON, POISON_REASONS, key};
 use oncebox_testkit::{run, service_url};
 
-use crate::support::{World, start};
+use crate::support::{KEY_HEADER, World, start};
 
 #[test]
 fn same_message_published_five_times_has_one_effect_and_five_acks() {
@@ -164,6 +168,38 @@ fn watermark_of_a_recreated_stream_starts_afresh() {
         );
         assert_eq!((d, l, f), (0, 0, 0));
         assert_eq!((after.applied, after.stale), (2, 0));
+        w.cleanup().await;
+    });
+}
+
+/// A raw body is stored under the type it came with, so a relay forwards it as such, not as
+/// JSON; a message without one keeps none.
+#[test]
+fn a_messages_content_type_is_stored_with_its_event() {
+    let Some(url) = service_url("ONCEBOX_NATS_URL") else {
+        return;
+    };
+    run(async move {
+        let w = World::new(&url).await;
+        let mut headers = HeaderMap::new();
+        headers.insert(KEY_HEADER, "plain-1");
+        headers.insert("Content-Type", "text/plain");
+        w.publish_with(headers, "plain words").await;
+        w.publish(Some("json-1"), r#"{"amount":1}"#).await;
+        let mut options = w.options();
+        options.rules.fingerprint = FingerprintMode::Raw;
+        let mut consumer = start(&url, Consumer::new(w.db.checked(), options));
+        w.wait(&mut consumer, |c| c.acked >= 2).await;
+        consumer.stop().await;
+        let stored = |id: &'static str| {
+            let inbox = &w.db.inbox;
+            async move {
+                let e = EventStore::event(inbox, &key(id)).await.unwrap();
+                e.expect("stored").meta.content_type
+            }
+        };
+        assert_eq!(stored("plain-1").await.as_deref(), Some("text/plain"));
+        assert_eq!(stored("json-1").await, None);
         w.cleanup().await;
     });
 }
