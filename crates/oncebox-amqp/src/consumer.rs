@@ -159,7 +159,8 @@ impl<A: Apply> Consumer<A> {
         // Quarantine publishes wait for confirms on a channel of their own, so the consuming
         // channel's acks never queue behind them.
         let open = Publisher::open(connection, deadline);
-        let (publisher, mut reopens) = bounded("the quarantine channel", deadline, open).await?;
+        let (publisher, mut reopens) =
+            bounded("channel.open for the quarantine", deadline, open).await?;
         let consume = channel.basic_consume(
             o.queue.as_str().into(),
             "".into(),

@@ -81,7 +81,7 @@ const ROUTING_HEADERS: [&str; 2] = ["CC", "BCC"];
 /// `x-delivery-count`, read by [`delivery_count`] as earlier failures, and be quarantined again
 /// at its first failure. `x-first-death-*` and `x-last-death-*` are RabbitMQ's summary of
 /// `x-death`. Do not rename the kept names: operators' tooling reads them.
-const HISTORY_HEADERS: [&str; 7] = [
+const HISTORY_HEADERS: [&str; 8] = [
     "x-delivery-count",
     "x-death",
     "x-first-death-exchange",
@@ -89,6 +89,7 @@ const HISTORY_HEADERS: [&str; 7] = [
     "x-first-death-reason",
     "x-last-death-exchange",
     "x-last-death-queue",
+    "x-last-death-reason",
 ];
 const HISTORY_PREFIX: &str = "x-oncebox-original-";
 
@@ -115,8 +116,9 @@ pub(crate) fn copy_properties(
     for name in HISTORY_HEADERS {
         if let Some(value) = headers.remove(name) {
             // `x-` dropped: `x-oncebox-original-delivery-count`, `x-oncebox-original-death`.
-            let kept = format!("{HISTORY_PREFIX}{}", &name[2..]);
-            headers.insert(ShortString::from(kept), value);
+            let kept = ShortString::from(format!("{HISTORY_PREFIX}{}", &name[2..]));
+            // A copy of a copy keeps the first history: the original's is the one to read.
+            headers.entry(kept).or_insert(value);
         }
     }
     for (name, value) in QUARANTINE_HEADERS
@@ -253,5 +255,26 @@ mod tests {
         assert_eq!(copy.content_type(), original.content_type());
         assert_eq!(copy.correlation_id(), original.correlation_id());
         assert_eq!(copy.priority(), original.priority());
+
+        // The copy sent back, failing again: its second copy keeps the first history, and the
+        // newer count goes.
+        let mut again = copy.headers().clone().unwrap_or_default();
+        again.insert("x-delivery-count".into(), AMQPValue::LongLongInt(1));
+        again.insert(
+            "x-last-death-reason".into(),
+            AMQPValue::LongString("rejected".into()),
+        );
+        let second = copy_properties(&copy.with_headers(again), &reason, "orders", &source);
+        let kept = second.headers().clone().unwrap_or_default();
+        assert_eq!(
+            kept.inner().get("x-oncebox-original-delivery-count"),
+            Some(&AMQPValue::LongLongInt(4))
+        );
+        assert!(kept.inner().get("x-delivery-count").is_none());
+        assert!(kept.inner().get("x-last-death-reason").is_none());
+        assert!(
+            kept.inner()
+                .contains_key("x-oncebox-original-last-death-reason")
+        );
     }
 }

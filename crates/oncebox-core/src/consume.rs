@@ -234,7 +234,8 @@ pub struct Counts {
     pub requeued: u64,
     /// Acknowledgements sent (applied, duplicate, stale and quarantined messages).
     pub acked: u64,
-    /// Acknowledgements the broker connection refused; such messages come back as duplicates.
+    /// Acknowledgements the broker connection refused or did not take within the deadline (a
+    /// late one may still arrive); such messages come back as duplicates.
     pub ack_failures: u64,
 }
 

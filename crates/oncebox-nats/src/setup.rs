@@ -6,6 +6,7 @@
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_nats::jetstream::consumer::{AckPolicy, DeliverPolicy, PullConsumer, pull};
+use async_nats::jetstream::context::ConsumerInfoErrorKind;
 use async_nats::jetstream::{self, stream};
 
 use crate::consumer::ConsumerOptions;
@@ -107,10 +108,14 @@ pub(crate) async fn bind(
     if let DeliverPolicy::ByStartTime { start_time } = deliver_policy
         && info.state.messages > 0
         && info.state.first_timestamp < start_time
-        && stream.consumer_info(&o.durable).await.is_err()
+        && stream
+            .consumer_info(&o.durable)
+            .await
+            .is_err_and(|e| e.kind() == ConsumerInfoErrorKind::NotFound)
     {
-        // Said once, when the durable is made: those messages are never read by it.
-        tracing::warn!(stream = %o.stream, durable = %o.durable, first = %info.state.first_timestamp, start = %start_time, "a new durable starts at the retention horizon: the stream's messages before it are not read (DeliverFrom::All reads them)");
+        // Said when the durable is made: the stream's messages before the horizon (those the
+        // filter takes among them) are never read by it.
+        tracing::warn!(stream = %o.stream, durable = %o.durable, filter = %o.filter_subject.as_deref().unwrap_or(""), first = %info.state.first_timestamp, start = %start_time, "a new durable starts at the retention horizon: the stream holds older messages, which it does not read (in the library, DeliverFrom::All reads them)");
     }
     let config = pull::Config {
         durable_name: Some(o.durable.clone()),

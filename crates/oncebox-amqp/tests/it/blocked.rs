@@ -16,7 +16,6 @@ use tokio::sync::{Notify, mpsc, oneshot};
 
 use crate::support::{World, connect};
 
-/// `host:port` of an `amqp://user:pass@host:port/vhost` URL.
 /// A proxy in front of the broker of `url`, and the URL that goes through it.
 async fn proxied(url: &str) -> (Proxy, String) {
     let broker = authority(url);
@@ -26,6 +25,7 @@ async fn proxied(url: &str) -> (Proxy, String) {
     (proxy, via)
 }
 
+/// `host:port` of an `amqp://user:pass@host:port/vhost` URL.
 fn authority(url: &str) -> &str {
     let rest = url.split_once("://").map_or(url, |(_, r)| r);
     let rest = rest.rsplit_once('@').map_or(rest, |(_, r)| r);

@@ -93,8 +93,19 @@ impl MessageRules {
         let key = Key::new(self.source.clone(), event_id);
         let event = Event::new(key, payload, &self.fingerprint)
             .map_err(|e| Reason::InvalidJson(e.to_string()))?;
-        Ok(event.with_meta(Meta::new(content_type.map(str::to_owned))))
+        let content_type = content_type.filter(|c| sendable(c)).map(str::to_owned);
+        Ok(event.with_meta(Meta::new(content_type)))
     }
+}
+
+/// Whether a message's content type can be stored and sent on as an HTTP header: at most 255
+/// bytes of visible ASCII, spaces and tabs. Any other is dropped (the event is kept): a
+/// relay could never build a request carrying it.
+fn sendable(content_type: &str) -> bool {
+    content_type.len() <= 255
+        && content_type
+            .bytes()
+            .all(|b| b == b'\t' || (b' '..=b'~').contains(&b))
 }
 
 /// A string, or an integer written in decimal; anything else at the pointer is invalid.

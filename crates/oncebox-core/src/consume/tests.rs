@@ -177,3 +177,24 @@ fn counts_tell_acks_from_requeues() {
     );
     assert_eq!((c.acked, c.ack_failures), (2, 1));
 }
+
+#[test]
+fn a_content_type_no_request_could_carry_is_dropped_and_the_event_kept() {
+    let h = H(vec![("x-id", b"e1")], None);
+    let rules = rules(KeyRule::Header("x-id".into()));
+    let body = br#"{"n":1}"#.to_vec();
+    let stored = |ct: &str| {
+        let e = rules
+            .event(&h, body.clone(), Some(ct))
+            .expect("the event is kept");
+        e.meta.content_type
+    };
+    assert_eq!(
+        stored("text/plain; charset=utf-8").as_deref(),
+        Some("text/plain; charset=utf-8")
+    );
+    assert_eq!(stored("text/plain\u{1}"), None);
+    assert_eq!(stored("caf\u{e9}"), None);
+    assert_eq!(stored(&"a".repeat(256)), None);
+    assert_eq!(stored(&"a".repeat(255)).map(|c| c.len()), Some(255));
+}

@@ -229,7 +229,8 @@ fn validate(raw: RawConfig, p: &mut Problems<'_>) -> Settings {
         let source = c.rules.source.as_str();
         if !open_sources && !configured.contains(source) {
             warnings.push(format!(
-                "consumers.{}.source: no [sources.{source}], so no route can take its                  messages: they are stored and never delivered",
+                "consumers.{}.source: no [sources.{source}], so no route can take its \
+                 messages: they are stored and never delivered",
                 c.name
             ));
         }
