@@ -243,15 +243,16 @@ impl<E: Debug + Send + 'static> Running<E> {
         broker: impl Future<Output = String>,
     ) -> Counts {
         let waited = tokio::time::timeout(Duration::from_secs(20), async {
-            *self
-                .counts
-                .wait_for(done)
-                .await
-                .expect("the consumer's counts")
+            self.counts.wait_for(done).await.map(|c| *c).ok()
         })
         .await;
         match waited {
-            Ok(c) => c,
+            Ok(Some(c)) => c,
+            // The consumer stopped on its own: what it ended with says why.
+            Ok(None) => {
+                let ended = (&mut self.task).await;
+                panic!("the consumer ended while awaited: {ended:?}");
+            }
             Err(_) => {
                 let broker = broker.await;
                 panic!("stuck at {:?}; {broker}", *self.counts.borrow());
