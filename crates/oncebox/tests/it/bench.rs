@@ -22,26 +22,37 @@ fn requests(printed: &str, label: &str) -> usize {
         .unwrap_or_else(|| panic!("no {label:?} line in {printed}"))
 }
 
-#[test]
-fn against_a_real_gateway_every_accepted_key_is_stored_once() {
+/// `oncebox bench --url <a fresh gateway> args…`: its output and all it printed.
+fn against_a_gateway(args: &[&str]) -> (std::process::Output, String) {
     let dir = tempfile::tempdir().unwrap();
     let server = serve_with(dir.path(), &["--listen", "127.0.0.1:0"]);
-    let url = server.1.clone();
-    let out = oncebox(
-        dir.path(),
-        &[
-            "bench",
-            "--url",
-            &url,
-            "--events",
-            "600",
-            "--connections",
-            "8",
-            "--duplicates",
-            "0.2",
-        ],
-    );
+    let mut all = vec!["bench", "--url", server.1.as_str()];
+    all.extend_from_slice(args);
+    let out = oncebox(dir.path(), &all);
+    server.stop();
     let printed = text(&out);
+    (out, printed)
+}
+
+/// Every new key the run counted was listed back from the gateway, once.
+fn assert_every_new_key_stored_once(printed: &str) {
+    let new = requests(printed, "new ");
+    assert!(
+        printed.contains(&format!("invariant: ok ({new} keys)")),
+        "{printed}"
+    );
+}
+
+#[test]
+fn against_a_real_gateway_every_accepted_key_is_stored_once() {
+    let (out, printed) = against_a_gateway(&[
+        "--events",
+        "600",
+        "--connections",
+        "8",
+        "--duplicates",
+        "0.2",
+    ]);
     assert!(out.status.success(), "{printed}");
     assert!(printed.contains("status 202: 600"), "{printed}");
     let (new, duplicates) = (
@@ -50,36 +61,15 @@ fn against_a_real_gateway_every_accepted_key_is_stored_once() {
     );
     assert_eq!(new + duplicates, 600, "{printed}");
     assert!(duplicates > 0, "the run resent some ids: {printed}");
-    // Every new key was listed back from the gateway, once.
-    assert!(
-        printed.contains(&format!("invariant: ok ({new} keys)")),
-        "{printed}"
-    );
-    server.stop();
+    assert_every_new_key_stored_once(&printed);
 }
 
 /// The open loop against a real gateway: every percentile, the rate asked and achieved, the
 /// late starts, and the invariant check as in the closed loop.
 #[test]
 fn the_open_loop_reports_percentiles_and_rates_and_checks_the_invariant() {
-    let dir = tempfile::tempdir().unwrap();
-    let server = serve_with(dir.path(), &["--listen", "127.0.0.1:0"]);
-    let url = server.1.clone();
-    let out = oncebox(
-        dir.path(),
-        &[
-            "bench",
-            "--url",
-            &url,
-            "--rate",
-            "1000",
-            "--events",
-            "300",
-            "--connections",
-            "8",
-        ],
-    );
-    let printed = text(&out);
+    let (out, printed) =
+        against_a_gateway(&["--rate", "1000", "--events", "300", "--connections", "8"]);
     assert!(out.status.success(), "{printed}");
     assert!(printed.contains("open loop at 1000 req/s"), "{printed}");
     for column in ["p50 ms", "p90 ms", "p99 ms", "p99.9 ms", "max ms"] {
@@ -96,38 +86,23 @@ fn the_open_loop_reports_percentiles_and_rates_and_checks_the_invariant() {
     assert!(achieved > 0.0, "{printed}");
     assert!(printed.contains("late starts "), "{printed}");
     assert!(printed.contains("status 202: 300"), "{printed}");
-    let new = requests(&printed, "new ");
-    assert!(
-        printed.contains(&format!("invariant: ok ({new} keys)")),
-        "{printed}"
-    );
-    server.stop();
+    assert_every_new_key_stored_once(&printed);
 }
 
 /// No request is answered within a nanosecond: the budget is broken, the p99 is named, the
 /// exit code is 5, and the invariant is still checked.
 #[test]
 fn a_p99_above_the_budget_exits_5_and_names_the_p99() {
-    let dir = tempfile::tempdir().unwrap();
-    let server = serve_with(dir.path(), &["--listen", "127.0.0.1:0"]);
-    let url = server.1.clone();
-    let out = oncebox(
-        dir.path(),
-        &[
-            "bench",
-            "--url",
-            &url,
-            "--rate",
-            "1000",
-            "--events",
-            "100",
-            "--connections",
-            "4",
-            "--p99-max",
-            "1ns",
-        ],
-    );
-    let printed = text(&out);
+    let (out, printed) = against_a_gateway(&[
+        "--rate",
+        "1000",
+        "--events",
+        "100",
+        "--connections",
+        "4",
+        "--p99-max",
+        "1ns",
+    ]);
     assert_eq!(out.status.code(), Some(5), "{printed}");
     assert!(printed.contains("budget: p99 "), "{printed}");
     assert!(printed.contains("is above --p99-max 1ns"), "{printed}");
@@ -136,7 +111,6 @@ fn a_p99_above_the_budget_exits_5_and_names_the_p99() {
         "{printed}"
     );
     assert!(printed.contains("invariant: ok ("), "{printed}");
-    server.stop();
 }
 
 /// Rates whose schedule cannot be computed and budgets that are not durations are refused
@@ -186,12 +160,7 @@ async fn forgetful(listing: bool) -> (String, tokio::task::JoinHandle<()>) {
             }),
         );
     }
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    let task = tokio::spawn(async move {
-        axum::serve(listener, app).await.unwrap();
-    });
-    (url, task)
+    stand_in(app).await
 }
 
 /// A stand-in that takes at least `SLOW` to answer each event and stores nothing.
@@ -207,6 +176,11 @@ async fn slow() -> (String, tokio::task::JoinHandle<()>) {
                 (StatusCode::ACCEPTED, r#"{"status":"accepted"}"#)
             }),
         );
+    stand_in(app).await
+}
+
+/// Serves `app` on a free loopback port: its base URL and the serving task.
+async fn stand_in(app: Router) -> (String, tokio::task::JoinHandle<()>) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
     let task = tokio::spawn(async move {
