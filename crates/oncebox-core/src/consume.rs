@@ -237,6 +237,9 @@ pub struct Counts {
     /// Acknowledgements the broker connection refused or did not take within the deadline (a
     /// late one may still arrive); such messages come back as duplicates.
     pub ack_failures: u64,
+    /// Errors reading from the broker that the consumer went on after (a missed heartbeat,
+    /// say); those it stopped on are what its `run` returned.
+    pub pull_errors: u64,
 }
 
 impl Counts {

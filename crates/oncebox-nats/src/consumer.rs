@@ -21,6 +21,7 @@ use tokio::sync::watch;
 
 use crate::attempts::Attempts;
 use crate::message::{Headers, QuarantineError, quarantine};
+use crate::pull::{MOST_IN_A_ROW, Trouble};
 use crate::setup::{ConsumeError, DeliverFrom, bind};
 
 /// How long `run` waits, before it returns, for the acks it sent to reach the server.
@@ -58,6 +59,9 @@ pub struct ConsumerOptions {
     /// carries the stream's creation time: a stream deleted and created again, whose sequences
     /// start at 1 again, gets a watermark of its own.
     pub watermark: bool,
+    /// How often the server tells an idle pull that it is alive. Two missed in a row are a pull
+    /// error, which the consumer logs and goes on after (see `run`).
+    pub heartbeat: Duration,
 }
 
 impl ConsumerOptions {
@@ -79,6 +83,7 @@ impl ConsumerOptions {
             quarantine_subject: quarantine_subject.to_owned(),
             retry: RetryPolicy::default(),
             watermark: false,
+            heartbeat: Duration::from_secs(5),
         }
     }
 }
@@ -126,6 +131,11 @@ impl<A: Apply> Consumer<A> {
     /// Consumes until `shutdown` completes or pulling fails. On shutdown it stops pulling and
     /// settles the messages in hand; messages pulled but not started come back after the ack
     /// wait.
+    ///
+    /// A pull error (a missed heartbeat, `no responders`, a pull request not sent) is logged,
+    /// counted in [`Counts::pull_errors`] and gone on after: the client renews the pull itself.
+    /// Pulling fails, and `run` returns, when the server ends the pull (the consumer deleted,
+    /// a request over its limits) or after several errors with no message between.
     pub async fn run(
         &self,
         js: &jetstream::Context,
@@ -147,7 +157,7 @@ impl<A: Apply> Consumer<A> {
             .consumer
             .stream()
             .max_messages_per_batch(limit)
-            .heartbeat(Duration::from_secs(5))
+            .heartbeat(self.options.heartbeat)
             .expires(Duration::from_secs(30))
             .messages()
             .await
@@ -158,14 +168,33 @@ impl<A: Apply> Consumer<A> {
         // threads gave. Always drained before returning.
         let mut in_hand = FuturesUnordered::new();
         let mut shutdown = std::pin::pin!(shutdown);
+        let mut trouble = Trouble::default();
+        // The error a stream that ends itself gave last: the end alone says nothing.
+        let mut last_error = None;
         let ended = loop {
             tokio::select! {
                 () = &mut shutdown => break Ok(()),
                 Some(()) = in_hand.next(), if !in_hand.is_empty() => {}
                 next = messages.next(), if in_hand.len() < limit => match next {
-                    Some(Ok(message)) => in_hand.push(self.guarded(&at, message)),
-                    Some(Err(e)) => break Err(ConsumeError::Pull(e.to_string())),
-                    None => break Err(ConsumeError::Pull("message stream ended".into())),
+                    Some(Ok(message)) => {
+                        trouble.clear();
+                        in_hand.push(self.guarded(&at, message));
+                    }
+                    Some(Err(e)) => {
+                        let in_a_row = trouble.note(std::time::Instant::now());
+                        self.counts.send_modify(|c| c.pull_errors += 1);
+                        if in_a_row >= MOST_IN_A_ROW {
+                            break Err(ConsumeError::Pull(format!(
+                                "{e} ({in_a_row} pull errors with no message between)"
+                            )));
+                        }
+                        tracing::warn!(stream = %self.options.stream, error = %e, in_a_row, "pull error; pulling goes on");
+                        last_error = Some(e.to_string());
+                    }
+                    None => break Err(ConsumeError::Pull(match last_error.take() {
+                        Some(e) => format!("message stream ended after: {e}"),
+                        None => "message stream ended".into(),
+                    })),
                 },
             }
         };

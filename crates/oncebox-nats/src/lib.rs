@@ -32,6 +32,7 @@ mod attempts;
 mod consumer;
 pub mod crash;
 mod message;
+mod pull;
 mod setup;
 mod subject;
 

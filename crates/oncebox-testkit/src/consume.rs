@@ -260,6 +260,18 @@ impl<E: Debug + Send + 'static> Running<E> {
         }
     }
 
+    /// Waits, at most `within`, for the consumer to end on its own, and returns what it ended
+    /// with.
+    pub async fn ended(self, within: Duration) -> Result<(), E> {
+        match tokio::time::timeout(within, self.task).await {
+            Ok(ended) => ended.expect("the consumer's task"),
+            Err(_) => panic!(
+                "the consumer still runs after {within:?}, at {:?}",
+                *self.counts.borrow()
+            ),
+        }
+    }
+
     /// Stops the consumer, checks that it ended without an error, and returns its counts.
     pub async fn stop(self) -> Counts {
         let _ = self.stop.send(());

@@ -8,4 +8,5 @@ mod kill;
 mod scenarios;
 mod settle;
 mod setup;
+mod stall;
 mod support;
