@@ -75,16 +75,6 @@ impl Inbox {
         schema::refuse_lost_file(&options)?;
         let mut conn = schema::open_writer(&options)?;
         schema::migrate(&mut conn, &options)?;
-        let fence: i64 = conn
-            .query_row(
-                "SELECT value FROM oncebox_meta WHERE name = 'fence'",
-                [],
-                |r| r.get(0),
-            )
-            .map_err(|source| OpenError::Sqlite {
-                path: options.path.display().to_string(),
-                source,
-            })?;
         let checkpointer = schema::open_checkpointer(&options)?;
         let stats = Arc::new(Stats::default());
         // Opened only to be synced: a failure leaves the syncing to SQLite's own passes.
@@ -108,7 +98,6 @@ impl Inbox {
         let writer = Writer {
             conn,
             clock: options.clock.clone(),
-            fence: std::cell::Cell::new(fence),
             max_batch: options.max_batch,
             linger: options.linger,
             checkpoint,

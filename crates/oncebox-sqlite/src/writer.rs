@@ -2,7 +2,6 @@
 //! are queued — one `BEGIN IMMEDIATE`, a savepoint per request, one `COMMIT` (one fsync) — and
 //! only then answers every caller.
 
-use std::cell::Cell;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -24,8 +23,6 @@ pub(crate) struct Cx<'c, 's> {
     stmts: &'c Statements<'s>,
     /// One instant for the whole batch: every record of one commit carries the same time.
     pub now: Timestamp,
-    /// Next fencing token minus one; persisted in `oncebox_meta` by whoever hands a token out.
-    fence: &'c Cell<i64>,
 }
 
 impl<'s> Cx<'_, 's> {
@@ -54,15 +51,18 @@ impl<'s> Cx<'_, 's> {
             .map_err(|e| Fatal(storage(&e)))
     }
 
-    /// Hands out the next fencing token; it commits or rolls back with the batch.
+    /// Hands out the next fencing token; it commits or rolls back with the batch. Counted up
+    /// from the stored value inside the batch's write transaction, never from a copy in
+    /// memory: another process writing the same file (a second `oncebox serve`, a relay) hands
+    /// out tokens from the same counter, and a stale copy would give one a token the other
+    /// already holds, or wind the counter back.
     pub fn next_fence(&mut self) -> Result<i64, Fatal> {
-        let token = self.fence.get() + 1;
-        self.fence.set(token);
         self.conn
-            .prepare_cached("UPDATE oncebox_meta SET value = ?1 WHERE name = 'fence'")
-            .and_then(|mut s| s.execute([token]))
-            .map_err(|e| Fatal(storage(&e)))?;
-        Ok(token)
+            .prepare_cached(
+                "UPDATE oncebox_meta SET value = value + 1 WHERE name = 'fence' RETURNING value",
+            )
+            .and_then(|mut s| s.query_row([], |r| r.get(0)))
+            .map_err(|e| Fatal(storage(&e)))
     }
 }
 
@@ -130,7 +130,6 @@ impl Job {
 pub(crate) struct Writer {
     pub conn: Connection,
     pub clock: Arc<dyn Clock>,
-    pub fence: Cell<i64>,
     pub max_batch: usize,
     pub linger: Duration,
     /// Told of each commit, so WAL checkpoints run off the writer's critical path.
@@ -245,7 +244,6 @@ impl Writer {
                 conn: &self.conn,
                 stmts,
                 now: self.clock.now(),
-                fence: &self.fence,
             },
             finishes: Vec::with_capacity(expected),
             failed: None,

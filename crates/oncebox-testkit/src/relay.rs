@@ -38,6 +38,10 @@ pub trait DeliveryBackend: 'static {
     /// A new, empty store on `clock`.
     fn fresh_store(clock: ManualClock) -> impl Future<Output = Self::Store> + Send;
 
+    /// Two handles on one new, empty storage, both open, as two processes or nodes open it (a
+    /// gateway and a relay, two relays).
+    fn fresh_pair(clock: ManualClock) -> impl Future<Output = (Self::Store, Self::Store)> + Send;
+
     /// Whether the storage this backend needs is there; a backend on an outside service
     /// answers with [`crate::service_url`], which skips (or fails under
     /// `ONCEBOX_REQUIRE_SERVICES=1`) when it is not.
@@ -211,6 +215,7 @@ macro_rules! delivery_conformance {
             stale_event_gets_no_delivery,
             claim_returns_due_deliveries_oldest_first_and_not_twice_while_leased,
             expired_lease_is_reclaimed_with_a_higher_token_and_the_old_holder_is_fenced,
+            a_second_handle_on_the_storage_takes_over_with_a_higher_token,
             a_claimer_behind_by_less_than_a_lease_leaves_the_lease_alone,
             record_sets_state_attempts_and_last_result_for_each_verdict,
             retrying_delivery_is_claimable_only_from_its_next_attempt,

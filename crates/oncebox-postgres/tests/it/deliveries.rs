@@ -18,6 +18,13 @@ impl DeliveryBackend for Postgres {
         Inbox::open(options).await.expect("open")
     }
 
+    async fn fresh_pair(clock: ManualClock) -> (Inbox, Inbox) {
+        let schema = harness::schema();
+        let one = Inbox::open(harness::options(&schema, &clock)).await;
+        let two = Inbox::open(harness::options(&schema, &clock)).await;
+        (one.expect("open"), two.expect("open"))
+    }
+
     fn available() -> bool {
         harness::url().is_some()
     }

@@ -19,6 +19,16 @@ impl DeliveryBackend for Sqlite {
         let options = Options::new(dir.path().join("oncebox.db")).clock(Arc::new(clock));
         Holding::new(Inbox::open(options).expect("open"), dir)
     }
+
+    async fn fresh_pair(clock: ManualClock) -> (Holding<Inbox>, Holding<Inbox>) {
+        let dir = Arc::new(tempfile::tempdir().expect("tempdir"));
+        let path = dir.path().join("oncebox.db");
+        let open = || {
+            let options = Options::new(&path).clock(Arc::new(clock.clone()));
+            Holding::new(Inbox::open(options).expect("open"), dir.clone())
+        };
+        (open(), open())
+    }
 }
 
 oncebox_testkit::delivery_conformance!(Sqlite);

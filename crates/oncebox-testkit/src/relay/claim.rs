@@ -6,7 +6,7 @@ use std::time::Duration;
 use oncebox_core::delivery::{DeliveryState, Verdict};
 use oncebox_core::relay_store::DeliveryStore;
 use oncebox_core::store::EventStore;
-use oncebox_core::{Clock, LeaseError};
+use oncebox_core::{Clock, LeaseError, ManualClock};
 
 use super::{
     DeliveryBackend, LEASE, accept, answered, claim, failed, fresh, ingest, keys_and_routes, pair,
@@ -95,6 +95,50 @@ pub async fn expired_lease_is_reclaimed_with_a_higher_token_and_the_old_holder_i
     assert_eq!(
         b.attempts(new.id).await.expect("attempts"),
         [answered(200, now)]
+    );
+}
+
+/// Tokens come from the storage, not from one handle: a relay in another process (or on another
+/// node) that takes over an expired claim gets a higher token than any the first handed out, and
+/// the first relay is fenced, whichever handle each one uses.
+pub async fn a_second_handle_on_the_storage_takes_over_with_a_higher_token<B: DeliveryBackend>() {
+    let clock = ManualClock::new(crate::EPOCH);
+    let (one, two) = B::fresh_pair(clock.clone()).await;
+    accept(&one, "evt-1").await;
+    accept(&one, "evt-2").await;
+    // Tokens handed out by the first handle, before and after the second's.
+    let first = claim(&one, clock.now(), 1).await;
+    clock.advance(LEASE);
+    let now = clock.now();
+    let taken = claim(&two, now, 1).await;
+    assert_eq!(
+        keys_and_routes(&taken),
+        keys_and_routes(&first),
+        "taken over"
+    );
+    assert!(
+        taken[0].token > first[0].token,
+        "{} !> {}",
+        taken[0].token,
+        first[0].token
+    );
+    let stale = one
+        .record(&first[0], answered(200, now), Verdict::Delivered, now)
+        .await;
+    assert_eq!(stale, Err(LeaseError::Fenced), "the first holder is fenced");
+    let later = claim(&one, now, 1).await;
+    assert!(
+        later[0].token > taken[0].token,
+        "{} !> {}: the first handle counts on from the second's tokens",
+        later[0].token,
+        taken[0].token
+    );
+    two.record(&taken[0], answered(200, now), Verdict::Delivered, now)
+        .await
+        .expect("the new holder records");
+    assert_eq!(
+        view(&one, taken[0].id).await.state,
+        DeliveryState::Delivered
     );
 }
 
