@@ -65,15 +65,44 @@ pub(super) async fn attempt(
             // skew between the two clocks does not stretch or shorten the wait.
             let sent_at = header("date").and_then(http_date).unwrap_or(started_at);
             let retry_after = header("retry-after").and_then(|v| retry_after(v, sent_at));
-            // Drain the body so the connection can be reused; its content is not needed.
-            let _ = response.bytes().await;
+            drain(response).await;
             Attempt::Answered {
                 status,
                 retry_after,
             }
         }
-        Err(e) => classify(&e),
+        // The URL is left out: a route's may carry credentials (`user:pass@`, a `?token=`),
+        // and the text is kept as the attempt's error, shown by the admin API and dashboard.
+        Err(e) => classify(&e.without_url()),
     }
+}
+
+/// The most of a receiver's answer read: its body is not needed, and one that streams
+/// gigabytes within the timeout must not fill the relay's memory.
+const BODY_LIMIT: usize = 64 << 10;
+
+/// Reads the body away so the connection can be reused, up to [`BODY_LIMIT`]; past it the
+/// response is dropped and its connection closed.
+async fn drain(mut response: reqwest::Response) {
+    let mut read = 0usize;
+    while let Ok(Some(chunk)) = response.chunk().await {
+        read += chunk.len();
+        if read > BODY_LIMIT {
+            break;
+        }
+    }
+}
+
+/// At most [`BODY_LIMIT`] bytes of the body; `None` past it or when reading fails.
+async fn limited_body(mut response: reqwest::Response) -> Option<Vec<u8>> {
+    let mut body = Vec::new();
+    while let Some(chunk) = response.chunk().await.ok()? {
+        if body.len() + chunk.len() > BODY_LIMIT {
+            return None;
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Some(body)
 }
 
 /// The wait a `Retry-After` value asks for (RFC 9110 §10.2.3): a number of seconds, or an
@@ -138,7 +167,7 @@ pub(crate) async fn applied(client: &reqwest::Client, route: &Route, key: &str) 
     if !response.status().is_success() {
         return None;
     }
-    let body: serde_json::Value = response.json().await.ok()?;
+    let body: serde_json::Value = serde_json::from_slice(&limited_body(response).await?).ok()?;
     body.get("applied")?.as_bool()
 }
 

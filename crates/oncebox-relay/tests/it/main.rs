@@ -3,6 +3,7 @@
 //! leases are stepped, not waited for.
 
 mod amqp;
+mod answers;
 mod broker;
 mod delivery;
 mod faults;
