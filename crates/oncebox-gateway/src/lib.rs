@@ -42,6 +42,9 @@ pub struct Gateway<S> {
     pub loopback_only: bool,
 }
 
+/// The most a request other than an event may carry.
+pub const OTHER_BODY_LIMIT: usize = 64 << 10;
+
 /// The gateway's routes: ingress, admin (events and deliveries), health, OpenAPI, dashboard.
 pub fn router<S: EventStore + DeliveryStore>(gw: Arc<Gateway<S>>) -> Router {
     let admin = Router::new()
@@ -73,14 +76,19 @@ pub fn router<S: EventStore + DeliveryStore>(gw: Arc<Gateway<S>>) -> Router {
             dashboard::session::bridge::<S>,
         ));
     Router::new()
-        .route("/v1/sources/{source}/events", post(ingress::receive::<S>))
+        // Read by the ingress handler itself, within each source's own limit.
+        .route(
+            "/v1/sources/{source}/events",
+            post(ingress::receive::<S>).layer(DefaultBodyLimit::disable()),
+        )
         .route("/healthz", get(admin::healthz))
         .route("/readyz", get(admin::readyz::<S>))
         .route("/openapi.json", get(openapi::document))
         .merge(admin)
         .merge(dashboard::routes::<S>())
-        // Bodies are read by the ingress handler within each source's own limit.
-        .layer(DefaultBodyLimit::disable())
+        // Every other body (a login form, a resolve note) is small; one past this is refused
+        // as it streams in, before any check of who sent it, so it cannot fill the memory.
+        .layer(DefaultBodyLimit::max(OTHER_BODY_LIMIT))
         // Outermost, so that its rewriting also sees the router's own 404s and 405s.
         .layer(limit::Edge::new(&gw.config, gw.metrics.is_some()))
         .with_state(gw)

@@ -9,6 +9,7 @@ use oncebox_gateway::policy::Limits;
 use oncebox_testkit::run;
 use tokio::io::AsyncWriteExt;
 
+use crate::support::ADMIN_TOKEN;
 use crate::wire::{Raw, head, read_reply, served};
 
 #[test]
@@ -71,33 +72,7 @@ fn oversize_body_without_content_length_is_refused_413() {
 
         // Chunked, 1 MiB for a 16-byte source, and never terminated: an answer can only come
         // from a server that refused while the body was still arriving.
-        let mut raw = Raw::connect(s.addr).await;
-        raw.send(
-            b"POST /v1/sources/tiny/events HTTP/1.1\r\nHost: x\r\n\
-              Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n",
-        )
-        .await;
-        let chunk = vec![b' '; 64 * 1024];
-        let (mut rd, mut wr) = raw.stream.split();
-        let writer = async {
-            for _ in 0..16 {
-                let size = format!("{:x}\r\n", chunk.len());
-                // Once the server has answered it may close; the remaining chunks then fail.
-                let sent = async {
-                    wr.write_all(size.as_bytes()).await?;
-                    wr.write_all(&chunk).await?;
-                    wr.write_all(b"\r\n").await
-                };
-                if sent.await.is_err() {
-                    break;
-                }
-            }
-            std::future::pending::<()>().await;
-        };
-        let reply = tokio::select! {
-            reply = read_reply(&mut rd, &mut raw.buf) => reply,
-            () = writer => unreachable!("the writer never finishes"),
-        };
+        let reply = endless_chunked(s.addr, "/v1/sources/tiny/events", "application/json").await;
         let a = reply.answer();
         assert_eq!(a.status, StatusCode::PAYLOAD_TOO_LARGE, "{a:?}");
         assert_eq!(a.slug(), "body-too-large");
@@ -112,4 +87,61 @@ fn oversize_body_without_content_length_is_refused_413() {
 
         assert_eq!(s.gw.rows(), 0);
     });
+}
+
+/// The login form, the logout form and a resolve note are small: a body past 64 KiB is refused
+/// while it still arrives, before anyone's credentials are looked at — any client can reach
+/// `/login`, and it must not be able to fill the gateway's memory.
+#[test]
+fn any_other_body_past_its_small_limit_is_refused_as_it_streams() {
+    run(async {
+        let s = served(Limits::default()).await;
+        let form = "application/x-www-form-urlencoded";
+        let bearer = format!("application/json\r\nAuthorization: Bearer {ADMIN_TOKEN}");
+        for (path, kind) in [
+            ("/login", form),
+            ("/logout", form),
+            ("/v1/deliveries/1/resolve", bearer.as_str()),
+        ] {
+            let a = endless_chunked(s.addr, path, kind).await.answer();
+            assert_eq!(a.status, StatusCode::PAYLOAD_TOO_LARGE, "{path}: {a:?}");
+            assert_eq!(a.slug(), "body-too-large", "{path}");
+        }
+    });
+}
+
+/// POSTs to `path` a chunked body of 1 MiB that is never terminated, and returns the answer:
+/// one can only come from a server that refused while the body was still arriving. `kind` is
+/// the Content-Type's value, and may carry more header lines.
+async fn endless_chunked(addr: std::net::SocketAddr, path: &str, kind: &str) -> crate::wire::Reply {
+    let mut raw = Raw::connect(addr).await;
+    raw.send(
+        format!(
+            "POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: {kind}\r\n\
+             Transfer-Encoding: chunked\r\n\r\n"
+        )
+        .as_bytes(),
+    )
+    .await;
+    let chunk = vec![b' '; 64 * 1024];
+    let (mut rd, mut wr) = raw.stream.split();
+    let writer = async {
+        for _ in 0..16 {
+            let size = format!("{:x}\r\n", chunk.len());
+            // Once the server has answered it may close; the remaining chunks then fail.
+            let sent = async {
+                wr.write_all(size.as_bytes()).await?;
+                wr.write_all(&chunk).await?;
+                wr.write_all(b"\r\n").await
+            };
+            if sent.await.is_err() {
+                break;
+            }
+        }
+        std::future::pending::<()>().await;
+    };
+    tokio::select! {
+        reply = read_reply(&mut rd, &mut raw.buf) => reply,
+        () = writer => unreachable!("the writer never finishes"),
+    }
 }
