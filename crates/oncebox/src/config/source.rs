@@ -62,12 +62,21 @@ pub(super) fn validate(
 
     let event_id = match &raw.event_id {
         Some(rule) => event_id(&format!("{path}.event_id"), rule, p),
-        None => preset.map(|p| match p.event_id {
-            PresetId::Header(h) => EventIdRule::Header(h.to_owned()),
-            PresetId::Pointer(s) => EventIdRule::Pointer(Pointer::parse(s).unwrap_or_default()),
-        }),
+        None => preset
+            .or_else(|| raw.signature.and_then(super::presets::for_scheme))
+            .map(|p| match p.event_id {
+                PresetId::Header(h) => EventIdRule::Header(h.to_owned()),
+                PresetId::Pointer(s) => EventIdRule::Pointer(Pointer::parse(s).unwrap_or_default()),
+            }),
     }
-    .unwrap_or(EventIdRule::Default);
+    // A signed source's id must come from what the signature covers: the default rule reads
+    // `Idempotency-Key` first, which no scheme signs, so anyone holding one signed request
+    // could replay it within the tolerance under new ids, each a new event. A scheme without
+    // a preset of its own (`hmac-sha256`) signs only the body: its `/id`.
+    .unwrap_or_else(|| match scheme {
+        Some(Scheme::None) | None => EventIdRule::Default,
+        Some(_) => EventIdRule::Pointer(Pointer::from_tokens(vec!["id".to_owned()])),
+    });
 
     let fingerprint = match &raw.fingerprint {
         None | Some(RawFingerprint::Json) => FingerprintMode::Json,

@@ -174,10 +174,37 @@ fn event_id_takes_exactly_one_rule() {
         policy(&s, "shop").event_id,
         EventIdRule::Header("x-request-id".into())
     );
+    // Unset, a signed source reads its id only from what its signature covers: never from
+    // `Idempotency-Key`, which no scheme signs (a captured request replayed under new ids would
+    // be new events). Stripe signs the body, Standard Webhooks the webhook-id header; a plain
+    // HMAC signs the body; GitHub's id is its delivery header, as its preset has it.
+    let id = Pointer::parse("/id").unwrap();
+    let unset = |signature: &str, secret: &str| {
+        let header = if signature == "hmac-sha256" {
+            "header = \"x-sig\"\n"
+        } else {
+            ""
+        };
+        let toml =
+            format!("[sources.s]\nsignature = \"{signature}\"\nsecrets = [\"{secret}\"]\n{header}");
+        policy(&ok(&toml), "s").event_id.clone()
+    };
+    assert_eq!(unset("stripe", "sk_one"), EventIdRule::Pointer(id.clone()));
     assert_eq!(
-        policy(&ok(&shop("")), "shop").event_id,
-        EventIdRule::Default
+        unset(
+            "standard-webhooks",
+            "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+        ),
+        EventIdRule::Header("webhook-id".into())
     );
+    assert_eq!(unset("hmac-sha256", "k"), EventIdRule::Pointer(id));
+    assert_eq!(
+        unset("github", "k"),
+        EventIdRule::Header("x-github-delivery".into())
+    );
+    // Unsigned, anything goes: the headers first, then `/id`.
+    let none = ok("[sources.open]\nsignature = \"none\"\n");
+    assert_eq!(policy(&none, "open").event_id, EventIdRule::Default);
 
     let e = err(&shop("event_id = { header = \"a\", pointer = \"/id\" }"));
     assert_mentions(&e, &["sources.shop.event_id", "exactly one"]);
