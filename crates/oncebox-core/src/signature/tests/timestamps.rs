@@ -8,16 +8,21 @@ use super::*;
 fn timestamps_within_tolerance_pass_and_outside_fail_in_both_directions() {
     for scheme in [Scheme::StandardWebhooks, Scheme::Stripe] {
         let key = secret(&scheme, SW_SECRET);
-        let now = at(SW_SECONDS);
-        for (offset, ok) in [
-            (0, true),
-            (299, true),
-            (300, true),
-            (301, false),
-            (-299, true),
-            (-300, true),
-            (-301, false),
-        ] {
+        // Signed times are whole seconds; the clock reading is not: the bounds hold anywhere
+        // within the second (a signature exactly 300 s old failed 999 ms into it).
+        for (offset, ok, into_second) in [0, 1, 999].into_iter().flat_map(|ms| {
+            [
+                (0, true),
+                (299, true),
+                (300, true),
+                (301, false),
+                (-299, true),
+                (-300, true),
+                (-301, false),
+            ]
+            .map(|(offset, ok)| (offset, ok, ms))
+        }) {
+            let now = Timestamp(at(SW_SECONDS).0 + into_second);
             let headers = map(&sign(&scheme, &key, "evt", at(SW_SECONDS + offset), b"x"));
             let result = verify(
                 &scheme,
@@ -28,15 +33,19 @@ fn timestamps_within_tolerance_pass_and_outside_fail_in_both_directions() {
                 TOLERANCE,
             );
             if ok {
-                assert!(result.is_ok(), "{scheme:?} {offset}: {result:?}");
+                assert!(
+                    result.is_ok(),
+                    "{scheme:?} {offset} (+{into_second} ms): {result:?}"
+                );
             } else {
                 assert_eq!(
                     result,
                     Err(SignatureError::TimestampOutOfTolerance),
-                    "{scheme:?} {offset}"
+                    "{scheme:?} {offset} (+{into_second} ms)"
                 );
             }
         }
+        let now = at(SW_SECONDS);
         // Out of tolerance wins over a wrong signature: no MAC is computed for stale requests.
         let headers = map(&sign(&scheme, &key, "evt", at(SW_SECONDS - 301), b"x"));
         let result = verify(
