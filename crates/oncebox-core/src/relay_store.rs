@@ -95,6 +95,10 @@ pub enum StatusAnswer {
     Applied,
     /// The receiver never saw it: due again now, with the same key.
     NotApplied,
+    /// The receiver never saw it, and the route's attempts or age are used up: dead, as a
+    /// retry past them would be. Without it an uncertain delivery of a receiver that never
+    /// answers went round (sent, uncertain, not applied, sent again) past every cap.
+    NotAppliedSpent,
     /// The question went unanswered: it stays uncertain and is asked again later, after twice
     /// as long as since it was last asked (10 s at the least, 30 min at the most), so a status
     /// URL that is down is not hammered.
@@ -117,6 +121,11 @@ impl StatusAnswer {
         let (state, delivered_at, note) = match self {
             StatusAnswer::Applied => ("delivered", Some(now.millis()), "status_url: applied"),
             StatusAnswer::NotApplied => ("pending", None, "status_url: not applied"),
+            StatusAnswer::NotAppliedSpent => (
+                "dead",
+                None,
+                "status_url: not applied; its attempts or age are used up",
+            ),
             StatusAnswer::NoAnswer => return None,
         };
         Some(Settled {

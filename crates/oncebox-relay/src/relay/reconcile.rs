@@ -2,9 +2,11 @@
 //! uncertain deliveries, and settling each by the answer.
 
 use futures::future::join_all;
-use oncebox_core::Unavailable;
-use oncebox_core::delivery::DeliveryState;
+use std::time::Duration;
+
+use oncebox_core::delivery::{DeliveryState, RetryPolicy};
 use oncebox_core::relay_store::{DeliveryFilter, DeliveryStore, DeliveryView, StatusAnswer};
+use oncebox_core::{Timestamp, Unavailable};
 
 use super::{Lane, Relay};
 use crate::send;
@@ -16,7 +18,8 @@ const PER_PASS: usize = 16;
 
 impl<S: DeliveryStore> Relay<S> {
     /// Asks status URLs about the uncertain deliveries whose check is due: applied →
-    /// delivered; not applied → due again with the same key; no answer → asked again later,
+    /// delivered; not applied → due again with the same key, or dead once the route's attempts
+    /// or age are used up; no answer → asked again later,
     /// after a wait that doubles each time. Returns how many were settled.
     pub async fn reconcile(&self) -> Result<usize, Unavailable> {
         let mut settled = 0;
@@ -52,6 +55,9 @@ impl<S: DeliveryStore> Relay<S> {
             };
             match asked {
                 Some(true) => StatusAnswer::Applied,
+                Some(false) if spent(&lane.route.retry, d, self.clock.now()) => {
+                    StatusAnswer::NotAppliedSpent
+                }
                 Some(false) => StatusAnswer::NotApplied,
                 None => StatusAnswer::NoAnswer,
             }
@@ -60,4 +66,11 @@ impl<S: DeliveryStore> Relay<S> {
         let changed = self.store.reconcile(d.id, answer, self.clock.now()).await?;
         Ok(changed && answer != StatusAnswer::NoAnswer)
     }
+}
+
+/// Whether `d` has used up the attempts or the age `policy` allows: another attempt would be
+/// past the cap a retry is held to.
+fn spent(policy: &RetryPolicy, d: &DeliveryView, now: Timestamp) -> bool {
+    let age = u64::try_from(now.millis().saturating_sub(d.created_at.millis())).unwrap_or(0);
+    d.attempts >= policy.max_attempts || Duration::from_millis(age) >= policy.max_age
 }

@@ -243,3 +243,47 @@ fn a_receiver_whose_connect_never_completes_is_retried_not_left_uncertain() {
         drop((filling, listener));
     });
 }
+
+/// A receiver that never answers a route that does not honour keys, and whose status URL says
+/// "not applied" every time: each round is an attempt (sent, uncertain, not applied, sent
+/// again), so the route's attempt cap ends it as dead, as it ends retries.
+#[test]
+fn not_applied_past_the_attempt_cap_is_dead_not_sent_again() {
+    run(async {
+        let w = World::new();
+        let (addr, read) = receiver::silent().await;
+        let (_rx, status) = receiver::start().await;
+        let mut plain = route("plain", addr, false);
+        plain.timeout = Duration::from_millis(200);
+        plain.retry.max_attempts = 2;
+        // Nothing is served there: a 404, which says the key was never applied.
+        plain.status_url = Some(format!("http://{status}/unknown/{{key}}"));
+        let relay = w.relay(vec![plain]);
+        w.accept("evt-1", &["plain"]).await;
+        let mut states = Vec::new();
+        for _ in 0..4 {
+            relay.run_once().await.unwrap();
+            states.push(w.delivery("evt-1").await.state);
+            w.clock.advance(STATUS_RECHECK.0);
+        }
+        let d = w.delivery("evt-1").await;
+        eprintln!(
+            "not applied past the cap: {states:?}, {} requests read",
+            read.load(Ordering::SeqCst)
+        );
+        assert_eq!(
+            read.load(Ordering::SeqCst),
+            2,
+            "two attempts reached the receiver"
+        );
+        assert_eq!(
+            (d.state, d.attempts),
+            (DeliveryState::Dead, 2),
+            "{states:?}"
+        );
+        assert!(
+            d.note.as_deref().is_some_and(|n| n.contains("not applied")),
+            "{d:?}"
+        );
+    });
+}

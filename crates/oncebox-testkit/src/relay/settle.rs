@@ -88,6 +88,7 @@ pub async fn reconcile_settles_only_an_uncertain_delivery_and_puts_off_an_unansw
     let answers = [
         StatusAnswer::Applied,
         StatusAnswer::NotApplied,
+        StatusAnswer::NotAppliedSpent,
         StatusAnswer::NoAnswer,
     ];
     let others = [
