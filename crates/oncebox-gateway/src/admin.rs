@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query, Request, State};
-use axum::http::{StatusCode, header};
+use axum::http::{Method, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use oncebox_core::relay_store::{DeliveryFilter, DeliveryStore};
@@ -29,7 +29,10 @@ pub(crate) async fn guard<S: EventStore>(
 ) -> Response {
     let Some(token) = &gw.config.admin_token else {
         if gw.loopback_only {
-            return next.run(request).await;
+            return match open_refusal(&request) {
+                None => next.run(request).await,
+                Some(refused) => refused.into_response(),
+            };
         }
         // No credentials can help here: 403, not a 401 asking for a token that does not exist.
         return Problem::new(
@@ -57,6 +60,35 @@ pub(crate) async fn guard<S: EventStore>(
         header::HeaderValue::from_static("Bearer realm=\"oncebox\""),
     );
     refused
+}
+
+/// Why a request to the admin API open without a token is refused, if it is: it comes from a
+/// web page rather than from this machine's own clients. Any page the operator opens can send
+/// requests to 127.0.0.1: one addressed by another site's name (a DNS answer rebound to
+/// loopback) could read events, and a cross-site POST, which needs no preflight as
+/// `text/plain`, could settle deliveries.
+fn open_refusal(request: &Request) -> Option<Problem> {
+    let headers = request.headers();
+    if !crate::dashboard::session::loopback_host(headers) {
+        return Some(Problem::new(
+            StatusCode::FORBIDDEN,
+            "host-not-loopback",
+            "Host not loopback",
+            "without an admin_token the admin API answers only requests addressed to a \
+             loopback name (localhost, 127.0.0.1, [::1])",
+        ));
+    }
+    let reads = matches!(*request.method(), Method::GET | Method::HEAD);
+    if !reads && !crate::dashboard::session::same_origin(headers) {
+        return Some(Problem::new(
+            StatusCode::FORBIDDEN,
+            "cross-origin",
+            "Cross-origin request",
+            "a browser sent this from another origin; the admin API changes nothing for \
+             other sites' pages",
+        ));
+    }
+    None
 }
 
 /// The token of an `Authorization` value in the bearer scheme (RFC 6750 §2.1). Scheme names

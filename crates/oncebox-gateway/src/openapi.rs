@@ -113,7 +113,12 @@ fn complete(path: &str, op: &mut Value) {
     if let Some(responses) = op.get_mut("responses").and_then(Value::as_object_mut) {
         if admin {
             responses.entry("403").or_insert_with(|| {
-                problem("admin-disabled: no admin_token is configured and the listener is not loopback-only")
+                problem(
+                    "admin-disabled: no admin_token is configured and the listener is not \
+                     loopback-only; host-not-loopback: without a token, a request addressed to \
+                     a name other than localhost, 127.0.0.1 or [::1]; cross-origin: without a \
+                     token, a browser's request that changes something from another origin",
+                )
             });
             if let Some(refused) = responses.get_mut("401") {
                 refused["headers"]["WWW-Authenticate"] =

@@ -125,10 +125,34 @@ fn session<S>(gw: &Gateway<S>, headers: &HeaderMap) -> Option<(String, String)> 
     Some((token.to_owned(), nonce))
 }
 
+/// Whether the request names the gateway by a loopback name, or names none (a client of
+/// HTTP/1.0). Without an admin token this is what keeps a web page out: a page of another site
+/// whose DNS answer is later rebound to 127.0.0.1 reaches a loopback listener, but its browser
+/// still sends that site's name as `Host`.
+pub(crate) fn loopback_host(headers: &HeaderMap) -> bool {
+    let Some(host) = headers.get(header::HOST) else {
+        return true;
+    };
+    let Ok(host) = host.to_str() else {
+        return false;
+    };
+    let name = match host.strip_prefix('[') {
+        // `[::1]:8080`: the address is inside the brackets.
+        Some(v6) => v6.split(']').next().unwrap_or(""),
+        None => host.rsplit_once(':').map_or(host, |(name, _port)| name),
+    };
+    let name = name.to_ascii_lowercase();
+    name == "localhost"
+        || name.ends_with(".localhost")
+        || name
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}
+
 /// What a page request may see.
 pub(crate) fn access<S>(gw: &Gateway<S>, headers: &HeaderMap) -> Access {
     match &gw.config.admin_token {
-        None if gw.loopback_only => Access::Open,
+        None if gw.loopback_only && loopback_host(headers) => Access::Open,
         None => Access::Closed,
         Some(_) => match session(gw, headers) {
             Some((token, nonce)) => Access::Session {

@@ -367,11 +367,85 @@ fn without_a_token_the_admin_api_answers_only_on_a_loopback_listener() {
             loopback_only: true,
         });
         let a = crate::support::Answer::from(
-            tower::ServiceExt::oneshot(oncebox_gateway::router(local), get())
+            tower::ServiceExt::oneshot(oncebox_gateway::router(local.clone()), get())
                 .await
                 .unwrap(),
         )
         .await;
         assert_eq!(a.status, StatusCode::OK, "{a:?}");
+
+        // Open, but not to web pages: a page of another site rebound to 127.0.0.1 sends its own
+        // name as Host, and a cross-site POST its own Origin.
+        let local = oncebox_gateway::router(local);
+        let ask = |request: Request<Body>| {
+            let local = local.clone();
+            async move {
+                crate::support::Answer::from(
+                    tower::ServiceExt::oneshot(local, request).await.unwrap(),
+                )
+                .await
+            }
+        };
+        for host in [
+            "localhost:8080",
+            "127.0.0.1:8080",
+            "[::1]:8080",
+            "app.localhost",
+        ] {
+            let request = Request::get("/v1/stats")
+                .header("host", host)
+                .body(Body::empty())
+                .unwrap();
+            assert_eq!(ask(request).await.status, StatusCode::OK, "{host}");
+        }
+        for host in [
+            "rebind.evil.example:8080",
+            "127.0.0.1.evil.example",
+            "10.0.0.1",
+        ] {
+            let request = Request::get("/v1/stats")
+                .header("host", host)
+                .body(Body::empty())
+                .unwrap();
+            let a = ask(request).await;
+            assert_eq!(
+                (a.status, a.slug().as_str()),
+                (StatusCode::FORBIDDEN, "host-not-loopback"),
+                "{host}"
+            );
+        }
+        // The dashboard's pages too.
+        for (host, status) in [
+            ("127.0.0.1:8080", StatusCode::OK),
+            ("rebind.evil.example:8080", StatusCode::FORBIDDEN),
+        ] {
+            let page = Request::get("/")
+                .header("host", host)
+                .body(Body::empty())
+                .unwrap();
+            assert_eq!(ask(page).await.status, status, "the overview for {host}");
+        }
+        let resolve = |origin: Option<&str>| {
+            let mut r = Request::post("/v1/deliveries/1/resolve")
+                .header("host", "127.0.0.1:8080")
+                .header("content-type", "text/plain");
+            if let Some(origin) = origin {
+                r = r.header("origin", origin);
+            }
+            r.body(Body::from(r#"{"outcome":"delivered","note":"csrf"}"#))
+                .unwrap()
+        };
+        let a = ask(resolve(Some("http://evil.example"))).await;
+        assert_eq!(
+            (a.status, a.slug().as_str()),
+            (StatusCode::FORBIDDEN, "cross-origin"),
+            "{a:?}"
+        );
+        // The gateway's own pages, and clients that are no browser, still may (no such
+        // delivery here: the 404 is the handler's).
+        for origin in [Some("http://127.0.0.1:8080"), None] {
+            let a = ask(resolve(origin)).await;
+            assert_eq!(a.status, StatusCode::NOT_FOUND, "{origin:?}: {a:?}");
+        }
     });
 }
