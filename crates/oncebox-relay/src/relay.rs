@@ -9,7 +9,7 @@ use std::time::Duration;
 use oncebox_core::delivery::Verdict;
 use oncebox_core::relay_store::DeliveryStore;
 use oncebox_core::route::Route;
-use oncebox_core::{Clock, LeaseError, Timestamp, Unavailable};
+use oncebox_core::{Clock, LeaseError, Unavailable};
 use tokio::sync::{Semaphore, watch};
 
 use crate::send::{self, Link};
@@ -80,7 +80,9 @@ pub struct Outcome {
 #[derive(Debug, Default)]
 struct Circuit {
     failures: u32,
-    open_until: Option<Timestamp>,
+    /// On the clock's monotonic time: a wall clock stepped back would keep the route shut
+    /// for the step on top of the cooldown.
+    open_until: Option<Duration>,
 }
 
 /// One route as the relay serves it: its settings, its concurrency limit, and the link that
@@ -143,7 +145,8 @@ impl<S: DeliveryStore> Relay<S> {
     }
 
     /// Routes the relay may claim for now: configured, and not behind an open circuit.
-    fn open_routes(&self, now: Timestamp) -> Vec<String> {
+    fn open_routes(&self) -> Vec<String> {
+        let now = self.clock.monotonic();
         let circuits = self
             .circuits
             .lock()
@@ -160,7 +163,7 @@ impl<S: DeliveryStore> Relay<S> {
             .collect()
     }
 
-    fn note(&self, route: &str, failed: bool, now: Timestamp) {
+    fn note(&self, route: &str, failed: bool) {
         let mut circuits = self
             .circuits
             .lock()
@@ -170,7 +173,11 @@ impl<S: DeliveryStore> Relay<S> {
             c.failures = c.failures.saturating_add(1);
             if c.failures >= self.options.circuit_threshold {
                 // Stop hammering a receiver that keeps failing; its deliveries wait, unharmed.
-                c.open_until = Some(now.plus(self.options.circuit_cooldown));
+                c.open_until = Some(
+                    self.clock
+                        .monotonic()
+                        .saturating_add(self.options.circuit_cooldown),
+                );
                 tracing::warn!(route, failures = c.failures, "circuit open");
             }
         } else {
@@ -190,7 +197,7 @@ impl<S: DeliveryStore> Relay<S> {
     /// Claims what is due on the open routes, sends each and records its outcome.
     async fn deliver_due(&self) -> Result<Outcome, Unavailable> {
         let now = self.clock.now();
-        let routes = self.open_routes(now);
+        let routes = self.open_routes();
         let mut outcome = Outcome::default();
         if routes.is_empty() {
             return Ok(outcome);

@@ -75,7 +75,7 @@ impl<S: DeliveryStore> Relay<S> {
             &route.retry,
             rand::random(),
         );
-        self.note(&route.name, !matches!(verdict, Verdict::Delivered), now);
+        self.note(&route.name, !matches!(verdict, Verdict::Delivered));
         let label = match &verdict {
             Verdict::Delivered => "delivered",
             Verdict::Retry(_) => "retrying",

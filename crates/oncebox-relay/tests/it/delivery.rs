@@ -273,6 +273,47 @@ fn a_failing_route_opens_its_circuit_and_other_routes_go_on() {
     });
 }
 
+/// The cooldown runs on time that passes, not on the wall clock: stepped back a day while the
+/// circuit is open, the route opens again when the cooldown has passed, not a day later.
+#[test]
+fn a_wall_clock_stepped_back_does_not_stretch_a_circuits_cooldown() {
+    run(async {
+        let w = World::new();
+        let (bad, bad_addr) = receiver::start().await;
+        bad.answer(&[(500, None), (500, None), (202, None)]);
+        let options = oncebox_relay::RelayOptions {
+            circuit_threshold: 2,
+            circuit_cooldown: Duration::from_secs(30),
+            ..oncebox_relay::RelayOptions::default()
+        };
+        let relay = oncebox_relay::Relay::new(
+            w.inbox.clone(),
+            vec![route("bad", bad_addr, true)],
+            std::sync::Arc::new(w.clock.clone()),
+            options,
+        );
+        for i in 0..2 {
+            w.accept(&format!("f{i}"), &["bad"]).await;
+        }
+        relay.run_once().await.unwrap();
+        assert_eq!(bad.requests().len(), 2, "the circuit opened");
+        w.clock
+            .set(w.clock_now().minus(Duration::from_secs(24 * 3600)));
+        // Due at once on the stepped clock: only the circuit can hold it back.
+        w.accept("after-the-step", &["bad"]).await;
+        w.clock.advance(Duration::from_secs(10));
+        assert_eq!(
+            relay.run_once().await.unwrap().claimed,
+            0,
+            "still cooling down"
+        );
+        w.clock.advance(Duration::from_secs(21));
+        let out = relay.run_once().await.unwrap();
+        assert_eq!(out.delivered, 1, "{out:?}");
+        assert_eq!(bad.requests().len(), 3);
+    });
+}
+
 impl World {
     pub fn clock_now(&self) -> oncebox_core::Timestamp {
         use oncebox_core::Clock;
