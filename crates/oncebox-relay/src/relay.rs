@@ -15,6 +15,7 @@ use tokio::sync::{Semaphore, watch};
 use crate::send::{self, Link};
 
 mod deliver;
+mod pump;
 mod reconcile;
 
 /// How often `run` publishes the delivery gauges.
@@ -75,6 +76,23 @@ pub struct Outcome {
     pub unclaimed: usize,
     /// Uncertain deliveries settled through a status URL.
     pub reconciled: usize,
+}
+
+impl Outcome {
+    /// Counts what became of one claim; an unavailable store ends the round as an error.
+    fn add(&mut self, step: Result<Step, LeaseError>) -> Result<(), Unavailable> {
+        match step {
+            Ok(Step::Decided(Verdict::Delivered)) => self.delivered += 1,
+            Ok(Step::Decided(Verdict::Retry(_))) => self.retrying += 1,
+            Ok(Step::Decided(Verdict::Uncertain)) => self.uncertain += 1,
+            Ok(Step::Decided(_)) => self.dead += 1,
+            Ok(Step::Unclaimed) => self.unclaimed += 1,
+            Err(LeaseError::Fenced) => self.fenced += 1,
+            Err(LeaseError::Unavailable(e)) => return Err(e),
+            Err(e) => return Err(Unavailable::Storage(e.to_string())),
+        }
+        Ok(())
+    }
 }
 
 #[derive(Debug, Default)]
@@ -207,18 +225,16 @@ impl<S: DeliveryStore> Relay<S> {
             .claim(now, self.options.batch, self.options.lease, &routes)
             .await?;
         outcome.claimed = claimed.len();
-        let results = futures::future::join_all(claimed.iter().map(|c| self.deliver(c))).await;
+        // Never stopped: a single round sends everything it claimed.
+        let (_never, stop) = watch::channel(false);
+        let results = futures::future::join_all(
+            claimed
+                .iter()
+                .map(|c| async { self.deliver(c, &mut stop.clone()).await }),
+        )
+        .await;
         for r in results {
-            match r {
-                Ok(Step::Decided(Verdict::Delivered)) => outcome.delivered += 1,
-                Ok(Step::Decided(Verdict::Retry(_))) => outcome.retrying += 1,
-                Ok(Step::Decided(Verdict::Uncertain)) => outcome.uncertain += 1,
-                Ok(Step::Decided(_)) => outcome.dead += 1,
-                Ok(Step::Unclaimed) => outcome.unclaimed += 1,
-                Err(LeaseError::Fenced) => outcome.fenced += 1,
-                Err(LeaseError::Unavailable(e)) => return Err(e),
-                Err(e) => return Err(Unavailable::Storage(e.to_string())),
-            }
+            outcome.add(r)?;
         }
         Ok(outcome)
     }
@@ -236,10 +252,12 @@ impl<S: DeliveryStore> Relay<S> {
         Ok(())
     }
 
-    /// Runs rounds until `shutdown` completes; after a round with nothing to do waits for the
-    /// store's wake-up (PostgreSQL's `NOTIFY`) or at most `idle_poll`. Status URLs are asked
-    /// beside the rounds, never in them, so a slow one holds no delivery back. Shutdown is
-    /// checked between rounds, so an attempt in progress finishes and is recorded.
+    /// Delivers until `shutdown` completes (see `pump`: each route's deliveries go on as their
+    /// own requests end, so a slow receiver holds back no other route); with nothing to do it
+    /// waits for the store's wake-up (PostgreSQL's `NOTIFY`) or at most `idle_poll`. Status
+    /// URLs are asked beside, never in between, so a slow one holds no delivery back. On
+    /// shutdown an attempt in progress finishes and is recorded, and a claim still waiting
+    /// for its route is given back unsent.
     pub async fn run(&self, shutdown: impl Future<Output = ()>) {
         let (stop, stopped) = watch::channel(false);
         let signal = async move {
@@ -251,39 +269,6 @@ impl<S: DeliveryStore> Relay<S> {
             self.deliver_until(stopped.clone()),
             self.reconcile_until(stopped)
         );
-    }
-
-    async fn deliver_until(&self, mut stopped: watch::Receiver<bool>) {
-        let mut gauges_due = self.clock.now();
-        // A store that is told about new work starts listening before the first claim.
-        self.store.wait_for_work(Duration::ZERO).await;
-        loop {
-            let busy = match self.deliver_due().await {
-                Ok(o) => o.claimed > 0,
-                Err(e) => {
-                    tracing::warn!(error = %e, "relay round failed");
-                    false
-                }
-            };
-            // Gauges count the whole outbox: on a timer, never per round.
-            let now = self.clock.now();
-            if now >= gauges_due {
-                gauges_due = now.plus(GAUGES_EVERY);
-                if let Err(e) = self.publish_gauges().await {
-                    tracing::debug!(error = %e, "gauges not published");
-                }
-            }
-            let pause = if busy {
-                Duration::ZERO
-            } else {
-                self.options.idle_poll
-            };
-            tokio::select! {
-                biased;
-                _ = stopped.wait_for(|stop| *stop) => return,
-                () = self.store.wait_for_work(pause) => {}
-            }
-        }
     }
 
     async fn reconcile_until(&self, mut stopped: watch::Receiver<bool>) {

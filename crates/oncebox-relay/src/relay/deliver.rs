@@ -8,6 +8,8 @@ use oncebox_core::relay_store::{AttemptRecord, Claimed, DeliveryStore};
 use oncebox_core::route::Route;
 use oncebox_core::{LeaseError, Unavailable};
 
+use tokio::sync::watch;
+
 use super::{Lane, Relay, Step};
 use crate::send;
 
@@ -32,7 +34,14 @@ impl<S: DeliveryStore> Relay<S> {
         Some(route.timeout + RECORD_MARGIN.min(beyond / 2))
     }
 
-    pub(super) async fn deliver(&self, claimed: &Claimed) -> Result<Step, LeaseError> {
+    /// Sends `claimed` once its route has a free permit; a claim still waiting for one when
+    /// `stop` fires is given back unsent, so a shutdown does not leave it in flight until its
+    /// lease ends (nor send it late, with the process about to be killed).
+    pub(super) async fn deliver(
+        &self,
+        claimed: &Claimed,
+        stop: &mut watch::Receiver<bool>,
+    ) -> Result<Step, LeaseError> {
         let Some(Lane {
             route,
             permits,
@@ -44,7 +53,19 @@ impl<S: DeliveryStore> Relay<S> {
             // Claims are limited to configured routes; a vanished one keeps its delivery as is.
             return Err(LeaseError::Fenced);
         };
-        let permit = permits.acquire().await.map_err(|_| LeaseError::Fenced)?;
+        // The guard `wait_for` gives is dropped inside: it cannot be held across an await.
+        let stopping = async {
+            let _ = stop.wait_for(|stop| *stop).await;
+        };
+        let permit = tokio::select! {
+            biased;
+            permit = permits.acquire() => Some(permit.map_err(|_| LeaseError::Fenced)?),
+            () = stopping => None,
+        };
+        let Some(permit) = permit else {
+            self.store.unclaim(claimed, self.clock.now()).await?;
+            return Ok(Step::Unclaimed);
+        };
         // The attempt and its record must both fit in the lease. One sent later could still be
         // on its way when the lease ends and another relay sends the delivery again; waiting
         // for a permit behind a slow receiver is where the time goes. Unsent, the claim is

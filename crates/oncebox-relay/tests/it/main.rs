@@ -10,6 +10,7 @@ mod faults;
 mod kill;
 mod nats;
 mod outbox;
+mod pump;
 mod receiver;
 mod settle;
 mod tls;

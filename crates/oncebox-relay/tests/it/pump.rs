@@ -1,0 +1,156 @@
+//! The relay's running loop (`Relay::run`), against a receiver that holds each request until
+//! the test lets it go: a slow route holds back no other route, and a shutdown gives back the
+//! claims still waiting for their route instead of leaving them in flight.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::routing::post;
+use oncebox_core::delivery::DeliveryState;
+use oncebox_relay::Relay;
+use oncebox_sqlite::Inbox;
+use oncebox_testkit::run;
+use tokio::sync::{Semaphore, mpsc, oneshot};
+
+use crate::receiver::serve;
+use crate::{World, receiver, route};
+
+/// A receiver that reports each request's arrival and answers 200 only once let go.
+struct Held {
+    arrived: mpsc::UnboundedSender<()>,
+    gate: Semaphore,
+}
+
+async fn held(State(h): State<Arc<Held>>) -> StatusCode {
+    let _ = h.arrived.send(());
+    if let Ok(permit) = h.gate.acquire().await {
+        permit.forget();
+    }
+    StatusCode::OK
+}
+
+async fn start_held() -> (Arc<Held>, mpsc::UnboundedReceiver<()>, SocketAddr) {
+    let (arrived, arrivals) = mpsc::unbounded_channel();
+    let h = Arc::new(Held {
+        arrived,
+        gate: Semaphore::new(0),
+    });
+    let app = Router::new()
+        .route("/hook", post(held))
+        .with_state(h.clone());
+    (h, arrivals, serve(app).await)
+}
+
+/// Runs `relay` until the returned sender fires.
+fn running(relay: Arc<Relay<Inbox>>) -> (oneshot::Sender<()>, tokio::task::JoinHandle<()>) {
+    let (stop, stopped) = oneshot::channel::<()>();
+    let task = tokio::spawn(async move {
+        relay
+            .run(async {
+                let _ = stopped.await;
+            })
+            .await;
+    });
+    (stop, task)
+}
+
+/// Waits, looking every 10 ms for at most 20 s, until `id`'s delivery is in `state`.
+async fn wait_state(w: &World, id: &str, state: DeliveryState) {
+    for _ in 0..2_000 {
+        if w.delivery(id).await.state == state {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("{id} never {state:?}: {:?}", w.delivery(id).await);
+}
+
+#[test]
+fn a_slow_receiver_holds_back_no_other_route() {
+    run(async {
+        let w = World::new();
+        let (slow, mut arrivals, slow_addr) = start_held().await;
+        let (fast, fast_addr) = receiver::start().await;
+        let mut held_route = route("slow", slow_addr, true);
+        held_route.timeout = Duration::from_secs(60);
+        let relay = Arc::new(w.relay(vec![held_route, route("fast", fast_addr, true)]));
+        w.accept("s1", &["slow"]).await;
+        let (stop, task) = running(relay);
+        arrivals.recv().await.expect("the slow request arrives");
+        w.accept("f1", &["fast"]).await;
+        wait_state(&w, "f1", DeliveryState::Delivered).await;
+        // Delivered while the slow request was still held: the routes went on side by side.
+        assert_eq!(w.delivery("s1").await.state, DeliveryState::InFlight);
+        assert_eq!(fast.requests().len(), 1);
+        slow.gate.add_permits(1);
+        wait_state(&w, "s1", DeliveryState::Delivered).await;
+        let _ = stop.send(());
+        task.await.unwrap();
+    });
+}
+
+#[test]
+fn a_shutdown_gives_back_the_claims_waiting_for_their_route() {
+    run(async {
+        let w = World::new();
+        let (slow, mut arrivals, slow_addr) = start_held().await;
+        let mut one_at_a_time = route("slow", slow_addr, true);
+        one_at_a_time.concurrency = 1;
+        let relay = Arc::new(w.relay(vec![one_at_a_time]));
+        for id in ["q1", "q2", "q3"] {
+            w.accept(id, &["slow"]).await;
+        }
+        let (stop, task) = running(relay);
+        arrivals.recv().await.expect("the first request arrives");
+        let _ = stop.send(());
+        // The two behind it are given back while the first is still being sent.
+        let sent = ["q1", "q2", "q3"];
+        // Wait for two of them to be pending again.
+        for _ in 0..2_000 {
+            let mut pending = 0;
+            for id in sent {
+                pending += usize::from(w.delivery(id).await.state == DeliveryState::Pending);
+            }
+            if pending == 2 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let mut states = Vec::new();
+        for id in sent {
+            states.push(w.delivery(id).await.state);
+        }
+        assert_eq!(
+            states
+                .iter()
+                .filter(|s| **s == DeliveryState::Pending)
+                .count(),
+            2,
+            "the claims waiting for the route were given back: {states:?}"
+        );
+        assert_eq!(
+            states
+                .iter()
+                .filter(|s| **s == DeliveryState::InFlight)
+                .count(),
+            1,
+            "{states:?}"
+        );
+        // The attempt in progress finishes and is recorded; nothing else is sent.
+        slow.gate.add_permits(1);
+        task.await.unwrap();
+        let mut delivered = 0;
+        for id in sent {
+            delivered += usize::from(w.delivery(id).await.state == DeliveryState::Delivered);
+        }
+        assert_eq!(delivered, 1);
+        assert!(
+            arrivals.try_recv().is_err(),
+            "no request after the shutdown"
+        );
+    });
+}
