@@ -207,11 +207,13 @@ pub trait DeliveryStore: Clone + Send + Sync + 'static {
     /// and its question was due at `now`. False otherwise: an operator who settled it while
     /// the question was out has the last word, and an answer about an earlier attempt (the
     /// delivery was retried and became uncertain again meanwhile), or a second relay's answer
-    /// to the same question, changes nothing. `NoAnswer` settles nothing and only puts the
-    /// next question off (true).
+    /// to the same question, changes nothing: `attempts` is the delivery's count when it was
+    /// asked about, and an answer settles only a delivery that still has that count.
+    /// `NoAnswer` settles nothing and only puts the next question off (true).
     fn reconcile(
         &self,
         id: i64,
+        attempts: u32,
         answer: StatusAnswer,
         now: Timestamp,
     ) -> impl Future<Output = Result<bool, Unavailable>> + Send;

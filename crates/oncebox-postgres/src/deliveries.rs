@@ -324,6 +324,7 @@ impl DeliveryStore for Inbox {
     async fn reconcile(
         &self,
         id: i64,
+        attempts: u32,
         answer: StatusAnswer,
         now: Timestamp,
     ) -> Result<bool, Unavailable> {
@@ -338,13 +339,15 @@ impl DeliveryStore for Inbox {
         let query = sqlx::query(
             "UPDATE oncebox_outbox SET state = $2, note = $3, next_attempt_at = $5,
                delivered_at = coalesce($4, delivered_at), updated_at = $5
-             WHERE id = $1 AND state = 'uncertain' AND next_attempt_at <= $5",
+             WHERE id = $1 AND state = 'uncertain' AND next_attempt_at <= $5
+               AND attempts = $6",
         )
         .bind(id)
         .bind(state)
         .bind(note)
         .bind(delivered_at)
-        .bind(now.millis());
+        .bind(now.millis())
+        .bind(i32::try_from(attempts).unwrap_or(i32::MAX));
         // A delivery made due again wakes the relays listening; a delivered one wakes them for
         // nothing, which costs one empty claim.
         Ok(self.make_due(query).await? == 1)

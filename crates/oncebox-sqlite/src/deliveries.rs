@@ -335,6 +335,7 @@ impl DeliveryStore for Inbox {
     async fn reconcile(
         &self,
         id: i64,
+        attempts: u32,
         answer: StatusAnswer,
         now: Timestamp,
     ) -> Result<bool, Unavailable> {
@@ -352,9 +353,17 @@ impl DeliveryStore for Inbox {
                 .prepare_cached(
                     "UPDATE oncebox_outbox SET state = ?2, note = ?3, next_attempt_at = ?5,
                        delivered_at = coalesce(?4, delivered_at), updated_at = ?5
-                     WHERE id = ?1 AND state = 'uncertain' AND next_attempt_at <= ?5",
+                     WHERE id = ?1 AND state = 'uncertain' AND next_attempt_at <= ?5
+                       AND attempts = ?6",
                 )?
-                .execute(params![id, state, note, delivered_at, now.millis()])?;
+                .execute(params![
+                    id,
+                    state,
+                    note,
+                    delivered_at,
+                    now.millis(),
+                    attempts
+                ])?;
             Ok(Ok(n == 1))
         })
         .await

@@ -215,10 +215,11 @@ impl DeliveryStore for Store {
     async fn reconcile(
         &self,
         id: i64,
+        attempts: u32,
         answer: StatusAnswer,
         now: Timestamp,
     ) -> Result<bool, Unavailable> {
-        each!(self, s => s.reconcile(id, answer, now).await)
+        each!(self, s => s.reconcile(id, attempts, answer, now).await)
     }
 
     async fn redeliver(&self, key: &Key, now: Timestamp) -> Result<u64, Unavailable> {

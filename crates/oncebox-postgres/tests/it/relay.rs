@@ -139,10 +139,11 @@ impl DeliveryStore for Watched {
     async fn reconcile(
         &self,
         id: i64,
+        attempts: u32,
         answer: StatusAnswer,
         now: Timestamp,
     ) -> Result<bool, Unavailable> {
-        self.inbox.reconcile(id, answer, now).await
+        self.inbox.reconcile(id, attempts, answer, now).await
     }
 
     async fn redeliver(&self, key: &Key, now: Timestamp) -> Result<u64, Unavailable> {

@@ -63,7 +63,10 @@ impl<S: DeliveryStore> Relay<S> {
             }
         };
         // Only while it is still uncertain: an operator may have settled it meanwhile.
-        let changed = self.store.reconcile(d.id, answer, self.clock.now()).await?;
+        let changed = self
+            .store
+            .reconcile(d.id, d.attempts, answer, self.clock.now())
+            .await?;
         Ok(changed && answer != StatusAnswer::NoAnswer)
     }
 }

@@ -125,10 +125,11 @@ impl<S: DeliveryStore> DeliveryStore for Holding<S> {
     async fn reconcile(
         &self,
         id: i64,
+        attempts: u32,
         answer: StatusAnswer,
         now: Timestamp,
     ) -> Result<bool, Unavailable> {
-        self.store.reconcile(id, answer, now).await
+        self.store.reconcile(id, attempts, answer, now).await
     }
 
     async fn redeliver(&self, key: &Key, now: Timestamp) -> Result<u64, Unavailable> {

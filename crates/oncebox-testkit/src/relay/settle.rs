@@ -99,8 +99,13 @@ pub async fn reconcile_settles_only_an_uncertain_delivery_and_puts_off_an_unansw
         (each.pending, DeliveryState::Pending),
     ];
     for (id, was) in others {
+        let attempts = view(&b, id).await.attempts;
         for answer in answers {
-            assert!(!b.reconcile(id, answer, now).await.expect("reconcile"));
+            assert!(
+                !b.reconcile(id, attempts, answer, now)
+                    .await
+                    .expect("reconcile")
+            );
             let v = view(&b, id).await;
             assert_eq!((v.state, v.note), (was, None), "{answer:?}");
         }
@@ -117,23 +122,31 @@ pub async fn reconcile_settles_only_an_uncertain_delivery_and_puts_off_an_unansw
     assert!(!check_due(&b, u, first.minus(MS)).await);
     assert!(check_due(&b, u, first).await);
     for answer in answers {
-        assert!(!b.reconcile(u, answer, first.minus(MS)).await.unwrap());
+        assert!(!b.reconcile(u, 1, answer, first.minus(MS)).await.unwrap());
     }
     // No answer: asked again after twice the time since it was last asked (or parked).
-    assert!(b.reconcile(u, StatusAnswer::NoAnswer, first).await.unwrap());
+    assert!(
+        b.reconcile(u, 1, StatusAnswer::NoAnswer, first)
+            .await
+            .unwrap()
+    );
     assert_eq!(view(&b, u).await.state, DeliveryState::Uncertain);
     let second = first.plus(least * 2);
     assert!(!check_due(&b, u, second.minus(MS)).await);
     assert!(check_due(&b, u, second).await);
     // A second relay's answer to the question just put off changes nothing.
-    assert!(!b.reconcile(u, StatusAnswer::NoAnswer, first).await.unwrap());
     assert!(
-        !b.reconcile(u, StatusAnswer::NotApplied, first)
+        !b.reconcile(u, 1, StatusAnswer::NoAnswer, first)
             .await
             .unwrap()
     );
     assert!(
-        b.reconcile(u, StatusAnswer::NoAnswer, second)
+        !b.reconcile(u, 1, StatusAnswer::NotApplied, first)
+            .await
+            .unwrap()
+    );
+    assert!(
+        b.reconcile(u, 1, StatusAnswer::NoAnswer, second)
             .await
             .unwrap()
     );
@@ -142,7 +155,7 @@ pub async fn reconcile_settles_only_an_uncertain_delivery_and_puts_off_an_unansw
     assert!(check_due(&b, u, third).await);
     // Not applied: due again now, with the same key, its attempts unchanged.
     assert!(
-        b.reconcile(u, StatusAnswer::NotApplied, third)
+        b.reconcile(u, 1, StatusAnswer::NotApplied, third)
             .await
             .unwrap()
     );
@@ -156,7 +169,11 @@ pub async fn reconcile_settles_only_an_uncertain_delivery_and_puts_off_an_unansw
             Some("status_url: not applied")
         )
     );
-    assert!(!b.reconcile(u, StatusAnswer::Applied, third).await.unwrap());
+    assert!(
+        !b.reconcile(u, 1, StatusAnswer::Applied, third)
+            .await
+            .unwrap()
+    );
     let again = claim(&b, third, 10).await;
     let back = again.iter().find(|c| c.id == u).expect("due again");
     assert_eq!(back.idempotency_key, each.uncertain.idempotency_key);
@@ -166,12 +183,24 @@ pub async fn reconcile_settles_only_an_uncertain_delivery_and_puts_off_an_unansw
         .expect("record");
     // An answer to the question about the attempt before changes nothing.
     assert!(
-        !b.reconcile(u, StatusAnswer::NotApplied, third)
+        !b.reconcile(u, 1, StatusAnswer::NotApplied, third)
             .await
             .unwrap()
     );
+    // Nor once the new attempt's question is due: an answer asked about attempt 1, slow to
+    // come back, would have it sent a third time.
     let fourth = third.plus(least);
-    assert!(b.reconcile(u, StatusAnswer::Applied, fourth).await.unwrap());
+    assert!(
+        !b.reconcile(u, 1, StatusAnswer::NotApplied, fourth)
+            .await
+            .unwrap()
+    );
+    assert_eq!(view(&b, u).await.state, DeliveryState::Uncertain);
+    assert!(
+        b.reconcile(u, 2, StatusAnswer::Applied, fourth)
+            .await
+            .unwrap()
+    );
     let v = view(&b, u).await;
     assert_eq!(
         (v.state, v.note.as_deref()),
