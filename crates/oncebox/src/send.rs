@@ -18,10 +18,12 @@ pub struct SendArgs {
 }
 
 pub async fn run(settings: &Settings, args: SendArgs) -> Result<bool> {
-    let source = Source::new(args.source.as_str()).context("source name")?;
+    let source = Source::new(args.source.as_str())
+        .map_err(|e| crate::exit::usage(format!("source {:?}: {e}", args.source)))?;
     let Some(policy) = settings.gateway.source(&source) else {
         return Err(crate::exit::not_found(format!(
-            "no source {source:?} in the configuration"
+            "no source {:?} in the configuration",
+            source.as_str()
         )));
     };
     let now = SystemClock.now();
@@ -34,6 +36,11 @@ pub async fn run(settings: &Settings, args: SendArgs) -> Result<bool> {
         return Err(crate::exit::usage(format!(
             "--id {id:?}: an event id must be printable text without line breaks"
         )));
+    }
+    // The gateway's own rules (length, characters): refused here with the reason, as a usage
+    // error, rather than as the gateway's 400 after a round trip.
+    if let Err(e) = oncebox_core::EventId::new(id.clone()) {
+        return Err(crate::exit::usage(format!("--id {id:?}: {e}")));
     }
     let base = crate::client::gateway_base(args.url.as_deref(), settings)?;
     // The default body depends on the id alone, so sending the same id again is a duplicate

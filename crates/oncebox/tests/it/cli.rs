@@ -228,9 +228,12 @@ fn exit_codes_tell_scripts_what_happened() {
     assert_eq!(code(d, &["inspect", "shop", "evt_unknown"]), Some(3));
     assert_eq!(code(d, &["redeliver", "shop", "evt_unknown"]), Some(3));
     assert_eq!(code(d, &["deliveries", "retry", "999999"]), Some(3));
-    assert_eq!(
-        code(d, &["send", "nosuchsource", "--url", "http://127.0.0.1:9"]),
-        Some(3)
+    let unknown = oncebox(d, &["send", "nosuchsource", "--url", "http://127.0.0.1:9"]);
+    assert_eq!(unknown.status.code(), Some(3), "{}", text(&unknown));
+    assert!(
+        text(&unknown).contains("no source \"nosuchsource\""),
+        "named as written: {}",
+        text(&unknown)
     );
     assert_eq!(
         code(
@@ -256,6 +259,16 @@ fn exit_codes_tell_scripts_what_happened() {
     let bad_id = oncebox(d, &["send", "shop", "--id", "a\nb"]);
     assert_eq!(bad_id.status.code(), Some(2), "{}", text(&bad_id));
     assert!(text(&bad_id).contains("--id"), "{}", text(&bad_id));
+    // An id the gateway would refuse (too long) and a source name it cannot have: usage
+    // errors, named before anything is sent (nothing listens at port 9).
+    let long = "x".repeat(256);
+    for args in [
+        &["send", "shop", "--id", &long, "--url", "http://127.0.0.1:9"][..],
+        &["send", "Shop", "--url", "http://127.0.0.1:9"][..],
+    ] {
+        let out = oncebox(d, args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {}", text(&out));
+    }
     assert_eq!(
         code(d, &["--database", "mysql://localhost/x", "stats"]),
         Some(2)
