@@ -136,8 +136,9 @@ async fn refusal<S: EventStore + DeliveryStore>(
 #[derive(Debug, Deserialize)]
 pub(crate) struct ResolveBody {
     outcome: String,
+    /// Free text; absent and `null` both mean none.
     #[serde(default)]
-    note: String,
+    note: Option<String>,
 }
 
 pub(crate) async fn resolve<S: EventStore + DeliveryStore>(
@@ -165,7 +166,12 @@ pub(crate) async fn resolve<S: EventStore + DeliveryStore>(
     };
     match gw
         .store
-        .resolve(id, resolution, &body.note, gw.clock.now())
+        .resolve(
+            id,
+            resolution,
+            body.note.as_deref().unwrap_or(""),
+            gw.clock.now(),
+        )
         .await
     {
         Ok(true) => Json(json!({ "id": id, "state": body.outcome })).into_response(),

@@ -305,7 +305,9 @@ fn retry_and_resolve_tell_a_missing_delivery_from_a_refusing_state() {
     run(async {
         let (gw, id) = one_delivery().await;
         let resolve = r#"{"outcome":"dead"}"#;
-        for (action, body) in [("retry", ""), ("resolve", resolve)] {
+        // A note may be left out or `null`: both mean none, not a malformed request.
+        let null_note = r#"{"outcome":"dead","note":null}"#;
+        for (action, body) in [("retry", ""), ("resolve", resolve), ("resolve", null_note)] {
             let missing = gw
                 .send(admin_post(
                     &format!("/v1/deliveries/{}/{action}", id + 1),
