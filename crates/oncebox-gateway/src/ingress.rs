@@ -248,7 +248,7 @@ fn from_pointer(parsed: Option<&Value>, p: &Pointer) -> Option<Result<EventId, P
             None => {
                 return Some(Err(Problem::invalid(
                     "event-id-invalid",
-                    format!("{p} is not an integer"),
+                    format!("{p} is a number but not an integer of at most 64 bits"),
                 )));
             }
         },

@@ -115,7 +115,11 @@ fn id_at(doc: &Value, p: &Pointer) -> Result<EventId, Reason> {
         Some(Value::String(s)) => s.clone(),
         Some(Value::Number(n)) => n
             .to_i64()
-            .ok_or_else(|| Reason::EventIdInvalid(format!("{p} is not an integer")))?
+            .ok_or_else(|| {
+                Reason::EventIdInvalid(format!(
+                    "{p} is a number but not an integer of at most 64 bits"
+                ))
+            })?
             .to_string(),
         Some(_) => return Err(Reason::EventIdInvalid(format!("{p} is not a string"))),
     };
