@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use axum::body::Body;
+use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, Request, State};
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, StatusCode, header};
@@ -25,13 +26,28 @@ const NOT_KEPT: [&str; 3] = ["authorization", "cookie", "proxy-authorization"];
 
 pub(crate) async fn receive<S: EventStore>(
     State(gw): State<Arc<Gateway<S>>>,
-    Path(source): Path<String>,
+    source: Result<Path<String>, PathRejection>,
     request: Request,
 ) -> Response {
     // The headers are read in place: the `HeaderMap` extractor would copy them all.
     let (parts, body) = request.into_parts();
     let started = Instant::now();
-    let name = Source::new(source.as_str());
+    // A name whose percent-encoding is not UTF-8 names no source either: a 404 like any
+    // other unknown name, counted as such, not the router's 400.
+    let (source, name) = match source {
+        Ok(Path(source)) => {
+            let name = Source::new(source.as_str());
+            (source, name)
+        }
+        // Named as sent, still percent-encoded.
+        Err(_) => {
+            let raw = parts.uri.path().split('/').nth(3).unwrap_or_default();
+            (
+                raw.to_owned(),
+                Err(oncebox_core::InvalidKey::SourceCharacters),
+            )
+        }
+    };
     let answer = match &name {
         // Even zero-config, which opens every name, cannot open this one: say why.
         Err(e) => Answer::Problem(Problem::not_found(
