@@ -15,6 +15,9 @@ pub trait Leasing: Send + Sync + Sized + 'static {
     fn fresh() -> impl Future<Output = Self> + Send;
     /// The same storage through a new handle: a restarted process, or another node.
     fn restart(self) -> impl Future<Output = Self> + Send;
+    /// The same storage through a second handle while this one stays open: another process
+    /// or node.
+    fn another(&self) -> impl Future<Output = Self> + Send;
     fn begin(
         &self,
         event: &Event,
@@ -59,6 +62,13 @@ impl<B: Backend> Leasing for SqlLeases<B> {
         SqlLeases {
             backend: self.backend.reopen().await,
             clock: self.clock,
+        }
+    }
+
+    async fn another(&self) -> Self {
+        SqlLeases {
+            backend: self.backend.another().await,
+            clock: self.clock.clone(),
         }
     }
 
@@ -112,6 +122,7 @@ macro_rules! lease_conformance {
             a_lapsed_holder_parks_the_key_or_is_told_it_cannot,
             released_key_is_free_again_and_the_old_token_is_fenced,
             tokens_keep_growing_across_a_restart,
+            a_second_handle_takes_over_with_a_higher_token_and_fences_the_first,
             uncertain_key_is_neither_leased_nor_duplicate_until_resolved,
         );
     };

@@ -149,6 +149,9 @@ pub trait Backend: Clone + Send + Sync + Sized + 'static {
     fn fresh(clock: ManualClock) -> impl Future<Output = Self> + Send;
     /// Closes the store and opens the same storage again (an orderly restart).
     fn reopen(self) -> impl Future<Output = Self> + Send;
+    /// A second handle on the same storage while this one stays open: another process on the
+    /// same file, another node on the same database.
+    fn another(&self) -> impl Future<Output = Self> + Send;
     /// Delivers `event` in a process killed at `at`, and returns the store a new process opens
     /// on what the dead one left: the files as they were at that moment (SQLite), the
     /// server's state after the dead client's session is gone (PostgreSQL).

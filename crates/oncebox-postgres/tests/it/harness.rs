@@ -192,6 +192,10 @@ async fn observe(pool: &PgPool) -> Result<Observed, sqlx::Error> {
 }
 
 impl Backend for Postgres {
+    async fn another(&self) -> Postgres {
+        Postgres::open(self.schema.clone(), self.clock.clone()).await
+    }
+
     async fn fresh(clock: ManualClock) -> Postgres {
         Postgres::open(schema(), clock).await
     }

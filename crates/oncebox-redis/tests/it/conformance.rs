@@ -32,6 +32,15 @@ impl Leasing for RedisLeases {
         RedisLeases { ns, url, leases }
     }
 
+    async fn another(&self) -> Self {
+        let leases = self.ns.leases().await;
+        RedisLeases {
+            ns: self.ns.clone(),
+            url: self.url.clone(),
+            leases,
+        }
+    }
+
     async fn begin(&self, event: &Event, ttl: Duration) -> Result<Begun, ProcessError> {
         self.leases.begin(event, ttl).await
     }

@@ -152,6 +152,15 @@ fn observe(conn: &Connection) -> oncebox_sqlite::rusqlite::Result<Observed> {
 }
 
 impl Backend for Sqlite {
+    async fn another(&self) -> Sqlite {
+        Sqlite {
+            inbox: Inbox::open(Sqlite::options(&self.path, &self.clock)).expect("open"),
+            path: self.path.clone(),
+            clock: self.clock.clone(),
+            _dir: self._dir.clone(),
+        }
+    }
+
     async fn fresh(clock: ManualClock) -> Sqlite {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("oncebox.db");

@@ -111,6 +111,28 @@ pub async fn expired_lease_is_taken_over_and_old_holder_is_fenced<L: Leasing>() 
     assert_eq!(l.complete(&lone, &late).await, Err(LeaseError::Fenced));
 }
 
+/// Tokens come from the storage, not from one handle: a process (or node) taking over an
+/// expired lease through its own handle gets a higher token, and the first holder is fenced.
+pub async fn a_second_handle_takes_over_with_a_higher_token_and_fences_the_first<L: Leasing>() {
+    let one = L::fresh().await;
+    let two = one.another().await;
+    let e = event("welcome-4", 1);
+    let first = leased(one.begin(&e, TTL).await);
+    one.lapse(TTL).await;
+    let second = leased(two.begin(&e, TTL).await);
+    assert!(second.token > first.token, "{second:?} after {first:?}");
+    let late = Response::completed("late");
+    assert_eq!(one.complete(&first, &late).await, Err(LeaseError::Fenced));
+    // And the first handle counts on from the second's tokens.
+    let other = leased(one.begin(&event("welcome-5", 1), TTL).await);
+    assert!(other.token > second.token, "{other:?} after {second:?}");
+    two.complete(&second, &Response::completed("sent"))
+        .await
+        .unwrap();
+    let dup = one.begin(&e, TTL).await.unwrap();
+    assert_eq!(dup, Begun::Duplicate(Response::completed("sent")));
+}
+
 /// A holder whose lease ran out while nobody took over, parking the key because its call's
 /// outcome is unknown: either the key is parked (no redelivery repeats the call) or the holder
 /// is told `Fenced` (it must not assume the key is held) — never a silent `Ok` that parks nothing.
