@@ -144,9 +144,13 @@ pub(crate) fn loopback_host(headers: &HeaderMap) -> bool {
     let name = name.to_ascii_lowercase();
     name == "localhost"
         || name.ends_with(".localhost")
-        || name
-            .parse::<std::net::IpAddr>()
-            .is_ok_and(|ip| ip.is_loopback())
+        || name.parse::<std::net::IpAddr>().is_ok_and(|ip| match ip {
+            std::net::IpAddr::V4(v4) => v4.is_loopback(),
+            // `[::ffff:127.0.0.1]`, the IPv4 loopback spelt as IPv6, is loopback too.
+            std::net::IpAddr::V6(v6) => {
+                v6.is_loopback() || v6.to_ipv4_mapped().is_some_and(|v4| v4.is_loopback())
+            }
+        })
 }
 
 /// What a page request may see.

@@ -390,6 +390,7 @@ fn without_a_token_the_admin_api_answers_only_on_a_loopback_listener() {
             "localhost:8080",
             "127.0.0.1:8080",
             "[::1]:8080",
+            "[::ffff:127.0.0.1]:8080",
             "app.localhost",
         ] {
             let request = Request::get("/v1/stats")

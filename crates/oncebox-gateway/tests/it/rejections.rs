@@ -9,10 +9,18 @@ use oncebox_testkit::run;
 use crate::support::{TestGateway, admin_get, post};
 
 #[test]
-fn a_source_that_is_not_utf8_is_a_problem_and_stores_nothing() {
+fn a_path_segment_that_is_not_utf8_is_a_problem_and_stores_nothing() {
     run(async {
         let gw = TestGateway::new();
+        // As a source name, it names no source: the ingress answers it like any other.
         let a = gw.send(post("%FF", &[], r#"{"id":"e1"}"#)).await;
+        assert_eq!(
+            (a.status, a.slug().as_str()),
+            (StatusCode::NOT_FOUND, "unknown-source"),
+            "{a:?}"
+        );
+        // Elsewhere the framework refuses it, as a problem document.
+        let a = gw.send(admin_get("/v1/sources/open/events/%FF")).await;
         assert_eq!(
             (a.status, a.slug().as_str()),
             (StatusCode::BAD_REQUEST, "bad-request"),

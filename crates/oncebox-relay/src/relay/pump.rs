@@ -75,18 +75,26 @@ impl<S: DeliveryStore> Relay<S> {
     }
 
     /// Claims what is due on the open routes that have room (fewer claims held than their
-    /// concurrency), at most what the batch has room for.
+    /// concurrency): at most their room together, and what the batch has room for. One route
+    /// may still take the others' share of a claim; those wait for its permits, and while it
+    /// holds its concurrency it is left out of the next claims.
     async fn claim_with_room(&self, held: &HashMap<String, usize>) -> Vec<Claimed> {
         let total: usize = held.values().sum();
-        let room = self.options.batch.saturating_sub(total);
+        let mut room = 0usize;
         let routes: Vec<String> = self
             .open_routes()
             .into_iter()
             .filter(|name| {
-                let concurrency = self.routes.get(name).map_or(1, |l| l.route.concurrency);
-                held.get(name).copied().unwrap_or(0) < concurrency.max(1)
+                let concurrency = self
+                    .routes
+                    .get(name)
+                    .map_or(1, |l| l.route.concurrency.max(1));
+                let free = concurrency.saturating_sub(held.get(name).copied().unwrap_or(0));
+                room = room.saturating_add(free);
+                free > 0
             })
             .collect();
+        let room = room.min(self.options.batch.saturating_sub(total));
         if room == 0 || routes.is_empty() {
             return Vec::new();
         }
