@@ -100,15 +100,26 @@ fn a_shutdown_gives_back_the_claims_waiting_for_their_route() {
         let (slow, mut arrivals, slow_addr) = start_held().await;
         let mut one_at_a_time = route("slow", slow_addr, true);
         one_at_a_time.concurrency = 1;
-        let relay = Arc::new(w.relay(vec![one_at_a_time]));
-        for id in ["q1", "q2", "q3"] {
+        // A second route with room and nothing due: one claim takes the room of both, so two
+        // claims of the slow route wait for its one permit.
+        let mut idle = route("idle", crate::closed_port(), true);
+        idle.concurrency = 2;
+        let relay = Arc::new(w.relay(vec![one_at_a_time, idle]));
+        let sent = ["q1", "q2", "q3"];
+        for id in sent {
             w.accept(id, &["slow"]).await;
         }
         let (stop, task) = running(relay);
         arrivals.recv().await.expect("the first request arrives");
+        for id in sent {
+            assert_eq!(
+                w.delivery(id).await.state,
+                DeliveryState::InFlight,
+                "{id} claimed: two wait for the route"
+            );
+        }
         let _ = stop.send(());
-        // The two behind it are given back while the first is still being sent.
-        let sent = ["q1", "q2", "q3"];
+        // The two behind the first are given back while it is still being sent.
         // Wait for two of them to be pending again.
         for _ in 0..2_000 {
             let mut pending = 0;
