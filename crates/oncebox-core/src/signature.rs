@@ -314,10 +314,9 @@ impl Check<'_> {
     fn within_tolerance(&self, signed_at: Timestamp) -> Result<(), SignatureError> {
         // The signed times are whole seconds: `now` is cut to its second too, or a signature
         // exactly the tolerance old would fail by the milliseconds past it while one exactly
-        // the tolerance ahead passes. abs_diff of two i64 fits a u64: no overflow at i64::MIN
-        // or i64::MAX.
-        let now = self.now.0.saturating_sub(self.now.0.rem_euclid(1000));
-        let skew = u128::from(now.abs_diff(signed_at.0));
+        // the tolerance ahead passes. In i128: no overflow at i64::MIN or i64::MAX.
+        let now = i128::from(self.now.0).div_euclid(1000) * 1000;
+        let skew = (now - i128::from(signed_at.0)).unsigned_abs();
         if skew > self.tolerance.as_millis() {
             return Err(SignatureError::TimestampOutOfTolerance);
         }
