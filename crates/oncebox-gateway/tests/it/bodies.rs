@@ -107,6 +107,15 @@ fn any_other_body_past_its_small_limit_is_refused_as_it_streams() {
             assert_eq!(a.status, StatusCode::PAYLOAD_TOO_LARGE, "{path}: {a:?}");
             assert_eq!(a.slug(), "body-too-large", "{path}");
         }
+        // An event is held to its source's limit (1 MiB here), not to that one.
+        let padding = "x".repeat(200 << 10);
+        let event = format!(r#"{{"id":"big-1","padding":"{padding}"}}"#);
+        let mut raw = Raw::connect(s.addr).await;
+        raw.send(head("open", event.len(), "").as_bytes()).await;
+        raw.send(event.as_bytes()).await;
+        let a = raw.reply().await.answer();
+        assert_eq!(a.status, StatusCode::ACCEPTED, "{a:?}");
+        assert_eq!(s.gw.rows(), 1);
     });
 }
 
