@@ -246,7 +246,14 @@ fn relay_delivers_ingested_events_once_each_woken_by_notify() {
         let states: Vec<(DeliveryState, u32)> =
             listed.items.iter().map(|d| (d.state, d.attempts)).collect();
         assert_eq!(states, [(DeliveryState::Delivered, 1); 4]);
-        assert_eq!(*idle_waits.borrow(), 4, "one idle wait after each delivery");
+        // One idle wait after each delivery, and at most one more begun while it was in flight
+        // (the relay listens for new work while its sends run, so another route's event is
+        // claimed at once): woken each time, never spinning.
+        let waits = *idle_waits.borrow();
+        assert!(
+            (4..=8).contains(&waits),
+            "{waits} idle waits for 4 deliveries"
+        );
         drop((gateway, store));
         db.drop().await;
     });
