@@ -4,14 +4,16 @@
 //! ends, and a route whose claims fill its concurrency is not claimed for until one ends.
 
 use std::collections::HashMap;
+use std::pin::pin;
 use std::time::Duration;
 
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
+use oncebox_core::LeaseError;
 use oncebox_core::relay_store::{Claimed, DeliveryStore};
 use tokio::sync::watch;
 
-use super::{GAUGES_EVERY, Outcome, Relay};
+use super::{GAUGES_EVERY, Outcome, Relay, Step};
 
 impl<S: DeliveryStore> Relay<S> {
     pub(super) async fn deliver_until(&self, stopped: watch::Receiver<bool>) {
@@ -22,10 +24,16 @@ impl<S: DeliveryStore> Relay<S> {
         // A store that is told about new work starts listening before the first claim.
         self.store.wait_for_work(Duration::ZERO).await;
         loop {
-            let claimed = if *stopped.borrow() {
-                Vec::new()
+            let room = if *stopped.borrow() {
+                None
             } else {
-                self.claim_with_room(&held).await
+                self.room(&held)
+            };
+            let claimed = match room {
+                Some((routes, room)) => {
+                    beside(self.claim(routes, room), &mut sending, &mut held).await
+                }
+                None => Vec::new(),
             };
             // More may be due at once: look again without waiting.
             let pause = if claimed.is_empty() {
@@ -44,7 +52,7 @@ impl<S: DeliveryStore> Relay<S> {
             let now = self.clock.now();
             if now >= gauges_due {
                 gauges_due = now.plus(GAUGES_EVERY);
-                if let Err(e) = self.publish_gauges().await {
+                if let Err(e) = beside(self.publish_gauges(), &mut sending, &mut held).await {
                     tracing::debug!(error = %e, "gauges not published");
                 }
             }
@@ -62,23 +70,18 @@ impl<S: DeliveryStore> Relay<S> {
                 biased;
                 () = stopping => {}
                 Some((route, step)) = sending.next(), if !sending.is_empty() => {
-                    if let Some(n) = held.get_mut(&route) {
-                        *n = n.saturating_sub(1);
-                    }
-                    if let Err(e) = Outcome::default().add(step) {
-                        tracing::warn!(error = %e, "relay round failed");
-                    }
+                    settle(&mut held, &route, step);
                 }
                 () = self.store.wait_for_work(pause) => {}
             }
         }
     }
 
-    /// Claims what is due on the open routes that have room (fewer claims held than their
-    /// concurrency): at most their room together, and what the batch has room for. One route
-    /// may still take the others' share of a claim; those wait for its permits, and while it
-    /// holds its concurrency it is left out of the next claims.
-    async fn claim_with_room(&self, held: &HashMap<String, usize>) -> Vec<Claimed> {
+    /// The open routes that have room (fewer claims held than their concurrency), and how
+    /// many to claim for them: at most their room together, and what the batch has room for.
+    /// One route may still take the others' share of a claim; those wait for its permits, and
+    /// while it holds its concurrency it is left out of the next claims. `None`: no room.
+    fn room(&self, held: &HashMap<String, usize>) -> Option<(Vec<String>, usize)> {
         let total: usize = held.values().sum();
         let mut room = 0usize;
         let routes: Vec<String> = self
@@ -95,9 +98,12 @@ impl<S: DeliveryStore> Relay<S> {
             })
             .collect();
         let room = room.min(self.options.batch.saturating_sub(total));
-        if room == 0 || routes.is_empty() {
-            return Vec::new();
-        }
+        (room > 0 && !routes.is_empty()).then_some((routes, room))
+    }
+
+    /// Claims at most `room` of what is due on `routes`; a store error is logged and claims
+    /// nothing (the loop looks again after its pause).
+    async fn claim(&self, routes: Vec<String>, room: usize) -> Vec<Claimed> {
         let lease = self.options.lease;
         match self
             .store
@@ -110,5 +116,40 @@ impl<S: DeliveryStore> Relay<S> {
                 Vec::new()
             }
         }
+    }
+}
+
+/// What a send ends with: its route and its step.
+type Sent = (String, Result<Step, LeaseError>);
+
+/// Awaits `work` (a claim, the gauges) while the sends in flight go on. A send left unpolled
+/// would keep what it holds of the store, a pooled connection in mid-statement or its turn for
+/// one, until `work` ended, and `work` may be waiting for exactly that: on a pool smaller than
+/// the sends, the claim then waited out the store's whole deadline. Its answer would wait
+/// unread as well.
+async fn beside<T>(
+    work: impl Future<Output = T>,
+    sending: &mut FuturesUnordered<impl Future<Output = Sent>>,
+    held: &mut HashMap<String, usize>,
+) -> T {
+    let mut work = pin!(work);
+    loop {
+        tokio::select! {
+            biased;
+            out = &mut work => return out,
+            Some((route, step)) = sending.next(), if !sending.is_empty() => {
+                settle(held, &route, step);
+            }
+        }
+    }
+}
+
+/// Counts a send's end: its route has room again, and a store error is logged.
+fn settle(held: &mut HashMap<String, usize>, route: &str, step: Result<Step, LeaseError>) {
+    if let Some(n) = held.get_mut(route) {
+        *n = n.saturating_sub(1);
+    }
+    if let Err(e) = Outcome::default().add(step) {
+        tracing::warn!(error = %e, "relay round failed");
     }
 }
