@@ -98,7 +98,8 @@ impl Inbox {
         Ok(bounded)
     }
 
-    /// Deletes terminal records past their source's retention, a chunk per statement. `now` is
+    /// Deletes terminal records past their source's retention, with their finished deliveries
+    /// and their conflicts, a chunk per statement. `now` is
     /// taken no further than the boot's first purge plus the boot time since
     /// (`oncebox_core::purge_time`), so a wall clock jumping forward purges no record early.
     pub async fn purge(&self, now: Timestamp, retention: &Retention) -> Result<u64, crate::Error> {
@@ -122,15 +123,11 @@ impl Inbox {
                 .map(|r| r.0)
                 .collect();
             if !due.is_empty() {
-                // The state guard keeps a record that changed since the scan.
-                deleted += sqlx::query(
-                    "DELETE FROM oncebox_inbox WHERE id = ANY($1)
-                       AND state IN ('completed', 'rejected', 'stale')",
-                )
-                .bind(&due)
-                .execute(&self.pool)
-                .await?
-                .rows_affected();
+                let gone: i64 = sqlx::query_scalar(PURGE_RECORDS)
+                    .bind(&due)
+                    .fetch_one(&self.pool)
+                    .await?;
+                deleted += u64::try_from(gone).unwrap_or(0);
             }
             // Ids follow arrival, so once a whole chunk is younger than the shortest retention
             // nothing after it can be due.
@@ -142,6 +139,29 @@ impl Inbox {
         }
     }
 }
+
+/// Deletes the records of `$1` still terminal (the state guard keeps a record that changed
+/// since the scan) unless a delivery of their event is still owed (pending, in flight, retrying
+/// or uncertain): purged, a redelivery of the event would be a new event while the first one's
+/// delivery is still on its way. Their finished deliveries keyed `{source}:{event_id}` (the
+/// gateway's, see `Ingest::messages`) and their conflicts go in the same statement, so the
+/// key accepted again is delivered anew; a library message keeps its row, which guards its own
+/// key. Counts the records deleted.
+const PURGE_RECORDS: &str = "WITH gone AS (
+    DELETE FROM oncebox_inbox i WHERE i.id = ANY($1)
+      AND i.state IN ('completed', 'rejected', 'stale')
+      AND NOT EXISTS (SELECT 1 FROM oncebox_outbox o
+        WHERE o.source = i.source AND o.event_id = i.event_id
+          AND o.state NOT IN ('delivered', 'dead'))
+    RETURNING i.source, i.event_id),
+  deliveries AS (
+    DELETE FROM oncebox_outbox o USING gone g
+    WHERE o.source = g.source AND o.event_id = g.event_id
+      AND o.idempotency_key = g.source || ':' || g.event_id),
+  conflicts AS (
+    DELETE FROM oncebox_conflicts c USING gone g
+    WHERE c.source = g.source AND c.event_id = g.event_id)
+  SELECT count(*) FROM gone";
 
 fn unavailable(e: crate::Error) -> Unavailable {
     match e {

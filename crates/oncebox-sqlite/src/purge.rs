@@ -1,5 +1,6 @@
-//! Retention: deletes terminal inbox records older than their source's retention, a chunk per
-//! writer request so a large purge never stalls ingest.
+//! Retention: deletes terminal inbox records older than their source's retention, with their
+//! finished deliveries and their conflicts, a chunk per writer request so a large purge never
+//! stalls ingest.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -19,6 +20,24 @@ pub(crate) struct Chunk {
     pub next: Option<i64>,
 }
 
+/// An inbox row as the scan reads it.
+struct Row {
+    id: i64,
+    source: String,
+    event_id: String,
+    state: String,
+    completed_at: Option<i64>,
+    received_at: i64,
+}
+
+/// Deletes one record unless a delivery of its event is still owed (pending, in flight,
+/// retrying or uncertain): purged, a redelivery of the event would be a new event while the
+/// first one's delivery is still on its way. Its finished deliveries go with it.
+const DELETE_RECORD: &str = "DELETE FROM oncebox_inbox WHERE id = ?1 AND NOT EXISTS (
+    SELECT 1 FROM oncebox_outbox o
+    WHERE o.source = oncebox_inbox.source AND o.event_id = oncebox_inbox.event_id
+      AND o.state <> 'delivered' AND o.state <> 'dead')";
+
 /// Scans records in arrival (id) order after `after`. Only `completed`, `rejected` and `stale`
 /// records are ever deleted: a `processing` or `uncertain` key is still owed an outcome.
 pub(crate) fn chunk(
@@ -27,32 +46,53 @@ pub(crate) fn chunk(
     now: Timestamp,
     retention: &Retention,
 ) -> Result<Result<Chunk, crate::Error>, Fatal> {
-    let rows: Vec<(i64, String, String, Option<i64>, i64)> = cx
+    let rows: Vec<Row> = cx
         .conn
         .prepare_cached(
-            "SELECT id, source, state, completed_at, received_at FROM oncebox_inbox
+            "SELECT id, source, event_id, state, completed_at, received_at FROM oncebox_inbox
              WHERE id > ?1 ORDER BY id LIMIT ?2",
         )?
         .query_map(params![after, CHUNK], |r| {
-            Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
+            Ok(Row {
+                id: r.get(0)?,
+                source: r.get(1)?,
+                event_id: r.get(2)?,
+                state: r.get(3)?,
+                completed_at: r.get(4)?,
+                received_at: r.get(5)?,
+            })
         })?
         .collect::<Result<_, _>>()?;
     let youngest_cutoff = now.minus(retention.shortest()).millis();
     let mut deleted = 0;
     let mut all_young = true;
-    let mut delete = cx
+    let mut delete = cx.conn.prepare_cached(DELETE_RECORD)?;
+    let mut deliveries = cx.conn.prepare_cached(
+        "DELETE FROM oncebox_outbox
+         WHERE source = ?1 AND event_id = ?2 AND idempotency_key = ?3",
+    )?;
+    let mut conflicts = cx
         .conn
-        .prepare_cached("DELETE FROM oncebox_inbox WHERE id = ?1")?;
-    for (id, source, state, completed_at, received_at) in &rows {
-        all_young &= *received_at >= youngest_cutoff;
-        if retention.purgeable(source, state, completed_at.map(Timestamp), now) {
-            deleted += delete.execute([id])? as u64;
+        .prepare_cached("DELETE FROM oncebox_conflicts WHERE source = ?1 AND event_id = ?2")?;
+    for r in &rows {
+        all_young &= r.received_at >= youngest_cutoff;
+        let completed_at = r.completed_at.map(Timestamp);
+        if retention.purgeable(&r.source, &r.state, completed_at, now)
+            && delete.execute([r.id])? == 1
+        {
+            deleted += 1;
+            // The gateway's deliveries of the event (keyed `{source}:{event_id}`, see
+            // `Ingest::messages`) go with it, so the key accepted again is delivered anew;
+            // a library message keeps its row, which guards its own key.
+            let key = format!("{}:{}", r.source, r.event_id);
+            deliveries.execute(params![r.source, r.event_id, key])?;
+            conflicts.execute(params![r.source, r.event_id])?;
         }
     }
     // Ids follow arrival, so once a whole chunk is younger than the shortest retention nothing
     // after it can be due. A backwards clock jump can only make this stop early: purging less.
     let done = rows.len() < CHUNK as usize || all_young;
-    let next = if done { None } else { rows.last().map(|r| r.0) };
+    let next = if done { None } else { rows.last().map(|r| r.id) };
     Ok(Ok(Chunk { deleted, next }))
 }
 

@@ -1,11 +1,12 @@
 //! The delivery conformance suite (DESIGN §2 delivery states, §6 relay), written once and run
 //! against each backend through [`DeliveryBackend`] and `delivery_conformance!`: ingest here,
 //! claims and verdicts in `relay/claim.rs`, operators' actions in `relay/operator.rs`, the
-//! relay's own settlements in `relay/settle.rs`.
+//! relay's own settlements in `relay/settle.rs`, retention in `relay/purge.rs`.
 
 mod claim;
 mod holding;
 mod operator;
+mod purge;
 mod settle;
 
 use std::future::Future;
@@ -21,6 +22,7 @@ use oncebox_core::{Clock, Key, ManualClock, Meta, Processed, Timestamp};
 pub use claim::*;
 pub use holding::Holding;
 pub use operator::*;
+pub use purge::*;
 pub use settle::*;
 
 use crate::{EPOCH, event};
@@ -227,6 +229,8 @@ macro_rules! delivery_conformance {
             gauges_count_by_state_and_report_the_oldest_owed_delivery,
             unclaim_gives_a_claim_back_due_now_without_an_attempt_and_only_to_its_holder,
             reconcile_settles_only_an_uncertain_delivery_and_puts_off_an_unanswered_check,
+            a_key_accepted_again_after_its_purge_is_delivered_anew,
+            a_record_whose_delivery_is_still_owed_outlives_its_retention,
         );
     };
     (@tests $backend:ty; $($name:ident),* $(,)?) => {

@@ -1,0 +1,138 @@
+//! Delivery conformance tests of retention: a record goes with its finished deliveries, so a
+//! key accepted again after its purge is a new event delivered anew; a record whose delivery is
+//! still owed outlives its retention.
+
+use std::time::Duration;
+
+use oncebox_core::delivery::{DeliveryState, Verdict};
+use oncebox_core::relay_store::DeliveryStore;
+use oncebox_core::store::{ConflictFilter, EventStore, Ingest};
+use oncebox_core::{Clock, Meta, Processed, Retention};
+
+use super::{CONTENT_TYPE, DeliveryBackend, answered, claim, failed, fresh, ingest, key, of_event};
+use crate::event;
+
+const DAY: Duration = Duration::from_secs(24 * 3600);
+
+/// `evt-1` routed to `a` and `b`, its payload carrying `amount`.
+fn evt_1(amount: i64) -> Ingest {
+    Ingest {
+        event: event("shop", "evt-1", amount).with_meta(Meta::new(Some(CONTENT_TYPE.into()))),
+        ..ingest("evt-1", &["a", "b"], None)
+    }
+}
+
+pub async fn a_key_accepted_again_after_its_purge_is_delivered_anew<B: DeliveryBackend>() {
+    let (b, clock) = fresh::<B>().await;
+    let retention = Retention::new(DAY);
+    let first = b.ingest(evt_1(1)).await;
+    assert!(matches!(first, Ok(Processed::Applied(_))), "{first:?}");
+    // A conflicting payload while the record is kept: refused and recorded for operators.
+    let conflict = b.ingest(evt_1(9)).await;
+    assert!(conflict.is_err(), "{conflict:?}");
+    let conflicts = ConflictFilter {
+        key: Some(key("evt-1")),
+        after: None,
+        limit: 10,
+    };
+    assert_eq!(
+        b.conflicts(conflicts.clone())
+            .await
+            .expect("conflicts")
+            .items
+            .len(),
+        1
+    );
+    // Both deliveries end: one delivered, one given up on.
+    let claimed = claim(&b, clock.now(), 10).await;
+    assert_eq!(claimed.len(), 2);
+    let verdicts = [Verdict::Delivered, Verdict::Dead("410 Gone".into())];
+    for (c, verdict) in claimed.iter().zip(verdicts) {
+        let attempt = answered(200, clock.now());
+        b.record(c, attempt, verdict, clock.now())
+            .await
+            .expect("record");
+    }
+    clock.advance(DAY + Duration::from_secs(1));
+    assert_eq!(b.purge(clock.now(), &retention).await.expect("purge"), 1);
+    assert!(
+        of_event(&b, "evt-1").await.is_empty(),
+        "its deliveries went with it"
+    );
+    let left = b.conflicts(conflicts).await.expect("conflicts").items;
+    assert!(left.is_empty(), "its conflicts went with it: {left:?}");
+    // The key again, with another payload: a new event (docs/guarantees.md), delivered anew to
+    // every route with what it carries now, not dropped against the old deliveries.
+    let again = b.ingest(evt_1(2)).await;
+    assert!(matches!(again, Ok(Processed::Applied(_))), "{again:?}");
+    let ds = of_event(&b, "evt-1").await;
+    let states: Vec<(&str, DeliveryState, u32)> = ds
+        .iter()
+        .map(|d| (d.route.as_str(), d.state, d.attempts))
+        .collect();
+    assert_eq!(
+        states,
+        [
+            ("a", DeliveryState::Pending, 0),
+            ("b", DeliveryState::Pending, 0)
+        ]
+    );
+    for d in &ds {
+        assert!(
+            b.attempts(d.id).await.expect("attempts").is_empty(),
+            "{d:?}"
+        );
+    }
+    let claimed = claim(&b, clock.now(), 10).await;
+    assert_eq!(claimed.len(), 2);
+    for c in &claimed {
+        assert_eq!(c.payload, event("shop", "evt-1", 2).payload);
+        assert_eq!(c.idempotency_key, "shop:evt-1");
+    }
+}
+
+pub async fn a_record_whose_delivery_is_still_owed_outlives_its_retention<B: DeliveryBackend>() {
+    let (b, clock) = fresh::<B>().await;
+    let retention = Retention::new(DAY);
+    assert!(matches!(
+        b.ingest(evt_1(1)).await,
+        Ok(Processed::Applied(_))
+    ));
+    let claimed = claim(&b, clock.now(), 10).await;
+    assert_eq!(claimed.len(), 2);
+    let (a, other) = (&claimed[0], &claimed[1]);
+    b.record(
+        a,
+        answered(200, clock.now()),
+        Verdict::Delivered,
+        clock.now(),
+    )
+    .await
+    .expect("record");
+    let attempt = failed("connection refused", clock.now());
+    let wait = Verdict::Retry(DAY * 2);
+    b.record(other, attempt, wait, clock.now())
+        .await
+        .expect("record");
+    clock.advance(DAY + Duration::from_secs(1));
+    // Purged now, a redelivery of the event would be taken as new while its first delivery
+    // is still on its way.
+    assert_eq!(b.purge(clock.now(), &retention).await.expect("purge"), 0);
+    let redelivered = b.ingest(evt_1(1)).await.expect("ingest");
+    assert!(redelivered.is_duplicate(), "{redelivered:?}");
+    assert_eq!(of_event(&b, "evt-1").await.len(), 2);
+    // Once that delivery ends too, the record goes at the next purge.
+    clock.advance(DAY * 2);
+    let retried = claim(&b, clock.now(), 10).await;
+    assert_eq!(retried.len(), 1);
+    b.record(
+        &retried[0],
+        answered(200, clock.now()),
+        Verdict::Delivered,
+        clock.now(),
+    )
+    .await
+    .expect("record");
+    assert_eq!(b.purge(clock.now(), &retention).await.expect("purge"), 1);
+    assert!(of_event(&b, "evt-1").await.is_empty());
+}
