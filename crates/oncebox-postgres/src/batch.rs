@@ -191,7 +191,9 @@ async fn batch(pool: &PgPool, options: &Options, jobs: &[Job]) -> Result<Vec<Ans
         .map(|i| ev(*i).meta.header_lines().map(str::to_owned))
         .collect();
 
-    let mut tx = pool.begin().await.map_err(|e| storage(&e))?;
+    let mut tx = crate::inbox::begin(pool, options.deadline)
+        .await
+        .map_err(|e| storage(&e))?;
     crate::crash::point!("after-begin");
     // Read after a connection was had (which may wait): the stamp is as close to the commit as
     // the clock can know.

@@ -61,6 +61,21 @@ pub(crate) fn connect_options(options: &Options) -> Result<PgConnectOptions, Ope
     Ok(connect)
 }
 
+/// Begins a transaction whose every wait for a lock ends after `deadline` with `55P03`
+/// (`Busy`), in the same round trip as the `BEGIN`. A row held by a transaction that never
+/// ends (another node's host frozen with it open: the server keeps the session until TCP gives
+/// up, hours later) would otherwise hold the waiter, its pooled connection and, for a batch,
+/// its worker and every later batch on it, long after its caller was answered.
+pub(crate) async fn begin(
+    pool: &PgPool,
+    deadline: Duration,
+) -> Result<sqlx::Transaction<'static, sqlx::Postgres>, sqlx::Error> {
+    // 0 would mean no limit.
+    let ms = deadline.as_millis().clamp(1, i32::MAX as u128);
+    pool.begin_with(format!("BEGIN; SET LOCAL lock_timeout = {ms}"))
+        .await
+}
+
 impl Inbox {
     /// Connects, creates the schema if asked for one, migrates (safe when several nodes start at
     /// once) and starts the batch workers. Must run inside a Tokio runtime.
@@ -129,7 +144,9 @@ impl Inbox {
     {
         let mut handler: Option<Handler> = Some(Box::new(handler));
         for _ in 0..CLAIM_ATTEMPTS {
-            let mut tx = self.pool.begin().await.map_err(|e| storage(&e))?;
+            let mut tx = begin(&self.pool, self.deadline)
+                .await
+                .map_err(|e| storage(&e))?;
             crate::crash::point!("after-begin");
             let now = self.clock.now();
             match claim(&mut tx, &event, now.millis(), None)
@@ -202,7 +219,9 @@ impl Inbox {
     /// Takes a fenced lease on the key for an effect outside the database.
     pub async fn begin(&self, event: Event, ttl: Duration) -> Result<Begun, ProcessError> {
         for _ in 0..CLAIM_ATTEMPTS {
-            let mut tx = self.pool.begin().await.map_err(|e| storage(&e))?;
+            let mut tx = begin(&self.pool, self.deadline)
+                .await
+                .map_err(|e| storage(&e))?;
             let now = self.clock.now();
             let expires_at = now.plus(ttl);
             let token: i64 = sqlx::query_scalar("SELECT nextval('oncebox_fence')")

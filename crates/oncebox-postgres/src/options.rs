@@ -15,8 +15,11 @@ pub struct Options {
     pub schema: Option<String>,
     /// Connections in the pool. Batches, handlers and reads share them.
     pub max_connections: u32,
-    /// How long a request waits for a connection, and the longest wait for the batch queue,
-    /// before answering `Unavailable` instead of hanging while the database is away.
+    /// How long a request waits for a connection, the longest wait for the batch queue, and
+    /// the longest wait of oncebox's transactions (a handler's too) for a lock another
+    /// transaction holds, before answering `Unavailable` instead of hanging while the database,
+    /// or another node's transaction, is away. A handler that must wait longer for a lock sets
+    /// its own `SET LOCAL lock_timeout`.
     pub deadline: Duration,
     /// Batches in flight at once: several overlap their round trips and commits.
     pub batch_workers: usize,

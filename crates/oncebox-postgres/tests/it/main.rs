@@ -8,6 +8,7 @@ mod deliveries;
 mod faults;
 mod harness;
 mod ingest;
+mod lock_wait;
 mod pool;
 mod relay;
 mod wake;
