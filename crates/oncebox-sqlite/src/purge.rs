@@ -92,7 +92,11 @@ pub(crate) fn chunk(
     // Ids follow arrival, so once a whole chunk is younger than the shortest retention nothing
     // after it can be due. A backwards clock jump can only make this stop early: purging less.
     let done = rows.len() < CHUNK as usize || all_young;
-    let next = if done { None } else { rows.last().map(|r| r.id) };
+    let next = if done {
+        None
+    } else {
+        rows.last().map(|r| r.id)
+    };
     Ok(Ok(Chunk { deleted, next }))
 }
 
