@@ -8,7 +8,7 @@ use std::time::Duration;
 use oncebox_core::json::{Pointer, Value};
 use oncebox_core::signature::{Scheme, Secret};
 use oncebox_core::store::{Order, OrderFieldInvalid};
-use oncebox_core::{FingerprintMode, Source};
+use oncebox_core::{EventId, FingerprintMode, Source};
 
 /// Where a source's event id comes from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -45,7 +45,16 @@ impl OrderGuard {
             expected,
         };
         let entity = match entity {
-            Value::String(s) => s.clone(),
+            // Held to an event id's rules: a NUL or a few kilobytes is refused here, as a bad
+            // request, rather than by the storage (PostgreSQL refuses both, as an error no
+            // retry gets past), and the entity key stays a short, printable one.
+            Value::String(s) if EventId::new(s.as_str()).is_ok() => s.clone(),
+            Value::String(_) => {
+                return Err(invalid(
+                    &self.entity,
+                    "a string of 1 to 255 bytes, not blank, without control characters",
+                ));
+            }
             Value::Number(n) => n.to_string(),
             _ => return Err(invalid(&self.entity, "a string")),
         };

@@ -126,6 +126,20 @@ fn older_entity_version_is_202_stale_and_replayed_as_such() {
             (bad.status, bad.slug().as_str()),
             (StatusCode::BAD_REQUEST, "order-field-invalid")
         );
+        // An entity no key can hold: a NUL, or longer than an event id may be.
+        let long = "p".repeat(256);
+        for entity in ["pi\\u0000x", long.as_str(), " "] {
+            let body = format!(
+                r#"{{"id":"e-{}","created":1,"data":{{"object":{{"id":"{entity}"}}}}}}"#,
+                entity.len()
+            );
+            let refused = gw.send(post("ordered", &[], body)).await;
+            assert_eq!(
+                (refused.status, refused.slug().as_str()),
+                (StatusCode::BAD_REQUEST, "order-field-invalid"),
+                "{entity:?}: {refused:?}"
+            );
+        }
     });
 }
 
