@@ -91,3 +91,16 @@ pub(crate) fn commit_failed(e: &sqlx::Error) -> Unavailable {
         _ => Unavailable::CommitUnknown(e.to_string()),
     }
 }
+
+/// A handler's `COMMIT` that failed. The server refusing it for what the transaction wrote (a
+/// deferred constraint of the handler's tables, a deferred trigger's error: not a transient
+/// code) rolled it back for certain: that is the handler's failure, and the key stays free.
+/// Told as unavailability, a consumer would hold the message for ever, retrying.
+pub(crate) fn handler_commit_failed(e: sqlx::Error) -> oncebox_core::ProcessError {
+    match &e {
+        sqlx::Error::Database(_) if unavailable(&e).is_none() => {
+            oncebox_core::ProcessError::Handler(Box::new(e))
+        }
+        _ => oncebox_core::ProcessError::Unavailable(commit_failed(&e)),
+    }
+}

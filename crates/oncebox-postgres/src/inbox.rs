@@ -18,7 +18,7 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
 use crate::batch::Batcher;
 use crate::claim::{Claim, claim, finish};
-use crate::error::{OpenError, commit_failed, storage, unavailable};
+use crate::error::{OpenError, commit_failed, handler_commit_failed, storage, unavailable};
 use crate::options::Options;
 use crate::tx::{HandlerError, Tx};
 use crate::{OUTBOX_CHANNEL, schema};
@@ -211,7 +211,7 @@ impl Inbox {
             notify(&mut tx.tx).await.map_err(|e| storage(&e))?;
         }
         crate::crash::point!("before-commit");
-        tx.tx.commit().await.map_err(|e| commit_failed(&e))?;
+        tx.tx.commit().await.map_err(handler_commit_failed)?;
         crate::crash::point!("after-commit");
         Ok(answer)
     }

@@ -1,7 +1,9 @@
-//! Faults on a real server: a session killed in the middle of a handler's transaction.
+//! Faults on a real server: a session killed in the middle of a handler's transaction, a
+//! `COMMIT` refused for what the handler wrote.
 
+use futures::future::BoxFuture;
 use oncebox_core::{ManualClock, ProcessError, Processed, Response};
-use oncebox_postgres::sqlx;
+use oncebox_postgres::{HandlerError, Tx, sqlx};
 use oncebox_testkit::{EPOCH, event};
 
 use crate::harness::{Postgres, schema, url};
@@ -74,4 +76,52 @@ fn a_session_killed_mid_transaction_answers_unavailable_and_the_retry_applies_on
             .expect("balance");
         assert_eq!(balance, 7);
     });
+}
+
+/// A handler's table with a deferred constraint: the violation surfaces at `COMMIT`, which
+/// PostgreSQL then rolls back for certain. That is the handler's failure, to be told as such
+/// (a consumer would otherwise hold the message for ever as "storage unavailable, retry"), and
+/// it leaves the key free, with nothing of the handler kept.
+#[test]
+fn a_deferred_constraint_refused_at_commit_fails_the_handler_and_leaves_the_key_free() {
+    if url().is_none() {
+        return;
+    }
+    oncebox_testkit::run(async {
+        let pg = Postgres::open(schema(), ManualClock::new(EPOCH)).await;
+        sqlx::query("CREATE TABLE test_refs (n INTEGER UNIQUE DEFERRABLE INITIALLY DEFERRED)")
+            .execute(pg.inbox.pool())
+            .await
+            .expect("table");
+        let refused = pg
+            .inbox
+            .process(event("shop", "d", 1), |tx| inserts(tx, 2))
+            .await;
+        let Err(ProcessError::Handler(why)) = &refused else {
+            panic!("the handler's own failure, not unavailability: {refused:?}");
+        };
+        assert!(why.to_string().contains("test_refs"), "{why}");
+        let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM oncebox_inbox")
+            .fetch_one(pg.inbox.pool())
+            .await
+            .expect("count");
+        assert_eq!(rows, 0, "the key is free");
+        let applied = pg
+            .inbox
+            .process(event("shop", "d", 1), |tx| inserts(tx, 1))
+            .await;
+        assert!(matches!(applied, Ok(Processed::Applied(_))), "{applied:?}");
+    });
+}
+
+/// Inserts the same value into `test_refs` `times` times.
+fn inserts(tx: &mut Tx, times: usize) -> BoxFuture<'_, Result<Response, HandlerError>> {
+    Box::pin(async move {
+        for _ in 0..times {
+            sqlx::query("INSERT INTO test_refs (n) VALUES (1)")
+                .execute(tx.conn())
+                .await?;
+        }
+        Ok(Response::completed("ok"))
+    })
 }
