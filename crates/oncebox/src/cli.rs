@@ -67,8 +67,9 @@ Examples:
         #[arg(long)]
         no_relay: bool,
     },
-    /// Read the configured [consumers] from RabbitMQ and NATS JetStream into the store: each
-    /// message stored once and acknowledged after the commit; poison goes to the quarantine.
+    /// Read the configured [consumers] from RabbitMQ and NATS JetStream into the store (which
+    /// `serve` or `migrate` creates): each message stored once and acknowledged after the
+    /// commit; poison goes to the quarantine.
     #[command(after_help = "\
 Examples:
   oncebox consume --amqp amqp://guest:guest@127.0.0.1:5672/%2f
@@ -84,6 +85,7 @@ Examples:
     /// Run the relay alone: deliver accepted events to the configured routes.
     #[command(after_help = "\
 Examples:
+  oncebox migrate                                  # relay creates no database
   oncebox serve --no-relay & oncebox relay         # gateway and relay as two processes
   oncebox relay --database postgres://oncebox@db/oncebox")]
     Relay,

@@ -65,28 +65,41 @@ pub async fn run(settings: Settings, amqp: Option<String>, nats: Option<String>)
         bail!("give --amqp URL and/or --nats URL (or ONCEBOX_AMQP_URL / ONCEBOX_NATS_URL)");
     }
     let shutdown = crate::serve::shutdown_signal();
-    let store = Store::open(&settings.database).await?;
+    // Which consumers run is settled before the store opens: with none, no database is touched.
+    let mut runs = Vec::new();
+    for spec in settings.consumers {
+        let url = match &spec.broker {
+            Broker::Amqp { .. } => amqp.clone(),
+            Broker::Nats { .. } => nats.clone(),
+        };
+        match url {
+            Some(url) => runs.push((spec, url)),
+            None => tracing::warn!(consumer = %spec.name, "skipped: no URL given for its broker"),
+        }
+    }
+    if runs.is_empty() {
+        bail!("no [consumers] to run with the brokers given");
+    }
+    // Not created: started in another directory, or on a mistyped path, the consumers would
+    // acknowledge messages into a database that no gateway or relay reads.
+    let store = Store::open_existing(&settings.database).await?;
     let config = Arc::new(settings.gateway);
     let (stop, stopped) = watch::channel(false);
     let mut tasks = tokio::task::JoinSet::new();
-    for spec in settings.consumers {
+    for (spec, url) in runs {
         let apply = Ingesting {
             store: store.clone(),
             config: config.clone(),
         };
         let stopped = stopped.clone();
-        match (&spec.broker, &amqp, &nats) {
-            (Broker::Amqp { .. }, Some(url), _) => {
-                tasks.spawn(amqp_forever(spec, url.clone(), apply, stopped));
+        match &spec.broker {
+            Broker::Amqp { .. } => {
+                tasks.spawn(amqp_forever(spec, url, apply, stopped));
             }
-            (Broker::Nats { .. }, _, Some(url)) => {
-                tasks.spawn(nats_forever(spec, url.clone(), apply, stopped));
+            Broker::Nats { .. } => {
+                tasks.spawn(nats_forever(spec, url, apply, stopped));
             }
-            _ => tracing::warn!(consumer = %spec.name, "skipped: no URL given for its broker"),
         }
-    }
-    if tasks.is_empty() {
-        bail!("no [consumers] to run with the brokers given");
     }
     tracing::info!(consumers = tasks.len(), "consuming");
     shutdown.await;

@@ -66,10 +66,14 @@ pub async fn run(settings: &Settings, args: SendArgs) -> Result<bool> {
             request = request.header(name, value);
         }
     }
+    // `--url` may carry credentials (`http://user:token@host/`): the message names the URL
+    // redacted, and the client's error, which repeats it with any secret-named query
+    // parameter, goes without it.
     let response = request
         .send()
         .await
-        .with_context(|| format!("POST {url}"))?;
+        .map_err(reqwest::Error::without_url)
+        .with_context(|| format!("POST {}", crate::config::redact_url(&url)))?;
     let status = response.status();
     let replayed = response.headers().get("idempotent-replayed").is_some();
     let text = response.text().await.unwrap_or_default();

@@ -81,11 +81,14 @@ pub async fn run(settings: Settings, with_relay: bool) -> Result<()> {
 /// `oncebox relay`: the relay alone, for deployments that run it apart from the gateway.
 pub async fn relay_only(settings: Settings) -> Result<()> {
     let shutdown = shutdown_signal();
-    let inbox = Store::open(&settings.database).await?;
     let routes = settings.gateway.routes;
+    // Before the store opens: a relay with nothing to deliver touches no database.
     if routes.is_empty() {
-        anyhow::bail!("no [routes] configured: nothing to deliver");
+        bail!("no [routes] configured: nothing to deliver");
     }
+    // Not created: started in another directory, or on a mistyped path, the relay would poll
+    // an empty database of its own while the gateway's deliveries wait.
+    let inbox = Store::open_existing(&settings.database).await?;
     tracing::info!(routes = routes.len(), database = %describe(&settings.database), "relay running");
     let relay = Relay::new(inbox, routes, Arc::new(SystemClock), settings.relay);
     relay.run(shutdown).await;

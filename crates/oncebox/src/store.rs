@@ -19,6 +19,11 @@ use oncebox_core::{
 
 use crate::config::Storage;
 
+mod url;
+
+use url::sqlite_path;
+pub use url::{describe, is_postgres, is_supported, sqlite_file};
+
 /// One of the backends.
 #[derive(Clone, Debug)]
 pub enum Store {
@@ -68,12 +73,21 @@ impl Store {
                 .with_context(|| format!("opening {}", describe(database)))?;
             return Ok(Store::Postgres(inbox));
         }
-        let Some(path) = sqlite_path(database) else {
-            // Validation refuses such a URL first; this stays for callers that skip it.
-            return Err(crate::exit::usage(format!(
-                "database {}: use sqlite://PATH or postgres://…",
-                crate::config::redact_url(database)
-            )));
+        let path = match sqlite_file(database) {
+            Some(Ok(path)) => path,
+            // Validation refuses these first; the checks stay for callers that skip it.
+            Some(Err(why)) => {
+                return Err(crate::exit::usage(format!(
+                    "database {:?} {why}",
+                    crate::config::redact_url(database)
+                )));
+            }
+            None => {
+                return Err(crate::exit::usage(format!(
+                    "database {}: use sqlite://PATH or postgres://…",
+                    crate::config::redact_url(database)
+                )));
+            }
         };
         let mut options = oncebox_sqlite::Options::new(path);
         if let Some(keys) = storage.recent_answers {
@@ -93,41 +107,6 @@ impl Store {
             Store::Sqlite(s) => s.record(key).await?,
             Store::Postgres(s) => s.record(key).await?,
         })
-    }
-}
-
-/// The file a SQLite database URL names (`sqlite://PATH` or a bare path); `None` for any URL
-/// with another scheme.
-fn sqlite_path(database: &str) -> Option<&str> {
-    database
-        .strip_prefix("sqlite://")
-        .or((!database.contains("://")).then_some(database))
-}
-
-/// Whether a database URL names PostgreSQL (`postgres://…` or `postgresql://…`); anything
-/// else is SQLite, or refused for its unknown scheme.
-pub fn is_postgres(database: &str) -> bool {
-    database.starts_with("postgres://") || database.starts_with("postgresql://")
-}
-
-/// Whether a store can be opened on the URL: SQLite (`sqlite://PATH` or a bare path) or
-/// PostgreSQL. Configuration validation refuses any other before a command runs.
-pub fn is_supported(database: &str) -> bool {
-    is_postgres(database) || sqlite_path(database).is_some()
-}
-
-/// The database a URL names, for messages: a PostgreSQL URL without its user info and without
-/// any password in its query; any URL that is not SQLite's only through `redact_url`.
-pub fn describe(database: &str) -> String {
-    if is_postgres(database) {
-        return format!("PostgreSQL {}", crate::config::host_and_path(database));
-    }
-    match sqlite_path(database) {
-        Some(path) => format!("SQLite {path}"),
-        None => format!(
-            "unsupported database {}",
-            crate::config::redact_url(database)
-        ),
     }
 }
 
@@ -297,51 +276,5 @@ mod tests {
             });
             Ok(())
         });
-    }
-
-    /// One test of the URL's scheme decides which store opens, which one a message names
-    /// (without the password) and whether `[storage]` warns.
-    #[test]
-    fn postgres_is_told_by_its_two_schemes() {
-        for url in [
-            "postgres://u:secret@db:5432/x",
-            "postgresql://u:secret@db/x",
-            "postgres://db/x?user=u&password=secret",
-        ] {
-            assert!(super::is_postgres(url), "{url}");
-            let said = super::describe(url);
-            assert!(
-                said.starts_with("PostgreSQL db") && !said.contains("secret"),
-                "{said}"
-            );
-        }
-        // A password pasted without percent-encoding is not shown either.
-        for url in [
-            "postgres://app:ab/s3cr3t@db/x",
-            "postgres://app:ab?s3cr3t@db/x",
-            "postgres://app:ab#s3cr3t@db/x",
-        ] {
-            assert_eq!(super::describe(url), "PostgreSQL db/x", "{url}");
-        }
-        for url in ["sqlite://postgres.db", "postgres.db"] {
-            assert!(!super::is_postgres(url), "{url}");
-            assert!(super::describe(url).starts_with("SQLite "), "{url}");
-        }
-        // Neither store's: named as such, through `redact_url`.
-        for url in [
-            "postgresx://u:secret@h/x",
-            "./postgres://x",
-            "mysql://secret@h/x",
-        ] {
-            assert!(
-                !super::is_postgres(url) && !super::is_supported(url),
-                "{url}"
-            );
-            let said = super::describe(url);
-            assert!(
-                said.starts_with("unsupported database") && !said.contains("secret"),
-                "{said}"
-            );
-        }
     }
 }

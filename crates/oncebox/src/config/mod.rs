@@ -35,6 +35,8 @@ pub use storage::Storage;
 
 const DEFAULT_LISTEN: SocketAddr = SocketAddr::new(std::net::IpAddr::V4(Ipv4Addr::LOCALHOST), 8080);
 const DEFAULT_DATABASE: &str = "sqlite://oncebox.db";
+/// The shortest `relay.poll`: an idle relay's wait between looks for work.
+const MIN_RELAY_POLL: Duration = Duration::from_millis(1);
 /// Shorter tokens can be guessed online; 16 characters is what a password manager's default gives.
 const MIN_ADMIN_TOKEN_CHARS: usize = 16;
 
@@ -143,6 +145,13 @@ fn relay_options(
             format_args!("must be longer than routes.{}.timeout", slow.name),
         );
     }
+    // An idle relay waits this long between looks for work: zero would spin a CPU for nothing.
+    if o.idle_poll < MIN_RELAY_POLL {
+        p.push(
+            "relay.poll",
+            "must be at least 1ms (0 would keep an idle relay busy looking for work)",
+        );
+    }
     if o.batch == 0 || o.circuit_threshold == 0 {
         p.push("relay", "batch and circuit_threshold must be at least 1");
     }
@@ -164,6 +173,13 @@ fn validate(raw: RawConfig, p: &mut Problems<'_>) -> Settings {
     let database = raw.database.unwrap_or_else(|| DEFAULT_DATABASE.to_owned());
     if database.trim().is_empty() {
         p.push("database", "must not be empty");
+    } else if let Some(Err(why)) = crate::store::sqlite_file(&database) {
+        // Refused here, not when the store opens: SQLite would open something for each, and
+        // `check`, 202s and /readyz would all say yes while nothing lasts.
+        p.push(
+            "database",
+            format_args!("{:?} {why}", redact_url(&database)),
+        );
     } else if !crate::store::is_supported(&database) {
         // Refused here so `check` says so; shown redacted, since it may carry a password.
         p.push(

@@ -220,6 +220,17 @@ pub(super) fn validate(
         max_age: raw.max_age.map_or(defaults.max_age, |d| d.0),
         backoff,
     };
+    // `decide` gives up when the age plus the next wait passes max_age, and the first wait may
+    // be the whole base: a max_age not longer than it makes the first failure dead.
+    if retry.max_age.is_zero() || retry.max_age <= retry.backoff.base {
+        p.push(
+            &format!("{path}.max_age"),
+            format_args!(
+                "must be longer than backoff.base ({}), or a failed attempt is never retried",
+                humantime::format_duration(retry.backoff.base)
+            ),
+        );
+    }
     if retry.max_attempts == 0 {
         p.push(&format!("{path}.max_attempts"), "must be at least 1");
     }

@@ -118,6 +118,8 @@ fn consume_stores_once_and_keeps_the_sources_ordering_guard() {
             config(&name, &subject, &quarantine),
         )
         .unwrap();
+        // `consume` opens an existing store only; `migrate` creates it, as an operator would.
+        assert!(oncebox(dir.path(), &["migrate"]).status.success());
         let log = dir.path().join("consume.log");
         let child = Command::new(env!("CARGO_BIN_EXE_oncebox"))
             .args(["consume", "--nats", &url])
@@ -202,6 +204,7 @@ fn a_stop_during_a_handshake_that_never_ends_is_not_held_up() {
              queue = \"orders\"\nkey = \"message-id\"\nquarantine = \"oncebox.quarantine\"\n",
         )
         .unwrap();
+        assert!(oncebox(dir.path(), &["migrate"]).status.success());
         let log = dir.path().join("consume.log");
         let child = Command::new(env!("CARGO_BIN_EXE_oncebox"))
             .args(["consume", "--amqp", &url])

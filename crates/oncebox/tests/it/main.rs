@@ -5,6 +5,7 @@ mod cli;
 mod consume;
 mod counting;
 mod dashboard;
+mod databases;
 mod faketime;
 mod figures;
 mod gateway;

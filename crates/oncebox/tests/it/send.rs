@@ -1,5 +1,6 @@
 //! `oncebox send` against a real gateway: its default body carries the event id where the
-//! source's rule reads it, as `bench`'s bodies do, so any source can be tried with `--id`.
+//! source's rule reads it, as `bench`'s bodies do, so any source can be tried with `--id`; a
+//! `--url` with credentials is never printed whole.
 
 use serde_json::Value;
 
@@ -58,4 +59,22 @@ fn send_puts_the_id_where_the_source_reads_it() {
     let derived = event_ids(d, "ledger");
     assert_eq!(derived.len(), 2, "{derived:?}");
     assert_ne!(derived[0], derived[1]);
+}
+
+/// A `--url` carrying credentials (`http://user:token@host/`) is shown redacted when the
+/// request fails, in oncebox's message and in the HTTP client's (nothing listens at port 9).
+#[test]
+fn send_never_prints_the_credentials_in_its_url() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::fs::write(d.join("oncebox.toml"), CONFIG).unwrap();
+    let url = "http://user:tok3n@127.0.0.1:9/";
+    let out = oncebox(d, &["send", "shop", "--id", "evt_1", "--url", url]);
+    let said = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{said}");
+    assert!(
+        said.contains("POST http://***@127.0.0.1:9/v1/sources/shop/events"),
+        "{said}"
+    );
+    assert!(!said.contains("tok3n") && !said.contains("user:"), "{said}");
 }

@@ -1,5 +1,6 @@
-//! Tests of configuration loading: the DESIGN §7 example and zero-config here, every validation
-//! rule in `rules`, route URLs in `routes`, layering and secret handling in `layers`.
+//! Tests of configuration loading: the DESIGN §7 example, zero-config and the database setting
+//! here, every validation rule in `rules`, route URLs in `routes`, the relay's timing in
+//! `relay`, layering and secret handling in `layers`.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -14,6 +15,7 @@ use super::{Overrides, Settings, load};
 
 mod layers;
 mod redact;
+mod relay;
 mod routes;
 mod rules;
 
@@ -240,4 +242,34 @@ fn storage_sizes_the_memory_of_recent_answers() {
         "{:?}",
         s.warnings
     );
+}
+
+/// A SQLite setting behind which no file lasts (no path, as an unset variable leaves it;
+/// memory; a `file:` URI or a query) or sqlx's `sqlite:` without `//` is refused under
+/// `database`, with what to write instead, from the file or the environment.
+#[test]
+fn a_sqlite_database_without_a_lasting_file_is_refused() {
+    for database in [
+        "sqlite://",
+        "sqlite://:memory:",
+        ":memory:",
+        "file:oncebox.db?mode=memory&cache=shared",
+        "sqlite://oncebox.db?mode=memory",
+        "sqlite:oncebox.db",
+    ] {
+        let e = err(&format!("database = \"{database}\"\n{}", shop("")));
+        assert_mentions(
+            &e,
+            &["database:", "sqlite://oncebox.db", "sqlite:///abs/path.db"],
+        );
+    }
+    let e = jailed(|jail| {
+        jail.set_env("ONCEBOX_DATABASE", "sqlite://");
+        load_file(jail, &shop("")).map(|_| ()).unwrap_err()
+    });
+    assert_mentions(&format!("{e:#}"), &["database:", "names no file"]);
+    for database in ["sqlite://oncebox.db", "sqlite:///tmp/o.db", "oncebox.db"] {
+        let s = ok(&format!("database = \"{database}\"\n{}", shop("")));
+        assert_eq!(s.database, database);
+    }
 }

@@ -1,0 +1,50 @@
+//! The relay's timing: a route's retry age must outlast its first backoff, and `[relay] poll`
+//! must let an idle relay rest; each refused by its field.
+
+use std::time::Duration;
+
+use super::{assert_mentions, err, ok, shop};
+
+/// `[sources.shop]` and `[routes.r]` to an HTTP receiver with `extra` lines.
+fn route(extra: &str) -> String {
+    shop(&format!(
+        "[routes.r]\nsources = [\"shop\"]\nurl = \"http://127.0.0.1:9000/hooks\"\n{extra}\n"
+    ))
+}
+
+/// A max_age of zero, or not longer than the first backoff, would make the first failure dead:
+/// refused under the route's field, with the base it must outlast.
+#[test]
+fn a_routes_max_age_must_outlast_its_first_backoff() {
+    for (lines, base) in [
+        ("max_age = \"0s\"", "1s"),
+        ("max_age = \"500ms\"", "1s"),
+        ("max_age = \"1s\"", "1s"),
+        (
+            "max_age = \"10s\"\nbackoff = { base = \"1m\", cap = \"1h\" }",
+            "1m",
+        ),
+    ] {
+        let e = err(&route(lines));
+        assert_mentions(&e, &["routes.r.max_age", "longer than backoff.base", base]);
+    }
+    let s = ok(&route("max_age = \"2s\""));
+    assert_eq!(s.gateway.routes[0].retry.max_age, Duration::from_secs(2));
+}
+
+/// `poll = "0s"` would spin an idle relay; the smallest accepted is 1 ms, also from the
+/// environment.
+#[test]
+fn a_relay_poll_of_zero_is_refused() {
+    for poll in ["0s", "0ms", "500us"] {
+        let e = err(&format!("{}\n[relay]\npoll = \"{poll}\"\n", shop("")));
+        assert_mentions(&e, &["relay.poll", "at least 1ms"]);
+    }
+    let e = super::jailed(|jail| {
+        jail.set_env("ONCEBOX_RELAY__POLL", "0s");
+        super::load_file(jail, &shop("")).map(|_| ()).unwrap_err()
+    });
+    assert_mentions(&format!("{e:#}"), &["relay.poll", "ONCEBOX_RELAY__POLL"]);
+    let s = ok(&format!("{}\n[relay]\npoll = \"1ms\"\n", shop("")));
+    assert_eq!(s.relay.idle_poll, Duration::from_millis(1));
+}

@@ -1,0 +1,162 @@
+//! Which database a command runs on: a SQLite setting behind which nothing lasts is refused by
+//! every command, and only `serve` and `migrate` create a database; `relay` and `consume`
+//! started where there is none name the path instead of filling one of their own.
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+use crate::support::{oncebox, text};
+
+/// A source and a route: what `oncebox relay` needs to run.
+const ROUTED: &str = r#"
+[sources.shop]
+signature = "none"
+
+[routes.orders]
+sources = ["shop"]
+url = "http://127.0.0.1:9/hook"
+"#;
+
+/// A source and a RabbitMQ consumer of it.
+const CONSUMED: &str = r#"
+[sources.shop]
+signature = "none"
+
+[consumers.orders]
+source = "shop"
+queue = "orders"
+key = "message-id"
+quarantine = "oncebox.quarantine"
+"#;
+
+/// Runs `oncebox args…` in `dir` until it exits, or until it logs `running`, a line that says
+/// it went on to work: then it is killed and `Err` carries its log so far. No timer decides.
+fn until_exit_or(dir: &Path, args: &[&str], running: &str) -> Result<(i32, String), String> {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_oncebox"))
+        .args(args)
+        .current_dir(dir)
+        .env_remove("ONCEBOX_CONFIG")
+        .env_remove("ONCEBOX_DATABASE")
+        .env_remove("ONCEBOX_AMQP_URL")
+        .env_remove("ONCEBOX_NATS_URL")
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run oncebox");
+    let mut log = String::new();
+    for line in BufReader::new(child.stderr.take().unwrap()).lines() {
+        let line = line.unwrap();
+        log.push_str(&line);
+        log.push('\n');
+        if line.contains(running) {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(log);
+        }
+    }
+    let status = child.wait().unwrap();
+    Ok((status.code().unwrap_or(-1), log))
+}
+
+/// Every file `dir` holds besides `keep`, by name.
+fn files_besides(dir: &Path, keep: &str) -> Vec<String> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|name| name != keep)
+        .collect()
+}
+
+/// `sqlite://` (as `sqlite://${DB_PATH}` with the variable unset leaves it), memory, a `file:`
+/// URI and sqlx's `sqlite:` spelling exit 2 with the field and the fix, from the flag or the
+/// environment, and leave no file behind: `check` said ok and `migrate` made a throwaway
+/// database before.
+#[test]
+fn a_sqlite_database_that_keeps_nothing_is_refused_by_every_command() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    for database in [
+        "sqlite://",
+        "sqlite://:memory:",
+        "file:o.db?mode=memory",
+        "sqlite:oncebox.db",
+    ] {
+        for command in [&["check"][..], &["migrate"], &["stats"]] {
+            let out = oncebox(d, &[&["--database", database][..], command].concat());
+            let said = text(&out);
+            assert_eq!(out.status.code(), Some(2), "{database} {command:?}: {said}");
+            assert!(
+                said.contains("database: ") && said.contains("sqlite:///abs/path.db"),
+                "{database} {command:?}: {said}"
+            );
+        }
+        let out = Command::new(env!("CARGO_BIN_EXE_oncebox"))
+            .arg("check")
+            .current_dir(d)
+            .env_remove("ONCEBOX_CONFIG")
+            .env("ONCEBOX_DATABASE", database)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{database}: {}", text(&out));
+        assert!(text(&out).contains("ONCEBOX_DATABASE"), "{}", text(&out));
+    }
+    assert_eq!(files_besides(d, ""), Vec::<String>::new());
+}
+
+/// `oncebox relay` with no routes says so before any database is opened; with routes where no
+/// database is, it exits 4 naming the path, as the read-only commands do, instead of polling a
+/// new empty one. After `migrate` it runs.
+#[test]
+fn relay_never_creates_a_database() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::fs::write(
+        d.join("oncebox.toml"),
+        "[sources.shop]\nsignature = \"none\"\n",
+    )
+    .unwrap();
+    let (code, log) = until_exit_or(d, &["relay"], "relay running").expect("no routes: it ends");
+    assert_ne!(code, 0, "{log}");
+    assert!(log.contains("no [routes] configured"), "{log}");
+    assert_eq!(files_besides(d, "oncebox.toml"), Vec::<String>::new());
+
+    std::fs::write(d.join("oncebox.toml"), ROUTED).unwrap();
+    let (code, log) = until_exit_or(d, &["relay"], "relay running")
+        .unwrap_or_else(|log| panic!("relay ran without a database: {log}"));
+    assert_eq!(code, 4, "{log}");
+    assert!(log.contains("no database at oncebox.db"), "{log}");
+    assert_eq!(files_besides(d, "oncebox.toml"), Vec::<String>::new());
+
+    assert!(oncebox(d, &["migrate"]).status.success());
+    let ran = until_exit_or(d, &["relay"], "relay running");
+    assert!(
+        ran.is_err(),
+        "the relay runs on the migrated database: {ran:?}"
+    );
+}
+
+/// `oncebox consume` where no database is exits 4 naming the path instead of acknowledging
+/// messages into a new one; with no consumer for the brokers given it says so before any
+/// database is opened.
+#[test]
+fn consume_never_creates_a_database() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::fs::write(d.join("oncebox.toml"), CONSUMED).unwrap();
+    // Nothing listens at port 9: a consumer that got this far would retry forever.
+    let amqp = "amqp://guest:guest@127.0.0.1:9/%2f";
+    let (code, log) = until_exit_or(d, &["consume", "--amqp", amqp], "consuming")
+        .unwrap_or_else(|log| panic!("consume ran without a database: {log}"));
+    assert_eq!(code, 4, "{log}");
+    assert!(log.contains("no database at oncebox.db"), "{log}");
+    assert_eq!(files_besides(d, "oncebox.toml"), Vec::<String>::new());
+
+    let nats = "nats://127.0.0.1:9";
+    let (code, log) = until_exit_or(d, &["consume", "--nats", nats], "consuming")
+        .unwrap_or_else(|log| panic!("consume ran with no consumer: {log}"));
+    assert_ne!(code, 0, "{log}");
+    assert!(log.contains("no [consumers] to run"), "{log}");
+    assert_eq!(files_besides(d, "oncebox.toml"), Vec::<String>::new());
+}
