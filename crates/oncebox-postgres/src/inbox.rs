@@ -49,16 +49,42 @@ pub type Handler =
     Box<dyn for<'t> FnOnce(&'t mut Tx) -> BoxFuture<'t, Result<Response, HandlerError>> + Send>;
 
 /// The connection options every connection of the pool gets: the schema, durable commits
-/// (G6: `synchronous_commit=on` whatever the server's default), and a name operators can see.
+/// (G6: `synchronous_commit=on` whatever the server's default), READ COMMITTED whatever the
+/// server's default (a claim waits on a concurrent holder's row and then reads its committed
+/// result; under REPEATABLE READ or SERIALIZABLE each such wait would end in a serialization
+/// failure), and a name operators can see.
 pub(crate) fn connect_options(options: &Options) -> Result<PgConnectOptions, OpenError> {
     let mut connect = PgConnectOptions::from_str(&options.url)
         .map_err(|e| OpenError::Url(e.to_string()))?
         .application_name("oncebox")
-        .options([("synchronous_commit", "on")]);
+        .options([
+            ("synchronous_commit", "on"),
+            ("default_transaction_isolation", r"read\ committed"),
+        ]);
     if let Some(schema) = &options.schema {
-        connect = connect.options([("search_path", schema.as_str())]);
+        // Quoted, as the schema was created: unquoted, `Tenant` would be folded to `tenant`,
+        // another schema or none.
+        connect = connect.options([("search_path", startup_value(&quoted(schema)))]);
     }
     Ok(connect)
+}
+
+/// `value` as one word of the startup packet's `options` (`-c name=value ...`), which the
+/// server splits at spaces unless escaped with a backslash; sqlx writes it as given.
+fn startup_value(value: &str) -> String {
+    let mut out = String::with_capacity(value.len());
+    for c in value.chars() {
+        if c == '\\' || c.is_whitespace() {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// `name` as a quoted identifier: any name is safe, and its case is kept.
+fn quoted(name: &str) -> String {
+    format!("\"{}\"", name.replace('"', "\"\""))
 }
 
 /// Begins a transaction whose every wait for a lock ends after `deadline` with `55P03`
@@ -82,23 +108,32 @@ impl Inbox {
     pub async fn open(options: Options) -> Result<Inbox, OpenError> {
         let connect = connect_options(&options)?;
         if let Some(schema) = &options.schema {
-            // The schema must exist before a connection can write to it; quoting makes any
-            // name safe.
+            // The schema must exist before a connection can write to it.
             let mut conn: sqlx::PgConnection = sqlx::Connection::connect_with(
                 &connect.clone().options([("search_path", "public")]),
             )
             .await?;
-            let quoted = format!("\"{}\"", schema.replace('"', "\"\""));
-            sqlx::query(&format!("CREATE SCHEMA IF NOT EXISTS {quoted}"))
-                .execute(&mut conn)
-                .await
-                .or_else(|e| match &e {
-                    // Two nodes creating it at once: the loser's unique violation means it exists.
-                    sqlx::Error::Database(db) if db.code().as_deref() == Some("23505") => {
-                        Ok(Default::default())
-                    }
-                    _ => Err(e),
-                })?;
+            // Looked up first: `CREATE SCHEMA IF NOT EXISTS` needs the right to create
+            // schemas even when it exists, which an application role on a schema its DBA made
+            // for it does not have.
+            let exists: bool =
+                sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)")
+                    .bind(schema)
+                    .fetch_one(&mut conn)
+                    .await?;
+            if !exists {
+                sqlx::query(&format!("CREATE SCHEMA IF NOT EXISTS {}", quoted(schema)))
+                    .execute(&mut conn)
+                    .await
+                    .or_else(|e| match &e {
+                        // Two nodes creating it at once: the loser's unique violation means it
+                        // exists.
+                        sqlx::Error::Database(db) if db.code().as_deref() == Some("23505") => {
+                            Ok(Default::default())
+                        }
+                        _ => Err(e),
+                    })?;
+            }
         }
         let pool = PgPoolOptions::new()
             .max_connections(options.max_connections)

@@ -11,6 +11,7 @@ mod ingest;
 mod lock_wait;
 mod pool;
 mod relay;
+mod setup;
 mod wake;
 
 oncebox_testkit::conformance!(harness::Postgres);

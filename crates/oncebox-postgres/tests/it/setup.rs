@@ -1,0 +1,148 @@
+//! Opening on databases as production sets them up: a schema a DBA created for an application
+//! role that may not create schemas, a schema name with capitals, and a server whose default
+//! isolation is not PostgreSQL's default. Each test runs on a database of its own.
+
+use oncebox_core::Processed;
+use oncebox_core::store::{EventStore, Ingest};
+use oncebox_postgres::sqlx::{self, Connection, PgConnection};
+use oncebox_postgres::{Inbox, Options};
+use oncebox_testkit::{event, run};
+
+use crate::database::OwnDatabase;
+
+fn ingest(id: &str) -> Ingest {
+    Ingest {
+        event: event("shop", id, 1),
+        order: None,
+        accepted: b"accepted".to_vec(),
+        stale: Vec::new(),
+        routes: Vec::new(),
+    }
+}
+
+async fn admin(db: &OwnDatabase) -> PgConnection {
+    PgConnection::connect(&db.url).await.expect("connect")
+}
+
+/// Tables of oncebox's in `schema`, by the exact name.
+async fn tables_in(conn: &mut PgConnection, schema: &str) -> i64 {
+    sqlx::query_scalar(
+        "SELECT count(*) FROM pg_tables WHERE schemaname = $1 AND tablename = 'oncebox_inbox'",
+    )
+    .bind(schema)
+    .fetch_one(conn)
+    .await
+    .expect("tables")
+}
+
+#[test]
+fn a_role_without_create_on_the_database_opens_the_schema_made_for_it() {
+    run(async {
+        let Some(db) = OwnDatabase::create().await else {
+            return;
+        };
+        let mut admin = admin(&db).await;
+        let role = format!("oncebox_app_{}", uuid::Uuid::new_v4().simple());
+        for sql in [
+            format!("CREATE ROLE {role} LOGIN"),
+            format!("CREATE SCHEMA app AUTHORIZATION {role}"),
+        ] {
+            sqlx::query(&sql).execute(&mut admin).await.expect(&sql);
+        }
+        let may_create: bool =
+            sqlx::query_scalar("SELECT has_database_privilege($1, current_database(), 'CREATE')")
+                .bind(&role)
+                .fetch_one(&mut admin)
+                .await
+                .expect("privilege");
+        assert!(!may_create, "the role may not create schemas");
+        let url = db.url.replacen("postgres@", &format!("{role}@"), 1);
+        assert_ne!(url, db.url, "the URL names the role");
+        let opened = Inbox::open(Options::new(url).schema("app")).await;
+        let inbox = opened.expect("the schema exists: nothing to create");
+        let out = inbox.ingest(ingest("evt-1")).await;
+        assert!(matches!(out, Ok(Processed::Applied(_))), "{out:?}");
+        assert_eq!(tables_in(&mut admin, "app").await, 1);
+        drop(inbox);
+        for sql in [
+            "DROP SCHEMA app CASCADE".to_owned(),
+            format!("DROP ROLE {role}"),
+        ] {
+            sqlx::query(&sql).execute(&mut admin).await.expect(&sql);
+        }
+        drop(admin);
+        db.drop().await;
+    });
+}
+
+#[test]
+fn a_schema_named_with_capitals_is_the_one_written_to() {
+    run(async {
+        let Some(db) = OwnDatabase::create().await else {
+            return;
+        };
+        let mut admin = admin(&db).await;
+        // Its lowercase namesake exists too: the capitals must not be folded onto it.
+        sqlx::query("CREATE SCHEMA tenant")
+            .execute(&mut admin)
+            .await
+            .expect("schema");
+        let inbox = Inbox::open(Options::new(db.url.clone()).schema("Tenant"))
+            .await
+            .expect("open");
+        let out = inbox.ingest(ingest("evt-1")).await;
+        assert!(matches!(out, Ok(Processed::Applied(_))), "{out:?}");
+        assert_eq!(tables_in(&mut admin, "Tenant").await, 1);
+        assert_eq!(tables_in(&mut admin, "tenant").await, 0, "not its namesake");
+        // A second node finds the schema and the record.
+        let again = Inbox::open(Options::new(db.url.clone()).schema("Tenant"))
+            .await
+            .expect("open");
+        let dup = again.ingest(ingest("evt-1")).await.expect("ingest");
+        assert!(dup.is_duplicate(), "{dup:?}");
+        // Spaces, a backslash and a quote survive the trip to the server too.
+        let odd = r#"Two Words\ "x""#;
+        let other = Inbox::open(Options::new(db.url.clone()).schema(odd))
+            .await
+            .expect("open");
+        let out = other.ingest(ingest("evt-1")).await;
+        assert!(matches!(out, Ok(Processed::Applied(_))), "{out:?}");
+        assert_eq!(tables_in(&mut admin, odd).await, 1);
+        drop(other);
+        drop((inbox, again, admin));
+        db.drop().await;
+    });
+}
+
+#[test]
+fn transactions_are_read_committed_whatever_the_servers_default() {
+    run(async {
+        let Some(db) = OwnDatabase::create().await else {
+            return;
+        };
+        let mut admin = admin(&db).await;
+        let name: String = sqlx::query_scalar("SELECT current_database()")
+            .fetch_one(&mut admin)
+            .await
+            .expect("name");
+        sqlx::query(&format!(
+            "ALTER DATABASE {name} SET default_transaction_isolation = 'serializable'"
+        ))
+        .execute(&mut admin)
+        .await
+        .expect("default isolation");
+        let inbox = Inbox::open(Options::new(db.url.clone()))
+            .await
+            .expect("open");
+        // Claims wait on a concurrent holder's row and then read its committed result: under
+        // a stricter default each such wait would end in a serialization failure, `Busy`.
+        let mut tx = inbox.pool().begin().await.expect("begin");
+        let level: String = sqlx::query_scalar("SHOW transaction_isolation")
+            .fetch_one(&mut *tx)
+            .await
+            .expect("isolation");
+        assert_eq!(level, "read committed");
+        drop((tx, inbox, admin));
+        db.drop().await;
+    });
+}
