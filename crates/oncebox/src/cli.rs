@@ -183,9 +183,10 @@ Examples:
   oncebox purge                                    # each source's retention, else 7 days
   oncebox purge --retention 30d --output json")]
     Purge {
-        /// Retention for sources without their own, e.g. `7d`.
-        #[arg(long, default_value = "7d", value_parser = retention)]
-        retention: Duration,
+        /// Retention for sources without their own, e.g. `30d` (7 days unless given; must be
+        /// given when the configuration names no sources).
+        #[arg(long, value_parser = retention)]
+        retention: Option<Duration>,
         #[command(flatten)]
         output: OutputArg,
     },

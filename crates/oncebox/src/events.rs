@@ -163,6 +163,21 @@ pub async fn stats(out: &mut impl Write, store: &Store, output: Output) -> Resul
     Ok(())
 }
 
+/// The retention a purge uses for sources without their own. With no sources in the
+/// configuration (none found where this runs: a cron job in another directory, an unset
+/// `ONCEBOX_CONFIG`), the default would apply to every source whatever the gateway's own
+/// configuration promises them, and could delete records their senders may still redeliver:
+/// the retention must then be given.
+pub fn purge_retention(settings: &Settings, given: Option<Duration>) -> Result<Duration> {
+    match given {
+        Some(retention) => Ok(retention),
+        None if settings.gateway.open_sources => anyhow::bail!(
+            "the configuration names no [sources], so a purge cannot know the retention the              gateway keeps for them: run it with the gateway's configuration (--config or              ONCEBOX_CONFIG), or give --retention for every source"
+        ),
+        None => Ok(oncebox_core::retention::DEFAULT_RETENTION),
+    }
+}
+
 pub async fn purge(
     out: &mut impl Write,
     store: &Store,

@@ -171,6 +171,7 @@ async fn run(cli: Cli) -> Result<()> {
             events::stats(&mut out, &store, o.output).await?;
         }
         Command::Purge { retention, output } => {
+            let retention = events::purge_retention(&settings, retention).code(Code::Usage)?;
             let store = Store::open_existing(&settings.database).await?;
             events::purge(&mut out, &store, &settings, retention, output.output).await?;
         }

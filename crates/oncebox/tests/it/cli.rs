@@ -167,6 +167,29 @@ fn listings_print_json_with_stable_fields() {
     }
     let record = json(d, &["inspect", "shop", "evt_1", "--output", "json"]);
     assert_eq!(record["state"], "completed");
+
+    // Run from where no configuration is found (a cron job's directory), a purge cannot know
+    // what the gateway keeps its sources for: it must be told, and deletes nothing until then.
+    let elsewhere = tempfile::tempdir().unwrap();
+    let db = format!("sqlite://{}", d.join("oncebox.db").display());
+    let out = oncebox(elsewhere.path(), &["--database", &db, "purge"]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(text(&out).contains("--retention"), "{}", text(&out));
+    let told = oncebox(
+        elsewhere.path(),
+        &[
+            "--database",
+            &db,
+            "purge",
+            "--retention",
+            "30d",
+            "--output",
+            "json",
+        ],
+    );
+    assert!(told.status.success(), "{}", text(&told));
+    let record = json(d, &["inspect", "shop", "evt_1", "--output", "json"]);
+    assert_eq!(record["state"], "completed");
 }
 
 #[test]
