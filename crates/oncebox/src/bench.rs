@@ -165,12 +165,15 @@ pub async fn run(settings: &Settings, args: BenchArgs) -> Result<bool> {
         .or_else(|| settings.gateway.admin_token.clone());
     // Fail in a second, not after a full run of refused connections.
     let probe = format!("{base}/healthz");
+    // Printed redacted: `--url` may carry credentials (`http://user:token@host`).
+    let shown = crate::config::redact_url(&base);
     reqwest::Client::new()
         .get(&probe)
         .timeout(Duration::from_secs(5))
         .send()
         .await
-        .with_context(|| format!("GET {probe}: is `oncebox serve` running?"))?;
+        .map_err(reqwest::Error::without_url)
+        .with_context(|| format!("GET {shown}/healthz: is `oncebox serve` running?"))?;
 
     let target = Arc::new(Target {
         ingest_url: format!("{base}/v1/sources/{source}/events"),
@@ -184,7 +187,7 @@ pub async fn run(settings: &Settings, args: BenchArgs) -> Result<bool> {
     };
     writeln!(
         out,
-        "oncebox bench: {} requests ({:.0}% duplicates), {mode} {} connections to {base}, source {source}",
+        "oncebox bench: {} requests ({:.0}% duplicates), {mode} {} connections to {shown}, source {source}",
         args.events,
         args.duplicates * 100.0,
         args.connections

@@ -160,7 +160,8 @@ async fn send(client: &reqwest::Client, target: &Target, event: &Sent) -> Result
             request = request.header(name, value);
         }
     }
-    let response = request.send().await?;
+    // Without its URL: `--url` may carry credentials, and the first error is printed.
+    let response = request.send().await.map_err(reqwest::Error::without_url)?;
     let status = response.status().as_u16();
     let replayed = response
         .headers()

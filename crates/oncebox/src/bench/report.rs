@@ -32,6 +32,8 @@ pub(super) async fn stored_ids(
         .build()
         .context("building the HTTP client")?;
     let url = format!("{base}/v1/events");
+    // For messages: `--url` may carry credentials (`http://user:token@host`).
+    let shown = crate::config::redact_url(&url);
     let limit = PAGE.to_string();
     let mut ids = Vec::new();
     let mut after: Option<String> = None;
@@ -47,21 +49,24 @@ pub(super) async fn stored_ids(
         let response = request
             .send()
             .await
-            .with_context(|| format!("GET {url} for the invariant check"))?;
+            .map_err(reqwest::Error::without_url)
+            .with_context(|| format!("GET {shown} for the invariant check"))?;
         let status = response.status();
         if !status.is_success() {
             let text = response.text().await.unwrap_or_default();
-            bail!("GET {url} for the invariant check: {status}: {text} (is --admin-token needed?)");
+            bail!(
+                "GET {shown} for the invariant check: {status}: {text} (is --admin-token needed?)"
+            );
         }
         let page: EventsPage = response
             .json()
             .await
-            .with_context(|| format!("GET {url}: unexpected listing"))?;
+            .with_context(|| format!("GET {shown}: unexpected listing"))?;
         ids.extend(page.items.into_iter().map(|i| i.event_id));
         match page.next {
             // A cursor that does not move would loop forever.
             Some(next) if after.as_ref() != Some(&next) => after = Some(next),
-            Some(next) => bail!("GET {url}: the cursor did not advance past {next}"),
+            Some(next) => bail!("GET {shown}: the cursor did not advance past {next}"),
             None => return Ok(ids),
         }
     }

@@ -279,6 +279,11 @@ async fn no_check_prints_the_figures_of_a_server_that_lists_nothing() {
         "{}",
         text(&checked)
     );
+    // Credentials in `--url` stay out of the message.
+    let with_user = url.replacen("http://", "http://user:tok3n@", 1);
+    let said = text(&bench(&with_user, &[]).await);
+    assert!(said.contains("GET http://***@127.0.0.1:"), "{said}");
+    assert!(!said.contains("tok3n") && !said.contains("user:"), "{said}");
     let out = bench(&url, &["--no-check"]).await;
     let printed = text(&out);
     assert!(out.status.success(), "{printed}");
