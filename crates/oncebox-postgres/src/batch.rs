@@ -16,6 +16,10 @@ use crate::error::{commit_failed, storage};
 use crate::inbox::notify;
 use crate::options::Options;
 
+mod gather;
+
+use gather::gather;
+
 /// One request waiting for its batch.
 pub(crate) struct Job {
     pub ingest: Ingest,
@@ -77,15 +81,22 @@ impl Batcher {
             let (pool, receiver, options) = (pool.clone(), receiver.clone(), options.clone());
             let stats = stats.clone();
             tokio::spawn(async move {
-                while let Ok(first) = receiver.recv_async().await {
-                    let mut jobs = vec![first];
-                    while jobs.len() < options.max_batch {
-                        match receiver.try_recv() {
-                            Ok(job) => jobs.push(job),
+                // A request taken from the queue that did not fit the last batch: it opens
+                // the next one.
+                let mut carried: Option<Job> = None;
+                loop {
+                    let first = match carried.take() {
+                        Some(job) => job,
+                        None => match receiver.recv_async().await {
+                            Ok(job) => {
+                                stats.held.fetch_add(1, Ordering::Relaxed);
+                                job
+                            }
                             Err(_) => break,
-                        }
-                    }
-                    stats.held.fetch_add(jobs.len() as u64, Ordering::Relaxed);
+                        },
+                    };
+                    let jobs;
+                    (jobs, carried) = gather(first, &receiver, &options, &stats);
                     run(&pool, &options, &stats, jobs).await;
                 }
             });

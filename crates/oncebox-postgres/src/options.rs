@@ -25,6 +25,9 @@ pub struct Options {
     pub batch_workers: usize,
     /// Requests combined into one set-based statement at most.
     pub max_batch: usize,
+    /// Bytes one batch binds at most (payloads, once per route too, and answers): PostgreSQL
+    /// refuses a value or a message past 1 GB. A single larger request still goes alone.
+    pub max_batch_bytes: usize,
     /// Requests waiting for a batch at most; beyond it callers get `Unavailable::Busy` at once.
     pub queue_capacity: usize,
     pub clock: Arc<dyn Clock>,
@@ -51,6 +54,7 @@ impl Options {
             deadline: Duration::from_secs(5),
             batch_workers: 4,
             max_batch: 256,
+            max_batch_bytes: 64 << 20,
             queue_capacity: 16_384,
             clock: Arc::new(SystemClock),
         }
@@ -83,6 +87,11 @@ impl Options {
 
     pub fn max_batch(mut self, n: usize) -> Options {
         self.max_batch = n.max(1);
+        self
+    }
+
+    pub fn max_batch_bytes(mut self, n: usize) -> Options {
+        self.max_batch_bytes = n.max(1);
         self
     }
 }
