@@ -104,3 +104,20 @@ pub(crate) fn handler_commit_failed(e: sqlx::Error) -> oncebox_core::ProcessErro
         _ => oncebox_core::ProcessError::Unavailable(commit_failed(&e)),
     }
 }
+
+/// Recording a handler's completed outcome failed. `25P02`: a statement of the handler failed
+/// and the handler went on and returned success; PostgreSQL had aborted the transaction, so
+/// nothing of it can commit. That is the handler's failure, for certain (a retry would meet
+/// the same), not unavailability.
+pub(crate) fn record_failed(e: &sqlx::Error) -> oncebox_core::ProcessError {
+    match e {
+        sqlx::Error::Database(db) if db.code().as_deref() == Some("25P02") => {
+            oncebox_core::ProcessError::Handler(
+                "the handler returned success after one of its statements failed, which \
+                 aborted its transaction: nothing of it was committed"
+                    .into(),
+            )
+        }
+        _ => oncebox_core::ProcessError::Unavailable(storage(e)),
+    }
+}

@@ -18,7 +18,9 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
 use crate::batch::Batcher;
 use crate::claim::{Claim, claim, finish};
-use crate::error::{OpenError, commit_failed, handler_commit_failed, storage, unavailable};
+use crate::error::{
+    OpenError, commit_failed, handler_commit_failed, record_failed, storage, unavailable,
+};
 use crate::options::Options;
 use crate::tx::{HandlerError, Tx};
 use crate::{OUTBOX_CHANNEL, schema};
@@ -222,7 +224,7 @@ impl Inbox {
             Ok(response) if response.kind == ResponseKind::Completed => {
                 finish(&mut tx.tx, row, &response, now)
                     .await
-                    .map_err(|e| storage(&e))?;
+                    .map_err(|e| record_failed(&e))?;
                 Processed::Applied(response)
             }
             Ok(response) => {

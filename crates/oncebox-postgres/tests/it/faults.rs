@@ -1,5 +1,5 @@
 //! Faults on a real server: a session killed in the middle of a handler's transaction, a
-//! `COMMIT` refused for what the handler wrote.
+//! `COMMIT` refused for what the handler wrote, a handler that goes on after a failed statement.
 
 use futures::future::BoxFuture;
 use oncebox_core::{ManualClock, ProcessError, Processed, Response};
@@ -124,4 +124,38 @@ fn inserts(tx: &mut Tx, times: usize) -> BoxFuture<'_, Result<Response, HandlerE
         }
         Ok(Response::completed("ok"))
     })
+}
+
+/// A handler that catches its statement's error and returns success anyway: PostgreSQL has
+/// aborted the transaction, so nothing of it can commit. The caller must hear that the handler
+/// failed, for certain, not "unavailable, retry" (every retry would end the same way).
+#[test]
+fn a_handler_going_on_after_a_failed_statement_fails_and_leaves_the_key_free() {
+    if url().is_none() {
+        return;
+    }
+    oncebox_testkit::run(async {
+        let pg = Postgres::open(schema(), ManualClock::new(EPOCH)).await;
+        let answer = pg
+            .inbox
+            .process(event("shop", "swallowed", 1), |tx| {
+                Box::pin(async move {
+                    let failed = sqlx::query("SELECT 1 / 0").execute(tx.conn()).await;
+                    assert!(failed.is_err(), "the statement failed");
+                    Ok(Response::completed("ok"))
+                })
+            })
+            .await;
+        let Err(ProcessError::Handler(why)) = &answer else {
+            panic!("the handler's failure: {answer:?}");
+        };
+        assert!(why.to_string().contains("aborted"), "{why}");
+        let applied = pg
+            .inbox
+            .process(event("shop", "swallowed", 1), |_| {
+                Box::pin(async { Ok(Response::completed("ok")) })
+            })
+            .await;
+        assert!(matches!(applied, Ok(Processed::Applied(_))), "{applied:?}");
+    });
 }
