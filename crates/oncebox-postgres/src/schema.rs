@@ -108,6 +108,26 @@ CREATE TABLE oncebox_purge_anchors (
     since BIGINT NOT NULL
 );
 "#,
+    r#"
+-- Keys compare byte by byte (collation "C"), as on SQLite, whatever the database's collation.
+-- A unique index on a collation of the operating system's C library is sorted by that
+-- library's rules; an upgrade that changes them (glibc 2.28 did, for most locales) leaves the
+-- index out of order, and a lookup then misses a key that is there: a second record, a second
+-- effect. "C" is built into PostgreSQL and never changes. Indexes are rebuilt, rows are not.
+ALTER TABLE oncebox_inbox ALTER COLUMN source TYPE TEXT COLLATE "C",
+    ALTER COLUMN event_id TYPE TEXT COLLATE "C";
+ALTER TABLE oncebox_conflicts ALTER COLUMN source TYPE TEXT COLLATE "C",
+    ALTER COLUMN event_id TYPE TEXT COLLATE "C";
+ALTER TABLE oncebox_actions ALTER COLUMN scope TYPE TEXT COLLATE "C",
+    ALTER COLUMN key TYPE TEXT COLLATE "C";
+ALTER TABLE oncebox_versions ALTER COLUMN entity TYPE TEXT COLLATE "C",
+    ALTER COLUMN entity_id TYPE TEXT COLLATE "C";
+ALTER TABLE oncebox_offsets ALTER COLUMN stream TYPE TEXT COLLATE "C";
+ALTER TABLE oncebox_outbox ALTER COLUMN destination TYPE TEXT COLLATE "C",
+    ALTER COLUMN idempotency_key TYPE TEXT COLLATE "C",
+    ALTER COLUMN source TYPE TEXT COLLATE "C",
+    ALTER COLUMN event_id TYPE TEXT COLLATE "C";
+"#,
 ];
 
 pub(crate) const VERSION: i64 = MIGRATIONS.len() as i64;

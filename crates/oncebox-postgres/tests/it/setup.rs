@@ -146,3 +146,56 @@ fn transactions_are_read_committed_whatever_the_servers_default() {
         db.drop().await;
     });
 }
+
+#[test]
+fn every_key_column_compares_bytes_whatever_the_databases_collation() {
+    run(async {
+        let Some(db) = OwnDatabase::create().await else {
+            return;
+        };
+        let inbox = Inbox::open(Options::new(db.url.clone()))
+            .await
+            .expect("open");
+        let mut admin = admin(&db).await;
+        // Every text column of a unique or looked-up key.
+        let keys = [
+            ("oncebox_inbox", "source"),
+            ("oncebox_inbox", "event_id"),
+            ("oncebox_conflicts", "source"),
+            ("oncebox_conflicts", "event_id"),
+            ("oncebox_actions", "scope"),
+            ("oncebox_actions", "key"),
+            ("oncebox_versions", "entity"),
+            ("oncebox_versions", "entity_id"),
+            ("oncebox_offsets", "stream"),
+            ("oncebox_outbox", "destination"),
+            ("oncebox_outbox", "idempotency_key"),
+            ("oncebox_outbox", "source"),
+            ("oncebox_outbox", "event_id"),
+        ];
+        for (table, column) in keys {
+            let collation: Option<String> = sqlx::query_scalar(
+                "SELECT collation_name FROM information_schema.columns
+                 WHERE table_name = $1 AND column_name = $2",
+            )
+            .bind(table)
+            .bind(column)
+            .fetch_one(&mut admin)
+            .await
+            .expect(table);
+            assert_eq!(collation.as_deref(), Some("C"), "{table}.{column}");
+        }
+        // Still one record per key, and byte order in the listing: "B" (0x42) before "a".
+        for id in ["a", "B", "a"] {
+            inbox.ingest(ingest(id)).await.expect("ingest");
+        }
+        let ids: Vec<String> =
+            sqlx::query_scalar("SELECT event_id FROM oncebox_inbox ORDER BY event_id")
+                .fetch_all(&mut admin)
+                .await
+                .expect("ids");
+        assert_eq!(ids, ["B", "a"]);
+        drop((inbox, admin));
+        db.drop().await;
+    });
+}
