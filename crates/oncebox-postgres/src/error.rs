@@ -34,6 +34,12 @@ pub enum OpenError {
     /// The database was migrated by a newer oncebox; using it could corrupt what that version keeps.
     #[error("database schema version {found} is newer than this build knows ({known})")]
     SchemaTooNew { found: i64, known: i64 },
+    /// Opened without migrations (`Options::migrate(false)`) on a schema older than this
+    /// build's, or on none (version 0): the version that migrates it must open it first.
+    #[error(
+        "database schema version {found} is older than this build's ({known}) and migrations are off"
+    )]
+    SchemaOutdated { found: i64, known: i64 },
 }
 
 /// SQLSTATEs that say nothing about the request itself. Class 08 (connection), 40001

@@ -123,6 +123,12 @@ impl Inbox {
                     .bind(schema)
                     .fetch_one(&mut conn)
                     .await?;
+            if !exists && !options.migrate {
+                return Err(OpenError::SchemaOutdated {
+                    found: 0,
+                    known: schema::VERSION,
+                });
+            }
             if !exists {
                 sqlx::query(&format!("CREATE SCHEMA IF NOT EXISTS {}", quoted(schema)))
                     .execute(&mut conn)
@@ -143,7 +149,7 @@ impl Inbox {
             .connect_with(connect)
             .await?;
         let mut conn = pool.acquire().await?;
-        schema::migrate(&mut conn).await?;
+        schema::migrate(&mut conn, options.migrate).await?;
         drop(conn);
         let batcher = Batcher::start(&pool, &options);
         Ok(Inbox {

@@ -31,6 +31,11 @@ pub struct Options {
     /// Requests waiting for a batch at most; beyond it callers get `Unavailable::Busy` at once.
     pub queue_capacity: usize,
     pub clock: Arc<dyn Clock>,
+    /// Whether `open` creates the schema and brings it up to date (the default). Off, a
+    /// missing or older schema is refused (`OpenError::SchemaOutdated`) and nothing is created
+    /// or changed: for tools that look at or operate on a database other nodes keep, which a
+    /// newer tool must not migrate under them.
+    pub migrate: bool,
 }
 
 impl std::fmt::Debug for Options {
@@ -57,6 +62,7 @@ impl Options {
             max_batch_bytes: 64 << 20,
             queue_capacity: 16_384,
             clock: Arc::new(SystemClock),
+            migrate: true,
         }
     }
 
@@ -92,6 +98,11 @@ impl Options {
 
     pub fn max_batch_bytes(mut self, n: usize) -> Options {
         self.max_batch_bytes = n.max(1);
+        self
+    }
+
+    pub fn migrate(mut self, migrate: bool) -> Options {
+        self.migrate = migrate;
         self
     }
 }

@@ -135,7 +135,7 @@ pub(crate) const VERSION: i64 = MIGRATIONS.len() as i64;
 /// Brings the schema up to date. The transaction first takes a transaction-scoped advisory lock,
 /// then reads the version: nodes starting at once queue on the lock and each later one finds the
 /// work done, so every migration runs exactly once.
-pub(crate) async fn migrate(conn: &mut PgConnection) -> Result<(), OpenError> {
+pub(crate) async fn migrate(conn: &mut PgConnection, allowed: bool) -> Result<(), OpenError> {
     let mut tx = conn.begin().await?;
     // Scoped to the schema the connection writes to, so two schemas in one database (tests,
     // tenants) migrate independently.
@@ -147,6 +147,12 @@ pub(crate) async fn migrate(conn: &mut PgConnection) -> Result<(), OpenError> {
     let exists: bool = sqlx::query_scalar("SELECT to_regclass('oncebox_schema') IS NOT NULL")
         .fetch_one(&mut *tx)
         .await?;
+    if !exists && !allowed {
+        return Err(OpenError::SchemaOutdated {
+            found: 0,
+            known: VERSION,
+        });
+    }
     if !exists {
         sqlx::query("CREATE TABLE oncebox_schema (version BIGINT NOT NULL)")
             .execute(&mut *tx)
@@ -158,6 +164,13 @@ pub(crate) async fn migrate(conn: &mut PgConnection) -> Result<(), OpenError> {
     let found = found.unwrap_or(0);
     if found > VERSION {
         return Err(OpenError::SchemaTooNew {
+            found,
+            known: VERSION,
+        });
+    }
+    if found < VERSION && !allowed {
+        // Dropping the transaction rolls it back: nothing was written.
+        return Err(OpenError::SchemaOutdated {
             found,
             known: VERSION,
         });

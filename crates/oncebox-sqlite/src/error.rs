@@ -36,6 +36,12 @@ pub enum OpenError {
     /// The file was written by a newer oncebox; opening it could corrupt what that version keeps.
     #[error("database schema version {found} is newer than this build knows ({known})")]
     SchemaTooNew { found: i64, known: i64 },
+    /// Opened without migrations (`Options::migrate(false)`) on a schema older than this
+    /// build's: the version that migrates it must open it first.
+    #[error(
+        "database schema version {found} is older than this build's ({known}) and migrations are off"
+    )]
+    SchemaOutdated { found: i64, known: i64 },
     #[error("cannot start the writer thread: {0}")]
     Thread(std::io::Error),
     /// The database file is missing or empty while its write-ahead log is not: the file was

@@ -54,6 +54,10 @@ pub struct Options {
     /// Which CPU the writer and checkpoint threads are kept on (`placement.rs`).
     pub placement: Placement,
     pub clock: Arc<dyn Clock>,
+    /// Whether `open` brings an older schema up to date (the default). Off, an older schema is
+    /// refused (`OpenError::SchemaOutdated`) and nothing is written to it: for tools that only
+    /// look at or operate on a store that its own gateway keeps.
+    pub migrate: bool,
 }
 
 impl Options {
@@ -70,6 +74,7 @@ impl Options {
             wal_restart_frames: 32_768,
             placement: Placement::default(),
             clock: Arc::new(SystemClock),
+            migrate: true,
         }
     }
 
@@ -115,6 +120,11 @@ impl Options {
 
     pub fn max_batch(mut self, n: usize) -> Options {
         self.max_batch = n.max(1);
+        self
+    }
+
+    pub fn migrate(mut self, migrate: bool) -> Options {
+        self.migrate = migrate;
         self
     }
 }

@@ -275,6 +275,13 @@ pub(crate) fn migrate(conn: &mut Connection, o: &Options) -> Result<(), OpenErro
             known: VERSION,
         });
     }
+    if found < VERSION && !o.migrate {
+        // Dropping the transaction rolls it back: nothing was written.
+        return Err(OpenError::SchemaOutdated {
+            found,
+            known: VERSION,
+        });
+    }
     let start = usize::try_from(found).unwrap_or(0);
     for step in &MIGRATIONS[start..] {
         match step {

@@ -82,7 +82,7 @@ pub async fn run(settings: Settings, amqp: Option<String>, nats: Option<String>)
     }
     // Not created: started in another directory, or on a mistyped path, the consumers would
     // acknowledge messages into a database that no gateway or relay reads.
-    let store = Store::open_existing(&settings.database).await?;
+    let store = Store::open_existing(&settings.database, crate::store::Schema::Migrate).await?;
     let config = Arc::new(settings.gateway);
     let (stop, stopped) = watch::channel(false);
     let mut tasks = tokio::task::JoinSet::new();

@@ -103,11 +103,11 @@ async fn run(cli: Cli) -> Result<()> {
             consume::run(settings, amqp, nats).await?;
         }
         Command::Deliveries { action } => {
-            let store = Store::open_existing(&settings.database).await?;
+            let store = Store::open_existing(&settings.database, store::Schema::AsIs).await?;
             deliveries::run(&mut out, &store, action).await?;
         }
         Command::Redeliver(args) => {
-            let store = Store::open_existing(&settings.database).await?;
+            let store = Store::open_existing(&settings.database, store::Schema::AsIs).await?;
             redeliver::run(&mut out, &store, args).await?;
         }
         Command::Check(o) => match o.output {
@@ -154,7 +154,7 @@ async fn run(cli: Cli) -> Result<()> {
                 after,
                 limit,
             };
-            let store = Store::open_existing(&settings.database).await?;
+            let store = Store::open_existing(&settings.database, store::Schema::AsIs).await?;
             events::events(&mut out, &store, filter, output.output).await?;
         }
         Command::Inspect {
@@ -163,16 +163,16 @@ async fn run(cli: Cli) -> Result<()> {
             output,
         } => {
             let key = Key::parse(&source, &event_id).code(Code::Usage)?;
-            let store = Store::open_existing(&settings.database).await?;
+            let store = Store::open_existing(&settings.database, store::Schema::AsIs).await?;
             events::inspect(&mut out, &store, &key, output.output).await?;
         }
         Command::Stats(o) => {
-            let store = Store::open_existing(&settings.database).await?;
+            let store = Store::open_existing(&settings.database, store::Schema::AsIs).await?;
             events::stats(&mut out, &store, o.output).await?;
         }
         Command::Purge { retention, output } => {
             let retention = events::purge_retention(&settings, retention).code(Code::Usage)?;
-            let store = Store::open_existing(&settings.database).await?;
+            let store = Store::open_existing(&settings.database, store::Schema::AsIs).await?;
             events::purge(&mut out, &store, &settings, retention, output.output).await?;
         }
         Command::Migrate => {

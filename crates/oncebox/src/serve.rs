@@ -88,7 +88,7 @@ pub async fn relay_only(settings: Settings) -> Result<()> {
     }
     // Not created: started in another directory, or on a mistyped path, the relay would poll
     // an empty database of its own while the gateway's deliveries wait.
-    let inbox = Store::open_existing(&settings.database).await?;
+    let inbox = Store::open_existing(&settings.database, crate::store::Schema::Migrate).await?;
     tracing::info!(routes = routes.len(), database = %describe(&settings.database), "relay running");
     let relay = Relay::new(inbox, routes, Arc::new(SystemClock), settings.relay);
     relay.run(shutdown).await;

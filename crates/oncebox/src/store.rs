@@ -24,6 +24,33 @@ mod url;
 use url::sqlite_path;
 pub use url::{describe, is_postgres, is_supported, sqlite_file};
 
+/// What opening an existing store does to a schema older than this build's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Schema {
+    Migrate,
+    AsIs,
+}
+
+/// A store whose schema is older than this build's (or absent), opened without migrating.
+#[derive(Debug)]
+struct Outdated {
+    found: i64,
+    known: i64,
+}
+
+impl std::fmt::Display for Outdated {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "the database's schema is version {} and this build's is {}: run `oncebox migrate` \
+             (or start `oncebox serve`) with this version first; this command changes no schema",
+            self.found, self.known
+        )
+    }
+}
+
+impl std::error::Error for Outdated {}
+
 /// One of the backends.
 #[derive(Clone, Debug)]
 pub enum Store {
@@ -50,8 +77,12 @@ impl Store {
 
     /// `open` for a command that only reads or changes what is stored: a SQLite file that does
     /// not exist is not created (with its schema) but named, since a mistyped path or another
-    /// working directory would otherwise read as an empty store.
-    pub async fn open_existing(database: &str) -> Result<Store> {
+    /// working directory would otherwise read as an empty store. `schema` says whether an
+    /// older schema is brought up to date (the relay and the consumers, which run beside or
+    /// instead of the gateway) or refused (operators' commands: a newer binary must not
+    /// migrate a shared database under the nodes that keep it, nor create tables in a wrong
+    /// one).
+    pub async fn open_existing(database: &str, schema: Schema) -> Result<Store> {
         // Other schemes go to `open`, which takes PostgreSQL and refuses the rest.
         if let Some(path) = sqlite_path(database).filter(|p| !std::path::Path::new(p).exists()) {
             // The store cannot be reached, as for a missing directory: nothing was decided.
@@ -62,15 +93,30 @@ impl Store {
                 ),
             ));
         }
-        Store::open(database).await
+        let migrate = schema == Schema::Migrate;
+        Store::open_inner(database, &Storage::default(), migrate)
+            .await
+            .map_err(|e| match e.downcast_ref::<Outdated>() {
+                // Nothing was decided: the store is usable once migrated.
+                Some(_) => crate::exit::coded(crate::exit::Code::Unavailable, e),
+                None => e,
+            })
     }
 
     /// `open`, tuned by `[storage]`.
     pub async fn open_with(database: &str, storage: &Storage) -> Result<Store> {
+        Store::open_inner(database, storage, true).await
+    }
+
+    async fn open_inner(database: &str, storage: &Storage, migrate: bool) -> Result<Store> {
         if is_postgres(database) {
-            let inbox = oncebox_postgres::Inbox::open(oncebox_postgres::Options::new(database))
-                .await
-                .with_context(|| format!("opening {}", describe(database)))?;
+            let options = oncebox_postgres::Options::new(database).migrate(migrate);
+            let inbox = match oncebox_postgres::Inbox::open(options).await {
+                Err(oncebox_postgres::OpenError::SchemaOutdated { found, known }) => {
+                    return Err(Outdated { found, known }.into());
+                }
+                opened => opened.with_context(|| format!("opening {}", describe(database)))?,
+            };
             return Ok(Store::Postgres(inbox));
         }
         let path = match sqlite_file(database) {
@@ -96,8 +142,12 @@ impl Store {
         if let Some(placement) = storage.placement {
             options = options.placement(placement);
         }
-        let inbox =
-            oncebox_sqlite::Inbox::open(options).with_context(|| format!("opening {path}"))?;
+        let inbox = match oncebox_sqlite::Inbox::open(options.migrate(migrate)) {
+            Err(oncebox_sqlite::OpenError::SchemaOutdated { found, known }) => {
+                return Err(Outdated { found, known }.into());
+            }
+            opened => opened.with_context(|| format!("opening {path}"))?,
+        };
         Ok(Store::Sqlite(inbox))
     }
 

@@ -5,7 +5,7 @@
 use oncebox_core::Processed;
 use oncebox_core::store::{EventStore, Ingest};
 use oncebox_postgres::sqlx::{self, Connection, PgConnection};
-use oncebox_postgres::{Inbox, Options};
+use oncebox_postgres::{Inbox, OpenError, Options};
 use oncebox_testkit::{event, run};
 
 use crate::database::OwnDatabase;
@@ -196,6 +196,53 @@ fn every_key_column_compares_bytes_whatever_the_databases_collation() {
                 .expect("ids");
         assert_eq!(ids, ["B", "a"]);
         drop((inbox, admin));
+        db.drop().await;
+    });
+}
+
+/// Opened without migrations (operators' tools), a database with no schema, or an older one,
+/// is refused and left exactly as it was: a newer tool must not migrate a database under the
+/// nodes that keep it, nor create tables in a database it was pointed at by mistake.
+#[test]
+fn opened_without_migrations_a_missing_or_older_schema_is_refused_and_left_alone() {
+    run(async {
+        let Some(db) = OwnDatabase::create().await else {
+            return;
+        };
+        let mut admin = admin(&db).await;
+        let as_is = || Inbox::open(Options::new(db.url.clone()).migrate(false));
+        let none = as_is().await;
+        assert!(
+            matches!(none, Err(OpenError::SchemaOutdated { found: 0, .. })),
+            "{none:?}"
+        );
+        assert_eq!(tables_in(&mut admin, "public").await, 0, "nothing created");
+        let current = Inbox::open(Options::new(db.url.clone()))
+            .await
+            .expect("migrated");
+        let known: i64 = sqlx::query_scalar("SELECT max(version) FROM oncebox_schema")
+            .fetch_one(&mut admin)
+            .await
+            .expect("version");
+        drop(current);
+        // Current: opened as it is.
+        as_is().await.expect("a current schema opens");
+        // Older (as a database last opened by the previous version reads): refused, unchanged.
+        sqlx::query("UPDATE oncebox_schema SET version = version - 1")
+            .execute(&mut admin)
+            .await
+            .expect("older");
+        let older = as_is().await;
+        assert!(
+            matches!(older, Err(OpenError::SchemaOutdated { found, known: k }) if found == known - 1 && k == known),
+            "{older:?}"
+        );
+        let after: i64 = sqlx::query_scalar("SELECT max(version) FROM oncebox_schema")
+            .fetch_one(&mut admin)
+            .await
+            .expect("version");
+        assert_eq!(after, known - 1, "left as it was");
+        drop(admin);
         db.drop().await;
     });
 }

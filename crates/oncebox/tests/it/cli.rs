@@ -367,7 +367,7 @@ fn a_store_that_cannot_be_reached_exits_4() {
         &["stats"][..],
         &["events"],
         &["inspect", "shop", "evt_1"],
-        &["purge"],
+        &["purge", "--retention", "7d"],
     ] {
         let out = oncebox(d, &[&["--database", &sqlite][..], command].concat());
         assert_eq!(out.status.code(), Some(4), "{command:?}: {}", text(&out));

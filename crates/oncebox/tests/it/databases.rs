@@ -160,3 +160,42 @@ fn consume_never_creates_a_database() {
     assert!(log.contains("no [consumers] to run"), "{log}");
     assert_eq!(files_besides(d, "oncebox.toml"), Vec::<String>::new());
 }
+
+/// The schema version SQLite records in the file.
+fn user_version(db: &Path) -> i64 {
+    oncebox_sqlite::rusqlite::Connection::open(db)
+        .unwrap()
+        .query_row("PRAGMA user_version", [], |r| r.get(0))
+        .unwrap()
+}
+
+/// Operators' commands on a database an older version keeps: refused, naming `oncebox migrate`,
+/// and the file's schema is left as it was (a newer binary must not migrate a store under the
+/// gateway that keeps it). `migrate` then brings it up to date, as `serve` would.
+#[test]
+fn operators_commands_change_no_schema() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let out = oncebox(d, &["migrate"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let db = d.join("oncebox.db");
+    let current = user_version(&db);
+    assert!(current > 1);
+    // As the previous version left it.
+    oncebox_sqlite::rusqlite::Connection::open(&db)
+        .unwrap()
+        .pragma_update(None, "user_version", current - 1)
+        .unwrap();
+    for command in [
+        &["stats"][..],
+        &["events"],
+        &["purge", "--retention", "7d"],
+        &["deliveries", "list"],
+    ] {
+        let out = oncebox(d, command);
+        let said = text(&out);
+        assert_eq!(out.status.code(), Some(4), "{command:?}: {said}");
+        assert!(said.contains("oncebox migrate"), "{command:?}: {said}");
+        assert_eq!(user_version(&db), current - 1, "{command:?} migrated");
+    }
+}

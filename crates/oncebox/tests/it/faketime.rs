@@ -48,6 +48,13 @@ fn a_purge_a_year_ahead_after_one_on_time_deletes_nothing() {
     };
     let dir = crate::cli::two_events();
     let d = dir.path();
+    // Their deliveries done, as a relay would leave them: a record whose delivery is still
+    // owed is never purged, whatever the clock says.
+    let delivered = oncebox_sqlite::rusqlite::Connection::open(d.join("oncebox.db"))
+        .unwrap()
+        .execute("UPDATE oncebox_outbox SET state = 'delivered'", [])
+        .unwrap();
+    assert!(delivered > 0);
     assert_eq!(purge_now(d), json!({ "purged": 0 }), "nothing is due yet");
     assert_eq!(purge_a_year_ahead(&faketime, d), json!({ "purged": 0 }));
     assert_eq!(stored(d), 2, "both records kept");
