@@ -10,11 +10,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use oncebox_core::store::{EventStore, Ingest};
-use oncebox_core::{ManualClock, Processed, Response};
+use oncebox_core::{ManualClock, Processed};
 use oncebox_postgres::{Inbox, sqlx};
 use oncebox_testkit::{EPOCH, event};
 
 use crate::harness::{options, schema, url};
+use crate::hold::{Holder, blocked_by};
 
 fn ingest() -> Ingest {
     Ingest {
@@ -56,33 +57,10 @@ fn no_replay_is_answered_before_the_first_deliverys_commit_on_either_node() {
         };
         let nodes = [node().await, node().await];
 
-        // The first delivery says which server session holds its transaction, then waits.
-        let (reached, at_point) = tokio::sync::oneshot::channel::<i32>();
-        let (release, released) = tokio::sync::oneshot::channel::<()>();
+        // The first delivery holds its transaction open until released.
+        let holder = Holder::start(&nodes[0], event("shop", "evt-1", 5)).await;
         // Set just before the release: an answer that finds it unset came before the COMMIT.
         let open = Arc::new(AtomicBool::new(false));
-        let winner = {
-            let (inbox, open) = (nodes[0].clone(), open.clone());
-            tokio::spawn(async move {
-                let answer = inbox
-                    .process(event("shop", "evt-1", 5), move |tx| {
-                        Box::pin(async move {
-                            let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
-                                .fetch_one(tx.conn())
-                                .await?;
-                            let _ = reached.send(pid);
-                            let _ = released.await;
-                            Ok(Response::completed("accepted"))
-                        })
-                    })
-                    .await;
-                (answer, open.load(Ordering::SeqCst))
-            })
-        };
-        let holder = tokio::time::timeout(Duration::from_secs(30), at_point)
-            .await
-            .expect("the first delivery inserted its record in time")
-            .expect("the first delivery's handler ran");
 
         let others: Vec<_> = (0..49)
             .map(|n| {
@@ -99,13 +77,7 @@ fn no_replay_is_answered_before_the_first_deliverys_commit_on_either_node() {
         let mut admin = nodes[0].pool().acquire().await.expect("connection");
         let settled = tokio::time::timeout(Duration::from_secs(30), async {
             loop {
-                let blocked: i64 = sqlx::query_scalar(
-                    "SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid))",
-                )
-                .bind(holder)
-                .fetch_one(&mut *admin)
-                .await
-                .expect("lock waits");
+                let blocked = blocked_by(&mut admin, holder.pid).await;
                 let in_flight: u64 = nodes.iter().map(|n| n.batch_stats().in_flight()).sum();
                 let answered = others.iter().filter(|o| o.is_finished()).count() as u64;
                 if answered > 0
@@ -136,9 +108,7 @@ fn no_replay_is_answered_before_the_first_deliverys_commit_on_either_node() {
         drop(admin);
 
         open.store(true, Ordering::SeqCst);
-        release.send(()).expect("the first delivery still waits");
-        let (won, after) = winner.await.expect("first delivery");
-        assert!(after);
+        let won = holder.release().await;
         let Processed::Applied(answer) = won.expect("first delivery") else {
             panic!("the first delivery is applied");
         };

@@ -7,11 +7,12 @@
 use std::time::Duration;
 
 use oncebox_core::store::{EventStore, Ingest};
-use oncebox_core::{ManualClock, ProcessError, Processed, Response};
-use oncebox_postgres::{Inbox, sqlx};
+use oncebox_core::{ManualClock, ProcessError, Processed};
+use oncebox_postgres::Inbox;
 use oncebox_testkit::{EPOCH, event};
 
 use crate::harness::{options, schema, url};
+use crate::hold::{Holder, blocked_by};
 
 /// A deadline for what takes milliseconds or the node's own deadline.
 const PROMPT: Duration = Duration::from_secs(30);
@@ -42,29 +43,7 @@ fn a_batch_held_on_a_stuck_transactions_row_gives_up_and_frees_its_worker() {
         let node = Inbox::open(node).await.expect("node");
 
         // The other node's handler holds evt-1's transaction open until released.
-        let (reached, at_point) = tokio::sync::oneshot::channel::<i32>();
-        let (release, released) = tokio::sync::oneshot::channel::<()>();
-        let holder = {
-            let inbox = stuck.clone();
-            tokio::spawn(async move {
-                inbox
-                    .process(event("shop", "evt-1", 5), move |tx| {
-                        Box::pin(async move {
-                            let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
-                                .fetch_one(tx.conn())
-                                .await?;
-                            let _ = reached.send(pid);
-                            let _ = released.await;
-                            Ok(Response::completed("accepted"))
-                        })
-                    })
-                    .await
-            })
-        };
-        let pid = tokio::time::timeout(PROMPT, at_point)
-            .await
-            .expect("the holder inserted its record in time")
-            .expect("the holder's handler ran");
+        let holder = Holder::start(&stuck, event("shop", "evt-1", 5)).await;
 
         let first = {
             let node = node.clone();
@@ -74,13 +53,7 @@ fn a_batch_held_on_a_stuck_transactions_row_gives_up_and_frees_its_worker() {
         let mut admin = stuck.pool().acquire().await.expect("connection");
         let waited = tokio::time::timeout(PROMPT, async {
             loop {
-                let blocked: i64 = sqlx::query_scalar(
-                    "SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid))",
-                )
-                .bind(pid)
-                .fetch_one(&mut *admin)
-                .await
-                .expect("lock waits");
+                let blocked = blocked_by(&mut admin, holder.pid).await;
                 if blocked > 0 || first.is_finished() {
                     return blocked;
                 }
@@ -108,8 +81,7 @@ fn a_batch_held_on_a_stuck_transactions_row_gives_up_and_frees_its_worker() {
         );
         assert!(!holder.is_finished(), "the holder was still open");
 
-        release.send(()).expect("the holder still waits");
-        let won = holder.await.expect("holder");
+        let won = holder.release().await;
         assert!(matches!(won, Ok(Processed::Applied(_))), "{won:?}");
         let again = node.ingest(ingest("evt-1")).await.expect("ingest");
         assert!(again.is_duplicate(), "{again:?}");

@@ -7,6 +7,7 @@ mod database;
 mod deliveries;
 mod faults;
 mod harness;
+mod hold;
 mod ingest;
 mod lock_wait;
 mod pool;
