@@ -123,10 +123,24 @@ impl Inbox {
                 .map(|r| r.0)
                 .collect();
             if !due.is_empty() {
+                // The deliveries of these events are locked first, so none changes between the
+                // check that none is owed and the delete (an operator's redeliver committing
+                // in between was deleted with its record): the delete's own snapshot, taken
+                // after the locks, sees their committed states.
+                let mut tx = crate::inbox::begin(&self.pool, self.deadline).await?;
+                sqlx::query(
+                    "SELECT o.id FROM oncebox_outbox o JOIN oncebox_inbox i
+                       ON o.source = i.source AND o.event_id = i.event_id
+                     WHERE i.id = ANY($1) FOR UPDATE OF o",
+                )
+                .bind(&due)
+                .execute(&mut *tx)
+                .await?;
                 let gone: i64 = sqlx::query_scalar(PURGE_RECORDS)
                     .bind(&due)
-                    .fetch_one(&self.pool)
+                    .fetch_one(&mut *tx)
                     .await?;
+                tx.commit().await?;
                 deleted += u64::try_from(gone).unwrap_or(0);
             }
             // Ids follow arrival, so once a whole chunk is younger than the shortest retention
@@ -157,7 +171,8 @@ const PURGE_RECORDS: &str = "WITH gone AS (
   deliveries AS (
     DELETE FROM oncebox_outbox o USING gone g
     WHERE o.source = g.source AND o.event_id = g.event_id
-      AND o.idempotency_key = g.source || ':' || g.event_id),
+      AND o.idempotency_key = g.source || ':' || g.event_id
+      AND o.state IN ('delivered', 'dead')),
   conflicts AS (
     DELETE FROM oncebox_conflicts c USING gone g
     WHERE c.source = g.source AND c.event_id = g.event_id)

@@ -11,6 +11,7 @@ mod hold;
 mod ingest;
 mod lock_wait;
 mod pool;
+mod purge;
 mod relay;
 mod setup;
 mod wake;

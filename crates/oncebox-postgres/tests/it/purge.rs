@@ -1,0 +1,98 @@
+//! A purge beside an operator's redeliver on another node: the redeliver makes the finished
+//! delivery owed again while the purge is deciding. The purge must see it and keep the record
+//! and the delivery; deciding on what it read before, it deleted both, and the operator's
+//! "redelivered" was never sent.
+
+use std::time::Duration;
+
+use oncebox_core::delivery::{DeliveryState, Verdict};
+use oncebox_core::relay_store::{AttemptRecord, DeliveryFilter, DeliveryStore};
+use oncebox_core::store::EventStore;
+use oncebox_core::{Clock, Key, ManualClock, Processed, Retention};
+use oncebox_postgres::{Inbox, sqlx};
+use oncebox_testkit::{EPOCH, run};
+
+use crate::claims::routed;
+use crate::harness::{options, schema, url};
+use crate::hold::blocked_by;
+
+const DAY: Duration = Duration::from_secs(24 * 3600);
+
+#[test]
+fn a_redeliver_committed_while_a_purge_decides_keeps_the_record_and_its_delivery() {
+    if url().is_none() {
+        return;
+    }
+    run(async {
+        let clock = ManualClock::new(EPOCH);
+        let inbox = Inbox::open(options(&schema(), &clock)).await.expect("open");
+        let out = inbox.ingest(routed("evt-1", &["hooks"])).await;
+        assert!(matches!(out, Ok(Processed::Applied(_))), "{out:?}");
+        let claimed = inbox
+            .claim(clock.now(), 10, Duration::from_secs(30), &[])
+            .await
+            .expect("claim");
+        assert_eq!(claimed.len(), 1);
+        let attempt = AttemptRecord {
+            started_at: clock.now(),
+            duration: Duration::from_millis(5),
+            status: Some(200),
+            error: None,
+        };
+        DeliveryStore::record(
+            &inbox,
+            &claimed[0],
+            attempt,
+            Verdict::Delivered,
+            clock.now(),
+        )
+        .await
+        .expect("record");
+        clock.advance(DAY + Duration::from_secs(1));
+
+        // The operator's redeliver, in flight: the delivery owed again, not yet committed.
+        let mut redeliver = inbox.pool().begin().await.expect("begin");
+        let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+            .fetch_one(&mut *redeliver)
+            .await
+            .expect("pid");
+        sqlx::query(
+            "UPDATE oncebox_outbox SET state = 'pending', next_attempt_at = $1
+             WHERE source = 'shop' AND event_id = 'evt-1'",
+        )
+        .bind(clock.now().millis())
+        .execute(&mut *redeliver)
+        .await
+        .expect("redeliver");
+        let purging = {
+            let (inbox, now) = (inbox.clone(), clock.now());
+            tokio::spawn(async move { inbox.purge(now, &Retention::new(DAY)).await })
+        };
+        // The fault: PostgreSQL says the purge waits on the redeliver's row.
+        let mut look = inbox.pool().acquire().await.expect("connection");
+        let waited = tokio::time::timeout(Duration::from_secs(30), async {
+            loop {
+                if blocked_by(&mut look, pid).await > 0 || purging.is_finished() {
+                    return blocked_by(&mut look, pid).await;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+        .await
+        .expect("the purge reached the delivery");
+        assert_eq!(waited, 1, "the purge waited on the redeliver's row");
+        redeliver.commit().await.expect("commit");
+        let purged = purging.await.expect("task").expect("purge");
+        assert_eq!(purged, 0, "a record whose delivery is owed again is kept");
+        let key = Key::parse("shop", "evt-1").expect("key");
+        assert!(inbox.event(&key).await.expect("event").is_some());
+        let filter = DeliveryFilter {
+            key: Some(key),
+            limit: 10,
+            ..DeliveryFilter::default()
+        };
+        let ds = inbox.deliveries(filter).await.expect("deliveries").items;
+        let states: Vec<DeliveryState> = ds.iter().map(|d| d.state).collect();
+        assert_eq!(states, [DeliveryState::Pending]);
+    });
+}
