@@ -45,19 +45,20 @@ impl OrderGuard {
             expected,
         };
         let entity = match entity {
-            // Held to an event id's rules: a NUL or a few kilobytes is refused here, as a bad
-            // request, rather than by the storage (PostgreSQL refuses both, as an error no
-            // retry gets past), and the entity key stays a short, printable one.
-            Value::String(s) if EventId::new(s.as_str()).is_ok() => s.clone(),
-            Value::String(_) => {
-                return Err(invalid(
-                    &self.entity,
-                    "a string of 1 to 255 bytes, not blank, without control characters",
-                ));
-            }
+            Value::String(s) => s.clone(),
+            // Every digit is kept: a number may be as long as the body.
             Value::Number(n) => n.to_string(),
             _ => return Err(invalid(&self.entity, "a string")),
         };
+        // Held to an event id's rules: a NUL or a few kilobytes is refused here, as a bad
+        // request, rather than by the storage (PostgreSQL refuses both, as an error no retry
+        // gets past), and the entity key stays a short, printable one.
+        if EventId::new(entity.as_str()).is_err() {
+            return Err(invalid(
+                &self.entity,
+                "a number or a string of 1 to 255 bytes, not blank, without control characters",
+            ));
+        }
         let Value::Number(n) = version else {
             return Err(invalid(&self.version, "an integer"));
         };

@@ -128,9 +128,15 @@ fn older_entity_version_is_202_stale_and_replayed_as_such() {
         );
         // An entity no key can hold: a NUL, or longer than an event id may be.
         let long = "p".repeat(256);
-        for entity in ["pi\\u0000x", long.as_str(), " "] {
+        let digits = "9".repeat(256);
+        for entity in [
+            "\"pi\\u0000x\"".to_owned(),
+            format!("\"{long}\""),
+            "\" \"".to_owned(),
+            digits,
+        ] {
             let body = format!(
-                r#"{{"id":"e-{}","created":1,"data":{{"object":{{"id":"{entity}"}}}}}}"#,
+                r#"{{"id":"e-{}","created":1,"data":{{"object":{{"id":{entity}}}}}}}"#,
                 entity.len()
             );
             let refused = gw.send(post("ordered", &[], body)).await;
