@@ -96,6 +96,7 @@ impl Inbox {
         };
         let started_too = started.clone();
         let writer = Writer {
+            commits: crate::writer::Commits::guard(&conn),
             conn,
             clock: options.clock.clone(),
             max_batch: options.max_batch,
@@ -325,6 +326,7 @@ fn write<T>(
 ) -> Result<Result<T, Error>, Fatal> {
     cx.savepoint()?;
     let out = f(cx.conn);
+    cx.still_open()?;
     if out.is_err() {
         cx.rollback_to()?;
     }

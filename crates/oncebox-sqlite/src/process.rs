@@ -65,6 +65,7 @@ pub(crate) fn run(
         handler(&mut Tx::new(cx.conn, &event.key, cx.now))
     }))
     .unwrap_or_else(|_| Err(HandlerError::failed("handler panicked")));
+    cx.still_open()?;
     crash::point!("after-effect");
     let answer = match outcome {
         Ok(response) if response.kind == ResponseKind::Completed => {

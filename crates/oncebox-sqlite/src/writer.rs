@@ -13,7 +13,9 @@ use crate::crash;
 use crate::error::storage;
 use crate::stmts::{Sql, Statements, Stmt};
 
+mod commits;
 mod gather;
+pub(crate) use commits::Commits;
 use gather::gather;
 
 /// What a request sees of the open transaction.
@@ -37,6 +39,22 @@ impl<'s> Cx<'_, 's> {
     /// Undoes everything since `savepoint` and keeps the savepoint open.
     pub fn rollback_to(&self) -> Result<(), Fatal> {
         self.exec(Sql::RollbackTo)
+    }
+
+    /// Fails the batch when SQLite has rolled the whole transaction back by itself, as some
+    /// statement errors do (a constraint declared `ON CONFLICT ROLLBACK`, `RAISE(ROLLBACK)`,
+    /// a full disk, IO). Called right after user code returns: a handler that went on past
+    /// such an error would otherwise see the record written next in autocommit, committed
+    /// alone, without the effect it was to go with.
+    pub fn still_open(&self) -> Result<(), Fatal> {
+        if self.conn.is_autocommit() {
+            return Err(Fatal(Unavailable::Storage(
+                "SQLite rolled the transaction back: a statement failed and the code that ran \
+                 it went on"
+                    .into(),
+            )));
+        }
+        Ok(())
     }
 
     /// One of the writer's hot statements, prepared once for this connection.
@@ -135,6 +153,8 @@ pub(crate) struct Writer {
     /// Told of each commit, so WAL checkpoints run off the writer's critical path.
     pub checkpoint: crate::checkpoint::Due,
     pub stats: Arc<Stats>,
+    /// The only way to commit on `conn`.
+    pub commits: Commits,
 }
 
 /// Counters of the writer's work, of duplicates answered without it and of reads served on
@@ -269,7 +289,7 @@ impl Writer {
         }
         crash::point!("before-commit");
         let committing = Instant::now();
-        let committed = self.conn.execute_batch("COMMIT");
+        let committed = self.commits.commit(&self.conn);
         let spent = u64::try_from(committing.elapsed().as_nanos()).unwrap_or(u64::MAX);
         self.stats.commit_nanos.fetch_add(spent, Ordering::Relaxed);
         match committed {

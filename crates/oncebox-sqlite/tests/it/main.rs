@@ -9,6 +9,7 @@ mod harness;
 mod placement;
 mod powerloss;
 mod recent;
+mod rolled_back;
 mod sqlite;
 mod wal;
 
