@@ -29,18 +29,15 @@ impl<S: DeliveryStore> Relay<S> {
             } else {
                 self.room(&held)
             };
-            let claimed = match room {
+            let (claimed, freed) = match room {
                 Some((routes, room)) => {
                     beside(self.claim(routes, room), &mut sending, &mut held).await
                 }
-                None => Vec::new(),
+                None => (Vec::new(), false),
             };
-            // More may be due at once: look again without waiting.
-            let pause = if claimed.is_empty() {
-                self.options.idle_poll
-            } else {
-                Duration::ZERO
-            };
+            // More may be due at once, or a route has room again since the claim began: look
+            // again without waiting.
+            let mut again = freed || !claimed.is_empty();
             for c in claimed {
                 *held.entry(c.route.clone()).or_default() += 1;
                 let mut stop = stopped.clone();
@@ -52,7 +49,10 @@ impl<S: DeliveryStore> Relay<S> {
             let now = self.clock.now();
             if now >= gauges_due {
                 gauges_due = now.plus(GAUGES_EVERY);
-                if let Err(e) = beside(self.publish_gauges(), &mut sending, &mut held).await {
+                let (published, freed) =
+                    beside(self.publish_gauges(), &mut sending, &mut held).await;
+                again |= freed;
+                if let Err(e) = published {
                     tracing::debug!(error = %e, "gauges not published");
                 }
             }
@@ -62,6 +62,11 @@ impl<S: DeliveryStore> Relay<S> {
                 while sending.next().await.is_some() {}
                 return;
             }
+            let pause = if again {
+                Duration::ZERO
+            } else {
+                self.options.idle_poll
+            };
             let mut stop = stopped.clone();
             let stopping = async move {
                 let _ = stop.wait_for(|stop| *stop).await;
@@ -126,19 +131,22 @@ type Sent = (String, Result<Step, LeaseError>);
 /// would keep what it holds of the store, a pooled connection in mid-statement or its turn for
 /// one, until `work` ended, and `work` may be waiting for exactly that: on a pool smaller than
 /// the sends, the claim then waited out the store's whole deadline. Its answer would wait
-/// unread as well.
+/// unread as well. Also says whether a send ended meanwhile: its route has room again, and
+/// the loop looks at once instead of waiting out its poll.
 async fn beside<T>(
     work: impl Future<Output = T>,
     sending: &mut FuturesUnordered<impl Future<Output = Sent>>,
     held: &mut HashMap<String, usize>,
-) -> T {
+) -> (T, bool) {
     let mut work = pin!(work);
+    let mut freed = false;
     loop {
         tokio::select! {
             biased;
-            out = &mut work => return out,
+            out = &mut work => return (out, freed),
             Some((route, step)) = sending.next(), if !sending.is_empty() => {
                 settle(held, &route, step);
+                freed = true;
             }
         }
     }
