@@ -73,6 +73,7 @@ impl Inbox {
             );
         }
         schema::refuse_lost_file(&options)?;
+        schema::refuse_outdated(&options)?;
         let mut conn = schema::open_writer(&options)?;
         schema::migrate(&mut conn, &options)?;
         let checkpointer = schema::open_checkpointer(&options)?;

@@ -199,3 +199,31 @@ fn operators_commands_change_no_schema() {
         assert_eq!(user_version(&db), current - 1, "{command:?} migrated");
     }
 }
+
+/// Pointed at a SQLite file that is not oncebox's (another application's, a wrong path), an
+/// operator's command refuses it and leaves it byte for byte as it was: not even its journal
+/// mode is changed.
+#[test]
+fn operators_commands_leave_another_applications_file_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let other = d.join("other.db");
+    oncebox_sqlite::rusqlite::Connection::open(&other)
+        .unwrap()
+        .execute_batch("CREATE TABLE notes (body TEXT); INSERT INTO notes VALUES ('mine');")
+        .unwrap();
+    let before = std::fs::read(&other).unwrap();
+    let sqlite = format!("sqlite://{}", other.display());
+    let out = oncebox(d, &["--database", &sqlite, "stats"]);
+    let said = text(&out);
+    assert_eq!(out.status.code(), Some(4), "{said}");
+    assert!(said.contains("oncebox migrate"), "{said}");
+    // Compared, not printed: a difference would dump the whole file.
+    let after = std::fs::read(&other).unwrap();
+    assert!(
+        after == before,
+        "the file changed ({} bytes before, {} after)",
+        before.len(),
+        after.len()
+    );
+}

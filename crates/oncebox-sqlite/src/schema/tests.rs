@@ -1,0 +1,106 @@
+//! Tests of the migrations: old databases brought up to date with their rows.
+
+use super::*;
+
+const INSERT: &str = "INSERT INTO oncebox_inbox (source, event_id, fingerprint, state,
+    received_at) VALUES ('s', ?1, x'00', ?2, 1)";
+
+/// A database made before the check was rewritten: its rows stay, its check still refuses
+/// an unknown state, and an insert no longer opens a temporary index.
+#[test]
+fn the_state_check_is_rewritten_in_place() {
+    let dir = tempfile::tempdir().unwrap();
+    let options = Options::new(dir.path().join("old.db"));
+    let mut conn = open_writer(&options).unwrap();
+    let before = MIGRATIONS
+        .iter()
+        .position(|s| matches!(s, Step::Code(_)))
+        .expect("the rewrite is a step of code");
+    for step in &MIGRATIONS[..before] {
+        let Step::Sql(sql) = step else {
+            panic!("the rewrite is the first step of code")
+        };
+        conn.execute_batch(sql).unwrap();
+    }
+    conn.pragma_update(None, "user_version", before).unwrap();
+    conn.execute(INSERT, ["kept", "completed"]).unwrap();
+    let explain = |c: &Connection| -> Vec<String> {
+        let mut s = c.prepare(&format!("EXPLAIN {INSERT}")).unwrap();
+        s.query_map(["x", "stale"], |r| r.get::<_, String>(1))
+            .unwrap()
+            .map(Result::unwrap)
+            .collect()
+    };
+    assert!(
+        explain(&conn).iter().any(|op| op == "OpenEphemeral"),
+        "the old check builds a temporary index (else this test proves nothing)"
+    );
+
+    migrate(&mut conn, &options).unwrap();
+    assert!(!explain(&conn).iter().any(|op| op == "OpenEphemeral"));
+    // Another connection reads the new definition too.
+    let other = open_reader(&options).unwrap();
+    assert!(!explain(&other).iter().any(|op| op == "OpenEphemeral"));
+    let kept: String = conn
+        .query_row(
+            "SELECT state FROM oncebox_inbox WHERE event_id = 'kept'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(kept, "completed");
+    for state in ["processing", "completed", "rejected", "stale", "uncertain"] {
+        conn.execute(INSERT, [state, state]).unwrap();
+    }
+    let refused = conn.execute(INSERT, ["bogus", "done"]).unwrap_err();
+    assert!(refused.to_string().contains("CHECK"), "{refused}");
+    let check: String = conn
+        .query_row("PRAGMA integrity_check", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(check, "ok");
+    let writable: i64 = conn
+        .query_row("PRAGMA writable_schema", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(writable, 0);
+}
+
+/// Readers map the file, and read through the map what was checkpointed into it, and
+/// through the WAL what was committed since.
+#[test]
+fn readers_map_the_file_and_see_every_commit() {
+    let dir = tempfile::tempdir().unwrap();
+    let options = Options::new(dir.path().join("mapped.db"));
+    let mut writer = open_writer(&options).unwrap();
+    migrate(&mut writer, &options).unwrap();
+    let reader = open_reader(&options).unwrap();
+    let mapped: i64 = reader
+        .query_row("PRAGMA mmap_size", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(mapped, READER_MMAP_BYTES);
+    let state = |id: &str| -> String {
+        reader
+            .query_row(
+                "SELECT state FROM oncebox_inbox WHERE event_id = ?1",
+                [id],
+                |r| r.get(0),
+            )
+            .unwrap()
+    };
+    for id in 0..500 {
+        writer
+            .execute(INSERT, [format!("e{id}"), "completed".to_owned()])
+            .unwrap();
+    }
+    writer
+        .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))
+        .unwrap();
+    assert_eq!(state("e7"), "completed");
+    writer
+        .execute(
+            "UPDATE oncebox_inbox SET state = 'rejected' WHERE event_id = 'e7'",
+            [],
+        )
+        .unwrap();
+    assert_eq!(state("e7"), "rejected");
+    assert_eq!(state("e499"), "completed");
+}
