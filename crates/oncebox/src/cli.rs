@@ -177,11 +177,11 @@ Examples:
   oncebox stats --output json | jq .events.completed")]
     Stats(OutputArg),
     /// Delete terminal records older than each source's retention (never processing or
-    /// uncertain ones).
+    /// uncertain ones, nor one whose delivery is still owed), with their finished deliveries.
     #[command(after_help = "\
 Examples:
   oncebox purge                                    # each source's retention, else 7 days
-  oncebox purge --retention 30d --output json")]
+  oncebox purge --retention 30d --output json      # also where no [sources] are configured")]
     Purge {
         /// Retention for sources without their own, e.g. `30d` (7 days unless given; must be
         /// given when the configuration names no sources).

@@ -172,7 +172,9 @@ pub fn purge_retention(settings: &Settings, given: Option<Duration>) -> Result<D
     match given {
         Some(retention) => Ok(retention),
         None if settings.gateway.open_sources => anyhow::bail!(
-            "the configuration names no [sources], so a purge cannot know the retention the              gateway keeps for them: run it with the gateway's configuration (--config or              ONCEBOX_CONFIG), or give --retention for every source"
+            "the configuration names no [sources], so a purge cannot know the retention the \
+             gateway keeps for them: run it with the gateway's configuration (--config or \
+             ONCEBOX_CONFIG), or give --retention for every source"
         ),
         None => Ok(oncebox_core::retention::DEFAULT_RETENTION),
     }

@@ -61,7 +61,13 @@ pub fn sqlite_file(database: &str) -> Option<Result<&str, NotAFile>> {
         Some(path) => path,
         // Before the `://` test: `file:///x.db` is SQLite's URI, not an unknown scheme.
         None if starts_with_ignoring_case(database, "file:") => return Some(Err(NotAFile::Uri)),
-        None if database.contains("://") => return None,
+        // `postgres:db` is not a file name anyone means: refused as an unsupported URL.
+        None if database.contains("://")
+            || starts_with_ignoring_case(database, "postgres:")
+            || starts_with_ignoring_case(database, "postgresql:") =>
+        {
+            return None;
+        }
         None if starts_with_ignoring_case(database, "sqlite:") => {
             return Some(Err(NotAFile::NoSlashes));
         }
@@ -202,6 +208,11 @@ mod tests {
             assert!(why.to_string().contains("sqlite:///abs/path.db"), "{why}");
         }
         assert_eq!(sqlite_file("postgres://db/x"), None);
+        // PostgreSQL's scheme without `//` is not taken as a file name either.
+        for setting in ["postgres:db", "postgresql:db", "POSTGRES:db"] {
+            assert_eq!(sqlite_file(setting), None, "{setting}");
+            assert!(!is_supported(setting), "{setting}");
+        }
         // Multi-byte text at the prefix's end is compared, not sliced through.
         assert_eq!(sqlite_file("file\u{e9}.db"), Some(Ok("file\u{e9}.db")));
     }
