@@ -136,7 +136,9 @@ impl Inbox {
         &self,
         query: sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>,
     ) -> Result<u64, Unavailable> {
-        let mut tx = self.pool.begin().await.map_err(|e| storage(&e))?;
+        let mut tx = crate::inbox::begin(&self.pool, self.deadline)
+            .await
+            .map_err(|e| storage(&e))?;
         let n = query
             .execute(&mut *tx)
             .await

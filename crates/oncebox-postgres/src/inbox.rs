@@ -149,7 +149,7 @@ impl Inbox {
             .connect_with(connect)
             .await?;
         let mut conn = pool.acquire().await?;
-        schema::migrate(&mut conn, options.migrate).await?;
+        schema::migrate(&mut conn, options.migrate, options.deadline).await?;
         drop(conn);
         let batcher = Batcher::start(&pool, &options);
         Ok(Inbox {

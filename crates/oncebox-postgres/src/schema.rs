@@ -134,14 +134,23 @@ pub(crate) const VERSION: i64 = MIGRATIONS.len() as i64;
 
 /// Brings the schema up to date. The transaction first takes a transaction-scoped advisory lock,
 /// then reads the version: nodes starting at once queue on the lock and each later one finds the
-/// work done, so every migration runs exactly once.
-pub(crate) async fn migrate(conn: &mut PgConnection, allowed: bool) -> Result<(), OpenError> {
+/// work done, so every migration runs exactly once. Past the advisory lock, a wait for a table's
+/// lock ends after `deadline`: a migration waiting for an old node's long transaction would
+/// otherwise queue every other node's statement on those tables behind its own request, and
+/// stall them all; it fails instead, and the node's start can be tried again.
+pub(crate) async fn migrate(
+    conn: &mut PgConnection,
+    allowed: bool,
+    deadline: std::time::Duration,
+) -> Result<(), OpenError> {
     let mut tx = conn.begin().await?;
     // Scoped to the schema the connection writes to, so two schemas in one database (tests,
     // tenants) migrate independently.
     sqlx::query("SELECT pg_advisory_xact_lock(hashtext('oncebox-migrate:' || current_schema()))")
         .execute(&mut *tx)
         .await?;
+    let ms = deadline.as_millis().clamp(1, i32::MAX as u128);
+    sqlx::Executor::execute(&mut *tx, format!("SET LOCAL lock_timeout = {ms}").as_str()).await?;
     // Created only when absent (under the lock, so no race): `IF NOT EXISTS` would log a
     // server notice at every start.
     let exists: bool = sqlx::query_scalar("SELECT to_regclass('oncebox_schema') IS NOT NULL")

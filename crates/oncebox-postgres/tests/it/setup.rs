@@ -246,3 +246,60 @@ fn opened_without_migrations_a_missing_or_older_schema_is_refused_and_left_alone
         db.drop().await;
     });
 }
+
+/// A migration that must wait for an old node's long transaction on a table gives up within
+/// the deadline, and the old node's work goes on: waiting, its request for the table would
+/// have queued every other statement on that table behind it.
+#[test]
+fn a_migration_blocked_by_a_long_transaction_gives_up_and_blocks_nobody() {
+    run(async {
+        let Some(db) = OwnDatabase::create().await else {
+            return;
+        };
+        drop(
+            Inbox::open(Options::new(db.url.clone()))
+                .await
+                .expect("open"),
+        );
+        let mut first = admin(&db).await;
+        // As the previous version left it: the last migration to run again.
+        sqlx::query("UPDATE oncebox_schema SET version = version - 1")
+            .execute(&mut first)
+            .await
+            .expect("older");
+        // An old node's transaction, reading the inbox, left open.
+        let mut old_node = admin(&db).await;
+        sqlx::query("BEGIN")
+            .execute(&mut old_node)
+            .await
+            .expect("begin");
+        sqlx::query("SELECT count(*) FROM oncebox_inbox")
+            .execute(&mut old_node)
+            .await
+            .expect("read");
+        let opening = Inbox::open(
+            Options::new(db.url.clone()).deadline(std::time::Duration::from_millis(500)),
+        );
+        let opened = tokio::time::timeout(std::time::Duration::from_secs(30), opening)
+            .await
+            .expect("the migration gave up instead of waiting");
+        let Err(OpenError::Postgres(e)) = &opened else {
+            panic!("refused on the lock: {opened:?}");
+        };
+        assert!(e.to_string().contains("lock timeout"), "{e}");
+        // The old node goes on, and the migration runs once it is done.
+        sqlx::query("SELECT count(*) FROM oncebox_inbox")
+            .execute(&mut old_node)
+            .await
+            .expect("read");
+        sqlx::query("COMMIT")
+            .execute(&mut old_node)
+            .await
+            .expect("commit");
+        Inbox::open(Options::new(db.url.clone()))
+            .await
+            .expect("migrated");
+        drop((first, old_node));
+        db.drop().await;
+    });
+}
