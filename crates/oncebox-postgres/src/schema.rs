@@ -128,6 +128,15 @@ ALTER TABLE oncebox_outbox ALTER COLUMN destination TYPE TEXT COLLATE "C",
     ALTER COLUMN source TYPE TEXT COLLATE "C",
     ALTER COLUMN event_id TYPE TEXT COLLATE "C";
 "#,
+    // Finished gateway deliveries whose record an earlier version purged without them. Left,
+    // each would make the outbox's unique key drop the deliveries of its key accepted again (a
+    // purge now takes a record's finished deliveries with it); their attempts cascade.
+    r#"
+DELETE FROM oncebox_outbox
+WHERE state IN ('delivered', 'dead') AND idempotency_key = source || ':' || event_id
+  AND NOT EXISTS (SELECT 1 FROM oncebox_inbox i
+                  WHERE i.source = oncebox_outbox.source AND i.event_id = oncebox_outbox.event_id);
+"#,
 ];
 
 pub(crate) const VERSION: i64 = MIGRATIONS.len() as i64;

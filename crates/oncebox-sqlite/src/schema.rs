@@ -132,7 +132,19 @@ CREATE TABLE oncebox_purge_anchors (
 );
 "#,
     ),
+    Step::Sql(CLEAR_ORPHANED_DELIVERIES),
 ];
+
+/// Finished gateway deliveries whose record an earlier version purged without them. Left, each
+/// would make the outbox's unique key drop the deliveries of its key accepted again (a purge
+/// now takes a record's finished deliveries with it); their attempts cascade. The same text
+/// is PostgreSQL's.
+const CLEAR_ORPHANED_DELIVERIES: &str = "
+DELETE FROM oncebox_outbox
+WHERE state IN ('delivered', 'dead') AND idempotency_key = source || ':' || event_id
+  AND NOT EXISTS (SELECT 1 FROM oncebox_inbox i
+                  WHERE i.source = oncebox_outbox.source AND i.event_id = oncebox_outbox.event_id);
+";
 
 /// The inbox's `state IN (five values)` CHECK made SQLite build a temporary index of the five
 /// values on every insert and state update (it does so for IN lists longer than two), which

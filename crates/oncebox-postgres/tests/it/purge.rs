@@ -96,3 +96,49 @@ fn a_redeliver_committed_while_a_purge_decides_keeps_the_record_and_its_delivery
         assert_eq!(states, [DeliveryState::Pending]);
     });
 }
+
+/// A database an earlier version purged: a finished delivery whose record is gone is cleared
+/// when this version opens it; one still owed, and a library message keyed its own way, stay.
+#[test]
+fn finished_deliveries_left_by_earlier_purges_are_cleared_on_open() {
+    if url().is_none() {
+        return;
+    }
+    run(async {
+        let clock = ManualClock::new(EPOCH);
+        let schema = schema();
+        let inbox = Inbox::open(options(&schema, &clock)).await.expect("open");
+        for (key, id, state) in [
+            ("shop:gone", "gone", "delivered"),
+            ("shop:owed", "owed", "retrying"),
+            ("thanks:order-1", "gone", "dead"),
+        ] {
+            sqlx::query(
+                "INSERT INTO oncebox_outbox (destination, idempotency_key, payload, content_type,
+                   source, event_id, state, created_at, next_attempt_at)
+                 VALUES ('hooks', $1, '\\x00', 'application/json', 'shop', $2, $3, 1, 1)",
+            )
+            .bind(key)
+            .bind(id)
+            .bind(state)
+            .execute(inbox.pool())
+            .await
+            .expect("delivery");
+        }
+        sqlx::query("UPDATE oncebox_schema SET version = version - 1")
+            .execute(inbox.pool())
+            .await
+            .expect("older");
+        drop(inbox);
+        let inbox = Inbox::open(options(&schema, &clock))
+            .await
+            .expect("migrated");
+        let keys: Vec<String> = sqlx::query_scalar(
+            "SELECT idempotency_key FROM oncebox_outbox ORDER BY idempotency_key",
+        )
+        .fetch_all(inbox.pool())
+        .await
+        .expect("keys");
+        assert_eq!(keys, ["shop:owed", "thanks:order-1"]);
+    });
+}

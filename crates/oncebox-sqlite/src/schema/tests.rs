@@ -104,3 +104,50 @@ fn readers_map_the_file_and_see_every_commit() {
     assert_eq!(state("e7"), "rejected");
     assert_eq!(state("e499"), "completed");
 }
+
+/// A database an earlier version purged: a finished delivery whose record is gone (and its
+/// attempt) is cleared; one whose record is still there, one still owed, and a library
+/// message keyed its own way are kept.
+#[test]
+fn finished_deliveries_left_by_earlier_purges_are_cleared() {
+    let dir = tempfile::tempdir().unwrap();
+    let options = Options::new(dir.path().join("old.db"));
+    let mut conn = open_writer(&options).unwrap();
+    migrate(&mut conn, &options).unwrap();
+    conn.execute(INSERT, ["kept", "completed"]).unwrap();
+    let delivery = "INSERT INTO oncebox_outbox (destination, idempotency_key, payload,
+        content_type, source, event_id, state, created_at, next_attempt_at)
+        VALUES ('r', ?1, x'00', 'application/json', 's', ?2, ?3, 1, 1)";
+    for (key, id, state) in [
+        ("s:gone", "gone", "delivered"),
+        ("s:gone-dead", "gone-dead", "dead"),
+        ("s:kept", "kept", "delivered"),
+        ("s:owed", "owed", "retrying"),
+        ("thanks:order-1", "gone", "delivered"),
+    ] {
+        conn.execute(delivery, [key, id, state]).unwrap();
+    }
+    conn.execute(
+        "INSERT INTO oncebox_attempts (delivery_id, started_at, duration_ms, status)
+         SELECT id, 1, 1, 200 FROM oncebox_outbox WHERE idempotency_key = 's:gone'",
+        [],
+    )
+    .unwrap();
+    // As the version before the clearing left it.
+    conn.pragma_update(None, "user_version", VERSION - 1)
+        .unwrap();
+    migrate(&mut conn, &options).unwrap();
+    let mut keys: Vec<String> = conn
+        .prepare("SELECT idempotency_key FROM oncebox_outbox ORDER BY idempotency_key")
+        .unwrap()
+        .query_map([], |r| r.get(0))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    keys.sort();
+    assert_eq!(keys, ["s:kept", "s:owed", "thanks:order-1"]);
+    let attempts: i64 = conn
+        .query_row("SELECT count(*) FROM oncebox_attempts", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(attempts, 0, "the cleared delivery's attempt went with it");
+}
