@@ -3,7 +3,6 @@
 //! statements, so any number of nodes can share one database.
 
 use std::panic::AssertUnwindSafe;
-use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -14,7 +13,7 @@ use oncebox_core::{
     Response, ResponseKind, Unavailable,
 };
 use sqlx::PgPool;
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::postgres::PgPoolOptions;
 
 use crate::batch::Batcher;
 use crate::claim::{Claim, claim, finish};
@@ -24,6 +23,11 @@ use crate::error::{
 use crate::options::Options;
 use crate::tx::{HandlerError, Tx};
 use crate::{OUTBOX_CHANNEL, schema};
+
+mod connect;
+
+pub(crate) use connect::begin;
+use connect::{connect_options, quoted};
 
 /// A claim retries this often when the record it conflicted with vanished meanwhile.
 const CLAIM_ATTEMPTS: usize = 3;
@@ -49,60 +53,6 @@ impl std::fmt::Debug for Inbox {
 /// (`|tx| Box::pin(async move { … })`), because the future borrows the transaction.
 pub type Handler =
     Box<dyn for<'t> FnOnce(&'t mut Tx) -> BoxFuture<'t, Result<Response, HandlerError>> + Send>;
-
-/// The connection options every connection of the pool gets: the schema, durable commits
-/// (G6: `synchronous_commit=on` whatever the server's default), READ COMMITTED whatever the
-/// server's default (a claim waits on a concurrent holder's row and then reads its committed
-/// result; under REPEATABLE READ or SERIALIZABLE each such wait would end in a serialization
-/// failure), and a name operators can see.
-pub(crate) fn connect_options(options: &Options) -> Result<PgConnectOptions, OpenError> {
-    let mut connect = PgConnectOptions::from_str(&options.url)
-        .map_err(|e| OpenError::Url(e.to_string()))?
-        .application_name("oncebox")
-        .options([
-            ("synchronous_commit", "on"),
-            ("default_transaction_isolation", r"read\ committed"),
-        ]);
-    if let Some(schema) = &options.schema {
-        // Quoted, as the schema was created: unquoted, `Tenant` would be folded to `tenant`,
-        // another schema or none.
-        connect = connect.options([("search_path", startup_value(&quoted(schema)))]);
-    }
-    Ok(connect)
-}
-
-/// `value` as one word of the startup packet's `options` (`-c name=value ...`), which the
-/// server splits at spaces unless escaped with a backslash; sqlx writes it as given.
-fn startup_value(value: &str) -> String {
-    let mut out = String::with_capacity(value.len());
-    for c in value.chars() {
-        if c == '\\' || c.is_whitespace() {
-            out.push('\\');
-        }
-        out.push(c);
-    }
-    out
-}
-
-/// `name` as a quoted identifier: any name is safe, and its case is kept.
-fn quoted(name: &str) -> String {
-    format!("\"{}\"", name.replace('"', "\"\""))
-}
-
-/// Begins a transaction whose every wait for a lock ends after `deadline` with `55P03`
-/// (`Busy`), in the same round trip as the `BEGIN`. A row held by a transaction that never
-/// ends (another node's host frozen with it open: the server keeps the session until TCP gives
-/// up, hours later) would otherwise hold the waiter, its pooled connection and, for a batch,
-/// its worker and every later batch on it, long after its caller was answered.
-pub(crate) async fn begin(
-    pool: &PgPool,
-    deadline: Duration,
-) -> Result<sqlx::Transaction<'static, sqlx::Postgres>, sqlx::Error> {
-    // 0 would mean no limit.
-    let ms = deadline.as_millis().clamp(1, i32::MAX as u128);
-    pool.begin_with(format!("BEGIN; SET LOCAL lock_timeout = {ms}"))
-        .await
-}
 
 impl Inbox {
     /// Connects, creates the schema if asked for one, migrates (safe when several nodes start at

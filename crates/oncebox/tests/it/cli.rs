@@ -349,33 +349,6 @@ fn invalid_configuration_exits_2_and_check_says_why_in_json() {
     );
 }
 
-#[test]
-fn a_store_that_cannot_be_reached_exits_4() {
-    let dir = tempfile::tempdir().unwrap();
-    let d = dir.path();
-    let pg = oncebox(d, &["--database", "postgres://127.0.0.1:1/x", "stats"]);
-    assert_eq!(pg.status.code(), Some(4), "{}", text(&pg));
-    let missing = d.join("no-such-dir").join("o.db");
-    let sqlite = format!("sqlite://{}", missing.display());
-    let out = oncebox(d, &["--database", &sqlite, "events", "--output", "json"]);
-    assert_eq!(out.status.code(), Some(4), "{}", text(&out));
-    assert!(out.stdout.is_empty(), "no partial JSON on stdout");
-    // A mistyped file in a real directory is not created, empty, and read as a store.
-    let typo = d.join("typo.db");
-    let sqlite = format!("sqlite://{}", typo.display());
-    for command in [
-        &["stats"][..],
-        &["events"],
-        &["inspect", "shop", "evt_1"],
-        &["purge", "--retention", "7d"],
-    ] {
-        let out = oncebox(d, &[&["--database", &sqlite][..], command].concat());
-        assert_eq!(out.status.code(), Some(4), "{command:?}: {}", text(&out));
-        assert!(text(&out).contains("no database at"), "{}", text(&out));
-        assert!(!typo.exists(), "{command:?} created {}", typo.display());
-    }
-}
-
 /// `oncebox serve` beside a log whose database file is gone (a restore that missed it) stops
 /// with the reason instead of starting an empty inbox over the log: every key it remembered
 /// would be new again.

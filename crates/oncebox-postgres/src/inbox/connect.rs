@@ -1,0 +1,65 @@
+//! How the inbox's connections and transactions start: the settings every connection gets
+//! whatever the server's defaults, and the lock wait every transaction is bounded by.
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use sqlx::PgPool;
+use sqlx::postgres::PgConnectOptions;
+
+use crate::error::OpenError;
+use crate::options::Options;
+
+/// The connection options every connection of the pool gets: the schema, durable commits
+/// (G6: `synchronous_commit=on` whatever the server's default), READ COMMITTED whatever the
+/// server's default (a claim waits on a concurrent holder's row and then reads its committed
+/// result; under REPEATABLE READ or SERIALIZABLE each such wait would end in a serialization
+/// failure), and a name operators can see.
+pub(super) fn connect_options(options: &Options) -> Result<PgConnectOptions, OpenError> {
+    let mut connect = PgConnectOptions::from_str(&options.url)
+        .map_err(|e| OpenError::Url(e.to_string()))?
+        .application_name("oncebox")
+        .options([
+            ("synchronous_commit", "on"),
+            ("default_transaction_isolation", r"read\ committed"),
+        ]);
+    if let Some(schema) = &options.schema {
+        // Quoted, as the schema was created: unquoted, `Tenant` would be folded to `tenant`,
+        // another schema or none.
+        connect = connect.options([("search_path", startup_value(&quoted(schema)))]);
+    }
+    Ok(connect)
+}
+
+/// `value` as one word of the startup packet's `options` (`-c name=value ...`), which the
+/// server splits at spaces unless escaped with a backslash; sqlx writes it as given.
+fn startup_value(value: &str) -> String {
+    let mut out = String::with_capacity(value.len());
+    for c in value.chars() {
+        if c == '\\' || c.is_whitespace() {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// `name` as a quoted identifier: any name is safe, and its case is kept.
+pub(super) fn quoted(name: &str) -> String {
+    format!("\"{}\"", name.replace('"', "\"\""))
+}
+
+/// Begins a transaction whose every wait for a lock ends after `deadline` with `55P03`
+/// (`Busy`), in the same round trip as the `BEGIN`. A row held by a transaction that never
+/// ends (another node's host frozen with it open: the server keeps the session until TCP gives
+/// up, hours later) would otherwise hold the waiter, its pooled connection and, for a batch,
+/// its worker and every later batch on it, long after its caller was answered.
+pub(crate) async fn begin(
+    pool: &PgPool,
+    deadline: Duration,
+) -> Result<sqlx::Transaction<'static, sqlx::Postgres>, sqlx::Error> {
+    // 0 would mean no limit.
+    let ms = deadline.as_millis().clamp(1, i32::MAX as u128);
+    pool.begin_with(format!("BEGIN; SET LOCAL lock_timeout = {ms}"))
+        .await
+}
