@@ -113,8 +113,9 @@ pub(crate) fn handler_commit_failed(e: sqlx::Error) -> oncebox_core::ProcessErro
 
 /// Recording a handler's completed outcome failed. `25P02`: a statement of the handler failed
 /// and the handler went on and returned success; PostgreSQL had aborted the transaction, so
-/// nothing of it can commit. That is the handler's failure, for certain (a retry would meet
-/// the same), not unavailability.
+/// nothing of it can commit. The handler hid the error it got, so what it was (a passing lock
+/// timeout, or its own SQL) is unknown; reported as the handler's failure, which it is, rather
+/// than as unavailability that a handler hiding its own SQL error would meet on every retry.
 pub(crate) fn record_failed(e: &sqlx::Error) -> oncebox_core::ProcessError {
     match e {
         sqlx::Error::Database(db) if db.code().as_deref() == Some("25P02") => {
