@@ -349,7 +349,17 @@ impl Open<'_, '_> {
             job.refuse(Unavailable::Deadline);
             return true;
         }
-        match (job.work)(Ok(&mut self.cx)) {
+        // A panic in a request (a closure given to `Inbox::write`, say) fails its batch, which
+        // is rolled back, and the writer goes on: unwinding out of here ended the thread, and
+        // every later request of the process was refused as closed.
+        let work = job.work;
+        let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| work(Ok(&mut self.cx))))
+            .unwrap_or_else(|_| {
+                Err(Fatal(Unavailable::Storage(
+                    "a request panicked on the writer; its batch was rolled back".into(),
+                )))
+            });
+        match ran {
             Ok(finish) => self.finishes.push(finish),
             Err(Fatal(why)) => {
                 self.failed = Some(why);

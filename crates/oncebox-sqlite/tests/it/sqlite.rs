@@ -352,3 +352,36 @@ fn blocking_and_async_callers_share_one_inbox() {
         assert!(inbox.process(event("b"), ok).await.unwrap().is_duplicate());
     });
 }
+
+/// A request that panics on the writer (a closure given to `write`) fails, its work rolled
+/// back, and the writer goes on serving: the panic used to end the writer thread, after which
+/// every request of the process was refused as closed.
+#[test]
+fn a_panic_on_the_writer_fails_its_request_and_the_writer_goes_on() {
+    run(async {
+        let dir = tempfile::tempdir().unwrap();
+        let inbox = Inbox::open(Options::new(dir.path().join("o.db"))).unwrap();
+        let out = inbox
+            .write(|c| {
+                c.execute_batch("CREATE TABLE half (n INTEGER)")?;
+                panic!("a request's own bug");
+                #[allow(unreachable_code)]
+                Ok(())
+            })
+            .await;
+        assert!(out.is_err(), "{out:?}");
+        let out = inbox.process(event("after"), ok).await;
+        assert!(matches!(out, Ok(Processed::Applied(_))), "{out:?}");
+        let half = inbox
+            .write(|c| {
+                c.query_row(
+                    "SELECT count(*) FROM sqlite_master WHERE name = 'half'",
+                    [],
+                    |r| r.get::<_, i64>(0),
+                )
+            })
+            .await
+            .unwrap();
+        assert_eq!(half, 0, "the panicking request's work was rolled back");
+    });
+}
