@@ -14,6 +14,9 @@ use super::presets::{Preset, PresetId, preset};
 use super::raw::{RawEncoding, RawEventId, RawFingerprint, RawScheme, RawSource};
 
 const DEFAULT_TOLERANCE: Duration = Duration::from_secs(300);
+/// A retention shorter than this is warned about, whatever the sender: few senders stop
+/// retrying sooner, and an operator's resend comes later still.
+const SHORT_RETENTION: Duration = Duration::from_secs(24 * 3600);
 /// More than a day of clock difference is no longer skew; it makes the timestamp check moot.
 const MAX_TOLERANCE: Duration = Duration::from_secs(24 * 3600);
 const DEFAULT_MAX_BODY: u64 = 1 << 20;
@@ -112,6 +115,12 @@ pub(super) fn validate(
             humantime::format_duration(sender.horizon),
             sender.name,
             sender.name,
+        ));
+    } else if retention < SHORT_RETENTION {
+        warnings.push(format!(
+            "source {name}: retention {} is shorter than a day; a sender's retry or an \
+             operator's resend after the purge is taken as a new event and applied again",
+            humantime::format_duration(retention),
         ));
     }
 

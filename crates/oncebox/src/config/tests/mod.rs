@@ -273,3 +273,26 @@ fn a_sqlite_database_without_a_lasting_file_is_refused() {
         assert_eq!(s.database, database);
     }
 }
+
+/// A retention shorter than a day is accepted with a warning, whatever the sender.
+#[test]
+fn a_retention_shorter_than_a_day_is_warned_about() {
+    let short = ok("[sources.open]\nsignature = \"none\"\nretention = \"1h\"\n");
+    assert!(
+        short
+            .warnings
+            .iter()
+            .any(|w| w.contains("source open: retention 1h is shorter than a day")),
+        "{:?}",
+        short.warnings
+    );
+    let long = ok("[sources.open]\nsignature = \"none\"\nretention = \"2days\"\n");
+    assert!(
+        !long
+            .warnings
+            .iter()
+            .any(|w| w.contains("shorter than a day")),
+        "{:?}",
+        long.warnings
+    );
+}
