@@ -271,12 +271,19 @@ pub(crate) fn open_checkpointer(o: &Options) -> Result<Connection, OpenError> {
     Ok(conn)
 }
 
-/// Opened without migrations, an older schema is refused before anything touches the file:
-/// `open_writer` already writes (the journal mode, the log beside it). A file that cannot be
-/// read this way is left to the checks that follow.
+/// Opened without migrations, a missing file or an older schema is refused before anything
+/// touches the path: `open_writer` already writes (it creates the file, sets the journal mode,
+/// makes the log beside it). A file that cannot be read this way is left to the checks that
+/// follow.
 pub(crate) fn refuse_outdated(o: &Options) -> Result<(), OpenError> {
-    if o.migrate || !o.path.exists() {
+    if o.migrate {
         return Ok(());
+    }
+    if !o.path.exists() {
+        return Err(OpenError::SchemaOutdated {
+            found: 0,
+            known: VERSION,
+        });
     }
     let found = Connection::open_with_flags(&o.path, OpenFlags::SQLITE_OPEN_READ_ONLY)
         .and_then(|c| c.query_row("PRAGMA user_version", [], |r| r.get::<_, i64>(0)));

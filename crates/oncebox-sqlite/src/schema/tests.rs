@@ -151,3 +151,20 @@ fn finished_deliveries_left_by_earlier_purges_are_cleared() {
         .unwrap();
     assert_eq!(attempts, 0, "the cleared delivery's attempt went with it");
 }
+
+/// Without migrations, a path with no file is refused and no file is made there.
+#[test]
+fn without_migrations_a_missing_file_is_refused_and_not_created() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("none.db");
+    let refused = refuse_outdated(&Options::new(&path).migrate(false));
+    assert!(
+        matches!(refused, Err(OpenError::SchemaOutdated { found: 0, .. })),
+        "{refused:?}"
+    );
+    assert!(!path.exists());
+    assert!(
+        refuse_outdated(&Options::new(&path)).is_ok(),
+        "migrating: created later"
+    );
+}
