@@ -26,6 +26,8 @@ use crate::setup::{ConsumeError, DeliverFrom, bind};
 
 /// How long `run` waits, before it returns, for the acks it sent to reach the server.
 const FLUSH_LIMIT: Duration = Duration::from_secs(5);
+/// How long one pull request waits for messages, unless the durable caps it lower.
+const PULL_EXPIRES: Duration = Duration::from_secs(30);
 
 /// What one consumer reads and how it settles messages.
 #[derive(Debug, Clone)]
@@ -153,12 +155,17 @@ impl<A: Apply> Consumer<A> {
         } else {
             self.options.batch.max(1)
         };
+        // Within the durable's own caps: past them the server ends the pull with an error.
+        let limit = bound.max_batch.map_or(limit, |cap| limit.min(cap));
+        let expires = bound
+            .max_expires
+            .map_or(PULL_EXPIRES, |cap| PULL_EXPIRES.min(cap));
         let mut messages = bound
             .consumer
             .stream()
             .max_messages_per_batch(limit)
-            .heartbeat(self.options.heartbeat)
-            .expires(Duration::from_secs(30))
+            .heartbeat(self.options.heartbeat.min(expires / 2))
+            .expires(expires)
             .messages()
             .await
             .map_err(|e| ConsumeError::Pull(e.to_string()))?;

@@ -82,6 +82,10 @@ pub enum DurableProblem {
     /// outage kept the store from answering: the message is lost.
     #[error("its max_deliver is {0}, not unlimited")]
     MaxDeliver(i64),
+    /// The server sends headers only: every payload would arrive empty, applied as such or
+    /// quarantined as not JSON, and acknowledged either way.
+    #[error("it delivers headers only, without payloads")]
+    HeadersOnly,
 }
 
 /// The consumer bound to its durable, and the stream's identity.
@@ -90,6 +94,10 @@ pub(crate) struct Bound {
     /// When the stream was created, in Unix nanoseconds: a stream deleted and created again
     /// under the same name starts its sequences at 1 again, and this tells the two apart.
     pub stream_created: i128,
+    /// The durable's own caps on one pull: asking for more ends the pull with an error, and
+    /// the consumer would end with it at every start.
+    pub max_batch: Option<usize>,
+    pub max_expires: Option<Duration>,
 }
 
 pub(crate) async fn bind(
@@ -147,6 +155,9 @@ pub(crate) async fn bind(
             found.max_deliver,
         )));
     }
+    if found.headers_only {
+        return Err(unsafe_durable(DurableProblem::HeadersOnly));
+    }
     read_back(info, o, &found.filter_subject)?;
     if found.filter_subject != asked_filter {
         tracing::warn!(durable = %o.durable, found = %found.filter_subject, asked = %asked_filter, "the existing durable filters other subjects than configured; its own filter applies");
@@ -163,6 +174,9 @@ pub(crate) async fn bind(
     Ok(Bound {
         consumer,
         stream_created,
+        // 0 is "no limit" on the server.
+        max_batch: usize::try_from(found.max_batch).ok().filter(|n| *n > 0),
+        max_expires: Some(found.max_expires).filter(|d| !d.is_zero()),
     })
 }
 

@@ -113,6 +113,14 @@ fn an_existing_durable_that_acks_or_drops_on_its_own_is_refused() {
                 },
                 DurableProblem::MaxDeliver(3),
             ),
+            (
+                pull::Config {
+                    ack_policy: AckPolicy::Explicit,
+                    headers_only: true,
+                    ..pull::Config::default()
+                },
+                DurableProblem::HeadersOnly,
+            ),
         ] {
             let _ = s.delete_consumer(&w.durable).await;
             s.create_consumer(pull::Config {
@@ -206,6 +214,43 @@ fn a_new_durable_starts_at_the_retention_horizon_not_at_the_first_message() {
             done.acked, everything.applied, everything.duplicates
         );
         assert_eq!((everything.applied, everything.duplicates), (2, 2));
+        w.cleanup().await;
+    });
+}
+
+/// An existing durable that caps one pull's batch and wait below what the consumer asks for:
+/// the consumer pulls within the caps. Asking past them, the server ended every pull with an
+/// error, and the consumer ended at each start without consuming anything.
+#[test]
+fn an_existing_durable_with_smaller_pull_caps_is_consumed_within_them() {
+    let Some(url) = service_url("ONCEBOX_NATS_URL") else {
+        return;
+    };
+    run(async move {
+        let w = World::new(&url).await;
+        let ids = ["evt_c1", "evt_c2", "evt_c3", "evt_c4", "evt_c5"];
+        for id in ids {
+            w.publish(Some(id), r#"{"amount":1}"#).await;
+        }
+        let s = w.js.get_stream(&w.stream).await.unwrap();
+        s.create_consumer(pull::Config {
+            durable_name: Some(w.durable.clone()),
+            ack_policy: AckPolicy::Explicit,
+            max_batch: 2,
+            max_expires: Duration::from_secs(2),
+            ..pull::Config::default()
+        })
+        .await
+        .unwrap();
+        let apply = w.db.checked();
+        let mut consumer = start(&url, Consumer::new(apply.clone(), w.options()));
+        w.wait(&mut consumer, |c| c.applied >= 5).await;
+        w.wait_all_acked().await;
+        let done = consumer.stop().await;
+        assert_eq!((done.applied, done.acked), (5, 5));
+        for id in ids {
+            assert_eq!(w.db.effects(id), 1, "{id}");
+        }
         w.cleanup().await;
     });
 }
