@@ -19,7 +19,7 @@ use oncebox_core::{Event, Key, ProcessError, Processed};
 use tokio::sync::watch;
 
 use crate::ConsumerOptions;
-use crate::message::{Props, delivery_count};
+use crate::message::{Props, delivery_count, quarantined_here_for};
 use crate::publish::{Publisher, QuarantineError};
 
 /// Keys remembered with their handler failures until settled; past this many the memory is
@@ -237,6 +237,11 @@ impl Broker for InHand<'_> {
 
     async fn quarantine(&self, reason: &Reason) -> Result<(), QuarantineError> {
         let o = self.options;
+        if quarantined_here_for(&self.delivery.properties, &o.queue, reason.slug()) {
+            let e = QuarantineError::RoutesBack;
+            tracing::error!(queue = %o.queue, quarantine = %o.quarantine.exchange, error = %e, "not quarantined again; message requeued");
+            return Err(e);
+        }
         self.publisher
             .quarantine(&o.quarantine, &o.queue, &o.rules.source, self.delivery, reason)
             .await

@@ -64,6 +64,14 @@ fn text(value: &AMQPValue) -> Option<Cow<'_, [u8]>> {
     }
 }
 
+/// Whether `props` are those of a copy this queue quarantined for `reason`: quarantining it
+/// again would only send it round once more when the quarantine routes back into the queue.
+pub(crate) fn quarantined_here_for(props: &BasicProperties, queue: &str, reason: &str) -> bool {
+    let p = Props(props);
+    let is = |name: &str, value: &str| p.header(name).is_some_and(|v| &*v == value.as_bytes());
+    is("x-oncebox-queue", queue) && is("x-oncebox-reason", reason)
+}
+
 /// The broker's delivery count, where the queue keeps one (quorum queues).
 pub(crate) fn delivery_count(props: &BasicProperties) -> Option<u32> {
     let value = props.headers().as_ref()?.inner().get("x-delivery-count")?;

@@ -29,6 +29,14 @@ pub(crate) enum QuarantineError {
     Timeout(Duration),
     #[error("the consumer stopped before a new publish channel was opened")]
     Stopped,
+    /// The message is a copy this queue already quarantined for the same reason: the
+    /// quarantine routes back into the queue (or the copy was put back unchanged). Quarantined
+    /// again it would go round for ever; held and requeued instead, loudly.
+    #[error(
+        "this message is a copy this queue quarantined for the same reason; the quarantine \
+         routes back into the queue, or the copy was put back unchanged"
+    )]
+    RoutesBack,
 }
 
 /// A request to the consumer's loop, which owns the connection, for a working channel.

@@ -1,10 +1,12 @@
 //! The quarantine when it goes wrong: an exchange that did not exist yet (the broker closes the
-//! publishing channel), an original with a per-message TTL and routing headers, and a
-//! configuration that would send every copy back into the consumed queue.
+//! publishing channel), an original with a per-message TTL and routing headers, a
+//! configuration that would send every copy back into the consumed queue (refused at start),
+//! and a quarantine exchange the consumed queue is also bound to (the copy held, not sent
+//! round again).
 
 use std::time::{Duration, Instant};
 
-use lapin::options::{BasicGetOptions, ExchangeDeleteOptions};
+use lapin::options::{BasicGetOptions, ExchangeDeleteOptions, QueueBindOptions};
 use lapin::types::{AMQPValue, FieldArray, FieldTable};
 use lapin::{BasicProperties, Connection};
 use oncebox_amqp::{ConsumeError, Consumer, OptionsError};
@@ -117,6 +119,45 @@ fn quarantine_into_the_consumed_queue_is_refused_at_start() {
         assert_eq!(*consumer.counts().borrow(), Default::default());
         w.wait_ready(&w.queue, 1).await;
         let _ = conn.close(200, "done".into()).await;
+        w.cleanup().await;
+    });
+}
+
+/// A quarantine exchange that also routes into the consumed queue (the queue bound to it, as
+/// to a producers' fanout or a topic with `#`): the copy comes back. It is not quarantined
+/// again, which would send it round for ever at full speed, but held and requeued, loudly.
+#[test]
+fn a_copy_the_quarantine_routes_back_is_not_quarantined_again() {
+    let Some(url) = service_url("ONCEBOX_AMQP_URL") else {
+        return;
+    };
+    run(async move {
+        let w = World::new(&url).await;
+        w.channel
+            .queue_bind(
+                w.queue.as_str().into(),
+                w.quarantine_exchange.as_str().into(),
+                "".into(),
+                QueueBindOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .unwrap();
+        let mut consumer = start(&url, Consumer::new(w.db.checked(), w.options()));
+        // No message id: refused as event-id-missing, quarantined.
+        w.publish(None, r#"{"amount":1}"#).await;
+        consumer.wait(|c| c.quarantined >= 1, w.state()).await;
+        // The copy came back into the queue and was held three times instead.
+        let held = consumer.wait(|c| c.requeued >= 3, w.state()).await;
+        let done = consumer.stop().await;
+        eprintln!(
+            "amqp quarantine routing back: quarantined {}, then the copy requeued {} times",
+            done.quarantined, done.requeued
+        );
+        assert_eq!(held.quarantined, 1, "the original only");
+        assert_eq!(done.quarantined, 1);
+        assert_eq!(w.ready(&w.quarantine_queue).await, 1, "one copy kept");
+        w.wait_ready(&w.queue, 1).await;
         w.cleanup().await;
     });
 }
