@@ -74,6 +74,8 @@ const DEFAULT_PREFETCH: u32 = 64;
 const DEFAULT_MAX_BODY: u64 = 1 << 20;
 const MAX_MAX_BODY: u64 = 64 << 20;
 const MIN_RETRY_DELAY: Duration = Duration::from_millis(10);
+/// The longest retry delay on RabbitMQ, well inside its default consumer_timeout (30 min).
+const MAX_AMQP_RETRY_DELAY: Duration = Duration::from_secs(300);
 
 /// The consumer, or `None` after pushing its problems.
 pub(super) fn validate(
@@ -144,6 +146,16 @@ pub(super) fn validate(
     // No delay would turn a store outage into a tight loop of redeliveries.
     if retry.delay < MIN_RETRY_DELAY {
         p.push(&format!("{path}.retry_delay"), "must be at least 10ms");
+    }
+    // RabbitMQ holds a message in hand for the retry delay before it is requeued, and closes a
+    // channel that holds one past its consumer_timeout (30 minutes by default): every message
+    // in hand, those already committed too, would then come again, and again.
+    if raw.queue.is_some() && retry.delay > MAX_AMQP_RETRY_DELAY {
+        p.push(
+            &format!("{path}.retry_delay"),
+            "must be at most 5m on RabbitMQ (a message is held that long, and the broker's \
+             consumer_timeout closes a channel that holds one too long)",
+        );
     }
     for (field, value) in [
         ("queue", &raw.queue),
@@ -361,6 +373,10 @@ max_attempts = 2
             (
                 "queue = \"q\"\nkey = \"message-id\"\nquarantine = \"x\"\nretry_delay = \"0s\"",
                 "consumers.c.retry_delay",
+            ),
+            (
+                "queue = \"q\"\nkey = \"message-id\"\nquarantine = \"x\"\nretry_delay = \"6m\"",
+                "consumers.c.retry_delay: must be at most 5m on RabbitMQ",
             ),
             (
                 "queue = \" \"\nkey = \"message-id\"\nquarantine = \"x\"",
