@@ -26,7 +26,7 @@ use crate::{OUTBOX_CHANNEL, schema};
 
 mod connect;
 
-pub(crate) use connect::begin;
+pub(crate) use connect::{begin, lock_timeout};
 use connect::{connect_options, quoted};
 
 /// A claim retries this often when the record it conflicted with vanished meanwhile.

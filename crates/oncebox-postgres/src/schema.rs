@@ -158,8 +158,7 @@ pub(crate) async fn migrate(
     sqlx::query("SELECT pg_advisory_xact_lock(hashtext('oncebox-migrate:' || current_schema()))")
         .execute(&mut *tx)
         .await?;
-    let ms = deadline.as_millis().clamp(1, i32::MAX as u128);
-    sqlx::Executor::execute(&mut *tx, format!("SET LOCAL lock_timeout = {ms}").as_str()).await?;
+    sqlx::Executor::execute(&mut *tx, crate::inbox::lock_timeout(deadline).as_str()).await?;
     // Created only when absent (under the lock, so no race): `IF NOT EXISTS` would log a
     // server notice at every start.
     let exists: bool = sqlx::query_scalar("SELECT to_regclass('oncebox_schema') IS NOT NULL")

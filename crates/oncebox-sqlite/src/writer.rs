@@ -43,15 +43,13 @@ impl<'s> Cx<'_, 's> {
 
     /// Fails the batch when SQLite has rolled the whole transaction back by itself, as some
     /// statement errors do (a constraint declared `ON CONFLICT ROLLBACK`, `RAISE(ROLLBACK)`,
-    /// a full disk, IO). Called right after user code returns: a handler that went on past
-    /// such an error would otherwise see the record written next in autocommit, committed
-    /// alone, without the effect it was to go with.
+    /// a full disk, IO). Checked after each request, and inside one right after user code
+    /// returns: a handler that went on past such an error would otherwise see the record
+    /// written next in autocommit, without the effect it was to go with.
     pub fn still_open(&self) -> Result<(), Fatal> {
         if self.conn.is_autocommit() {
             return Err(Fatal(Unavailable::Storage(
-                "SQLite rolled the transaction back: a statement failed and the code that ran \
-                 it went on"
-                    .into(),
+                "transaction rolled back by SQLite: a statement's error ended it".into(),
             )));
         }
         Ok(())
@@ -359,21 +357,16 @@ impl Open<'_, '_> {
                     "a request panicked on the writer; its batch was rolled back".into(),
                 )))
             });
-        match ran {
-            Ok(finish) => self.finishes.push(finish),
+        // The savepoints already released go with a transaction SQLite rolled back itself.
+        match ran.and_then(|finish| self.cx.still_open().map(|()| finish)) {
+            Ok(finish) => {
+                self.finishes.push(finish);
+                true
+            }
             Err(Fatal(why)) => {
                 self.failed = Some(why);
-                return false;
+                false
             }
         }
-        // SQLite rolls the whole transaction back by itself on some errors (full disk, IO):
-        // the savepoints already released are gone too.
-        if self.cx.conn.is_autocommit() {
-            self.failed = Some(Unavailable::Storage(
-                "transaction rolled back by SQLite".into(),
-            ));
-            return false;
-        }
-        true
     }
 }

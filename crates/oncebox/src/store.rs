@@ -31,25 +31,18 @@ pub enum Schema {
     AsIs,
 }
 
-/// A store whose schema is older than this build's (or absent), opened without migrating.
-#[derive(Debug)]
-struct Outdated {
-    found: i64,
-    known: i64,
+/// A store whose schema is older than this build's (or absent), opened without migrating:
+/// nothing was decided, and the store is usable once migrated.
+fn outdated(found: i64, known: i64) -> anyhow::Error {
+    crate::exit::coded(
+        crate::exit::Code::Unavailable,
+        anyhow::anyhow!(
+            "the database's schema is version {found} and this build's is {known}: run \
+             `oncebox migrate` (or start `oncebox serve`) with this version first; this command \
+             changes no schema"
+        ),
+    )
 }
-
-impl std::fmt::Display for Outdated {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "the database's schema is version {} and this build's is {}: run `oncebox migrate` \
-             (or start `oncebox serve`) with this version first; this command changes no schema",
-            self.found, self.known
-        )
-    }
-}
-
-impl std::error::Error for Outdated {}
 
 /// One of the backends.
 #[derive(Clone, Debug)]
@@ -94,13 +87,7 @@ impl Store {
             ));
         }
         let migrate = schema == Schema::Migrate;
-        Store::open_inner(database, &Storage::default(), migrate)
-            .await
-            .map_err(|e| match e.downcast_ref::<Outdated>() {
-                // Nothing was decided: the store is usable once migrated.
-                Some(_) => crate::exit::coded(crate::exit::Code::Unavailable, e),
-                None => e,
-            })
+        Store::open_inner(database, &Storage::default(), migrate).await
     }
 
     /// `open`, tuned by `[storage]`.
@@ -113,7 +100,7 @@ impl Store {
             let options = oncebox_postgres::Options::new(database).migrate(migrate);
             let inbox = match oncebox_postgres::Inbox::open(options).await {
                 Err(oncebox_postgres::OpenError::SchemaOutdated { found, known }) => {
-                    return Err(Outdated { found, known }.into());
+                    return Err(outdated(found, known));
                 }
                 opened => opened.with_context(|| format!("opening {}", describe(database)))?,
             };
@@ -144,7 +131,7 @@ impl Store {
         }
         let inbox = match oncebox_sqlite::Inbox::open(options.migrate(migrate)) {
             Err(oncebox_sqlite::OpenError::SchemaOutdated { found, known }) => {
-                return Err(Outdated { found, known }.into());
+                return Err(outdated(found, known));
             }
             opened => opened.with_context(|| format!("opening {path}"))?,
         };

@@ -58,8 +58,13 @@ pub(crate) async fn begin(
     pool: &PgPool,
     deadline: Duration,
 ) -> Result<sqlx::Transaction<'static, sqlx::Postgres>, sqlx::Error> {
+    pool.begin_with(format!("BEGIN; {}", lock_timeout(deadline)))
+        .await
+}
+
+/// The statement that bounds the open transaction's waits for a lock by `deadline`.
+pub(crate) fn lock_timeout(deadline: Duration) -> String {
     // 0 would mean no limit.
     let ms = deadline.as_millis().clamp(1, i32::MAX as u128);
-    pool.begin_with(format!("BEGIN; SET LOCAL lock_timeout = {ms}"))
-        .await
+    format!("SET LOCAL lock_timeout = {ms}")
 }

@@ -19,10 +19,11 @@ use oncebox_core::{Processed, Source, SystemClock};
 use oncebox_postgres::{Inbox, Options};
 use oncebox_relay::{Relay, RelayOptions};
 use oncebox_testkit::run;
-use tokio::sync::{Semaphore, oneshot, watch};
+use tokio::sync::{Semaphore, watch};
 
 use crate::claims::routed;
 use crate::database::OwnDatabase;
+use crate::relay::running;
 
 /// A deadline for what takes milliseconds.
 const PROMPT: Duration = Duration::from_secs(20);
@@ -100,14 +101,7 @@ fn answers_arriving_together_are_recorded_while_the_relay_claims_on_a_small_pool
             ..RelayOptions::default()
         };
         let relay = Relay::new(inbox.clone(), vec![route], Arc::new(SystemClock), options);
-        let (stop, stopped) = oneshot::channel::<()>();
-        let running = tokio::spawn(async move {
-            relay
-                .run(async {
-                    let _ = stopped.await;
-                })
-                .await;
-        });
+        let (stop, running) = running(relay);
         // Every request is held by the receiver: the answers all come at once, four times as
         // many as the pool has connections to record them with.
         tokio::time::timeout(PROMPT, arrivals.wait_for(|n| *n == CONCURRENCY))

@@ -21,6 +21,7 @@ use oncebox_postgres::{Inbox, Options};
 use oncebox_relay::{Relay, RelayOptions};
 use oncebox_testkit::{event, run};
 use tokio::sync::{oneshot, watch};
+use tokio::task::JoinHandle;
 
 use crate::claims::routed;
 use crate::database::OwnDatabase;
@@ -162,6 +163,19 @@ impl DeliveryStore for Watched {
     }
 }
 
+/// Runs `relay` on a task of its own until the returned sender fires (or is dropped).
+pub fn running<S: DeliveryStore>(relay: Relay<S>) -> (oneshot::Sender<()>, JoinHandle<()>) {
+    let (stop, stopped) = oneshot::channel::<()>();
+    let task = tokio::spawn(async move {
+        relay
+            .run(async {
+                let _ = stopped.await;
+            })
+            .await;
+    });
+    (stop, task)
+}
+
 async fn delivered_to(seen: &mut watch::Receiver<Vec<Seen>>, key: &str) {
     tokio::time::timeout(
         PROMPT,
@@ -198,14 +212,7 @@ fn relay_delivers_ingested_events_once_each_woken_by_notify() {
             Arc::new(SystemClock),
             options,
         );
-        let (stop, stopped) = oneshot::channel::<()>();
-        let running = tokio::spawn(async move {
-            relay
-                .run(async {
-                    let _ = stopped.await;
-                })
-                .await;
-        });
+        let (stop, running) = running(relay);
         for (i, id) in ["evt-0", "evt-1", "evt-2", "evt-3"].into_iter().enumerate() {
             if i > 0 {
                 assert!(

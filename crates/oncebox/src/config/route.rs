@@ -222,7 +222,8 @@ pub(super) fn validate(
     };
     // `decide` gives up when the age plus the next wait passes max_age, and the first wait may
     // be the whole base: a max_age not longer than it makes the first failure dead.
-    if retry.max_age.is_zero() || retry.max_age <= retry.backoff.base {
+    // (The base is more than zero, checked above, so this refuses a zero max_age too.)
+    if retry.max_age <= retry.backoff.base {
         p.push(
             &format!("{path}.max_age"),
             format_args!(
