@@ -45,11 +45,18 @@ pub struct MessageRules {
 }
 
 impl MessageRules {
+    /// The whole JSON payload is fingerprinted, except beside a key derived from business
+    /// fields: then those fields are, so the same fact in a new envelope is a duplicate, not
+    /// a conflict (set `fingerprint` to have more fields count).
     pub fn new(source: Source, key: KeyRule) -> MessageRules {
+        let fingerprint = match &key {
+            KeyRule::Derive(fields) => FingerprintMode::Fields(fields.clone()),
+            _ => FingerprintMode::Json,
+        };
         MessageRules {
             source,
             key,
-            fingerprint: FingerprintMode::Json,
+            fingerprint,
             max_body: 1 << 20,
         }
     }

@@ -45,7 +45,15 @@ fn keys_come_from_the_configured_place_only() {
     let num = KeyRule::Pointer(Pointer::parse("/n").unwrap());
     assert_eq!(id(&rules(num)).as_str(), "7");
     let derived = KeyRule::Derive(vec![Pointer::parse("/n").unwrap()]);
-    assert_eq!(id(&rules(derived)).as_str().len(), 64);
+    assert_eq!(id(&rules(derived.clone())).as_str().len(), 64);
+    // Beside a derived key the fingerprint is the key's fields: the same fact in a new
+    // envelope is the same event, not the key reused with another payload.
+    let derived = rules(derived);
+    let at = |sent: &str| {
+        let body = format!(r#"{{"n":7,"sent":"{sent}"}}"#).into_bytes();
+        derived.event(&h, body, None).unwrap().fingerprint
+    };
+    assert_eq!(at("10:00"), at("10:05"));
 }
 
 #[test]

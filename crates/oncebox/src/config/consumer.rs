@@ -4,8 +4,8 @@
 
 use std::time::Duration;
 
+use oncebox_core::Source;
 use oncebox_core::consume::{KeyRule, MessageRules, RetryPolicy};
-use oncebox_core::{FingerprintMode, Source};
 use serde::Deserialize;
 
 use super::Problems;
@@ -109,13 +109,11 @@ pub(super) fn validate(
         }
         Some(k) => key(&format!("{path}.key"), k, p),
     };
-    let fingerprint = match &raw.fingerprint {
-        None | Some(RawFingerprint::Json) => FingerprintMode::Json,
-        Some(RawFingerprint::Raw) => FingerprintMode::Raw,
-        Some(RawFingerprint::Fields(f)) => {
-            FingerprintMode::Fields(pointers(&format!("{path}.fingerprint.fields"), f, p))
-        }
+    let derived = match &key {
+        Some(KeyRule::Derive(fields)) => Some(fields.as_slice()),
+        _ => None,
     };
+    let fingerprint = super::source::fingerprint(&path, raw.fingerprint.as_ref(), derived, p);
     let max_body = raw.max_body.map_or(DEFAULT_MAX_BODY, |b| b.0);
     if max_body == 0 || max_body > MAX_MAX_BODY {
         p.push(
@@ -263,6 +261,7 @@ fn key(path: &str, raw: &RawKey, p: &mut Problems<'_>) -> Option<KeyRule> {
 #[cfg(test)]
 mod tests {
     use figment::Jail;
+    use oncebox_core::FingerprintMode;
     use oncebox_core::json::Pointer;
 
     use super::super::{Overrides, Settings, load};

@@ -81,13 +81,11 @@ pub(super) fn validate(
         Some(_) => EventIdRule::Pointer(Pointer::from_tokens(vec!["id".to_owned()])),
     });
 
-    let fingerprint = match &raw.fingerprint {
-        None | Some(RawFingerprint::Json) => FingerprintMode::Json,
-        Some(RawFingerprint::Raw) => FingerprintMode::Raw,
-        Some(RawFingerprint::Fields(fields)) => {
-            FingerprintMode::Fields(pointers(&format!("{path}.fingerprint.fields"), fields, p))
-        }
+    let derived = match &event_id {
+        EventIdRule::Derive(fields) => Some(fields.as_slice()),
+        _ => None,
     };
+    let fingerprint = fingerprint(&path, raw.fingerprint.as_ref(), derived, p);
 
     let max_body = raw.max_body.map_or(DEFAULT_MAX_BODY, |s| s.0);
     if max_body == 0 || max_body > MAX_MAX_BODY {
@@ -294,6 +292,26 @@ pub(super) fn secret_from_env(
             None
         }
         Some(Ok(value)) => Some((format!("{at} ({var})"), value)),
+    }
+}
+
+/// The fingerprint a source or consumer compares. Unset beside an id derived from business
+/// fields, it is those fields: the id says they are the event, so the same fields in another
+/// envelope (a new `sent_at`, the sender's own message id) are a redelivery, not a key reused
+/// with another payload — which the whole body would call them, refusing the sender's retry.
+pub(super) fn fingerprint(
+    path: &str,
+    raw: Option<&RawFingerprint>,
+    derived: Option<&[Pointer]>,
+    p: &mut Problems<'_>,
+) -> FingerprintMode {
+    match (raw, derived) {
+        (None, Some(fields)) => FingerprintMode::Fields(fields.to_vec()),
+        (None | Some(RawFingerprint::Json), _) => FingerprintMode::Json,
+        (Some(RawFingerprint::Raw), _) => FingerprintMode::Raw,
+        (Some(RawFingerprint::Fields(fields)), _) => {
+            FingerprintMode::Fields(pointers(&format!("{path}.fingerprint.fields"), fields, p))
+        }
     }
 }
 

@@ -15,6 +15,10 @@ secrets = ["whsec_test_secret"]
 signature = "standard-webhooks"
 secrets = ["whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"]
 event_id = { header = "webhook-id" }
+
+[sources.orders]
+signature = "none"
+event_id = { derive = ["/order_id", "/type"] }
 "#;
 
 #[test]
@@ -121,4 +125,36 @@ async fn admin_api_answers_without_a_token_on_either_spelling_of_loopback() {
         assert_eq!(stats.status(), 200, "{listen}: {}", server.1);
         server.stop();
     }
+}
+
+#[tokio::test]
+async fn a_derived_id_makes_a_fact_resent_in_a_new_envelope_one_event() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("oncebox.toml"), CONFIG).unwrap();
+    let server = serve(dir.path());
+    let client = reqwest::Client::new();
+    let post = |body: &'static str| {
+        client
+            .post(format!("{}/v1/sources/orders/events", server.1))
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+    };
+    // The same business fact, sent again with its own timestamp: a redelivery, not a conflict.
+    let first = post(r#"{"order_id":"o-7","type":"paid","sent_at":"10:00:00"}"#)
+        .await
+        .unwrap();
+    assert_eq!(first.status(), 202);
+    let again = post(r#"{"sent_at":"10:00:05","type":"paid","order_id":"o-7"}"#)
+        .await
+        .unwrap();
+    assert_eq!(again.status(), 202, "{:?}", again.text().await);
+    assert_eq!(again.headers()["idempotent-replayed"], "true");
+    let events = oncebox(
+        dir.path(),
+        &["events", "--source", "orders", "--output", "json"],
+    );
+    let listed: serde_json::Value = serde_json::from_slice(&events.stdout).unwrap();
+    assert_eq!(listed["items"].as_array().unwrap().len(), 1, "{listed}");
+    server.stop();
 }

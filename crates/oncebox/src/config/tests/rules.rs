@@ -236,6 +236,25 @@ fn fingerprint_modes() {
             Pointer::parse("/amount").unwrap(),
         ])
     );
+    // Beside a derived id the default is the id's own fields, on sources and consumers alike;
+    // a fingerprint set by name still wins.
+    let derive = "event_id = { derive = [\"/order\", \"/type\"] }";
+    let fields = FingerprintMode::Fields(vec![
+        Pointer::parse("/order").unwrap(),
+        Pointer::parse("/type").unwrap(),
+    ]);
+    assert_eq!(fp(derive), fields);
+    assert_eq!(
+        fp(&format!("{derive}\nfingerprint = \"json\"")),
+        FingerprintMode::Json
+    );
+    let consumer = "[consumers.c]\nsource = \"s\"\nqueue = \"q\"\nquarantine = \"x\"\n";
+    let s = ok(&format!(
+        "{consumer}key = {{ derive = [\"/order\", \"/type\"] }}\n"
+    ));
+    assert_eq!(s.consumers[0].rules.fingerprint, fields);
+    let s = ok(&format!("{consumer}key = {{ pointer = \"/order\" }}\n"));
+    assert_eq!(s.consumers[0].rules.fingerprint, FingerprintMode::Json);
     let e = err(&shop("fingerprint = \"xml\""));
     assert_mentions(&e, &["sources.shop.fingerprint", "xml"]);
     let e = err(&shop("fingerprint = { field = [\"/a\"] }"));
