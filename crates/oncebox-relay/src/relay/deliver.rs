@@ -18,9 +18,9 @@ use crate::send;
 const RECORD_MARGIN: Duration = Duration::from_secs(5);
 
 /// Recording an outcome while the store is unavailable: the first and the longest pause
-/// between tries, and how many tries at most (about 13 s in all).
-const RECORD_RETRY: (Duration, Duration) = (Duration::from_millis(100), Duration::from_secs(4));
-const RECORD_TRIES: u32 = 8;
+/// between tries. There is no cap on their number: only the lease ends them, since giving up
+/// any earlier leaves the delivery in flight to be sent again once the lease is gone.
+const RECORD_RETRY: (Duration, Duration) = (Duration::from_millis(100), Duration::from_secs(1));
 
 impl<S: DeliveryStore> Relay<S> {
     /// How much of its lease a claim must still hold to be sent on `route`: the timeout and a
@@ -132,7 +132,6 @@ impl<S: DeliveryStore> Relay<S> {
         verdict: &Verdict,
     ) -> Result<(), LeaseError> {
         let mut pause = RECORD_RETRY.0;
-        let mut tries = 1;
         loop {
             let now = self.clock.now();
             match self
@@ -143,11 +142,9 @@ impl<S: DeliveryStore> Relay<S> {
                 // Not after a COMMIT whose fate is unknown: it may have recorded the outcome,
                 // and a second try would then read as a lost lease.
                 Err(LeaseError::Unavailable(e))
-                    if tries < RECORD_TRIES
-                        && now.plus(pause) < claimed.lease_expires_at
+                    if now.plus(pause) < claimed.lease_expires_at
                         && !matches!(e, Unavailable::CommitUnknown(_)) =>
                 {
-                    tries += 1;
                     tracing::warn!(key = %claimed.idempotency_key, error = %e, "outcome not recorded yet; trying again");
                     tokio::time::sleep(pause).await;
                     pause = (pause * 2).min(RECORD_RETRY.1);

@@ -37,6 +37,8 @@ const DEFAULT_LISTEN: SocketAddr = SocketAddr::new(std::net::IpAddr::V4(Ipv4Addr
 const DEFAULT_DATABASE: &str = "sqlite://oncebox.db";
 /// The shortest `relay.poll`: an idle relay's wait between looks for work.
 const MIN_RELAY_POLL: Duration = Duration::from_millis(1);
+/// The least a relay lease may hold beyond a route's timeout.
+const MIN_LEASE_BEYOND_TIMEOUT: Duration = Duration::from_millis(500);
 /// Shorter tokens can be guessed online; 16 characters is what a password manager's default gives.
 const MIN_ADMIN_TOKEN_CHARS: usize = 16;
 
@@ -139,10 +141,19 @@ fn relay_options(
         circuit_threshold: raw.circuit_threshold.unwrap_or(d.circuit_threshold),
         circuit_cooldown: raw.circuit_cooldown.map_or(d.circuit_cooldown, |v| v.0),
     };
-    if let Some(slow) = routes.iter().find(|r| r.timeout >= o.lease) {
+    // Beyond the timeout a claim needs time to reach its send and to record the outcome (it
+    // may take half of what is left): with a few milliseconds left, every claim would be given
+    // back unsent and claimed again at once, forever.
+    if let Some(slow) = routes
+        .iter()
+        .find(|r| o.lease < r.timeout + MIN_LEASE_BEYOND_TIMEOUT)
+    {
         p.push(
             "relay.lease",
-            format_args!("must be longer than routes.{}.timeout", slow.name),
+            format_args!(
+                "must be at least 500ms longer than routes.{}.timeout (time to start the send and record its outcome)",
+                slow.name
+            ),
         );
     }
     // An idle relay waits this long between looks for work: zero would spin a CPU for nothing.
@@ -197,6 +208,16 @@ fn validate(raw: RawConfig, p: &mut Problems<'_>) -> Settings {
         p.push(
             "admin_token",
             format_args!("must be at least {MIN_ADMIN_TOKEN_CHARS} characters"),
+        );
+    }
+    // It travels in an `Authorization` header and a cookie's MAC input: a space or a byte
+    // outside visible ASCII would be a token no request can present, every login refused.
+    if let Some(token) = &raw.admin_token
+        && !token.bytes().all(|b| b.is_ascii_graphic())
+    {
+        p.push(
+            "admin_token",
+            "must be visible ASCII characters only (no spaces, no control or non-ASCII characters)",
         );
     }
     let limits = limits(&raw.limits, p);

@@ -1,4 +1,4 @@
-//! The relay's timing: a route's retry age must outlast its first backoff, and `[relay] poll`
+//! The relay's timing: a route's retry age must outlast its first backoff, the lease every timeout, and `[relay] poll`
 //! must let an idle relay rest; each refused by its field.
 
 use std::time::Duration;
@@ -47,4 +47,23 @@ fn a_relay_poll_of_zero_is_refused() {
     assert_mentions(&format!("{e:#}"), &["relay.poll", "ONCEBOX_RELAY__POLL"]);
     let s = ok(&format!("{}\n[relay]\npoll = \"1ms\"\n", shop("")));
     assert_eq!(s.relay.idle_poll, Duration::from_millis(1));
+}
+
+/// A lease must hold half a second beyond every route's timeout: a claim needs time to reach
+/// its send and record its outcome, and with less each claim would be given back and taken
+/// again without end.
+#[test]
+fn a_relay_lease_must_outlast_every_timeout_by_half_a_second() {
+    for lease in ["10s", "10001ms", "10499ms"] {
+        let e = err(&format!(
+            "{}\n[relay]\nlease = \"{lease}\"\n",
+            route("timeout = \"10s\"")
+        ));
+        assert_mentions(&e, &["relay.lease", "500ms longer than routes.r.timeout"]);
+    }
+    let s = ok(&format!(
+        "{}\n[relay]\nlease = \"10500ms\"\n",
+        route("timeout = \"10s\"")
+    ));
+    assert_eq!(s.relay.lease, Duration::from_millis(10_500));
 }

@@ -113,6 +113,16 @@ fn short_admin_token_is_refused_without_echoing_it() {
     let e = err("admin_token = 987654321987654321\n");
     assert_mentions(&e, &["admin_token", "not shown"]);
     assert!(!e.contains("987654321"), "{e}");
+    // A token no `Authorization` header can carry is refused, not accepted and then unusable.
+    for bad in [
+        " leading-space-token",
+        "token with spaces in it",
+        "tökén-non-ascii-123",
+    ] {
+        let e = err(&format!("admin_token = \"{bad}\"\n"));
+        assert_mentions(&e, &["admin_token", "visible ASCII"]);
+        assert!(!e.contains(bad.trim()), "{e}");
+    }
 }
 
 #[test]
