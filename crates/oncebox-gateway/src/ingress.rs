@@ -13,7 +13,7 @@ use axum::response::{IntoResponse, Response};
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use oncebox_core::fingerprint::{PayloadError, derive_event_id};
 use oncebox_core::json::{self, Pointer, Value};
-use oncebox_core::signature::{self, SignatureError};
+use oncebox_core::signature::{self, Scheme, SignatureError};
 use oncebox_core::store::{EventStore, Ingest, Order};
 use oncebox_core::{Event, EventId, Key, Meta, Source, Timestamp};
 
@@ -79,6 +79,19 @@ async fn receive_for<S: EventStore>(
     body: Body,
 ) -> Answer {
     let headers = &parts.headers;
+    // An unsigned source takes anything that reaches it, and browsers reach loopback too: a
+    // web page's simple `POST` (no preflight) would be stored and relayed, signed with the
+    // route's secret. Senders of webhooks are servers and send no `Origin`; a browser sends
+    // one on every `POST`, and another site's is refused before the body is read.
+    if policy.scheme == Scheme::None && !crate::dashboard::session::same_origin(headers) {
+        return Answer::Problem(Problem::new(
+            StatusCode::FORBIDDEN,
+            "cross-origin",
+            "Cross-origin request",
+            "a browser sent this from another site's page; an unsigned source takes events \
+             only from clients that are not browsers on other origins",
+        ));
+    }
     let payload = match read_body(gw, policy, headers, body).await {
         Ok(b) => b,
         Err(p) => return Answer::Problem(p),

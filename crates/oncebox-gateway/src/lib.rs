@@ -106,7 +106,28 @@ pub(crate) fn write_rfc3339(out: &mut Vec<u8>, t: Timestamp) {
     let _ = write!(out, "{}", rfc3339_form(t));
 }
 
+/// The last millisecond RFC 3339's four-digit years can spell, 9999-12-31T23:59:59.999Z.
+const LAST_RFC3339_MS: u64 = 253_402_300_799_999;
+
 fn rfc3339_form(t: Timestamp) -> humantime::Rfc3339Timestamp {
-    let ms = u64::try_from(t.millis()).unwrap_or(0);
+    // A later time (a retry put off for millennia by a receiver's `Retry-After`) would fail to
+    // format, and `to_string` panics on that: it is shown as the last time the form can spell.
+    let ms = u64::try_from(t.millis()).unwrap_or(0).min(LAST_RFC3339_MS);
     humantime::format_rfc3339_millis(std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms))
+}
+
+#[cfg(test)]
+mod tests {
+    use oncebox_core::Timestamp;
+
+    #[test]
+    fn times_past_year_9999_are_shown_as_its_last_millisecond_not_a_panic() {
+        assert_eq!(super::rfc3339(Timestamp(0)), "1970-01-01T00:00:00.000Z");
+        for t in [253_402_300_799_999, 253_402_300_800_000, i64::MAX] {
+            assert_eq!(super::rfc3339(Timestamp(t)), "9999-12-31T23:59:59.999Z");
+        }
+        let mut out = Vec::new();
+        super::write_rfc3339(&mut out, Timestamp(i64::MAX));
+        assert_eq!(out, b"9999-12-31T23:59:59.999Z");
+    }
 }

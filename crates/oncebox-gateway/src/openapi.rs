@@ -169,6 +169,7 @@ fn described() -> Value {
                              "content": { "application/json": { "schema": { "$ref": "#/components/schemas/Accepted" } } } },
                     "400": problem("event-id-missing, event-id-invalid, invalid-json, order-field-invalid, body-unreadable"),
                     "401": problem("signature-invalid, timestamp-out-of-tolerance"),
+                    "403": problem("cross-origin: a browser's request from another site to an unsigned source"),
                     "404": problem("unknown-source"),
                     "408": problem("body-timeout"),
                     "409": problem("in-progress (Retry-After)"),

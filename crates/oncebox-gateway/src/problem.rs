@@ -142,7 +142,7 @@ impl Answer {
             Answer::Duplicate(_) => "duplicate",
             Answer::Stale(_) => "stale",
             Answer::Problem(p) => match p.status.as_u16() {
-                401 => "unauthorized",
+                401 | 403 => "unauthorized",
                 409 => "in_progress",
                 422 => "conflict",
                 503 => "unavailable",

@@ -3,6 +3,8 @@
 //! side with the differing fields marked. Works on the core's exact JSON values, so `1` and
 //! `1.0` are equal here exactly as they are for fingerprints.
 
+use std::collections::HashSet;
+
 use maud::{Markup, html};
 use oncebox_core::json::Value;
 
@@ -29,17 +31,29 @@ pub(crate) fn differences(a: &Value, b: &Value) -> Vec<Path> {
 fn walk(a: &Value, b: &Value, at: &mut Path, out: &mut Vec<Path>) {
     match (a, b) {
         (Value::Object(x), Value::Object(y)) => {
-            let mut keys: Vec<&String> = x.iter().chain(y).map(|(k, _)| k).collect();
-            keys.sort();
-            keys.dedup();
-            for k in keys {
-                let (l, r) = (member(x, k), member(y, k));
+            // Both sides' members in key order, walked together: a conflict's payloads are
+            // anyone's input, and a lookup per key would be quadratic in an object's width.
+            let (x, y) = (by_key(x), by_key(y));
+            let (mut i, mut j) = (0, 0);
+            while i < x.len() || j < y.len() {
+                let order = match (x.get(i), y.get(j)) {
+                    (Some(l), Some(r)) => l.0.cmp(&r.0),
+                    (Some(_), None) => std::cmp::Ordering::Less,
+                    _ => std::cmp::Ordering::Greater,
+                };
+                let (k, pair) = match order {
+                    std::cmp::Ordering::Less => (&x[i].0, None),
+                    std::cmp::Ordering::Greater => (&y[j].0, None),
+                    std::cmp::Ordering::Equal => (&x[i].0, Some((&x[i].1, &y[j].1))),
+                };
                 at.push(k.clone());
-                match (l, r) {
-                    (Some(l), Some(r)) => walk(l, r, at, out),
-                    _ => out.push(at.clone()),
+                match pair {
+                    Some((l, r)) => walk(l, r, at, out),
+                    None => out.push(at.clone()),
                 }
                 at.pop();
+                i += usize::from(order.is_le());
+                j += usize::from(order.is_ge());
             }
         }
         (Value::Array(x), Value::Array(y)) => {
@@ -57,20 +71,23 @@ fn walk(a: &Value, b: &Value, at: &mut Path, out: &mut Vec<Path>) {
     }
 }
 
-fn member<'a>(members: &'a [(String, Value)], key: &str) -> Option<&'a Value> {
-    members.iter().find(|(k, _)| k == key).map(|(_, v)| v)
+/// An object's members sorted by key (the parser refuses duplicate names).
+fn by_key(members: &[(String, Value)]) -> Vec<&(String, Value)> {
+    let mut sorted: Vec<&(String, Value)> = members.iter().collect();
+    sorted.sort_by(|a, b| a.0.cmp(&b.0));
+    sorted
 }
 
 /// `value` indented two spaces a level, members sorted; lines inside any of `marked` (or
 /// equal to one) are marked.
 pub(crate) fn pretty(value: &Value, marked: &[Path]) -> Vec<Line> {
+    // A set, and marks passed down to the insides: a check of every line against every
+    // difference would be quadratic in a large payload.
+    let marked: HashSet<&[String]> = marked.iter().map(Vec::as_slice).collect();
     let mut lines = Vec::new();
-    emit(value, None, true, 0, &mut Vec::new(), marked, &mut lines);
+    let mut at = Vec::new();
+    emit(value, None, true, 0, (&mut at, false), &marked, &mut lines);
     lines
-}
-
-fn is_marked(at: &Path, marked: &[Path]) -> bool {
-    marked.iter().any(|m| at.starts_with(m))
 }
 
 /// A JSON string literal, escaped as JSON requires.
@@ -83,13 +100,13 @@ fn emit(
     key: Option<&str>,
     last: bool,
     depth: usize,
-    at: &mut Path,
-    marked: &[Path],
+    (at, inside_marked): (&mut Path, bool),
+    marked: &HashSet<&[String]>,
     out: &mut Vec<Line>,
 ) {
     let prefix = key.map(|k| format!("{}: ", quoted(k))).unwrap_or_default();
     let comma = if last { "" } else { "," };
-    let marked_here = is_marked(at, marked);
+    let marked_here = inside_marked || marked.contains(at.as_slice());
     let mut line = |depth: usize, text: String| {
         out.push(Line {
             depth,
@@ -100,12 +117,12 @@ fn emit(
     match value {
         Value::Object(members) if !members.is_empty() => {
             line(depth, format!("{prefix}{{"));
-            let mut sorted: Vec<&(String, Value)> = members.iter().collect();
-            sorted.sort_by(|a, b| a.0.cmp(&b.0));
+            let sorted = by_key(members);
             let n = sorted.len();
             for (i, (k, v)) in sorted.into_iter().enumerate() {
                 at.push(k.clone());
-                emit(v, Some(k), i + 1 == n, depth + 1, at, marked, out);
+                let here = (&mut *at, marked_here);
+                emit(v, Some(k), i + 1 == n, depth + 1, here, marked, out);
                 at.pop();
             }
             out.push(Line {
@@ -119,7 +136,8 @@ fn emit(
             let n = items.len();
             for (i, v) in items.iter().enumerate() {
                 at.push(i.to_string());
-                emit(v, None, i + 1 == n, depth + 1, at, marked, out);
+                let here = (&mut *at, marked_here);
+                emit(v, None, i + 1 == n, depth + 1, here, marked, out);
                 at.pop();
             }
             out.push(Line {
@@ -215,6 +233,25 @@ mod tests {
             html.contains("&lt;script&gt;alert(1)&lt;/script&gt;&amp;"),
             "{html}"
         );
+    }
+
+    /// Wide payloads, as anyone may send to an unsigned source: every member and element
+    /// differs, and each one is found and marked (in time linear in the size, not quadratic).
+    #[test]
+    fn wide_payloads_differ_everywhere_and_every_line_is_marked() {
+        let n = 60_000;
+        let object = |x: u32| {
+            let members: Vec<String> = (0..n).map(|i| format!("\"k{i}\":{x}")).collect();
+            v(&format!("{{{}}}", members.join(",")))
+        };
+        let array = |x: u32| v(&format!("[{}]", vec![x.to_string(); n].join(",")));
+        for (a, b) in [(object(0), object(1)), (array(0), array(1))] {
+            let d = differences(&a, &b);
+            assert_eq!(d.len(), n);
+            let lines = pretty(&a, &d);
+            assert_eq!(lines.len(), n + 2);
+            assert_eq!(lines.iter().filter(|l| l.marked).count(), n);
+        }
     }
 
     #[test]

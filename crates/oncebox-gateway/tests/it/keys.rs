@@ -208,3 +208,34 @@ fn a_ten_megabyte_event_id_is_400_and_stores_nothing() {
         assert_eq!(gw.rows(), 0);
     });
 }
+
+/// A browser posts to loopback too: another site's page could send an unsigned source events
+/// (a simple `POST`, no preflight) that the relay would then sign and deliver. A foreign
+/// `Origin` is refused there before the body is read; servers send none, and a signed source
+/// needs its secret whatever the origin.
+#[test]
+fn another_sites_page_cannot_post_to_an_unsigned_source() {
+    run(async {
+        let gw = TestGateway::new();
+        let page = [
+            ("origin", "http://evil.example"),
+            ("host", "127.0.0.1:8080"),
+        ];
+        let refused = gw.send(post("open", &page, r#"{"id":"x1"}"#)).await;
+        assert_eq!(
+            (refused.status, refused.slug().as_str()),
+            (StatusCode::FORBIDDEN, "cross-origin"),
+            "{refused:?}"
+        );
+        assert_eq!(gw.rows(), 0);
+        let own = [
+            ("origin", "http://127.0.0.1:8080"),
+            ("host", "127.0.0.1:8080"),
+        ];
+        let same = gw.send(post("open", &own, r#"{"id":"x2"}"#)).await;
+        assert_eq!(same.status, StatusCode::ACCEPTED, "{same:?}");
+        let server = gw.send(post("open", &[], r#"{"id":"x3"}"#)).await;
+        assert_eq!(server.status, StatusCode::ACCEPTED, "{server:?}");
+        assert_eq!(gw.rows(), 2);
+    });
+}
