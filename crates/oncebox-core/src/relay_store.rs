@@ -27,6 +27,9 @@ pub struct Claimed {
     pub created_at: Timestamp,
     pub token: i64,
     pub lease_expires_at: Timestamp,
+    /// Claimed from a relay whose lease ran out mid-attempt (it died or stalled): that relay
+    /// may have sent it, so the outcome of an attempt is unknown before this one begins.
+    pub taken_over: bool,
 }
 
 /// One attempt as recorded for operators.

@@ -72,7 +72,8 @@ fn claim_sql(routes: bool) -> String {
              lease_expires_at = $3, updated_at = $1
            FROM picked WHERE o.id = picked.id
            RETURNING o.id, o.destination, o.idempotency_key, o.payload, o.content_type, o.source,
-             o.event_id, o.attempts, o.created_at, o.lease_token, o.next_attempt_at)
+             o.event_id, o.attempts, o.created_at, o.lease_token, o.next_attempt_at,
+             EXISTS (SELECT 1 FROM expired WHERE expired.id = o.id) AS taken_over)
          SELECT * FROM claimed ORDER BY next_attempt_at, id",
         arm("pending", "state = 'pending' AND next_attempt_at <= $1"),
         arm("retrying", "state = 'retrying' AND next_attempt_at <= $1"),
@@ -102,6 +103,7 @@ fn claimed(r: &PgRow, expires_at: Timestamp) -> Result<Result<Claimed, Invalid>,
             created_at: Timestamp(r.try_get(8)?),
             token,
             lease_expires_at: expires_at,
+            taken_over: r.try_get(11)?,
         }),
         Err(e) => Err((id, token, e.to_string())),
     })

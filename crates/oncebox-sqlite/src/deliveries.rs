@@ -26,8 +26,8 @@ fn millis(d: Duration) -> i64 {
 
 /// `?1` is now, `?2` the limit, `?3…` the routes. Each claimable state is its own arm so each
 /// reads one range of `oncebox_outbox_due` in order and stops at the limit; the arms are then
-/// merged. An `in_flight` row is due when its lease expired: its relay died mid-attempt, and the
-/// delivery is sent again with the same key.
+/// merged. An `in_flight` row is due when its lease expired: its relay died or stalled
+/// mid-attempt, and the claim says so (`taken_over`, the last column).
 fn due_sql(routes: usize) -> String {
     let only = if routes == 0 {
         String::new()
@@ -38,7 +38,7 @@ fn due_sql(routes: usize) -> String {
     let arm = |due: &str| {
         format!(
             "SELECT * FROM (SELECT id, destination, idempotency_key, payload, content_type,
-               source, event_id, attempts, created_at, next_attempt_at
+               source, event_id, attempts, created_at, next_attempt_at, state = 'in_flight'
              FROM oncebox_outbox WHERE {due}{only} ORDER BY next_attempt_at, id LIMIT ?2)"
         )
     };
@@ -60,6 +60,7 @@ struct Due {
     key: Result<Key, String>,
     attempts: i64,
     created_at: i64,
+    taken_over: bool,
 }
 
 fn due(r: &Row<'_>) -> rusqlite::Result<Due> {
@@ -73,6 +74,7 @@ fn due(r: &Row<'_>) -> rusqlite::Result<Due> {
         key: Key::parse(&source, &event_id).map_err(|e| e.to_string()),
         attempts: r.get(7)?,
         created_at: r.get(8)?,
+        taken_over: r.get(10)?,
     })
 }
 
@@ -147,6 +149,7 @@ fn claim(
             created_at: Timestamp(row.created_at),
             token,
             lease_expires_at: expires_at,
+            taken_over: row.taken_over,
         });
     }
     Ok(Ok(claimed))

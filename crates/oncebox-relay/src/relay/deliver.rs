@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use oncebox_core::delivery::{Verdict, decide};
+use oncebox_core::delivery::{Attempt, Verdict, decide};
 use oncebox_core::relay_store::{AttemptRecord, Claimed, DeliveryStore};
 use oncebox_core::route::Route;
 use oncebox_core::{LeaseError, Unavailable};
@@ -53,6 +53,9 @@ impl<S: DeliveryStore> Relay<S> {
             // Claims are limited to configured routes; a vanished one keeps its delivery as is.
             return Err(LeaseError::Fenced);
         };
+        if claimed.taken_over && !route.idempotent {
+            return self.orphaned(claimed, route).await;
+        }
         // The guard `wait_for` gives is dropped inside: it cannot be held across an await.
         let stopping = async {
             let _ = stop.wait_for(|stop| *stop).await;
@@ -84,19 +87,56 @@ impl<S: DeliveryStore> Relay<S> {
         // The limit is on requests to the receiver; recording waits for a commit and must not
         // hold the next request back.
         drop(permit);
+        self.conclude(claimed, route, &attempt, record, true).await
+    }
+
+    /// A delivery claimed from a relay whose lease ran out mid-attempt, on a route that does
+    /// not honour the key: that relay may have sent it (it died between the request and its
+    /// record, or stalled past its lease), and sending again could apply it twice. Its outcome
+    /// is unknown, as for a request sent without an answer (DESIGN §6), so it is not sent: it
+    /// is recorded so, and parked `uncertain` for the route's status URL or an operator.
+    async fn orphaned(&self, claimed: &Claimed, route: &Route) -> Result<Step, LeaseError> {
+        let why = "the relay holding this delivery stopped mid-attempt (its lease ran out): \
+                   it may have been sent, and this route does not honour the key";
+        let record = AttemptRecord {
+            started_at: self.clock.now(),
+            duration: Duration::ZERO,
+            status: None,
+            error: Some(why.to_owned()),
+        };
+        metrics::counter!("oncebox_delivery_orphaned_total", "route" => route.name.clone())
+            .increment(1);
+        tracing::warn!(key = %claimed.idempotency_key, route = %route.name, "{why}");
+        // Nothing was asked of the receiver: its circuit hears nothing of this.
+        let attempt = Attempt::NoAnswer(why.to_owned());
+        self.conclude(claimed, route, &attempt, record, false).await
+    }
+
+    /// Decides an attempt's verdict, tells the route's circuit when the receiver was asked
+    /// (`sent`), and records the verdict.
+    async fn conclude(
+        &self,
+        claimed: &Claimed,
+        route: &Route,
+        attempt: &Attempt,
+        record: AttemptRecord,
+        sent: bool,
+    ) -> Result<Step, LeaseError> {
         let now = self.clock.now();
         let age = Duration::from_millis(
             u64::try_from(now.millis() - claimed.created_at.millis()).unwrap_or(0),
         );
         let verdict = decide(
-            &attempt,
+            attempt,
             route.idempotent,
             claimed.attempts.saturating_add(1),
             age,
             &route.retry,
             rand::random(),
         );
-        self.note(&route.name, !matches!(verdict, Verdict::Delivered));
+        if sent {
+            self.note(&route.name, !matches!(verdict, Verdict::Delivered));
+        }
         let label = match &verdict {
             Verdict::Delivered => "delivered",
             Verdict::Retry(_) => "retrying",

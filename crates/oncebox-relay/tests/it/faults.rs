@@ -1,5 +1,6 @@
 //! The outcome-unknown cases: the receiver applied the request and the reply was lost, and a
-//! relay that lost its lease after the receiver's 2xx.
+//! relay that lost its lease after the receiver's 2xx (re-sent on an idempotent route, parked
+//! uncertain on a plain one).
 
 use std::time::Duration;
 
@@ -152,5 +153,53 @@ fn relay_that_lost_its_lease_after_the_receivers_2xx_cannot_record_and_the_key_i
         .await;
         assert_eq!(refused, Err(LeaseError::Fenced));
         assert_eq!(w.delivery("evt_k").await.state, DeliveryState::Delivered);
+    });
+}
+
+/// The same stall on a route that does not honour the key: relay B cannot know whether A's
+/// request went out, and sending again could apply it twice. B sends nothing and parks the
+/// delivery uncertain, its reason recorded as an attempt, for the status URL or an operator.
+#[test]
+fn a_plain_routes_delivery_taken_over_from_a_stalled_relay_is_uncertain_not_sent_again() {
+    run(async {
+        let w = World::new();
+        let (rx, addr) = receiver::start().await;
+        w.accept("evt_p", &["hooks"]).await;
+        let claimed = w
+            .inbox
+            .claim(
+                w.clock.now(),
+                10,
+                Duration::from_secs(60),
+                &["hooks".to_owned()],
+            )
+            .await
+            .unwrap();
+        let a = &claimed[0];
+        let sent = reqwest::Client::new()
+            .post(format!("http://{addr}/hook"))
+            .header("idempotency-key", a.idempotency_key.as_str())
+            .body(a.payload.clone())
+            .send()
+            .await
+            .unwrap();
+        assert!(sent.status().is_success());
+        w.clock.advance(Duration::from_secs(61));
+        let b = w.relay(vec![route("hooks", addr, false)]);
+        let out = b.run_once().await.unwrap();
+        assert_eq!(
+            (out.claimed, out.uncertain, out.delivered),
+            (1, 1, 0),
+            "{out:?}"
+        );
+        assert_eq!(rx.hits_of("shop:evt_p"), 1, "not sent again");
+        let d = w.delivery("evt_p").await;
+        assert_eq!((d.state, d.attempts), (DeliveryState::Uncertain, 1));
+        let error = d.last_error.unwrap_or_default();
+        assert!(error.contains("stopped mid-attempt"), "{error}");
+        // Parked, it is not claimed again however long the relay runs.
+        w.clock.advance(Duration::from_secs(3600));
+        assert_eq!(b.run_once().await.unwrap().claimed, 0);
+        assert_eq!(rx.hits_of("shop:evt_p"), 1);
     });
 }

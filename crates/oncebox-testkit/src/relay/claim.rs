@@ -53,6 +53,7 @@ pub async fn expired_lease_is_reclaimed_with_a_higher_token_and_the_old_holder_i
     accept(&b, "evt-1").await;
     let first = claim(&b, clock.now(), 10).await;
     assert_eq!(first.len(), 2);
+    assert!(first.iter().all(|c| !c.taken_over), "{first:?}");
     clock.advance(LEASE);
     let now = clock.now();
     // Expired though nobody took it over yet: fenced all the same, someone may be about to.
@@ -63,6 +64,9 @@ pub async fn expired_lease_is_reclaimed_with_a_higher_token_and_the_old_holder_i
     assert_eq!(late, Err(LeaseError::Fenced));
     let second = claim(&b, now, 10).await;
     assert_eq!(second.len(), 2, "a relay that died mid-attempt is replaced");
+    // The claim says its last holder may have sent it: the relay then knows the outcome of an
+    // attempt is unknown before its own.
+    assert!(second.iter().all(|c| c.taken_over), "{second:?}");
     let (old, new) = (&first[0], &second[0]);
     assert_eq!(
         (new.id, &new.idempotency_key, new.attempts),
@@ -232,6 +236,7 @@ pub async fn retrying_delivery_is_claimable_only_from_its_next_attempt<B: Delive
     let second = claim(&b, now, 10).await.remove(0);
     assert_eq!((second.id, second.attempts), (first.id, 1));
     assert!(second.token > first.token);
+    assert!(!second.taken_over, "a recorded retry is no relay's orphan");
     b.record(&second, answered(200, now), Verdict::Delivered, now)
         .await
         .expect("record");
