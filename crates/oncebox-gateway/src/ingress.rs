@@ -92,6 +92,18 @@ async fn receive_for<S: EventStore>(
              only from clients that are not browsers on other origins",
         ));
     }
+    // Headers before the body: a request without its signature's headers, or signed too long
+    // ago, would fail verification anyway, and refused now it holds no permit and no memory
+    // for up to `max_body` bytes while a slow sender trickles them in.
+    if let Err(e) = signature::verify_headers(
+        &policy.scheme,
+        &HeaderLookup(headers),
+        gw.clock.now(),
+        policy.tolerance,
+    ) {
+        tracing::info!(%source, error = %e, "signature rejected before the body");
+        return Answer::Problem(unauthorized(&e));
+    }
     let payload = match read_body(gw, policy, headers, body).await {
         Ok(b) => b,
         Err(p) => return Answer::Problem(p),

@@ -9,7 +9,7 @@ use oncebox_gateway::policy::Limits;
 use oncebox_testkit::run;
 use tokio::io::AsyncWriteExt;
 
-use crate::support::ADMIN_TOKEN;
+use crate::support::{ADMIN_TOKEN, NOW};
 use crate::wire::{Raw, head, read_reply, served};
 
 #[test]
@@ -31,6 +31,35 @@ fn slow_body_is_cut_off_with_408_and_nothing_stored() {
         assert!(started.elapsed() >= limits.body_timeout);
         assert_eq!(a.status, StatusCode::REQUEST_TIMEOUT, "{a:?}");
         assert_eq!(a.slug(), "body-timeout");
+        assert_eq!(s.gw.rows(), 0);
+    });
+}
+
+/// A signed source's request without its signature header, or signed too long ago, is
+/// refused on its head: the 401 comes although not one byte of the declared megabyte was sent
+/// (reading the body first would have held the request until the body timeout, then 408).
+#[test]
+fn an_unsigned_or_stale_head_is_refused_before_its_body() {
+    run(async {
+        let s = served(Limits::default()).await;
+        let stale = format!(
+            "Stripe-Signature: t={},v1={}\r\n",
+            NOW.0 / 1000 - 3600,
+            "0".repeat(64)
+        );
+        for (extra, slug) in [
+            (String::new(), "signature-invalid"),
+            (stale, "timestamp-out-of-tolerance"),
+        ] {
+            let mut raw = Raw::connect(s.addr).await;
+            raw.send(head("stripe", 1 << 20, &extra).as_bytes()).await;
+            let a = raw.reply().await.answer();
+            assert_eq!(
+                (a.status, a.slug().as_str()),
+                (StatusCode::UNAUTHORIZED, slug),
+                "{a:?}"
+            );
+        }
         assert_eq!(s.gw.rows(), 0);
     });
 }
