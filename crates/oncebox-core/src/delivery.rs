@@ -186,7 +186,7 @@ impl Verdict {
 
 /// Decides from one attempt. `attempts_made` counts this one; `age` is the delivery's age now.
 ///
-/// 2xx is delivered. 408, 425, 429, 5xx and a request that never left are retried (honouring
+/// 2xx is delivered. 3xx (not followed), 408, 425, 429, 5xx and a request that never left are retried (honouring
 /// `Retry-After`, never waiting less than the backoff asks). Other 4xx are dead: the receiver
 /// refuses the request itself. A request sent without an answer is retried only when the
 /// route honours the idempotency key; otherwise it is uncertain. Attempts and age are capped.
@@ -207,6 +207,10 @@ pub fn decide(
             ..
         } => true,
         Attempt::Answered { status, .. } if (500..600).contains(status) => true,
+        // Redirects are not followed (the request would go where the route's owner did not
+        // send it): a receiver that moved is a configuration to fix while retries last, not
+        // a refusal of the request, and every delivery to it would die at once.
+        Attempt::Answered { status, .. } if (300..400).contains(status) => true,
         Attempt::Answered { status, .. } => {
             return Verdict::Dead(format!("receiver answered {status}"));
         }
@@ -284,6 +288,9 @@ mod tests {
             answered(429),
             answered(500),
             answered(503),
+            answered(301),
+            answered(307),
+            answered(308),
             Attempt::NotSent("refused".into()),
         ] {
             assert!(
