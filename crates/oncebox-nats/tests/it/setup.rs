@@ -155,6 +155,46 @@ fn an_existing_durable_that_acks_or_drops_on_its_own_is_refused() {
     });
 }
 
+/// A watermark treats every sequence at or below the highest committed one as a replay, so
+/// messages must be applied in order: an existing durable that hands out several at a time
+/// (a later one committed first would make an earlier one look replayed, acked unapplied) is
+/// refused for a watermarked consumer, before anything is pulled; with one at a time it binds.
+#[test]
+fn an_existing_durable_with_several_messages_in_hand_is_refused_for_a_watermark() {
+    let Some(url) = service_url("ONCEBOX_NATS_URL") else {
+        return;
+    };
+    run(async move {
+        let w = World::new(&url).await;
+        w.publish(Some("evt_kept"), r#"{"amount":1}"#).await;
+        let s = w.js.get_stream(&w.stream).await.unwrap();
+        let durable = |max_ack_pending| pull::Config {
+            durable_name: Some(w.durable.clone()),
+            ack_policy: AckPolicy::Explicit,
+            max_ack_pending,
+            ..pull::Config::default()
+        };
+        s.create_consumer(durable(64)).await.unwrap();
+        let mut options = w.options();
+        options.watermark = true;
+        let apply = w.db.checked();
+        let refused = Consumer::new(apply.clone(), options.clone())
+            .bind(&w.js)
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&refused, ConsumeError::Unordered { found: 64, .. }),
+            "{refused}"
+        );
+        eprintln!("nats unordered durable: refused with {refused}");
+        assert_eq!(w.consumer_info().await.delivered.stream_sequence, 0);
+        s.delete_consumer(&w.durable).await.unwrap();
+        s.create_consumer(durable(1)).await.unwrap();
+        Consumer::new(apply, options).bind(&w.js).await.unwrap();
+        w.cleanup().await;
+    });
+}
+
 #[test]
 fn a_new_durable_starts_at_the_retention_horizon_not_at_the_first_message() {
     let Some(url) = service_url("ONCEBOX_NATS_URL") else {
