@@ -153,6 +153,8 @@ pub trait EventStore: Clone + Send + Sync + 'static {
         &self,
         key: &Key,
     ) -> impl Future<Output = Result<Option<StoredEvent>, Unavailable>> + Send;
+    /// A page of events without their payloads, headers and response bodies (empty here;
+    /// [`EventStore::event`] has them): a listing shows none of them.
     fn events(
         &self,
         filter: EventFilter,

@@ -51,6 +51,12 @@ const COLUMNS: &str = "i.id, i.source, i.event_id, i.state, i.response, i.payloa
     i.headers, i.fingerprint, i.received_at, i.completed_at,
     (SELECT count(*) FROM oncebox_conflicts c WHERE c.source = i.source AND c.event_id = i.event_id)";
 
+/// [`COLUMNS`] for listings: no response, payload or headers. A page holds up to 500 events
+/// of up to `max_body` each, and nothing that lists them shows those (one event's view does).
+const LISTED: &str = "i.id, i.source, i.event_id, i.state, NULL::bytea, NULL::bytea, i.content_type,
+    NULL::text, i.fingerprint, i.received_at, i.completed_at,
+    (SELECT count(*) FROM oncebox_conflicts c WHERE c.source = i.source AND c.event_id = i.event_id)";
+
 fn stored(r: &PgRow) -> Result<Option<StoredEvent>, sqlx::Error> {
     let (source, event_id): (String, String) = (r.try_get(1)?, r.try_get(2)?);
     // Rows are written only from validated keys; one that no longer validates is skipped
@@ -105,7 +111,7 @@ pub(crate) async fn page(
     let limit = limit.clamp(1, MAX_PAGE);
     // One row more than asked tells whether there is a next page.
     let rows = sqlx::query(&format!(
-        "SELECT {COLUMNS} FROM oncebox_inbox i
+        "SELECT {LISTED} FROM oncebox_inbox i
          WHERE ($1::text IS NULL OR i.source = $1) AND i.id > $2 ORDER BY i.id LIMIT $3"
     ))
     .bind(source.map(Source::as_str))

@@ -32,6 +32,12 @@ const COLUMNS: &str = "i.id, i.source, i.event_id, i.state, i.response, i.payloa
     i.headers, i.fingerprint, i.received_at, i.completed_at,
     (SELECT count(*) FROM oncebox_conflicts c WHERE c.source = i.source AND c.event_id = i.event_id)";
 
+/// [`COLUMNS`] for listings: no response, payload or headers. A page holds up to 500 events
+/// of up to `max_body` each, and nothing that lists them shows those (one event's view does).
+const LISTED: &str = "i.id, i.source, i.event_id, i.state, NULL, NULL, i.content_type,
+    NULL, i.fingerprint, i.received_at, i.completed_at,
+    (SELECT count(*) FROM oncebox_conflicts c WHERE c.source = i.source AND c.event_id = i.event_id)";
+
 fn stored(r: &Row<'_>) -> rusqlite::Result<Option<StoredEvent>> {
     let (source, event_id): (String, String) = (r.get(1)?, r.get(2)?);
     // Rows are written only from validated keys; one that no longer validates is skipped
@@ -80,7 +86,7 @@ fn page(
 ) -> rusqlite::Result<Page<StoredEvent>> {
     let limit = limit.clamp(1, MAX_PAGE);
     let mut q = c.prepare_cached(&format!(
-        "SELECT {COLUMNS} FROM oncebox_inbox i
+        "SELECT {LISTED} FROM oncebox_inbox i
          WHERE (?1 IS NULL OR i.source = ?1) AND i.id > ?2 ORDER BY i.id LIMIT ?3"
     ))?;
     // One row more than asked tells whether there is a next page.

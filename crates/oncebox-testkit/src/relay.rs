@@ -16,7 +16,7 @@ use oncebox_core::delivery::DeliveryState;
 use oncebox_core::relay_store::{
     AttemptRecord, Claimed, DeliveryFilter, DeliveryStore, DeliveryView,
 };
-use oncebox_core::store::{EventStore, Ingest, Order};
+use oncebox_core::store::{EventFilter, EventStore, Ingest, Order};
 use oncebox_core::{Clock, Key, ManualClock, Meta, Processed, Timestamp};
 
 pub use claim::*;
@@ -206,6 +206,37 @@ pub async fn stale_event_gets_no_delivery<B: DeliveryBackend>() {
     assert_eq!(of_event(&b, "evt-2").await.len(), 2);
 }
 
+/// A listing leaves out what it never shows (a page could otherwise hold 500 bodies of up to
+/// `max_body` each); one event's own view has its payload and first answer.
+pub async fn listed_events_leave_their_payloads_out_and_one_events_view_has_them<
+    B: DeliveryBackend,
+>() {
+    let (b, _) = fresh::<B>().await;
+    accept(&b, "evt-1").await;
+    accept(&b, "evt-2").await;
+    let filter = EventFilter {
+        limit: 10,
+        ..EventFilter::default()
+    };
+    let page = b.events(filter).await.expect("events");
+    let listed: Vec<(&str, usize, Option<usize>, Option<&str>)> = page
+        .items
+        .iter()
+        .map(|e| {
+            let response = e.response.as_ref().map(|r| r.body.len());
+            let ct = e.meta.content_type.as_deref();
+            (e.key.event_id.as_str(), e.payload.len(), response, ct)
+        })
+        .collect();
+    let expect = (0, Some(0), Some(CONTENT_TYPE));
+    let expect = |id| (id, expect.0, expect.1, expect.2);
+    assert_eq!(listed, [expect("evt-1"), expect("evt-2")]);
+    let key = Key::parse("shop", "evt-1").expect("key");
+    let one = b.event(&key).await.expect("event").expect("stored");
+    assert_eq!(one.payload, event("shop", "evt-1", 1).payload);
+    assert_eq!(one.response.map(|r| r.body), Some(b"accepted".to_vec()));
+}
+
 /// Instantiates the delivery conformance suite for a backend type: one `#[test]` per behaviour.
 #[macro_export]
 macro_rules! delivery_conformance {
@@ -215,6 +246,7 @@ macro_rules! delivery_conformance {
             accepted_event_gets_one_pending_delivery_per_route_keyed_by_source_and_event_id,
             duplicate_ingest_adds_no_delivery,
             stale_event_gets_no_delivery,
+            listed_events_leave_their_payloads_out_and_one_events_view_has_them,
             claim_returns_due_deliveries_oldest_first_and_not_twice_while_leased,
             expired_lease_is_reclaimed_with_a_higher_token_and_the_old_holder_is_fenced,
             a_second_handle_on_the_storage_takes_over_with_a_higher_token,
