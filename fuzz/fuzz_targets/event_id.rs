@@ -7,9 +7,10 @@
 //! and the body as the rest.
 //!
 //! Checks: nothing panics and the answer is deterministic; an accepted event keeps the body,
-//! fingerprints it as JSON and carries a valid event id taken exactly from where the rule
-//! says (header bytes, the string or decimal integer at the pointer, 64 lowercase hex digits
-//! for a derived id); the body limit and JSON refusals are reported as such; and the body's
+//! fingerprints it as JSON (beside a derived id: the fields it is derived from) and carries a
+//! valid event id taken exactly from where the rule says (header bytes, the string or decimal
+//! integer at the pointer, 64 lowercase hex digits for a derived id); the body limit and JSON
+//! refusals are reported as such; and the body's
 //! canonical re-serialisation — an equal value — yields the same key and fingerprint, or the
 //! same refusal.
 
@@ -84,10 +85,13 @@ fuzz_target!(|data: &[u8]| {
         Ok(event) => {
             assert_eq!(event.payload, body);
             assert_eq!(event.key.source.as_str(), "fuzz");
-            assert_eq!(
-                Ok(event.fingerprint),
-                FingerprintMode::Json.fingerprint(body)
-            );
+            // A derived id fingerprints the fields it is derived from; any other rule, the
+            // whole JSON body.
+            let mode = match &rules.key {
+                KeyRule::Derive(fields) => FingerprintMode::Fields(fields.clone()),
+                _ => FingerprintMode::Json,
+            };
+            assert_eq!(Ok(event.fingerprint), mode.fingerprint(body));
             assert_eq!(event.meta.content_type.as_deref(), Some("application/json"));
             let id = event.key.event_id.as_str();
             assert_eq!(EventId::new(id).as_ref(), Ok(&event.key.event_id));
