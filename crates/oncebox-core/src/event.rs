@@ -129,7 +129,45 @@ pub struct OutboxMessage {
     pub content_type: String,
 }
 
+/// Why a message cannot be queued: every target sends its idempotency key and content type as
+/// headers, and a value no header can carry would fail every attempt until the caps end it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum InvalidMessage {
+    #[error("the idempotency key {0}")]
+    IdempotencyKey(&'static str),
+    #[error("the content type {0}")]
+    ContentType(&'static str),
+}
+
+/// The longest idempotency key or content type queued: far past any real one, well inside every
+/// receiver's header limits.
+pub const MAX_HEADER_FIELD: usize = 1024;
+
+/// What is wrong with `value` as a header value, if anything.
+fn header_field(value: &str) -> Result<(), &'static str> {
+    if value.trim().is_empty() {
+        Err("is blank")
+    } else if value.len() > MAX_HEADER_FIELD {
+        Err("is longer than 1024 bytes")
+    } else if value.chars().any(char::is_control) {
+        Err("holds a control character")
+    } else if value.trim() != value {
+        // Header values are trimmed on the wire: the receiver would see another key.
+        Err("starts or ends with whitespace")
+    } else {
+        Ok(())
+    }
+}
+
 impl OutboxMessage {
+    /// Whether the message can be sent: a key and content type every target can carry as a
+    /// header. The backends' `enqueue` refuses a message that cannot.
+    pub fn check(&self) -> Result<(), InvalidMessage> {
+        header_field(&self.idempotency_key).map_err(InvalidMessage::IdempotencyKey)?;
+        header_field(&self.content_type).map_err(InvalidMessage::ContentType)
+    }
+
     pub fn json(
         destination: impl Into<String>,
         idempotency_key: impl Into<String>,
@@ -146,7 +184,41 @@ impl OutboxMessage {
 
 #[cfg(test)]
 mod tests {
-    use super::Meta;
+    use super::{InvalidMessage, Meta, OutboxMessage};
+
+    #[test]
+    fn a_message_is_queued_only_with_a_key_and_content_type_a_header_can_carry() {
+        let ok = OutboxMessage::json("email", "thank-you:o-1", b"{}".to_vec());
+        assert_eq!(ok.check(), Ok(()));
+        let non_ascii = OutboxMessage::json("email", "merci:commande-é", b"{}".to_vec());
+        assert_eq!(non_ascii.check(), Ok(()));
+        let long = "k".repeat(1024);
+        assert_eq!(
+            OutboxMessage::json("email", long, Vec::new()).check(),
+            Ok(())
+        );
+        for (key, why) in [
+            ("", "is blank"),
+            ("  ", "is blank"),
+            ("k\r\nX-Injected: 1", "holds a control character"),
+            ("k\0", "holds a control character"),
+            (" k", "starts or ends with whitespace"),
+            (&*"k".repeat(1025), "is longer than 1024 bytes"),
+        ] {
+            let msg = OutboxMessage::json("email", key, Vec::new());
+            assert_eq!(
+                msg.check(),
+                Err(InvalidMessage::IdempotencyKey(why)),
+                "{key:?}"
+            );
+        }
+        let mut msg = ok;
+        msg.content_type = "text/plain\n".to_owned();
+        assert_eq!(
+            msg.check(),
+            Err(InvalidMessage::ContentType("holds a control character"))
+        );
+    }
 
     /// Headers read back from the stored lines are the ones kept, in order; a value or name
     /// that would not read back as written is not kept at all.

@@ -157,8 +157,10 @@ impl Tx {
     }
 
     /// Queues a message for delivery after commit. The same idempotency key for the same
-    /// destination is queued once.
+    /// destination is queued once. A message no target could send (see
+    /// [`OutboxMessage::check`]) fails the event: nothing of it is kept and the caller hears why.
     pub async fn enqueue(&mut self, msg: &OutboxMessage) -> Result<(), HandlerError> {
+        msg.check().map_err(HandlerError::failed)?;
         sqlx::query(
             "INSERT INTO oncebox_outbox (destination, idempotency_key, payload, content_type,
                source, event_id, created_at, next_attempt_at)

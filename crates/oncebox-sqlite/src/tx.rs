@@ -139,8 +139,10 @@ impl<'a> Tx<'a> {
     }
 
     /// Queues a message for delivery after commit. The same idempotency key for the same
-    /// destination is queued once.
+    /// destination is queued once. A message no target could send (see
+    /// [`OutboxMessage::check`]) fails the event: nothing of it is kept and the caller hears why.
     pub fn enqueue(&mut self, msg: &OutboxMessage) -> Result<(), HandlerError> {
+        msg.check().map_err(HandlerError::failed)?;
         self.conn
             .prepare_cached(
                 "INSERT INTO oncebox_outbox (destination, idempotency_key, payload, content_type,

@@ -1,6 +1,6 @@
 //! The library's own outbox through the relay: a message a handler queues with `Tx::enqueue`
 //! is delivered to the route its destination names, once per key, and a handler that fails
-//! after queueing leaves nothing to deliver.
+//! after queueing, or queues what no header can carry, leaves nothing to deliver.
 
 use oncebox_core::delivery::DeliveryState;
 use oncebox_core::{Event, Key, OutboxMessage, ProcessError, Processed, Response};
@@ -12,13 +12,23 @@ use crate::{World, receiver, route};
 /// Processes `event_id`, whose handler queues the thank-you message of order o-7 to `hooks`,
 /// then fails if `fail`.
 async fn process(w: &World, event_id: &str, fail: bool) -> Result<Processed, ProcessError> {
+    process_keyed(w, event_id, "thank-you:o-7", fail).await
+}
+
+/// As [`process`], the message under `message_key`.
+async fn process_keyed(
+    w: &World,
+    event_id: &str,
+    message_key: &'static str,
+    fail: bool,
+) -> Result<Processed, ProcessError> {
     let key = Key::parse("shop", event_id).unwrap();
     let event = Event::json(key, r#"{"order":"o-7"}"#).unwrap();
     w.inbox
         .process(event, move |tx| {
             tx.enqueue(&OutboxMessage::json(
                 "hooks",
-                "thank-you:o-7",
+                message_key,
                 r#"{"order":"o-7","template":"thank-you"}"#,
             ))?;
             if fail {
@@ -83,5 +93,41 @@ fn an_uncertain_message_is_reconciled_by_the_key_it_carried_not_its_events() {
         w.clock.advance(std::time::Duration::from_secs(3600));
         assert_eq!(relay.run_once().await.unwrap().claimed, 0);
         assert_eq!(rx.hits_of("thank-you:o-7"), 1, "never sent twice");
+    });
+}
+
+#[test]
+fn a_message_whose_key_no_header_can_carry_fails_its_event_and_a_non_ascii_key_is_sent_intact() {
+    run(async {
+        let w = World::new();
+        let (rx, addr) = receiver::start().await;
+        let relay = w.relay(vec![route("hooks", addr, true)]);
+        // A line break would fail every attempt for days (or, unchecked, split the header):
+        // the handler hears why at once and nothing of the event is kept.
+        let refused = process_keyed(&w, "evt-bad", "thank-you:o-7\r\nX-Injected: 1", false).await;
+        let Err(ProcessError::Handler(why)) = refused else {
+            panic!("{refused:?}");
+        };
+        assert!(why.to_string().contains("control character"), "{why}");
+        assert_eq!(relay.run_once().await.unwrap().claimed, 0);
+        // Not a duplicate later: the key stayed free.
+        assert!(matches!(
+            process(&w, "evt-bad", false).await,
+            Ok(Processed::Applied(_))
+        ));
+        assert_eq!(relay.run_once().await.unwrap().delivered, 1);
+        // Bytes past ASCII are a header value (RFC 9110 obs-text): queued and sent as they are.
+        assert!(matches!(
+            process_keyed(&w, "evt-accent", "merci:commande-é", false).await,
+            Ok(Processed::Applied(_))
+        ));
+        let out = relay.run_once().await.unwrap();
+        assert_eq!(out.delivered, 1, "{out:?}");
+        let seen = rx.requests();
+        assert_eq!(seen.len(), 2);
+        assert_eq!(
+            seen[1].headers["idempotency-key"].as_bytes(),
+            "merci:commande-é".as_bytes()
+        );
     });
 }

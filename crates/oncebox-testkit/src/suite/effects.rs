@@ -1,7 +1,7 @@
 //! Conformance tests of what a handler does on the transaction: action keys, entity versions,
 //! offset watermarks, the outbox, and durability across a restart.
 
-use oncebox_core::{Processed, Response};
+use oncebox_core::{ProcessError, Processed, Response};
 
 use super::fresh;
 use crate::{Backend, End, Script, event};
@@ -135,6 +135,29 @@ pub async fn outbox_message_commits_only_with_the_effect<B: Backend>() {
         b.observe().await.outbox,
         vec![("email".to_owned(), "o4".to_owned())]
     );
+    // A key no header can carry is refused at enqueue: the event fails whole, with why, and
+    // its key stays free.
+    let before = b.observe().await;
+    let bad = b
+        .process(
+            event("shop", "e5", 1),
+            Script::credit(1).email("o5\r\nX: 1"),
+        )
+        .await;
+    assert!(
+        matches!(&bad, Err(ProcessError::Handler(e)) if e.to_string().contains("control character")),
+        "{bad:?}"
+    );
+    assert_eq!(
+        b.observe().await,
+        before,
+        "nothing of the refused event is kept"
+    );
+    let retried = b
+        .process(event("shop", "e5", 1), Script::credit(1).email("o5"))
+        .await
+        .unwrap();
+    assert!(retried.is_applied(), "{retried:?}");
 }
 
 pub async fn restart_keeps_every_committed_key<B: Backend>() {
