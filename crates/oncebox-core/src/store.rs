@@ -99,6 +99,31 @@ pub struct Page<T> {
     pub next: Option<i64>,
 }
 
+impl<T> Page<T> {
+    /// A page of at most `limit` items from rows fetched in cursor order with `LIMIT limit + 1`,
+    /// each its cursor and its item (`None`: a row that no longer parses, skipped). The extra
+    /// row only tells that a next page exists, and the cursor is the last row read, skipped or
+    /// not: a page ending in skipped rows, or made only of them, still leads past them instead
+    /// of ending the listing.
+    pub fn from_rows<E>(
+        rows: impl IntoIterator<Item = Result<(i64, Option<T>), E>>,
+        limit: usize,
+    ) -> Result<Page<T>, E> {
+        let mut items = Vec::with_capacity(limit);
+        let (mut read, mut last) = (0, None);
+        for row in rows {
+            if read == limit {
+                return Ok(Page { items, next: last });
+            }
+            let (cursor, item) = row?;
+            read += 1;
+            last = Some(cursor);
+            items.extend(item);
+        }
+        Ok(Page { items, next: None })
+    }
+}
+
 /// Counts for operators.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Stats {
@@ -178,4 +203,33 @@ pub trait EventStore: Clone + Send + Sync + 'static {
     ) -> impl Future<Output = Result<Activity, Unavailable>> + Send;
     /// Whether the store can take writes now (for `/readyz`).
     fn ready(&self) -> impl Future<Output = Result<(), Unavailable>> + Send;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Page;
+
+    fn rows(spec: &[(i64, bool)]) -> Vec<Result<(i64, Option<i64>), ()>> {
+        spec.iter()
+            .map(|&(id, ok)| Ok((id, ok.then_some(id))))
+            .collect()
+    }
+
+    #[test]
+    fn a_page_cursor_leads_past_skipped_rows() {
+        // limit 2, three rows fetched: a next page, after the second row.
+        let p = Page::from_rows(rows(&[(1, true), (2, true), (3, true)]), 2).unwrap();
+        assert_eq!((p.items, p.next), (vec![1, 2], Some(2)));
+        // A skipped row still counts as read: the page is short but the listing goes on.
+        let p = Page::from_rows(rows(&[(1, true), (2, false), (3, true)]), 2).unwrap();
+        assert_eq!((p.items, p.next), (vec![1], Some(2)));
+        // A page of skipped rows only: empty, and still a cursor past them.
+        let p = Page::from_rows(rows(&[(1, false), (2, false), (3, true)]), 2).unwrap();
+        assert_eq!((p.items, p.next), (vec![], Some(2)));
+        // The last page: no extra row, no cursor.
+        let p = Page::from_rows(rows(&[(5, true), (6, false)]), 2).unwrap();
+        assert_eq!((p.items, p.next), (vec![5], None));
+        let failed: Vec<Result<(i64, Option<i64>), &str>> = vec![Ok((1, Some(1))), Err("io")];
+        assert_eq!(Page::from_rows(failed, 2), Err("io"));
+    }
 }

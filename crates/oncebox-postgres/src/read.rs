@@ -119,19 +119,7 @@ pub(crate) async fn page(
     .bind(limit as i64 + 1)
     .fetch_all(pool)
     .await?;
-    let more = rows.len() > limit;
-    let mut items = Vec::with_capacity(limit);
-    for r in rows.iter().take(limit) {
-        if let Some(e) = stored(r)? {
-            items.push(e);
-        }
-    }
-    let next = if more {
-        items.last().map(|e| e.seq)
-    } else {
-        None
-    };
-    Ok(Page { items, next })
+    Page::from_rows(rows.iter().map(|r| Ok((r.try_get(0)?, stored(r)?))), limit)
 }
 
 pub(crate) async fn stats(pool: &PgPool) -> Result<Stats, sqlx::Error> {
@@ -172,29 +160,25 @@ pub(crate) async fn conflicts(
     .bind(limit as i64 + 1)
     .fetch_all(pool)
     .await?;
-    let more = rows.len() > limit;
-    let mut items = Vec::with_capacity(limit);
-    for r in rows.iter().take(limit) {
+    let conflict = |r: &PgRow| -> Result<_, sqlx::Error> {
         let (source, event_id): (String, String) = (r.try_get(1)?, r.try_get(2)?);
         // Written only from validated keys; one that no longer validates is skipped.
         let Ok(key) = Key::parse(&source, &event_id) else {
-            continue;
+            return Ok((r.try_get(0)?, None));
         };
-        items.push(oncebox_core::store::ConflictRecord {
-            seq: r.try_get(0)?,
-            key,
-            stored_fingerprint: Fingerprint::from_slice(&r.try_get::<Vec<u8>, _>(3)?),
-            offered_fingerprint: Fingerprint::from_slice(&r.try_get::<Vec<u8>, _>(4)?),
-            payload: r.try_get::<Option<Vec<u8>>, _>(5)?.unwrap_or_default(),
-            at: Timestamp(r.try_get(6)?),
-        });
-    }
-    let next = if more {
-        items.last().map(|c| c.seq)
-    } else {
-        None
+        Ok((
+            r.try_get(0)?,
+            Some(oncebox_core::store::ConflictRecord {
+                seq: r.try_get(0)?,
+                key,
+                stored_fingerprint: Fingerprint::from_slice(&r.try_get::<Vec<u8>, _>(3)?),
+                offered_fingerprint: Fingerprint::from_slice(&r.try_get::<Vec<u8>, _>(4)?),
+                payload: r.try_get::<Option<Vec<u8>>, _>(5)?.unwrap_or_default(),
+                at: Timestamp(r.try_get(6)?),
+            }),
+        ))
     };
-    Ok(Page { items, next })
+    Page::from_rows(rows.iter().map(conflict), limit)
 }
 
 /// Counts per source and state, and arrivals since `since` per bucket of `bucket_ms`.

@@ -132,32 +132,6 @@ pub(crate) fn committed(
     .transpose()
 }
 
-/// One page from rows fetched with `LIMIT limit + 1`: the extra row only tells that a next page
-/// exists, whose cursor is the last item's. Rows that map to `None` are skipped.
-pub(crate) fn page<T>(
-    rows: impl Iterator<Item = rusqlite::Result<Option<T>>>,
-    limit: usize,
-    cursor: impl Fn(&T) -> i64,
-) -> rusqlite::Result<oncebox_core::store::Page<T>> {
-    let mut items = Vec::with_capacity(limit);
-    let mut more = false;
-    for row in rows {
-        if items.len() == limit {
-            more = true;
-            break;
-        }
-        if let Some(item) = row? {
-            items.push(item);
-        }
-    }
-    let next = if more {
-        items.last().map(&cursor)
-    } else {
-        None
-    };
-    Ok(oncebox_core::store::Page { items, next })
-}
-
 /// Refused conflicting payloads in recording order, optionally for one key.
 pub(crate) fn conflicts(
     conn: &Connection,
@@ -182,19 +156,22 @@ pub(crate) fn conflicts(
             let (source, event_id): (String, String) = (r.get(1)?, r.get(2)?);
             // Written only from validated keys; one that no longer validates is skipped.
             let Ok(key) = Key::parse(&source, &event_id) else {
-                return Ok(None);
+                return Ok((r.get(0)?, None));
             };
-            Ok(Some(oncebox_core::store::ConflictRecord {
-                seq: r.get(0)?,
-                key,
-                stored_fingerprint: Fingerprint::from_slice(&r.get::<_, Vec<u8>>(3)?),
-                offered_fingerprint: Fingerprint::from_slice(&r.get::<_, Vec<u8>>(4)?),
-                payload: r.get::<_, Option<Vec<u8>>>(5)?.unwrap_or_default(),
-                at: Timestamp(r.get(6)?),
-            }))
+            Ok((
+                r.get(0)?,
+                Some(oncebox_core::store::ConflictRecord {
+                    seq: r.get(0)?,
+                    key,
+                    stored_fingerprint: Fingerprint::from_slice(&r.get::<_, Vec<u8>>(3)?),
+                    offered_fingerprint: Fingerprint::from_slice(&r.get::<_, Vec<u8>>(4)?),
+                    payload: r.get::<_, Option<Vec<u8>>>(5)?.unwrap_or_default(),
+                    at: Timestamp(r.get(6)?),
+                }),
+            ))
         },
     )?;
-    page(rows, limit, |c| c.seq)
+    oncebox_core::store::Page::from_rows(rows, limit)
 }
 
 /// Counts per source and state, and arrivals since `since` per bucket of `bucket_ms`.

@@ -92,9 +92,9 @@ fn page(
     // One row more than asked tells whether there is a next page.
     let rows = q.query_map(
         params![source.map(Source::as_str), after, limit as i64 + 1],
-        stored,
+        |r| Ok((r.get(0)?, stored(r)?)),
     )?;
-    crate::read::page(rows, limit, |x| x.seq)
+    Page::from_rows(rows, limit)
 }
 
 fn stats(c: &Connection) -> rusqlite::Result<Stats> {

@@ -82,23 +82,7 @@ pub(super) async fn page(
     // One row more than asked tells whether there is a next page.
     sql.push(" ORDER BY id LIMIT ").push_bind(limit as i64 + 1);
     let rows = sql.build().fetch_all(pool).await?;
-    let mut items = Vec::with_capacity(limit);
-    let mut more = false;
-    for r in &rows {
-        if items.len() == limit {
-            more = true;
-            break;
-        }
-        if let Some(item) = view(r)? {
-            items.push(item);
-        }
-    }
-    let next = if more {
-        items.last().map(|d: &DeliveryView| d.id)
-    } else {
-        None
-    };
-    Ok(Page { items, next })
+    Page::from_rows(rows.iter().map(|r| Ok((r.try_get(0)?, view(r)?))), limit)
 }
 
 pub(super) async fn attempts(pool: &PgPool, id: i64) -> Result<Vec<AttemptRecord>, sqlx::Error> {

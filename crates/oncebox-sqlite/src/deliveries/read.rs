@@ -81,8 +81,8 @@ pub(super) fn page(
     sql.push_str(&format!(" ORDER BY id LIMIT ?{}", args.len()));
     let mut q = c.prepare_cached(&sql)?;
     // One row more than asked tells whether there is a next page.
-    let rows = q.query_map(params_from_iter(args), view)?;
-    crate::read::page(rows, limit, |x| x.id)
+    let rows = q.query_map(params_from_iter(args), |r| Ok((r.get(0)?, view(r)?)))?;
+    Page::from_rows(rows, limit)
 }
 
 pub(super) fn attempts(c: &Connection, id: i64) -> rusqlite::Result<Vec<AttemptRecord>> {
