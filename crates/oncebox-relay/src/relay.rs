@@ -72,7 +72,7 @@ pub struct Outcome {
     /// Attempts whose outcome could not be recorded because the lease was lost.
     pub fenced: usize,
     /// Claims given back unsent, due again at once: their lease ran short while they waited
-    /// for the route's concurrency.
+    /// for the route's concurrency, or its circuit opened meanwhile.
     pub unclaimed: usize,
     /// Uncertain deliveries settled through a status URL.
     pub reconciled: usize,
@@ -164,21 +164,22 @@ impl<S: DeliveryStore> Relay<S> {
 
     /// Routes the relay may claim for now: configured, and not behind an open circuit.
     fn open_routes(&self) -> Vec<String> {
-        let now = self.clock.monotonic();
-        let circuits = self
-            .circuits
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
         self.routes
             .keys()
-            .filter(|name| {
-                circuits
-                    .get(*name)
-                    .and_then(|c| c.open_until)
-                    .is_none_or(|until| until <= now)
-            })
+            .filter(|name| !self.circuit_open(name))
             .cloned()
             .collect()
+    }
+
+    /// Whether `route`'s circuit keeps the relay off it now.
+    fn circuit_open(&self, route: &str) -> bool {
+        let now = self.clock.monotonic();
+        self.circuits
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(route)
+            .and_then(|c| c.open_until)
+            .is_some_and(|until| until > now)
     }
 
     fn note(&self, route: &str, failed: bool) {

@@ -69,6 +69,14 @@ impl<S: DeliveryStore> Relay<S> {
             self.store.unclaim(claimed, self.clock.now()).await?;
             return Ok(Step::Unclaimed);
         };
+        // The route's circuit opened while this claim waited for its turn (the sends ahead of
+        // it failed, or a trial after the cooldown did): its receiver is failing, and the claim
+        // goes back unsent, to be taken when the cooldown ends, not sent into the failure.
+        if self.circuit_open(&route.name) {
+            drop(permit);
+            self.store.unclaim(claimed, self.clock.now()).await?;
+            return Ok(Step::Unclaimed);
+        }
         // The attempt and its record must both fit in the lease. One sent later could still be
         // on its way when the lease ends and another relay sends the delivery again; waiting
         // for a permit behind a slow receiver is where the time goes. Unsent, the claim is

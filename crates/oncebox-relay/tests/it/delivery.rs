@@ -1,5 +1,6 @@
 //! Delivery and classification: the request DESIGN §6 describes, backoff honouring
-//! `Retry-After`, client errors dead, refused connections retried, per-route limits.
+//! `Retry-After`, client errors dead, refused connections retried, per-route limits (circuits
+//! are in `circuit.rs`).
 
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -226,91 +227,6 @@ fn attempts_are_capped_then_dead() {
         let d = w.delivery("evt_c").await;
         assert_eq!((d.state, d.attempts), (DeliveryState::Dead, 5));
         assert_eq!(rx.requests().len(), 5);
-    });
-}
-
-#[test]
-fn a_failing_route_opens_its_circuit_and_other_routes_go_on() {
-    run(async {
-        let w = World::new();
-        let (bad, bad_addr) = receiver::start().await;
-        let (good, good_addr) = receiver::start().await;
-        bad.answer(&[(500, None)]);
-        let options = oncebox_relay::RelayOptions {
-            circuit_threshold: 2,
-            circuit_cooldown: Duration::from_secs(2 * 3600),
-            ..oncebox_relay::RelayOptions::default()
-        };
-        let relay = oncebox_relay::Relay::new(
-            w.inbox.clone(),
-            vec![route("bad", bad_addr, true), route("good", good_addr, true)],
-            std::sync::Arc::new(w.clock.clone()),
-            options,
-        );
-        for i in 0..2 {
-            w.accept(&format!("f{i}"), &["bad"]).await;
-        }
-        relay.run_once().await.unwrap();
-        assert_eq!(bad.requests().len(), 2);
-        w.clock.advance(Duration::from_secs(3600));
-        w.accept("g1", &["good"]).await;
-        let out = relay.run_once().await.unwrap();
-        assert_eq!(out.delivered, 1, "the good route is served: {out:?}");
-        assert_eq!(
-            bad.requests().len(),
-            2,
-            "the open circuit kept the relay off the bad route"
-        );
-        assert_eq!(good.requests().len(), 1);
-        // After the cooldown one trial round goes to the bad route again.
-        w.clock.advance(Duration::from_secs(2 * 3600));
-        relay.run_once().await.unwrap();
-        assert_eq!(
-            bad.requests().len(),
-            4,
-            "both due deliveries tried once more"
-        );
-    });
-}
-
-/// The cooldown runs on time that passes, not on the wall clock: stepped back a day while the
-/// circuit is open, the route opens again when the cooldown has passed, not a day later.
-#[test]
-fn a_wall_clock_stepped_back_does_not_stretch_a_circuits_cooldown() {
-    run(async {
-        let w = World::new();
-        let (bad, bad_addr) = receiver::start().await;
-        bad.answer(&[(500, None), (500, None), (202, None)]);
-        let options = oncebox_relay::RelayOptions {
-            circuit_threshold: 2,
-            circuit_cooldown: Duration::from_secs(30),
-            ..oncebox_relay::RelayOptions::default()
-        };
-        let relay = oncebox_relay::Relay::new(
-            w.inbox.clone(),
-            vec![route("bad", bad_addr, true)],
-            std::sync::Arc::new(w.clock.clone()),
-            options,
-        );
-        for i in 0..2 {
-            w.accept(&format!("f{i}"), &["bad"]).await;
-        }
-        relay.run_once().await.unwrap();
-        assert_eq!(bad.requests().len(), 2, "the circuit opened");
-        w.clock
-            .set(w.clock_now().minus(Duration::from_secs(24 * 3600)));
-        // Due at once on the stepped clock: only the circuit can hold it back.
-        w.accept("after-the-step", &["bad"]).await;
-        w.clock.advance(Duration::from_secs(10));
-        assert_eq!(
-            relay.run_once().await.unwrap().claimed,
-            0,
-            "still cooling down"
-        );
-        w.clock.advance(Duration::from_secs(21));
-        let out = relay.run_once().await.unwrap();
-        assert_eq!(out.delivered, 1, "{out:?}");
-        assert_eq!(bad.requests().len(), 3);
     });
 }
 

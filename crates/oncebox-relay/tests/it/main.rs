@@ -5,6 +5,7 @@
 mod amqp;
 mod answers;
 mod broker;
+mod circuit;
 mod delivery;
 mod faults;
 mod kill;

@@ -1,0 +1,143 @@
+//! A route's circuit: a receiver that keeps failing is left alone for a cooldown while other
+//! routes go on, claims waiting behind the failures are given back unsent, and the cooldown
+//! runs on time that passes, not on the wall clock.
+
+use std::time::Duration;
+
+use oncebox_testkit::run;
+
+use crate::{World, receiver, route};
+
+#[test]
+fn a_failing_route_opens_its_circuit_and_other_routes_go_on() {
+    run(async {
+        let w = World::new();
+        let (bad, bad_addr) = receiver::start().await;
+        let (good, good_addr) = receiver::start().await;
+        bad.answer(&[(500, None)]);
+        let options = oncebox_relay::RelayOptions {
+            circuit_threshold: 2,
+            circuit_cooldown: Duration::from_secs(2 * 3600),
+            ..oncebox_relay::RelayOptions::default()
+        };
+        let relay = oncebox_relay::Relay::new(
+            w.inbox.clone(),
+            vec![route("bad", bad_addr, true), route("good", good_addr, true)],
+            std::sync::Arc::new(w.clock.clone()),
+            options,
+        );
+        for i in 0..2 {
+            w.accept(&format!("f{i}"), &["bad"]).await;
+        }
+        relay.run_once().await.unwrap();
+        assert_eq!(bad.requests().len(), 2);
+        w.clock.advance(Duration::from_secs(3600));
+        w.accept("g1", &["good"]).await;
+        let out = relay.run_once().await.unwrap();
+        assert_eq!(out.delivered, 1, "the good route is served: {out:?}");
+        assert_eq!(
+            bad.requests().len(),
+            2,
+            "the open circuit kept the relay off the bad route"
+        );
+        assert_eq!(good.requests().len(), 1);
+        // After the cooldown one trial round goes to the bad route again.
+        w.clock.advance(Duration::from_secs(2 * 3600));
+        relay.run_once().await.unwrap();
+        assert_eq!(
+            bad.requests().len(),
+            4,
+            "both due deliveries tried once more"
+        );
+    });
+}
+
+/// Claims waiting for a route's turn when its circuit opens are given back unsent: with one
+/// request at a time, the first failure opens the circuit and the two claimed behind it are
+/// not sent into the failing receiver; they are taken after the cooldown.
+#[test]
+fn claims_waiting_when_their_routes_circuit_opens_are_given_back_unsent() {
+    run(async {
+        let w = World::new();
+        let (bad, bad_addr) = receiver::start().await;
+        bad.answer(&[(500, None), (202, None), (202, None)]);
+        let options = oncebox_relay::RelayOptions {
+            circuit_threshold: 1,
+            circuit_cooldown: Duration::from_secs(30),
+            ..oncebox_relay::RelayOptions::default()
+        };
+        let mut one_at_a_time = route("bad", bad_addr, true);
+        one_at_a_time.concurrency = 1;
+        let relay = oncebox_relay::Relay::new(
+            w.inbox.clone(),
+            vec![one_at_a_time],
+            std::sync::Arc::new(w.clock.clone()),
+            options,
+        );
+        for i in 0..3 {
+            w.accept(&format!("f{i}"), &["bad"]).await;
+        }
+        let out = relay.run_once().await.unwrap();
+        assert_eq!(
+            (out.claimed, out.retrying, out.unclaimed),
+            (3, 1, 2),
+            "{out:?}"
+        );
+        assert_eq!(
+            bad.requests().len(),
+            1,
+            "one request reached the failing receiver"
+        );
+        let mut attempts = 0;
+        for id in ["f0", "f1", "f2"] {
+            attempts += w.delivery(id).await.attempts;
+        }
+        assert_eq!(attempts, 1, "the two given back count no attempt");
+        assert_eq!(relay.run_once().await.unwrap().claimed, 0, "cooling down");
+        w.clock.advance(Duration::from_secs(31));
+        let out = relay.run_once().await.unwrap();
+        assert_eq!(out.delivered, 3, "{out:?}");
+        assert_eq!(bad.requests().len(), 4);
+    });
+}
+
+/// The cooldown runs on time that passes, not on the wall clock: stepped back a day while the
+/// circuit is open, the route opens again when the cooldown has passed, not a day later.
+#[test]
+fn a_wall_clock_stepped_back_does_not_stretch_a_circuits_cooldown() {
+    run(async {
+        let w = World::new();
+        let (bad, bad_addr) = receiver::start().await;
+        bad.answer(&[(500, None), (500, None), (202, None)]);
+        let options = oncebox_relay::RelayOptions {
+            circuit_threshold: 2,
+            circuit_cooldown: Duration::from_secs(30),
+            ..oncebox_relay::RelayOptions::default()
+        };
+        let relay = oncebox_relay::Relay::new(
+            w.inbox.clone(),
+            vec![route("bad", bad_addr, true)],
+            std::sync::Arc::new(w.clock.clone()),
+            options,
+        );
+        for i in 0..2 {
+            w.accept(&format!("f{i}"), &["bad"]).await;
+        }
+        relay.run_once().await.unwrap();
+        assert_eq!(bad.requests().len(), 2, "the circuit opened");
+        w.clock
+            .set(w.clock_now().minus(Duration::from_secs(24 * 3600)));
+        // Due at once on the stepped clock: only the circuit can hold it back.
+        w.accept("after-the-step", &["bad"]).await;
+        w.clock.advance(Duration::from_secs(10));
+        assert_eq!(
+            relay.run_once().await.unwrap().claimed,
+            0,
+            "still cooling down"
+        );
+        w.clock.advance(Duration::from_secs(21));
+        let out = relay.run_once().await.unwrap();
+        assert_eq!(out.delivered, 1, "{out:?}");
+        assert_eq!(bad.requests().len(), 3);
+    });
+}
