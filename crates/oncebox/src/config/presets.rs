@@ -3,6 +3,9 @@
 
 use std::time::Duration;
 
+use oncebox_core::signature::Scheme;
+use oncebox_gateway::policy::EventIdRule;
+
 use super::raw::{RawPreset, RawScheme};
 
 const DAY: Duration = Duration::from_secs(24 * 3600);
@@ -67,4 +70,36 @@ pub(super) fn for_scheme(scheme: RawScheme) -> Option<Preset> {
         RawScheme::StandardWebhooks => Some(preset(RawPreset::StandardWebhooks)),
         RawScheme::None | RawScheme::HmacSha256 => None,
     }
+}
+
+/// A warning for a signed source whose event id comes from a header its signature does not
+/// cover: anyone holding one signed request can send it again under new ids (within the
+/// tolerance, where the scheme signs a time), each taken as a new event. Standard Webhooks
+/// signs `webhook-id`; Stripe and plain HMAC sign the body alone. GitHub is left out: its
+/// bodies carry no event id, so its preset's id is a header, and the README says what that
+/// leaves open.
+pub(super) fn unsigned_id_header(
+    name: &str,
+    scheme: &Scheme,
+    rule: &EventIdRule,
+) -> Option<String> {
+    let EventIdRule::Header(header) = rule else {
+        return None;
+    };
+    let signed = match scheme {
+        Scheme::None | Scheme::Github => return None,
+        Scheme::StandardWebhooks => Some("webhook-id"),
+        _ => None,
+    };
+    if signed.is_some_and(|h| h.eq_ignore_ascii_case(header)) {
+        return None;
+    }
+    let instead = signed.map_or("a pointer into the signed body".to_owned(), |h| {
+        format!("header {h:?}")
+    });
+    Some(format!(
+        "source {name}: event_id header {header:?} is not covered by the signature: anyone \
+         holding one signed request can send it again under new ids, each taken as a new \
+         event (take the id from {instead})"
+    ))
 }

@@ -81,6 +81,13 @@ pub(super) fn validate(
         Some(_) => EventIdRule::Pointer(Pointer::from_tokens(vec!["id".to_owned()])),
     });
 
+    if let Some(warning) = scheme
+        .as_ref()
+        .and_then(|s| super::presets::unsigned_id_header(name, s, &event_id))
+    {
+        warnings.push(warning);
+    }
+
     let derived = match &event_id {
         EventIdRule::Derive(fields) => Some(fields.as_slice()),
         _ => None,

@@ -296,3 +296,41 @@ fn a_retention_shorter_than_a_day_is_warned_about() {
         long.warnings
     );
 }
+
+/// A signed source whose id comes from a header its signature does not cover is warned about:
+/// one signed request can be sent again under new ids. Ids the signature covers are not.
+#[test]
+fn an_event_id_header_the_signature_does_not_cover_is_warned_about() {
+    let unsigned = |s: &Settings| {
+        s.warnings
+            .iter()
+            .filter(|w| w.contains("is not covered by the signature"))
+            .cloned()
+            .collect::<Vec<_>>()
+    };
+    let s = ok(&shop("event_id = { header = \"X-Request-Id\" }"));
+    assert_eq!(
+        unsigned(&s),
+        vec![
+            "source shop: event_id header \"x-request-id\" is not covered by the signature: \
+             anyone holding one signed request can send it again under new ids, each taken as \
+             a new event (take the id from a pointer into the signed body)"
+                .to_owned()
+        ]
+    );
+    let hooks = "[sources.hooks]\nsignature = \"standard-webhooks\"\n\
+                 secrets = [\"whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw\"]\n";
+    let s = ok(&format!("{hooks}event_id = {{ header = \"Idempotency-Key\" }}\n"));
+    assert!(unsigned(&s)[0].contains("(take the id from header \"webhook-id\")"));
+    for quiet in [
+        shop(""),
+        shop("event_id = { pointer = \"/data/id\" }"),
+        shop("event_id = { derive = [\"/order\"] }"),
+        format!("{hooks}event_id = {{ header = \"Webhook-Id\" }}\n"),
+        hooks.to_owned(),
+        "[sources.gh]\npreset = \"github\"\nsecrets = [\"s\"]\n".to_owned(),
+        "[sources.open]\nsignature = \"none\"\nevent_id = { header = \"X-Id\" }\n".to_owned(),
+    ] {
+        assert_eq!(unsigned(&ok(&quiet)), Vec::<String>::new(), "{quiet}");
+    }
+}
