@@ -132,6 +132,7 @@ fn main() {
         clock: Arc::new(SystemClock),
         metrics: Some(metrics),
         loopback_only: true,
+        logouts: Default::default(),
     });
     let mut servers = vec![
         ("baseline", start(&server_rt, baseline::router())),
@@ -153,6 +154,7 @@ fn main() {
             clock: Arc::new(SystemClock),
             metrics: None,
             loopback_only: true,
+            logouts: Default::default(),
         });
         servers.push(("gateway-pg", start(&server_rt, router(on_pg))));
     }

@@ -20,8 +20,11 @@ mod conflicts;
 mod diff;
 mod events;
 mod layout;
+mod logouts;
 mod queues;
 pub(crate) mod session;
+
+pub use logouts::Logouts;
 
 use session::Access;
 

@@ -15,6 +15,7 @@ use oncebox_core::{Clock, Timestamp};
 mod admin;
 pub mod crash;
 mod dashboard;
+pub use dashboard::Logouts;
 mod deliveries;
 mod ingress;
 mod limit;
@@ -40,6 +41,8 @@ pub struct Gateway<S> {
     /// Only loopback peers can connect (the listener is bound to a loopback address): then the
     /// admin API may answer without a token.
     pub loopback_only: bool,
+    /// Dashboard sessions logged out before their cookies expire.
+    pub logouts: dashboard::Logouts,
 }
 
 /// The most a request other than an event may carry.

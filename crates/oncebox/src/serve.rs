@@ -46,6 +46,7 @@ pub async fn run(settings: Settings, with_relay: bool) -> Result<()> {
         metrics: Some(metrics.clone()),
         // `[::ffff:127.0.0.1]` is loopback too, as the configuration's check of `listen` says.
         loopback_only: local.ip().to_canonical().is_loopback(),
+        logouts: Default::default(),
     });
     let purger = tokio::spawn(purge_forever(inbox.clone(), retention));
     // The recorder keeps histogram samples until they are folded in: without this, memory

@@ -118,11 +118,11 @@ fn cookie_value<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
         .map(|(_, v)| v)
 }
 
-/// The session nonce the request's cookie carries, if valid now.
+/// The session nonce the request's cookie carries, if valid now and not logged out.
 fn session<S>(gw: &Gateway<S>, headers: &HeaderMap) -> Option<(String, String)> {
     let token = gw.config.admin_token.as_deref()?;
     let nonce = verify(token, cookie_value(headers, COOKIE)?, gw.clock.now())?;
-    Some((token.to_owned(), nonce))
+    (!gw.logouts.ended(&nonce)).then(|| (token.to_owned(), nonce))
 }
 
 /// Whether the request names the gateway by a loopback name, or names none (a client of
@@ -224,18 +224,22 @@ pub(crate) struct LogoutForm {
     csrf: String,
 }
 
-/// `POST /logout`: clears the cookie. It carries the CSRF token, so no other site can log the
-/// operator out.
+/// `POST /logout`: ends the session (a copy of its cookie no longer works) and clears the
+/// cookie. It carries the CSRF token, so no other site can log the operator out.
 pub(crate) async fn logout<S: EventStore>(
     State(gw): State<Arc<Gateway<S>>>,
     headers: HeaderMap,
     axum::Form(form): axum::Form<LogoutForm>,
 ) -> Response {
-    let valid =
-        session(&gw, &headers).is_some_and(|(token, nonce)| csrf_ok(&token, &nonce, &form.csrf));
-    if !valid || !same_origin(&headers) {
+    let nonce = session(&gw, &headers)
+        .filter(|(token, nonce)| csrf_ok(token, nonce, &form.csrf))
+        .map(|(_, nonce)| nonce);
+    let (Some(nonce), true) = (nonce, same_origin(&headers)) else {
         return StatusCode::FORBIDDEN.into_response();
-    }
+    };
+    // Issued no later than now, the cookie verifies until now + its lifetime at the latest.
+    let now = gw.clock.now();
+    gw.logouts.end(&nonce, now.plus(LIFETIME), now);
     (
         [(header::SET_COOKIE, set_cookie("", 0))],
         Redirect::to("/login"),

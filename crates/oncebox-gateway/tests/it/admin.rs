@@ -311,6 +311,7 @@ fn admin_refusals_carry_their_slugs() {
             clock: std::sync::Arc::new(gw.clock.clone()),
             metrics: None,
             loopback_only: false,
+            logouts: Default::default(),
         });
         let res =
             tower::ServiceExt::oneshot(oncebox_gateway::router(unmetered), admin_get("/metrics"))
@@ -365,6 +366,7 @@ fn without_a_token_the_admin_api_answers_only_on_a_loopback_listener() {
             clock: gw.gateway.clock.clone(),
             metrics: None,
             loopback_only: true,
+            logouts: Default::default(),
         });
         let a = crate::support::Answer::from(
             tower::ServiceExt::oneshot(oncebox_gateway::router(local.clone()), get())

@@ -1,5 +1,5 @@
 //! The dashboard through the real router on a real SQLite file: login and its cookie, the
-//! session standing for the token only with its CSRF token, and snapshots of every page with
+//! session standing for the token only with its CSRF token and ending at logout, and snapshots of every page with
 //! an attacker's payload in it (times are the manual clock's; the CSRF token is redacted).
 
 use std::time::Duration;
@@ -156,6 +156,20 @@ fn the_admin_api_takes_a_session_only_with_its_csrf_token() {
                 .unwrap()
                 .contains("Max-Age=0")
         );
+        // A copy of the cookie taken before the logout, still inside its lifetime and
+        // correctly signed, no longer stands for the token: not for the API, not for a page.
+        assert_eq!(
+            gw.send(with("/v1/events", &token)).await.status,
+            StatusCode::UNAUTHORIZED
+        );
+        let page = gw.send(get("/", &cookie)).await;
+        assert_eq!(page.status, StatusCode::SEE_OTHER);
+        assert_eq!(page.headers["location"], "/login");
+        assert_eq!(gw.send(logout(&token)).await.status, StatusCode::FORBIDDEN);
+        // A new login is a new session.
+        let again = login(&gw).await;
+        assert_ne!(again, cookie);
+        assert_eq!(gw.send(get("/", &again)).await.status, StatusCode::OK);
     });
 }
 

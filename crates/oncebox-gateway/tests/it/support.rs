@@ -170,6 +170,7 @@ impl TestGateway {
             clock: Arc::new(clock.clone()),
             metrics: Some(metrics()),
             loopback_only: false,
+            logouts: Default::default(),
         });
         TestGateway {
             gateway,

@@ -156,6 +156,7 @@ where
         clock: Arc::new(SystemClock),
         metrics: None,
         loopback_only: true,
+        logouts: Default::default(),
     });
     let mut out = std::io::stdout().lock();
     writeln!(out, "listening on http://{addr}").unwrap();

@@ -320,7 +320,9 @@ fn an_event_id_header_the_signature_does_not_cover_is_warned_about() {
     );
     let hooks = "[sources.hooks]\nsignature = \"standard-webhooks\"\n\
                  secrets = [\"whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw\"]\n";
-    let s = ok(&format!("{hooks}event_id = {{ header = \"Idempotency-Key\" }}\n"));
+    let s = ok(&format!(
+        "{hooks}event_id = {{ header = \"Idempotency-Key\" }}\n"
+    ));
     assert!(unsigned(&s)[0].contains("(take the id from header \"webhook-id\")"));
     for quiet in [
         shop(""),
