@@ -26,6 +26,20 @@ const SOURCE: &str = "fsync";
 /// events first (each commit syncs the write-ahead log once or twice).
 const GOOD_SYNCS: u32 = 40;
 
+/// `strace`, or `None` after saying the scenario skips (`why` it needs it); a failure under
+/// `ONCEBOX_REQUIRE_SERVICES=1`.
+pub fn strace_or_skip(why: &str) -> Option<std::path::PathBuf> {
+    let found = strace();
+    if found.is_none() {
+        let why = format!("strace not found: {why}");
+        if std::env::var("ONCEBOX_REQUIRE_SERVICES").is_ok_and(|v| v == "1") {
+            panic!("{why}; ONCEBOX_REQUIRE_SERVICES=1 makes this a failure (install strace)");
+        }
+        eprintln!("SKIPPED: {why}");
+    }
+    found
+}
+
 /// `strace` on the PATH or in the usual directories.
 fn strace() -> Option<std::path::PathBuf> {
     let path = std::env::var_os("PATH").unwrap_or_default();
@@ -41,8 +55,15 @@ fn strace() -> Option<std::path::PathBuf> {
 /// `spec` (the gateway) run under `strace` injecting EIO into every sync from the
 /// `GOOD_SYNCS`-th on.
 fn under_strace(strace: &Path, spec: Spec) -> Spec {
-    let inject = format!("inject=fsync,fdatasync:error=EIO:when={GOOD_SYNCS}+");
-    let mut args: Vec<String> = ["-f", "-qq", "-o", "/dev/null", "-e"]
+    syncs_faulted(strace, spec, &format!("error=EIO:when={GOOD_SYNCS}+"))
+}
+
+/// `spec` run under `strace` with `fault` (strace's `inject=` tampering, e.g. `error=EIO` or
+/// `delay_exit=20000`) on its `fsync` and `fdatasync` calls. Only those calls stop the
+/// process (seccomp-bpf): the rest run at full speed.
+pub fn syncs_faulted(strace: &Path, spec: Spec, fault: &str) -> Spec {
+    let inject = format!("inject=fsync,fdatasync:{fault}");
+    let mut args: Vec<String> = ["-f", "-qq", "--seccomp-bpf", "-o", "/dev/null", "-e"]
         .into_iter()
         .map(str::to_owned)
         .collect();
@@ -57,7 +78,7 @@ fn under_strace(strace: &Path, spec: Spec) -> Spec {
 }
 
 /// Kills the gateway `strace` runs (its only child), then waits for `strace` to end.
-fn kill_traced(p: &mut Proc) {
+pub fn kill_traced(p: &mut Proc) {
     let pid = p.pid().as_raw();
     let children =
         std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
@@ -99,14 +120,7 @@ async fn deliver(c: &reqwest::Client, history: &History, base: &str, id: &str) -
 /// Events one after another until the fault starts (the first 503); then more events, every
 /// one refused; then the gateway again without `strace`, and retries until each is acknowledged.
 fn fsync_eio() -> Option<Report> {
-    let Some(strace) = strace() else {
-        let why = "strace not found: this scenario injects EIO into fsync with it";
-        if std::env::var("ONCEBOX_REQUIRE_SERVICES").is_ok_and(|v| v == "1") {
-            panic!("{why}; ONCEBOX_REQUIRE_SERVICES=1 makes this a failure (install strace)");
-        }
-        eprintln!("SKIPPED: {why}");
-        return None;
-    };
+    let strace = strace_or_skip("this scenario injects EIO into fsync with it")?;
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("fsync.db");
     let database = format!("sqlite://{}", db.display());

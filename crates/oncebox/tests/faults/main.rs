@@ -24,6 +24,7 @@ mod fsync;
 mod hostile;
 mod kills;
 mod lease;
+mod load;
 mod network;
 #[path = "../shared/schema.rs"]
 mod schema;
@@ -68,6 +69,7 @@ const SCENARIOS: &[Scenario] = &[
     authenticity::AUTHENTICITY,
     hostile::BAD_INPUT,
     flood::SLOWLORIS_AND_FLOODS,
+    load::OVERLOAD_SQLITE,
     clock::RETENTION_AND_CLOCK_JUMPS_SQLITE,
     lease::REDIS_HOLDER_PAUSED,
     broker::NATS_BEFORE_ACK,
