@@ -242,6 +242,8 @@ async fn commit_reply_lost() -> Option<Report> {
         .iter()
         .filter(|o| matches!(o.outcome(), Some(Outcome::Ok { .. })))
         .count();
+    // TESTING.md: a COMMIT whose reply is lost is answered 503 (not a 500, not silence).
+    let (refused, other) = unavailable(&during);
     world::drain(&history, &base, 8).await;
     gw.terminate();
     let fin = final_pg(&schema.pool().await, false).await;
@@ -260,6 +262,10 @@ async fn commit_reply_lost() -> Option<Report> {
         "{acked_during} requests were acknowledged though every COMMIT answer was lost"
     );
     assert!(
+        other.is_empty(),
+        "while COMMIT replies were lost, answers other than 503: {other:?}"
+    );
+    assert!(
         resolved > 0,
         "no retry was a replay: the lost COMMITs did not commit"
     );
@@ -267,8 +273,8 @@ async fn commit_reply_lost() -> Option<Report> {
         figures: check(&history.ops(), &fin),
         exercised: dropped,
         what: format!(
-            "{dropped} COMMIT replies lost, {acked_during} acked while armed, {resolved} \
-             resolved as replays on retry"
+            "{dropped} COMMIT replies lost, {refused} answered 503 and {acked_during} acked \
+             while armed, {resolved} resolved as replays on retry"
         ),
         expected_unresolved: 0,
     })
@@ -358,6 +364,18 @@ async fn frozen() -> Option<Report> {
     })
 }
 
+/// How many of `ops` were answered 503, and the others, named.
+fn unavailable(ops: &[Op]) -> (usize, Vec<String>) {
+    let other: Vec<String> = ops
+        .iter()
+        .filter_map(|o| match o.outcome() {
+            Some(Outcome::Info(why)) if why == "HTTP 503" => None,
+            answered => Some(format!("{}: {answered:?}", o.key.1)),
+        })
+        .collect();
+    (ops.len() - other.len(), other)
+}
+
 /// PostgreSQL's connections reset under load: while armed, the proxy cuts every connection
 /// with a RST at its next exchange (mid-transaction, mid-`COMMIT`, or as it opens). Nothing can
 /// commit then, so every request made meanwhile ends 503, never 2xx; once it heals the pool
@@ -372,17 +390,7 @@ async fn reset() -> Option<Report> {
         history,
     } = Behind::start(None).await?;
     let during = armed(&proxy, &history, &base, Mode::Reset, "cut").await;
-    let refused = during
-        .iter()
-        .filter(|o| matches!(o.outcome(), Some(Outcome::Info(why)) if why == "HTTP 503"))
-        .count();
-    let other: Vec<String> = during
-        .iter()
-        .filter_map(|o| match o.outcome() {
-            Some(Outcome::Info(why)) if why == "HTTP 503" => None,
-            answered => Some(format!("{}: {answered:?}", o.key.1)),
-        })
-        .collect();
+    let (refused, other) = unavailable(&during);
     world::drain(&history, &base, 8).await;
     gw.terminate();
     // Every request while armed was answered, and only with a 503: a 2xx would claim a commit
