@@ -26,6 +26,7 @@ mod kills;
 mod lease;
 mod load;
 mod network;
+mod relay_kills;
 #[path = "../shared/schema.rs"]
 mod schema;
 mod standins;
@@ -58,6 +59,8 @@ const SCENARIOS: &[Scenario] = &[
     kills::RANDOM_KILLS_SQLITE,
     kills::RANDOM_POWER_CUTS_SQLITE,
     kills::RANDOM_KILLS_POSTGRES,
+    relay_kills::RANDOM_RELAY_KILLS_SQLITE,
+    relay_kills::RANDOM_RELAY_KILLS_POSTGRES,
     network::RECEIVER_REPLY_DROPPED_IDEMPOTENT,
     network::RECEIVER_REPLY_DROPPED_PLAIN,
     network::COMMIT_REPLY_LOST_POSTGRES,
