@@ -216,7 +216,11 @@ fn ingest_crash(point: &'static str, schema: Option<&PgSchema>) -> Report {
                         if i >= events {
                             return;
                         }
-                        let o = deliver(&c, &history, &base, SOURCE, &format!("e{i}"), "v1").await;
+                        // One in eight sends an earlier event's id with another payload: a
+                        // conflict (or, sent first, the winner), refused across the crash as
+                        // without it.
+                        let (id, tag) = if i % 8 == 7 { (i / 2, "v2") } else { (i, "v1") };
+                        let o = deliver(&c, &history, &base, SOURCE, &format!("e{id}"), tag).await;
                         if matches!(o, Outcome::Ok { .. }) {
                             acked.send_modify(|n| *n += 1);
                         }
@@ -279,12 +283,13 @@ fn ingest_crash(point: &'static str, schema: Option<&PgSchema>) -> Report {
                 "killed after a COMMIT, yet no retry was answered as a replay of it"
             );
         }
+        let refused = figures.conflicts_detected;
         Report {
             figures,
             exercised: u64::from(died),
             what: format!(
                 "killed at {point} after {skip} hits: {acked_before} acked, {unanswered} unanswered, \
-                 {committed_unanswered} committed unanswered"
+                 {committed_unanswered} committed unanswered, {refused} conflicts refused"
             ),
             expected_unresolved: 0,
         }
