@@ -29,6 +29,7 @@ mod network;
 mod relay_kills;
 #[path = "../shared/schema.rs"]
 mod schema;
+mod slow_db;
 mod standins;
 mod storage;
 mod table;
@@ -66,6 +67,7 @@ const SCENARIOS: &[Scenario] = &[
     network::COMMIT_REPLY_LOST_POSTGRES,
     network::POSTGRES_FROZEN,
     network::POSTGRES_RESET,
+    slow_db::POSTGRES_SLOW,
     storage::SQLITE_LOCKED,
     storage::DISK_FULL,
     fsync::SQLITE_FSYNC_EIO,

@@ -46,17 +46,17 @@ pub const POSTGRES_RESET: Scenario = Scenario {
 
 /// A gateway on a PostgreSQL schema of its own, reaching it through a fault proxy (which, with
 /// a marker, drops only answers to bytes holding it), after 20 events went through.
-struct Behind {
-    schema: PgSchema,
-    proxy: Proxy,
-    _dir: tempfile::TempDir,
-    gw: Proc,
-    base: String,
-    history: Arc<History>,
+pub(crate) struct Behind {
+    pub schema: PgSchema,
+    pub proxy: Proxy,
+    pub _dir: tempfile::TempDir,
+    pub gw: Proc,
+    pub base: String,
+    pub history: Arc<History>,
 }
 
 impl Behind {
-    async fn start(marker: Option<Vec<u8>>) -> Option<Behind> {
+    pub(crate) async fn start(marker: Option<Vec<u8>>) -> Option<Behind> {
         let schema = world::pg_schema().await?;
         let proxy = Proxy::start_with_marker(schema.server_addr(), marker).await;
         let dir = tempfile::tempdir().unwrap();
@@ -208,7 +208,7 @@ fn count(db: &std::path::Path, filter: &str) -> usize {
 }
 
 /// Senders deliver new events, each once, `SENDERS` at a time.
-async fn burst(history: &Arc<History>, base: &str, prefix: &str, n: usize) {
+pub(crate) async fn burst(history: &Arc<History>, base: &str, prefix: &str, n: usize) {
     let tasks: Vec<_> = (0..n)
         .map(|i| {
             let (history, base, id) = (history.clone(), base.to_owned(), format!("{prefix}{i}"));

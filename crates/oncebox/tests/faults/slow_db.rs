@@ -1,0 +1,83 @@
+//! PostgreSQL slow, its latency swept up through the store's deadline (5 s): each chunk on the
+//! wire waits longer and longer, so some transactions finish in time, some are given up, and
+//! some commit at the server after the gateway gave up on them and answered 503. None of those
+//! may be acknowledged; each answer is a 2xx or a 503; and the senders' retries, once the
+//! latency is back, find each late commit and answer it as a replay, applying nothing twice.
+
+use std::time::Duration;
+
+use oncebox_testkit::checker::check;
+use oncebox_testkit::history::Outcome;
+use oncebox_testkit::proxy::{Mode, Stats};
+
+use crate::network::{Behind, burst};
+use crate::table::{Report, Scenario};
+use crate::world::{self, block_on, final_pg};
+
+pub const POSTGRES_SLOW: Scenario = Scenario {
+    name: "net: PostgreSQL slow past the deadline",
+    backend: "postgres",
+    run: || block_on(Duration::from_secs(180), slow()),
+};
+
+/// The delays of each chunk, each way, one burst of events at each: a transaction makes a few
+/// round trips, so the deadline falls inside the sweep.
+const SWEEP_MS: [u64; 4] = [100, 250, 500, 1000];
+
+async fn slow() -> Option<Report> {
+    let Behind {
+        schema,
+        proxy,
+        _dir,
+        mut gw,
+        base,
+        history,
+    } = Behind::start(None).await?;
+    let first = history.ops().len();
+    for ms in SWEEP_MS {
+        proxy.set(Mode::Delay(Duration::from_millis(ms)));
+        burst(&history, &base, &format!("slow{ms}-"), 10).await;
+    }
+    proxy.set(Mode::Pass);
+    let healed = history.ops().len();
+    let during = history.ops()[first..healed].to_vec();
+    let acked: Vec<_> = during
+        .iter()
+        .filter(|o| matches!(o.outcome(), Some(Outcome::Ok { .. })))
+        .collect();
+    let other: Vec<String> = during
+        .iter()
+        .filter_map(|o| match o.outcome() {
+            Some(Outcome::Ok { .. }) => None,
+            Some(Outcome::Info(why)) if why == "HTTP 503" => None,
+            answered => Some(format!("{}: {answered:?}", o.key.1)),
+        })
+        .collect();
+    let refused = during.len() - acked.len() - other.len();
+    world::drain(&history, &base, 8).await;
+    gw.terminate();
+    // Given up (503) while slow, yet committed: the retry after it healed was a replay.
+    let late = history.ops()[healed..]
+        .iter()
+        .filter(|o| matches!(o.outcome(), Some(Outcome::Ok { replayed: true })))
+        .filter(|o| !acked.iter().any(|a| a.key == o.key))
+        .count();
+    assert!(
+        other.is_empty(),
+        "while slow, answers other than 2xx or 503: {other:?}"
+    );
+    let fin = final_pg(&schema.pool().await, false).await;
+    let held = Stats::get(&proxy.stats.held);
+    Some(Report {
+        figures: check(&history.ops(), &fin),
+        // The sweep crossed the deadline only if something was given up and later found
+        // committed.
+        exercised: late as u64,
+        what: format!(
+            "{held} chunks delayed {SWEEP_MS:?} ms: {} acked, {refused} answered 503, {late} \
+             of those committed after the gateway gave up (replays on retry)",
+            acked.len()
+        ),
+        expected_unresolved: 0,
+    })
+}
