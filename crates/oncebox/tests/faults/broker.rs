@@ -1,6 +1,8 @@
 //! A NATS JetStream consumer on the SQLite inbox killed between the commit and the ack (the
 //! `nats-before-ack` crash point, in a child process); the server delivers the message again
-//! after the ack wait, and the next consumer acknowledges it as a duplicate: one effect.
+//! after the ack wait, and the next consumer acknowledges it as a duplicate: one effect. And
+//! the same consumer SIGKILLed at random moments while it works through a backlog (mid-handler,
+//! mid-commit, mid-ack): every message applied once.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,6 +17,8 @@ use oncebox_testkit::checker::check;
 use oncebox_testkit::child::{Spec, killed};
 use oncebox_testkit::consume::{SOURCE, Store, effect, effects_of};
 use oncebox_testkit::history::{History, Outcome, key};
+use oncebox_testkit::seed::Seed;
+use rand::Rng;
 
 use crate::table::{Report, Scenario, scale};
 use crate::world::{self, PATIENCE, block_on, final_sqlite};
@@ -22,11 +26,17 @@ use crate::world::{self, PATIENCE, block_on, final_sqlite};
 pub const NATS_BEFORE_ACK: Scenario = Scenario {
     name: "broker: killed before ack (NATS)",
     backend: "sqlite",
-    run: nats_before_ack,
+    run: || nats_kills(false),
+};
+
+pub const NATS_RANDOM_KILLS: Scenario = Scenario {
+    name: "broker: killed at random (NATS)",
+    backend: "sqlite",
+    run: || nats_kills(true),
 };
 
 /// The variable that makes this binary a consumer child:
-/// `<url>|<stream>|<durable>|<quarantine subject>|<db path>`.
+/// `<url>|<stream>|<durable>|<quarantine subject>|<db path>|<crash point or none>`.
 const CHILD: &str = "ONCEBOX_FAULTS_NATS_CHILD";
 const KEY_HEADER: &str = "Event-Id";
 const ACK_WAIT: Duration = Duration::from_secs(1);
@@ -52,10 +62,12 @@ pub fn child_role() {
         return;
     };
     let parts: Vec<&str> = spec.split('|').collect();
-    let [url, stream, durable, quarantine, path] = parts[..] else {
+    let [url, stream, durable, quarantine, path, point] = parts[..] else {
         panic!("bad {CHILD}: {spec}");
     };
-    fail::cfg("nats-before-ack", "return").expect("arm the point");
+    if point != "none" {
+        fail::cfg(point, "return").expect("arm the point");
+    }
     let rt = tokio::runtime::Runtime::new().expect("runtime");
     rt.block_on(async {
         let inbox = Inbox::open(Options::new(path)).expect("open");
@@ -96,9 +108,10 @@ impl<A: Apply> Apply for Recorded<A> {
     }
 }
 
-/// Messages published once each; child consumers die at an ack one after another; a healthy
-/// consumer then takes every message, the committed-but-unacknowledged ones as duplicates.
-fn nats_before_ack() -> Option<Report> {
+/// Messages published once each; child consumers die one after another, each at its first
+/// ack or (`random`) SIGKILLed once the effects reach a random count; a healthy consumer then
+/// takes every message, the committed-but-unacknowledged ones as duplicates.
+fn nats_kills(random: bool) -> Option<Report> {
     let url = oncebox_testkit::service_url("ONCEBOX_NATS_URL")?;
     Some(block_on(Duration::from_secs(120), async {
         let js = connect(&url).await;
@@ -124,7 +137,7 @@ fn nats_before_ack() -> Option<Report> {
         let durable = format!("oncebox-faults-{id}");
         let store = Store::open(Options::new).await;
         let history = Arc::new(History::new());
-        let events = scale(6);
+        let events = scale(if random { 300 } else { 6 });
         for i in 0..events {
             let eid = format!("m{i}");
             // The publisher's hand-off: whatever happens next is the consumer's.
@@ -139,20 +152,34 @@ fn nats_before_ack() -> Option<Report> {
             op.end(Outcome::Info("published".into()));
         }
         let mut kills = 0u64;
-        for _ in 0..scale(3) {
+        let mut rng = Seed::from_env("nats random kills").rng(5);
+        let mut at: Vec<i64> = (0..scale(3))
+            .map(|_| rng.random_range(1..events as i64 * 3 / 4))
+            .collect();
+        at.sort_unstable();
+        for threshold in &at {
+            let point = if random { "none" } else { "nats-before-ack" };
             let spec = format!(
-                "{url}|{name}|{durable}|{quarantine}|{}",
+                "{url}|{name}|{durable}|{quarantine}|{}|{point}",
                 store.path().display()
             );
             let mut child = Spec::new(std::env::current_exe().unwrap())
                 .env(CHILD, spec)
                 .start();
-            let status = tokio::task::block_in_place(|| child.wait());
-            assert!(
-                killed(status),
-                "the consumer died at its crash point: {status:?}"
-            );
-            kills += 1;
+            let status = if random {
+                let deadline = std::time::Instant::now() + PATIENCE;
+                while store.rows().await.0 < *threshold {
+                    assert!(std::time::Instant::now() < deadline, "no progress");
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+                child.kill()
+            } else {
+                tokio::task::block_in_place(|| child.wait())
+            };
+            assert!(killed(status), "the consumer was killed: {status:?}");
+            // A random kill counts if it left work behind: one that landed after the backlog
+            // was done proves nothing. (At the crash point it always left its ack.)
+            kills += u64::from(!random || store.rows().await.0 < events as i64);
         }
         let consumer = Consumer::new(
             Recorded {
@@ -178,8 +205,9 @@ fn nats_before_ack() -> Option<Report> {
         let deadline = std::time::Instant::now() + PATIENCE;
         loop {
             let info = s.clone().consumer_info(&durable).await.unwrap();
-            // The last child's message was committed, never acknowledged: it must come back.
-            let duplicate = counts.borrow_and_update().duplicates >= 1;
+            // The last crash-point child's message was committed, never acknowledged: it must
+            // come back. A random kill may have fallen anywhere.
+            let duplicate = random || counts.borrow_and_update().duplicates >= 1;
             if duplicate && info.num_ack_pending == 0 && info.num_pending == 0 {
                 break;
             }
@@ -204,8 +232,14 @@ fn nats_before_ack() -> Option<Report> {
             figures: check(&history.ops(), &fin),
             exercised: kills,
             what: format!(
-                "{kills} SIGKILLs at nats-before-ack; {} redeliveries acked as duplicates, {} applied",
-                done.duplicates, done.applied
+                "{kills} SIGKILLs {}; {} redeliveries acked as duplicates, {} applied",
+                if random {
+                    format!("at effect counts {at:?}")
+                } else {
+                    "at nats-before-ack".to_owned()
+                },
+                done.duplicates,
+                done.applied
             ),
             expected_unresolved: 0,
         }

@@ -78,6 +78,7 @@ const SCENARIOS: &[Scenario] = &[
     clock::RETENTION_AND_CLOCK_JUMPS_SQLITE,
     lease::REDIS_HOLDER_PAUSED,
     broker::NATS_BEFORE_ACK,
+    broker::NATS_RANDOM_KILLS,
     standins::BROKEN_STANDINS,
 ];
 
