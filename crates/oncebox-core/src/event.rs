@@ -145,7 +145,7 @@ pub enum InvalidMessage {
 pub const MAX_HEADER_FIELD: usize = 1024;
 
 /// What is wrong with `value` as a header value, if anything.
-fn header_field(value: &str) -> Result<(), &'static str> {
+pub(crate) fn header_field(value: &str) -> Result<(), &'static str> {
     if value.trim().is_empty() {
         Err("is blank")
     } else if value.len() > MAX_HEADER_FIELD {

@@ -16,6 +16,8 @@ pub enum InvalidKey {
     EventIdControl,
     #[error("event id must contain a non-whitespace character")]
     EventIdBlank,
+    #[error("event id must not start or end with whitespace")]
+    EventIdPadded,
     #[error("event id must be valid UTF-8")]
     EventIdUtf8,
 }
@@ -55,7 +57,9 @@ impl fmt::Display for Source {
 }
 
 /// The sender's id for one event. Opaque and case-sensitive: it is never trimmed or normalised,
-/// so NFC and NFD spellings, or `A` and `a`, stay different keys.
+/// so NFC and NFD spellings, or `A` and `a`, stay different keys. It may not start or end with
+/// whitespace: deliveries carry it in a header, HTTP trims a header value, and `x ` would reach
+/// a receiver as `x`, another event's key.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct EventId(String);
 
@@ -74,6 +78,9 @@ impl EventId {
         // would merge unrelated events under one key.
         if s.chars().all(char::is_whitespace) {
             return Err(InvalidKey::EventIdBlank);
+        }
+        if s.starts_with(char::is_whitespace) || s.ends_with(char::is_whitespace) {
+            return Err(InvalidKey::EventIdPadded);
         }
         Ok(EventId(s))
     }
@@ -150,7 +157,15 @@ mod tests {
     #[test]
     fn event_ids_are_opaque_but_bounded() {
         assert!(EventId::new("evt_1").is_ok());
-        assert!(EventId::new(" padded ").is_ok(), "never trimmed");
+        assert!(EventId::new("inner space").is_ok());
+        for padded in [" x", "x ", " padded ", "x\u{a0}", "\u{3000}x"] {
+            // Refused, not trimmed: a receiver would read `x ` as `x`.
+            assert_eq!(
+                EventId::new(padded),
+                Err(InvalidKey::EventIdPadded),
+                "{padded:?}"
+            );
+        }
         assert!(EventId::new("x".repeat(255)).is_ok());
         assert_eq!(EventId::new(""), Err(InvalidKey::EventIdLength { len: 0 }));
         assert_eq!(

@@ -45,13 +45,15 @@ pub struct Ingest {
 
 impl Ingest {
     /// The event's deliveries, one per route, each keyed `{source}:{event_id}` for every
-    /// attempt, forever (do not change), with the event's content type (JSON when it has none).
+    /// attempt, forever (do not change), with the event's content type (JSON when it has none,
+    /// or one no header can carry on: blank, a tab inside, past 1024 bytes).
     pub fn messages(&self) -> Vec<OutboxMessage> {
         let content_type = self
             .event
             .meta
             .content_type
             .clone()
+            .filter(|c| crate::event::header_field(c).is_ok())
             .unwrap_or_else(|| "application/json".to_owned());
         self.routes
             .iter()
@@ -207,7 +209,39 @@ pub trait EventStore: Clone + Send + Sync + 'static {
 
 #[cfg(test)]
 mod tests {
-    use super::Page;
+    use super::{Ingest, Page};
+    use crate::{Event, Key, Meta};
+
+    /// Every delivery of a stored event can be queued: a content type no header carries on
+    /// (the gateway takes any the request had) becomes JSON's, so queuing never refuses it.
+    #[test]
+    fn deliveries_carry_the_events_content_type_or_json() {
+        let ingest = |content_type: Option<&str>| Ingest {
+            event: Event::json(Key::parse("shop", "e1").unwrap(), "{}")
+                .unwrap()
+                .with_meta(Meta::new(content_type.map(str::to_owned))),
+            order: None,
+            accepted: Vec::new(),
+            stale: Vec::new(),
+            routes: vec!["hooks".to_owned()],
+        };
+        let long = format!("text/plain; x={}", "a".repeat(1024));
+        for (given, sent) in [
+            (
+                Some("text/plain; charset=utf-8"),
+                "text/plain; charset=utf-8",
+            ),
+            (None, "application/json"),
+            (Some(""), "application/json"),
+            (Some("text/plain;\tcharset=utf-8"), "application/json"),
+            (Some(long.as_str()), "application/json"),
+        ] {
+            let messages = ingest(given).messages();
+            assert_eq!(messages[0].content_type, sent, "{given:?}");
+            assert_eq!(messages[0].idempotency_key, "shop:e1");
+            assert_eq!(messages[0].check(), Ok(()));
+        }
+    }
 
     fn rows(spec: &[(i64, bool)]) -> Vec<Result<(i64, Option<i64>), ()>> {
         spec.iter()

@@ -239,3 +239,60 @@ fn another_sites_page_cannot_post_to_an_unsigned_source() {
         assert_eq!(gw.rows(), 2);
     });
 }
+
+/// An id padded with whitespace is refused: its deliveries' `Idempotency-Key` header would
+/// reach the receiver trimmed, as another event's key. And any content type the request had
+/// is taken, on an ordered source with routes too: one no header carries on (a tab inside) is
+/// delivered as JSON's, not refused with a 503 at every retry.
+#[test]
+fn a_padded_id_is_400_and_any_content_type_is_taken() {
+    run(async {
+        let mut cfg = config();
+        cfg.routes = vec![oncebox_core::route::Route {
+            name: "hooks".to_owned(),
+            sources: vec![oncebox_core::Source::new("ordered").unwrap()],
+            filter: None,
+            url: "http://127.0.0.1:9/hooks".to_owned(),
+            timeout: std::time::Duration::from_secs(5),
+            signing_secret: None,
+            idempotent: true,
+            status_url: None,
+            retry: oncebox_core::delivery::RetryPolicy::default(),
+            concurrency: 4,
+            ca_pem: None,
+        }];
+        let gw = TestGateway::with(cfg, oncebox_sqlite::Options::new);
+        for id in ["x ", " x", "x\u{a0}"] {
+            let a = gw
+                .send(post("open", &[], format!(r#"{{"id":"{id}"}}"#)))
+                .await;
+            assert_eq!(
+                (a.status, a.slug().as_str()),
+                (StatusCode::BAD_REQUEST, "event-id-invalid"),
+                "{id:?}"
+            );
+            assert!(
+                String::from_utf8_lossy(&a.body).contains("whitespace"),
+                "{a:?}"
+            );
+        }
+        assert_eq!(gw.rows(), 0);
+        let tabbed = axum::http::Request::post("/v1/sources/ordered/events")
+            .header("content-type", "text/plain;\tcharset=utf-8")
+            .body(axum::body::Body::from(crate::support::ordered_event(
+                "paid", 20,
+            )))
+            .unwrap();
+        let a = gw.send(tabbed).await;
+        assert_eq!(a.status, StatusCode::ACCEPTED, "{a:?}");
+        let listed = gw
+            .send(crate::support::admin_get("/v1/deliveries"))
+            .await
+            .json();
+        assert_eq!(
+            listed["items"].as_array().map(Vec::len),
+            Some(1),
+            "{listed}"
+        );
+    });
+}
