@@ -178,7 +178,11 @@ pub(crate) async fn list<S: EventStore + DeliveryStore>(
             }
         }
         match page.next {
-            Some(_) => next = cursor,
+            // The page's own cursor: past rows it skipped (ones that no longer parse) too.
+            Some(n) => {
+                cursor = Some(n);
+                next = cursor;
+            }
             None => {
                 next = None;
                 break;

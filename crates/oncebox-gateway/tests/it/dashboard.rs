@@ -1,6 +1,7 @@
 //! The dashboard through the real router on a real SQLite file: login and its cookie, the
-//! session standing for the token only with its CSRF token and ending at logout, and snapshots of every page with
-//! an attacker's payload in it (times are the manual clock's; the CSRF token is redacted).
+//! session standing for the token only with its CSRF token and ending at logout, the events
+//! page scanning past rows that no longer parse, and snapshots of every page with an
+//! attacker's payload in it (times are the manual clock's; the CSRF token is redacted).
 
 use std::time::Duration;
 
@@ -291,5 +292,43 @@ fn without_a_token_beyond_loopback_the_dashboard_is_closed_403() {
                 "{path}"
             );
         }
+    });
+}
+
+/// A whole scan page of rows that no longer parse (ids stored before a rule forbade them) ends
+/// neither the events page nor its scan: the event after them is listed.
+#[test]
+fn the_events_page_scans_past_rows_that_no_longer_parse() {
+    run(async {
+        let gw = gateway();
+        gw.inbox
+            .write(|c| {
+                let mut insert = c.prepare(
+                    "INSERT INTO oncebox_inbox (source, event_id, fingerprint, state, payload,
+                       received_at)
+                     VALUES ('open', ?1, x'00', 'completed', x'', 0)",
+                )?;
+                for i in 0..500 {
+                    insert.execute([format!("padded-{i} ")])?;
+                }
+                Ok(())
+            })
+            .await
+            .unwrap();
+        assert_eq!(
+            gw.send(post("open", &[], r#"{"id":"after-them"}"#))
+                .await
+                .status,
+            StatusCode::ACCEPTED
+        );
+        let cookie = login(&gw).await;
+        let page = gw.send(get("/events", &cookie)).await;
+        assert_eq!(page.status, StatusCode::OK);
+        let html = text(&page.body);
+        assert!(html.contains("after-them"), "the event past them is listed");
+        assert!(
+            !html.contains("padded-"),
+            "rows that do not parse are not shown"
+        );
     });
 }
