@@ -237,9 +237,13 @@ pub(crate) async fn logout<S: EventStore>(
     let (Some(nonce), true) = (nonce, same_origin(&headers)) else {
         return StatusCode::FORBIDDEN.into_response();
     };
-    // Issued no later than now, the cookie verifies until now + its lifetime at the latest.
+    // Remembered until the cookie's own signed expiry, when the signature check takes over
+    // (not now + its lifetime: after a wall clock stepped back, that would come first).
     let now = gw.clock.now();
-    gw.logouts.end(&nonce, now.plus(LIFETIME), now);
+    let expires = cookie_value(&headers, COOKIE)
+        .and_then(|v| v.split('.').next()?.parse().ok())
+        .map_or(now.plus(LIFETIME), Timestamp);
+    gw.logouts.end(&nonce, expires, now);
     (
         [(header::SET_COOKIE, set_cookie("", 0))],
         Redirect::to("/login"),

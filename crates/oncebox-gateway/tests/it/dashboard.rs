@@ -332,3 +332,42 @@ fn the_events_page_scans_past_rows_that_no_longer_parse() {
         );
     });
 }
+
+/// A session logged out stays refused until its cookie expires, even when the wall clock was
+/// stepped back after the login: the list keeps it until the cookie's own signed expiry.
+#[test]
+fn a_logged_out_session_stays_refused_across_a_clock_stepped_back() {
+    run(async {
+        let gw = gateway();
+        let logout = |cookie: &str, csrf: &str| {
+            Request::post("/logout")
+                .header("cookie", cookie)
+                .header("content-type", "application/x-www-form-urlencoded")
+                .body(Body::from(format!("csrf={csrf}")))
+                .unwrap()
+        };
+        let first = login(&gw).await;
+        let csrf_first = csrf(&text(&gw.send(get("/", &first)).await.body));
+        let logged_in = gw.clock.now();
+        gw.clock
+            .set(logged_in.minus(Duration::from_secs(24 * 3600)));
+        let out = gw.send(logout(&first, &csrf_first)).await;
+        assert_eq!(out.status, StatusCode::SEE_OTHER);
+        // 13 hours on: past the logout's time plus a session's 12, before the cookie expires.
+        gw.clock.advance(Duration::from_secs(13 * 3600));
+        // Another session's logout prunes the list.
+        let second = login(&gw).await;
+        let csrf_second = csrf(&text(&gw.send(get("/", &second)).await.body));
+        assert_eq!(
+            gw.send(logout(&second, &csrf_second)).await.status,
+            StatusCode::SEE_OTHER
+        );
+        let again = gw.send(get("/", &first)).await;
+        assert_eq!(
+            again.status,
+            StatusCode::SEE_OTHER,
+            "the first session stays ended"
+        );
+        assert_eq!(again.headers["location"], "/login");
+    });
+}
