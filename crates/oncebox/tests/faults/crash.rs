@@ -219,7 +219,12 @@ fn ingest_crash(point: &'static str, schema: Option<&PgSchema>) -> Report {
                         // One in eight sends an earlier event's id with another payload: a
                         // conflict (or, sent first, the winner), refused across the crash as
                         // without it.
-                        let (id, tag) = if i % 8 == 7 { (i / 2, "v2") } else { (i, "v1") };
+                        // (`& !4`: an earlier id that was itself sent with v1.)
+                        let (id, tag) = if i % 8 == 7 {
+                            ((i / 2) & !4, "v2")
+                        } else {
+                            (i, "v1")
+                        };
                         let o = deliver(&c, &history, &base, SOURCE, &format!("e{id}"), tag).await;
                         if matches!(o, Outcome::Ok { .. }) {
                             acked.send_modify(|n| *n += 1);

@@ -32,7 +32,9 @@ pub const OVERLOAD_SQLITE: Scenario = Scenario {
 const STRICTEST_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// How much longer each `fsync` takes: a slow disk.
-const SYNC_DELAY: Duration = Duration::from_millis(20);
+/// 40 ms: the capacity stays near 300 events/s, so a debug-built load generator sharing the
+/// gateway's cores can send twice that on schedule.
+const SYNC_DELAY: Duration = Duration::from_millis(40);
 
 /// Requests the gateway handles at once; past them it answers `503` at once.
 const CONCURRENCY: usize = 32;
@@ -77,19 +79,18 @@ fn overload() -> Option<Report> {
     // a phase late: the bound is the strictest timeout, or a quarter of the phase if shorter,
     // so a queue is caught in a short phase too.
     let bound = STRICTEST_TIMEOUT.min(phase / 4);
+    // Judged only when the senders kept their schedule: otherwise their own lag is in the
+    // latencies, and the run is inconclusive instead (which fails too, saying so).
+    let on_schedule = late <= SCHEDULE_SLACK;
     assert!(
-        p99 <= bound,
+        !on_schedule || p99 <= bound,
         "p99 {p99:?} at twice the capacity ({capacity:.0}/s) is past {bound:?}"
     );
     let fin = final_sqlite(&sqlite, false);
     Some(Report {
         figures: check(&history.ops(), &fin),
         // The overload happened only if the senders kept their schedule and the gateway shed.
-        exercised: if late <= SCHEDULE_SLACK {
-            shed as u64
-        } else {
-            0
-        },
+        exercised: if on_schedule { shed as u64 } else { 0 },
         what: format!(
             "capacity {capacity:.0}/s; {} requests at {:.0}/s for {phase:?} (p99 {late:?} \
              behind schedule): {shed} shed, latency p50 {:?} p99 {p99:?} max {:?}",

@@ -22,7 +22,7 @@ pub const POSTGRES_SLOW: Scenario = Scenario {
 
 /// The delays of each chunk, each way, one burst of events at each: a transaction makes a few
 /// round trips, so the deadline falls inside the sweep.
-const SWEEP_MS: [u64; 4] = [100, 250, 500, 1000];
+const SWEEP_MS: [u64; 6] = [100, 200, 350, 500, 750, 1000];
 
 async fn slow() -> Option<Report> {
     let Behind {

@@ -137,21 +137,28 @@ pub async fn deliver_until_done(
     }
 }
 
-/// Retries every key of the history that is not acknowledged yet, with its first payload,
-/// `parallel` at a time: the senders' side of the drain.
+/// Retries every request of the history that got no definite answer, with its own payload,
+/// `parallel` at a time, until each is acknowledged or refused as a conflict: the senders'
+/// side of the drain. A payload already acknowledged under its key is not sent again.
 pub async fn drain(history: &Arc<History>, base: &str, parallel: usize) {
-    let mut owed: Vec<(String, String, String)> = Vec::new();
     let ops = history.ops();
+    let definite = |key: &(String, String), payload: &str| {
+        ops.iter().any(|o| {
+            &o.key == key
+                && o.payload == payload
+                && match o.outcome() {
+                    Some(Outcome::Ok { .. }) => true,
+                    // Refused for what it is; a server that was not there decided nothing.
+                    Some(Outcome::Fail(refusal)) => *refusal != Refusal::Unreached,
+                    _ => false,
+                }
+        })
+    };
+    let mut owed: Vec<(String, String, String)> = Vec::new();
     for op in &ops {
-        let done = ops
-            .iter()
-            .any(|o| o.key == op.key && matches!(o.outcome(), Some(Outcome::Ok { .. })));
-        if !done
-            && !owed
-                .iter()
-                .any(|(s, i, _)| (s, i) == (&op.key.0, &op.key.1))
-        {
-            owed.push((op.key.0.clone(), op.key.1.clone(), op.payload.clone()));
+        let wanted = (op.key.0.clone(), op.key.1.clone(), op.payload.clone());
+        if !definite(&op.key, &op.payload) && !owed.contains(&wanted) {
+            owed.push(wanted);
         }
     }
     let owed = Arc::new(std::sync::Mutex::new(owed));

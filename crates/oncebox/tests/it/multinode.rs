@@ -313,11 +313,16 @@ fn three_gateways_and_two_relays_apply_every_key_once_through_a_kill_and_a_pause
             started.elapsed().as_secs_f64(),
         );
         figures.assert_zero();
-        // Two relays never deliver one row at the same moment: the pause's takeover comes
-        // after the paused relay's requests were answered, and nothing else may overlap.
+        // Two relays never deliver one row at the same moment: no two recorded attempts of
+        // one delivery overlap in time (the relays share this machine's clock).
+        let attempts: Vec<(i64, i64, i64)> =
+            sqlx::query_as("SELECT delivery_id, started_at, duration_ms FROM oncebox_attempts")
+                .fetch_all(&pool)
+                .await
+                .unwrap();
         assert_eq!(
-            receiver.overlaps(),
-            Vec::<String>::new(),
+            overlapping(&attempts),
+            Vec::<i64>::new(),
             "deliveries at once"
         );
         assert_eq!(keys.len(), KEYS);
@@ -337,4 +342,30 @@ fn three_gateways_and_two_relays_apply_every_key_once_through_a_kill_and_a_pause
             "senders retried after the kill"
         );
     });
+}
+
+/// Deliveries with two attempts whose `[started_at, started_at + duration_ms)` spans overlap,
+/// from `(delivery_id, started_at, duration_ms)` rows.
+fn overlapping(attempts: &[(i64, i64, i64)]) -> Vec<i64> {
+    let mut by_delivery: std::collections::BTreeMap<i64, Vec<(i64, i64)>> = Default::default();
+    for &(id, start, duration) in attempts {
+        by_delivery
+            .entry(id)
+            .or_default()
+            .push((start, start + duration));
+    }
+    by_delivery
+        .into_iter()
+        .filter_map(|(id, mut spans)| {
+            spans.sort_unstable();
+            spans.windows(2).any(|w| w[1].0 < w[0].1).then_some(id)
+        })
+        .collect()
+}
+
+#[test]
+fn overlapping_attempts_are_found() {
+    // Delivery 1: one after the other (touching ends); 2: the second starts inside the first.
+    let rows = [(1, 0, 10), (1, 10, 5), (2, 100, 50), (2, 120, 1), (3, 7, 0)];
+    assert_eq!(overlapping(&rows), vec![2]);
 }
