@@ -89,6 +89,8 @@ pub(super) fn unsigned_id_header(
     let signed = match scheme {
         Scheme::None | Scheme::Github => return None,
         Scheme::StandardWebhooks => Some("webhook-id"),
+        Scheme::Stripe | Scheme::HmacSha256 { .. } => None,
+        // A scheme added later signs no header until it says so here: warned about.
         _ => None,
     };
     if signed.is_some_and(|h| h.eq_ignore_ascii_case(header)) {

@@ -10,7 +10,7 @@ use oncebox_core::{FingerprintMode, Source};
 use oncebox_gateway::policy::{EventIdRule, OrderGuard, SourcePolicy};
 
 use super::Problems;
-use super::presets::{Preset, PresetId, preset};
+use super::presets::{self, Preset, PresetId, preset};
 use super::raw::{RawEncoding, RawEventId, RawFingerprint, RawScheme, RawSource};
 
 const DEFAULT_TOLERANCE: Duration = Duration::from_secs(300);
@@ -81,12 +81,10 @@ pub(super) fn validate(
         Some(_) => EventIdRule::Pointer(Pointer::from_tokens(vec!["id".to_owned()])),
     });
 
-    if let Some(warning) = scheme
+    let unsigned = scheme
         .as_ref()
-        .and_then(|s| super::presets::unsigned_id_header(name, s, &event_id))
-    {
-        warnings.push(warning);
-    }
+        .and_then(|s| presets::unsigned_id_header(name, s, &event_id));
+    warnings.extend(unsigned);
 
     let derived = match &event_id {
         EventIdRule::Derive(fields) => Some(fields.as_slice()),

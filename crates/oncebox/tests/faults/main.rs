@@ -27,6 +27,7 @@ mod lease;
 mod load;
 mod network;
 mod relay_kills;
+mod reply;
 #[path = "../shared/schema.rs"]
 mod schema;
 mod slow_db;
@@ -62,8 +63,8 @@ const SCENARIOS: &[Scenario] = &[
     kills::RANDOM_KILLS_POSTGRES,
     relay_kills::RANDOM_RELAY_KILLS_SQLITE,
     relay_kills::RANDOM_RELAY_KILLS_POSTGRES,
-    network::RECEIVER_REPLY_DROPPED_IDEMPOTENT,
-    network::RECEIVER_REPLY_DROPPED_PLAIN,
+    reply::RECEIVER_REPLY_DROPPED_IDEMPOTENT,
+    reply::RECEIVER_REPLY_DROPPED_PLAIN,
     network::COMMIT_REPLY_LOST_POSTGRES,
     network::POSTGRES_FROZEN,
     network::POSTGRES_RESET,
