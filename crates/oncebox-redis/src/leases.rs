@@ -45,6 +45,8 @@ struct Shared {
     options: Options,
     scripts: Scripts,
     fence: String,
+    /// What [`Leases::eviction_policy`] reports.
+    eviction: Option<String>,
 }
 
 impl fmt::Debug for Leases {
@@ -65,23 +67,41 @@ impl Leases {
             .set_connection_timeout(Some(options.deadline))
             .set_response_timeout(Some(options.deadline));
         let connecting = ConnectionManager::new_with_config(client, config);
-        let conn = match tokio::time::timeout(options.deadline, connecting).await {
+        let mut conn = match tokio::time::timeout(options.deadline, connecting).await {
             Err(_) => return Err(Unavailable::Deadline.into()),
             Ok(Err(e)) => return Err(unavailable(&e).into()),
             Ok(Ok(conn)) => conn,
         };
+        let eviction = eviction(&mut conn).await;
+        if let Some(policy) = &eviction {
+            tracing::warn!(
+                policy,
+                "Redis may evict keys when it runs out of memory (maxmemory-policy {policy}): \
+                 a lease or a done record can vanish, and the key is taken again; set \
+                 maxmemory-policy noeviction"
+            );
+        }
         Ok(Leases {
             conn,
             shared: Arc::new(Shared {
                 fence: fence_key(&options.namespace),
                 options,
                 scripts: Scripts::new(),
+                eviction,
             }),
         })
     }
 
     pub fn options(&self) -> &Options {
         &self.shared.options
+    }
+
+    /// The eviction policy Redis reported at connect when it may drop keys under memory
+    /// pressure (a `maxmemory` set and any policy but `noeviction`: the `volatile-*` ones too,
+    /// since every lease and record has a TTL). `None` when it never evicts, or when it would
+    /// not say (`CONFIG` renamed or refused, as managed services do).
+    pub fn eviction_policy(&self) -> Option<&str> {
+        self.shared.eviction.as_deref()
     }
 
     /// Takes a lease on the event's key for `ttl`, with a fencing token larger than every token
@@ -260,4 +280,21 @@ fn integer(v: &Value) -> Option<i64> {
         Value::Int(n) => Some(*n),
         other => std::str::from_utf8(text(other)?).ok()?.parse().ok(),
     }
+}
+
+/// The policy under which Redis may evict our keys, asked with `CONFIG GET`; `None` when it
+/// cannot (no memory limit, `noeviction`) or will not say.
+async fn eviction(conn: &mut ConnectionManager) -> Option<String> {
+    let mut get = async |name: &str| -> Option<String> {
+        let pair: Vec<String> = redis::cmd("CONFIG")
+            .arg("GET")
+            .arg(name)
+            .query_async(conn)
+            .await
+            .ok()?;
+        pair.into_iter().nth(1)
+    };
+    let limit: u64 = get("maxmemory").await?.parse().ok()?;
+    let policy = get("maxmemory-policy").await?;
+    (limit > 0 && policy != "noeviction").then_some(policy)
 }

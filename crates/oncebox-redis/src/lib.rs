@@ -26,7 +26,8 @@
 //!   minutes, with AOF `everysec` the last second. Leases, `done` answers and `uncertain` marks
 //!   vanish, and a redelivery gets a fresh lease. So does a failover to a replica that had not
 //!   received the last writes (replication is asynchronous), and eviction under `maxmemory`
-//!   (use `maxmemory-policy noeviction`).
+//!   (use `maxmemory-policy noeviction`; `Leases::connect` warns of any other, and
+//!   `Leases::eviction_policy` names it).
 //! - **A lease does not stop a paused holder.** A holder paused (GC, SIGSTOP, a slow network)
 //!   past its TTL does not know it; its external call may still go out. Fencing refuses its
 //!   writes here; only a receiver that checks the token (or the idempotency key) refuses the call.

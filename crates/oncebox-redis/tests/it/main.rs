@@ -4,6 +4,7 @@
 
 mod cache;
 mod conformance;
+mod eviction;
 mod fence;
 mod guard;
 mod harness;
