@@ -45,8 +45,8 @@ pub struct Ingest {
 
 impl Ingest {
     /// The event's deliveries, one per route, each keyed `{source}:{event_id}` for every
-    /// attempt, forever (do not change), with the event's content type (JSON when it has none,
-    /// or one no header can carry on: blank, a tab inside, past 1024 bytes).
+    /// attempt, forever (do not change), with the event's content type (JSON's when it has
+    /// none, or one no header can carry on: blank or past 1024 bytes).
     pub fn messages(&self) -> Vec<OutboxMessage> {
         let content_type = self
             .event
@@ -233,7 +233,10 @@ mod tests {
             ),
             (None, "application/json"),
             (Some(""), "application/json"),
-            (Some("text/plain;\tcharset=utf-8"), "application/json"),
+            (
+                Some("text/plain;\tcharset=utf-8"),
+                "text/plain;\tcharset=utf-8",
+            ),
             (Some(long.as_str()), "application/json"),
         ] {
             let messages = ingest(given).messages();

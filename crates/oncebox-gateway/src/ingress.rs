@@ -257,7 +257,7 @@ fn event_id(
             .map(|v| EventId::from_bytes(v.as_bytes()).map_err(invalid))
     };
     let missing = |what: &str| Problem::invalid("event-id-missing", format!("no event id: {what}"));
-    match &policy.event_id {
+    let id = match &policy.event_id {
         EventIdRule::Header(name) => {
             from_header(name).unwrap_or_else(|| Err(missing(&format!("header {name} absent"))))
         }
@@ -276,7 +276,8 @@ fn event_id(
             .find_map(|h| from_header(h))
             .or_else(|| from_pointer(parsed, &Pointer::from_tokens(vec!["id".to_owned()])))
             .unwrap_or_else(|| Err(missing("no Idempotency-Key, webhook-id or /id"))),
-    }
+    };
+    id?.deliverable().map_err(invalid)
 }
 
 /// A string, or an integer written in decimal; anything else at the pointer is invalid.

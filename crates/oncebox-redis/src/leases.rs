@@ -286,13 +286,19 @@ fn integer(v: &Value) -> Option<i64> {
 /// cannot (no memory limit, `noeviction`) or will not say.
 async fn eviction(conn: &mut ConnectionManager) -> Option<String> {
     let mut get = async |name: &str| -> Option<String> {
-        let pair: Vec<String> = redis::cmd("CONFIG")
+        // A map: RESP3 answers one, RESP2 a flat list of name and value, read as one too.
+        let answer: RedisResult<std::collections::HashMap<String, String>> = redis::cmd("CONFIG")
             .arg("GET")
             .arg(name)
             .query_async(conn)
-            .await
-            .ok()?;
-        pair.into_iter().nth(1)
+            .await;
+        match answer {
+            Ok(mut values) => values.remove(name),
+            Err(e) => {
+                tracing::debug!(error = %e, "CONFIG GET {name} refused: Redis's eviction policy unknown");
+                None
+            }
+        }
     };
     let limit: u64 = get("maxmemory").await?.parse().ok()?;
     let policy = get("maxmemory-policy").await?;

@@ -97,7 +97,10 @@ impl MessageRules {
                 })
                 .and_then(|id| EventId::new(id).map_err(invalid))?,
         };
-        let key = Key::new(self.source.clone(), event_id);
+        let key = Key::new(
+            self.source.clone(),
+            event_id.deliverable().map_err(invalid)?,
+        );
         let event = Event::new(key, payload, &self.fingerprint)
             .map_err(|e| Reason::InvalidJson(e.to_string()))?;
         let content_type = content_type.filter(|c| sendable(c)).map(str::to_owned);

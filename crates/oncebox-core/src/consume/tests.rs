@@ -79,6 +79,7 @@ fn bad_messages_get_a_reason_never_a_panic() {
         (br#"{"id":{}}"#, "event-id-invalid"),
         (br#"{"id":1.5}"#, "event-id-invalid"),
         (br#"{"id":"   "}"#, "event-id-invalid"),
+        (br#"{"id":"a "}"#, "event-id-invalid"),
         (br#"{"other":1}"#, "event-id-missing"),
         (br#"{"id":"a","id":"b"}"#, "invalid-json"),
     ] {

@@ -295,8 +295,9 @@ fn without_a_token_beyond_loopback_the_dashboard_is_closed_403() {
     });
 }
 
-/// A whole scan page of rows that no longer parse (ids stored before a rule forbade them) ends
-/// neither the events page nor its scan: the event after them is listed.
+/// A whole scan page of rows that no longer parse (ids with a control character, which no
+/// version accepts but a damaged or hand-edited table may hold) ends neither the events page
+/// nor its scan: the event after them is listed.
 #[test]
 fn the_events_page_scans_past_rows_that_no_longer_parse() {
     run(async {
@@ -309,7 +310,7 @@ fn the_events_page_scans_past_rows_that_no_longer_parse() {
                      VALUES ('open', ?1, x'00', 'completed', x'', 0)",
                 )?;
                 for i in 0..500 {
-                    insert.execute([format!("padded-{i} ")])?;
+                    insert.execute([format!("unparsed-{i}\u{1}")])?;
                 }
                 Ok(())
             })

@@ -1,6 +1,7 @@
 //! A Redis that may evict keys under memory pressure is named at connect: a lease or a done
 //! record it drops lets the key be taken again, so only `noeviction` (or no memory limit) keeps
-//! what the tier promises. Checked on a private `redis-server`, whose settings the test changes.
+//! what the tier promises. Checked on a private `redis-server`, whose settings the test
+//! changes, over RESP2 and RESP3, and as a user `CONFIG` is refused to.
 
 use oncebox_redis::Leases;
 use oncebox_testkit::run;
@@ -37,6 +38,29 @@ fn an_evicting_redis_is_named_at_connect() {
         // Leases and records all carry a TTL: the volatile policies evict them too.
         config_set(&url, "maxmemory-policy", "volatile-ttl");
         assert_eq!(connect().await.eviction_policy(), Some("volatile-ttl"));
+        // RESP3 answers CONFIG GET with a map: read the same.
+        let resp3 = format!("{url}?protocol=resp3");
+        let leases = Leases::connect(&resp3, Namespace::new(&url).options()).await;
+        assert_eq!(leases.unwrap().eviction_policy(), Some("volatile-ttl"));
+        // A user CONFIG is refused to (as managed services do): nothing known, nothing said,
+        // and the connection still works.
+        let mut c = redis::Client::open(url.as_str())
+            .unwrap()
+            .get_connection()
+            .unwrap();
+        let _: () = redis::cmd("ACL")
+            .arg("SETUSER")
+            .arg("leases")
+            .arg("on")
+            .arg(">secret")
+            .arg("~*")
+            .arg("+@all")
+            .arg("-config")
+            .query(&mut c)
+            .unwrap();
+        let limited = url.replace("redis://", "redis://leases:secret@");
+        let leases = Leases::connect(&limited, Namespace::new(&url).options()).await;
+        assert_eq!(leases.unwrap().eviction_policy(), None);
         config_set(&url, "maxmemory-policy", "noeviction");
         assert_eq!(connect().await.eviction_policy(), None);
     });
