@@ -153,8 +153,9 @@ pub(crate) fn header_field(value: &str) -> Result<(), &'static str> {
     } else if value.chars().any(|c| c.is_control() && c != '\t') {
         // A tab is whitespace a header value may hold (`text/plain;\tcharset=utf-8`).
         Err("holds a control character")
-    } else if value.trim() != value {
-        // Header values are trimmed on the wire: the receiver would see another key.
+    } else if value.trim_matches([' ', '\t']) != value {
+        // Header values lose their spaces and tabs at either end on the wire: the receiver
+        // would see another key. (Other whitespace, such as U+00A0, goes through as it is.)
         Err("starts or ends with whitespace")
     } else {
         Ok(())
@@ -193,6 +194,8 @@ mod tests {
         assert_eq!(ok.check(), Ok(()));
         let non_ascii = OutboxMessage::json("email", "merci:commande-é", b"{}".to_vec());
         assert_eq!(non_ascii.check(), Ok(()));
+        let nbsp = OutboxMessage::json("email", "shop:x\u{a0}", b"{}".to_vec());
+        assert_eq!(nbsp.check(), Ok(()), "no header trims U+00A0");
         let long = "k".repeat(1024);
         assert_eq!(
             OutboxMessage::json("email", long, Vec::new()).check(),
