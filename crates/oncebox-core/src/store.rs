@@ -133,6 +133,17 @@ pub struct Stats {
     pub states: Vec<(String, i64)>,
     pub conflicts: i64,
     pub outbox: i64,
+    /// Rows no purge removes, whose growth is the application's to watch.
+    pub kept: Kept,
+}
+
+/// Rows kept forever, because removing one would let what it guards happen again: action keys
+/// (`Tx::once`), entity versions (`Tx::advance`, ordering guards) and offset watermarks.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Kept {
+    pub actions: i64,
+    pub versions: i64,
+    pub offsets: i64,
 }
 
 /// An attempt to reuse a key with another payload, kept for audit (the stored payload won).

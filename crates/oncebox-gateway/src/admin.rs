@@ -208,8 +208,13 @@ pub(crate) async fn stats<S: EventStore>(State(gw): State<Arc<Gateway<S>>>) -> R
         Ok(s) => {
             let states: serde_json::Map<String, Value> =
                 s.states.into_iter().map(|(k, v)| (k, json!(v))).collect();
-            axum::Json(json!({ "events": states, "conflicts": s.conflicts, "outbox": s.outbox }))
-                .into_response()
+            let kept = json!({
+                "actions": s.kept.actions, "versions": s.kept.versions, "offsets": s.kept.offsets,
+            });
+            axum::Json(json!({
+                "events": states, "conflicts": s.conflicts, "outbox": s.outbox, "kept": kept,
+            }))
+            .into_response()
         }
         Err(e) => Problem::unavailable(e.to_string(), gw.config.limits.retry_after).into_response(),
     }

@@ -213,7 +213,7 @@ fn described() -> Value {
                                "409": problem("in-flight: every delivery is being sent now"),
                                "401": problem("unauthorized"), "503": problem("unavailable") } } },
             "/v1/stats": { "get": { "summary": "Counts by state", "security": admin,
-                "responses": { "200": { "description": "counts" }, "401": problem("unauthorized"), "503": problem("unavailable") } } },
+                "responses": { "200": { "description": "{\"events\": {state: n}, \"conflicts\": n, \"outbox\": n, \"kept\": {\"actions\": n, \"versions\": n, \"offsets\": n}}: kept counts rows no purge removes" }, "401": problem("unauthorized"), "503": problem("unavailable") } } },
             "/v1/activity": { "get": { "summary": "Counts per source and outcome, arrivals per minute over the last hour, deliveries per state", "security": admin,
                 "responses": { "200": { "description": "{\"counts\": [{source, state, count}], \"buckets\": [{start_ms, source, count}], \"deliveries\": [{state, count}], …}" }, "401": problem("unauthorized"), "503": problem("unavailable") } } },
             "/metrics": { "get": { "summary": "Prometheus metrics", "security": admin,

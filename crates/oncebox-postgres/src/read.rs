@@ -133,10 +133,21 @@ pub(crate) async fn stats(pool: &PgPool) -> Result<Stats, sqlx::Error> {
     let outbox: i64 = sqlx::query_scalar("SELECT count(*) FROM oncebox_outbox")
         .fetch_one(pool)
         .await?;
+    let (actions, versions, offsets): (i64, i64, i64) = sqlx::query_as(
+        "SELECT (SELECT count(*) FROM oncebox_actions), (SELECT count(*) FROM oncebox_versions),
+                (SELECT count(*) FROM oncebox_offsets)",
+    )
+    .fetch_one(pool)
+    .await?;
     Ok(Stats {
         states,
         conflicts,
         outbox,
+        kept: oncebox_core::store::Kept {
+            actions,
+            versions,
+            offsets,
+        },
     })
 }
 

@@ -106,10 +106,18 @@ fn stats(c: &Connection) -> rusqlite::Result<Stats> {
         .collect::<Result<_, _>>()?;
     let conflicts = c.query_row("SELECT count(*) FROM oncebox_conflicts", [], |r| r.get(0))?;
     let outbox = c.query_row("SELECT count(*) FROM oncebox_outbox", [], |r| r.get(0))?;
+    let count =
+        |table: &str| c.query_row(&format!("SELECT count(*) FROM {table}"), [], |r| r.get(0));
+    let kept = oncebox_core::store::Kept {
+        actions: count("oncebox_actions")?,
+        versions: count("oncebox_versions")?,
+        offsets: count("oncebox_offsets")?,
+    };
     Ok(Stats {
         states,
         conflicts,
         outbox,
+        kept,
     })
 }
 

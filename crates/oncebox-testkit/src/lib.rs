@@ -183,6 +183,8 @@ pub trait Backend: Clone + Send + Sync + Sized + 'static {
     fn resolve(&self, key: &Key, completed: Option<Response>) -> impl Future<Output = bool> + Send;
     fn purge(&self, now: Timestamp, retention: &Retention) -> impl Future<Output = u64> + Send;
     fn observe(&self) -> impl Future<Output = Observed> + Send;
+    /// The store's own counts for operators (`EventStore::stats`).
+    fn stats(&self) -> impl Future<Output = oncebox_core::store::Stats> + Send;
     /// Deletes every boot's purge anchor, as an operator releasing purges held behind the
     /// clock does with SQL (the stores' purge-lag warning says how).
     fn forget_purge_anchors(&self) -> impl Future<Output = ()> + Send;
@@ -352,6 +354,7 @@ macro_rules! conformance {
             older_entity_version_is_stale_and_changes_nothing,
             offset_at_or_below_watermark_is_a_replay,
             outbox_message_commits_only_with_the_effect,
+            stats_count_the_rows_kept_forever,
             restart_keeps_every_committed_key,
             process_waits_behind_a_lease_and_an_uncertain_key,
             process_takes_over_an_expired_lease,

@@ -149,8 +149,10 @@ pub async fn stats(out: &mut impl Write, store: &Store, output: Output) -> Resul
             .iter()
             .map(|(state, n)| (state.clone(), Value::from(*n)))
             .collect();
+        let k = stats.kept;
         let doc = serde_json::json!({
             "events": states, "conflicts": stats.conflicts, "outbox": stats.outbox,
+            "kept": { "actions": k.actions, "versions": k.versions, "offsets": k.offsets },
         });
         writeln!(out, "{doc}")?;
         return Ok(());
@@ -160,6 +162,13 @@ pub async fn stats(out: &mut impl Write, store: &Store, output: Output) -> Resul
     }
     writeln!(out, "{:<12} {}", "conflicts", stats.conflicts)?;
     writeln!(out, "{:<12} {}", "outbox", stats.outbox)?;
+    // Rows no purge removes: the application's to watch.
+    let k = stats.kept;
+    writeln!(
+        out,
+        "kept         actions {}, versions {}, offsets {}",
+        k.actions, k.versions, k.offsets
+    )?;
     Ok(())
 }
 

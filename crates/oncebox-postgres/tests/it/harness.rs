@@ -259,6 +259,12 @@ impl Backend for Postgres {
         observe(self.inbox.pool()).await.expect("observe")
     }
 
+    async fn stats(&self) -> oncebox_core::store::Stats {
+        oncebox_core::store::EventStore::stats(&self.inbox)
+            .await
+            .expect("stats")
+    }
+
     async fn forget_purge_anchors(&self) {
         sqlx::query("DELETE FROM oncebox_purge_anchors")
             .execute(self.inbox.pool())

@@ -267,6 +267,12 @@ impl Backend for Sqlite {
         self.inbox.read(observe).await.expect("observe")
     }
 
+    async fn stats(&self) -> oncebox_core::store::Stats {
+        oncebox_core::store::EventStore::stats(&self.inbox)
+            .await
+            .expect("stats")
+    }
+
     async fn forget_purge_anchors(&self) {
         self.inbox
             .write(|c| c.execute("DELETE FROM oncebox_purge_anchors", []))

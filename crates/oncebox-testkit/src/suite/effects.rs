@@ -178,3 +178,37 @@ pub async fn restart_keeps_every_committed_key<B: Backend>() {
     let seen = b.observe().await;
     assert_eq!((seen.balance, seen.inbox_rows, seen.doubles()), (20, 20, 0));
 }
+
+/// The store counts the rows no purge removes (action keys, entity versions, offset
+/// watermarks) for operators: one per scope and key, entity, partition, however many events
+/// touch it; a rolled-back event adds none.
+pub async fn stats_count_the_rows_kept_forever<B: Backend>() {
+    let (b, _) = fresh::<B>().await;
+    let kept = async || {
+        let k = b.stats().await.kept;
+        (k.actions, k.versions, k.offsets)
+    };
+    assert_eq!(kept().await, (0, 0, 0));
+    let script = |order: &str, version, partition, offset| {
+        Script::credit(1)
+            .email(order)
+            .version(order, version)
+            .offset("orders", partition, offset)
+    };
+    b.process(event("shop", "e1", 1), script("o1", 1, 0, 1))
+        .await
+        .unwrap();
+    // The same order again, newer: the same three rows, moved on.
+    b.process(event("shop", "e2", 1), script("o1", 2, 0, 2))
+        .await
+        .unwrap();
+    assert_eq!(kept().await, (1, 1, 1));
+    // A failing handler leaves no row behind.
+    let failed = script("o9", 1, 9, 1).end(End::Fail);
+    assert!(b.process(event("shop", "e3", 1), failed).await.is_err());
+    assert_eq!(kept().await, (1, 1, 1));
+    b.process(event("shop", "e4", 1), script("o2", 1, 1, 1))
+        .await
+        .unwrap();
+    assert_eq!(kept().await, (2, 2, 2));
+}

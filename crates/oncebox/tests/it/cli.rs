@@ -110,6 +110,11 @@ fn listings_print_json_with_stable_fields() {
         (&stats["conflicts"], &stats["outbox"]),
         (&0.into(), &2.into())
     );
+    // No handler took action keys or versions here: the rows kept forever are counted as 0.
+    assert_eq!(
+        stats["kept"],
+        serde_json::json!({ "actions": 0, "versions": 0, "offsets": 0 })
+    );
 
     let deliveries = json(d, &["deliveries", "list", "--output", "json"]);
     let items = deliveries["items"].as_array().unwrap();
