@@ -203,19 +203,24 @@ async fn deliveries_of<S: DeliveryStore>(
     Ok(Value::Array(out))
 }
 
+/// The document of `GET /v1/stats` (and `oncebox stats --output json`): records per state
+/// under `events`, conflicts, deliveries, and the rows no purge removes under `kept`.
+pub fn stats_document(s: &oncebox_core::store::Stats) -> Value {
+    let states: serde_json::Map<String, Value> = s
+        .states
+        .iter()
+        .map(|(k, v)| (k.clone(), json!(v)))
+        .collect();
+    let k = s.kept;
+    json!({
+        "events": states, "conflicts": s.conflicts, "outbox": s.outbox,
+        "kept": { "actions": k.actions, "versions": k.versions, "offsets": k.offsets },
+    })
+}
+
 pub(crate) async fn stats<S: EventStore>(State(gw): State<Arc<Gateway<S>>>) -> Response {
     match gw.store.stats().await {
-        Ok(s) => {
-            let states: serde_json::Map<String, Value> =
-                s.states.into_iter().map(|(k, v)| (k, json!(v))).collect();
-            let kept = json!({
-                "actions": s.kept.actions, "versions": s.kept.versions, "offsets": s.kept.offsets,
-            });
-            axum::Json(json!({
-                "events": states, "conflicts": s.conflicts, "outbox": s.outbox, "kept": kept,
-            }))
-            .into_response()
-        }
+        Ok(s) => axum::Json(stats_document(&s)).into_response(),
         Err(e) => Problem::unavailable(e.to_string(), gw.config.limits.retry_after).into_response(),
     }
 }

@@ -9,7 +9,6 @@ use oncebox_core::store::{EventFilter, EventStore, Page, StoredEvent};
 use oncebox_core::{Clock, Key, RecordState, Retention, Source, SystemClock};
 use oncebox_gateway::rfc3339;
 use serde::Serialize;
-use serde_json::{Map, Value};
 
 use crate::cli::Output;
 use crate::config::Settings;
@@ -143,18 +142,7 @@ pub async fn inspect(out: &mut impl Write, store: &Store, key: &Key, output: Out
 pub async fn stats(out: &mut impl Write, store: &Store, output: Output) -> Result<()> {
     let stats = EventStore::stats(store).await?;
     if output == Output::Json {
-        // The shape of `GET /v1/stats`: records per state under `events`.
-        let states: Map<String, Value> = stats
-            .states
-            .iter()
-            .map(|(state, n)| (state.clone(), Value::from(*n)))
-            .collect();
-        let k = stats.kept;
-        let doc = serde_json::json!({
-            "events": states, "conflicts": stats.conflicts, "outbox": stats.outbox,
-            "kept": { "actions": k.actions, "versions": k.versions, "offsets": k.offsets },
-        });
-        writeln!(out, "{doc}")?;
+        writeln!(out, "{}", oncebox_gateway::stats_document(&stats))?;
         return Ok(());
     }
     for (state, n) in &stats.states {
