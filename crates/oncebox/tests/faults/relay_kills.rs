@@ -18,7 +18,7 @@ use oncebox_testkit::seed::Seed;
 use rand::Rng;
 
 use crate::table::{Report, Scenario, scale};
-use crate::world::{self, PATIENCE, PgSchema, block_on, final_pg, final_sqlite};
+use crate::world::{self, PATIENCE, PgSchema, StoreCounts, block_on};
 
 pub const RANDOM_RELAY_KILLS_SQLITE: Scenario = Scenario {
     name: "kills: relay SIGKILLed at random",
@@ -35,9 +35,10 @@ pub const RANDOM_RELAY_KILLS_POSTGRES: Scenario = Scenario {
     },
 };
 
-/// The attempt a relay records for a delivery it took over on the plain route and did not
-/// send (`orphaned` in the relay), matched in the attempts' error text.
-const ORPHANED: &str = "%stopped mid-attempt%";
+/// Attempts a relay records for a delivery it took over on the plain route and did not send
+/// (`orphaned` in the relay), matched in their error text.
+const ORPHANED: &str =
+    "SELECT count(*) FROM oncebox_attempts WHERE error LIKE '%stopped mid-attempt%'";
 
 fn config(idem: std::net::SocketAddr, plain: std::net::SocketAddr) -> String {
     format!(
@@ -115,23 +116,13 @@ fn relay_kills(schema: Option<&PgSchema>) -> Report {
             kills += usize::from(killed(running.kill()));
             running = relay.start();
         }
-        let outbox = Outbox {
-            sqlite: &sqlite,
-            pool: match schema {
-                Some(s) => Some(s.pool().await),
-                None => None,
-            },
-        };
-        let deadline = std::time::Instant::now() + PATIENCE;
+        let store = StoreCounts::new(&sqlite, schema).await;
         // Reconciliation asks a status URL 10 s after a delivery became uncertain at the
         // earliest: the last of them settles within the patience.
-        while outbox.delivered().await < 2 * events {
-            assert!(std::time::Instant::now() < deadline, "outbox not drained");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        store.until_outbox("delivered", 2 * events).await;
         running.terminate();
-        let orphaned = outbox.count(ORPHANED).await;
-        let mut fin = outbox.fin().await;
+        let orphaned = store.count(ORPHANED).await;
+        let mut fin = store.fin(true).await;
         // The plain receiver applies every request; the other honours the key.
         fin.effects = plain
             .applied()
@@ -165,64 +156,4 @@ fn relay_kills(schema: Option<&PgSchema>) -> Report {
             expected_unresolved: 0,
         }
     })
-}
-
-/// The store's outbox, on whichever backend the scenario runs.
-struct Outbox<'a> {
-    sqlite: &'a std::path::Path,
-    pool: Option<oncebox_postgres::sqlx::PgPool>,
-}
-
-impl Outbox<'_> {
-    async fn delivered(&self) -> usize {
-        self.scalar(
-            "SELECT count(*) FROM oncebox_outbox WHERE state = 'delivered'",
-            "",
-        )
-        .await
-    }
-
-    /// Attempts whose error text is `like` (an SQL `LIKE` pattern).
-    async fn count(&self, like: &str) -> usize {
-        self.scalar(
-            "SELECT count(*) FROM oncebox_attempts WHERE error LIKE $1",
-            like,
-        )
-        .await
-    }
-
-    /// The count `sql` answers, its one parameter (if it has one) `arg`.
-    async fn scalar(&self, sql: &str, arg: &str) -> usize {
-        match &self.pool {
-            Some(pool) => {
-                let mut q = oncebox_postgres::sqlx::query_scalar::<_, i64>(sql);
-                if sql.contains("$1") {
-                    q = q.bind(arg);
-                }
-                q.fetch_one(pool).await.unwrap() as usize
-            }
-            None => {
-                let c = oncebox_sqlite::rusqlite::Connection::open(self.sqlite).unwrap();
-                let sql = sql.replace("$1", "?1");
-                let args: Vec<&str> = if sql.contains("?1") {
-                    vec![arg]
-                } else {
-                    vec![]
-                };
-                c.query_row(
-                    &sql,
-                    oncebox_sqlite::rusqlite::params_from_iter(args),
-                    |r| r.get::<_, i64>(0),
-                )
-                .unwrap() as usize
-            }
-        }
-    }
-
-    async fn fin(&self) -> oncebox_testkit::checker::Final {
-        match &self.pool {
-            Some(pool) => final_pg(pool, true).await,
-            None => final_sqlite(self.sqlite, true),
-        }
-    }
 }

@@ -12,7 +12,7 @@ use oncebox_testkit::proxy::{Mode, Proxy, Stats};
 use oncebox_testkit::receiver::Receiver;
 
 use crate::table::{Report, Scenario, scale};
-use crate::world::{self, PATIENCE, block_on, final_sqlite};
+use crate::world::{self, PATIENCE, StoreCounts, block_on};
 
 pub const RECEIVER_REPLY_DROPPED_IDEMPOTENT: Scenario = Scenario {
     name: "net: receiver reply dropped, idem",
@@ -78,22 +78,16 @@ fn reply_dropped(idempotent: bool) -> Report {
         )
         .await;
         let dropped = Stats::get(&proxy.stats.dropped_replies);
+        let store = StoreCounts::new(&db, None).await;
         if idempotent {
             proxy.set(Mode::Pass);
-            until_async(
-                "every delivery recorded after the network healed",
-                PATIENCE,
-                || count(&db, "state = 'delivered'") >= events,
-            )
-            .await;
+            // Every delivery recorded once the network healed.
+            store.until_outbox("delivered", events).await;
         } else {
-            until_async("every delivery parked as uncertain", PATIENCE, || {
-                count(&db, "state = 'uncertain'") >= events
-            })
-            .await;
+            store.until_outbox("uncertain", events).await;
         }
         server.terminate();
-        let mut fin = final_sqlite(&db, true);
+        let mut fin = store.fin(true).await;
         // The receiver's effects: one per key where it honours the key, else every application.
         fin.effects = receiver
             .applied()
@@ -114,14 +108,4 @@ fn reply_dropped(idempotent: bool) -> Report {
             expected_unresolved: if idempotent { 0 } else { events },
         }
     })
-}
-
-fn count(db: &std::path::Path, filter: &str) -> usize {
-    let c = oncebox_sqlite::rusqlite::Connection::open(db).unwrap();
-    c.query_row(
-        &format!("SELECT count(*) FROM oncebox_outbox WHERE {filter}"),
-        [],
-        |r| r.get::<_, i64>(0),
-    )
-    .unwrap() as usize
 }

@@ -291,3 +291,57 @@ pub async fn pg_schema() -> Option<PgSchema> {
     let base = oncebox_testkit::service_url("ONCEBOX_POSTGRES_URL")?;
     Some(PgSchema::create(&base, "oncebox_faults").await)
 }
+
+/// A scenario's store, its SQLite file or its PostgreSQL schema, for the counts it waits on
+/// and checks, and the checker's final state.
+pub struct StoreCounts {
+    sqlite: std::path::PathBuf,
+    pool: Option<PgPool>,
+}
+
+impl StoreCounts {
+    /// The SQLite file at `sqlite`, or `schema` when the scenario runs on PostgreSQL.
+    pub async fn new(sqlite: &Path, schema: Option<&PgSchema>) -> StoreCounts {
+        let pool = match schema {
+            Some(s) => Some(s.pool().await),
+            None => None,
+        };
+        StoreCounts {
+            sqlite: sqlite.to_owned(),
+            pool,
+        }
+    }
+
+    /// The number `sql` answers: a `SELECT count(*) …` of no parameters.
+    pub async fn count(&self, sql: &str) -> usize {
+        let n: i64 = match &self.pool {
+            Some(pool) => sqlx::query_scalar(sql).fetch_one(pool).await.unwrap(),
+            None => rusqlite::Connection::open(&self.sqlite)
+                .unwrap()
+                .query_row(sql, [], |r| r.get(0))
+                .unwrap(),
+        };
+        n as usize
+    }
+
+    /// Waits until the deliveries in `state` are at least `n`, failing after [`PATIENCE`].
+    pub async fn until_outbox(&self, state: &str, n: usize) {
+        let sql = format!("SELECT count(*) FROM oncebox_outbox WHERE state = '{state}'");
+        let deadline = std::time::Instant::now() + PATIENCE;
+        while self.count(&sql).await < n {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "fewer than {n} deliveries {state} within {PATIENCE:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// The checker's final state of this store (deliveries counted with `outbox`).
+    pub async fn fin(&self, outbox: bool) -> Final {
+        match &self.pool {
+            Some(pool) => final_pg(pool, outbox).await,
+            None => final_sqlite(&self.sqlite, outbox),
+        }
+    }
+}

@@ -15,7 +15,7 @@ use rand::Rng;
 
 use super::CHILD;
 use crate::table::{Report, Scenario, scale};
-use crate::world::{self, PATIENCE, PgSchema, block_on, final_pg, final_sqlite};
+use crate::world::{self, PATIENCE, PgSchema, StoreCounts, block_on};
 
 pub const RELAY_BEFORE_RECORD_SQLITE: Scenario = Scenario {
     name: "crash: relay-before-record",
@@ -139,33 +139,9 @@ fn relay_crash(schema: Option<&PgSchema>) -> Report {
             .start();
         let delivered = || receiver.per_key().len() >= events;
         until_async("every event reaches the receiver", PATIENCE, delivered).await;
-        let mut fin = match schema {
-            Some(s) => {
-                let pool = s.pool().await;
-                let all = async || {
-                    let n: i64 = oncebox_postgres::sqlx::query_scalar(
-                        "SELECT count(*) FROM oncebox_outbox WHERE state = 'delivered'",
-                    )
-                    .fetch_one(&pool)
-                    .await
-                    .unwrap();
-                    n as usize >= events
-                };
-                let deadline = std::time::Instant::now() + PATIENCE;
-                while !all().await {
-                    assert!(std::time::Instant::now() < deadline, "outbox not drained");
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                }
-                final_pg(&pool, true).await
-            }
-            None => {
-                until_async("every delivery recorded", PATIENCE, || {
-                    outbox_delivered(&sqlite) >= events
-                })
-                .await;
-                final_sqlite(&sqlite, true)
-            }
-        };
+        let store = StoreCounts::new(&sqlite, schema).await;
+        store.until_outbox("delivered", events).await;
+        let mut fin = store.fin(true).await;
         healthy.terminate();
         // The effect is the receiver's: it honours the key, so its first application counts.
         fin.effects = receiver
@@ -190,14 +166,4 @@ fn relay_crash(schema: Option<&PgSchema>) -> Report {
             expected_unresolved: 0,
         }
     })
-}
-
-fn outbox_delivered(db: &std::path::Path) -> usize {
-    let c = oncebox_sqlite::rusqlite::Connection::open(db).unwrap();
-    c.query_row(
-        "SELECT count(*) FROM oncebox_outbox WHERE state = 'delivered'",
-        [],
-        |r| r.get::<_, i64>(0),
-    )
-    .unwrap() as usize
 }
