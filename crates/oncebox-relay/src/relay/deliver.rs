@@ -8,7 +8,7 @@ use oncebox_core::relay_store::{AttemptRecord, Claimed, DeliveryStore};
 use oncebox_core::route::Route;
 use oncebox_core::{LeaseError, Unavailable};
 
-use tokio::sync::watch;
+use tokio::sync::{TryAcquireError, watch};
 
 use super::{Lane, Relay, Step};
 use crate::send;
@@ -60,32 +60,35 @@ impl<S: DeliveryStore> Relay<S> {
         let stopping = async {
             let _ = stop.wait_for(|stop| *stop).await;
         };
-        let permit = tokio::select! {
-            biased;
-            permit = permits.acquire() => Some(permit.map_err(|_| LeaseError::Fenced)?),
-            () = stopping => None,
+        // Whether the claim had to wait for its turn: only then can the circuit have opened
+        // since the claim (a round's claims that start at once go out together, trial or not).
+        let (permit, waited) = match permits.try_acquire() {
+            Ok(permit) => (Some(permit), false),
+            Err(TryAcquireError::Closed) => return Err(LeaseError::Fenced),
+            Err(TryAcquireError::NoPermits) => {
+                let permit = tokio::select! {
+                    biased;
+                    permit = permits.acquire() => Some(permit.map_err(|_| LeaseError::Fenced)?),
+                    () = stopping => None,
+                };
+                (permit, true)
+            }
         };
         let Some(permit) = permit else {
             self.store.unclaim(claimed, self.clock.now()).await?;
             return Ok(Step::Unclaimed);
         };
-        // The route's circuit opened while this claim waited for its turn (the sends ahead of
-        // it failed, or a trial after the cooldown did): its receiver is failing, and the claim
-        // goes back unsent, to be taken when the cooldown ends, not sent into the failure.
-        if self.circuit_open(&route.name) {
-            drop(permit);
-            self.store.unclaim(claimed, self.clock.now()).await?;
-            return Ok(Step::Unclaimed);
-        }
-        // The attempt and its record must both fit in the lease. One sent later could still be
-        // on its way when the lease ends and another relay sends the delivery again; waiting
-        // for a permit behind a slow receiver is where the time goes. Unsent, the claim is
-        // given back and taken again in the next round.
+        // Given back unsent, to be taken again, when either holds:
+        // - the route's circuit opened while this claim waited for its turn (the sends ahead of
+        //   it failed, or a trial after the cooldown did): not sent into the failure;
+        // - the attempt and its record no longer both fit in the lease. One sent later could
+        //   still be on its way when the lease ends and another relay sends the delivery again;
+        //   waiting for a permit behind a slow receiver is where the time goes.
         let now = self.clock.now();
-        if self
+        let lease_short = self
             .latest_send(route)
-            .is_some_and(|spare| now.plus(spare) >= claimed.lease_expires_at)
-        {
+            .is_some_and(|spare| now.plus(spare) >= claimed.lease_expires_at);
+        if lease_short || (waited && self.circuit_open(&route.name)) {
             drop(permit);
             self.store.unclaim(claimed, now).await?;
             return Ok(Step::Unclaimed);
