@@ -10,7 +10,6 @@ use axum::extract::{Path, Request, State};
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use http_body_util::{BodyExt, LengthLimitError, Limited};
 use oncebox_core::fingerprint::{PayloadError, derive_event_id};
 use oncebox_core::json::{self, Pointer, Value};
 use oncebox_core::signature::{self, Scheme, SignatureError};
@@ -18,6 +17,7 @@ use oncebox_core::store::{EventStore, Ingest, Order};
 use oncebox_core::{Event, EventId, Key, Meta, Source, Timestamp};
 
 use crate::Gateway;
+use crate::body::read_bounded;
 use crate::policy::{EventIdRule, SourcePolicy};
 use crate::problem::{Answer, Problem};
 
@@ -104,7 +104,14 @@ async fn receive_for<S: EventStore>(
         tracing::info!(%source, error = %e, "signature rejected before the body");
         return Answer::Problem(unauthorized(&e));
     }
-    let payload = match read_body(gw, policy, headers, body).await {
+    let read = read_bounded(
+        headers,
+        body,
+        policy.max_body,
+        gw.config.limits.body_timeout,
+        "this source",
+    );
+    let payload = match read.await {
         Ok(b) => b,
         Err(p) => return Answer::Problem(p),
     };
@@ -175,42 +182,6 @@ async fn receive_for<S: EventStore>(
         other => tracing::debug!(%key, outcome = other.outcome(), "event stored"),
     }
     answer
-}
-
-/// Reads at most `max_body` bytes within the body timeout: an oversize body is refused by its
-/// declared length at once, or as soon as the stream passes the limit, never buffered whole.
-async fn read_body<S>(
-    gw: &Gateway<S>,
-    policy: &SourcePolicy,
-    headers: &HeaderMap,
-    body: Body,
-) -> Result<bytes::Bytes, Problem> {
-    let too_large = || {
-        Problem::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "body-too-large",
-            "Body too large",
-            format!("this source accepts at most {} bytes", policy.max_body),
-        )
-    };
-    let declared = headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
-    if declared.is_some_and(|n| n > policy.max_body as u64) {
-        return Err(too_large());
-    }
-    let read = Limited::new(body, policy.max_body).collect();
-    match tokio::time::timeout(gw.config.limits.body_timeout, read).await {
-        Err(_) => Err(Problem::new(
-            StatusCode::REQUEST_TIMEOUT,
-            "body-timeout",
-            "Body not received in time",
-            "the request body did not arrive within the body timeout",
-        )),
-        Ok(Err(e)) if e.downcast_ref::<LengthLimitError>().is_some() => Err(too_large()),
-        Ok(Err(e)) => Err(Problem::invalid("body-unreadable", e.to_string())),
-        Ok(Ok(collected)) => Ok(collected.to_bytes()),
-    }
 }
 
 fn unauthorized(e: &SignatureError) -> Problem {

@@ -5,7 +5,6 @@
 use std::sync::Arc;
 
 use axum::Router;
-use axum::extract::DefaultBodyLimit;
 use axum::routing::{get, post};
 use metrics_exporter_prometheus::PrometheusHandle;
 use oncebox_core::relay_store::DeliveryStore;
@@ -13,6 +12,7 @@ use oncebox_core::store::EventStore;
 use oncebox_core::{Clock, Timestamp};
 
 mod admin;
+mod body;
 pub mod crash;
 mod dashboard;
 pub use dashboard::Logouts;
@@ -78,21 +78,25 @@ pub fn router<S: EventStore + DeliveryStore>(gw: Arc<Gateway<S>>) -> Router {
         .route_layer(axum::middleware::from_fn_with_state(
             gw.clone(),
             dashboard::session::bridge::<S>,
+        ))
+        .merge(dashboard::routes::<S>())
+        // Every body here (a login form, a resolve note) is small and read whole first, within
+        // the body timeout, before any check of who sent it: `/login` is open to anyone, and a
+        // body trickled in must neither fill the memory nor hold a permit for long.
+        .route_layer(axum::middleware::from_fn_with_state(
+            gw.clone(),
+            body::bounded::<S>,
         ));
     Router::new()
         // The handler takes the whole `Request` and reads the body itself, within its
-        // source's own limit: `DefaultBodyLimit` binds only body extractors, so the router's
-        // limit below does not apply here. (A layer of its own here, lifting that limit,
-        // measured 129-132 µs of CPU per duplicate against 97-99 without, in two runs each.)
+        // source's own limit and timeout. (A layer of its own here, lifting a router-wide body
+        // limit, measured 129-132 µs of CPU per duplicate against 97-99 without, in two runs
+        // each.)
         .route("/v1/sources/{source}/events", post(ingress::receive::<S>))
         .route("/healthz", get(admin::healthz))
         .route("/readyz", get(admin::readyz::<S>))
         .route("/openapi.json", get(openapi::document))
         .merge(admin)
-        .merge(dashboard::routes::<S>())
-        // Every other body (a login form, a resolve note) is small; one past this is refused
-        // as it streams in, before any check of who sent it, so it cannot fill the memory.
-        .layer(DefaultBodyLimit::max(OTHER_BODY_LIMIT))
         // Outermost, so that its rewriting also sees the router's own 404s and 405s.
         .layer(limit::Edge::new(&gw.config, gw.metrics.is_some()))
         .with_state(gw)

@@ -1,6 +1,7 @@
 //! Request bodies through a real listener: one too slow (408), one cut short of its
-//! Content-Length (400), one over the source's limit without a Content-Length (413). None of
-//! them stores anything.
+//! Content-Length (400), one over the source's limit without a Content-Length (413), and the
+//! admin and dashboard bodies held to their own limit and to the same timeout. None of them
+//! stores anything.
 
 use std::time::{Duration, Instant};
 
@@ -146,6 +147,56 @@ fn any_other_body_past_its_small_limit_is_refused_as_it_streams() {
         assert_eq!(a.status, StatusCode::ACCEPTED, "{a:?}");
         assert_eq!(s.gw.rows(), 1);
     });
+}
+
+/// `/login` is open to anyone and every request holds a permit of the concurrency limit until
+/// it is answered: a login form, a logout form or a resolve note trickled in is cut off at the
+/// body timeout with 408 like an event's, and its permit (the only one here) serves the next.
+#[test]
+fn any_other_slow_body_is_cut_off_with_408() {
+    run(async {
+        let limits = Limits {
+            body_timeout: Duration::from_millis(300),
+            concurrency: 1,
+            ..Limits::default()
+        };
+        let s = served(limits.clone()).await;
+        let form = "application/x-www-form-urlencoded";
+        let bearer = format!("application/json\r\nAuthorization: Bearer {ADMIN_TOKEN}");
+        for (path, kind, part) in [
+            ("/login", form, "token=ab"),
+            ("/logout", form, "csrf=ab"),
+            (
+                "/v1/deliveries/1/resolve",
+                bearer.as_str(),
+                r#"{"outcome":"#,
+            ),
+        ] {
+            let started = Instant::now();
+            let mut raw = Raw::connect(s.addr).await;
+            let head = format!(
+                "POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: {kind}\r\n\
+                 Content-Length: 100\r\n\r\n{part}"
+            );
+            raw.send(head.as_bytes()).await;
+            let a = raw.reply().await.answer();
+            assert!(started.elapsed() >= limits.body_timeout, "{path}");
+            assert_eq!(
+                (a.status, a.slug().as_str()),
+                (StatusCode::REQUEST_TIMEOUT, "body-timeout"),
+                "{path}: {a:?}"
+            );
+            let event = format!(r#"{{"id":"after-{}"}}"#, path.len());
+            let mut next = Raw::connect(s.addr).await;
+            next.send(head_event(&event).as_bytes()).await;
+            assert_eq!(next.reply().await.answer().status, StatusCode::ACCEPTED);
+        }
+        assert_eq!(s.gw.rows(), 3);
+    });
+}
+
+fn head_event(event: &str) -> String {
+    format!("{}{event}", head("open", event.len(), ""))
 }
 
 /// POSTs to `path` a chunked body of 1 MiB that is never terminated, and returns the answer:
