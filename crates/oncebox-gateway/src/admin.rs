@@ -69,6 +69,16 @@ pub(crate) async fn guard<S: EventStore>(
 /// `text/plain`, could settle deliveries.
 fn open_refusal(request: &Request) -> Option<Problem> {
     let headers = request.headers();
+    if crate::dashboard::session::proxied(headers) {
+        return Some(Problem::new(
+            StatusCode::FORBIDDEN,
+            "proxied",
+            "Forwarded by a proxy",
+            "without an admin_token the admin API answers only this machine's own clients, and \
+             a proxy forwarded this request (Forwarded, X-Forwarded-For, X-Forwarded-Host, \
+             X-Real-IP or Via): set admin_token to reach it through one",
+        ));
+    }
     if !crate::dashboard::session::loopback_host(headers) {
         return Some(Problem::new(
             StatusCode::FORBIDDEN,

@@ -143,8 +143,10 @@ pub(crate) fn closed_page() -> Response {
             (head("Closed"))
             body.login { main {
                 h1 { "The dashboard is closed" }
-                p { "This gateway listens beyond loopback without an admin token. Set "
-                    code { "admin_token" } " to use the dashboard and the admin API." }
+                p { "Without an admin token the dashboard opens only on a loopback listener, \
+                    to requests addressed to localhost, 127.0.0.1 or [::1] that no proxy \
+                    forwarded. Set " code { "admin_token" } " to use the dashboard and the \
+                    admin API from here." }
             } }
         }
     };

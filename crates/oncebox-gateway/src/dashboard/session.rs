@@ -153,10 +153,27 @@ pub(crate) fn loopback_host(headers: &HeaderMap) -> bool {
         })
 }
 
+/// Headers a proxy adds to what it forwards.
+const FORWARDING: [&str; 5] = [
+    "forwarded",
+    "x-forwarded-for",
+    "x-forwarded-host",
+    "x-real-ip",
+    "via",
+];
+
+/// Whether a proxy says it forwarded the request. A TLS proxy on the same machine connects from
+/// loopback and, by default (nginx's `proxy_pass http://127.0.0.1:8080`), names the gateway by
+/// its loopback address in `Host`: without this, a gateway open to its own machine without a
+/// token would be open to everyone the proxy serves.
+pub(crate) fn proxied(headers: &HeaderMap) -> bool {
+    FORWARDING.iter().any(|h| headers.contains_key(*h))
+}
+
 /// What a page request may see.
 pub(crate) fn access<S>(gw: &Gateway<S>, headers: &HeaderMap) -> Access {
     match &gw.config.admin_token {
-        None if gw.loopback_only && loopback_host(headers) => Access::Open,
+        None if gw.loopback_only && loopback_host(headers) && !proxied(headers) => Access::Open,
         None => Access::Closed,
         Some(_) => match session(gw, headers) {
             Some((token, nonce)) => Access::Session {

@@ -360,16 +360,9 @@ fn without_a_token_the_admin_api_answers_only_on_a_loopback_listener() {
             .body(Body::empty())
             .unwrap();
         assert_eq!(gw.send(with_one).await.status, StatusCode::FORBIDDEN);
-        let local = std::sync::Arc::new(oncebox_gateway::Gateway {
-            store: gw.inbox.clone(),
-            config: gw.gateway.config.clone(),
-            clock: gw.gateway.clock.clone(),
-            metrics: None,
-            loopback_only: true,
-            logouts: Default::default(),
-        });
+        let local = gw.loopback_router();
         let a = crate::support::Answer::from(
-            tower::ServiceExt::oneshot(oncebox_gateway::router(local.clone()), get())
+            tower::ServiceExt::oneshot(local.clone(), get())
                 .await
                 .unwrap(),
         )
@@ -378,7 +371,6 @@ fn without_a_token_the_admin_api_answers_only_on_a_loopback_listener() {
 
         // Open, but not to web pages: a page of another site rebound to 127.0.0.1 sends its own
         // name as Host, and a cross-site POST its own Origin.
-        let local = oncebox_gateway::router(local);
         let ask = |request: Request<Body>| {
             let local = local.clone();
             async move {

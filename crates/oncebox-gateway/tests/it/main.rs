@@ -10,6 +10,7 @@ mod ingress;
 mod keys;
 mod linger;
 mod openapi;
+mod proxied;
 mod rejections;
 mod signatures;
 mod support;

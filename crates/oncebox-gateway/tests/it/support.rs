@@ -185,6 +185,18 @@ impl TestGateway {
         router(self.gateway.clone())
     }
 
+    /// The router of this gateway's store and config behind a loopback-only listener.
+    pub fn loopback_router(&self) -> Router {
+        router(Arc::new(Gateway {
+            store: self.inbox.clone(),
+            config: self.gateway.config.clone(),
+            clock: self.gateway.clock.clone(),
+            metrics: None,
+            loopback_only: true,
+            logouts: Default::default(),
+        }))
+    }
+
     /// Sends one request through the router in-process.
     pub async fn send(&self, request: Request<Body>) -> Answer {
         Answer::from(self.router().oneshot(request).await.unwrap()).await

@@ -1,0 +1,65 @@
+//! A gateway open without a token on a loopback listener, behind a proxy on the same machine:
+//! the proxy connects from loopback and, by default, sends the gateway's own loopback address
+//! as `Host`, so only its forwarding headers tell its requests from this machine's own clients.
+
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use oncebox_testkit::run;
+use tower::ServiceExt;
+
+use crate::support::{Answer, TestGateway, config};
+
+/// What a proxy adds, one header at a time.
+const FORWARDED: [(&str, &str); 5] = [
+    ("forwarded", "for=203.0.113.7;proto=https"),
+    ("x-forwarded-for", "203.0.113.7"),
+    ("x-forwarded-host", "gw.example.com"),
+    ("x-real-ip", "203.0.113.7"),
+    ("via", "1.1 nginx"),
+];
+
+fn request(path: &str, forwarded: Option<(&str, &str)>) -> Request<Body> {
+    let mut r = Request::get(path).header("host", "127.0.0.1:8080");
+    if let Some((name, value)) = forwarded {
+        r = r.header(name, value);
+    }
+    r.body(Body::empty()).unwrap()
+}
+
+#[test]
+fn a_proxied_request_finds_the_tokenless_admin_api_and_dashboard_closed() {
+    run(async {
+        let gw = TestGateway::with(
+            oncebox_gateway::policy::GatewayConfig {
+                admin_token: None,
+                ..config()
+            },
+            oncebox_sqlite::Options::new,
+        );
+        let local = gw.loopback_router();
+        let ask = |r: Request<Body>| {
+            let local = local.clone();
+            async move { Answer::from(local.oneshot(r).await.unwrap()).await }
+        };
+        // This machine's own clients: open.
+        assert_eq!(ask(request("/v1/stats", None)).await.status, StatusCode::OK);
+        assert_eq!(ask(request("/", None)).await.status, StatusCode::OK);
+        for header in FORWARDED {
+            let a = ask(request("/v1/stats", Some(header))).await;
+            assert_eq!(
+                (a.status, a.slug().as_str()),
+                (StatusCode::FORBIDDEN, "proxied"),
+                "{header:?}: {a:?}"
+            );
+            let page = ask(request("/", Some(header))).await;
+            assert_eq!(page.status, StatusCode::FORBIDDEN, "{header:?}");
+            assert!(
+                String::from_utf8_lossy(&page.body).contains("no proxy"),
+                "the closed page says why"
+            );
+        }
+        // The probes stay open to the proxy: they show nothing stored.
+        let health = ask(request("/healthz", Some(FORWARDED[0]))).await;
+        assert_eq!(health.status, StatusCode::OK);
+    });
+}
