@@ -6,11 +6,24 @@ use serde_json::{Value, json};
 /// A dashboard page: HTML for a session signed in with the admin token at `/login` (a browser
 /// sends no bearer header on a navigation), else a redirect to `/login`.
 fn page(summary: &str) -> Value {
+    let html =
+        |description: &str| json!({ "description": description, "content": { "text/html": {} } });
     json!({ "get": { "summary": summary, "tags": ["dashboard"], "security": [{ "session": [] }],
-        "responses": { "200": { "description": "HTML page", "content": { "text/html": {} } },
+        "responses": { "200": html("HTML page"),
                        "303": { "description": "not signed in: to /login" },
-                       "403": { "description": "closed: no admin token on a listener beyond loopback", "content": { "text/html": {} } } } } })
+                       "400": html("a filter or key that does not parse, named on the page"),
+                       "403": html(CLOSED),
+                       "404": html("no such event or queue"),
+                       "503": { "description": "too many requests in flight (problem+json, with Retry-After), or the store cannot answer now (a page saying so)",
+                                "content": { "application/problem+json": { "schema": { "$ref": "#/components/schemas/Problem" } }, "text/html": {} } } } } })
 }
+
+/// Why a dashboard page is closed.
+const CLOSED: &str = "closed: no admin token, and the listener is beyond loopback, the request \
+                      names another host, or a proxy forwarded it";
+
+/// The dashboard's queues: the delivery states it lists (the admin API lists every state).
+const QUEUES: [&str; 2] = ["uncertain", "dead"];
 
 fn problem(description: &str) -> Value {
     json!({ "description": description, "content": { "application/problem+json": { "schema": { "$ref": "#/components/schemas/Problem" } } } })
@@ -48,9 +61,9 @@ pub(crate) async fn document() -> Json<Value> {
     Json(spec())
 }
 
-/// The description itself. Every operation also gets its path's parameters and, but for
-/// `/healthz`, the `503` of the concurrency limit, which the edge (`limit.rs`) answers on
-/// every other route.
+/// The description itself. Every operation also gets its path's parameters, every POST the
+/// `408` and `413` of its body, and, but for `/healthz`, the `503` of the concurrency limit,
+/// which the edge (`limit.rs`) answers on every other route.
 pub fn spec() -> Value {
     let mut doc = described();
     if let Some(paths) = doc["paths"].as_object_mut() {
@@ -58,8 +71,8 @@ pub fn spec() -> Value {
             let Some(item) = item.as_object_mut() else {
                 continue;
             };
-            for op in item.values_mut() {
-                complete(path, op);
+            for (method, op) in item.iter_mut() {
+                complete(path, method, op);
             }
         }
     }
@@ -79,7 +92,7 @@ pub fn template_names(path: &str) -> Vec<&str> {
 fn path_schema(name: &str) -> Value {
     match name {
         "id" => json!({ "type": "integer", "format": "int64" }),
-        "state" => json!({ "enum": DELIVERY_STATES }),
+        "state" => json!({ "enum": QUEUES }),
         _ => json!({ "type": "string" }),
     }
 }
@@ -87,7 +100,7 @@ fn path_schema(name: &str) -> Value {
 const DELIVERY_STATES: [&str; 6] = oncebox_core::delivery::DeliveryState::NAMES;
 
 /// Adds to one operation what every operation on `path` answers or takes.
-fn complete(path: &str, op: &mut Value) {
+fn complete(path: &str, method: &str, op: &mut Value) {
     let Some(op) = op.as_object_mut() else {
         return;
     };
@@ -116,14 +129,25 @@ fn complete(path: &str, op: &mut Value) {
                 problem(
                     "admin-disabled: no admin_token is configured and the listener is not \
                      loopback-only; host-not-loopback: without a token, a request addressed to \
-                     a name other than localhost, 127.0.0.1 or [::1]; cross-origin: without a \
-                     token, a browser's request that changes something from another origin",
+                     a name other than localhost, 127.0.0.1 or [::1]; proxied: without a token, \
+                     a request a proxy forwarded (Forwarded, X-Forwarded-For, X-Forwarded-Host, \
+                     X-Real-IP or Via); cross-origin: without a token, a browser's request that \
+                     changes something from another origin",
                 )
             });
             if let Some(refused) = responses.get_mut("401") {
                 refused["headers"]["WWW-Authenticate"] =
                     json!({ "schema": { "type": "string", "const": "Bearer realm=\"oncebox\"" } });
             }
+        }
+        // Every body is read whole within the body timeout and a size limit (`body.rs`).
+        if method == "post" {
+            responses.entry("408").or_insert_with(|| {
+                problem("body-timeout: the body did not arrive within the body timeout")
+            });
+            responses.entry("413").or_insert_with(|| {
+                problem("body-too-large: past 64 KiB (an event: its source's limit)")
+            });
         }
         // `/healthz` is admitted past the limit and has nothing that could be unavailable.
         if path != "/healthz" {
@@ -232,12 +256,14 @@ fn described() -> Value {
             "/login": {
                 "get": { "summary": "Dashboard sign-in form", "tags": ["dashboard"],
                     "responses": { "200": { "description": "HTML form", "content": { "text/html": {} } },
-                                   "403": { "description": "closed: no admin token on a listener beyond loopback", "content": { "text/html": {} } } } },
+                                   "403": { "description": CLOSED, "content": { "text/html": {} } } } },
                 "post": { "summary": "Sign in with the admin token; sets the session cookie", "tags": ["dashboard"],
                     "requestBody": { "required": true, "content": { "application/x-www-form-urlencoded": {} } },
-                    "responses": { "303": { "description": "signed in: to the dashboard" }, "401": { "description": "wrong token: the form again" } } } },
+                    "responses": { "303": { "description": "signed in: to the dashboard" }, "401": { "description": "wrong token: the form again" },
+                                   "403": { "description": "sent from another origin's page" } } } },
             "/logout": { "post": { "summary": "Sign out: ends the session", "tags": ["dashboard"],
-                "responses": { "303": { "description": "to /login" } } } },
+                "responses": { "303": { "description": "to /login" },
+                               "403": { "description": "no valid session and CSRF token, or sent from another origin's page" } } } },
             "/assets/dashboard.js": { "get": { "summary": "The dashboard's script", "tags": ["dashboard"],
                 "responses": { "200": { "description": "JavaScript", "content": { "text/javascript": {} } } } } },
             "/assets/dashboard.css": { "get": { "summary": "The dashboard's stylesheet", "tags": ["dashboard"],

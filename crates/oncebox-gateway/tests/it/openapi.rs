@@ -173,6 +173,11 @@ fn error_answers_are_documented_for_their_operation() {
                 "/v1/sources/{source}/events/{event_id}/redeliver",
                 admin("POST", "/v1/sources/open/events/nope/redeliver", ""),
             ),
+            (
+                "post",
+                "/v1/deliveries/{id}/retry",
+                admin("POST", "/v1/deliveries/7/retry", &" ".repeat(65 << 10)),
+            ),
         ];
         for (method, path, request) in cases {
             documented(&doc, method, path, &gw.send(request).await);
@@ -223,4 +228,51 @@ fn documented(doc: &Value, method: &str, path: &str, a: &crate::support::Answer)
             );
         }
     }
+}
+
+/// The dashboard's queue page is documented for the states it serves, and any other state is
+/// the page's documented 404.
+#[test]
+fn the_dashboard_queues_are_the_documented_states() {
+    run(async {
+        let gw = TestGateway::with(
+            oncebox_gateway::policy::GatewayConfig {
+                admin_token: None,
+                ..crate::support::config()
+            },
+            oncebox_sqlite::Options::new,
+        );
+        let doc = document(&gw).await;
+        let op = &doc["paths"]["/deliveries/{state}"]["get"];
+        let states: Vec<&str> = op["parameters"][0]["schema"]["enum"]
+            .as_array()
+            .expect("an enum of states")
+            .iter()
+            .filter_map(Value::as_str)
+            .collect();
+        let local = gw.loopback_router();
+        let page = |state: &str| {
+            let request = Request::get(format!("/deliveries/{state}"))
+                .header("host", "127.0.0.1:8080")
+                .body(Body::empty())
+                .unwrap();
+            let local = local.clone();
+            async move {
+                tower::ServiceExt::oneshot(local, request)
+                    .await
+                    .unwrap()
+                    .status()
+            }
+        };
+        assert!(!states.is_empty());
+        for state in &states {
+            assert_eq!(page(state).await, StatusCode::OK, "{state}");
+        }
+        for state in oncebox_core::delivery::DeliveryState::NAMES {
+            if !states.contains(&state) {
+                assert_eq!(page(state).await, StatusCode::NOT_FOUND, "{state}");
+            }
+        }
+        assert!(op["responses"]["404"].is_object(), "{op}");
+    });
 }
