@@ -15,7 +15,7 @@ use oncebox_core::store::{ConflictFilter, EventStore};
 use serde::Deserialize;
 
 use super::diff;
-use super::events::event_href;
+use super::events::{encode, event_href};
 use super::layout::{self, Nav, time};
 use super::{gate, unavailable};
 use crate::Gateway;
@@ -70,7 +70,21 @@ pub(crate) async fn page<S: EventStore + DeliveryStore>(
                 return layout::problem(StatusCode::BAD_REQUEST, &access, &e.to_string());
             }
         },
-        _ => None,
+        (None, None) => None,
+        // Half a key filters nothing the page could show as asked.
+        _ => {
+            let detail = "Name a key by both source and event_id, or neither.";
+            return layout::problem(StatusCode::BAD_REQUEST, &access, detail);
+        }
+    };
+    // The next page keeps the key it was asked for.
+    let more = match &key {
+        Some(k) => format!(
+            "source={}&event_id={}&",
+            encode(k.source.as_str()),
+            encode(k.event_id.as_str())
+        ),
+        None => String::new(),
     };
     let filter = ConflictFilter {
         key,
@@ -109,7 +123,7 @@ pub(crate) async fn page<S: EventStore + DeliveryStore>(
             }
         }
         @if conflicts.items.is_empty() { p.muted { "No conflicts." } }
-        @if let Some(n) = conflicts.next { a.next href={ "/conflicts?after=" (n) } { "Next page →" } }
+        @if let Some(n) = conflicts.next { a.next href={ "/conflicts?" (more) "after=" (n) } { "Next page →" } }
     };
     layout::page("Conflicts", &access, Nav::Conflicts, &body)
 }

@@ -3,6 +3,7 @@
 
 mod admin;
 mod bodies;
+mod conflicts;
 mod dashboard;
 mod deliveries;
 mod http;

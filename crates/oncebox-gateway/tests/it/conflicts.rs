@@ -1,0 +1,74 @@
+//! The dashboard's conflicts page filtered to one key: its pages follow one another within that
+//! key, and half a key is refused rather than ignored.
+
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use oncebox_testkit::run;
+use tower::ServiceExt;
+
+use crate::support::{Answer, TestGateway, config, post};
+
+/// Conflicts on one page.
+const PAGE: usize = 20;
+
+#[test]
+fn one_keys_conflicts_page_on_within_that_key() {
+    run(async {
+        let gw = TestGateway::with(
+            oncebox_gateway::policy::GatewayConfig {
+                admin_token: None,
+                ..config()
+            },
+            oncebox_sqlite::Options::new,
+        );
+        // `k1` conflicts more often than one page shows, `k2` once.
+        for (id, times) in [("k1", PAGE + 5), ("k2", 1)] {
+            for n in 0..=times {
+                let body = format!(r#"{{"id":"{id}","n":{n}}}"#);
+                let a = gw.send(post("open", &[], body)).await;
+                let expected = if n == 0 {
+                    StatusCode::ACCEPTED
+                } else {
+                    StatusCode::UNPROCESSABLE_ENTITY
+                };
+                assert_eq!(a.status, expected, "{id} #{n}: {a:?}");
+            }
+        }
+        let local = gw.loopback_router();
+        let page = |path: String| {
+            let request = Request::get(path)
+                .header("host", "127.0.0.1:8080")
+                .body(Body::empty())
+                .unwrap();
+            let local = local.clone();
+            async move { Answer::from(local.oneshot(request).await.unwrap()).await }
+        };
+        let first = page("/conflicts?source=open&event_id=k1".into()).await;
+        assert_eq!(first.status, StatusCode::OK);
+        let first = String::from_utf8(first.body).unwrap();
+        let next = first
+            .split("class=\"next\" href=\"")
+            .nth(1)
+            .and_then(|rest| rest.split('"').next())
+            .expect("a next page link")
+            .replace("&amp;", "&");
+        assert!(
+            next.starts_with("/conflicts?source=open&event_id=k1&after="),
+            "{next}"
+        );
+        let second = page(next).await;
+        assert_eq!(second.status, StatusCode::OK);
+        let second = String::from_utf8(second.body).unwrap();
+        let shown = |html: &str, id: &str| html.matches(&format!(">open:{id}</a>")).count();
+        assert_eq!(shown(&first, "k1") + shown(&second, "k1"), PAGE + 5);
+        assert_eq!(shown(&first, "k2") + shown(&second, "k2"), 0, "{second}");
+
+        for half in ["/conflicts?source=open", "/conflicts?event_id=k1"] {
+            assert_eq!(
+                page(half.into()).await.status,
+                StatusCode::BAD_REQUEST,
+                "{half}"
+            );
+        }
+    });
+}
