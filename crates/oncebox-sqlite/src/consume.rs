@@ -4,8 +4,9 @@
 
 use std::sync::Arc;
 
+use crate::error::Error;
 use crate::inbox::Inbox;
-use crate::tx::{HandlerError, OffsetMove, Tx};
+use crate::tx::{HandlerError, OffsetMove, Tx, advance};
 use oncebox_core::consume::{Apply, Position};
 use oncebox_core::{Event, ProcessError, Processed, Response};
 
@@ -56,9 +57,11 @@ where
         let handler = self.handler.clone();
         // The handler sees the event; the inbox keeps its own copy for the record.
         let seen = event.clone();
-        self.inbox
+        let moving = position.clone();
+        let answer = self
+            .inbox
             .process(event, move |tx| {
-                if let Some(p) = &position
+                if let Some(p) = &moving
                     && tx.commit_offset(&p.stream, p.partition, p.offset)? == OffsetMove::Replay
                 {
                     // At or below the watermark: recorded as stale, nothing applied.
@@ -66,6 +69,24 @@ where
                 }
                 handler(tx, &seen)
             })
-            .await
+            .await?;
+        // Every answer the consumer acknowledges settles its offset. The move above is undone
+        // with the handler's work when the handler refuses or finds the event stale, and never
+        // made for a duplicate answered from its record; left there, a replay of the stream
+        // after that record is purged would judge the message afresh, and a duplicate's key
+        // would apply a second time. Its own commit, after the record's: a crash between the
+        // two redelivers the message, answered again from the record, and moves it then.
+        if let Some(p) = position
+            && !answer.is_applied()
+        {
+            self.inbox
+                .write(move |conn| advance(conn, &p.stream, p.partition, p.offset))
+                .await
+                .map_err(|e| match e {
+                    Error::Unavailable(u) => ProcessError::Unavailable(u),
+                    Error::Sql(e) => ProcessError::Handler(Box::new(e)),
+                })?;
+        }
+        Ok(answer)
     }
 }

@@ -123,15 +123,7 @@ impl<'a> Tx<'a> {
         partition: i64,
         offset: i64,
     ) -> Result<OffsetMove, HandlerError> {
-        let moved = self
-            .conn
-            .prepare_cached(
-                "INSERT INTO oncebox_offsets (stream, partition, position) VALUES (?1, ?2, ?3)
-                 ON CONFLICT (stream, partition) DO UPDATE SET position = excluded.position
-                 WHERE excluded.position > oncebox_offsets.position",
-            )?
-            .execute(params![stream, partition, offset])?;
-        Ok(if moved == 1 {
+        Ok(if advance(self.conn, stream, partition, offset)? {
             OffsetMove::Advanced
         } else {
             OffsetMove::Replay
@@ -161,4 +153,22 @@ impl<'a> Tx<'a> {
             ])?;
         Ok(())
     }
+}
+
+/// Moves the watermark of `(stream, partition)` up to `offset`; false when it stood at or
+/// above it already.
+pub(crate) fn advance(
+    conn: &Connection,
+    stream: &str,
+    partition: i64,
+    offset: i64,
+) -> rusqlite::Result<bool> {
+    let moved = conn
+        .prepare_cached(
+            "INSERT INTO oncebox_offsets (stream, partition, position) VALUES (?1, ?2, ?3)
+             ON CONFLICT (stream, partition) DO UPDATE SET position = excluded.position
+             WHERE excluded.position > oncebox_offsets.position",
+        )?
+        .execute(params![stream, partition, offset])?;
+    Ok(moved == 1)
 }

@@ -92,40 +92,53 @@ fn watermark_makes_a_replayed_stream_stale_after_its_records_were_purged() {
     run(async move {
         let w = World::new(&url).await;
         let ids = ["evt_w1", "evt_w2", "evt_w3"];
-        for id in ids {
+        // The stream ends with a duplicate: answered from its record, it moves the watermark
+        // too, or the replay below would apply `evt_w1` again.
+        for id in ids.iter().chain(&["evt_w1"]) {
             w.publish(Some(id), r#"{"amount":1}"#).await;
         }
         let mut options = w.options();
         options.watermark = true;
         let apply = w.db.checked();
         let mut consumer = start(&url, Consumer::new(apply.clone(), options.clone()));
-        w.wait(&mut consumer, |c| c.applied >= 3).await;
+        w.wait(&mut consumer, |c| c.applied >= 3 && c.acked >= 4)
+            .await;
         w.wait_all_acked().await;
         consumer.stop().await;
 
         // Retention purged the records; then the durable is recreated, which replays the
-        // stream from its start.
+        // stream from its start: every message is stale, the last one as the duplicate of the
+        // first one's new stale record.
         let inbox = &w.db.inbox;
-        let purged = inbox
-            .write(|c| c.execute("DELETE FROM oncebox_inbox", []))
-            .await
-            .unwrap();
-        assert_eq!(purged, 3);
+        let forget = || inbox.write(|c| c.execute("DELETE FROM oncebox_inbox", []));
+        assert_eq!(forget().await.unwrap(), 3);
         let stream = w.js.get_stream(&w.stream).await.unwrap();
         stream.delete_consumer(&w.durable).await.unwrap();
-        let mut consumer = start(&url, Consumer::new(apply.clone(), options));
-        w.wait(&mut consumer, |c| c.acked >= 3).await;
+        let mut consumer = start(&url, Consumer::new(apply.clone(), options.clone()));
+        w.wait(&mut consumer, |c| c.acked >= 4).await;
         w.wait_all_acked().await;
         let replay = consumer.stop().await;
+        assert_eq!((replay.stale, replay.duplicates, replay.applied), (3, 1, 0));
+
+        // Once more after the stream's own limits dropped all but its last message, the
+        // duplicate: nothing but the watermark can tell it was settled.
+        forget().await.unwrap();
+        stream.purge().sequence(4).await.unwrap();
+        stream.delete_consumer(&w.durable).await.unwrap();
+        let mut consumer = start(&url, Consumer::new(apply.clone(), options));
+        w.wait(&mut consumer, |c| c.acked >= 1).await;
+        w.wait_all_acked().await;
+        let tail = consumer.stop().await;
 
         let falses = apply.false_duplicates.load(Ordering::SeqCst);
         let (d, l, f) = w.db.figures(&ids, falses);
         eprintln!(
-            "nats watermark replay: D={d} L={l} F={f} (replayed 3 after purge: stale {}, applied {})",
-            replay.stale, replay.applied
+            "nats watermark replay: D={d} L={l} F={f} (replayed 4 after purge: stale {}, \
+             duplicates {}; the last alone: stale {}, applied {})",
+            replay.stale, replay.duplicates, tail.stale, tail.applied
         );
         assert_eq!((d, l, f), (0, 0, 0));
-        assert_eq!((replay.stale, replay.applied), (3, 0));
+        assert_eq!((tail.stale, tail.applied), (1, 0));
         w.cleanup().await;
     });
 }

@@ -12,5 +12,6 @@ mod recent;
 mod rolled_back;
 mod sqlite;
 mod wal;
+mod watermark;
 
 oncebox_testkit::conformance!(harness::Sqlite);

@@ -1,0 +1,100 @@
+//! The offset watermark behind a broker consumer (`InboxHandler` with a `Position`): every
+//! answer the consumer acknowledges moves it, so a replay of the stream after the records were
+//! purged finds each message stale, whether it had applied, been refused or been answered as
+//! a duplicate.
+
+use oncebox_core::consume::{Apply, Position};
+use oncebox_core::{Event, Processed, Response, ResponseKind};
+use oncebox_sqlite::rusqlite::params;
+use oncebox_sqlite::{HandlerError, Inbox, InboxHandler, Options, Tx};
+use oncebox_testkit::run;
+
+use crate::harness::shop;
+
+/// One effect row per applied event; a payload that says so is refused.
+fn handler(tx: &mut Tx<'_>, event: &Event) -> Result<Response, HandlerError> {
+    if event.payload.windows(6).any(|w| w == b"refuse") {
+        return Ok(Response::rejected("refused"));
+    }
+    tx.conn().execute(
+        "INSERT INTO effects (event_id) VALUES (?1)",
+        params![event.key.event_id.as_str()],
+    )?;
+    Ok(Response::completed("ok"))
+}
+
+fn at(offset: i64) -> Option<Position> {
+    Some(Position {
+        stream: "orders".into(),
+        partition: 0,
+        offset,
+    })
+}
+
+async fn effects(inbox: &Inbox, id: &'static str) -> i64 {
+    inbox
+        .read(move |c| {
+            c.query_row(
+                "SELECT count(*) FROM effects WHERE event_id = ?1",
+                [id],
+                |r| r.get(0),
+            )
+        })
+        .await
+        .unwrap()
+}
+
+/// The stream's messages: `a` applies, `b` is refused, `a` comes again (a duplicate, the last
+/// message of the stream), each at its own offset.
+fn stream() -> [(Event, i64); 3] {
+    [
+        (shop("a", r#"{"n":1}"#), 1),
+        (shop("b", r#"{"do":"refuse"}"#), 2),
+        (shop("a", r#"{"n":1}"#), 3),
+    ]
+}
+
+#[test]
+fn a_replay_after_purge_finds_refused_and_duplicate_messages_stale() {
+    run(async {
+        let dir = tempfile::tempdir().unwrap();
+        let inbox = Inbox::open(Options::new(dir.path().join("w.db"))).unwrap();
+        inbox
+            .write(|c| c.execute_batch("CREATE TABLE effects (event_id TEXT NOT NULL)"))
+            .await
+            .unwrap();
+        let apply = InboxHandler::new(inbox.clone(), handler);
+
+        let mut first = Vec::new();
+        for (event, offset) in stream() {
+            first.push(apply.apply(event, at(offset)).await.unwrap());
+        }
+        assert!(first[0].is_applied(), "{first:?}");
+        assert!(matches!(&first[1], Processed::Applied(r) if r.kind == ResponseKind::Rejected));
+        assert!(first[2].is_duplicate(), "{first:?}");
+        let watermark: i64 = inbox
+            .read(|c| {
+                c.query_row(
+                    "SELECT position FROM oncebox_offsets WHERE stream = 'orders'",
+                    [],
+                    |r| r.get(0),
+                )
+            })
+            .await
+            .unwrap();
+        assert_eq!(watermark, 3, "the last acknowledged offset");
+
+        // Retention purged the records; the stream is read again from its start.
+        let purged = inbox
+            .write(|c| c.execute("DELETE FROM oncebox_inbox", []))
+            .await
+            .unwrap();
+        assert_eq!(purged, 2);
+        for (event, offset) in stream() {
+            let again = apply.apply(event, at(offset)).await.unwrap();
+            assert!(again.is_stale(), "offset {offset}: {again:?}");
+        }
+        assert_eq!(effects(&inbox, "a").await, 1, "a applied once");
+        assert_eq!(effects(&inbox, "b").await, 0, "b stays refused");
+    });
+}
