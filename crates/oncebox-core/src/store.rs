@@ -44,17 +44,21 @@ pub struct Ingest {
 }
 
 impl Ingest {
-    /// The event's deliveries, one per route, each keyed `{source}:{event_id}` for every
-    /// attempt, forever (do not change), with the event's content type (JSON's when it has
-    /// none, or one no header can carry on: blank or past 1024 bytes).
-    pub fn messages(&self) -> Vec<OutboxMessage> {
-        let content_type = self
-            .event
+    /// The content type the event's deliveries carry: its own, or JSON's when it has none, or
+    /// one no header can carry on (blank or past 1024 bytes).
+    pub fn delivered_content_type(&self) -> &str {
+        self.event
             .meta
             .content_type
-            .clone()
+            .as_deref()
             .filter(|c| crate::event::header_field(c).is_ok())
-            .unwrap_or_else(|| "application/json".to_owned());
+            .unwrap_or("application/json")
+    }
+
+    /// The event's deliveries, one per route, each keyed `{source}:{event_id}` for every
+    /// attempt, forever (do not change), with [`Ingest::delivered_content_type`].
+    pub fn messages(&self) -> Vec<OutboxMessage> {
+        let content_type = self.delivered_content_type().to_owned();
         self.routes
             .iter()
             .map(|route| OutboxMessage {

@@ -254,7 +254,7 @@ async fn batch(pool: &PgPool, options: &Options, jobs: &[Job]) -> Result<Vec<Ans
             // `{source}:{event_id}` for every attempt, forever. Do not change.
             okey.push(e.key.to_string());
             opay.push(&e.payload[..]);
-            otype.push(e.meta.content_type.as_deref().unwrap_or("application/json"));
+            otype.push(jobs[i].ingest.delivered_content_type());
             osrc.push(e.key.source.as_str());
             oid.push(e.key.event_id.as_str());
         }

@@ -192,6 +192,34 @@ pub async fn duplicate_ingest_adds_no_delivery<B: DeliveryBackend>() {
     assert_eq!(of_event(&b, "evt-1").await.len(), 2);
 }
 
+/// A content type no header can carry on (blank, or past 1024 bytes) is delivered as JSON's, as
+/// is an event without one, whichever way the store takes the event in (a guarded event and an
+/// unguarded one take different paths on PostgreSQL).
+pub async fn a_content_type_no_header_carries_is_delivered_as_jsons<B: DeliveryBackend>() {
+    let (b, clock) = fresh::<B>().await;
+    let long = "application/".to_owned() + &"x".repeat(1100);
+    let cases = [
+        ("blank", Some(""), None),
+        ("long", Some(long.as_str()), None),
+        ("none", None, None),
+        ("blank-guarded", Some(""), Some(("order-1", 1))),
+        ("long-guarded", Some(long.as_str()), Some(("order-2", 1))),
+    ];
+    for (id, content_type, order) in cases {
+        let mut one = ingest(id, &["a"], order);
+        one.event = one
+            .event
+            .with_meta(Meta::new(content_type.map(str::to_owned)));
+        let out = b.ingest(one).await;
+        assert!(matches!(out, Ok(Processed::Applied(_))), "{id}: {out:?}");
+    }
+    let claimed = claim(&b, clock.now(), 10).await;
+    assert_eq!(claimed.len(), cases.len());
+    for c in &claimed {
+        assert_eq!(c.content_type, "application/json", "{}", c.key);
+    }
+}
+
 pub async fn stale_event_gets_no_delivery<B: DeliveryBackend>() {
     let (b, _) = fresh::<B>().await;
     let newer = b
@@ -245,6 +273,7 @@ macro_rules! delivery_conformance {
         $crate::delivery_conformance!(@tests $backend;
             accepted_event_gets_one_pending_delivery_per_route_keyed_by_source_and_event_id,
             duplicate_ingest_adds_no_delivery,
+            a_content_type_no_header_carries_is_delivered_as_jsons,
             stale_event_gets_no_delivery,
             listed_events_leave_their_payloads_out_and_one_events_view_has_them,
             claim_returns_due_deliveries_oldest_first_and_not_twice_while_leased,
