@@ -170,7 +170,8 @@ pub trait DeliveryStore: Clone + Send + Sync + 'static {
     ) -> impl Future<Output = Result<(), LeaseError>> + Send;
 
     /// Gives a claim back unsent: due again at `now`, no attempt counted, the lease ended.
-    /// Refused with `LeaseError::Fenced` when the lease is no longer ours.
+    /// Refused with `LeaseError::Fenced` when another claim took the lease since; a lease that
+    /// merely ran out is still given back (nothing was sent under it).
     fn unclaim(
         &self,
         claimed: &Claimed,

@@ -258,15 +258,17 @@ impl DeliveryStore for Inbox {
     async fn unclaim(&self, claimed: &Claimed, now: Timestamp) -> Result<(), LeaseError> {
         let (id, token) = (claimed.id, claimed.token);
         self.submit(move |cx| {
-            // Fenced like `record`: only the holder of a live lease gives it back.
+            // Only the lease's holder gives it back: a claim since would have changed the
+            // token. Its expiry is not checked, unlike `record`'s: nothing was sent, so a lease
+            // that ran out while the relay waited for its turn is given back as pending, not
+            // left to be taken over as a delivery that may have been sent.
             let n = cx
                 .conn
                 .prepare_cached(
                     "UPDATE oncebox_outbox SET state = CASE WHEN attempts = 0 THEN 'pending'
                        ELSE 'retrying' END, next_attempt_at = ?3, lease_token = NULL,
                        lease_expires_at = NULL, updated_at = ?3
-                     WHERE id = ?1 AND state = 'in_flight' AND lease_token = ?2
-                       AND lease_expires_at > ?3",
+                     WHERE id = ?1 AND state = 'in_flight' AND lease_token = ?2",
                 )?
                 .execute(params![id, token, now.millis()])?;
             Ok(if n == 1 {

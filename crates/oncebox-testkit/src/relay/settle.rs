@@ -24,6 +24,33 @@ async fn check_due<S: Stores>(b: &S, id: i64, at: oncebox_core::Timestamp) -> bo
     page.items.iter().any(|d| d.id == id)
 }
 
+/// A relay that waited past its lease for a permit gives its claim back unsent: the lease ran
+/// out, but its token is still the row's, so no one took it over and nothing was sent. The
+/// delivery is claimed afresh, not as taken over (on a plain route that would park it
+/// uncertain, as if it might have been sent).
+pub async fn an_expired_claim_nobody_took_over_is_given_back_and_claimed_afresh<
+    B: DeliveryBackend,
+>() {
+    let (b, clock) = fresh::<B>().await;
+    accept(&b, "evt-1").await;
+    let first = claim(&b, clock.now(), 2).await;
+    clock.advance(LEASE + Duration::from_secs(1));
+    let now = clock.now();
+    b.unclaim(&first[0], now)
+        .await
+        .expect("given back after its lease ran out");
+    let v = view(&b, first[0].id).await;
+    assert_eq!((v.state, v.attempts), (DeliveryState::Pending, 0));
+    let again = claim(&b, now, 2).await;
+    let mut taken_over: Vec<(i64, bool)> = again.iter().map(|c| (c.id, c.taken_over)).collect();
+    taken_over.sort_unstable();
+    assert_eq!(
+        taken_over,
+        [(first[0].id, false), (first[1].id, true)],
+        "only the one left in flight is taken over"
+    );
+}
+
 pub async fn unclaim_gives_a_claim_back_due_now_without_an_attempt_and_only_to_its_holder<
     B: DeliveryBackend,
 >() {
