@@ -147,10 +147,11 @@ async fn listen(
         match attempt {
             Ok(Ok(mut listener)) => {
                 pause = RECONNECT_MIN;
-                if state.borrow().registered > 0 {
-                    // Notifications sent while nobody listened are gone; a claim finds what
-                    // they announced, so wake a relay now (before the state says we listen
-                    // again, so whoever sees that finds the permit stored).
+                if state.borrow().phase == Phase::Down {
+                    // Notifications sent while nobody listened (since a lost connection, or a
+                    // first attempt that failed) are gone; a claim finds what they announced,
+                    // so wake a relay now (before the state says we listen again, so whoever
+                    // sees that finds the permit stored).
                     work.notify_one();
                 }
                 state.send_modify(|s| {

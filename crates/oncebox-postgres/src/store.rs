@@ -239,12 +239,22 @@ impl EventStore for Inbox {
             .map_err(|e| storage(&e))
     }
 
-    /// Ready when a connection can be had and answers now.
+    /// Ready when a connection can be had and its server takes writes now: after a failover
+    /// the URL may still name a standby, or the role may default to read-only transactions,
+    /// and every ingest there would fail.
     async fn ready(&self) -> Result<(), Unavailable> {
-        sqlx::query("SELECT 1")
-            .execute(&self.pool)
-            .await
-            .map(drop)
-            .map_err(|e| storage(&e))
+        let writable: bool = sqlx::query_scalar(
+            "SELECT NOT pg_is_in_recovery() AND current_setting('transaction_read_only') = 'off'",
+        )
+        .fetch_one(&self.pool)
+        .await
+        .map_err(|e| storage(&e))?;
+        if writable {
+            Ok(())
+        } else {
+            Err(Unavailable::Storage(
+                "the server takes no writes (a standby, or read-only transactions)".into(),
+            ))
+        }
     }
 }

@@ -1,6 +1,7 @@
 //! Opening on databases as production sets them up: a schema a DBA created for an application
-//! role that may not create schemas, a schema name with capitals, and a server whose default
-//! isolation is not PostgreSQL's default. Each test runs on a database of its own.
+//! role that may not create schemas, a schema name with capitals, a server whose default
+//! isolation is not PostgreSQL's default, and one that takes no writes. Each test runs on a
+//! database of its own.
 
 use oncebox_core::Processed;
 use oncebox_core::store::{EventStore, Ingest};
@@ -143,6 +144,41 @@ fn transactions_are_read_committed_whatever_the_servers_default() {
             .expect("isolation");
         assert_eq!(level, "read committed");
         drop((tx, inbox, admin));
+        db.drop().await;
+    });
+}
+
+/// A server that takes no writes (a standby the URL still names after a failover, or a role
+/// whose transactions default to read-only) is not ready: every ingest there fails.
+#[test]
+fn a_server_that_takes_no_writes_is_not_ready() {
+    run(async {
+        let Some(db) = OwnDatabase::create().await else {
+            return;
+        };
+        let writable = Inbox::open(Options::new(db.url.clone()))
+            .await
+            .expect("open");
+        writable.ready().await.expect("ready while it takes writes");
+        let mut admin = admin(&db).await;
+        let name: String = sqlx::query_scalar("SELECT current_database()")
+            .fetch_one(&mut admin)
+            .await
+            .expect("name");
+        sqlx::query(&format!(
+            "ALTER DATABASE {name} SET default_transaction_read_only = on"
+        ))
+        .execute(&mut admin)
+        .await
+        .expect("read-only default");
+        let read_only = Inbox::open(Options::new(db.url.clone()).migrate(false))
+            .await
+            .expect("open on a current schema");
+        let out = read_only.ingest(ingest("evt-ro")).await;
+        assert!(out.is_err(), "an ingest there fails: {out:?}");
+        let ready = read_only.ready().await;
+        assert!(ready.is_err(), "{ready:?}");
+        drop((writable, read_only, admin));
         db.drop().await;
     });
 }
