@@ -255,7 +255,7 @@ impl Broker for InHand<'_> {
     async fn requeue(&self, why: Requeue, after: Duration) {
         tracing::debug!(queue = %self.options.queue, ?why, "message requeued");
         let mut stopping = self.stopping.clone();
-        let _ = tokio::time::timeout(after, stopping.wait_for(|s| *s)).await;
+        let _ = tokio::time::timeout(held_for(after), stopping.wait_for(|s| *s)).await;
         let options = BasicNackOptions {
             requeue: true,
             multiple: false,
@@ -273,5 +273,28 @@ impl Broker for InHand<'_> {
                 );
             }
         }
+    }
+}
+
+/// The longest a delivery is held before it is returned to the queue, well inside RabbitMQ's
+/// default `consumer_timeout` (30 minutes), past which the broker closes the channel and every
+/// message in hand comes again.
+pub const MAX_HOLD: Duration = Duration::from_secs(300);
+
+/// How long a delivery to be requeued after `after` is held. The wait asked for may be longer
+/// than any configured delay: an in-progress key's is what is left of another holder's lease,
+/// and a library's `RetryPolicy` may ask for any uncertain delay.
+fn held_for(after: Duration) -> Duration {
+    after.min(MAX_HOLD)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn no_requeue_holds_a_delivery_past_the_cap() {
+        assert_eq!(held_for(Duration::from_secs(45 * 60)), MAX_HOLD);
+        assert_eq!(held_for(Duration::from_secs(5)), Duration::from_secs(5));
     }
 }

@@ -28,6 +28,7 @@ mod message;
 mod publish;
 
 pub use consumer::{ConsumeError, Consumer, ConsumerOptions, OptionsError};
+pub use handle::MAX_HOLD;
 pub use message::{QUARANTINE_HEADERS, Quarantine};
 #[cfg(feature = "sqlite")]
 pub use oncebox_sqlite::InboxHandler;

@@ -74,8 +74,8 @@ const DEFAULT_PREFETCH: u32 = 64;
 const DEFAULT_MAX_BODY: u64 = 1 << 20;
 const MAX_MAX_BODY: u64 = 64 << 20;
 const MIN_RETRY_DELAY: Duration = Duration::from_millis(10);
-/// The longest retry delay on RabbitMQ, well inside its default consumer_timeout (30 min).
-const MAX_AMQP_RETRY_DELAY: Duration = Duration::from_secs(300);
+/// The longest retry delay on RabbitMQ: the longest a delivery is held.
+const MAX_AMQP_RETRY_DELAY: Duration = oncebox_amqp::MAX_HOLD;
 
 /// The consumer, or `None` after pushing its problems.
 pub(super) fn validate(
