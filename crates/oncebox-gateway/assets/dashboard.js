@@ -133,37 +133,58 @@
     setInterval(refresh, POLL_MS);
   }
 
-  // Event list: new arrivals appear at the end of the last page.
+  // Event list: new arrivals appear at the end of the last page. On PostgreSQL an event's
+  // number is taken before its transaction commits, so it may become visible after later
+  // numbers were listed: each poll looks back LOOK_BACK numbers, follows the pages from there,
+  // and skips the events already shown.
   const list = document.querySelector("#events[data-live]");
   if (list) {
+    const LOOK_BACK = 1000, MAX_PAGES = 20;
     const source = list.getAttribute("data-source");
     const outcome = list.getAttribute("data-outcome");
-    const poll = function () {
-      let q = "/v1/events?limit=500&after=" + encodeURIComponent(list.getAttribute("data-live"));
+    const shown = new Set();
+    list.querySelectorAll("tr > td.num:first-child").forEach(function (td) {
+      shown.add(Number(td.textContent));
+    });
+    const show = function (e) {
+      if (Number(e.seq) > Number(list.getAttribute("data-live"))) list.setAttribute("data-live", e.seq);
+      if (shown.has(Number(e.seq))) return;
+      shown.add(Number(e.seq));
+      if (outcome && (outcome === "conflict" ? e.conflicts === 0 : e.state !== outcome)) return;
+      const tr = el("tr", null, { class: "arrived" });
+      tr.appendChild(el("td", e.seq, { class: "num" }));
+      const t = el("td");
+      t.appendChild(el("time", e.received_at, { datetime: e.received_at }));
+      tr.appendChild(t);
+      tr.appendChild(el("td", e.source));
+      const id = el("td");
+      id.appendChild(el("a", e.event_id, { class: "event-link",
+        href: "/events/" + encodeURIComponent(e.source) + "/" + encodeURIComponent(e.event_id) }));
+      tr.appendChild(id);
+      const st = el("td");
+      st.appendChild(badge(e.state));
+      tr.appendChild(st);
+      tr.appendChild(el("td", e.conflicts, { class: "num" }));
+      list.appendChild(tr);
+      const none = document.getElementById("no-events");
+      if (none) none.remove();
+    };
+    const fetchFrom = function (after, pages) {
+      let q = "/v1/events?limit=500&after=" + encodeURIComponent(after);
       if (source) q += "&source=" + encodeURIComponent(source);
-      api("GET", q).then(function (page) {
-        page.items.forEach(function (e) {
-          list.setAttribute("data-live", e.seq);
-          if (outcome && (outcome === "conflict" ? e.conflicts === 0 : e.state !== outcome)) return;
-          const tr = el("tr", null, { class: "arrived" });
-          tr.appendChild(el("td", e.seq, { class: "num" }));
-          const t = el("td");
-          t.appendChild(el("time", e.received_at, { datetime: e.received_at }));
-          tr.appendChild(t);
-          tr.appendChild(el("td", e.source));
-          const id = el("td");
-          id.appendChild(el("a", e.event_id, { class: "event-link",
-            href: "/events/" + encodeURIComponent(e.source) + "/" + encodeURIComponent(e.event_id) }));
-          tr.appendChild(id);
-          const st = el("td");
-          st.appendChild(badge(e.state));
-          tr.appendChild(st);
-          tr.appendChild(el("td", e.conflicts, { class: "num" }));
-          list.appendChild(tr);
-          const none = document.getElementById("no-events");
-          if (none) none.remove();
-        });
-      }).catch(function (e) { flash(e.message); });
+      return api("GET", q).then(function (page) {
+        page.items.forEach(show);
+        if (page.next && pages > 1) return fetchFrom(page.next, pages - 1);
+      });
+    };
+    let polling = false;
+    const poll = function () {
+      // One poll at a time: a slow store must not pile them up.
+      if (polling) return;
+      polling = true;
+      const from = Math.max(0, Number(list.getAttribute("data-live")) - LOOK_BACK);
+      fetchFrom(from, MAX_PAGES).catch(function (e) { flash(e.message); })
+        .then(function () { polling = false; });
     };
     setInterval(poll, POLL_MS);
   }

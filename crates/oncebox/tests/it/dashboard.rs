@@ -264,9 +264,22 @@ async fn scenario(chromedriver: &Path, chromium: &Path) {
     wait_for(&c, "#chart rect").await;
     shot(&c, "02-overview").await;
 
-    // An event arrives while the list is open, and opens.
+    // An event arrives while the list is open, and opens. Before the list opens, `late-1` is
+    // taken out of the table, to come back under its own lower number once the list is open:
+    // as on PostgreSQL, where a number is taken before its transaction commits.
+    ingest(&server, r#"{"id":"late-1"}"#).await;
+    ingest(&server, r#"{"id":"before-1"}"#).await;
+    let db = oncebox_sqlite::rusqlite::Connection::open(dir.path().join("oncebox.db")).unwrap();
+    db.busy_timeout(DEADLINE).unwrap();
+    db.execute_batch(
+        "CREATE TABLE held AS SELECT * FROM oncebox_inbox WHERE event_id = 'late-1';
+         DELETE FROM oncebox_inbox WHERE event_id = 'late-1';",
+    )
+    .unwrap();
     c.goto(&format!("{base}/events")).await.unwrap();
     wait_for(&c, "tbody#events[data-live]").await;
+    db.execute_batch("INSERT INTO oncebox_inbox SELECT * FROM held")
+        .unwrap();
     ingest(&server, r#"{"id":"live-1","amount":5}"#).await;
     let link = c
         .wait()
@@ -276,6 +289,18 @@ async fn scenario(chromedriver: &Path, chromium: &Path) {
         ))
         .await
         .expect("the new event appears in the open list");
+    wait_for(&c, "tr.arrived a[href='/events/shop/late-1']").await;
+    // The poll that listed `live-1` looked back over `before-1` and `late-1`, and the next
+    // ones will again: each is still listed once.
+    ingest(&server, r#"{"id":"live-2"}"#).await;
+    wait_for(&c, "a[href='/events/shop/live-2']").await;
+    for id in ["before-1", "late-1", "live-1", "live-2"] {
+        let rows = c
+            .find_all(Locator::Css(&format!("a[href='/events/shop/{id}']")))
+            .await
+            .unwrap();
+        assert_eq!(rows.len(), 1, "{id} listed once");
+    }
     shot(&c, "03-event-arrived").await;
     link.click().await.unwrap();
     wait_for(&c, "section.delivery[data-state='delivered']").await;
