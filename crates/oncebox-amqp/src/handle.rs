@@ -22,8 +22,9 @@ use crate::ConsumerOptions;
 use crate::message::{Props, delivery_count, quarantined_here_for};
 use crate::publish::{Publisher, QuarantineError};
 
-/// Keys remembered with their handler failures until settled; past this many the memory is
-/// cleared, and a key failing again falls back to the broker's `x-delivery-count`, which also
+/// Keys remembered with their handler failures until settled; past this many, the keys that
+/// never failed are dropped, and if that is not enough the memory is cleared: a key failing
+/// again falls back to the broker's `x-delivery-count`, which also
 /// counts requeues that were no handler failure: such a message may be quarantined sooner
 /// than `max_attempts` failures (never looped). A classic queue keeps no count: its messages
 /// start again from one.
@@ -176,18 +177,10 @@ impl<A: oncebox_core::consume::Apply> Shared<A> {
             return 1;
         }
         let mut failures = self.failures.lock().unwrap_or_else(PoisonError::into_inner);
-        if !failures.contains_key(key) && failures.len() >= MAX_REMEMBERED_FAILURES {
-            failures.clear();
-        }
         let failed = matches!(outcome, Err(ProcessError::Handler(_)));
-        let n = match failures.get(key) {
-            Some(n) if failed => n.saturating_add(1),
-            Some(_) => return 1,
-            None if failed => delivery_count(&delivery.properties).unwrap_or(1),
-            None => 0,
-        };
-        failures.insert(key.clone(), n);
-        n.max(1)
+        count(&mut failures, key, failed, || {
+            delivery_count(&delivery.properties)
+        })
     }
 
     /// The key was settled for good: its failures are no longer counted.
@@ -276,6 +269,34 @@ impl Broker for InHand<'_> {
     }
 }
 
+/// Counts one more outcome of `key` in `failures` and answers its attempt number: a handler
+/// failure adds one (the first one the broker's own count, `broker`, when it keeps one); any
+/// other requeue leaves the count as it is, starting it at zero.
+fn count(
+    failures: &mut HashMap<Key, u32>,
+    key: &Key,
+    failed: bool,
+    broker: impl FnOnce() -> Option<u32>,
+) -> u32 {
+    if !failures.contains_key(key) && failures.len() >= MAX_REMEMBERED_FAILURES {
+        // Keys that were only requeued (in progress, uncertain, the store out) and then
+        // settled by another consumer are never forgotten here: they go first, so that a
+        // churn of them does not reset the counts of keys whose handler keeps failing.
+        failures.retain(|_, n| *n > 0);
+        if failures.len() >= MAX_REMEMBERED_FAILURES {
+            failures.clear();
+        }
+    }
+    let n = match failures.get(key) {
+        Some(n) if failed => n.saturating_add(1),
+        Some(_) => return 1,
+        None if failed => broker().unwrap_or(1),
+        None => 0,
+    };
+    failures.insert(key.clone(), n);
+    n.max(1)
+}
+
 /// The longest a delivery is held before it is returned to the queue, well inside RabbitMQ's
 /// default `consumer_timeout` (30 minutes), past which the broker closes the channel and every
 /// message in hand comes again.
@@ -291,6 +312,31 @@ fn held_for(after: Duration) -> Duration {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn key(id: &str) -> Key {
+        Key::parse("shop", id).unwrap()
+    }
+
+    /// A memory full of keys that were only requeued drops them, not the failing key's count.
+    #[test]
+    fn a_churn_of_requeued_keys_keeps_a_failing_keys_count() {
+        let mut failures = HashMap::new();
+        assert_eq!(count(&mut failures, &key("boom"), true, || None), 1);
+        assert_eq!(count(&mut failures, &key("boom"), true, || None), 2);
+        for i in 0..MAX_REMEMBERED_FAILURES {
+            count(&mut failures, &key(&format!("busy-{i}")), false, || None);
+        }
+        assert!(
+            failures.len() < MAX_REMEMBERED_FAILURES,
+            "the churn was pruned"
+        );
+        assert_eq!(count(&mut failures, &key("boom"), true, || None), 3);
+        // A requeue that is no failure leaves a count alone and answers attempt 1.
+        assert_eq!(count(&mut failures, &key("boom"), false, || None), 1);
+        assert_eq!(failures[&key("boom")], 3);
+        // A first failure takes the broker's count.
+        assert_eq!(count(&mut failures, &key("new"), true, || Some(4)), 4);
+    }
 
     #[test]
     fn no_requeue_holds_a_delivery_past_the_cap() {
