@@ -1,12 +1,12 @@
 //! Binding the consumer at start: the stream read, the durable got or created, and every setting
 //! under which the consumer could not keep its promises refused before a message is pulled — a
-//! quarantine the consumer would read back, a durable that acks or drops messages on its own, a
+//! quarantine the consumer would read back or that no stream stores, a durable that acks or drops messages on its own, a
 //! watermark without in-order delivery.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_nats::jetstream::consumer::{AckPolicy, DeliverPolicy, PullConsumer, pull};
-use async_nats::jetstream::context::ConsumerInfoErrorKind;
+use async_nats::jetstream::context::{ConsumerInfoErrorKind, GetStreamByNameErrorKind};
 use async_nats::jetstream::{self, stream};
 
 use crate::consumer::ConsumerOptions;
@@ -56,6 +56,12 @@ pub enum ConsumeError {
         /// The consumer's filter, or "no filter".
         filter: String,
     },
+    /// No stream stores the quarantine subject, or it is a wildcard no message can be
+    /// published to: every quarantine would fail, and its message come back without end (in
+    /// watermark mode the whole stream would wait behind it). Retrying does not help until a
+    /// stream stores the subject.
+    #[error("quarantine subject {subject:?} cannot be published to: {why}")]
+    QuarantineUnstored { subject: String, why: String },
     /// The existing durable is configured so that messages could be acknowledged without being
     /// processed or dropped after some deliveries. Retrying does not help until the durable is
     /// deleted or changed.
@@ -112,6 +118,7 @@ pub(crate) async fn bind(
     // filter of the durable found, which is the one the server applies.
     let asked_filter = o.filter_subject.clone().unwrap_or_default();
     read_back(info, o, &asked_filter)?;
+    stored(js, &o.quarantine_subject).await?;
     let deliver_policy = deliver_policy(o.deliver_from).map_err(|e| setup(&e))?;
     if let DeliverPolicy::ByStartTime { start_time } = deliver_policy
         && info.state.messages > 0
@@ -201,6 +208,26 @@ fn read_back(info: &stream::Info, o: &ConsumerOptions, filter: &str) -> Result<(
             format!("filter {filter}")
         },
     })
+}
+
+/// Refuses a quarantine subject a copy cannot be stored under: a wildcard, or one no stream
+/// keeps (JetStream answers such a publish with no responders).
+async fn stored(js: &jetstream::Context, subject: &str) -> Result<(), ConsumeError> {
+    let refused = |why: &str| ConsumeError::QuarantineUnstored {
+        subject: subject.to_owned(),
+        why: why.to_owned(),
+    };
+    if subject.split('.').any(|t| t == "*" || t == ">") {
+        return Err(refused("it holds a wildcard"));
+    }
+    match js.stream_by_subject(subject).await {
+        Ok(_) => Ok(()),
+        Err(e) => match e.kind() {
+            GetStreamByNameErrorKind::NotFound => Err(refused("no stream stores it")),
+            GetStreamByNameErrorKind::InvalidSubject => Err(refused("it is no valid subject")),
+            _ => Err(ConsumeError::Setup(e.to_string())),
+        },
+    }
 }
 
 /// Where a new durable starts: the horizon is taken back from this host's clock, which is

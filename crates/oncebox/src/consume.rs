@@ -205,6 +205,7 @@ async fn nats_forever(
                     // loudly, and tried again in case the operator fixed it meanwhile.
                     Err(
                         e @ (oncebox_nats::ConsumeError::QuarantineReadBack { .. }
+                        | oncebox_nats::ConsumeError::QuarantineUnstored { .. }
                         | oncebox_nats::ConsumeError::UnsafeDurable { .. }
                         | oncebox_nats::ConsumeError::Unordered { .. }),
                     ) => {

@@ -1,5 +1,5 @@
-//! What the consumer checks and decides when it binds: a quarantine it would read back and a
-//! durable that acks or drops messages on its own are refused before anything is pulled; a
+//! What the consumer checks and decides when it binds: a quarantine it would read back or no
+//! stream stores and a durable that acks or drops messages on its own are refused before anything is pulled; a
 //! durable it creates starts at the retention horizon, not at the stream's first message.
 
 use std::time::Duration;
@@ -9,6 +9,38 @@ use oncebox_nats::{ConsumeError, Consumer, DeliverFrom, DurableProblem};
 use oncebox_testkit::{run, service_url};
 
 use crate::support::{World, create_stream, start};
+
+/// A quarantine subject no stream stores, or a wildcard, is refused before anything is
+/// pulled: every quarantine would fail with no responders and its message come back forever.
+#[test]
+fn a_quarantine_no_stream_stores_is_refused_at_start() {
+    let Some(url) = service_url("ONCEBOX_NATS_URL") else {
+        return;
+    };
+    run(async move {
+        let w = World::new(&url).await;
+        let id = uuid::Uuid::new_v4().simple().to_string();
+        for (subject, why) in [
+            (format!("oncebox.test.{id}.nowhere"), "no stream stores it"),
+            (format!("{}.*", w.quarantine_subject), "it holds a wildcard"),
+        ] {
+            let mut o = w.options();
+            o.quarantine_subject = subject.clone();
+            let refused = Consumer::new(w.db.checked(), o)
+                .bind(&w.js)
+                .await
+                .unwrap_err();
+            assert!(
+                matches!(&refused, ConsumeError::QuarantineUnstored { subject: s, why: w } if *s == subject && w == why),
+                "{subject}: {refused}"
+            );
+        }
+        // The world's own quarantine, which a stream stores, binds.
+        let bound = Consumer::new(w.db.checked(), w.options()).bind(&w.js).await;
+        assert!(bound.is_ok());
+        w.cleanup().await;
+    });
+}
 
 #[test]
 fn a_quarantine_the_consumer_would_read_back_is_refused_at_start() {
