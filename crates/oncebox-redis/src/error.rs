@@ -13,6 +13,18 @@ pub enum ConnectError {
     /// Redis did not answer within the deadline or refused the connection.
     #[error("cannot reach Redis: {0}")]
     Unavailable(#[from] Unavailable),
+    /// The namespace is empty or holds a `:`, which separates the parts of every key: one
+    /// namespace's keys could be another's (`a:k:b` + `c:d` is `a` + source `b`, id `k:c:d`).
+    #[error("invalid namespace {0:?}: it must be non-empty and hold no ':'")]
+    Namespace(String),
+}
+
+/// Refuses a namespace whose keys could be another namespace's.
+pub(crate) fn check_namespace(namespace: &str) -> Result<(), ConnectError> {
+    if namespace.is_empty() || namespace.contains(':') {
+        return Err(ConnectError::Namespace(namespace.to_owned()));
+    }
+    Ok(())
 }
 
 /// Every Redis error is `Unavailable` (G3): a timeout or a dropped connection leaves the

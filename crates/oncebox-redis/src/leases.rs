@@ -14,7 +14,7 @@ use oncebox_core::{
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{RedisResult, ScriptInvocation, Value};
 
-use crate::error::{ConnectError, odd_reply, unavailable};
+use crate::error::{ConnectError, check_namespace, odd_reply, unavailable};
 use crate::options::Options;
 use crate::scripts::{Scripts, fence_key, record_key};
 
@@ -58,11 +58,38 @@ impl fmt::Debug for Leases {
 }
 
 impl Leases {
-    /// Connects to `url` (`redis://host:port/db`); fails when Redis does not answer within the
-    /// deadline. Later outages are answered `Unavailable` per call while the connection
-    /// reconnects in the background. Needs a tokio runtime with timers enabled.
+    /// Connects to `url` (`redis://host:port/db`, `rediss://…` over TLS); fails when Redis does
+    /// not answer within the deadline. Later outages are answered `Unavailable` per call while
+    /// the connection reconnects in the background. Needs a tokio runtime with timers enabled.
     pub async fn connect(url: &str, options: Options) -> Result<Leases, ConnectError> {
-        let client = redis::Client::open(url).map_err(ConnectError::Url)?;
+        check_namespace(&options.namespace)?;
+        // rustls picks its crypto provider from its crate features, and a program whose
+        // dependencies enable both or neither of them would panic at the first TLS handshake:
+        // ring is installed as the process default unless one already is.
+        if rustls::crypto::CryptoProvider::get_default().is_none() {
+            let _ = rustls::crypto::ring::default_provider().install_default();
+        }
+        let client = match &options.root_certificate {
+            None => redis::Client::open(url),
+            Some(pem) => {
+                let certificates = redis::TlsCertificates {
+                    client_tls: None,
+                    root_cert: Some(pem.clone()),
+                };
+                redis::Client::build_with_tls(url, certificates)
+            }
+        }
+        .map_err(ConnectError::Url)?;
+        // One plain attempt first: the connection manager retries a failing first connection
+        // until the deadline, and a refused certificate or password would then read only as
+        // the deadline.
+        match tokio::time::timeout(options.deadline, client.get_multiplexed_async_connection())
+            .await
+        {
+            Err(_) => return Err(Unavailable::Deadline.into()),
+            Ok(Err(e)) => return Err(unavailable(&e).into()),
+            Ok(Ok(_)) => {}
+        }
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(options.deadline))
             .set_response_timeout(Some(options.deadline));

@@ -1,5 +1,6 @@
 //! How a `Leases` handle is set up: the key namespace, how long answers are kept, the
-//! per-call deadline and the clock that dates lease expiry.
+//! per-call deadline, the clock that dates lease expiry and the CA a TLS server is checked
+//! against.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -22,6 +23,10 @@ pub struct Options {
     /// Dates `Lease::expires_at`. Redis expires the lease on its own clock; the holder's
     /// estimate is taken before the request is sent, so it is never later than Redis's.
     pub clock: Arc<dyn Clock>,
+    /// For a `rediss://` URL: the certificate authority (PEM) the server's certificate must
+    /// chain to, for a Redis whose certificate a private CA signed. `None` trusts the system's
+    /// roots.
+    pub root_certificate: Option<Vec<u8>>,
 }
 
 impl Options {
@@ -31,6 +36,7 @@ impl Options {
             retention: Retention::default(),
             deadline: Duration::from_secs(2),
             clock: Arc::new(SystemClock),
+            root_certificate: None,
         }
     }
 
@@ -46,6 +52,11 @@ impl Options {
 
     pub fn clock(mut self, clock: Arc<dyn Clock>) -> Options {
         self.clock = clock;
+        self
+    }
+
+    pub fn root_certificate(mut self, pem: impl Into<Vec<u8>>) -> Options {
+        self.root_certificate = Some(pem.into());
         self
     }
 }

@@ -123,12 +123,19 @@ pub struct PrivateRedis {
     port: u16,
     dir: tempfile::TempDir,
     child: Option<Child>,
+    /// More arguments for `redis-server` (a TLS port, its certificate).
+    extra: Vec<String>,
 }
 
 impl PrivateRedis {
     /// `None` (skip) when there is no `redis-server`; a failure under
     /// `ONCEBOX_REQUIRE_SERVICES=1`.
     pub fn start() -> Option<PrivateRedis> {
+        PrivateRedis::start_with(Vec::new())
+    }
+
+    /// [`PrivateRedis::start`] with more arguments for `redis-server`.
+    pub fn start_with(extra: Vec<String>) -> Option<PrivateRedis> {
         let Some(binary) = find_redis_server() else {
             let required = std::env::var("ONCEBOX_REQUIRE_SERVICES").is_ok_and(|v| v == "1");
             assert!(
@@ -149,6 +156,7 @@ impl PrivateRedis {
             port,
             dir: tempfile::tempdir().expect("temp dir"),
             child: None,
+            extra,
         };
         redis.spawn();
         Some(redis)
@@ -177,6 +185,7 @@ impl PrivateRedis {
             .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
             .arg("--dir")
             .arg(self.dir.path())
+            .args(&self.extra)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()

@@ -11,3 +11,4 @@ mod harness;
 mod lease;
 mod race;
 mod restart;
+mod tls;
