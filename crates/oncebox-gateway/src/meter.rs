@@ -44,9 +44,13 @@ pub fn recorder() -> PrometheusBuilder {
         .unwrap_or_else(|_| PrometheusBuilder::new())
 }
 
-/// Source names whose handles are kept. Open sources (loopback only) take any name; past this
-/// many the rest are recorded through the macros, as before, rather than kept forever.
+/// Source names counted under their own name. Open sources (loopback only) take any name; past
+/// this many the rest are counted together under [`OTHERS`].
 const MOST_KEPT: usize = 1024;
+
+/// The source label of the names past [`MOST_KEPT`]: no source can be named so (a name starts
+/// with a lowercase letter or a digit).
+pub const OTHERS: &str = "_others";
 
 /// How often the recorder's histogram samples are folded in: the interval
 /// `metrics-exporter-prometheus` uses for the recorders it installs with an upkeep task.
@@ -100,7 +104,7 @@ pub(crate) fn ingest(installed: bool, source: &str, outcome: &'static str, took:
         if let Some(m) = METERS.read().unwrap_or_else(|e| e.into_inner()).get(source) {
             return record(m);
         }
-        if let Some(m) = keep(&METERS, source, MOST_KEPT) {
+        if let Some(m) = meter(&METERS, source, MOST_KEPT) {
             return record(&m);
         }
     }
@@ -108,6 +112,13 @@ pub(crate) fn ingest(installed: bool, source: &str, outcome: &'static str, took:
     if let Some(took) = took {
         metrics::histogram!(DURATION, "source" => source.to_owned()).record(took);
     }
+}
+
+/// The handles `source` is counted with: its own, or past `most` names those of [`OTHERS`],
+/// all of them together. Open sources take any name a local client sends, and a series per
+/// name would grow `/metrics` without end.
+fn meter(meters: &Meters, source: &str, most: usize) -> Option<Arc<Meter>> {
+    keep(meters, source, most).or_else(|| keep(meters, OTHERS, most + 1))
 }
 
 /// Makes and keeps the handles of `source` on its first request; `None` once `most` names
@@ -138,10 +149,25 @@ pub async fn upkeep(handle: PrometheusHandle, every: Duration) {
 
 #[cfg(test)]
 mod tests {
-    use super::{Meters, keep};
+    use super::{Meters, OTHERS, keep, meter};
 
-    /// Names past the bound get no kept handles (their requests are counted through the
-    /// macros); names already kept keep theirs, the same ones each time.
+    /// Past the bound every new name shares one set of handles, labelled `OTHERS`.
+    #[test]
+    fn names_past_the_bound_are_counted_together() {
+        let meters = Meters::default();
+        let a = meter(&meters, "a", 2).expect("a");
+        assert!(meter(&meters, "b", 2).is_some());
+        let c = meter(&meters, "c", 2).expect("c");
+        let d = meter(&meters, "d", 2).expect("d");
+        assert!(std::sync::Arc::ptr_eq(&c, &d), "c and d share handles");
+        assert!(!std::sync::Arc::ptr_eq(&a, &c));
+        let kept = meters.read().unwrap();
+        assert_eq!(kept.len(), 3);
+        assert!(kept.contains_key(OTHERS));
+    }
+
+    /// Names past the bound get no handles of their own (they are counted under `OTHERS`);
+    /// names already kept keep theirs, the same ones each time.
     #[test]
     fn at_most_the_bound_of_names_is_kept() {
         let meters = Meters::default();
