@@ -239,7 +239,7 @@ impl DeliveryStore for Inbox {
         routes: &[String],
     ) -> Result<Vec<Claimed>, Unavailable> {
         let routes = routes.to_vec();
-        self.submit(move |cx| claim(cx, now, limit, lease, &routes))
+        self.submit_whole(move |cx| claim(cx, now, limit, lease, &routes))
             .await
     }
 
@@ -251,13 +251,13 @@ impl DeliveryStore for Inbox {
         now: Timestamp,
     ) -> Result<(), LeaseError> {
         let claimed = claimed.clone();
-        self.submit(move |cx| record(cx, &claimed, &attempt, &verdict, now))
+        self.submit_whole(move |cx| record(cx, &claimed, &attempt, &verdict, now))
             .await
     }
 
     async fn unclaim(&self, claimed: &Claimed, now: Timestamp) -> Result<(), LeaseError> {
         let (id, token) = (claimed.id, claimed.token);
-        self.submit(move |cx| {
+        self.submit_whole(move |cx| {
             // Only the lease's holder gives it back: a claim since would have changed the
             // token. Its expiry is not checked, unlike `record`'s: nothing was sent, so a lease
             // that ran out while the relay waited for its turn is given back as pending, not

@@ -2,6 +2,7 @@
 //! the batch it joined committed; reads go to reader connections.
 
 use std::fmt;
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -298,6 +299,60 @@ impl Inbox {
             Ok(Err(why)) => Err(E::from(why)),
             Err(_) => Err(E::from(Unavailable::Deadline)),
         }
+    }
+
+    /// [`Inbox::submit`] for a request whose caller must learn its fate: a relay's claim (rows
+    /// it would otherwise leave `in_flight` under tokens no one holds, later taken over as
+    /// possibly sent) and its record. The writer checks a request's deadline when it starts it,
+    /// but the batch commits later: once started, the request is waited for past the deadline,
+    /// for as long as its batch takes. Whether it starts is settled once, between the writer
+    /// and a caller giving up at the deadline, so neither can take the other's answer.
+    pub(crate) async fn submit_whole<T, E, F>(&self, run: F) -> Result<T, E>
+    where
+        T: Send + 'static,
+        E: From<Unavailable> + Send + 'static,
+        F: FnOnce(&mut Cx<'_, '_>) -> Result<Result<T, E>, Fatal> + Send + 'static,
+    {
+        const QUEUED: u8 = 0;
+        const STARTED: u8 = 1;
+        const ABANDONED: u8 = 2;
+        let fate = Arc::new(AtomicU8::new(QUEUED));
+        let writer_side = fate.clone();
+        let deadline = Instant::now() + self.shared.deadline;
+        let (tx, mut rx) = tokio::sync::oneshot::channel();
+        let job = Job::new(
+            deadline,
+            move |answer| drop(tx.send(answer)),
+            move |cx: &mut Cx<'_, '_>| {
+                let start = writer_side.compare_exchange(
+                    QUEUED,
+                    STARTED,
+                    Ordering::AcqRel,
+                    Ordering::Acquire,
+                );
+                match start {
+                    Ok(_) => run(cx),
+                    // Its caller gave up: nothing of it is written.
+                    Err(_) => Ok(Err(E::from(Unavailable::Deadline))),
+                }
+            },
+        );
+        let sender = self.shared.sender.as_ref().ok_or(Unavailable::Closed)?;
+        let queued = tokio::time::timeout_at(deadline.into(), sender.send_async(job)).await;
+        match queued {
+            Ok(Ok(())) => {}
+            Ok(Err(_)) => return Err(E::from(Unavailable::Closed)),
+            Err(_) => return Err(E::from(Unavailable::Deadline)),
+        }
+        if let Ok(answer) = tokio::time::timeout_at(deadline.into(), &mut rx).await {
+            return answer.unwrap_or(Err(E::from(Unavailable::Closed)));
+        }
+        let gave_up = fate.compare_exchange(QUEUED, ABANDONED, Ordering::AcqRel, Ordering::Acquire);
+        if gave_up.is_ok() {
+            return Err(E::from(Unavailable::Deadline));
+        }
+        // Started before the deadline: its batch answers once it commits or fails.
+        rx.await.unwrap_or(Err(E::from(Unavailable::Closed)))
     }
 
     fn submit_blocking<T, E, F>(&self, run: F) -> Result<T, E>

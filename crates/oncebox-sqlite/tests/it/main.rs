@@ -3,6 +3,7 @@
 
 mod crash;
 mod damaged;
+mod deadline;
 mod deliveries;
 mod examples;
 mod harness;
