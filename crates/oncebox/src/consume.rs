@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::{Result, bail};
+use anyhow::Result;
 use oncebox_core::consume::{Apply, Position};
 use oncebox_core::retention::DEFAULT_RETENTION;
 use oncebox_core::store::{EventStore, Ingest};
@@ -62,7 +62,9 @@ impl Apply for Ingesting {
 /// Runs every configured consumer whose broker was given a URL.
 pub async fn run(settings: Settings, amqp: Option<String>, nats: Option<String>) -> Result<()> {
     if amqp.is_none() && nats.is_none() {
-        bail!("give --amqp URL and/or --nats URL (or ONCEBOX_AMQP_URL / ONCEBOX_NATS_URL)");
+        return Err(crate::exit::usage(
+            "give --amqp URL and/or --nats URL (or ONCEBOX_AMQP_URL / ONCEBOX_NATS_URL)",
+        ));
     }
     let shutdown = crate::serve::shutdown_signal();
     // Which consumers run is settled before the store opens: with none, no database is touched.
@@ -78,7 +80,9 @@ pub async fn run(settings: Settings, amqp: Option<String>, nats: Option<String>)
         }
     }
     if runs.is_empty() {
-        bail!("no [consumers] to run with the brokers given");
+        return Err(crate::exit::usage(
+            "no [consumers] to run with the brokers given",
+        ));
     }
     // Not created: started in another directory, or on a mistyped path, the consumers would
     // acknowledge messages into a database that no gateway or relay reads.

@@ -85,7 +85,9 @@ pub async fn relay_only(settings: Settings) -> Result<()> {
     let routes = settings.gateway.routes;
     // Before the store opens: a relay with nothing to deliver touches no database.
     if routes.is_empty() {
-        bail!("no [routes] configured: nothing to deliver");
+        return Err(crate::exit::usage(
+            "no [routes] configured: nothing to deliver",
+        ));
     }
     // Not created: started in another directory, or on a mistyped path, the relay would poll
     // an empty database of its own while the gateway's deliveries wait.

@@ -87,7 +87,12 @@ fn config_file(overrides: &Overrides) -> anyhow::Result<Option<PathBuf>> {
     if let Some(path) = &overrides.config {
         return must_exist(path, "--config").map(Some);
     }
-    if let Some(path) = std::env::var_os("ONCEBOX_CONFIG").filter(|p| !p.is_empty()) {
+    if let Some(path) = std::env::var_os("ONCEBOX_CONFIG") {
+        // Set but empty is a template whose variable was not filled in (`ONCEBOX_CONFIG=${CFG}`):
+        // read as unset, it would start the gateway without its sources.
+        if path.is_empty() {
+            bail!("ONCEBOX_CONFIG is set but empty: name the configuration file, or unset it");
+        }
         return must_exist(Path::new(&path), "ONCEBOX_CONFIG").map(Some);
     }
     let default = Path::new(DEFAULT_FILE);

@@ -11,8 +11,15 @@ use serde::de::value::MapAccessDeserializer;
 use serde::de::{self, MapAccess, Visitor};
 use serde::{Deserialize, Deserializer};
 
-/// Fields whose values are secrets: errors about them never include the value.
-const SECRET_KEYS: &[&str] = &["admin_token", "secrets", "signing_secret"];
+/// Fields whose values are secrets, or may be one typed in the wrong field (a secret where its
+/// variable's name belongs): errors about them never include the value.
+const SECRET_KEYS: &[&str] = &[
+    "admin_token",
+    "secrets",
+    "signing_secret",
+    "secrets_env",
+    "signing_secret_env",
+];
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]

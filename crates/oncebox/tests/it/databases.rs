@@ -156,7 +156,7 @@ fn consume_never_creates_a_database() {
     let nats = "nats://127.0.0.1:9";
     let (code, log) = until_exit_or(d, &["consume", "--nats", nats], "consuming")
         .unwrap_or_else(|log| panic!("consume ran with no consumer: {log}"));
-    assert_ne!(code, 0, "{log}");
+    assert_eq!(code, 2, "a configuration mistake: {log}");
     assert!(log.contains("no [consumers] to run"), "{log}");
     assert_eq!(files_besides(d, "oncebox.toml"), Vec::<String>::new());
 }

@@ -169,6 +169,12 @@ fn config_file_is_chosen_by_flag_then_env_then_cwd() {
         load(&Overrides::default()).map(|_| ()).unwrap_err()
     });
     assert_mentions(&format!("{e:#}"), &["gone.toml", "ONCEBOX_CONFIG"]);
+    // Set but empty (a template's variable left unfilled) is no file named either.
+    let e = jailed(|jail| {
+        jail.set_env("ONCEBOX_CONFIG", "");
+        load(&Overrides::default()).map(|_| ()).unwrap_err()
+    });
+    assert_mentions(&format!("{e:#}"), &["ONCEBOX_CONFIG", "empty"]);
 }
 
 #[test]
@@ -272,6 +278,12 @@ fn secrets_typed_into_env_fields_are_not_echoed() {
              signing_secret_env = \"{value}\"\n"
         )));
         assert_mentions(&e, &["routes.r.signing_secret_env"]);
+        assert!(!e.contains("c2VjcmV0") && !e.contains("cmV0"), "{e}");
+        // Given as one string where a list of names belongs: the type error leaves it out.
+        let e = err(&format!(
+            "[sources.shop]\npreset = \"standard-webhooks\"\nsecrets_env = \"{value}\"\n"
+        ));
+        assert_mentions(&e, &["sources.shop.secrets_env"]);
         assert!(!e.contains("c2VjcmV0") && !e.contains("cmV0"), "{e}");
     }
 }
