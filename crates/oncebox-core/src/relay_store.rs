@@ -80,6 +80,8 @@ pub struct DeliveryGauges {
     pub by_state: Vec<(String, i64)>,
     /// Creation time of the oldest delivery not yet delivered, dead or uncertain.
     pub oldest_pending: Option<Timestamp>,
+    /// Deliveries still owed (pending, retrying, in flight) per route, by route name.
+    pub owed_by_route: Vec<(String, i64)>,
 }
 
 /// An operator's settlement of a delivery.

@@ -1,7 +1,7 @@
 //! The relay loop: claim due deliveries under a fenced lease, send each once per claim with
 //! its stable key, decide, and record — a relay whose lease was lost records nothing.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -129,6 +129,8 @@ pub struct Relay<S> {
     clock: Arc<dyn Clock>,
     options: RelayOptions,
     circuits: Mutex<HashMap<String, Circuit>>,
+    /// Routes not configured here that deliveries were found owed to, already warned of.
+    warned_unrouted: Mutex<BTreeSet<String>>,
 }
 
 impl<S: DeliveryStore> Relay<S> {
@@ -159,6 +161,7 @@ impl<S: DeliveryStore> Relay<S> {
             clock,
             options,
             circuits: Mutex::new(HashMap::new()),
+            warned_unrouted: Mutex::default(),
         }
     }
 
@@ -240,7 +243,8 @@ impl<S: DeliveryStore> Relay<S> {
         Ok(outcome)
     }
 
-    /// Publishes gauges: deliveries per state and the age of the oldest one still owed.
+    /// Publishes gauges: deliveries per state, the age of the oldest one still owed, and how
+    /// many are owed to routes this relay does not have (warned of once per such route).
     pub async fn publish_gauges(&self) -> Result<(), Unavailable> {
         let g = self.store.gauges().await?;
         for (state, n) in g.by_state {
@@ -250,7 +254,35 @@ impl<S: DeliveryStore> Relay<S> {
             (self.clock.now().millis() - t.millis()).max(0) as f64 / 1000.0
         });
         metrics::gauge!("oncebox_oldest_pending_delivery_seconds").set(age);
+        let unrouted = self.unrouted_of(g.owed_by_route);
+        let total: i64 = unrouted.iter().map(|(_, n)| n).sum();
+        metrics::gauge!("oncebox_deliveries_unrouted").set(total as f64);
+        let mut warned = self
+            .warned_unrouted
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        for (route, owed) in unrouted {
+            if warned.insert(route.clone()) {
+                tracing::warn!(
+                    route,
+                    owed,
+                    "deliveries are owed to a route that is not configured (renamed or removed?): no relay sends them until a route of that name is configured again"
+                );
+            }
+        }
         Ok(())
+    }
+
+    /// Deliveries still owed to routes this relay is not configured with, by route name: a
+    /// route renamed or removed leaves its queue behind, and nothing sends it.
+    pub async fn unrouted(&self) -> Result<Vec<(String, i64)>, Unavailable> {
+        Ok(self.unrouted_of(self.store.gauges().await?.owed_by_route))
+    }
+
+    fn unrouted_of(&self, owed: Vec<(String, i64)>) -> Vec<(String, i64)> {
+        owed.into_iter()
+            .filter(|(route, _)| !self.routes.contains_key(route))
+            .collect()
     }
 
     /// Delivers until `shutdown` completes (see `pump`: each route's deliveries go on as their

@@ -121,8 +121,16 @@ pub(super) async fn gauges(pool: &PgPool) -> Result<DeliveryGauges, sqlx::Error>
     )
     .fetch_one(pool)
     .await?;
+    let owed_by_route: Vec<(String, i64)> = sqlx::query_as(
+        "SELECT destination, count(*) FROM oncebox_outbox
+         WHERE state IN ('pending', 'retrying', 'in_flight')
+         GROUP BY destination ORDER BY destination",
+    )
+    .fetch_all(pool)
+    .await?;
     Ok(DeliveryGauges {
         by_state,
         oldest_pending: oldest.map(Timestamp),
+        owed_by_route,
     })
 }

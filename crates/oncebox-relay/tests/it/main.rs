@@ -15,6 +15,7 @@ mod pump;
 mod receiver;
 mod settle;
 mod tls;
+mod unrouted;
 
 use std::net::SocketAddr;
 use std::sync::Arc;

@@ -117,8 +117,17 @@ pub(super) fn gauges(c: &Connection) -> rusqlite::Result<DeliveryGauges> {
              WHERE state IN ('pending', 'retrying', 'in_flight')",
         )?
         .query_row([], |r| r.get(0))?;
+    let owed_by_route = c
+        .prepare_cached(
+            "SELECT destination, count(*) FROM oncebox_outbox
+             WHERE state IN ('pending', 'retrying', 'in_flight')
+             GROUP BY destination ORDER BY destination",
+        )?
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
+        .collect::<Result<_, _>>()?;
     Ok(DeliveryGauges {
         by_state,
         oldest_pending: oldest.map(Timestamp),
+        owed_by_route,
     })
 }

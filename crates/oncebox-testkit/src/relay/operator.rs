@@ -348,6 +348,10 @@ pub async fn gauges_count_by_state_and_report_the_oldest_owed_delivery<B: Delive
     assert_eq!(counts(&g), one_each);
     // Owed: pending, retrying or in flight. The retrying delivery of evt-2 is the oldest.
     assert_eq!(g.oldest_pending, Some(each.created[1]));
+    let owed = |g: &oncebox_core::relay_store::DeliveryGauges| -> i64 {
+        g.owed_by_route.iter().map(|(_, n)| n).sum()
+    };
+    assert_eq!(owed(&g), 3, "{:?}", g.owed_by_route);
     let now = clock.now();
     assert!(
         b.resolve(each.retrying.id, Resolve::Dead, "gave up", now)
@@ -372,4 +376,5 @@ pub async fn gauges_count_by_state_and_report_the_oldest_owed_delivery<B: Delive
         .map(|(s, n)| (s.to_owned(), n))
         .collect();
     assert_eq!((counts(&g), g.oldest_pending), (expect, None));
+    assert_eq!(owed(&g), 0, "{:?}", g.owed_by_route);
 }
