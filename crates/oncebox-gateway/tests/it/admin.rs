@@ -342,11 +342,7 @@ fn health_and_readiness_are_open() {
 #[test]
 fn without_a_token_the_admin_api_answers_only_on_a_loopback_listener() {
     run(async {
-        let config = oncebox_gateway::policy::GatewayConfig {
-            admin_token: None,
-            ..crate::support::config()
-        };
-        let gw = TestGateway::with(config, oncebox_sqlite::Options::new);
+        let gw = TestGateway::tokenless();
         let get = || Request::get("/v1/stats").body(Body::empty()).unwrap();
         let off = gw.send(get()).await;
         assert_eq!(

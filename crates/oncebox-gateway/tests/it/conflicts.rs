@@ -1,12 +1,10 @@
 //! The dashboard's conflicts page filtered to one key: its pages follow one another within that
 //! key, and half a key is refused rather than ignored.
 
-use axum::body::Body;
-use axum::http::{Request, StatusCode};
+use axum::http::StatusCode;
 use oncebox_testkit::run;
-use tower::ServiceExt;
 
-use crate::support::{Answer, TestGateway, config, post};
+use crate::support::{TestGateway, local_get, post};
 
 /// Conflicts on one page.
 const PAGE: usize = 20;
@@ -14,13 +12,7 @@ const PAGE: usize = 20;
 #[test]
 fn one_keys_conflicts_page_on_within_that_key() {
     run(async {
-        let gw = TestGateway::with(
-            oncebox_gateway::policy::GatewayConfig {
-                admin_token: None,
-                ..config()
-            },
-            oncebox_sqlite::Options::new,
-        );
+        let gw = TestGateway::tokenless();
         // `k1` conflicts more often than one page shows, `k2` once.
         for (id, times) in [("k1", PAGE + 5), ("k2", 1)] {
             for n in 0..=times {
@@ -34,15 +26,7 @@ fn one_keys_conflicts_page_on_within_that_key() {
                 assert_eq!(a.status, expected, "{id} #{n}: {a:?}");
             }
         }
-        let local = gw.loopback_router();
-        let page = |path: String| {
-            let request = Request::get(path)
-                .header("host", "127.0.0.1:8080")
-                .body(Body::empty())
-                .unwrap();
-            let local = local.clone();
-            async move { Answer::from(local.oneshot(request).await.unwrap()).await }
-        };
+        let page = async |path: String| gw.send_local(local_get(&path)).await;
         let first = page("/conflicts?source=open&event_id=k1".into()).await;
         assert_eq!(first.status, StatusCode::OK);
         let first = String::from_utf8(first.body).unwrap();

@@ -183,13 +183,7 @@ fn error_answers_are_documented_for_their_operation() {
             documented(&doc, method, path, &gw.send(request).await);
         }
         // Without a token on a listener that is not loopback-only, the admin API is off.
-        let closed = TestGateway::with(
-            oncebox_gateway::policy::GatewayConfig {
-                admin_token: None,
-                ..crate::support::config()
-            },
-            oncebox_sqlite::Options::new,
-        );
+        let closed = TestGateway::tokenless();
         let off = closed
             .send(Request::get("/v1/stats").body(Body::empty()).unwrap())
             .await;
@@ -235,13 +229,7 @@ fn documented(doc: &Value, method: &str, path: &str, a: &crate::support::Answer)
 #[test]
 fn the_dashboard_queues_are_the_documented_states() {
     run(async {
-        let gw = TestGateway::with(
-            oncebox_gateway::policy::GatewayConfig {
-                admin_token: None,
-                ..crate::support::config()
-            },
-            oncebox_sqlite::Options::new,
-        );
+        let gw = TestGateway::tokenless();
         let doc = document(&gw).await;
         let op = &doc["paths"]["/deliveries/{state}"]["get"];
         let states: Vec<&str> = op["parameters"][0]["schema"]["enum"]
@@ -250,19 +238,9 @@ fn the_dashboard_queues_are_the_documented_states() {
             .iter()
             .filter_map(Value::as_str)
             .collect();
-        let local = gw.loopback_router();
-        let page = |state: &str| {
-            let request = Request::get(format!("/deliveries/{state}"))
-                .header("host", "127.0.0.1:8080")
-                .body(Body::empty())
-                .unwrap();
-            let local = local.clone();
-            async move {
-                tower::ServiceExt::oneshot(local, request)
-                    .await
-                    .unwrap()
-                    .status()
-            }
+        let page = async |state: &str| {
+            let request = crate::support::local_get(&format!("/deliveries/{state}"));
+            gw.send_local(request).await.status
         };
         assert!(!states.is_empty());
         for state in &states {

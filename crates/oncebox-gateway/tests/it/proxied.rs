@@ -5,9 +5,8 @@
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use oncebox_testkit::run;
-use tower::ServiceExt;
 
-use crate::support::{Answer, TestGateway, config};
+use crate::support::{TestGateway, local_get};
 
 /// What a proxy adds, one header at a time.
 const FORWARDED: [(&str, &str); 5] = [
@@ -18,29 +17,19 @@ const FORWARDED: [(&str, &str); 5] = [
     ("via", "1.1 nginx"),
 ];
 
-fn request(path: &str, forwarded: Option<(&str, &str)>) -> Request<Body> {
-    let mut r = Request::get(path).header("host", "127.0.0.1:8080");
+fn request(path: &str, forwarded: Option<(&'static str, &str)>) -> Request<Body> {
+    let mut r = local_get(path);
     if let Some((name, value)) = forwarded {
-        r = r.header(name, value);
+        r.headers_mut().insert(name, value.parse().unwrap());
     }
-    r.body(Body::empty()).unwrap()
+    r
 }
 
 #[test]
 fn a_proxied_request_finds_the_tokenless_admin_api_and_dashboard_closed() {
     run(async {
-        let gw = TestGateway::with(
-            oncebox_gateway::policy::GatewayConfig {
-                admin_token: None,
-                ..config()
-            },
-            oncebox_sqlite::Options::new,
-        );
-        let local = gw.loopback_router();
-        let ask = |r: Request<Body>| {
-            let local = local.clone();
-            async move { Answer::from(local.oneshot(r).await.unwrap()).await }
-        };
+        let gw = TestGateway::tokenless();
+        let ask = async |r: Request<Body>| gw.send_local(r).await;
         // This machine's own clients: open.
         assert_eq!(ask(request("/v1/stats", None)).await.status, StatusCode::OK);
         assert_eq!(ask(request("/", None)).await.status, StatusCode::OK);

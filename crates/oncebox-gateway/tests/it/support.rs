@@ -185,6 +185,21 @@ impl TestGateway {
         router(self.gateway.clone())
     }
 
+    /// A gateway without an admin token: its API and dashboard open only behind a loopback
+    /// listener ([`TestGateway::send_local`]).
+    pub fn tokenless() -> TestGateway {
+        let config = GatewayConfig {
+            admin_token: None,
+            ..config()
+        };
+        TestGateway::with(config, Options::new)
+    }
+
+    /// Sends one request through [`TestGateway::loopback_router`].
+    pub async fn send_local(&self, request: Request<Body>) -> Answer {
+        Answer::from(self.loopback_router().oneshot(request).await.unwrap()).await
+    }
+
     /// The router of this gateway's store and config behind a loopback-only listener.
     pub fn loopback_router(&self) -> Router {
         router(Arc::new(Gateway {
@@ -292,6 +307,14 @@ pub fn post(source: &str, headers: &[(&str, &str)], body: impl Into<Body>) -> Re
         r = r.header(*n, *v);
     }
     r.body(body.into()).unwrap()
+}
+
+/// `GET path` addressed to the gateway by its loopback address.
+pub fn local_get(path: &str) -> Request<Body> {
+    Request::get(path)
+        .header("host", "127.0.0.1:8080")
+        .body(Body::empty())
+        .unwrap()
 }
 
 /// `GET` with the admin token.

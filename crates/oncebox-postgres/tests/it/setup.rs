@@ -25,6 +25,21 @@ async fn admin(db: &OwnDatabase) -> PgConnection {
     PgConnection::connect(&db.url).await.expect("connect")
 }
 
+/// Sets `setting` as the database's default for new sessions; the connection that did stays
+/// open.
+async fn database_default(db: &OwnDatabase, setting: &str) -> PgConnection {
+    let mut admin = admin(db).await;
+    let name: String = sqlx::query_scalar("SELECT current_database()")
+        .fetch_one(&mut admin)
+        .await
+        .expect("name");
+    sqlx::query(&format!("ALTER DATABASE {name} SET {setting}"))
+        .execute(&mut admin)
+        .await
+        .expect("database default");
+    admin
+}
+
 /// Tables of oncebox's in `schema`, by the exact name.
 async fn tables_in(conn: &mut PgConnection, schema: &str) -> i64 {
     sqlx::query_scalar(
@@ -121,17 +136,7 @@ fn transactions_are_read_committed_whatever_the_servers_default() {
         let Some(db) = OwnDatabase::create().await else {
             return;
         };
-        let mut admin = admin(&db).await;
-        let name: String = sqlx::query_scalar("SELECT current_database()")
-            .fetch_one(&mut admin)
-            .await
-            .expect("name");
-        sqlx::query(&format!(
-            "ALTER DATABASE {name} SET default_transaction_isolation = 'serializable'"
-        ))
-        .execute(&mut admin)
-        .await
-        .expect("default isolation");
+        let admin = database_default(&db, "default_transaction_isolation = 'serializable'").await;
         let inbox = Inbox::open(Options::new(db.url.clone()))
             .await
             .expect("open");
@@ -160,17 +165,7 @@ fn a_server_that_takes_no_writes_is_not_ready() {
             .await
             .expect("open");
         writable.ready().await.expect("ready while it takes writes");
-        let mut admin = admin(&db).await;
-        let name: String = sqlx::query_scalar("SELECT current_database()")
-            .fetch_one(&mut admin)
-            .await
-            .expect("name");
-        sqlx::query(&format!(
-            "ALTER DATABASE {name} SET default_transaction_read_only = on"
-        ))
-        .execute(&mut admin)
-        .await
-        .expect("read-only default");
+        let admin = database_default(&db, "default_transaction_read_only = on").await;
         let read_only = Inbox::open(Options::new(db.url.clone()).migrate(false))
             .await
             .expect("open on a current schema");
