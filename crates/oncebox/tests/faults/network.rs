@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use oncebox_testkit::checker::check;
+use oncebox_testkit::checker::{Figures, check};
 use oncebox_testkit::child::{Proc, until_async};
 use oncebox_testkit::history::{History, Op, Outcome};
 use oncebox_testkit::proxy::{Mode, Proxy, Stats};
@@ -66,6 +66,40 @@ impl Behind {
             history,
         })
     }
+
+    /// Once the fault is healed: every key sent again until it is resolved, the gateway
+    /// stopped, and the figures of the history against what PostgreSQL holds.
+    pub(crate) async fn finish(&mut self) -> Figures {
+        world::drain(&self.history, &self.base, 8).await;
+        self.gw.terminate();
+        let fin = final_pg(&self.schema.pool().await, false).await;
+        check(&self.history.ops(), &fin)
+    }
+}
+
+/// What the senders saw: the keys acknowledged, how many were answered 503, and every other
+/// answer, named. A request still waiting for its answer is none of them.
+pub(crate) struct Seen {
+    pub acked: Vec<String>,
+    pub refused: usize,
+    pub other: Vec<String>,
+}
+
+pub(crate) fn seen(ops: &[Op]) -> Seen {
+    let mut s = Seen {
+        acked: Vec::new(),
+        refused: 0,
+        other: Vec::new(),
+    };
+    for o in ops {
+        match o.outcome() {
+            None => {}
+            Some(Outcome::Ok { .. }) => s.acked.push(o.key.1.clone()),
+            Some(Outcome::Info(why)) if why == "HTTP 503" => s.refused += 1,
+            Some(answered) => s.other.push(format!("{}: {answered:?}", o.key.1)),
+        }
+    }
+    s
 }
 
 /// Arms `mode` (`DropReply` or `Reset`) and sends bursts of 10 new events (ids starting with
@@ -114,39 +148,31 @@ pub(crate) async fn burst(history: &Arc<History>, base: &str, prefix: &str, n: u
 /// request must be answered 503 (never 2xx, never a replay), and the senders' retries after
 /// the network healed resolve each key once.
 async fn commit_reply_lost() -> Option<Report> {
-    let Behind {
-        schema,
-        proxy,
-        _dir,
-        mut gw,
-        base,
-        history,
-    } = Behind::start(Some(b"COMMIT".to_vec())).await?;
+    let mut b = Behind::start(Some(b"COMMIT".to_vec())).await?;
     // Each burst drops at least the first COMMIT's answer.
-    let during = armed(&proxy, &history, &base, Mode::DropReply, "lost").await;
-    let healed = history.ops().len();
-    let acked_during = during
-        .iter()
-        .filter(|o| matches!(o.outcome(), Some(Outcome::Ok { .. })))
-        .count();
+    let during = armed(&b.proxy, &b.history, &b.base, Mode::DropReply, "lost").await;
+    let healed = b.history.ops().len();
     // TESTING.md: a COMMIT whose reply is lost is answered 503 (not a 500, not silence).
-    let (refused, other) = unavailable(&during);
-    world::drain(&history, &base, 8).await;
-    gw.terminate();
-    let fin = final_pg(&schema.pool().await, false).await;
+    let Seen {
+        acked,
+        refused,
+        other,
+    } = seen(&during);
+    let figures = b.finish().await;
     // Keys whose commit happened although its answer was lost: the retry was a replay.
-    let resolved = history
+    let resolved = b
+        .history
         .ops()
         .iter()
         .filter(|o| o.id >= healed && matches!(o.outcome(), Some(Outcome::Ok { replayed: true })))
         .count();
-    let dropped = Stats::get(&proxy.stats.dropped_replies);
+    let dropped = Stats::get(&b.proxy.stats.dropped_replies);
     // Every COMMIT's answer was dropped while armed, so no new key could be acknowledged then;
     // the figures alone would not show a gateway that guessed success, as its guesses came
     // true. And the commits must really have happened: some retries are replays of them.
-    assert_eq!(
-        acked_during, 0,
-        "{acked_during} requests were acknowledged though every COMMIT answer was lost"
+    assert!(
+        acked.is_empty(),
+        "{acked:?} were acknowledged though every COMMIT answer was lost"
     );
     assert!(
         other.is_empty(),
@@ -157,11 +183,12 @@ async fn commit_reply_lost() -> Option<Report> {
         "no retry was a replay: the lost COMMITs did not commit"
     );
     Some(Report {
-        figures: check(&history.ops(), &fin),
+        figures,
         exercised: dropped,
         what: format!(
-            "{dropped} COMMIT replies lost, {refused} answered 503 and {acked_during} acked \
-             while armed, {resolved} resolved as replays on retry"
+            "{dropped} COMMIT replies lost, {refused} answered 503 and {} acked while armed, \
+             {resolved} resolved as replays on retry",
+            acked.len()
         ),
         expected_unresolved: 0,
     })
@@ -172,18 +199,11 @@ async fn commit_reply_lost() -> Option<Report> {
 /// end 503, never 2xx; when it thaws the held statements run, and retries apply each key once.
 async fn frozen() -> Option<Report> {
     const FREEZE: Duration = Duration::from_millis(6500);
-    let Behind {
-        schema,
-        proxy,
-        _dir,
-        mut gw,
-        base,
-        history,
-    } = Behind::start(None).await?;
-    proxy.set(Mode::BlackHole);
-    let (frozen_at, first) = (Instant::now(), history.ops().len());
+    let mut b = Behind::start(None).await?;
+    b.proxy.set(Mode::BlackHole);
+    let (frozen_at, first) = (Instant::now(), b.history.ops().len());
     let arrivals = {
-        let (history, base) = (history.clone(), base.clone());
+        let (history, base) = (b.history.clone(), b.base.clone());
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(Duration::from_millis(100));
             let mut i = 0;
@@ -199,49 +219,34 @@ async fn frozen() -> Option<Report> {
     };
     // The fault itself: the database stays frozen this long.
     tokio::time::sleep(FREEZE).await;
-    // What the senders saw while it was frozen, read before it thaws.
-    let seen = history.ops();
-    let refused = seen[first..]
-        .iter()
-        .filter(|o| matches!(o.outcome(), Some(Outcome::Info(_))))
-        .count();
-    // Answered while frozen means answered by the gateway's deadline: a 503 (retry later),
-    // never a 500, a 4xx, or a connection the sender had to give up on.
-    let other: Vec<_> = seen[first..]
-        .iter()
-        .filter_map(|o| match o.outcome() {
-            None | Some(Outcome::Ok { .. }) => None,
-            Some(Outcome::Info(why)) if why == "HTTP 503" => None,
-            Some(answered) => Some(format!("{answered:?}")),
-        })
-        .collect();
-    let acked_frozen = seen[first..]
-        .iter()
-        .filter(|o| matches!(o.outcome(), Some(Outcome::Ok { .. })))
-        .map(|o| o.key.1.clone())
-        .collect::<Vec<_>>();
-    proxy.set(Mode::Pass);
+    // What the senders saw while it was frozen, read before it thaws. Answered while frozen
+    // means answered by the gateway's deadline: a 503 (retry later), never a 2xx, a 500, a 4xx,
+    // or a connection the sender had to give up on.
+    let Seen {
+        acked,
+        refused,
+        other,
+    } = seen(&b.history.ops()[first..]);
+    b.proxy.set(Mode::Pass);
     arrivals.await.unwrap();
     until_async(
         "every request made while frozen has its answer",
         PATIENCE,
-        || history.ops().iter().all(|o| o.completed.is_some()),
+        || b.history.ops().iter().all(|o| o.completed.is_some()),
     )
     .await;
-    world::drain(&history, &base, 8).await;
-    gw.terminate();
+    let figures = b.finish().await;
     assert!(
-        acked_frozen.is_empty(),
-        "2xx while PostgreSQL was frozen: {acked_frozen:?}"
+        acked.is_empty(),
+        "2xx while PostgreSQL was frozen: {acked:?}"
     );
     assert!(
         other.is_empty(),
         "while frozen, answers other than 503: {other:?}"
     );
-    let fin = final_pg(&schema.pool().await, false).await;
-    let held = Stats::get(&proxy.stats.held);
+    let held = Stats::get(&b.proxy.stats.held);
     Some(Report {
-        figures: check(&history.ops(), &fin),
+        figures,
         exercised: refused as u64,
         what: format!(
             "{refused} answered 503 while frozen {} ms, {held} exchanges held",
@@ -251,45 +256,28 @@ async fn frozen() -> Option<Report> {
     })
 }
 
-/// How many of `ops` were answered 503, and the others, named.
-fn unavailable(ops: &[Op]) -> (usize, Vec<String>) {
-    let other: Vec<String> = ops
-        .iter()
-        .filter_map(|o| match o.outcome() {
-            Some(Outcome::Info(why)) if why == "HTTP 503" => None,
-            answered => Some(format!("{}: {answered:?}", o.key.1)),
-        })
-        .collect();
-    (ops.len() - other.len(), other)
-}
-
 /// PostgreSQL's connections reset under load: while armed, the proxy cuts every connection
 /// with a RST at its next exchange (mid-transaction, mid-`COMMIT`, or as it opens). Nothing can
 /// commit then, so every request made meanwhile ends 503, never 2xx; once it heals the pool
 /// connects again, and the senders' retries apply each key once.
 async fn reset() -> Option<Report> {
-    let Behind {
-        schema,
-        proxy,
-        _dir,
-        mut gw,
-        base,
-        history,
-    } = Behind::start(None).await?;
-    let during = armed(&proxy, &history, &base, Mode::Reset, "cut").await;
-    let (refused, other) = unavailable(&during);
-    world::drain(&history, &base, 8).await;
-    gw.terminate();
+    let mut b = Behind::start(None).await?;
+    let during = armed(&b.proxy, &b.history, &b.base, Mode::Reset, "cut").await;
+    let Seen {
+        acked,
+        refused,
+        other,
+    } = seen(&during);
+    let figures = b.finish().await;
     // Every request while armed was answered, and only with a 503: a 2xx would claim a commit
     // no connection could make.
     assert!(
-        other.is_empty(),
-        "while reset, answers other than 503: {other:?}"
+        acked.is_empty() && other.is_empty(),
+        "while reset, answers other than 503: {acked:?} acknowledged, {other:?}"
     );
-    let fin = final_pg(&schema.pool().await, false).await;
-    let resets = Stats::get(&proxy.stats.resets);
+    let resets = Stats::get(&b.proxy.stats.resets);
     Some(Report {
-        figures: check(&history.ops(), &fin),
+        figures,
         exercised: resets,
         what: format!("{resets} connections reset, {refused} requests answered 503 meanwhile"),
         expected_unresolved: 0,

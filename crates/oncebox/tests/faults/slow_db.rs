@@ -6,13 +6,12 @@
 
 use std::time::Duration;
 
-use oncebox_testkit::checker::check;
 use oncebox_testkit::history::Outcome;
 use oncebox_testkit::proxy::{Mode, Stats};
 
-use crate::network::{Behind, burst};
+use crate::network::{Behind, Seen, burst, seen};
 use crate::table::{Report, Scenario};
-use crate::world::{self, block_on, final_pg};
+use crate::world::block_on;
 
 pub const POSTGRES_SLOW: Scenario = Scenario {
     name: "net: PostgreSQL slow past the deadline",
@@ -25,51 +24,33 @@ pub const POSTGRES_SLOW: Scenario = Scenario {
 const SWEEP_MS: [u64; 6] = [100, 200, 350, 500, 750, 1000];
 
 async fn slow() -> Option<Report> {
-    let Behind {
-        schema,
-        proxy,
-        _dir,
-        mut gw,
-        base,
-        history,
-    } = Behind::start(None).await?;
-    let first = history.ops().len();
+    let mut b = Behind::start(None).await?;
+    let first = b.history.ops().len();
     for ms in SWEEP_MS {
-        proxy.set(Mode::Delay(Duration::from_millis(ms)));
-        burst(&history, &base, &format!("slow{ms}-"), 10).await;
+        b.proxy.set(Mode::Delay(Duration::from_millis(ms)));
+        burst(&b.history, &b.base, &format!("slow{ms}-"), 10).await;
     }
-    proxy.set(Mode::Pass);
-    let healed = history.ops().len();
-    let during = history.ops()[first..healed].to_vec();
-    let acked: Vec<_> = during
-        .iter()
-        .filter(|o| matches!(o.outcome(), Some(Outcome::Ok { .. })))
-        .collect();
-    let other: Vec<String> = during
-        .iter()
-        .filter_map(|o| match o.outcome() {
-            Some(Outcome::Ok { .. }) => None,
-            Some(Outcome::Info(why)) if why == "HTTP 503" => None,
-            answered => Some(format!("{}: {answered:?}", o.key.1)),
-        })
-        .collect();
-    let refused = during.len() - acked.len() - other.len();
-    world::drain(&history, &base, 8).await;
-    gw.terminate();
+    b.proxy.set(Mode::Pass);
+    let healed = b.history.ops().len();
+    let Seen {
+        acked,
+        refused,
+        other,
+    } = seen(&b.history.ops()[first..healed]);
+    let figures = b.finish().await;
     // Given up (503) while slow, yet committed: the retry after it healed was a replay.
-    let late = history.ops()[healed..]
+    let late = b.history.ops()[healed..]
         .iter()
         .filter(|o| matches!(o.outcome(), Some(Outcome::Ok { replayed: true })))
-        .filter(|o| !acked.iter().any(|a| a.key == o.key))
+        .filter(|o| !acked.contains(&o.key.1))
         .count();
     assert!(
         other.is_empty(),
         "while slow, answers other than 2xx or 503: {other:?}"
     );
-    let fin = final_pg(&schema.pool().await, false).await;
-    let held = Stats::get(&proxy.stats.held);
+    let held = Stats::get(&b.proxy.stats.held);
     Some(Report {
-        figures: check(&history.ops(), &fin),
+        figures,
         // The sweep crossed the deadline only if something was given up and later found
         // committed.
         exercised: late as u64,
