@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use crate::error::Error;
 use crate::inbox::Inbox;
-use crate::tx::{HandlerError, OffsetMove, Tx, advance};
+use crate::tx::{HandlerError, OffsetMove, Tx, move_watermark};
 use oncebox_core::consume::{Apply, Position};
 use oncebox_core::{Event, ProcessError, Processed, Response};
 
@@ -80,7 +80,7 @@ where
             && !answer.is_applied()
         {
             self.inbox
-                .write(move |conn| advance(conn, &p.stream, p.partition, p.offset))
+                .write(move |conn| move_watermark(conn, &p.stream, p.partition, p.offset))
                 .await
                 .map_err(|e| match e {
                     Error::Unavailable(u) => ProcessError::Unavailable(u),

@@ -123,7 +123,7 @@ impl<'a> Tx<'a> {
         partition: i64,
         offset: i64,
     ) -> Result<OffsetMove, HandlerError> {
-        Ok(if advance(self.conn, stream, partition, offset)? {
+        Ok(if move_watermark(self.conn, stream, partition, offset)? {
             OffsetMove::Advanced
         } else {
             OffsetMove::Replay
@@ -157,7 +157,7 @@ impl<'a> Tx<'a> {
 
 /// Moves the watermark of `(stream, partition)` up to `offset`; false when it stood at or
 /// above it already.
-pub(crate) fn advance(
+pub(crate) fn move_watermark(
     conn: &Connection,
     stream: &str,
     partition: i64,
