@@ -84,6 +84,31 @@ pub struct DeliveryGauges {
     pub owed_by_route: Vec<(String, i64)>,
 }
 
+impl DeliveryGauges {
+    /// The gauges from the counts per state and, per route, its deliveries still owed (not yet
+    /// delivered, and neither given up on nor parked for an operator) with the creation time
+    /// of the oldest of them.
+    pub fn new(
+        by_state: Vec<(String, i64)>,
+        owed: impl IntoIterator<Item = (String, i64, i64)>,
+    ) -> DeliveryGauges {
+        let mut oldest_pending: Option<Timestamp> = None;
+        let owed_by_route = owed
+            .into_iter()
+            .map(|(route, n, oldest)| {
+                let oldest = Timestamp(oldest);
+                oldest_pending = Some(oldest_pending.map_or(oldest, |o| o.min(oldest)));
+                (route, n)
+            })
+            .collect();
+        DeliveryGauges {
+            by_state,
+            oldest_pending,
+            owed_by_route,
+        }
+    }
+}
+
 /// An operator's settlement of a delivery.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]

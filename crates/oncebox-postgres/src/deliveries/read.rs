@@ -114,23 +114,12 @@ pub(super) async fn gauges(pool: &PgPool) -> Result<DeliveryGauges, sqlx::Error>
         sqlx::query_as("SELECT state, count(*) FROM oncebox_outbox GROUP BY state ORDER BY state")
             .fetch_all(pool)
             .await?;
-    // Still owed: not yet delivered, and neither given up on nor parked for an operator.
-    let oldest: Option<i64> = sqlx::query_scalar(
-        "SELECT min(created_at) FROM oncebox_outbox
-         WHERE state IN ('pending', 'retrying', 'in_flight')",
-    )
-    .fetch_one(pool)
-    .await?;
-    let owed_by_route: Vec<(String, i64)> = sqlx::query_as(
-        "SELECT destination, count(*) FROM oncebox_outbox
+    let owed: Vec<(String, i64, i64)> = sqlx::query_as(
+        "SELECT destination, count(*), min(created_at) FROM oncebox_outbox
          WHERE state IN ('pending', 'retrying', 'in_flight')
          GROUP BY destination ORDER BY destination",
     )
     .fetch_all(pool)
     .await?;
-    Ok(DeliveryGauges {
-        by_state,
-        oldest_pending: oldest.map(Timestamp),
-        owed_by_route,
-    })
+    Ok(DeliveryGauges::new(by_state, owed))
 }

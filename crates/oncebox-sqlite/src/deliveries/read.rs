@@ -110,24 +110,13 @@ pub(super) fn gauges(c: &Connection) -> rusqlite::Result<DeliveryGauges> {
         .prepare_cached("SELECT state, count(*) FROM oncebox_outbox GROUP BY state ORDER BY state")?
         .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
         .collect::<Result<_, _>>()?;
-    // Still owed: not yet delivered, and neither given up on nor parked for an operator.
-    let oldest: Option<i64> = c
+    let owed: Vec<(String, i64, i64)> = c
         .prepare_cached(
-            "SELECT min(created_at) FROM oncebox_outbox
-             WHERE state IN ('pending', 'retrying', 'in_flight')",
-        )?
-        .query_row([], |r| r.get(0))?;
-    let owed_by_route = c
-        .prepare_cached(
-            "SELECT destination, count(*) FROM oncebox_outbox
+            "SELECT destination, count(*), min(created_at) FROM oncebox_outbox
              WHERE state IN ('pending', 'retrying', 'in_flight')
              GROUP BY destination ORDER BY destination",
         )?
-        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
         .collect::<Result<_, _>>()?;
-    Ok(DeliveryGauges {
-        by_state,
-        oldest_pending: oldest.map(Timestamp),
-        owed_by_route,
-    })
+    Ok(DeliveryGauges::new(by_state, owed))
 }
