@@ -104,9 +104,7 @@ pub(crate) fn ingest(installed: bool, source: &str, outcome: &'static str, took:
         if let Some(m) = METERS.read().unwrap_or_else(|e| e.into_inner()).get(source) {
             return record(m);
         }
-        if let Some(m) = meter(&METERS, source, MOST_KEPT) {
-            return record(&m);
-        }
+        return record(&keep(&METERS, source, MOST_KEPT));
     }
     metrics::counter!(TOTAL, "source" => source.to_owned(), "outcome" => outcome).increment(1);
     if let Some(took) = took {
@@ -114,26 +112,19 @@ pub(crate) fn ingest(installed: bool, source: &str, outcome: &'static str, took:
     }
 }
 
-/// The handles `source` is counted with: its own, or past `most` names those of [`OTHERS`],
-/// all of them together. Open sources take any name a local client sends, and a series per
-/// name would grow `/metrics` without end.
-fn meter(meters: &Meters, source: &str, most: usize) -> Option<Arc<Meter>> {
-    keep(meters, source, most).or_else(|| keep(meters, OTHERS, most + 1))
-}
-
-/// Makes and keeps the handles of `source` on its first request; `None` once `most` names
-/// are kept.
-fn keep(meters: &Meters, source: &str, most: usize) -> Option<Arc<Meter>> {
+/// Makes and keeps the handles of `source` on its first request, or past `most` names those
+/// of [`OTHERS`], all of them together: open sources take any name a local client sends, and
+/// a series per name would grow `/metrics` without end.
+fn keep(meters: &Meters, source: &str, most: usize) -> Arc<Meter> {
     let mut meters = meters.write().unwrap_or_else(|e| e.into_inner());
     if let Some(m) = meters.get(source) {
-        return Some(m.clone());
+        return m.clone();
     }
-    if meters.len() >= most {
-        return None;
-    }
-    let meter = Arc::new(Meter::new(source));
-    meters.insert(source.to_owned(), meter.clone());
-    Some(meter)
+    let name = if meters.len() >= most { OTHERS } else { source };
+    meters
+        .entry(name.to_owned())
+        .or_insert_with(|| Arc::new(Meter::new(name)))
+        .clone()
 }
 
 /// Folds the recorder's histogram samples into their buckets and summaries every `every`, for
@@ -149,33 +140,25 @@ pub async fn upkeep(handle: PrometheusHandle, every: Duration) {
 
 #[cfg(test)]
 mod tests {
-    use super::{Meters, OTHERS, keep, meter};
+    use std::sync::Arc;
 
-    /// Past the bound every new name shares one set of handles, labelled `OTHERS`.
+    use super::{Meters, OTHERS, keep};
+
+    /// Names past the bound get no handles of their own: they share those of `OTHERS`. Names
+    /// already kept keep theirs, the same ones each time.
     #[test]
     fn names_past_the_bound_are_counted_together() {
         let meters = Meters::default();
-        let a = meter(&meters, "a", 2).expect("a");
-        assert!(meter(&meters, "b", 2).is_some());
-        let c = meter(&meters, "c", 2).expect("c");
-        let d = meter(&meters, "d", 2).expect("d");
-        assert!(std::sync::Arc::ptr_eq(&c, &d), "c and d share handles");
-        assert!(!std::sync::Arc::ptr_eq(&a, &c));
+        let a = keep(&meters, "a", 2);
+        let b = keep(&meters, "b", 2);
+        assert!(!Arc::ptr_eq(&a, &b));
+        let c = keep(&meters, "c", 2);
+        let d = keep(&meters, "d", 2);
+        assert!(Arc::ptr_eq(&c, &d), "c and d share handles");
+        assert!(!Arc::ptr_eq(&a, &c));
+        assert!(Arc::ptr_eq(&a, &keep(&meters, "a", 2)), "a kept name found");
         let kept = meters.read().unwrap();
         assert_eq!(kept.len(), 3);
-        assert!(kept.contains_key(OTHERS));
-    }
-
-    /// Names past the bound get no handles of their own (they are counted under `OTHERS`);
-    /// names already kept keep theirs, the same ones each time.
-    #[test]
-    fn at_most_the_bound_of_names_is_kept() {
-        let meters = Meters::default();
-        let a = keep(&meters, "a", 2).expect("first name kept");
-        assert!(keep(&meters, "b", 2).is_some());
-        assert!(keep(&meters, "c", 2).is_none());
-        let again = keep(&meters, "a", 2).expect("kept name found");
-        assert!(std::sync::Arc::ptr_eq(&a, &again));
-        assert_eq!(meters.read().unwrap().len(), 2);
+        assert!(kept.contains_key(OTHERS) && !kept.contains_key("c"));
     }
 }
