@@ -1,7 +1,7 @@
 //! Binding the consumer at start: the stream read, the durable got or created, and every setting
 //! under which the consumer could not keep its promises refused before a message is pulled — a
-//! quarantine the consumer would read back or that no stream stores, a durable that acks or drops messages on its own, a
-//! watermark without in-order delivery.
+//! quarantine the consumer would read back or that no stream stores, a durable that acks or
+//! drops messages on its own, a watermark without in-order delivery.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 

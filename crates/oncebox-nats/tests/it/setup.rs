@@ -1,6 +1,7 @@
 //! What the consumer checks and decides when it binds: a quarantine it would read back or no
-//! stream stores and a durable that acks or drops messages on its own are refused before anything is pulled; a
-//! durable it creates starts at the retention horizon, not at the stream's first message.
+//! stream stores and a durable that acks or drops messages on its own are refused before
+//! anything is pulled; a durable it creates starts at the retention horizon, not at the
+//! stream's first message.
 
 use std::time::Duration;
 
