@@ -167,29 +167,28 @@ impl<S: DeliveryStore> Relay<S> {
 
     /// Routes the relay may claim for now: configured, and not behind an open circuit.
     fn open_routes(&self) -> Vec<String> {
+        let now = self.clock.monotonic();
+        let circuits = self.circuits();
         self.routes
             .keys()
-            .filter(|name| !self.circuit_open(name))
+            .filter(|name| !open(&circuits, name, now))
             .cloned()
             .collect()
     }
 
     /// Whether `route`'s circuit keeps the relay off it now.
     fn circuit_open(&self, route: &str) -> bool {
-        let now = self.clock.monotonic();
+        open(&self.circuits(), route, self.clock.monotonic())
+    }
+
+    fn circuits(&self) -> std::sync::MutexGuard<'_, HashMap<String, Circuit>> {
         self.circuits
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .get(route)
-            .and_then(|c| c.open_until)
-            .is_some_and(|until| until > now)
     }
 
     fn note(&self, route: &str, failed: bool) {
-        let mut circuits = self
-            .circuits
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut circuits = self.circuits();
         let c = circuits.entry(route.to_owned()).or_default();
         if failed {
             c.failures = c.failures.saturating_add(1);
@@ -322,4 +321,12 @@ impl<S: DeliveryStore> Relay<S> {
             }
         }
     }
+}
+
+/// Whether `route`'s circuit is open at `now`.
+fn open(circuits: &HashMap<String, Circuit>, route: &str, now: Duration) -> bool {
+    circuits
+        .get(route)
+        .and_then(|c| c.open_until)
+        .is_some_and(|until| until > now)
 }
