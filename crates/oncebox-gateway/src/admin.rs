@@ -9,7 +9,7 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use oncebox_core::relay_store::{DeliveryFilter, DeliveryStore};
 use oncebox_core::store::{EventFilter, EventStore, StoredEvent};
-use oncebox_core::{Key, ResponseKind, Source};
+use oncebox_core::{Key, Source};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
@@ -288,14 +288,17 @@ fn summary(e: &StoredEvent, full: bool) -> Value {
         v["payload"] = payload;
         v["payload_encoding"] = json!(encoding);
         v["headers"] = e.meta.headers().map(|(n, val)| json!([n, val])).collect();
-        v["response"] = match &e.response {
-            Some(r) => json!({
-                "kind": match r.kind { ResponseKind::Completed => "completed", ResponseKind::Rejected => "rejected", _ => "stale" },
-                "status": StatusCode::ACCEPTED.as_u16(),
-                "body": String::from_utf8_lossy(&r.body),
-            }),
-            None => Value::Null,
-        };
+        v["response"] = e.response.as_ref().map_or(Value::Null, response_document);
     }
     v
+}
+
+/// A stored first answer as the admin API and `inspect --output json` show it: every answer
+/// the gateway stores was sent with 202, whatever its kind.
+pub fn response_document(r: &oncebox_core::Response) -> Value {
+    json!({
+        "kind": r.kind.as_str(),
+        "status": StatusCode::ACCEPTED.as_u16(),
+        "body": String::from_utf8_lossy(&r.body),
+    })
 }

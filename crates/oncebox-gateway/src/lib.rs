@@ -27,7 +27,7 @@ pub mod problem;
 mod rejection;
 mod serve;
 
-pub use admin::stats_document;
+pub use admin::{response_document, stats_document};
 pub use ingress::accepted_body;
 pub use serve::serve;
 

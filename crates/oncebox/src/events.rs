@@ -7,7 +7,7 @@ use std::time::Duration;
 use anyhow::Result;
 use oncebox_core::store::{EventFilter, EventStore, Page, StoredEvent};
 use oncebox_core::{Clock, Key, RecordState, Retention, Source, SystemClock};
-use oncebox_gateway::rfc3339;
+use oncebox_gateway::{response_document, rfc3339};
 use serde::Serialize;
 
 use crate::cli::Output;
@@ -96,8 +96,9 @@ struct Inspected<'a> {
     event_id: &'a str,
     /// `processing`, `completed`, `rejected`, `stale` or `uncertain`.
     state: &'a str,
-    /// The first answer, replayed for duplicates; only for terminal records.
-    response: Option<String>,
+    /// The first answer, replayed for duplicates, shaped as the admin API's; only for
+    /// terminal records.
+    response: Option<serde_json::Value>,
     received_at: String,
     completed_at: Option<String>,
     fingerprint: Option<String>,
@@ -108,10 +109,7 @@ pub async fn inspect(out: &mut impl Write, store: &Store, key: &Key, output: Out
         return Err(exit::not_found(format!("no record for {key}")));
     };
     let (state, response) = match &record.state {
-        RecordState::Done(r) => (
-            r.kind.as_str(),
-            Some(String::from_utf8_lossy(&r.body).into_owned()),
-        ),
+        RecordState::Done(r) => (r.kind.as_str(), Some(response_document(r))),
         RecordState::Processing { .. } => ("processing", None),
         RecordState::Uncertain => ("uncertain", None),
     };
@@ -131,7 +129,11 @@ pub async fn inspect(out: &mut impl Write, store: &Store, key: &Key, output: Out
     }
     writeln!(out, "key         {key}")?;
     match response {
-        Some(body) => writeln!(out, "state       {state} {body}")?,
+        Some(r) => writeln!(
+            out,
+            "state       {state} {}",
+            r["body"].as_str().unwrap_or("")
+        )?,
         None => writeln!(out, "state       {state}")?,
     }
     writeln!(out, "received_at {}", rfc3339(record.received_at))?;

@@ -74,6 +74,7 @@ async fn run(cli: Cli) -> Result<()> {
         listen,
         database: cli.database,
         admin_token,
+        secrets: secrets_needed(&cli.command),
     };
     let mut out = std::io::stdout().lock();
     let settings = match config::load(&overrides) {
@@ -182,4 +183,24 @@ async fn run(cli: Cli) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// The secrets `command` uses: a relay or purge node need not be given the sources' secrets.
+fn secrets_needed(command: &Command) -> config::Secrets {
+    use config::Secrets;
+    match command {
+        Command::Serve { no_relay: true, .. } | Command::Send { .. } | Command::Bench(_) => {
+            Secrets::Inbound
+        }
+        Command::Serve { .. } | Command::Check(_) => Secrets::All,
+        Command::Relay => Secrets::Outbound,
+        Command::Consume { .. }
+        | Command::Deliveries { .. }
+        | Command::Redeliver(_)
+        | Command::Events { .. }
+        | Command::Inspect { .. }
+        | Command::Stats(_)
+        | Command::Purge { .. }
+        | Command::Migrate => Secrets::Neither,
+    }
 }

@@ -74,6 +74,7 @@ impl fmt::Debug for Overrides {
             .field("listen", &self.listen)
             .field("database", &self.database.as_deref().map(redact_url))
             .field("admin_token", &self.admin_token.as_ref().map(|_| "***"))
+            .field("secrets", &self.secrets)
             .finish()
     }
 }

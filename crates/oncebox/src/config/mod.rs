@@ -63,6 +63,32 @@ pub struct Overrides {
     pub listen: Option<SocketAddr>,
     pub database: Option<String>,
     pub admin_token: Option<String>,
+    /// Which secrets the command reads from its environment.
+    pub secrets: Secrets,
+}
+
+/// Which configured secrets a command reads from its environment. A node that never verifies
+/// an event (a relay, a purge job) need not be given the sources' secrets, nor one that never
+/// signs a delivery the routes'. Inline secrets in the file are parsed whatever this says.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Secrets {
+    #[default]
+    All,
+    /// The sources' `secrets_env`: commands that verify or sign events sent to the gateway.
+    Inbound,
+    /// The routes' `signing_secret_env`: commands that send deliveries.
+    Outbound,
+    Neither,
+}
+
+impl Secrets {
+    fn inbound(self) -> bool {
+        matches!(self, Secrets::All | Secrets::Inbound)
+    }
+
+    fn outbound(self) -> bool {
+        matches!(self, Secrets::All | Secrets::Outbound)
+    }
 }
 
 /// Reads the file, the environment and `overrides`, in that order of precedence, and validates
@@ -72,7 +98,7 @@ pub fn load(overrides: &Overrides) -> anyhow::Result<Settings> {
     let raw: RawConfig = figment
         .extract()
         .map_err(|e| invalid(&raw::describe_errors(e)))?;
-    let mut problems = Problems::new(&figment);
+    let mut problems = Problems::new(&figment, overrides.secrets);
     let settings = validate(raw, &mut problems);
     match problems.finish() {
         Ok(()) => Ok(settings),
@@ -91,13 +117,16 @@ fn invalid(problems: &[String]) -> anyhow::Error {
 struct Problems<'f> {
     figment: &'f Figment,
     list: Vec<String>,
+    /// Carried here because every validator that reads a secret already takes this.
+    secrets: Secrets,
 }
 
 impl<'f> Problems<'f> {
-    fn new(figment: &'f Figment) -> Problems<'f> {
+    fn new(figment: &'f Figment, secrets: Secrets) -> Problems<'f> {
         Problems {
             figment,
             list: Vec::new(),
+            secrets,
         }
     }
 

@@ -178,6 +178,8 @@ pub(super) fn validate(
         // Already refused above; reading the secret too would only add noise.
         _ if broker => None,
         (Some(s), None) => Some((format!("{path}.signing_secret"), s.clone())),
+        // A command that never sends a delivery does not read it (`Secrets`).
+        (None, Some(_)) if !p.secrets.outbound() => None,
         (None, Some(var)) => {
             super::source::secret_from_env(&format!("{path}.signing_secret_env"), var, p)
         }

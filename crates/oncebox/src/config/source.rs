@@ -230,7 +230,14 @@ fn secrets(path: &str, raw: &RawSource, scheme: &Scheme, p: &mut Problems<'_>) -
         .enumerate()
         .map(|(i, s)| (format!("{path}.secrets[{i}]"), s.clone()))
         .collect();
-    for (i, var) in raw.secrets_env.iter().enumerate() {
+    // Not read for a command that never verifies: with only variables listed, the source
+    // then holds no secret, and nothing that command does asks for one.
+    let read_env = if p.secrets.inbound() {
+        raw.secrets_env.as_slice()
+    } else {
+        &[]
+    };
+    for (i, var) in read_env.iter().enumerate() {
         if let Some(read) = secret_from_env(&format!("{path}.secrets_env[{i}]"), var, p) {
             configured.push(read);
         }

@@ -152,8 +152,11 @@ fn listings_print_json_with_stable_fields() {
     let record = json(d, &["inspect", "shop", "evt_1", "--output", "json"]);
     assert_eq!(record["state"], "completed");
     assert_eq!(record["event_id"], "evt_1");
-    let response: Value = serde_json::from_str(record["response"].as_str().unwrap()).unwrap();
-    assert_eq!(response["status"], "accepted");
+    // Shaped as the admin API shows an event's first answer.
+    assert_eq!(record["response"]["kind"], "completed");
+    assert_eq!(record["response"]["status"], 202);
+    let body: Value = serde_json::from_str(record["response"]["body"].as_str().unwrap()).unwrap();
+    assert_eq!(body["status"], "accepted");
 
     let check = json(d, &["check", "--output", "json"]);
     assert_eq!(check["ok"], true);

@@ -102,3 +102,52 @@ fn a_mistyped_database_scheme_is_refused_without_its_password() {
         assert!(!text.contains("hunter2"), "{command:?}: {text}");
     }
 }
+
+/// A node that neither verifies events nor signs deliveries starts without their secrets in its
+/// environment; one that does names the variable's field and refuses to start.
+#[test]
+fn a_command_needs_only_the_secrets_it_uses() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::fs::write(
+        d.join("oncebox.toml"),
+        "[sources.shop]\npreset = \"standard-webhooks\"\nsecrets_env = [\"SHOP_SECRET\"]\n\
+         [routes.r]\nsources = [\"shop\"]\nurl = \"https://example.com/hooks\"\n\
+         signing_secret_env = \"ROUTE_SECRET\"\n",
+    )
+    .unwrap();
+    assert!(support::oncebox(d, &["migrate"]).status.success());
+    for args in [
+        &["stats"][..],
+        &["events"],
+        &["purge"],
+        &["deliveries", "list"],
+    ] {
+        let out = support::oncebox(d, args);
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{args:?}: {}",
+            support::text(&out)
+        );
+    }
+    for (args, field) in [
+        (&["check"][..], "sources.shop.secrets_env[0]"),
+        (&["check"], "routes.r.signing_secret_env"),
+        (&["relay"], "routes.r.signing_secret_env"),
+        (&["send", "shop"], "sources.shop.secrets_env[0]"),
+    ] {
+        let out = support::oncebox(d, args);
+        assert_eq!(
+            out.status.code(),
+            Some(2),
+            "{args:?}: {}",
+            support::text(&out)
+        );
+        assert!(
+            support::text(&out).contains(field),
+            "{args:?}: {}",
+            support::text(&out)
+        );
+    }
+}

@@ -1,12 +1,13 @@
 //! File, environment and flags in their order of precedence; secrets from the environment, and
-//! secrets kept out of every message, `Debug` and summary.
+//! secrets kept out of every message, `Debug` and summary, and read only by the commands
+//! that use them.
 
 use std::net::SocketAddr;
 use std::time::Duration;
 
 use oncebox_core::Source;
 
-use super::super::{Overrides, describe, load};
+use super::super::{Overrides, Secrets, describe, load};
 use super::{
     ADMIN_TOKEN, SHOP_SECRET, SHOP_SECRET_2, assert_mentions, design_example, err, jailed,
     load_file, ok, policy, shop,
@@ -45,7 +46,7 @@ fn environment_overrides_the_file_and_flags_override_both() {
             listen: Some("127.0.0.1:7000".parse().unwrap()),
             database: Some("sqlite://flag.db".into()),
             admin_token: Some(ADMIN_TOKEN.into()),
-            config: None,
+            ..Overrides::default()
         })
     })
     .expect("valid");
@@ -286,4 +287,36 @@ fn secrets_typed_into_env_fields_are_not_echoed() {
         assert_mentions(&e, &["sources.shop.secrets_env"]);
         assert!(!e.contains("c2VjcmV0") && !e.contains("cmV0"), "{e}");
     }
+}
+
+#[test]
+fn a_command_reads_only_the_secrets_it_uses() {
+    let toml = "[sources.shop]\npreset = \"standard-webhooks\"\nsecrets_env = [\"SHOP_SECRET\"]\n\
+                [routes.r]\nsources = [\"shop\"]\nurl = \"https://example.com/hooks\"\n\
+                signing_secret_env = \"ROUTE_SECRET\"\n";
+    let load_with = |secrets: Secrets| {
+        jailed(|jail| {
+            jail.create_file("oncebox.toml", toml).expect("written");
+            load(&Overrides {
+                secrets,
+                ..Overrides::default()
+            })
+        })
+    };
+    let (source, route) = ("sources.shop.secrets_env[0]", "routes.r.signing_secret_env");
+    // Neither variable is set: a command refuses to start only over the ones it would use.
+    for (secrets, named, not_named) in [
+        (Secrets::All, vec![source, route], vec![]),
+        (Secrets::Inbound, vec![source], vec![route]),
+        (Secrets::Outbound, vec![route], vec![source]),
+    ] {
+        let e = format!("{:#}", load_with(secrets).map(|_| ()).unwrap_err());
+        assert_mentions(&e, &named);
+        for field in not_named {
+            assert!(!e.contains(field), "{secrets:?}: {e}");
+        }
+    }
+    let s = load_with(Secrets::Neither).expect("no secret is read");
+    assert!(policy(&s, "shop").secrets.is_empty());
+    assert!(s.gateway.routes[0].signing_secret.is_none());
 }
