@@ -51,11 +51,21 @@ impl ConsumerOptions {
         }
     }
 
-    /// Refuses what could never work: a quarantine on the default exchange (`""`) with the
-    /// queue's own name as routing key would put every quarantined copy straight back into the
-    /// queue, to be quarantined again, forever.
+    /// Refuses what could never work: a name longer than AMQP carries, or a quarantine on the
+    /// default exchange (`""`) with the queue's own name as routing key, which would put every
+    /// quarantined copy straight back into the queue, to be quarantined again, forever.
     pub fn check(&self) -> Result<(), OptionsError> {
         let q = &self.quarantine;
+        // Each goes to the broker as an AMQP short string, which lapin refuses by panicking.
+        for (field, name) in [
+            ("queue", &self.queue),
+            ("quarantine exchange", &q.exchange),
+            ("quarantine routing key", &q.routing_key),
+        ] {
+            if name.len() > SHORT_STRING_MAX {
+                return Err(OptionsError::TooLong(field));
+            }
+        }
         if q.exchange.is_empty() && q.routing_key == self.queue {
             return Err(OptionsError::QuarantineIsTheQueue(self.queue.clone()));
         }
@@ -71,7 +81,13 @@ pub enum OptionsError {
         "quarantine exchange \"\" (the default exchange) with routing key \"{0}\" routes quarantined messages back to queue \"{0}\"; name an exchange"
     )]
     QuarantineIsTheQueue(String),
+    /// A name AMQP cannot carry: longer than 255 bytes.
+    #[error("the {0} is longer than 255 bytes, the most AMQP can name")]
+    TooLong(&'static str),
 }
+
+/// The longest AMQP short string, which queue and exchange names and routing keys are.
+const SHORT_STRING_MAX: usize = 255;
 
 /// Why `run` stopped before its shutdown signal.
 #[derive(Debug, thiserror::Error)]
@@ -219,5 +235,35 @@ impl<A: Apply> Consumer<A> {
 fn finished(joined: Result<(), tokio::task::JoinError>) {
     if let Err(e) = joined {
         tracing::error!(error = %e, "a delivery's task failed; its message is requeued when the channel closes");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use oncebox_core::consume::{KeyRule, MessageRules};
+
+    use super::{ConsumerOptions, OptionsError};
+
+    #[test]
+    fn names_amqp_cannot_carry_are_refused_before_lapin_sees_them() {
+        let rules = MessageRules::new(oncebox_core::Source::new("s").unwrap(), KeyRule::MessageId);
+        let long = "q".repeat(256);
+        let fits = &long[1..];
+        assert_eq!(
+            ConsumerOptions::new(fits, rules.clone(), fits).check(),
+            Ok(())
+        );
+        let refused = |o: ConsumerOptions| o.check().unwrap_err();
+        assert_eq!(
+            refused(ConsumerOptions::new(&long, rules.clone(), "x")),
+            OptionsError::TooLong("queue")
+        );
+        assert_eq!(
+            refused(ConsumerOptions::new("q", rules.clone(), &long)),
+            OptionsError::TooLong("quarantine exchange")
+        );
+        let mut o = ConsumerOptions::new("q", rules, "x");
+        o.quarantine.routing_key = long;
+        assert_eq!(refused(o), OptionsError::TooLong("quarantine routing key"));
     }
 }

@@ -223,6 +223,7 @@ impl<S: DeliveryStore> Relay<S> {
         if routes.is_empty() {
             return Ok(outcome);
         }
+        let claimed_at = self.clock.monotonic();
         let claimed = self
             .store
             .claim(now, self.options.batch, self.options.lease, &routes)
@@ -233,7 +234,7 @@ impl<S: DeliveryStore> Relay<S> {
         let results = futures::future::join_all(
             claimed
                 .iter()
-                .map(|c| async { self.deliver(c, &mut stop.clone()).await }),
+                .map(|c| async { self.deliver(c, claimed_at, &mut stop.clone()).await }),
         )
         .await;
         for r in results {
@@ -250,7 +251,7 @@ impl<S: DeliveryStore> Relay<S> {
             metrics::gauge!("oncebox_deliveries", "state" => state).set(n as f64);
         }
         let age = g.oldest_pending.map_or(0.0, |t| {
-            (self.clock.now().millis() - t.millis()).max(0) as f64 / 1000.0
+            (self.clock.now().millis().saturating_sub(t.millis())).max(0) as f64 / 1000.0
         });
         metrics::gauge!("oncebox_oldest_pending_delivery_seconds").set(age);
         let unrouted = self.unrouted_of(g.owed_by_route);

@@ -150,6 +150,13 @@ fn amqp(url: &Url) -> Result<AmqpTarget, TargetError> {
         .as_str()
         .parse()
         .map_err(|e: String| TargetError::NotUrl(e))?;
+    // Sent as an AMQP short string when the connection opens: longer, lapin panics there.
+    if uri.vhost.len() > SHORT_STRING_MAX {
+        return Err(TargetError::Invalid {
+            name: "vhost",
+            reason: format!("longer than {SHORT_STRING_MAX} bytes"),
+        });
+    }
     // lapin's parser keeps only DNS names and replaces an IP address with "localhost", which
     // may resolve to another address family than the broker listens on.
     uri.authority.host = url
@@ -325,6 +332,12 @@ mod tests {
         }
         let long = "x".repeat(256);
         assert!(Target::parse(&format!("amqp://h/%2f?exchange={long}")).is_err());
+        // A vhost as long reached lapin, which panicked opening the connection.
+        assert!(matches!(
+            Target::parse(&format!("amqp://h/{long}?exchange=x")),
+            Err(TargetError::Invalid { name: "vhost", .. })
+        ));
+        assert!(Target::parse(&format!("amqp://h/{}?exchange=x", &long[1..])).is_ok());
         assert!(Target::parse("not a url").is_err());
         assert!(Target::parse("nats://h/path?subject=a").is_err());
         assert_eq!(

@@ -66,6 +66,9 @@ pub async fn run(settings: Settings, amqp: Option<String>, nats: Option<String>)
             "give --amqp URL and/or --nats URL (or ONCEBOX_AMQP_URL / ONCEBOX_NATS_URL)",
         ));
     }
+    if let Some(url) = &amqp {
+        amqp_url(url)?;
+    }
     let shutdown = crate::serve::shutdown_signal();
     // Which consumers run is settled before the store opens: with none, no database is touched.
     let mut runs = Vec::new();
@@ -111,6 +114,20 @@ pub async fn run(settings: Settings, amqp: Option<String>, nats: Option<String>)
     // Each consumer settles the messages in hand before its task ends.
     while tasks.join_next().await.is_some() {}
     tracing::info!("consumers stopped");
+    Ok(())
+}
+
+/// Refuses a RabbitMQ URL that could never connect: a consumer would otherwise retry it
+/// forever, or, with a vhost longer than AMQP can name, lapin would panic opening it.
+fn amqp_url(url: &str) -> Result<()> {
+    let uri: lapin::uri::AMQPUri = url
+        .parse()
+        .map_err(|e: String| crate::exit::usage(format!("--amqp: not an AMQP URL: {e}")))?;
+    if uri.vhost.len() > 255 {
+        return Err(crate::exit::usage(
+            "--amqp: the vhost is longer than 255 bytes, the most AMQP can name",
+        ));
+    }
     Ok(())
 }
 

@@ -37,9 +37,12 @@ impl<S: DeliveryStore> Relay<S> {
     /// Sends `claimed` once its route has a free permit; a claim still waiting for one when
     /// `stop` fires is given back unsent, so a shutdown does not leave it in flight until its
     /// lease ends (nor send it late, with the process about to be killed).
+    ///
+    /// `claimed_at` is the clock's monotonic time taken before the claim was asked for.
     pub(super) async fn deliver(
         &self,
         claimed: &Claimed,
+        claimed_at: Duration,
         stop: &mut watch::Receiver<bool>,
     ) -> Result<Step, LeaseError> {
         let Some(Lane {
@@ -83,11 +86,16 @@ impl<S: DeliveryStore> Relay<S> {
         //   it failed, or a trial after the cooldown did): not sent into the failure;
         // - the attempt and its record no longer both fit in the lease. One sent later could
         //   still be on its way when the lease ends and another relay sends the delivery again;
-        //   waiting for a permit behind a slow receiver is where the time goes.
+        //   waiting for a permit behind a slow receiver is where the time goes. Judged by the
+        //   wall clock, as the store and other relays judge the lease, and by the time that
+        //   really passed since the claim: a wall clock set back hides the lease's end from
+        //   the first (and on SQLite the next claim then re-anchors the lease to its own now).
         let now = self.clock.now();
-        let lease_short = self
-            .latest_send(route)
-            .is_some_and(|spare| now.plus(spare) >= claimed.lease_expires_at);
+        let held_for = self.clock.monotonic().saturating_sub(claimed_at);
+        let lease_short = self.latest_send(route).is_some_and(|spare| {
+            now.plus(spare) >= claimed.lease_expires_at
+                || held_for.saturating_add(spare) >= self.options.lease
+        });
         if lease_short || (waited && self.circuit_open(&route.name)) {
             drop(permit);
             self.store.unclaim(claimed, now).await?;
@@ -135,7 +143,7 @@ impl<S: DeliveryStore> Relay<S> {
     ) -> Result<Step, LeaseError> {
         let now = self.clock.now();
         let age = Duration::from_millis(
-            u64::try_from(now.millis() - claimed.created_at.millis()).unwrap_or(0),
+            u64::try_from(now.millis().saturating_sub(claimed.created_at.millis())).unwrap_or(0),
         );
         let verdict = decide(
             attempt,

@@ -29,6 +29,9 @@ impl<S: DeliveryStore> Relay<S> {
             } else {
                 self.room(&held)
             };
+            // Taken before the claim is asked for, so the lease is measured from no later
+            // than its start.
+            let claimed_at = self.clock.monotonic();
             let (claimed, freed) = match room {
                 Some((routes, room)) => {
                     beside(self.claim(routes, room), &mut sending, &mut held).await
@@ -42,7 +45,7 @@ impl<S: DeliveryStore> Relay<S> {
                 *held.entry(c.route.clone()).or_default() += 1;
                 let mut stop = stopped.clone();
                 sending.push(async move {
-                    let step = self.deliver(&c, &mut stop).await;
+                    let step = self.deliver(&c, claimed_at, &mut stop).await;
                     (c.route, step)
                 });
             }

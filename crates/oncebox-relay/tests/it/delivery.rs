@@ -230,6 +230,29 @@ fn attempts_are_capped_then_dead() {
     });
 }
 
+/// A creation time an operator's edit put at the start of time: the delivery is as old as can
+/// be, past any `max_age`, and is dead after one failure (the age's subtraction overflowed).
+#[test]
+fn a_creation_time_at_the_start_of_time_is_past_any_max_age() {
+    run(async {
+        let w = World::new();
+        let (rx, addr) = receiver::start().await;
+        rx.answer(&[(500, None)]);
+        w.accept("evt_old", &["hooks"]).await;
+        rusqlite::Connection::open(w.path())
+            .unwrap()
+            .execute("UPDATE oncebox_outbox SET created_at = ?1", [i64::MIN])
+            .unwrap();
+        let relay = w.relay(vec![route("hooks", addr, true)]);
+        // Owed, it is also the oldest delivery the gauges report.
+        relay.publish_gauges().await.unwrap();
+        relay.run_once().await.unwrap();
+        let d = w.delivery("evt_old").await;
+        assert_eq!((d.state, d.attempts), (DeliveryState::Dead, 1));
+        assert_eq!(rx.requests().len(), 1);
+    });
+}
+
 impl World {
     pub fn clock_now(&self) -> oncebox_core::Timestamp {
         use oncebox_core::Clock;

@@ -25,6 +25,17 @@ use crate::{START, World, receiver, route};
 
 #[test]
 fn a_claim_whose_lease_runs_short_behind_a_slow_route_is_given_back_not_sent_late() {
+    lease_runs_short_behind_a_slow_route(Duration::ZERO);
+}
+
+/// The same with the wall clock set back an hour during each request: by it the lease would
+/// never run short, but it did in the time that passed, and a claim since would take it over.
+#[test]
+fn a_wall_clock_set_back_does_not_hide_the_end_of_a_claims_lease() {
+    lease_runs_short_behind_a_slow_route(Duration::from_secs(3600));
+}
+
+fn lease_runs_short_behind_a_slow_route(set_back: Duration) {
     run(async {
         let w = World::new();
         // Each request takes 25 s of the relay's clock; one at a time; leases of 60 s.
@@ -36,6 +47,7 @@ fn a_claim_whose_lease_runs_short_behind_a_slow_route_is_given_back_not_sent_lat
                 let key = headers["idempotency-key"].to_str().unwrap().to_owned();
                 seen.lock().unwrap().push((key, clock.now()));
                 clock.advance(Duration::from_secs(25));
+                clock.set(clock.now().minus(set_back));
                 StatusCode::OK
             }),
         );
@@ -66,7 +78,7 @@ fn a_claim_whose_lease_runs_short_behind_a_slow_route_is_given_back_not_sent_lat
         );
         // Every request left inside the lease it was sent under.
         assert!(seen[1].1 < START.plus(Duration::from_secs(60)));
-        w.clock.advance(Duration::from_secs(3600));
+        w.clock.advance(Duration::from_secs(3600) + set_back * 4);
         assert_eq!(relay.run_once().await.unwrap().claimed, 0);
     });
 }

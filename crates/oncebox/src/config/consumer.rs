@@ -71,6 +71,8 @@ pub struct ConsumerSpec {
 }
 
 const DEFAULT_PREFETCH: u32 = 64;
+/// The longest queue or exchange name AMQP can carry (a short string).
+const AMQP_NAME_MAX: usize = 255;
 const DEFAULT_MAX_BODY: u64 = 1 << 20;
 const MAX_MAX_BODY: u64 = 64 << 20;
 const MIN_RETRY_DELAY: Duration = Duration::from_millis(10);
@@ -167,6 +169,16 @@ pub(super) fn validate(
     }
     let broker = match (&raw.queue, &raw.stream) {
         (Some(queue), None) => {
+            // Both go to RabbitMQ as AMQP short strings (the quarantine's routing key is the
+            // queue's name).
+            for (field, value) in [("queue", queue), ("quarantine", &quarantine)] {
+                if value.len() > AMQP_NAME_MAX {
+                    p.push(
+                        &format!("{path}.{field}"),
+                        format_args!("must be at most {AMQP_NAME_MAX} bytes on RabbitMQ"),
+                    );
+                }
+            }
             for field in [("subject", &raw.subject), ("durable", &raw.durable)] {
                 if field.1.is_some() {
                     p.push(

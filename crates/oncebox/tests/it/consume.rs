@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use async_nats::jetstream::{self, stream};
 use serde_json::Value;
 
-use crate::support::oncebox;
+use crate::support::{oncebox, text};
 
 fn config(stream: &str, subject: &str, quarantine: &str) -> String {
     format!(
@@ -237,4 +237,26 @@ fn a_stop_during_a_handshake_that_never_ends_is_not_held_up() {
         };
         assert!(status.success(), "consume: {status}");
     });
+}
+
+/// A RabbitMQ URL that could never connect is refused at start, not retried for ever; one whose
+/// vhost is longer than AMQP can name made lapin panic in the consumer's task.
+#[test]
+fn an_amqp_url_that_cannot_work_is_refused_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("oncebox.toml"),
+        "[sources.shop]\nsignature = \"none\"\n\n[consumers.orders]\nsource = \"shop\"\n\
+         queue = \"orders\"\nkey = \"message-id\"\nquarantine = \"oncebox.quarantine\"\n",
+    )
+    .unwrap();
+    let long = format!("amqp://127.0.0.1/{}", "v".repeat(256));
+    for (url, why) in [
+        (long.as_str(), "vhost"),
+        ("http://127.0.0.1/", "not an AMQP URL"),
+    ] {
+        let out = oncebox(dir.path(), &["consume", "--amqp", url]);
+        assert_eq!(out.status.code(), Some(2), "{url}: {}", text(&out));
+        assert!(text(&out).contains(why), "{url}: {}", text(&out));
+    }
 }

@@ -1,5 +1,6 @@
 //! Route URLs: http(s) receivers, RabbitMQ exchanges and NATS subjects are accepted; a bad URL
-//! names the part to fix; HTTP-only settings on a broker route are refused by field.
+//! names the part to fix; HTTP-only settings on a broker route are refused by field; broker
+//! names AMQP cannot carry are refused for routes and consumers alike.
 
 use oncebox_relay::Target;
 
@@ -161,4 +162,27 @@ fn a_routes_authorities_are_read_from_a_pem_file_and_refused_by_field_when_unusa
     let line = format!("ca_file = {:?}", good.display().to_string());
     let e = err(&routed("nats://127.0.0.1:4222?subject=orders", &line));
     assert_mentions(&e, &["routes.r.ca_file", "https"]);
+}
+
+#[test]
+fn names_longer_than_amqp_carries_are_refused() {
+    let long = "x".repeat(256);
+    let e = err(&routed(&format!("amqp://127.0.0.1/{long}?exchange=e"), ""));
+    assert_mentions(&e, &["routes.r.url", "vhost", "longer than 255 bytes"]);
+    let consumer = |queue: &str, quarantine: &str| {
+        format!(
+            "[consumers.c]\nsource = \"s\"\nkey = \"message-id\"\nqueue = \"{queue}\"\n\
+             quarantine = \"{quarantine}\"\n"
+        )
+    };
+    let fits = &long[1..];
+    ok(&consumer(fits, fits));
+    assert_mentions(
+        &err(&consumer(&long, "x")),
+        &["consumers.c.queue", "255 bytes"],
+    );
+    assert_mentions(
+        &err(&consumer("q", &long)),
+        &["consumers.c.quarantine", "255 bytes"],
+    );
 }
