@@ -14,6 +14,12 @@ pub struct Lease {
     pub key: Key,
     pub token: i64,
     pub expires_at: Timestamp,
+    /// This lease replaced an earlier holder's that expired unfinished: that holder may have
+    /// performed the effect before it stopped (it crashed, or stalled past its lease, after
+    /// the call). Perform it again only if the outside party honours a key or can be asked
+    /// whether it happened; otherwise call `uncertain` and leave it to reconciliation. Redis
+    /// cannot tell (an expired lease is gone with its key) and always says `false`.
+    pub taken_over: bool,
 }
 
 /// What another `begin` (or `process`) makes of a two-phase lease it finds.

@@ -13,6 +13,8 @@ use sqlx::{PgConnection, Row};
 pub(crate) enum Claim {
     /// The key is ours: a new record in state `processing`, or an expired lease taken over.
     Fresh(i64),
+    /// An expired lease taken over: ours now, but its holder may have run the outside effect.
+    TakenOver(i64),
     /// Answered from the record; the handler must not run. The transaction must still commit
     /// (a conflict is recorded for audit).
     Answered(Result<Processed, ProcessError>),
@@ -123,7 +125,7 @@ pub(crate) async fn claim(
     .bind(now)
     .execute(&mut *conn)
     .await?;
-    Ok(Claim::Fresh(id))
+    Ok(Claim::TakenOver(id))
 }
 
 /// Marks the claimed record terminal with its response.

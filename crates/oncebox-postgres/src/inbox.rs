@@ -151,7 +151,7 @@ impl Inbox {
                     tx.commit().await.map_err(|e| commit_failed(&e))?;
                     return answer;
                 }
-                Claim::Fresh(row) => {
+                Claim::Fresh(row) | Claim::TakenOver(row) => {
                     crate::crash::point!("after-inbox-insert");
                     let Some(handler) = handler.take() else { break };
                     return self
@@ -234,10 +234,11 @@ impl Inbox {
             }
             tx.commit().await.map_err(|e| commit_failed(&e))?;
             return match claimed {
-                Claim::Fresh(_) => Ok(Begun::Leased(Lease {
+                Claim::Fresh(_) | Claim::TakenOver(_) => Ok(Begun::Leased(Lease {
                     key: event.key.clone(),
                     token,
                     expires_at,
+                    taken_over: matches!(claimed, Claim::TakenOver(_)),
                 })),
                 Claim::Answered(Ok(Processed::Duplicate(r))) => Ok(Begun::Duplicate(r)),
                 Claim::Answered(Ok(other)) => Err(ProcessError::Handler(

@@ -155,6 +155,8 @@ impl Leases {
                     key: event.key.clone(),
                     token,
                     expires_at,
+                    // An expired lease vanished with its key: nothing tells it from a new one.
+                    taken_over: false,
                 }))
             }
             (Some(b"done"), Some(kind), Some(body)) => {

@@ -22,10 +22,11 @@ pub(crate) fn begin(
     let claimed = claim(cx, event, Some((token, expires_at.millis())))?;
     cx.release()?;
     Ok(match claimed {
-        Claim::Fresh(_) => Ok(Begun::Leased(Lease {
+        Claim::Fresh(_) | Claim::TakenOver(_) => Ok(Begun::Leased(Lease {
             key: event.key.clone(),
             token,
             expires_at,
+            taken_over: matches!(claimed, Claim::TakenOver(_)),
         })),
         Claim::Answered(Ok(Processed::Duplicate(r))) => Ok(Begun::Duplicate(r)),
         Claim::Answered(Ok(other)) => {

@@ -35,6 +35,8 @@ pub(crate) enum Claim {
     /// The key is ours: a new record in state `processing`, or an expired lease taken over.
     /// Carries the record's row id, so finishing it needs no second index lookup.
     Fresh(i64),
+    /// An expired lease taken over: ours now, but its holder may have run the outside effect.
+    TakenOver(i64),
     /// Answered from the record; the handler must not run.
     Answered(Result<Processed, ProcessError>),
 }
@@ -51,7 +53,7 @@ pub(crate) fn run(
     let claimed = match existing(cx, &event.key)? {
         None => None,
         Some(found) => match decide(cx, event, found, None)? {
-            Claim::Fresh(row) => {
+            Claim::Fresh(row) | Claim::TakenOver(row) => {
                 crash::point!("after-inbox-insert");
                 Some(row)
             }
@@ -207,7 +209,7 @@ fn decide(
              WHERE id = ?1",
         )?
         .execute(params![existing.id, token, expires, cx.now.millis()])?;
-    Ok(Claim::Fresh(existing.id))
+    Ok(Claim::TakenOver(existing.id))
 }
 
 pub(crate) fn existing(cx: &Cx<'_, '_>, key: &Key) -> rusqlite::Result<Option<Existing>> {

@@ -36,6 +36,9 @@ pub trait Leasing: Send + Sync + Sized + 'static {
     /// Lets every lease taken so far with `ttl` run out, as for a holder paused past it: the
     /// clock moves on (SQL stores), or the store's own expiry ends them (Redis).
     fn lapse(&self, ttl: Duration) -> impl Future<Output = ()> + Send;
+    /// Whether a lease taken over from an expired holder says so (`Lease::taken_over`): the
+    /// SQL stores keep the expired lease's record, Redis loses it with its key.
+    const TELLS_TAKEOVER: bool = true;
     /// Whether the storage is there ([`crate::service_url`] for an outside service).
     fn available() -> bool {
         true

@@ -18,6 +18,8 @@ pub struct RedisLeases {
 }
 
 impl Leasing for RedisLeases {
+    const TELLS_TAKEOVER: bool = false;
+
     async fn fresh() -> Self {
         let url = shared().expect("ONCEBOX_REDIS_URL");
         let ns = Arc::new(Namespace::new(&url));

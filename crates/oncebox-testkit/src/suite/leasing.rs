@@ -93,9 +93,12 @@ pub async fn expired_lease_is_taken_over_and_old_holder_is_fenced<L: Leasing>() 
     let l = L::fresh().await;
     let e = event("welcome-2", 1);
     let first = leased(l.begin(&e, TTL).await);
+    assert!(!first.taken_over, "{first:?}");
     l.lapse(TTL).await;
     let second = leased(l.begin(&e, TTL).await);
     assert!(second.token > first.token, "{second:?} after {first:?}");
+    // The first holder may have made the call before it stopped: the new one is told so.
+    assert_eq!(second.taken_over, L::TELLS_TAKEOVER, "{second:?}");
     let late = Response::completed("late");
     assert_eq!(l.complete(&first, &late).await, Err(LeaseError::Fenced));
     assert_eq!(l.release(&first).await, Err(LeaseError::Fenced));
@@ -160,6 +163,8 @@ pub async fn released_key_is_free_again_and_the_old_token_is_fenced<L: Leasing>(
     l.release(&first).await.unwrap();
     let second = leased(l.begin(&e, TTL).await);
     assert!(second.token > first.token, "{second:?} after {first:?}");
+    // Given back, not abandoned: nothing was done under the first lease.
+    assert!(!second.taken_over, "{second:?}");
     let done = Response::completed("stale holder");
     assert_eq!(l.complete(&first, &done).await, Err(LeaseError::Fenced));
     assert_eq!(l.release(&first).await, Err(LeaseError::Fenced));
@@ -212,4 +217,6 @@ pub async fn uncertain_key_is_neither_leased_nor_duplicate_until_resolved<L: Lea
     assert!(l.resolve(&e2.key, None).await);
     let retaken = leased(l.begin(&e2, TTL).await);
     assert!(retaken.token > lease.token);
+    // The operator found the call was not made: nothing to warn the new holder of.
+    assert!(!retaken.taken_over, "{retaken:?}");
 }
