@@ -1,5 +1,6 @@
 //! What a handler's transaction helpers report, the same on every backend: whether an action key
-//! was taken now, and where an offset stands against its watermark.
+//! was taken now, whether an outbox message was queued, and where an offset stands against its
+//! watermark.
 
 /// Whether an action key was taken now or already by an earlier event.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -9,6 +10,21 @@ pub enum Once {
     First,
     /// Another event already performed it: skip.
     Already,
+}
+
+/// Whether `enqueue` queued its message. A key names one message for its destination: a second
+/// under the same key is not queued, and says whether it was the same message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Enqueued {
+    /// Queued now: delivered after the commit.
+    Queued,
+    /// The same message (payload and content type) was queued under this key before.
+    Already,
+    /// Another message was queued under this key before: it stands, and this one is not
+    /// queued. Usually a key built from too little (the order, where it should be the order
+    /// and the kind of message).
+    Conflict,
 }
 
 /// Where an offset stands against the stream's watermark.

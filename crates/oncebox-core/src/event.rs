@@ -163,6 +163,19 @@ pub(crate) fn header_field(value: &str) -> Result<(), &'static str> {
 }
 
 impl OutboxMessage {
+    /// What `enqueue` answers when its insert found the key taken: `first` is the payload and
+    /// content type queued under it (`None` if it vanished meanwhile, purged: the key was used).
+    pub fn beside(&self, first: Option<(Vec<u8>, String)>) -> crate::Enqueued {
+        match first {
+            Some((payload, content_type))
+                if payload != self.payload || content_type != self.content_type =>
+            {
+                crate::Enqueued::Conflict
+            }
+            _ => crate::Enqueued::Already,
+        }
+    }
+
     /// Whether the message can be sent: a key and content type every target can carry as a
     /// header. The backends' `enqueue` refuses a message that cannot.
     pub fn check(&self) -> Result<(), InvalidMessage> {

@@ -19,7 +19,7 @@ pub mod signature;
 pub mod store;
 
 pub use clock::{Boot, Clock, ManualClock, SystemClock, Timestamp, purge_now};
-pub use effect::{OffsetMove, Once};
+pub use effect::{Enqueued, OffsetMove, Once};
 pub use event::{Event, InvalidMessage, Meta, OutboxMessage};
 pub use fingerprint::{Fingerprint, FingerprintMode, PayloadError};
 pub use key::{EventId, InvalidKey, Key, Source};

@@ -34,7 +34,7 @@ pub use oncebox_core::{Record, RecordState, Resolution};
 pub use options::Options;
 pub use read::MAX_PAGE;
 pub use sqlx;
-pub use tx::{HandlerError, OffsetMove, Once, Tx};
+pub use tx::{Enqueued, HandlerError, OffsetMove, Once, Tx};
 
 /// The `LISTEN`/`NOTIFY` channel on which new deliveries wake relays.
 pub const OUTBOX_CHANNEL: &str = "oncebox_outbox";

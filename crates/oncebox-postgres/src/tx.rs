@@ -1,8 +1,8 @@
 //! The handler's view of the open transaction: the user's own SQL, action keys, entity versions,
 //! offset watermarks and the outbox all commit or roll back with the inbox record.
 
+pub use oncebox_core::{Enqueued, OffsetMove, Once};
 use oncebox_core::{Key, OutboxMessage, Timestamp};
-pub use oncebox_core::{OffsetMove, Once};
 use sqlx::{PgConnection, Postgres, Transaction};
 
 /// How a handler fails. `Stale` and `Failed` decide what is kept of the event.
@@ -157,11 +157,12 @@ impl Tx {
     }
 
     /// Queues a message for delivery after commit. The same idempotency key for the same
-    /// destination is queued once. A message no target could send (see
-    /// [`OutboxMessage::check`]) fails the event: nothing of it is kept and the caller hears why.
-    pub async fn enqueue(&mut self, msg: &OutboxMessage) -> Result<(), HandlerError> {
+    /// destination is queued once: a second says whether it was the same message
+    /// ([`Enqueued`]). A message no target could send (see [`OutboxMessage::check`]) fails the
+    /// event: nothing of it is kept and the caller hears why.
+    pub async fn enqueue(&mut self, msg: &OutboxMessage) -> Result<Enqueued, HandlerError> {
         msg.check().map_err(HandlerError::failed)?;
-        sqlx::query(
+        let queued = sqlx::query(
             "INSERT INTO oncebox_outbox (destination, idempotency_key, payload, content_type,
                source, event_id, created_at, next_attempt_at)
              VALUES ($1, $2, $3, $4, $5, $6, $7, $7)
@@ -176,7 +177,18 @@ impl Tx {
         .bind(self.now.millis())
         .execute(&mut *self.tx)
         .await?;
-        self.queued = true;
-        Ok(())
+        if queued.rows_affected() == 1 {
+            self.queued = true;
+            return Ok(Enqueued::Queued);
+        }
+        let first: Option<(Vec<u8>, String)> = sqlx::query_as(
+            "SELECT payload, content_type FROM oncebox_outbox
+             WHERE destination = $1 AND idempotency_key = $2",
+        )
+        .bind(&msg.destination)
+        .bind(&msg.idempotency_key)
+        .fetch_optional(&mut *self.tx)
+        .await?;
+        Ok(msg.beside(first))
     }
 }

@@ -51,4 +51,4 @@ pub use options::{Durability, Options};
 pub use pcache::parked_pages;
 pub use placement::Placement;
 pub use rusqlite;
-pub use tx::{HandlerError, OffsetMove, Once, Tx};
+pub use tx::{Enqueued, HandlerError, OffsetMove, Once, Tx};

@@ -1,8 +1,8 @@
 //! The handler's view of the open transaction: the user's own SQL, action keys, entity versions,
 //! offset watermarks and the outbox all commit or roll back with the inbox record.
 
+pub use oncebox_core::{Enqueued, OffsetMove, Once};
 use oncebox_core::{Key, OutboxMessage, Timestamp};
-pub use oncebox_core::{OffsetMove, Once};
 use rusqlite::{Connection, OptionalExtension, params};
 
 /// How a handler fails. `Stale` and `Failed` decide what is kept of the event.
@@ -131,11 +131,13 @@ impl<'a> Tx<'a> {
     }
 
     /// Queues a message for delivery after commit. The same idempotency key for the same
-    /// destination is queued once. A message no target could send (see
-    /// [`OutboxMessage::check`]) fails the event: nothing of it is kept and the caller hears why.
-    pub fn enqueue(&mut self, msg: &OutboxMessage) -> Result<(), HandlerError> {
+    /// destination is queued once: a second says whether it was the same message
+    /// ([`Enqueued`]). A message no target could send (see [`OutboxMessage::check`]) fails the
+    /// event: nothing of it is kept and the caller hears why.
+    pub fn enqueue(&mut self, msg: &OutboxMessage) -> Result<Enqueued, HandlerError> {
         msg.check().map_err(HandlerError::failed)?;
-        self.conn
+        let queued = self
+            .conn
             .prepare_cached(
                 "INSERT INTO oncebox_outbox (destination, idempotency_key, payload, content_type,
                    source, event_id, created_at, next_attempt_at)
@@ -151,7 +153,20 @@ impl<'a> Tx<'a> {
                 self.key.event_id.as_str(),
                 self.now.millis()
             ])?;
-        Ok(())
+        if queued == 1 {
+            return Ok(Enqueued::Queued);
+        }
+        let first: Option<(Vec<u8>, String)> = self
+            .conn
+            .prepare_cached(
+                "SELECT payload, content_type FROM oncebox_outbox
+                 WHERE destination = ?1 AND idempotency_key = ?2",
+            )?
+            .query_row(params![msg.destination, msg.idempotency_key], |r| {
+                Ok((r.get(0)?, r.get(1)?))
+            })
+            .optional()?;
+        Ok(msg.beside(first))
     }
 }
 

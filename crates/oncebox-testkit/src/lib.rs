@@ -31,7 +31,8 @@ pub mod suite;
 /// What a test handler does, in order: check the entity version (stale stops here), check the
 /// offset watermark (a replay ends with body `replay` and no effect), credit `amount` to
 /// `account` recording one effect row for the key, take the action key `("email", email)` and,
-/// if first, record the email and enqueue an outbox message for it, then end as `end` says.
+/// if first, record the email and enqueue an outbox message for it, enqueue each of `notes`,
+/// then end as `end` says.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Script {
     pub amount: i64,
@@ -39,6 +40,9 @@ pub struct Script {
     pub version: Option<(String, i64)>,
     pub offset: Option<(String, i64, i64)>,
     pub email: Option<String>,
+    /// `(key, body)` of messages for destination `notes`: a completion's body is then what
+    /// each `enqueue` answered (`Queued`, `Already`, `Conflict`), joined by commas.
+    pub notes: Vec<(String, String)>,
     pub end: End,
 }
 
@@ -62,6 +66,7 @@ impl Script {
             version: None,
             offset: None,
             email: None,
+            notes: Vec::new(),
             end: End::Complete("ok".into()),
         }
     }
@@ -78,6 +83,11 @@ impl Script {
 
     pub fn email(mut self, key: &str) -> Script {
         self.email = Some(key.to_owned());
+        self
+    }
+
+    pub fn note(mut self, key: &str, body: &str) -> Script {
+        self.notes.push((key.to_owned(), body.to_owned()));
         self
     }
 
@@ -354,6 +364,7 @@ macro_rules! conformance {
             older_entity_version_is_stale_and_changes_nothing,
             offset_at_or_below_watermark_is_a_replay,
             outbox_message_commits_only_with_the_effect,
+            a_second_message_under_a_key_says_whether_it_was_the_same,
             stats_count_the_rows_kept_forever,
             restart_keeps_every_committed_key,
             process_waits_behind_a_lease_and_an_uncertain_key,

@@ -155,7 +155,15 @@ pub async fn run_script(tx: &mut Tx, script: &Script) -> Result<Response, Handle
         ))
         .await?;
     }
+    let mut answers = Vec::new();
+    for (key, body) in &script.notes {
+        let queued = tx
+            .enqueue(&OutboxMessage::json("notes", key.as_str(), body.as_str()))
+            .await?;
+        answers.push(format!("{queued:?}"));
+    }
     match &script.end {
+        End::Complete(_) if !answers.is_empty() => Ok(Response::completed(answers.join(","))),
         End::Complete(body) => Ok(Response::completed(body.as_str())),
         End::Reject(body) => Ok(Response::rejected(body.as_str())),
         End::Fail => Err(HandlerError::failed("scripted failure")),

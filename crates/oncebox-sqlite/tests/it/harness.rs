@@ -120,7 +120,13 @@ pub fn run_script(tx: &mut Tx<'_>, script: &Script) -> Result<Response, HandlerE
             format!(r#"{{"order":"{order}"}}"#),
         ))?;
     }
+    let mut answers = Vec::new();
+    for (key, body) in &script.notes {
+        let queued = tx.enqueue(&OutboxMessage::json("notes", key.as_str(), body.as_str()))?;
+        answers.push(format!("{queued:?}"));
+    }
     match &script.end {
+        End::Complete(_) if !answers.is_empty() => Ok(Response::completed(answers.join(","))),
         End::Complete(body) => Ok(Response::completed(body.as_str())),
         End::Reject(body) => Ok(Response::rejected(body.as_str())),
         End::Fail => Err(HandlerError::failed("scripted failure")),

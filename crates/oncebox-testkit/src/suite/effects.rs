@@ -160,6 +160,25 @@ pub async fn outbox_message_commits_only_with_the_effect<B: Backend>() {
     assert!(retried.is_applied(), "{retried:?}");
 }
 
+/// A key names one message for its destination: a second under it is not queued, and the
+/// handler hears whether it was the same message or another one (a key built from too little).
+pub async fn a_second_message_under_a_key_says_whether_it_was_the_same<B: Backend>() {
+    let (b, _) = fresh::<B>().await;
+    let answers = |p: oncebox_core::Processed| String::from_utf8(p.response().body).unwrap();
+    let first = Script::credit(1)
+        .note("n1", r#"{"a":1}"#)
+        .note("n1", r#"{"a":1}"#)
+        .note("n1", r#"{"a":2}"#);
+    let p = b.process(event("shop", "e1", 1), first).await.unwrap();
+    assert_eq!(answers(p), "Queued,Already,Conflict");
+    // From another event, in another transaction, against the committed row.
+    let again = Script::credit(1).note("n1", r#"{"a":1}"#).note("n1", "{}");
+    let p = b.process(event("shop", "e2", 1), again).await.unwrap();
+    assert_eq!(answers(p), "Already,Conflict");
+    let n1 = ("notes".to_owned(), "n1".to_owned());
+    assert_eq!(b.observe().await.outbox, vec![n1]);
+}
+
 pub async fn restart_keeps_every_committed_key<B: Backend>() {
     let (b, _) = fresh::<B>().await;
     for i in 0..20 {
