@@ -179,7 +179,12 @@ impl<A: oncebox_core::consume::Apply> Shared<A> {
         let mut failures = self.failures.lock().unwrap_or_else(PoisonError::into_inner);
         let failed = matches!(outcome, Err(ProcessError::Handler(_)));
         count(&mut failures, key, failed, || {
-            delivery_count(&delivery.properties)
+            // A first delivery had none before it, whatever its headers say: a producer can
+            // set `x-delivery-count` itself, and a classic queue passes it on untouched.
+            delivery
+                .redelivered
+                .then(|| delivery_count(&delivery.properties))
+                .flatten()
         })
     }
 

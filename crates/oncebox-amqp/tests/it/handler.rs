@@ -1,11 +1,13 @@
 //! Handlers that fail or panic: a panic counts as a failure (the delivery is settled, not left
 //! holding its prefetch slot), and only handler failures count towards `max_attempts`, not the
-//! requeues a quorum queue also counts in `x-delivery-count`.
+//! requeues a quorum queue also counts in `x-delivery-count`, nor a count its producer wrote.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use lapin::BasicProperties;
+use lapin::types::{AMQPValue, FieldTable};
 use oncebox_amqp::Consumer;
 use oncebox_core::consume::from_fn;
 use oncebox_core::{Event, ProcessError, Processed, Response};
@@ -111,6 +113,47 @@ fn requeues_for_other_reasons_do_not_count_as_handler_failures_on_a_quorum_queue
         );
         assert_eq!(done.requeued, u64::from(max) + 1, "every requeue happened");
         assert_eq!((done.quarantined, done.applied), (0, 1));
+        assert!(w.quarantined().await.is_empty());
+        w.cleanup().await;
+    });
+}
+
+/// A producer's own `x-delivery-count` (a classic queue passes it on) is not the broker's: the
+/// first delivery's failure is its first, not its thousand-and-first, and it is retried.
+#[test]
+fn a_delivery_count_the_producer_wrote_is_not_taken_for_earlier_failures() {
+    let Some(url) = service_url("ONCEBOX_AMQP_URL") else {
+        return;
+    };
+    run(async move {
+        let w = World::new(&url).await;
+        let calls = Arc::new(AtomicU64::new(0));
+        let counted = calls.clone();
+        let apply = from_fn(move |_: Event, _| {
+            let n = counted.fetch_add(1, Ordering::SeqCst) + 1;
+            async move {
+                match n {
+                    1 => Err(ProcessError::Handler("transient".into())),
+                    _ => applied(),
+                }
+            }
+        });
+        let mut headers = FieldTable::default();
+        headers.insert("x-delivery-count".into(), AMQPValue::LongLongInt(1000));
+        let props = BasicProperties::default().with_headers(headers);
+        w.publish_with(Some("evt_counted"), r#"{"amount":1}"#, props)
+            .await;
+        let mut consumer = start(&url, Consumer::new(apply, w.options()));
+        consumer
+            .wait(|c| c.applied + c.quarantined >= 1, w.state())
+            .await;
+        let done = consumer.stop().await;
+        w.wait_ready(&w.queue, 0).await;
+        assert_eq!(
+            (done.requeued, done.quarantined, done.applied),
+            (1, 0, 1),
+            "retried once, then applied"
+        );
         assert!(w.quarantined().await.is_empty());
         w.cleanup().await;
     });
