@@ -2,6 +2,7 @@
 //! delivered only on the broker's ack of a message it routed.
 
 use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions};
@@ -32,12 +33,15 @@ const PERSISTENT: u8 = 2;
 pub(crate) struct Publisher {
     target: AmqpTarget,
     open: Mutex<Option<Open>>,
+    /// Connections opened so far: each open one is known by its number.
+    opened: AtomicU64,
 }
 
 struct Open {
     // Kept so the connection lives as long as its channel; dropping it closes the connection.
     _connection: Connection,
     channel: Channel,
+    number: u64,
 }
 
 impl fmt::Debug for Publisher {
@@ -64,6 +68,7 @@ impl Publisher {
         Publisher {
             target,
             open: Mutex::new(None),
+            opened: AtomicU64::new(0),
         }
     }
 
@@ -76,8 +81,8 @@ impl Publisher {
     ) -> Attempt {
         let deadline = Instant::now() + timeout;
         // Nothing has left until `basic_publish`: any failure before it is "not sent".
-        let channel = match timeout_at(deadline, self.channel()).await {
-            Ok(Ok(channel)) => channel,
+        let (channel, opened) = match timeout_at(deadline, self.channel()).await {
+            Ok(Ok(open)) => open,
             Ok(Err(e)) => return Attempt::NotSent(e),
             Err(_) => {
                 return Attempt::NotSent(format!(
@@ -119,7 +124,7 @@ impl Publisher {
         let confirm = match sent {
             Ok(Ok(confirm)) => confirm,
             Ok(Err(e)) => {
-                self.forget().await;
+                self.forget(opened).await;
                 return match e.kind() {
                     // Refused before a frame was written: the broker saw nothing.
                     ErrorKind::InvalidChannelState(..) | ErrorKind::InvalidConnectionState(_) => {
@@ -129,7 +134,7 @@ impl Publisher {
                 };
             }
             Err(_) => {
-                self.forget().await;
+                self.forget(opened).await;
                 return Attempt::NoAnswer(format!("publish not written within {timeout:?}"));
             }
         };
@@ -149,29 +154,30 @@ impl Publisher {
             }
             Ok(Ok(Confirmation::NotRequested)) => {
                 // The channel lost confirm mode: nothing tells whether the message was stored.
-                self.forget().await;
+                self.forget(opened).await;
                 Attempt::NoAnswer("published without a confirm".into())
             }
             // The connection or channel failed after the publish left, or the confirm did not
             // come in time: the broker may have stored the message.
             Ok(Err(e)) => {
-                self.forget().await;
+                self.forget(opened).await;
                 Attempt::NoAnswer(format!("no confirm: {}", error_chain(&e)))
             }
             Err(_) => {
-                self.forget().await;
+                self.forget(opened).await;
                 Attempt::NoAnswer(format!("no confirm within {timeout:?}"))
             }
         }
     }
 
-    /// The open channel, or a new connection and channel when there is none or it failed.
-    async fn channel(&self) -> Result<Channel, String> {
+    /// The open channel, or a new connection and channel when there is none or it failed; with
+    /// the number of the connection it is on.
+    async fn channel(&self) -> Result<(Channel, u64), String> {
         let mut open = self.open.lock().await;
         if let Some(o) = open.as_ref()
             && o.channel.status().connected()
         {
-            return Ok(o.channel.clone());
+            return Ok((o.channel.clone(), o.number));
         }
         // A failed connection is dropped (and so closed) before a new one is made.
         *open = None;
@@ -214,15 +220,51 @@ impl Publisher {
                     )
                 })?;
         }
+        let number = self.opened.fetch_add(1, Ordering::Relaxed);
         *open = Some(Open {
             _connection: connection,
             channel: channel.clone(),
+            number,
         });
-        Ok(channel)
+        Ok((channel, number))
     }
 
-    /// Drops the connection after a failure; the next attempt opens a new one.
-    async fn forget(&self) {
-        *self.open.lock().await = None;
+    /// Drops connection `number` after a failure on it; the next attempt opens a new one. One
+    /// another publish opened since, after finding this one failed, is left alone: dropping it
+    /// would take that publish's confirm with it, and make an answer it was about to get
+    /// unknown.
+    async fn forget(&self, number: u64) {
+        let mut open = self.open.lock().await;
+        if open.as_ref().is_some_and(|o| o.number == number) {
+            *open = None;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Publisher;
+    use crate::target::Target;
+
+    /// Two publishes fail on one connection: the first to notice opens a new one, and the
+    /// second's late `forget` must not drop it (with it the first's confirm).
+    #[test]
+    fn a_failure_drops_only_the_connection_it_happened_on() {
+        let Some(url) = oncebox_testkit::service_url("ONCEBOX_AMQP_URL") else {
+            return;
+        };
+        oncebox_testkit::run(async move {
+            let Ok(Target::Amqp(target)) =
+                Target::parse(&format!("{url}?exchange=&routing_key=oncebox-unused"))
+            else {
+                panic!("an AMQP target from {url}")
+            };
+            let p = Publisher::new(target);
+            let (_, first) = p.channel().await.unwrap();
+            p.forget(first + 1).await;
+            assert_eq!(p.channel().await.unwrap().1, first, "another's failure");
+            p.forget(first).await;
+            assert_ne!(p.channel().await.unwrap().1, first, "its own failure");
+        });
     }
 }
