@@ -27,7 +27,16 @@ pub(super) struct Preset {
     /// The sender may deliver the same event again for this long; a shorter retention would
     /// purge the inbox record first and let the redelivery in as a new event.
     pub horizon: Duration,
+    /// The fields a retry of one event always repeats, where the sender renders some others
+    /// afresh for each attempt; `None`: the whole body.
+    pub fingerprint: Option<&'static [&'static str]>,
 }
+
+/// What a Stripe event is: its type, time and object snapshot, fixed when the event is made.
+/// Not the whole body: `pending_webhooks` is counted again for each attempt (it falls as the
+/// account's other endpoints succeed), so a retry after a lost 202 would read as another
+/// payload, be refused `422`, and be retried and refused for three days.
+const STRIPE_FINGERPRINT: &[&str] = &["/type", "/created", "/data", "/livemode", "/account"];
 
 pub(super) fn preset(which: RawPreset) -> Preset {
     match which {
@@ -38,6 +47,7 @@ pub(super) fn preset(which: RawPreset) -> Preset {
             event_id: PresetId::Pointer("/id"),
             tolerance: Duration::from_secs(300),
             horizon: 3 * DAY,
+            fingerprint: Some(STRIPE_FINGERPRINT),
         },
         // GitHub does not redeliver on its own, but operators redeliver failed deliveries by
         // hand from the hook's "Recent Deliveries" (kept for a few days) with the same
@@ -48,6 +58,7 @@ pub(super) fn preset(which: RawPreset) -> Preset {
             event_id: PresetId::Header("x-github-delivery"),
             tolerance: Duration::from_secs(300),
             horizon: 3 * DAY,
+            fingerprint: None,
         },
         // Standard Webhooks senders such as Svix retry on a schedule lasting about three days.
         RawPreset::StandardWebhooks => Preset {
@@ -56,6 +67,7 @@ pub(super) fn preset(which: RawPreset) -> Preset {
             event_id: PresetId::Header("webhook-id"),
             tolerance: Duration::from_secs(300),
             horizon: 3 * DAY,
+            fingerprint: None,
         },
     }
 }

@@ -90,7 +90,19 @@ pub(super) fn validate(
         EventIdRule::Derive(fields) => Some(fields.as_slice()),
         _ => None,
     };
-    let fingerprint = fingerprint(&path, raw.fingerprint.as_ref(), derived, p);
+    let fingerprint = match (
+        &raw.fingerprint,
+        derived,
+        preset.and_then(|p| p.fingerprint),
+    ) {
+        (None, None, Some(fields)) => FingerprintMode::Fields(
+            fields
+                .iter()
+                .filter_map(|f| Pointer::parse(f).ok())
+                .collect(),
+        ),
+        _ => fingerprint(&path, raw.fingerprint.as_ref(), derived, p),
+    };
 
     let max_body = raw.max_body.map_or(DEFAULT_MAX_BODY, |s| s.0);
     if max_body == 0 || max_body > MAX_MAX_BODY {

@@ -63,7 +63,9 @@ fn send_signs_events_the_gateway_accepts_once() {
             text(&first)
         );
     }
-    let body = r#"{"id":"evt_cli_2","type":"charge.succeeded"}"#;
+    // Stripe counts `pending_webhooks` again for each attempt: a retry is still the event.
+    let body = r#"{"id":"evt_cli_2","type":"charge.succeeded","pending_webhooks":2}"#;
+    let retry = r#"{"id":"evt_cli_2","type":"charge.succeeded","pending_webhooks":1}"#;
     let a = oncebox(
         dir.path(),
         &[
@@ -85,7 +87,7 @@ fn send_signs_events_the_gateway_accepts_once() {
             "--id",
             "evt_cli_2",
             "--body",
-            body,
+            retry,
             "--url",
             &server.1,
         ],
@@ -96,6 +98,22 @@ fn send_signs_events_the_gateway_accepts_once() {
         text(&a),
         text(&b)
     );
+    // Another event under that id is still a conflict.
+    let other = r#"{"id":"evt_cli_2","type":"charge.refunded","pending_webhooks":1}"#;
+    let c = oncebox(
+        dir.path(),
+        &[
+            "send",
+            "stripe",
+            "--id",
+            "evt_cli_2",
+            "--body",
+            other,
+            "--url",
+            &server.1,
+        ],
+    );
+    assert!(text(&c).contains("422"), "{}", text(&c));
     let events = oncebox(
         dir.path(),
         &["events", "--source", "stripe", "--output", "json"],

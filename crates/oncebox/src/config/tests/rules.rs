@@ -329,7 +329,12 @@ fn presets_fill_defaults_and_explicit_settings_win() {
     );
     assert_eq!(pay.tolerance, Duration::from_secs(300));
     assert_eq!(pay.retention, Duration::from_secs(7 * 86400));
+    // What a Stripe event is, not the envelope Stripe renders again for each attempt.
+    let fields = ["/type", "/created", "/data", "/livemode", "/account"];
+    let fields = fields.map(|f| Pointer::parse(f).unwrap()).to_vec();
+    assert_eq!(pay.fingerprint, FingerprintMode::Fields(fields));
     let gh = policy(&s, "gh");
+    assert_eq!(gh.fingerprint, FingerprintMode::Json);
     assert_eq!(gh.scheme, Scheme::Github);
     assert_eq!(gh.event_id, EventIdRule::Header("x-github-delivery".into()));
     let sw = policy(&s, "sw");
@@ -338,9 +343,10 @@ fn presets_fill_defaults_and_explicit_settings_win() {
 
     let s = ok(
         "[sources.pay]\npreset = \"stripe\"\nsecrets = [\"sk\"]\ntolerance = \"10m\"\n\
-                event_id = { header = \"x-id\" }\nretention = \"3d\"\n",
+                event_id = { header = \"x-id\" }\nretention = \"3d\"\nfingerprint = \"json\"\n",
     );
     let pay = policy(&s, "pay");
+    assert_eq!(pay.fingerprint, FingerprintMode::Json);
     assert_eq!(pay.scheme, Scheme::Stripe);
     assert_eq!(pay.tolerance, Duration::from_secs(600));
     assert_eq!(pay.event_id, EventIdRule::Header("x-id".into()));
