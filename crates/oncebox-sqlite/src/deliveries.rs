@@ -1,6 +1,7 @@
 //! `DeliveryStore` on SQLite: claims and outcomes go through the writer thread (a fenced lease
 //! per delivery), listings and gauges through reader connections.
 
+mod due;
 mod read;
 
 use std::time::Duration;
@@ -13,8 +14,9 @@ use oncebox_core::relay_store::{
 use oncebox_core::store::Page;
 use oncebox_core::{Key, LeaseError, Timestamp, Unavailable};
 use rusqlite::types::Value;
-use rusqlite::{Row, params, params_from_iter};
+use rusqlite::{params, params_from_iter};
 
+use self::due::{due, due_sql};
 use self::read::count;
 use crate::inbox::Inbox;
 use crate::store::unavailable;
@@ -22,60 +24,6 @@ use crate::writer::{Cx, Fatal};
 
 fn millis(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
-}
-
-/// `?1` is now, `?2` the limit, `?3…` the routes. Each claimable state is its own arm so each
-/// reads one range of `oncebox_outbox_due` in order and stops at the limit; the arms are then
-/// merged. An `in_flight` row is due when its lease expired: its relay died or stalled
-/// mid-attempt, and the claim says so (`taken_over`, the last column).
-fn due_sql(routes: usize) -> String {
-    let only = if routes == 0 {
-        String::new()
-    } else {
-        let marks: Vec<String> = (3..3 + routes).map(|i| format!("?{i}")).collect();
-        format!(" AND destination IN ({})", marks.join(", "))
-    };
-    let arm = |due: &str| {
-        format!(
-            "SELECT * FROM (SELECT id, destination, idempotency_key, payload, content_type,
-               source, event_id, attempts, created_at, next_attempt_at, state = 'in_flight'
-             FROM oncebox_outbox WHERE {due}{only} ORDER BY next_attempt_at, id LIMIT ?2)"
-        )
-    };
-    format!(
-        "{} UNION ALL {} UNION ALL {} ORDER BY next_attempt_at, id LIMIT ?2",
-        arm("state = 'pending' AND next_attempt_at <= ?1"),
-        arm("state = 'retrying' AND next_attempt_at <= ?1"),
-        arm("state = 'in_flight' AND lease_expires_at <= ?1"),
-    )
-}
-
-/// A due row before it is leased; `key` is `Err` when the stored key no longer validates.
-struct Due {
-    id: i64,
-    route: String,
-    idempotency_key: String,
-    payload: Vec<u8>,
-    content_type: String,
-    key: Result<Key, String>,
-    attempts: i64,
-    created_at: i64,
-    taken_over: bool,
-}
-
-fn due(r: &Row<'_>) -> rusqlite::Result<Due> {
-    let (source, event_id): (String, String) = (r.get(5)?, r.get(6)?);
-    Ok(Due {
-        id: r.get(0)?,
-        route: r.get(1)?,
-        idempotency_key: r.get(2)?,
-        payload: r.get(3)?,
-        content_type: r.get(4)?,
-        key: Key::parse(&source, &event_id).map_err(|e| e.to_string()),
-        attempts: r.get(7)?,
-        created_at: r.get(8)?,
-        taken_over: r.get(10)?,
-    })
 }
 
 fn claim(
@@ -104,7 +52,7 @@ fn claim(
     )?
     .execute([now.millis()])?;
     // A relay's route list is fixed by its configuration, so this caches one statement.
-    let rows: Vec<Due> = conn
+    let rows: Vec<_> = conn
         .prepare_cached(&due_sql(routes.len()))?
         .query_map(params_from_iter(args), due)?
         .collect::<Result<_, _>>()?;
@@ -116,21 +64,18 @@ fn claim(
     )?;
     let mut claimed = Vec::with_capacity(rows.len());
     for row in rows {
-        let key = match row.key {
-            Ok(key) => key,
-            Err(why) => {
-                // Rows are written from validated keys only. One that no longer validates can
-                // never be handed out, and left due it would take a slot of every claim
-                // forever: park it as dead, visible to operators, with the reason.
+        let row = match row {
+            Ok(row) => row,
+            Err((id, why)) => {
+                // Rows are written from validated values only. One that no longer reads (an
+                // edit by hand, another program) can never be handed out, and left due it
+                // would fail or take a slot of every claim forever: park it as dead, visible
+                // to operators, with the reason.
                 conn.prepare_cached(
                     "UPDATE oncebox_outbox SET state = 'dead', last_error = ?2, updated_at = ?3
                      WHERE id = ?1",
                 )?
-                .execute(params![
-                    row.id,
-                    format!("stored key no longer validates: {why}"),
-                    now.millis()
-                ])?;
+                .execute(params![id, why, now.millis()])?;
                 continue;
             }
         };
@@ -141,7 +86,7 @@ fn claim(
         claimed.push(Claimed {
             id: row.id,
             route: row.route,
-            key,
+            key: row.key,
             idempotency_key: row.idempotency_key,
             payload: row.payload,
             content_type: row.content_type,
@@ -220,7 +165,7 @@ impl Inbox {
                 .conn
                 .prepare_cached(
                     "UPDATE oncebox_outbox SET updated_at = ?2,
-                       next_attempt_at = ?2 + min(max(2 * (?2 - updated_at), ?3), ?4)
+                       next_attempt_at = ?2 + min(max(2 * (?2 - coalesce(updated_at, ?2)), ?3), ?4)
                      WHERE id = ?1 AND state = 'uncertain' AND next_attempt_at <= ?2",
                 )?
                 .execute(params![id, now.millis(), least, most])?;

@@ -1,5 +1,5 @@
 //! The delivery conformance suite on SQLite: the gateway's and the relay's stores on one real
-//! file.
+//! file; and rows an edit by hand left unlike what oncebox writes.
 
 use std::sync::Arc;
 
@@ -50,4 +50,84 @@ fn a_lease_is_re_anchored_only_when_taken_over_a_lease_ahead() {
         oncebox_testkit::relay::a_lease_is_re_anchored_only_when_taken_over_a_lease_ahead::<Sqlite>(
         ),
     );
+}
+
+/// Rows an edit by hand left unlike what oncebox writes (SQLite keeps any type in any column):
+/// a text payload is still its bytes and is sent; a value of another type, or a key that no
+/// longer validates, parks its row dead with the reason. Before, one such row failed every
+/// claim of every relay; and an uncertain row without `updated_at` (written before that column)
+/// failed every status check of it.
+#[test]
+fn rows_an_edit_left_unreadable_are_parked_not_allowed_to_fail_every_claim() {
+    use oncebox_core::relay_store::{DeliveryStore, StatusAnswer};
+    use oncebox_core::{Clock, Timestamp};
+
+    oncebox_testkit::run(async {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("oncebox.db");
+        let clock = ManualClock::new(Timestamp(1_700_000_000_000));
+        let inbox = Inbox::open(Options::new(&path).clock(Arc::new(clock.clone()))).unwrap();
+        let now = clock.now().millis();
+        let raw = rusqlite::Connection::open(&path).unwrap();
+        let row = |id: &str, payload: &str, created_at: &str, source: &str| {
+            raw.execute(
+                &format!(
+                    "INSERT INTO oncebox_outbox (destination, idempotency_key, payload,
+                       content_type, source, event_id, created_at, next_attempt_at)
+                     VALUES ('hooks', '{id}', {payload}, 'application/json', '{source}', '{id}',
+                       {created_at}, {now})"
+                ),
+                [],
+            )
+            .unwrap();
+        };
+        row("real", "x'7b7d'", "1.5", "shop");
+        row("text", "'{\"a\":1}'", &now.to_string(), "shop");
+        row("key", "x'7b7d'", &now.to_string(), "Not A Source");
+        row("fine", "x'7b7d'", &now.to_string(), "shop");
+        let lease = std::time::Duration::from_secs(60);
+        let claimed = inbox.claim(clock.now(), 10, lease, &[]).await.unwrap();
+        let sent: Vec<(&str, &[u8])> = claimed
+            .iter()
+            .map(|c| (c.key.event_id.as_str(), c.payload.as_slice()))
+            .collect();
+        assert_eq!(sent, [("text", &b"{\"a\":1}"[..]), ("fine", b"{}")]);
+        let parked: Vec<(String, String, String)> = raw
+            .prepare("SELECT event_id, state, last_error FROM oncebox_outbox ORDER BY id")
+            .unwrap()
+            .query_map([], |r| {
+                Ok((r.get(0)?, r.get(1)?, r.get(2).unwrap_or_default()))
+            })
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        assert_eq!(
+            (parked[0].0.as_str(), parked[0].1.as_str()),
+            ("real", "dead")
+        );
+        assert!(
+            parked[0].2.starts_with("stored row no longer reads"),
+            "{parked:?}"
+        );
+        assert_eq!(
+            (parked[2].0.as_str(), parked[2].1.as_str()),
+            ("key", "dead")
+        );
+        assert!(
+            parked[2].2.starts_with("stored key no longer validates"),
+            "{parked:?}"
+        );
+
+        raw.execute(
+            "UPDATE oncebox_outbox SET state = 'uncertain', updated_at = NULL
+             WHERE event_id = 'fine'",
+            [],
+        )
+        .unwrap();
+        let id = claimed[1].id;
+        let asked = inbox
+            .reconcile(id, 1, StatusAnswer::NoAnswer, clock.now())
+            .await;
+        assert_eq!(asked, Ok(true), "asked again later");
+    });
 }
