@@ -188,8 +188,9 @@ impl Verdict {
 ///
 /// 2xx is delivered. 3xx (not followed), 408, 425, 429, 5xx and a request that never left are retried (honouring
 /// `Retry-After`, never waiting less than the backoff asks). Other 4xx are dead: the receiver
-/// refuses the request itself. A request sent without an answer is retried only when the
-/// route honours the idempotency key; otherwise it is uncertain. Attempts and age are capped.
+/// refuses the request itself. A request sent without an answer, or answered by a proxy's
+/// gateway timeout (504, 524) that forwarded it, is retried only when the route honours the
+/// idempotency key; otherwise it is uncertain. Attempts and age are capped.
 pub fn decide(
     attempt: &Attempt,
     idempotent: bool,
@@ -206,6 +207,12 @@ pub fn decide(
             status: 408 | 425 | 429,
             ..
         } => true,
+        // A proxy's gateway timeout (504, Cloudflare's 524): it forwarded the request and its
+        // upstream did not answer in time. The outcome is as unknown as after a timeout of
+        // the relay's own, and sending again could apply it twice.
+        Attempt::Answered {
+            status: 504 | 524, ..
+        } if !idempotent => return Verdict::Uncertain,
         Attempt::Answered { status, .. } if (500..600).contains(status) => true,
         // Redirects are not followed (the request would go where the route's owner did not
         // send it): a receiver that moved is a configuration to fix while retries last, not
@@ -314,6 +321,16 @@ mod tests {
             decide(&lost, false, 1, Duration::ZERO, &P, 1.0),
             Verdict::Uncertain
         );
+        // A proxy that forwarded the request and timed out waiting says no more.
+        for status in [504, 524] {
+            let timed_out = answered(status);
+            let retried = decide(&timed_out, true, 1, Duration::ZERO, &P, 1.0);
+            assert!(matches!(retried, Verdict::Retry(_)), "{status}");
+            let parked = decide(&timed_out, false, 1, Duration::ZERO, &P, 1.0);
+            assert_eq!(parked, Verdict::Uncertain, "{status}");
+        }
+        let refused = decide(&answered(502), false, 1, Duration::ZERO, &P, 1.0);
+        assert!(matches!(refused, Verdict::Retry(_)));
     }
 
     #[test]

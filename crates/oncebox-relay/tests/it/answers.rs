@@ -1,5 +1,6 @@
-//! What a receiver's answer can do to the relay: a body without end is read only so far, and
-//! an error about a route whose URL carries credentials keeps them out of the stored error.
+//! What a receiver's answer can do to the relay: a body without end is read only so far, an
+//! error about a route whose URL carries credentials keeps them out of the stored error, and a
+//! proxy's gateway timeout is no answer.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -110,6 +111,32 @@ fn a_route_urls_credentials_stay_out_of_the_stored_error() {
         assert!(error.contains("connect"), "{error}");
         for secret in ["s3cr3t-pw", "t0k3n", "relay-user"] {
             assert!(!error.contains(secret), "{secret} in {error:?}");
+        }
+    });
+}
+
+/// A proxy's gateway timeout says the request went on to a receiver that did not answer in
+/// time: on a route that does not honour the key it is parked uncertain, not sent again.
+#[test]
+fn a_proxys_gateway_timeout_is_no_answer_on_a_route_that_ignores_the_key() {
+    run(async {
+        for (idempotent, after) in [
+            (false, DeliveryState::Uncertain),
+            (true, DeliveryState::Retrying),
+        ] {
+            let w = World::new();
+            let (rx, addr) = receiver::start().await;
+            rx.answer(&[(504, None)]);
+            w.accept("evt_proxied", &["hooks"]).await;
+            let relay = w.relay(vec![route("hooks", addr, idempotent)]);
+            relay.run_once().await.unwrap();
+            let d = w.delivery("evt_proxied").await;
+            assert_eq!(
+                (d.state, d.attempts),
+                (after, 1),
+                "idempotent: {idempotent}"
+            );
+            assert_eq!(rx.requests().len(), 1);
         }
     });
 }
