@@ -2,9 +2,10 @@
 //! store (a SQLite file, a PostgreSQL schema): one 202, 49 replays of that answer, one stored
 //! event. Neither process can see the other's memory, so the loser learns of the winner only
 //! through the store: its lock (SQLite's write lock, PostgreSQL's unique index) and the record.
+//! That they raced is shown, not assumed: requests to the loser left before the winner answered.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio::sync::Barrier;
 
@@ -21,13 +22,16 @@ const SENDERS: usize = 50;
 /// Keys raced one after another; each is a race of its own.
 const ROUNDS: usize = 5;
 
-/// One answer: which process gave it, its status, whether it said replayed, its body.
+/// One answer: which process gave it, its status, whether it said replayed, its body, and when
+/// its request was sent and its answer came.
 #[derive(Debug)]
 struct Answer {
     node: usize,
     status: u16,
     replayed: bool,
     body: String,
+    sent: Instant,
+    answered: Instant,
 }
 
 /// Races `SENDERS` deliveries of `id`, alternating between the processes at `urls`, each from
@@ -42,6 +46,7 @@ async fn race(urls: &[String; 2], id: &str) -> Vec<Answer> {
                 let ready = client.get(format!("{url}/healthz")).send().await.unwrap();
                 assert!(ready.status().is_success());
                 barrier.wait().await;
+                let sent = Instant::now();
                 let r = client
                     .post(format!("{url}/v1/sources/race/events"))
                     .header("content-type", "application/json")
@@ -49,11 +54,14 @@ async fn race(urls: &[String; 2], id: &str) -> Vec<Answer> {
                     .send()
                     .await
                     .unwrap();
+                let answered = Instant::now();
                 Answer {
                     node: i % 2,
                     status: r.status().as_u16(),
                     replayed: r.headers().contains_key("idempotent-replayed"),
                     body: r.text().await.unwrap(),
+                    sent,
+                    answered,
                 }
             })
         })
@@ -72,6 +80,9 @@ async fn rounds(dir: &std::path::Path, database: &str) -> Vec<usize> {
     let nodes: [Node; 2] = [gateway(dir, database, &[]), gateway(dir, database, &[])];
     let urls = [nodes[0].url.clone(), nodes[1].url.clone()];
     let mut winners = Vec::new();
+    // Requests to the other process sent before the winner's answer came: each had to learn of
+    // the winner through the store while it was still at work.
+    let mut contended = 0;
     for round in 0..ROUNDS {
         let answers = race(&urls, &format!("evt-{round}")).await;
         let odd: Vec<&Answer> = answers.iter().filter(|a| a.status != 202).collect();
@@ -87,8 +98,15 @@ async fn rounds(dir: &std::path::Path, database: &str) -> Vec<usize> {
                 "round {round}: a replay differs: {a:?}"
             );
         }
-        winners.push(first[0].node);
+        let winner = first[0];
+        contended += answers
+            .iter()
+            .filter(|a| a.node != winner.node && a.sent < winner.answered)
+            .count();
+        winners.push(winner.node);
     }
+    eprintln!("{contended} requests raced the winner from the other process");
+    assert!(contended > 0, "the processes never raced each other");
     for node in nodes {
         node.stop();
     }
