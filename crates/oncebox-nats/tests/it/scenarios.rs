@@ -1,7 +1,8 @@
 //! Duplicates, poison and the watermark: the same message five times is one effect and five
 //! acks; messages that can never be processed are quarantined with their reason after one
 //! attempt; a replayed stream is stale below the watermark even after its records were purged;
-//! a message's Content-Type is stored with its event.
+//! a message's Content-Type is stored with its event; copies under new publish ids are
+//! deduplicated by the inbox, not by the stream.
 
 use std::sync::atomic::Ordering;
 
@@ -213,6 +214,41 @@ fn a_messages_content_type_is_stored_with_its_event() {
         };
         assert_eq!(stored("plain-1").await.as_deref(), Some("text/plain"));
         assert_eq!(stored("json-1").await, None);
+        w.cleanup().await;
+    });
+}
+
+/// A publisher that retries under a new `Nats-Msg-Id` (a restarted producer, a second one)
+/// gets past JetStream's own duplicate window: the stream stores both copies, and the inbox
+/// alone keeps the effect to one.
+#[test]
+fn copies_under_new_publish_ids_pass_the_streams_window_and_still_have_one_effect() {
+    let Some(url) = service_url("ONCEBOX_NATS_URL") else {
+        return;
+    };
+    run(async move {
+        let w = World::new(&url).await;
+        for msg_id in ["publish-1", "publish-2", "publish-3"] {
+            let mut headers = HeaderMap::new();
+            headers.insert(KEY_HEADER, "evt_republished");
+            headers.insert("Nats-Msg-Id", msg_id);
+            w.publish_with(headers, r#"{"amount":3}"#).await;
+        }
+        let apply = w.db.checked();
+        let mut consumer = start(&url, Consumer::new(apply.clone(), w.options()));
+        w.wait(&mut consumer, |c| c.acked >= 3).await;
+        let info = w.wait_all_acked().await;
+        let done = consumer.stop().await;
+        let falses = apply.false_duplicates.load(Ordering::SeqCst);
+        let (d, l, f) = w.db.figures(&["evt_republished"], falses);
+        eprintln!(
+            "nats copies under new publish ids: D={d} L={l} F={f} (stored by the stream {}, applied {}, duplicates {})",
+            info.ack_floor.stream_sequence, done.applied, done.duplicates
+        );
+        // All three reached the consumer: the stream's window let each in.
+        assert_eq!(info.ack_floor.stream_sequence, 3);
+        assert_eq!((d, l, f), (0, 0, 0));
+        assert_eq!((done.applied, done.duplicates), (1, 2));
         w.cleanup().await;
     });
 }
