@@ -24,6 +24,7 @@ mod deliveries;
 mod error;
 mod inbox;
 mod lease;
+mod lenient;
 mod options;
 mod pcache;
 mod placement;

@@ -6,12 +6,13 @@ use std::time::Duration;
 
 use oncebox_core::{
     Event, Fingerprint, Key, LeaseSeen, OutboxMessage, ProcessError, Processed, Response,
-    ResponseKind, Timestamp, lease_seen,
+    ResponseKind, Timestamp, Unavailable, lease_seen,
 };
 use rusqlite::{OptionalExtension, params};
 
 use crate::crash;
 use crate::error::unavailable;
+use crate::lenient::{bytes, optional_bytes, unreadable};
 use crate::stmts::Sql;
 use crate::tx::{HandlerError, Tx};
 use crate::writer::{Cx, Fatal};
@@ -52,7 +53,11 @@ pub(crate) fn run(
     // between, and a claim row followed by an update would write the record twice.
     let claimed = match existing(cx, &event.key)? {
         None => None,
-        Some(found) => match decide(cx, event, found, None)? {
+        Some(Err(unreadable)) => {
+            cx.release()?;
+            return Ok(Err(unreadable));
+        }
+        Some(Ok(found)) => match decide(cx, event, found, None)? {
             Claim::Fresh(row) | Claim::TakenOver(row) => {
                 crash::point!("after-inbox-insert");
                 Some(row)
@@ -140,10 +145,14 @@ pub(crate) fn claim(
     if inserted == 1 {
         return Ok(Claim::Fresh(cx.conn.last_insert_rowid()));
     }
-    let Some(existing) = existing(cx, key)? else {
-        return Err(Fatal(oncebox_core::Unavailable::Storage(
-            "claimed key vanished".into(),
-        )));
+    let existing = match existing(cx, key)? {
+        Some(Ok(found)) => found,
+        Some(Err(unreadable)) => return Ok(Claim::Answered(Err(unreadable))),
+        None => {
+            return Err(Fatal(oncebox_core::Unavailable::Storage(
+                "claimed key vanished".into(),
+            )));
+        }
     };
     decide(cx, event, existing, lease)
 }
@@ -212,19 +221,33 @@ fn decide(
     Ok(Claim::TakenOver(existing.id))
 }
 
-pub(crate) fn existing(cx: &Cx<'_, '_>, key: &Key) -> rusqlite::Result<Option<Existing>> {
-    cx.stmt(Sql::Existing)?
+/// The key's record, or why it no longer reads: a value of another type than oncebox writes.
+pub(crate) fn existing(
+    cx: &Cx<'_, '_>,
+    key: &Key,
+) -> rusqlite::Result<Option<Result<Existing, ProcessError>>> {
+    let read = cx
+        .stmt(Sql::Existing)?
         .query_row(params![key.source.as_str(), key.event_id.as_str()], |r| {
             Ok(Existing {
                 id: r.get(0)?,
-                fingerprint: r.get(1)?,
+                fingerprint: bytes(r, 1)?,
                 state: r.get(2)?,
-                response: r.get(3)?,
+                response: optional_bytes(r, 3)?,
                 lease_expires_at: r.get(4)?,
                 received_at: r.get(5)?,
             })
         })
-        .optional()
+        .optional();
+    match read {
+        Ok(found) => Ok(found.map(Ok)),
+        // Answered for this key alone: as an error of the batch it would roll back every
+        // event beside it, each time the sender retried.
+        Err(e) if unreadable(&e) => Ok(Some(Err(ProcessError::Unavailable(Unavailable::Storage(
+            format!("the stored record of {key} no longer reads: {e}"),
+        ))))),
+        Err(e) => Err(e),
+    }
 }
 
 /// Marks the claimed record (by row id) terminal with its response.

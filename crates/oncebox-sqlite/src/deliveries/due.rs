@@ -3,7 +3,8 @@
 
 use oncebox_core::Key;
 use rusqlite::Row;
-use rusqlite::types::ValueRef;
+
+use crate::lenient::{bytes, unreadable};
 
 /// `?1` is now, `?2` the limit, `?3…` the routes. Each claimable state is its own arm so each
 /// reads one range of `oncebox_outbox_due` in order and stops at the limit; the arms are then
@@ -52,11 +53,7 @@ pub(super) fn due(r: &Row<'_>) -> rusqlite::Result<Result<Due, (i64, String)>> {
     match fields(id, r) {
         Ok(Ok(due)) => Ok(Ok(due)),
         Ok(Err(why)) => Ok(Err((id, format!("stored key no longer validates: {why}")))),
-        Err(
-            e @ (rusqlite::Error::InvalidColumnType(..)
-            | rusqlite::Error::FromSqlConversionFailure(..)
-            | rusqlite::Error::IntegralValueOutOfRange(..)),
-        ) => Ok(Err((id, format!("stored row no longer reads: {e}")))),
+        Err(e) if unreadable(&e) => Ok(Err((id, format!("stored row no longer reads: {e}")))),
         Err(e) => Err(e),
     }
 }
@@ -78,16 +75,4 @@ fn fields(id: i64, r: &Row<'_>) -> rusqlite::Result<Result<Due, String>> {
         created_at: r.get(8)?,
         taken_over: r.get(10)?,
     }))
-}
-
-/// A payload written as text (by hand, say) is still its bytes.
-fn bytes(r: &Row<'_>, i: usize) -> rusqlite::Result<Vec<u8>> {
-    match r.get_ref(i)? {
-        ValueRef::Blob(b) | ValueRef::Text(b) => Ok(b.to_vec()),
-        other => Err(rusqlite::Error::InvalidColumnType(
-            i,
-            "payload".into(),
-            other.data_type(),
-        )),
-    }
 }

@@ -1,6 +1,7 @@
 //! A database damaged inside rather than as a whole: one page of the inbox's key index
 //! overwritten. The keys that page held must come back unavailable (the sender retries later),
 //! never answer as new: an index that said "not found" would apply those events a second time.
+//! And records an edit by hand left unreadable: their own key fails, nothing beside it.
 
 use oncebox_core::store::EventStore;
 use oncebox_core::{Event, ProcessError, Processed, Response, Unavailable};
@@ -94,5 +95,56 @@ fn a_damaged_key_index_answers_unavailable_never_new() {
             })
             .unwrap();
         assert_eq!(records, KEYS as i64, "no record was added or lost");
+    });
+}
+
+/// Records an edit by hand left unlike what oncebox writes (SQLite keeps any type in any
+/// column): a response written as text still replays as its bytes; a fingerprint of another
+/// type answers that key unavailable, through either path, without failing the batch it was in
+/// (which would have answered every event beside it unavailable, each time the sender retried).
+#[test]
+fn a_record_an_edit_left_unreadable_fails_its_own_key_not_its_batch() {
+    run(async {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("o.db");
+        let inbox = Inbox::open(Options::new(&path)).unwrap();
+        for id in ["evt-text", "evt-real"] {
+            let applied = inbox
+                .process(shop(id, r#"{"n":1}"#), |_| Ok(Response::completed("done")))
+                .await;
+            assert!(matches!(applied, Ok(Processed::Applied(_))), "{applied:?}");
+        }
+        let raw = Connection::open(&path).unwrap();
+        raw.execute_batch(
+            "UPDATE oncebox_inbox SET response = 'by hand' WHERE event_id = 'evt-text';
+             UPDATE oncebox_inbox SET fingerprint = 1.5 WHERE event_id = 'evt-real';",
+        )
+        .unwrap();
+        let replayed = inbox
+            .process(shop("evt-text", r#"{"n":1}"#), |_| {
+                Ok(Response::completed("again"))
+            })
+            .await;
+        assert!(
+            matches!(&replayed, Ok(Processed::Duplicate(r)) if r.body == b"by hand"),
+            "{replayed:?}"
+        );
+        let processed = inbox
+            .process(shop("evt-real", r#"{"n":1}"#), |_| {
+                Ok(Response::completed("again"))
+            })
+            .await;
+        let ingested = inbox.ingest(ingest(shop("evt-real", r#"{"n":1}"#))).await;
+        for answer in [processed, ingested] {
+            assert!(
+                matches!(
+                    &answer,
+                    Err(ProcessError::Unavailable(Unavailable::Storage(why)))
+                        if why.contains("shop:evt-real") && why.contains("no longer reads")
+                ),
+                "{answer:?}"
+            );
+        }
+        assert_eq!(inbox.stats().failed_batches(), 0, "no batch failed for it");
     });
 }
