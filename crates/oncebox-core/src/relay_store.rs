@@ -25,11 +25,37 @@ pub struct Claimed {
     /// Attempts made before this one.
     pub attempts: u32,
     pub created_at: Timestamp,
+    /// What the route's caps count from.
+    pub budget: Budget,
     pub token: i64,
     pub lease_expires_at: Timestamp,
     /// Claimed from a relay whose lease ran out mid-attempt (it died or stalled): that relay
     /// may have sent it, so the outcome of an attempt is unknown before this one begins.
     pub taken_over: bool,
+}
+
+/// Where a delivery's caps on attempts and age count from: its creation, or an operator's
+/// latest `retry` or `redeliver`, which gives it a budget as fresh as a new delivery's. Without
+/// one, a delivery retried by hand after a long outage was older than the route's `max_age`, and
+/// dead again at its first failure.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Budget {
+    /// Attempts made before it began.
+    pub attempts_before: u32,
+    pub since: Timestamp,
+}
+
+impl Budget {
+    /// Attempts counted against the caps out of `attempts` made in all.
+    pub fn spent(&self, attempts: u32) -> u32 {
+        attempts.saturating_sub(self.attempts_before)
+    }
+
+    /// Its age at `now`: zero for a `since` ahead of it (a clock set back).
+    pub fn age(&self, now: Timestamp) -> Duration {
+        let ms = now.millis().saturating_sub(self.since.millis());
+        Duration::from_millis(u64::try_from(ms).unwrap_or(0))
+    }
 }
 
 /// One attempt as recorded for operators.
@@ -54,6 +80,8 @@ pub struct DeliveryView {
     pub state: DeliveryState,
     pub attempts: u32,
     pub created_at: Timestamp,
+    /// What the route's caps count from.
+    pub budget: Budget,
     pub next_attempt_at: Option<Timestamp>,
     pub last_status: Option<u16>,
     pub last_error: Option<String>,
@@ -216,8 +244,8 @@ pub trait DeliveryStore: Clone + Send + Sync + 'static {
         id: i64,
     ) -> impl Future<Output = Result<Vec<AttemptRecord>, Unavailable>> + Send;
 
-    /// Makes a `dead`, `uncertain` or `retrying` delivery due now. False when it is in another
-    /// state (delivered, in flight, pending) or does not exist.
+    /// Makes a `dead`, `uncertain` or `retrying` delivery due now, with a fresh [`Budget`].
+    /// False when it is in another state (delivered, in flight, pending) or does not exist.
     fn retry(
         &self,
         id: i64,
@@ -249,8 +277,8 @@ pub trait DeliveryStore: Clone + Send + Sync + 'static {
         now: Timestamp,
     ) -> impl Future<Output = Result<bool, Unavailable>> + Send;
 
-    /// Makes every delivery of the event due again with the same idempotency key (operator
-    /// replay); returns how many. Deliveries in flight are left alone.
+    /// Makes every delivery of the event due again with the same idempotency key and a fresh
+    /// [`Budget`] (operator replay); returns how many. Deliveries in flight are left alone.
     fn redeliver(
         &self,
         key: &Key,

@@ -223,7 +223,7 @@ fn described() -> Value {
                 "responses": { "200": { "description": "{\"items\": [{id, route, source, event_id, state, attempts, …}], \"next\": cursor | null}" },
                                "400": problem("invalid-query"), "401": problem("unauthorized"), "503": problem("unavailable") } } },
             "/v1/deliveries/{id}/retry": { "post": {
-                "summary": "Make a dead, uncertain or retrying delivery due now (same key)", "security": admin,
+                "summary": "Make a dead, uncertain or retrying delivery due now (same key), with fresh caps on attempts and age", "security": admin,
                 "responses": { "200": { "description": "pending" }, "400": problem("bad-request: the id is not a number"), "404": problem("no-delivery"), "409": problem("not-retryable: its state, named"),
                                "401": problem("unauthorized"), "503": problem("unavailable") } } },
             "/v1/deliveries/{id}/resolve": { "post": {
@@ -232,7 +232,7 @@ fn described() -> Value {
                 "responses": { "200": { "description": "settled" }, "400": problem("invalid-json; bad-request: the id is not a number"), "404": problem("no-delivery"),
                                "409": problem("not-resolvable: its state, named"), "401": problem("unauthorized"), "503": problem("unavailable") } } },
             "/v1/sources/{source}/events/{event_id}/redeliver": { "post": {
-                "summary": "Deliver an event to its routes again, with the same idempotency key", "security": admin,
+                "summary": "Deliver an event to its routes again, with the same idempotency key and fresh caps on attempts and age", "security": admin,
                 "responses": { "200": { "description": "{\"redelivered\": n}" }, "400": problem("invalid-key"), "404": problem("event-not-found; no-deliveries: the event has none (no route took it)"),
                                "409": problem("in-flight: every delivery is being sent now"),
                                "401": problem("unauthorized"), "503": problem("unavailable") } } },

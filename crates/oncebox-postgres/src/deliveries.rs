@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use oncebox_core::delivery::Verdict;
 use oncebox_core::relay_store::{
-    AttemptRecord, Claimed, DeliveryFilter, DeliveryGauges, DeliveryStore, DeliveryView, Resolve,
-    STATUS_RECHECK, Settled, StatusAnswer,
+    AttemptRecord, Budget, Claimed, DeliveryFilter, DeliveryGauges, DeliveryStore, DeliveryView,
+    Resolve, STATUS_RECHECK, Settled, StatusAnswer,
 };
 use oncebox_core::store::Page;
 use oncebox_core::{Key, LeaseError, Timestamp, Unavailable};
@@ -73,7 +73,8 @@ fn claim_sql(routes: bool) -> String {
            FROM picked WHERE o.id = picked.id
            RETURNING o.id, o.destination, o.idempotency_key, o.payload, o.content_type, o.source,
              o.event_id, o.attempts, o.created_at, o.lease_token, o.next_attempt_at,
-             EXISTS (SELECT 1 FROM expired WHERE expired.id = o.id) AS taken_over)
+             EXISTS (SELECT 1 FROM expired WHERE expired.id = o.id) AS taken_over,
+             o.budget_attempts, coalesce(o.budget_at, o.created_at) AS budget_at)
          SELECT * FROM claimed ORDER BY next_attempt_at, id",
         arm("pending", "state = 'pending' AND next_attempt_at <= $1"),
         arm("retrying", "state = 'retrying' AND next_attempt_at <= $1"),
@@ -101,6 +102,10 @@ fn claimed(r: &PgRow, expires_at: Timestamp) -> Result<Result<Claimed, Invalid>,
             content_type: r.try_get(4)?,
             attempts: count(r.try_get(7)?),
             created_at: Timestamp(r.try_get(8)?),
+            budget: Budget {
+                attempts_before: count(r.try_get(12)?),
+                since: Timestamp(r.try_get(13)?),
+            },
             token,
             lease_expires_at: expires_at,
             taken_over: r.try_get(11)?,
@@ -289,7 +294,8 @@ impl DeliveryStore for Inbox {
 
     async fn retry(&self, id: i64, now: Timestamp) -> Result<bool, Unavailable> {
         let query = sqlx::query(
-            "UPDATE oncebox_outbox SET state = 'pending', next_attempt_at = $2, updated_at = $2
+            "UPDATE oncebox_outbox SET state = 'pending', next_attempt_at = $2, updated_at = $2,
+               budget_attempts = attempts, budget_at = $2
              WHERE id = $1 AND state IN ('dead', 'uncertain', 'retrying')",
         )
         .bind(id)
@@ -364,7 +370,8 @@ impl DeliveryStore for Inbox {
         // The row, and with it the idempotency key, stays the same: a receiver that honours the
         // key applies the replay at most once.
         let query = sqlx::query(
-            "UPDATE oncebox_outbox SET state = 'pending', next_attempt_at = $3, updated_at = $3
+            "UPDATE oncebox_outbox SET state = 'pending', next_attempt_at = $3, updated_at = $3,
+               budget_attempts = attempts, budget_at = $3
              WHERE source = $1 AND event_id = $2 AND state <> 'in_flight'",
         )
         .bind(key.source.as_str())

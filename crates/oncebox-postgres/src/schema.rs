@@ -137,6 +137,12 @@ WHERE state IN ('delivered', 'dead') AND idempotency_key = source || ':' || even
   AND NOT EXISTS (SELECT 1 FROM oncebox_inbox i
                   WHERE i.source = oncebox_outbox.source AND i.event_id = oncebox_outbox.event_id);
 "#,
+    r#"
+-- Where a delivery's caps on attempts and age count from (oncebox_core::relay_store::Budget):
+-- an operator's retry or redeliver gives it a fresh budget. NULL budget_at: its creation.
+ALTER TABLE oncebox_outbox ADD COLUMN IF NOT EXISTS budget_attempts INTEGER NOT NULL DEFAULT 0,
+    ADD COLUMN IF NOT EXISTS budget_at BIGINT;
+"#,
 ];
 
 pub(crate) const VERSION: i64 = MIGRATIONS.len() as i64;

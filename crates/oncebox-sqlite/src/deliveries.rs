@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use oncebox_core::delivery::Verdict;
 use oncebox_core::relay_store::{
-    AttemptRecord, Claimed, DeliveryFilter, DeliveryGauges, DeliveryStore, DeliveryView, Resolve,
-    STATUS_RECHECK, Settled, StatusAnswer,
+    AttemptRecord, Budget, Claimed, DeliveryFilter, DeliveryGauges, DeliveryStore, DeliveryView,
+    Resolve, STATUS_RECHECK, Settled, StatusAnswer,
 };
 use oncebox_core::store::Page;
 use oncebox_core::{Key, LeaseError, Timestamp, Unavailable};
@@ -92,6 +92,10 @@ fn claim(
             content_type: row.content_type,
             attempts: count(row.attempts),
             created_at: Timestamp(row.created_at),
+            budget: Budget {
+                attempts_before: count(row.budget_attempts),
+                since: Timestamp(row.budget_at),
+            },
             token,
             lease_expires_at: expires_at,
             taken_over: row.taken_over,
@@ -243,7 +247,7 @@ impl DeliveryStore for Inbox {
                 .conn
                 .prepare_cached(
                     "UPDATE oncebox_outbox SET state = 'pending', next_attempt_at = ?2,
-                       updated_at = ?2
+                       updated_at = ?2, budget_attempts = attempts, budget_at = ?2
                      WHERE id = ?1 AND state IN ('dead', 'uncertain', 'retrying')",
                 )?
                 .execute(params![id, now.millis()])?;
@@ -328,7 +332,7 @@ impl DeliveryStore for Inbox {
                 .conn
                 .prepare_cached(
                     "UPDATE oncebox_outbox SET state = 'pending', next_attempt_at = ?3,
-                       updated_at = ?3
+                       updated_at = ?3, budget_attempts = attempts, budget_at = ?3
                      WHERE source = ?1 AND event_id = ?2 AND state <> 'in_flight'",
                 )?
                 .execute(params![

@@ -133,7 +133,27 @@ CREATE TABLE oncebox_purge_anchors (
 "#,
     ),
     Step::Sql(CLEAR_ORPHANED_DELIVERIES),
+    Step::Code(budget_columns),
 ];
+
+/// Where a delivery's caps on attempts and age count from (`oncebox_core::relay_store::Budget`):
+/// an operator's retry or redeliver gives it a fresh budget; a NULL `budget_at` is its creation.
+/// Added only where missing, as PostgreSQL's `ADD COLUMN IF NOT EXISTS` does, so that running
+/// the steps from an earlier version again changes nothing twice.
+fn budget_columns(tx: &Transaction<'_>) -> rusqlite::Result<()> {
+    let has: i64 = tx.query_row(
+        "SELECT count(*) FROM pragma_table_info('oncebox_outbox') WHERE name = 'budget_attempts'",
+        [],
+        |r| r.get(0),
+    )?;
+    if has == 0 {
+        tx.execute_batch(
+            "ALTER TABLE oncebox_outbox ADD COLUMN budget_attempts INTEGER NOT NULL DEFAULT 0;
+             ALTER TABLE oncebox_outbox ADD COLUMN budget_at INTEGER;",
+        )?;
+    }
+    Ok(())
+}
 
 /// Finished gateway deliveries whose record an earlier version purged without them. Left, each
 /// would make the outbox's unique key drop the deliveries of its key accepted again (a purge

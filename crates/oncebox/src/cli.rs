@@ -219,7 +219,8 @@ Examples:
         #[command(flatten)]
         output: OutputArg,
     },
-    /// Make a dead, uncertain or retrying delivery due now (same key).
+    /// Make a dead, uncertain or retrying delivery due now (same key, fresh caps on attempts
+    /// and age).
     #[command(after_help = "\
 Examples:
   oncebox deliveries retry 42

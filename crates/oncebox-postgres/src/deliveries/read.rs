@@ -4,7 +4,9 @@
 use std::time::Duration;
 
 use oncebox_core::delivery::DeliveryState;
-use oncebox_core::relay_store::{AttemptRecord, DeliveryFilter, DeliveryGauges, DeliveryView};
+use oncebox_core::relay_store::{
+    AttemptRecord, Budget, DeliveryFilter, DeliveryGauges, DeliveryView,
+};
 use oncebox_core::store::Page;
 use oncebox_core::{Key, Timestamp};
 use sqlx::postgres::PgRow;
@@ -23,7 +25,8 @@ fn status(s: Option<i32>) -> Option<u16> {
 }
 
 const VIEW_COLUMNS: &str = "id, destination, source, event_id, state, attempts, created_at,
-    next_attempt_at, last_status, last_error, note, idempotency_key";
+    next_attempt_at, last_status, last_error, note, idempotency_key, budget_attempts,
+    coalesce(budget_at, created_at)";
 
 fn view(r: &PgRow) -> Result<Option<DeliveryView>, sqlx::Error> {
     let (source, event_id, state): (String, String, String) =
@@ -47,6 +50,10 @@ fn view(r: &PgRow) -> Result<Option<DeliveryView>, sqlx::Error> {
         state,
         attempts: count(r.try_get(5)?),
         created_at: Timestamp(r.try_get(6)?),
+        budget: Budget {
+            attempts_before: count(r.try_get(12)?),
+            since: Timestamp(r.try_get(13)?),
+        },
         next_attempt_at,
         last_status: status(r.try_get(8)?),
         last_error: r.try_get(9)?,

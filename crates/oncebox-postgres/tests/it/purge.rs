@@ -125,7 +125,9 @@ fn finished_deliveries_left_by_earlier_purges_are_cleared_on_open() {
             .await
             .expect("delivery");
         }
-        sqlx::query("UPDATE oncebox_schema SET version = version - 1")
+        // As the version before the clearing left it (the one migration after it changes
+        // nothing twice).
+        sqlx::query("UPDATE oncebox_schema SET version = version - 2")
             .execute(inbox.pool())
             .await
             .expect("older");

@@ -142,14 +142,13 @@ impl<S: DeliveryStore> Relay<S> {
         sent: bool,
     ) -> Result<Step, LeaseError> {
         let now = self.clock.now();
-        let age = Duration::from_millis(
-            u64::try_from(now.millis().saturating_sub(claimed.created_at.millis())).unwrap_or(0),
-        );
+        // Counted from the delivery's budget: its creation, or an operator's latest retry.
+        let budget = &claimed.budget;
         let verdict = decide(
             attempt,
             route.idempotent,
-            claimed.attempts.saturating_add(1),
-            age,
+            budget.spent(claimed.attempts).saturating_add(1),
+            budget.age(now),
             &route.retry,
             rand::random(),
         );

@@ -2,7 +2,6 @@
 //! uncertain deliveries, and settling each by the answer.
 
 use futures::future::join_all;
-use std::time::Duration;
 
 use oncebox_core::delivery::{DeliveryState, RetryPolicy};
 use oncebox_core::relay_store::{DeliveryFilter, DeliveryStore, DeliveryView, StatusAnswer};
@@ -74,6 +73,5 @@ impl<S: DeliveryStore> Relay<S> {
 /// Whether `d` has used up the attempts or the age `policy` allows: another attempt would be
 /// past the cap a retry is held to.
 fn spent(policy: &RetryPolicy, d: &DeliveryView, now: Timestamp) -> bool {
-    let age = u64::try_from(now.millis().saturating_sub(d.created_at.millis())).unwrap_or(0);
-    d.attempts >= policy.max_attempts || Duration::from_millis(age) >= policy.max_age
+    d.budget.spent(d.attempts) >= policy.max_attempts || d.budget.age(now) >= policy.max_age
 }

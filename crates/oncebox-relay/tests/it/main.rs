@@ -10,6 +10,7 @@ mod delivery;
 mod faults;
 mod kill;
 mod nats;
+mod operator;
 mod outbox;
 mod pump;
 mod receiver;

@@ -20,7 +20,8 @@ pub(super) fn due_sql(routes: usize) -> String {
     let arm = |due: &str| {
         format!(
             "SELECT * FROM (SELECT id, destination, idempotency_key, payload, content_type,
-               source, event_id, attempts, created_at, next_attempt_at, state = 'in_flight'
+               source, event_id, attempts, created_at, next_attempt_at, state = 'in_flight',
+               budget_attempts, coalesce(budget_at, created_at)
              FROM oncebox_outbox WHERE {due}{only} ORDER BY next_attempt_at, id LIMIT ?2)"
         )
     };
@@ -43,6 +44,8 @@ pub(super) struct Due {
     pub attempts: i64,
     pub created_at: i64,
     pub taken_over: bool,
+    pub budget_attempts: i64,
+    pub budget_at: i64,
 }
 
 /// A due row, or its id and why it can never be sent: its key no longer validates, or a value
@@ -74,5 +77,7 @@ fn fields(id: i64, r: &Row<'_>) -> rusqlite::Result<Result<Due, String>> {
         attempts: r.get(7)?,
         created_at: r.get(8)?,
         taken_over: r.get(10)?,
+        budget_attempts: r.get(11)?,
+        budget_at: r.get(12)?,
     }))
 }

@@ -4,7 +4,9 @@
 use std::time::Duration;
 
 use oncebox_core::delivery::DeliveryState;
-use oncebox_core::relay_store::{AttemptRecord, DeliveryFilter, DeliveryGauges, DeliveryView};
+use oncebox_core::relay_store::{
+    AttemptRecord, Budget, DeliveryFilter, DeliveryGauges, DeliveryView,
+};
 use oncebox_core::store::Page;
 use oncebox_core::{Key, Timestamp};
 use rusqlite::types::Value;
@@ -18,7 +20,8 @@ pub(super) fn count(n: i64) -> u32 {
 }
 
 const VIEW_COLUMNS: &str = "id, destination, source, event_id, state, attempts, created_at,
-    next_attempt_at, last_status, last_error, note, idempotency_key";
+    next_attempt_at, last_status, last_error, note, idempotency_key, budget_attempts,
+    coalesce(budget_at, created_at)";
 
 fn view(r: &Row<'_>) -> rusqlite::Result<Option<DeliveryView>> {
     let (source, event_id, state): (String, String, String) = (r.get(2)?, r.get(3)?, r.get(4)?);
@@ -41,6 +44,10 @@ fn view(r: &Row<'_>) -> rusqlite::Result<Option<DeliveryView>> {
         state,
         attempts: count(r.get(5)?),
         created_at: Timestamp(r.get(6)?),
+        budget: Budget {
+            attempts_before: count(r.get(12)?),
+            since: Timestamp(r.get(13)?),
+        },
         next_attempt_at,
         last_status: r
             .get::<_, Option<i64>>(8)?

@@ -5,7 +5,9 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use oncebox_core::delivery::{DeliveryState, Verdict};
-use oncebox_core::relay_store::{Claimed, DeliveryFilter, DeliveryGauges, DeliveryStore, Resolve};
+use oncebox_core::relay_store::{
+    Budget, Claimed, DeliveryFilter, DeliveryGauges, DeliveryStore, Resolve,
+};
 use oncebox_core::{Clock, ManualClock, Timestamp};
 
 use super::{DeliveryBackend, Stores, accept, answered, claim, failed, fresh, key, of_event, view};
@@ -103,12 +105,24 @@ pub async fn retry_makes_dead_uncertain_and_retrying_due_now_and_refuses_other_s
     }
     assert!(!b.retry(missing, now).await.expect("retry"));
     let settled = [&each.dead, &each.uncertain, &each.retrying];
+    // Each gets a budget as fresh as a new delivery's: its one attempt no longer counts, nor
+    // its age, so after an outage longer than the route's `max_age` it is not dead again at
+    // its first failure.
+    let fresh = Budget {
+        attempts_before: 1,
+        since: now,
+    };
     for c in settled {
+        let first = Budget {
+            attempts_before: 0,
+            since: c.created_at,
+        };
+        assert_eq!(view(&b, c.id).await.budget, first);
         assert!(b.retry(c.id, now).await.expect("retry"));
         let v = view(&b, c.id).await;
         assert_eq!(
-            (v.state, v.next_attempt_at),
-            (DeliveryState::Pending, Some(now))
+            (v.state, v.next_attempt_at, v.attempts, v.budget),
+            (DeliveryState::Pending, Some(now), 1, fresh)
         );
     }
     let again = claim(&b, now, 10).await;
@@ -125,8 +139,8 @@ pub async fn retry_makes_dead_uncertain_and_retrying_due_now_and_refuses_other_s
     for c in settled {
         let same = again.iter().find(|a| a.id == c.id).expect("claimed again");
         assert_eq!(
-            (&same.idempotency_key, same.attempts),
-            (&c.idempotency_key, 1)
+            (&same.idempotency_key, same.attempts, same.budget),
+            (&c.idempotency_key, 1, fresh)
         );
     }
 }
@@ -211,16 +225,27 @@ pub async fn redeliver_replays_every_delivery_with_the_same_key_except_in_flight
     assert_eq!(state(&b, each.in_flight.id).await, DeliveryState::InFlight);
     assert_eq!(b.redeliver(&key("evt-9"), now).await.expect("redeliver"), 0);
     let again = claim(&b, now, 10).await;
-    let seen: Vec<(i64, &str, u32)> = again
+    let seen: Vec<(i64, &str, u32, Budget)> = again
         .iter()
-        .map(|c| (c.id, c.idempotency_key.as_str(), c.attempts))
+        .map(|c| (c.id, c.idempotency_key.as_str(), c.attempts, c.budget))
         .collect();
+    let replayed = Budget {
+        attempts_before: 1,
+        since: now,
+    };
+    let unsent = Budget {
+        attempts_before: 0,
+        since: now,
+    };
     let expect = [
-        (each.delivered.id, "shop:evt-1", 1),
-        (each.dead.id, "shop:evt-1", 1),
-        (each.pending, "shop:evt-3", 0),
+        (each.delivered.id, "shop:evt-1", 1, replayed),
+        (each.dead.id, "shop:evt-1", 1, replayed),
+        (each.pending, "shop:evt-3", 0, unsent),
     ];
-    assert_eq!(seen, expect, "same rows, same keys, history kept");
+    assert_eq!(
+        seen, expect,
+        "same rows, same keys, history kept, budgets fresh"
+    );
     let held = &each.in_flight;
     b.record(held, answered(200, now), Verdict::Delivered, now)
         .await
