@@ -3,7 +3,8 @@
 //! `oncebox_sqlite::crash::POINTS`, on PostgreSQL
 //! `oncebox_postgres::crash::POINTS`) or of the relay
 //! (`relay-before-record`); the parent restarts it without the point, drains, and checks the
-//! figures. "After the answer" is the parent's SIGKILL once answers came back.
+//! figures, and that every stored event holds its one delivery (`outbox.rs`). "After the answer"
+//! is the parent's SIGKILL once answers came back.
 
 use std::io::Write;
 use std::sync::Arc;
@@ -23,8 +24,9 @@ mod relay;
 use relay::relay_child;
 pub use relay::{RELAY_BEFORE_RECORD_POSTGRES, RELAY_BEFORE_RECORD_SQLITE};
 
+use crate::outbox;
 use crate::table::{Report, Scenario, scale};
-use crate::world::{self, PATIENCE, PgSchema, block_on, deliver, drain, final_pg, final_sqlite};
+use crate::world::{self, PATIENCE, PgSchema, StoreCounts, block_on, deliver, drain};
 
 /// The variable that makes this binary a child: `gateway|<database>|<point>|<hits to pass>` or
 /// `relay|<database>|<receiver addr>|<hits to pass>`.
@@ -151,6 +153,9 @@ where
         store,
         config: GatewayConfig {
             open_sources: true,
+            // Every event gets a delivery on this route, committed with its record: the scenarios
+            // check that a crash never leaves one without the other.
+            routes: vec![outbox::route(&[SOURCE, crate::kills::SOURCE])],
             ..GatewayConfig::default()
         },
         clock: Arc::new(SystemClock),
@@ -177,7 +182,8 @@ pub(crate) fn child(role: &str) -> Spec {
         .ready(Ready::Stdout("listening on ".into()))
 }
 
-/// Events sent once each by [`SENDERS`] senders while the child may die at `point`; then the
+/// A lone request whose gateway dies at the first pass of `point` ([`first_request`]); then
+/// events sent once each by [`SENDERS`] senders while the child may die at `point`; then the
 /// child comes back without it and every event is retried until acknowledged. On PostgreSQL
 /// (`schema`) the gateway batches, so the commit points are passed once per batch there too.
 fn ingest_crash(point: &'static str, schema: Option<&PgSchema>) -> Report {
@@ -201,6 +207,26 @@ fn ingest_crash(point: &'static str, schema: Option<&PgSchema>) -> Report {
     };
     let history = Arc::new(History::new());
     block_on(Duration::from_secs(120), async {
+        // Nothing is committed in a run that dies before its first COMMIT, so the retry of the
+        // first request must be stored afresh; after the COMMIT it must be a replay. (After the
+        // answer there is no first request to lose: the parent kills once answers came back.)
+        let lone = if armed == "none" {
+            "no lone first request".to_owned()
+        } else {
+            let replayed = first_request(&history, &db, point).await;
+            assert_eq!(
+                replayed,
+                point == "after-commit",
+                "the first request's gateway died at {point}, yet its retry was answered {}",
+                if replayed { "as a replay" } else { "afresh" }
+            );
+            format!(
+                "a lone first request killed at {point} retried {}",
+                if replayed { "as a replay" } else { "afresh" }
+            )
+        };
+        // The main run's operations, after the first request's.
+        let probe = history.ops().len();
         let mut first = child(&format!("gateway|{db}|{armed}|{skip}")).start();
         let base = first.ready.clone();
         let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
@@ -248,15 +274,14 @@ fn ingest_crash(point: &'static str, schema: Option<&PgSchema>) -> Report {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         let died = !first.running() && killed(first.wait());
-        let before = history.ops();
+        let before: Vec<_> = history.ops().into_iter().skip(probe).collect();
         let mut proc = child(&format!("gateway|{db}|none|0")).start();
         drain(&history, &proc.ready, SENDERS).await;
         proc.kill();
-        let fin = match schema {
-            Some(s) => final_pg(&s.pool().await, false).await,
-            None => final_sqlite(&sqlite, false),
-        };
-        let figures = check(&history.ops(), &fin);
+        let store = StoreCounts::new(&sqlite, schema).await;
+        let fin = store.fin(false).await;
+        let mut figures = check(&history.ops(), &fin);
+        let queued = outbox::check(&mut figures, &fin, store.queued(outbox::ROUTE).await);
         let unanswered = before
             .iter()
             .filter(|o| matches!(o.outcome(), Some(Outcome::Info(_))))
@@ -270,7 +295,8 @@ fn ingest_crash(point: &'static str, schema: Option<&PgSchema>) -> Report {
             .ops()
             .iter()
             .filter(|o| {
-                o.id >= before.len() && matches!(o.outcome(), Some(Outcome::Ok { replayed: true }))
+                o.id >= probe + before.len()
+                    && matches!(o.outcome(), Some(Outcome::Ok { replayed: true }))
             })
             .filter(|o| {
                 !before
@@ -288,15 +314,57 @@ fn ingest_crash(point: &'static str, schema: Option<&PgSchema>) -> Report {
                 "killed after a COMMIT, yet no retry was answered as a replay of it"
             );
         }
+        // Killed by its first pass of a point before COMMIT: nothing of this run was durable,
+        // so no retry may be answered as a replay.
+        if died && skip == 0 && !matches!(point, "after-commit" | "after-answer") {
+            assert_eq!(
+                committed_unanswered, 0,
+                "killed at the first pass of {point}, before any COMMIT, yet retries were \
+                 answered as replays"
+            );
+        }
         let refused = figures.conflicts_detected;
         Report {
             figures,
             exercised: u64::from(died),
             what: format!(
-                "killed at {point} after {skip} hits: {acked_before} acked, {unanswered} unanswered, \
-                 {committed_unanswered} committed unanswered, {refused} conflicts refused"
+                "{lone}; killed at {point} after {skip} hits: {acked_before} acked, \
+                 {unanswered} unanswered, {committed_unanswered} committed unanswered, \
+                 {refused} conflicts refused; {queued} deliveries queued"
             ),
             expected_unresolved: 0,
         }
     })
+}
+
+/// One request to a gateway on `db` armed to die the first time it passes `point`; then the
+/// same request to the gateway back without the point, until it is answered. Returns whether
+/// that answer was a replay. Fails unless the armed gateway died on the request unanswered.
+async fn first_request(history: &History, db: &str, point: &str) -> bool {
+    let mut armed = child(&format!("gateway|{db}|{point}|0")).start();
+    let c = world::client();
+    let o = deliver(&c, history, &armed.ready, SOURCE, "first", "v1").await;
+    assert!(
+        matches!(o, Outcome::Info(_)),
+        "the first request to a gateway armed at {point} was answered: {o:?}"
+    );
+    let deadline = std::time::Instant::now() + PATIENCE;
+    while armed.running() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the gateway armed at {point} outlived its request"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(
+        killed(armed.wait()),
+        "the gateway armed at {point} ended otherwise than by SIGKILL"
+    );
+    let mut again = child(&format!("gateway|{db}|none|0")).start();
+    let o = world::deliver_until_done(&c, history, &again.ready, SOURCE, "first", "v1").await;
+    again.kill();
+    match o {
+        Outcome::Ok { replayed } => replayed,
+        other => panic!("the retry of the first request ended {other:?}"),
+    }
 }

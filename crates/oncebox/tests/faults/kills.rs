@@ -3,8 +3,11 @@
 //! time; every sender retries until its event is acknowledged. The same with power cuts: the
 //! gateway on SQLite through the power-loss VFS (`oncebox_sqlite::powerloss`), so each kill
 //! leaves on disk only what was synced, as a power cut would; a control run at
-//! `Durability::Normal` first shows that the cuts bite.
+//! `Durability::Normal` first shows that the cuts bite. The gateway queues every event to one
+//! route with no relay, and each stored event must hold its one delivery (`outbox.rs`). A kill
+//! counts as exercised only if it left a request under way unanswered.
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -15,8 +18,9 @@ use oncebox_testkit::history::{History, Outcome, Refusal};
 use oncebox_testkit::seed::Seed;
 use rand::Rng;
 
+use crate::outbox;
 use crate::table::{Report, Scenario, scale};
-use crate::world::{self, PgSchema, block_on, final_pg, final_sqlite};
+use crate::world::{self, PgSchema, StoreCounts, block_on};
 
 pub const RANDOM_KILLS_SQLITE: Scenario = Scenario {
     name: "kills: random SIGKILL under load",
@@ -40,6 +44,8 @@ pub const RANDOM_KILLS_POSTGRES: Scenario = Scenario {
 };
 
 const SENDERS: usize = 12;
+/// The senders' source, which the gateway routes to [`outbox::ROUTE`].
+pub const SOURCE: &str = "load";
 
 /// How the gateway dies.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -99,7 +105,11 @@ fn random_kills(schema: Option<&PgSchema>, death: Death) -> Report {
                 sqlite.display(),
                 if normal { "normal" } else { "full" }
             )),
-            Death::Kill => world::serve(dir.path(), &database, &listen, &[]),
+            Death::Kill => {
+                std::fs::write(dir.path().join("oncebox.toml"), outbox::toml(SOURCE)).unwrap();
+                // No relay: every delivery stays in the outbox, to be counted at the end.
+                world::serve(dir.path(), &database, &listen, &["--no-relay"])
+            }
         };
         let mut server = spec.start();
         let (next, acked) = (
@@ -134,7 +144,7 @@ fn random_kills(schema: Option<&PgSchema>, death: Death) -> Report {
                         let deadline = std::time::Instant::now() + world::PATIENCE;
                         loop {
                             let o =
-                                world::deliver(&c, &history, &base, "load", &format!("k{id}"), tag)
+                                world::deliver(&c, &history, &base, SOURCE, &format!("k{id}"), tag)
                                     .await;
                             if matches!(o, Outcome::Ok { .. }) {
                                 acked.send_modify(|n| *n += 1);
@@ -156,30 +166,49 @@ fn random_kills(schema: Option<&PgSchema>, death: Death) -> Report {
             })
             .collect();
         let mut done = 0;
+        // Per kill, the requests under way around it: unanswered just before it, and just after
+        // (sent in between, or cut and not yet told).
+        let pending = || {
+            let ops = history.ops().into_iter();
+            ops.filter(|o| o.completed.is_none()).map(|o| o.id)
+        };
+        let mut in_flight: Vec<BTreeSet<usize>> = Vec::new();
         for threshold in &at {
             let mut acks = acked.subscribe();
             let _ = acks.wait_for(|n| *n >= *threshold).await;
+            let mut ids: BTreeSet<usize> = pending().collect();
             if killed(server.kill()) {
                 done += 1;
             }
+            ids.extend(pending());
+            in_flight.push(ids);
             server = spec.start();
         }
         for s in senders {
             s.await.unwrap();
         }
-        server.terminate();
-        let fin = match schema {
-            Some(s) => final_pg(&s.pool().await, false).await,
-            None => final_sqlite(&sqlite, false),
+        // A kill interrupted work if a request under way when it fell never got an answer; one
+        // that only met an idle server, or requests not yet sent, proves nothing.
+        let ops = history.ops();
+        let cut = |ids: &BTreeSet<usize>| {
+            ids.iter()
+                .any(|i| matches!(ops[*i].outcome(), Some(Outcome::Info(_))))
         };
+        let interrupting = in_flight.iter().filter(|ids| cut(ids)).count();
+        server.terminate();
+        let store = StoreCounts::new(&sqlite, schema).await;
+        let fin = store.fin(false).await;
+        let mut figures = check(&ops, &fin);
+        let queued = outbox::check(&mut figures, &fin, store.queued(outbox::ROUTE).await);
         let unanswered = history.count(|o| matches!(o, Outcome::Info(_)));
         let refused = history.count(|o| matches!(o, Outcome::Fail(Refusal::Conflict)));
         Report {
-            figures: check(&history.ops(), &fin),
-            exercised: done,
+            figures,
+            exercised: if done > 0 { interrupting as u64 } else { 0 },
             what: format!(
-                "{done} {} at acks {at:?}, {unanswered} requests unanswered, {refused} \
-                 conflicts refused",
+                "{done} {} at acks {at:?}, {interrupting} with requests under way left \
+                 unanswered, {unanswered} requests unanswered, {refused} conflicts refused, \
+                 {queued} deliveries queued",
                 if death == Death::Kill {
                     "kills"
                 } else {

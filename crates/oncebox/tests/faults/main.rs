@@ -26,6 +26,7 @@ mod kills;
 mod lease;
 mod load;
 mod network;
+mod outbox;
 mod relay_kills;
 mod reply;
 #[path = "../shared/schema.rs"]

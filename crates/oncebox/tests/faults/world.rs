@@ -11,7 +11,7 @@ use oncebox_postgres::sqlx::{self, PgPool};
 use oncebox_sqlite::rusqlite;
 use oncebox_testkit::checker::Final;
 use oncebox_testkit::child::{Proc, Ready, Spec};
-use oncebox_testkit::history::{History, Outcome, Refusal, key};
+use oncebox_testkit::history::{History, Key, Outcome, Refusal, key};
 
 pub use crate::schema::Schema as PgSchema;
 
@@ -335,6 +335,30 @@ impl StoreCounts {
             );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
+    }
+
+    /// Every delivery on the route `destination`, whatever its state, as its event's key and
+    /// its payload's tag.
+    pub async fn queued(&self, destination: &str) -> Vec<(Key, String)> {
+        const SQL: &str = "SELECT source, event_id, payload FROM oncebox_outbox WHERE destination";
+        let rows: Vec<(String, String, Vec<u8>)> = match &self.pool {
+            Some(pool) => sqlx::query_as(&format!("{SQL} = $1"))
+                .bind(destination)
+                .fetch_all(pool)
+                .await
+                .expect("read the outbox"),
+            None => {
+                let c = rusqlite::Connection::open(&self.sqlite).expect("open the database");
+                let mut s = c.prepare(&format!("{SQL} = ?1")).unwrap();
+                s.query_map([destination], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+                    .unwrap()
+                    .map(Result::unwrap)
+                    .collect()
+            }
+        };
+        rows.into_iter()
+            .map(|(source, id, payload)| (key(&source, &id), tag_of(&payload)))
+            .collect()
     }
 
     /// The checker's final state of this store (deliveries counted with `outbox`).
