@@ -59,6 +59,13 @@ impl<S: DeliveryStore> Relay<S> {
         if claimed.taken_over && !route.idempotent {
             return self.orphaned(claimed, route).await;
         }
+        // Claimed as a shutdown began (the claim was under way when it was asked for): given
+        // back unsent, as one still waiting for its turn is, rather than started by a process
+        // about to stop, which could be killed with the request on its way.
+        if *stop.borrow() {
+            self.store.unclaim(claimed, self.clock.now()).await?;
+            return Ok(Step::Unclaimed);
+        }
         // The guard `wait_for` gives is dropped inside: it cannot be held across an await.
         let stopping = async {
             let _ = stop.wait_for(|stop| *stop).await;

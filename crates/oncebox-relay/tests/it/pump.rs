@@ -1,6 +1,7 @@
 //! The relay's running loop (`Relay::run`), against a receiver that holds each request until
 //! the test lets it go: a slow route holds back no other route, and a shutdown gives back the
-//! claims still waiting for their route instead of leaving them in flight.
+//! claims still waiting for their route, and those its claim brought back as it began, instead
+//! of leaving them in flight or sending them.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -163,5 +164,49 @@ fn a_shutdown_gives_back_the_claims_waiting_for_their_route() {
             arrivals.try_recv().is_err(),
             "no request after the shutdown"
         );
+    });
+}
+
+/// A claim under way when the shutdown comes (here: queued behind a busy writer) brings back
+/// deliveries the stopping relay must not start: they are given back unsent.
+#[test]
+fn what_a_claim_brings_back_as_the_shutdown_begins_is_given_back_unsent() {
+    run(async {
+        let w = World::new();
+        let (rx, addr) = receiver::start().await;
+        w.accept("evt_late", &["hooks"]).await;
+        let relay = Arc::new(w.relay(vec![route("hooks", addr, true)]));
+        // The writer is busy until the test lets it go: the relay's claim waits in its queue.
+        let (entered_tx, entered) = oneshot::channel();
+        let (gate, gate_rx) = std::sync::mpsc::channel::<()>();
+        let holder = w.inbox.clone();
+        tokio::spawn(async move {
+            let _ = holder
+                .write(move |_| {
+                    let _ = entered_tx.send(());
+                    let _ = gate_rx.recv();
+                    Ok(())
+                })
+                .await;
+        });
+        entered.await.expect("the writer runs the holder");
+        let (stop, task) = running(relay);
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while w.inbox.queued() < 1 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the claim never queued"
+            );
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        // The stop wakes the relay's task at once; the claim answers only after the writer
+        // has committed the holder's batch and then the claim's own (two syncs), so the relay
+        // has seen the stop when the claim brings the delivery back.
+        let _ = stop.send(());
+        drop(gate);
+        task.await.unwrap();
+        let d = w.delivery("evt_late").await;
+        assert_eq!((d.state, d.attempts), (DeliveryState::Pending, 0));
+        assert!(rx.requests().is_empty(), "nothing sent after the shutdown");
     });
 }
