@@ -5,7 +5,9 @@
 //! leaves on disk only what was synced, as a power cut would; a control run at
 //! `Durability::Normal` first shows that the cuts bite. The gateway queues every event to one
 //! route with no relay, and each stored event must hold its one delivery (`outbox.rs`). A kill
-//! counts as exercised only if it left a request under way unanswered.
+//! counts as exercised only if it left a request under way unanswered. And graceful stops: the
+//! gateway sent SIGTERM at such moments must let what it is doing finish or fail, never
+//! answer 2xx for what it did not commit; a stop counts if requests were under way at it.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -34,6 +36,12 @@ pub const RANDOM_POWER_CUTS_SQLITE: Scenario = Scenario {
     run: || Some(power_cuts()),
 };
 
+pub const RANDOM_TERMS_SQLITE: Scenario = Scenario {
+    name: "kills: random SIGTERM under load",
+    backend: "sqlite",
+    run: || Some(random_kills(None, Death::Term)),
+};
+
 pub const RANDOM_KILLS_POSTGRES: Scenario = Scenario {
     name: "kills: random SIGKILL under load",
     backend: "postgres",
@@ -52,6 +60,8 @@ pub const SOURCE: &str = "load";
 enum Death {
     /// SIGKILL: what the gateway wrote stays in the page cache.
     Kill,
+    /// SIGTERM: a graceful stop, which must exit cleanly.
+    Term,
     /// A power cut, with the store at `Durability::Full` or, as a control, `Normal`.
     Power { normal: bool },
 }
@@ -78,6 +88,7 @@ fn power_cuts() -> Report {
 fn random_kills(schema: Option<&PgSchema>, death: Death) -> Report {
     let seed = Seed::from_env(match death {
         Death::Kill => "random kills",
+        Death::Term => "random graceful stops",
         Death::Power { normal: false } => "random power cuts",
         Death::Power { normal: true } => "random power cuts, control at Durability::Normal",
     });
@@ -105,7 +116,7 @@ fn random_kills(schema: Option<&PgSchema>, death: Death) -> Report {
                 sqlite.display(),
                 if normal { "normal" } else { "full" }
             )),
-            Death::Kill => {
+            Death::Kill | Death::Term => {
                 std::fs::write(dir.path().join("oncebox.toml"), outbox::toml(SOURCE)).unwrap();
                 // No relay: every delivery stays in the outbox, to be counted at the end.
                 world::serve(dir.path(), &database, &listen, &["--no-relay"])
@@ -173,11 +184,19 @@ fn random_kills(schema: Option<&PgSchema>, death: Death) -> Report {
             ops.filter(|o| o.completed.is_none()).map(|o| o.id)
         };
         let mut in_flight: Vec<BTreeSet<usize>> = Vec::new();
+        // Per graceful stop, how many requests were under way when the signal came.
+        let mut under_way = Vec::new();
         for threshold in &at {
             let mut acks = acked.subscribe();
             let _ = acks.wait_for(|n| *n >= *threshold).await;
             let mut ids: BTreeSet<usize> = pending().collect();
-            if killed(server.kill()) {
+            under_way.push(ids.len());
+            let died = if death == Death::Term {
+                server.terminate().success()
+            } else {
+                killed(server.kill())
+            };
+            if died {
                 done += 1;
             }
             ids.extend(pending());
@@ -194,7 +213,11 @@ fn random_kills(schema: Option<&PgSchema>, death: Death) -> Report {
             ids.iter()
                 .any(|i| matches!(ops[*i].outcome(), Some(Outcome::Info(_))))
         };
-        let interrupting = in_flight.iter().filter(|ids| cut(ids)).count();
+        let interrupting = if death == Death::Term {
+            under_way.iter().filter(|n| **n > 0).count()
+        } else {
+            in_flight.iter().filter(|ids| cut(ids)).count()
+        };
         server.terminate();
         let store = StoreCounts::new(&sqlite, schema).await;
         let fin = store.fin(false).await;
@@ -206,13 +229,17 @@ fn random_kills(schema: Option<&PgSchema>, death: Death) -> Report {
             figures,
             exercised: if done > 0 { interrupting as u64 } else { 0 },
             what: format!(
-                "{done} {} at acks {at:?}, {interrupting} with requests under way left \
-                 unanswered, {unanswered} requests unanswered, {refused} conflicts refused, \
-                 {queued} deliveries queued",
-                if death == Death::Kill {
-                    "kills"
+                "{done} {} at acks {at:?}, {interrupting} {}, {unanswered} requests \
+                 unanswered, {refused} conflicts refused, {queued} deliveries queued",
+                match death {
+                    Death::Kill => "kills",
+                    Death::Term => "clean graceful stops",
+                    Death::Power { .. } => "power cuts",
+                },
+                if death == Death::Term {
+                    format!("with requests under way ({under_way:?})")
                 } else {
-                    "power cuts"
+                    "with requests under way left unanswered".to_owned()
                 }
             ),
             expected_unresolved: 0,

@@ -61,6 +61,7 @@ const SCENARIOS: &[Scenario] = &[
     crash::RELAY_BEFORE_RECORD_POSTGRES,
     kills::RANDOM_KILLS_SQLITE,
     kills::RANDOM_POWER_CUTS_SQLITE,
+    kills::RANDOM_TERMS_SQLITE,
     kills::RANDOM_KILLS_POSTGRES,
     relay_kills::RANDOM_RELAY_KILLS_SQLITE,
     relay_kills::RANDOM_RELAY_KILLS_POSTGRES,
