@@ -86,8 +86,9 @@ pub enum OptionsError {
     TooLong(&'static str),
 }
 
-/// The longest AMQP short string, which queue and exchange names and routing keys are.
-const SHORT_STRING_MAX: usize = 255;
+/// The longest AMQP short string, which vhost, queue and exchange names and routing keys are:
+/// lapin panics on a longer one.
+pub const SHORT_STRING_MAX: usize = 255;
 
 /// Why `run` stopped before its shutdown signal.
 #[derive(Debug, thiserror::Error)]

@@ -27,7 +27,7 @@ mod handle;
 mod message;
 mod publish;
 
-pub use consumer::{ConsumeError, Consumer, ConsumerOptions, OptionsError};
+pub use consumer::{ConsumeError, Consumer, ConsumerOptions, OptionsError, SHORT_STRING_MAX};
 pub use handle::MAX_HOLD;
 pub use message::{QUARANTINE_HEADERS, Quarantine};
 #[cfg(feature = "sqlite")]

@@ -10,6 +10,9 @@ pub struct Event {
     /// The exact bytes received; kept so a conflict can be audited and an event redelivered.
     pub payload: Vec<u8>,
     pub fingerprint: Fingerprint,
+    /// Its fingerprint by the way an earlier version took it (its source's fingerprint mode
+    /// changed since): a record stored under that one is this event, not another under its key.
+    pub earlier: Option<Fingerprint>,
     /// How it arrived, kept for operators and for redelivery with the original content type.
     pub meta: Meta,
 }
@@ -98,8 +101,16 @@ impl Event {
             key,
             payload,
             fingerprint,
+            earlier: None,
             meta: Meta::default(),
         })
+    }
+
+    /// Whether `stored`, the fingerprint of the key's record, is this event's, taken now or
+    /// the earlier way.
+    pub fn matches(&self, stored: &[u8]) -> bool {
+        stored == &self.fingerprint.as_bytes()[..]
+            || self.earlier.is_some_and(|f| stored == &f.as_bytes()[..])
     }
 
     /// A JSON event fingerprinted by its canonical form.

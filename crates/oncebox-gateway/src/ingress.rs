@@ -153,10 +153,17 @@ async fn receive_for<S: EventStore>(
         Err(p) => return Answer::Problem(p),
     };
     let key = Key::new(source.clone(), event_id);
-    let event = match Event::parsed(key, payload.to_vec(), &policy.fingerprint, parsed.as_ref()) {
+    let mut event = match Event::parsed(key, payload.to_vec(), &policy.fingerprint, parsed.as_ref())
+    {
         Ok(e) => e.with_meta(meta(headers)),
         Err(e) => return Answer::Problem(Problem::invalid("invalid-json", e.to_string())),
     };
+    if let Some(mode) = &policy.earlier_fingerprint {
+        // A body the earlier way cannot read had no record stored under it.
+        event.earlier = mode
+            .fingerprint_parsed(&event.payload, parsed.as_ref())
+            .ok();
+    }
     let key = event.key.clone();
     let ingest = Ingest {
         accepted: accepted_body(&event.key, now, false),

@@ -79,6 +79,9 @@ pub struct SourcePolicy {
     pub tolerance: Duration,
     pub event_id: EventIdRule,
     pub fingerprint: FingerprintMode,
+    /// How an earlier version fingerprinted this source's events, where it took them another
+    /// way: their records still match the retries that reach this one.
+    pub earlier_fingerprint: Option<FingerprintMode>,
     pub max_body: usize,
     pub retention: Duration,
     pub order: Option<OrderGuard>,
@@ -94,6 +97,7 @@ impl SourcePolicy {
             tolerance: Duration::from_secs(300),
             event_id: EventIdRule::Default,
             fingerprint: FingerprintMode::Json,
+            earlier_fingerprint: None,
             max_body: 1 << 20,
             retention: oncebox_core::retention::DEFAULT_RETENTION,
             order: None,

@@ -31,7 +31,7 @@ pub(crate) struct Job {
 /// (its key holds a two-phase lease, or vanished between the insert and the read).
 pub(crate) enum Answer {
     Done(Result<Processed, ProcessError>),
-    Single(Ingest),
+    Single(Box<Ingest>),
 }
 
 /// The queue in front of the batch workers. Workers end when the last clone is dropped.
@@ -326,7 +326,7 @@ async fn batch(pool: &PgPool, options: &Options, jobs: &[Job]) -> Result<Vec<Ans
             key.event_id.as_str().to_owned(),
         ));
         let answer = match found {
-            Some((stored, _, _)) if stored[..] != ingest.event.fingerprint.as_bytes()[..] => {
+            Some((stored, _, _)) if !ingest.event.matches(stored) => {
                 conflicts.push((i, stored.clone()));
                 let stored = Fingerprint::from_slice(stored).unwrap_or(ingest.event.fingerprint);
                 Answer::Done(Err(ProcessError::Conflict {
@@ -341,9 +341,9 @@ async fn batch(pool: &PgPool, options: &Options, jobs: &[Job]) -> Result<Vec<Ans
                 }))),
                 None if state == "uncertain" => Answer::Done(Err(ProcessError::Uncertain)),
                 // A two-phase lease (live or expired): the per-event path decides.
-                None => Answer::Single(ingest.clone()),
+                None => Answer::Single(Box::new(ingest.clone())),
             },
-            None => Answer::Single(ingest.clone()),
+            None => Answer::Single(Box::new(ingest.clone())),
         };
         answers[i] = Some(answer);
     }

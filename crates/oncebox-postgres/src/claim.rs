@@ -69,7 +69,7 @@ pub(crate) async fn claim(
     let id: i64 = row.try_get(0)?;
     let stored: Vec<u8> = row.try_get(1)?;
     let state: String = row.try_get(2)?;
-    if stored[..] != event.fingerprint.as_bytes()[..] {
+    if !event.matches(&stored) {
         record_conflict(conn, event, &stored, now).await?;
         let stored = Fingerprint::from_slice(&stored).unwrap_or(event.fingerprint);
         return Ok(Claim::Answered(Err(ProcessError::Conflict {

@@ -193,7 +193,7 @@ impl EventStore for Inbox {
         let deadline = Instant::now() + self.deadline;
         match self.batcher.submit(ingest, deadline).await {
             Answer::Done(answer) => answer,
-            Answer::Single(ingest) => self.ingest_one(ingest).await,
+            Answer::Single(ingest) => self.ingest_one(*ingest).await,
         }
     }
 

@@ -7,8 +7,9 @@ use lapin::uri::AMQPUri;
 use reqwest::Url;
 use thiserror::Error;
 
-/// AMQP short strings (exchange and routing key names) are at most this many bytes.
-const SHORT_STRING_MAX: usize = 255;
+/// AMQP short strings (vhost, exchange and routing key, `message_id`, `content_type`) are at
+/// most this many bytes.
+pub(crate) const SHORT_STRING_MAX: usize = 255;
 
 /// A route's destination, parsed from its `url`.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -166,7 +166,7 @@ fn decide(
     lease: Option<(i64, i64)>,
 ) -> Result<Claim, Fatal> {
     let (token, expires) = lease.unzip();
-    if existing.fingerprint[..] != event.fingerprint.as_bytes()[..] {
+    if !event.matches(&existing.fingerprint) {
         record_conflict(cx, event, &existing.fingerprint)?;
         let stored = Fingerprint::from_slice(&existing.fingerprint).unwrap_or(event.fingerprint);
         return Ok(Claim::Answered(Err(ProcessError::Conflict {

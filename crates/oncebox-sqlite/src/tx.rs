@@ -163,7 +163,7 @@ impl<'a> Tx<'a> {
                  WHERE destination = ?1 AND idempotency_key = ?2",
             )?
             .query_row(params![msg.destination, msg.idempotency_key], |r| {
-                Ok((r.get(0)?, r.get(1)?))
+                Ok((crate::lenient::bytes(r, 0)?, r.get(1)?))
             })
             .optional()?;
         Ok(msg.beside(first))

@@ -4,6 +4,7 @@
 //! relay's own settlements in `relay/settle.rs`, retention in `relay/purge.rs`.
 
 mod claim;
+mod gauges;
 mod holding;
 mod operator;
 mod purge;
@@ -20,6 +21,7 @@ use oncebox_core::store::{EventFilter, EventStore, Ingest, Order};
 use oncebox_core::{Clock, Key, ManualClock, Meta, Processed, Timestamp};
 
 pub use claim::*;
+pub use gauges::*;
 pub use holding::Holding;
 pub use operator::*;
 pub use purge::*;

@@ -99,8 +99,9 @@ Examples:
         #[command(subcommand)]
         action: DeliveriesCommand,
     },
-    /// Deliver events to their routes again, with the same idempotency key: one event
-    /// (SOURCE EVENT_ID) or every event of a source (--source, with a progress bar).
+    /// Deliver events to their routes again, with the same idempotency key and fresh caps on
+    /// attempts and age: one event (SOURCE EVENT_ID) or every event of a source (--source, with
+    /// a progress bar).
     #[command(after_help = "\
 Examples:
   oncebox redeliver stripe evt_1MqqbYLkdIwHu7ix

@@ -123,7 +123,7 @@ fn amqp_url(url: &str) -> Result<()> {
     let uri: lapin::uri::AMQPUri = url
         .parse()
         .map_err(|e: String| crate::exit::usage(format!("--amqp: not an AMQP URL: {e}")))?;
-    if uri.vhost.len() > 255 {
+    if uri.vhost.len() > oncebox_amqp::SHORT_STRING_MAX {
         return Err(crate::exit::usage(
             "--amqp: the vhost is longer than 255 bytes, the most AMQP can name",
         ));

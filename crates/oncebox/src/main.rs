@@ -189,9 +189,8 @@ async fn run(cli: Cli) -> Result<()> {
 fn secrets_needed(command: &Command) -> config::Secrets {
     use config::Secrets;
     match command {
-        Command::Serve { no_relay: true, .. } | Command::Send { .. } | Command::Bench(_) => {
-            Secrets::Inbound
-        }
+        Command::Send { .. } | Command::Bench(_) => Secrets::Inbound,
+        // Without its relay too: the dashboard shows which routes sign.
         Command::Serve { .. } | Command::Check(_) => Secrets::All,
         Command::Relay => Secrets::Outbound,
         Command::Consume { .. }

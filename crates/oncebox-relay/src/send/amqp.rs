@@ -19,10 +19,7 @@ use tokio::time::{Instant, timeout_at};
 
 use super::CONFIRMED;
 use super::http::error_chain;
-use crate::target::AmqpTarget;
-
-/// AMQP short strings (`message_id`, `content_type`) hold at most this many bytes.
-const SHORT_STRING_MAX: usize = 255;
+use crate::target::{AmqpTarget, SHORT_STRING_MAX};
 
 /// The persistent delivery mode: the broker writes the message to disk before confirming it to
 /// a durable queue.

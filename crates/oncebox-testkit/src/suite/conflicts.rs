@@ -1,8 +1,10 @@
 //! Conformance tests of the operators' read of refused conflicting payloads
-//! (`EventStore::conflicts`): what each record holds, its order, the key filter and the cursor.
+//! (`EventStore::conflicts`): what each record holds, its order, the key filter and the cursor;
+//! and what is no conflict: a record stored under the event's earlier fingerprint.
 
+use oncebox_core::json::Pointer;
 use oncebox_core::store::{ConflictFilter, ConflictRecord, EventStore, Page};
-use oncebox_core::{Clock, Event, Fingerprint, Key, Timestamp};
+use oncebox_core::{Clock, Event, Fingerprint, FingerprintMode, Key, Timestamp};
 
 use super::reads::{SECOND, accept, duplicate, fresh, json, key, ordered, refuse};
 use crate::relay::DeliveryBackend;
@@ -209,4 +211,32 @@ pub async fn conflicts_of_a_store_without_any_are_an_empty_page<B: DeliveryBacke
         assert_eq!((page.items.len(), page.next), (0, None));
     }
     assert_eq!(s.stats().await.expect("stats").conflicts, 0);
+}
+
+/// A record an earlier version stored under another fingerprint of the same payload (its
+/// source's fingerprint mode changed since) is that event: a retry is a duplicate, where it
+/// would otherwise be refused as another payload under its key; another payload still is.
+pub async fn a_record_stored_under_an_events_earlier_fingerprint_is_that_event<
+    B: DeliveryBackend,
+>() {
+    let (s, _) = fresh::<B>().await;
+    let stored = json("shop", "evt-up", r#"{"amount":1,"pending":2}"#);
+    accept(&s, &stored).await;
+    let now = |payload: &str| {
+        let only_amount = FingerprintMode::Fields(vec![Pointer::parse("/amount").unwrap()]);
+        Event::new(stored.key.clone(), payload.into(), &only_amount).expect("event")
+    };
+    let without = now(r#"{"amount":1,"pending":2}"#);
+    refuse(&s, &without, &stored).await;
+    let retry = Event {
+        earlier: Some(stored.fingerprint),
+        ..without
+    };
+    duplicate(&s, &retry).await;
+    let other = now(r#"{"amount":2,"pending":2}"#);
+    let other = Event {
+        earlier: Some(json("shop", "evt-up", r#"{"amount":2,"pending":2}"#).fingerprint),
+        ..other
+    };
+    refuse(&s, &other, &stored).await;
 }

@@ -78,6 +78,7 @@ macro_rules! read_conformance {
     ($backend:ty) => {
         $crate::read_conformance!(@tests $backend;
             conflicts_are_listed_oldest_first_with_both_fingerprints_and_the_refused_payload,
+            a_record_stored_under_an_events_earlier_fingerprint_is_that_event,
             conflicts_filter_by_key_and_page_after_the_cursor,
             conflicts_of_a_store_without_any_are_an_empty_page,
             activity_of_an_empty_store_is_empty,

@@ -71,8 +71,6 @@ pub struct ConsumerSpec {
 }
 
 const DEFAULT_PREFETCH: u32 = 64;
-/// The longest queue or exchange name AMQP can carry (a short string).
-const AMQP_NAME_MAX: usize = 255;
 const DEFAULT_MAX_BODY: u64 = 1 << 20;
 const MAX_MAX_BODY: u64 = 64 << 20;
 const MIN_RETRY_DELAY: Duration = Duration::from_millis(10);
@@ -172,10 +170,13 @@ pub(super) fn validate(
             // Both go to RabbitMQ as AMQP short strings (the quarantine's routing key is the
             // queue's name).
             for (field, value) in [("queue", queue), ("quarantine", &quarantine)] {
-                if value.len() > AMQP_NAME_MAX {
+                if value.len() > oncebox_amqp::SHORT_STRING_MAX {
                     p.push(
                         &format!("{path}.{field}"),
-                        format_args!("must be at most {AMQP_NAME_MAX} bytes on RabbitMQ"),
+                        format_args!(
+                            "must be at most {} bytes on RabbitMQ",
+                            oncebox_amqp::SHORT_STRING_MAX
+                        ),
                     );
                 }
             }
@@ -271,137 +272,4 @@ fn key(path: &str, raw: &RawKey, p: &mut Problems<'_>) -> Option<KeyRule> {
 }
 
 #[cfg(test)]
-mod tests {
-    use figment::Jail;
-    use oncebox_core::FingerprintMode;
-    use oncebox_core::json::Pointer;
-
-    use super::super::{Overrides, Settings, load};
-    use super::*;
-
-    #[expect(
-        clippy::result_large_err,
-        reason = "figment's Jail fixes the closure's error type"
-    )]
-    fn load_toml(toml: &str) -> Result<Settings, String> {
-        let mut out = None;
-        Jail::expect_with(|jail| {
-            jail.clear_env();
-            jail.create_file("oncebox.toml", toml)?;
-            out = Some(load(&Overrides::default()).map_err(|e| format!("{e:#}")));
-            Ok(())
-        });
-        out.expect("the jail ran")
-    }
-
-    #[test]
-    fn consumers_of_both_brokers_are_read() {
-        let s = load_toml(
-            r#"
-[consumers.orders]
-source = "shop"
-queue = "orders"
-key = "message-id"
-quarantine = "oncebox.quarantine"
-prefetch = 128
-
-[consumers.payments]
-source = "pay"
-stream = "PAYMENTS"
-subject = "payments.done"
-key = { pointer = "/id" }
-fingerprint = "raw"
-quarantine = "payments.quarantine"
-ack_wait = "1m"
-max_attempts = 2
-"#,
-        )
-        .unwrap();
-        let [orders, payments] = &s.consumers[..] else {
-            panic!("two consumers: {:?}", s.consumers);
-        };
-        assert_eq!(
-            orders.broker,
-            Broker::Amqp {
-                queue: "orders".into(),
-                quarantine: "oncebox.quarantine".into(),
-                prefetch: 128
-            }
-        );
-        assert_eq!(orders.rules.key, KeyRule::MessageId);
-        assert_eq!(orders.rules.source.as_str(), "shop");
-        let Broker::Nats {
-            durable,
-            subject,
-            ack_wait,
-            ..
-        } = &payments.broker
-        else {
-            panic!("a NATS consumer: {payments:?}");
-        };
-        assert_eq!(durable, "oncebox-payments");
-        assert_eq!(subject.as_deref(), Some("payments.done"));
-        assert_eq!(*ack_wait, Duration::from_secs(60));
-        assert_eq!(payments.rules.fingerprint, FingerprintMode::Raw);
-        assert_eq!(payments.retry.max_attempts, 2);
-        assert_eq!(
-            payments.rules.key,
-            KeyRule::Pointer(Pointer::parse("/id").unwrap())
-        );
-    }
-
-    #[test]
-    fn bad_consumers_name_the_field() {
-        for (toml, field) in [
-            (
-                "queue = \"q\"\nstream = \"S\"\nkey = \"message-id\"\nquarantine = \"x\"",
-                "consumers.c: set exactly one of queue",
-            ),
-            (
-                "queue = \"q\"\nquarantine = \"x\"",
-                "consumers.c.key: required",
-            ),
-            (
-                "queue = \"q\"\nkey = \"message-id\"",
-                "consumers.c.quarantine: required",
-            ),
-            (
-                "queue = \"q\"\nkey = { pointer = \"id\" }\nquarantine = \"x\"",
-                "consumers.c.key.pointer",
-            ),
-            (
-                "queue = \"q\"\nkey = \"offset\"\nquarantine = \"x\"",
-                "consumers.c.key",
-            ),
-            (
-                "queue = \"q\"\nkey = \"message-id\"\nquarantine = \"x\"\nprefetch = 0",
-                "consumers.c.prefetch",
-            ),
-            (
-                "queue = \"q\"\nkey = \"message-id\"\nquarantine = \"x\"\nack_wait = \"5s\"",
-                "consumers.c.ack_wait",
-            ),
-            (
-                "queue = \"q\"\nkey = \"message-id\"\nquarantine = \"x\"\nretry_delay = \"0s\"",
-                "consumers.c.retry_delay",
-            ),
-            (
-                "queue = \"q\"\nkey = \"message-id\"\nquarantine = \"x\"\nretry_delay = \"6m\"",
-                "consumers.c.retry_delay: must be at most 5m on RabbitMQ",
-            ),
-            (
-                "queue = \" \"\nkey = \"message-id\"\nquarantine = \"x\"",
-                "consumers.c.queue: must not be empty",
-            ),
-            (
-                "stream = \"\"\nkey = \"message-id\"\nquarantine = \"x\"",
-                "consumers.c.stream: must not be empty",
-            ),
-        ] {
-            let e = load_toml(&format!("[consumers.c]\nsource = \"shop\"\n{toml}\n")).unwrap_err();
-            assert!(e.contains(field), "{field:?} missing from: {e}");
-        }
-        let e = load_toml("[consumers.c]\nsource = \"Shop\"\nqueue = \"q\"\nkey = \"message-id\"\nquarantine = \"x\"\n").unwrap_err();
-        assert!(e.contains("consumers.c.source"), "{e}");
-    }
-}
+mod tests;

@@ -9,6 +9,7 @@ mod presets;
 mod raw;
 mod redact;
 mod route;
+mod secrets;
 mod source;
 mod storage;
 #[cfg(test)]

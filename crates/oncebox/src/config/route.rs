@@ -181,7 +181,7 @@ pub(super) fn validate(
         // A command that never sends a delivery does not read it (`Secrets`).
         (None, Some(_)) if !p.secrets.outbound() => None,
         (None, Some(var)) => {
-            super::source::secret_from_env(&format!("{path}.signing_secret_env"), var, p)
+            super::secrets::secret_from_env(&format!("{path}.signing_secret_env"), var, p)
         }
         (Some(_), Some(_)) => {
             p.push(&path, "set signing_secret or signing_secret_env, not both");

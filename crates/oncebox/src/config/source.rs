@@ -5,13 +5,14 @@ use std::time::Duration;
 
 use oncebox_core::json::Pointer;
 use oncebox_core::retention::{DEFAULT_RETENTION, Retention};
-use oncebox_core::signature::{Encoding, Scheme, Secret};
+use oncebox_core::signature::{Encoding, Scheme};
 use oncebox_core::{FingerprintMode, Source};
 use oncebox_gateway::policy::{EventIdRule, OrderGuard, SourcePolicy};
 
 use super::Problems;
 use super::presets::{self, Preset, PresetId, preset};
 use super::raw::{RawEncoding, RawEventId, RawFingerprint, RawScheme, RawSource};
+use super::secrets::secrets;
 
 const DEFAULT_TOLERANCE: Duration = Duration::from_secs(300);
 /// A retention shorter than this is warned about, whatever the sender: few senders stop
@@ -90,18 +91,23 @@ pub(super) fn validate(
         EventIdRule::Derive(fields) => Some(fields.as_slice()),
         _ => None,
     };
-    let fingerprint = match (
-        &raw.fingerprint,
-        derived,
-        preset.and_then(|p| p.fingerprint),
-    ) {
-        (None, None, Some(fields)) => FingerprintMode::Fields(
-            fields
-                .iter()
-                .filter_map(|f| Pointer::parse(f).ok())
-                .collect(),
+    let preset_fields = preset.and_then(|p| p.fingerprint);
+    let (fingerprint, earlier_fingerprint) = match (&raw.fingerprint, derived, preset_fields) {
+        // Earlier versions took the whole body for every preset: the records they stored must
+        // still answer the retries that come after an upgrade.
+        (None, None, Some(fields)) => (
+            FingerprintMode::Fields(
+                fields
+                    .iter()
+                    .filter_map(|f| Pointer::parse(f).ok())
+                    .collect(),
+            ),
+            Some(FingerprintMode::Json),
         ),
-        _ => fingerprint(&path, raw.fingerprint.as_ref(), derived, p),
+        _ => (
+            fingerprint(&path, raw.fingerprint.as_ref(), derived, p),
+            None,
+        ),
     };
 
     let max_body = raw.max_body.map_or(DEFAULT_MAX_BODY, |s| s.0);
@@ -155,6 +161,7 @@ pub(super) fn validate(
             tolerance,
             event_id,
             fingerprint,
+            earlier_fingerprint,
             max_body: usize::try_from(max_body).ok()?,
             retention,
             order,
@@ -231,92 +238,6 @@ fn scheme(
             }
         }
     })
-}
-
-/// Inline `secrets` then the values of the `secrets_env` variables, parsed for `scheme`.
-/// Messages name the field, and the variable once it is known to be one; never a value.
-fn secrets(path: &str, raw: &RawSource, scheme: &Scheme, p: &mut Problems<'_>) -> Vec<Secret> {
-    let mut configured: Vec<(String, String)> = raw
-        .secrets
-        .iter()
-        .enumerate()
-        .map(|(i, s)| (format!("{path}.secrets[{i}]"), s.clone()))
-        .collect();
-    // Not read for a command that never verifies: with only variables listed, the source
-    // then holds no secret, and nothing that command does asks for one.
-    let read_env = if p.secrets.inbound() {
-        raw.secrets_env.as_slice()
-    } else {
-        &[]
-    };
-    for (i, var) in read_env.iter().enumerate() {
-        if let Some(read) = secret_from_env(&format!("{path}.secrets_env[{i}]"), var, p) {
-            configured.push(read);
-        }
-    }
-    let any_listed = !raw.secrets.is_empty() || !raw.secrets_env.is_empty();
-    if *scheme == Scheme::None {
-        if any_listed {
-            p.push(
-                &format!("{path}.secrets"),
-                "signature \"none\" takes no secrets",
-            );
-        }
-        return Vec::new();
-    }
-    if !any_listed {
-        p.push(
-            &format!("{path}.secrets"),
-            format_args!(
-                "required for signature \"{}\" (set secrets or secrets_env)",
-                scheme.name()
-            ),
-        );
-        return Vec::new();
-    }
-    configured
-        .iter()
-        .filter_map(|(at, value)| Secret::parse(scheme, value).map_err(|e| p.push(at, e)).ok())
-        .collect()
-}
-
-/// The value of the environment variable `var` that the field at `at` names, with the field
-/// and variable to name in a message about the value; `None` after pushing why not.
-///
-/// A name that is not set is not shown: it is as likely a secret typed where its variable's
-/// name belongs (`secrets_env = ["whsec_…"]`), and the field's path already says which entry
-/// to fix. A variable that is set is one, and naming it helps.
-pub(super) fn secret_from_env(
-    at: &str,
-    var: &str,
-    p: &mut Problems<'_>,
-) -> Option<(String, String)> {
-    // Such a name cannot be set, and the standard library would refuse to look it up.
-    if var.is_empty() || var.contains(['=', '\0']) {
-        p.push(
-            at,
-            "not an environment variable name (the value is not shown)",
-        );
-        return None;
-    }
-    match std::env::var_os(var).map(std::ffi::OsString::into_string) {
-        None => {
-            p.push(
-                at,
-                "names an environment variable that is not set (the name is not shown: it may \
-                 be a secret typed in its place)",
-            );
-            None
-        }
-        Some(Err(_)) => {
-            p.push(
-                at,
-                format_args!("environment variable {var} is not valid UTF-8"),
-            );
-            None
-        }
-        Some(Ok(value)) => Some((format!("{at} ({var})"), value)),
-    }
 }
 
 /// The fingerprint a source or consumer compares. Unset beside an id derived from business

@@ -176,3 +176,38 @@ async fn a_derived_id_makes_a_fact_resent_in_a_new_envelope_one_event() {
     assert_eq!(listed["items"].as_array().unwrap().len(), 1, "{listed}");
     server.stop();
 }
+
+/// An upgrade across the Stripe preset's change of fingerprint: records stored when it took
+/// the whole body (as `fingerprint = "json"` still does) answer the retries that reach the new
+/// version as replays, not as another payload under their key.
+#[test]
+fn stripe_records_fingerprinted_the_earlier_way_still_answer_their_retries() {
+    let dir = tempfile::tempdir().unwrap();
+    let earlier = CONFIG.replace(
+        "preset = \"stripe\"\n",
+        "preset = \"stripe\"\nfingerprint = \"json\"\n",
+    );
+    std::fs::write(dir.path().join("oncebox.toml"), &earlier).unwrap();
+    let body = r#"{"id":"evt_up","type":"charge.succeeded","pending_webhooks":1}"#;
+    let send = |url: &str, body: &str| {
+        let args = [
+            "send", "stripe", "--id", "evt_up", "--body", body, "--url", url,
+        ];
+        text(&oncebox(dir.path(), &args))
+    };
+    let server = serve(dir.path());
+    let first = send(&server.1, body);
+    assert!(
+        first.starts_with("202") && !first.contains("replayed"),
+        "{first}"
+    );
+    server.stop();
+
+    std::fs::write(dir.path().join("oncebox.toml"), CONFIG).unwrap();
+    let server = serve(dir.path());
+    let retry = send(&server.1, body);
+    assert!(retry.contains("(replayed)"), "{retry}");
+    let other = send(&server.1, r#"{"id":"evt_up","type":"charge.refunded"}"#);
+    assert!(other.contains("422"), "{other}");
+    server.stop();
+}

@@ -1,0 +1,150 @@
+//! The delivery decision's cases: what each answer makes of a delivery, backoff, the caps.
+
+use super::*;
+
+const P: RetryPolicy = RetryPolicy {
+    max_attempts: 5,
+    max_age: Duration::from_secs(3600),
+    backoff: Backoff {
+        base: Duration::from_secs(1),
+        cap: Duration::from_secs(60),
+    },
+};
+
+fn answered(status: u16) -> Attempt {
+    Attempt::Answered {
+        status,
+        retry_after: None,
+    }
+}
+
+#[test]
+fn success_is_delivered_and_client_errors_are_dead() {
+    for s in [200, 201, 204, 299] {
+        assert_eq!(
+            decide(&answered(s), false, 1, Duration::ZERO, &P, 0.5),
+            Verdict::Delivered
+        );
+    }
+    for s in [400, 401, 403, 404, 410, 422] {
+        assert!(
+            matches!(
+                decide(&answered(s), true, 1, Duration::ZERO, &P, 0.5),
+                Verdict::Dead(_)
+            ),
+            "{s}"
+        );
+    }
+}
+
+#[test]
+fn transient_answers_and_unsent_requests_are_retried() {
+    for a in [
+        answered(408),
+        answered(425),
+        answered(429),
+        answered(500),
+        answered(503),
+        answered(301),
+        answered(307),
+        answered(308),
+        Attempt::NotSent("refused".into()),
+    ] {
+        assert!(
+            matches!(
+                decide(&a, false, 1, Duration::ZERO, &P, 1.0),
+                Verdict::Retry(_)
+            ),
+            "{a:?}"
+        );
+    }
+}
+
+#[test]
+fn no_answer_is_retried_only_when_the_route_is_idempotent() {
+    let lost = Attempt::NoAnswer("timeout".into());
+    assert!(matches!(
+        decide(&lost, true, 1, Duration::ZERO, &P, 1.0),
+        Verdict::Retry(_)
+    ));
+    assert_eq!(
+        decide(&lost, false, 1, Duration::ZERO, &P, 1.0),
+        Verdict::Uncertain
+    );
+    // A proxy that forwarded the request and timed out waiting says no more.
+    for status in [504, 524] {
+        let timed_out = answered(status);
+        let retried = decide(&timed_out, true, 1, Duration::ZERO, &P, 1.0);
+        assert!(matches!(retried, Verdict::Retry(_)), "{status}");
+        let parked = decide(&timed_out, false, 1, Duration::ZERO, &P, 1.0);
+        assert_eq!(parked, Verdict::Uncertain, "{status}");
+    }
+    let refused = decide(&answered(502), false, 1, Duration::ZERO, &P, 1.0);
+    assert!(matches!(refused, Verdict::Retry(_)));
+}
+
+#[test]
+fn retry_after_is_honoured_as_a_minimum() {
+    let a = Attempt::Answered {
+        status: 429,
+        retry_after: Some(Duration::from_secs(30)),
+    };
+    assert_eq!(
+        decide(&a, false, 1, Duration::ZERO, &P, 0.0),
+        Verdict::Retry(Duration::from_secs(30))
+    );
+    let short = Attempt::Answered {
+        status: 503,
+        retry_after: Some(Duration::ZERO),
+    };
+    assert_eq!(
+        decide(&short, false, 3, Duration::ZERO, &P, 1.0),
+        Verdict::Retry(Duration::from_secs(4))
+    );
+}
+
+#[test]
+fn backoff_is_exponential_capped_and_fully_jittered() {
+    let b = P.backoff;
+    assert_eq!(b.delay(0, 1.0), Duration::from_secs(1));
+    assert_eq!(b.delay(3, 1.0), Duration::from_secs(8));
+    assert_eq!(b.delay(10, 1.0), Duration::from_secs(60));
+    assert_eq!(b.delay(u32::MAX, 1.0), Duration::from_secs(60));
+    assert_eq!(b.delay(3, 0.0), Duration::ZERO);
+    assert_eq!(b.delay(3, 0.5), Duration::from_secs(4));
+    assert_eq!(b.delay(3, f64::NAN), Duration::from_secs(8));
+    assert_eq!(b.delay(3, -7.0), Duration::ZERO);
+}
+
+#[test]
+fn attempts_and_age_are_capped() {
+    assert!(matches!(
+        decide(&answered(500), true, 5, Duration::ZERO, &P, 1.0),
+        Verdict::Dead(_)
+    ));
+    let old = Duration::from_secs(3599);
+    assert!(matches!(
+        decide(&answered(500), true, 2, old, &P, 1.0),
+        Verdict::Dead(_)
+    ));
+}
+
+#[test]
+fn state_names_round_trip() {
+    for s in [
+        DeliveryState::Pending,
+        DeliveryState::InFlight,
+        DeliveryState::Delivered,
+        DeliveryState::Retrying,
+        DeliveryState::Uncertain,
+        DeliveryState::Dead,
+    ] {
+        assert_eq!(DeliveryState::parse(s.as_str()), Some(s));
+    }
+    for name in DeliveryState::NAMES {
+        assert_eq!(
+            DeliveryState::parse(name).map(DeliveryState::as_str),
+            Some(name)
+        );
+    }
+}
