@@ -27,6 +27,7 @@ pub mod receiver;
 pub mod relay;
 pub mod seed;
 pub mod suite;
+pub mod writer;
 
 /// What a test handler does, in order: check the entity version (stale stops here), check the
 /// offset watermark (a replay ends with body `replay` and no effect), credit `amount` to

@@ -15,6 +15,7 @@ use oncebox_core::delivery::DeliveryState;
 use oncebox_relay::Relay;
 use oncebox_sqlite::Inbox;
 use oncebox_testkit::run;
+use oncebox_testkit::writer::{hold_writer, queued};
 use tokio::sync::{Semaphore, mpsc, oneshot};
 
 use crate::receiver::serve;
@@ -177,28 +178,9 @@ fn what_a_claim_brings_back_as_the_shutdown_begins_is_given_back_unsent() {
         w.accept("evt_late", &["hooks"]).await;
         let relay = Arc::new(w.relay(vec![route("hooks", addr, true)]));
         // The writer is busy until the test lets it go: the relay's claim waits in its queue.
-        let (entered_tx, entered) = oneshot::channel();
-        let (gate, gate_rx) = std::sync::mpsc::channel::<()>();
-        let holder = w.inbox.clone();
-        tokio::spawn(async move {
-            let _ = holder
-                .write(move |_| {
-                    let _ = entered_tx.send(());
-                    let _ = gate_rx.recv();
-                    Ok(())
-                })
-                .await;
-        });
-        entered.await.expect("the writer runs the holder");
+        let gate = hold_writer(&w.inbox).await;
         let (stop, task) = running(relay);
-        let deadline = std::time::Instant::now() + Duration::from_secs(10);
-        while w.inbox.queued() < 1 {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "the claim never queued"
-            );
-            tokio::time::sleep(Duration::from_millis(1)).await;
-        }
+        queued(&w.inbox, 1).await;
         // The stop wakes the relay's task at once; the claim answers only after the writer
         // has committed the holder's batch and then the claim's own (two syncs), so the relay
         // has seen the stop when the claim brings the delivery back.

@@ -3,13 +3,13 @@
 //! would stay `in_flight` under tokens no one holds, to be taken over later as possibly sent);
 //! one the writer had not started by then is given up and changes nothing.
 
-use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use oncebox_core::relay_store::DeliveryStore;
 use oncebox_core::store::{EventStore, Ingest};
 use oncebox_core::{ManualClock, Unavailable};
 use oncebox_sqlite::{Inbox, Options};
+use oncebox_testkit::writer::{hold_writer, queued};
 use oncebox_testkit::{EPOCH, event, run};
 
 const DEADLINE: Duration = Duration::from_millis(300);
@@ -29,33 +29,6 @@ async fn routed_event(dir: &tempfile::TempDir) -> Inbox {
     };
     inbox.ingest(ingest).await.expect("stored");
     inbox
-}
-
-/// Occupies the writer until the returned sender is dropped or sent to.
-async fn hold_writer(inbox: &Inbox) -> mpsc::Sender<()> {
-    let (entered_tx, entered_rx) = tokio::sync::oneshot::channel();
-    let (gate_tx, gate_rx) = mpsc::channel::<()>();
-    let held = inbox.clone();
-    tokio::spawn(async move {
-        let _ = held
-            .write(move |_| {
-                let _ = entered_tx.send(());
-                let _ = gate_rx.recv();
-                Ok(())
-            })
-            .await;
-    });
-    entered_rx.await.expect("the writer runs the holder");
-    gate_tx
-}
-
-/// Until `n` requests wait in the writer's queue (polled, with a deadline).
-async fn queued(inbox: &Inbox, n: usize) {
-    let until = Instant::now() + Duration::from_secs(10);
-    while inbox.queued() < n {
-        assert!(Instant::now() < until, "{} queued, not {n}", inbox.queued());
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    }
 }
 
 #[test]

@@ -12,6 +12,10 @@ use serde_json::Value;
 
 use crate::support::{oncebox, text};
 
+/// One RabbitMQ consumer of queue `orders` for source `shop`.
+const ORDERS: &str = "[sources.shop]\nsignature = \"none\"\n\n[consumers.orders]\nsource = \"shop\"\n\
+                      queue = \"orders\"\nkey = \"message-id\"\nquarantine = \"oncebox.quarantine\"\n";
+
 fn config(stream: &str, subject: &str, quarantine: &str) -> String {
     format!(
         r#"
@@ -198,12 +202,7 @@ fn a_stop_during_a_handshake_that_never_ends_is_not_held_up() {
         let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("amqp://guest:guest@{}/%2f", silent.local_addr().unwrap());
         let dir = tempfile::tempdir().unwrap();
-        std::fs::write(
-            dir.path().join("oncebox.toml"),
-            "[sources.shop]\nsignature = \"none\"\n\n[consumers.orders]\nsource = \"shop\"\n\
-             queue = \"orders\"\nkey = \"message-id\"\nquarantine = \"oncebox.quarantine\"\n",
-        )
-        .unwrap();
+        std::fs::write(dir.path().join("oncebox.toml"), ORDERS).unwrap();
         assert!(oncebox(dir.path(), &["migrate"]).status.success());
         let log = dir.path().join("consume.log");
         let child = Command::new(env!("CARGO_BIN_EXE_oncebox"))
@@ -244,12 +243,7 @@ fn a_stop_during_a_handshake_that_never_ends_is_not_held_up() {
 #[test]
 fn an_amqp_url_that_cannot_work_is_refused_at_start() {
     let dir = tempfile::tempdir().unwrap();
-    std::fs::write(
-        dir.path().join("oncebox.toml"),
-        "[sources.shop]\nsignature = \"none\"\n\n[consumers.orders]\nsource = \"shop\"\n\
-         queue = \"orders\"\nkey = \"message-id\"\nquarantine = \"oncebox.quarantine\"\n",
-    )
-    .unwrap();
+    std::fs::write(dir.path().join("oncebox.toml"), ORDERS).unwrap();
     let long = format!("amqp://127.0.0.1/{}", "v".repeat(256));
     for (url, why) in [
         (long.as_str(), "vhost"),

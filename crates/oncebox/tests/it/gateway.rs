@@ -21,6 +21,12 @@ signature = "none"
 event_id = { derive = ["/order_id", "/type"] }
 "#;
 
+/// `oncebox send stripe --id ID --body BODY --url URL` in `dir`: what it printed.
+fn send_stripe(dir: &std::path::Path, url: &str, id: &str, body: &str) -> String {
+    let args = ["send", "stripe", "--id", id, "--body", body, "--url", url];
+    text(&oncebox(dir, &args))
+}
+
 #[test]
 fn check_describes_a_good_file_and_names_the_bad_field() {
     let dir = tempfile::tempdir().unwrap();
@@ -66,54 +72,13 @@ fn send_signs_events_the_gateway_accepts_once() {
     // Stripe counts `pending_webhooks` again for each attempt: a retry is still the event.
     let body = r#"{"id":"evt_cli_2","type":"charge.succeeded","pending_webhooks":2}"#;
     let retry = r#"{"id":"evt_cli_2","type":"charge.succeeded","pending_webhooks":1}"#;
-    let a = oncebox(
-        dir.path(),
-        &[
-            "send",
-            "stripe",
-            "--id",
-            "evt_cli_2",
-            "--body",
-            body,
-            "--url",
-            &server.1,
-        ],
-    );
-    let b = oncebox(
-        dir.path(),
-        &[
-            "send",
-            "stripe",
-            "--id",
-            "evt_cli_2",
-            "--body",
-            retry,
-            "--url",
-            &server.1,
-        ],
-    );
-    assert!(
-        text(&a).starts_with("202") && text(&b).contains("(replayed)"),
-        "{}\n{}",
-        text(&a),
-        text(&b)
-    );
+    let a = send_stripe(dir.path(), &server.1, "evt_cli_2", body);
+    let b = send_stripe(dir.path(), &server.1, "evt_cli_2", retry);
+    assert!(a.starts_with("202") && b.contains("(replayed)"), "{a}\n{b}");
     // Another event under that id is still a conflict.
     let other = r#"{"id":"evt_cli_2","type":"charge.refunded","pending_webhooks":1}"#;
-    let c = oncebox(
-        dir.path(),
-        &[
-            "send",
-            "stripe",
-            "--id",
-            "evt_cli_2",
-            "--body",
-            other,
-            "--url",
-            &server.1,
-        ],
-    );
-    assert!(text(&c).contains("422"), "{}", text(&c));
+    let c = send_stripe(dir.path(), &server.1, "evt_cli_2", other);
+    assert!(c.contains("422"), "{c}");
     let events = oncebox(
         dir.path(),
         &["events", "--source", "stripe", "--output", "json"],
@@ -189,12 +154,7 @@ fn stripe_records_fingerprinted_the_earlier_way_still_answer_their_retries() {
     );
     std::fs::write(dir.path().join("oncebox.toml"), &earlier).unwrap();
     let body = r#"{"id":"evt_up","type":"charge.succeeded","pending_webhooks":1}"#;
-    let send = |url: &str, body: &str| {
-        let args = [
-            "send", "stripe", "--id", "evt_up", "--body", body, "--url", url,
-        ];
-        text(&oncebox(dir.path(), &args))
-    };
+    let send = |url: &str, body: &str| send_stripe(dir.path(), url, "evt_up", body);
     let server = serve(dir.path());
     let first = send(&server.1, body);
     assert!(
