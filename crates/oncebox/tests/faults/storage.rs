@@ -71,12 +71,14 @@ fn locked() -> Report {
         drop(holder);
         let refused = fresh
             .iter()
-            .filter(|o| matches!(o, Outcome::Info(_)))
+            .filter(|o| **o == Outcome::Info("HTTP 503".into()))
             .count();
         assert!(
             fresh.iter().all(|o| !matches!(o, Outcome::Ok { .. })),
             "a new event acknowledged while the write lock was held: {fresh:?}"
         );
+        // Each told to come back (503), not cut off or answered 500.
+        assert_eq!(refused, n, "new events under the lock: {fresh:?}");
         let replays = again
             .iter()
             .filter(|o| **o == Outcome::Ok { replayed: true })
