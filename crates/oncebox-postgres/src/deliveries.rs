@@ -50,7 +50,7 @@ fn millis(d: Duration) -> i64 {
 /// went back leaves a dead relay's delivery held for the jump's length on top of its lease.
 fn claim_sql(routes: bool) -> String {
     let only = if routes {
-        " AND destination = ANY($4)"
+        " AND destination = ANY($5)"
     } else {
         ""
     };
@@ -69,7 +69,8 @@ fn claim_sql(routes: bool) -> String {
            ORDER BY next_attempt_at, id LIMIT $2),
          claimed AS (
            UPDATE oncebox_outbox o SET state = 'in_flight', lease_token = nextval('oncebox_fence'),
-             lease_expires_at = $3, updated_at = $1
+             lease_expires_at = $3, updated_at = $1, claim_id = $4,
+             claim_taken_over = EXISTS (SELECT 1 FROM expired WHERE expired.id = o.id)
            FROM picked WHERE o.id = picked.id
            RETURNING o.id, o.destination, o.idempotency_key, o.payload, o.content_type, o.source,
              o.event_id, o.attempts, o.created_at, o.lease_token, o.next_attempt_at,
@@ -85,6 +86,15 @@ fn claim_sql(routes: bool) -> String {
 /// Built once each: sqlx prepares a statement per connection and SQL text.
 static CLAIM_ANY_ROUTE: LazyLock<String> = LazyLock::new(|| claim_sql(false));
 static CLAIM_ROUTES: LazyLock<String> = LazyLock::new(|| claim_sql(true));
+
+/// The rows a claim leased, found by its id, with the columns the claim returns: for a claim
+/// whose reply was lost. Only `in_flight` rows are read, a short range of the due index.
+const CLAIMED_BY_ID: &str = "
+    SELECT id, destination, idempotency_key, payload, content_type, source, event_id, attempts,
+      created_at, lease_token, next_attempt_at, claim_taken_over, budget_attempts,
+      coalesce(budget_at, created_at)
+    FROM oncebox_outbox WHERE state = 'in_flight' AND claim_id = $1
+    ORDER BY next_attempt_at, id";
 
 /// A row the claim leased whose stored key no longer validates: its id, token and why.
 type Invalid = (i64, i64, String);
@@ -115,6 +125,38 @@ fn claimed(r: &PgRow, expires_at: Timestamp) -> Result<Result<Claimed, Invalid>,
 }
 
 impl Inbox {
+    /// After a claim that failed. One the server refused changed nothing, and neither did one
+    /// that never got a connection. Any other (the connection broke, perhaps after the server
+    /// committed) is followed by a look for the rows it leased, by its id: left, they would stay
+    /// in flight under tokens nobody holds until their lease ran out, and then be taken over as
+    /// possibly sent, which parks a delivery on a route that ignores the key `uncertain`.
+    async fn claimed_after(
+        &self,
+        e: &sqlx::Error,
+        claim_id: i64,
+    ) -> Result<Vec<PgRow>, Unavailable> {
+        if matches!(
+            e,
+            sqlx::Error::Database(_) | sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed
+        ) {
+            return Err(storage(e));
+        }
+        let found = sqlx::query(CLAIMED_BY_ID)
+            .bind(claim_id)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(|_| storage(e))?;
+        if found.is_empty() {
+            return Err(storage(e));
+        }
+        tracing::warn!(
+            rows = found.len(),
+            error = %e,
+            "a claim's answer was lost after it committed; its deliveries were found by its id"
+        );
+        Ok(found)
+    }
+
     /// Rows are written from validated keys only. One that no longer validates can never be
     /// handed out, and left due it would take a slot of every claim forever: park it as dead,
     /// visible to operators, with the reason. The token guard keeps a row that changed hands.
@@ -192,14 +234,19 @@ impl DeliveryStore for Inbox {
         } else {
             CLAIM_ROUTES.as_str()
         };
+        let claim_id: i64 = rand::random();
         let mut query = sqlx::query(sql)
             .bind(now.millis())
             .bind(limit)
-            .bind(expires_at.millis());
+            .bind(expires_at.millis())
+            .bind(claim_id);
         if !routes.is_empty() {
             query = query.bind(routes);
         }
-        let rows = query.fetch_all(&self.pool).await.map_err(|e| storage(&e))?;
+        let rows = match query.fetch_all(&self.pool).await {
+            Ok(rows) => rows,
+            Err(e) => self.claimed_after(&e, claim_id).await?,
+        };
         let mut out = Vec::with_capacity(rows.len());
         for r in &rows {
             match claimed(r, expires_at).map_err(|e| storage(&e))? {

@@ -143,6 +143,13 @@ WHERE state IN ('delivered', 'dead') AND idempotency_key = source || ':' || even
 ALTER TABLE oncebox_outbox ADD COLUMN IF NOT EXISTS budget_attempts INTEGER NOT NULL DEFAULT 0,
     ADD COLUMN IF NOT EXISTS budget_at BIGINT;
 "#,
+    r#"
+-- Which claim leased a delivery, and whether it took the delivery over from an expired lease:
+-- a claimer whose reply was lost after the server committed finds its rows by the claim's own
+-- random id, instead of leaving them in flight under tokens nobody holds.
+ALTER TABLE oncebox_outbox ADD COLUMN IF NOT EXISTS claim_id BIGINT,
+    ADD COLUMN IF NOT EXISTS claim_taken_over BOOLEAN;
+"#,
 ];
 
 pub(crate) const VERSION: i64 = MIGRATIONS.len() as i64;

@@ -210,3 +210,73 @@ fn a_delivery_whose_stored_key_no_longer_validates_is_parked_dead_not_handed_out
         );
     });
 }
+
+/// A claim whose answer is lost after the server committed it (the connection cut as the rows
+/// came back): the claimer finds the rows it leased by the claim's id, so they are sent now,
+/// not left in flight under tokens nobody holds until their lease runs out and then taken over
+/// as possibly sent (which parks a delivery on a route that ignores the key `uncertain`).
+#[test]
+fn a_claim_whose_answer_is_lost_finds_the_rows_it_leased() {
+    use oncebox_testkit::proxy::{Mode, Proxy, Stats};
+
+    let Some(url) = harness::url() else {
+        return;
+    };
+    run(async move {
+        let clock = ManualClock::new(EPOCH);
+        let schema = harness::schema();
+        let direct = Inbox::open(harness::options(&schema, &clock))
+            .await
+            .expect("open");
+        backlog(&direct, 2).await;
+        // The proxy drops the answer to the claim's execution, the one request that carries
+        // the lease's end as a parameter (an 8-byte big-endian integer); the look by claim id
+        // passes. The statement is prepared before, so its text is no marker: the answer to
+        // its preparation would be dropped, before anything ran.
+        let lease_end = clock.now().plus(LEASE).millis().to_be_bytes().to_vec();
+        let (scheme, rest) = url.split_once("://").expect("a URL");
+        let (auth, hostpath) = rest.rsplit_once('@').unwrap_or(("", rest));
+        let slash = hostpath.find('/').unwrap_or(hostpath.len());
+        let server: std::net::SocketAddr = tokio::net::lookup_host(&hostpath[..slash])
+            .await
+            .expect("the server's address")
+            .next()
+            .expect("an address");
+        let proxy = Proxy::start_with_marker(server, Some(lease_end)).await;
+        let at = if auth.is_empty() { "" } else { "@" };
+        let via = format!(
+            "{scheme}://{auth}{at}{}{}",
+            proxy.addr(),
+            &hostpath[slash..]
+        );
+        let options = oncebox_postgres::Options::new(via)
+            .schema(&schema)
+            .clock(Arc::new(clock.clone()));
+        let relay = Inbox::open(options).await.expect("open through the proxy");
+        proxy.set(Mode::DropReply);
+        let claimed = relay.claim(clock.now(), 10, LEASE, &[]).await;
+        proxy.set(Mode::Pass);
+        assert_eq!(
+            Stats::get(&proxy.stats.dropped_replies),
+            1,
+            "the answer was lost"
+        );
+        let claimed = claimed.expect("the claim's rows, found by its id");
+        assert_eq!(claimed.len(), 2);
+        assert!(claimed.iter().all(|c| !c.taken_over), "{claimed:?}");
+        // They are this claimer's: its record of an attempt is taken.
+        let now = clock.now();
+        for c in &claimed {
+            let attempt = oncebox_core::relay_store::AttemptRecord {
+                started_at: now,
+                duration: Duration::ZERO,
+                status: Some(200),
+                error: None,
+            };
+            let delivered = oncebox_core::delivery::Verdict::Delivered;
+            DeliveryStore::record(&relay, c, attempt, delivered, now)
+                .await
+                .expect("recorded under the claim's lease");
+        }
+    });
+}
