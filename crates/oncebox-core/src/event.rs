@@ -10,9 +10,10 @@ pub struct Event {
     /// The exact bytes received; kept so a conflict can be audited and an event redelivered.
     pub payload: Vec<u8>,
     pub fingerprint: Fingerprint,
-    /// Its fingerprint by the way an earlier version took it (its source's fingerprint mode
-    /// changed since): a record stored under that one is this event, not another under its key.
-    pub earlier: Option<Fingerprint>,
+    /// The mode `fingerprint` was taken by, where the records of its source may hold
+    /// fingerprints an earlier version took another way: a record whose fingerprint differs is
+    /// this event if its stored payload, fingerprinted this way, gives this event's.
+    pub recheck: Option<FingerprintMode>,
     /// How it arrived, kept for operators and for redelivery with the original content type.
     pub meta: Meta,
 }
@@ -101,16 +102,18 @@ impl Event {
             key,
             payload,
             fingerprint,
-            earlier: None,
+            recheck: None,
             meta: Meta::default(),
         })
     }
 
-    /// Whether `stored`, the fingerprint of the key's record, is this event's, taken now or
-    /// the earlier way.
-    pub fn matches(&self, stored: &[u8]) -> bool {
-        stored == &self.fingerprint.as_bytes()[..]
-            || self.earlier.is_some_and(|f| stored == &f.as_bytes()[..])
+    /// Whether a record whose fingerprint differs from this event's, holding `payload`, is this
+    /// event stored the way an earlier version fingerprinted it (see [`Event::recheck`]).
+    pub fn matches_payload(&self, payload: &[u8]) -> bool {
+        self.recheck.as_ref().is_some_and(|mode| {
+            mode.fingerprint(payload)
+                .is_ok_and(|f| f == self.fingerprint)
+        })
     }
 
     /// A JSON event fingerprinted by its canonical form.

@@ -158,11 +158,8 @@ async fn receive_for<S: EventStore>(
         Ok(e) => e.with_meta(meta(headers)),
         Err(e) => return Answer::Problem(Problem::invalid("invalid-json", e.to_string())),
     };
-    if let Some(mode) = &policy.earlier_fingerprint {
-        // A body the earlier way cannot read had no record stored under it.
-        event.earlier = mode
-            .fingerprint_parsed(&event.payload, parsed.as_ref())
-            .ok();
+    if policy.recheck_stored {
+        event.recheck = Some(policy.fingerprint.clone());
     }
     let key = event.key.clone();
     let ingest = Ingest {

@@ -79,9 +79,10 @@ pub struct SourcePolicy {
     pub tolerance: Duration,
     pub event_id: EventIdRule,
     pub fingerprint: FingerprintMode,
-    /// How an earlier version fingerprinted this source's events, where it took them another
-    /// way: their records still match the retries that reach this one.
-    pub earlier_fingerprint: Option<FingerprintMode>,
+    /// Whether this source's records may hold fingerprints an earlier version took another way
+    /// (its preset's fingerprint changed): a record whose fingerprint differs is compared by its
+    /// stored payload before it is called a conflict (`Event::recheck`).
+    pub recheck_stored: bool,
     pub max_body: usize,
     pub retention: Duration,
     pub order: Option<OrderGuard>,
@@ -97,7 +98,7 @@ impl SourcePolicy {
             tolerance: Duration::from_secs(300),
             event_id: EventIdRule::Default,
             fingerprint: FingerprintMode::Json,
-            earlier_fingerprint: None,
+            recheck_stored: false,
             max_body: 1 << 20,
             retention: oncebox_core::retention::DEFAULT_RETENTION,
             order: None,

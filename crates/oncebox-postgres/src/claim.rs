@@ -69,7 +69,9 @@ pub(crate) async fn claim(
     let id: i64 = row.try_get(0)?;
     let stored: Vec<u8> = row.try_get(1)?;
     let state: String = row.try_get(2)?;
-    if !event.matches(&stored) {
+    if stored[..] != event.fingerprint.as_bytes()[..]
+        && !stored_payload_matches(conn, id, event).await?
+    {
         record_conflict(conn, event, &stored, now).await?;
         let stored = Fingerprint::from_slice(&stored).unwrap_or(event.fingerprint);
         return Ok(Claim::Answered(Err(ProcessError::Conflict {
@@ -126,6 +128,24 @@ pub(crate) async fn claim(
     .execute(&mut *conn)
     .await?;
     Ok(Claim::TakenOver(id))
+}
+
+/// Whether the record `id`, whose fingerprint differs, is `event` fingerprinted the way an
+/// earlier version took it: read only for events that say it may be (`Event::recheck`).
+async fn stored_payload_matches(
+    conn: &mut PgConnection,
+    id: i64,
+    event: &Event,
+) -> Result<bool, sqlx::Error> {
+    if event.recheck.is_none() {
+        return Ok(false);
+    }
+    let payload: Option<Vec<u8>> =
+        sqlx::query_scalar("SELECT payload FROM oncebox_inbox WHERE id = $1")
+            .bind(id)
+            .fetch_one(&mut *conn)
+            .await?;
+    Ok(payload.is_some_and(|p| event.matches_payload(&p)))
 }
 
 /// Marks the claimed record terminal with its response.

@@ -166,7 +166,9 @@ fn decide(
     lease: Option<(i64, i64)>,
 ) -> Result<Claim, Fatal> {
     let (token, expires) = lease.unzip();
-    if !event.matches(&existing.fingerprint) {
+    if existing.fingerprint[..] != event.fingerprint.as_bytes()[..]
+        && !stored_payload_matches(cx, existing.id, event)?
+    {
         record_conflict(cx, event, &existing.fingerprint)?;
         let stored = Fingerprint::from_slice(&existing.fingerprint).unwrap_or(event.fingerprint);
         return Ok(Claim::Answered(Err(ProcessError::Conflict {
@@ -222,6 +224,19 @@ fn decide(
 }
 
 /// The key's record, or why it no longer reads: a value of another type than oncebox writes.
+/// Whether the record `row`, whose fingerprint differs, is `event` fingerprinted the way an
+/// earlier version took it: read only for events that say it may be (`Event::recheck`).
+fn stored_payload_matches(cx: &Cx<'_, '_>, row: i64, event: &Event) -> rusqlite::Result<bool> {
+    if event.recheck.is_none() {
+        return Ok(false);
+    }
+    let payload = cx
+        .conn
+        .prepare_cached("SELECT payload FROM oncebox_inbox WHERE id = ?1")?
+        .query_row([row], |r| crate::lenient::optional_bytes(r, 0))?;
+    Ok(payload.is_some_and(|p| event.matches_payload(&p)))
+}
+
 pub(crate) fn existing(
     cx: &Cx<'_, '_>,
     key: &Key,

@@ -92,9 +92,9 @@ pub(super) fn validate(
         _ => None,
     };
     let preset_fields = preset.and_then(|p| p.fingerprint);
-    let (fingerprint, earlier_fingerprint) = match (&raw.fingerprint, derived, preset_fields) {
+    let (fingerprint, recheck_stored) = match (&raw.fingerprint, derived, preset_fields) {
         // Earlier versions took the whole body for every preset: the records they stored must
-        // still answer the retries that come after an upgrade.
+        // still answer the retries that come after an upgrade, compared by their payloads.
         (None, None, Some(fields)) => (
             FingerprintMode::Fields(
                 fields
@@ -102,11 +102,11 @@ pub(super) fn validate(
                     .filter_map(|f| Pointer::parse(f).ok())
                     .collect(),
             ),
-            Some(FingerprintMode::Json),
+            true,
         ),
         _ => (
             fingerprint(&path, raw.fingerprint.as_ref(), derived, p),
-            None,
+            false,
         ),
     };
 
@@ -161,7 +161,7 @@ pub(super) fn validate(
             tolerance,
             event_id,
             fingerprint,
-            earlier_fingerprint,
+            recheck_stored,
             max_body: usize::try_from(max_body).ok()?,
             retention,
             order,

@@ -144,7 +144,8 @@ async fn a_derived_id_makes_a_fact_resent_in_a_new_envelope_one_event() {
 
 /// An upgrade across the Stripe preset's change of fingerprint: records stored when it took
 /// the whole body (as `fingerprint = "json"` still does) answer the retries that reach the new
-/// version as replays, not as another payload under their key.
+/// version as replays, compared by their stored payloads, not as another payload under their
+/// key.
 #[test]
 fn stripe_records_fingerprinted_the_earlier_way_still_answer_their_retries() {
     let dir = tempfile::tempdir().unwrap();
@@ -166,6 +167,10 @@ fn stripe_records_fingerprinted_the_earlier_way_still_answer_their_retries() {
     std::fs::write(dir.path().join("oncebox.toml"), CONFIG).unwrap();
     let server = serve(dir.path());
     let retry = send(&server.1, body);
+    assert!(retry.contains("(replayed)"), "{retry}");
+    // Also when Stripe counted `pending_webhooks` again, which the whole body took in.
+    let recounted = r#"{"id":"evt_up","type":"charge.succeeded","pending_webhooks":0}"#;
+    let retry = send(&server.1, recounted);
     assert!(retry.contains("(replayed)"), "{retry}");
     let other = send(&server.1, r#"{"id":"evt_up","type":"charge.refunded"}"#);
     assert!(other.contains("422"), "{other}");
