@@ -1,5 +1,7 @@
 //! An event as it enters a backend (key, payload, fingerprint) and an outbox message as it leaves.
 
+use std::sync::Arc;
+
 use crate::fingerprint::{Fingerprint, FingerprintMode, PayloadError};
 use crate::key::{Key, Source};
 
@@ -13,7 +15,8 @@ pub struct Event {
     /// The mode `fingerprint` was taken by, where the records of its source may hold
     /// fingerprints an earlier version took another way: a record whose fingerprint differs is
     /// this event if its stored payload, fingerprinted this way, gives this event's.
-    pub recheck: Option<FingerprintMode>,
+    /// Shared: it is the source's own mode, set on every event of such a source.
+    pub recheck: Option<Arc<FingerprintMode>>,
     /// How it arrived, kept for operators and for redelivery with the original content type.
     pub meta: Meta,
 }

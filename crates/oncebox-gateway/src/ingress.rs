@@ -158,9 +158,7 @@ async fn receive_for<S: EventStore>(
         Ok(e) => e.with_meta(meta(headers)),
         Err(e) => return Answer::Problem(Problem::invalid("invalid-json", e.to_string())),
     };
-    if policy.recheck_stored {
-        event.recheck = Some(policy.fingerprint.clone());
-    }
+    event.recheck.clone_from(&policy.recheck);
     let key = event.key.clone();
     let ingest = Ingest {
         accepted: accepted_body(&event.key, now, false),

@@ -2,7 +2,7 @@
 //! (the binary, from configuration) and passed in once.
 
 use std::collections::BTreeMap;
-use std::sync::LazyLock;
+use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 use oncebox_core::json::{Pointer, Value};
@@ -79,10 +79,11 @@ pub struct SourcePolicy {
     pub tolerance: Duration,
     pub event_id: EventIdRule,
     pub fingerprint: FingerprintMode,
-    /// Whether this source's records may hold fingerprints an earlier version took another way
-    /// (its preset's fingerprint changed): a record whose fingerprint differs is compared by its
-    /// stored payload before it is called a conflict (`Event::recheck`).
-    pub recheck_stored: bool,
+    /// For a source whose records may hold fingerprints an earlier version took another way
+    /// (its preset's fingerprint changed): `fingerprint`, shared with its events, by which a
+    /// record whose fingerprint differs is compared by its stored payload before it is called a
+    /// conflict (`Event::recheck`).
+    pub recheck: Option<Arc<FingerprintMode>>,
     pub max_body: usize,
     pub retention: Duration,
     pub order: Option<OrderGuard>,
@@ -98,7 +99,7 @@ impl SourcePolicy {
             tolerance: Duration::from_secs(300),
             event_id: EventIdRule::Default,
             fingerprint: FingerprintMode::Json,
-            recheck_stored: false,
+            recheck: None,
             max_body: 1 << 20,
             retention: oncebox_core::retention::DEFAULT_RETENTION,
             order: None,

@@ -223,7 +223,6 @@ fn decide(
     Ok(Claim::TakenOver(existing.id))
 }
 
-/// The key's record, or why it no longer reads: a value of another type than oncebox writes.
 /// Whether the record `row`, whose fingerprint differs, is `event` fingerprinted the way an
 /// earlier version took it: read only for events that say it may be (`Event::recheck`).
 fn stored_payload_matches(cx: &Cx<'_, '_>, row: i64, event: &Event) -> rusqlite::Result<bool> {
@@ -233,10 +232,11 @@ fn stored_payload_matches(cx: &Cx<'_, '_>, row: i64, event: &Event) -> rusqlite:
     let payload = cx
         .conn
         .prepare_cached("SELECT payload FROM oncebox_inbox WHERE id = ?1")?
-        .query_row([row], |r| crate::lenient::optional_bytes(r, 0))?;
+        .query_row([row], |r| optional_bytes(r, 0))?;
     Ok(payload.is_some_and(|p| event.matches_payload(&p)))
 }
 
+/// The key's record, or why it no longer reads: a value of another type than oncebox writes.
 pub(crate) fn existing(
     cx: &Cx<'_, '_>,
     key: &Key,

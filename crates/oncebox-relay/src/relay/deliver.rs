@@ -59,29 +59,30 @@ impl<S: DeliveryStore> Relay<S> {
         if claimed.taken_over && !route.idempotent {
             return self.orphaned(claimed, route).await;
         }
-        // Claimed as a shutdown began (the claim was under way when it was asked for): given
-        // back unsent, as one still waiting for its turn is, rather than started by a process
-        // about to stop, which could be killed with the request on its way.
-        if *stop.borrow() {
-            self.store.unclaim(claimed, self.clock.now()).await?;
-            return Ok(Step::Unclaimed);
-        }
+        // Claimed as a shutdown began (the claim was under way when it was asked for): no
+        // turn, as one still waiting gets none, since a process about to stop could be killed
+        // with the request on its way.
+        let stopped = *stop.borrow();
         // The guard `wait_for` gives is dropped inside: it cannot be held across an await.
         let stopping = async {
             let _ = stop.wait_for(|stop| *stop).await;
         };
         // Whether the claim had to wait for its turn: only then can the circuit have opened
         // since the claim (a round's claims that start at once go out together, trial or not).
-        let (permit, waited) = match permits.try_acquire() {
-            Ok(permit) => (Some(permit), false),
-            Err(TryAcquireError::Closed) => return Err(LeaseError::Fenced),
-            Err(TryAcquireError::NoPermits) => {
-                let permit = tokio::select! {
-                    biased;
-                    permit = permits.acquire() => Some(permit.map_err(|_| LeaseError::Fenced)?),
-                    () = stopping => None,
-                };
-                (permit, true)
+        let (permit, waited) = if stopped {
+            (None, false)
+        } else {
+            match permits.try_acquire() {
+                Ok(permit) => (Some(permit), false),
+                Err(TryAcquireError::Closed) => return Err(LeaseError::Fenced),
+                Err(TryAcquireError::NoPermits) => {
+                    let permit = tokio::select! {
+                        biased;
+                        permit = permits.acquire() => Some(permit.map_err(|_| LeaseError::Fenced)?),
+                        () = stopping => None,
+                    };
+                    (permit, true)
+                }
             }
         };
         let Some(permit) = permit else {

@@ -226,7 +226,7 @@ pub async fn a_record_stored_under_an_events_earlier_fingerprint_is_that_event<
     accept(&s, &stored).await;
     let only_amount = FingerprintMode::Fields(vec![Pointer::parse("/amount").unwrap()]);
     let now = |payload: &str, recheck: bool| Event {
-        recheck: recheck.then(|| only_amount.clone()),
+        recheck: recheck.then(|| std::sync::Arc::new(only_amount.clone())),
         ..Event::new(stored.key.clone(), payload.into(), &only_amount).expect("event")
     };
     refuse(&s, &now(r#"{"amount":1,"pending":2}"#, false), &stored).await;

@@ -153,6 +153,8 @@ pub(super) fn validate(
     if p.count() > before {
         return None;
     }
+    // Shared with every event of the source, so none copies it.
+    let recheck = recheck_stored.then(|| std::sync::Arc::new(fingerprint.clone()));
     Some((
         source?,
         SourcePolicy {
@@ -161,7 +163,7 @@ pub(super) fn validate(
             tolerance,
             event_id,
             fingerprint,
-            recheck_stored,
+            recheck,
             max_body: usize::try_from(max_body).ok()?,
             retention,
             order,
