@@ -4,6 +4,7 @@
 //! `deliveries/read.rs`.
 
 mod claim;
+pub(crate) mod lost;
 mod read;
 
 use std::time::Duration;

@@ -41,6 +41,8 @@ pub struct Inbox {
     pub(crate) deadline: Duration,
     /// Relay wake-ups (`LISTEN`), started by the first `wait_for_work`.
     pub(crate) wake: crate::listen::Wake,
+    /// Claims whose answer was lost before their rows were found (`deliveries/lost.rs`).
+    pub(crate) lost_claims: crate::deliveries::lost::LostClaims,
 }
 
 impl std::fmt::Debug for Inbox {
@@ -108,6 +110,7 @@ impl Inbox {
             clock: options.clock,
             batcher,
             deadline: options.deadline,
+            lost_claims: Default::default(),
         })
     }
 

@@ -29,6 +29,12 @@ pub enum Mode {
     /// connections are cut: the server acted, the client never hears so. With a marker, only
     /// an answer to bytes containing it is dropped (e.g. `COMMIT`); the rest passes.
     DropReply,
+    /// The client's bytes are forwarded and both connections are cut at once, without waiting
+    /// for an answer: the server holds the request and may act on it later (after a lock it
+    /// waits for), while the client already sees its connection gone. The server's side ends
+    /// with a FIN, so what it received is read before the end. With a marker, only bytes
+    /// containing it are cut after.
+    CutRequest,
 }
 
 /// Faults injected so far.
@@ -39,6 +45,8 @@ pub struct Stats {
     pub resets: AtomicU64,
     /// Answers dropped by [`Mode::DropReply`] after the request reached the server.
     pub dropped_replies: AtomicU64,
+    /// Connections cut by [`Mode::CutRequest`] right after a request was forwarded.
+    pub cut_requests: AtomicU64,
     /// Chunks that waited at least once in [`Mode::BlackHole`] or [`Mode::Delay`].
     pub held: AtomicU64,
 }
@@ -64,8 +72,8 @@ impl Proxy {
         Proxy::start_with_marker(upstream, None).await
     }
 
-    /// As [`Proxy::start`]; in [`Mode::DropReply`] only answers to client bytes containing
-    /// `marker` are dropped.
+    /// As [`Proxy::start`]; in [`Mode::DropReply`] and [`Mode::CutRequest`] only client bytes
+    /// containing `marker` are acted on.
     pub async fn start_with_marker(upstream: SocketAddr, marker: Option<Vec<u8>>) -> Proxy {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("proxy port");
         let addr = listener.local_addr().expect("proxy address");
@@ -172,14 +180,25 @@ async fn connection(
                 }
                 let chunk = &from_client[..n];
                 let mode = hold(&mut modes, stats).await;
-                if mode == Mode::DropReply {
+                let mut marked = false;
+                if matches!(mode, Mode::DropReply | Mode::CutRequest) {
                     let mut seen = std::mem::take(&mut tail);
                     seen.extend_from_slice(chunk);
-                    cut_next_answer |= marker.is_none_or(|m| seen.windows(m.len()).any(|w| w == m));
+                    marked = marker.is_none_or(|m| seen.windows(m.len()).any(|w| w == m));
                     let keep = marker.map_or(0, |m| m.len().saturating_sub(1));
                     tail = seen[seen.len().saturating_sub(keep)..].to_vec();
                 }
                 up.write_all(chunk).await?;
+                if marked && mode == Mode::CutRequest {
+                    stats.cut_requests.fetch_add(1, Ordering::SeqCst);
+                    reset(client);
+                    up.shutdown().await?;
+                    // Drained, not dropped: closing with unread bytes would send the server
+                    // a reset, and it must be free to read the request and act on it.
+                    while up.read(&mut from_up).await? > 0 {}
+                    return Ok(());
+                }
+                cut_next_answer |= marked;
             }
             r = up.read(&mut from_up) => {
                 let n = r?;
@@ -282,6 +301,19 @@ mod tests {
                 "the server acted on it"
             );
             assert_eq!(Stats::get(&proxy.stats.dropped_replies), 1);
+
+            // The request reaches the server; the client's connection is gone before any
+            // answer.
+            proxy.set(Mode::CutRequest);
+            let before = got.load(Ordering::SeqCst);
+            assert!(roundtrip(proxy.addr(), b"COMMIT").await.is_err(), "cut");
+            crate::child::until_async(
+                "the server got the request that was cut",
+                Duration::from_secs(5),
+                || got.load(Ordering::SeqCst) == before + 1,
+            )
+            .await;
+            assert_eq!(Stats::get(&proxy.stats.cut_requests), 1);
 
             proxy.set(Mode::Reset);
             assert!(roundtrip(proxy.addr(), b"x").await.is_err());

@@ -130,6 +130,7 @@ impl Inbox {
         } else {
             CLAIM_ROUTES.as_str()
         };
+        self.give_back_lost(now).await;
         let claim_id: i64 = rand::random();
         let mut query = sqlx::query(sql)
             .bind(now.millis())
@@ -141,7 +142,10 @@ impl Inbox {
         }
         let rows = match query.fetch_all(&self.pool).await {
             Ok(rows) => rows,
-            Err(e) => self.claimed_after(&e, claim_id).await?,
+            Err(e) => {
+                self.claimed_after(&e, claim_id, expires_at.plus(lease))
+                    .await?
+            }
         };
         let mut out = Vec::with_capacity(rows.len());
         for r in &rows {
@@ -157,11 +161,13 @@ impl Inbox {
     /// that never got a connection. Any other (the connection broke, perhaps after the server
     /// committed) is followed by a look for the rows it leased, by its id: left, they would stay
     /// in flight under tokens nobody holds until their lease ran out, and then be taken over as
-    /// possibly sent, which parks a delivery on a route that ignores the key `uncertain`.
+    /// possibly sent, which parks a delivery on a route that ignores the key `uncertain`. A claim
+    /// not found may yet commit, so it is remembered (`lost.rs`) until `forget_at`.
     async fn claimed_after(
         &self,
         e: &sqlx::Error,
         claim_id: i64,
+        forget_at: Timestamp,
     ) -> Result<Vec<PgRow>, Unavailable> {
         if matches!(
             e,
@@ -172,11 +178,14 @@ impl Inbox {
         let found = sqlx::query(CLAIMED_BY_ID)
             .bind(claim_id)
             .fetch_all(&self.pool)
-            .await
-            .map_err(|_| storage(e))?;
-        if found.is_empty() {
-            return Err(storage(e));
-        }
+            .await;
+        let found = match found {
+            Ok(found) if !found.is_empty() => found,
+            _ => {
+                self.lost_claims.remember(claim_id, forget_at);
+                return Err(storage(e));
+            }
+        };
         tracing::warn!(
             rows = found.len(),
             error = %e,

@@ -211,13 +211,45 @@ fn a_delivery_whose_stored_key_no_longer_validates_is_parked_dead_not_handed_out
     });
 }
 
+/// An inbox whose connections pass through a fault proxy that acts only on the claim's
+/// execution: the one request that carries the lease's end as a parameter (an 8-byte
+/// big-endian integer). The statement is prepared before, so its text is no marker: the answer
+/// to its preparation would be dropped, before anything ran.
+async fn through_proxy(
+    url: &str,
+    schema: &str,
+    clock: &ManualClock,
+) -> (oncebox_testkit::proxy::Proxy, Inbox) {
+    let lease_end = clock.now().plus(LEASE).millis().to_be_bytes().to_vec();
+    let (scheme, rest) = url.split_once("://").expect("a URL");
+    let (auth, hostpath) = rest.rsplit_once('@').unwrap_or(("", rest));
+    let slash = hostpath.find('/').unwrap_or(hostpath.len());
+    let server: std::net::SocketAddr = tokio::net::lookup_host(&hostpath[..slash])
+        .await
+        .expect("the server's address")
+        .next()
+        .expect("an address");
+    let proxy = oncebox_testkit::proxy::Proxy::start_with_marker(server, Some(lease_end)).await;
+    let at = if auth.is_empty() { "" } else { "@" };
+    let via = format!(
+        "{scheme}://{auth}{at}{}{}",
+        proxy.addr(),
+        &hostpath[slash..]
+    );
+    let options = oncebox_postgres::Options::new(via)
+        .schema(schema)
+        .clock(Arc::new(clock.clone()));
+    let relay = Inbox::open(options).await.expect("open through the proxy");
+    (proxy, relay)
+}
+
 /// A claim whose answer is lost after the server committed it (the connection cut as the rows
 /// came back): the claimer finds the rows it leased by the claim's id, so they are sent now,
 /// not left in flight under tokens nobody holds until their lease runs out and then taken over
 /// as possibly sent (which parks a delivery on a route that ignores the key `uncertain`).
 #[test]
 fn a_claim_whose_answer_is_lost_finds_the_rows_it_leased() {
-    use oncebox_testkit::proxy::{Mode, Proxy, Stats};
+    use oncebox_testkit::proxy::{Mode, Stats};
 
     let Some(url) = harness::url() else {
         return;
@@ -229,30 +261,7 @@ fn a_claim_whose_answer_is_lost_finds_the_rows_it_leased() {
             .await
             .expect("open");
         backlog(&direct, 2).await;
-        // The proxy drops the answer to the claim's execution, the one request that carries
-        // the lease's end as a parameter (an 8-byte big-endian integer); the look by claim id
-        // passes. The statement is prepared before, so its text is no marker: the answer to
-        // its preparation would be dropped, before anything ran.
-        let lease_end = clock.now().plus(LEASE).millis().to_be_bytes().to_vec();
-        let (scheme, rest) = url.split_once("://").expect("a URL");
-        let (auth, hostpath) = rest.rsplit_once('@').unwrap_or(("", rest));
-        let slash = hostpath.find('/').unwrap_or(hostpath.len());
-        let server: std::net::SocketAddr = tokio::net::lookup_host(&hostpath[..slash])
-            .await
-            .expect("the server's address")
-            .next()
-            .expect("an address");
-        let proxy = Proxy::start_with_marker(server, Some(lease_end)).await;
-        let at = if auth.is_empty() { "" } else { "@" };
-        let via = format!(
-            "{scheme}://{auth}{at}{}{}",
-            proxy.addr(),
-            &hostpath[slash..]
-        );
-        let options = oncebox_postgres::Options::new(via)
-            .schema(&schema)
-            .clock(Arc::new(clock.clone()));
-        let relay = Inbox::open(options).await.expect("open through the proxy");
+        let (proxy, relay) = through_proxy(&url, &schema, &clock).await;
         proxy.set(Mode::DropReply);
         let claimed = relay.claim(clock.now(), 10, LEASE, &[]).await;
         proxy.set(Mode::Pass);
@@ -278,5 +287,77 @@ fn a_claim_whose_answer_is_lost_finds_the_rows_it_leased() {
                 .await
                 .expect("recorded under the claim's lease");
         }
+    });
+}
+
+/// A claim cut off while the server still waits to run it (a lock held elsewhere): the look by
+/// its id finds nothing, and the statement commits after it. The next claim gives those rows
+/// back and leases them as never sent, instead of leaving them in flight until their lease
+/// runs out and taking them over as possibly sent.
+#[test]
+fn a_claim_that_commits_after_its_connection_was_cut_is_given_back_by_the_next() {
+    use oncebox_testkit::proxy::{Mode, Stats};
+
+    let Some(url) = harness::url() else {
+        return;
+    };
+    run(async move {
+        let clock = ManualClock::new(EPOCH);
+        let schema = harness::schema();
+        let direct = Inbox::open(harness::options(&schema, &clock))
+            .await
+            .expect("open");
+        backlog(&direct, 2).await;
+        let (proxy, relay) = through_proxy(&url, &schema, &clock).await;
+        // The claim's UPDATE waits for an advisory lock the test holds (a trigger asks for it),
+        // while the look by id reads on. Advisory locks are the database's: the key is this
+        // test's own.
+        let key: i64 = rand::random();
+        sqlx::raw_sql(&format!(
+            "CREATE FUNCTION hold_claims() RETURNS trigger LANGUAGE plpgsql AS
+               $$ BEGIN PERFORM pg_advisory_xact_lock_shared({key}); RETURN NEW; END $$;
+             CREATE TRIGGER hold_claims BEFORE UPDATE ON oncebox_outbox
+               FOR EACH ROW EXECUTE FUNCTION hold_claims()"
+        ))
+        .execute(direct.pool())
+        .await
+        .expect("the trigger");
+        let mut holder = direct.pool().begin().await.expect("begin");
+        sqlx::query("SELECT pg_advisory_xact_lock($1)")
+            .bind(key)
+            .execute(&mut *holder)
+            .await
+            .expect("lock");
+        proxy.set(Mode::CutRequest);
+        let lost = relay.claim(clock.now(), 10, LEASE, &[]).await;
+        proxy.set(Mode::Pass);
+        assert_eq!(
+            Stats::get(&proxy.stats.cut_requests),
+            1,
+            "the claim was cut"
+        );
+        assert!(lost.is_err(), "nothing found by its id yet: {lost:?}");
+        holder.commit().await.expect("release the lock");
+        // The cut claim runs now, on the server, for nobody.
+        let in_flight = || async {
+            sqlx::query_scalar::<_, i64>(
+                "SELECT count(*) FROM oncebox_outbox WHERE state = 'in_flight'",
+            )
+            .fetch_one(direct.pool())
+            .await
+            .expect("count")
+        };
+        let deadline = Instant::now() + PROMPT;
+        while in_flight().await != 2 {
+            assert!(Instant::now() < deadline, "the cut claim never committed");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        // Well within the lost claim's lease, the next claim has the rows, as never sent.
+        let again = relay
+            .claim(clock.now(), 10, LEASE, &[])
+            .await
+            .expect("claim");
+        assert_eq!(again.len(), 2, "{again:?}");
+        assert!(again.iter().all(|c| !c.taken_over), "{again:?}");
     });
 }
