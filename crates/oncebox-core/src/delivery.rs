@@ -186,10 +186,12 @@ impl Verdict {
 
 /// Decides from one attempt. `attempts_made` counts this one; `age` is the delivery's age now.
 ///
-/// 2xx is delivered. 3xx (not followed), 408, 425, 429, 5xx and a request that never left are retried (honouring
-/// `Retry-After`, never waiting less than the backoff asks). Other 4xx are dead: the receiver
-/// refuses the request itself. A request sent without an answer, or answered by a proxy's
-/// gateway timeout (504, 524) that forwarded it, is retried only when the route honours the
+/// 2xx is delivered. 301, 307, 308 (not followed), 408, 425, 429, 5xx and a request that never
+/// left are retried (honouring `Retry-After`, never waiting less than the backoff asks), and so
+/// is a 409 where the route honours the idempotency key (its earlier request still running).
+/// Other 4xx are dead: the receiver refuses the request itself. A request sent without an
+/// answer, answered by a proxy's gateway timeout (504, 524) that forwarded it, or answered by
+/// another redirect (which may follow the effect) is retried only when the route honours the
 /// idempotency key; otherwise it is uncertain. Attempts and age are capped.
 pub fn decide(
     attempt: &Attempt,
@@ -215,9 +217,23 @@ pub fn decide(
         } if !idempotent => return Verdict::Uncertain,
         Attempt::Answered { status, .. } if (500..600).contains(status) => true,
         // Redirects are not followed (the request would go where the route's owner did not
-        // send it): a receiver that moved is a configuration to fix while retries last, not
-        // a refusal of the request, and every delivery to it would die at once.
+        // send it). 301, 307 and 308 say the request belongs elsewhere, unapplied: a receiver
+        // that moved is a configuration to fix while retries last, not a refusal, and every
+        // delivery to it would die at once. Any other 3xx (a 302 or 303 after a POST, as web
+        // frameworks answer once they applied it) may follow the effect: it is sent again only
+        // where the key is honoured.
+        Attempt::Answered {
+            status: 301 | 307 | 308,
+            ..
+        } => true,
+        Attempt::Answered { status, .. } if (300..400).contains(status) && !idempotent => {
+            return Verdict::Uncertain;
+        }
         Attempt::Answered { status, .. } if (300..400).contains(status) => true,
+        // A receiver that honours the key answers 409 while an earlier request with it is
+        // still running (a timed-out attempt it is still at): ask again, as it says. Where
+        // the key means nothing to the receiver, a 409 refuses the request itself.
+        Attempt::Answered { status: 409, .. } if idempotent => true,
         Attempt::Answered { status, .. } => {
             return Verdict::Dead(format!("receiver answered {status}"));
         }

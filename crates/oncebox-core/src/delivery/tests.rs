@@ -81,6 +81,29 @@ fn no_answer_is_retried_only_when_the_route_is_idempotent() {
     }
     let refused = decide(&answered(502), false, 1, Duration::ZERO, &P, 1.0);
     assert!(matches!(refused, Verdict::Retry(_)));
+    // A redirect after a POST is what a web framework answers once it applied the request.
+    for status in [300, 302, 303, 304, 305, 306, 399] {
+        let retried = decide(&answered(status), true, 1, Duration::ZERO, &P, 1.0);
+        assert!(matches!(retried, Verdict::Retry(_)), "{status}");
+        let parked = decide(&answered(status), false, 1, Duration::ZERO, &P, 1.0);
+        assert_eq!(parked, Verdict::Uncertain, "{status}");
+    }
+}
+
+#[test]
+fn in_progress_is_asked_again_only_where_the_key_is_honoured() {
+    let busy = Attempt::Answered {
+        status: 409,
+        retry_after: Some(Duration::from_secs(20)),
+    };
+    assert_eq!(
+        decide(&busy, true, 1, Duration::ZERO, &P, 0.0),
+        Verdict::Retry(Duration::from_secs(20))
+    );
+    assert!(matches!(
+        decide(&busy, false, 1, Duration::ZERO, &P, 0.0),
+        Verdict::Dead(_)
+    ));
 }
 
 #[test]

@@ -156,19 +156,23 @@ pub(super) fn error_chain(e: &dyn std::error::Error) -> String {
 /// Asks the route's status URL whether the receiver applied `key`. `Some(true)`: applied;
 /// `Some(false)`: not applied; `None`: the answer says nothing (no status URL, an error, or a
 /// body without a boolean `applied`).
+///
+/// Only the body speaks: a 2xx with `{"applied": true|false}`, or a 404 with `{"applied":
+/// false}` (a receiver with no record of the key). A bare 404 is no answer: a wrong path, a
+/// status endpoint not yet deployed or a proxy's default page answers one for every key, and
+/// taking it for "not applied" would send every uncertain delivery again, the applied ones too.
 pub(crate) async fn applied(client: &reqwest::Client, route: &Route, key: &str) -> Option<bool> {
     let template = route.status_url.as_ref()?;
     let url = template.replace("{key}", &percent_encode(key));
     let response = client.get(url).timeout(route.timeout).send().await.ok()?;
-    if response.status().as_u16() == 404 {
-        // The receiver has no record of the key: it was not applied.
-        return Some(false);
-    }
-    if !response.status().is_success() {
+    let not_found = response.status().as_u16() == 404;
+    if !response.status().is_success() && !not_found {
         return None;
     }
     let body: serde_json::Value = serde_json::from_slice(&limited_body(response).await?).ok()?;
-    body.get("applied")?.as_bool()
+    let applied = body.get("applied")?.as_bool()?;
+    // A 404 that says "applied" contradicts itself.
+    (!(not_found && applied)).then_some(applied)
 }
 
 fn percent_encode(s: &str) -> String {

@@ -1,6 +1,7 @@
 //! What a receiver's answer can do to the relay: a body without end is read only so far, an
-//! error about a route whose URL carries credentials keeps them out of the stored error, and a
-//! proxy's gateway timeout is no answer.
+//! error about a route whose URL carries credentials keeps them out of the stored error, a
+//! proxy's gateway timeout or a redirect after a POST is no answer, and an in-progress answer is
+//! asked again.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -116,27 +117,55 @@ fn a_route_urls_credentials_stay_out_of_the_stored_error() {
 }
 
 /// A proxy's gateway timeout says the request went on to a receiver that did not answer in
-/// time: on a route that does not honour the key it is parked uncertain, not sent again.
+/// time, and a 302 or 303 is what a web framework answers after it applied a POST: on a route
+/// that does not honour the key either is parked uncertain, not sent again.
 #[test]
-fn a_proxys_gateway_timeout_is_no_answer_on_a_route_that_ignores_the_key() {
+fn a_gateway_timeout_or_a_redirect_after_a_post_is_no_answer_on_a_route_that_ignores_the_key() {
     run(async {
-        for (idempotent, after) in [
-            (false, DeliveryState::Uncertain),
-            (true, DeliveryState::Retrying),
-        ] {
-            let w = World::new();
-            let (rx, addr) = receiver::start().await;
-            rx.answer(&[(504, None)]);
-            w.accept("evt_proxied", &["hooks"]).await;
-            let relay = w.relay(vec![route("hooks", addr, idempotent)]);
-            relay.run_once().await.unwrap();
-            let d = w.delivery("evt_proxied").await;
-            assert_eq!(
-                (d.state, d.attempts),
-                (after, 1),
-                "idempotent: {idempotent}"
-            );
-            assert_eq!(rx.requests().len(), 1);
+        for status in [504, 302, 303] {
+            for (idempotent, after) in [
+                (false, DeliveryState::Uncertain),
+                (true, DeliveryState::Retrying),
+            ] {
+                let w = World::new();
+                let (rx, addr) = receiver::start().await;
+                rx.answer_with(&[(status, &[("location", "/done")])]);
+                w.accept("evt_proxied", &["hooks"]).await;
+                let relay = w.relay(vec![route("hooks", addr, idempotent)]);
+                relay.run_once().await.unwrap();
+                let d = w.delivery("evt_proxied").await;
+                assert_eq!(
+                    (d.state, d.attempts),
+                    (after, 1),
+                    "{status}, idempotent: {idempotent}"
+                );
+                assert_eq!(rx.requests().len(), 1);
+            }
         }
+    });
+}
+
+/// A receiver that honours the key answers 409 while an earlier request with it is still at
+/// work: the relay asks again when told, and the delivery ends delivered, not dead.
+#[test]
+fn an_in_progress_answer_is_asked_again_where_the_key_is_honoured() {
+    run(async {
+        let w = World::new();
+        let (rx, addr) = receiver::start().await;
+        rx.answer(&[(409, Some(30)), (200, None)]);
+        w.accept("evt_busy", &["hooks"]).await;
+        let relay = w.relay(vec![route("hooks", addr, true)]);
+        relay.run_once().await.unwrap();
+        let d = w.delivery("evt_busy").await;
+        assert_eq!((d.state, d.attempts), (DeliveryState::Retrying, 1), "{d:?}");
+        w.clock.advance(std::time::Duration::from_secs(30));
+        relay.run_once().await.unwrap();
+        let d = w.delivery("evt_busy").await;
+        assert_eq!(
+            (d.state, d.attempts),
+            (DeliveryState::Delivered, 2),
+            "{d:?}"
+        );
+        assert_eq!(rx.effects_of("shop:evt_busy"), 1);
     });
 }

@@ -110,7 +110,8 @@ fn an_operators_settlement_made_while_the_status_url_is_asked_stands() {
             get(move || async move {
                 a.notify_one();
                 r.notified().await;
-                StatusCode::NOT_FOUND
+                let never = serde_json::json!({ "applied": false });
+                (StatusCode::NOT_FOUND, axum::Json(never))
             }),
         );
         let (relay, rx, dropped) = plain_route_asking(&w, "evt_s", serve(app).await).await;
@@ -143,9 +144,17 @@ fn an_operators_settlement_made_while_the_status_url_is_asked_stands() {
     });
 }
 
+/// An error, or a bare 404 (a wrong path answers one for every key, the applied ones too), says
+/// nothing: the delivery stays uncertain and is not sent again.
 #[test]
 fn a_status_url_that_does_not_answer_is_asked_again_after_a_growing_wait_not_every_round() {
-    run(async {
+    for answer in [StatusCode::INTERNAL_SERVER_ERROR, StatusCode::NOT_FOUND] {
+        status_url_not_answering(answer);
+    }
+}
+
+fn status_url_not_answering(answer: StatusCode) {
+    run(async move {
         let w = World::new();
         let asked = Arc::new(AtomicU32::new(0));
         let count = asked.clone();
@@ -153,10 +162,10 @@ fn a_status_url_that_does_not_answer_is_asked_again_after_a_growing_wait_not_eve
             "/status/{key}",
             get(move || async move {
                 count.fetch_add(1, Ordering::SeqCst);
-                StatusCode::INTERNAL_SERVER_ERROR
+                answer
             }),
         );
-        let (relay, _rx, _) = plain_route_asking(&w, "evt_q", serve(app).await).await;
+        let (relay, rx, _) = plain_route_asking(&w, "evt_q", serve(app).await).await;
         let times = || asked.load(Ordering::SeqCst);
         let out = relay.run_once().await.unwrap();
         assert_eq!((out.uncertain, times()), (1, 0), "{out:?}");
@@ -178,6 +187,7 @@ fn a_status_url_that_does_not_answer_is_asked_again_after_a_growing_wait_not_eve
             assert_eq!(times(), expect, "after {wait} s more");
         }
         assert_eq!(w.delivery("evt_q").await.state, DeliveryState::Uncertain);
+        assert_eq!(rx.hits_of("shop:evt_q"), 1, "{answer}: never sent again");
     });
 }
 
@@ -270,8 +280,8 @@ fn not_applied_past_the_attempt_cap_is_dead_not_sent_again() {
         let mut plain = route("plain", addr, false);
         plain.timeout = Duration::from_millis(200);
         plain.retry.max_attempts = 2;
-        // Nothing is served there: a 404, which says the key was never applied.
-        plain.status_url = Some(format!("http://{status}/unknown/{{key}}"));
+        // The receiver there has no record of the key: `{"applied": false}`.
+        plain.status_url = Some(format!("http://{status}/status/{{key}}"));
         let relay = w.relay(vec![plain]);
         w.accept("evt-1", &["plain"]).await;
         let mut states = Vec::new();

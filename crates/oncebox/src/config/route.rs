@@ -163,12 +163,21 @@ pub(super) fn validate(
     }
     if let Some(status) = &raw.status_url
         && !broker
-        && !http_url(&status.replace("{key}", "k"))
     {
-        p.push(
-            &format!("{path}.status_url"),
-            "must be an http:// or https:// URL (with {key})",
-        );
+        // Without `{key}` in what is sent (a fragment never is), one answer would settle every
+        // uncertain delivery of the route, the ones the receiver never got as applied too.
+        let sent = status.split('#').next().unwrap_or_default();
+        if !http_url(&status.replace("{key}", "k")) {
+            p.push(
+                &format!("{path}.status_url"),
+                "must be an http:// or https:// URL (with {key})",
+            );
+        } else if !sent.contains("{key}") {
+            p.push(
+                &format!("{path}.status_url"),
+                "must contain {key} in its path or query, where each delivery's key goes",
+            );
+        }
     }
     let ca_pem = raw
         .ca_file

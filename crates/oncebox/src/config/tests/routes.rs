@@ -186,3 +186,26 @@ fn names_longer_than_amqp_carries_are_refused() {
         &["consumers.c.quarantine", "255 bytes"],
     );
 }
+
+/// One answer of a status URL without the key in it would settle every uncertain delivery of
+/// the route; a key only in the fragment is never sent.
+#[test]
+fn a_status_url_must_carry_the_key_where_it_is_sent() {
+    let http = "http://127.0.0.1:9000/hooks";
+    for status in [
+        "http://127.0.0.1:9000/status",
+        "http://127.0.0.1:9000/status#{key}",
+        "ftp://127.0.0.1/{key}",
+    ] {
+        let e = err(&routed(http, &format!("status_url = \"{status}\"")));
+        assert_mentions(&e, &["routes.r.status_url"]);
+    }
+    let e = err(&routed(http, "status_url = \"http://h/status\""));
+    assert_mentions(&e, &["must contain {key}"]);
+    for status in [
+        "http://127.0.0.1:9000/status/{key}",
+        "https://h.example/status?key={key}#top",
+    ] {
+        ok(&routed(http, &format!("status_url = \"{status}\"")));
+    }
+}
