@@ -145,10 +145,14 @@ impl Publisher {
                 "returned unroutable by the broker: {} {}",
                 returned.reply_code, returned.reply_text
             )),
-            // The broker declined responsibility for the message: publish it again later.
-            Ok(Ok(Confirmation::Nack(_))) => {
-                Attempt::NotSent("the broker nacked the message".into())
-            }
+            // A queue refused the message (full with `reject-publish`, or unavailable), which
+            // says nothing of the others it was routed to: they keep their copies. Only a route
+            // whose consumers honour the key may publish it again.
+            Ok(Ok(Confirmation::Nack(_))) => Attempt::NoAnswer(
+                "the broker nacked the message: a queue it was routed to refused it, \
+                 others may hold it"
+                    .into(),
+            ),
             Ok(Ok(Confirmation::NotRequested)) => {
                 // The channel lost confirm mode: nothing tells whether the message was stored.
                 self.forget(opened).await;

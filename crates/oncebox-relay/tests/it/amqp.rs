@@ -1,6 +1,7 @@
 //! RabbitMQ routes against the running broker (`ONCEBOX_AMQP_URL`): persistent messages with
-//! the key as `message_id`, delivered only on a confirm of a routed message; returned, nacked
-//! and unreachable publishes retried; a connection lost before the confirm is an unknown outcome.
+//! the key as `message_id`, delivered only on a confirm of a routed message; returned and
+//! unreachable publishes retried; a nack, or a connection lost before the confirm, is an unknown
+//! outcome.
 
 use std::time::Duration;
 
@@ -190,29 +191,62 @@ fn amqp_unroutable_publish_is_returned_and_retried_never_delivered() {
     });
 }
 
+/// A nack says a queue refused the message, not that none took it: routed to two queues, one
+/// full and rejecting, the message is nacked and yet stored in the other. So it is no answer:
+/// uncertain on a route that ignores the key, retried on one that honours it, never delivered.
 #[test]
-fn amqp_nacked_publish_is_retried_never_delivered() {
+fn amqp_nacked_publish_may_be_stored_elsewhere_so_it_is_no_answer() {
     run(async {
-        // A queue that takes nothing and rejects rather than drops: every publish is nacked.
+        let Some(rabbit) = Rabbit::new(FieldTable::default()).await else {
+            return;
+        };
+        rabbit.bind().await;
+        // A second queue on the same routing key that takes nothing and rejects rather than
+        // drops: every publish to the exchange is nacked.
+        let full = unique("full");
         let mut args = FieldTable::default();
         args.insert("x-max-length".into(), AMQPValue::LongInt(0));
         args.insert(
             "x-overflow".into(),
             AMQPValue::LongString("reject-publish".into()),
         );
-        let Some(rabbit) = Rabbit::new(args).await else {
-            return;
-        };
-        rabbit.bind().await;
+        args.insert("x-expires".into(), AMQPValue::LongInt(300_000));
+        let ch = &rabbit.channel;
+        ch.queue_declare(full.as_str().into(), QueueDeclareOptions::default(), args)
+            .await
+            .unwrap();
+        let bind = QueueBindOptions::default();
+        let (ex, no_args) = (rabbit.exchange.as_str(), FieldTable::default());
+        ch.queue_bind(
+            full.as_str().into(),
+            ex.into(),
+            "paid".into(),
+            bind,
+            no_args,
+        )
+        .await
+        .unwrap();
         let w = World::new();
-        w.accept("evt_n", &["rabbit"]).await;
-        let relay = w.relay(vec![broker_route("rabbit", &rabbit.url(None), false)]);
-        let out = relay.run_once().await.unwrap();
-        assert_eq!((out.delivered, out.retrying), (0, 1), "{out:?}");
-        let d = w.delivery("evt_n").await;
-        assert_eq!(d.state, DeliveryState::Retrying);
-        assert!(d.last_error.unwrap_or_default().contains("nack"));
-        assert!(rabbit.take().await.is_empty());
+        for (id, idempotent, want) in [
+            ("evt_plain", false, DeliveryState::Uncertain),
+            ("evt_idem", true, DeliveryState::Retrying),
+        ] {
+            w.accept(id, &[id]).await;
+            let relay = w.relay(vec![broker_route(id, &rabbit.url(None), idempotent)]);
+            let out = relay.run_once().await.unwrap();
+            assert_eq!(out.delivered, 0, "{id}: {out:?}");
+            let d = w.delivery(id).await;
+            assert_eq!(d.state, want, "{id}");
+            assert!(d.last_error.unwrap_or_default().contains("nack"), "{id}");
+            assert_eq!(
+                rabbit.take().await.len(),
+                1,
+                "{id}: the other queue took it"
+            );
+        }
+        ch.queue_delete(full.as_str().into(), QueueDeleteOptions::default())
+            .await
+            .unwrap();
         rabbit.drop_all().await;
     });
 }
