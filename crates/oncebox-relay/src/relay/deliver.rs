@@ -6,7 +6,7 @@ use std::time::Duration;
 use oncebox_core::delivery::{Attempt, Verdict, decide};
 use oncebox_core::relay_store::{AttemptRecord, Claimed, DeliveryStore};
 use oncebox_core::route::Route;
-use oncebox_core::{LeaseError, Unavailable};
+use oncebox_core::{LeaseError, Timestamp, Unavailable};
 
 use tokio::sync::{TryAcquireError, watch};
 
@@ -21,6 +21,9 @@ const RECORD_MARGIN: Duration = Duration::from_secs(5);
 /// between tries. There is no cap on their number: only the lease ends them, since giving up
 /// any earlier leaves the delivery in flight to be sent again once the lease is gone.
 const RECORD_RETRY: (Duration, Duration) = (Duration::from_millis(100), Duration::from_secs(1));
+
+/// How long a claim not sent is given back at least, however short its lease ran.
+const UNCLAIM_PATIENCE: Duration = Duration::from_secs(5);
 
 impl<S: DeliveryStore> Relay<S> {
     /// How much of its lease a claim must still hold to be sent on `route`: the timeout and a
@@ -86,7 +89,7 @@ impl<S: DeliveryStore> Relay<S> {
             }
         };
         let Some(permit) = permit else {
-            self.store.unclaim(claimed, self.clock.now()).await?;
+            self.unclaim(claimed).await?;
             return Ok(Step::Unclaimed);
         };
         // Given back unsent, to be taken again, when either holds:
@@ -106,7 +109,7 @@ impl<S: DeliveryStore> Relay<S> {
         });
         if lease_short || (waited && self.circuit_open(&route.name)) {
             drop(permit);
-            self.store.unclaim(claimed, now).await?;
+            self.unclaim(claimed).await?;
             return Ok(Step::Unclaimed);
         }
         let (attempt, record) =
@@ -197,21 +200,51 @@ impl<S: DeliveryStore> Relay<S> {
         record: AttemptRecord,
         verdict: &Verdict,
     ) -> Result<(), LeaseError> {
+        let until = claimed.lease_expires_at;
+        self.asking_again(claimed, "outcome not recorded yet", until, |now| {
+            self.store
+                .record(claimed, record.clone(), verdict.clone(), now)
+        })
+        .await
+    }
+
+    /// Gives back a claim that was not sent, asking a briefly unavailable store again as
+    /// `record` does: left in flight, the delivery would be taken over once the lease ends as
+    /// one that may have been sent, and parked `uncertain` on a route that ignores the key.
+    /// Asked until the lease ends and at least `UNCLAIM_PATIENCE`: only the token guards it (a
+    /// claim since makes it `Fenced`, harmlessly), and a lease already short gets its tries too.
+    async fn unclaim(&self, claimed: &Claimed) -> Result<(), LeaseError> {
+        let until = claimed
+            .lease_expires_at
+            .max(self.clock.now().plus(UNCLAIM_PATIENCE));
+        self.asking_again(claimed, "claim not given back yet", until, |now| {
+            self.store.unclaim(claimed, now)
+        })
+        .await
+    }
+
+    /// Runs `op` at the clock's now until it is done or `until` is near, pausing with backoff
+    /// after each `Unavailable`. Not after a COMMIT whose fate is unknown: it may have taken
+    /// effect, and a second try would then read as a lost lease.
+    async fn asking_again<F, Fut>(
+        &self,
+        claimed: &Claimed,
+        what: &str,
+        until: Timestamp,
+        mut op: F,
+    ) -> Result<(), LeaseError>
+    where
+        F: FnMut(Timestamp) -> Fut,
+        Fut: Future<Output = Result<(), LeaseError>>,
+    {
         let mut pause = RECORD_RETRY.0;
         loop {
             let now = self.clock.now();
-            match self
-                .store
-                .record(claimed, record.clone(), verdict.clone(), now)
-                .await
-            {
-                // Not after a COMMIT whose fate is unknown: it may have recorded the outcome,
-                // and a second try would then read as a lost lease.
+            match op(now).await {
                 Err(LeaseError::Unavailable(e))
-                    if now.plus(pause) < claimed.lease_expires_at
-                        && !matches!(e, Unavailable::CommitUnknown(_)) =>
+                    if now.plus(pause) < until && !matches!(e, Unavailable::CommitUnknown(_)) =>
                 {
-                    tracing::warn!(key = %claimed.idempotency_key, error = %e, "outcome not recorded yet; trying again");
+                    tracing::warn!(key = %claimed.idempotency_key, error = %e, "{what}; trying again");
                     tokio::time::sleep(pause).await;
                     pause = (pause * 2).min(RECORD_RETRY.1);
                 }

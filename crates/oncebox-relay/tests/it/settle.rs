@@ -83,6 +83,53 @@ fn lease_runs_short_behind_a_slow_route(set_back: Duration) {
     });
 }
 
+/// The same slow route, with another process holding the database's write lock from b's
+/// request on: c's lease runs short while the store cannot take anything, and c is given back
+/// once the lock goes, not left in flight to be taken over as possibly sent.
+#[test]
+fn a_claim_given_back_while_the_store_is_locked_is_given_back_once_it_is_not() {
+    run(async {
+        let w = World::with(|o| o.busy_timeout(Duration::from_millis(100)));
+        let lock = Arc::new(Mutex::new(None));
+        let (held, path, clock) = (lock.clone(), w.path(), w.clock.clone());
+        let app = Router::new().route(
+            "/hook",
+            post(move |headers: axum::http::HeaderMap| async move {
+                clock.advance(Duration::from_secs(25));
+                if headers["idempotency-key"] == "shop:evt_b" {
+                    let conn = oncebox_sqlite::rusqlite::Connection::open(&path).unwrap();
+                    conn.execute_batch("BEGIN IMMEDIATE").unwrap();
+                    *held.lock().unwrap() = Some(conn);
+                }
+                StatusCode::OK
+            }),
+        );
+        let addr = serve(app).await;
+        for id in ["evt_a", "evt_b", "evt_c"] {
+            w.accept(id, &["hooks"]).await;
+        }
+        let mut slow = route("hooks", addr, false);
+        slow.concurrency = 1;
+        let relay = w.relay(vec![slow]);
+        let other_process = async {
+            // b's record and c's giving back both fail a few times, then the lock goes.
+            while w.inbox.stats().failed_batches() < 6 {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            drop(lock.lock().unwrap().take().expect("the lock was taken"));
+        };
+        let (out, ()) = tokio::join!(relay.run_once(), other_process);
+        let out = out.expect("the round ends");
+        assert_eq!(
+            (out.claimed, out.delivered, out.unclaimed),
+            (3, 2, 1),
+            "{out:?}"
+        );
+        let c = w.delivery("evt_c").await;
+        assert_eq!((c.state, c.attempts), (DeliveryState::Pending, 0));
+    });
+}
+
 /// A relay whose first round leaves `evt` uncertain on a plain route (its reply dropped) and
 /// then asks the status URL at `status`; with the receiver, to count what reached it.
 async fn plain_route_asking(
