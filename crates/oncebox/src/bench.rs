@@ -124,11 +124,21 @@ struct ConnectionReport {
     lagged: usize,
 }
 
+/// The most connections one load generator opens.
+const MAX_CONNECTIONS: usize = 10_000;
+
 pub async fn run(settings: &Settings, args: BenchArgs) -> Result<bool> {
     // Exit codes as the README's table has them: 2 for a flag that cannot work, 3 for a
     // source that is not configured.
     if args.connections == 0 || args.events == 0 {
         return Err(exit::usage("--connections and --events must be at least 1"));
+    }
+    // Each connection is a client of its own, built before the first request: a count no
+    // machine's file descriptors could hold would only eat memory for minutes first.
+    if args.connections > MAX_CONNECTIONS {
+        return Err(exit::usage(format!(
+            "--connections must be at most {MAX_CONNECTIONS}"
+        )));
     }
     if !(0.0..1.0).contains(&args.duplicates) {
         return Err(exit::usage(

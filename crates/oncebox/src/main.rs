@@ -47,17 +47,24 @@ fn main() -> ExitCode {
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
         Err(e) => {
-            eprintln!("error: cannot start the runtime: {e}");
+            complain(format_args!("cannot start the runtime: {e}"));
             return Code::Failure.into();
         }
     };
     match runtime.block_on(run(cli)) {
         Ok(()) => Code::Ok.into(),
         Err(e) => {
-            eprintln!("error: {e:#}");
+            complain(format_args!("{e:#}"));
             exit::classify(&e).into()
         }
     }
+}
+
+/// Prints the error that ends the command. A stderr nobody reads (a closed pipe) loses the
+/// message, not the exit code: `eprintln!` would panic and exit 101 instead.
+fn complain(message: std::fmt::Arguments<'_>) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "error: {message}");
 }
 
 async fn run(cli: Cli) -> Result<()> {

@@ -10,7 +10,7 @@ use serde::Deserialize;
 
 use super::Problems;
 use super::raw::{ByteSize, HumanDuration, RawEventId, RawFingerprint};
-use super::source::{pointer, pointers};
+use super::source::{pointer_into, pointers};
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -258,7 +258,7 @@ fn key(path: &str, raw: &RawKey, p: &mut Problems<'_>) -> Option<KeyRule> {
             p.push(&format!("{path}.header"), "must not be empty");
             None
         }
-        (None, Some(ptr), None) => Some(KeyRule::Pointer(pointer(
+        (None, Some(ptr), None) => Some(KeyRule::Pointer(pointer_into(
             &format!("{path}.pointer"),
             ptr,
             p,

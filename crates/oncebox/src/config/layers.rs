@@ -82,7 +82,8 @@ pub(super) fn layers(overrides: &Overrides) -> anyhow::Result<Figment> {
 }
 
 /// `--config`, else `ONCEBOX_CONFIG`, else `./oncebox.toml` when present. A file that was named
-/// explicitly must exist: silently starting in zero-config mode would open the gateway.
+/// explicitly must exist, and one present must be a file: silently starting in zero-config mode
+/// would open the gateway.
 fn config_file(overrides: &Overrides) -> anyhow::Result<Option<PathBuf>> {
     if let Some(path) = &overrides.config {
         return must_exist(path, "--config").map(Some);
@@ -95,8 +96,14 @@ fn config_file(overrides: &Overrides) -> anyhow::Result<Option<PathBuf>> {
         }
         return must_exist(Path::new(&path), "ONCEBOX_CONFIG").map(Some);
     }
+    // Absent means zero-config. Anything else there (a directory, a link to nothing: a
+    // container whose configuration mount went missing) must be a readable file, for the same
+    // reason as a named one.
     let default = Path::new(DEFAULT_FILE);
-    Ok(default.is_file().then(|| default.to_path_buf()))
+    match std::fs::symlink_metadata(default) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        _ => must_exist(default, "the working directory").map(Some),
+    }
 }
 
 fn must_exist(path: &Path, named_by: &str) -> anyhow::Result<PathBuf> {

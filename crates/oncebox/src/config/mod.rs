@@ -279,6 +279,9 @@ fn validate(raw: RawConfig, p: &mut Problems<'_>) -> Settings {
         );
     }
     let configured = raw.sources.keys().map(String::as_str).collect();
+    for name in raw.routes.keys() {
+        route::check_name(name, p, &mut warnings);
+    }
     let routes: Vec<_> = raw
         .routes
         .iter()

@@ -78,6 +78,27 @@ pub(crate) fn http_url(text: &str) -> bool {
         .is_ok_and(|u| matches!(u.scheme(), "http" | "https") && u.host().is_some())
 }
 
+/// A route's name is stored with each of its deliveries and shown in logs, metrics and the
+/// admin API: printable, without spaces, 1 to 64 bytes. One the environment cannot address
+/// (`ONCEBOX_ROUTES__NAME__…` keys are lower-cased) is warned about.
+pub(super) fn check_name(name: &str, p: &mut Problems<'_>, warnings: &mut Vec<String>) {
+    let printable = name.chars().all(|c| !c.is_control() && !c.is_whitespace());
+    if name.is_empty() || name.len() > 64 || !printable {
+        p.push(
+            &format!("routes.{name:?}"),
+            "a route's name must be 1 to 64 bytes without spaces or control characters",
+        );
+    } else if !name
+        .bytes()
+        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"._-".contains(&b))
+    {
+        warnings.push(format!(
+            "routes.{name}: the environment cannot override this route's settings (its \
+             variables are lower-cased); a name of a-z, 0-9, '.', '_' and '-' can be"
+        ));
+    }
+}
+
 /// The route, or `None` after pushing its problems. `configured` holds the `[sources]` names.
 pub(super) fn validate(
     name: &str,

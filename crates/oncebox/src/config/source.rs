@@ -54,11 +54,13 @@ pub(super) fn validate(
         .map(|t| t.0)
         .or(preset.map(|p| p.tolerance))
         .unwrap_or(DEFAULT_TOLERANCE);
-    if tolerance.is_zero() || tolerance > MAX_TOLERANCE {
+    // Signed timestamps are whole seconds: less than one would refuse all but events signed
+    // in the very second they arrive.
+    if tolerance < Duration::from_secs(1) || tolerance > MAX_TOLERANCE {
         p.push(
             &format!("{path}.tolerance"),
             format_args!(
-                "must be more than 0 and at most 1 day, got {}",
+                "must be at least 1s and at most 1 day, got {}",
                 humantime::format_duration(tolerance)
             ),
         );
@@ -146,8 +148,8 @@ pub(super) fn validate(
     }
 
     let order = raw.order.as_ref().map(|o| OrderGuard {
-        entity: pointer(&format!("{path}.order.entity"), &o.entity, p),
-        version: pointer(&format!("{path}.order.version"), &o.version, p),
+        entity: pointer_into(&format!("{path}.order.entity"), &o.entity, p),
+        version: pointer_into(&format!("{path}.order.version"), &o.version, p),
     });
 
     if p.count() > before {
@@ -267,7 +269,7 @@ fn event_id(path: &str, raw: &RawEventId, p: &mut Problems<'_>) -> Option<EventI
         (Some(h), None, None) => {
             header_name(&format!("{path}.header"), h, p).map(EventIdRule::Header)
         }
-        (None, Some(ptr), None) => Some(EventIdRule::Pointer(pointer(
+        (None, Some(ptr), None) => Some(EventIdRule::Pointer(pointer_into(
             &format!("{path}.pointer"),
             ptr,
             p,
@@ -303,6 +305,18 @@ pub(super) fn pointer(path: &str, text: &str, p: &mut Problems<'_>) -> Pointer {
         p.push(path, format_args!("invalid JSON pointer {text:?}: {e}"));
         Pointer::default()
     })
+}
+
+/// A pointer to one value inside the body. The empty pointer names the whole body, which is
+/// never an event id, an entity or a version: accepted, it would refuse every event.
+pub(super) fn pointer_into(path: &str, text: &str, p: &mut Problems<'_>) -> Pointer {
+    if text.is_empty() {
+        p.push(
+            path,
+            "the empty pointer names the whole body; point into it (e.g. \"/id\")",
+        );
+    }
+    pointer(path, text, p)
 }
 
 pub(super) fn pointers(path: &str, texts: &[String], p: &mut Problems<'_>) -> Vec<Pointer> {

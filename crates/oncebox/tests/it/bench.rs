@@ -113,8 +113,9 @@ fn a_p99_above_the_budget_exits_5_and_names_the_p99() {
     assert!(printed.contains("invariant: ok ("), "{printed}");
 }
 
-/// Rates whose schedule cannot be computed and budgets that are not durations are refused
-/// before anything is sent (no gateway listens at the URL), naming the flag.
+/// Rates whose schedule cannot be computed, budgets that are not durations and connection
+/// counts no machine could open are refused before anything is sent (no gateway listens at the
+/// URL), naming the flag.
 #[test]
 fn bad_rates_and_budgets_exit_2_naming_the_flag() {
     let dir = tempfile::tempdir().unwrap();
@@ -129,6 +130,8 @@ fn bad_rates_and_budgets_exit_2_naming_the_flag() {
         ("--p99-max", "soon"),
         ("--p99-max", "-1s"),
         ("--p99-max", "10"),
+        ("--connections", "0"),
+        ("--connections", "2000000"),
     ] {
         let out = oncebox(
             dir.path(),

@@ -151,3 +151,20 @@ fn a_command_needs_only_the_secrets_it_uses() {
         );
     }
 }
+
+/// A stderr nobody reads (its pipe closed) loses the message, not the exit code: the error
+/// still exits 2, not with a panic's 101.
+#[test]
+fn an_error_with_stderr_closed_keeps_its_exit_code() {
+    let dir = tempfile::tempdir().unwrap();
+    let (reader, writer) = std::io::pipe().expect("a pipe");
+    drop(reader);
+    let status = Command::new(env!("CARGO_BIN_EXE_oncebox"))
+        .args(["check", "--config", "/nonexistent/oncebox.toml"])
+        .current_dir(dir.path())
+        .env_remove("RUST_BACKTRACE")
+        .stderr(writer)
+        .status()
+        .expect("run oncebox");
+    assert_eq!(status.code(), Some(2), "{status:?}");
+}

@@ -15,6 +15,7 @@ use super::{Overrides, Settings, load};
 
 mod layers;
 mod redact;
+mod refusals;
 mod relay;
 mod routes;
 mod rules;
