@@ -122,7 +122,18 @@ fn storage(cause: &(dyn std::error::Error + 'static)) -> Option<Code> {
     // A store that cannot be opened is unreachable for this run (file cannot be opened, no
     // server, refused login); a malformed URL is the caller's mistake.
     if let Some(e) = cause.downcast_ref::<oncebox_sqlite::OpenError>() {
-        return matches!(e, oncebox_sqlite::OpenError::Sqlite { .. }).then_some(Code::Unavailable);
+        let oncebox_sqlite::OpenError::Sqlite { source, .. } = e else {
+            return None;
+        };
+        // A file that is no database, or a damaged one, stays so: retrying cannot help.
+        let lasting = matches!(
+            source.sqlite_error_code(),
+            Some(
+                oncebox_sqlite::rusqlite::ErrorCode::NotADatabase
+                    | oncebox_sqlite::rusqlite::ErrorCode::DatabaseCorrupt
+            )
+        );
+        return (!lasting).then_some(Code::Unavailable);
     }
     if let Some(e) = cause.downcast_ref::<oncebox_postgres::OpenError>() {
         return match e {

@@ -168,3 +168,16 @@ fn an_error_with_stderr_closed_keeps_its_exit_code() {
         .expect("run oncebox");
     assert_eq!(status.code(), Some(2), "{status:?}");
 }
+
+/// A file that is no SQLite database stays so: the command fails (1), it does not ask to be
+/// retried later (4) as for a locked or unreachable store.
+#[test]
+fn a_file_that_is_no_database_is_a_failure_not_a_retry() {
+    let dir = tempfile::tempdir().unwrap();
+    let garbage = dir.path().join("garbage.db");
+    std::fs::write(&garbage, vec![0x5a; 8192]).unwrap();
+    let out = oncebox(&garbage, &["stats"]);
+    let printed = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{printed}");
+    assert!(printed.contains("garbage.db"), "{printed}");
+}
