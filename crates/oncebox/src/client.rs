@@ -21,6 +21,14 @@ pub fn gateway_base(url: Option<&str>, settings: &Settings) -> Result<String> {
             crate::config::redact_url(url)
         )));
     }
+    // A path is a prefix (a gateway behind a proxy at `/oncebox`); a query or a fragment would
+    // end up in the middle of every request's URL.
+    if reqwest::Url::parse(url).is_ok_and(|u| u.query().is_some() || u.fragment().is_some()) {
+        return Err(crate::exit::usage(format!(
+            "--url {}: a base URL takes no query or fragment, e.g. http://127.0.0.1:8080/prefix",
+            crate::config::redact_url(url)
+        )));
+    }
     Ok(url.trim_end_matches('/').to_owned())
 }
 

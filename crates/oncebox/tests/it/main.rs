@@ -181,3 +181,22 @@ fn a_file_that_is_no_database_is_a_failure_not_a_retry() {
     assert_eq!(out.status.code(), Some(1), "{printed}");
     assert!(printed.contains("garbage.db"), "{printed}");
 }
+
+/// A gateway's base URL may carry a path prefix but no query or fragment, which would land in
+/// the middle of each request's URL: refused before anything is sent.
+#[test]
+fn a_base_url_with_a_query_is_refused_before_sending() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("o.db");
+    for url in [
+        "http://127.0.0.1:9/?token=x",
+        "http://127.0.0.1:9/base#frag",
+    ] {
+        for command in [&["send", "demo"][..], &["bench"]] {
+            let out = oncebox(&db, &[command, &["--url", url]].concat());
+            let printed = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(2), "{command:?} {url}: {printed}");
+            assert!(printed.contains("no query or fragment"), "{printed}");
+        }
+    }
+}
