@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use axum::extract::rejection::QueryRejection;
+use axum::extract::rejection::{PathRejection, QueryRejection};
 use axum::extract::{Path, Query, Request, State};
 use axum::http::{Method, StatusCode, header};
 use axum::middleware::Next;
@@ -51,15 +51,10 @@ pub(crate) async fn guard<S: EventStore>(
     if given.is_some_and(|given| constant_time_eq(given.as_bytes(), token.as_bytes())) {
         return next.run(request).await;
     }
-    let mut refused =
-        Problem::unauthorized("the admin API needs `Authorization: Bearer <admin_token>`")
-            .into_response();
     // RFC 9110 §11.6.1: a 401 names the scheme that would be accepted.
-    refused.headers_mut().insert(
-        header::WWW_AUTHENTICATE,
-        header::HeaderValue::from_static("Bearer realm=\"oncebox\""),
-    );
-    refused
+    Problem::unauthorized("the admin API needs `Authorization: Bearer <admin_token>`")
+        .challenge("Bearer realm=\"oncebox\"")
+        .into_response()
 }
 
 /// Why a request to the admin API open without a token is refused, if it is: it comes from a
@@ -152,15 +147,27 @@ pub(crate) async fn list<S: EventStore>(
 }
 
 /// The key named by an admin URL, or the 400 that says why it is not one.
-pub(crate) fn key_from_path(source: &str, event_id: &str) -> Result<Key, Problem> {
+fn key_from_path(source: &str, event_id: &str) -> Result<Key, Problem> {
     Key::parse(source, event_id).map_err(|e| Problem::invalid_request("invalid-key", e.to_string()))
+}
+
+/// The key a `/v1/sources/{source}/events/{event_id}` path names. One whose percent-encoding is
+/// not UTF-8 names no valid key either: `invalid-key`, as the document says, not the router's
+/// generic `bad-request`.
+pub(crate) fn key_in_path(
+    path: Result<Path<(String, String)>, PathRejection>,
+) -> Result<Key, Problem> {
+    match path {
+        Ok(Path((source, event_id))) => key_from_path(&source, &event_id),
+        Err(e) => Err(Problem::invalid_request("invalid-key", e.body_text())),
+    }
 }
 
 pub(crate) async fn show<S: EventStore + DeliveryStore>(
     State(gw): State<Arc<Gateway<S>>>,
-    Path((source, event_id)): Path<(String, String)>,
+    path: Result<Path<(String, String)>, PathRejection>,
 ) -> Response {
-    let key = match key_from_path(&source, &event_id) {
+    let key = match key_in_path(path) {
         Ok(k) => k,
         Err(problem) => return problem.into_response(),
     };

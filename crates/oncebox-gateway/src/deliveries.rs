@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use axum::Json;
-use axum::extract::rejection::QueryRejection;
+use axum::extract::rejection::{PathRejection, QueryRejection};
 use axum::extract::{Path, Query, State};
 use axum::response::{IntoResponse, Response};
 use oncebox_core::delivery::DeliveryState;
@@ -190,9 +190,9 @@ pub(crate) async fn resolve<S: EventStore + DeliveryStore>(
 
 pub(crate) async fn redeliver<S: EventStore + DeliveryStore>(
     State(gw): State<Arc<Gateway<S>>>,
-    Path((source, event_id)): Path<(String, String)>,
+    path: Result<Path<(String, String)>, PathRejection>,
 ) -> Response {
-    let key = match crate::admin::key_from_path(&source, &event_id) {
+    let key = match crate::admin::key_in_path(path) {
         Ok(k) => k,
         Err(problem) => return problem.into_response(),
     };

@@ -24,6 +24,11 @@ use crate::problem::{Answer, Problem};
 /// Request headers never stored with an event: credentials.
 const NOT_KEPT: [&str; 3] = ["authorization", "cookie", "proxy-authorization"];
 
+/// The most request-header bytes an event stores (as `name: value` lines). The server's own
+/// read limit is several hundred KiB; past this a request is refused rather than stored, or a
+/// source's body limit could be passed in its headers.
+pub const MAX_HEADER_BYTES: usize = 64 * 1024;
+
 pub(crate) async fn receive<S: EventStore>(
     State(gw): State<Arc<Gateway<S>>>,
     source: Result<Path<String>, PathRejection>,
@@ -92,6 +97,21 @@ async fn receive_for<S: EventStore>(
              only from clients that are not browsers on other origins",
         ));
     }
+    let header_bytes = headers
+        .iter()
+        .map(|(n, v)| n.as_str().len() + v.len() + 3)
+        .sum::<usize>();
+    if header_bytes > MAX_HEADER_BYTES {
+        return Answer::Problem(Problem::new(
+            StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            "headers-too-large",
+            "Request headers too large",
+            format!(
+                "the request's headers take {header_bytes} bytes; an event stores at most \
+                 {MAX_HEADER_BYTES}"
+            ),
+        ));
+    }
     // Headers before the body: a request without its signature's headers, or signed too long
     // ago, would fail verification anyway, and refused now it holds no permit and no memory
     // for up to `max_body` bytes while a slow sender trickles them in.
@@ -155,7 +175,7 @@ async fn receive_for<S: EventStore>(
     let key = Key::new(source.clone(), event_id);
     let mut event = match Event::parsed(key, payload.to_vec(), &policy.fingerprint, parsed.as_ref())
     {
-        Ok(e) => e.with_meta(meta(headers)),
+        Ok(e) => e.with_meta(meta(headers, header_bytes)),
         Err(e) => return Answer::Problem(Problem::invalid("invalid-json", e.to_string())),
     };
     event.recheck.clone_from(&policy.recheck);
@@ -186,8 +206,10 @@ async fn receive_for<S: EventStore>(
     answer
 }
 
+/// A 401 names a challenge (RFC 9110 §15.5.2 requires one): here the signature the source's
+/// scheme carries, which no client answers by itself, only its sender's configuration.
 fn unauthorized(e: &SignatureError) -> Problem {
-    match e {
+    let problem = match e {
         SignatureError::TimestampOutOfTolerance => Problem::new(
             StatusCode::UNAUTHORIZED,
             "timestamp-out-of-tolerance",
@@ -200,7 +222,8 @@ fn unauthorized(e: &SignatureError) -> Problem {
             "Signature invalid",
             e.to_string(),
         ),
-    }
+    };
+    problem.challenge("Signature realm=\"oncebox\"")
 }
 
 /// Whether the id or the ordering guard must read the body as JSON. The default rule reads it
@@ -288,19 +311,15 @@ fn order(policy: &SourcePolicy, parsed: Option<&Value>) -> Result<Option<Order>,
         .map_err(|e| Problem::invalid("order-field-invalid", e.to_string()))
 }
 
-fn meta(headers: &HeaderMap) -> Meta {
+/// `bytes`: the headers' size as lines ("name: value\n"), for one allocation for them all (a
+/// little more if some are not kept).
+fn meta(headers: &HeaderMap, bytes: usize) -> Meta {
     let content_type = headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned);
     let mut meta = Meta::new(content_type);
-    // One allocation for all the lines ("name: value\n"), a little more if some are not kept.
-    meta.reserve_headers(
-        headers
-            .iter()
-            .map(|(n, v)| n.as_str().len() + v.len() + 3)
-            .sum(),
-    );
+    meta.reserve_headers(bytes);
     for (name, value) in headers {
         if let (false, Ok(value)) = (NOT_KEPT.contains(&name.as_str()), value.to_str()) {
             meta.push_header(name.as_str(), value);

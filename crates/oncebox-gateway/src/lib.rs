@@ -28,7 +28,7 @@ mod rejection;
 mod serve;
 
 pub use admin::{response_document, stats_document};
-pub use ingress::accepted_body;
+pub use ingress::{MAX_HEADER_BYTES, accepted_body};
 pub use serve::serve;
 
 /// Everything a request handler needs, shared by all requests.

@@ -29,6 +29,8 @@ pub struct Problem {
     pub detail: String,
     /// Sent as `Retry-After` (seconds) on 409 and 503.
     pub retry_after: Option<Duration>,
+    /// Sent as `WWW-Authenticate` on a 401 (RFC 9110 §15.5.2: a 401 names its challenge).
+    pub challenge: Option<&'static str>,
 }
 
 impl Problem {
@@ -44,7 +46,13 @@ impl Problem {
             title,
             detail: detail.into(),
             retry_after: None,
+            challenge: None,
         }
+    }
+
+    pub fn challenge(mut self, challenge: &'static str) -> Problem {
+        self.challenge = Some(challenge);
+        self
     }
 
     pub fn retry_after(mut self, d: Duration) -> Problem {
@@ -198,6 +206,12 @@ impl IntoResponse for Problem {
             let secs = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
             res.headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from(secs.max(1)));
+        }
+        if let Some(challenge) = self.challenge {
+            res.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                HeaderValue::from_static(challenge),
+            );
         }
         res
     }

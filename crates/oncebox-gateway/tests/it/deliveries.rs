@@ -12,7 +12,7 @@ use oncebox_core::route::Route;
 use oncebox_core::{Clock, Source};
 use oncebox_testkit::run;
 
-use crate::support::{ADMIN_TOKEN, TestGateway, admin_get, config, post};
+use crate::support::{ADMIN_TOKEN, TestGateway, admin_get, admin_post, config, post};
 
 fn route(name: &str, filter: Option<(&str, &str)>) -> Route {
     Route {
@@ -28,13 +28,6 @@ fn route(name: &str, filter: Option<(&str, &str)>) -> Route {
         concurrency: 4,
         ca_pem: None,
     }
-}
-
-fn admin_post(path: &str, body: &str) -> Request<Body> {
-    Request::post(path)
-        .header("authorization", format!("Bearer {ADMIN_TOKEN}"))
-        .body(Body::from(body.to_owned()))
-        .unwrap()
 }
 
 /// A gateway with one route taking every event of `open`, and the delivery of its event `e1`.

@@ -6,7 +6,7 @@ use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use oncebox_testkit::run;
 
-use crate::support::{TestGateway, admin_get, post};
+use crate::support::{TestGateway, admin_get, admin_post, post};
 
 #[test]
 fn a_path_segment_that_is_not_utf8_is_a_problem_and_stores_nothing() {
@@ -19,17 +19,26 @@ fn a_path_segment_that_is_not_utf8_is_a_problem_and_stores_nothing() {
             (StatusCode::NOT_FOUND, "unknown-source"),
             "{a:?}"
         );
+        // As an event's address it names no valid key, as the document says.
+        for get in [
+            admin_get("/v1/sources/open/events/%FF"),
+            admin_post("/v1/sources/open/events/%FF/redeliver", ""),
+        ] {
+            let a = gw.send(get).await;
+            assert_eq!(
+                (a.status, a.slug().as_str()),
+                (StatusCode::BAD_REQUEST, "invalid-key"),
+                "{a:?}"
+            );
+            assert!(
+                a.json()["detail"].as_str().unwrap().contains("UTF-8"),
+                "{a:?}"
+            );
+        }
         // Elsewhere the framework refuses it, as a problem document.
-        let a = gw.send(admin_get("/v1/sources/open/events/%FF")).await;
-        assert_eq!(
-            (a.status, a.slug().as_str()),
-            (StatusCode::BAD_REQUEST, "bad-request"),
-            "{a:?}"
-        );
-        assert!(
-            a.json()["detail"].as_str().unwrap().contains("UTF-8"),
-            "{a:?}"
-        );
+        let a = gw.send(admin_post("/v1/deliveries/%FF/retry", "")).await;
+        assert_eq!(a.status, StatusCode::BAD_REQUEST, "{a:?}");
+        assert_eq!(a.headers["content-type"], "application/problem+json");
         let page = gw.send(admin_get("/v1/events")).await.json();
         assert_eq!(page["items"].as_array().unwrap().len(), 0, "{page}");
     });
@@ -105,5 +114,33 @@ fn a_query_or_id_that_does_not_parse_is_a_problem() {
             (StatusCode::BAD_REQUEST, "bad-request"),
             "{a:?}"
         );
+    });
+}
+
+/// Headers past what an event stores are refused as a problem, not stored: a source's body
+/// limit could otherwise be passed in them.
+#[test]
+fn headers_past_what_an_event_stores_are_refused_and_nothing_is_stored() {
+    run(async {
+        let gw = TestGateway::new();
+        let long = "a".repeat(oncebox_gateway::MAX_HEADER_BYTES);
+        let a = gw
+            .send(post("open", &[("x-long", long.as_str())], r#"{"id":"e1"}"#))
+            .await;
+        assert_eq!(
+            (a.status, a.slug().as_str()),
+            (
+                StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+                "headers-too-large"
+            ),
+            "{a:?}"
+        );
+        assert_eq!(gw.rows(), 0);
+        let fits = "a".repeat(oncebox_gateway::MAX_HEADER_BYTES / 2);
+        let a = gw
+            .send(post("open", &[("x-long", fits.as_str())], r#"{"id":"e1"}"#))
+            .await;
+        assert_eq!(a.status, StatusCode::ACCEPTED, "{a:?}");
+        assert_eq!(gw.rows(), 1);
     });
 }

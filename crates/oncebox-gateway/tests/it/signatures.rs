@@ -41,6 +41,11 @@ fn github_known_vector_is_accepted() {
             (tampered.status, tampered.slug().as_str()),
             (StatusCode::UNAUTHORIZED, "signature-invalid")
         );
+        // RFC 9110: a 401 names its challenge.
+        assert_eq!(
+            tampered.headers["www-authenticate"], "Signature realm=\"oncebox\"",
+            "{tampered:?}"
+        );
         assert_eq!(gw.rows(), 1);
     });
 }
@@ -163,12 +168,13 @@ fn every_prefix_of_a_valid_signature_and_hostile_headers_are_401() {
             let a = gw
                 .send(post("stripe", &[("stripe-signature", h)], body))
                 .await;
-            assert_eq!(
-                a.status,
-                StatusCode::UNAUTHORIZED,
-                "{}",
-                &h[..h.len().min(40)]
-            );
+            // Past what an event stores, the headers are refused before they are read.
+            let refused = if h.len() > oncebox_gateway::MAX_HEADER_BYTES {
+                StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE
+            } else {
+                StatusCode::UNAUTHORIZED
+            };
+            assert_eq!(a.status, refused, "{}", &h[..h.len().min(40)]);
         }
         let a = gw
             .send(post("stripe", &[("stripe-signature", &valid)], body))

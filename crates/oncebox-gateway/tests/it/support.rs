@@ -324,3 +324,11 @@ pub fn admin_get(path: &str) -> Request<Body> {
         .body(Body::empty())
         .unwrap()
 }
+
+/// `POST` with the admin token and `body`.
+pub fn admin_post(path: &str, body: &str) -> Request<Body> {
+    Request::post(path)
+        .header("authorization", format!("Bearer {ADMIN_TOKEN}"))
+        .body(Body::from(body.to_owned()))
+        .unwrap()
+}
