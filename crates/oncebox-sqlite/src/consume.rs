@@ -69,15 +69,22 @@ where
                 }
                 handler(tx, &seen)
             })
-            .await?;
-        // Every answer the consumer acknowledges settles its offset. The move above is undone
-        // with the handler's work when the handler refuses or finds the event stale, and never
-        // made for a duplicate answered from its record; left there, a replay of the stream
-        // after that record is purged would judge the message afresh, and a duplicate's key
-        // would apply a second time. Its own commit, after the record's: a crash between the
-        // two redelivers the message, answered again from the record, and moves it then.
+            .await;
+        // Every answer the consumer acknowledges settles its offset: a duplicate, a refusal or
+        // a stale verdict, and a conflict or an invalid event, quarantined and acknowledged on
+        // its first attempt. The move above is undone with the handler's work when the handler
+        // refuses or finds the event stale, and never made for a duplicate or a conflict
+        // answered from the record; left there, a replay of the stream after that record is
+        // purged would judge the message afresh, and a duplicate's or a conflict's key would
+        // apply a second time. Its own commit, after the record's: a crash between the two
+        // redelivers the message, answered again from the record, and moves it then.
+        let settled = match &answer {
+            Ok(processed) => !processed.is_applied(),
+            Err(ProcessError::Conflict { .. } | ProcessError::Invalid(_)) => true,
+            Err(_) => false,
+        };
         if let Some(p) = position
-            && !answer.is_applied()
+            && settled
         {
             self.inbox
                 .write(move |conn| move_watermark(conn, &p.stream, p.partition, p.offset))
@@ -87,6 +94,6 @@ where
                     Error::Sql(e) => ProcessError::Handler(Box::new(e)),
                 })?;
         }
-        Ok(answer)
+        answer
     }
 }

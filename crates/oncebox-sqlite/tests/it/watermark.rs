@@ -1,7 +1,7 @@
 //! The offset watermark behind a broker consumer (`InboxHandler` with a `Position`): every
 //! answer the consumer acknowledges moves it, so a replay of the stream after the records were
-//! purged finds each message stale, whether it had applied, been refused or been answered as
-//! a duplicate.
+//! purged finds each message stale, whether it had applied, been refused, been answered as a
+//! duplicate or been quarantined as a conflict.
 
 use oncebox_core::consume::{Apply, Position};
 use oncebox_core::{Event, Processed, Response, ResponseKind};
@@ -96,5 +96,36 @@ fn a_replay_after_purge_finds_refused_and_duplicate_messages_stale() {
         }
         assert_eq!(effects(&inbox, "a").await, 1, "a applied once");
         assert_eq!(effects(&inbox, "b").await, 0, "b stays refused");
+    });
+}
+
+/// A conflict is quarantined and acknowledged on its first attempt, so it settles its offset
+/// too: otherwise, once the record and the stream's first message were gone, the conflicting
+/// payload read again would find neither and apply the key a second time.
+#[test]
+fn a_replay_after_purge_finds_a_conflict_stale_too() {
+    run(async {
+        let dir = tempfile::tempdir().unwrap();
+        let inbox = Inbox::open(Options::new(dir.path().join("c.db"))).unwrap();
+        inbox
+            .write(|c| c.execute_batch("CREATE TABLE effects (event_id TEXT NOT NULL)"))
+            .await
+            .unwrap();
+        let apply = InboxHandler::new(inbox.clone(), handler);
+        let first = apply.apply(shop("k", r#"{"n":1}"#), at(1)).await.unwrap();
+        assert!(first.is_applied(), "{first:?}");
+        let other = apply.apply(shop("k", r#"{"n":2}"#), at(2)).await;
+        assert!(
+            matches!(other, Err(oncebox_core::ProcessError::Conflict { .. })),
+            "{other:?}"
+        );
+        // Retention purged the record; the stream's limits dropped its first message.
+        inbox
+            .write(|c| c.execute("DELETE FROM oncebox_inbox", []))
+            .await
+            .unwrap();
+        let again = apply.apply(shop("k", r#"{"n":2}"#), at(2)).await.unwrap();
+        assert!(again.is_stale(), "{again:?}");
+        assert_eq!(effects(&inbox, "k").await, 1, "k applied once");
     });
 }
