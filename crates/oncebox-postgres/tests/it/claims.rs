@@ -211,15 +211,17 @@ fn a_delivery_whose_stored_key_no_longer_validates_is_parked_dead_not_handed_out
     });
 }
 
-/// An inbox whose connections pass through a fault proxy that acts only on the claim's
-/// execution: the one request that carries the lease's end as a parameter (an 8-byte
-/// big-endian integer). The statement is prepared before, so its text is no marker: the answer
-/// to its preparation would be dropped, before anything ran.
-async fn through_proxy(
-    url: &str,
-    schema: &str,
-    clock: &ManualClock,
-) -> (oncebox_testkit::proxy::Proxy, Inbox) {
+/// Two due deliveries and an inbox whose connections pass through a fault proxy that acts only
+/// on the claim's execution: the one request that carries the lease's end as a parameter (an
+/// 8-byte big-endian integer). The statement is prepared before, so its text is no marker: the
+/// answer to its preparation would be dropped, before anything ran.
+async fn through_proxy(url: &str) -> Proxied {
+    let clock = ManualClock::new(EPOCH);
+    let schema = harness::schema();
+    let direct = Inbox::open(harness::options(&schema, &clock))
+        .await
+        .expect("open");
+    backlog(&direct, 2).await;
     let lease_end = clock.now().plus(LEASE).millis().to_be_bytes().to_vec();
     let (scheme, rest) = url.split_once("://").expect("a URL");
     let (auth, hostpath) = rest.rsplit_once('@').unwrap_or(("", rest));
@@ -237,10 +239,23 @@ async fn through_proxy(
         &hostpath[slash..]
     );
     let options = oncebox_postgres::Options::new(via)
-        .schema(schema)
+        .schema(&schema)
         .clock(Arc::new(clock.clone()));
     let relay = Inbox::open(options).await.expect("open through the proxy");
-    (proxy, relay)
+    Proxied {
+        clock,
+        direct,
+        proxy,
+        relay,
+    }
+}
+
+/// Two due deliveries, an inbox on their schema and one whose connections pass the proxy.
+struct Proxied {
+    clock: ManualClock,
+    direct: Inbox,
+    proxy: oncebox_testkit::proxy::Proxy,
+    relay: Inbox,
 }
 
 /// A claim whose answer is lost after the server committed it (the connection cut as the rows
@@ -255,13 +270,12 @@ fn a_claim_whose_answer_is_lost_finds_the_rows_it_leased() {
         return;
     };
     run(async move {
-        let clock = ManualClock::new(EPOCH);
-        let schema = harness::schema();
-        let direct = Inbox::open(harness::options(&schema, &clock))
-            .await
-            .expect("open");
-        backlog(&direct, 2).await;
-        let (proxy, relay) = through_proxy(&url, &schema, &clock).await;
+        let Proxied {
+            clock,
+            proxy,
+            relay,
+            ..
+        } = through_proxy(&url).await;
         proxy.set(Mode::DropReply);
         let claimed = relay.claim(clock.now(), 10, LEASE, &[]).await;
         proxy.set(Mode::Pass);
@@ -302,13 +316,12 @@ fn a_claim_that_commits_after_its_connection_was_cut_is_given_back_by_the_next()
         return;
     };
     run(async move {
-        let clock = ManualClock::new(EPOCH);
-        let schema = harness::schema();
-        let direct = Inbox::open(harness::options(&schema, &clock))
-            .await
-            .expect("open");
-        backlog(&direct, 2).await;
-        let (proxy, relay) = through_proxy(&url, &schema, &clock).await;
+        let Proxied {
+            clock,
+            direct,
+            proxy,
+            relay,
+        } = through_proxy(&url).await;
         // The claim's UPDATE waits for an advisory lock the test holds (a trigger asks for it),
         // while the look by id reads on. Advisory locks are the database's: the key is this
         // test's own.

@@ -51,13 +51,7 @@ fn lease_runs_short_behind_a_slow_route(set_back: Duration) {
                 StatusCode::OK
             }),
         );
-        let addr = serve(app).await;
-        for id in ["evt_a", "evt_b", "evt_c"] {
-            w.accept(id, &["hooks"]).await;
-        }
-        let mut slow = route("hooks", addr, false);
-        slow.concurrency = 1;
-        let relay = w.relay(vec![slow]);
+        let relay = one_at_a_time(&w, app).await;
         let out = relay.run_once().await.unwrap();
         // c's turn came at +50 s: its 5 s timeout and the time to record no longer fit.
         assert_eq!(
@@ -104,13 +98,7 @@ fn a_claim_given_back_while_the_store_is_locked_is_given_back_once_it_is_not() {
                 StatusCode::OK
             }),
         );
-        let addr = serve(app).await;
-        for id in ["evt_a", "evt_b", "evt_c"] {
-            w.accept(id, &["hooks"]).await;
-        }
-        let mut slow = route("hooks", addr, false);
-        slow.concurrency = 1;
-        let relay = w.relay(vec![slow]);
+        let relay = one_at_a_time(&w, app).await;
         let other_process = async {
             // b's record and c's giving back both fail a few times, then the lock goes.
             while w.inbox.stats().failed_batches() < 6 {
@@ -128,6 +116,18 @@ fn a_claim_given_back_while_the_store_is_locked_is_given_back_once_it_is_not() {
         let c = w.delivery("evt_c").await;
         assert_eq!((c.state, c.attempts), (DeliveryState::Pending, 0));
     });
+}
+
+/// `evt_a`, `evt_b` and `evt_c` accepted for a route to `app` that takes one request at a time
+/// and does not honour the key; the relay for it.
+async fn one_at_a_time(w: &World, app: Router) -> Relay<Inbox> {
+    let addr = serve(app).await;
+    for id in ["evt_a", "evt_b", "evt_c"] {
+        w.accept(id, &["hooks"]).await;
+    }
+    let mut slow = route("hooks", addr, false);
+    slow.concurrency = 1;
+    w.relay(vec![slow])
 }
 
 /// A relay whose first round leaves `evt` uncertain on a plain route (its reply dropped) and

@@ -44,6 +44,22 @@ async fn effects(inbox: &Inbox, id: &'static str) -> i64 {
         .unwrap()
 }
 
+/// An inbox at `path` with an effects table, and the consumer's handler on it.
+async fn consumer(
+    path: std::path::PathBuf,
+) -> (
+    Inbox,
+    InboxHandler<impl Fn(&mut Tx<'_>, &Event) -> Result<Response, HandlerError>>,
+) {
+    let inbox = Inbox::open(Options::new(path)).unwrap();
+    inbox
+        .write(|c| c.execute_batch("CREATE TABLE effects (event_id TEXT NOT NULL)"))
+        .await
+        .unwrap();
+    let apply = InboxHandler::new(inbox.clone(), handler);
+    (inbox, apply)
+}
+
 /// The stream's messages: `a` applies, `b` is refused, `a` comes again (a duplicate, the last
 /// message of the stream), each at its own offset.
 fn stream() -> [(Event, i64); 3] {
@@ -58,12 +74,7 @@ fn stream() -> [(Event, i64); 3] {
 fn a_replay_after_purge_finds_refused_and_duplicate_messages_stale() {
     run(async {
         let dir = tempfile::tempdir().unwrap();
-        let inbox = Inbox::open(Options::new(dir.path().join("w.db"))).unwrap();
-        inbox
-            .write(|c| c.execute_batch("CREATE TABLE effects (event_id TEXT NOT NULL)"))
-            .await
-            .unwrap();
-        let apply = InboxHandler::new(inbox.clone(), handler);
+        let (inbox, apply) = consumer(dir.path().join("w.db")).await;
 
         let mut first = Vec::new();
         for (event, offset) in stream() {
@@ -106,12 +117,7 @@ fn a_replay_after_purge_finds_refused_and_duplicate_messages_stale() {
 fn a_replay_after_purge_finds_a_conflict_stale_too() {
     run(async {
         let dir = tempfile::tempdir().unwrap();
-        let inbox = Inbox::open(Options::new(dir.path().join("c.db"))).unwrap();
-        inbox
-            .write(|c| c.execute_batch("CREATE TABLE effects (event_id TEXT NOT NULL)"))
-            .await
-            .unwrap();
-        let apply = InboxHandler::new(inbox.clone(), handler);
+        let (inbox, apply) = consumer(dir.path().join("w.db")).await;
         let first = apply.apply(shop("k", r#"{"n":1}"#), at(1)).await.unwrap();
         assert!(first.is_applied(), "{first:?}");
         let other = apply.apply(shop("k", r#"{"n":2}"#), at(2)).await;
