@@ -146,7 +146,9 @@ pub(crate) async fn resolve<S: EventStore + DeliveryStore>(
     Path(id): Path<i64>,
     body: axum::body::Bytes,
 ) -> Response {
-    let Ok(body) = serde_json::from_slice::<ResolveBody>(&body) else {
+    // An object only: serde would also take `["dead", "note"]` as the struct's fields in order.
+    let object = serde_json::from_slice::<serde_json::Value>(&body).is_ok_and(|v| v.is_object());
+    let (true, Ok(body)) = (object, serde_json::from_slice::<ResolveBody>(&body)) else {
         return Problem::invalid_request(
             "invalid-json",
             r#"expected {"outcome":"delivered"|"dead","note":"…"}"#,

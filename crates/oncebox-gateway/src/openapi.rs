@@ -3,6 +3,8 @@
 use axum::Json;
 use serde_json::{Value, json};
 
+mod schemas;
+
 /// A dashboard page: HTML for a session signed in with the admin token at `/login` (a browser
 /// sends no bearer header on a navigation), else a redirect to `/login`.
 fn page(summary: &str) -> Value {
@@ -93,6 +95,8 @@ fn path_schema(name: &str) -> Value {
     match name {
         "id" => json!({ "type": "integer", "format": "int64" }),
         "state" => json!({ "enum": QUEUES }),
+        "source" => schemas::source(),
+        "event_id" => schemas::event_id(),
         _ => json!({ "type": "string" }),
     }
 }
@@ -111,7 +115,11 @@ fn complete(path: &str, method: &str, op: &mut Value) {
                 .iter()
                 .any(|p| p["in"] == "path" && p["name"] == name);
             if !declared {
-                params.push(json!({ "name": name, "in": "path", "required": true, "schema": path_schema(name) }));
+                let mut param = json!({ "name": name, "in": "path", "required": true, "schema": path_schema(name) });
+                if let Some(description) = schemas::path_description(name) {
+                    param["description"] = json!(description);
+                }
+                params.push(param);
             }
         }
         if params.is_empty() {
@@ -135,9 +143,8 @@ fn complete(path: &str, method: &str, op: &mut Value) {
                      changes something from another origin",
                 )
             });
-            if let Some(refused) = responses.get_mut("401") {
-                refused["headers"]["WWW-Authenticate"] =
-                    json!({ "schema": { "type": "string", "const": "Bearer realm=\"oncebox\"" } });
+            if let Some(refused) = responses.remove("401") {
+                responses.insert("401".into(), challenge(refused, "Bearer realm=\"oncebox\""));
             }
         }
         // Every body is read whole within the body timeout and a size limit (`body.rs`).
@@ -154,86 +161,93 @@ fn complete(path: &str, method: &str, op: &mut Value) {
             let busy = responses.remove("503").unwrap_or_else(|| {
                 problem("unavailable: too many requests in flight, or the store cannot answer now")
             });
-            responses.insert("503".into(), retry_after(busy));
+            // Every problem document sent as a 503 carries it; a dashboard page's does not.
+            let always = busy["content"].get("text/html").is_none();
+            responses.insert("503".into(), retry_after(busy, always));
         }
     }
 }
 
-/// A response that carries `Retry-After` (seconds).
-fn retry_after(mut response: Value) -> Value {
-    response["headers"]["Retry-After"] = json!({ "description": "seconds to wait before trying again", "schema": { "type": "integer", "minimum": 1 } });
+/// A 401 that names its challenge, as RFC 9110 §15.5.2 requires of every one.
+fn challenge(mut response: Value, scheme: &str) -> Value {
+    response["headers"]["WWW-Authenticate"] =
+        json!({ "required": true, "schema": { "type": "string", "const": scheme } });
+    response
+}
+
+/// A response that carries `Retry-After` (seconds): on every answer when `always`.
+fn retry_after(mut response: Value, always: bool) -> Value {
+    response["headers"]["Retry-After"] = json!({ "description": "seconds to wait before trying again", "required": always,
+                                                 "schema": { "type": "integer", "minimum": 1 } });
     response
 }
 
 fn described() -> Value {
     let admin = json!([{ "bearer": [] }]);
+    let list = json!([schemas::source_filter(), schemas::after(), schemas::limit()]);
+    let deliveries = json!([
+        { "name": "state", "in": "query", "schema": { "enum": DELIVERY_STATES }, "allowEmptyValue": true,
+          "description": "only deliveries in this state; empty is the same as not given" },
+        { "name": "route", "in": "query", "schema": { "type": "string" }, "allowEmptyValue": true,
+          "description": "only this route's deliveries; empty is the same as not given" },
+        schemas::after(), schemas::limit()]);
+    // Both forms are read by axum's `Form`: another content type is refused before the handler.
+    let unsupported = problem(
+        "unsupported-media-type: the body is not sent as application/x-www-form-urlencoded",
+    );
+    let unprocessable =
+        problem("unprocessable: a form that does not parse into its fields (one given twice)");
     json!({
         "openapi": "3.1.0",
         "info": { "title": "oncebox gateway", "version": env!("CARGO_PKG_VERSION") },
-        "components": {
-            "securitySchemes": { "bearer": { "type": "http", "scheme": "bearer" },
-                                 "session": { "type": "apiKey", "in": "cookie", "name": "oncebox_session" } },
-            "schemas": {
-                "Problem": { "type": "object", "properties": {
-                    "type": { "type": "string", "description": "urn:oncebox:problem:<slug>" },
-                    "title": { "type": "string" }, "status": { "type": "integer" }, "detail": { "type": "string" } } },
-                "Accepted": { "type": "object", "properties": {
-                    "status": { "const": "accepted" }, "source": { "type": "string" }, "event_id": { "type": "string" },
-                    "received_at": { "type": "string", "format": "date-time" }, "stale": { "type": "boolean" } } }
-            }
-        },
+        "components": schemas::components(),
         "paths": {
             "/v1/sources/{source}/events": { "post": {
                 "summary": "Receive one webhook event: verified, deduplicated, stored before the answer",
-                "parameters": [{ "name": "source", "in": "path", "required": true, "schema": { "type": "string" } }],
+                "description": "The event id comes from the source's rule: by default Idempotency-Key, else webhook-id, else the body's /id; a source may name another header or a JSON pointer, or derive it from fields. The signature headers are those of the source's scheme (an hmac-sha256 source names its own).",
+                "parameters": schemas::ingress_headers(),
                 "requestBody": { "required": true, "content": { "*/*": {} } },
                 "responses": {
-                    "202": { "description": "Accepted (new, stale, or replayed with Idempotent-Replayed: true)",
+                    "202": { "description": "Accepted (new, stale with \"stale\": true, or replayed byte for byte with Idempotent-Replayed: true)",
                              "headers": { "Idempotent-Replayed": { "schema": { "const": "true" } } },
-                             "content": { "application/json": { "schema": { "$ref": "#/components/schemas/Accepted" } } } },
+                             "content": { "application/json": { "schema": schemas::schema("Accepted") } } },
                     "400": problem("event-id-missing, event-id-invalid, invalid-json, order-field-invalid, body-unreadable"),
-                    "401": problem("signature-invalid, timestamp-out-of-tolerance"),
+                    "401": challenge(problem("signature-invalid, timestamp-out-of-tolerance"), "Signature realm=\"oncebox\""),
                     "403": problem("cross-origin: a browser's request from another site to an unsigned source"),
                     "404": problem("unknown-source"),
                     "408": problem("body-timeout"),
-                    "409": problem("in-progress (Retry-After)"),
+                    "409": retry_after(problem("in-progress: the event is being processed, or awaits reconciliation"), true),
                     "413": problem("body-too-large"),
                     "422": problem("key-reused: same event id, different payload"),
+                    "431": problem("headers-too-large: past the 64 KiB of headers an event stores"),
                     "503": problem("unavailable (Retry-After): nothing is known to be stored")
                 } } },
             "/v1/events": { "get": {
-                "summary": "Events in arrival order", "security": admin,
-                "parameters": [
-                    { "name": "source", "in": "query", "schema": { "type": "string" } },
-                    { "name": "after", "in": "query", "schema": { "type": "integer" }, "description": "cursor from `next`" },
-                    { "name": "limit", "in": "query", "schema": { "type": "integer", "maximum": 500 } }],
-                "responses": { "200": { "description": "{\"items\": [...], \"next\": cursor | null}" },
+                "summary": "Events in arrival order", "security": admin, "parameters": list,
+                "responses": { "200": schemas::body("a page of events", "EventPage"),
                                "400": problem("invalid-query"), "401": problem("unauthorized"), "503": problem("unavailable") } } },
             "/v1/sources/{source}/events/{event_id}": { "get": {
                 "summary": "One event with payload, headers and stored answer", "security": admin,
-                "responses": { "200": { "description": "the event" }, "400": problem("invalid-key"), "404": problem("event-not-found"),
+                "responses": { "200": schemas::body("the event, with its deliveries", "EventDetail"),
+                               "400": problem("invalid-key"), "404": problem("event-not-found"),
                                "401": problem("unauthorized"), "503": problem("unavailable") } } },
             "/v1/deliveries": { "get": {
-                "summary": "Deliveries by state and route, oldest first", "security": admin,
-                "parameters": [
-                    { "name": "state", "in": "query", "schema": { "enum": DELIVERY_STATES } },
-                    { "name": "route", "in": "query", "schema": { "type": "string" } },
-                    { "name": "after", "in": "query", "schema": { "type": "integer" }, "description": "cursor from `next`" },
-                    { "name": "limit", "in": "query", "schema": { "type": "integer", "maximum": 500 } }],
-                "responses": { "200": { "description": "{\"items\": [{id, route, source, event_id, state, attempts, …}], \"next\": cursor | null}" },
+                "summary": "Deliveries by state and route, oldest first", "security": admin, "parameters": deliveries,
+                "responses": { "200": schemas::body("a page of deliveries", "DeliveryPage"),
                                "400": problem("invalid-query"), "401": problem("unauthorized"), "503": problem("unavailable") } } },
             "/v1/deliveries/{id}/retry": { "post": {
                 "summary": "Make a dead, uncertain or retrying delivery due now (same key), with fresh caps on attempts and age", "security": admin,
-                "responses": { "200": { "description": "pending" }, "400": problem("bad-request: the id is not a number"), "404": problem("no-delivery"), "409": problem("not-retryable: its state, named"),
+                "responses": { "200": { "description": "{\"id\": id, \"state\": \"pending\"}" }, "400": problem("bad-request: the id is not a number"), "404": problem("no-delivery"), "409": problem("not-retryable: its state, named"),
                                "401": problem("unauthorized"), "503": problem("unavailable") } } },
             "/v1/deliveries/{id}/resolve": { "post": {
-                "summary": "Settle a delivery by hand: {\"outcome\": \"delivered\"|\"dead\", \"note\": …}", "security": admin,
-                "requestBody": { "required": true, "content": { "application/json": {} } },
-                "responses": { "200": { "description": "settled" }, "400": problem("invalid-json; bad-request: the id is not a number"), "404": problem("no-delivery"),
+                "summary": "Settle a delivery by hand", "security": admin,
+                "requestBody": { "required": true, "description": "read as JSON whatever its Content-Type",
+                                 "content": { "application/json": { "schema": schemas::schema("Resolve") } } },
+                "responses": { "200": { "description": "{\"id\": id, \"state\": outcome}" }, "400": problem("invalid-json: not a Resolve body; bad-request: the id is not a number"), "404": problem("no-delivery"),
                                "409": problem("not-resolvable: its state, named"), "401": problem("unauthorized"), "503": problem("unavailable") } } },
             "/v1/sources/{source}/events/{event_id}/redeliver": { "post": {
                 "summary": "Deliver an event to its routes again, with the same idempotency key and fresh caps on attempts and age", "security": admin,
-                "responses": { "200": { "description": "{\"redelivered\": n}" }, "400": problem("invalid-key"), "404": problem("event-not-found; no-deliveries: the event has none (no route took it)"),
+                "responses": { "200": { "description": "{\"redelivered\": n, \"idempotency_key\": key}" }, "400": problem("invalid-key"), "404": problem("event-not-found; no-deliveries: the event has none (no route took it)"),
                                "409": problem("in-flight: every delivery is being sent now"),
                                "401": problem("unauthorized"), "503": problem("unavailable") } } },
             "/v1/stats": { "get": { "summary": "Counts by state", "security": admin,
@@ -243,9 +257,9 @@ fn described() -> Value {
             "/metrics": { "get": { "summary": "Prometheus metrics", "security": admin,
                 "responses": { "200": { "description": "text exposition format" }, "401": problem("unauthorized"),
                                "404": problem("metrics-disabled: no recorder installed") } } },
-            "/healthz": { "get": { "summary": "The process is up", "responses": { "200": { "description": "ok" } } } },
+            "/healthz": { "get": { "summary": "The process is up", "responses": { "200": { "description": "{\"status\": \"ok\"}" } } } },
             "/readyz": { "get": { "summary": "The store takes writes now",
-                "responses": { "200": { "description": "ready" }, "503": problem("unavailable") } } },
+                "responses": { "200": { "description": "{\"status\": \"ready\"}" }, "503": problem("unavailable") } } },
             "/openapi.json": { "get": { "summary": "This document", "responses": { "200": { "description": "OpenAPI 3.1" } } } },
             "/": page("Dashboard: activity per source, deliveries by state"),
             "/events": page("Dashboard: events, filtered by source and state"),
@@ -258,12 +272,16 @@ fn described() -> Value {
                     "responses": { "200": { "description": "HTML form", "content": { "text/html": {} } },
                                    "403": { "description": CLOSED, "content": { "text/html": {} } } } },
                 "post": { "summary": "Sign in with the admin token; sets the session cookie", "tags": ["dashboard"],
-                    "requestBody": { "required": true, "content": { "application/x-www-form-urlencoded": {} } },
-                    "responses": { "303": { "description": "signed in: to the dashboard" }, "401": { "description": "wrong token: the form again" },
-                                   "403": { "description": "sent from another origin's page" } } } },
+                    "requestBody": schemas::form(&[("token", "the admin token; absent is taken as empty")]),
+                    "responses": { "303": { "description": "signed in, or no admin token is configured: to the dashboard" },
+                                   "401": { "description": "wrong token: the form again", "content": { "text/html": {} } },
+                                   "403": problem("forbidden: sent from another origin's page"),
+                                   "415": unsupported, "422": unprocessable } } },
             "/logout": { "post": { "summary": "Sign out: ends the session", "tags": ["dashboard"],
+                "requestBody": schemas::form(&[("csrf", "the session's CSRF token, as its pages embed it")]),
                 "responses": { "303": { "description": "to /login" },
-                               "403": { "description": "no valid session and CSRF token, or sent from another origin's page" } } } },
+                               "403": problem("forbidden: no valid session and CSRF token, or sent from another origin's page"),
+                               "415": unsupported, "422": unprocessable } } },
             "/assets/dashboard.js": { "get": { "summary": "The dashboard's script", "tags": ["dashboard"],
                 "responses": { "200": { "description": "JavaScript", "content": { "text/javascript": {} } } } } },
             "/assets/dashboard.css": { "get": { "summary": "The dashboard's stylesheet", "tags": ["dashboard"],

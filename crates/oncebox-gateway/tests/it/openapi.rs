@@ -1,9 +1,17 @@
 //! The OpenAPI document against the router: every route documented, every documented route
-//! routed, every path parameter declared, and the error answers the router gives documented
-//! for the operation that gave them.
+//! routed, every path parameter declared, the error answers the router gives documented for the
+//! operation that gave them, and the declared bodies, keys and forms as the handlers read and
+//! write them.
+
+mod bodies;
+mod conform;
+mod inputs;
+
+use std::time::Duration;
 
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
+use oncebox_core::{Event, Key};
 use oncebox_testkit::run;
 use serde_json::Value;
 
@@ -178,10 +186,89 @@ fn error_answers_are_documented_for_their_operation() {
                 "/v1/deliveries/{id}/retry",
                 admin("POST", "/v1/deliveries/7/retry", &" ".repeat(65 << 10)),
             ),
+            ("get", "/v1/events", admin("GET", "/v1/events?limit=-1", "")),
+            (
+                "get",
+                "/v1/events",
+                admin("GET", "/v1/events?source=Shop", ""),
+            ),
+            (
+                "get",
+                "/v1/deliveries",
+                admin("GET", "/v1/deliveries?limit=-1", ""),
+            ),
+            (
+                "get",
+                "/v1/sources/{source}/events/{event_id}",
+                admin("GET", "/v1/sources/open/events/%01", ""),
+            ),
+            (
+                "post",
+                "/v1/sources/{source}/events",
+                post("shop", &[], "{}"),
+            ),
+            (
+                "post",
+                "/v1/sources/{source}/events",
+                post("open", &[("x-long", &"a".repeat(65 << 10))], "{}"),
+            ),
+            ("post", "/login", form("/login", None, "token=x")),
+            ("post", "/logout", form("/logout", None, "csrf=x")),
+            (
+                "post",
+                "/login",
+                form(
+                    "/login",
+                    Some("application/x-www-form-urlencoded"),
+                    "token=a&token=b",
+                ),
+            ),
+            (
+                "post",
+                "/logout",
+                form(
+                    "/logout",
+                    Some("application/x-www-form-urlencoded"),
+                    "csrf=x",
+                ),
+            ),
+            (
+                "post",
+                "/logout",
+                form(
+                    "/logout",
+                    Some("application/x-www-form-urlencoded"),
+                    "csrf=a&csrf=b",
+                ),
+            ),
         ];
         for (method, path, request) in cases {
             documented(&doc, method, path, &gw.send(request).await);
         }
+        // A key another worker holds is in progress, and says when to ask again.
+        let body = r#"{"id":"held"}"#;
+        let event = Event::json(Key::parse("open", "held").unwrap(), body).unwrap();
+        gw.inbox
+            .begin(event, Duration::from_secs(30))
+            .await
+            .unwrap();
+        let held = gw.send(post("open", &[], body)).await;
+        assert_eq!(held.status, StatusCode::CONFLICT, "{held:?}");
+        documented(&doc, "post", "/v1/sources/{source}/events", &held);
+        // A store that cannot answer: 503 with Retry-After, from the ingress and the admin API.
+        let slow = TestGateway::with(crate::support::config(), |p| {
+            oncebox_sqlite::Options::new(p).busy_timeout(Duration::from_millis(50))
+        });
+        let lock = oncebox_sqlite::rusqlite::Connection::open(&slow.path).unwrap();
+        lock.execute_batch("BEGIN IMMEDIATE").unwrap();
+        let locked = slow.send(post("open", &[], r#"{"id":"e1"}"#)).await;
+        assert_eq!(locked.status, StatusCode::SERVICE_UNAVAILABLE, "{locked:?}");
+        documented(&doc, "post", "/v1/sources/{source}/events", &locked);
+        let ready = slow
+            .send(Request::get("/readyz").body(Body::empty()).unwrap())
+            .await;
+        documented(&doc, "get", "/readyz", &ready);
+        lock.execute_batch("ROLLBACK").unwrap();
         // Without a token on a listener that is not loopback-only, the admin API is off.
         let closed = TestGateway::tokenless();
         let off = closed
@@ -192,15 +279,28 @@ fn error_answers_are_documented_for_their_operation() {
     });
 }
 
+/// A form posted to the dashboard, with `content_type` if given.
+fn form(path: &str, content_type: Option<&str>, body: &str) -> Request<Body> {
+    let mut request = Request::post(path);
+    if let Some(content_type) = content_type {
+        request = request.header("content-type", content_type);
+    }
+    request.body(Body::from(body.to_owned())).unwrap()
+}
+
 /// Checks that answer `a`, given by operation `method path`, is documented there: its status,
-/// its slug as a whole word of that response's description, and the headers a client acts on.
+/// its slug as a whole word of that response's description, its body as the declared problem,
+/// the headers a client acts on, and every header declared as always sent.
 fn documented(doc: &Value, method: &str, path: &str, a: &crate::support::Answer) {
     assert!(
-        a.status.is_client_error(),
+        a.status.is_client_error() || a.status.is_server_error(),
         "{method} {path}: an error case answered {}",
         a.status
     );
     let documented = &doc["paths"][path][method]["responses"][a.status.as_str()];
+    let schema = &documented["content"]["application/problem+json"]["schema"];
+    let at = format!("{method} {path} {}", a.status);
+    conform::conforms(doc, schema, &a.json(), &at).unwrap();
     let description = documented["description"].as_str().unwrap_or_default();
     let slug = a.slug();
     let words: Vec<&str> = description
@@ -219,6 +319,14 @@ fn documented(doc: &Value, method: &str, path: &str, a: &crate::support::Answer)
             assert!(
                 listed,
                 "{method} {path}: {header} not documented ({documented})"
+            );
+        }
+    }
+    for (header, declared) in documented["headers"].as_object().into_iter().flatten() {
+        if declared["required"] == true {
+            assert!(
+                a.headers.contains_key(header.as_str()),
+                "{at}: no {header}: {a:?}"
             );
         }
     }

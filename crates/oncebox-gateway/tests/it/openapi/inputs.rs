@@ -1,0 +1,224 @@
+//! What the document declares a request may carry against what the handlers take: the lists'
+//! `limit`, the keys in paths and filters, the dashboard's forms and the ingress's headers.
+
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use oncebox_testkit::run;
+use serde_json::Value;
+
+use super::{conform, document, form};
+use crate::support::{ADMIN_TOKEN, TestGateway, admin_get, post};
+
+/// `limit` is declared as the lists read it: no less than 0 (taken as 1), no maximum (a larger
+/// number is taken as 500, not refused), and a negative one refused.
+#[test]
+fn limit_is_declared_as_the_lists_read_it() {
+    run(async {
+        let (gw, _) = super::bodies::populated().await;
+        let doc = document(&gw).await;
+        for path in ["/v1/events", "/v1/deliveries"] {
+            let params = doc["paths"][path]["get"]["parameters"].as_array().unwrap();
+            let limit = params.iter().find(|p| p["name"] == "limit").unwrap();
+            assert_eq!(limit["schema"]["minimum"], 0, "{path}: {limit}");
+            assert!(limit["schema"].get("maximum").is_none(), "{path}: {limit}");
+            let description = limit["description"].as_str().unwrap();
+            assert!(description.contains("above 500 as 500"), "{path}: {limit}");
+            let count = async |query: &str| {
+                let a = gw.send(admin_get(&format!("{path}?{query}"))).await;
+                (a.status, a.json()["items"].as_array().map(Vec::len))
+            };
+            assert_eq!(count("limit=0").await, (StatusCode::OK, Some(1)), "{path}");
+            let all = count("").await;
+            assert_eq!(count("limit=501").await, all, "{path}");
+            assert_eq!(count("limit=").await, all, "{path}: empty is not given");
+            assert_eq!(count("limit=-1").await.0, StatusCode::BAD_REQUEST, "{path}");
+        }
+    });
+}
+
+/// The `source` and `event_id` schemas take what the server takes and refuse what it refuses,
+/// but for the 255-byte limit, which `maxLength` (characters) cannot say and the description
+/// does.
+#[test]
+fn keys_are_declared_as_the_server_reads_them() {
+    run(async {
+        let gw = TestGateway::new();
+        let doc = document(&gw).await;
+        let op = &doc["paths"]["/v1/sources/{source}/events/{event_id}"]["get"];
+        let param = |name: &str| {
+            let params = op["parameters"].as_array().unwrap();
+            params.iter().find(|p| p["name"] == name).unwrap().clone()
+        };
+        let valid = |schema: &Value, text: &str| {
+            conform::conforms(&doc, schema, &Value::from(text), text).is_ok()
+        };
+        let encode = |s: &str| {
+            percent_encoding::utf8_percent_encode(s, percent_encoding::NON_ALPHANUMERIC).to_string()
+        };
+        let long = "a".repeat(64);
+        let sources = [
+            "a", "open", "0x.y_z-1", &long, "A", "-a", ".a", "a b", "a/b", "é", "a~",
+        ];
+        let filter = doc["paths"]["/v1/events"]["get"]["parameters"][0].clone();
+        assert_eq!(filter["name"], "source");
+        for source in sources
+            .iter()
+            .copied()
+            .chain([&*format!("{long}a"), "shop\n"])
+        {
+            let path = gw
+                .send(admin_get(&format!(
+                    "/v1/sources/{}/events/e1",
+                    encode(source)
+                )))
+                .await;
+            let taken = path.slug() == "event-not-found";
+            assert_eq!(
+                valid(&param("source")["schema"], source),
+                taken,
+                "{source:?} {path:?}"
+            );
+            let listed = gw
+                .send(admin_get(&format!("/v1/events?source={}", encode(source))))
+                .await;
+            let taken = listed.status == StatusCode::OK;
+            assert_eq!(
+                valid(&filter["schema"], source),
+                taken,
+                "{source:?} {listed:?}"
+            );
+        }
+        let ids = [
+            "e1", "a b", " a", "a ", "é", "😀", "a/b", "\u{FEFF}", "\u{200B}", "x\u{A0}", " ",
+            "\u{A0}", "\u{3000}", "\u{1680}", "\u{2028}", "\t", "\u{1}x", "x\u{7F}", "\u{85}",
+            "x\u{9F}",
+        ];
+        let at_most = "x".repeat(255);
+        let event_id = param("event_id");
+        for id in ids.iter().copied().chain([at_most.as_str()]) {
+            let a = gw
+                .send(admin_get(&format!(
+                    "/v1/sources/open/events/{}",
+                    encode(id)
+                )))
+                .await;
+            let taken = a.slug() == "event-not-found";
+            assert_eq!(valid(&event_id["schema"], id), taken, "{id:?} {a:?}");
+        }
+        // Past 255 bytes every id is refused: in characters too when they are ASCII.
+        assert!(!valid(&event_id["schema"], &format!("{at_most}x")));
+        for id in [format!("{at_most}x"), "é".repeat(128)] {
+            let a = gw
+                .send(admin_get(&format!(
+                    "/v1/sources/open/events/{}",
+                    encode(&id)
+                )))
+                .await;
+            assert_eq!(a.slug(), "invalid-key", "{id:?}");
+        }
+        let described = event_id["description"].as_str().unwrap();
+        assert!(described.contains("255 bytes"), "{event_id}");
+    });
+}
+
+/// The sign-in and sign-out forms are declared with the fields the dashboard's pages send, and
+/// a form of just those fields is what the handlers take.
+#[test]
+fn the_forms_are_declared_with_the_fields_the_pages_send() {
+    run(async {
+        let gw = TestGateway::new();
+        let doc = document(&gw).await;
+        let fields = |path: &str| -> Vec<String> {
+            let body = &doc["paths"][path]["post"]["requestBody"];
+            assert_eq!(body["required"], true, "{path}");
+            let schema = &body["content"]["application/x-www-form-urlencoded"]["schema"];
+            let required = schema["required"].as_array().unwrap();
+            let names: Vec<String> = schema["properties"]
+                .as_object()
+                .unwrap()
+                .keys()
+                .cloned()
+                .collect();
+            assert_eq!(required.len(), names.len(), "{path}: {schema}");
+            names
+        };
+        let page = |a: &crate::support::Answer| String::from_utf8_lossy(&a.body).into_owned();
+        let login_page = page(
+            &gw.send(Request::get("/login").body(Body::empty()).unwrap())
+                .await,
+        );
+        assert_eq!(fields("/login"), ["token"]);
+        assert!(login_page.contains(r#"name="token""#), "{login_page}");
+        let urlencoded = Some("application/x-www-form-urlencoded");
+        let login = gw
+            .send(form("/login", urlencoded, &format!("token={ADMIN_TOKEN}")))
+            .await;
+        assert_eq!(login.status, StatusCode::SEE_OTHER, "{login:?}");
+        let cookie = login.headers["set-cookie"].to_str().unwrap();
+        let cookie = cookie.split(';').next().unwrap().to_owned();
+        let signed_in = Request::get("/")
+            .header("cookie", &cookie)
+            .body(Body::empty());
+        let overview = page(&gw.send(signed_in.unwrap()).await);
+        assert_eq!(fields("/logout"), ["csrf"]);
+        let csrf = overview
+            .split(r#"name="csrf" value=""#)
+            .nth(1)
+            .and_then(|rest| rest.split('"').next())
+            .unwrap_or_else(|| panic!("no csrf field: {overview}"));
+        let mut logout = form("/logout", urlencoded, &format!("csrf={csrf}"));
+        logout
+            .headers_mut()
+            .insert("cookie", cookie.parse().unwrap());
+        let out = gw.send(logout).await;
+        assert_eq!(out.status, StatusCode::SEE_OTHER, "{out:?}");
+        assert_eq!(out.headers["location"], "/login");
+    });
+}
+
+/// The ingress's declared headers are the ones it reads: each header a signed source asks for
+/// when it is missing, and each header the default and github rules take an event id from.
+#[test]
+fn the_ingress_declares_the_headers_it_reads() {
+    run(async {
+        let gw = TestGateway::new();
+        let doc = document(&gw).await;
+        let op = &doc["paths"]["/v1/sources/{source}/events"]["post"];
+        let declared: Vec<String> = op["parameters"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|p| p["in"] == "header")
+            .map(|p| p["name"].as_str().unwrap().to_ascii_lowercase())
+            .collect();
+        let sw = [("webhook-id", "m1"), ("webhook-timestamp", "1767225600")];
+        for (source, given) in [
+            ("shop", &sw[..0]),
+            ("shop", &sw[..1]),
+            ("shop", &sw[..2]),
+            ("stripe", &[][..]),
+            ("github", &[][..]),
+        ] {
+            let a = gw.send(post(source, given, "{}")).await;
+            let detail = a.json()["detail"].as_str().unwrap().to_owned();
+            let asked = detail.split('`').nth(1).unwrap_or_else(|| panic!("{a:?}"));
+            assert!(
+                declared.iter().any(|h| h == asked),
+                "{source}: {asked} undeclared"
+            );
+        }
+        let sig = "sha256=757107ea0eb2509fc211221cce984b8a37570b6d7586c22c46f4379c8b043e17";
+        for (source, header, body) in [
+            ("open", "idempotency-key", "{}"),
+            ("open", "webhook-id", "{}"),
+            ("github", "x-github-delivery", "Hello, World!"),
+        ] {
+            assert!(declared.iter().any(|h| h == header), "{header} undeclared");
+            // The header's own name as the id: each post is a new event, named by its header.
+            let headers = [(header, header), ("x-hub-signature-256", sig)];
+            let a = gw.send(post(source, &headers, body)).await;
+            assert_eq!(a.status, StatusCode::ACCEPTED, "{header}: {a:?}");
+            assert_eq!(a.json()["event_id"], header, "{header}");
+        }
+    });
+}
