@@ -60,12 +60,18 @@ fn gate<S>(gw: &Gateway<S>, headers: &HeaderMap) -> Result<Access, Response> {
 }
 
 /// The store could not answer: say so, never show a partial page as if it were whole.
+/// With `Retry-After`, as every 503 of the gateway's.
 fn unavailable(access: &Access, e: &oncebox_core::Unavailable) -> Response {
-    layout::problem(
+    let mut page = layout::problem(
         StatusCode::SERVICE_UNAVAILABLE,
         access,
         &format!("The store is unavailable: {e}"),
-    )
+    );
+    page.headers_mut().insert(
+        axum::http::header::RETRY_AFTER,
+        axum::http::HeaderValue::from(1),
+    );
+    page
 }
 
 async fn login_form<S: EventStore>(

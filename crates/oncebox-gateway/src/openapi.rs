@@ -161,9 +161,8 @@ fn complete(path: &str, method: &str, op: &mut Value) {
             let busy = responses.remove("503").unwrap_or_else(|| {
                 problem("unavailable: too many requests in flight, or the store cannot answer now")
             });
-            // Every problem document sent as a 503 carries it; a dashboard page's does not.
-            let always = busy["content"].get("text/html").is_none();
-            responses.insert("503".into(), retry_after(busy, always));
+            // Every 503 carries it, a dashboard page's too.
+            responses.insert("503".into(), retry_after(busy, true));
         }
     }
 }
