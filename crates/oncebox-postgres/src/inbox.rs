@@ -309,11 +309,13 @@ impl Inbox {
     }
 
     /// Parks the key: the external call's outcome is unknown, so it is neither retried nor done
-    /// until reconciled.
+    /// until reconciled. The token stays on the parked record, so the holder repeating the call
+    /// (its reply was lost) matches again and is told `Ok`; `resolve` clears or deletes it.
     pub async fn uncertain(&self, lease: &Lease) -> Result<(), LeaseError> {
         let n = sqlx::query(
             "UPDATE oncebox_inbox SET state = 'uncertain', lease_expires_at = NULL
-             WHERE source = $1 AND event_id = $2 AND state = 'processing' AND lease_token = $3",
+             WHERE source = $1 AND event_id = $2 AND state IN ('processing', 'uncertain')
+               AND lease_token = $3",
         )
         .bind(lease.key.source.as_str())
         .bind(lease.key.event_id.as_str())

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use oncebox_core::{
     Begun, Event, Fingerprint, Key, Lease, LeaseError, ProcessError, Response, ResponseKind,
-    Unavailable,
+    Timestamp, Unavailable,
 };
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{RedisResult, ScriptInvocation, Value};
@@ -20,7 +20,7 @@ use crate::scripts::{Scripts, fence_key, record_key};
 
 /// Longest TTL or retention sent to Redis (about 100 years): Redis refuses an expiry that
 /// overflows its clock, and "forever" should not become an error.
-const MAX_MILLIS: u64 = 100 * 365 * 24 * 3600 * 1000;
+pub(crate) const MAX_MILLIS: u64 = 100 * 365 * 24 * 3600 * 1000;
 
 /// How an operator settles a key left `uncertain`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -132,19 +132,20 @@ impl Leases {
     }
 
     /// Takes a lease on the event's key for `ttl`, with a fencing token larger than every token
-    /// this namespace handed out before. A key Redis holds answers from its record instead:
+    /// this namespace handed out before (while the Redis host's clock does not go back: see the
+    /// crate docs). A key Redis holds answers from its record instead:
     /// `Duplicate` (done, same payload), `InProgress` (leased, with the time left), `Conflict`
     /// (another payload; not recorded here — the SQL inbox keeps the audit) or `Uncertain`.
     ///
     /// `Unavailable` says nothing about the key: if only the reply was lost, the lease may
     /// have been taken, and the key answers `InProgress` until its TTL runs out.
     pub async fn begin(&self, event: &Event, ttl: Duration) -> Result<Begun, ProcessError> {
-        let expires_at = self.shared.options.clock.now().plus(ttl);
+        let (ttl_ms, expires_at) = lease_ttl(self.shared.options.clock.now(), ttl);
         let mut call = self.shared.scripts.begin.prepare_invoke();
         call.key(&self.shared.fence)
             .key(self.record(&event.key))
             .arg(&event.fingerprint.as_bytes()[..])
-            .arg(millis(ttl));
+            .arg(ttl_ms);
         let reply = self.run(&call).await?;
         let parts = array(&reply).ok_or_else(|| odd_reply("begin", &reply))?;
         let odd = || ProcessError::from(odd_reply("begin", &reply));
@@ -174,9 +175,11 @@ impl Leases {
                 })
             }
             (Some(b"conflict"), Some(stored), None) => {
+                // A record without a fingerprint of 32 bytes is none our scripts wrote: no
+                // verdict on it, and no stored fingerprint made up for the audit.
                 let stored = text(stored)
                     .and_then(Fingerprint::from_slice)
-                    .unwrap_or(event.fingerprint);
+                    .ok_or_else(odd)?;
                 Err(ProcessError::Conflict {
                     stored,
                     offered: event.fingerprint,
@@ -187,7 +190,9 @@ impl Leases {
         }
     }
 
-    /// Marks the key done with its first response, kept for the source's retention. Refused
+    /// Marks the key done with its first response, kept for the source's retention from now:
+    /// call it right after the inbox's own completion, not for a key the inbox answered as a
+    /// duplicate (its record is older; [`Leases::remember`] counts from its completion). Refused
     /// (`Fenced`) once the lease expired, was taken over, or Redis forgot it. Repeating a
     /// completion that succeeded (its reply was lost) answers `Ok` again.
     pub async fn complete(&self, lease: &Lease, response: &Response) -> Result<(), LeaseError> {
@@ -209,6 +214,8 @@ impl Leases {
     }
 
     /// The external effect's outcome is unknown: parks the key (no TTL) until `resolve`.
+    /// Refused (`Fenced`) once the lease is no longer this holder's. Repeating a call that
+    /// parked the key (its reply was lost) answers `Ok` again, until `resolve` settles it.
     pub async fn uncertain(&self, lease: &Lease) -> Result<(), LeaseError> {
         let mut call = self.shared.scripts.uncertain.prepare_invoke();
         call.key(self.record(&lease.key)).arg(lease.token);
@@ -289,6 +296,14 @@ fn millis(d: Duration) -> u64 {
         .clamp(1, MAX_MILLIS)
 }
 
+/// The TTL sent to Redis and the `expires_at` the holder is told, both from the clamped value:
+/// dated from the unclamped one, a zero TTL (1 ms in Redis) read as already expired and a huge
+/// one as never expiring, though Redis ends it after 100 years.
+fn lease_ttl(now: Timestamp, ttl: Duration) -> (u64, Timestamp) {
+    let ms = millis(ttl);
+    (ms, now.plus(Duration::from_millis(ms)))
+}
+
 pub(crate) fn array(v: &Value) -> Option<&[Value]> {
     match v {
         Value::Array(items) => Some(items),
@@ -332,4 +347,24 @@ async fn eviction(conn: &mut ConnectionManager) -> Option<String> {
     let limit: u64 = get("maxmemory").await?.parse().ok()?;
     let policy = get("maxmemory-policy").await?;
     (limit > 0 && policy != "noeviction").then_some(policy)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lease_expiry_is_dated_from_the_ttl_redis_is_sent() {
+        let now = Timestamp(1_000);
+        let secs = Duration::from_secs(30);
+        assert_eq!(lease_ttl(now, secs), (30_000, Timestamp(31_000)));
+        assert_eq!(lease_ttl(now, Duration::ZERO), (1, Timestamp(1_001)));
+        let forever = i64::try_from(MAX_MILLIS).unwrap();
+        assert_eq!(
+            lease_ttl(now, Duration::MAX),
+            (MAX_MILLIS, Timestamp(1_000 + forever))
+        );
+        let just_over = Duration::from_millis(MAX_MILLIS + 1);
+        assert_eq!(lease_ttl(now, just_over).1, Timestamp(1_000 + forever));
+    }
 }

@@ -9,12 +9,15 @@
 //!
 //! # What Redis can promise
 //!
-//! - **One holder at a time, while Redis remembers.** A script runs alone, so two workers on
-//!   any number of nodes never both get the lease from one Redis.
+//! - **One holder at a time, while Redis remembers** (and its clock does not jump ahead,
+//!   below). A script runs alone, so two workers on any number of nodes never both get the
+//!   lease from one Redis.
 //! - **Fenced writes.** A late holder's `complete`/`release`/`uncertain` is refused
-//!   (`LeaseError::Fenced`); it cannot overwrite the answer of the holder that took over.
-//! - **Tokens that only grow**, also across a restart that forgot the counter: a token is never
-//!   below the Redis server's clock in microseconds (unless that clock goes back).
+//!   (`LeaseError::Fenced`); it cannot overwrite the answer of the holder that took over —
+//!   as long as no token is handed out twice (below).
+//! - **Tokens that grow while the Redis host's clock does.** A token is the next value of a
+//!   counter, but never below the Redis host's wall clock in microseconds, so a restart that
+//!   forgot the counter still counts on — if that clock has not gone back.
 //! - **Honest errors.** A timeout, an outage or an odd reply is `Unavailable`, never `Duplicate`.
 //!
 //! # What Redis cannot promise
@@ -33,6 +36,14 @@
 //!   writes here; only a receiver that checks the token (or the idempotency key) refuses the call.
 //! - **No audit.** A conflicting payload is answered `Conflict` but not recorded: pass it on to
 //!   the SQL inbox, which records it (below).
+//! - **Tokens and expiry are only as good as the Redis host's wall clock.** A restart after
+//!   that clock stepped back, or a failover to a replica whose clock lags (and whose counter may
+//!   miss the last writes), can hand out tokens lower than, or equal to, tokens already handed
+//!   out: a receiver that refuses older tokens then refuses the new holder, and an old holder
+//!   carrying a token handed out again passes Redis's fence. Redis also ends every TTL on that
+//!   clock: a forward jump (or a failover to a host whose clock runs ahead) ends leases before
+//!   their `Lease::expires_at`, and nothing tells the holder; a backward one keeps them longer.
+//!   Keep the host's clock slewed by NTP, never stepped.
 //!
 //! So Redis buys speed — cheap exclusion across nodes, duplicates answered without a database
 //! round trip — and the SQL inbox remains the guard. Needs Redis 5 or later (scripts that read
@@ -72,11 +83,11 @@
 //!         Ok(Begun::Leased(lease)) => lease,
 //!         answer => {
 //!             // Done before (Redis had forgotten), in progress, conflict: no effect here.
+//!             // Not `complete` for a duplicate: Redis would keep the answer a whole retention
+//!             // from now, past the inbox's record (`remember` can cache it from its
+//!             // `completed_at`).
 //!             if let Some(fast) = &fast {
-//!                 let _ = match &answer {
-//!                     Ok(Begun::Duplicate(first)) => redis.complete(fast, first).await,
-//!                     _ => redis.release(fast).await,
-//!                 };
+//!                 let _ = redis.release(fast).await;
 //!             }
 //!             return match answer {
 //!                 Ok(Begun::Duplicate(first)) => Ok(first),
@@ -109,9 +120,10 @@
 //! ```
 //!
 //! For effects inside the database, step 2 is `inbox.process(event, handler)`, and Redis's
-//! `complete` follows an `Applied` or `Duplicate` outcome. A gateway on several nodes can use
-//! [`Leases::recall`] before the inbox and [`Leases::remember`] after its commit as a duplicate
-//! cache.
+//! `complete` follows an `Applied` outcome (a `Duplicate`: `release`, as above). A gateway on
+//! several nodes can use [`Leases::recall`] before the inbox and [`Leases::remember`] after its
+//! commit as a duplicate cache; `remember` takes the record's completion time, so the copy
+//! expires when the inbox may purge the record, not a whole retention after the call.
 
 mod cache;
 mod error;

@@ -1,6 +1,6 @@
 //! How a `Leases` handle is set up: the key namespace, how long answers are kept, the
-//! per-call deadline, the clock that dates lease expiry and the CA a TLS server is checked
-//! against.
+//! per-call deadline, the clock that estimates lease expiry (Redis ends leases on its own host's
+//! wall clock) and the CA a TLS server is checked against.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -16,12 +16,18 @@ pub struct Options {
     pub namespace: String,
     /// How long a `done` record (and its first response) is kept, per source. Keep it no longer
     /// than the SQL inbox keeps its records: the cache should never outlive the truth.
+    /// `remember` counts it from the record's completion; `complete` from its own call, which
+    /// follows the inbox's completion.
     pub retention: Retention,
     /// A call not answered within this time is `Unavailable::Deadline`: connecting, waiting for
     /// a reconnect and the round trip all count.
     pub deadline: Duration,
-    /// Dates `Lease::expires_at`. Redis expires the lease on its own clock; the holder's
-    /// estimate is taken before the request is sent, so it is never later than Redis's.
+    /// Dates `Lease::expires_at`, from a reading taken before the request is sent: an
+    /// estimate. Redis ends the lease on its host's wall clock, so the estimate is no later
+    /// than Redis's only while both clocks keep time. A forward jump of the Redis host's clock
+    /// (or a failover to a host whose clock runs ahead) ends the lease before `expires_at`,
+    /// and the holder is not told: only a receiver that checks the token stops its late call.
+    /// Also the clock `remember` counts the retention left on.
     pub clock: Arc<dyn Clock>,
     /// For a `rediss://` URL: the certificate authority (PEM) the server's certificate must
     /// chain to, for a Redis whose certificate a private CA signed. `None` trusts the system's

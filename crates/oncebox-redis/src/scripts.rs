@@ -43,7 +43,9 @@ pub(crate) fn fence_key(namespace: &str) -> String {
 /// microseconds: a Redis restarted empty forgets the counter, and without the floor it would
 /// hand out 1, 2, 3… again — tokens a holder from before the restart may still carry. The
 /// floor keeps tokens growing across restarts as long as the server's clock does not go back
-/// (and fewer than a million tokens a second are taken, which one Redis cannot serve anyway).
+/// (and fewer than a million tokens a second are taken, which one Redis cannot serve anyway):
+/// a restart after the clock stepped back, or a failover to a replica whose clock lags, can
+/// hand out tokens already handed out (the crate docs say what that costs).
 /// Tokens stay below 2^53, so Lua's doubles hold them exactly; they travel as strings
 /// (`GET`), because Lua's number-to-string conversion would round them.
 const BEGIN: &str = r"
@@ -91,10 +93,14 @@ return 'ok'
 ";
 
 /// KEYS: record. ARGV: token. Parks the key with no TTL: expiring it would let a redelivery
-/// repeat an effect whose outcome nobody knows.
+/// repeat an effect whose outcome nobody knows. The token stays, so `uncertain` under the same
+/// token is this holder's own earlier call whose reply was lost: `ok` again. `resolve` clears
+/// or deletes it, so a repeat after the operator settled the key is refused.
 const UNCERTAIN: &str = r"
 local found = redis.call('HMGET', KEYS[1], 'state', 'token')
-if found[1] ~= 'processing' or found[2] ~= ARGV[1] then return 'fenced' end
+if found[2] ~= ARGV[1] then return 'fenced' end
+if found[1] == 'uncertain' then return 'ok' end
+if found[1] ~= 'processing' then return 'fenced' end
 redis.call('HSET', KEYS[1], 'state', 'uncertain')
 redis.call('PERSIST', KEYS[1])
 return 'ok'
@@ -114,9 +120,10 @@ end
 return 1
 ";
 
-/// KEYS: record. ARGV: fingerprint, kind, body, retention in ms. Caches a committed answer
-/// only where Redis knows nothing of the key: a live lease or an earlier answer is kept (the
-/// first response wins). 1 when stored.
+/// KEYS: record. ARGV: fingerprint, kind, body, ms left of the inbox record's retention.
+/// Caches a committed answer only where Redis knows nothing of the key: a live lease or an
+/// earlier answer is kept (the first response wins) with its expiry untouched, since pushing
+/// it back could keep the answer past the inbox's record. 1 when stored.
 const REMEMBER: &str = r"
 if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
 redis.call('HSET', KEYS[1], 'state', 'done', 'fp', ARGV[1], 'kind', ARGV[2], 'body', ARGV[3],

@@ -105,7 +105,8 @@ pub(crate) fn release(cx: &mut Cx<'_, '_>, lease: &Lease) -> Result<Result<(), L
 }
 
 /// Parks the key: the external call's outcome is unknown, so it is neither retried nor done
-/// until reconciled.
+/// until reconciled. The token stays on the parked record, so the holder repeating the call
+/// (its reply was lost) matches again and is told `Ok`; `resolve` clears or deletes it.
 pub(crate) fn uncertain(
     cx: &mut Cx<'_, '_>,
     lease: &Lease,
@@ -114,7 +115,8 @@ pub(crate) fn uncertain(
         .conn
         .prepare_cached(
             "UPDATE oncebox_inbox SET state = 'uncertain', lease_expires_at = NULL
-             WHERE source = ?1 AND event_id = ?2 AND state = 'processing' AND lease_token = ?3",
+             WHERE source = ?1 AND event_id = ?2 AND state IN ('processing', 'uncertain')
+               AND lease_token = ?3",
         )?
         .execute(params![
             lease.key.source.as_str(),

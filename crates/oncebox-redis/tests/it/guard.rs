@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use oncebox_core::{Begun, Event, Lease, LeaseError, ProcessError, Response};
 use oncebox_redis::Leases;
-use oncebox_sqlite::Inbox;
+use oncebox_sqlite::{Inbox, Record};
 
 pub const TTL: Duration = Duration::from_secs(30);
 
@@ -96,10 +96,12 @@ pub async fn guarded(
         Ok(Begun::Leased(lease)) => lease,
         answer => {
             if let Some(fast) = fast {
-                let _ = match &answer {
-                    Ok(Begun::Duplicate(first)) => redis.complete(fast, first).await,
-                    _ => redis.release(fast).await,
-                };
+                let _ = redis.release(fast).await;
+                // Done before, and Redis had forgotten: cached from the record's completion.
+                // Redis's `complete` would keep it a whole retention from now, past the record.
+                if let Ok(Begun::Duplicate(first)) = &answer {
+                    remember(redis, inbox, event, first).await;
+                }
             }
             return match answer {
                 Ok(Begun::Duplicate(first)) => Answer::Duplicate(first),
@@ -110,6 +112,19 @@ pub async fn guarded(
     let response = receiver.send(event);
     finish(redis, inbox, &lease, fast, &response).await;
     Answer::Applied(response)
+}
+
+/// Caches a duplicate's answer until its inbox record's retention ends; a cache, so a refusal
+/// or an outage changes nothing.
+async fn remember(redis: &Leases, inbox: &Inbox, event: &Event, first: &Response) {
+    let record = inbox.record(&event.key).await;
+    if let Ok(Some(Record {
+        completed_at: Some(at),
+        ..
+    })) = record
+    {
+        let _ = redis.remember(event, first, at).await;
+    }
 }
 
 /// The inbox first, so Redis only ever says "done" about a committed key; Redis's refusal

@@ -78,7 +78,7 @@ fn extreme_ttls_are_clamped_not_refused() {
 }
 
 #[test]
-fn foreign_data_under_our_key_is_unavailable_never_a_duplicate() {
+fn foreign_data_under_our_key_is_unavailable_never_a_duplicate_or_conflict() {
     let Some(url) = shared() else { return };
     run(async move {
         let ns = Namespace::new(&url);
@@ -95,9 +95,27 @@ fn foreign_data_under_our_key_is_unavailable_never_a_duplicate() {
         let key = ns.record(&odd.key);
         let args = [key.as_str(), "state", "done", "kind", "maybe", "body", "b"];
         let _: i64 = query(&mut conn, "HSET", &args).await;
-        // Without a matching fingerprint it is a conflict; with one, the kind is checked.
+        // Without a fingerprint, or with one that is not 32 bytes, it is no record of ours:
+        // no conflict (with a stored fingerprint made up), only unavailable.
         let out = leases.begin(&odd, TTL).await;
-        assert!(matches!(out, Err(ProcessError::Conflict { .. })), "{out:?}");
+        assert!(matches!(out, Err(ProcessError::Unavailable(_))), "{out:?}");
+        let _: i64 = query(&mut conn, "HSET", &[key.as_str(), "fp", "short"]).await;
+        let out = leases.begin(&odd, TTL).await;
+        assert!(matches!(out, Err(ProcessError::Unavailable(_))), "{out:?}");
+        // Another payload's fingerprint is a conflict; the matching one has its kind checked.
+        let other = event("odd", 2);
+        let mut set_fp = redis::cmd("HSET");
+        set_fp
+            .arg(&key)
+            .arg("fp")
+            .arg(&other.fingerprint.as_bytes()[..]);
+        let _: i64 = set_fp.query_async(&mut conn).await.unwrap();
+        match leases.begin(&odd, TTL).await {
+            Err(ProcessError::Conflict { stored, offered }) => {
+                assert_eq!((stored, offered), (other.fingerprint, odd.fingerprint));
+            }
+            out => panic!("expected a conflict, got {out:?}"),
+        }
         let mut set_fp = redis::cmd("HSET");
         set_fp
             .arg(&key)

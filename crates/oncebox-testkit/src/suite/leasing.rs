@@ -189,11 +189,19 @@ pub async fn tokens_keep_growing_across_a_restart<L: Leasing>() {
     );
 }
 
+/// An uncertain key never expires into a lease and is never done until `resolve`. A holder
+/// whose `uncertain` reply was lost asks again and is told `Ok` (the key is parked under its
+/// token), not `Fenced`, which would read as "not parked"; once settled, it is refused.
 pub async fn uncertain_key_is_neither_leased_nor_duplicate_until_resolved<L: Leasing>() {
     let l = L::fresh().await;
     let e = event("charge-1", 5);
     let lease = leased(l.begin(&e, TTL).await);
     l.uncertain(&lease).await.unwrap();
+    l.uncertain(&lease)
+        .await
+        .expect("the holder parks its key again");
+    let again = l.begin(&e, TTL).await;
+    assert!(matches!(again, Err(ProcessError::Uncertain)), "{again:?}");
     // An uncertain key never expires into a fresh lease: its effect may have happened.
     l.lapse(TTL * 10).await;
     let again = l.begin(&e, TTL).await;
@@ -210,13 +218,16 @@ pub async fn uncertain_key_is_neither_leased_nor_duplicate_until_resolved<L: Lea
     // own retry.
     let late = Response::completed("late");
     assert_eq!(l.complete(&lease, &late).await, Err(LeaseError::Fenced));
+    assert_eq!(l.uncertain(&lease).await, Err(LeaseError::Fenced));
 
     let e2 = event("charge-2", 5);
     let lease = leased(l.begin(&e2, TTL).await);
     l.uncertain(&lease).await.unwrap();
     assert!(l.resolve(&e2.key, None).await);
+    assert_eq!(l.uncertain(&lease).await, Err(LeaseError::Fenced));
     let retaken = leased(l.begin(&e2, TTL).await);
     assert!(retaken.token > lease.token);
+    assert_eq!(l.uncertain(&lease).await, Err(LeaseError::Fenced));
     // The operator found the call was not made: nothing to warn the new holder of.
     assert!(!retaken.taken_over, "{retaken:?}");
 }

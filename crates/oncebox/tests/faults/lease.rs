@@ -1,7 +1,7 @@
 //! The Redis lease holder paused past its TTL: a child process takes the two-phase lease on a
 //! key and is SIGSTOPped before its effect; the other worker, refused while the lease lives,
 //! takes over with a higher fencing token once it expired in Redis, and applies the effect
-//! behind the SQLite inbox. Resumed, the first holder finds the inbox done and its `complete` is
+//! behind the SQLite inbox. Resumed, the first holder finds the inbox done and its `release` is
 //! refused (`Fenced`): one effect per key.
 
 use std::io::Write;
@@ -50,8 +50,9 @@ fn apply_effect(effects: &Path, event: &Event) -> Response {
 }
 
 /// The inbox's lease, the effect, the inbox's completion, then Redis's (the pattern of the
-/// crate's docs); a key the inbox holds as done only completes Redis with the first response.
-/// Returns whether the inbox answered a duplicate, and what Redis said to `complete`.
+/// crate's docs); a key the inbox holds as done releases the Redis lease instead (completed, it
+/// would keep the answer a whole retention from now, past the record). Returns whether the
+/// inbox answered a duplicate, and what Redis said.
 async fn guarded(
     redis: &Leases,
     inbox: &Inbox,
@@ -68,7 +69,7 @@ async fn guarded(
                 .expect("the inbox completes");
             (false, redis.complete(fast, &response).await)
         }
-        Ok(Begun::Duplicate(first)) => (true, redis.complete(fast, &first).await),
+        Ok(Begun::Duplicate(_)) => (true, redis.release(fast).await),
         other => panic!("the inbox answered {other:?}"),
     }
 }
@@ -107,7 +108,7 @@ pub fn child_role() {
         };
         let mut out = std::io::stdout().lock();
         writeln!(out, "inbox duplicate={duplicate}").unwrap();
-        writeln!(out, "complete {said}").unwrap();
+        writeln!(out, "redis {said}").unwrap();
         out.flush().unwrap();
     });
     std::process::exit(0);
@@ -167,8 +168,8 @@ fn holder_paused() -> Option<Report> {
             let mut holder = Spec::new(std::env::current_exe().unwrap())
                 .env(CHILD, spec)
                 .ready(Ready::Stdout("leased ".into()))
-                .watch("complete fenced")
-                .watch("complete ok")
+                .watch("redis fenced")
+                .watch("redis ok")
                 .watch("inbox duplicate=true")
                 .start();
             let token_a: i64 = holder.ready.trim().parse().expect("a token");
@@ -200,14 +201,14 @@ fn holder_paused() -> Option<Report> {
             holder.resume();
             tokio::task::block_in_place(|| holder.wait());
             until("the holder reported", PATIENCE, || {
-                holder.seen("complete fenced") + holder.seen("complete ok") == 1
+                holder.seen("redis fenced") + holder.seen("redis ok") == 1
             });
             let dup = holder.seen("inbox duplicate=true") == 1;
             first.end(Outcome::Ok { replayed: dup });
             assert_eq!(
-                holder.seen("complete fenced"),
+                holder.seen("redis fenced"),
                 1,
-                "the paused holder's completion is refused"
+                "the paused holder's release is refused"
             );
             fenced += 1;
         }
