@@ -18,7 +18,8 @@ pub struct Lease {
     /// performed the effect before it stopped (it crashed, or stalled past its lease, after
     /// the call). Perform it again only if the outside party honours a key or can be asked
     /// whether it happened; otherwise call `uncertain` and leave it to reconciliation. Redis
-    /// cannot tell (an expired lease is gone with its key) and always says `false`.
+    /// tells while it keeps the ended lease's record (as long again as the lease); one taken
+    /// after that, or after Redis forgot the key, says `false`.
     pub taken_over: bool,
 }
 

@@ -150,14 +150,15 @@ impl Leases {
         let parts = array(&reply).ok_or_else(|| odd_reply("begin", &reply))?;
         let odd = || ProcessError::from(odd_reply("begin", &reply));
         match (parts.first().and_then(text), parts.get(1), parts.get(2)) {
-            (Some(b"leased"), Some(token), None) => {
+            (Some(b"leased"), Some(token), Some(taken)) => {
                 let token = integer(token).ok_or_else(odd)?;
                 Ok(Begun::Leased(Lease {
                     key: event.key.clone(),
                     token,
                     expires_at,
-                    // An expired lease vanished with its key: nothing tells it from a new one.
-                    taken_over: false,
+                    // Told while the ended lease's record is kept (as long again as the lease);
+                    // one older than that vanished with its key, and looks like a first lease.
+                    taken_over: integer(taken).ok_or_else(odd)? == 1,
                 }))
             }
             (Some(b"done"), Some(kind), Some(body)) => {

@@ -5,7 +5,10 @@
 //! until the holder calls `complete` (`done`, kept with its first response for the source's
 //! retention), `release` (the effect failed: the key is free again) or `uncertain` (parked
 //! until `resolve`). Every change is a Lua script that compares the holder's token first, so a
-//! holder whose lease expired or was taken over cannot complete, release or park the key.
+//! holder whose lease was taken over cannot complete, release or park the key, and one whose
+//! lease ended cannot complete it. An ended lease's record is kept as long again as the lease:
+//! a `begin` in that time takes it over and says so (`Lease::taken_over`), and its holder may
+//! still park the key `uncertain` while no one took it over, as on the SQL stores.
 //!
 //! # What Redis can promise
 //!

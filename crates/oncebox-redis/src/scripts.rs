@@ -5,7 +5,8 @@
 //!
 //! | field   | meaning                                                              |
 //! |---------|----------------------------------------------------------------------|
-//! | `state` | `processing` (leased, with a TTL), `done` (kept for the retention), `uncertain` (no TTL) |
+//! | `state` | `processing` (leased), `done` (kept for the retention), `uncertain` (no TTL) |
+//! | `until` | `processing` only: the lease's end, ms on the Redis host's clock      |
 //! | `fp`    | the payload fingerprint, 32 raw bytes                                |
 //! | `token` | the fencing token of the holder that took or completed it (decimal)  |
 //! | `kind`  | `done` only: the response kind (`completed`, `rejected`, `stale`)    |
@@ -39,6 +40,11 @@ pub(crate) fn fence_key(namespace: &str) -> String {
 
 /// KEYS: fence, record. ARGV: fingerprint, ttl in ms.
 ///
+/// A lease lives until its `until` and its record as long again after it (the key's TTL), so a
+/// `begin` in that time takes it over and says so (the third reply field): the earlier holder
+/// may have made its call. A record without `until` (written by an earlier build, expiring with
+/// its lease) is live while it exists.
+///
 /// The token is `INCR` of the fence counter, but never below the Redis server's clock in
 /// microseconds: a Redis restarted empty forgets the counter, and without the floor it would
 /// hand out 1, 2, 3… again — tokens a holder from before the restart may still carry. The
@@ -50,41 +56,55 @@ pub(crate) fn fence_key(namespace: &str) -> String {
 /// (`GET`), because Lua's number-to-string conversion would round them.
 const BEGIN: &str = r"
 local rec = KEYS[2]
-local found = redis.call('HMGET', rec, 'state', 'fp', 'kind', 'body')
+local found = redis.call('HMGET', rec, 'state', 'fp', 'kind', 'body', 'until')
 local state = found[1]
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local taken = 0
 if state then
   if found[2] ~= ARGV[1] then return {'conflict', found[2] or ''} end
   if state == 'done' then return {'done', found[3] or '', found[4] or ''} end
   if state == 'uncertain' then return {'uncertain'} end
-  return {'busy', redis.call('PTTL', rec)}
+  if not found[5] then return {'busy', redis.call('PTTL', rec)} end
+  local ends = tonumber(found[5])
+  if now < ends then return {'busy', ends - now} end
+  taken = 1
 end
-local t = redis.call('TIME')
 local floor = t[1] .. string.rep('0', 6 - #t[2]) .. t[2]
 if redis.call('INCR', KEYS[1]) < tonumber(floor) then
   redis.call('SET', KEYS[1], floor)
 end
 local token = redis.call('GET', KEYS[1])
-redis.call('HSET', rec, 'state', 'processing', 'fp', ARGV[1], 'token', token)
-redis.call('PEXPIRE', rec, ARGV[2])
-return {'leased', token}
+local ttl = tonumber(ARGV[2])
+redis.call('HSET', rec, 'state', 'processing', 'fp', ARGV[1], 'token', token,
+  'until', string.format('%.0f', now + ttl))
+redis.call('PEXPIRE', rec, string.format('%.0f', 2 * ttl))
+return {'leased', token, taken}
 ";
 
 /// KEYS: record. ARGV: token, kind, body, retention in ms.
 ///
-/// A missing record means the lease expired (or Redis forgot it): fenced, even if nobody took
-/// over yet, because someone may be about to. `done` under the same token is this holder's own
-/// earlier completion whose reply was lost: answered `ok` again so a retry is safe.
+/// A lease past its `until`, or a missing record (Redis forgot it), is fenced, even if nobody
+/// took over yet, because someone may be about to. `done` under the same token is this holder's
+/// own earlier completion whose reply was lost: answered `ok` again so a retry is safe.
 const COMPLETE: &str = r"
-local found = redis.call('HMGET', KEYS[1], 'state', 'token')
+local found = redis.call('HMGET', KEYS[1], 'state', 'token', 'until')
 if found[2] ~= ARGV[1] then return 'fenced' end
 if found[1] == 'done' then return 'ok' end
 if found[1] ~= 'processing' then return 'fenced' end
+if found[3] then
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  if now >= tonumber(found[3]) then return 'fenced' end
+end
 redis.call('HSET', KEYS[1], 'state', 'done', 'kind', ARGV[2], 'body', ARGV[3])
+redis.call('HDEL', KEYS[1], 'until')
 redis.call('PEXPIRE', KEYS[1], ARGV[4])
 return 'ok'
 ";
 
-/// KEYS: record. ARGV: token. Frees the key only while this holder's lease is live.
+/// KEYS: record. ARGV: token. Frees the key while no one took it over from this holder (its
+/// call failed: the key may be taken again at once).
 const RELEASE: &str = r"
 local found = redis.call('HMGET', KEYS[1], 'state', 'token')
 if found[1] ~= 'processing' or found[2] ~= ARGV[1] then return 'fenced' end
@@ -93,7 +113,8 @@ return 'ok'
 ";
 
 /// KEYS: record. ARGV: token. Parks the key with no TTL: expiring it would let a redelivery
-/// repeat an effect whose outcome nobody knows. The token stays, so `uncertain` under the same
+/// repeat an effect whose outcome nobody knows. A holder whose lease ended parks it too, while
+/// no one took it over (as on the SQL stores). The token stays, so `uncertain` under the same
 /// token is this holder's own earlier call whose reply was lost: `ok` again. `resolve` clears
 /// or deletes it, so a repeat after the operator settled the key is refused.
 const UNCERTAIN: &str = r"
@@ -102,6 +123,7 @@ if found[2] ~= ARGV[1] then return 'fenced' end
 if found[1] == 'uncertain' then return 'ok' end
 if found[1] ~= 'processing' then return 'fenced' end
 redis.call('HSET', KEYS[1], 'state', 'uncertain')
+redis.call('HDEL', KEYS[1], 'until')
 redis.call('PERSIST', KEYS[1])
 return 'ok'
 ";

@@ -8,7 +8,7 @@ use oncebox_core::{Begun, Event, Key, Lease, LeaseError, ProcessError, Response}
 use oncebox_redis::{Leases, Resolution};
 use oncebox_testkit::leasing::Leasing;
 
-use crate::harness::{Namespace, raw, shared, wait_until};
+use crate::harness::{Namespace, raw, shared};
 
 #[derive(Debug)]
 pub struct RedisLeases {
@@ -18,7 +18,7 @@ pub struct RedisLeases {
 }
 
 impl Leasing for RedisLeases {
-    const TELLS_TAKEOVER: bool = false;
+    const TELLS_TAKEOVER: bool = true;
 
     async fn fresh() -> Self {
         let url = shared().expect("ONCEBOX_REDIS_URL");
@@ -64,8 +64,8 @@ impl Leasing for RedisLeases {
         self.leases.resolve(key, resolution).await.expect("resolve")
     }
 
-    /// Redis ends leases by itself: every lease's remaining TTL is cut to a millisecond, and
-    /// the test goes on once Redis has dropped them (observed, not slept on).
+    /// Every live lease ends now: its `until` is moved into the past on Redis's clock (its
+    /// record stays, as after any lease's end, so that a takeover can tell).
     async fn lapse(&self, _ttl: Duration) {
         let mut conn = raw(&self.url).await;
         let keys: Vec<String> = redis::cmd("KEYS")
@@ -73,7 +73,6 @@ impl Leasing for RedisLeases {
             .query_async(&mut conn)
             .await
             .expect("KEYS");
-        let mut leased = Vec::new();
         for key in keys {
             let state: Option<String> = redis::cmd("HGET")
                 .arg(&key)
@@ -82,30 +81,15 @@ impl Leasing for RedisLeases {
                 .await
                 .expect("HGET");
             if state.as_deref() == Some("processing") {
-                let _: i64 = redis::cmd("PEXPIRE")
+                let _: i64 = redis::cmd("HSET")
                     .arg(&key)
-                    .arg(1)
+                    .arg("until")
+                    .arg(0)
                     .query_async(&mut conn)
                     .await
-                    .expect("PEXPIRE");
-                leased.push(key);
+                    .expect("HSET");
             }
         }
-        if leased.is_empty() {
-            return;
-        }
-        wait_until("leases lapsed", Duration::from_secs(10), || {
-            let (mut conn, leased) = (conn.clone(), leased.clone());
-            async move {
-                let live: i64 = redis::cmd("EXISTS")
-                    .arg(&leased)
-                    .query_async(&mut conn)
-                    .await
-                    .expect("EXISTS");
-                live == 0
-            }
-        })
-        .await;
     }
 
     fn available() -> bool {

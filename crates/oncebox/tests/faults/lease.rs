@@ -193,6 +193,7 @@ fn holder_paused() -> Option<Report> {
                 "taken over with token {} after {token_a}",
                 fast.token
             );
+            assert!(fast.taken_over, "the lease says it was taken over");
             assert!(stopped(&holder), "the holder stayed paused past its TTL");
             let (duplicate, said) = guarded(&redis, &inbox, &effects, &event, &fast).await;
             assert!(!duplicate, "the inbox held {id} before anyone applied it");
