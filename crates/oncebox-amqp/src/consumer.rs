@@ -10,7 +10,7 @@ use futures::StreamExt;
 use lapin::Connection;
 use lapin::options::{BasicCancelOptions, BasicConsumeOptions, BasicQosOptions};
 use lapin::types::FieldTable;
-use oncebox_core::consume::{Apply, Counts, MessageRules, RetryPolicy};
+use oncebox_core::consume::{Apply, Counts, MessageRules, RetryPolicy, RetryPolicyError};
 use tokio::sync::watch;
 
 use crate::handle::Shared;
@@ -51,10 +51,12 @@ impl ConsumerOptions {
         }
     }
 
-    /// Refuses what could never work: a name longer than AMQP carries, or a quarantine on the
-    /// default exchange (`""`) with the queue's own name as routing key, which would put every
-    /// quarantined copy straight back into the queue, to be quarantined again, forever.
+    /// Refuses what could never work: a name longer than AMQP carries, a retry policy without
+    /// a pause (see [`RetryPolicy::check`]), or a quarantine on the default exchange (`""`)
+    /// with the queue's own name as routing key, which would put every quarantined copy
+    /// straight back into the queue, to be quarantined again, forever.
     pub fn check(&self) -> Result<(), OptionsError> {
+        self.retry.check()?;
         let q = &self.quarantine;
         // Each goes to the broker as an AMQP short string, which lapin refuses by panicking.
         for (field, name) in [
@@ -84,6 +86,8 @@ pub enum OptionsError {
     /// A name AMQP cannot carry: longer than 255 bytes.
     #[error("the {0} is longer than 255 bytes, the most AMQP can name")]
     TooLong(&'static str),
+    #[error(transparent)]
+    Retry(#[from] RetryPolicyError),
 }
 
 /// The longest AMQP short string, which vhost, queue and exchange names and routing keys are:
@@ -241,7 +245,9 @@ fn finished(joined: Result<(), tokio::task::JoinError>) {
 
 #[cfg(test)]
 mod tests {
-    use oncebox_core::consume::{KeyRule, MessageRules};
+    use std::time::Duration;
+
+    use oncebox_core::consume::{KeyRule, MIN_RETRY_DELAY, MessageRules, RetryPolicyError};
 
     use super::{ConsumerOptions, OptionsError};
 
@@ -266,5 +272,23 @@ mod tests {
         let mut o = ConsumerOptions::new("q", rules, "x");
         o.quarantine.routing_key = long;
         assert_eq!(refused(o), OptionsError::TooLong("quarantine routing key"));
+    }
+
+    #[test]
+    fn a_retry_delay_under_the_floor_is_refused() {
+        let rules = MessageRules::new(oncebox_core::Source::new("s").unwrap(), KeyRule::MessageId);
+        let mut o = ConsumerOptions::new("q", rules, "x");
+        o.retry.delay = Duration::ZERO;
+        let refused = o.check().unwrap_err();
+        assert!(
+            matches!(
+                refused,
+                OptionsError::Retry(RetryPolicyError::TooShort { field: "delay", .. })
+            ),
+            "{refused:?}"
+        );
+        assert!(refused.to_string().contains("less than 10ms"), "{refused}");
+        o.retry.delay = MIN_RETRY_DELAY;
+        assert_eq!(o.check(), Ok(()));
     }
 }

@@ -22,12 +22,14 @@
 //! ```
 
 mod consumer;
+mod copy;
 pub mod crash;
 mod handle;
 mod message;
 mod publish;
 
 pub use consumer::{ConsumeError, Consumer, ConsumerOptions, OptionsError, SHORT_STRING_MAX};
+pub use copy::HEADERS_DROPPED;
 pub use handle::MAX_HOLD;
 pub use message::{QUARANTINE_HEADERS, Quarantine};
 #[cfg(feature = "sqlite")]

@@ -12,7 +12,8 @@ use oncebox_core::Source;
 use oncebox_core::consume::Reason;
 use tokio::sync::{mpsc, oneshot};
 
-use crate::message::{Quarantine, copy_properties};
+use crate::copy::copy_properties;
+use crate::message::Quarantine;
 
 /// Why a message could not be quarantined; it is then requeued, never acknowledged.
 #[derive(Debug, thiserror::Error)]
@@ -48,6 +49,8 @@ pub(crate) struct Publisher {
     reopen: mpsc::Sender<Reopen>,
     /// Bounds each quarantine (reopening included) and each broker call on shutdown.
     pub(crate) deadline: Duration,
+    /// The connection's largest frame, which a copy's properties must fit in.
+    frame_max: usize,
 }
 
 /// The consumer loop's end of [`Publisher`]: it answers reopen requests, since only it holds
@@ -75,10 +78,12 @@ impl Publisher {
     ) -> Result<(Arc<Publisher>, Reopens), lapin::Error> {
         let channel = open(connection).await?;
         let (reopen, requests) = mpsc::channel(16);
+        let frame_max = usize::try_from(connection.configuration().frame_max());
         let publisher = Publisher {
             current: Mutex::new(channel),
             reopen,
             deadline,
+            frame_max: frame_max.unwrap_or(usize::MAX),
         };
         Ok((Arc::new(publisher), Reopens(requests)))
     }
@@ -135,7 +140,8 @@ impl Publisher {
         delivery: &Delivery,
         reason: &Reason,
     ) -> Result<(), QuarantineError> {
-        let properties = copy_properties(&delivery.properties, reason, queue, source);
+        let props = &delivery.properties;
+        let properties = copy_properties(props, reason, queue, source, self.frame_max);
         let publish = async {
             let confirm = self
                 .channel()

@@ -18,6 +18,12 @@ mod tests;
 pub use message::{KeyRule, MessageHeaders, MessageRules};
 pub use settle::{Broker, settle};
 
+/// The longest detail a quarantined copy carries, in bytes. A handler's error can be any size,
+/// and a copy the broker refuses is never stored, so its message would be requeued forever: a
+/// NATS copy must fit the server's `max_payload`, and RabbitMQ closes the connection on a
+/// content header (the copy's properties) larger than its `frame_max` (128 KiB by default).
+pub const MAX_DETAIL: usize = 1024;
+
 /// Why a message went to quarantine. The slugs are the gateway's problem types (DESIGN §4) and
 /// are written into quarantined messages; do not rename.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -57,8 +63,33 @@ impl Reason {
         }
     }
 
-    /// One line for operators; never the payload.
+    /// One line for operators, never the payload, of at most [`MAX_DETAIL`] bytes.
     pub fn detail(&self) -> String {
+        self.detail_within(MAX_DETAIL)
+    }
+
+    /// The detail in at most `max` bytes: a longer one is cut on a character boundary and
+    /// ends with a mark that it was cut and how long it was, if `max` leaves room for it.
+    pub fn detail_within(&self, max: usize) -> String {
+        let mut text = self.full_detail();
+        if text.len() <= max {
+            return text;
+        }
+        let mark = format!(" [cut: {} bytes in all]", text.len());
+        let keep = if mark.len() <= max {
+            max - mark.len()
+        } else {
+            max
+        };
+        text.truncate(text.floor_char_boundary(keep));
+        if mark.len() <= max {
+            text.push_str(&mark);
+        }
+        text
+    }
+
+    /// The detail whole: a handler's error or a store's refusal may be any size.
+    fn full_detail(&self) -> String {
         match self {
             Reason::EventIdMissing(d)
             | Reason::EventIdInvalid(d)
@@ -132,6 +163,41 @@ impl Default for RetryPolicy {
             uncertain_delay: Duration::from_secs(60),
             max_attempts: 5,
         }
+    }
+}
+
+/// The shortest wait a [`RetryPolicy`] may ask for: with none, a store outage or an uncertain
+/// key becomes redeliveries as fast as the broker can send them (a NAK with no delay on NATS).
+/// The CLI's configuration asks for at least as much.
+pub const MIN_RETRY_DELAY: Duration = Duration::from_millis(10);
+
+/// A [`RetryPolicy`] a consumer refuses to start with.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum RetryPolicyError {
+    /// `field` (`delay` or `uncertain_delay`) is under [`MIN_RETRY_DELAY`].
+    #[error(
+        "retry {field} is {found:?}, less than {MIN_RETRY_DELAY:?}: messages would come back \
+         without a pause while the store is out"
+    )]
+    TooShort {
+        field: &'static str,
+        found: Duration,
+    },
+}
+
+impl RetryPolicy {
+    /// Refuses waits under [`MIN_RETRY_DELAY`]. Consumers call it before they start.
+    pub fn check(&self) -> Result<(), RetryPolicyError> {
+        for (field, found) in [
+            ("delay", self.delay),
+            ("uncertain_delay", self.uncertain_delay),
+        ] {
+            if found < MIN_RETRY_DELAY {
+                return Err(RetryPolicyError::TooShort { field, found });
+            }
+        }
+        Ok(())
     }
 }
 

@@ -88,6 +88,14 @@ impl ConsumerOptions {
             heartbeat: Duration::from_secs(5),
         }
     }
+
+    /// Refuses what could never work, before anything is asked of the server: a retry policy
+    /// without a pause (see [`RetryPolicy::check`]), which would NAK messages back with no
+    /// delay through a store outage. `bind` and `run` call it.
+    pub fn check(&self) -> Result<(), ConsumeError> {
+        self.retry.check()?;
+        Ok(())
+    }
 }
 
 /// A JetStream consumer that applies each message through `A`.

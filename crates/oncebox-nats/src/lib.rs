@@ -30,6 +30,7 @@
 
 mod attempts;
 mod consumer;
+mod copy;
 pub mod crash;
 mod message;
 mod pull;
@@ -37,6 +38,7 @@ mod setup;
 mod subject;
 
 pub use consumer::{Consumer, ConsumerOptions};
+pub use copy::{HEADERS_DROPPED, PAYLOAD_TRUNCATED};
 pub use message::QUARANTINE_HEADERS;
 #[cfg(feature = "sqlite")]
 pub use oncebox_sqlite::InboxHandler;

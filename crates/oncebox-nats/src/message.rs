@@ -10,6 +10,8 @@ use async_nats::{HeaderMap, HeaderName};
 use oncebox_core::Source;
 use oncebox_core::consume::{MessageHeaders, Reason};
 
+use crate::copy::{fit, kept_headers};
+
 /// Headers a quarantined message carries: the reason's slug, its detail, the stream it came
 /// from and the source it was read for. Do not rename: operators' tooling reads them.
 pub const QUARANTINE_HEADERS: [&str; 4] = [
@@ -22,10 +24,6 @@ pub const QUARANTINE_HEADERS: [&str; 4] = [
 /// The header publishers put their message id in (JetStream's own publish dedup reads it too,
 /// within its window; oncebox never relies on that window).
 const MSG_ID: &str = "Nats-Msg-Id";
-
-/// What a quarantined copy calls an original `Nats-*` header: `Oncebox-Original-Nats-Msg-Id`,
-/// say. Do not rename: operators' tooling reads them.
-const ORIGINAL_PREFIX: &str = "Oncebox-Original-";
 
 /// Why a message could not be quarantined; it is then requeued, never acknowledged.
 #[derive(Debug, thiserror::Error)]
@@ -52,7 +50,8 @@ impl MessageHeaders for Headers<'_> {
 }
 
 /// Publishes the message to the quarantine subject with the reason and waits for the stream's
-/// acknowledgement, so the original is acknowledged only once its copy is stored.
+/// acknowledgement, so the original is acknowledged only once its copy is stored. The copy is
+/// cut to fit what the quarantine takes (see [`fit`]), which a failure would never change.
 pub(crate) async fn quarantine(
     js: &jetstream::Context,
     subject: &str,
@@ -61,41 +60,33 @@ pub(crate) async fn quarantine(
     message: &async_nats::Message,
     reason: &Reason,
 ) -> Result<(), QuarantineError> {
-    // Every original header, but those JetStream acts on (`Nats-*`) renamed: the message id
-    // would make the quarantine stream drop a second copy of the same id (say, two conflicting
-    // payloads) as a duplicate; `Nats-Expected-*` make it refuse the copy (requeued then,
-    // forever); `Nats-Rollup` would purge earlier copies; `Nats-TTL` would expire this one.
-    let mut headers = HeaderMap::new();
-    for (name, values) in message.headers.iter().flat_map(HeaderMap::iter) {
-        let original: &str = name.as_ref();
-        let is_nats = original
-            .get(..5)
-            .is_some_and(|p| p.eq_ignore_ascii_case("nats-"));
-        let name = if is_nats {
-            // A name that was valid stays valid with a prefix of header characters; if the
-            // client disagrees, the value is dropped rather than kept under its own name.
-            match HeaderName::from_str(&format!("{ORIGINAL_PREFIX}{original}")) {
-                Ok(renamed) => renamed,
-                Err(_) => continue,
-            }
-        } else {
-            name.clone()
-        };
-        for value in values {
-            headers.append(name.clone(), value.clone());
-        }
-    }
-    for (name, value) in QUARANTINE_HEADERS
-        .iter()
-        .zip(reason.quarantine_values(stream, source))
-    {
-        // Header values are one line.
-        headers.insert(*name, value.replace(['\r', '\n'], " ").as_str());
-    }
-    js.publish_with_headers(subject.to_owned(), headers, message.payload.clone())
+    let limit = copy_limit(js, subject).await;
+    let kept = kept_headers(message.headers.as_ref());
+    let copy = fit(&kept, reason, stream, source, message.payload.len(), limit);
+    let payload = message
+        .payload
+        .slice(..copy.payload_len.min(message.payload.len()));
+    js.publish_with_headers(subject.to_owned(), copy.headers, payload)
         .await?
         .await?;
     Ok(())
+}
+
+/// The largest message the quarantine takes: the server's `max_payload` (what this client was
+/// told when it connected), or the quarantine stream's `max_msg_size` if smaller. Read at each
+/// quarantine, which is rare, so a stream changed since the start counts; unread (the stream
+/// lookup failed) it is `max_payload` alone, and a copy the stream refuses is requeued.
+async fn copy_limit(js: &jetstream::Context, subject: &str) -> usize {
+    let max_payload = js.client().max_payload();
+    let stream_max = async {
+        let name = js.stream_by_subject(subject).await.ok()?;
+        let stream = js.get_stream(name).await.ok()?;
+        // Zero or negative: no limit of the stream's own.
+        usize::try_from(stream.cached_info().config.max_message_size)
+            .ok()
+            .filter(|n| *n > 0)
+    };
+    stream_max.await.map_or(max_payload, |n| n.min(max_payload))
 }
 
 #[cfg(test)]

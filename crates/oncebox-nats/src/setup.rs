@@ -8,8 +8,10 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use async_nats::jetstream::consumer::{AckPolicy, DeliverPolicy, PullConsumer, pull};
 use async_nats::jetstream::context::{ConsumerInfoErrorKind, GetStreamByNameErrorKind};
 use async_nats::jetstream::{self, stream};
+use oncebox_core::consume::RetryPolicyError;
 
 use crate::consumer::ConsumerOptions;
+use crate::copy::least_limit;
 use crate::subject::matches;
 
 /// Where a durable that does not exist yet starts reading. An existing durable goes on from
@@ -33,6 +35,11 @@ pub enum DeliverFrom {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ConsumeError {
+    /// The retry policy asks for no pause before a message comes back (see
+    /// [`RetryPolicy::check`](oncebox_core::consume::RetryPolicy::check)): nothing was asked of
+    /// the server. Retrying does not help until the options are changed.
+    #[error("options: {0}")]
+    Retry(#[from] RetryPolicyError),
     /// The stream or consumer could not be read or created.
     #[error("consumer setup: {0}")]
     Setup(String),
@@ -110,6 +117,7 @@ pub(crate) async fn bind(
     js: &jetstream::Context,
     o: &ConsumerOptions,
 ) -> Result<Bound, ConsumeError> {
+    o.check()?;
     let setup = |e: &dyn std::fmt::Display| ConsumeError::Setup(e.to_string());
     let stream = js.get_stream(&o.stream).await.map_err(|e| setup(&e))?;
     let info = stream.cached_info();
@@ -118,7 +126,7 @@ pub(crate) async fn bind(
     // filter of the durable found, which is the one the server applies.
     let asked_filter = o.filter_subject.clone().unwrap_or_default();
     read_back(info, o, &asked_filter)?;
-    stored(js, &o.quarantine_subject).await?;
+    stored(js, o).await?;
     let deliver_policy = deliver_policy(o.deliver_from).map_err(|e| setup(&e))?;
     if let DeliverPolicy::ByStartTime { start_time } = deliver_policy
         && info.state.messages > 0
@@ -210,9 +218,11 @@ fn read_back(info: &stream::Info, o: &ConsumerOptions, filter: &str) -> Result<(
     })
 }
 
-/// Refuses a quarantine subject a copy cannot be stored under: a wildcard, or one no stream
-/// keeps (JetStream answers such a publish with no responders).
-async fn stored(js: &jetstream::Context, subject: &str) -> Result<(), ConsumeError> {
+/// Refuses a quarantine subject a copy cannot be stored under: a wildcard, one no stream keeps
+/// (JetStream answers such a publish with no responders), or one whose stream's `max_msg_size`
+/// is smaller than a copy cut as far as it goes (see `copy::fit`).
+async fn stored(js: &jetstream::Context, o: &ConsumerOptions) -> Result<(), ConsumeError> {
+    let subject = &o.quarantine_subject;
     let refused = |why: &str| ConsumeError::QuarantineUnstored {
         subject: subject.to_owned(),
         why: why.to_owned(),
@@ -220,14 +230,30 @@ async fn stored(js: &jetstream::Context, subject: &str) -> Result<(), ConsumeErr
     if subject.split('.').any(|t| t == "*" || t == ">") {
         return Err(refused("it holds a wildcard"));
     }
-    match js.stream_by_subject(subject).await {
-        Ok(_) => Ok(()),
-        Err(e) => match e.kind() {
-            GetStreamByNameErrorKind::NotFound => Err(refused("no stream stores it")),
-            GetStreamByNameErrorKind::InvalidSubject => Err(refused("it is no valid subject")),
-            _ => Err(ConsumeError::Setup(e.to_string())),
-        },
+    let name = match js.stream_by_subject(subject).await {
+        Ok(name) => name,
+        Err(e) => {
+            return Err(match e.kind() {
+                GetStreamByNameErrorKind::NotFound => refused("no stream stores it"),
+                GetStreamByNameErrorKind::InvalidSubject => refused("it is no valid subject"),
+                _ => ConsumeError::Setup(e.to_string()),
+            });
+        }
+    };
+    let stream = js
+        .get_stream(&name)
+        .await
+        .map_err(|e| ConsumeError::Setup(e.to_string()))?;
+    let max = stream.cached_info().config.max_message_size;
+    let least = least_limit(&o.stream, &o.rules.source);
+    // Zero or negative: no limit of the stream's own.
+    if usize::try_from(max).is_ok_and(|max| max > 0 && max < least) {
+        return Err(refused(&format!(
+            "its stream {name} stores messages of at most {max} bytes (max_msg_size), less \
+             than the {least} a quarantined copy's own headers may take"
+        )));
     }
+    Ok(())
 }
 
 /// Where a new durable starts: the horizon is taken back from this host's clock, which is

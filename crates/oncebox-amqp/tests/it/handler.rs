@@ -1,6 +1,7 @@
 //! Handlers that fail or panic: a panic counts as a failure (the delivery is settled, not left
 //! holding its prefetch slot), and only handler failures count towards `max_attempts`, not the
-//! requeues a quorum queue also counts in `x-delivery-count`, nor a count its producer wrote.
+//! requeues a quorum queue also counts in `x-delivery-count`, nor a count its producer wrote; a
+//! failure's error of any size is quarantined, its text cut.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -9,7 +10,7 @@ use std::time::Duration;
 use lapin::BasicProperties;
 use lapin::types::{AMQPValue, FieldTable};
 use oncebox_amqp::Consumer;
-use oncebox_core::consume::from_fn;
+use oncebox_core::consume::{MAX_DETAIL, from_fn};
 use oncebox_core::{Event, ProcessError, Processed, Response};
 use oncebox_sqlite::Options;
 use oncebox_testkit::{run, service_url};
@@ -155,6 +156,38 @@ fn a_delivery_count_the_producer_wrote_is_not_taken_for_earlier_failures() {
             "retried once, then applied"
         );
         assert!(w.quarantined().await.is_empty());
+        w.cleanup().await;
+    });
+}
+
+/// A handler's error of 200 KB: copied whole into the quarantined copy's headers, it made the
+/// content header larger than RabbitMQ's `frame_max`, and the broker closed the connection at
+/// every try, the message back in the queue each time. Cut, the copy is stored at once.
+#[test]
+fn a_handler_error_of_200_kb_is_quarantined_once_with_a_short_detail() {
+    let Some(url) = service_url("ONCEBOX_AMQP_URL") else {
+        return;
+    };
+    run(async move {
+        let w = World::new(&url).await;
+        let apply =
+            from_fn(|_: Event, _| async { Err(ProcessError::Handler("e".repeat(200_000).into())) });
+        let mut options = w.options();
+        options.retry.max_attempts = 1;
+        w.publish(Some("evt_loud"), r#"{"amount":1}"#).await;
+        let mut consumer = start(&url, Consumer::new(apply, options));
+        consumer.wait(|c| c.quarantined >= 1, w.state()).await;
+        // Stopped cleanly: the connection was still open.
+        let done = consumer.stop().await;
+        w.wait_ready(&w.queue, 0).await;
+
+        assert_eq!((done.quarantined, done.requeued, done.acked), (1, 0, 1));
+        let copies = w.quarantined_headers().await;
+        assert_eq!(copies.len(), 1);
+        assert_eq!(copies[0]["x-oncebox-reason"], "handler-failed");
+        let detail = &copies[0]["x-oncebox-detail"];
+        assert!(detail.len() <= MAX_DETAIL, "{} bytes", detail.len());
+        assert!(detail.ends_with("[cut: 200032 bytes in all]"), "{detail}");
         w.cleanup().await;
     });
 }

@@ -1,15 +1,17 @@
 //! The quarantine when it goes wrong: an exchange that did not exist yet (the broker closes the
 //! publishing channel), an original with a per-message TTL and routing headers, a
 //! configuration that would send every copy back into the consumed queue (refused at start),
-//! and a quarantine exchange the consumed queue is also bound to (the copy held, not sent
-//! round again).
+//! a quarantine exchange the consumed queue is also bound to (the copy held, not sent round
+//! again), a key header of the wrong type (invalid, not missing), and an original whose
+//! headers leave its copy no room in one frame.
 
 use std::time::{Duration, Instant};
 
 use lapin::options::{BasicGetOptions, ExchangeDeleteOptions, QueueBindOptions};
 use lapin::types::{AMQPValue, FieldArray, FieldTable};
 use lapin::{BasicProperties, Connection};
-use oncebox_amqp::{ConsumeError, Consumer, OptionsError};
+use oncebox_amqp::{ConsumeError, Consumer, HEADERS_DROPPED, OptionsError};
+use oncebox_core::consume::KeyRule;
 use oncebox_testkit::{run, service_url};
 
 use crate::support::{World, connect, start};
@@ -158,6 +160,72 @@ fn a_copy_the_quarantine_routes_back_is_not_quarantined_again() {
         assert_eq!(done.quarantined, 1);
         assert_eq!(w.ready(&w.quarantine_queue).await, 1, "one copy kept");
         w.wait_ready(&w.queue, 1).await;
+        w.cleanup().await;
+    });
+}
+
+/// A key header of a type no id can have (here a double) is there, only wrong: the key is
+/// invalid, not missing, and the detail names the type.
+#[test]
+fn a_key_header_of_another_type_is_quarantined_as_invalid() {
+    let Some(url) = service_url("ONCEBOX_AMQP_URL") else {
+        return;
+    };
+    run(async move {
+        let w = World::new(&url).await;
+        let mut options = w.options();
+        options.rules.key = KeyRule::Header("x-event-id".into());
+        let mut headers = FieldTable::default();
+        headers.insert("x-event-id".into(), AMQPValue::Double(42.0));
+        let props = BasicProperties::default().with_headers(headers);
+        w.publish_with(None, r#"{"amount":1}"#, props).await;
+        let mut consumer = start(&url, Consumer::new(w.db.checked(), options));
+        consumer.wait(|c| c.quarantined >= 1, w.state()).await;
+        let done = consumer.stop().await;
+
+        assert_eq!((done.quarantined, done.applied), (1, 0));
+        let copies = w.quarantined_headers().await;
+        assert_eq!(copies.len(), 1);
+        assert_eq!(copies[0]["x-oncebox-reason"], "event-id-invalid");
+        let detail = &copies[0]["x-oncebox-detail"];
+        assert_eq!(
+            detail,
+            "header x-event-id is a double, not text or an integer"
+        );
+        w.cleanup().await;
+    });
+}
+
+/// An original whose properties nearly fill RabbitMQ's `frame_max` (128 KiB): its copy, with
+/// the reason's headers added, did not fit one frame, and the broker closed the connection at
+/// every try, the message back in the queue each time. The copy leaves the original headers
+/// out and says so.
+#[test]
+fn a_poison_message_with_headers_near_frame_max_is_quarantined_without_them() {
+    let Some(url) = service_url("ONCEBOX_AMQP_URL") else {
+        return;
+    };
+    run(async move {
+        let w = World::new(&url).await;
+        let mut headers = FieldTable::default();
+        let big = AMQPValue::LongString("b".repeat(130_950).into());
+        headers.insert("x-big".into(), big);
+        let props = BasicProperties::default().with_headers(headers);
+        // No message id: event-id-missing.
+        w.publish_with(None, r#"{"amount":1}"#, props).await;
+        let mut consumer = start(&url, Consumer::new(w.db.checked(), w.options()));
+        consumer.wait(|c| c.quarantined >= 1, w.state()).await;
+        // Stopped cleanly: the connection was still open.
+        let done = consumer.stop().await;
+        w.wait_ready(&w.queue, 0).await;
+
+        assert_eq!((done.quarantined, done.requeued, done.acked), (1, 0, 1));
+        let copies = w.quarantined_headers().await;
+        assert_eq!(copies.len(), 1);
+        assert_eq!(copies[0]["x-oncebox-reason"], "event-id-missing");
+        assert!(!copies[0].contains_key("x-big"));
+        let dropped: usize = copies[0][HEADERS_DROPPED].parse().unwrap();
+        assert!(dropped > 130_950, "{dropped}");
         w.cleanup().await;
     });
 }

@@ -2,6 +2,7 @@
 //! expire if a test dies first) next to the testkit's SQLite store, whose handler records one
 //! effect row per key and gives the figures D, L and F.
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -237,6 +238,25 @@ impl World {
             out.push((reason, m.delivery.data.clone()));
         }
         out.sort();
+        out
+    }
+
+    /// The quarantined messages' headers as text (other values left out), in queue order,
+    /// taking them off the quarantine queue.
+    pub async fn quarantined_headers(&self) -> Vec<BTreeMap<String, String>> {
+        let mut out = Vec::new();
+        let queue = self.quarantine_queue.as_str();
+        let get = BasicGetOptions { no_ack: true };
+        while let Some(m) = self.channel.basic_get(queue.into(), get).await.unwrap() {
+            let headers = m.delivery.properties.headers().clone().unwrap_or_default();
+            let text = headers.inner().iter().filter_map(|(k, v)| match v {
+                AMQPValue::LongString(s) => {
+                    Some((k.to_string(), String::from_utf8_lossy(s.as_bytes()).into()))
+                }
+                _ => None,
+            });
+            out.push(text.collect());
+        }
         out
     }
 

@@ -30,6 +30,13 @@ pub trait MessageHeaders {
     /// The value of header `name`, as bytes (numbers in decimal); `None` when absent or of a
     /// type that is not text or an integer.
     fn header(&self, name: &str) -> Option<Cow<'_, [u8]>>;
+    /// The type of header `name` when it is present but [`header`](Self::header) cannot read
+    /// it (an AMQP float, table, timestamp, …): a key there is invalid, not missing. The
+    /// default, for transports whose headers are all text, says `None`.
+    fn unreadable(&self, name: &str) -> Option<&'static str> {
+        let _ = name;
+        None
+    }
     /// The producer's message id, if any.
     fn message_id(&self) -> Option<Cow<'_, [u8]>>;
 }
@@ -77,10 +84,15 @@ impl MessageRules {
         let missing = |what: String| Reason::EventIdMissing(what);
         let invalid = |e: crate::InvalidKey| Reason::EventIdInvalid(e.to_string());
         let event_id = match &self.key {
-            KeyRule::Header(name) => headers
-                .header(name)
-                .ok_or_else(|| missing(format!("header {name} absent or not text")))
-                .and_then(|v| EventId::from_bytes(&v).map_err(invalid))?,
+            KeyRule::Header(name) => match (headers.header(name), headers.unreadable(name)) {
+                (Some(v), _) => EventId::from_bytes(&v).map_err(invalid)?,
+                (None, Some(kind)) => {
+                    return Err(Reason::EventIdInvalid(format!(
+                        "header {name} is a {kind}, not text or an integer"
+                    )));
+                }
+                (None, None) => return Err(missing(format!("header {name} absent"))),
+            },
             KeyRule::MessageId => headers
                 .message_id()
                 .ok_or_else(|| missing("no message id".to_owned()))

@@ -207,3 +207,85 @@ fn a_content_type_no_request_could_carry_is_dropped_and_the_event_kept() {
     assert_eq!(stored(&"a".repeat(256)), None);
     assert_eq!(stored(&"a".repeat(255)).map(|c| c.len()), Some(255));
 }
+
+#[test]
+fn a_long_detail_is_cut_on_a_character_boundary_and_says_so() {
+    // Two-byte characters, so a cut at an odd byte would split one.
+    let error = "é".repeat(100_000);
+    let failed = Reason::HandlerFailed {
+        attempts: 1,
+        error: error.clone(),
+    };
+    let detail = failed.detail();
+    assert!(detail.len() <= MAX_DETAIL, "{} bytes", detail.len());
+    assert!(detail.starts_with("handler failed on 1 deliveries: éé"));
+    assert!(detail.ends_with(" [cut: 200032 bytes in all]"), "{detail}");
+    let invalid = Reason::Invalid(error).detail();
+    assert!(invalid.len() <= MAX_DETAIL && invalid.contains("[cut: "));
+    // Short ones stay whole; a room too small for the mark keeps what fits.
+    assert_eq!(Reason::Invalid("bad".into()).detail(), "bad");
+    assert_eq!(failed.detail_within(5), "handl");
+    assert_eq!(Reason::Invalid("é".repeat(3)).detail_within(3), "é");
+}
+
+/// Headers whose `x-id` is present as a type the transport cannot read as text.
+struct Typed;
+
+impl MessageHeaders for Typed {
+    fn header(&self, _: &str) -> Option<Cow<'_, [u8]>> {
+        None
+    }
+    fn message_id(&self) -> Option<Cow<'_, [u8]>> {
+        None
+    }
+    fn unreadable(&self, name: &str) -> Option<&'static str> {
+        (name == "x-id").then_some("double")
+    }
+}
+
+#[test]
+fn a_key_header_of_another_type_is_invalid_not_missing() {
+    let body = br#"{"n":1}"#.to_vec();
+    let typed = rules(KeyRule::Header("x-id".into())).event(&Typed, body.clone(), None);
+    assert_eq!(
+        typed.unwrap_err(),
+        Reason::EventIdInvalid("header x-id is a double, not text or an integer".into())
+    );
+    let absent = rules(KeyRule::Header("other".into())).event(&Typed, body, None);
+    assert_eq!(absent.unwrap_err().slug(), "event-id-missing");
+}
+
+#[test]
+fn a_retry_policy_without_a_pause_is_refused() {
+    assert_eq!(RetryPolicy::default().check(), Ok(()));
+    let at_least = RetryPolicy {
+        delay: MIN_RETRY_DELAY,
+        uncertain_delay: MIN_RETRY_DELAY,
+        max_attempts: 1,
+    };
+    assert_eq!(at_least.check(), Ok(()));
+    let no_delay = RetryPolicy {
+        delay: Duration::ZERO,
+        ..RetryPolicy::default()
+    };
+    assert_eq!(
+        no_delay.check(),
+        Err(RetryPolicyError::TooShort {
+            field: "delay",
+            found: Duration::ZERO
+        })
+    );
+    let err = no_delay.check().unwrap_err().to_string();
+    assert!(err.contains("retry delay is 0ns, less than 10ms"), "{err}");
+    let no_uncertain_delay = RetryPolicy {
+        uncertain_delay: Duration::from_millis(9),
+        ..RetryPolicy::default()
+    };
+    assert!(matches!(
+        no_uncertain_delay.check(),
+        Err(RetryPolicyError::TooShort {
+            field: "uncertain_delay",
+            ..
+        })
+    ));
+}

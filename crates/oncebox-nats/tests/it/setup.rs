@@ -1,7 +1,7 @@
-//! What the consumer checks and decides when it binds: a quarantine it would read back or no
-//! stream stores and a durable that acks or drops messages on its own are refused before
-//! anything is pulled; a durable it creates starts at the retention horizon, not at the
-//! stream's first message.
+//! What the consumer checks and decides when it binds: a retry policy without a pause, a
+//! quarantine it would read back or no stream stores and a durable that acks or drops messages
+//! on its own are refused before anything is pulled; a durable it creates starts at the
+//! retention horizon, not at the stream's first message.
 
 use std::time::Duration;
 
@@ -39,6 +39,34 @@ fn a_quarantine_no_stream_stores_is_refused_at_start() {
         // The world's own quarantine, which a stream stores, binds.
         let bound = Consumer::new(w.db.checked(), w.options()).bind(&w.js).await;
         assert!(bound.is_ok());
+        w.cleanup().await;
+    });
+}
+
+/// A retry policy with no pause would NAK every message back at once through a store outage
+/// (NAK with no delay): refused before anything is asked of the server.
+#[test]
+fn a_retry_delay_under_the_floor_is_refused_at_start() {
+    let Some(url) = service_url("ONCEBOX_NATS_URL") else {
+        return;
+    };
+    run(async move {
+        let w = World::new(&url).await;
+        let mut o = w.options();
+        o.retry.delay = Duration::ZERO;
+        let consumer = Consumer::new(w.db.checked(), o);
+        let ran = consumer.run(&w.js, std::future::pending());
+        let refused = tokio::time::timeout(Duration::from_secs(5), ran)
+            .await
+            .expect("refused at start, not consuming")
+            .unwrap_err();
+        assert!(matches!(refused, ConsumeError::Retry(_)), "{refused}");
+        assert!(refused.to_string().contains("less than 10ms"), "{refused}");
+        let s = w.js.get_stream(&w.stream).await.unwrap();
+        assert!(
+            s.consumer_info(&w.durable).await.is_err(),
+            "a refused consumer creates no durable"
+        );
         w.cleanup().await;
     });
 }
