@@ -228,7 +228,8 @@ async fn nats_forever(
                         e @ (oncebox_nats::ConsumeError::QuarantineReadBack { .. }
                         | oncebox_nats::ConsumeError::QuarantineUnstored { .. }
                         | oncebox_nats::ConsumeError::UnsafeDurable { .. }
-                        | oncebox_nats::ConsumeError::Unordered { .. }),
+                        | oncebox_nats::ConsumeError::Unordered { .. }
+                        | oncebox_nats::ConsumeError::Retry(_)),
                     ) => {
                         tracing::error!(consumer = %spec.name, error = %e, "NATS consumer refused to start");
                         Err(e.to_string())

@@ -73,7 +73,8 @@ pub struct ConsumerSpec {
 const DEFAULT_PREFETCH: u32 = 64;
 const DEFAULT_MAX_BODY: u64 = 1 << 20;
 const MAX_MAX_BODY: u64 = 64 << 20;
-const MIN_RETRY_DELAY: Duration = Duration::from_millis(10);
+/// The library's floor, said here by field.
+const MIN_RETRY_DELAY: Duration = oncebox_core::consume::MIN_RETRY_DELAY;
 /// The longest retry delay on RabbitMQ: the longest a delivery is held.
 const MAX_AMQP_RETRY_DELAY: Duration = oncebox_amqp::MAX_HOLD;
 
