@@ -5,30 +5,13 @@ use std::time::Duration;
 
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
-use oncebox_core::delivery::{RetryPolicy, Verdict};
-use oncebox_core::json::{Pointer, Value};
+use oncebox_core::delivery::Verdict;
 use oncebox_core::relay_store::{AttemptRecord, DeliveryStore};
 use oncebox_core::route::Route;
 use oncebox_core::{Clock, Source};
 use oncebox_testkit::run;
 
-use crate::support::{ADMIN_TOKEN, TestGateway, admin_get, admin_post, config, post};
-
-fn route(name: &str, filter: Option<(&str, &str)>) -> Route {
-    Route {
-        name: name.to_owned(),
-        sources: vec![Source::new("open").unwrap()],
-        filter: filter.map(|(p, v)| (Pointer::parse(p).unwrap(), Value::String(v.to_owned()))),
-        url: "http://127.0.0.1:9/hooks".to_owned(),
-        timeout: Duration::from_secs(5),
-        signing_secret: None,
-        idempotent: true,
-        status_url: None,
-        retry: RetryPolicy::default(),
-        concurrency: 4,
-        ca_pem: None,
-    }
-}
+use crate::support::{ADMIN_TOKEN, TestGateway, admin_get, admin_post, config, post, route};
 
 /// A gateway with one route taking every event of `open`, and the delivery of its event `e1`.
 async fn one_delivery() -> (TestGateway, i64) {

@@ -11,7 +11,9 @@ use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use http_body_util::BodyExt;
 use metrics_exporter_prometheus::PrometheusHandle;
-use oncebox_core::json::Pointer;
+use oncebox_core::delivery::RetryPolicy;
+use oncebox_core::json::{Pointer, Value};
+use oncebox_core::route::Route;
 use oncebox_core::signature::{Encoding, Scheme, Secret};
 use oncebox_core::{FingerprintMode, ManualClock, Source, Timestamp};
 use oncebox_gateway::policy::{EventIdRule, GatewayConfig, Limits, OrderGuard, SourcePolicy};
@@ -331,4 +333,22 @@ pub fn admin_post(path: &str, body: &str) -> Request<Body> {
         .header("authorization", format!("Bearer {ADMIN_TOKEN}"))
         .body(Body::from(body.to_owned()))
         .unwrap()
+}
+
+/// A route taking every event of `open` (those whose `filter` pointer holds the value, if
+/// given), idempotent, to a port nothing listens on.
+pub fn route(name: &str, filter: Option<(&str, &str)>) -> Route {
+    Route {
+        name: name.to_owned(),
+        sources: vec![Source::new("open").unwrap()],
+        filter: filter.map(|(p, v)| (Pointer::parse(p).unwrap(), Value::String(v.to_owned()))),
+        url: "http://127.0.0.1:9/hooks".to_owned(),
+        timeout: Duration::from_secs(5),
+        signing_secret: None,
+        idempotent: true,
+        status_url: None,
+        retry: RetryPolicy::default(),
+        concurrency: 4,
+        ca_pem: None,
+    }
 }

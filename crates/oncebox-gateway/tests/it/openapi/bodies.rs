@@ -5,10 +5,8 @@ use std::time::Duration;
 
 use axum::http::StatusCode;
 use oncebox_core::Clock;
-use oncebox_core::Source;
-use oncebox_core::delivery::{RetryPolicy, Verdict};
+use oncebox_core::delivery::Verdict;
 use oncebox_core::relay_store::{AttemptRecord, DeliveryStore};
-use oncebox_core::route::Route;
 use oncebox_testkit::run;
 use serde_json::Value;
 
@@ -20,19 +18,7 @@ use crate::support::{TestGateway, admin_get, admin_post, post};
 /// second stale; with the answers to those posts.
 pub(super) async fn populated() -> (TestGateway, Vec<crate::support::Answer>) {
     let mut config = crate::support::config();
-    config.routes = vec![Route {
-        name: "all".to_owned(),
-        sources: vec![Source::new("open").unwrap()],
-        filter: None,
-        url: "http://127.0.0.1:9/hooks".to_owned(),
-        timeout: Duration::from_secs(5),
-        signing_secret: None,
-        idempotent: true,
-        status_url: None,
-        retry: RetryPolicy::default(),
-        concurrency: 4,
-        ca_pem: None,
-    }];
+    config.routes = vec![crate::support::route("all", None)];
     let gw = TestGateway::with(config, oncebox_sqlite::Options::new);
     let ordered = crate::support::ordered_event;
     let mut answers = Vec::new();
