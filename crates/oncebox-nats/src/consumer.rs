@@ -168,15 +168,9 @@ impl<A: Apply> Consumer<A> {
         let expires = bound
             .max_expires
             .map_or(PULL_EXPIRES, |cap| PULL_EXPIRES.min(cap));
-        let mut messages = bound
-            .consumer
-            .stream()
-            .max_messages_per_batch(limit)
-            .heartbeat(self.options.heartbeat.min(expires / 2))
-            .expires(expires)
-            .messages()
-            .await
-            .map_err(|e| ConsumeError::Pull(e.to_string()))?;
+        let heartbeat = self.options.heartbeat.min(expires / 2);
+        let pull = || crate::pull::messages(&bound.consumer, limit, heartbeat, expires);
+        let mut messages = pull().await.map_err(ConsumeError::Pull)?;
         // The messages in hand are futures of this one task, not a task each: measured with
         // benches/consume.rs, a task per message cost more (the spawn, a cross-thread wake-up
         // when the store answers, the context cloned into it) than spreading the decoding over
@@ -205,6 +199,13 @@ impl<A: Apply> Consumer<A> {
                         }
                         tracing::warn!(stream = %self.options.stream, error = %e, in_a_row, "pull error; pulling goes on");
                         last_error = Some(e.to_string());
+                        // The client's stream may not ask again before its pull request
+                        // expires (35 s): after `no responders`, or a pull request not sent,
+                        // it still counts the messages it asked for. A fresh one asks at once.
+                        match pull().await {
+                            Ok(fresh) => messages = fresh,
+                            Err(e) => break Err(ConsumeError::Pull(e)),
+                        }
                     }
                     None => break Err(ConsumeError::Pull(match last_error.take() {
                         Some(e) => format!("message stream ended after: {e}"),

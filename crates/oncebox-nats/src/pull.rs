@@ -1,10 +1,33 @@
 //! Which pull errors the consumer goes on after: the client's message stream outlives a missed
 //! heartbeat, a `no responders` or a failed pull request (the server restarting, a network
 //! stall, JetStream electing a leader), so ending `run` on them would make every caller
-//! reconnect for a hiccup. A stretch of them with no message between ends `run`, so that the
-//! caller binds again, and the setup's checks say what is wrong if something is.
+//! reconnect for a hiccup. After each, pulling starts afresh: the client's own stream may not
+//! ask again before its pull request expires. A stretch of them with no message between ends
+//! `run`, so that the caller binds again, and the setup's checks say what is wrong if something
+//! is.
 
 use std::time::{Duration, Instant};
+
+use async_nats::jetstream::consumer::PullConsumer;
+use async_nats::jetstream::consumer::pull::Stream;
+
+/// The durable's messages, `limit` per pull request, each request renewed before `expires`
+/// and watched by `heartbeat`.
+pub(crate) async fn messages(
+    consumer: &PullConsumer,
+    limit: usize,
+    heartbeat: Duration,
+    expires: Duration,
+) -> Result<Stream, String> {
+    consumer
+        .stream()
+        .max_messages_per_batch(limit)
+        .heartbeat(heartbeat)
+        .expires(expires)
+        .messages()
+        .await
+        .map_err(|e| e.to_string())
+}
 
 /// Errors in one stretch that end `run`. A stalled connection misses a heartbeat every two
 /// heartbeats, so with the default 5 s this is about 50 s of silence.
