@@ -34,11 +34,9 @@ pub trait Leasing: Send + Sync + Sized + 'static {
     /// was not uncertain.
     fn resolve(&self, key: &Key, completed: Option<Response>) -> impl Future<Output = bool> + Send;
     /// Lets every lease taken so far with `ttl` run out, as for a holder paused past it: the
-    /// clock moves on (SQL stores), or the store's own expiry ends them (Redis).
+    /// clock moves on (SQL stores), or each lease's end is moved into the past on the store's
+    /// own clock (Redis). The ended leases' records stay, as after any lease's end.
     fn lapse(&self, ttl: Duration) -> impl Future<Output = ()> + Send;
-    /// Whether a lease taken over from an expired holder says so (`Lease::taken_over`): the
-    /// SQL stores keep the expired lease's record, Redis loses it with its key.
-    const TELLS_TAKEOVER: bool = true;
     /// Whether the storage is there ([`crate::service_url`] for an outside service).
     fn available() -> bool {
         true
@@ -122,7 +120,7 @@ macro_rules! lease_conformance {
             a_completion_repeated_by_its_holder_is_ok_and_keeps_the_first_response,
             another_payload_is_a_conflict_while_leased_and_when_done,
             expired_lease_is_taken_over_and_old_holder_is_fenced,
-            a_lapsed_holder_parks_the_key_or_is_told_it_cannot,
+            a_lapsed_holder_parks_the_key_while_no_one_took_it_over,
             released_key_is_free_again_and_the_old_token_is_fenced,
             tokens_keep_growing_across_a_restart,
             a_second_handle_takes_over_with_a_higher_token_and_fences_the_first,

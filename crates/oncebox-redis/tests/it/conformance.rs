@@ -18,8 +18,6 @@ pub struct RedisLeases {
 }
 
 impl Leasing for RedisLeases {
-    const TELLS_TAKEOVER: bool = true;
-
     async fn fresh() -> Self {
         let url = shared().expect("ONCEBOX_REDIS_URL");
         let ns = Arc::new(Namespace::new(&url));
