@@ -76,14 +76,12 @@ impl Reason {
             return text;
         }
         let mark = format!(" [cut: {} bytes in all]", text.len());
-        let keep = if mark.len() <= max {
-            max - mark.len()
-        } else {
-            max
-        };
-        text.truncate(text.floor_char_boundary(keep));
-        if mark.len() <= max {
-            text.push_str(&mark);
+        match max.checked_sub(mark.len()) {
+            Some(keep) => {
+                text.truncate(text.floor_char_boundary(keep));
+                text.push_str(&mark);
+            }
+            None => text.truncate(text.floor_char_boundary(max)),
         }
         text
     }

@@ -59,18 +59,17 @@ fn gate<S>(gw: &Gateway<S>, headers: &HeaderMap) -> Result<Access, Response> {
     }
 }
 
-/// The store could not answer: say so, never show a partial page as if it were whole.
-/// With `Retry-After`, as every 503 of the gateway's.
-fn unavailable(access: &Access, e: &oncebox_core::Unavailable) -> Response {
+/// The store could not answer: say so, never show a partial page as if it were whole. With
+/// the configured `Retry-After`, as every 503 of the gateway's.
+fn unavailable<S>(gw: &Gateway<S>, access: &Access, e: &oncebox_core::Unavailable) -> Response {
     let mut page = layout::problem(
         StatusCode::SERVICE_UNAVAILABLE,
         access,
         &format!("The store is unavailable: {e}"),
     );
-    page.headers_mut().insert(
-        axum::http::header::RETRY_AFTER,
-        axum::http::HeaderValue::from(1),
-    );
+    let wait = crate::problem::retry_after_value(gw.config.limits.retry_after);
+    page.headers_mut()
+        .insert(axum::http::header::RETRY_AFTER, wait);
     page
 }
 

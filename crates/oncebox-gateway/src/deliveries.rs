@@ -147,8 +147,11 @@ pub(crate) async fn resolve<S: EventStore + DeliveryStore>(
     body: axum::body::Bytes,
 ) -> Response {
     // An object only: serde would also take `["dead", "note"]` as the struct's fields in order.
-    let object = serde_json::from_slice::<serde_json::Value>(&body).is_ok_and(|v| v.is_object());
-    let (true, Ok(body)) = (object, serde_json::from_slice::<ResolveBody>(&body)) else {
+    let body = serde_json::from_slice::<serde_json::Value>(&body)
+        .ok()
+        .filter(serde_json::Value::is_object)
+        .and_then(|v| serde_json::from_value::<ResolveBody>(v).ok());
+    let Some(body) = body else {
         return Problem::invalid_request(
             "invalid-json",
             r#"expected {"outcome":"delivered"|"dead","note":"…"}"#,

@@ -162,7 +162,7 @@ fn complete(path: &str, method: &str, op: &mut Value) {
                 problem("unavailable: too many requests in flight, or the store cannot answer now")
             });
             // Every 503 carries it, a dashboard page's too.
-            responses.insert("503".into(), retry_after(busy, true));
+            responses.insert("503".into(), retry_after(busy));
         }
     }
 }
@@ -174,9 +174,9 @@ fn challenge(mut response: Value, scheme: &str) -> Value {
     response
 }
 
-/// A response that carries `Retry-After` (seconds): on every answer when `always`.
-fn retry_after(mut response: Value, always: bool) -> Value {
-    response["headers"]["Retry-After"] = json!({ "description": "seconds to wait before trying again", "required": always,
+/// A response that carries `Retry-After` (seconds), on every answer.
+fn retry_after(mut response: Value) -> Value {
+    response["headers"]["Retry-After"] = json!({ "description": "seconds to wait before trying again", "required": true,
                                                  "schema": { "type": "integer", "minimum": 1 } });
     response
 }
@@ -215,7 +215,7 @@ fn described() -> Value {
                     "403": problem("cross-origin: a browser's request from another site to an unsigned source"),
                     "404": problem("unknown-source"),
                     "408": problem("body-timeout"),
-                    "409": retry_after(problem("in-progress: the event is being processed, or awaits reconciliation"), true),
+                    "409": retry_after(problem("in-progress: the event is being processed, or awaits reconciliation")),
                     "413": problem("body-too-large"),
                     "422": problem("key-reused: same event id, different payload"),
                     "431": problem("headers-too-large: past the 64 KiB of headers an event stores"),

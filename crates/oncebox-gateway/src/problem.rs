@@ -202,10 +202,8 @@ impl IntoResponse for Problem {
         )
             .into_response();
         if let Some(wait) = self.retry_after {
-            // Whole seconds, rounded up: `Retry-After: 0` would invite a hot retry loop.
-            let secs = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
             res.headers_mut()
-                .insert(header::RETRY_AFTER, HeaderValue::from(secs.max(1)));
+                .insert(header::RETRY_AFTER, retry_after_value(wait));
         }
         if let Some(challenge) = self.challenge {
             res.headers_mut().insert(
@@ -215,6 +213,13 @@ impl IntoResponse for Problem {
         }
         res
     }
+}
+
+/// `Retry-After` for a wait: whole seconds, rounded up, at least one (`Retry-After: 0` would
+/// invite a hot retry loop).
+pub(crate) fn retry_after_value(wait: Duration) -> HeaderValue {
+    let secs = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
+    HeaderValue::from(secs.max(1))
 }
 
 impl IntoResponse for Answer {

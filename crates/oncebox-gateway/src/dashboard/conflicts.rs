@@ -93,7 +93,7 @@ pub(crate) async fn page<S: EventStore + DeliveryStore>(
     };
     let conflicts = match gw.store.conflicts(filter).await {
         Ok(p) => p,
-        Err(e) => return unavailable(&access, &e),
+        Err(e) => return unavailable(&gw, &access, &e),
     };
     let mut stored: HashMap<Key, Vec<u8>> = HashMap::new();
     for c in &conflicts.items {
@@ -105,7 +105,7 @@ pub(crate) async fn page<S: EventStore + DeliveryStore>(
                 // A purged record leaves its conflicts: show an empty side rather than fail.
                 stored.insert(c.key.clone(), e.map(|e| e.payload).unwrap_or_default());
             }
-            Err(e) => return unavailable(&access, &e),
+            Err(e) => return unavailable(&gw, &access, &e),
         }
     }
     let body = html! {

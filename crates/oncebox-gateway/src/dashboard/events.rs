@@ -57,7 +57,7 @@ pub(crate) async fn overview<S: EventStore + DeliveryStore>(
         gw.store.gauges().await,
     ) {
         (Ok(a), Ok(g)) => (a, g),
-        (Err(e), _) | (_, Err(e)) => return unavailable(&access, &e),
+        (Err(e), _) | (_, Err(e)) => return unavailable(&gw, &access, &e),
     };
     let mut per_source: BTreeMap<&str, BTreeMap<&str, i64>> = BTreeMap::new();
     for (source, state, n) in &activity.counts {
@@ -165,7 +165,7 @@ pub(crate) async fn list<S: EventStore + DeliveryStore>(
         };
         let page = match gw.store.events(filter).await {
             Ok(p) => p,
-            Err(e) => return unavailable(&access, &e),
+            Err(e) => return unavailable(&gw, &access, &e),
         };
         for e in page.items {
             cursor = Some(e.seq);
@@ -272,7 +272,7 @@ pub(crate) async fn show<S: EventStore + DeliveryStore>(
         Ok(None) => {
             return layout::problem(StatusCode::NOT_FOUND, &access, &format!("No event {key}."));
         }
-        Err(e) => return unavailable(&access, &e),
+        Err(e) => return unavailable(&gw, &access, &e),
     };
     let filter = DeliveryFilter {
         key: Some(key.clone()),
@@ -281,13 +281,13 @@ pub(crate) async fn show<S: EventStore + DeliveryStore>(
     };
     let deliveries = match gw.store.deliveries(filter).await {
         Ok(p) => p.items,
-        Err(e) => return unavailable(&access, &e),
+        Err(e) => return unavailable(&gw, &access, &e),
     };
     let mut attempts = Vec::with_capacity(deliveries.len());
     for d in &deliveries {
         match gw.store.attempts(d.id).await {
             Ok(a) => attempts.push(a),
-            Err(e) => return unavailable(&access, &e),
+            Err(e) => return unavailable(&gw, &access, &e),
         }
     }
     let body = html! {

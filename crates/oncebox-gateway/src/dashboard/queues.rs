@@ -51,7 +51,7 @@ pub(crate) async fn queue<S: EventStore + DeliveryStore>(
     };
     let page_ = match gw.store.deliveries(filter).await {
         Ok(p) => p,
-        Err(e) => return unavailable(&access, &e),
+        Err(e) => return unavailable(&gw, &access, &e),
     };
     let explain = match state {
         DeliveryState::Uncertain => {

@@ -64,7 +64,7 @@ fn claim_sql(routes: bool) -> String {
            FROM picked WHERE o.id = picked.id
            RETURNING o.id, o.destination, o.idempotency_key, o.payload, o.content_type, o.source,
              o.event_id, o.attempts, o.created_at, o.lease_token, o.next_attempt_at,
-             EXISTS (SELECT 1 FROM expired WHERE expired.id = o.id) AS taken_over,
+             o.claim_taken_over AS taken_over,
              o.budget_attempts, coalesce(o.budget_at, o.created_at) AS budget_at)
          SELECT * FROM claimed ORDER BY next_attempt_at, id",
         arm("pending", "state = 'pending' AND next_attempt_at <= $1"),
