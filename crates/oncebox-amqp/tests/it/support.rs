@@ -241,6 +241,19 @@ impl World {
         out
     }
 
+    /// Waits for `consumer` to quarantine a message, stops it (cleanly: its connection still
+    /// open), checks the message was settled once and quarantined, not requeued, and returns the
+    /// one quarantined copy's headers.
+    pub async fn only_copy(&self, mut consumer: Running<ConsumeError>) -> BTreeMap<String, String> {
+        consumer.wait(|c| c.quarantined >= 1, self.state()).await;
+        let done = consumer.stop().await;
+        self.wait_ready(&self.queue, 0).await;
+        assert_eq!((done.quarantined, done.requeued, done.acked), (1, 0, 1));
+        let mut copies = self.quarantined_headers().await;
+        assert_eq!(copies.len(), 1);
+        copies.remove(0)
+    }
+
     /// The quarantined messages' headers as text (other values left out), in queue order,
     /// taking them off the quarantine queue.
     pub async fn quarantined_headers(&self) -> Vec<BTreeMap<String, String>> {
