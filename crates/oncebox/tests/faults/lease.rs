@@ -2,7 +2,8 @@
 //! key and is SIGSTOPped before its effect; the other worker, refused while the lease lives,
 //! takes over with a higher fencing token once it expired in Redis, and applies the effect
 //! behind the SQLite inbox. Resumed, the first holder finds the inbox done and its `release` is
-//! refused (`Fenced`): one effect per key.
+//! refused (`Fenced`), as is a `complete` with an answer of its own: one effect per key, and
+//! the new holder's answer is the one kept.
 
 use std::io::Write;
 use std::path::Path;
@@ -106,9 +107,18 @@ pub fn child_role() {
             Err(LeaseError::Fenced) => "fenced",
             Err(_) => "unavailable",
         };
+        // A holder that skips the inbox (Redis alone guarding its effect) would complete here
+        // with an answer of its own: refused as well, and the new holder's answer stays.
+        let stale = Response::completed(format!("stale receipt for {}", event.key));
+        let completed = match redis.complete(&fast, &stale).await {
+            Ok(()) => "ok",
+            Err(LeaseError::Fenced) => "fenced",
+            Err(_) => "unavailable",
+        };
         let mut out = std::io::stdout().lock();
         writeln!(out, "inbox duplicate={duplicate}").unwrap();
         writeln!(out, "redis {said}").unwrap();
+        writeln!(out, "stale complete {completed}").unwrap();
         out.flush().unwrap();
     });
     std::process::exit(0);
@@ -170,6 +180,8 @@ fn holder_paused() -> Option<Report> {
                 .ready(Ready::Stdout("leased ".into()))
                 .watch("redis fenced")
                 .watch("redis ok")
+                .watch("stale complete ")
+                .watch("stale complete fenced")
                 .watch("inbox duplicate=true")
                 .start();
             let token_a: i64 = holder.ready.trim().parse().expect("a token");
@@ -202,7 +214,7 @@ fn holder_paused() -> Option<Report> {
             holder.resume();
             tokio::task::block_in_place(|| holder.wait());
             until("the holder reported", PATIENCE, || {
-                holder.seen("redis fenced") + holder.seen("redis ok") == 1
+                holder.seen("stale complete ") == 1
             });
             let dup = holder.seen("inbox duplicate=true") == 1;
             first.end(Outcome::Ok { replayed: dup });
@@ -211,6 +223,19 @@ fn holder_paused() -> Option<Report> {
                 1,
                 "the paused holder's release is refused"
             );
+            assert_eq!(
+                holder.seen("stale complete fenced"),
+                1,
+                "the paused holder's completion is refused"
+            );
+            match redis.begin(&event, TTL).await {
+                Ok(Begun::Duplicate(r)) => assert_eq!(
+                    r.body,
+                    format!("receipt for {}", event.key).into_bytes(),
+                    "the new holder's answer stays"
+                ),
+                other => panic!("after both holders, Redis answered {other:?}"),
+            }
             fenced += 1;
         }
         forget(&url, &namespace).await;
@@ -230,8 +255,8 @@ fn holder_paused() -> Option<Report> {
             figures: check(&history.ops(), &fin),
             exercised: fenced,
             what: format!(
-                "{fenced} stale completions refused; {refused_live} begins refused while the \
-                 paused lease lived"
+                "{fenced} paused holders fenced (release and completion refused); \
+                 {refused_live} begins refused while the paused lease lived"
             ),
             expected_unresolved: 0,
         }

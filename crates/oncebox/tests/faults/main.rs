@@ -92,7 +92,7 @@ fn main() {
     lease::child_role();
     let args = table::Args::parse();
     if args.list {
-        for s in SCENARIOS {
+        for s in SCENARIOS.iter().filter(|s| args.selects(s.name)) {
             println_list(s.name);
         }
         return;

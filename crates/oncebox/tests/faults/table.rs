@@ -193,11 +193,15 @@ pub fn print(rows: &[Row], took: Duration) {
     );
 }
 
-/// The command line: libtest's options are accepted and ignored (cargo passes them to every
-/// test binary); any other word filters scenarios by substring.
+/// The command line, read as libtest reads its own (cargo passes the same words to every test
+/// binary): words filter scenarios by substring (`--exact`: by name), `--skip` words exclude
+/// them, and `--ignored` selects none, as no scenario is an ignored test. libtest's other
+/// options are accepted and have no effect here.
 pub struct Args {
     filters: Vec<String>,
+    skips: Vec<String>,
     exact: bool,
+    ignored: bool,
     pub list: bool,
 }
 
@@ -205,7 +209,9 @@ impl Args {
     pub fn parse() -> Args {
         let mut args = Args {
             filters: Vec::new(),
+            skips: Vec::new(),
             exact: false,
+            ignored: false,
             list: false,
         };
         let mut it = std::env::args().skip(1);
@@ -213,8 +219,10 @@ impl Args {
             match a.as_str() {
                 "--list" => args.list = true,
                 "--exact" => args.exact = true,
+                "--ignored" => args.ignored = true,
+                "--skip" => args.skips.extend(it.next()),
                 // Options of libtest that take a value as the next word.
-                "--test-threads" | "--skip" | "--format" | "--color" | "--logfile" | "-Z" => {
+                "--test-threads" | "--format" | "--color" | "--logfile" | "-Z" => {
                     it.next();
                 }
                 other if other.starts_with('-') => {}
@@ -225,14 +233,16 @@ impl Args {
     }
 
     pub fn selects(&self, name: &str) -> bool {
-        self.filters.is_empty()
-            || self.filters.iter().any(|f| {
-                if self.exact {
-                    name == f
-                } else {
-                    name.contains(f.as_str())
-                }
-            })
+        let matches = |f: &String| {
+            if self.exact {
+                name == f
+            } else {
+                name.contains(f.as_str())
+            }
+        };
+        !self.ignored
+            && (self.filters.is_empty() || self.filters.iter().any(matches))
+            && !self.skips.iter().any(matches)
     }
 }
 
