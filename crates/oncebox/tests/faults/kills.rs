@@ -194,7 +194,10 @@ fn random_kills(schema: Option<&PgSchema>, death: Death) -> Report {
             let died = if death == Death::Term {
                 // A graceful stop that fails is a fault of its own, not a stop to leave out.
                 let status = server.terminate();
-                assert!(status.success(), "the gateway's graceful stop ended {status}");
+                assert!(
+                    status.success(),
+                    "the gateway's graceful stop ended {status}"
+                );
                 true
             } else {
                 killed(server.kill())
