@@ -151,6 +151,8 @@ pub struct OutboxMessage {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum InvalidMessage {
+    #[error("the destination {0}")]
+    Destination(&'static str),
     #[error("the idempotency key {0}")]
     IdempotencyKey(&'static str),
     #[error("the content type {0}")]
@@ -179,6 +181,24 @@ pub(crate) fn header_field(value: &str) -> Result<(), &'static str> {
     }
 }
 
+/// The longest destination queued: a route name is at most 64 bytes, and 255 is AMQP's
+/// limit for an exchange or a routing key.
+pub const MAX_DESTINATION: usize = 255;
+
+/// What is wrong with `name` as a destination, if anything: route names, exchanges and
+/// subjects have no whitespace or control characters.
+fn destination(name: &str) -> Result<(), &'static str> {
+    if name.is_empty() {
+        Err("is empty")
+    } else if name.len() > MAX_DESTINATION {
+        Err("is longer than 255 bytes")
+    } else if name.chars().any(|c| c.is_control() || c.is_whitespace()) {
+        Err("holds whitespace or a control character")
+    } else {
+        Ok(())
+    }
+}
+
 impl OutboxMessage {
     /// What `enqueue` answers when its insert found the key taken: `first` is the payload and
     /// content type queued under it (`None` if it vanished meanwhile, purged: the key was used).
@@ -193,9 +213,11 @@ impl OutboxMessage {
         }
     }
 
-    /// Whether the message can be sent: a key and content type every target can carry as a
-    /// header. The backends' `enqueue` refuses a message that cannot.
+    /// Whether the message can be sent: a destination a relay can name, and a key and content
+    /// type every target can carry as a header. The backends' `enqueue` refuses a message that
+    /// cannot: it would wait forever for a relay no configuration can give it.
     pub fn check(&self) -> Result<(), InvalidMessage> {
+        destination(&self.destination).map_err(InvalidMessage::Destination)?;
         header_field(&self.idempotency_key).map_err(InvalidMessage::IdempotencyKey)?;
         header_field(&self.content_type).map_err(InvalidMessage::ContentType)
     }
@@ -219,7 +241,7 @@ mod tests {
     use super::{InvalidMessage, Meta, OutboxMessage};
 
     #[test]
-    fn a_message_is_queued_only_with_a_key_and_content_type_a_header_can_carry() {
+    fn a_message_is_queued_only_with_a_destination_key_and_content_type_that_can_be_sent() {
         let ok = OutboxMessage::json("email", "thank-you:o-1", b"{}".to_vec());
         assert_eq!(ok.check(), Ok(()));
         let non_ascii = OutboxMessage::json("email", "merci:commande-é", b"{}".to_vec());
@@ -246,6 +268,21 @@ mod tests {
                 "{key:?}"
             );
         }
+        for (destination, why) in [
+            ("", "is empty"),
+            ("my route", "holds whitespace or a control character"),
+            ("\0x", "holds whitespace or a control character"),
+            (&*"d".repeat(256), "is longer than 255 bytes"),
+        ] {
+            let msg = OutboxMessage::json(destination, "k", Vec::new());
+            assert_eq!(
+                msg.check(),
+                Err(InvalidMessage::Destination(why)),
+                "{destination:?}"
+            );
+        }
+        let exchange = OutboxMessage::json("amq.topic:orders.*", "k", Vec::new());
+        assert_eq!(exchange.check(), Ok(()), "exchanges and subjects");
         let mut msg = ok;
         msg.content_type = "text/plain;\tcharset=utf-8".to_owned();
         assert_eq!(msg.check(), Ok(()), "a tab inside is header whitespace");

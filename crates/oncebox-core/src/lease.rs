@@ -10,6 +10,8 @@ use crate::outcome::{Response, Unavailable};
 /// `token` is a fencing token: it only ever grows for a store, so a holder whose lease expired
 /// and was taken over carries a smaller token and every write it attempts is refused.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[must_use = "a lease ends with complete, release or uncertain; left alone it blocks the key \
+              until it expires, and the next holder is told of a takeover"]
 pub struct Lease {
     pub key: Key,
     pub token: i64,

@@ -123,6 +123,10 @@ pub enum Invalid {
     /// A field the source's ordering guard reads has the wrong type.
     #[error("ordering guard: {0}")]
     Order(#[from] OrderFieldInvalid),
+    /// The event (its payload and headers) is larger than the store can keep in one row: it
+    /// would fail the same way on every try.
+    #[error("the event is {size} bytes; the store keeps at most {limit}")]
+    TooLarge { size: usize, limit: usize },
 }
 
 /// Why an answer cannot be given now. Never a statement about whether the key was processed.
@@ -131,7 +135,9 @@ pub enum Invalid {
 pub enum Unavailable {
     #[error("database busy or locked")]
     Busy,
-    #[error("deadline passed before the writer could serve the request")]
+    /// The call's deadline passed before its answer: the request may not have been served, or
+    /// may still commit (ask again: the key's record tells).
+    #[error("deadline passed before the request's answer")]
     Deadline,
     #[error("the writer is shutting down")]
     Closed,
