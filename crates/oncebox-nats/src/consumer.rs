@@ -53,13 +53,15 @@ pub struct ConsumerOptions {
     /// refuses to start when its own stream captures it and its filter lets it through.
     pub quarantine_subject: String,
     pub retry: RetryPolicy,
-    /// Drive the offset watermark from the stream sequence: each message's sequence moves the
-    /// watermark in its own transaction, and a message at or below it is recorded as stale, so
-    /// a replayed stream (a recreated durable, a restored stream) changes nothing even after
-    /// its inbox records were purged. Needs `max_ack_pending = 1`, so messages are processed
-    /// strictly in order and none passes one that is being retried. The watermark's name
-    /// carries the stream's creation time: a stream deleted and created again, whose sequences
-    /// start at 1 again, gets a watermark of its own.
+    /// Drive the offset watermark from the stream sequence: each message is handed to the
+    /// `Apply` with its position, which an `Apply` that keeps a watermark (the stores'
+    /// `InboxHandler`) moves in the message's own transaction, recording a message at or below
+    /// it as stale; an `Apply` that ignores the position keeps no watermark. So a replayed
+    /// stream (a recreated durable, a restored stream) changes nothing even after its inbox
+    /// records were purged. Needs `max_ack_pending = 1`, so messages are processed strictly in
+    /// order and none passes one that is being retried. The watermark's name carries the
+    /// stream's creation time: a stream deleted and created again, whose sequences start at 1
+    /// again, gets a watermark of its own.
     pub watermark: bool,
     /// How often the server tells an idle pull that it is alive. Two missed in a row are a pull
     /// error, which the consumer logs and goes on after (see `run`).
