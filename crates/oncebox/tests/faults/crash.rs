@@ -285,6 +285,8 @@ fn ingest_crash(point: &'static str, schema: Option<&PgSchema>) -> Report {
         let fin = store.fin(false).await;
         let mut figures = check(&history.ops(), &fin);
         let queued = outbox::check(&mut figures, &fin, store.queued(outbox::ROUTE).await);
+        let ops = history.ops();
+        crate::conflicts::check(&mut figures, &ops, store.conflicts(SOURCE).await);
         let unanswered = before
             .iter()
             .filter(|o| matches!(o.outcome(), Some(Outcome::Info(_))))

@@ -229,6 +229,7 @@ fn random_kills(schema: Option<&PgSchema>, death: Death) -> Report {
         let fin = store.fin(false).await;
         let mut figures = check(&ops, &fin);
         let queued = outbox::check(&mut figures, &fin, store.queued(outbox::ROUTE).await);
+        crate::conflicts::check(&mut figures, &ops, store.conflicts(SOURCE).await);
         let unanswered = history.count(|o| matches!(o, Outcome::Info(_)));
         let refused = history.count(|o| matches!(o, Outcome::Fail(Refusal::Conflict)));
         Report {

@@ -18,6 +18,7 @@
 mod authenticity;
 mod broker;
 mod clock;
+mod conflicts;
 mod crash;
 mod flood;
 mod fsync;

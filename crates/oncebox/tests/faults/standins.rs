@@ -20,7 +20,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::IntoResponse;
 use axum::routing::post;
 use oncebox_testkit::checker::{Figures, Final, check};
-use oncebox_testkit::history::{History, Key, Outcome, key};
+use oncebox_testkit::history::{History, Key, Outcome, Refusal, key};
 
 use crate::table::{Report, Scenario};
 use crate::world::{self, block_on, tag_of};
@@ -213,6 +213,17 @@ fn standins() -> Report {
             );
             caught.push(format!("{flaw:?} {name} {n}"));
         }
+        // The crash scenarios' audit check: a refusal whose conflict row is missing.
+        let h = History::new();
+        for id in ["c0", "c1"] {
+            let op = h.invoke(key("standin", id), "v2", None);
+            op.end(Outcome::Fail(Refusal::Conflict));
+        }
+        let mut lost = Figures::default();
+        let rows = vec![(key("standin", "c1"), "v2".to_owned())];
+        crate::conflicts::check(&mut lost, &h.ops(), rows);
+        assert_eq!(lost.c.len(), 1, "a lost conflict row must show as C: {lost}");
+        caught.push("LostConflictRow C 1".to_owned());
         Report {
             figures: sound,
             exercised: caught.len() as u64,

@@ -340,24 +340,38 @@ impl StoreCounts {
     /// Every delivery on the route `destination`, whatever its state, as its event's key and
     /// its payload's tag.
     pub async fn queued(&self, destination: &str) -> Vec<(Key, String)> {
-        const SQL: &str = "SELECT source, event_id, payload FROM oncebox_outbox WHERE destination";
-        let rows: Vec<(String, String, Vec<u8>)> = match &self.pool {
-            Some(pool) => sqlx::query_as(&format!("{SQL} = $1"))
-                .bind(destination)
+        let sql = "SELECT source, event_id, payload FROM oncebox_outbox WHERE destination";
+        self.tagged(sql, destination).await
+    }
+
+    /// Every conflict recorded on `source`, as its key and the offered payload's tag.
+    pub async fn conflicts(&self, source: &str) -> Vec<(Key, String)> {
+        let sql = "SELECT source, event_id, payload FROM oncebox_conflicts WHERE source";
+        self.tagged(sql, source).await
+    }
+
+    /// The rows of `sql` (`SELECT source, event_id, payload … WHERE column`, completed here
+    /// with `= value`), as key and payload tag.
+    async fn tagged(&self, sql: &str, value: &str) -> Vec<(Key, String)> {
+        let rows: Vec<(String, String, Option<Vec<u8>>)> = match &self.pool {
+            Some(pool) => sqlx::query_as(&format!("{sql} = $1"))
+                .bind(value)
                 .fetch_all(pool)
                 .await
-                .expect("read the outbox"),
+                .expect("read the store"),
             None => {
                 let c = rusqlite::Connection::open(&self.sqlite).expect("open the database");
-                let mut s = c.prepare(&format!("{SQL} = ?1")).unwrap();
-                s.query_map([destination], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+                let mut s = c.prepare(&format!("{sql} = ?1")).unwrap();
+                s.query_map([value], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
                     .unwrap()
                     .map(Result::unwrap)
                     .collect()
             }
         };
         rows.into_iter()
-            .map(|(source, id, payload)| (key(&source, &id), tag_of(&payload)))
+            .map(|(source, id, payload)| {
+                (key(&source, &id), tag_of(&payload.unwrap_or_default()))
+            })
             .collect()
     }
 
