@@ -25,10 +25,7 @@ pub fn check(figures: &mut Figures, ops: &[Op], recorded: Vec<(Key, String)>) ->
         *kept.entry(row).or_default() += 1;
     }
     for ((k, tag), n) in refused {
-        let rows = kept
-            .get(&(k.clone(), tag.to_owned()))
-            .copied()
-            .unwrap_or(0);
+        let rows = kept.get(&(k.clone(), tag.to_owned())).copied().unwrap_or(0);
         if rows < n {
             figures.c.push(format!(
                 "{}/{}: refused {n} times as a conflict with payload {tag}, {rows} recorded",

@@ -222,7 +222,11 @@ fn standins() -> Report {
         let mut lost = Figures::default();
         let rows = vec![(key("standin", "c1"), "v2".to_owned())];
         crate::conflicts::check(&mut lost, &h.ops(), rows);
-        assert_eq!(lost.c.len(), 1, "a lost conflict row must show as C: {lost}");
+        assert_eq!(
+            lost.c.len(),
+            1,
+            "a lost conflict row must show as C: {lost}"
+        );
         caught.push("LostConflictRow C 1".to_owned());
         Report {
             figures: sound,

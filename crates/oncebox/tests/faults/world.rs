@@ -369,9 +369,7 @@ impl StoreCounts {
             }
         };
         rows.into_iter()
-            .map(|(source, id, payload)| {
-                (key(&source, &id), tag_of(&payload.unwrap_or_default()))
-            })
+            .map(|(source, id, payload)| (key(&source, &id), tag_of(&payload.unwrap_or_default())))
             .collect()
     }
 
