@@ -1,6 +1,7 @@
 //! The receiver of the multi-node test: counts deliveries per idempotency key and per relay (each
 //! relay posts to `/hook/{relay}`), and can hold one relay's requests, so the test pauses that
-//! relay after the receiver applied them and before the relay read the answers.
+//! relay after the receiver applied them and before the relay read the answers. It notes any
+//! key it is handling twice at once.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -12,6 +13,8 @@ use tokio::sync::{Notify, watch};
 
 /// The relays the receiver tells apart.
 pub const RELAYS: usize = 2;
+/// How long the receiver takes to apply a delivery.
+const WORK: std::time::Duration = std::time::Duration::from_millis(2);
 
 #[derive(Default)]
 struct Counts {
@@ -22,6 +25,41 @@ struct Counts {
     hold: Option<(usize, usize)>,
     /// Keys of the requests held.
     held: Vec<String>,
+    /// Requests of each key being handled now, and the keys that ever had two at once (two
+    /// relays sending one delivery together, which fenced leases must prevent).
+    in_flight: HashMap<String, u32>,
+    overlapped: Vec<String>,
+}
+
+/// One request of `key` being handled: counted in from its start to its end or its drop (the
+/// relay gave up on it).
+struct Handling<'a> {
+    counts: &'a Mutex<Counts>,
+    key: String,
+}
+
+impl<'a> Handling<'a> {
+    fn start(counts: &'a Mutex<Counts>, key: &str) -> Handling<'a> {
+        let mut c = counts.lock().unwrap();
+        let n = c.in_flight.entry(key.to_owned()).or_default();
+        *n += 1;
+        if *n > 1 {
+            c.overlapped.push(key.to_owned());
+        }
+        Handling {
+            counts,
+            key: key.to_owned(),
+        }
+    }
+}
+
+impl Drop for Handling<'_> {
+    fn drop(&mut self) {
+        let mut c = self.counts.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = c.in_flight.get_mut(&self.key) {
+            *n -= 1;
+        }
+    }
 }
 
 pub struct Receiver {
@@ -81,6 +119,11 @@ impl Receiver {
     pub fn by_relay(&self) -> [usize; RELAYS] {
         self.counts.lock().unwrap().by_relay
     }
+
+    /// Keys that had two requests in the receiver at once.
+    pub fn overlapped(&self) -> Vec<String> {
+        self.counts.lock().unwrap().overlapped.clone()
+    }
 }
 
 async fn hook(
@@ -96,6 +139,7 @@ async fn hook(
     if relay >= RELAYS || key.is_empty() {
         return StatusCode::BAD_REQUEST;
     }
+    let _handling = Handling::start(&r.counts, &key);
     let held = {
         let mut c = r.counts.lock().unwrap();
         let hold = c
@@ -112,6 +156,9 @@ async fn hook(
         let mut released = r.released.subscribe();
         let _ = released.wait_for(|done| *done).await;
     }
+    // The receiver's own work, long enough that a second request of the key sent at about
+    // the same moment (two relays holding one delivery) would find this one still here.
+    tokio::time::sleep(WORK).await;
     // Applied, then answered: the delivery counts whether or not the relay reads the answer.
     let mut c = r.counts.lock().unwrap();
     c.hits.entry(key).or_default()[relay] += 1;

@@ -325,6 +325,13 @@ fn three_gateways_and_two_relays_apply_every_key_once_through_a_kill_and_a_pause
             Vec::<i64>::new(),
             "deliveries at once"
         );
+        // Nor at the receiver, which also sees the sends whose outcome was refused (fenced
+        // sends leave no attempt row).
+        assert_eq!(
+            receiver.overlapped(),
+            Vec::<String>::new(),
+            "one key in the receiver twice at once"
+        );
         assert_eq!(keys.len(), KEYS);
         assert_eq!(killed.signal(), Some(9), "gateway 0 died of SIGKILL");
         assert!(pause > LEASE, "relay 0 was paused past its lease");
