@@ -6,7 +6,7 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use oncebox_core::delivery::Verdict;
+use oncebox_core::delivery::{DeliveryState, Verdict};
 use oncebox_core::relay_store::DeliveryStore;
 use oncebox_core::route::Route;
 use oncebox_core::{Clock, LeaseError, Unavailable};
@@ -247,7 +247,14 @@ impl<S: DeliveryStore> Relay<S> {
     /// many are owed to routes this relay does not have (warned of once per such route).
     pub async fn publish_gauges(&self) -> Result<(), Unavailable> {
         let g = self.store.gauges().await?;
-        for (state, n) in g.by_state {
+        // Every state, 0 where the store counted none: a state whose last delivery moved on
+        // must read 0, not its last count (an alert on `uncertain > 0` would never clear).
+        for state in DeliveryState::NAMES {
+            let n = g
+                .by_state
+                .iter()
+                .find(|(s, _)| s == state)
+                .map_or(0, |(_, n)| *n);
             metrics::gauge!("oncebox_deliveries", "state" => state).set(n as f64);
         }
         let age = g.oldest_pending.map_or(0.0, |t| {

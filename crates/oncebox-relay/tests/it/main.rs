@@ -8,6 +8,7 @@ mod broker;
 mod circuit;
 mod delivery;
 mod faults;
+mod gauges;
 mod kill;
 mod nats;
 mod operator;
