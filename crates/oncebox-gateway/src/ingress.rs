@@ -321,7 +321,10 @@ fn meta(headers: &HeaderMap, bytes: usize) -> Meta {
     let mut meta = Meta::new(content_type);
     meta.reserve_headers(bytes);
     for (name, value) in headers {
-        if let (false, Ok(value)) = (NOT_KEPT.contains(&name.as_str()), value.to_str()) {
+        // Text as it came, UTF-8 beyond ASCII included (`to_str` takes visible ASCII only);
+        // bytes that are no text cannot be shown or sent on as they came, and are not kept.
+        let text = std::str::from_utf8(value.as_bytes());
+        if let (false, Ok(value)) = (NOT_KEPT.contains(&name.as_str()), text) {
             meta.push_header(name.as_str(), value);
         }
     }

@@ -100,39 +100,6 @@ fn events_are_listed_in_arrival_order_with_a_cursor() {
 }
 
 #[test]
-fn one_event_shows_payload_headers_and_answer() {
-    run(async {
-        let gw = TestGateway::new();
-        gw.send(post(
-            "open",
-            &[("x-trace", "t9")],
-            r#"{"id":"e1","note":"<script>"}"#,
-        ))
-        .await;
-        let e = gw
-            .send(admin_get("/v1/sources/open/events/e1"))
-            .await
-            .json();
-        assert_eq!(e["state"], "completed");
-        assert_eq!(e["payload"], r#"{"id":"e1","note":"<script>"}"#);
-        assert!(
-            e["headers"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .any(|h| h[0] == "x-trace" && h[1] == "t9")
-        );
-        assert_eq!(e["response"]["kind"], "completed");
-        assert_eq!(e["fingerprint"].as_str().unwrap().len(), 64);
-        let missing = gw.send(admin_get("/v1/sources/open/events/nope")).await;
-        assert_eq!(
-            (missing.status, missing.slug().as_str()),
-            (StatusCode::NOT_FOUND, "event-not-found")
-        );
-    });
-}
-
-#[test]
 fn stats_and_metrics_count_outcomes_per_source() {
     run(async {
         let gw = TestGateway::new();

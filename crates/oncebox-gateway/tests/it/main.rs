@@ -6,6 +6,7 @@ mod bodies;
 mod conflicts;
 mod dashboard;
 mod deliveries;
+mod headers;
 mod http;
 mod ingress;
 mod keys;
