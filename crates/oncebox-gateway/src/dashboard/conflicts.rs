@@ -30,8 +30,19 @@ pub(crate) struct ConflictQuery {
     after: Option<i64>,
 }
 
-/// Both payloads; the differing lines marked when both are JSON.
+/// The most bytes of a payload the page shows: twenty conflicts of two payloads each stay a
+/// few megabytes whatever the senders sent.
+const SHOWN: usize = 32 * 1024;
+
+/// Both payloads; the differing lines marked when both are JSON and small enough to show.
 fn side_by_side(stored: &[u8], offered: &[u8]) -> Markup {
+    if stored.len() > SHOWN || offered.len() > SHOWN {
+        let (left, right) = (
+            layout::payload_within(stored, SHOWN),
+            layout::payload_within(offered, SHOWN),
+        );
+        return sides(left, right);
+    }
     let parsed = (
         oncebox_core::json::parse(stored),
         oncebox_core::json::parse(offered),
@@ -46,6 +57,10 @@ fn side_by_side(stored: &[u8], offered: &[u8]) -> Markup {
         }
         _ => (layout::payload(stored), layout::payload(offered)),
     };
+    sides(left, right)
+}
+
+fn sides(left: Markup, right: Markup) -> Markup {
     html! {
         div.sides {
             div.side.stored { h4 { "stored (kept)" } (left) }

@@ -187,6 +187,30 @@ pub(crate) fn payload(bytes: &[u8]) -> Markup {
     }
 }
 
+/// As [`payload`], for a page that shows many: a payload past `max` bytes shows its first
+/// `max` (as text where they are, else in hex), with its size, unparsed. A page of conflicts
+/// holds forty payloads a sender chose; shown whole, each as large as its source allows, one
+/// view would cost the gateway hundreds of megabytes.
+pub(crate) fn payload_within(bytes: &[u8], max: usize) -> Markup {
+    if bytes.len() <= max {
+        return payload(bytes);
+    }
+    let head = &bytes[..max];
+    // A cut inside a character leaves its start as text and the rest unshown.
+    let text = match std::str::from_utf8(head) {
+        Ok(text) => Some(text),
+        Err(e) if e.error_len().is_none() => std::str::from_utf8(&head[..e.valid_up_to()]).ok(),
+        Err(_) => None,
+    };
+    html! {
+        p.muted { "The first " (max / 1024) " KiB of " (bytes.len()) " bytes:" }
+        @match text {
+            Some(text) => pre.payload { (text) "…" },
+            None => pre.payload.hex { (hex::encode(&head[..max / 2])) "…" },
+        }
+    }
+}
+
 /// A state as a badge; the class is chosen from a fixed list, never from the stored text.
 pub(crate) fn badge(state: &str) -> Markup {
     let class = match state {

@@ -1,5 +1,5 @@
-//! The dashboard's conflicts page filtered to one key: its pages follow one another within that
-//! key, and half a key is refused rather than ignored.
+//! The dashboard's conflicts page: filtered to one key, its pages follow one another within that
+//! key, and half a key is refused rather than ignored; large payloads are shown in part.
 
 use axum::http::StatusCode;
 use oncebox_testkit::run;
@@ -54,5 +54,30 @@ fn one_keys_conflicts_page_on_within_that_key() {
                 "{half}"
             );
         }
+    });
+}
+
+/// A sender can plant conflicts as large as its source's body limit: the page shows the first
+/// part of each payload, so a view costs a bounded page whatever was sent.
+#[test]
+fn large_conflicting_payloads_are_shown_in_part() {
+    run(async {
+        let gw = TestGateway::tokenless();
+        let filler = "x".repeat(200_000);
+        for n in 0..=PAGE {
+            let body = format!(r#"{{"id":"big","n":{n},"filler":"{filler}"}}"#);
+            let a = gw.send(post("open", &[], body)).await;
+            assert!(a.status.is_success() || a.status == StatusCode::UNPROCESSABLE_ENTITY);
+        }
+        let page = gw.send_local(local_get("/conflicts")).await;
+        assert_eq!(page.status, StatusCode::OK);
+        let html = String::from_utf8(page.body).unwrap();
+        assert_eq!(
+            html.matches("The first 32 KiB of 200").count(),
+            2 * PAGE,
+            "both sides"
+        );
+        // Forty payloads of 200 KB each would be 8 MB shown whole.
+        assert!(html.len() < 2 * PAGE * 40 * 1024, "{} bytes", html.len());
     });
 }
