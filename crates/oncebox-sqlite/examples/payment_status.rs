@@ -3,7 +3,8 @@
 //! id, changes nothing, is still answered (acknowledged), and a late report cannot undo a
 //! refund. The inbox answers the same event delivered twice; the guard answers the same fact.
 //! Webhooks arrive in any order: a refund reported before the payment's success is recorded
-//! from `created` too, and the success after it then changes nothing.
+//! from `created` too, and the success after it then changes nothing; a report about a payment
+//! not created yet fails, to be sent again, rather than being answered and lost.
 
 use std::path::Path;
 
@@ -41,10 +42,16 @@ pub const REPORTS: [(&str, &str, &str); 7] = [
     ("evt-s2", "payment.succeeded", "p-2"),
 ];
 
-/// Runs the whole scenario on a new database in `dir`.
-pub async fn run(dir: &Path) -> Result<PaymentSummary, BoxError> {
+/// A new database in `dir` with the application's tables and payments p-1 and p-2.
+pub async fn open(dir: &Path) -> Result<Inbox, BoxError> {
     let inbox = Inbox::open(Options::new(dir.join("payments.db")))?;
     inbox.write(|c| c.execute_batch(SCHEMA)).await?;
+    Ok(inbox)
+}
+
+/// Runs the whole scenario on a new database in `dir`.
+pub async fn run(dir: &Path) -> Result<PaymentSummary, BoxError> {
+    let inbox = open(dir).await?;
     let mut answers = Vec::new();
     for (event_id, kind, payment) in REPORTS {
         answers.push((event_id, deliver(&inbox, event_id, kind, payment).await?));
@@ -106,13 +113,32 @@ pub async fn deliver(
                     )));
                 }
             }
-            // No row moved: the payment is already past every `from`. Not an error: the
-            // report is answered, so the provider stops sending it, and nothing changes.
+            // No row moved. A payment this service does not know yet (the report came before
+            // the order that creates it) is the handler's failure: nothing is recorded, the
+            // provider sends the report again, and it applies once the payment exists.
+            // Answered, it would be a duplicate for ever, its fact lost.
+            if !known(tx, &payment)? {
+                return Err(HandlerError::failed(format!(
+                    "payment {payment} is not known yet"
+                )));
+            }
+            // Otherwise it is already past every `from`. Not an error: the report is
+            // answered, so the provider stops sending it, and nothing changes.
             Ok(Response::completed(format!(
                 r#"{{"payment":"{payment}","changed":false}}"#
             )))
         })
         .await
+}
+
+/// Whether `payment` exists, in whatever status.
+fn known(tx: &mut Tx<'_>, payment: &str) -> rusqlite::Result<bool> {
+    let found = tx.conn().query_row(
+        "SELECT count(*) FROM payments WHERE id = ?1",
+        [payment],
+        |r| r.get::<_, i64>(0),
+    )?;
+    Ok(found > 0)
 }
 
 /// Moves `payment` from `from` to `to` if it is there, with its ledger line; whether it moved.

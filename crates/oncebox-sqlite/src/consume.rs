@@ -58,9 +58,11 @@ where
         // The handler sees the event; the inbox keeps its own copy for the record.
         let seen = event.clone();
         let moving = position.clone();
+        // Code that can run again: a batch-mate's statement ending the transaction does not
+        // fail it.
         let answer = self
             .inbox
-            .process(event, move |tx| {
+            .process_again(event, move |tx| {
                 if let Some(p) = &moving
                     && tx.commit_offset(&p.stream, p.partition, p.offset)? == OffsetMove::Replay
                 {

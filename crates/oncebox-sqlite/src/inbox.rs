@@ -2,10 +2,9 @@
 //! the batch it joined committed; reads go to reader connections.
 
 use std::fmt;
-use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::thread::{JoinHandle, ThreadId};
+use std::time::Duration;
 
 use oncebox_core::{
     Begun, Event, Key, Lease, LeaseError, ProcessError, Processed, Record, Resolution, Response,
@@ -19,14 +18,21 @@ use crate::probe::ProbeGate;
 use crate::read::{Looks, Readers};
 use crate::recent::Recent;
 use crate::tx::{HandlerError, Tx};
-use crate::writer::{Cx, Fatal, Job, Stats, Writer};
+use crate::writer::{Job, Stats, Writer, once};
 use crate::{checkpoint, lease, process, purge, read, schema};
 
 mod answers;
+mod size;
+mod submit;
 pub(crate) use answers::Look;
 
 /// The inbox on one SQLite file. Cheap to clone; the writer thread stops when the last clone
 /// is dropped, after answering what was queued.
+///
+/// Its async methods wait for the writer with Tokio's timers (each request's deadline) and
+/// read on Tokio's blocking threads: they need a Tokio runtime with timers enabled
+/// (`Builder::enable_time`, or `#[tokio::main]`), and panic outside one. Threads outside an
+/// async runtime use `process_blocking`, `write_blocking` and `read_blocking`.
 #[derive(Clone)]
 pub struct Inbox {
     shared: Arc<Shared>,
@@ -36,6 +42,11 @@ struct Shared {
     sender: Option<flume::Sender<Job>>,
     /// The writer, then the checkpointer: joined in this order, as each one's end ends the next.
     threads: Mutex<Vec<JoinHandle<()>>>,
+    /// The writer thread, where the last clone may be dropped too: by a handler that captured
+    /// one, whose caller gave up and dropped the rest.
+    writer: ThreadId,
+    /// The longest string, BLOB or row the writer stores (its `SQLITE_LIMIT_LENGTH`).
+    length_limit: usize,
     readers: Readers,
     /// Whether looking for a committed duplicate on a reader currently pays.
     probe: ProbeGate,
@@ -52,9 +63,18 @@ impl Drop for Shared {
         // Closing the queue lets the writer drain it and exit; joining makes "dropped" mean
         // "file closed", which reopening in the same process relies on.
         drop(self.sender.take());
-        if let Ok(threads) = self.threads.get_mut() {
-            threads.drain(..).for_each(|t| drop(t.join()));
+        let Ok(threads) = self.threads.get_mut() else {
+            return;
+        };
+        if std::thread::current().id() == self.writer {
+            // Dropped by a request the writer runs: joining would wait for this very thread
+            // (a panic: "Resource deadlock avoided", which rolled the request back). Let go,
+            // the writer ends once it has answered what is queued, and its end ends the
+            // checkpointer.
+            threads.clear();
+            return;
         }
+        threads.drain(..).for_each(|t| drop(t.join()));
     }
 }
 
@@ -66,6 +86,9 @@ impl fmt::Debug for Inbox {
 
 impl Inbox {
     /// Opens (creating if needed) and migrates the database, then starts the writer thread.
+    ///
+    /// Opening needs no runtime, but the async methods of what it returns need a Tokio
+    /// runtime with timers enabled ([`Inbox`]).
     pub fn open(options: Options) -> Result<Inbox, OpenError> {
         if options.durability != Durability::Full {
             tracing::warn!(
@@ -77,6 +100,7 @@ impl Inbox {
         schema::refuse_outdated(&options)?;
         let mut conn = schema::open_writer(&options)?;
         schema::migrate(&mut conn, &options)?;
+        let length_limit = schema::length_limit(&conn);
         let checkpointer = schema::open_checkpointer(&options)?;
         let stats = Arc::new(Stats::default());
         // Opened only to be synced: a failure leaves the syncing to SQLite's own passes.
@@ -126,6 +150,8 @@ impl Inbox {
         Ok(Inbox {
             shared: Arc::new(Shared {
                 sender: Some(sender),
+                writer: writer.thread().id(),
+                length_limit,
                 threads: Mutex::new(vec![writer, checkpointer]),
                 deadline: options.deadline,
                 stats: stats.clone(),
@@ -139,13 +165,24 @@ impl Inbox {
 
     /// Processes `event` once: a new key runs `handler` on the transaction that also records the
     /// key and its response; a committed key answers `Duplicate` without running it.
+    ///
+    /// An event whose record would be longer than the store keeps is refused at once,
+    /// `Invalid::TooLarge` ([`Options::length_limit`]). A handler whose statement makes SQLite
+    /// roll back the whole transaction (`ON CONFLICT ROLLBACK`, `RAISE(ROLLBACK)`) fails as
+    /// `Handler`, nothing of it kept; the events that shared its batch and ran before it are
+    /// answered `Unavailable`, since this `FnOnce` handler cannot run twice (a retry applies
+    /// them; the broker consumers' `InboxHandler` runs them again instead).
+    ///
+    /// Needs a Tokio runtime with timers enabled, and panics outside one; threads outside an
+    /// async runtime use [`Inbox::process_blocking`].
     pub async fn process<F>(&self, event: Event, handler: F) -> Result<Processed, ProcessError>
     where
         F: FnOnce(&mut Tx<'_>) -> Result<Response, HandlerError> + Send + 'static,
     {
+        self.refuse_too_large(&event)?;
         let (key, fingerprint) = (event.key.clone(), event.fingerprint);
         let out = self
-            .submit(move |cx| process::run(cx, &event, Box::new(handler)))
+            .submit_body(process::Request::new(event, handler))
             .await;
         self.or_committed(out, &key, &fingerprint)
     }
@@ -155,14 +192,49 @@ impl Inbox {
     where
         F: FnOnce(&mut Tx<'_>) -> Result<Response, HandlerError> + Send + 'static,
     {
+        self.refuse_too_large(&event)?;
         let (key, fingerprint) = (event.key.clone(), event.fingerprint);
-        let out = self.submit_blocking(move |cx| process::run(cx, &event, Box::new(handler)));
+        let out = self.submit_blocking(process::Request::new(event, handler));
+        self.or_committed(out, &key, &fingerprint)
+    }
+
+    /// `process` with a handler that can run again: when a batch-mate's statement makes SQLite
+    /// roll back the transaction it ran in, it runs again in the next one instead of failing.
+    pub(crate) async fn process_again<H>(
+        &self,
+        event: Event,
+        handler: H,
+    ) -> Result<Processed, ProcessError>
+    where
+        H: Fn(&mut Tx<'_>) -> Result<Response, HandlerError> + Send + Sync + 'static,
+    {
+        self.refuse_too_large(&event)?;
+        let (key, fingerprint) = (event.key.clone(), event.fingerprint);
+        let handler = Arc::new(handler);
+        let out = self
+            .submit(move |cx| {
+                let handler = handler.clone();
+                let mut once: Option<process::Handler> = Some(Box::new(move |tx| handler(tx)));
+                process::run(cx, &event, &mut once)
+            })
+            .await;
         self.or_committed(out, &key, &fingerprint)
     }
 
     /// Takes a fenced lease on the key for an effect outside the database.
+    ///
+    /// A lease the writer took is always its caller's: once the writer started the request,
+    /// the call waits past `Options::deadline` for its batch to commit, rather than answer
+    /// `Deadline` for a lease that then holds the key, held by nobody, for its whole TTL and
+    /// is taken over as a call that may have happened. Not started by the deadline, it is
+    /// `Unavailable::Deadline` with nothing written. An event longer than the store keeps is
+    /// `Invalid::TooLarge` at once.
+    ///
+    /// Needs a Tokio runtime with timers enabled, and panics outside one.
     pub async fn begin(&self, event: Event, ttl: Duration) -> Result<Begun, ProcessError> {
-        self.submit(move |cx| lease::begin(cx, &event, ttl)).await
+        self.refuse_too_large(&event)?;
+        self.submit_whole(move |cx| lease::begin(cx, &event, ttl))
+            .await
     }
 
     /// Records the external effect as done; refused once the lease expired or was taken over.
@@ -226,7 +298,7 @@ impl Inbox {
         T: Send + 'static,
         F: FnOnce(&Connection) -> rusqlite::Result<T> + Send + 'static,
     {
-        self.submit(move |cx| write(cx, f)).await
+        self.submit_body(once(move |cx| submit::write(cx, f))).await
     }
 
     /// `write` for threads outside an async runtime.
@@ -235,7 +307,7 @@ impl Inbox {
         T: Send + 'static,
         F: FnOnce(&Connection) -> rusqlite::Result<T> + Send + 'static,
     {
-        self.submit_blocking(move |cx| write(cx, f))
+        self.submit_blocking(once(move |cx| submit::write(cx, f)))
     }
 
     /// Runs `f` on a reader connection (sees the last commit). Blocks the calling thread.
@@ -272,123 +344,5 @@ impl Inbox {
     pub async fn record(&self, key: &Key) -> Result<Option<Record>, Error> {
         let key = key.clone();
         self.read(move |c| read::record(c, &key)).await
-    }
-
-    pub(crate) async fn submit<T, E, F>(&self, run: F) -> Result<T, E>
-    where
-        T: Send + 'static,
-        E: From<Unavailable> + Send + 'static,
-        F: FnOnce(&mut Cx<'_, '_>) -> Result<Result<T, E>, Fatal> + Send + 'static,
-    {
-        let deadline = Instant::now() + self.shared.deadline;
-        // A oneshot: one allocation and no lock per answer, where a bounded channel cost a
-        // mutex and a waiter registration on every request.
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        // A caller that gave up (deadline) has dropped its receiver; nothing to do then.
-        let job = Job::new(deadline, move |answer| drop(tx.send(answer)), run);
-        let sender = self.shared.sender.as_ref().ok_or(Unavailable::Closed)?;
-        let wait = async {
-            sender
-                .send_async(job)
-                .await
-                .map_err(|_| Unavailable::Closed)?;
-            rx.await.map_err(|_| Unavailable::Closed)
-        };
-        match tokio::time::timeout_at(deadline.into(), wait).await {
-            Ok(Ok(answer)) => answer,
-            Ok(Err(why)) => Err(E::from(why)),
-            Err(_) => Err(E::from(Unavailable::Deadline)),
-        }
-    }
-
-    /// [`Inbox::submit`] for a request whose caller must learn its fate: a relay's claim (rows
-    /// it would otherwise leave `in_flight` under tokens no one holds, later taken over as
-    /// possibly sent) and its record. The writer checks a request's deadline when it starts it,
-    /// but the batch commits later: once started, the request is waited for past the deadline,
-    /// for as long as its batch takes. Whether it starts is settled once, between the writer
-    /// and a caller giving up at the deadline, so neither can take the other's answer.
-    pub(crate) async fn submit_whole<T, E, F>(&self, run: F) -> Result<T, E>
-    where
-        T: Send + 'static,
-        E: From<Unavailable> + Send + 'static,
-        F: FnOnce(&mut Cx<'_, '_>) -> Result<Result<T, E>, Fatal> + Send + 'static,
-    {
-        const QUEUED: u8 = 0;
-        const STARTED: u8 = 1;
-        const ABANDONED: u8 = 2;
-        let fate = Arc::new(AtomicU8::new(QUEUED));
-        let writer_side = fate.clone();
-        let deadline = Instant::now() + self.shared.deadline;
-        let (tx, mut rx) = tokio::sync::oneshot::channel();
-        let job = Job::new(
-            deadline,
-            move |answer| drop(tx.send(answer)),
-            move |cx: &mut Cx<'_, '_>| {
-                let start = writer_side.compare_exchange(
-                    QUEUED,
-                    STARTED,
-                    Ordering::AcqRel,
-                    Ordering::Acquire,
-                );
-                match start {
-                    Ok(_) => run(cx),
-                    // Its caller gave up: nothing of it is written.
-                    Err(_) => Ok(Err(E::from(Unavailable::Deadline))),
-                }
-            },
-        );
-        let sender = self.shared.sender.as_ref().ok_or(Unavailable::Closed)?;
-        let queued = tokio::time::timeout_at(deadline.into(), sender.send_async(job)).await;
-        match queued {
-            Ok(Ok(())) => {}
-            Ok(Err(_)) => return Err(E::from(Unavailable::Closed)),
-            Err(_) => return Err(E::from(Unavailable::Deadline)),
-        }
-        if let Ok(answer) = tokio::time::timeout_at(deadline.into(), &mut rx).await {
-            return answer.unwrap_or(Err(E::from(Unavailable::Closed)));
-        }
-        let gave_up = fate.compare_exchange(QUEUED, ABANDONED, Ordering::AcqRel, Ordering::Acquire);
-        if gave_up.is_ok() {
-            return Err(E::from(Unavailable::Deadline));
-        }
-        // Started before the deadline: its batch answers once it commits or fails.
-        rx.await.unwrap_or(Err(E::from(Unavailable::Closed)))
-    }
-
-    fn submit_blocking<T, E, F>(&self, run: F) -> Result<T, E>
-    where
-        T: Send + 'static,
-        E: From<Unavailable> + Send + 'static,
-        F: FnOnce(&mut Cx<'_, '_>) -> Result<Result<T, E>, Fatal> + Send + 'static,
-    {
-        let deadline = Instant::now() + self.shared.deadline;
-        let (tx, rx) = flume::bounded(1);
-        let job = Job::new(deadline, move |answer| drop(tx.send(answer)), run);
-        let sender = self.shared.sender.as_ref().ok_or(Unavailable::Closed)?;
-        sender.send_deadline(job, deadline).map_err(|e| match e {
-            flume::SendTimeoutError::Timeout(_) => Unavailable::Deadline,
-            flume::SendTimeoutError::Disconnected(_) => Unavailable::Closed,
-        })?;
-        rx.recv_deadline(deadline).map_err(|e| match e {
-            flume::RecvTimeoutError::Timeout => E::from(Unavailable::Deadline),
-            flume::RecvTimeoutError::Disconnected => E::from(Unavailable::Closed),
-        })?
-    }
-}
-
-fn write<T>(
-    cx: &mut Cx<'_, '_>,
-    f: impl FnOnce(&Connection) -> rusqlite::Result<T>,
-) -> Result<Result<T, Error>, Fatal> {
-    cx.savepoint()?;
-    let out = f(cx.conn);
-    cx.still_open()?;
-    if out.is_err() {
-        cx.rollback_to()?;
-    }
-    cx.release()?;
-    match out.map_err(Error::from) {
-        Err(Error::Unavailable(why)) => Err(Fatal(why)),
-        other => Ok(other),
     }
 }

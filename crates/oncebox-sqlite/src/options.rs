@@ -58,6 +58,12 @@ pub struct Options {
     /// refused (`OpenError::SchemaOutdated`) and nothing is written to it: for tools that only
     /// look at or operate on a store that its own gateway keeps.
     pub migrate: bool,
+    /// The longest string, BLOB or row the writer connection stores, in bytes: SQLite's
+    /// `SQLITE_LIMIT_LENGTH` on it, which can only be lowered from the 1 000 000 000 SQLite is
+    /// built with (`None`: that). An event whose record would be longer is refused before it
+    /// reaches the writer (`Invalid::TooLarge`). Lowered, it also bounds what handlers write
+    /// and read on the writer's connection, so set it above anything the file already holds.
+    pub length_limit: Option<usize>,
 }
 
 impl Options {
@@ -75,6 +81,7 @@ impl Options {
             placement: Placement::default(),
             clock: Arc::new(SystemClock),
             migrate: true,
+            length_limit: None,
         }
     }
 
@@ -125,6 +132,11 @@ impl Options {
 
     pub fn migrate(mut self, migrate: bool) -> Options {
         self.migrate = migrate;
+        self
+    }
+
+    pub fn length_limit(mut self, bytes: usize) -> Options {
+        self.length_limit = Some(bytes);
         self
     }
 }

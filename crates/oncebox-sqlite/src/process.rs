@@ -15,7 +15,11 @@ use crate::error::unavailable;
 use crate::lenient::{bytes, optional_bytes, unreadable};
 use crate::stmts::Sql;
 use crate::tx::{HandlerError, Tx};
-use crate::writer::{Cx, Fatal};
+use crate::writer::{Body, Cx, Fatal, RAN_TWICE};
+
+mod faults;
+pub(crate) use faults::{RAN_COMMIT, ROLLED_BACK};
+use faults::{ended_by_handler, kept_with};
 
 /// The handler a caller gives `process`; it runs on the writer thread inside the event's
 /// savepoint, so it must be quick and must not block on anything but this connection.
@@ -42,10 +46,40 @@ pub(crate) enum Claim {
     Answered(Result<Processed, ProcessError>),
 }
 
+/// `process`'s request for a handler that runs once: it can run again (another request's
+/// statement ended the transaction) only while its handler has not run.
+pub(crate) struct Request {
+    pub event: Event,
+    pub handler: Option<Handler>,
+}
+
+impl Request {
+    pub fn new<F>(event: Event, handler: F) -> Request
+    where
+        F: FnOnce(&mut Tx<'_>) -> Result<Response, HandlerError> + Send + 'static,
+    {
+        Request {
+            event,
+            handler: Some(Box::new(handler)),
+        }
+    }
+}
+
+impl Body<Processed, ProcessError> for Request {
+    fn call(&mut self, cx: &mut Cx<'_, '_>) -> Result<Result<Processed, ProcessError>, Fatal> {
+        run(cx, &self.event, &mut self.handler)
+    }
+
+    fn again(&self) -> bool {
+        self.handler.is_some()
+    }
+}
+
+/// Claims the key, and runs `handler` (taking it) only for a key that is ours.
 pub(crate) fn run(
     cx: &mut Cx<'_, '_>,
     event: &Event,
-    handler: Handler,
+    handler: &mut Option<Handler>,
 ) -> Result<Result<Processed, ProcessError>, Fatal> {
     cx.savepoint()?;
     // A key without a record is written once, already terminal, after the handler: the single
@@ -68,29 +102,34 @@ pub(crate) fn run(
             }
         },
     };
+    let Some(handler) = handler.take() else {
+        return Err(Fatal(Unavailable::Storage(RAN_TWICE.into())));
+    };
     let outcome = catch_unwind(AssertUnwindSafe(|| {
         handler(&mut Tx::new(cx.conn, &event.key, cx.now))
     }))
     .unwrap_or_else(|_| Err(HandlerError::failed("handler panicked")));
-    cx.still_open()?;
+    if cx.ended() {
+        return ended_by_handler(cx, outcome);
+    }
     crash::point!("after-effect");
     let answer = match outcome {
         Ok(response) if response.kind == ResponseKind::Completed => {
-            match claimed {
-                Some(row) => finish(cx, row, &response)?,
-                None => {
-                    record_terminal(cx, event, &response)?;
-                    crash::point!("after-inbox-insert");
-                }
+            let kept = match claimed {
+                Some(row) => finish(cx, row, &response),
+                None => record_terminal(cx, event, &response),
+            };
+            if claimed.is_none() && kept.is_ok() {
+                crash::point!("after-inbox-insert");
             }
-            Ok(Processed::Applied(response))
+            kept_with(cx, kept, response)?
         }
         // A refusal or a stale verdict keeps nothing of the handler's work, only the record.
         Ok(response) => {
             cx.rollback_to()?;
-            record_terminal(cx, event, &response)?;
+            let kept = record_terminal(cx, event, &response);
             // A handler that answers `Stale` itself chose the body to store and replay.
-            Ok(Processed::Applied(response))
+            kept_with(cx, kept, response)?
         }
         Err(HandlerError::Stale) => {
             cx.rollback_to()?;
@@ -274,7 +313,7 @@ pub(crate) fn finish(cx: &Cx<'_, '_>, row: i64, response: &Response) -> rusqlite
 }
 
 /// Writes a terminal record after the savepoint was rolled back (the claim went with it).
-fn record_terminal(cx: &Cx<'_, '_>, event: &Event, response: &Response) -> Result<(), Fatal> {
+fn record_terminal(cx: &Cx<'_, '_>, event: &Event, response: &Response) -> rusqlite::Result<()> {
     let body = (!response.body.is_empty()).then_some(&response.body);
     cx.stmt(Sql::RecordTerminal)?.execute(params![
         event.key.source.as_str(),

@@ -1,5 +1,6 @@
 //! The embedded schema migrations and the pragmas every connection gets.
 
+use rusqlite::limits::Limit;
 use rusqlite::{Connection, OpenFlags, Transaction, TransactionBehavior};
 
 use crate::error::OpenError;
@@ -11,8 +12,8 @@ enum Step {
     Code(fn(&Transaction<'_>) -> rusqlite::Result<()>),
 }
 
-/// Migrations in order; `PRAGMA user_version` records how many ran. Never edit a released entry:
-/// append a new one.
+/// Migrations in order; `oncebox_schema` records how many ran (`schema/version.rs`). Never
+/// edit a released entry: append a new one.
 const MIGRATIONS: &[Step] = &[
     Step::Sql(
         r#"
@@ -172,7 +173,8 @@ WHERE state IN ('delivered', 'dead') AND idempotency_key = source || ':' || even
 /// Rebuilding the table would copy every payload; the check changes no stored byte, so the
 /// table's definition is edited in place by the procedure SQLite documents for such changes
 /// (`writable_schema`, then a new `schema_version` so every connection re-reads it).
-const STATE_IN: &str = "state IN ('processing', 'completed', 'rejected', 'stale', 'uncertain')";
+pub(crate) const STATE_IN: &str =
+    "state IN ('processing', 'completed', 'rejected', 'stale', 'uncertain')";
 const STATE_EQ: &str = "state = 'processing' OR state = 'completed' OR state = 'rejected'
                            OR state = 'stale' OR state = 'uncertain'";
 
@@ -246,7 +248,22 @@ pub(crate) fn open_writer(o: &Options) -> Result<Connection, OpenError> {
     ))
     .map_err(&err)?;
     conn.set_prepared_statement_cache_capacity(256);
+    if let Some(bytes) = o.length_limit {
+        let bytes = i32::try_from(bytes).unwrap_or(i32::MAX);
+        conn.set_limit(Limit::SQLITE_LIMIT_LENGTH, bytes)
+            .map_err(&err)?;
+    }
     Ok(conn)
+}
+
+/// The longest string, BLOB or row `conn` stores: what SQLite was built with, or lower
+/// (`Options::length_limit`). Read back rather than assumed, as SQLite caps what it is set to.
+pub(crate) fn length_limit(conn: &Connection) -> usize {
+    const BUILT: usize = 1_000_000_000;
+    conn.limit(Limit::SQLITE_LIMIT_LENGTH)
+        .ok()
+        .and_then(|n| usize::try_from(n).ok())
+        .unwrap_or(BUILT)
 }
 
 /// How much of the database file a reader maps into memory: SQLite's compiled ceiling for
@@ -306,8 +323,8 @@ pub(crate) fn refuse_outdated(o: &Options) -> Result<(), OpenError> {
         });
     }
     let found = Connection::open_with_flags(&o.path, OpenFlags::SQLITE_OPEN_READ_ONLY)
-        .and_then(|c| c.query_row("PRAGMA user_version", [], |r| r.get::<_, i64>(0)));
-    match found {
+        .and_then(|c| version::found(&c));
+    match found.map(Found::version) {
         Ok(found) if found < VERSION => Err(OpenError::SchemaOutdated {
             found,
             known: VERSION,
@@ -317,15 +334,15 @@ pub(crate) fn refuse_outdated(o: &Options) -> Result<(), OpenError> {
 }
 
 /// Brings the schema up to date. Runs under `BEGIN IMMEDIATE` and re-reads the version inside
-/// it, so several processes opening one file at once apply each migration exactly once.
+/// it, so several processes opening one file at once apply each migration exactly once; the
+/// steps, an earlier build's version adopted and the new version commit together or not at all.
 pub(crate) fn migrate(conn: &mut Connection, o: &Options) -> Result<(), OpenError> {
     let err = sqlite_err(o);
     let tx = conn
         .transaction_with_behavior(TransactionBehavior::Immediate)
         .map_err(&err)?;
-    let found: i64 = tx
-        .query_row("PRAGMA user_version", [], |r| r.get(0))
-        .map_err(&err)?;
+    let kept = version::found(&tx).map_err(&err)?;
+    let found = kept.version();
     if found > VERSION {
         return Err(OpenError::SchemaTooNew {
             found,
@@ -339,6 +356,16 @@ pub(crate) fn migrate(conn: &mut Connection, o: &Options) -> Result<(), OpenErro
             known: VERSION,
         });
     }
+    if kept == Found::Kept(VERSION) || !o.migrate {
+        // Up to date (an earlier build's file too: adopted by the first open that migrates).
+        return Ok(());
+    }
+    if let Found::Earlier(v) = kept {
+        tracing::info!(
+            version = v,
+            "adopting the schema version an earlier build kept"
+        );
+    }
     let start = usize::try_from(found).unwrap_or(0);
     for step in &MIGRATIONS[start..] {
         match step {
@@ -347,10 +374,12 @@ pub(crate) fn migrate(conn: &mut Connection, o: &Options) -> Result<(), OpenErro
         }
         .map_err(&err)?;
     }
-    tx.pragma_update(None, "user_version", VERSION)
-        .map_err(&err)?;
+    version::keep(&tx, VERSION).map_err(&err)?;
     tx.commit().map_err(&err)
 }
+
+mod version;
+use version::Found;
 
 #[cfg(test)]
 mod tests;

@@ -169,12 +169,13 @@ impl Inbox {
                     }
                     Ok(accepted)
                 };
-                process::run(cx, &u.event, Box::new(handler)).map(|out| out.map(Some))
+                let mut handler: Option<process::Handler> = Some(Box::new(handler));
+                process::run(cx, &u.event, &mut handler).map(|out| out.map(Some))
             })
             .await;
-        // The writer let go of its share when it ran the request, before its commit. Only a
-        // request it never ran (a passed deadline, a closed store) may still be held: its
-        // answer is a failure, so the answer is never copied there.
+        // The writer let go of its share before answering (`writer/job.rs`). Only a request
+        // whose answer the caller stopped waiting for (a passed deadline, a closed store) may
+        // still be held: its answer is a failure, so the answer is never copied there.
         match Arc::try_unwrap(ours) {
             Ok(Unordered {
                 event, accepted, ..
@@ -211,7 +212,10 @@ impl Inbox {
 
 impl EventStore for Inbox {
     async fn ingest(&self, ingest: Ingest) -> Result<Processed, ProcessError> {
+        // The event first: its deliveries copy the payload once per route.
+        self.refuse_too_large(&ingest.event)?;
         let messages = ingest.messages();
+        self.refuse_too_large_deliveries(&ingest.event, &messages)?;
         let Ingest {
             event,
             order,
@@ -224,13 +228,15 @@ impl EventStore for Inbox {
         let Some(order) = order else {
             return self.ingest_unordered(event, accepted, messages).await;
         };
-        self.process(event, move |tx| {
+        // Code that can run again: a batch-mate's statement ending the transaction does not
+        // fail it.
+        self.process_again(event, move |tx| {
             match tx.advance(&namespace, &order.entity, order.version) {
                 // Stale: only the record is kept, and no delivery is queued.
                 Err(HandlerError::Stale) => {
                     return Ok(Response {
                         kind: ResponseKind::Stale,
-                        body: stale,
+                        body: stale.clone(),
                     });
                 }
                 other => other?,
@@ -238,7 +244,7 @@ impl EventStore for Inbox {
             for m in &messages {
                 tx.enqueue(m)?;
             }
-            Ok(Response::completed(accepted))
+            Ok(Response::completed(accepted.clone()))
         })
         .await
     }

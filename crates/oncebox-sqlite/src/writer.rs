@@ -15,8 +15,12 @@ use crate::stmts::{Sql, Statements, Stmt};
 
 mod commits;
 mod gather;
+mod job;
+mod open;
 pub(crate) use commits::Commits;
 use gather::gather;
+pub(crate) use job::{Body, Job, RAN_TWICE, again, once};
+use open::Open;
 
 /// What a request sees of the open transaction.
 pub(crate) struct Cx<'c, 's> {
@@ -25,6 +29,10 @@ pub(crate) struct Cx<'c, 's> {
     stmts: &'c Statements<'s>,
     /// One instant for the whole batch: every record of one commit carries the same time.
     pub now: Timestamp,
+    commits: &'c Commits,
+    /// Set by a request that found its own statement ended the transaction, and answers for it
+    /// (`writer/open.rs`).
+    own: bool,
 }
 
 impl<'s> Cx<'_, 's> {
@@ -41,18 +49,24 @@ impl<'s> Cx<'_, 's> {
         self.exec(Sql::RollbackTo)
     }
 
-    /// Fails the batch when SQLite has rolled the whole transaction back by itself, as some
-    /// statement errors do (a constraint declared `ON CONFLICT ROLLBACK`, `RAISE(ROLLBACK)`,
-    /// a full disk, IO). Checked after each request, and inside one right after user code
-    /// returns: a handler that went on past such an error would otherwise see the record
-    /// written next in autocommit, without the effect it was to go with.
-    pub fn still_open(&self) -> Result<(), Fatal> {
-        if self.conn.is_autocommit() {
-            return Err(Fatal(Unavailable::Storage(
-                "transaction rolled back by SQLite: a statement's error ended it".into(),
-            )));
-        }
-        Ok(())
+    /// Whether the transaction is gone: SQLite rolled it back by itself, as some statement
+    /// errors make it do (a constraint declared `ON CONFLICT ROLLBACK`, `RAISE(ROLLBACK)`, a
+    /// full disk, IO), or a statement someone ran ended it. Checked after each request, and
+    /// inside one right after user code returns: a handler that went on past such an error
+    /// would otherwise see the record written next in autocommit, without its effect.
+    pub fn ended(&self) -> bool {
+        self.commits.ended(self.conn)
+    }
+
+    /// Whether it ended by a `COMMIT` someone ran (turned into a rollback: `commits.rs`).
+    pub fn stray_commit(&self) -> bool {
+        self.commits.stray_commit()
+    }
+
+    /// The request running now ended the transaction by its own statement and answers for it
+    /// (its error is its answer): the batch begins a new one and goes on without it.
+    pub fn own_rollback(&mut self) {
+        self.own = true;
     }
 
     /// One of the writer's hot statements, prepared once for this connection.
@@ -92,56 +106,6 @@ impl From<rusqlite::Error> for Fatal {
     }
 }
 
-/// Sends the prepared answer once the batch's fate is known (`None`: committed).
-type Finish = Box<dyn FnOnce(Option<Unavailable>) + Send>;
-type Work = Box<dyn FnOnce(Result<&mut Cx<'_, '_>, Unavailable>) -> Result<Finish, Fatal> + Send>;
-
-/// One queued request.
-pub(crate) struct Job {
-    deadline: Instant,
-    work: Work,
-}
-
-impl Job {
-    /// Wraps `run` so its answer is held back until commit and replaced by `Unavailable` if the
-    /// batch does not commit. `reply` hands the answer to the caller (a channel's send).
-    pub fn new<T, E, F, R>(deadline: Instant, reply: R, run: F) -> Job
-    where
-        T: Send + 'static,
-        E: From<Unavailable> + Send + 'static,
-        F: FnOnce(&mut Cx<'_, '_>) -> Result<Result<T, E>, Fatal> + Send + 'static,
-        R: FnOnce(Result<T, E>) + Send + 'static,
-    {
-        let work: Work = Box::new(move |cx| {
-            let cx = match cx {
-                Ok(cx) => cx,
-                Err(why) => {
-                    reply(Err(E::from(why)));
-                    return Ok(Box::new(|_| {}));
-                }
-            };
-            let answer = match run(cx) {
-                Ok(answer) => answer,
-                Err(Fatal(why)) => {
-                    reply(Err(E::from(why.clone())));
-                    return Err(Fatal(why));
-                }
-            };
-            Ok(Box::new(move |failed| {
-                reply(match failed {
-                    None => answer,
-                    Some(why) => Err(E::from(why)),
-                });
-            }))
-        });
-        Job { deadline, work }
-    }
-
-    fn refuse(self, why: Unavailable) {
-        let _ = (self.work)(Err(why));
-    }
-}
-
 /// The writer thread's state.
 pub(crate) struct Writer {
     pub conn: Connection,
@@ -167,6 +131,7 @@ pub struct Stats {
     pub(crate) from_memory: AtomicU64,
     pub(crate) log_restarts: AtomicU64,
     pub(crate) reads: AtomicU64,
+    pub(crate) restarts: AtomicU64,
 }
 
 impl Stats {
@@ -199,6 +164,13 @@ impl Stats {
     /// Batches rolled back and answered `Unavailable`.
     pub fn failed_batches(&self) -> u64 {
         self.failed_batches.load(Ordering::Relaxed)
+    }
+
+    /// Transactions begun again inside a batch: a request's own statement made SQLite roll
+    /// the batch's transaction back; that request was answered with its error and the ones
+    /// before it ran again.
+    pub fn restarted_transactions(&self) -> u64 {
+        self.restarts.load(Ordering::Relaxed)
     }
 
     /// Reads the database served on reader connections: looks for a committed key (a
@@ -241,7 +213,7 @@ impl Writer {
         rx: &flume::Receiver<Job>,
         expected: usize,
     ) -> usize {
-        if let Err(e) = self.conn.execute_batch("BEGIN IMMEDIATE") {
+        if let Err(e) = self.commits.begin(&self.conn) {
             let why = storage(&e);
             self.stats.failed_batches.fetch_add(1, Ordering::Relaxed);
             // What queued while BEGIN waited out the busy timeout shares its failure. It is
@@ -257,15 +229,14 @@ impl Writer {
             return 1;
         }
         crash::point!("after-begin");
-        let mut open = Open {
-            cx: Cx {
-                conn: &self.conn,
-                stmts,
-                now: self.clock.now(),
-            },
-            finishes: Vec::with_capacity(expected),
-            failed: None,
+        let cx = Cx {
+            conn: &self.conn,
+            stmts,
+            now: self.clock.now(),
+            commits: &self.commits,
+            own: false,
         };
+        let mut open = Open::new(cx, &self.stats, expected);
         let mut taken = 1;
         let mut take = |job: Job| open.run(job);
         if take(first) {
@@ -278,11 +249,9 @@ impl Writer {
                 &mut take,
             );
         }
-        let Open {
-            finishes, failed, ..
-        } = open;
+        let Open { held, failed, .. } = open;
         if let Some(why) = failed {
-            self.abort(finishes, &why);
+            self.abort(held, &why);
             return 1;
         }
         crash::point!("before-commit");
@@ -299,8 +268,8 @@ impl Writer {
                 self.stats.commits.fetch_add(1, Ordering::Release);
                 self.stats
                     .committed_requests
-                    .fetch_add(finishes.len() as u64, Ordering::Relaxed);
-                finishes.into_iter().for_each(|f| f(None));
+                    .fetch_add(held.len() as u64, Ordering::Relaxed);
+                held.into_iter().for_each(|job| job.answer(None));
                 self.checkpoint.committed();
                 next
             }
@@ -308,7 +277,7 @@ impl Writer {
                 // A failed COMMIT (fsync EIO, say) may or may not be durable after a restart:
                 // the answer is "unknown", which only a retry can resolve.
                 let why = Unavailable::CommitUnknown(e.to_string());
-                self.abort(finishes, &why);
+                self.abort(held, &why);
                 1
             }
         }
@@ -316,7 +285,7 @@ impl Writer {
 
     /// Rolls the batch back. The fence counter is not wound back: a COMMIT that failed may
     /// still have become durable, and a token must never be handed out twice.
-    fn abort(&self, finishes: Vec<Finish>, why: &Unavailable) {
+    fn abort(&self, held: Vec<Job>, why: &Unavailable) {
         if !self.conn.is_autocommit() {
             let _ = self.conn.execute_batch("ROLLBACK");
         }
@@ -324,49 +293,7 @@ impl Writer {
         // is gone (walvfs.rs).
         crate::walvfs::discard_pending(&self.conn);
         self.stats.failed_batches.fetch_add(1, Ordering::Relaxed);
-        tracing::warn!(error = %why, requests = finishes.len(), "batch rolled back");
-        finishes.into_iter().for_each(|f| f(Some(why.clone())));
-    }
-}
-
-/// An open transaction and the answers it holds back until its commit.
-struct Open<'c, 's> {
-    cx: Cx<'c, 's>,
-    finishes: Vec<Finish>,
-    /// Set by the first request that cannot go on; the batch then takes nobody else (what is
-    /// still queued waits for the next transaction) and rolls back.
-    failed: Option<Unavailable>,
-}
-
-impl Open<'_, '_> {
-    /// Runs one request in the transaction; false once the transaction cannot commit.
-    fn run(&mut self, job: Job) -> bool {
-        if job.deadline <= Instant::now() {
-            // Its caller has been told `Unavailable` already; doing the work now would only
-            // surprise it. Nothing of it was written.
-            job.refuse(Unavailable::Deadline);
-            return true;
-        }
-        // A panic in a request (a closure given to `Inbox::write`, say) fails its batch, which
-        // is rolled back, and the writer goes on: unwinding out of here ended the thread, and
-        // every later request of the process was refused as closed.
-        let work = job.work;
-        let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| work(Ok(&mut self.cx))))
-            .unwrap_or_else(|_| {
-                Err(Fatal(Unavailable::Storage(
-                    "a request panicked on the writer; its batch was rolled back".into(),
-                )))
-            });
-        // The savepoints already released go with a transaction SQLite rolled back itself.
-        match ran.and_then(|finish| self.cx.still_open().map(|()| finish)) {
-            Ok(finish) => {
-                self.finishes.push(finish);
-                true
-            }
-            Err(Fatal(why)) => {
-                self.failed = Some(why);
-                false
-            }
-        }
+        tracing::warn!(error = %why, requests = held.len(), "batch rolled back");
+        held.into_iter().for_each(|job| job.refuse(why.clone()));
     }
 }

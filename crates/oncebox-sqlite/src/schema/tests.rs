@@ -135,8 +135,7 @@ fn finished_deliveries_left_by_earlier_purges_are_cleared() {
     .unwrap();
     // As the version before the clearing left it (the one step after it changes nothing
     // twice).
-    conn.pragma_update(None, "user_version", VERSION - 2)
-        .unwrap();
+    version::keep(&conn, VERSION - 2).unwrap();
     migrate(&mut conn, &options).unwrap();
     let mut keys: Vec<String> = conn
         .prepare("SELECT idempotency_key FROM oncebox_outbox ORDER BY idempotency_key")
@@ -168,4 +167,108 @@ fn without_migrations_a_missing_file_is_refused_and_not_created() {
         refuse_outdated(&Options::new(&path)).is_ok(),
         "migrating: created later"
     );
+}
+
+/// How many steps earlier builds versioned in `user_version`.
+const EARLIER: usize = 7;
+
+/// The file an earlier build left after its first `steps` migrations, with `user_version` as
+/// it wrote it or as an application set it since.
+fn earlier_file(conn: &mut Connection, steps: usize, user_version: i64) {
+    let tx = conn.transaction().unwrap();
+    for step in &MIGRATIONS[..steps] {
+        match step {
+            Step::Sql(sql) => tx.execute_batch(sql),
+            Step::Code(change) => change(&tx),
+        }
+        .unwrap();
+    }
+    tx.pragma_update(None, "user_version", user_version)
+        .unwrap();
+    tx.commit().unwrap();
+}
+
+/// An earlier build's version is its `user_version` where that agrees with what its steps
+/// left, and what they left where an application set another since; a file without oncebox's
+/// tables is fresh, whatever its `user_version`.
+#[test]
+fn each_earlier_version_is_read_from_what_its_steps_left() {
+    for steps in 0..=EARLIER {
+        let dir = tempfile::tempdir().unwrap();
+        let options = Options::new(dir.path().join("old.db"));
+        let mut conn = open_writer(&options).unwrap();
+        earlier_file(&mut conn, steps, steps as i64);
+        let expected = |v| {
+            if steps == 0 {
+                Found::Fresh
+            } else {
+                Found::Earlier(v)
+            }
+        };
+        assert_eq!(version::found(&conn).unwrap(), expected(steps as i64));
+        conn.pragma_update(None, "user_version", 42).unwrap();
+        // Step 6 only deletes rows: a file past it and not past 7 reads as 5, and runs it again.
+        let shown = if steps == 6 { 5 } else { steps as i64 };
+        assert_eq!(version::found(&conn).unwrap(), expected(shown), "{steps}");
+    }
+}
+
+/// Adopted in the transaction that migrates it: the version moves into `oncebox_schema`, the
+/// rows stay, `user_version` is left as it was; opened again, nothing is written.
+#[test]
+fn an_earlier_file_is_adopted_once_and_user_version_left_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let options = Options::new(dir.path().join("old.db"));
+    let mut conn = open_writer(&options).unwrap();
+    earlier_file(&mut conn, 3, 3);
+    conn.execute(INSERT, ["kept", "completed"]).unwrap();
+    migrate(&mut conn, &options).unwrap();
+    assert_eq!(version::found(&conn).unwrap(), Found::Kept(VERSION));
+    let user_version: i64 = conn
+        .query_row("PRAGMA user_version", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(user_version, 3);
+    let kept: i64 = conn
+        .query_row("SELECT count(*) FROM oncebox_inbox", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(kept, 1);
+    let schema = |c: &Connection| -> i64 {
+        c.query_row("PRAGMA schema_version", [], |r| r.get(0))
+            .unwrap()
+    };
+    let (changes, before) = (conn.total_changes(), schema(&conn));
+    migrate(&mut conn, &options).unwrap();
+    assert_eq!((conn.total_changes(), schema(&conn)), (changes, before));
+}
+
+/// A step failing midway (here an application's trigger refusing step 6's delete) leaves the
+/// file as the earlier build left it: no step before it, no version adopted.
+#[test]
+fn a_migration_failing_midway_leaves_the_earlier_file_as_it_was() {
+    let dir = tempfile::tempdir().unwrap();
+    let options = Options::new(dir.path().join("old.db"));
+    let mut conn = open_writer(&options).unwrap();
+    earlier_file(&mut conn, 4, 4);
+    conn.execute_batch(
+        "INSERT INTO oncebox_outbox (destination, idempotency_key, payload, content_type,
+           source, event_id, state, created_at, next_attempt_at)
+         VALUES ('r', 's:gone', x'00', 'application/json', 's', 'gone', 'delivered', 1, 1);
+         CREATE TRIGGER keep_deliveries BEFORE DELETE ON oncebox_outbox
+         BEGIN SELECT RAISE(ABORT, 'kept'); END;",
+    )
+    .unwrap();
+    let failed = migrate(&mut conn, &options);
+    assert!(failed.is_err(), "{failed:?}");
+    assert_eq!(version::found(&conn).unwrap(), Found::Earlier(4));
+    let anchors: i64 = conn
+        .query_row(
+            "SELECT count(*) FROM sqlite_schema WHERE name = 'oncebox_purge_anchors'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(anchors, 0, "step 5 went with the failure");
+    conn.execute_batch("DROP TRIGGER keep_deliveries").unwrap();
+    migrate(&mut conn, &options).unwrap();
+    assert_eq!(version::found(&conn).unwrap(), Found::Kept(VERSION));
 }

@@ -4,31 +4,75 @@
 //! run its next statements in autocommit, each committed alone at once: part of an effect, or
 //! a record without its effect. A commit hook turns every commit the writer did not ask for
 //! into a rollback, so such a statement fails instead.
+//!
+//! A rollback hook tells the writer that the transaction ended under a request, even one that
+//! then began another (`BEGIN`, `SAVEPOINT` in autocommit): the request is then answered as the
+//! cause, and the batch's other requests are run again in a new transaction (`writer/open.rs`).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use rusqlite::Connection;
 
-/// The writer's permission to commit, shared with the hook on its connection.
-pub(crate) struct Commits(Arc<AtomicBool>);
+/// The writer's permission to commit, shared with the hooks on its connection.
+pub(crate) struct Commits {
+    allowed: Arc<AtomicBool>,
+    /// The open transaction was rolled back (by SQLite, or by a statement someone ran).
+    ended: Arc<AtomicBool>,
+    /// Someone else's `COMMIT` was turned into a rollback while the transaction was still open.
+    stray: Arc<AtomicBool>,
+}
 
 impl Commits {
-    /// Installs the hook on `conn`: from now on a commit happens only inside [`Commits::commit`].
+    /// Installs the hooks on `conn`: from now on a commit happens only inside
+    /// [`Commits::commit`].
     pub fn guard(conn: &Connection) -> Commits {
         let allowed = Arc::new(AtomicBool::new(false));
-        let hook = allowed.clone();
-        // Returning true turns the commit into a rollback.
-        conn.commit_hook(Some(move || !hook.load(Ordering::Relaxed)));
-        Commits(allowed)
+        let ended = Arc::new(AtomicBool::new(false));
+        let stray = Arc::new(AtomicBool::new(false));
+        let (hook, ended_seen, stray_seen) = (allowed.clone(), ended.clone(), stray.clone());
+        // Returning true turns the commit into a rollback. A commit after the transaction
+        // ended is a statement in autocommit, not someone's COMMIT of the writer's work.
+        conn.commit_hook(Some(move || {
+            let refused = !hook.load(Ordering::Relaxed);
+            if refused && !ended_seen.load(Ordering::Relaxed) {
+                stray_seen.store(true, Ordering::Relaxed);
+            }
+            refused
+        }));
+        let ending = ended.clone();
+        // Not called for `ROLLBACK TO`: a savepoint undone leaves the transaction open.
+        conn.rollback_hook(Some(move || ending.store(true, Ordering::Relaxed)));
+        Commits {
+            allowed,
+            ended,
+            stray,
+        }
+    }
+
+    /// Begins the writer's transaction, forgetting how the last one ended.
+    pub fn begin(&self, conn: &Connection) -> rusqlite::Result<()> {
+        self.ended.store(false, Ordering::Relaxed);
+        self.stray.store(false, Ordering::Relaxed);
+        conn.execute_batch("BEGIN IMMEDIATE")
     }
 
     /// Runs the writer's `COMMIT`, the one commit allowed.
     pub fn commit(&self, conn: &Connection) -> rusqlite::Result<()> {
-        self.0.store(true, Ordering::Relaxed);
+        self.allowed.store(true, Ordering::Relaxed);
         let committed = conn.execute_batch("COMMIT");
-        self.0.store(false, Ordering::Relaxed);
+        self.allowed.store(false, Ordering::Relaxed);
         committed
+    }
+
+    /// Whether the transaction begun last is gone: rolled back, or never there.
+    pub fn ended(&self, conn: &Connection) -> bool {
+        self.ended.load(Ordering::Relaxed) || conn.is_autocommit()
+    }
+
+    /// Whether it ended by someone's `COMMIT` (turned into a rollback).
+    pub fn stray_commit(&self) -> bool {
+        self.stray.load(Ordering::Relaxed)
     }
 }
 

@@ -1,13 +1,15 @@
-//! A relay's claim and the writer's deadline: a claim the writer started before its deadline,
-//! in a batch that commits after it, is answered with its rows (answered `Deadline`, its rows
-//! would stay `in_flight` under tokens no one holds, to be taken over later as possibly sent);
-//! one the writer had not started by then is given up and changes nothing.
+//! A relay's claim, a two-phase lease and the writer's deadline: a claim or a lease the writer
+//! started before its deadline, in a batch that commits after it, is answered (answered
+//! `Deadline`, a claim's rows would stay `in_flight` under tokens no one holds, to be taken
+//! over later as possibly sent, and a lease would hold its key for its TTL, held by nobody,
+//! then be taken over as a call that may have happened); one the writer had not started by
+//! then is given up and changes nothing.
 
 use std::time::{Duration, Instant};
 
 use oncebox_core::relay_store::DeliveryStore;
 use oncebox_core::store::{EventStore, Ingest};
-use oncebox_core::{ManualClock, Unavailable};
+use oncebox_core::{Begun, ManualClock, ProcessError, Response, Unavailable};
 use oncebox_sqlite::{Inbox, Options};
 use oncebox_testkit::writer::{hold_writer, queued};
 use oncebox_testkit::{EPOCH, event, run};
@@ -81,5 +83,83 @@ fn a_claim_not_started_by_its_deadline_changes_nothing() {
             .expect("claim");
         assert_eq!(later.len(), 1, "still pending");
         assert!(!later[0].taken_over);
+    });
+}
+
+/// The lease joins a batch that a later request in it holds past the lease's deadline: its
+/// caller waits for the commit and gets the lease, which it then completes.
+#[test]
+fn a_lease_committed_after_its_deadline_is_its_callers() {
+    run(async {
+        let dir = tempfile::tempdir().unwrap();
+        let inbox = routed_event(&dir).await;
+        let gate = hold_writer(&inbox).await;
+        let asked = Instant::now();
+        let beginning = inbox.clone();
+        let begin =
+            tokio::spawn(async move { beginning.begin(event("shop", "evt-2", 1), LEASE).await });
+        queued(&inbox, 1).await;
+        // Behind the lease, in its batch: a request that holds the writer until released.
+        let (entered_tx, entered) = tokio::sync::oneshot::channel();
+        let (release, held) = std::sync::mpsc::channel::<()>();
+        let blocker = inbox.clone();
+        tokio::spawn(async move {
+            let _ = blocker
+                .write(move |_| {
+                    let _ = entered_tx.send(());
+                    let _ = held.recv();
+                    Ok(())
+                })
+                .await;
+        });
+        queued(&inbox, 2).await;
+        gate.send(()).unwrap();
+        entered
+            .await
+            .expect("the writer runs the blocker, after the lease");
+        // Asked after the lease, so answered `Deadline` after the lease's deadline passed.
+        let later = inbox.write(|_| Ok(())).await;
+        assert!(
+            matches!(
+                later,
+                Err(oncebox_sqlite::Error::Unavailable(Unavailable::Deadline))
+            ),
+            "{later:?}"
+        );
+        release.send(()).unwrap();
+        let begun = begin.await.unwrap();
+        assert!(asked.elapsed() > DEADLINE, "answered after its deadline");
+        let Ok(Begun::Leased(lease)) = begun else {
+            panic!("the lease it holds: {begun:?}");
+        };
+        assert!(!lease.taken_over);
+        inbox
+            .complete(&lease, Response::completed("sent"))
+            .await
+            .expect("its holder completes it");
+    });
+}
+
+/// A lease not started by its deadline is given up, and the key is free.
+#[test]
+fn a_lease_not_started_by_its_deadline_changes_nothing() {
+    run(async {
+        let dir = tempfile::tempdir().unwrap();
+        let inbox = routed_event(&dir).await;
+        let gate = hold_writer(&inbox).await;
+        let given_up = inbox.begin(event("shop", "evt-2", 1), LEASE).await;
+        assert!(
+            matches!(
+                given_up,
+                Err(ProcessError::Unavailable(Unavailable::Deadline))
+            ),
+            "{given_up:?}"
+        );
+        drop(gate);
+        let later = inbox.begin(event("shop", "evt-2", 1), LEASE).await;
+        let Ok(Begun::Leased(lease)) = later else {
+            panic!("a first lease: {later:?}");
+        };
+        assert!(!lease.taken_over, "nobody held it before");
     });
 }

@@ -231,3 +231,26 @@ fn guarded_transitions_apply_each_fact_once() {
         );
     });
 }
+
+/// A report about a payment the service has not created yet: no row moves, and answered it
+/// would be recorded and replayed for ever, its fact lost. It fails, nothing is kept, and the
+/// provider's next delivery applies it once the payment exists.
+#[test]
+fn a_report_before_its_payment_exists_fails_and_applies_when_sent_again() {
+    oncebox_testkit::run(async {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let inbox = payment_status::open(dir.path()).await.expect("open");
+        let early = payment_status::deliver(&inbox, "evt-p3", "payment.succeeded", "p-3").await;
+        assert!(matches!(early, Err(ProcessError::Handler(_))), "{early:?}");
+        inbox
+            .write(|c| c.execute("INSERT INTO payments VALUES ('p-3', 'created')", []))
+            .await
+            .expect("create p-3");
+        let again = payment_status::deliver(&inbox, "evt-p3", "payment.succeeded", "p-3").await;
+        let moved = r#"{"payment":"p-3","changed":true,"status":"paid"}"#;
+        assert_eq!(
+            again.expect("applied"),
+            Processed::Applied(Response::completed(moved))
+        );
+    });
+}

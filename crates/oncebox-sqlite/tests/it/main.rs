@@ -5,13 +5,16 @@ mod crash;
 mod damaged;
 mod deadline;
 mod deliveries;
+mod dropped;
 mod examples;
 mod harness;
 mod placement;
 mod powerloss;
 mod recent;
 mod rolled_back;
+mod schema;
 mod sqlite;
+mod too_large;
 mod wal;
 mod watermark;
 

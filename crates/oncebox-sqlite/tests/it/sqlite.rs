@@ -331,7 +331,7 @@ fn schema_newer_than_this_build_is_refused() {
     drop(Inbox::open(Options::new(&path)).unwrap());
     Connection::open(&path)
         .unwrap()
-        .pragma_update(None, "user_version", 99)
+        .execute("UPDATE oncebox_schema SET version = 99", [])
         .unwrap();
     let err = Inbox::open(Options::new(&path)).unwrap_err();
     assert!(

@@ -161,11 +161,11 @@ fn consume_never_creates_a_database() {
     assert_eq!(files_besides(d, "oncebox.toml"), Vec::<String>::new());
 }
 
-/// The schema version SQLite records in the file.
-fn user_version(db: &Path) -> i64 {
+/// The schema version oncebox records in the file.
+fn schema_version(db: &Path) -> i64 {
     oncebox_sqlite::rusqlite::Connection::open(db)
         .unwrap()
-        .query_row("PRAGMA user_version", [], |r| r.get(0))
+        .query_row("SELECT version FROM oncebox_schema", [], |r| r.get(0))
         .unwrap()
 }
 
@@ -179,12 +179,12 @@ fn operators_commands_change_no_schema() {
     let out = oncebox(d, &["migrate"]);
     assert!(out.status.success(), "{}", text(&out));
     let db = d.join("oncebox.db");
-    let current = user_version(&db);
+    let current = schema_version(&db);
     assert!(current > 1);
     // As the previous version left it.
     oncebox_sqlite::rusqlite::Connection::open(&db)
         .unwrap()
-        .pragma_update(None, "user_version", current - 1)
+        .execute("UPDATE oncebox_schema SET version = ?1", [current - 1])
         .unwrap();
     for command in [
         &["stats"][..],
@@ -196,7 +196,7 @@ fn operators_commands_change_no_schema() {
         let said = text(&out);
         assert_eq!(out.status.code(), Some(4), "{command:?}: {said}");
         assert!(said.contains("oncebox migrate"), "{command:?}: {said}");
-        assert_eq!(user_version(&db), current - 1, "{command:?} migrated");
+        assert_eq!(schema_version(&db), current - 1, "{command:?} migrated");
     }
 }
 

@@ -1,0 +1,158 @@
+//! The schema version is oncebox's own (`oncebox_schema`), not SQLite's `user_version`, which
+//! an application sharing the file keeps for its own migrator: whatever it holds, oncebox opens
+//! the file and leaves it as it was. A file an earlier build versioned there is adopted.
+
+use std::path::Path;
+
+use oncebox_core::{Event, Processed, Response};
+use oncebox_sqlite::rusqlite::Connection;
+use oncebox_sqlite::{Inbox, Options};
+
+use crate::harness::shop;
+
+/// The last version earlier builds kept in `user_version`.
+const EARLIER: i64 = 7;
+
+fn event() -> Event {
+    shop("e1", r#"{"n":1}"#)
+}
+
+fn ok(tx: &mut oncebox_sqlite::Tx<'_>) -> Result<Response, oncebox_sqlite::HandlerError> {
+    let _ = tx;
+    Ok(Response::completed("done"))
+}
+
+fn user_version(path: &Path) -> i64 {
+    Connection::open(path)
+        .unwrap()
+        .query_row("PRAGMA user_version", [], |r| r.get(0))
+        .unwrap()
+}
+
+fn kept_version(path: &Path) -> Option<i64> {
+    let c = Connection::open(path).unwrap();
+    c.query_row("SELECT version FROM oncebox_schema", [], |r| r.get(0))
+        .ok()
+}
+
+fn notes(path: &Path) -> Vec<String> {
+    let c = Connection::open(path).unwrap();
+    let mut q = c
+        .prepare("SELECT body FROM app_notes ORDER BY rowid")
+        .unwrap();
+    q.query_map([], |r| r.get(0))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect()
+}
+
+/// An application's file at `user_version` 0, 2, 5 or 99, with or without its own tables:
+/// oncebox opens it, works, opens it again, and leaves `user_version` and the tables alone.
+#[test]
+fn an_applications_user_version_is_left_to_it() {
+    for version in [0, 2, 5, 99] {
+        for own_tables in [false, true] {
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("app.db");
+            let app = Connection::open(&path).unwrap();
+            if own_tables {
+                app.execute_batch(
+                    "CREATE TABLE app_notes (body TEXT); INSERT INTO app_notes VALUES ('mine');",
+                )
+                .unwrap();
+            }
+            app.pragma_update(None, "user_version", version).unwrap();
+            drop(app);
+            let case = format!("user_version {version}, own tables {own_tables}");
+            let inbox = Inbox::open(Options::new(&path)).unwrap_or_else(|e| panic!("{case}: {e}"));
+            let out = inbox.process_blocking(event(), ok);
+            assert!(matches!(out, Ok(Processed::Applied(_))), "{case}: {out:?}");
+            drop(inbox);
+            assert_eq!(user_version(&path), version, "{case}");
+            let inbox = Inbox::open(Options::new(&path).migrate(false))
+                .unwrap_or_else(|e| panic!("{case}, again: {e}"));
+            let out = inbox.process_blocking(event(), ok);
+            assert!(
+                matches!(out, Ok(Processed::Duplicate(_))),
+                "{case}: {out:?}"
+            );
+            drop(inbox);
+            assert_eq!(user_version(&path), version, "{case}");
+            if own_tables {
+                assert_eq!(notes(&path), ["mine"], "{case}");
+            }
+        }
+    }
+}
+
+/// A file an earlier build kept, versioned in `user_version`: opened without migrations it is
+/// current and nothing is written; the first open that migrates moves its version into
+/// oncebox's table, and from then on `user_version` is not read — the application may set it
+/// to anything.
+#[test]
+fn a_file_an_earlier_build_versioned_is_adopted() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("old.db");
+    let inbox = Inbox::open(Options::new(&path)).unwrap();
+    assert!(matches!(
+        inbox.process_blocking(event(), ok),
+        Ok(Processed::Applied(_))
+    ));
+    drop(inbox);
+    // As an earlier build left it.
+    let c = Connection::open(&path).unwrap();
+    c.execute_batch("DROP TABLE oncebox_schema").unwrap();
+    c.pragma_update(None, "user_version", EARLIER).unwrap();
+    drop(c);
+
+    let looking = Inbox::open(Options::new(&path).migrate(false)).unwrap();
+    drop(looking);
+    assert_eq!(
+        kept_version(&path),
+        None,
+        "nothing written without migrations"
+    );
+    let inbox = Inbox::open(Options::new(&path)).unwrap();
+    assert!(matches!(
+        inbox.process_blocking(event(), ok),
+        Ok(Processed::Duplicate(_))
+    ));
+    drop(inbox);
+    assert_eq!(kept_version(&path), Some(EARLIER), "adopted");
+    assert_eq!(user_version(&path), EARLIER, "left as it was");
+
+    // The application's now: oncebox no longer reads it.
+    for version in [0, 2, 99] {
+        Connection::open(&path)
+            .unwrap()
+            .pragma_update(None, "user_version", version)
+            .unwrap();
+        let inbox = Inbox::open(Options::new(&path)).unwrap();
+        assert!(matches!(
+            inbox.process_blocking(event(), ok),
+            Ok(Processed::Duplicate(_))
+        ));
+        drop(inbox);
+        assert_eq!(user_version(&path), version);
+    }
+}
+
+/// An earlier build's file whose `user_version` an application changed since: what oncebox's
+/// tables show is its version, and the application's value stays.
+#[test]
+fn an_earlier_builds_file_renumbered_by_an_application_is_read_from_its_tables() {
+    for version in [0, 2, 9, 99] {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("old.db");
+        drop(Inbox::open(Options::new(&path)).unwrap());
+        let c = Connection::open(&path).unwrap();
+        c.execute_batch("DROP TABLE oncebox_schema").unwrap();
+        c.pragma_update(None, "user_version", version).unwrap();
+        drop(c);
+        let inbox = Inbox::open(Options::new(&path))
+            .unwrap_or_else(|e| panic!("user_version {version}: {e}"));
+        drop(inbox);
+        assert_eq!(kept_version(&path), Some(EARLIER), "user_version {version}");
+        assert_eq!(user_version(&path), version);
+    }
+}
