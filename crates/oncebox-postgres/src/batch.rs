@@ -4,7 +4,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use oncebox_core::store::Ingest;
@@ -14,11 +14,14 @@ use tokio::sync::oneshot;
 
 use crate::error::{commit_failed, storage};
 use crate::inbox::notify;
+use crate::limit;
 use crate::options::Options;
 
 mod gather;
+mod stats;
 
 use gather::gather;
+pub use stats::BatchStats;
 
 /// One request waiting for its batch.
 pub(crate) struct Job {
@@ -39,38 +42,6 @@ pub(crate) enum Answer {
 pub(crate) struct Batcher {
     sender: flume::Sender<Job>,
     pub stats: Arc<BatchStats>,
-}
-
-/// Counters of the batch workers' work since open.
-#[derive(Debug, Default)]
-pub struct BatchStats {
-    commits: AtomicU64,
-    requests: AtomicU64,
-    held: AtomicU64,
-    in_flight: AtomicU64,
-}
-
-impl BatchStats {
-    /// Batch transactions committed.
-    pub fn commits(&self) -> u64 {
-        self.commits.load(Ordering::Relaxed)
-    }
-
-    /// Requests answered by committed batches.
-    pub fn committed_requests(&self) -> u64 {
-        self.requests.load(Ordering::Relaxed)
-    }
-
-    /// Requests the workers have taken from the queue and not yet answered: in a batch's
-    /// transaction, or waiting for the next round because their key is already in one.
-    pub fn held(&self) -> u64 {
-        self.held.load(Ordering::Relaxed)
-    }
-
-    /// Batch transactions in flight now (begun, not yet committed or failed).
-    pub fn in_flight(&self) -> u64 {
-        self.in_flight.load(Ordering::Relaxed)
-    }
 }
 
 impl Batcher {
@@ -110,7 +81,16 @@ impl Batcher {
     }
 
     /// Queues `ingest`; a full queue is `Busy` at once, so an overloaded node sheds load fast.
+    /// An event PostgreSQL cannot store is refused, and one whose deliveries a batch's array
+    /// could not carry goes the per-event way, before either joins a batch: a statement failing
+    /// for it would fail every request beside it, on every try.
     pub async fn submit(&self, ingest: Ingest, deadline: Instant) -> Answer {
+        if let Err(refused) = limit::check(&ingest.event) {
+            return Answer::Done(Err(refused));
+        }
+        if limit::too_heavy_for_a_batch(&ingest) {
+            return Answer::Single(Box::new(ingest));
+        }
         let (answer, receiver) = oneshot::channel();
         let job = Job {
             ingest,

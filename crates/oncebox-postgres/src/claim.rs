@@ -9,12 +9,22 @@ use oncebox_core::{
 };
 use sqlx::{PgConnection, Row};
 
+/// A claimed record: its row, and the transaction that claimed it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Claimed {
+    pub row: i64,
+    /// `txid_current()` of the claiming transaction: `finish` records the outcome only in that
+    /// same transaction, so a handler that ended it (its own `COMMIT` or `ROLLBACK` on
+    /// `tx.conn()`) cannot have its record written in autocommit, apart from its effect.
+    pub xact: i64,
+}
+
 /// What the claim decided.
 pub(crate) enum Claim {
-    /// The key is ours: a new record in state `processing`, or an expired lease taken over.
-    Fresh(i64),
+    /// The key is ours: a new record in state `processing`.
+    Fresh(Claimed),
     /// An expired lease taken over: ours now, but its holder may have run the outside effect.
-    TakenOver(i64),
+    TakenOver(Claimed),
     /// Answered from the record; the handler must not run. The transaction must still commit
     /// (a conflict is recorded for audit).
     Answered(Result<Processed, ProcessError>),
@@ -35,11 +45,12 @@ pub(crate) async fn claim(
 ) -> Result<Claim, sqlx::Error> {
     let key = &event.key;
     let (token, expires) = lease.unzip();
-    let inserted: Option<i64> = sqlx::query_scalar(
+    // The transaction id comes back with the row, in the same round trip.
+    let inserted: Option<(i64, i64)> = sqlx::query_as(
         "INSERT INTO oncebox_inbox (source, event_id, fingerprint, state, payload, received_at,
            lease_token, lease_expires_at, content_type, headers)
          VALUES ($1, $2, $3, 'processing', $4, $5, $6, $7, $8, $9)
-         ON CONFLICT (source, event_id) DO NOTHING RETURNING id",
+         ON CONFLICT (source, event_id) DO NOTHING RETURNING id, txid_current()",
     )
     .bind(key.source.as_str())
     .bind(key.event_id.as_str())
@@ -52,8 +63,8 @@ pub(crate) async fn claim(
     .bind(event.meta.header_lines())
     .fetch_optional(&mut *conn)
     .await?;
-    if let Some(id) = inserted {
-        return Ok(Claim::Fresh(id));
+    if let Some((row, xact)) = inserted {
+        return Ok(Claim::Fresh(Claimed { row, xact }));
     }
     let Some(row) = sqlx::query(
         "SELECT id, fingerprint, state, response, lease_expires_at, received_at
@@ -89,11 +100,24 @@ pub(crate) async fn claim(
     if state == "uncertain" {
         return Ok(Claim::Answered(Err(ProcessError::Uncertain)));
     }
+    // `processing` without a lease: only `process` claims without one, and its claim commits
+    // with its record, unless its handler committed the transaction itself (`COMMIT` on
+    // `tx.conn()`) and then failed or died. Its effect may have committed with the claim:
+    // taken over, it would run again. Parked as uncertain, for an operator to resolve.
+    let Some(expires_at) = row.try_get::<Option<i64>, _>(4)? else {
+        sqlx::query("UPDATE oncebox_inbox SET state = 'uncertain' WHERE id = $1")
+            .bind(id)
+            .execute(&mut *conn)
+            .await?;
+        tracing::error!(
+            key = %key,
+            "a claim committed without its outcome (a handler's own COMMIT): parked uncertain"
+        );
+        return Ok(Claim::Answered(Err(ProcessError::Uncertain)));
+    };
     // `processing`: a two-phase lease. Live → in progress; begun after now (the clock went
     // back) → re-anchored to one TTL from now, still in progress; expired → taken over, fenced
     // by a new token so the old holder can no longer complete.
-    let expires_at: Option<i64> = row.try_get(4)?;
-    let expires_at = expires_at.unwrap_or(i64::MIN);
     let begun_at: i64 = row.try_get(5)?;
     let until = match lease_seen(Timestamp(begun_at), Timestamp(expires_at), Timestamp(now)) {
         LeaseSeen::Live => Some(expires_at),
@@ -117,17 +141,17 @@ pub(crate) async fn claim(
             retry_after: Duration::from_millis(wait),
         })));
     }
-    sqlx::query(
+    let xact: i64 = sqlx::query_scalar(
         "UPDATE oncebox_inbox SET lease_token = $2, lease_expires_at = $3, received_at = $4
-         WHERE id = $1",
+         WHERE id = $1 RETURNING txid_current()",
     )
     .bind(id)
     .bind(token)
     .bind(expires)
     .bind(now)
-    .execute(&mut *conn)
+    .fetch_one(&mut *conn)
     .await?;
-    Ok(Claim::TakenOver(id))
+    Ok(Claim::TakenOver(Claimed { row: id, xact }))
 }
 
 /// Whether the record `id`, whose fingerprint differs, is `event` fingerprinted the way an
@@ -148,26 +172,31 @@ async fn stored_payload_matches(
     Ok(payload.is_some_and(|p| event.matches_payload(&p)))
 }
 
-/// Marks the claimed record terminal with its response.
+/// Marks the claimed record terminal with its response, only inside the transaction that
+/// claimed it. False when that transaction is gone (the handler ran `COMMIT` or `ROLLBACK`
+/// itself, maybe `BEGIN` after): then nothing was written, and the caller must not commit.
 pub(crate) async fn finish(
     conn: &mut PgConnection,
-    row: i64,
+    claimed: Claimed,
     response: &Response,
     now: i64,
-) -> Result<(), sqlx::Error> {
+) -> Result<bool, sqlx::Error> {
     let body = (!response.body.is_empty()).then_some(&response.body);
-    sqlx::query(
+    // Checked in the statement itself, so the common path pays no extra round trip. Outside a
+    // transaction block `txid_current()` takes a new id, so the guard fails there too.
+    let n = sqlx::query(
         "UPDATE oncebox_inbox SET state = $2, response = $3, completed_at = $4,
            lease_token = NULL, lease_expires_at = NULL
-         WHERE id = $1",
+         WHERE id = $1 AND txid_current() = $5",
     )
-    .bind(row)
+    .bind(claimed.row)
     .bind(response.kind.as_str())
     .bind(body)
     .bind(now)
+    .bind(claimed.xact)
     .execute(conn)
     .await?;
-    Ok(())
+    Ok(n.rows_affected() == 1)
 }
 
 pub(crate) async fn record_conflict(

@@ -2,29 +2,26 @@
 //! of its own; the gateway's verbs are batched (see `batch`); leases are guarded single
 //! statements, so any number of nodes can share one database.
 
-use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::FutureExt;
 use futures::future::BoxFuture;
 use oncebox_core::{
     Begun, Clock, Event, Key, Lease, LeaseError, ProcessError, Processed, Record, Resolution,
-    Response, ResponseKind, Unavailable,
+    Response, Unavailable,
 };
 use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
 
 use crate::batch::Batcher;
-use crate::claim::{Claim, claim, finish};
-use crate::error::{
-    OpenError, commit_failed, handler_commit_failed, record_failed, storage, unavailable,
-};
+use crate::claim::{Claim, claim};
+use crate::error::{OpenError, commit_failed, storage};
 use crate::options::Options;
 use crate::tx::{HandlerError, Tx};
 use crate::{OUTBOX_CHANNEL, schema};
 
 mod connect;
+mod run;
 
 pub(crate) use connect::{begin, lock_timeout};
 use connect::{connect_options, quoted};
@@ -131,13 +128,18 @@ impl Inbox {
 
     /// Processes `event` once: a new key runs `handler` on the transaction that also records the
     /// key and its response; a committed key answers `Duplicate` without running it. A handler
-    /// error or panic rolls back everything of this event and leaves the key free.
+    /// error or panic rolls back everything of this event and leaves the key free. An event
+    /// past [`MAX_EVENT_BYTES`](crate::MAX_EVENT_BYTES) is `Invalid::TooLarge`, unasked of
+    /// the database. A handler that ends the transaction itself (`COMMIT` or `ROLLBACK` on
+    /// `tx.conn()`) leaves its effect's fate unknown: the key is parked and the answer is
+    /// `Uncertain`, now and on every delivery until an operator resolves it.
     pub async fn process<F>(&self, event: Event, handler: F) -> Result<Processed, ProcessError>
     where
         F: for<'t> FnOnce(&'t mut Tx) -> BoxFuture<'t, Result<Response, HandlerError>>
             + Send
             + 'static,
     {
+        crate::limit::check(&event)?;
         let mut handler: Option<Handler> = Some(Box::new(handler));
         for _ in 0..CLAIM_ATTEMPTS {
             let mut tx = begin(&self.pool, self.deadline)
@@ -154,66 +156,21 @@ impl Inbox {
                     tx.commit().await.map_err(|e| commit_failed(&e))?;
                     return answer;
                 }
-                Claim::Fresh(row) | Claim::TakenOver(row) => {
+                Claim::Fresh(claimed) | Claim::TakenOver(claimed) => {
                     crate::crash::point!("after-inbox-insert");
                     let Some(handler) = handler.take() else { break };
-                    return self
-                        .run(Tx::new(tx, event.key.clone(), now), row, handler)
-                        .await;
+                    let tx = Tx::new(tx, event.key.clone(), now);
+                    return self.run(&event, tx, claimed, handler).await;
                 }
             }
         }
         Err(ProcessError::Unavailable(Unavailable::Busy))
     }
 
-    /// Runs the handler after a fresh claim. A savepoint after the claim lets a refusal or a
-    /// stale verdict undo the handler's work and keep the (now terminal) record.
-    async fn run(&self, mut tx: Tx, row: i64, handler: Handler) -> Result<Processed, ProcessError> {
-        let now = tx.now().millis();
-        sqlx::query("SAVEPOINT oncebox_effect")
-            .execute(&mut *tx.tx)
-            .await
-            .map_err(|e| storage(&e))?;
-        let outcome = AssertUnwindSafe(handler(&mut tx))
-            .catch_unwind()
-            .await
-            .unwrap_or_else(|_| Err(HandlerError::failed("handler panicked")));
-        crate::crash::point!("after-effect");
-        let answer = match outcome {
-            Ok(response) if response.kind == ResponseKind::Completed => {
-                finish(&mut tx.tx, row, &response, now)
-                    .await
-                    .map_err(|e| record_failed(&e))?;
-                Processed::Applied(response)
-            }
-            Ok(response) => {
-                terminal(&mut tx, row, &response, now).await?;
-                Processed::Applied(response)
-            }
-            Err(HandlerError::Stale) => {
-                terminal(&mut tx, row, &Response::stale(), now).await?;
-                Processed::Stale
-            }
-            Err(HandlerError::Sql(e)) => {
-                // Dropping the transaction rolls it back.
-                return Err(match unavailable(&e) {
-                    Some(why) => ProcessError::Unavailable(why),
-                    None => ProcessError::Handler(Box::new(e)),
-                });
-            }
-            Err(HandlerError::Failed(e)) => return Err(ProcessError::Handler(e)),
-        };
-        if tx.queued {
-            notify(&mut tx.tx).await.map_err(|e| storage(&e))?;
-        }
-        crate::crash::point!("before-commit");
-        tx.tx.commit().await.map_err(handler_commit_failed)?;
-        crate::crash::point!("after-commit");
-        Ok(answer)
-    }
-
-    /// Takes a fenced lease on the key for an effect outside the database.
+    /// Takes a fenced lease on the key for an effect outside the database. An event past
+    /// [`MAX_EVENT_BYTES`](crate::MAX_EVENT_BYTES) is `Invalid::TooLarge`.
     pub async fn begin(&self, event: Event, ttl: Duration) -> Result<Begun, ProcessError> {
+        crate::limit::check(&event)?;
         for _ in 0..CLAIM_ATTEMPTS {
             let mut tx = begin(&self.pool, self.deadline)
                 .await
@@ -370,25 +327,6 @@ fn fenced_unless(rows: u64) -> Result<(), LeaseError> {
     } else {
         Err(LeaseError::Fenced)
     }
-}
-
-/// Undoes the handler's work (back to the savepoint after the claim) and makes the record
-/// terminal with `response`.
-async fn terminal(
-    tx: &mut Tx,
-    row: i64,
-    response: &Response,
-    now: i64,
-) -> Result<(), ProcessError> {
-    sqlx::query("ROLLBACK TO SAVEPOINT oncebox_effect")
-        .execute(&mut *tx.tx)
-        .await
-        .map_err(|e| storage(&e))?;
-    // What the handler queued went with the savepoint.
-    tx.queued = false;
-    finish(&mut tx.tx, row, response, now)
-        .await
-        .map_err(|e| ProcessError::Unavailable(storage(&e)))
 }
 
 /// Wakes relays listening for new deliveries; PostgreSQL sends it on commit, once per

@@ -12,14 +12,18 @@
 //! - **Leases** use fencing tokens from a sequence (never repeated) and single guarded
 //!   statements, so an expired holder cannot complete.
 //! - **Relay** claims with `FOR UPDATE SKIP LOCKED`; new deliveries `NOTIFY` listening relays.
+//! - **Broker consumers** (RabbitMQ, NATS) take [`InboxHandler`] as their `Apply`.
+//! - **Size**: an event past [`MAX_EVENT_BYTES`] is refused as invalid before any query.
 //! - **Migrations** run under an advisory lock: nodes starting together apply each once.
 
 mod batch;
 mod claim;
+mod consume;
 pub mod crash;
 mod deliveries;
 mod error;
 mod inbox;
+mod limit;
 mod listen;
 mod options;
 mod read;
@@ -28,8 +32,10 @@ mod store;
 mod tx;
 
 pub use batch::BatchStats;
+pub use consume::InboxHandler;
 pub use error::{Error, OpenError};
 pub use inbox::{Handler, Inbox};
+pub use limit::MAX_EVENT_BYTES;
 pub use oncebox_core::{Record, RecordState, Resolution};
 pub use options::Options;
 pub use read::MAX_PAGE;

@@ -26,7 +26,8 @@ pub struct Options {
     /// Requests combined into one set-based statement at most.
     pub max_batch: usize,
     /// Bytes one batch binds at most (payloads, once per route too, and answers): PostgreSQL
-    /// refuses a value or a message past 1 GB. A single larger request still goes alone.
+    /// refuses a value or a message past 1 GB. A single larger request still goes alone; set
+    /// above [`MAX_EVENT_BYTES`](crate::MAX_EVENT_BYTES), it counts as that.
     pub max_batch_bytes: usize,
     /// Requests waiting for a batch at most; beyond it callers get `Unavailable::Busy` at once.
     pub queue_capacity: usize,

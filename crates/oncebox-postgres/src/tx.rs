@@ -49,7 +49,9 @@ impl Tx {
     }
 
     /// The connection, inside the event's transaction: the user's own SQL goes here. Do not
-    /// issue `COMMIT` or `ROLLBACK` on it — `process` owns the transaction.
+    /// issue `COMMIT` or `ROLLBACK` on it: `process` owns the transaction. PostgreSQL cannot
+    /// stop either; after one, what the handler did may have committed without the key's
+    /// record, so `process` answers `Uncertain` and parks the key for an operator to resolve.
     pub fn conn(&mut self) -> &mut PgConnection {
         &mut self.tx
     }
@@ -138,22 +140,13 @@ impl Tx {
         partition: i64,
         offset: i64,
     ) -> Result<OffsetMove, HandlerError> {
-        let moved = sqlx::query(
-            "INSERT INTO oncebox_offsets (stream, partition, position) VALUES ($1, $2, $3)
-             ON CONFLICT (stream, partition) DO UPDATE SET position = excluded.position
-             WHERE excluded.position > oncebox_offsets.position",
+        Ok(
+            if move_watermark(&mut self.tx, stream, partition, offset).await? {
+                OffsetMove::Advanced
+            } else {
+                OffsetMove::Replay
+            },
         )
-        .bind(stream)
-        .bind(partition)
-        .bind(offset)
-        .execute(&mut *self.tx)
-        .await?
-        .rows_affected();
-        Ok(if moved == 1 {
-            OffsetMove::Advanced
-        } else {
-            OffsetMove::Replay
-        })
     }
 
     /// Queues a message for delivery after commit. The same idempotency key for the same
@@ -191,4 +184,26 @@ impl Tx {
         .await?;
         Ok(msg.beside(first))
     }
+}
+
+/// Moves the watermark of `(stream, partition)` up to `offset`; false when it stood at or
+/// above it already.
+pub(crate) async fn move_watermark(
+    conn: &mut PgConnection,
+    stream: &str,
+    partition: i64,
+    offset: i64,
+) -> Result<bool, sqlx::Error> {
+    let moved = sqlx::query(
+        "INSERT INTO oncebox_offsets (stream, partition, position) VALUES ($1, $2, $3)
+         ON CONFLICT (stream, partition) DO UPDATE SET position = excluded.position
+         WHERE excluded.position > oncebox_offsets.position",
+    )
+    .bind(stream)
+    .bind(partition)
+    .bind(offset)
+    .execute(conn)
+    .await?
+    .rows_affected();
+    Ok(moved == 1)
 }

@@ -3,6 +3,7 @@
 use std::sync::atomic::Ordering;
 
 use super::{BatchStats, Job};
+use crate::limit::MAX_EVENT_BYTES;
 use crate::options::Options;
 
 /// Bytes a request binds in its batch's statements: its payload once in the inbox and once
@@ -28,6 +29,9 @@ pub(super) fn gather(
     options: &Options,
     stats: &BatchStats,
 ) -> (Vec<Job>, Option<Job>) {
+    // However high it was set: past PostgreSQL's own bound, the requests beside a large one
+    // would fail with it.
+    let limit = options.max_batch_bytes.min(MAX_EVENT_BYTES);
     let mut bytes = weight(&first);
     let mut jobs = vec![first];
     while jobs.len() < options.max_batch {
@@ -36,7 +40,7 @@ pub(super) fn gather(
         };
         stats.held.fetch_add(1, Ordering::Relaxed);
         let w = weight(&job);
-        if bytes.saturating_add(w) > options.max_batch_bytes {
+        if bytes.saturating_add(w) > limit {
             return (jobs, Some(job));
         }
         bytes += w;
@@ -111,6 +115,26 @@ mod tests {
         let (jobs, carried) = gather(job("a", 2_000, 0), &rx, &options, &stats);
         assert_eq!(ids(&jobs), ["a"]);
         assert_eq!(ids(std::slice::from_ref(&carried.expect("b next"))), ["b"]);
+    }
+
+    #[test]
+    fn no_batch_passes_what_postgresql_takes_however_high_its_bound_is_set() {
+        let options = Options::new("postgres://unused").max_batch_bytes(usize::MAX);
+        let stats = BatchStats::default();
+        let (tx, rx) = flume::unbounded();
+        // Allocated zeroed, never touched: two of them pass 1 GiB together.
+        let big = |id: &str| {
+            let mut j = job(id, 100, 0);
+            j.ingest.event.payload = vec![0; MAX_EVENT_BYTES / 2 + 1];
+            j
+        };
+        tx.send(big("b")).unwrap();
+        tx.send(job("c", 100, 0)).unwrap();
+        let (jobs, carried) = gather(big("a"), &rx, &options, &stats);
+        assert_eq!(ids(&jobs), ["a"]);
+        let carried = carried.expect("b opens the next batch");
+        let (jobs, _) = gather(carried, &rx, &options, &stats);
+        assert_eq!(ids(&jobs), ["b", "c"]);
     }
 
     #[test]

@@ -3,17 +3,21 @@
 
 mod claims;
 mod commit_order;
+mod consume;
 mod database;
 mod deliveries;
+mod ended;
 mod faults;
 mod harness;
 mod hold;
 mod ingest;
 mod lock_wait;
+mod nats;
 mod pool;
 mod purge;
 mod relay;
 mod setup;
+mod too_large;
 mod wake;
 
 oncebox_testkit::conformance!(harness::Postgres);
