@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use axum::http::{HeaderName, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use oncebox_core::{ProcessError, Processed, ResponseKind};
+use oncebox_core::{Invalid, ProcessError, Processed, ResponseKind};
 
 /// Marks a replayed answer (DESIGN §4).
 pub const REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
@@ -136,6 +136,15 @@ impl Answer {
                 )
                 .retry_after(retry_after),
             ),
+            // A source's `max_body` set past what the store keeps (with its headers).
+            Err(ProcessError::Invalid(e @ Invalid::TooLarge { .. })) => {
+                Answer::Problem(Problem::new(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    "body-too-large",
+                    "Body too large",
+                    e.to_string(),
+                ))
+            }
             Err(ProcessError::Invalid(e)) => {
                 Answer::Problem(Problem::invalid("invalid-json", e.to_string()))
             }

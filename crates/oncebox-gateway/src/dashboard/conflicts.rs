@@ -41,7 +41,7 @@ fn side_by_side(stored: &[u8], offered: &[u8]) -> Markup {
             layout::payload_within(stored, SHOWN),
             layout::payload_within(offered, SHOWN),
         );
-        return sides(left, right);
+        return sides(&left, &right);
     }
     let parsed = (
         oncebox_core::json::parse(stored),
@@ -57,10 +57,10 @@ fn side_by_side(stored: &[u8], offered: &[u8]) -> Markup {
         }
         _ => (layout::payload(stored), layout::payload(offered)),
     };
-    sides(left, right)
+    sides(&left, &right)
 }
 
-fn sides(left: Markup, right: Markup) -> Markup {
+fn sides(left: &Markup, right: &Markup) -> Markup {
     html! {
         div.sides {
             div.side.stored { h4 { "stored (kept)" } (left) }
