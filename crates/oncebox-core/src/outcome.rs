@@ -161,7 +161,8 @@ pub enum ProcessError {
     /// Another worker holds the key's lease; try again after `retry_after`.
     #[error("key is being processed by another worker")]
     InProgress { retry_after: Duration },
-    /// A two-phase effect on this key ended with an unknown outcome; it waits for reconciliation
+    /// The key's effect has an unknown outcome (a two-phase holder parked it, or a PostgreSQL
+    /// handler ended the inbox's transaction itself); it waits for reconciliation (`resolve`)
     /// and is neither retried nor reported as done.
     #[error("key's outcome is uncertain and awaits reconciliation")]
     Uncertain,
