@@ -125,9 +125,14 @@
     document.getElementById("chart-total").textContent = total + " event(s) in the last hour";
   }
   if (counters) {
+    let refreshing = false;
     const refresh = function () {
+      // One at a time, as the event list polls: a slow store must not pile them up.
+      if (refreshing) return;
+      refreshing = true;
       api("GET", "/v1/activity").then(function (d) { drawCounters(d); drawChart(d); })
-        .catch(function (e) { flash(e.message); });
+        .catch(function (e) { flash(e.message); })
+        .then(function () { refreshing = false; });
     };
     refresh();
     setInterval(refresh, POLL_MS);
@@ -135,21 +140,25 @@
 
   // Event list: new arrivals appear at the end of the last page. On PostgreSQL an event's
   // number is taken before its transaction commits, so it may become visible after later
-  // numbers were listed: each poll looks back LOOK_BACK numbers, follows the pages from there,
-  // and skips the events already shown.
+  // numbers were listed: each poll looks back LOOK_BACK numbers (never before the page's
+  // start, data-from), follows the pages from there, and skips the events already shown and
+  // those older than the page's time range (data-oldest), which the page left out.
   const list = document.querySelector("#events[data-live]");
   if (list) {
     const LOOK_BACK = 1000, MAX_PAGES = 20;
     const source = list.getAttribute("data-source");
     const outcome = list.getAttribute("data-outcome");
+    const from = Number(list.getAttribute("data-from") || 0);
+    const oldest = list.hasAttribute("data-oldest") ? Number(list.getAttribute("data-oldest")) : null;
     const shown = new Set();
     list.querySelectorAll("tr > td.num:first-child").forEach(function (td) {
       shown.add(Number(td.textContent));
     });
     const show = function (e) {
       if (Number(e.seq) > Number(list.getAttribute("data-live"))) list.setAttribute("data-live", e.seq);
-      if (shown.has(Number(e.seq))) return;
+      if (Number(e.seq) <= from || shown.has(Number(e.seq))) return;
       shown.add(Number(e.seq));
+      if (oldest !== null && Date.parse(e.received_at) < oldest) return;
       if (outcome && (outcome === "conflict" ? e.conflicts === 0 : e.state !== outcome)) return;
       const tr = el("tr", null, { class: "arrived" });
       tr.appendChild(el("td", e.seq, { class: "num" }));
@@ -182,8 +191,8 @@
       // One poll at a time: a slow store must not pile them up.
       if (polling) return;
       polling = true;
-      const from = Math.max(0, Number(list.getAttribute("data-live")) - LOOK_BACK);
-      fetchFrom(from, MAX_PAGES).catch(function (e) { flash(e.message); })
+      const back = Math.max(from, Number(list.getAttribute("data-live")) - LOOK_BACK);
+      fetchFrom(back, MAX_PAGES).catch(function (e) { flash(e.message); })
         .then(function () { polling = false; });
     };
     setInterval(poll, POLL_MS);
