@@ -185,7 +185,11 @@ pub(crate) fn access<S>(gw: &Gateway<S>, headers: &HeaderMap) -> Access {
 }
 
 /// A state-changing request from a browser must come from the gateway's own pages: when the
-/// browser names an `Origin`, its host must be the one the request was sent to.
+/// browser names an `Origin`, its host must be the one the request was sent to, as `Host`
+/// says or, behind a proxy that sends its own upstream address as `Host`, as the proxy's
+/// `X-Forwarded-Host` says. A cross-site page cannot set that header on a browser's request
+/// (a form sets none, and a script's would need a preflight this gateway never grants), and
+/// without a token a proxied request is refused before this is asked.
 pub(crate) fn same_origin(headers: &HeaderMap) -> bool {
     let Some(origin) = headers.get(header::ORIGIN).and_then(|v| v.to_str().ok()) else {
         // Browsers send Origin on every cross-site POST; its absence means a same-origin
@@ -193,10 +197,16 @@ pub(crate) fn same_origin(headers: &HeaderMap) -> bool {
         return true;
     };
     let host = headers.get(header::HOST).and_then(|v| v.to_str().ok());
+    // The first proxy's, where several appended theirs.
+    let forwarded = headers
+        .get("x-forwarded-host")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(',').next())
+        .map(str::trim);
     let origin_host = origin
         .strip_prefix("http://")
         .or_else(|| origin.strip_prefix("https://"));
-    matches!((origin_host, host), (Some(o), Some(h)) if o == h)
+    origin_host.is_some_and(|o| host == Some(o) || forwarded == Some(o))
 }
 
 fn set_cookie(value: &str, max_age: u64) -> HeaderValue {

@@ -1,12 +1,14 @@
 //! A gateway open without a token on a loopback listener, behind a proxy on the same machine:
 //! the proxy connects from loopback and, by default, sends the gateway's own loopback address
 //! as `Host`, so only its forwarding headers tell its requests from this machine's own clients.
+//! With a token, the dashboard's forms work through such a proxy: the browser's `Origin` is
+//! checked against the proxy's `X-Forwarded-Host`.
 
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use oncebox_testkit::run;
 
-use crate::support::{TestGateway, local_get};
+use crate::support::{ADMIN_TOKEN, TestGateway, local_get};
 
 /// What a proxy adds, one header at a time.
 const FORWARDED: [(&str, &str); 5] = [
@@ -50,5 +52,30 @@ fn a_proxied_request_finds_the_tokenless_admin_api_and_dashboard_closed() {
         // The probes stay open to the proxy: they show nothing stored.
         let health = ask(request("/healthz", Some(FORWARDED[0]))).await;
         assert_eq!(health.status, StatusCode::OK);
+    });
+}
+
+#[test]
+fn a_login_through_a_proxy_is_checked_against_the_host_it_forwards() {
+    run(async {
+        let gw = TestGateway::new();
+        let login = |forwarded: Option<&str>| {
+            let mut r = Request::post("/login")
+                .header("content-type", "application/x-www-form-urlencoded")
+                .header("host", "127.0.0.1:8080")
+                .header("origin", "https://oncebox.example.com");
+            if let Some(f) = forwarded {
+                r = r.header("x-forwarded-host", f);
+            }
+            r.body(Body::from(format!("token={ADMIN_TOKEN}"))).unwrap()
+        };
+        let through = gw.send(login(Some("oncebox.example.com"))).await;
+        assert_eq!(through.status, StatusCode::SEE_OTHER, "{through:?}");
+        let chained = gw.send(login(Some("oncebox.example.com, 10.0.0.2"))).await;
+        assert_eq!(chained.status, StatusCode::SEE_OTHER, "{chained:?}");
+        for other in [Some("evil.example"), None] {
+            let r = gw.send(login(other)).await;
+            assert_eq!(r.status, StatusCode::FORBIDDEN, "{other:?}: {r:?}");
+        }
     });
 }
