@@ -1,12 +1,12 @@
 //! A key held open on a real server: a first delivery through `process` whose handler keeps
-//! its transaction (and the key's uncommitted row) open until the test lets it go, and what
-//! PostgreSQL says about the sessions waiting on it.
+//! its transaction (and the key's uncommitted row) open until the test lets it go, or makes it
+//! fail, and what PostgreSQL says about the sessions waiting on it.
 
 use std::time::Duration;
 
 use oncebox_core::{Event, ProcessError, Processed, Response};
-use oncebox_postgres::Inbox;
 use oncebox_postgres::sqlx::{self, PgConnection};
+use oncebox_postgres::{HandlerError, Inbox};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
@@ -14,7 +14,8 @@ use tokio::task::JoinHandle;
 pub struct Holder {
     /// The server session that holds the transaction.
     pub pid: i32,
-    release: oneshot::Sender<()>,
+    /// Sends whether the handler succeeds.
+    release: oneshot::Sender<bool>,
     task: JoinHandle<Result<Processed, ProcessError>>,
 }
 
@@ -23,7 +24,7 @@ impl Holder {
     /// handler waits, or panics after 30 s.
     pub async fn start(inbox: &Inbox, event: Event) -> Holder {
         let (reached, at_point) = oneshot::channel::<i32>();
-        let (release, released) = oneshot::channel::<()>();
+        let (release, released) = oneshot::channel::<bool>();
         let inbox = inbox.clone();
         let task = tokio::spawn(async move {
             inbox
@@ -33,7 +34,9 @@ impl Holder {
                             .fetch_one(tx.conn())
                             .await?;
                         let _ = reached.send(pid);
-                        let _ = released.await;
+                        if released.await == Ok(false) {
+                            return Err(HandlerError::failed("the holder was told to fail"));
+                        }
                         Ok(Response::completed("accepted"))
                     })
                 })
@@ -53,7 +56,14 @@ impl Holder {
 
     /// Lets the handler return and the transaction commit; the holder's answer.
     pub async fn release(self) -> Result<Processed, ProcessError> {
-        self.release.send(()).expect("the holder still waits");
+        self.release.send(true).expect("the holder still waits");
+        self.task.await.expect("holder task")
+    }
+
+    /// Makes the handler fail, so its transaction rolls back and the key is free; the
+    /// holder's answer.
+    pub async fn fail(self) -> Result<Processed, ProcessError> {
+        self.release.send(false).expect("the holder still waits");
         self.task.await.expect("holder task")
     }
 }
