@@ -283,8 +283,8 @@ impl Writer {
         }
     }
 
-    /// Rolls the batch back. The fence counter is not wound back: a COMMIT that failed may
-    /// still have become durable, and a token must never be handed out twice.
+    /// Rolls the batch back, the fence counter's increments with it (the counter is a row of
+    /// the transaction): none of the batch's tokens was answered to anyone.
     fn abort(&self, held: Vec<Job>, why: &Unavailable) {
         if !self.conn.is_autocommit() {
             let _ = self.conn.execute_batch("ROLLBACK");
