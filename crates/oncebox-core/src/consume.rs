@@ -261,6 +261,23 @@ pub trait Apply: Send + Sync + 'static {
     ) -> impl Future<Output = Result<Processed, ProcessError>> + Send;
 }
 
+/// Whether `answer` settles its message's offset: every answer the consumer acknowledges does
+/// (a duplicate, a refusal or a stale verdict, and a conflict or an invalid event, quarantined
+/// and acknowledged on its first attempt), and an `Apply` keeping a watermark moves it past
+/// such a message in a transaction of its own. The move made inside the handler's transaction
+/// is undone with the handler's work when the handler refuses or finds the event stale, and
+/// never made for a duplicate or a conflict answered from the record; left there, a replay of
+/// the stream after that record is purged would judge the message afresh, and a duplicate's or
+/// a conflict's key would apply a second time. Its own commit comes after the record's: a crash
+/// between the two redelivers the message, answered again from the record, which moves it then.
+pub fn settles_offset(answer: &Result<Processed, ProcessError>) -> bool {
+    match answer {
+        Ok(processed) => !processed.is_applied(),
+        Err(ProcessError::Conflict { .. } | ProcessError::Invalid(_)) => true,
+        Err(_) => false,
+    }
+}
+
 /// An `Apply` from a closure, e.g. one that calls a backend's `process` with a handler.
 pub fn from_fn<F, Fut>(f: F) -> FromFn<F>
 where

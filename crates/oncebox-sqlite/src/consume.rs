@@ -7,7 +7,7 @@ use std::sync::Arc;
 use crate::error::Error;
 use crate::inbox::Inbox;
 use crate::tx::{HandlerError, OffsetMove, Tx, move_watermark};
-use oncebox_core::consume::{Apply, Position};
+use oncebox_core::consume::{Apply, Position, settles_offset};
 use oncebox_core::{Event, ProcessError, Processed, Response};
 
 /// The SQLite inbox with the handler every new event runs.
@@ -72,21 +72,9 @@ where
                 handler(tx, &seen)
             })
             .await;
-        // Every answer the consumer acknowledges settles its offset: a duplicate, a refusal or
-        // a stale verdict, and a conflict or an invalid event, quarantined and acknowledged on
-        // its first attempt. The move above is undone with the handler's work when the handler
-        // refuses or finds the event stale, and never made for a duplicate or a conflict
-        // answered from the record; left there, a replay of the stream after that record is
-        // purged would judge the message afresh, and a duplicate's or a conflict's key would
-        // apply a second time. Its own commit, after the record's: a crash between the two
-        // redelivers the message, answered again from the record, and moves it then.
-        let settled = match &answer {
-            Ok(processed) => !processed.is_applied(),
-            Err(ProcessError::Conflict { .. } | ProcessError::Invalid(_)) => true,
-            Err(_) => false,
-        };
+        // In a transaction of its own, after the record's (`settles_offset` says why).
         if let Some(p) = position
-            && settled
+            && settles_offset(&answer)
         {
             self.inbox
                 .write(move |conn| move_watermark(conn, &p.stream, p.partition, p.offset))

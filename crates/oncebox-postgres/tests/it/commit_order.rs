@@ -101,6 +101,30 @@ async fn wait_behind(nodes: &[Inbox; 2], holder: &Holder, open: &Arc<AtomicBool>
     others
 }
 
+/// Two nodes on a new schema, the key's first delivery holding its transaction open on node 0,
+/// and the 49 later ones waiting behind it ([`wait_behind`]). `open` is to be set just before
+/// the holder is let go: an answer that finds it unset came before the holder's end.
+struct Held {
+    nodes: [Inbox; 2],
+    holder: Holder,
+    open: Arc<AtomicBool>,
+    others: Vec<Later>,
+}
+
+async fn hold_key() -> Held {
+    let clock = ManualClock::new(EPOCH);
+    let nodes = nodes(&schema(), &clock).await;
+    let holder = Holder::start(&nodes[0], event("shop", "evt-1", 5)).await;
+    let open = Arc::new(AtomicBool::new(false));
+    let others = wait_behind(&nodes, &holder, &open).await;
+    Held {
+        nodes,
+        holder,
+        open,
+        others,
+    }
+}
+
 async fn rows(inbox: &Inbox) -> i64 {
     sqlx::query_scalar("SELECT count(*) FROM oncebox_inbox")
         .fetch_one(inbox.pool())
@@ -114,14 +138,12 @@ fn no_replay_is_answered_before_the_first_deliverys_commit_on_either_node() {
         return;
     }
     oncebox_testkit::run(async {
-        let clock = ManualClock::new(EPOCH);
-        let schema = schema();
-        let nodes = nodes(&schema, &clock).await;
-        // The first delivery holds its transaction open until released.
-        let holder = Holder::start(&nodes[0], event("shop", "evt-1", 5)).await;
-        // Set just before the release: an answer that finds it unset came before the COMMIT.
-        let open = Arc::new(AtomicBool::new(false));
-        let others = wait_behind(&nodes, &holder, &open).await;
+        let Held {
+            nodes,
+            holder,
+            open,
+            others,
+        } = hold_key().await;
         open.store(true, Ordering::SeqCst);
         let won = holder.release().await;
         let Processed::Applied(answer) = won.expect("first delivery") else {
@@ -152,12 +174,12 @@ fn a_first_delivery_failing_while_others_wait_leaves_the_key_to_exactly_one_of_t
         return;
     }
     oncebox_testkit::run(async {
-        let clock = ManualClock::new(EPOCH);
-        let schema = schema();
-        let nodes = nodes(&schema, &clock).await;
-        let holder = Holder::start(&nodes[0], event("shop", "evt-1", 5)).await;
-        let open = Arc::new(AtomicBool::new(false));
-        let others = wait_behind(&nodes, &holder, &open).await;
+        let Held {
+            nodes,
+            holder,
+            open,
+            others,
+        } = hold_key().await;
         open.store(true, Ordering::SeqCst);
         let failed = holder.fail().await;
         assert!(
