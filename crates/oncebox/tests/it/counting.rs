@@ -120,9 +120,15 @@ impl Receiver {
         self.counts.lock().unwrap().by_relay
     }
 
-    /// Keys that had two requests in the receiver at once.
-    pub fn overlapped(&self) -> Vec<String> {
-        self.counts.lock().unwrap().overlapped.clone()
+    /// Keys that had two requests in the receiver at once, each named once.
+    pub fn overlapped(&self) -> std::collections::BTreeSet<String> {
+        self.counts
+            .lock()
+            .unwrap()
+            .overlapped
+            .iter()
+            .cloned()
+            .collect()
     }
 }
 

@@ -327,10 +327,12 @@ fn three_gateways_and_two_relays_apply_every_key_once_through_a_kill_and_a_pause
         );
         // Nor at the receiver, which also sees the sends whose outcome was refused (fenced
         // sends leave no attempt row).
-        assert_eq!(
-            receiver.overlapped(),
-            Vec::<String>::new(),
-            "one key in the receiver twice at once"
+        let overlapped = receiver.overlapped();
+        assert!(
+            overlapped.is_empty(),
+            "{} keys in the receiver twice at once, e.g. {:?}",
+            overlapped.len(),
+            overlapped.iter().take(5).collect::<Vec<_>>()
         );
         assert_eq!(keys.len(), KEYS);
         assert_eq!(killed.signal(), Some(9), "gateway 0 died of SIGKILL");
