@@ -1,11 +1,12 @@
-//! The human summary `oncebox check` prints: what each source accepts and how, with secrets shown
-//! only as a count and database URLs without their password.
+//! The human summary `oncebox check` prints: what each source accepts and how, and where each
+//! route sends, with secrets shown only as a count and URLs without their password.
 
 use std::fmt::Write as _;
 
 use humantime::format_duration;
 use oncebox_core::FingerprintMode;
 use oncebox_core::json::Pointer;
+use oncebox_core::route::Route;
 use oncebox_core::signature::{Encoding, Scheme};
 use oncebox_gateway::policy::{EventIdRule, SourcePolicy};
 
@@ -58,7 +59,44 @@ pub fn describe(settings: &Settings) -> String {
         let _ = writeln!(out, "  {name}");
         source(&mut out, policy);
     }
+    let _ = writeln!(out, "routes      {}", gw.routes.len());
+    for r in &gw.routes {
+        route(&mut out, r);
+    }
     out
+}
+
+/// Where a route sends and what it does with a request that got no answer.
+fn route(out: &mut String, r: &Route) {
+    let _ = writeln!(out, "  {} -> {}", r.name, redact_url(&r.url));
+    let sources: Vec<&str> = r.sources.iter().map(|s| s.as_str()).collect();
+    let _ = writeln!(out, "    sources      {}", sources.join(", "));
+    if let Some((at, value)) = &r.filter {
+        let value = String::from_utf8_lossy(&value.canonical()).into_owned();
+        let _ = writeln!(out, "    filter       {} = {value}", pointer(at));
+    }
+    let unanswered = match (r.idempotent, &r.status_url) {
+        (true, _) => "sent again with the same key (the receiver honours it)".to_owned(),
+        (false, Some(url)) => format!("parked uncertain, settled by {}", redact_url(url)),
+        (false, None) => "parked uncertain for an operator".to_owned(),
+    };
+    let _ = writeln!(out, "    no answer    {unanswered}");
+    let b = &r.retry.backoff;
+    let _ = writeln!(
+        out,
+        "    retries      up to {} attempts within {}, backoff {} to {}, timeout {}, {} at once{}",
+        r.retry.max_attempts,
+        format_duration(r.retry.max_age),
+        format_duration(b.base),
+        format_duration(b.cap),
+        format_duration(r.timeout),
+        r.concurrency,
+        if r.signing_secret.is_some() {
+            ", signed"
+        } else {
+            ""
+        },
+    );
 }
 
 fn source(out: &mut String, s: &SourcePolicy) {

@@ -1,5 +1,6 @@
-//! The gateway as a user runs it: `oncebox check` on good and bad files, `oncebox serve` with a
-//! configured source, and `oncebox send` signing test events that the gateway accepts.
+//! The gateway as a user runs it: `oncebox check` on good and bad files (its sources and
+//! routes described), `oncebox serve` with a configured source, and `oncebox send` signing
+//! test events that the gateway accepts.
 
 use crate::support::{oncebox, serve, text};
 
@@ -50,6 +51,45 @@ fn check_describes_a_good_file_and_names_the_bad_field() {
         "{}",
         text(&out)
     );
+}
+
+/// Routes are described with where they send and what a request without an answer becomes;
+/// their secrets and the passwords in their URLs are not shown.
+#[test]
+fn check_describes_each_route() {
+    let dir = tempfile::tempdir().unwrap();
+    let routes = r#"
+[routes.ledger]
+sources = ["stripe"]
+url = "https://ledger.internal/hooks"
+idempotent = true
+signing_secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+
+[routes.mailer]
+sources = ["shop", "orders"]
+filter = { pointer = "/type", equals = "order.paid" }
+url = "https://mail:hunter2@mailer.internal/send"
+status_url = "https://mail:hunter2@mailer.internal/sent/{key}"
+"#;
+    std::fs::write(dir.path().join("oncebox.toml"), format!("{CONFIG}{routes}")).unwrap();
+    let out = oncebox(dir.path(), &["check"]);
+    let said = text(&out);
+    assert!(out.status.success(), "{said}");
+    for expected in [
+        "routes      2",
+        "ledger -> https://ledger.internal/hooks",
+        "sent again with the same key",
+        ", signed",
+        "mailer -> https://***@mailer.internal/send",
+        "sources      shop, orders",
+        "filter       /type = \"order.paid\"",
+        "parked uncertain, settled by https://***@mailer.internal/sent/{key}",
+    ] {
+        assert!(said.contains(expected), "{expected:?} in {said}");
+    }
+    for secret in ["hunter2", "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"] {
+        assert!(!said.contains(secret), "{secret} shown: {said}");
+    }
 }
 
 #[test]
