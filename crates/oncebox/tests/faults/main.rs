@@ -2,14 +2,16 @@
 //! `oncebox` (as child processes where crashes matter), each ending in one row of figures
 //! (TESTING.md's D L F P C U, C as conflicts detected/injected; beside them what the run left
 //! unresolved against what the scenario parks on purpose; see `oncebox_testkit::checker`) and
-//! an "exercised" count proving its fault happened. The rows are printed as one table at the end, and also written, one line each with
-//! the prefix `FAULTS|`, to `faults-table.txt` under the cargo target's temporary directory.
+//! an "exercised" count proving its fault happened. The rows are printed as one table at the
+//! end, and also written, one line each with the prefix `FAULTS|`, to `faults-table.txt` under
+//! the cargo target's temporary directory.
 //!
 //! Runs with `cargo test --workspace` (or `cargo test -p oncebox --test faults`); arguments
-//! filter scenarios by name. A scenario on a service needs its URL (`ONCEBOX_POSTGRES_URL`,
-//! `ONCEBOX_REDIS_URL`, `ONCEBOX_NATS_URL`) and skips without it; the fsync scenario needs
-//! `strace` and skips without it (both fail under `ONCEBOX_REQUIRE_SERVICES=1`). The soak tier runs the same scenarios with
-//! ten times the iterations:
+//! filter scenarios by name, `--skip` words exclude them. A scenario on a service needs its
+//! URL (`ONCEBOX_POSTGRES_URL`, `ONCEBOX_REDIS_URL`, `ONCEBOX_NATS_URL`) and skips without it;
+//! the fsync scenario needs `strace` and skips without it (both fail under
+//! `ONCEBOX_REQUIRE_SERVICES=1`). The soak tier runs the same scenarios with ten times the
+//! iterations:
 //!
 //!     ONCEBOX_SOAK=1 cargo test --release -p oncebox --test faults
 //!
