@@ -7,6 +7,7 @@ mod deadline;
 mod deliveries;
 mod dropped;
 mod examples;
+mod first_fails;
 mod harness;
 mod placement;
 mod powerloss;
