@@ -117,6 +117,18 @@ pub enum ConsumeError {
     Timeout { call: &'static str, after: Duration },
 }
 
+impl ConsumeError {
+    /// The connection failed on bytes the client library cannot read: a message whose
+    /// properties hold text that is no UTF-8 (`message_id`, `content_type`, a header's name;
+    /// AMQP allows any bytes there, lapin does not). Its delivery never reaches the consumer,
+    /// and the broker hands it back at each connection: it blocks the queue until it is moved
+    /// aside, and a quorum queue's delivery limit counts it, with the messages delivered beside
+    /// it in that connection (the prefetch).
+    pub fn unreadable_message(&self) -> bool {
+        matches!(self, ConsumeError::Broker(e) if matches!(e.kind(), lapin::ErrorKind::ParsingError(_)))
+    }
+}
+
 /// `call` within `after`, its silence an error.
 async fn bounded<T, E>(
     call: &'static str,
@@ -249,7 +261,7 @@ mod tests {
 
     use oncebox_core::consume::{KeyRule, MIN_RETRY_DELAY, MessageRules, RetryPolicyError};
 
-    use super::{ConsumerOptions, OptionsError};
+    use super::{ConsumeError, ConsumerOptions, OptionsError};
 
     #[test]
     fn names_amqp_cannot_carry_are_refused_before_lapin_sees_them() {
@@ -272,6 +284,22 @@ mod tests {
         let mut o = ConsumerOptions::new("q", rules, "x");
         o.quarantine.routing_key = long;
         assert_eq!(refused(o), OptionsError::TooLong("quarantine routing key"));
+    }
+
+    /// What lapin answers when a frame holds a short string that is no UTF-8, as a message's
+    /// `message_id` of `\xff\xfe` does, tells from a connection that merely failed.
+    #[test]
+    fn a_frame_lapin_cannot_parse_is_told_apart() {
+        let parsed = lapin::types::parsing::parse_short_string(&[2u8, 0xff, 0xfe][..]);
+        let Err(unparsable) = parsed else {
+            panic!("lapin read bytes that are no UTF-8 as a short string");
+        };
+        let e = ConsumeError::Broker(lapin::ErrorKind::ParsingError(unparsable).into());
+        assert!(e.unreadable_message(), "{e}");
+        let reset = std::io::Error::from(std::io::ErrorKind::ConnectionReset);
+        let e = ConsumeError::Broker(lapin::ErrorKind::IOError(reset.into()).into());
+        assert!(!e.unreadable_message(), "{e}");
+        assert!(!ConsumeError::Closed.unreadable_message());
     }
 
     #[test]

@@ -163,6 +163,18 @@ async fn amqp_forever(
                 tracing::info!(consumer = %spec.name, %queue, "consuming from RabbitMQ");
                 let started = Instant::now();
                 let r = consumer.run(&conn, wait_for(stopped.clone())).await;
+                if r.as_ref()
+                    .is_err_and(oncebox_amqp::ConsumeError::unreadable_message)
+                {
+                    tracing::error!(
+                        consumer = %spec.name, %queue,
+                        "a message in the queue cannot be read by this client (text that is no \
+                         UTF-8 in its properties: message_id, content_type or a header's name); \
+                         the broker hands it back at each connection and it blocks the queue: \
+                         move it aside (a quorum queue's x-delivery-limit with a dead-letter \
+                         exchange does, with the messages prefetched beside it)"
+                    );
+                }
                 earned_a_fresh_start(started, &mut backoff);
                 // A broker that stopped reading (a memory alarm blocks a publishing
                 // connection) would hold the close's reply until its heartbeat gives up.
