@@ -212,8 +212,9 @@ impl Inbox {
 
 impl EventStore for Inbox {
     async fn ingest(&self, ingest: Ingest) -> Result<Processed, ProcessError> {
-        // The event first: its deliveries copy the payload once per route.
-        self.refuse_too_large(&ingest.event)?;
+        // The event first, with the answer its record keeps: its deliveries copy the payload
+        // once per route.
+        self.refuse_too_large_answered(&ingest.event, &[&ingest.accepted, &ingest.stale])?;
         let messages = ingest.messages();
         self.refuse_too_large_deliveries(&ingest.event, &messages)?;
         let Ingest {

@@ -53,6 +53,18 @@ impl Inbox {
         self.refuse_longer(record_bytes(event))
     }
 
+    /// The same for the gateway's record of `event`, which also keeps its answer, the longer
+    /// of `answers` (accepted or stale), in the row: a long event id is in both, and an event
+    /// whose record fit only without its answer failed its batch at the insert.
+    pub(crate) fn refuse_too_large_answered(
+        &self,
+        event: &Event,
+        answers: &[&[u8]],
+    ) -> Result<(), ProcessError> {
+        let answer = answers.iter().map(|a| a.len()).max().unwrap_or(0);
+        self.refuse_longer(record_bytes(event).saturating_add(answer))
+    }
+
     /// The same for the gateway's deliveries of `event`, each holding its payload again.
     pub(crate) fn refuse_too_large_deliveries(
         &self,

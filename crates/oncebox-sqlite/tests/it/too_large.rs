@@ -124,3 +124,29 @@ fn a_response_longer_than_the_store_keeps_fails_its_handler_alone() {
         assert!(record.is_none(), "the key is free: {record:?}");
     });
 }
+
+/// The gateway's record also keeps its answer, which repeats a long event id: an event whose
+/// record fits only without that answer is refused too, and never fails its batch.
+#[test]
+fn a_gateway_record_counts_the_answer_it_keeps() {
+    run(async {
+        const LIMIT: usize = 64 * 1024;
+        let dir = tempfile::tempdir().unwrap();
+        let inbox = Inbox::open(Options::new(dir.path().join("o.db")).length_limit(LIMIT)).unwrap();
+        let failed = inbox.stats().failed_batches();
+        let id = "i".repeat(200);
+        let fits = LIMIT - ROW_OVERHEAD - "shop".len() - id.len();
+        let mut answered = ingest(event_of(&id, fits));
+        answered.accepted = format!(r#"{{"event_id":"{id}","status":"accepted"}}"#).into_bytes();
+        let answer = answered.accepted.len();
+        let (size, limit) = too_large(&inbox.ingest(answered).await);
+        assert_eq!((size, limit), (LIMIT + answer, LIMIT));
+        assert_eq!(inbox.stats().failed_batches(), failed, "no batch failed");
+        // Short of its answer's length, it is stored.
+        let mut stored = ingest(event_of(&id, fits - answer));
+        stored.accepted = format!(r#"{{"event_id":"{id}","status":"accepted"}}"#).into_bytes();
+        let out = inbox.ingest(stored).await;
+        assert!(matches!(out, Ok(Processed::Applied(_))), "{out:?}");
+        assert_eq!(inbox.stats().failed_batches(), failed);
+    });
+}
