@@ -7,8 +7,24 @@
 
 use std::cell::{RefCell, RefMut};
 use std::ops::{Deref, DerefMut};
+use std::sync::LazyLock;
 
 use rusqlite::{CachedStatement, Connection, Statement};
+
+/// The statements of each request's savepoint: `SAVEPOINT`, `RELEASE`, `ROLLBACK TO`. Its
+/// name is drawn per process: a handler's own savepoint of the same name would stop the
+/// writer's `ROLLBACK TO` at the handler's, keeping what the handler wrote before it although
+/// the handler failed, and its `RELEASE` would fail the batch.
+static SAVEPOINT: LazyLock<[String; 3]> = LazyLock::new(|| {
+    // std's hasher keys come from the system's randomness: no dependency for one number.
+    let drawn = std::hash::BuildHasher::hash_one(&std::hash::RandomState::new(), 0u8);
+    let name = format!("oncebox_request_{drawn:016x}");
+    [
+        format!("SAVEPOINT {name}"),
+        format!("RELEASE {name}"),
+        format!("ROLLBACK TO {name}"),
+    ]
+});
 
 /// A statement the writer runs for (nearly) every request.
 #[derive(Debug, Clone, Copy)]
@@ -32,9 +48,9 @@ impl Sql {
 
     fn text(self) -> &'static str {
         match self {
-            Sql::Savepoint => "SAVEPOINT oncebox_request",
-            Sql::Release => "RELEASE oncebox_request",
-            Sql::RollbackTo => "ROLLBACK TO oncebox_request",
+            Sql::Savepoint => &SAVEPOINT[0],
+            Sql::Release => &SAVEPOINT[1],
+            Sql::RollbackTo => &SAVEPOINT[2],
             Sql::Existing => {
                 "SELECT id, fingerprint, state, response, lease_expires_at, received_at
                  FROM oncebox_inbox WHERE source = ?1 AND event_id = ?2"

@@ -3,6 +3,7 @@
 //! transaction itself (`COMMIT` or `ROLLBACK` on `tx.conn()`), which PostgreSQL cannot forbid.
 
 use std::panic::AssertUnwindSafe;
+use std::sync::LazyLock;
 use std::time::Duration;
 
 use futures::FutureExt;
@@ -13,6 +14,17 @@ use super::{Handler, Inbox, begin, notify};
 use crate::claim::{Claimed, finish};
 use crate::error::{handler_commit_failed, record_failed, storage, unavailable};
 use crate::tx::{HandlerError, Tx};
+
+/// `SAVEPOINT` and `ROLLBACK TO SAVEPOINT` around the handler. The name is drawn per process:
+/// a handler's own savepoint of the same name would stop the `ROLLBACK TO` at the handler's,
+/// keeping what the handler wrote before it although it failed or refused.
+static SAVEPOINT: LazyLock<[String; 2]> = LazyLock::new(|| {
+    let name = format!("oncebox_effect_{:016x}", rand::random::<u64>());
+    [
+        format!("SAVEPOINT {name}"),
+        format!("ROLLBACK TO SAVEPOINT {name}"),
+    ]
+});
 
 impl Inbox {
     /// Runs the handler after a fresh claim. A savepoint after the claim lets a refusal or a
@@ -25,7 +37,7 @@ impl Inbox {
         handler: Handler,
     ) -> Result<Processed, ProcessError> {
         let now = tx.now().millis();
-        sqlx::query("SAVEPOINT oncebox_effect")
+        sqlx::query(&SAVEPOINT[0])
             .execute(&mut *tx.tx)
             .await
             .map_err(|e| storage(&e))?;
@@ -148,15 +160,12 @@ async fn terminal(
         .map_err(|e| ProcessError::Unavailable(storage(&e)))
 }
 
-/// `ROLLBACK TO SAVEPOINT oncebox_effect`, undoing the handler's work; false when there is no
+/// `ROLLBACK TO SAVEPOINT` the handler's, undoing its work; false when there is no
 /// such savepoint, so the claim's transaction is gone: 25P01, no transaction at all (the
 /// handler's `COMMIT` or `ROLLBACK` ended ours), or 3B001, a transaction without the savepoint
 /// (the handler began another one).
 async fn rollback_to_savepoint(tx: &mut Tx) -> Result<bool, sqlx::Error> {
-    match sqlx::query("ROLLBACK TO SAVEPOINT oncebox_effect")
-        .execute(&mut *tx.tx)
-        .await
-    {
+    match sqlx::query(&SAVEPOINT[1]).execute(&mut *tx.tx).await {
         Ok(_) => Ok(true),
         Err(sqlx::Error::Database(db))
             if matches!(db.code().as_deref(), Some("25P01" | "3B001")) =>

@@ -16,6 +16,7 @@ mod nats;
 mod pool;
 mod purge;
 mod relay;
+mod savepoint;
 mod setup;
 mod too_large;
 mod wake;

@@ -13,6 +13,7 @@ mod placement;
 mod powerloss;
 mod recent;
 mod rolled_back;
+mod savepoint;
 mod schema;
 mod sqlite;
 mod too_large;
