@@ -90,9 +90,8 @@ pub enum OptionsError {
     Retry(#[from] RetryPolicyError),
 }
 
-/// The longest AMQP short string, which vhost, queue and exchange names and routing keys are:
-/// lapin panics on a longer one.
-pub const SHORT_STRING_MAX: usize = 255;
+/// The longest AMQP short string (the core's, re-exported for this crate's users).
+pub use oncebox_core::SHORT_STRING_MAX;
 
 /// Why `run` stopped before its shutdown signal.
 #[derive(Debug, thiserror::Error)]

@@ -181,9 +181,14 @@ pub(crate) fn header_field(value: &str) -> Result<(), &'static str> {
     }
 }
 
-/// The longest destination queued: a route name is at most 64 bytes, and 255 is AMQP's
-/// limit for an exchange or a routing key.
-pub const MAX_DESTINATION: usize = 255;
+/// The longest AMQP short string, which vhost, queue and exchange names, routing keys,
+/// `message_id` and `content_type` are: lapin panics on a longer one. Named here, where both
+/// the relay (publishing) and the consumer (reading) find it.
+pub const SHORT_STRING_MAX: usize = 255;
+
+/// The longest destination queued: a route name is at most 64 bytes, and an exchange or a
+/// routing key at most an AMQP short string.
+pub const MAX_DESTINATION: usize = SHORT_STRING_MAX;
 
 /// What is wrong with `name` as a destination, if anything: route names, exchanges and
 /// subjects have no whitespace or control characters.

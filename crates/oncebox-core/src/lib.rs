@@ -20,7 +20,7 @@ pub mod store;
 
 pub use clock::{Boot, Clock, ManualClock, SystemClock, Timestamp, purge_now};
 pub use effect::{Enqueued, OffsetMove, Once};
-pub use event::{Event, InvalidMessage, Meta, OutboxMessage};
+pub use event::{Event, InvalidMessage, Meta, OutboxMessage, SHORT_STRING_MAX};
 pub use fingerprint::{Fingerprint, FingerprintMode, PayloadError};
 pub use key::{EventId, InvalidKey, Key, Source};
 pub use lease::{Begun, Lease, LeaseError, LeaseSeen, Record, RecordState, Resolution, lease_seen};

@@ -7,9 +7,7 @@ use lapin::uri::AMQPUri;
 use reqwest::Url;
 use thiserror::Error;
 
-/// AMQP short strings (vhost, exchange and routing key, `message_id`, `content_type`) are at
-/// most this many bytes.
-pub(crate) const SHORT_STRING_MAX: usize = 255;
+pub(crate) use oncebox_core::SHORT_STRING_MAX;
 
 /// A route's destination, parsed from its `url`.
 #[derive(Debug, Clone, PartialEq, Eq)]

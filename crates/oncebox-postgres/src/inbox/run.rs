@@ -97,8 +97,8 @@ impl Inbox {
         error: ProcessError,
     ) -> Result<Processed, ProcessError> {
         // One round trip, on the failure path only. The savepoint exists in the claim's
-        // transaction and in no other (short of a handler that began one of its own and made a
-        // savepoint of this very name in it).
+        // transaction and in no other: its name is drawn per process, so no handler's savepoint
+        // shares it.
         match rollback_to_savepoint(&mut tx).await {
             // Dropping the transaction rolls it back.
             Ok(true) => Err(error),
