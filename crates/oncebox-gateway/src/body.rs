@@ -25,14 +25,7 @@ pub(crate) async fn read_bounded(
     timeout: Duration,
     who: &str,
 ) -> Result<Bytes, Problem> {
-    let too_large = || {
-        Problem::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "body-too-large",
-            "Body too large",
-            format!("{who} accepts at most {limit} bytes"),
-        )
-    };
+    let too_large = || Problem::body_too_large(format!("{who} accepts at most {limit} bytes"));
     let declared = headers
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());

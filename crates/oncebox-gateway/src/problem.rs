@@ -83,6 +83,17 @@ impl Problem {
         Problem::new(StatusCode::NOT_FOUND, slug, "Not found", detail)
     }
 
+    /// A body past what its receiver takes: a source's `max_body`, a form's limit, or what
+    /// the store keeps.
+    pub fn body_too_large(detail: impl Into<String>) -> Problem {
+        Problem::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "body-too-large",
+            "Body too large",
+            detail,
+        )
+    }
+
     pub fn invalid(slug: &'static str, detail: impl Into<String>) -> Problem {
         Problem::new(StatusCode::BAD_REQUEST, slug, "Invalid event", detail)
     }
@@ -138,12 +149,7 @@ impl Answer {
             ),
             // A source's `max_body` set past what the store keeps (with its headers).
             Err(ProcessError::Invalid(e @ Invalid::TooLarge { .. })) => {
-                Answer::Problem(Problem::new(
-                    StatusCode::PAYLOAD_TOO_LARGE,
-                    "body-too-large",
-                    "Body too large",
-                    e.to_string(),
-                ))
+                Answer::Problem(Problem::body_too_large(e.to_string()))
             }
             Err(ProcessError::Invalid(e)) => {
                 Answer::Problem(Problem::invalid("invalid-json", e.to_string()))
