@@ -3,7 +3,9 @@
 use crate::clock::Timestamp;
 use crate::fingerprint::Fingerprint;
 use crate::key::Key;
-use crate::outcome::{Response, Unavailable};
+use std::time::Duration;
+
+use crate::outcome::{Invalid, Response, Unavailable};
 
 /// Exclusive right to perform a key's external effect until `expires_at`.
 ///
@@ -23,6 +25,19 @@ pub struct Lease {
     /// tells while it keeps the ended lease's record (as long again as the lease); one taken
     /// after that, or after Redis forgot the key, says `false`.
     pub taken_over: bool,
+}
+
+/// The shortest lease `begin` grants. The stores keep a lease's expiry in milliseconds.
+pub const MIN_LEASE_TTL: Duration = Duration::from_millis(1);
+
+/// Refuses a TTL shorter than [`MIN_LEASE_TTL`] (`Duration::ZERO`, typically a setting left at
+/// 0): every store's `begin` asks this before it takes anything.
+pub fn check_ttl(ttl: Duration) -> Result<(), Invalid> {
+    if ttl < MIN_LEASE_TTL {
+        Err(Invalid::LeaseTtl(ttl))
+    } else {
+        Ok(())
+    }
 }
 
 /// What another `begin` (or `process`) makes of a two-phase lease it finds.

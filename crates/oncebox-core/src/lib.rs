@@ -23,7 +23,10 @@ pub use effect::{Enqueued, OffsetMove, Once};
 pub use event::{Event, InvalidMessage, Meta, OutboxMessage, SHORT_STRING_MAX};
 pub use fingerprint::{Fingerprint, FingerprintMode, PayloadError};
 pub use key::{EventId, InvalidKey, Key, Source};
-pub use lease::{Begun, Lease, LeaseError, LeaseSeen, Record, RecordState, Resolution, lease_seen};
+pub use lease::{
+    Begun, Lease, LeaseError, LeaseSeen, MIN_LEASE_TTL, Record, RecordState, Resolution, check_ttl,
+    lease_seen,
+};
 pub use outcome::{Invalid, ProcessError, Processed, Response, ResponseKind, Unavailable};
 pub use retention::{
     BootAnchor, PURGE_LAG_ADVICE, PURGE_LAG_WARNING, PurgeAnchor, Retention, boot_bound, purge_lag,

@@ -127,6 +127,11 @@ pub enum Invalid {
     /// would fail the same way on every try.
     #[error("the event is {size} bytes; the store keeps at most {limit}")]
     TooLarge { size: usize, limit: usize },
+    /// A two-phase lease shorter than [`MIN_LEASE_TTL`](crate::MIN_LEASE_TTL): it would expire
+    /// as it is taken, so its holder would run the effect and then be fenced from recording it,
+    /// and the next delivery would take over and run it again.
+    #[error("a lease of {0:?} expires as it is taken; begin needs at least 1 ms")]
+    LeaseTtl(std::time::Duration),
 }
 
 /// Why an answer cannot be given now. Never a statement about whether the key was processed.

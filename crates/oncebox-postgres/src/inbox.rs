@@ -168,8 +168,10 @@ impl Inbox {
     }
 
     /// Takes a fenced lease on the key for an effect outside the database. An event past
-    /// [`MAX_EVENT_BYTES`](crate::MAX_EVENT_BYTES) is `Invalid::TooLarge`.
+    /// [`MAX_EVENT_BYTES`](crate::MAX_EVENT_BYTES) is `Invalid::TooLarge`, a TTL under 1 ms
+    /// `Invalid::LeaseTtl`.
     pub async fn begin(&self, event: Event, ttl: Duration) -> Result<Begun, ProcessError> {
+        oncebox_core::check_ttl(ttl)?;
         crate::limit::check(&event)?;
         for _ in 0..CLAIM_ATTEMPTS {
             let mut tx = begin(&self.pool, self.deadline)

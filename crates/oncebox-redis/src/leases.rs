@@ -138,8 +138,10 @@ impl Leases {
     /// (another payload; not recorded here — the SQL inbox keeps the audit) or `Uncertain`.
     ///
     /// `Unavailable` says nothing about the key: if only the reply was lost, the lease may
-    /// have been taken, and the key answers `InProgress` until its TTL runs out.
+    /// have been taken, and the key answers `InProgress` until its TTL runs out. A TTL under
+    /// 1 ms is `Invalid::LeaseTtl`, as on the SQL stores.
     pub async fn begin(&self, event: &Event, ttl: Duration) -> Result<Begun, ProcessError> {
+        oncebox_core::check_ttl(ttl)?;
         let (ttl_ms, expires_at) = lease_ttl(self.shared.options.clock.now(), ttl);
         let mut call = self.shared.scripts.begin.prepare_invoke();
         call.key(&self.shared.fence)

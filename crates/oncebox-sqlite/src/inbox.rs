@@ -228,10 +228,11 @@ impl Inbox {
     /// `Deadline` for a lease that then holds the key, held by nobody, for its whole TTL and
     /// is taken over as a call that may have happened. Not started by the deadline, it is
     /// `Unavailable::Deadline` with nothing written. An event longer than the store keeps is
-    /// `Invalid::TooLarge` at once.
+    /// `Invalid::TooLarge` at once, and a TTL under 1 ms `Invalid::LeaseTtl`.
     ///
     /// Needs a Tokio runtime with timers enabled, and panics outside one.
     pub async fn begin(&self, event: Event, ttl: Duration) -> Result<Begun, ProcessError> {
+        oncebox_core::check_ttl(ttl)?;
         self.refuse_too_large(&event)?;
         self.submit_whole(move |cx| lease::begin(cx, &event, ttl))
             .await

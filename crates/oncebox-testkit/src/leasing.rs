@@ -122,6 +122,7 @@ macro_rules! lease_conformance {
             expired_lease_is_taken_over_and_old_holder_is_fenced,
             a_lapsed_holder_parks_the_key_while_no_one_took_it_over,
             released_key_is_free_again_and_the_old_token_is_fenced,
+            a_lease_under_a_millisecond_is_refused_and_takes_nothing,
             tokens_keep_growing_across_a_restart,
             a_second_handle_takes_over_with_a_higher_token_and_fences_the_first,
             uncertain_key_is_neither_leased_nor_duplicate_until_resolved,

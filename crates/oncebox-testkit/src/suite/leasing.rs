@@ -3,7 +3,9 @@
 
 use std::time::Duration;
 
-use oncebox_core::{Begun, Event, Key, Lease, LeaseError, ProcessError, Response};
+use oncebox_core::{
+    Begun, Event, Invalid, Key, Lease, LeaseError, MIN_LEASE_TTL, ProcessError, Response,
+};
 
 use crate::leasing::Leasing;
 
@@ -172,6 +174,28 @@ pub async fn released_key_is_free_again_and_the_old_token_is_fenced<L: Leasing>(
     assert_eq!(l.release(&first).await, Err(LeaseError::Fenced));
     assert_eq!(l.uncertain(&first).await, Err(LeaseError::Fenced));
     l.complete(&second, &Response::completed("sent"))
+        .await
+        .unwrap();
+}
+
+/// A lease shorter than a millisecond would expire as it is taken: its holder would run the
+/// effect, be fenced from recording it, and the next delivery would run it again. It is refused
+/// with nothing taken, and the key stays free for a real lease.
+pub async fn a_lease_under_a_millisecond_is_refused_and_takes_nothing<L: Leasing>() {
+    let l = L::fresh().await;
+    let e = event("mail-3", 1);
+    for ttl in [Duration::ZERO, Duration::from_micros(999)] {
+        match l.begin(&e, ttl).await {
+            Err(ProcessError::Invalid(Invalid::LeaseTtl(refused))) => assert_eq!(refused, ttl),
+            other => panic!("a lease of {ttl:?}: expected a refusal, got {other:?}"),
+        }
+    }
+    let lease = leased(l.begin(&e, MIN_LEASE_TTL).await);
+    assert!(!lease.taken_over, "{lease:?}");
+    l.release(&lease).await.unwrap();
+    let lease = leased(l.begin(&e, TTL).await);
+    assert!(!lease.taken_over, "{lease:?}");
+    l.complete(&lease, &Response::completed("sent"))
         .await
         .unwrap();
 }
