@@ -190,9 +190,11 @@ impl Verdict {
 /// left are retried (honouring `Retry-After`, never waiting less than the backoff asks), and so
 /// is a 409 where the route honours the idempotency key (its earlier request still running).
 /// Other 4xx are dead: the receiver refuses the request itself. A request sent without an
-/// answer, answered by a proxy's gateway timeout (504, 524) that forwarded it, or answered by
-/// another redirect (which may follow the effect) is retried only when the route honours the
-/// idempotency key; otherwise it is uncertain. Attempts and age are capped.
+/// answer, answered by a proxy's gateway timeout (504, 524) that forwarded it, by another
+/// redirect (which may follow the effect) or by a status of no class (a final 1xx, 600 and
+/// past) is retried only when the route honours the idempotency key; otherwise it is
+/// uncertain. Attempts and age are capped; a `Retry-After` past the age cap waits until the
+/// cap for a last try.
 pub fn decide(
     attempt: &Attempt,
     idempotent: bool,
@@ -234,12 +236,14 @@ pub fn decide(
         // still running (a timed-out attempt it is still at): ask again, as it says. Where
         // the key means nothing to the receiver, a 409 refuses the request itself.
         Attempt::Answered { status: 409, .. } if idempotent => true,
-        Attempt::Answered { status, .. } => {
+        Attempt::Answered { status, .. } if (400..500).contains(status) => {
             return Verdict::Dead(format!("receiver answered {status}"));
         }
+        // A status no class gives a meaning (a final 1xx, 600 and past: a broken receiver or
+        // proxy) came after the request was read, maybe applied: an answer that says nothing.
+        Attempt::Answered { .. } | Attempt::NoAnswer(_) if idempotent => true,
+        Attempt::Answered { .. } | Attempt::NoAnswer(_) => return Verdict::Uncertain,
         Attempt::NotSent(_) => true,
-        Attempt::NoAnswer(_) if idempotent => true,
-        Attempt::NoAnswer(_) => return Verdict::Uncertain,
     };
     debug_assert!(retryable);
     if attempts_made >= policy.max_attempts {
@@ -248,20 +252,24 @@ pub fn decide(
     let backoff = policy
         .backoff
         .delay(attempts_made.saturating_sub(1), jitter);
-    let wait = match attempt {
-        Attempt::Answered {
-            retry_after: Some(asked),
-            ..
-        } => backoff.max(*asked),
-        _ => backoff,
-    };
-    if age.saturating_add(wait) > policy.max_age {
+    if age.saturating_add(backoff) > policy.max_age {
         return Verdict::Dead(format!(
             "older than {:?} before the next attempt",
             policy.max_age
         ));
     }
-    Verdict::Retry(wait)
+    match attempt {
+        Attempt::Answered {
+            retry_after: Some(asked),
+            ..
+        } if *asked > backoff => {
+            // A receiver asking for a pause past the age cap gets one last try at the cap
+            // rather than none: dead now would drop an event it only asked to hold.
+            let left = policy.max_age.saturating_sub(age);
+            Verdict::Retry((*asked).min(left))
+        }
+        _ => Verdict::Retry(backoff),
+    }
 }
 
 #[cfg(test)]

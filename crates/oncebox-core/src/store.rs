@@ -44,15 +44,16 @@ pub struct Ingest {
 }
 
 impl Ingest {
-    /// The content type the event's deliveries carry: its own, or JSON's when it has none, or
-    /// one no header can carry on (blank or past 1024 bytes).
+    /// The content type the event's deliveries carry: its own, or, when it has none or one no
+    /// header can carry on (blank or past 1024 bytes), JSON's if the payload is JSON and
+    /// `application/octet-stream` if not: a raw source's bytes are not labelled JSON.
     pub fn delivered_content_type(&self) -> &str {
-        self.event
-            .meta
-            .content_type
-            .as_deref()
-            .filter(|c| crate::event::header_field(c).is_ok())
-            .unwrap_or("application/json")
+        let own = self.event.meta.content_type.as_deref();
+        match own.filter(|c| crate::event::header_field(c).is_ok()) {
+            Some(own) => own,
+            None if crate::json::parse(&self.event.payload).is_ok() => "application/json",
+            None => "application/octet-stream",
+        }
     }
 
     /// The event's deliveries, one per route, each keyed `{source}:{event_id}` for every
@@ -228,9 +229,28 @@ mod tests {
     use crate::{Event, Key, Meta};
 
     /// Every delivery of a stored event can be queued: a content type no header carries on
-    /// (the gateway takes any the request had) becomes JSON's, so queuing never refuses it.
+    /// (the gateway takes any the request had) becomes JSON's for a JSON payload and
+    /// `application/octet-stream` for any other, so queuing never refuses it.
     #[test]
-    fn deliveries_carry_the_events_content_type_or_json() {
+    fn deliveries_carry_the_events_content_type_or_the_payloads() {
+        let raw = Event::new(
+            Key::parse("shop", "e2").unwrap(),
+            b"no \xff json".to_vec(),
+            &crate::FingerprintMode::Raw,
+        )
+        .unwrap();
+        for given in [None, Some("")] {
+            let ingest = Ingest {
+                event: raw.clone().with_meta(Meta::new(given.map(str::to_owned))),
+                order: None,
+                accepted: Vec::new(),
+                stale: Vec::new(),
+                routes: vec!["hooks".to_owned()],
+            };
+            let sent = &ingest.messages()[0];
+            assert_eq!(sent.content_type, "application/octet-stream", "{given:?}");
+            assert_eq!(sent.check(), Ok(()));
+        }
         let ingest = |content_type: Option<&str>| Ingest {
             event: Event::json(Key::parse("shop", "e1").unwrap(), "{}")
                 .unwrap()

@@ -126,6 +126,37 @@ fn retry_after_is_honoured_as_a_minimum() {
     );
 }
 
+/// A pause asked past the age cap (a 429 with `Retry-After` of days) waits until the cap for
+/// one last try; dead at once would drop an event the receiver only asked to hold.
+#[test]
+fn retry_after_past_the_age_cap_waits_until_the_cap_for_a_last_try() {
+    let a = Attempt::Answered {
+        status: 429,
+        retry_after: Some(Duration::from_secs(999_999_999)),
+    };
+    let age = Duration::from_secs(600);
+    assert_eq!(
+        decide(&a, false, 1, age, &P, 1.0),
+        Verdict::Retry(P.max_age - age)
+    );
+    // The cap reached: dead, as any retry past it.
+    assert!(matches!(
+        decide(&a, false, 2, P.max_age, &P, 1.0),
+        Verdict::Dead(_)
+    ));
+}
+
+/// A status no class gives a meaning came after the request was read: as no answer.
+#[test]
+fn a_status_of_no_class_is_as_no_answer() {
+    for status in [100, 101, 103, 199, 600, 999, 0, u16::MAX] {
+        let retried = decide(&answered(status), true, 1, Duration::ZERO, &P, 1.0);
+        assert!(matches!(retried, Verdict::Retry(_)), "{status}");
+        let parked = decide(&answered(status), false, 1, Duration::ZERO, &P, 1.0);
+        assert_eq!(parked, Verdict::Uncertain, "{status}");
+    }
+}
+
 #[test]
 fn backoff_is_exponential_capped_and_fully_jittered() {
     let b = P.backoff;

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use oncebox_core::Timestamp;
 use oncebox_core::delivery::Attempt;
+use oncebox_core::json::Value;
 use oncebox_core::relay_store::Claimed;
 use oncebox_core::route::Route;
 use oncebox_core::signature::{Scheme, sign};
@@ -169,8 +170,16 @@ pub(crate) async fn applied(client: &reqwest::Client, route: &Route, key: &str) 
     if !response.status().is_success() && !not_found {
         return None;
     }
-    let body: serde_json::Value = serde_json::from_slice(&limited_body(response).await?).ok()?;
-    let applied = body.get("applied")?.as_bool()?;
+    // The strict parser: a name twice (`{"applied": false, "applied": true}`) is no answer, not
+    // its last value, as in every other JSON oncebox reads.
+    let body = oncebox_core::json::parse(&limited_body(response).await?).ok()?;
+    let Value::Object(fields) = body else {
+        return None;
+    };
+    let applied = match fields.iter().find(|(name, _)| name == "applied")? {
+        (_, Value::Bool(applied)) => *applied,
+        _ => return None,
+    };
     // A 404 that says "applied" contradicts itself.
     (!(not_found && applied)).then_some(applied)
 }
