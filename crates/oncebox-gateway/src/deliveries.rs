@@ -69,6 +69,19 @@ pub(crate) async fn list<S: EventStore + DeliveryStore>(
                 .into_response();
         }
     };
+    // No route's name holds one (PostgreSQL cannot even bind a NUL: the store would answer
+    // `unavailable`, and the client retry a request that can never work).
+    if let Some(bad) = q
+        .route
+        .as_deref()
+        .filter(|r| r.chars().any(char::is_control))
+    {
+        return Problem::invalid_request(
+            "invalid-query",
+            format!("no route is named {bad:?}: route names hold no control characters"),
+        )
+        .into_response();
+    }
     let filter = DeliveryFilter {
         state,
         route: q.route,
@@ -133,12 +146,34 @@ async fn refusal<S: EventStore + DeliveryStore>(
     }
 }
 
-#[derive(Debug, Deserialize)]
 pub(crate) struct ResolveBody {
     outcome: String,
     /// Free text; absent and `null` both mean none.
-    #[serde(default)]
     note: Option<String>,
+}
+
+impl ResolveBody {
+    /// Read with the strict parser: an operator's settlement is final, so a body naming
+    /// `outcome` twice (`{"outcome":"dead","outcome":"delivered"}`) is refused, not taken by
+    /// its last value. Other members are ignored. A note holding a NUL is refused: PostgreSQL
+    /// cannot store one.
+    fn parse(body: &[u8]) -> Option<ResolveBody> {
+        use oncebox_core::json::Value as J;
+        let J::Object(members) = oncebox_core::json::parse(body).ok()? else {
+            return None;
+        };
+        let member = |name: &str| members.iter().find(|(n, _)| n == name).map(|(_, v)| v);
+        let outcome = match member("outcome")? {
+            J::String(s) => s.clone(),
+            _ => return None,
+        };
+        let note = match member("note") {
+            None | Some(J::Null) => None,
+            Some(J::String(s)) if !s.contains('\0') => Some(s.clone()),
+            Some(_) => return None,
+        };
+        Some(ResolveBody { outcome, note })
+    }
 }
 
 pub(crate) async fn resolve<S: EventStore + DeliveryStore>(
@@ -146,15 +181,10 @@ pub(crate) async fn resolve<S: EventStore + DeliveryStore>(
     Path(id): Path<i64>,
     body: axum::body::Bytes,
 ) -> Response {
-    // An object only: serde would also take `["dead", "note"]` as the struct's fields in order.
-    let body = serde_json::from_slice::<serde_json::Value>(&body)
-        .ok()
-        .filter(serde_json::Value::is_object)
-        .and_then(|v| serde_json::from_value::<ResolveBody>(v).ok());
-    let Some(body) = body else {
+    let Some(body) = ResolveBody::parse(&body) else {
         return Problem::invalid_request(
             "invalid-json",
-            r#"expected {"outcome":"delivered"|"dead","note":"…"}"#,
+            r#"expected {"outcome":"delivered"|"dead","note":"…"} (each once; no NUL in the note)"#,
         )
         .into_response();
     };

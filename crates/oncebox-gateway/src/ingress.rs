@@ -10,16 +10,19 @@ use axum::extract::{Path, Request, State};
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use oncebox_core::fingerprint::{PayloadError, derive_event_id};
-use oncebox_core::json::{self, Pointer, Value};
+use oncebox_core::json::{self, Value};
 use oncebox_core::signature::{self, Scheme, SignatureError};
 use oncebox_core::store::{EventStore, Ingest, Order};
-use oncebox_core::{Event, EventId, Key, Meta, Source, Timestamp};
+use oncebox_core::{Event, Key, Meta, Source, Timestamp};
 
 use crate::Gateway;
 use crate::body::read_bounded;
-use crate::policy::{EventIdRule, SourcePolicy};
+use crate::policy::SourcePolicy;
 use crate::problem::{Answer, Problem};
+
+mod event_id;
+
+use event_id::{event_id, needs_json};
 
 /// Request headers never stored with an event: credentials.
 const NOT_KEPT: [&str; 3] = ["authorization", "cookie", "proxy-authorization"];
@@ -87,8 +90,15 @@ async fn receive_for<S: EventStore>(
     // An unsigned source takes anything that reaches it, and browsers reach loopback too: a
     // web page's simple `POST` (no preflight) would be stored and relayed, signed with the
     // route's secret. Senders of webhooks are servers and send no `Origin`; a browser sends
-    // one on every `POST`, and another site's is refused before the body is read.
-    if policy.scheme == Scheme::None && !crate::dashboard::session::same_origin(headers) {
+    // one on every `POST`, and one not of this gateway's loopback pages is refused before the
+    // body is read: another site's, and also one whose DNS answer was rebound to this machine
+    // (its `Host` then names that site too, so the two agree).
+    let browser = headers.contains_key(axum::http::header::ORIGIN);
+    let own_page = || {
+        crate::dashboard::session::same_origin(headers)
+            && crate::dashboard::session::loopback_origin(headers)
+    };
+    if policy.scheme == Scheme::None && browser && !own_page() {
         return Answer::Problem(Problem::new(
             StatusCode::FORBIDDEN,
             "cross-origin",
@@ -224,80 +234,6 @@ fn unauthorized(e: &SignatureError) -> Problem {
         ),
     };
     problem.challenge("Signature realm=\"oncebox\"")
-}
-
-/// Whether the id or the ordering guard must read the body as JSON. The default rule reads it
-/// only when no header names the id: a `raw` source may take form or text bodies that way.
-fn needs_json(policy: &SourcePolicy, headers: &HeaderMap) -> bool {
-    policy.order.is_some()
-        || match policy.event_id {
-            EventIdRule::Pointer(_) => true,
-            EventIdRule::Default => !DEFAULT_ID_HEADERS.iter().any(|h| headers.contains_key(*h)),
-            EventIdRule::Header(_) | EventIdRule::Derive(_) => false,
-        }
-}
-
-/// The headers the default id rule reads, in order, before the body's `/id`.
-const DEFAULT_ID_HEADERS: [&str; 2] = ["idempotency-key", "webhook-id"];
-
-fn event_id(
-    policy: &SourcePolicy,
-    headers: &HeaderMap,
-    payload: &[u8],
-    parsed: Option<&Value>,
-) -> Result<EventId, Problem> {
-    let invalid = |e: oncebox_core::InvalidKey| Problem::invalid("event-id-invalid", e.to_string());
-    let from_header = |name: &str| {
-        headers
-            .get(name)
-            .map(|v| EventId::from_bytes(v.as_bytes()).map_err(invalid))
-    };
-    let missing = |what: &str| Problem::invalid("event-id-missing", format!("no event id: {what}"));
-    let id = match &policy.event_id {
-        EventIdRule::Header(name) => {
-            from_header(name).unwrap_or_else(|| Err(missing(&format!("header {name} absent"))))
-        }
-        EventIdRule::Pointer(p) => {
-            from_pointer(parsed, p).unwrap_or_else(|| Err(missing(&format!("{p} absent"))))
-        }
-        EventIdRule::Derive(pointers) => derive_event_id(payload, pointers)
-            .map_err(|e| match e {
-                // A body that is not JSON is named as such, as for every other id rule.
-                PayloadError::Json(_) => Problem::invalid("invalid-json", e.to_string()),
-                _ => Problem::invalid("event-id-missing", e.to_string()),
-            })
-            .and_then(|id| EventId::new(id).map_err(invalid)),
-        EventIdRule::Default => DEFAULT_ID_HEADERS
-            .iter()
-            .find_map(|h| from_header(h))
-            .or_else(|| from_pointer(parsed, &Pointer::from_tokens(vec!["id".to_owned()])))
-            .unwrap_or_else(|| Err(missing("no Idempotency-Key, webhook-id or /id"))),
-    };
-    id?.deliverable().map_err(invalid)
-}
-
-/// A string, or an integer written in decimal; anything else at the pointer is invalid.
-fn from_pointer(parsed: Option<&Value>, p: &Pointer) -> Option<Result<EventId, Problem>> {
-    let value = parsed?.pointer(p)?;
-    let text = match value {
-        Value::String(s) => s.clone(),
-        Value::Number(n) => match n.to_i64() {
-            Some(i) => i.to_string(),
-            None => {
-                return Some(Err(Problem::invalid(
-                    "event-id-invalid",
-                    format!("{p} is a number but not an integer of at most 64 bits"),
-                )));
-            }
-        },
-        _ => {
-            return Some(Err(Problem::invalid(
-                "event-id-invalid",
-                format!("{p} is not a string"),
-            )));
-        }
-    };
-    Some(EventId::new(text).map_err(|e| Problem::invalid("event-id-invalid", e.to_string())))
 }
 
 /// The ordering guard applies when both fields are present; an event without them (another

@@ -269,6 +269,7 @@ fn described() -> Value {
             "/login": {
                 "get": { "summary": "Dashboard sign-in form", "tags": ["dashboard"],
                     "responses": { "200": { "description": "HTML form", "content": { "text/html": {} } },
+                                   "303": { "description": "already signed in, or no admin token is configured: to the dashboard" },
                                    "403": { "description": CLOSED, "content": { "text/html": {} } } } },
                 "post": { "summary": "Sign in with the admin token; sets the session cookie", "tags": ["dashboard"],
                     "requestBody": schemas::form(&[("token", "the admin token; absent is taken as empty")]),

@@ -64,7 +64,7 @@ impl OrderGuard {
         };
         let version = n
             .to_i64()
-            .ok_or_else(|| invalid(&self.version, "an integer"))?;
+            .ok_or_else(|| invalid(&self.version, "an integer of at most 64 bits"))?;
         Ok(Some(Order { entity, version }))
     }
 }

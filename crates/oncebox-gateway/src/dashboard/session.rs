@@ -133,9 +133,24 @@ pub(crate) fn loopback_host(headers: &HeaderMap) -> bool {
     let Some(host) = headers.get(header::HOST) else {
         return true;
     };
-    let Ok(host) = host.to_str() else {
-        return false;
-    };
+    host.to_str().is_ok_and(loopback_name)
+}
+
+/// Whether the browser that sent the request names a page of a loopback name as its `Origin`
+/// (`http://127.0.0.1:8080`). A page of another site whose DNS answer was rebound to this
+/// machine names its own site, and sends that as `Host` too.
+pub(crate) fn loopback_origin(headers: &HeaderMap) -> bool {
+    let origin = headers.get(header::ORIGIN).and_then(|v| v.to_str().ok());
+    origin
+        .and_then(|o| {
+            o.strip_prefix("http://")
+                .or_else(|| o.strip_prefix("https://"))
+        })
+        .is_some_and(loopback_name)
+}
+
+/// `host[:port]` names this machine's loopback.
+fn loopback_name(host: &str) -> bool {
     let name = match host.strip_prefix('[') {
         // `[::1]:8080`: the address is inside the brackets.
         Some(v6) => v6.split(']').next().unwrap_or(""),

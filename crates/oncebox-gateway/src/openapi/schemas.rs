@@ -59,9 +59,11 @@ pub(super) fn after() -> Value {
             "description": format!("the `next` of the page before: only items after it{EMPTY}") })
 }
 
-/// The page size of a list. No `maximum`: a larger number is not refused but taken as 500.
+/// The page size of a list. A number above 500 is not refused but taken as 500; the `maximum`
+/// is what parses at all (2^64 - 1).
 pub(super) fn limit() -> Value {
-    json!({ "name": "limit", "in": "query", "schema": { "type": "integer", "minimum": 0 },
+    json!({ "name": "limit", "in": "query",
+            "schema": { "type": "integer", "minimum": 0, "maximum": u64::MAX },
             "allowEmptyValue": true,
             "description": format!(
                 "items per page, 50 when not given; 0 is taken as 1 and a number above 500 as \

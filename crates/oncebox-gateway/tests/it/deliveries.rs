@@ -365,3 +365,36 @@ fn redeliver_of_an_event_whose_deliveries_are_in_flight_is_409() {
         );
     });
 }
+
+/// What no store could take, or could read two ways, is a 400 before the store is asked: a NUL
+/// in a route filter or a note (PostgreSQL cannot bind one, and answered `503`: retry for ever),
+/// and a resolve body naming a member twice (an operator's settlement is final: not its last).
+#[test]
+fn a_nul_or_a_member_named_twice_is_refused_before_the_store() {
+    run(async {
+        let (gw, id) = one_delivery().await;
+        let a = gw.send(admin_get("/v1/deliveries?route=a%00b")).await;
+        assert_eq!(
+            (a.status, a.slug().as_str()),
+            (StatusCode::BAD_REQUEST, "invalid-query")
+        );
+        let resolve = format!("/v1/deliveries/{id}/resolve");
+        for body in [
+            r#"{"outcome":"dead","outcome":"delivered"}"#,
+            r#"{"outcome":"dead","note":"a\u0000b"}"#,
+            r#"{"outcome":"dead","note":"a","note":"b"}"#,
+        ] {
+            let a = gw.send(admin_post(&resolve, body)).await;
+            assert_eq!(
+                (a.status, a.slug().as_str()),
+                (StatusCode::BAD_REQUEST, "invalid-json"),
+                "{body}"
+            );
+        }
+        // A note with other control characters (a line break) is a note.
+        let a = gw
+            .send(admin_post(&resolve, r#"{"outcome":"dead","note":"a\nb"}"#))
+            .await;
+        assert_eq!(a.slug(), "not-resolvable", "{a:?}");
+    });
+}

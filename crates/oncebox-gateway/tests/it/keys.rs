@@ -26,6 +26,17 @@ fn event_id_sources_follow_the_default_order() {
         assert_eq!(b.json()["event_id"], "w2");
         let c = gw.send(post("open", &[], r#"{"id":42}"#)).await;
         assert_eq!(c.json()["event_id"], "42");
+        // A header sent twice names two events: refused, not the first taken.
+        for name in ["idempotency-key", "webhook-id"] {
+            let twice = [(name, "k3"), (name, "k4")];
+            let d = gw.send(post("open", &twice, r#"{"id":"b3"}"#)).await;
+            assert_eq!(
+                (d.status, d.slug().as_str()),
+                (StatusCode::BAD_REQUEST, "event-id-invalid"),
+                "{name}"
+            );
+        }
+        assert_eq!(gw.rows(), 3);
     });
 }
 
@@ -221,8 +232,8 @@ fn a_ten_megabyte_event_id_is_400_and_stores_nothing() {
 
 /// A browser posts to loopback too: another site's page could send an unsigned source events
 /// (a simple `POST`, no preflight) that the relay would then sign and deliver. A foreign
-/// `Origin` is refused there before the body is read; servers send none, and a signed source
-/// needs its secret whatever the origin.
+/// `Origin` is refused there before the body is read, as is one rebound by DNS to this machine;
+/// servers send none, and a signed source needs its secret whatever the origin.
 #[test]
 fn another_sites_page_cannot_post_to_an_unsigned_source() {
     run(async {
@@ -231,12 +242,20 @@ fn another_sites_page_cannot_post_to_an_unsigned_source() {
             ("origin", "http://evil.example"),
             ("host", "127.0.0.1:8080"),
         ];
-        let refused = gw.send(post("open", &page, r#"{"id":"x1"}"#)).await;
-        assert_eq!(
-            (refused.status, refused.slug().as_str()),
-            (StatusCode::FORBIDDEN, "cross-origin"),
-            "{refused:?}"
-        );
+        // The same page after its DNS answer was rebound to this machine: its browser names
+        // the site as `Host` too.
+        let rebound = [
+            ("origin", "http://rebind.evil.example:8080"),
+            ("host", "rebind.evil.example:8080"),
+        ];
+        for headers in [&page, &rebound] {
+            let refused = gw.send(post("open", headers, r#"{"id":"x1"}"#)).await;
+            assert_eq!(
+                (refused.status, refused.slug().as_str()),
+                (StatusCode::FORBIDDEN, "cross-origin"),
+                "{refused:?}"
+            );
+        }
         assert_eq!(gw.rows(), 0);
         let own = [
             ("origin", "http://127.0.0.1:8080"),

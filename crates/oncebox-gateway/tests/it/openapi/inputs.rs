@@ -9,8 +9,9 @@ use serde_json::Value;
 use super::{conform, document, form};
 use crate::support::{ADMIN_TOKEN, TestGateway, admin_get, post};
 
-/// `limit` is declared as the lists read it: no less than 0 (taken as 1), no maximum (a larger
-/// number is taken as 500, not refused), and a negative one refused.
+/// `limit` is declared as the lists read it: no less than 0 (taken as 1), at most 2^64 - 1 (a
+/// number above 500 is taken as 500, not refused; one past 2^64 - 1 does not parse), and a
+/// negative one refused.
 #[test]
 fn limit_is_declared_as_the_lists_read_it() {
     run(async {
@@ -20,7 +21,7 @@ fn limit_is_declared_as_the_lists_read_it() {
             let params = doc["paths"][path]["get"]["parameters"].as_array().unwrap();
             let limit = params.iter().find(|p| p["name"] == "limit").unwrap();
             assert_eq!(limit["schema"]["minimum"], 0, "{path}: {limit}");
-            assert!(limit["schema"].get("maximum").is_none(), "{path}: {limit}");
+            assert_eq!(limit["schema"]["maximum"], u64::MAX, "{path}: {limit}");
             let description = limit["description"].as_str().unwrap();
             assert!(description.contains("above 500 as 500"), "{path}: {limit}");
             let count = async |query: &str| {
@@ -32,6 +33,9 @@ fn limit_is_declared_as_the_lists_read_it() {
             assert_eq!(count("limit=501").await, all, "{path}");
             assert_eq!(count("limit=").await, all, "{path}: empty is not given");
             assert_eq!(count("limit=-1").await.0, StatusCode::BAD_REQUEST, "{path}");
+            assert_eq!(count("limit=18446744073709551615").await, all, "{path}");
+            let past = count("limit=18446744073709551616").await.0;
+            assert_eq!(past, StatusCode::BAD_REQUEST, "{path}");
         }
     });
 }
@@ -160,6 +164,12 @@ fn the_forms_are_declared_with_the_fields_the_pages_send() {
             .header("cookie", &cookie)
             .body(Body::empty());
         let overview = page(&gw.send(signed_in.unwrap()).await);
+        // Signed in, the form sends the browser on to the dashboard, as documented.
+        let again = Request::get("/login").header("cookie", &cookie);
+        let again = gw.send(again.body(Body::empty()).unwrap()).await;
+        assert_eq!(again.status, StatusCode::SEE_OTHER, "{again:?}");
+        let documented = &doc["paths"]["/login"]["get"]["responses"];
+        assert!(documented.get("303").is_some(), "{documented}");
         assert_eq!(fields("/logout"), ["csrf"]);
         let csrf = overview
             .split(r#"name="csrf" value=""#)
