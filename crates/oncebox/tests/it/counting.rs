@@ -26,9 +26,10 @@ struct Counts {
     /// Keys of the requests held.
     held: Vec<String>,
     /// Requests of each key being handled now, and the keys that ever had two at once (two
-    /// relays sending one delivery together, which fenced leases must prevent).
+    /// relays sending one delivery together, which fenced leases must prevent), with when the
+    /// second began.
     in_flight: HashMap<String, u32>,
-    overlapped: Vec<String>,
+    overlapped: Vec<(String, std::time::Instant)>,
 }
 
 /// One request of `key` being handled: counted in from its start to its end or its drop (the
@@ -44,7 +45,8 @@ impl<'a> Handling<'a> {
         let n = c.in_flight.entry(key.to_owned()).or_default();
         *n += 1;
         if *n > 1 {
-            c.overlapped.push(key.to_owned());
+            c.overlapped
+                .push((key.to_owned(), std::time::Instant::now()));
         }
         Handling {
             counts,
@@ -120,15 +122,9 @@ impl Receiver {
         self.counts.lock().unwrap().by_relay
     }
 
-    /// Keys that had two requests in the receiver at once, each named once.
-    pub fn overlapped(&self) -> std::collections::BTreeSet<String> {
-        self.counts
-            .lock()
-            .unwrap()
-            .overlapped
-            .iter()
-            .cloned()
-            .collect()
+    /// Keys that had two requests in the receiver at once, with when the second began.
+    pub fn overlapped(&self) -> Vec<(String, std::time::Instant)> {
+        self.counts.lock().unwrap().overlapped.clone()
     }
 }
 
