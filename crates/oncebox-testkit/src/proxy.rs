@@ -119,6 +119,14 @@ impl Drop for Proxy {
     }
 }
 
+/// A PostgreSQL URL whose connections stay in plain text (`sslmode=disable`): a proxy that
+/// acts on the bytes it sees (a marker such as `COMMIT`) sees nothing of a TLS session, which
+/// the default `sslmode=prefer` opens wherever the server offers one.
+pub fn plaintext(url: &str) -> String {
+    let joint = if url.contains('?') { '&' } else { '?' };
+    format!("{url}{joint}sslmode=disable")
+}
+
 /// Closes with a reset (linger zero), not a graceful FIN.
 fn reset(stream: TcpStream) {
     let _ = stream.set_zero_linger();

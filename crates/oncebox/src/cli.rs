@@ -154,8 +154,8 @@ Examples:
         /// Only events after this cursor (the `seq` column).
         #[arg(long)]
         after: Option<i64>,
-        /// Events per page (at most 500).
-        #[arg(long, default_value_t = 50)]
+        /// Events per page, from 1 to 500.
+        #[arg(long, default_value_t = 50, value_parser = page_limit)]
         limit: usize,
         #[command(flatten)]
         output: OutputArg,
@@ -181,8 +181,8 @@ Examples:
     /// uncertain ones, nor one whose delivery is still owed), with their finished deliveries.
     #[command(after_help = "\
 Examples:
-  oncebox purge                                    # each source's retention, else 7 days
-  oncebox purge --retention 30d --output json      # also where no [sources] are configured")]
+  oncebox --config oncebox.toml purge              # each source's retention, else 7 days
+  oncebox purge --retention 30d --output json      # required where no [sources] are configured")]
     Purge {
         /// Retention for sources without their own, e.g. `30d` (7 days unless given; must be
         /// given when the configuration names no sources).
@@ -214,8 +214,8 @@ Examples:
         /// Only deliveries after this id.
         #[arg(long)]
         after: Option<i64>,
-        /// Deliveries per page (at most 500).
-        #[arg(long, default_value_t = 50)]
+        /// Deliveries per page, from 1 to 500.
+        #[arg(long, default_value_t = 50, value_parser = page_limit)]
         limit: usize,
         #[command(flatten)]
         output: OutputArg,
@@ -244,6 +244,20 @@ Exit code 3 when there is no delivery 42, 5 when its state refuses it (e.g. deli
         #[arg(long, default_value = "")]
         note: String,
     },
+}
+
+/// The largest page the stores return (both backends': PostgreSQL's constant names it); more
+/// was cut to it without a word, and 0 read as 1.
+const MAX_PAGE: usize = oncebox_postgres::MAX_PAGE;
+
+/// A listing's `--limit`, refused outside what the store returns rather than changed quietly.
+fn page_limit(v: &str) -> Result<usize, String> {
+    match v.parse::<usize>() {
+        Ok(n) if (1..=MAX_PAGE).contains(&n) => Ok(n),
+        _ => Err(format!(
+            "must be a number from 1 to {MAX_PAGE} (the largest page; --after reads the next)"
+        )),
+    }
 }
 
 /// A retention for `purge`: more than zero, as a source's own `retention` must be, since zero

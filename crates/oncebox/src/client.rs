@@ -1,9 +1,12 @@
-//! What `send` and `bench` share as clients of a running gateway: its base URL, and test event
-//! bodies that carry the event id where the source's rule reads it.
+//! What `send` and `bench` share as clients of a running gateway: its base URL, test event
+//! bodies that carry the event id where the source's rule reads it, and requests that carry
+//! it in a header and signed.
 
 use anyhow::{Context, Result};
+use oncebox_core::Timestamp;
 use oncebox_core::fingerprint::derive_event_id;
-use oncebox_gateway::policy::EventIdRule;
+use oncebox_core::signature::sign;
+use oncebox_gateway::policy::{EventIdRule, SourcePolicy};
 use serde_json::{Map, Value};
 
 use crate::config::Settings;
@@ -30,6 +33,36 @@ pub fn gateway_base(url: Option<&str>, settings: &Settings) -> Result<String> {
         )));
     }
     Ok(url.trim_end_matches('/').to_owned())
+}
+
+/// `request` with the event's id where `policy` reads it from a header, and signed by the
+/// source's first secret as `now`. The id goes once: a scheme that signs it (`webhook-id`)
+/// already carries it, and the gateway refuses an id header sent twice.
+pub fn identified(
+    mut request: reqwest::RequestBuilder,
+    policy: &SourcePolicy,
+    id: &str,
+    body: &[u8],
+    now: Timestamp,
+) -> reqwest::RequestBuilder {
+    let signed = match policy.secrets.first() {
+        Some(secret) => sign(&policy.scheme, secret, id, now, body),
+        None => Vec::new(),
+    };
+    let id_header = match &policy.event_id {
+        EventIdRule::Header(name) => Some(name.as_str()),
+        EventIdRule::Default => Some("idempotency-key"),
+        // Pointer and derived ids come from the body itself.
+        _ => None,
+    };
+    let carried = |name: &&str| signed.iter().any(|(s, _)| s.eq_ignore_ascii_case(name));
+    if let Some(name) = id_header.filter(|n| !carried(n)) {
+        request = request.header(name, id);
+    }
+    for (name, value) in signed {
+        request = request.header(name, value);
+    }
+    request
 }
 
 /// Sets `id` in `doc` wherever `rule` reads the event id from the body: at its JSON pointer,

@@ -169,7 +169,18 @@ pub async fn stats(out: &mut impl Write, store: &Store, output: Output) -> Resul
 /// the retention must then be given.
 pub fn purge_retention(settings: &Settings, given: Option<Duration>) -> Result<Duration> {
     match given {
-        Some(retention) => Ok(retention),
+        Some(retention) => {
+            // Warned as the same retention in the file is: a flag is no more deliberate.
+            if retention < crate::config::SHORT_RETENTION {
+                let _ = writeln!(
+                    std::io::stderr(),
+                    "warning: --retention {} is shorter than a day; a sender's retry or an \
+                     operator's resend after the purge is taken as a new event and applied again",
+                    humantime::format_duration(retention)
+                );
+            }
+            Ok(retention)
+        }
         None if settings.gateway.open_sources => anyhow::bail!(
             "the configuration names no [sources], so a purge cannot know the retention the \
              gateway keeps for them: run it with the gateway's configuration (--config or \

@@ -52,8 +52,26 @@ pub struct Coded {
 
 impl fmt::Display for Coded {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{:#}", self.error)
+        f.write_str(&message(&self.error))
     }
+}
+
+/// An error and its causes, `a: b: c`, each said once. Many errors put their cause in their
+/// own text and also return it as their source (thiserror's `"…: {0}"` with `#[from]`), and
+/// `{:#}` then printed it twice or three times: a link already said is left out.
+pub fn message(error: &anyhow::Error) -> String {
+    let mut said = String::new();
+    for cause in error.chain() {
+        let text = cause.to_string();
+        if text.is_empty() || said.contains(&text) {
+            continue;
+        }
+        if !said.is_empty() {
+            said.push_str(": ");
+        }
+        said.push_str(&text);
+    }
+    said
 }
 
 impl std::error::Error for Coded {}
@@ -138,11 +156,33 @@ fn storage(cause: &(dyn std::error::Error + 'static)) -> Option<Code> {
     if let Some(e) = cause.downcast_ref::<oncebox_postgres::OpenError>() {
         return match e {
             oncebox_postgres::OpenError::Url(_) => Some(Code::Usage),
+            oncebox_postgres::OpenError::Postgres(e) if lasting_postgres(e) => Some(Code::Usage),
             oncebox_postgres::OpenError::Postgres(_) => Some(Code::Unavailable),
             _ => None,
         };
     }
     None
+}
+
+/// TLS refused or not verified (a server without TLS under `sslmode=require`, a certificate
+/// for another name or from another CA), or TLS settings that cannot be used: the same on
+/// every retry, so a setting to change, not a store to wait for.
+fn lasting_postgres(e: &oncebox_postgres::sqlx::Error) -> bool {
+    use oncebox_postgres::sqlx::Error;
+    match e {
+        Error::Tls(_) | Error::Configuration(_) => true,
+        // rustls's verdict on the server's certificate reaches sqlx inside an IO error.
+        Error::Io(io) => io
+            .get_ref()
+            .and_then(|inner| inner.downcast_ref::<rustls::Error>())
+            .is_some_and(|tls| {
+                matches!(
+                    tls,
+                    rustls::Error::InvalidCertificate(_) | rustls::Error::NoCertificatesPresented
+                )
+            }),
+        _ => false,
+    }
 }
 
 #[cfg(test)]
@@ -160,5 +200,48 @@ mod tests {
         let key = oncebox_core::Key::parse("Shop", "evt").unwrap_err();
         assert_eq!(classify(&anyhow::Error::new(key)), Code::Usage);
         assert_eq!(classify(&anyhow::anyhow!("boom")), Code::Failure);
+    }
+
+    /// Quotes its cause in its own text and returns it as its source, as thiserror's
+    /// `"…: {0}"` with `#[from]` does.
+    #[derive(Debug)]
+    struct Outer(Inner);
+
+    impl fmt::Display for Outer {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            write!(f, "cannot connect: {}", self.0)
+        }
+    }
+
+    impl std::error::Error for Outer {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            Some(&self.0)
+        }
+    }
+
+    #[derive(Debug)]
+    struct Inner;
+
+    impl fmt::Display for Inner {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("role \"x\" does not exist")
+        }
+    }
+
+    impl std::error::Error for Inner {}
+
+    /// A cause its parent already quotes is said once, as is a wrapper's own text.
+    #[test]
+    fn each_link_of_a_chain_is_said_once() {
+        let e = anyhow::Error::new(Outer(Inner)).context("opening postgres://db/o");
+        assert_eq!(
+            message(&e),
+            "opening postgres://db/o: cannot connect: role \"x\" does not exist"
+        );
+        let coded = coded(Code::Unavailable, e);
+        assert_eq!(
+            message(&coded),
+            "opening postgres://db/o: cannot connect: role \"x\" does not exist"
+        );
     }
 }

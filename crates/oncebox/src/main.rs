@@ -42,6 +42,10 @@ fn main() -> ExitCode {
         // log would keep them as escape sequences.
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
+    // One rustls provider for the whole process, ring, before any TLS client is built: a
+    // verifier built without a provider of its own (sqlx's for `sslmode=verify-ca`) asks for
+    // the default, and rustls panics when it cannot tell which one that is.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     // clap prints usage errors itself and exits with 2 (exit::Code::Usage).
     let cli = Cli::parse();
     let runtime = match tokio::runtime::Runtime::new() {
@@ -54,7 +58,7 @@ fn main() -> ExitCode {
     match runtime.block_on(run(cli)) {
         Ok(()) => Code::Ok.into(),
         Err(e) => {
-            complain(format_args!("{e:#}"));
+            complain(format_args!("{}", exit::message(&e)));
             exit::classify(&e).into()
         }
     }

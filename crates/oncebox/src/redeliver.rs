@@ -7,7 +7,8 @@ use std::time::{Duration, UNIX_EPOCH};
 
 use anyhow::{Context, Result};
 use clap::Args;
-use oncebox_core::relay_store::DeliveryStore;
+use oncebox_core::delivery::DeliveryState;
+use oncebox_core::relay_store::{DeliveryFilter, DeliveryStore};
 use oncebox_core::store::{EventFilter, EventStore};
 use oncebox_core::{Clock, Key, Source, SystemClock, Timestamp};
 use serde::Serialize;
@@ -71,7 +72,7 @@ fn parse_since(s: &str) -> Result<Since, String> {
 struct Summary {
     /// Events that matched; their deliveries were made due again (not with `dry_run`).
     events: u64,
-    /// Deliveries made due again; 0 with `dry_run`.
+    /// Deliveries made due again; with `dry_run`, those the run would make due.
     deliveries: u64,
     dry_run: bool,
 }
@@ -92,16 +93,19 @@ pub async fn run(out: &mut impl Write, store: &Store, args: RedeliverArgs) -> Re
     };
     match output {
         Output::Json => writeln!(out, "{}", serde_json::to_string(&summary)?)?,
-        Output::Text if summary.dry_run => {
-            writeln!(out, "{} events would be redelivered", summary.events)?
-        }
+        Output::Text if summary.dry_run => writeln!(
+            out,
+            "{} deliveries of {} events would be due again (dry run: nothing changed)",
+            summary.deliveries, summary.events
+        )?,
         Output::Text => writeln!(
             out,
             "{} deliveries of {} events are due again (same keys)",
             summary.deliveries, summary.events
         )?,
     }
-    if !summary.dry_run && summary.deliveries == 0 {
+    // A dry run ends as the run would: a script tries it first and acts on its status.
+    if summary.deliveries == 0 {
         return Err(exit::refused("nothing to redeliver"));
     }
     Ok(())
@@ -162,6 +166,7 @@ async fn many(store: &Store, source: &Source, args: &RedeliverArgs) -> Result<Su
         dry_run: args.dry_run,
     };
     if args.dry_run {
+        summary.deliveries = would_be_due(store, &keys).await?;
         return Ok(summary);
     }
     let bar = progress::bar(keys.len() as u64, "redelivering");
@@ -178,4 +183,32 @@ async fn many(store: &Store, source: &Source, args: &RedeliverArgs) -> Result<Su
     }
     bar.finish_and_clear();
     Ok(summary)
+}
+
+/// What `redeliver` would make due for `keys`: every delivery of each event but those in
+/// flight, which it leaves alone. An event that matched no route has none.
+async fn would_be_due(store: &Store, keys: &[Key]) -> Result<u64> {
+    let mut n = 0;
+    for key in keys {
+        let mut after = None;
+        loop {
+            let filter = DeliveryFilter {
+                key: Some(key.clone()),
+                after,
+                limit: PAGE,
+                ..DeliveryFilter::default()
+            };
+            let page = DeliveryStore::deliveries(store, filter).await?;
+            n += page
+                .items
+                .iter()
+                .filter(|d| d.state != DeliveryState::InFlight)
+                .count() as u64;
+            match page.next {
+                Some(next) => after = Some(next),
+                None => break,
+            }
+        }
+    }
+    Ok(n)
 }

@@ -2,7 +2,6 @@
 //! running gateway, and prints the answer — the quickest way to see a source work end to end.
 
 use anyhow::{Context, Result};
-use oncebox_core::signature::sign;
 use oncebox_core::{Clock, Source, SystemClock};
 use oncebox_gateway::policy::EventIdRule;
 
@@ -27,6 +26,7 @@ pub async fn run(settings: &Settings, args: SendArgs) -> Result<bool> {
         )));
     };
     let now = SystemClock.now();
+    let given_id = args.id.is_some();
     let id = args
         .id
         .unwrap_or_else(|| format!("evt_test_{}", now.millis()));
@@ -39,10 +39,15 @@ pub async fn run(settings: &Settings, args: SendArgs) -> Result<bool> {
     }
     // The gateway's own rules (length, characters): refused here with the reason, as a usage
     // error, rather than as the gateway's 400 after a round trip.
-    if let Err(e) = oncebox_core::EventId::new(id.clone()) {
+    if let Err(e) =
+        oncebox_core::EventId::new(id.clone()).and_then(oncebox_core::EventId::deliverable)
+    {
         return Err(crate::exit::usage(format!("--id {id:?}: {e}")));
     }
     let base = crate::client::gateway_base(args.url.as_deref(), settings)?;
+    if given_id && let Some(body) = &args.body {
+        id_agrees_with_body(&source, &policy.event_id, body, &id)?;
+    }
     // The default body depends on the id alone, so sending the same id again is a duplicate
     // (replayed), not a conflict. It carries the id where the source reads it, as bench's do.
     let body = args.body.unwrap_or_else(|| {
@@ -51,21 +56,11 @@ pub async fn run(settings: &Settings, args: SendArgs) -> Result<bool> {
         doc.to_string()
     });
     let url = format!("{base}/v1/sources/{source}/events");
-    let mut request = reqwest::Client::new()
+    let request = reqwest::Client::new()
         .post(&url)
         .header("content-type", "application/json")
         .body(body.clone());
-    match &policy.event_id {
-        EventIdRule::Header(name) => request = request.header(name.as_str(), id.as_str()),
-        EventIdRule::Default => request = request.header("idempotency-key", id.as_str()),
-        // Pointer and derived ids come from the body itself.
-        _ => {}
-    }
-    if let Some(secret) = policy.secrets.first() {
-        for (name, value) in sign(&policy.scheme, secret, &id, now, body.as_bytes()) {
-            request = request.header(name, value);
-        }
-    }
+    let request = crate::client::identified(request, policy, &id, body.as_bytes(), now);
     // `--url` may carry credentials (`http://user:token@host/`): the message names the URL
     // redacted, and the client's error, which repeats it with any secret-named query
     // parameter, goes without it.
@@ -88,4 +83,56 @@ pub async fn run(settings: &Settings, args: SendArgs) -> Result<bool> {
     )?;
     writeln!(out, "{text}")?;
     Ok(status.is_success())
+}
+
+/// A source that reads its event id from the body ignores `--id`: the event would be stored
+/// under another id than the one asked for, and a test of deduplication would test nothing.
+/// A pointer's id is refused when it differs (the caller named both); a derived one is said.
+fn id_agrees_with_body(source: &Source, rule: &EventIdRule, body: &str, id: &str) -> Result<()> {
+    match rule {
+        EventIdRule::Pointer(p) => {
+            let doc: Option<serde_json::Value> = serde_json::from_str(body).ok();
+            let found = doc.as_ref().and_then(|d| at(d, p.tokens()));
+            match found {
+                Some(found) if found != id => Err(crate::exit::usage(format!(
+                    "--id {id:?}: source {source} reads the event id from the body at {p}, \
+                     which holds {found:?}; the event would be stored as {found:?}: leave out \
+                     --id or make the two agree"
+                ))),
+                // Absent or not an id: the gateway's answer says why.
+                _ => Ok(()),
+            }
+        }
+        EventIdRule::Derive(_) => {
+            if let Ok(stored) = crate::client::stored_id(rule, body, id)
+                && stored != id
+            {
+                use std::io::Write;
+                let _ = writeln!(
+                    std::io::stderr(),
+                    "warning: source {source} derives the event id from the body: the event is \
+                     stored as {stored:?}, not as --id {id:?}"
+                );
+            }
+            Ok(())
+        }
+        _ => Ok(()),
+    }
+}
+
+/// The id at a pointer's tokens, as the gateway reads one: a string, or an integer.
+fn at(doc: &serde_json::Value, tokens: &[String]) -> Option<String> {
+    let mut v = doc;
+    for t in tokens {
+        v = match v {
+            serde_json::Value::Object(m) => m.get(t)?,
+            serde_json::Value::Array(a) => a.get(t.parse::<usize>().ok()?)?,
+            _ => return None,
+        };
+    }
+    match v {
+        serde_json::Value::String(s) => Some(s.clone()),
+        serde_json::Value::Number(n) => n.as_i64().map(|i| i.to_string()),
+        _ => None,
+    }
 }

@@ -1,5 +1,10 @@
 //! `oncebox serve`: the gateway on the configured database, with retention purges and a
-//! graceful shutdown on SIGINT or SIGTERM.
+//! graceful shutdown on SIGINT, SIGTERM or SIGHUP (a second one stops at once).
+
+mod inflight;
+mod signals;
+
+pub(crate) use signals::shutdown_signal;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -53,13 +58,28 @@ pub async fn run(settings: Settings, with_relay: bool) -> Result<()> {
     // grows with every request while nobody scrapes `/metrics`.
     let upkeep = tokio::spawn(meter::upkeep(metrics, meter::UPKEEP_EVERY));
     let (stop, stopped) = tokio::sync::watch::channel(false);
+    let grace = limits.shutdown_grace;
+    let tracked = inflight::Tracked::new(inbox.clone());
     let relay = (with_relay && !routes.is_empty()).then(|| {
-        let relay = Relay::new(inbox.clone(), routes, Arc::new(SystemClock), relay_options);
+        let relay = Relay::new(
+            tracked.clone(),
+            routes,
+            Arc::new(SystemClock),
+            relay_options,
+        );
         let stopped = stopped.clone();
         tokio::spawn(async move { relay.run(wait_for(stopped)).await })
     });
+    let relaying = relay.is_some();
     serve(listener, router(gw), limits, async move {
         shutdown.await;
+        tracing::info!(
+            "waiting for requests in progress, up to {} (limits.shutdown_grace); signal again to stop now",
+            humantime::format_duration(grace)
+        );
+        if relaying {
+            waiting(&tracked);
+        }
         let _ = stop.send(true);
     })
     .await?;
@@ -93,10 +113,35 @@ pub async fn relay_only(settings: Settings) -> Result<()> {
     // an empty database of its own while the gateway's deliveries wait.
     let inbox = Store::open_existing(&settings.database, crate::store::Schema::Migrate).await?;
     tracing::info!(routes = routes.len(), database = %describe(&settings.database), "relay running");
-    let relay = Relay::new(inbox, routes, Arc::new(SystemClock), settings.relay);
-    relay.run(shutdown).await;
+    let tracked = inflight::Tracked::new(inbox);
+    let relay = Relay::new(
+        tracked.clone(),
+        routes,
+        Arc::new(SystemClock),
+        settings.relay,
+    );
+    relay
+        .run(async move {
+            shutdown.await;
+            waiting(&tracked);
+        })
+        .await;
     tracing::info!("relay stopped");
     Ok(())
+}
+
+/// Says what a graceful stop of the relay waits for: each attempt in progress ends by its
+/// route's timeout, and its record by its lease's end.
+fn waiting(tracked: &inflight::Tracked<Store>) {
+    let w = tracked.waiting(SystemClock.now());
+    // Whole seconds, rounded up: a wait is not announced shorter than it may be.
+    let at_most = Duration::from_secs(w.at_most.as_millis().div_ceil(1000) as u64);
+    tracing::info!(
+        "waiting for {} delivery attempt{}, up to {}; signal again to stop now",
+        w.attempts,
+        if w.attempts == 1 { "" } else { "s" },
+        humantime::format_duration(at_most)
+    );
 }
 
 async fn wait_for(mut stopped: tokio::sync::watch::Receiver<bool>) {
@@ -145,37 +190,4 @@ fn announce(local: &std::net::SocketAddr, database: &str, config: &GatewayConfig
         out,
         "events:  curl -s http://{local}/v1/events   (admin API)"
     );
-}
-
-/// Resolves on the first SIGINT or SIGTERM. The handlers are registered here, at once, not
-/// when the future is first polled: a signal that comes while the store opens, or while the
-/// relay already delivers, ends the process gracefully instead of by the default action.
-pub(crate) fn shutdown_signal() -> impl std::future::Future<Output = ()> {
-    #[cfg(unix)]
-    let signals = {
-        use tokio::signal::unix::{SignalKind, signal};
-        [SignalKind::interrupt(), SignalKind::terminate()].map(|kind| signal(kind).ok())
-    };
-    async move {
-        #[cfg(unix)]
-        {
-            let [mut interrupt, mut terminate] = signals;
-            tokio::select! {
-                () = received(interrupt.as_mut()) => {}
-                () = received(terminate.as_mut()) => {}
-            }
-        }
-        #[cfg(not(unix))]
-        let _ = tokio::signal::ctrl_c().await;
-        tracing::info!("shutdown requested");
-    }
-}
-
-/// The next delivery of a signal, or never when its handler could not be registered.
-#[cfg(unix)]
-async fn received(signal: Option<&mut tokio::signal::unix::Signal>) {
-    match signal {
-        Some(s) => drop(s.recv().await),
-        None => std::future::pending::<()>().await,
-    }
 }

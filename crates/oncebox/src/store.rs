@@ -44,6 +44,54 @@ fn outdated(found: i64, known: i64) -> anyhow::Error {
     )
 }
 
+/// A SQLite path that no retry can open: a directory, or a file in a directory that does not
+/// exist (SQLite creates the file, never its directory). SQLite says only "unable to open
+/// database file", which reads as a store that is down (exit 4, retry later).
+fn lasting_problem(path: &str) -> Result<()> {
+    let file = std::path::Path::new(path);
+    let why = if file.is_dir() {
+        "is a directory: name a file in it, e.g. sqlite://DIR/oncebox.db".to_owned()
+    } else {
+        match file.parent().filter(|p| !p.as_os_str().is_empty()) {
+            Some(dir) if !file.exists() && !dir.is_dir() => format!(
+                "is in {}, which is not a directory that exists: create it first",
+                dir.display()
+            ),
+            _ => return Ok(()),
+        }
+    };
+    Err(crate::exit::usage(format!("database {path} {why}")))
+}
+
+/// The TLS files a PostgreSQL URL names (`sslrootcert`, `sslcert`, `sslkey`) that cannot be
+/// read: the driver says only "No such file or directory", without the file, and that read
+/// as a server that is down (exit 4).
+fn tls_files(database: &str) -> Result<()> {
+    let query = database.split_once('?').map_or("", |(_, q)| q);
+    for (key, value) in query.split('&').filter_map(|kv| kv.split_once('=')) {
+        let named = matches!(
+            key,
+            "sslrootcert"
+                | "ssl-root-cert"
+                | "ssl-ca"
+                | "sslcert"
+                | "ssl-cert"
+                | "sslkey"
+                | "ssl-key"
+        );
+        // Escaped paths are left to the driver rather than decoded here.
+        if named
+            && !value.contains('%')
+            && let Err(e) = std::fs::File::open(value)
+        {
+            return Err(crate::exit::usage(format!(
+                "database URL's {key} {value}: {e}"
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// One of the backends.
 #[derive(Clone, Debug)]
 pub enum Store {
@@ -97,6 +145,7 @@ impl Store {
 
     async fn open_inner(database: &str, storage: &Storage, migrate: bool) -> Result<Store> {
         if is_postgres(database) {
+            tls_files(database)?;
             let options = oncebox_postgres::Options::new(database).migrate(migrate);
             let inbox = match oncebox_postgres::Inbox::open(options).await {
                 Err(oncebox_postgres::OpenError::SchemaOutdated { found, known }) => {
@@ -122,6 +171,7 @@ impl Store {
                 )));
             }
         };
+        lasting_problem(path)?;
         let mut options = oncebox_sqlite::Options::new(path);
         if let Some(keys) = storage.recent_answers {
             options = options.recent_answers(keys);

@@ -31,12 +31,15 @@ const SECRET_BASE64: GeneralPurpose = GeneralPurpose::new(
 #[derive(Clone)]
 pub struct Secret {
     block: [u8; 64],
+    /// The key's length before normalising: the block no longer tells a short key apart.
+    key_len: usize,
 }
 
 impl Secret {
     /// A secret from raw key bytes. An empty key is allowed here (it is a valid HMAC key);
     /// [`Secret::parse`] refuses empty configuration.
     pub fn from_bytes(bytes: Vec<u8>) -> Secret {
+        let key_len = bytes.len();
         let mut block = [0u8; 64];
         if bytes.len() > block.len() {
             let digest = Sha256::digest(&bytes);
@@ -44,7 +47,14 @@ impl Secret {
         } else {
             block.iter_mut().zip(bytes).for_each(|(d, s)| *d = s);
         }
-        Secret { block }
+        Secret { block, key_len }
+    }
+
+    /// How many bytes the key has, as decoded (a standard-webhooks secret's base64) or as
+    /// written: for callers that require a strong key where they choose it, such as a route
+    /// that signs. Verification takes whatever key the sender chose.
+    pub fn key_len(&self) -> usize {
+        self.key_len
     }
 
     /// A secret as written in configuration, read the way `scheme`'s senders use it:

@@ -233,11 +233,11 @@ async fn through_proxy(url: &str) -> Proxied {
         .expect("an address");
     let proxy = oncebox_testkit::proxy::Proxy::start_with_marker(server, Some(lease_end)).await;
     let at = if auth.is_empty() { "" } else { "@" };
-    let via = format!(
+    let via = oncebox_testkit::proxy::plaintext(&format!(
         "{scheme}://{auth}{at}{}{}",
         proxy.addr(),
         &hostpath[slash..]
-    );
+    ));
     let options = oncebox_postgres::Options::new(via)
         .schema(&schema)
         .clock(Arc::new(clock.clone()));

@@ -5,9 +5,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{Context, Result};
-use oncebox_core::signature::sign;
 use oncebox_core::{Clock, SystemClock};
-use oncebox_gateway::policy::{EventIdRule, SourcePolicy};
+use oncebox_gateway::policy::SourcePolicy;
 use serde_json::json;
 
 use super::{Class, ConnectionReport, Outcome, REQUEST_TIMEOUT, Target};
@@ -138,28 +137,12 @@ fn new_event(policy: &SourcePolicy) -> Result<Sent> {
 /// Posts one event, signed now (a sender's retry is signed again, with the same body).
 async fn send(client: &reqwest::Client, target: &Target, event: &Sent) -> Result<(u16, bool)> {
     let policy = &target.policy;
-    let mut request = client
+    let request = client
         .post(&target.ingest_url)
         .header("content-type", "application/json")
         .body(event.body.clone());
-    match &policy.event_id {
-        EventIdRule::Header(name) => request = request.header(name.as_str(), event.id.as_str()),
-        EventIdRule::Default => request = request.header("idempotency-key", event.id.as_str()),
-        // Pointer and derived ids come from the body itself.
-        _ => {}
-    }
-    if let Some(secret) = policy.secrets.first() {
-        let now = SystemClock.now();
-        for (name, value) in sign(
-            &policy.scheme,
-            secret,
-            &event.id,
-            now,
-            event.body.as_bytes(),
-        ) {
-            request = request.header(name, value);
-        }
-    }
+    let body = event.body.as_bytes();
+    let request = client::identified(request, policy, &event.id, body, SystemClock.now());
     // Without its URL: `--url` may carry credentials, and the first error is printed.
     let response = request.send().await.map_err(reqwest::Error::without_url)?;
     let status = response.status().as_u16();

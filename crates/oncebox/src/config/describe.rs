@@ -84,7 +84,7 @@ fn route(out: &mut String, r: &Route) {
     let b = &r.retry.backoff;
     let _ = writeln!(
         out,
-        "    retries      up to {} attempts within {}, backoff {} to {}, timeout {}, {} at once{}",
+        "    retries      up to {} attempts within {}, backoff {} to {}, timeout {}, {} at once per relay{}",
         r.retry.max_attempts,
         format_duration(r.retry.max_age),
         format_duration(b.base),

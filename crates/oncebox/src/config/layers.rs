@@ -15,19 +15,6 @@ const DEFAULT_FILE: &str = "oncebox.toml";
 /// the variable of a field from its path when a value's metadata has this name.
 pub(super) const NESTED_ENV: &str = "ONCEBOX_ environment variables";
 
-/// Top-level keys that `ONCEBOX_` variables may set through the generic `__` nesting. The
-/// prefix is shared with things that are not configuration data (`ONCEBOX_CONFIG` names the
-/// file, test harnesses use `ONCEBOX_REQUIRE_SERVICES` and the like), so anything else is left
-/// alone rather than refused as an unknown key.
-/// Matched whole: `ONCEBOX_RELAY_CHILD` is `relay_child`, not the `relay` table.
-const ENV_TABLES: &[&str] = &[
-    "limits",
-    "sources",
-    "storage",
-    "routes",
-    "relay",
-    "consumers",
-];
 /// Top-level strings read verbatim. Through the generic provider a token of only digits, or
 /// `true`, would be coerced to a number or a boolean and then refused or mangled.
 const ENV_STRINGS: &[(&str, &str)] = &[
@@ -42,10 +29,14 @@ pub(super) fn layers(overrides: &Overrides) -> anyhow::Result<Figment> {
         // `file_exact`: plain `file` would also search every parent directory.
         figment = figment.merge(Toml::file_exact(file));
     }
+    // Only the tables: the prefix is shared with variables that are not configuration data
+    // (`ONCEBOX_CONFIG` names the file, test harnesses set their own), which `variables`
+    // tells apart from mistyped ones. Matched whole: `ONCEBOX_RELAY_CHILD` is `relay_child`,
+    // not the `relay` table.
     figment = figment.merge(NestedEnv(Env::prefixed("ONCEBOX_").split("__").filter(
         |key| {
             let top = key.as_str().split('.').next().unwrap_or_default();
-            ENV_TABLES.iter().any(|t| t.eq_ignore_ascii_case(top))
+            super::variables::table_names().any(|t| t.eq_ignore_ascii_case(top))
         },
     )));
     for (var, key) in ENV_STRINGS {

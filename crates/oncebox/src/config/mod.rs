@@ -14,6 +14,7 @@ mod source;
 mod storage;
 #[cfg(test)]
 mod tests;
+mod variables;
 
 pub(crate) use raw::parse_duration;
 
@@ -32,6 +33,7 @@ pub use describe::{describe, describe_json};
 use raw::{RawConfig, RawLimits};
 pub(crate) use redact::{host_and_path, redact_url};
 pub(crate) use route::http_url;
+pub(crate) use source::SHORT_RETENTION;
 pub use storage::Storage;
 
 const DEFAULT_LISTEN: SocketAddr = SocketAddr::new(std::net::IpAddr::V4(Ipv4Addr::LOCALHOST), 8080);
@@ -100,10 +102,35 @@ pub fn load(overrides: &Overrides) -> anyhow::Result<Settings> {
         .extract()
         .map_err(|e| invalid(&raw::describe_errors(e)))?;
     let mut problems = Problems::new(&figment, overrides.secrets);
+    unknown_variables(&raw, &mut problems);
     let settings = validate(raw, &mut problems);
     match problems.finish() {
         Ok(()) => Ok(settings),
         Err(list) => Err(invalid(&list)),
+    }
+}
+
+/// Refuses `ONCEBOX_…` variables that set nothing: a mistyped `ONCEBOX_DATABASE` would
+/// otherwise leave the gateway on a local SQLite file, and a mistyped table key its default.
+/// The secret variables the configuration names are the operator's own, whatever their names.
+fn unknown_variables(raw: &RawConfig, p: &mut Problems<'_>) {
+    let referenced = raw
+        .sources
+        .values()
+        .flat_map(|s| s.secrets_env.iter())
+        .chain(
+            raw.routes
+                .values()
+                .filter_map(|r| r.signing_secret_env.as_ref()),
+        )
+        .map(String::as_str)
+        .collect();
+    // A name that is not UTF-8 cannot be one of ours: figment skips it too.
+    let names: Vec<String> = std::env::vars_os()
+        .filter_map(|(name, _)| name.into_string().ok())
+        .collect();
+    for (var, what) in variables::unknown(names.iter().map(String::as_str), &referenced) {
+        p.push(&var, what);
     }
 }
 

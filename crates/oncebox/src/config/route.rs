@@ -16,6 +16,9 @@ use serde::Deserialize;
 use super::Problems;
 use super::raw::HumanDuration;
 
+/// The shortest key a route signs with: 128 bits, the least HMAC keys are recommended.
+const MIN_SIGNING_KEY_BYTES: usize = 16;
+
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct RawRoute {
@@ -220,9 +223,23 @@ pub(super) fn validate(
         (None, None) => None,
     };
     let signing_secret = configured.and_then(|(at, s)| {
-        Secret::parse(&Scheme::StandardWebhooks, &s)
+        let secret = Secret::parse(&Scheme::StandardWebhooks, &s)
             .map_err(|e| p.push(&at, e))
-            .ok()
+            .ok()?;
+        // We choose this key and receivers trust what it signs: one guessable offline from a
+        // single signed delivery must not pass. Sources' keys are the senders' choice.
+        if secret.key_len() < MIN_SIGNING_KEY_BYTES {
+            p.push(
+                &at,
+                format_args!(
+                    "must decode to at least {MIN_SIGNING_KEY_BYTES} bytes (base64 after the \
+                     optional whsec_ prefix); generate one with: echo \"whsec_$(openssl rand \
+                     -base64 32)\""
+                ),
+            );
+            return None;
+        }
+        Some(secret)
     });
     let timeout = raw.timeout.map_or(DEFAULT_TIMEOUT, |t| t.0);
     if timeout.is_zero() {

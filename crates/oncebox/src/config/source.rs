@@ -17,7 +17,7 @@ use super::secrets::secrets;
 const DEFAULT_TOLERANCE: Duration = Duration::from_secs(300);
 /// A retention shorter than this is warned about, whatever the sender: few senders stop
 /// retrying sooner, and an operator's resend comes later still.
-const SHORT_RETENTION: Duration = Duration::from_secs(24 * 3600);
+pub(crate) const SHORT_RETENTION: Duration = Duration::from_secs(24 * 3600);
 /// More than a day of clock difference is no longer skew; it makes the timestamp check moot.
 const MAX_TOLERANCE: Duration = Duration::from_secs(24 * 3600);
 const DEFAULT_MAX_BODY: u64 = 1 << 20;

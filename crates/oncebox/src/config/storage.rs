@@ -64,7 +64,28 @@ pub(super) fn validate(
     }
     let placement = match &raw.placement {
         None => None,
-        Some(RawPlacement::Cpu(cpu)) => Some(Placement::Cpu(*cpu)),
+        Some(RawPlacement::Cpu(cpu)) => {
+            if let Some(allowed) = allowed_cpus()
+                && !allowed.iter().any(|(lo, hi)| (*lo..=*hi).contains(cpu))
+            {
+                // A warning, not a refusal: the store still works, only unpinned, and the
+                // configuration may be checked on another machine than the one it runs on.
+                warnings.push(format!(
+                    "storage.placement = {cpu}: this process may run only on CPUs {}; the \
+                     kernel refuses the pin and the writer runs wherever the scheduler puts it",
+                    allowed
+                        .iter()
+                        .map(|(lo, hi)| if lo == hi {
+                            lo.to_string()
+                        } else {
+                            format!("{lo}-{hi}")
+                        })
+                        .collect::<Vec<_>>()
+                        .join(",")
+                ));
+            }
+            Some(Placement::Cpu(*cpu))
+        }
         Some(RawPlacement::Named(name)) => match name.as_str() {
             "disk-interrupts" => Some(Placement::DiskInterrupts),
             "anywhere" => Some(Placement::Anywhere),
@@ -80,5 +101,38 @@ pub(super) fn validate(
     Storage {
         recent_answers: raw.recent_answers,
         placement,
+    }
+}
+
+/// The CPUs this process may run on, as ranges (Linux's `Cpus_allowed_list`); `None` where
+/// the system does not say.
+fn allowed_cpus() -> Option<Vec<(usize, usize)>> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let list = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))?;
+    cpu_list(list.trim())
+}
+
+/// `0-3,5,7-8` as ranges.
+fn cpu_list(list: &str) -> Option<Vec<(usize, usize)>> {
+    list.split(',')
+        .map(|part| match part.split_once('-') {
+            Some((lo, hi)) => Some((lo.parse().ok()?, hi.parse().ok()?)),
+            None => part.parse().ok().map(|n| (n, n)),
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn cpu_lists_read_as_ranges() {
+        assert_eq!(
+            super::cpu_list("0-3,5,7-8"),
+            Some(vec![(0, 3), (5, 5), (7, 8)])
+        );
+        assert_eq!(super::cpu_list("0"), Some(vec![(0, 0)]));
+        assert_eq!(super::cpu_list("x"), None);
     }
 }

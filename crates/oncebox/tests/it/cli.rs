@@ -221,7 +221,7 @@ fn redeliver_one_event_or_a_whole_source() {
     );
     assert_eq!(
         dry,
-        serde_json::json!({ "events": 2, "deliveries": 0, "dry_run": true })
+        serde_json::json!({ "events": 2, "deliveries": 2, "dry_run": true })
     );
     let done = json(d, &["redeliver", "--source", "shop", "--output", "json"]);
     assert_eq!(

@@ -13,13 +13,16 @@ mod help;
 mod kill;
 mod multinode;
 mod nodes;
+mod operator;
 mod outage;
+mod pgopen;
 mod quickstart;
 mod race;
 mod relay;
 #[path = "../shared/schema.rs"]
 mod schema;
 mod send;
+mod stop;
 mod support;
 
 use std::process::Command;

@@ -41,13 +41,14 @@ impl Schema {
             .expect("connect to the test's schema")
     }
 
-    /// The schema's URL with the server's `host:port` replaced by `addr` (a fault proxy).
+    /// The schema's URL with the server's `host:port` replaced by `addr` (a fault proxy), in
+    /// plain text so that the proxy sees the protocol.
     pub fn url_via(&self, addr: std::net::SocketAddr) -> String {
         let (scheme, rest) = self.url.split_once("://").expect("a URL");
         let (auth, hostpath) = rest.rsplit_once('@').map_or(("", rest), |(a, h)| (a, h));
         let path = &hostpath[hostpath.find('/').unwrap_or(hostpath.len())..];
         let at = if auth.is_empty() { "" } else { "@" };
-        format!("{scheme}://{auth}{at}{addr}{path}")
+        oncebox_testkit::proxy::plaintext(&format!("{scheme}://{auth}{at}{addr}{path}"))
     }
 
     /// The server's address, for a proxy in front of it.

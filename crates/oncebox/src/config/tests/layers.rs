@@ -21,9 +21,9 @@ fn environment_overrides_the_file_and_flags_override_both() {
         jail.set_env("ONCEBOX_ADMIN_TOKEN", "1234567890123456");
         jail.set_env("ONCEBOX_SOURCES__SHOP__TOLERANCE", "2m");
         jail.set_env("ONCEBOX_LIMITS__CONCURRENCY", "7");
-        // Not configuration data: must not be refused as unknown keys.
+        // Not configuration data, but the test harness's own: must not be refused.
         jail.set_env("ONCEBOX_REQUIRE_SERVICES", "1");
-        jail.set_env("ONCEBOX_TEST_WHATEVER", "1");
+        jail.set_env("ONCEBOX_POSTGRES_URL", "postgres://postgres@127.0.0.1/t");
         load_file(
             jail,
             &format!("listen = \"127.0.0.1:1\"\n{}", shop("tolerance = \"1m\"")),
@@ -91,6 +91,40 @@ fn environment_errors_name_the_field_and_the_variable() {
         load(&Overrides::default()).map(|_| ()).unwrap_err()
     });
     assert_mentions(&format!("{e:#}"), &["listen", "ONCEBOX_LISTEN"]);
+}
+
+/// A variable of ours that sets nothing is refused by name, with the one it most likely
+/// meant: skipped, `ONCEBOX_DATABASE_URL` ran the gateway on a local SQLite file.
+#[test]
+fn mistyped_variables_are_refused_with_the_name_they_meant() {
+    for (var, meant) in [
+        ("ONCEBOX_DATABASE_URL", "ONCEBOX_DATABASE?"),
+        ("ONCEBOX_ADMINTOKEN", "ONCEBOX_ADMIN_TOKEN?"),
+        (
+            "ONCEBOX_SOURCE__SHOP__TOLERANCE",
+            "ONCEBOX_SOURCES__SHOP__TOLERANCE?",
+        ),
+        (
+            "ONCEBOX_SOURCES_SHOP_TOLERANCE",
+            "ONCEBOX_SOURCES__SHOP__TOLERANCE?",
+        ),
+        ("ONCEBOX_TEST_WHATEVER", "unknown variable"),
+    ] {
+        let e = jailed(|jail| {
+            jail.set_env(var, "2m");
+            load_file(jail, &shop("")).map(|_| ()).unwrap_err()
+        });
+        assert_mentions(&format!("{e:#}"), &[var, "unknown variable", meant]);
+    }
+    // A secret variable the configuration names is the operator's, whatever its name.
+    let s = jailed(|jail| {
+        jail.set_env("ONCEBOX_SHOP_SECRET", SHOP_SECRET);
+        load_file(
+            jail,
+            "[sources.shop]\npreset = \"standard-webhooks\"\nsecrets_env = [\"ONCEBOX_SHOP_SECRET\"]\n",
+        )
+    });
+    assert!(s.is_ok(), "{:?}", s.err());
 }
 
 #[test]

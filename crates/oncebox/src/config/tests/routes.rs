@@ -209,3 +209,40 @@ fn a_status_url_must_carry_the_key_where_it_is_sent() {
         ok(&routed(http, &format!("status_url = \"{status}\"")));
     }
 }
+
+/// A route's signing key is ours and receivers trust what it signs: one shorter than 16
+/// bytes (decoded) is refused by field, inline or from the environment, and never echoed. A
+/// source's key is its sender's choice and stays accepted however short.
+#[test]
+fn a_short_route_signing_secret_is_refused_but_a_short_source_secret_is_not() {
+    for secret in ["abc", "whsec_abc", "whsec_MDEyMzQ1Njc4OWFiY2Rl"] {
+        let e = err(&routed(
+            "http://127.0.0.1:9000/hooks",
+            &format!("signing_secret = \"{secret}\""),
+        ));
+        assert_mentions(&e, &["routes.r.signing_secret", "at least 16 bytes"]);
+        assert!(!e.contains(secret), "{e}");
+    }
+    let e = super::jailed(|jail| {
+        jail.set_env("ROUTE_KEY", "whsec_abc");
+        super::load_file(
+            jail,
+            &routed(
+                "http://127.0.0.1:9000/hooks",
+                "signing_secret_env = \"ROUTE_KEY\"",
+            ),
+        )
+        .map(|_| ())
+        .unwrap_err()
+    });
+    assert_mentions(
+        &format!("{e:#}"),
+        &["routes.r.signing_secret_env", "at least 16 bytes"],
+    );
+    // 16 bytes exactly: `0123456789abcdef`.
+    ok(&routed(
+        "http://127.0.0.1:9000/hooks",
+        "signing_secret = \"whsec_MDEyMzQ1Njc4OWFiY2RlZg==\"",
+    ));
+    ok("[sources.shop]\npreset = \"standard-webhooks\"\nsecrets = [\"whsec_abc\"]\n");
+}

@@ -1,0 +1,81 @@
+//! Stop signals: the first SIGINT, SIGTERM or SIGHUP asks for a graceful stop; the next one
+//! stops the process at once.
+//!
+//! A graceful stop waits for attempts in progress, up to a route's timeout and the relay's
+//! lease: an operator who cannot wait that long signals again. Stopped so, the process is as
+//! after a crash: an attempt's claim stays in flight until its lease ends and another relay
+//! takes it (with the same key); a request to the gateway whose commit had not returned gets
+//! no answer, never a 2xx, since the answer is written only after the commit.
+
+use std::future::Future;
+
+/// Resolves on the first stop signal. The handlers are registered here, at once, not when the
+/// future is first polled: a signal that comes while the store opens, or while the relay
+/// already delivers, ends the process gracefully instead of by the default action. SIGHUP is
+/// one of them: a closed terminal or a supervisor's hang-up would otherwise kill the process
+/// mid-commit, with no graceful stop at all.
+pub(crate) fn shutdown_signal() -> impl Future<Output = ()> {
+    #[cfg(unix)]
+    let signals = {
+        use tokio::signal::unix::{SignalKind, signal};
+        [
+            SignalKind::interrupt(),
+            SignalKind::terminate(),
+            SignalKind::hangup(),
+        ]
+        .map(|kind| (kind, signal(kind).ok()))
+    };
+    async move {
+        #[cfg(unix)]
+        {
+            let mut signals = signals;
+            let first = next(&mut signals).await;
+            tracing::info!(
+                signal = first,
+                "shutdown requested; signal again to stop now"
+            );
+            // Spawned, not awaited: the caller's graceful stop goes on meanwhile.
+            tokio::spawn(async move {
+                let second = next(&mut signals).await;
+                tracing::warn!(
+                    signal = second,
+                    "second stop signal: stopping now; attempts in progress are taken again \
+                     when their leases end"
+                );
+                // 128 + the signal's number, as a shell reports a process a signal ended.
+                std::process::exit(128 + second);
+            });
+        }
+        #[cfg(not(unix))]
+        {
+            let _ = tokio::signal::ctrl_c().await;
+            tracing::info!("shutdown requested");
+        }
+    }
+}
+
+/// The number of the next signal among `signals`; never, for those whose handler could not be
+/// registered.
+#[cfg(unix)]
+async fn next(
+    signals: &mut [(
+        tokio::signal::unix::SignalKind,
+        Option<tokio::signal::unix::Signal>,
+    ); 3],
+) -> i32 {
+    let [(a, sa), (b, sb), (c, sc)] = signals;
+    tokio::select! {
+        () = received(sa.as_mut()) => a.as_raw_value(),
+        () = received(sb.as_mut()) => b.as_raw_value(),
+        () = received(sc.as_mut()) => c.as_raw_value(),
+    }
+}
+
+/// The next delivery of a signal, or never when its handler could not be registered.
+#[cfg(unix)]
+async fn received(signal: Option<&mut tokio::signal::unix::Signal>) {
+    match signal {
+        Some(s) => drop(s.recv().await),
+        None => std::future::pending::<()>().await,
+    }
+}

@@ -1,0 +1,203 @@
+//! What an operator gets told: a mistyped variable, a lasting problem as exit 2 with one
+//! message, a dry run that ends as the run would, flags outside what a command does.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+use crate::support::{oncebox, serve_with, text};
+
+/// `oncebox args…` in `dir` with `vars` set on top of this process's environment (which holds
+/// the suites' own `ONCEBOX_POSTGRES_URL` and the like: those must keep working).
+fn with_env(dir: &Path, vars: &[(&str, &str)], args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_oncebox"))
+        .args(args)
+        .current_dir(dir)
+        .env_remove("ONCEBOX_CONFIG")
+        .env_remove("ONCEBOX_DATABASE")
+        .env_remove("RUST_BACKTRACE")
+        .envs(vars.iter().copied())
+        .output()
+        .expect("run oncebox")
+}
+
+/// A container with `ONCEBOX_DATABASE_URL` ran on a local SQLite file: every command refuses
+/// to start, naming the variable and the one it meant; the harness's variables pass.
+#[test]
+fn a_mistyped_variable_stops_every_command_with_the_name_it_meant() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let harness = [
+        ("ONCEBOX_REQUIRE_SERVICES", "0"),
+        ("ONCEBOX_POSTGRES_URL", "postgres://postgres@127.0.0.1/x"),
+        ("ONCEBOX_SEED", "1"),
+    ];
+    assert_eq!(with_env(d, &harness, &["check"]).status.code(), Some(0));
+    for (var, meant) in [
+        ("ONCEBOX_DATABASE_URL", "ONCEBOX_DATABASE?"),
+        ("ONCEBOX_ADMINTOKEN", "ONCEBOX_ADMIN_TOKEN?"),
+        (
+            "ONCEBOX_SOURCES_SHOP_TOLERANCE",
+            "ONCEBOX_SOURCES__SHOP__TOLERANCE?",
+        ),
+    ] {
+        for command in [
+            &["check"][..],
+            &["serve", "--listen", "127.0.0.1:0"],
+            &["relay"],
+            &["consume"],
+            &["migrate"],
+        ] {
+            let out = with_env(d, &[(var, "postgres://db/o")], command);
+            let said = text(&out);
+            assert_eq!(out.status.code(), Some(2), "{var} {command:?}: {said}");
+            assert!(
+                said.contains(var) && said.contains(meant),
+                "{command:?}: {said}"
+            );
+        }
+    }
+    // Nothing was created by a command that refused.
+    assert!(!d.join("oncebox.db").exists());
+}
+
+/// A directory where the database file belongs, or a file in a directory that does not
+/// exist, stays so: exit 2 (not 4, "retry later"), said once.
+#[test]
+fn a_database_path_no_retry_can_open_is_exit_2_said_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::fs::create_dir(d.join("data")).unwrap();
+    for (db, cause) in [
+        ("sqlite://data", "is a directory"),
+        ("sqlite://missing/o.db", "missing, which is not a directory"),
+    ] {
+        for command in ["migrate", "stats"] {
+            let out = oncebox(d, &["--database", db, command]);
+            let said = text(&out);
+            if command == "stats" && !said.contains(cause) {
+                // `stats` creates nothing: a missing file is named as such first.
+                assert!(said.contains("no database at"), "{said}");
+                continue;
+            }
+            assert_eq!(out.status.code(), Some(2), "{db} {command}: {said}");
+            assert_eq!(said.matches(cause).count(), 1, "{db} {command}: {said}");
+            assert_eq!(said.lines().count(), 1, "{said}");
+        }
+    }
+}
+
+/// A dry run counts the deliveries the run would make due, and ends as the run would: events
+/// that match no route have none, so both say so and exit 5.
+#[test]
+fn a_dry_run_counts_what_the_run_would_make_due_and_ends_as_it_would() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::fs::write(
+        d.join("oncebox.toml"),
+        "listen = \"127.0.0.1:0\"\n[sources.shop]\nsignature = \"none\"\n",
+    )
+    .unwrap();
+    let server = serve_with(d, &[]);
+    for id in ["evt_1", "evt_2"] {
+        let out = oncebox(d, &["send", "shop", "--id", id, "--url", &server.1]);
+        assert!(out.status.success(), "{}", text(&out));
+    }
+    server.stop();
+    let dry = oncebox(d, &["redeliver", "--source", "shop", "--dry-run"]);
+    let real = oncebox(d, &["redeliver", "--source", "shop"]);
+    for out in [&dry, &real] {
+        assert_eq!(out.status.code(), Some(5), "{}", text(out));
+        assert!(
+            text(out).contains("0 deliveries of 2 events"),
+            "{}",
+            text(out)
+        );
+        assert!(text(out).contains("nothing to redeliver"), "{}", text(out));
+    }
+}
+
+/// `purge`'s help says a retention is needed where no sources are configured, as the command
+/// does; a short `--retention` is warned of as the same retention in the file is.
+#[test]
+fn purge_help_matches_what_it_does_and_a_short_retention_is_warned_of() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    assert!(oncebox(d, &["migrate"]).status.success());
+    let help = text(&oncebox(d, &["purge", "--help"]));
+    let refused = oncebox(d, &["purge"]);
+    assert_eq!(refused.status.code(), Some(2), "{}", text(&refused));
+    assert!(
+        help.contains("required where no [sources] are configured"),
+        "{help}"
+    );
+    assert!(!help.contains("  oncebox purge        "), "{help}");
+    let short = oncebox(d, &["purge", "--retention", "1s", "--output", "json"]);
+    assert!(short.status.success(), "{}", text(&short));
+    assert!(
+        String::from_utf8_lossy(&short.stderr).contains("--retention 1s is shorter than a day"),
+        "{}",
+        text(&short)
+    );
+    let long = oncebox(d, &["purge", "--retention", "30d"]);
+    assert!(!text(&long).contains("warning"), "{}", text(&long));
+}
+
+/// Flags outside what a command does are refused by name before anything runs.
+#[test]
+fn out_of_range_flags_are_refused_locally() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    assert!(oncebox(d, &["migrate"]).status.success());
+    for limit in ["0", "501", "1000"] {
+        for listing in [&["events"][..], &["deliveries", "list"]] {
+            let out = oncebox(d, &[listing, &["--limit", limit]].concat());
+            assert_eq!(out.status.code(), Some(2), "{limit}: {}", text(&out));
+            assert!(text(&out).contains("from 1 to 500"), "{}", text(&out));
+        }
+    }
+    assert!(oncebox(d, &["events", "--limit", "500"]).status.success());
+
+    // Checked before anything is sent: nothing listens at this URL.
+    let url = ["--url", "http://127.0.0.1:9"];
+    let out = oncebox(d, &[&["send", "demo", "--id", "x "][..], &url].concat());
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(
+        text(&out).contains("must not end with a space"),
+        "{}",
+        text(&out)
+    );
+
+    // A source that reads its id from the body: an --id the body contradicts is refused.
+    std::fs::write(
+        d.join("oncebox.toml"),
+        "[sources.shop]\nsignature = \"none\"\nevent_id = { pointer = \"/id\" }\n\
+         [storage]\nplacement = 99999\n",
+    )
+    .unwrap();
+    let out = oncebox(
+        d,
+        &[
+            &[
+                "send",
+                "shop",
+                "--id",
+                "evt_9",
+                "--body",
+                r#"{"id":"evt_X"}"#,
+            ][..],
+            &url,
+        ]
+        .concat(),
+    );
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(text(&out).contains("\"evt_X\""), "{}", text(&out));
+
+    // A CPU this process may not run on is warned of.
+    let check = oncebox(d, &["check"]);
+    assert!(check.status.success(), "{}", text(&check));
+    assert!(
+        text(&check).contains("warning: storage.placement = 99999"),
+        "{}",
+        text(&check)
+    );
+}
