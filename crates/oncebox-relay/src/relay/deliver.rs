@@ -59,7 +59,7 @@ impl<S: DeliveryStore> Relay<S> {
             // Claims are limited to configured routes; a vanished one keeps its delivery as is.
             return Err(LeaseError::Fenced);
         };
-        if claimed.taken_over && !route.idempotent {
+        if claimed.taken_over {
             return self.orphaned(claimed, route).await;
         }
         // Claimed as a shutdown began (the claim was under way when it was asked for): no
@@ -120,14 +120,21 @@ impl<S: DeliveryStore> Relay<S> {
         self.conclude(claimed, route, &attempt, record, true).await
     }
 
-    /// A delivery claimed from a relay whose lease ran out mid-attempt, on a route that does
-    /// not honour the key: that relay may have sent it (it died between the request and its
-    /// record, or stalled past its lease), and sending again could apply it twice. Its outcome
-    /// is unknown, as for a request sent without an answer (DESIGN §6), so it is not sent: it
-    /// is recorded so, and parked `uncertain` for the route's status URL or an operator.
+    /// A delivery claimed from a relay whose lease ran out mid-attempt: that relay may have
+    /// sent it (it died between the request and its record, or stalled past its lease). Its
+    /// attempt is recorded as one sent without an answer (DESIGN §6), so it is not sent now: on
+    /// a route that does not honour the key it is parked `uncertain` for the route's status
+    /// URL or an operator; on one that does it is retried after the backoff, as the next
+    /// attempt. Counted, a relay dying on every try of a delivery runs into the route's caps
+    /// instead of sending it for ever, and `Oncebox-Attempt` never repeats a number.
     async fn orphaned(&self, claimed: &Claimed, route: &Route) -> Result<Step, LeaseError> {
-        let why = "the relay holding this delivery stopped mid-attempt (its lease ran out): \
-                   it may have been sent, and this route does not honour the key";
+        let why = if route.idempotent {
+            "the relay holding this delivery stopped mid-attempt (its lease ran out): it may \
+             have been sent; sent again, since this route honours the key"
+        } else {
+            "the relay holding this delivery stopped mid-attempt (its lease ran out): it may \
+             have been sent, and this route does not honour the key"
+        };
         let record = AttemptRecord {
             started_at: self.clock.now(),
             duration: Duration::ZERO,

@@ -129,13 +129,23 @@ fn relay_that_lost_its_lease_after_the_receivers_2xx_cannot_record_and_the_key_i
             .unwrap();
         assert!(sent.status().is_success());
         w.clock.advance(Duration::from_secs(61));
-        // Relay B takes the expired claim over and delivers with the same key.
+        // Relay B takes the expired claim over. A's attempt counts, as one sent without an
+        // answer: B records it and sends again with the same key after the backoff, as the
+        // second attempt (a relay dying on every try runs into the route's caps).
         let b = w.relay(vec![route("hooks", addr, true)]);
+        let out = b.run_once().await.unwrap();
+        assert_eq!((out.claimed, out.retrying), (1, 1), "{out:?}");
+        assert_eq!(rx.hits_of("shop:evt_k"), 1, "not yet sent again");
+        let lost = w.delivery("evt_k").await;
+        assert_eq!((lost.state, lost.attempts), (DeliveryState::Retrying, 1));
+        w.clock.advance(Duration::from_secs(3600));
         assert_eq!(b.run_once().await.unwrap().delivered, 1);
         assert_eq!(
             (rx.hits_of("shop:evt_k"), rx.effects_of("shop:evt_k")),
             (2, 1)
         );
+        let resent = rx.requests().pop().unwrap();
+        assert_eq!(resent.headers["oncebox-attempt"], "2", "{resent:?}");
         // A wakes up: its outcome is refused and nothing is overwritten.
         let late = AttemptRecord {
             started_at: w.clock.now(),

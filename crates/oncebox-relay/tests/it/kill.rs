@@ -77,16 +77,25 @@ fn relay_killed_between_the_receivers_2xx_and_its_record_resends_the_same_key() 
             "nothing recorded"
         );
 
-        // A day later on the relay's clock the dead relay's lease has long expired.
+        // A day later on the relay's clock the dead relay's lease has long expired. Its
+        // attempt is recorded as one without an answer, and sent again after the backoff.
         let later = ManualClock::new(SystemClock.now().plus(Duration::from_secs(24 * 3600)));
+        // The event was accepted on the test world's clock, months before the relays' system
+        // clock: a budget of years keeps the age cap out of it.
+        let mut hooks = route("hooks", addr, true);
+        hooks.retry.max_age = Duration::from_secs(10 * 365 * 24 * 3600);
         let relay = Relay::new(
             w.inbox.clone(),
-            vec![route("hooks", addr, true)],
-            Arc::new(later),
+            vec![hooks],
+            Arc::new(later.clone()),
             RelayOptions::default(),
         );
+        let out = relay.run_once().await.unwrap();
+        assert_eq!(out.retrying, 1, "{out:?}");
+        later.advance(Duration::from_secs(3600));
         assert_eq!(relay.run_once().await.unwrap().delivered, 1);
         assert_eq!(rx.hits_of("shop:evt_kill"), 2, "re-sent");
+        assert_eq!(rx.requests()[1].headers["oncebox-attempt"], "2");
         assert_eq!(
             rx.effects_of("shop:evt_kill"),
             1,
