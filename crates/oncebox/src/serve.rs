@@ -1,7 +1,6 @@
 //! `oncebox serve`: the gateway on the configured database, with retention purges and a
 //! graceful shutdown on SIGINT, SIGTERM or SIGHUP (a second one stops at once).
 
-mod inflight;
 mod signals;
 
 pub(crate) use signals::shutdown_signal;
@@ -59,27 +58,18 @@ pub async fn run(settings: Settings, with_relay: bool) -> Result<()> {
     let upkeep = tokio::spawn(meter::upkeep(metrics, meter::UPKEEP_EVERY));
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let grace = limits.shutdown_grace;
-    let tracked = inflight::Tracked::new(inbox.clone());
     let relay = (with_relay && !routes.is_empty()).then(|| {
-        let relay = Relay::new(
-            tracked.clone(),
-            routes,
-            Arc::new(SystemClock),
-            relay_options,
-        );
+        let relay = Relay::new(inbox.clone(), routes, Arc::new(SystemClock), relay_options);
         let stopped = stopped.clone();
         tokio::spawn(async move { relay.run(wait_for(stopped)).await })
     });
-    let relaying = relay.is_some();
     serve(listener, router(gw), limits, async move {
         shutdown.await;
         tracing::info!(
             "waiting for requests in progress, up to {} (limits.shutdown_grace); signal again to stop now",
             humantime::format_duration(grace)
         );
-        if relaying {
-            waiting(&tracked);
-        }
+        // The relay says what it waits for once it sees the stop.
         let _ = stop.send(true);
     })
     .await?;
@@ -113,35 +103,10 @@ pub async fn relay_only(settings: Settings) -> Result<()> {
     // an empty database of its own while the gateway's deliveries wait.
     let inbox = Store::open_existing(&settings.database, crate::store::Schema::Migrate).await?;
     tracing::info!(routes = routes.len(), database = %describe(&settings.database), "relay running");
-    let tracked = inflight::Tracked::new(inbox);
-    let relay = Relay::new(
-        tracked.clone(),
-        routes,
-        Arc::new(SystemClock),
-        settings.relay,
-    );
-    relay
-        .run(async move {
-            shutdown.await;
-            waiting(&tracked);
-        })
-        .await;
+    let relay = Relay::new(inbox, routes, Arc::new(SystemClock), settings.relay);
+    relay.run(shutdown).await;
     tracing::info!("relay stopped");
     Ok(())
-}
-
-/// Says what a graceful stop of the relay waits for: each attempt in progress ends by its
-/// route's timeout, and its record by its lease's end.
-fn waiting(tracked: &inflight::Tracked<Store>) {
-    let w = tracked.waiting(SystemClock.now());
-    // Whole seconds, rounded up: a wait is not announced shorter than it may be.
-    let at_most = Duration::from_secs(w.at_most.as_millis().div_ceil(1000) as u64);
-    tracing::info!(
-        "waiting for {} delivery attempt{}, up to {}; signal again to stop now",
-        w.attempts,
-        if w.attempts == 1 { "" } else { "s" },
-        humantime::format_duration(at_most)
-    );
 }
 
 async fn wait_for(mut stopped: tokio::sync::watch::Receiver<bool>) {

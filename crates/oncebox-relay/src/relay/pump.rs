@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
-use oncebox_core::LeaseError;
 use oncebox_core::relay_store::{Claimed, DeliveryStore};
+use oncebox_core::{LeaseError, Timestamp};
 use tokio::sync::watch;
 
 use super::{GAUGES_EVERY, Outcome, Relay, Step};
@@ -18,8 +18,9 @@ use super::{GAUGES_EVERY, Outcome, Relay, Step};
 impl<S: DeliveryStore> Relay<S> {
     pub(super) async fn deliver_until(&self, stopped: watch::Receiver<bool>) {
         let mut gauges_due = self.clock.now();
-        // Claims not yet decided, per route.
+        // Claims not yet decided, per route, and when each one's lease ends.
         let mut held: HashMap<String, usize> = HashMap::new();
+        let mut leases: HashMap<i64, Timestamp> = HashMap::new();
         let mut sending = FuturesUnordered::new();
         // A store that is told about new work starts listening before the first claim.
         self.store.wait_for_work(Duration::ZERO).await;
@@ -34,7 +35,13 @@ impl<S: DeliveryStore> Relay<S> {
             let claimed_at = self.clock.monotonic();
             let (claimed, freed) = match room {
                 Some((routes, room)) => {
-                    beside(self.claim(routes, room), &mut sending, &mut held).await
+                    beside(
+                        self.claim(routes, room),
+                        &mut sending,
+                        &mut held,
+                        &mut leases,
+                    )
+                    .await
                 }
                 None => (Vec::new(), false),
             };
@@ -43,17 +50,18 @@ impl<S: DeliveryStore> Relay<S> {
             let mut again = freed || !claimed.is_empty();
             for c in claimed {
                 *held.entry(c.route.clone()).or_default() += 1;
+                leases.insert(c.id, c.lease_expires_at);
                 let mut stop = stopped.clone();
                 sending.push(async move {
                     let step = self.deliver(&c, claimed_at, &mut stop).await;
-                    (c.route, step)
+                    (c.route, c.id, step)
                 });
             }
             let now = self.clock.now();
             if now >= gauges_due {
                 gauges_due = now.plus(GAUGES_EVERY);
                 let (published, freed) =
-                    beside(self.publish_gauges(), &mut sending, &mut held).await;
+                    beside(self.publish_gauges(), &mut sending, &mut held, &mut leases).await;
                 again |= freed;
                 if let Err(e) = published {
                     tracing::debug!(error = %e, "gauges not published");
@@ -62,6 +70,7 @@ impl<S: DeliveryStore> Relay<S> {
             if *stopped.borrow() {
                 // Attempts in progress finish and are recorded; claims waiting for their
                 // route are given back.
+                self.say_waiting(&leases);
                 while sending.next().await.is_some() {}
                 return;
             }
@@ -77,12 +86,31 @@ impl<S: DeliveryStore> Relay<S> {
             tokio::select! {
                 biased;
                 () = stopping => {}
-                Some((route, step)) = sending.next(), if !sending.is_empty() => {
-                    settle(&mut held, &route, step);
+                Some((route, id, step)) = sending.next(), if !sending.is_empty() => {
+                    settle(&mut held, &mut leases, &route, id, step);
                 }
                 () = self.store.wait_for_work(pause) => {}
             }
         }
+    }
+
+    /// Says what a graceful stop waits for: each attempt in progress ends by its route's
+    /// timeout and its record by its lease's end (an operator who cannot wait stops the
+    /// process; those deliveries are then taken again when their leases end).
+    fn say_waiting(&self, leases: &HashMap<i64, Timestamp>) {
+        if leases.is_empty() {
+            return;
+        }
+        let now = self.clock.now();
+        let last = leases.values().max().map_or(0, |end| end.millis());
+        let ms = u64::try_from(last.saturating_sub(now.millis())).unwrap_or(0);
+        tracing::info!(
+            "waiting for {} delivery attempt{}, up to {}s; signal again to stop now",
+            leases.len(),
+            if leases.len() == 1 { "" } else { "s" },
+            // Whole seconds, rounded up: a wait is not announced shorter than it may be.
+            ms.div_ceil(1000),
+        );
     }
 
     /// The open routes that have room (fewer claims held than their concurrency), and how
@@ -127,8 +155,8 @@ impl<S: DeliveryStore> Relay<S> {
     }
 }
 
-/// What a send ends with: its route and its step.
-type Sent = (String, Result<Step, LeaseError>);
+/// What a send ends with: its route, its delivery's id and its step.
+type Sent = (String, i64, Result<Step, LeaseError>);
 
 /// Awaits `work` (a claim, the gauges) while the sends in flight go on. A send left unpolled
 /// would keep what it holds of the store, a pooled connection in mid-statement or its turn for
@@ -140,6 +168,7 @@ async fn beside<T>(
     work: impl Future<Output = T>,
     sending: &mut FuturesUnordered<impl Future<Output = Sent>>,
     held: &mut HashMap<String, usize>,
+    leases: &mut HashMap<i64, Timestamp>,
 ) -> (T, bool) {
     let mut work = pin!(work);
     let mut freed = false;
@@ -147,8 +176,8 @@ async fn beside<T>(
         tokio::select! {
             biased;
             out = &mut work => return (out, freed),
-            Some((route, step)) = sending.next(), if !sending.is_empty() => {
-                settle(held, &route, step);
+            Some((route, id, step)) = sending.next(), if !sending.is_empty() => {
+                settle(held, leases, &route, id, step);
                 freed = true;
             }
         }
@@ -156,7 +185,14 @@ async fn beside<T>(
 }
 
 /// Counts a send's end: its route has room again, and a store error is logged.
-fn settle(held: &mut HashMap<String, usize>, route: &str, step: Result<Step, LeaseError>) {
+fn settle(
+    held: &mut HashMap<String, usize>,
+    leases: &mut HashMap<i64, Timestamp>,
+    route: &str,
+    id: i64,
+    step: Result<Step, LeaseError>,
+) {
+    leases.remove(&id);
     if let Some(n) = held.get_mut(route) {
         *n = n.saturating_sub(1);
     }
