@@ -30,5 +30,5 @@ pub use lease::{
 pub use outcome::{Invalid, ProcessError, Processed, Response, ResponseKind, Unavailable};
 pub use retention::{
     BootAnchor, PURGE_LAG_ADVICE, PURGE_LAG_WARNING, PurgeAnchor, Retention, boot_bound, purge_lag,
-    purge_time,
+    purge_time, stamp_floor,
 };

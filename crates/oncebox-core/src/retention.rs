@@ -210,6 +210,17 @@ pub fn purge_time(
     }
 }
 
+/// The earliest a record finished now may be dated, where the store keeps an anchor for this
+/// boot: its wall time plus the boot time since. A purge treats as now no later than that same
+/// time ([`boot_bound`]), so a record dated no earlier ages, as a purge sees it, by the real
+/// time that passed. Dated by a wall clock that stepped back (a reset clock, a bad time
+/// source) and later set right, it would look as old as the step, and a purge would delete it
+/// while its sender may still send the event again. `None`: no anchor for this boot yet.
+pub fn stamp_floor(anchor: Option<BootAnchor>, boot: Option<Boot>) -> Option<Timestamp> {
+    let (a, b) = (anchor?, boot?);
+    (a.boot == b.id && a.since <= b.since).then(|| a.wall.plus(b.since - a.since))
+}
+
 /// How far a purge's time may trail the wall clock before the store warns that purges are
 /// held back (a clock behind at the boot's first purge, or one that jumped ahead since).
 pub const PURGE_LAG_WARNING: Duration = Duration::from_secs(24 * 3600);

@@ -188,11 +188,16 @@ async fn batch(pool: &PgPool, options: &Options, jobs: &[Job]) -> Result<Vec<Ans
     crate::crash::point!("after-begin");
     // Read after a connection was had (which may wait): the stamp is as close to the commit as
     // the clock can know.
-    let now = options.clock.now().millis();
+    let now = options.clock.now();
+    let stamp = options
+        .stamps
+        .completed(options.clock.as_ref(), now)
+        .millis();
+    let now = now.millis();
     let inserted: HashSet<(String, String)> = sqlx::query(
         "INSERT INTO oncebox_inbox (source, event_id, fingerprint, state, response, payload,
            received_at, completed_at, content_type, headers)
-         SELECT s, e, f, 'completed', r, p, $8, $8, ct, h
+         SELECT s, e, f, 'completed', r, p, $8, $9, ct, h
          FROM UNNEST($1::text[], $2::text[], $3::bytea[], $4::bytea[], $5::bytea[], $6::text[],
                      $7::text[]) AS t(s, e, f, r, p, ct, h)
          ON CONFLICT (source, event_id) DO NOTHING RETURNING source, event_id",
@@ -205,6 +210,7 @@ async fn batch(pool: &PgPool, options: &Options, jobs: &[Job]) -> Result<Vec<Ans
     .bind(&types)
     .bind(&headers)
     .bind(now)
+    .bind(stamp)
     .fetch_all(&mut *tx)
     .await
     .map_err(|e| storage(&e))?

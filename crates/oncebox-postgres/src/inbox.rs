@@ -34,6 +34,8 @@ const CLAIM_ATTEMPTS: usize = 3;
 pub struct Inbox {
     pub(crate) pool: PgPool,
     pub(crate) clock: Arc<dyn Clock>,
+    /// Dates finished records (`stamp.rs`).
+    pub(crate) stamps: crate::stamp::Stamps,
     pub(crate) batcher: Batcher,
     pub(crate) deadline: Duration,
     /// Relay wake-ups (`LISTEN`), started by the first `wait_for_work`.
@@ -56,7 +58,7 @@ pub type Handler =
 impl Inbox {
     /// Connects, creates the schema if asked for one, migrates (safe when several nodes start at
     /// once) and starts the batch workers. Must run inside a Tokio runtime.
-    pub async fn open(options: Options) -> Result<Inbox, OpenError> {
+    pub async fn open(mut options: Options) -> Result<Inbox, OpenError> {
         let connect = connect_options(&options)?;
         if let Some(schema) = &options.schema {
             // The schema must exist before a connection can write to it.
@@ -99,12 +101,17 @@ impl Inbox {
             .await?;
         let mut conn = pool.acquire().await?;
         schema::migrate(&mut conn, options.migrate, options.deadline).await?;
+        options.stamps = crate::stamp::Stamps::default();
+        options
+            .stamps
+            .set(crate::store::stored_anchor(&mut conn, options.clock.as_ref()).await?);
         drop(conn);
         let batcher = Batcher::start(&pool, &options);
         Ok(Inbox {
             wake: crate::listen::Wake::new(&pool),
             pool,
             clock: options.clock,
+            stamps: options.stamps,
             batcher,
             deadline: options.deadline,
             lost_claims: Default::default(),
@@ -218,11 +225,13 @@ impl Inbox {
     /// repeating its own completion is answered `Ok`.
     pub async fn complete(&self, lease: &Lease, response: Response) -> Result<(), LeaseError> {
         let body = (!response.body.is_empty()).then_some(&response.body);
-        let now = self.clock.now().millis();
+        let now = self.clock.now();
+        let stamp = self.stamps.completed(self.clock.as_ref(), now).millis();
+        let now = now.millis();
         // The completing token stays on the record: the holder repeating its completion (its
         // reply was lost) is told `Ok` again below, and the first response stays.
         let n = sqlx::query(
-            "UPDATE oncebox_inbox SET state = $4, response = $5, completed_at = $6,
+            "UPDATE oncebox_inbox SET state = $4, response = $5, completed_at = $7,
                lease_expires_at = NULL
              WHERE source = $1 AND event_id = $2 AND state = 'processing'
                AND lease_token = $3 AND lease_expires_at > $6",
@@ -233,6 +242,7 @@ impl Inbox {
         .bind(response.kind.as_str())
         .bind(body)
         .bind(now)
+        .bind(stamp)
         .execute(&self.pool)
         .await
         .map_err(|e| LeaseError::Unavailable(storage(&e)))?;
@@ -287,7 +297,8 @@ impl Inbox {
 
     /// Settles an `uncertain` key; returns false when the key is not uncertain.
     pub async fn resolve(&self, key: &Key, resolution: Resolution) -> Result<bool, crate::Error> {
-        let now = self.clock.now().millis();
+        let now = (self.stamps).completed(self.clock.as_ref(), self.clock.now());
+        let now = now.millis();
         let n = match resolution {
             Resolution::Completed(response) => {
                 sqlx::query(

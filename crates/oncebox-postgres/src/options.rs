@@ -37,6 +37,9 @@ pub struct Options {
     /// or changed: for tools that look at or operate on a database other nodes keep, which a
     /// newer tool must not migrate under them.
     pub migrate: bool,
+    /// The node's boot anchor, which finished records are dated by (`stamp.rs`); set by
+    /// `open` and kept up by purges.
+    pub(crate) stamps: crate::stamp::Stamps,
 }
 
 impl std::fmt::Debug for Options {
@@ -64,6 +67,7 @@ impl Options {
             queue_capacity: 16_384,
             clock: Arc::new(SystemClock),
             migrate: true,
+            stamps: Default::default(),
         }
     }
 

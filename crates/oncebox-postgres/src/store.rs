@@ -64,22 +64,11 @@ impl Inbox {
     /// boot: the last one's stays). One row per boot of each node, never dropped.
     async fn purge_time(&self, now: Timestamp) -> Result<Timestamp, crate::Error> {
         let boot = self.clock.boot();
-        let stored = match boot {
-            Some(b) => {
-                let row: Option<(i64, i64)> =
-                    sqlx::query_as("SELECT wall, since FROM oncebox_purge_anchors WHERE boot = $1")
-                        .bind(b.id)
-                        .fetch_optional(&self.pool)
-                        .await?;
-                row.map(|(wall, since)| BootAnchor {
-                    boot: b.id,
-                    wall: Timestamp(wall),
-                    since: Duration::from_millis(u64::try_from(since).unwrap_or(0)),
-                })
-            }
-            None => None,
-        };
+        let mut conn = self.pool.acquire().await?;
+        let stored = stored_anchor(&mut conn, self.clock.as_ref()).await?;
+        drop(conn);
         let (bounded, record) = oncebox_core::purge_time(&self.clock, now, boot, stored);
+        self.stamps.set(record.or(stored));
         if let Some(a) = record {
             sqlx::query(
                 "INSERT INTO oncebox_purge_anchors (boot, wall, since) VALUES ($1, $2, $3)
@@ -257,4 +246,24 @@ impl EventStore for Inbox {
             ))
         }
     }
+}
+
+/// The anchor stored for the boot `clock` runs on, if any.
+pub(crate) async fn stored_anchor(
+    conn: &mut sqlx::PgConnection,
+    clock: &dyn oncebox_core::Clock,
+) -> Result<Option<BootAnchor>, sqlx::Error> {
+    let Some(b) = clock.boot() else {
+        return Ok(None);
+    };
+    let row: Option<(i64, i64)> =
+        sqlx::query_as("SELECT wall, since FROM oncebox_purge_anchors WHERE boot = $1")
+            .bind(b.id)
+            .fetch_optional(&mut *conn)
+            .await?;
+    Ok(row.map(|(wall, since)| BootAnchor {
+        boot: b.id,
+        wall: Timestamp(wall),
+        since: Duration::from_millis(u64::try_from(since).unwrap_or(0)),
+    }))
 }

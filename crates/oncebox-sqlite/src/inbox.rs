@@ -56,6 +56,8 @@ struct Shared {
     stats: Arc<Stats>,
     /// Bounds each purge's `now` by boot time (`oncebox_core::purge_time`).
     clock: Arc<dyn oncebox_core::Clock>,
+    /// The boot's purge anchor, which the writer dates finished records by.
+    anchor: purge::AnchorSlot,
 }
 
 impl Drop for Shared {
@@ -100,6 +102,12 @@ impl Inbox {
         schema::refuse_outdated(&options)?;
         let mut conn = schema::open_writer(&options)?;
         schema::migrate(&mut conn, &options)?;
+        let anchor =
+            purge::stored_anchor(&conn, &options.clock).map_err(|source| OpenError::Sqlite {
+                path: options.path.display().to_string(),
+                source,
+            })?;
+        let anchor: purge::AnchorSlot = Arc::new(Mutex::new(anchor));
         let length_limit = schema::length_limit(&conn);
         let checkpointer = schema::open_checkpointer(&options)?;
         let stats = Arc::new(Stats::default());
@@ -129,6 +137,7 @@ impl Inbox {
             linger: options.linger,
             checkpoint,
             stats: stats.clone(),
+            anchor: anchor.clone(),
         };
         let writer = std::thread::Builder::new()
             .name("oncebox-writer".into())
@@ -156,6 +165,7 @@ impl Inbox {
                 deadline: options.deadline,
                 stats: stats.clone(),
                 clock: options.clock.clone(),
+                anchor,
                 recent: Recent::new(options.recent_answers),
                 readers: Readers::new(options, looks, stats),
                 probe: ProbeGate::default(),
@@ -270,9 +280,9 @@ impl Inbox {
     /// the boot's first purge plus the boot time since (`oncebox_core::purge_time`), so a wall
     /// clock jumping forward purges no record early.
     pub async fn purge(&self, now: Timestamp, retention: &Retention) -> Result<u64, Error> {
-        let clock = self.shared.clock.clone();
+        let (clock, slot) = (self.shared.clock.clone(), self.shared.anchor.clone());
         let now = self
-            .write(move |c| purge::purge_time(c, &clock, now))
+            .write(move |c| purge::purge_time(c, &clock, now, &slot))
             .await?;
         let mut after = 0;
         let mut deleted = 0;

@@ -75,7 +75,12 @@ pub(crate) fn complete(
                        lease_expires_at = NULL
                      WHERE id = ?1",
                 )?
-                .execute(params![row, response.kind.as_str(), body, cx.now.millis()])?;
+                .execute(params![
+                    row,
+                    response.kind.as_str(),
+                    body,
+                    cx.stamp.millis()
+                ])?;
             Ok(Ok(()))
         }
         "done" => Ok(Ok(())),
@@ -149,7 +154,7 @@ pub(crate) fn resolve(
                 key.event_id.as_str(),
                 response.kind.as_str(),
                 response.body,
-                cx.now.millis()
+                cx.stamp.millis()
             ])?,
         Resolution::Released => cx
             .conn

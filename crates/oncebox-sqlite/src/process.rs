@@ -307,8 +307,12 @@ pub(crate) fn existing(
 /// Marks the claimed record (by row id) terminal with its response.
 pub(crate) fn finish(cx: &Cx<'_, '_>, row: i64, response: &Response) -> rusqlite::Result<()> {
     let body = (!response.body.is_empty()).then_some(&response.body);
-    cx.stmt(Sql::Finish)?
-        .execute(params![row, response.kind.as_str(), body, cx.now.millis()])?;
+    cx.stmt(Sql::Finish)?.execute(params![
+        row,
+        response.kind.as_str(),
+        body,
+        cx.stamp.millis()
+    ])?;
     Ok(())
 }
 
@@ -324,7 +328,8 @@ fn record_terminal(cx: &Cx<'_, '_>, event: &Event, response: &Response) -> rusql
         event.payload,
         cx.now.millis(),
         event.meta.content_type,
-        event.meta.header_lines()
+        event.meta.header_lines(),
+        cx.stamp.millis()
     ])?;
     Ok(())
 }
@@ -371,7 +376,8 @@ pub(crate) fn ingest_new(
         event.payload,
         cx.now.millis(),
         event.meta.content_type,
-        event.meta.header_lines()
+        event.meta.header_lines(),
+        cx.stamp.millis()
     ])?;
     if inserted == 0 {
         return Ok(false);

@@ -2,7 +2,7 @@
 //! finished deliveries and their conflicts, a chunk per writer request so a large purge never
 //! stalls ingest.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use oncebox_core::{BootAnchor, Clock, PURGE_LAG_ADVICE, Retention, Timestamp};
@@ -100,31 +100,44 @@ pub(crate) fn chunk(
     Ok(Ok(Chunk { deleted, next }))
 }
 
+/// This boot's purge anchor as the writer last saw it, shared with the writer, which dates
+/// each finished record no earlier than it says ([`oncebox_core::stamp_floor`]).
+pub(crate) type AnchorSlot = Arc<Mutex<Option<BootAnchor>>>;
+
+/// The anchor stored for the machine's boot, if any.
+pub(crate) fn stored_anchor(
+    c: &Connection,
+    clock: &Arc<dyn Clock>,
+) -> rusqlite::Result<Option<BootAnchor>> {
+    let Some(b) = clock.boot() else {
+        return Ok(None);
+    };
+    Ok(c.query_row(
+        "SELECT wall, since FROM oncebox_purge_anchors WHERE boot = ?1",
+        [b.id],
+        |r| Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?)),
+    )
+    .optional()?
+    .map(|(wall, since)| BootAnchor {
+        boot: b.id,
+        wall: Timestamp(wall),
+        since: Duration::from_millis(u64::try_from(since).unwrap_or(0)),
+    }))
+}
+
 /// The time this purge may use ([`oncebox_core::purge_time`]), from the anchor stored for the
-/// machine's boot; records the anchor it says to. One row per boot of the machine, never
-/// dropped: a few bytes a reboot.
+/// machine's boot; records the anchor it says to, and tells the writer (`slot`). One row per
+/// boot of the machine, never dropped: a few bytes a reboot.
 pub(crate) fn purge_time(
     c: &Connection,
     clock: &Arc<dyn Clock>,
     now: Timestamp,
+    slot: &AnchorSlot,
 ) -> rusqlite::Result<Timestamp> {
     let boot = clock.boot();
-    let stored = match boot {
-        Some(b) => c
-            .query_row(
-                "SELECT wall, since FROM oncebox_purge_anchors WHERE boot = ?1",
-                [b.id],
-                |r| Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?)),
-            )
-            .optional()?
-            .map(|(wall, since)| BootAnchor {
-                boot: b.id,
-                wall: Timestamp(wall),
-                since: Duration::from_millis(u64::try_from(since).unwrap_or(0)),
-            }),
-        None => None,
-    };
+    let stored = stored_anchor(c, clock)?;
     let (bounded, record) = oncebox_core::purge_time(clock, now, boot, stored);
+    *slot.lock().unwrap_or_else(PoisonError::into_inner) = record.or(stored);
     if let Some(a) = record {
         let since = i64::try_from(a.since.as_millis()).unwrap_or(i64::MAX);
         c.execute(

@@ -58,7 +58,7 @@ impl Sql {
             Sql::RecordTerminal => {
                 "INSERT INTO oncebox_inbox (source, event_id, fingerprint, state, response, payload,
                    received_at, completed_at, content_type, headers)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?7, ?8, ?9)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?10, ?8, ?9)
                  ON CONFLICT (source, event_id) DO UPDATE SET state = excluded.state,
                    response = excluded.response, completed_at = excluded.completed_at,
                    lease_token = NULL, lease_expires_at = NULL"
@@ -66,7 +66,7 @@ impl Sql {
             Sql::IngestNew => {
                 "INSERT INTO oncebox_inbox (source, event_id, fingerprint, state, response, payload,
                    received_at, completed_at, content_type, headers)
-                 VALUES (?1, ?2, ?3, 'completed', ?4, ?5, ?6, ?6, ?7, ?8)
+                 VALUES (?1, ?2, ?3, 'completed', ?4, ?5, ?6, ?9, ?7, ?8)
                  ON CONFLICT (source, event_id) DO NOTHING"
             }
             Sql::Finish => {

@@ -29,6 +29,10 @@ pub(crate) struct Cx<'c, 's> {
     stmts: &'c Statements<'s>,
     /// One instant for the whole batch: every record of one commit carries the same time.
     pub now: Timestamp,
+    /// What a record finished in this batch is dated (`completed_at`, which retention reads):
+    /// `now`, but never earlier than this boot's purge anchor says real time is
+    /// ([`oncebox_core::stamp_floor`]), so a wall clock behind makes no record look old.
+    pub stamp: Timestamp,
     commits: &'c Commits,
     /// Set by a request that found its own statement ended the transaction, and answers for it
     /// (`writer/open.rs`).
@@ -117,6 +121,8 @@ pub(crate) struct Writer {
     pub stats: Arc<Stats>,
     /// The only way to commit on `conn`.
     pub commits: Commits,
+    /// This boot's purge anchor, kept up by purges.
+    pub anchor: crate::purge::AnchorSlot,
 }
 
 /// Counters of the writer's work, of duplicates answered without it and of reads served on
@@ -229,10 +235,17 @@ impl Writer {
             return 1;
         }
         crash::point!("after-begin");
+        let now = self.clock.now();
+        let anchor = *self
+            .anchor
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let floor = oncebox_core::stamp_floor(anchor, self.clock.boot());
         let cx = Cx {
             conn: &self.conn,
             stmts,
-            now: self.clock.now(),
+            now,
+            stamp: floor.map_or(now, |f| now.max(f)),
             commits: &self.commits,
             own: false,
         };

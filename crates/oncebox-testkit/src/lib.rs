@@ -374,6 +374,7 @@ macro_rules! conformance {
             purge_beside_ingest_never_deletes_inside_the_window,
             forward_clock_jump_purges_no_record_early,
             forward_clock_jump_then_restart_purges_no_record_early,
+            a_clock_stepped_back_then_set_right_makes_no_record_old,
             a_deleted_boot_anchor_lets_purges_follow_the_clock_again,
             backward_clock_jump_leaves_no_lease_stuck,
             model_based_sequences_match_the_model,

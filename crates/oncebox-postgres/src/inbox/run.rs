@@ -36,7 +36,11 @@ impl Inbox {
         claimed: Claimed,
         handler: Handler,
     ) -> Result<Processed, ProcessError> {
-        let now = tx.now().millis();
+        // What the record is dated, should it finish (`stamp.rs`).
+        let now = self
+            .stamps
+            .completed(self.clock.as_ref(), tx.now())
+            .millis();
         sqlx::query(&SAVEPOINT[0])
             .execute(&mut *tx.tx)
             .await

@@ -144,3 +144,30 @@ fn finished_deliveries_left_by_earlier_purges_are_cleared_on_open() {
         assert_eq!(keys, ["shop:owed", "thanks:order-1"]);
     });
 }
+
+/// The gateway's batched ingest dates a record as `process` does (the conformance suite's
+/// `a_clock_stepped_back_then_set_right_makes_no_record_old`): under a wall clock stepped back
+/// a year, then set right, the record ages by the real time that passed, and a sender's retry
+/// three days later is still a duplicate.
+#[test]
+fn ingest_under_a_clock_stepped_back_dates_no_record_old() {
+    if url().is_none() {
+        return;
+    }
+    run(async {
+        let clock = ManualClock::new(EPOCH);
+        let inbox = Inbox::open(options(&schema(), &clock)).await.expect("open");
+        let retention = Retention::new(DAY * 7);
+        assert_eq!(inbox.purge(clock.now(), &retention).await.unwrap(), 0);
+        let right = clock.now();
+        clock.set(right.minus(DAY * 365));
+        let out = inbox.ingest(routed("evt-back", &[])).await;
+        assert!(matches!(out, Ok(Processed::Applied(_))), "{out:?}");
+        clock.advance(Duration::from_secs(60));
+        clock.set(right.plus(Duration::from_secs(60)));
+        clock.advance(DAY * 3);
+        assert_eq!(inbox.purge(clock.now(), &retention).await.unwrap(), 0);
+        let again = inbox.ingest(routed("evt-back", &[])).await;
+        assert!(matches!(again, Ok(Processed::Duplicate(_))), "{again:?}");
+    });
+}

@@ -16,6 +16,7 @@ mod rolled_back;
 mod savepoint;
 mod schema;
 mod sqlite;
+mod stamps;
 mod too_large;
 mod wal;
 mod watermark;

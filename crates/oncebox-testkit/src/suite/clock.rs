@@ -1,5 +1,6 @@
 //! Conformance tests of retention in time: a forward jump of the wall clock purges no record
-//! early, a jump back leaves no lease stuck, and purges racing ingest keep the window.
+//! early, nor does one back and then set right, a jump back leaves no lease stuck, and purges
+//! racing ingest keep the window.
 //! `ManualClock::set` jumps the wall clock alone; `advance` is real time.
 
 use std::time::Duration;
@@ -104,6 +105,49 @@ pub async fn a_deleted_boot_anchor_lets_purges_follow_the_clock_again<B: Backend
         1,
         "the anchor deleted, the purge follows the clock"
     );
+}
+
+/// The wall clock steps back a year (a reset clock, a bad time source) while events arrive,
+/// and is set right a minute later. The events of that minute are dated no earlier than the
+/// boot's purge anchor says real time was: they age by the real time that passes, not by the
+/// year, and a sender's retry days later is still a duplicate. Dated by the clock, the next
+/// purge deleted them, and the retry was applied again.
+pub async fn a_clock_stepped_back_then_set_right_makes_no_record_old<B: Backend>() {
+    let (b, clock) = fresh::<B>().await;
+    let retain = Duration::from_secs(7 * 24 * 3600);
+    let retention = Retention::new(retain);
+    // The first purge anchors this boot at the right time.
+    assert_eq!(b.purge(clock.now(), &retention).await, 0);
+    let right = clock.now();
+    clock.set(right.minus(Duration::from_secs(365 * 24 * 3600)));
+    b.process(event("shop", "back", 1), Script::credit(1))
+        .await
+        .unwrap();
+    let Ok(Begun::Leased(lease)) = b.begin(event("mail", "back", 1), TTL).await else {
+        panic!("expected a lease");
+    };
+    b.complete(&lease, Response::completed("sent"))
+        .await
+        .unwrap();
+    let Ok(Begun::Leased(parked)) = b.begin(event("mail", "parked", 1), TTL).await else {
+        panic!("expected a lease");
+    };
+    b.uncertain(&parked).await.unwrap();
+    assert!(
+        b.resolve(&parked.key, Some(Response::completed("sent")))
+            .await
+    );
+    clock.advance(Duration::from_secs(60));
+    clock.set(right.plus(Duration::from_secs(60)));
+    clock.advance(Duration::from_secs(3 * 24 * 3600));
+    assert_eq!(b.purge(clock.now(), &retention).await, 0, "three days old");
+    for (source, id) in [("shop", "back"), ("mail", "back"), ("mail", "parked")] {
+        let retry = b.process(event(source, id, 1), Script::credit(1)).await;
+        assert!(retry.unwrap().is_duplicate(), "{source}:{id} is remembered");
+    }
+    // Past the retention in real time, they go.
+    clock.advance(retain);
+    assert_eq!(b.purge(clock.now(), &retention).await, 3);
 }
 
 pub async fn backward_clock_jump_leaves_no_lease_stuck<B: Backend>() {
