@@ -108,6 +108,9 @@ impl<A: oncebox_core::consume::Apply> Shared<A> {
             let key = event.key.clone();
             let outcome = self.apply_caught(event).await;
             let attempt = self.attempt(&key, delivery, &outcome);
+            if let Some(line) = oncebox_core::consume::worth_a_warning(&outcome, attempt) {
+                tracing::warn!(queue = %self.options.queue, key = %key, "{line}");
+            }
             let decision = decide(outcome, attempt, retry);
             match decision {
                 Settle::Requeue {

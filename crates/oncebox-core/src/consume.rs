@@ -239,6 +239,42 @@ pub fn decide(outcome: Result<Processed, ProcessError>, attempt: u32, p: &RetryP
     }
 }
 
+/// What a consumer says of an outcome it does not settle, in a line for its log at warn level,
+/// or `None` when it says nothing there: a handler's failure with its attempt (it is requeued
+/// until its attempts run out, then quarantined with the last error); a store that cannot
+/// answer, at most once a minute in the process (every message in hand hits the same outage,
+/// and a long outage must not fill the log, nor pass unseen at the default level).
+pub fn worth_a_warning(outcome: &Result<Processed, ProcessError>, attempt: u32) -> Option<String> {
+    match outcome {
+        Err(ProcessError::Handler(e)) => Some(format!(
+            "handler failed at attempt {attempt}, the message is requeued: {e}"
+        )),
+        Err(e @ ProcessError::Unavailable(_)) if outage_notice_due() => Some(format!(
+            "store unavailable, messages are held and tried again (said once a minute): {e}"
+        )),
+        _ => None,
+    }
+}
+
+/// Whether a minute passed since the last outage notice, in this process.
+fn outage_notice_due() -> bool {
+    use std::sync::OnceLock;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static START: OnceLock<std::time::Instant> = OnceLock::new();
+    // Seconds since START, plus one, of the last notice; 0 before the first.
+    static LAST: AtomicU64 = AtomicU64::new(0);
+    let now = START
+        .get_or_init(std::time::Instant::now)
+        .elapsed()
+        .as_secs()
+        + 1;
+    let last = LAST.load(Ordering::Relaxed);
+    (last == 0 || now >= last + 60)
+        && LAST
+            .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
+}
+
 /// Where a message sits in an ordered stream, for the offset watermark: `stream` names the
 /// consumer's view of it (so two consumers of one stream keep separate watermarks). Never part
 /// of the key.

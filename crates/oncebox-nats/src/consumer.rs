@@ -280,6 +280,9 @@ impl<A: Apply> Consumer<A> {
                             .attempts
                             .unsettled((at.created, sequence), delivered, failed),
                     };
+                    if let Some(line) = oncebox_core::consume::worth_a_warning(&outcome, attempt) {
+                        tracing::warn!(stream = %o.stream, sequence, "{line}");
+                    }
                     decide(outcome, attempt, &o.retry)
                 }
             };

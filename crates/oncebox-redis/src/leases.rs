@@ -125,8 +125,8 @@ impl Leases {
 
     /// The eviction policy Redis reported at connect when it may drop keys under memory
     /// pressure (a `maxmemory` set and any policy but `noeviction`: the `volatile-*` ones too,
-    /// since every lease and record has a TTL). `None` when it never evicts, or when it would
-    /// not say (`CONFIG` renamed or refused, as managed services do).
+    /// since every lease and record has a TTL), from `CONFIG GET` or else `INFO memory`.
+    /// `None` when it never evicts, or when it would say neither (warned of at connect).
     pub fn eviction_policy(&self) -> Option<&str> {
         self.shared.eviction.as_deref()
     }
@@ -329,9 +329,50 @@ fn integer(v: &Value) -> Option<i64> {
     }
 }
 
-/// The policy under which Redis may evict our keys, asked with `CONFIG GET`; `None` when it
-/// cannot (no memory limit, `noeviction`) or will not say.
+/// The policy under which Redis may evict our keys: asked with `CONFIG GET`, else read from
+/// `INFO memory` (managed services rename or refuse `CONFIG`, and their default policies,
+/// `volatile-lru` for one, evict exactly the keys with a TTL: every lease and record). `None`
+/// when it cannot (no memory limit, `noeviction`), or when neither answers, which is warned of.
 async fn eviction(conn: &mut ConnectionManager) -> Option<String> {
+    let (limit, policy) = match configured(conn).await {
+        Some(found) => found,
+        None => match informed(conn).await {
+            Some(found) => found,
+            None => {
+                tracing::warn!(
+                    "Redis answers neither CONFIG GET nor INFO memory: whether it may evict \
+                     keys is unknown; a lease or a done record evicted is taken again, so run \
+                     it with maxmemory-policy noeviction"
+                );
+                return None;
+            }
+        },
+    };
+    (limit > 0 && policy != "noeviction").then_some(policy)
+}
+
+/// `maxmemory` and `maxmemory-policy` from `INFO memory`'s `name:value` lines.
+async fn informed(conn: &mut ConnectionManager) -> Option<(u64, String)> {
+    let info: RedisResult<String> = redis::cmd("INFO").arg("memory").query_async(conn).await;
+    let info = info
+        .inspect_err(|e| tracing::debug!(error = %e, "INFO memory refused"))
+        .ok()?;
+    memory_settings(&info)
+}
+
+fn memory_settings(info: &str) -> Option<(u64, String)> {
+    let field = |name: &str| {
+        info.lines()
+            .find_map(|l| l.trim_end().strip_prefix(name)?.strip_prefix(':'))
+    };
+    Some((
+        field("maxmemory")?.parse().ok()?,
+        field("maxmemory_policy")?.to_owned(),
+    ))
+}
+
+/// `maxmemory` and `maxmemory-policy` from `CONFIG GET`.
+async fn configured(conn: &mut ConnectionManager) -> Option<(u64, String)> {
     let mut get = async |name: &str| -> Option<String> {
         // A map: RESP3 answers one, RESP2 a flat list of name and value, read as one too.
         let answer: RedisResult<std::collections::HashMap<String, String>> = redis::cmd("CONFIG")
@@ -348,13 +389,24 @@ async fn eviction(conn: &mut ConnectionManager) -> Option<String> {
         }
     };
     let limit: u64 = get("maxmemory").await?.parse().ok()?;
-    let policy = get("maxmemory-policy").await?;
-    (limit > 0 && policy != "noeviction").then_some(policy)
+    Some((limit, get("maxmemory-policy").await?))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `INFO memory` as Redis 7 writes it (CRLF lines), where `CONFIG` is refused.
+    #[test]
+    fn memory_settings_are_read_from_info() {
+        let info = "# Memory\r\nused_memory:1024\r\nmaxmemory:104857600\r\n\
+                    maxmemory_human:100.00M\r\nmaxmemory_policy:volatile-lru\r\n";
+        assert_eq!(
+            memory_settings(info),
+            Some((104_857_600, "volatile-lru".to_owned()))
+        );
+        assert_eq!(memory_settings("# Memory\r\nused_memory:1\r\n"), None);
+    }
 
     #[test]
     fn lease_expiry_is_dated_from_the_ttl_redis_is_sent() {

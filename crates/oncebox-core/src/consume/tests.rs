@@ -289,3 +289,22 @@ fn a_retry_policy_without_a_pause_is_refused() {
         })
     ));
 }
+
+/// A failed handler is worth a warning each time, with its attempt and error; an outage once
+/// a minute in the process, however many messages it holds; a settled outcome never.
+#[test]
+fn failures_are_worth_a_warning_and_an_outage_once_a_minute() {
+    let failed: Result<Processed, ProcessError> = Err(ProcessError::Handler("no stock".into()));
+    let line = worth_a_warning(&failed, 2).unwrap();
+    assert!(
+        line.contains("attempt 2") && line.contains("no stock"),
+        "{line}"
+    );
+    assert!(worth_a_warning(&failed, 3).is_some());
+    let down: Result<Processed, ProcessError> = Err(Unavailable::Busy.into());
+    let line = worth_a_warning(&down, 1).unwrap();
+    assert!(line.contains("store unavailable"), "{line}");
+    assert_eq!(worth_a_warning(&down, 1), None, "said once a minute");
+    let done = Ok(Processed::Applied(Response::completed("ok")));
+    assert_eq!(worth_a_warning(&done, 1), None);
+}
