@@ -1,24 +1,8 @@
 //! What an operator gets told: a mistyped variable, a lasting problem as exit 2 with one
 //! message, a dry run that ends as the run would, flags outside what a command does.
 
-use std::path::Path;
-use std::process::{Command, Output};
-
+use crate::support::oncebox_with_env as with_env;
 use crate::support::{oncebox, serve_with, text};
-
-/// `oncebox args…` in `dir` with `vars` set on top of this process's environment (which holds
-/// the suites' own `ONCEBOX_POSTGRES_URL` and the like: those must keep working).
-fn with_env(dir: &Path, vars: &[(&str, &str)], args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_oncebox"))
-        .args(args)
-        .current_dir(dir)
-        .env_remove("ONCEBOX_CONFIG")
-        .env_remove("ONCEBOX_DATABASE")
-        .env_remove("RUST_BACKTRACE")
-        .envs(vars.iter().copied())
-        .output()
-        .expect("run oncebox")
-}
 
 /// A container with `ONCEBOX_DATABASE_URL` ran on a local SQLite file: every command refuses
 /// to start, naming the variable and the one it meant; the harness's variables pass.

@@ -48,12 +48,19 @@ pub fn serve_with(dir: &Path, flags: &[&str]) -> Server {
 /// Runs `oncebox args…` in `dir` as a user would, with no configuration from this process's
 /// environment.
 pub fn oncebox(dir: &Path, args: &[&str]) -> Output {
+    oncebox_with_env(dir, &[], args)
+}
+
+/// As [`oncebox`], with `vars` set on top of this process's environment (which holds the
+/// suites' own `ONCEBOX_POSTGRES_URL` and the like: those must keep working).
+pub fn oncebox_with_env(dir: &Path, vars: &[(&str, &str)], args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_oncebox"))
         .args(args)
         .current_dir(dir)
         .env_remove("ONCEBOX_CONFIG")
         .env_remove("ONCEBOX_DATABASE")
         .env_remove("RUST_BACKTRACE")
+        .envs(vars.iter().copied())
         .output()
         .expect("run oncebox")
 }
