@@ -162,11 +162,20 @@ impl<S: DeliveryStore> Relay<S> {
         let now = self.clock.now();
         // Counted from the delivery's budget: its creation, or an operator's latest retry.
         let budget = &claimed.budget;
+        // A lost attempt (`sent` false: taken over from a relay that stopped) counts towards
+        // the attempts cap but not the age cap: after an outage longer than `max_age` the
+        // delivery still gets a try of this relay's, as a pending one does, rather than dying
+        // for the outage.
+        let age = if sent {
+            budget.age(now)
+        } else {
+            Duration::ZERO
+        };
         let verdict = decide(
             attempt,
             route.idempotent,
             budget.spent(claimed.attempts).saturating_add(1),
-            budget.age(now),
+            age,
             &route.retry,
             rand::random(),
         );
