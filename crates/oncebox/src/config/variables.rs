@@ -112,7 +112,7 @@ fn suggest(var: &str) -> Option<String> {
     let setting = SETTINGS.iter().find(|s| {
         rest.strip_prefix(**s)
             .is_some_and(|tail| tail.starts_with('_'))
-            || distance(rest, s) <= close(s)
+            || strsim::levenshtein(rest, s) <= close(s)
     });
     if let Some(s) = setting {
         return Some(format!("{PREFIX}{s}"));
@@ -121,7 +121,7 @@ fn suggest(var: &str) -> Option<String> {
         let table_upper = table.to_ascii_uppercase();
         // `SOURCE__SHOP__TOLERANCE`: the table mistyped, the nesting right.
         if let Some((head, tail)) = rest.split_once("__")
-            && distance(head, &table_upper) <= close(&table_upper)
+            && strsim::levenshtein(head, &table_upper) <= close(&table_upper)
         {
             return Some(format!("{PREFIX}{table_upper}__{tail}"));
         }
@@ -153,24 +153,6 @@ fn suggest(var: &str) -> Option<String> {
 /// Edits allowed for a name to count as close: one in a short name, two in a longer one.
 fn close(name: &str) -> usize {
     if name.len() <= 5 { 1 } else { 2 }
-}
-
-/// Levenshtein distance over bytes (the names are ASCII).
-fn distance(a: &str, b: &str) -> usize {
-    let (a, b) = (a.as_bytes(), b.as_bytes());
-    let mut row: Vec<usize> = (0..=b.len()).collect();
-    for (i, ca) in a.iter().enumerate() {
-        let mut diagonal = row[0];
-        row[0] = i + 1;
-        for (j, cb) in b.iter().enumerate() {
-            let above = row[j + 1];
-            row[j + 1] = (diagonal + usize::from(ca != cb))
-                .min(row[j] + 1)
-                .min(above + 1);
-            diagonal = above;
-        }
-    }
-    row[b.len()]
 }
 
 /// The fields serde knows for `T`, a `deny_unknown_fields` struct: asked by offering it a key
