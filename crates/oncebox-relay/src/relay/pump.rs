@@ -18,9 +18,7 @@ use super::{GAUGES_EVERY, Outcome, Relay, Step};
 impl<S: DeliveryStore> Relay<S> {
     pub(super) async fn deliver_until(&self, stopped: watch::Receiver<bool>) {
         let mut gauges_due = self.clock.now();
-        // Claims not yet decided, per route, and when each one's lease ends.
-        let mut held: HashMap<String, usize> = HashMap::new();
-        let mut leases: HashMap<i64, Timestamp> = HashMap::new();
+        let mut held = InHand::default();
         let mut sending = FuturesUnordered::new();
         // A store that is told about new work starts listening before the first claim.
         self.store.wait_for_work(Duration::ZERO).await;
@@ -28,20 +26,14 @@ impl<S: DeliveryStore> Relay<S> {
             let room = if *stopped.borrow() {
                 None
             } else {
-                self.room(&held)
+                self.room(&held.by_route)
             };
             // Taken before the claim is asked for, so the lease is measured from no later
             // than its start.
             let claimed_at = self.clock.monotonic();
             let (claimed, freed) = match room {
                 Some((routes, room)) => {
-                    beside(
-                        self.claim(routes, room),
-                        &mut sending,
-                        &mut held,
-                        &mut leases,
-                    )
-                    .await
+                    beside(self.claim(routes, room), &mut sending, &mut held).await
                 }
                 None => (Vec::new(), false),
             };
@@ -49,8 +41,7 @@ impl<S: DeliveryStore> Relay<S> {
             // again without waiting.
             let mut again = freed || !claimed.is_empty();
             for c in claimed {
-                *held.entry(c.route.clone()).or_default() += 1;
-                leases.insert(c.id, c.lease_expires_at);
+                held.take(&c);
                 let mut stop = stopped.clone();
                 sending.push(async move {
                     let step = self.deliver(&c, claimed_at, &mut stop).await;
@@ -61,7 +52,7 @@ impl<S: DeliveryStore> Relay<S> {
             if now >= gauges_due {
                 gauges_due = now.plus(GAUGES_EVERY);
                 let (published, freed) =
-                    beside(self.publish_gauges(), &mut sending, &mut held, &mut leases).await;
+                    beside(self.publish_gauges(), &mut sending, &mut held).await;
                 again |= freed;
                 if let Err(e) = published {
                     tracing::debug!(error = %e, "gauges not published");
@@ -70,7 +61,7 @@ impl<S: DeliveryStore> Relay<S> {
             if *stopped.borrow() {
                 // Attempts in progress finish and are recorded; claims waiting for their
                 // route are given back.
-                self.say_waiting(&leases);
+                self.say_waiting(&held.lease_ends);
                 while sending.next().await.is_some() {}
                 return;
             }
@@ -87,7 +78,7 @@ impl<S: DeliveryStore> Relay<S> {
                 biased;
                 () = stopping => {}
                 Some((route, id, step)) = sending.next(), if !sending.is_empty() => {
-                    settle(&mut held, &mut leases, &route, id, step);
+                    held.settle(&route, id, step);
                 }
                 () = self.store.wait_for_work(pause) => {}
             }
@@ -158,6 +149,31 @@ impl<S: DeliveryStore> Relay<S> {
 /// What a send ends with: its route, its delivery's id and its step.
 type Sent = (String, i64, Result<Step, LeaseError>);
 
+/// The claims not yet decided: how many per route, and when each one's lease ends.
+#[derive(Default)]
+struct InHand {
+    by_route: HashMap<String, usize>,
+    lease_ends: HashMap<i64, Timestamp>,
+}
+
+impl InHand {
+    fn take(&mut self, c: &Claimed) {
+        *self.by_route.entry(c.route.clone()).or_default() += 1;
+        self.lease_ends.insert(c.id, c.lease_expires_at);
+    }
+
+    /// Counts a send's end: its route has room again, and a store error is logged.
+    fn settle(&mut self, route: &str, id: i64, step: Result<Step, LeaseError>) {
+        self.lease_ends.remove(&id);
+        if let Some(n) = self.by_route.get_mut(route) {
+            *n = n.saturating_sub(1);
+        }
+        if let Err(e) = Outcome::default().add(step) {
+            tracing::warn!(error = %e, "relay round failed");
+        }
+    }
+}
+
 /// Awaits `work` (a claim, the gauges) while the sends in flight go on. A send left unpolled
 /// would keep what it holds of the store, a pooled connection in mid-statement or its turn for
 /// one, until `work` ended, and `work` may be waiting for exactly that: on a pool smaller than
@@ -167,8 +183,7 @@ type Sent = (String, i64, Result<Step, LeaseError>);
 async fn beside<T>(
     work: impl Future<Output = T>,
     sending: &mut FuturesUnordered<impl Future<Output = Sent>>,
-    held: &mut HashMap<String, usize>,
-    leases: &mut HashMap<i64, Timestamp>,
+    held: &mut InHand,
 ) -> (T, bool) {
     let mut work = pin!(work);
     let mut freed = false;
@@ -177,26 +192,9 @@ async fn beside<T>(
             biased;
             out = &mut work => return (out, freed),
             Some((route, id, step)) = sending.next(), if !sending.is_empty() => {
-                settle(held, leases, &route, id, step);
+                held.settle(&route, id, step);
                 freed = true;
             }
         }
-    }
-}
-
-/// Counts a send's end: its route has room again, and a store error is logged.
-fn settle(
-    held: &mut HashMap<String, usize>,
-    leases: &mut HashMap<i64, Timestamp>,
-    route: &str,
-    id: i64,
-    step: Result<Step, LeaseError>,
-) {
-    leases.remove(&id);
-    if let Some(n) = held.get_mut(route) {
-        *n = n.saturating_sub(1);
-    }
-    if let Err(e) = Outcome::default().add(step) {
-        tracing::warn!(error = %e, "relay round failed");
     }
 }
