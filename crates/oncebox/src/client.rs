@@ -5,6 +5,7 @@
 use anyhow::{Context, Result};
 use oncebox_core::Timestamp;
 use oncebox_core::fingerprint::derive_event_id;
+use oncebox_core::json::Pointer;
 use oncebox_core::signature::sign;
 use oncebox_gateway::policy::{EventIdRule, SourcePolicy};
 use serde_json::{Map, Value};
@@ -81,13 +82,24 @@ pub fn place_id(rule: &EventIdRule, doc: &mut Value, id: &str) {
 }
 
 /// The id the gateway stores `body` under when the sender's id is `id`: the derived one for
-/// a derived rule, else `id` itself.
+/// a derived rule, else `id` itself (a body built by [`place_id`] holds it at the pointer).
 pub fn stored_id(rule: &EventIdRule, body: &str, id: &str) -> Result<String> {
     match rule {
         EventIdRule::Derive(pointers) => {
             derive_event_id(body.as_bytes(), pointers).context("deriving the event id")
         }
         _ => Ok(id.to_owned()),
+    }
+}
+
+/// The id a body given by hand holds at `p`, as the gateway reads one: a string, or an
+/// integer. `None` when it holds none (the gateway's answer then says why).
+pub fn id_at(p: &Pointer, body: &str) -> Option<String> {
+    let doc = oncebox_core::json::parse(body.as_bytes()).ok()?;
+    match doc.pointer(p)? {
+        oncebox_core::json::Value::String(s) => Some(s.clone()),
+        oncebox_core::json::Value::Number(n) => n.to_i64().map(|i| i.to_string()),
+        _ => None,
     }
 }
 

@@ -89,50 +89,28 @@ pub async fn run(settings: &Settings, args: SendArgs) -> Result<bool> {
 /// under another id than the one asked for, and a test of deduplication would test nothing.
 /// A pointer's id is refused when it differs (the caller named both); a derived one is said.
 fn id_agrees_with_body(source: &Source, rule: &EventIdRule, body: &str, id: &str) -> Result<()> {
+    let stored = match rule {
+        EventIdRule::Pointer(p) => crate::client::id_at(p, body),
+        _ => crate::client::stored_id(rule, body, id).ok(),
+    };
+    let Some(stored) = stored.filter(|s| s != id) else {
+        // The same, or none found: the gateway's answer says why.
+        return Ok(());
+    };
     match rule {
-        EventIdRule::Pointer(p) => {
-            let doc: Option<serde_json::Value> = serde_json::from_str(body).ok();
-            let found = doc.as_ref().and_then(|d| at(d, p.tokens()));
-            match found {
-                Some(found) if found != id => Err(crate::exit::usage(format!(
-                    "--id {id:?}: source {source} reads the event id from the body at {p}, \
-                     which holds {found:?}; the event would be stored as {found:?}: leave out \
-                     --id or make the two agree"
-                ))),
-                // Absent or not an id: the gateway's answer says why.
-                _ => Ok(()),
-            }
-        }
-        EventIdRule::Derive(_) => {
-            if let Ok(stored) = crate::client::stored_id(rule, body, id)
-                && stored != id
-            {
-                use std::io::Write;
-                let _ = writeln!(
-                    std::io::stderr(),
-                    "warning: source {source} derives the event id from the body: the event is \
-                     stored as {stored:?}, not as --id {id:?}"
-                );
-            }
+        EventIdRule::Pointer(p) => Err(crate::exit::usage(format!(
+            "--id {id:?}: source {source} reads the event id from the body at {p}, which holds \
+             {stored:?}; the event would be stored as {stored:?}: leave out --id or make the \
+             two agree"
+        ))),
+        _ => {
+            use std::io::Write;
+            let _ = writeln!(
+                std::io::stderr(),
+                "warning: source {source} derives the event id from the body: the event is \
+                 stored as {stored:?}, not as --id {id:?}"
+            );
             Ok(())
         }
-        _ => Ok(()),
-    }
-}
-
-/// The id at a pointer's tokens, as the gateway reads one: a string, or an integer.
-fn at(doc: &serde_json::Value, tokens: &[String]) -> Option<String> {
-    let mut v = doc;
-    for t in tokens {
-        v = match v {
-            serde_json::Value::Object(m) => m.get(t)?,
-            serde_json::Value::Array(a) => a.get(t.parse::<usize>().ok()?)?,
-            _ => return None,
-        };
-    }
-    match v {
-        serde_json::Value::String(s) => Some(s.clone()),
-        serde_json::Value::Number(n) => n.as_i64().map(|i| i.to_string()),
-        _ => None,
     }
 }
