@@ -29,6 +29,6 @@ pub use lease::{
 };
 pub use outcome::{Invalid, ProcessError, Processed, Response, ResponseKind, Unavailable};
 pub use retention::{
-    BootAnchor, PURGE_LAG_ADVICE, PURGE_LAG_WARNING, PurgeAnchor, Retention, boot_bound, purge_lag,
-    purge_time, stamp_floor,
+    BootAnchor, PURGE_LAG_ADVICE, PURGE_LAG_WARNING, PurgeAnchor, Retention, Stamps, boot_bound,
+    purge_lag, purge_time, stamp_floor,
 };

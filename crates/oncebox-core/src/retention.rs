@@ -221,6 +221,30 @@ pub fn stamp_floor(anchor: Option<BootAnchor>, boot: Option<Boot>) -> Option<Tim
     (a.boot == b.id && a.since <= b.since).then(|| a.wall.plus(b.since - a.since))
 }
 
+/// A store's boot anchor as it last read or wrote it (at open, and at each purge), and what it
+/// dates a finished record by ([`stamp_floor`]); clones share it.
+#[derive(Debug, Clone, Default)]
+pub struct Stamps(Arc<std::sync::Mutex<Option<BootAnchor>>>);
+
+impl Stamps {
+    pub fn set(&self, anchor: Option<BootAnchor>) {
+        *self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = anchor;
+    }
+
+    /// The date of a record finished at `now` on `clock`: `now`, never earlier than the
+    /// anchor says real time is.
+    pub fn completed(&self, clock: &dyn Clock, now: Timestamp) -> Timestamp {
+        let anchor = *self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        stamp_floor(anchor, clock.boot()).map_or(now, |floor| now.max(floor))
+    }
+}
+
 /// How far a purge's time may trail the wall clock before the store warns that purges are
 /// held back (a clock behind at the boot's first purge, or one that jumped ahead since).
 pub const PURGE_LAG_WARNING: Duration = Duration::from_secs(24 * 3600);

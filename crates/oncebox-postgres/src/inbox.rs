@@ -34,8 +34,8 @@ const CLAIM_ATTEMPTS: usize = 3;
 pub struct Inbox {
     pub(crate) pool: PgPool,
     pub(crate) clock: Arc<dyn Clock>,
-    /// Dates finished records (`stamp.rs`).
-    pub(crate) stamps: crate::stamp::Stamps,
+    /// Dates finished records (`oncebox_core::Stamps`).
+    pub(crate) stamps: oncebox_core::Stamps,
     pub(crate) batcher: Batcher,
     pub(crate) deadline: Duration,
     /// Relay wake-ups (`LISTEN`), started by the first `wait_for_work`.
@@ -101,7 +101,7 @@ impl Inbox {
             .await?;
         let mut conn = pool.acquire().await?;
         schema::migrate(&mut conn, options.migrate, options.deadline).await?;
-        options.stamps = crate::stamp::Stamps::default();
+        options.stamps = oncebox_core::Stamps::default();
         options
             .stamps
             .set(crate::store::stored_anchor(&mut conn, options.clock.as_ref()).await?);

@@ -28,7 +28,6 @@ mod listen;
 mod options;
 mod read;
 mod schema;
-mod stamp;
 mod store;
 mod tx;
 

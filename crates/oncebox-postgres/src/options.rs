@@ -37,9 +37,10 @@ pub struct Options {
     /// or changed: for tools that look at or operate on a database other nodes keep, which a
     /// newer tool must not migrate under them.
     pub migrate: bool,
-    /// The node's boot anchor, which finished records are dated by (`stamp.rs`); set by
-    /// `open` and kept up by purges.
-    pub(crate) stamps: crate::stamp::Stamps,
+    /// The node's boot anchor, which finished records are dated by (`completed_at` never
+    /// before the time it says: a clock stepped back makes no record old); set by `open` and
+    /// kept up by purges.
+    pub(crate) stamps: oncebox_core::Stamps,
 }
 
 impl std::fmt::Debug for Options {

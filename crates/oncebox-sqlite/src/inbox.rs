@@ -57,7 +57,7 @@ struct Shared {
     /// Bounds each purge's `now` by boot time (`oncebox_core::purge_time`).
     clock: Arc<dyn oncebox_core::Clock>,
     /// The boot's purge anchor, which the writer dates finished records by.
-    anchor: purge::AnchorSlot,
+    stamps: oncebox_core::Stamps,
 }
 
 impl Drop for Shared {
@@ -107,7 +107,8 @@ impl Inbox {
                 path: options.path.display().to_string(),
                 source,
             })?;
-        let anchor: purge::AnchorSlot = Arc::new(Mutex::new(anchor));
+        let stamps = oncebox_core::Stamps::default();
+        stamps.set(anchor);
         let length_limit = schema::length_limit(&conn);
         let checkpointer = schema::open_checkpointer(&options)?;
         let stats = Arc::new(Stats::default());
@@ -137,7 +138,7 @@ impl Inbox {
             linger: options.linger,
             checkpoint,
             stats: stats.clone(),
-            anchor: anchor.clone(),
+            stamps: stamps.clone(),
         };
         let writer = std::thread::Builder::new()
             .name("oncebox-writer".into())
@@ -165,7 +166,7 @@ impl Inbox {
                 deadline: options.deadline,
                 stats: stats.clone(),
                 clock: options.clock.clone(),
-                anchor,
+                stamps,
                 recent: Recent::new(options.recent_answers),
                 readers: Readers::new(options, looks, stats),
                 probe: ProbeGate::default(),
@@ -280,9 +281,9 @@ impl Inbox {
     /// the boot's first purge plus the boot time since (`oncebox_core::purge_time`), so a wall
     /// clock jumping forward purges no record early.
     pub async fn purge(&self, now: Timestamp, retention: &Retention) -> Result<u64, Error> {
-        let (clock, slot) = (self.shared.clock.clone(), self.shared.anchor.clone());
+        let (clock, stamps) = (self.shared.clock.clone(), self.shared.stamps.clone());
         let now = self
-            .write(move |c| purge::purge_time(c, &clock, now, &slot))
+            .write(move |c| purge::purge_time(c, &clock, now, &stamps))
             .await?;
         let mut after = 0;
         let mut deleted = 0;

@@ -2,10 +2,10 @@
 //! finished deliveries and their conflicts, a chunk per writer request so a large purge never
 //! stalls ingest.
 
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::time::Duration;
 
-use oncebox_core::{BootAnchor, Clock, PURGE_LAG_ADVICE, Retention, Timestamp};
+use oncebox_core::{BootAnchor, Clock, PURGE_LAG_ADVICE, Retention, Stamps, Timestamp};
 use rusqlite::{Connection, OptionalExtension, params};
 
 use crate::writer::{Cx, Fatal};
@@ -100,10 +100,6 @@ pub(crate) fn chunk(
     Ok(Ok(Chunk { deleted, next }))
 }
 
-/// This boot's purge anchor as the writer last saw it, shared with the writer, which dates
-/// each finished record no earlier than it says ([`oncebox_core::stamp_floor`]).
-pub(crate) type AnchorSlot = Arc<Mutex<Option<BootAnchor>>>;
-
 /// The anchor stored for the machine's boot, if any.
 pub(crate) fn stored_anchor(
     c: &Connection,
@@ -126,18 +122,18 @@ pub(crate) fn stored_anchor(
 }
 
 /// The time this purge may use ([`oncebox_core::purge_time`]), from the anchor stored for the
-/// machine's boot; records the anchor it says to, and tells the writer (`slot`). One row per
+/// machine's boot; records the anchor it says to, and tells the writer (`stamps`). One row per
 /// boot of the machine, never dropped: a few bytes a reboot.
 pub(crate) fn purge_time(
     c: &Connection,
     clock: &Arc<dyn Clock>,
     now: Timestamp,
-    slot: &AnchorSlot,
+    stamps: &Stamps,
 ) -> rusqlite::Result<Timestamp> {
     let boot = clock.boot();
     let stored = stored_anchor(c, clock)?;
     let (bounded, record) = oncebox_core::purge_time(clock, now, boot, stored);
-    *slot.lock().unwrap_or_else(PoisonError::into_inner) = record.or(stored);
+    stamps.set(record.or(stored));
     if let Some(a) = record {
         let since = i64::try_from(a.since.as_millis()).unwrap_or(i64::MAX);
         c.execute(

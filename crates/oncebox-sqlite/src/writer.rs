@@ -122,7 +122,7 @@ pub(crate) struct Writer {
     /// The only way to commit on `conn`.
     pub commits: Commits,
     /// This boot's purge anchor, kept up by purges.
-    pub anchor: crate::purge::AnchorSlot,
+    pub stamps: oncebox_core::Stamps,
 }
 
 /// Counters of the writer's work, of duplicates answered without it and of reads served on
@@ -236,16 +236,11 @@ impl Writer {
         }
         crash::point!("after-begin");
         let now = self.clock.now();
-        let anchor = *self
-            .anchor
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let floor = oncebox_core::stamp_floor(anchor, self.clock.boot());
         let cx = Cx {
             conn: &self.conn,
             stmts,
             now,
-            stamp: floor.map_or(now, |f| now.max(f)),
+            stamp: self.stamps.completed(self.clock.as_ref(), now),
             commits: &self.commits,
             own: false,
         };

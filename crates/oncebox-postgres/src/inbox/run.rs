@@ -36,7 +36,7 @@ impl Inbox {
         claimed: Claimed,
         handler: Handler,
     ) -> Result<Processed, ProcessError> {
-        // What the record is dated, should it finish (`stamp.rs`).
+        // What the record is dated, should it finish (`oncebox_core::Stamps`).
         let now = self
             .stamps
             .completed(self.clock.as_ref(), tx.now())
