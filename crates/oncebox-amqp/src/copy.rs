@@ -9,7 +9,7 @@ use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use oncebox_core::Source;
 use oncebox_core::consume::Reason;
 
-use crate::message::QUARANTINE_HEADERS;
+use crate::message::{ORIGIN_HEADERS, QUARANTINE_HEADERS};
 
 /// On a copy that left out the original's headers: the bytes its content header would have
 /// taken with them, without the reason's. Do not rename: operators' tooling reads it.
@@ -41,7 +41,7 @@ const HISTORY_HEADERS: [&str; 8] = [
 const HISTORY_PREFIX: &str = "x-oncebox-original-";
 
 /// The properties of `delivery`'s quarantined copy: the original's, with the reason's headers
-/// added, made persistent (a quarantined message is kept for an operator), and without what
+/// and where the original was published (`published`: its exchange and routing key) added, made persistent (a quarantined message is kept for an operator), and without what
 /// would lose or scatter the only remaining copy: the per-message TTL (`expiration`), the
 /// `CC`/`BCC` routing headers, and `user_id`, which the broker refuses unless it names the
 /// publishing connection's own user (and a refusal closes the channel). The broker's delivery
@@ -56,15 +56,24 @@ pub(crate) fn copy_properties(
     reason: &Reason,
     queue: &str,
     source: &Source,
+    published: [&str; 2],
     frame_max: usize,
 ) -> BasicProperties {
     let kept = kept_headers(original);
     let [slug, detail, queue, source] = reason.quarantine_values(queue, source);
     let [reason_h, detail_h, queue_h, source_h] = QUARANTINE_HEADERS;
+    let [exchange_h, routing_key_h] = ORIGIN_HEADERS;
+    let [exchange, routing_key] = published;
     let build =
         |kept: &BTreeMap<ShortString, AMQPValue>, detail: &str, marks: &[(&str, String)]| {
             let mut headers = kept.clone();
-            let ours = [(reason_h, &*slug), (queue_h, &*queue), (source_h, &*source)];
+            let ours = [
+                (reason_h, &*slug),
+                (queue_h, &*queue),
+                (source_h, &*source),
+                (exchange_h, exchange),
+                (routing_key_h, routing_key),
+            ];
             let marks = marks.iter().map(|(n, v)| (*n, v.as_str()));
             for (name, value) in ours.into_iter().chain([(detail_h, detail)]).chain(marks) {
                 let value = AMQPValue::LongString(LongString::from(value));
@@ -183,7 +192,7 @@ mod tests {
         queue: &str,
         source: &Source,
     ) -> BasicProperties {
-        super::copy_properties(original, reason, queue, source, FRAME_MAX)
+        super::copy_properties(original, reason, queue, source, ["shop", "paid"], FRAME_MAX)
     }
 
     #[test]
@@ -220,13 +229,23 @@ mod tests {
             [
                 "x-event-id",
                 "x-oncebox-detail",
+                "x-oncebox-exchange",
                 "x-oncebox-original-death",
                 "x-oncebox-original-delivery-count",
                 "x-oncebox-original-first-death-reason",
                 "x-oncebox-queue",
                 "x-oncebox-reason",
+                "x-oncebox-routing-key",
                 "x-oncebox-source"
             ]
+        );
+        let text = |name: &str| match headers.inner().get(name) {
+            Some(AMQPValue::LongString(s)) => Some(s.as_bytes().to_vec()),
+            _ => None,
+        };
+        assert_eq!(
+            (text("x-oncebox-exchange"), text("x-oncebox-routing-key")),
+            (Some(b"shop".to_vec()), Some(b"paid".to_vec()))
         );
         // Sent back into a queue, the copy starts its count again; the original's is kept.
         assert_eq!(delivery_count(&original), Some(5));

@@ -27,10 +27,12 @@ pub mod crash;
 mod handle;
 mod message;
 mod publish;
+mod uri;
 
 pub use consumer::{ConsumeError, Consumer, ConsumerOptions, OptionsError, SHORT_STRING_MAX};
 pub use copy::HEADERS_DROPPED;
 pub use handle::MAX_HOLD;
-pub use message::{QUARANTINE_HEADERS, Quarantine};
+pub use message::{ORIGIN_HEADERS, QUARANTINE_HEADERS, Quarantine};
 #[cfg(feature = "sqlite")]
 pub use oncebox_sqlite::InboxHandler;
+pub use uri::{DEFAULT_HEARTBEAT, UriError, connection_uri};

@@ -16,6 +16,11 @@ pub const QUARANTINE_HEADERS: [&str; 4] = [
     "x-oncebox-source",
 ];
 
+/// Headers a quarantined copy carries saying where the original was published: its exchange
+/// (empty for the default exchange) and its routing key, so that an operator can publish it
+/// back where it came from. Do not rename: operators' tooling reads them.
+pub const ORIGIN_HEADERS: [&str; 2] = ["x-oncebox-exchange", "x-oncebox-routing-key"];
+
 /// Where quarantined messages go: an exchange (it must exist and route the key somewhere;
 /// an unroutable quarantine is an error, not a silent drop) and the routing key. The default
 /// exchange with the consumed queue's own name is refused at start: it would route every

@@ -141,7 +141,8 @@ impl Publisher {
         reason: &Reason,
     ) -> Result<(), QuarantineError> {
         let props = &delivery.properties;
-        let properties = copy_properties(props, reason, queue, source, self.frame_max);
+        let published = [delivery.exchange.as_str(), delivery.routing_key.as_str()];
+        let properties = copy_properties(props, reason, queue, source, published, self.frame_max);
         let publish = async {
             let confirm = self
                 .channel()

@@ -9,7 +9,7 @@ use async_nats::{HeaderMap, HeaderName};
 use oncebox_core::Source;
 use oncebox_core::consume::{MAX_DETAIL, Reason};
 
-use crate::message::QUARANTINE_HEADERS;
+use crate::message::{ORIGIN_HEADERS, QUARANTINE_HEADERS};
 
 /// On a copy whose payload was cut: the original payload's length in bytes. Do not rename:
 /// operators' tooling reads it.
@@ -41,8 +41,10 @@ pub(crate) struct Fitted {
 /// Every original header, but those JetStream acts on (`Nats-*`) renamed: the message id would
 /// make the quarantine stream drop a second copy of the same id (say, two conflicting payloads)
 /// as a duplicate; `Nats-Expected-*` make it refuse the copy (requeued then, forever);
-/// `Nats-Rollup` would purge earlier copies; `Nats-TTL` would expire this one.
-pub(crate) fn kept_headers(original: Option<&HeaderMap>) -> HeaderMap {
+/// `Nats-Rollup` would purge earlier copies; `Nats-TTL` would expire this one. With them the
+/// subject the original was published to (`Oncebox-Subject`), which goes only with them: its
+/// length is the publisher's, so the least copy a stream must take cannot count on it.
+pub(crate) fn kept_headers(original: Option<&HeaderMap>, subject: &str) -> HeaderMap {
     let mut headers = HeaderMap::new();
     for (name, values) in original.into_iter().flat_map(HeaderMap::iter) {
         let text: &str = name.as_ref();
@@ -63,11 +65,14 @@ pub(crate) fn kept_headers(original: Option<&HeaderMap>) -> HeaderMap {
             headers.append(name.clone(), value.clone());
         }
     }
+    // A subject holds no line breaks or spaces; the value replaces any the original had.
+    headers.insert(ORIGIN_HEADERS[0], subject);
     headers
 }
 
 /// The copy of a message with headers `kept` (see [`kept_headers`]) and a payload of
-/// `payload_len` bytes, quarantined for `reason`, in at most `limit` bytes on the wire
+/// `payload_len` bytes, read at `sequence` of its stream (`Oncebox-Stream-Sequence`, where the
+/// client could read it), quarantined for `reason`, in at most `limit` bytes on the wire
 /// (headers and payload, as the server counts them) and with at most [`MAX_HEADERS`] of
 /// headers. Cut in this order until it fits: the detail, down to [`DETAIL_FLOOR`]; the payload,
 /// marked [`PAYLOAD_TRUNCATED`]; the original headers, marked [`HEADERS_DROPPED`]. Past that (a
@@ -78,11 +83,13 @@ pub(crate) fn fit(
     reason: &Reason,
     read_from: &str,
     source: &Source,
+    sequence: Option<u64>,
     payload_len: usize,
     limit: usize,
 ) -> Fitted {
     let [slug, detail, read_from, source] = reason.quarantine_values(read_from, source);
     let [reason_h, detail_h, from_h, source_h] = QUARANTINE_HEADERS;
+    let sequence = sequence.map(|n| n.to_string());
     let build = |kept: &HeaderMap, detail: &str, marks: &[(&str, String)]| {
         let mut h = kept.clone();
         let ours = [
@@ -90,8 +97,14 @@ pub(crate) fn fit(
             (from_h, &*read_from),
             (source_h, &*source),
         ];
+        let at = sequence.as_deref().map(|n| (ORIGIN_HEADERS[1], n));
         let marks = marks.iter().map(|(n, v)| (*n, v.as_str()));
-        for (name, value) in ours.into_iter().chain([(detail_h, detail)]).chain(marks) {
+        for (name, value) in ours
+            .into_iter()
+            .chain(at)
+            .chain([(detail_h, detail)])
+            .chain(marks)
+        {
             // Header values are one line.
             h.insert(name, value.replace(['\r', '\n'], " ").as_str());
         }
@@ -168,6 +181,7 @@ pub(crate) fn least_limit(read_from: &str, source: &Source) -> usize {
         &longest,
         read_from,
         source,
+        Some(u64::MAX),
         usize::MAX,
         0,
     );
@@ -206,12 +220,19 @@ mod tests {
             attempts: 1,
             error: "e".repeat(5000),
         };
-        let kept = kept_headers(Some(&headers(&[
+        let original = headers(&[
             ("Nats-Msg-Id", "m1"),
             ("X-Big", &"b".repeat(3000)),
-        ])));
+            ("Oncebox-Subject", "a copy's own"),
+        ]);
+        let kept = kept_headers(Some(&original), "orders.paid");
         assert!(kept.get("Oncebox-Original-Nats-Msg-Id").is_some());
-        let fit = |payload, limit| fit(&kept, &reason, "ORDERS", &source, payload, limit);
+        assert_eq!(
+            get(&kept, "Oncebox-Subject").as_deref(),
+            Some("orders.paid")
+        );
+        let at = Some(42);
+        let fit = |payload, limit| fit(&kept, &reason, "ORDERS", &source, at, payload, limit);
         let size = |c: &Fitted| wire_len(&c.headers) + c.payload_len;
 
         // Room for everything: whole (the detail at its usual bound).
@@ -222,6 +243,8 @@ mod tests {
             MAX_DETAIL
         );
         assert_eq!(get(&whole.headers, PAYLOAD_TRUNCATED), None);
+        let origin = ORIGIN_HEADERS.map(|h| get(&whole.headers, h));
+        assert_eq!(origin, [Some("orders.paid".into()), Some("42".into())]);
 
         // A little short: only the detail is cut.
         let limit = size(&whole) - 500;
@@ -259,6 +282,9 @@ mod tests {
             get(&bare.headers, "Oncebox-Reason").as_deref(),
             Some("handler-failed")
         );
+        // The stream's sequence stays: the original can still be found by it.
+        let origin = ORIGIN_HEADERS.map(|h| get(&bare.headers, h));
+        assert_eq!(origin, [None, Some("42".into())]);
         // With the headers gone a small payload stays whole and unmarked.
         let small = fit(10, least);
         assert_eq!(
@@ -269,8 +295,8 @@ mod tests {
         // Headers near JetStream's 64 KiB: the detail is cut to what is left of them, and
         // when too little is left, the original headers go (the payload, which fits, stays).
         for (huge, kept_whole) in [(64_800, true), (65_400, false)] {
-            let near = kept_headers(Some(&headers(&[("X-Huge", &"h".repeat(huge))])));
-            let copy = super::fit(&near, &reason, "ORDERS", &source, 100, 1 << 20);
+            let near = kept_headers(Some(&headers(&[("X-Huge", &"h".repeat(huge))])), "o");
+            let copy = super::fit(&near, &reason, "ORDERS", &source, at, 100, 1 << 20);
             assert!(wire_len(&copy.headers) <= MAX_HEADERS, "{huge}");
             assert_eq!(copy.payload_len, 100);
             assert_eq!(get(&copy.headers, "X-Huge").is_some(), kept_whole);

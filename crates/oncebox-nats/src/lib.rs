@@ -39,7 +39,7 @@ mod subject;
 
 pub use consumer::{Consumer, ConsumerOptions};
 pub use copy::{HEADERS_DROPPED, PAYLOAD_TRUNCATED};
-pub use message::QUARANTINE_HEADERS;
+pub use message::{ORIGIN_HEADERS, QUARANTINE_HEADERS};
 #[cfg(feature = "sqlite")]
 pub use oncebox_sqlite::InboxHandler;
 pub use setup::{ConsumeError, DeliverFrom, DurableProblem};

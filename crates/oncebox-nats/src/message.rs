@@ -21,6 +21,13 @@ pub const QUARANTINE_HEADERS: [&str; 4] = [
     "Oncebox-Source",
 ];
 
+/// Headers a quarantined copy carries saying where the original was: the subject it was
+/// published to (so that an operator can publish the copy back there) and its sequence in the
+/// stream read (so that it can be found there while the stream keeps it). The subject is left
+/// out with the original headers when those do not fit. Do not rename: operators' tooling
+/// reads them.
+pub const ORIGIN_HEADERS: [&str; 2] = ["Oncebox-Subject", "Oncebox-Stream-Sequence"];
+
 /// The header publishers put their message id in (JetStream's own publish dedup reads it too,
 /// within its window; oncebox never relies on that window).
 const MSG_ID: &str = "Nats-Msg-Id";
@@ -57,12 +64,23 @@ pub(crate) async fn quarantine(
     subject: &str,
     stream: &str,
     source: &Source,
-    message: &async_nats::Message,
+    message: &jetstream::Message,
     reason: &Reason,
 ) -> Result<(), QuarantineError> {
     let limit = copy_limit(js, subject).await;
-    let kept = kept_headers(message.headers.as_ref());
-    let copy = fit(&kept, reason, stream, source, message.payload.len(), limit);
+    let kept = kept_headers(message.headers.as_ref(), message.subject.as_str());
+    // The sequence is read from the message's reply subject; a client that cannot read it
+    // leaves the header out rather than the copy.
+    let sequence = message.info().ok().map(|info| info.stream_sequence);
+    let copy = fit(
+        &kept,
+        reason,
+        stream,
+        source,
+        sequence,
+        message.payload.len(),
+        limit,
+    );
     let payload = message
         .payload
         .slice(..copy.payload_len.min(message.payload.len()));

@@ -4,6 +4,7 @@
 use std::fmt;
 
 use lapin::uri::AMQPUri;
+use oncebox_amqp::UriError;
 use reqwest::Url;
 use thiserror::Error;
 
@@ -145,24 +146,14 @@ fn amqp(url: &Url) -> Result<AmqpTarget, TargetError> {
     if !rest.is_empty() {
         connection.query_pairs_mut().extend_pairs(&rest);
     }
-    let mut uri: AMQPUri = connection
-        .as_str()
-        .parse()
-        .map_err(|e: String| TargetError::NotUrl(e))?;
-    // Sent as an AMQP short string when the connection opens: longer, lapin panics there.
-    if uri.vhost.len() > SHORT_STRING_MAX {
-        return Err(TargetError::Invalid {
+    let uri = oncebox_amqp::connection_uri(connection.as_str()).map_err(|e| match e {
+        UriError::NotUrl(e) => TargetError::NotUrl(e),
+        // Sent as an AMQP short string when the connection opens: longer, lapin panics there.
+        UriError::LongVhost => TargetError::Invalid {
             name: "vhost",
             reason: format!("longer than {SHORT_STRING_MAX} bytes"),
-        });
-    }
-    // lapin's parser keeps only DNS names and replaces an IP address with "localhost", which
-    // may resolve to another address family than the broker listens on.
-    uri.authority.host = url
-        .host_str()
-        .unwrap_or_default()
-        .trim_matches(['[', ']'])
-        .to_owned();
+        },
+    })?;
     Ok(AmqpTarget {
         uri,
         exchange,
@@ -284,6 +275,12 @@ mod tests {
         assert_eq!(a.uri.authority.userinfo.password, "p@ss");
         assert_eq!(a.uri.vhost, "/");
         assert_eq!(a.uri.query.heartbeat, Some(30));
+        // Without a heartbeat of its own, the connection asks for the default one.
+        let Ok(Target::Amqp(b)) = Target::parse("amqp://[fd00::5]/%2f?exchange=orders") else {
+            panic!("amqp parses")
+        };
+        assert_eq!(b.uri.authority.host, "fd00::5");
+        assert_eq!(b.uri.query.heartbeat, Some(oncebox_amqp::DEFAULT_HEARTBEAT));
         assert!(
             !format!("{a:?}").contains("p@ss"),
             "credentials never printed"

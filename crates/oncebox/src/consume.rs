@@ -66,9 +66,7 @@ pub async fn run(settings: Settings, amqp: Option<String>, nats: Option<String>)
             "give --amqp URL and/or --nats URL (or ONCEBOX_AMQP_URL / ONCEBOX_NATS_URL)",
         ));
     }
-    if let Some(url) = &amqp {
-        amqp_url(url)?;
-    }
+    let amqp_uri = amqp.as_deref().map(amqp_url).transpose()?;
     let shutdown = crate::serve::shutdown_signal();
     // Which consumers run is settled before the store opens: with none, no database is touched.
     let mut runs = Vec::new();
@@ -101,7 +99,10 @@ pub async fn run(settings: Settings, amqp: Option<String>, nats: Option<String>)
         let stopped = stopped.clone();
         match &spec.broker {
             Broker::Amqp { .. } => {
-                tasks.spawn(amqp_forever(spec, url, apply, stopped));
+                // Read at the start above whenever an AMQP URL was given.
+                if let Some(uri) = amqp_uri.clone() {
+                    tasks.spawn(amqp_forever(spec, uri, apply, stopped));
+                }
             }
             Broker::Nats { .. } => {
                 tasks.spawn(nats_forever(spec, url, apply, stopped));
@@ -119,21 +120,13 @@ pub async fn run(settings: Settings, amqp: Option<String>, nats: Option<String>)
 
 /// Refuses a RabbitMQ URL that could never connect: a consumer would otherwise retry it
 /// forever, or, with a vhost longer than AMQP can name, lapin would panic opening it.
-fn amqp_url(url: &str) -> Result<()> {
-    let uri: lapin::uri::AMQPUri = url
-        .parse()
-        .map_err(|e: String| crate::exit::usage(format!("--amqp: not an AMQP URL: {e}")))?;
-    if uri.vhost.len() > oncebox_amqp::SHORT_STRING_MAX {
-        return Err(crate::exit::usage(
-            "--amqp: the vhost is longer than 255 bytes, the most AMQP can name",
-        ));
-    }
-    Ok(())
+fn amqp_url(url: &str) -> Result<lapin::uri::AMQPUri> {
+    oncebox_amqp::connection_uri(url).map_err(|e| crate::exit::usage(format!("--amqp: {e}")))
 }
 
 async fn amqp_forever(
     spec: ConsumerSpec,
-    url: String,
+    uri: lapin::uri::AMQPUri,
     apply: Ingesting,
     stopped: watch::Receiver<bool>,
 ) {
@@ -153,7 +146,8 @@ async fn amqp_forever(
     while !*stopped.borrow() {
         // A broker that accepts TCP and never answers holds the handshake: lapin has no
         // deadline of its own, so a stop request must not wait behind it.
-        let connect = lapin::Connection::connect(&url, lapin::ConnectionProperties::default());
+        let props = lapin::ConnectionProperties::default();
+        let connect = lapin::Connection::connect_uri(uri.clone(), props);
         let conn = tokio::select! {
             conn = connect => conn,
             () = wait_for(stopped.clone()) => break,

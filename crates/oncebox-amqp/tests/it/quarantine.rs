@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use lapin::options::{BasicGetOptions, ExchangeDeleteOptions, QueueBindOptions};
 use lapin::types::{AMQPValue, FieldArray, FieldTable};
 use lapin::{BasicProperties, Connection};
-use oncebox_amqp::{ConsumeError, Consumer, HEADERS_DROPPED, OptionsError};
+use oncebox_amqp::{ConsumeError, Consumer, HEADERS_DROPPED, ORIGIN_HEADERS, OptionsError};
 use oncebox_core::consume::KeyRule;
 use oncebox_testkit::{run, service_url};
 
@@ -192,6 +192,10 @@ fn a_key_header_of_another_type_is_quarantined_as_invalid() {
             detail,
             "header x-event-id is a double, not text or an integer"
         );
+        // Where the original was published (the default exchange, the queue's name as the
+        // routing key), so that an operator can send the copy back there.
+        let origin = ORIGIN_HEADERS.map(|h| copies[0].get(h).map(String::as_str));
+        assert_eq!(origin, [Some(""), Some(w.queue.as_str())]);
         w.cleanup().await;
     });
 }

@@ -10,7 +10,7 @@ use async_nats::HeaderMap;
 use async_nats::jetstream::stream;
 use oncebox_core::ProcessError;
 use oncebox_core::consume::{MAX_DETAIL, from_fn};
-use oncebox_nats::{ConsumeError, Consumer, HEADERS_DROPPED, PAYLOAD_TRUNCATED};
+use oncebox_nats::{ConsumeError, Consumer, HEADERS_DROPPED, ORIGIN_HEADERS, PAYLOAD_TRUNCATED};
 use oncebox_testkit::{run, service_url};
 
 use crate::support::{KEY_HEADER, World, start};
@@ -106,6 +106,9 @@ fn a_quarantine_stream_with_a_smaller_max_msg_size_gets_a_copy_that_fits() {
             "{}",
             payload.len()
         );
+        // Where the original was: its subject and its place in the (fresh) stream.
+        let origin = ORIGIN_HEADERS.map(|h| header(&headers, h));
+        assert_eq!(origin, [Some(w.subject.clone()), Some("1".to_owned())]);
         w.cleanup().await;
     });
 }
@@ -128,6 +131,9 @@ fn a_poison_message_with_headers_near_64_kib_is_quarantined_without_them() {
         let dropped = header(&copy, HEADERS_DROPPED).unwrap();
         assert!(dropped.parse::<usize>().unwrap() > 65_400, "{dropped}");
         assert_eq!(header(&copy, PAYLOAD_TRUNCATED), None);
+        // The subject went with the original headers; the sequence still finds the original.
+        let origin = ORIGIN_HEADERS.map(|h| header(&copy, h));
+        assert_eq!(origin, [None, Some("1".to_owned())]);
         w.cleanup().await;
     });
 }

@@ -195,11 +195,14 @@ fn consume_stores_once_and_keeps_the_sources_ordering_guard() {
 }
 
 /// A broker that accepts the connection and never answers holds the AMQP handshake, which has
-/// no deadline of its own: a stop request must still end `oncebox consume` at once.
+/// no deadline of its own: a stop request must still end `oncebox consume` at once. The broker
+/// listens on IPv6's loopback only, so that reaching it shows the consumer connects to the
+/// address written (lapin's own reading of the URL put `localhost` in place of an IPv6 address,
+/// and `localhost` is 127.0.0.1 here).
 #[test]
 fn a_stop_during_a_handshake_that_never_ends_is_not_held_up() {
     oncebox_testkit::run(async {
-        let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let silent = tokio::net::TcpListener::bind("[::1]:0").await.unwrap();
         let url = format!("amqp://guest:guest@{}/%2f", silent.local_addr().unwrap());
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("oncebox.toml"), ORDERS).unwrap();
