@@ -18,7 +18,7 @@ use crate::probe::ProbeGate;
 use crate::read::{Looks, Readers};
 use crate::recent::Recent;
 use crate::tx::{HandlerError, Tx};
-use crate::writer::{Job, Stats, Writer, once};
+use crate::writer::{Cx, Job, Stats, Writer, again, once};
 use crate::{checkpoint, lease, process, purge, read, schema};
 
 mod answers;
@@ -193,7 +193,7 @@ impl Inbox {
         self.refuse_too_large(&event)?;
         let (key, fingerprint) = (event.key.clone(), event.fingerprint);
         let out = self
-            .submit_body(process::Request::new(event, handler))
+            .submit_fated(process::Request::new(event, handler))
             .await;
         self.or_committed(out, &key, &fingerprint)
     }
@@ -205,7 +205,7 @@ impl Inbox {
     {
         self.refuse_too_large(&event)?;
         let (key, fingerprint) = (event.key.clone(), event.fingerprint);
-        let out = self.submit_blocking(process::Request::new(event, handler));
+        let out = self.submit_fated_blocking(process::Request::new(event, handler));
         self.or_committed(out, &key, &fingerprint)
     }
 
@@ -223,11 +223,11 @@ impl Inbox {
         let (key, fingerprint) = (event.key.clone(), event.fingerprint);
         let handler = Arc::new(handler);
         let out = self
-            .submit(move |cx| {
+            .submit_fated(again(move |cx: &mut Cx<'_, '_>| {
                 let handler = handler.clone();
                 let mut once: Option<process::Handler> = Some(Box::new(move |tx| handler(tx)));
                 process::run(cx, &event, &mut once)
-            })
+            }))
             .await;
         self.or_committed(out, &key, &fingerprint)
     }

@@ -31,7 +31,10 @@ pub struct Options {
     /// batch answers `Unavailable::Busy`.
     pub busy_timeout: Duration,
     /// A request not answered within this time gets `Unavailable::Deadline` (its fate unknown
-    /// to the caller only if the writer had already started it; a retry resolves it).
+    /// to the caller only if the writer had already started it; a retry resolves it). A
+    /// `process` call is told which: `Deadline` when its handler never ran and never will,
+    /// `Unavailable::CommitUnknown` when the deadline passed while it ran (it may still commit;
+    /// the retry is answered `Duplicate` if it did).
     pub deadline: Duration,
     /// Requests waiting for the writer. A full queue makes callers wait, up to their deadline.
     pub queue_capacity: usize,

@@ -17,6 +17,7 @@ use crate::error::Error;
 use crate::inbox::{Inbox, Look};
 use crate::process;
 use crate::tx::{HandlerError, Tx};
+use crate::writer::{Cx, again};
 
 /// Listings never return more than this many events at once.
 pub const MAX_PAGE: usize = 500;
@@ -156,7 +157,7 @@ impl Inbox {
         let theirs = Arc::clone(&ours);
         // `None`: applied, with the answer the request holds.
         let out = self
-            .submit(move |cx| {
+            .submit_fated(again(move |cx: &mut Cx<'_, '_>| {
                 let u = &*theirs;
                 let new = process::ingest_new(cx, &u.event, &u.accepted, &u.messages)?;
                 if new {
@@ -171,7 +172,7 @@ impl Inbox {
                 };
                 let mut handler: Option<process::Handler> = Some(Box::new(handler));
                 process::run(cx, &u.event, &mut handler).map(|out| out.map(Some))
-            })
+            }))
             .await;
         // The writer let go of its share before answering (`writer/job.rs`). Only a request
         // whose answer the caller stopped waiting for (a passed deadline, a closed store) may

@@ -3,7 +3,7 @@
 
 use std::sync::atomic::Ordering;
 
-use oncebox_core::{Event, Fingerprint, Key, ProcessError, Processed, Response};
+use oncebox_core::{Event, Fingerprint, Key, ProcessError, Processed, Response, Unavailable};
 
 use super::Inbox;
 use crate::read;
@@ -19,11 +19,13 @@ pub(crate) enum Look {
 }
 
 impl Inbox {
-    /// When the writer cannot answer (the file locked by another process, a deadline passed), a
-    /// key already committed is still answered from its record on a reader connection. Only
-    /// then: reading first for every event cost new keys, the common case for consumers, a
-    /// read transaction each (8% of the consumer benchmark's instructions), and the writer
-    /// answers duplicates from the same record.
+    /// When the writer cannot answer (the file locked by another process, a deadline passed
+    /// before the request ran), a key already committed is still answered from its record on a
+    /// reader connection. Only then: reading first for every event cost new keys, the common
+    /// case for consumers, a read transaction each (8% of the consumer benchmark's
+    /// instructions), and the writer answers duplicates from the same record. Not when the
+    /// request's own commit may have happened (`CommitUnknown`: a failed COMMIT, a deadline
+    /// passed while it ran): the record read could be its own, and its handler ran.
     pub(crate) fn or_committed(
         &self,
         out: Result<Processed, ProcessError>,
@@ -31,10 +33,14 @@ impl Inbox {
         fingerprint: &Fingerprint,
     ) -> Result<Processed, ProcessError> {
         match out {
-            Err(ProcessError::Unavailable(why)) => match self.committed_answer(key, fingerprint) {
-                Some(first) => Ok(Processed::Duplicate(first)),
-                None => Err(ProcessError::Unavailable(why)),
-            },
+            Err(ProcessError::Unavailable(why))
+                if !matches!(why, Unavailable::CommitUnknown(_)) =>
+            {
+                match self.committed_answer(key, fingerprint) {
+                    Some(first) => Ok(Processed::Duplicate(first)),
+                    None => Err(ProcessError::Unavailable(why)),
+                }
+            }
             other => other,
         }
     }

@@ -14,6 +14,71 @@ use crate::error::{Error, storage, unavailable};
 use crate::process::{RAN_COMMIT, ROLLED_BACK};
 use crate::writer::{Body, Cx, Fatal, Job, again};
 
+/// What a caller whose deadline passed while the writer ran its request is told: the request
+/// may still commit, so its outcome is unknown, not merely late.
+const RAN_PAST_DEADLINE: &str = "the deadline passed while the request ran; it may still commit";
+
+/// Whether a queued request runs: settled once, between the writer starting it and its caller
+/// giving up at the deadline, so that neither can take the other's answer.
+#[derive(Clone, Default)]
+struct Fate(Arc<AtomicU8>);
+
+const QUEUED: u8 = 0;
+const STARTED: u8 = 1;
+const ABANDONED: u8 = 2;
+
+impl Fate {
+    /// The writer's side: whether the request may run (it starts now, or it ran before in a
+    /// transaction a batch-mate ended, and its caller still waits).
+    fn start(&self) -> bool {
+        let start = self
+            .0
+            .compare_exchange(QUEUED, STARTED, Ordering::AcqRel, Ordering::Acquire);
+        matches!(start, Ok(_) | Err(STARTED))
+    }
+
+    /// The caller's side, at its deadline: true when the request never ran and never will.
+    fn abandon(&self) -> bool {
+        self.0
+            .compare_exchange(QUEUED, ABANDONED, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+    }
+}
+
+/// A body that runs only if its caller has not given up on it.
+struct Fated<B> {
+    fate: Fate,
+    body: B,
+}
+
+impl<T, E, B> Body<T, E> for Fated<B>
+where
+    E: From<Unavailable>,
+    B: Body<T, E>,
+{
+    fn call(&mut self, cx: &mut Cx<'_, '_>) -> Result<Result<T, E>, Fatal> {
+        if self.fate.start() {
+            self.body.call(cx)
+        } else {
+            // Its caller gave up: nothing of it is written.
+            Ok(Err(E::from(Unavailable::Deadline)))
+        }
+    }
+
+    fn again(&self) -> bool {
+        self.body.again()
+    }
+}
+
+/// The answer to a caller of a fated request that got none by its deadline.
+fn late(fate: &Fate) -> Unavailable {
+    if fate.abandon() {
+        Unavailable::Deadline
+    } else {
+        Unavailable::CommitUnknown(RAN_PAST_DEADLINE.into())
+    }
+}
+
 impl Inbox {
     /// Queues oncebox's own request, code that can run again in a new transaction when a
     /// batch-mate's statement made SQLite end the first.
@@ -26,9 +91,41 @@ impl Inbox {
         self.submit_body(again(run)).await
     }
 
+    /// [`Inbox::submit_body`] for a request whose missing answer a reader may stand in for
+    /// (`or_committed`): `Unavailable::Deadline` only when the request never ran and never
+    /// will, and `CommitUnknown` when its deadline passed while the writer ran it. That one may
+    /// still commit, and a record read then may be its own, which must not be answered as a
+    /// duplicate: its handler ran.
+    pub(crate) async fn submit_fated<T, E, B>(&self, body: B) -> Result<T, E>
+    where
+        T: Send + 'static,
+        E: From<Unavailable> + Send + 'static,
+        B: Body<T, E>,
+    {
+        let fate = Fate::default();
+        let body = Fated {
+            fate: fate.clone(),
+            body,
+        };
+        settle(self.queue(body).await, &fate)
+    }
+
     /// Queues a request and waits for its answer up to the deadline. Needs a Tokio runtime
     /// with timers enabled (`timeout_at`).
     pub(crate) async fn submit_body<T, E, B>(&self, body: B) -> Result<T, E>
+    where
+        T: Send + 'static,
+        E: From<Unavailable> + Send + 'static,
+        B: Body<T, E>,
+    {
+        self.queue(body)
+            .await
+            .unwrap_or_else(|why| Err(E::from(why)))
+    }
+
+    /// Queues a request and waits for its answer up to the deadline: the answer, or why there
+    /// is none (`Deadline`: the caller's own deadline passed).
+    async fn queue<T, E, B>(&self, body: B) -> Result<Result<T, E>, Unavailable>
     where
         T: Send + 'static,
         E: From<Unavailable> + Send + 'static,
@@ -48,11 +145,9 @@ impl Inbox {
                 .map_err(|_| Unavailable::Closed)?;
             rx.await.map_err(|_| Unavailable::Closed)
         };
-        match tokio::time::timeout_at(deadline.into(), wait).await {
-            Ok(Ok(answer)) => answer,
-            Ok(Err(why)) => Err(E::from(why)),
-            Err(_) => Err(E::from(Unavailable::Deadline)),
-        }
+        tokio::time::timeout_at(deadline.into(), wait)
+            .await
+            .unwrap_or(Err(Unavailable::Deadline))
     }
 
     /// [`Inbox::submit`] for a request whose caller must learn its fate: a relay's claim (rows
@@ -61,31 +156,20 @@ impl Inbox {
     /// it would hold the key for its whole TTL and then be taken over as a call that may have
     /// happened). The writer checks a request's deadline when it starts it, but the batch
     /// commits later: once started, the request is waited for past the deadline, for as long
-    /// as its batch takes. Whether it starts is settled once, between the writer and a caller
-    /// giving up at the deadline, so neither can take the other's answer.
-    pub(crate) async fn submit_whole<T, E, F>(&self, mut run: F) -> Result<T, E>
+    /// as its batch takes.
+    pub(crate) async fn submit_whole<T, E, F>(&self, run: F) -> Result<T, E>
     where
         T: Send + 'static,
         E: From<Unavailable> + Send + 'static,
         F: FnMut(&mut Cx<'_, '_>) -> Result<Result<T, E>, Fatal> + Send + 'static,
     {
-        const QUEUED: u8 = 0;
-        const STARTED: u8 = 1;
-        const ABANDONED: u8 = 2;
-        let fate = Arc::new(AtomicU8::new(QUEUED));
-        let writer_side = fate.clone();
+        let fate = Fate::default();
+        let body = Fated {
+            fate: fate.clone(),
+            body: again(run),
+        };
         let deadline = Instant::now() + self.shared.deadline;
         let (tx, mut rx) = tokio::sync::oneshot::channel();
-        let body = again(move |cx: &mut Cx<'_, '_>| {
-            let start =
-                writer_side.compare_exchange(QUEUED, STARTED, Ordering::AcqRel, Ordering::Acquire);
-            match start {
-                // Run again (a batch-mate ended the first transaction): its caller still waits.
-                Ok(_) | Err(STARTED) => run(cx),
-                // Its caller gave up: nothing of it is written.
-                Err(_) => Ok(Err(E::from(Unavailable::Deadline))),
-            }
-        });
         let job = Job::new(deadline, move |answer| drop(tx.send(answer)), body);
         let sender = self.shared.sender.as_ref().ok_or(Unavailable::Closed)?;
         let queued = tokio::time::timeout_at(deadline.into(), sender.send_async(job)).await;
@@ -97,16 +181,41 @@ impl Inbox {
         if let Ok(answer) = tokio::time::timeout_at(deadline.into(), &mut rx).await {
             return answer.unwrap_or(Err(E::from(Unavailable::Closed)));
         }
-        let gave_up = fate.compare_exchange(QUEUED, ABANDONED, Ordering::AcqRel, Ordering::Acquire);
-        if gave_up.is_ok() {
+        if fate.abandon() {
             return Err(E::from(Unavailable::Deadline));
         }
         // Started before the deadline: its batch answers once it commits or fails.
         rx.await.unwrap_or(Err(E::from(Unavailable::Closed)))
     }
 
+    /// [`Inbox::submit_fated`] for threads outside an async runtime: blocks the calling thread.
+    pub(super) fn submit_fated_blocking<T, E, B>(&self, body: B) -> Result<T, E>
+    where
+        T: Send + 'static,
+        E: From<Unavailable> + Send + 'static,
+        B: Body<T, E>,
+    {
+        let fate = Fate::default();
+        let body = Fated {
+            fate: fate.clone(),
+            body,
+        };
+        settle(self.queue_blocking(body), &fate)
+    }
+
     /// [`Inbox::submit_body`] for threads outside an async runtime: blocks the calling thread.
     pub(super) fn submit_blocking<T, E, B>(&self, body: B) -> Result<T, E>
+    where
+        T: Send + 'static,
+        E: From<Unavailable> + Send + 'static,
+        B: Body<T, E>,
+    {
+        self.queue_blocking(body)
+            .unwrap_or_else(|why| Err(E::from(why)))
+    }
+
+    /// [`Inbox::queue`], blocking the calling thread.
+    fn queue_blocking<T, E, B>(&self, body: B) -> Result<Result<T, E>, Unavailable>
     where
         T: Send + 'static,
         E: From<Unavailable> + Send + 'static,
@@ -121,9 +230,22 @@ impl Inbox {
             flume::SendTimeoutError::Disconnected(_) => Unavailable::Closed,
         })?;
         rx.recv_deadline(deadline).map_err(|e| match e {
-            flume::RecvTimeoutError::Timeout => E::from(Unavailable::Deadline),
-            flume::RecvTimeoutError::Disconnected => E::from(Unavailable::Closed),
-        })?
+            flume::RecvTimeoutError::Timeout => Unavailable::Deadline,
+            flume::RecvTimeoutError::Disconnected => Unavailable::Closed,
+        })
+    }
+}
+
+/// A fated request's answer: its own, or, when its caller's deadline passed first, whether it
+/// may still commit ([`late`]).
+fn settle<T, E: From<Unavailable>>(
+    out: Result<Result<T, E>, Unavailable>,
+    fate: &Fate,
+) -> Result<T, E> {
+    match out {
+        Ok(answer) => answer,
+        Err(Unavailable::Deadline) => Err(E::from(late(fate))),
+        Err(why) => Err(E::from(why)),
     }
 }
 

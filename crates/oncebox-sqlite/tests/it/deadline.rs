@@ -3,13 +3,14 @@
 //! `Deadline`, a claim's rows would stay `in_flight` under tokens no one holds, to be taken
 //! over later as possibly sent, and a lease would hold its key for its TTL, held by nobody,
 //! then be taken over as a call that may have happened); one the writer had not started by
-//! then is given up and changes nothing.
+//! then is given up and changes nothing. A handler still running at its deadline is told its
+//! outcome is unknown.
 
 use std::time::{Duration, Instant};
 
 use oncebox_core::relay_store::DeliveryStore;
 use oncebox_core::store::{EventStore, Ingest};
-use oncebox_core::{Begun, ManualClock, ProcessError, Response, Unavailable};
+use oncebox_core::{Begun, ManualClock, ProcessError, Processed, Response, Unavailable};
 use oncebox_sqlite::{Inbox, Options};
 use oncebox_testkit::writer::{hold_writer, queued};
 use oncebox_testkit::{EPOCH, event, run};
@@ -161,5 +162,47 @@ fn a_lease_not_started_by_its_deadline_changes_nothing() {
             panic!("a first lease: {later:?}");
         };
         assert!(!lease.taken_over, "nobody held it before");
+    });
+}
+
+/// A handler still running when its caller's deadline passed: the caller was answered
+/// `Deadline`, and when the handler's commit landed before the reader that then looked for
+/// the key, `Duplicate`, the answer that says the handler did not run. The caller is told
+/// that its request ran and may still commit (`CommitUnknown`), never a duplicate; the retry
+/// reads the truth.
+#[test]
+fn a_handler_running_past_its_deadline_is_told_its_outcome_is_unknown() {
+    run(async {
+        let dir = tempfile::tempdir().unwrap();
+        let options = Options::new(dir.path().join("d.db")).deadline(DEADLINE);
+        let inbox = Inbox::open(options).unwrap();
+        let (started, handler_started) = std::sync::mpsc::channel::<()>();
+        let (go, held) = std::sync::mpsc::channel::<()>();
+        let out = inbox
+            .process(event("shop", "evt-9", 1), move |_| {
+                let _ = started.send(());
+                // Held until its caller has its answer.
+                let _ = held.recv();
+                Ok(Response::completed(b"first".to_vec()))
+            })
+            .await;
+        assert!(handler_started.try_recv().is_ok(), "the handler ran");
+        assert!(
+            matches!(
+                out,
+                Err(ProcessError::Unavailable(Unavailable::CommitUnknown(_)))
+            ),
+            "{out:?}"
+        );
+        go.send(()).unwrap();
+        let again = inbox
+            .process(event("shop", "evt-9", 1), |_| {
+                Ok(Response::completed(b"second".to_vec()))
+            })
+            .await;
+        match again {
+            Ok(Processed::Duplicate(first)) => assert_eq!(first.body, b"first"),
+            other => panic!("the retry reads the first handler's commit: {other:?}"),
+        }
     });
 }

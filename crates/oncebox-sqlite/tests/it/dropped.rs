@@ -53,8 +53,12 @@ fn the_last_clone_dropped_by_a_handler_lets_it_commit_and_closes_the_file() {
         });
         entered.await.expect("the writer runs the handler");
         let out = call.await.unwrap();
+        // Its handler was running at the deadline: it may still commit.
         assert!(
-            matches!(out, Err(ProcessError::Unavailable(Unavailable::Deadline))),
+            matches!(
+                out,
+                Err(ProcessError::Unavailable(Unavailable::CommitUnknown(_)))
+            ),
             "{out:?}"
         );
         drop(inbox);
