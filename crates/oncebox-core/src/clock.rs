@@ -6,6 +6,12 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Mutex, OnceLock, Weak};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+/// The longest wait a store keeps (a deadline, a busy timeout): about 24.8 days, what SQLite's
+/// busy timeout and PostgreSQL's `lock_timeout` can hold (milliseconds in a 32-bit integer).
+/// A longer one, `Duration::MAX` for "no deadline" say, is taken as this: added to the time
+/// now it overflowed, a panic in every call.
+pub const LONGEST_WAIT: Duration = Duration::from_millis(i32::MAX as u64);
+
 /// Milliseconds since the Unix epoch. Stored as an integer so every backend compares it exactly.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Timestamp(pub i64);

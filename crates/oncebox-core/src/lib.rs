@@ -18,7 +18,7 @@ pub mod route;
 pub mod signature;
 pub mod store;
 
-pub use clock::{Boot, Clock, ManualClock, SystemClock, Timestamp, purge_now};
+pub use clock::{Boot, Clock, LONGEST_WAIT, ManualClock, SystemClock, Timestamp, purge_now};
 pub use effect::{Enqueued, OffsetMove, Once};
 pub use event::{Event, InvalidMessage, Meta, OutboxMessage, SHORT_STRING_MAX};
 pub use fingerprint::{Fingerprint, FingerprintMode, PayloadError};

@@ -59,6 +59,7 @@ impl Inbox {
     /// Connects, creates the schema if asked for one, migrates (safe when several nodes start at
     /// once) and starts the batch workers. Must run inside a Tokio runtime.
     pub async fn open(mut options: Options) -> Result<Inbox, OpenError> {
+        options.deadline = options.deadline.min(oncebox_core::LONGEST_WAIT);
         let connect = connect_options(&options)?;
         if let Some(schema) = &options.schema {
             // The schema must exist before a connection can write to it.

@@ -19,7 +19,8 @@ pub struct Options {
     /// the longest wait of oncebox's transactions (a handler's too) for a lock another
     /// transaction holds, before answering `Unavailable` instead of hanging while the database,
     /// or another node's transaction, is away. A handler that must wait longer for a lock sets
-    /// its own `SET LOCAL lock_timeout`.
+    /// its own `SET LOCAL lock_timeout`. At most [`oncebox_core::LONGEST_WAIT`] (a longer one,
+    /// `Duration::MAX` say, is taken as that).
     pub deadline: Duration,
     /// Batches in flight at once: several overlap their round trips and commits.
     pub batch_workers: usize,

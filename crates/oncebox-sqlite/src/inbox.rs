@@ -91,7 +91,9 @@ impl Inbox {
     ///
     /// Opening needs no runtime, but the async methods of what it returns need a Tokio
     /// runtime with timers enabled ([`Inbox`]).
-    pub fn open(options: Options) -> Result<Inbox, OpenError> {
+    pub fn open(mut options: Options) -> Result<Inbox, OpenError> {
+        options.deadline = options.deadline.min(oncebox_core::LONGEST_WAIT);
+        options.busy_timeout = options.busy_timeout.min(oncebox_core::LONGEST_WAIT);
         if options.durability != Durability::Full {
             tracing::warn!(
                 durability = ?options.durability,

@@ -87,3 +87,21 @@ fn a_batch_held_on_a_stuck_transactions_row_gives_up_and_frees_its_worker() {
         assert!(again.is_duplicate(), "{again:?}");
     });
 }
+
+/// "No deadline" written as `Duration::MAX`: added to the time now, it overflowed and panicked
+/// at open. It is taken as the longest wait a store keeps.
+#[test]
+fn a_deadline_of_duration_max_is_the_longest_wait() {
+    if url().is_none() {
+        return;
+    }
+    oncebox_testkit::run(async {
+        let clock = ManualClock::new(EPOCH);
+        let options = options(&schema(), &clock).deadline(Duration::MAX);
+        let node = Inbox::open(options).await.expect("opens");
+        let out = node.ingest(ingest("evt-max")).await;
+        assert!(matches!(out, Ok(Processed::Applied(_))), "{out:?}");
+        let again = node.ingest(ingest("evt-max")).await;
+        assert!(matches!(again, Ok(Processed::Duplicate(_))), "{again:?}");
+    });
+}

@@ -206,3 +206,27 @@ fn a_handler_running_past_its_deadline_is_told_its_outcome_is_unknown() {
         }
     });
 }
+
+/// "No deadline" written as `Duration::MAX`: added to the time now, it overflowed and panicked
+/// in every call (and a busy timeout that long panicked in the driver at open). Both are taken
+/// as the longest wait a store keeps.
+#[test]
+fn a_deadline_and_busy_timeout_of_duration_max_are_the_longest_wait() {
+    run(async {
+        let dir = tempfile::tempdir().unwrap();
+        let options = Options::new(dir.path().join("d.db"))
+            .deadline(Duration::MAX)
+            .busy_timeout(Duration::MAX);
+        let inbox = Inbox::open(options).expect("opens");
+        let ok = |_: &mut oncebox_sqlite::Tx<'_>| Ok(Response::completed(b"ok".to_vec()));
+        let out = inbox.process(event("shop", "evt-max", 1), ok).await;
+        assert!(matches!(out, Ok(Processed::Applied(_))), "{out:?}");
+        let blocking = inbox.clone();
+        let out = tokio::task::spawn_blocking(move || {
+            blocking.process_blocking(event("shop", "evt-max", 1), ok)
+        })
+        .await
+        .unwrap();
+        assert!(matches!(out, Ok(Processed::Duplicate(_))), "{out:?}");
+    });
+}
