@@ -40,6 +40,18 @@ pub enum OpenError {
         "database schema version {found} is older than this build's ({known}) and migrations are off"
     )]
     SchemaOutdated { found: i64, known: i64 },
+    /// Another session held the migration lock for longer than a start waits
+    /// (`Options::migration_lock_wait`): a node migrating a large schema,
+    /// or one that stopped mid-migration, whose session the server has not ended yet.
+    #[error(
+        "another session held the migration lock for {waited:?} ({}); if it is stuck, end it \
+         (pg_terminate_backend) and start again",
+        holder.as_deref().unwrap_or("session unknown")
+    )]
+    MigrationLocked {
+        holder: Option<String>,
+        waited: std::time::Duration,
+    },
 }
 
 /// SQLSTATEs that say nothing about the request itself. Class 08 (connection), 40001

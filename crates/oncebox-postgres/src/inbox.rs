@@ -101,7 +101,8 @@ impl Inbox {
             .connect_with(connect)
             .await?;
         let mut conn = pool.acquire().await?;
-        schema::migrate(&mut conn, options.migrate, options.deadline).await?;
+        let lock_wait = options.migration_lock_wait.min(oncebox_core::LONGEST_WAIT);
+        schema::migrate(&mut conn, options.migrate, options.deadline, lock_wait).await?;
         options.stamps = oncebox_core::Stamps::default();
         options
             .stamps

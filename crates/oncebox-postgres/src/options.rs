@@ -22,6 +22,22 @@ pub struct Options {
     /// its own `SET LOCAL lock_timeout`. At most [`oncebox_core::LONGEST_WAIT`] (a longer one,
     /// `Duration::MAX` say, is taken as that).
     pub deadline: Duration,
+    /// How long one of oncebox's transactions may sit idle, waiting for its node between
+    /// statements, before the server ends it (`idle_in_transaction_session_timeout`). A node
+    /// frozen or cut off in the middle of a transaction otherwise held its rows, the keys of
+    /// its batch, until the server's TCP keepalive gave up on the session, hours later: every
+    /// node answered those keys `Unavailable` all that time. A handler that pauses longer than
+    /// this between two statements (an outside call inside its transaction) has its
+    /// transaction ended, rolled back and answered `Unavailable`. One minute by default; zero
+    /// leaves the server's setting.
+    pub idle_in_transaction: Duration,
+    /// The longest `open` waits for the lock migrations run under, held by another session:
+    /// another node's migration of large tables may take minutes, but a session that stopped
+    /// while holding it (its node frozen or cut off mid-migration) holds it until the server
+    /// ends that session, and every node and command starting meanwhile waited with it,
+    /// silently. Two minutes by default; past it `open` fails with
+    /// `OpenError::MigrationLocked`, naming the session.
+    pub migration_lock_wait: Duration,
     /// Batches in flight at once: several overlap their round trips and commits.
     pub batch_workers: usize,
     /// Requests combined into one set-based statement at most.
@@ -63,6 +79,8 @@ impl Options {
             schema: None,
             max_connections: 16,
             deadline: Duration::from_secs(5),
+            idle_in_transaction: Duration::from_secs(60),
+            migration_lock_wait: Duration::from_secs(120),
             batch_workers: 4,
             max_batch: 256,
             max_batch_bytes: 64 << 20,
@@ -90,6 +108,16 @@ impl Options {
 
     pub fn deadline(mut self, t: Duration) -> Options {
         self.deadline = t;
+        self
+    }
+
+    pub fn idle_in_transaction(mut self, t: Duration) -> Options {
+        self.idle_in_transaction = t;
+        self
+    }
+
+    pub fn migration_lock_wait(mut self, t: Duration) -> Options {
+        self.migration_lock_wait = t;
         self
     }
 

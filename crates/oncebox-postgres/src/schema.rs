@@ -154,6 +154,67 @@ ALTER TABLE oncebox_outbox ADD COLUMN IF NOT EXISTS claim_id BIGINT,
 
 pub(crate) const VERSION: i64 = MIGRATIONS.len() as i64;
 
+/// Takes the transaction-scoped advisory lock migrations run under, scoped to the schema the
+/// connection writes to (two schemas in one database, tests or tenants, migrate
+/// independently). Held by another session, it says which and waits at most `wait`
+/// (`Options::migration_lock_wait`).
+async fn migration_lock(
+    tx: &mut sqlx::PgConnection,
+    wait: std::time::Duration,
+) -> Result<(), OpenError> {
+    const KEY: &str = "hashtext('oncebox-migrate:' || current_schema())";
+    let taken: bool = sqlx::query_scalar(&format!("SELECT pg_try_advisory_xact_lock({KEY})"))
+        .fetch_one(&mut *tx)
+        .await?;
+    if taken {
+        return Ok(());
+    }
+    let holder = migration_lock_holder(tx).await;
+    tracing::warn!(
+        holder = holder.as_deref().unwrap_or("unknown"),
+        ?wait,
+        "waiting for the migration lock another session holds (another node migrating, or a \
+         session stuck mid-migration)"
+    );
+    let bound = crate::inbox::lock_timeout(wait);
+    sqlx::Executor::execute(&mut *tx, bound.as_str()).await?;
+    match sqlx::query(&format!("SELECT pg_advisory_xact_lock({KEY})"))
+        .execute(&mut *tx)
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(sqlx::Error::Database(db)) if db.code().as_deref() == Some("55P03") => {
+            Err(OpenError::MigrationLocked {
+                holder,
+                waited: wait,
+            })
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Who holds the migration lock, as an operator finds the session: its pid, application and
+/// state (`pg_stat_activity`). `None` when it cannot be read (no right to see it, say).
+async fn migration_lock_holder(tx: &mut sqlx::PgConnection) -> Option<String> {
+    let row: Option<(i32, Option<String>, Option<String>)> = sqlx::query_as(
+        "SELECT a.pid, a.application_name, a.state FROM pg_locks l
+           JOIN pg_stat_activity a ON a.pid = l.pid
+         WHERE l.locktype = 'advisory' AND l.granted AND l.pid <> pg_backend_pid()
+           AND l.objid = (hashtext('oncebox-migrate:' || current_schema())::bigint & 4294967295)::oid
+         LIMIT 1",
+    )
+    .fetch_optional(&mut *tx)
+    .await
+    .ok()?;
+    let (pid, app, state) = row?;
+    Some(format!(
+        "pid {pid} ({}, {})",
+        app.filter(|a| !a.is_empty())
+            .unwrap_or_else(|| "no application name".into()),
+        state.unwrap_or_else(|| "state unknown".into())
+    ))
+}
+
 /// Brings the schema up to date. The transaction first takes a transaction-scoped advisory lock,
 /// then reads the version: nodes starting at once queue on the lock and each later one finds the
 /// work done, so every migration runs exactly once. Past the advisory lock, a wait for a table's
@@ -164,13 +225,10 @@ pub(crate) async fn migrate(
     conn: &mut PgConnection,
     allowed: bool,
     deadline: std::time::Duration,
+    lock_wait: std::time::Duration,
 ) -> Result<(), OpenError> {
     let mut tx = conn.begin().await?;
-    // Scoped to the schema the connection writes to, so two schemas in one database (tests,
-    // tenants) migrate independently.
-    sqlx::query("SELECT pg_advisory_xact_lock(hashtext('oncebox-migrate:' || current_schema()))")
-        .execute(&mut *tx)
-        .await?;
+    migration_lock(&mut tx, lock_wait).await?;
     sqlx::Executor::execute(&mut *tx, crate::inbox::lock_timeout(deadline).as_str()).await?;
     // Created only when absent (under the lock, so no race): `IF NOT EXISTS` would log a
     // server notice at every start.

@@ -140,8 +140,11 @@ fn storage(cause: &(dyn std::error::Error + 'static)) -> Option<Code> {
     // A store that cannot be opened is unreachable for this run (file cannot be opened, no
     // server, refused login); a malformed URL is the caller's mistake.
     if let Some(e) = cause.downcast_ref::<oncebox_sqlite::OpenError>() {
-        let oncebox_sqlite::OpenError::Sqlite { source, .. } = e else {
-            return None;
+        let source = match e {
+            oncebox_sqlite::OpenError::Sqlite { source, .. } => source,
+            // A database a newer oncebox migrated: this binary is the wrong one for it.
+            oncebox_sqlite::OpenError::SchemaTooNew { .. } => return Some(Code::Usage),
+            _ => return None,
         };
         // A file that is no database, or a damaged one, stays so: retrying cannot help.
         let lasting = matches!(
@@ -158,6 +161,8 @@ fn storage(cause: &(dyn std::error::Error + 'static)) -> Option<Code> {
             oncebox_postgres::OpenError::Url(_) => Some(Code::Usage),
             oncebox_postgres::OpenError::Postgres(e) if lasting_postgres(e) => Some(Code::Usage),
             oncebox_postgres::OpenError::Postgres(_) => Some(Code::Unavailable),
+            oncebox_postgres::OpenError::SchemaTooNew { .. } => Some(Code::Usage),
+            oncebox_postgres::OpenError::MigrationLocked { .. } => Some(Code::Unavailable),
             _ => None,
         };
     }

@@ -14,7 +14,9 @@ use crate::options::Options;
 /// (G6: `synchronous_commit=on` whatever the server's default), READ COMMITTED whatever the
 /// server's default (a claim waits on a concurrent holder's row and then reads its committed
 /// result; under REPEATABLE READ or SERIALIZABLE each such wait would end in a serialization
-/// failure), and a name operators can see.
+/// failure), a transaction left idle ended after `Options::idle_in_transaction`, and a name
+/// operators can see. Each transaction sets the first two again ([`begin`]): a handler's
+/// session-wide `SET` would otherwise carry over to later events on its connection.
 pub(super) fn connect_options(options: &Options) -> Result<PgConnectOptions, OpenError> {
     let mut connect = PgConnectOptions::from_str(&options.url)
         .map_err(|e| OpenError::Url(e.to_string()))?
@@ -23,6 +25,12 @@ pub(super) fn connect_options(options: &Options) -> Result<PgConnectOptions, Ope
             ("synchronous_commit", "on"),
             ("default_transaction_isolation", r"read\ committed"),
         ]);
+    let idle = options.idle_in_transaction.min(oncebox_core::LONGEST_WAIT);
+    if !idle.is_zero() {
+        // At least a millisecond: zero would mean none.
+        let ms = idle.as_millis().max(1).to_string();
+        connect = connect.options([("idle_in_transaction_session_timeout", ms)]);
+    }
     if let Some(schema) = &options.schema {
         // Quoted, as the schema was created: unquoted, `Tenant` would be folded to `tenant`,
         // another schema or none.
@@ -53,13 +61,19 @@ pub(super) fn quoted(name: &str) -> String {
 /// (`Busy`), in the same round trip as the `BEGIN`. A row held by a transaction that never
 /// ends (another node's host frozen with it open: the server keeps the session until TCP gives
 /// up, hours later) would otherwise hold the waiter, its pooled connection and, for a batch,
-/// its worker and every later batch on it, long after its caller was answered.
+/// its worker and every later batch on it, long after its caller was answered. The
+/// transaction is READ COMMITTED and commits durably whatever an earlier handler on the same
+/// connection set for its session (`SET synchronous_commit = off` without `LOCAL` carried over
+/// to every later event there, silently).
 pub(crate) async fn begin(
     pool: &PgPool,
     deadline: Duration,
 ) -> Result<sqlx::Transaction<'static, sqlx::Postgres>, sqlx::Error> {
-    pool.begin_with(format!("BEGIN; {}", lock_timeout(deadline)))
-        .await
+    pool.begin_with(format!(
+        "BEGIN ISOLATION LEVEL READ COMMITTED; {}; SET LOCAL synchronous_commit = on",
+        lock_timeout(deadline)
+    ))
+    .await
 }
 
 /// The statement that bounds the open transaction's waits for a lock by `deadline`.

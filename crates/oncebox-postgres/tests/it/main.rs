@@ -17,6 +17,7 @@ mod pool;
 mod purge;
 mod relay;
 mod savepoint;
+mod sessions;
 mod setup;
 mod too_large;
 mod wake;

@@ -200,6 +200,31 @@ fn operators_commands_change_no_schema() {
     }
 }
 
+/// A database a newer oncebox migrated is refused by every command as the wrong binary for it
+/// (exit 2, naming both versions), not as an unexpected failure, and left as it was.
+#[test]
+fn a_database_from_a_newer_oncebox_exits_2() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    assert!(oncebox(d, &["migrate"]).status.success());
+    let db = d.join("oncebox.db");
+    let newer = schema_version(&db) + 1;
+    oncebox_sqlite::rusqlite::Connection::open(&db)
+        .unwrap()
+        .execute("UPDATE oncebox_schema SET version = ?1", [newer])
+        .unwrap();
+    for command in [&["stats"][..], &["migrate"], &["events"]] {
+        let out = oncebox(d, command);
+        let said = text(&out);
+        assert_eq!(out.status.code(), Some(2), "{command:?}: {said}");
+        assert!(
+            said.contains(&format!("version {newer} is newer")),
+            "{command:?}: {said}"
+        );
+        assert_eq!(schema_version(&db), newer, "{command:?} changed it");
+    }
+}
+
 /// Pointed at a SQLite file that is not oncebox's (another application's, a wrong path), an
 /// operator's command refuses it and leaves it byte for byte as it was: not even its journal
 /// mode is changed.
