@@ -1,5 +1,7 @@
 //! The embedded schema migrations and the pragmas every connection gets.
 
+use std::time::{Duration, Instant};
+
 use rusqlite::limits::Limit;
 use rusqlite::{Connection, OpenFlags, Transaction, TransactionBehavior};
 
@@ -241,12 +243,12 @@ pub(crate) fn open_writer(o: &Options) -> Result<Connection, OpenError> {
     .map_err(&err)?;
     conn.busy_timeout(o.busy_timeout).map_err(&err)?;
     let sync = synchronous(o.durability);
-    conn.execute_batch(&format!(
+    let settings = format!(
         "PRAGMA journal_mode = WAL; PRAGMA synchronous = {sync}; PRAGMA foreign_keys = ON;
          PRAGMA cache_size = -65536; PRAGMA wal_autocheckpoint = {};",
         crate::checkpoint::writer_fallback(o.wal_restart_frames)
-    ))
-    .map_err(&err)?;
+    );
+    until_not_busy(o, || conn.execute_batch(&settings)).map_err(&err)?;
     conn.set_prepared_statement_cache_capacity(256);
     if let Some(bytes) = o.length_limit {
         let bytes = i32::try_from(bytes).unwrap_or(i32::MAX);
@@ -254,6 +256,31 @@ pub(crate) fn open_writer(o: &Options) -> Result<Connection, OpenError> {
             .map_err(&err)?;
     }
     Ok(conn)
+}
+
+/// Runs `f` again while SQLite answers it `SQLITE_BUSY`, up to the busy timeout. A connection
+/// that meets another process switching a new file to WAL, or recovering its log, is answered
+/// busy at once, without its busy handler: SQLite does not wait where waiting could deadlock.
+/// Several processes opening one new file together (a service and its relay on a first
+/// deploy) failed to start with "database is locked" in about a third of such rounds.
+fn until_not_busy<T>(
+    o: &Options,
+    mut f: impl FnMut() -> rusqlite::Result<T>,
+) -> rusqlite::Result<T> {
+    let until = Instant::now() + o.busy_timeout;
+    loop {
+        match f() {
+            Err(e)
+                if e.sqlite_error_code() == Some(rusqlite::ErrorCode::DatabaseBusy)
+                    && Instant::now() < until =>
+            {
+                // The other process's switch takes a few milliseconds; this is the open, not a
+                // request's path.
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            out => return out,
+        }
+    }
 }
 
 /// The longest string, BLOB or row `conn` stores: what SQLite was built with, or lower

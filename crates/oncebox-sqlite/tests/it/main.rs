@@ -9,6 +9,7 @@ mod dropped;
 mod examples;
 mod first_fails;
 mod harness;
+mod opens;
 mod placement;
 mod powerloss;
 mod recent;

@@ -1,0 +1,94 @@
+//! Several processes opening one new file at once (a service and its relay started together on
+//! a first deploy): SQLite answers a connection that meets another process switching the file
+//! to WAL `SQLITE_BUSY` at once, without waiting out the busy timeout, and a start failed with
+//! "database is locked" in about a third of such rounds. Every one opens, and all share one
+//! schema.
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use oncebox_core::{Processed, Response};
+use oncebox_sqlite::{Inbox, Options};
+
+use crate::harness::shop;
+
+const PROCESSES: usize = 4;
+const ROUNDS: usize = 20;
+/// Set in a child: the file to open and the Unix time in microseconds to open it at.
+const CHILD: &str = "ONCEBOX_TEST_OPEN_AT";
+
+fn micros_now() -> u128 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_micros()
+}
+
+/// In a child (run by the test below): opens the file at the given time, applies a key, and
+/// says on stdout how it went. Elsewhere it does nothing.
+#[test]
+fn child_opens_at_the_given_time() {
+    let Ok(spec) = std::env::var(CHILD) else {
+        return;
+    };
+    let (at, path) = spec.split_once(' ').unwrap();
+    let at: u128 = at.parse().unwrap();
+    // Spun, not slept: the point is that the processes open within microseconds of each other.
+    while micros_now() < at {
+        std::hint::spin_loop();
+    }
+    let opened = Inbox::open(Options::new(Path::new(path)));
+    let store = match opened {
+        Ok(store) => store,
+        Err(e) => {
+            println!("OPEN-FAILED {e}");
+            return;
+        }
+    };
+    let ok = |_: &mut oncebox_sqlite::Tx<'_>| Ok(Response::completed("ok"));
+    match store.process_blocking(shop("evt-1", r#"{"n":1}"#), ok) {
+        Ok(Processed::Applied(_)) => println!("APPLIED"),
+        Ok(Processed::Duplicate(_)) => println!("DUPLICATE"),
+        other => println!("OTHER {other:?}"),
+    }
+}
+
+#[test]
+fn processes_opening_one_new_file_at_once_all_open() {
+    let me = std::env::current_exe().unwrap();
+    for round in 0..ROUNDS {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("new.db");
+        // Late enough for every child to be spinning by then.
+        let at = micros_now() + Duration::from_millis(400).as_micros();
+        let children: Vec<_> = (0..PROCESSES)
+            .map(|_| {
+                Command::new(&me)
+                    .args([
+                        "--exact",
+                        "opens::child_opens_at_the_given_time",
+                        "--nocapture",
+                    ])
+                    .args(["--test-threads", "1"])
+                    .env(CHILD, format!("{at} {}", path.display()))
+                    .stdout(Stdio::piped())
+                    .spawn()
+                    .unwrap()
+            })
+            .collect();
+        let said: Vec<String> = children
+            .into_iter()
+            .map(|c| String::from_utf8_lossy(&c.wait_with_output().unwrap().stdout).into_owned())
+            .collect();
+        let failed: Vec<&String> = said.iter().filter(|s| s.contains("OPEN-FAILED")).collect();
+        assert!(failed.is_empty(), "round {round}: {failed:?}");
+        let applied = said.iter().filter(|s| s.contains("APPLIED")).count();
+        let duplicate = said.iter().filter(|s| s.contains("DUPLICATE")).count();
+        assert_eq!(
+            (applied, duplicate),
+            (1, PROCESSES - 1),
+            "round {round}: one schema, the key applied once: {said:?}"
+        );
+    }
+}
