@@ -25,6 +25,12 @@ fn micros_now() -> u128 {
         .as_micros()
 }
 
+/// A line to the parent, on the child's own stdout (the test harness passes it through).
+fn say(line: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stdout().lock(), "{line}");
+}
+
 /// In a child (run by the test below): opens the file at the given time, applies a key, and
 /// says on stdout how it went. Elsewhere it does nothing.
 #[test]
@@ -42,15 +48,15 @@ fn child_opens_at_the_given_time() {
     let store = match opened {
         Ok(store) => store,
         Err(e) => {
-            println!("OPEN-FAILED {e}");
+            say(&format!("OPEN-FAILED {e}"));
             return;
         }
     };
     let ok = |_: &mut oncebox_sqlite::Tx<'_>| Ok(Response::completed("ok"));
     match store.process_blocking(shop("evt-1", r#"{"n":1}"#), ok) {
-        Ok(Processed::Applied(_)) => println!("APPLIED"),
-        Ok(Processed::Duplicate(_)) => println!("DUPLICATE"),
-        other => println!("OTHER {other:?}"),
+        Ok(Processed::Applied(_)) => say("APPLIED"),
+        Ok(Processed::Duplicate(_)) => say("DUPLICATE"),
+        other => say(&format!("OTHER {other:?}")),
     }
 }
 
