@@ -187,7 +187,9 @@ impl Inbox {
     /// them; the broker consumers' `InboxHandler` runs them again instead).
     ///
     /// Needs a Tokio runtime with timers enabled, and panics outside one; threads outside an
-    /// async runtime use [`Inbox::process_blocking`].
+    /// async runtime use [`Inbox::process_blocking`]. Every method panics when called from
+    /// inside one of this store's handlers (on its writer thread), where the call would wait
+    /// for itself: a handler works through its `Tx`.
     pub async fn process<F>(&self, event: Event, handler: F) -> Result<Processed, ProcessError>
     where
         F: FnOnce(&mut Tx<'_>) -> Result<Response, HandlerError> + Send + 'static,

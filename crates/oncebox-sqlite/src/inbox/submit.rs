@@ -131,6 +131,7 @@ impl Inbox {
         E: From<Unavailable> + Send + 'static,
         B: Body<T, E>,
     {
+        self.refuse_on_writer();
         let deadline = Instant::now() + self.shared.deadline;
         // A oneshot: one allocation and no lock per answer, where a bounded channel cost a
         // mutex and a waiter registration on every request.
@@ -163,6 +164,7 @@ impl Inbox {
         E: From<Unavailable> + Send + 'static,
         F: FnMut(&mut Cx<'_, '_>) -> Result<Result<T, E>, Fatal> + Send + 'static,
     {
+        self.refuse_on_writer();
         let fate = Fate::default();
         let body = Fated {
             fate: fate.clone(),
@@ -186,6 +188,18 @@ impl Inbox {
         }
         // Started before the deadline: its batch answers once it commits or fails.
         rx.await.unwrap_or(Err(E::from(Unavailable::Closed)))
+    }
+
+    /// Refuses a call made from inside a request the writer runs (a handler calling the store
+    /// it runs in): queued behind itself, it waited its whole deadline, holding every request
+    /// queued meanwhile and its own batch with them. A programming error, told at once: the
+    /// panic fails the handler (the writer catches it), whose work is rolled back.
+    fn refuse_on_writer(&self) {
+        assert!(
+            std::thread::current().id() != self.shared.writer,
+            "oncebox: an Inbox was called from inside one of its own handlers (on its writer \
+             thread), where it would wait for itself; use the handler's Tx instead"
+        );
     }
 
     /// [`Inbox::submit_fated`] for threads outside an async runtime: blocks the calling thread.
@@ -221,6 +235,7 @@ impl Inbox {
         E: From<Unavailable> + Send + 'static,
         B: Body<T, E>,
     {
+        self.refuse_on_writer();
         let deadline = Instant::now() + self.shared.deadline;
         let (tx, rx) = flume::bounded(1);
         let job = Job::new(deadline, move |answer| drop(tx.send(answer)), body);

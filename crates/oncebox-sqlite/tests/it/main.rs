@@ -13,6 +13,7 @@ mod opens;
 mod placement;
 mod powerloss;
 mod recent;
+mod reentrant;
 mod rolled_back;
 mod savepoint;
 mod schema;
