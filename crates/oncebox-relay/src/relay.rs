@@ -15,6 +15,7 @@ use tokio::sync::{Semaphore, watch};
 use crate::send::{self, Link};
 
 mod deliver;
+mod outage;
 mod pump;
 mod reconcile;
 

@@ -13,12 +13,14 @@ use oncebox_core::relay_store::{Claimed, DeliveryStore};
 use oncebox_core::{LeaseError, Timestamp};
 use tokio::sync::watch;
 
+use super::outage::Outage;
 use super::{GAUGES_EVERY, Outcome, Relay, Step};
 
 impl<S: DeliveryStore> Relay<S> {
     pub(super) async fn deliver_until(&self, stopped: watch::Receiver<bool>) {
         let mut gauges_due = self.clock.now();
         let mut held = InHand::default();
+        let mut outage = Outage::default();
         let mut sending = FuturesUnordered::new();
         // A store that is told about new work starts listening before the first claim.
         self.store.wait_for_work(Duration::ZERO).await;
@@ -33,7 +35,11 @@ impl<S: DeliveryStore> Relay<S> {
             let claimed_at = self.clock.monotonic();
             let (claimed, freed) = match room {
                 Some((routes, room)) => {
-                    beside(self.claim(routes, room), &mut sending, &mut held).await
+                    let claim =
+                        self.store
+                            .claim(self.clock.now(), room, self.options.lease, &routes);
+                    let (answer, freed) = beside(claim, &mut sending, &mut held).await;
+                    (outage.read(answer), freed)
                 }
                 None => (Vec::new(), false),
             };
@@ -68,7 +74,7 @@ impl<S: DeliveryStore> Relay<S> {
             let pause = if again {
                 Duration::ZERO
             } else {
-                self.options.idle_poll
+                outage.pause(self.options.idle_poll)
             };
             let mut stop = stopped.clone();
             let stopping = async move {
@@ -126,23 +132,6 @@ impl<S: DeliveryStore> Relay<S> {
             .collect();
         let room = room.min(self.options.batch.saturating_sub(total));
         (room > 0 && !routes.is_empty()).then_some((routes, room))
-    }
-
-    /// Claims at most `room` of what is due on `routes`; a store error is logged and claims
-    /// nothing (the loop looks again after its pause).
-    async fn claim(&self, routes: Vec<String>, room: usize) -> Vec<Claimed> {
-        let lease = self.options.lease;
-        match self
-            .store
-            .claim(self.clock.now(), room, lease, &routes)
-            .await
-        {
-            Ok(claimed) => claimed,
-            Err(e) => {
-                tracing::warn!(error = %e, "relay round failed");
-                Vec::new()
-            }
-        }
     }
 }
 
