@@ -138,16 +138,27 @@ pub enum Invalid {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum Unavailable {
+    /// The database is locked or contended (SQLite's write lock held by another process, a
+    /// PostgreSQL lock wait past the deadline, a serialization failure or deadlock): nothing
+    /// of the request was kept; try again.
     #[error("database busy or locked")]
     Busy,
     /// The call's deadline passed before its answer: the request may not have been served, or
-    /// may still commit (ask again: the key's record tells).
+    /// may still commit (ask again: the key's record tells). The SQLite inbox's `process` says
+    /// which: `Deadline` only when its handler never ran, `CommitUnknown` when it was running.
     #[error("deadline passed before the request's answer")]
     Deadline,
+    /// The store is closing (its last handle dropped, or the process stopping): nothing more
+    /// is taken.
     #[error("the writer is shutting down")]
     Closed,
+    /// The request's own commit may or may not have happened (a failed `COMMIT`, a connection
+    /// lost while its answer was on the way, a deadline passed while it ran): a retry with the
+    /// same key reads what did.
     #[error("commit outcome unknown: {0}")]
     CommitUnknown(String),
+    /// The storage failed (an I/O error, a full disk, a lost connection before the commit, the
+    /// server out of resources): nothing of the request was kept; try again later.
     #[error("storage error: {0}")]
     Storage(String),
 }

@@ -53,3 +53,4 @@ pub use pcache::parked_pages;
 pub use placement::Placement;
 pub use rusqlite;
 pub use tx::{Enqueued, HandlerError, OffsetMove, Once, Tx};
+pub use writer::Stats;
