@@ -152,7 +152,9 @@ pub(crate) async fn burst(history: &Arc<History>, base: &str, prefix: &str, n: u
 /// request must be answered 503 (never 2xx, never a replay), and the senders' retries after
 /// the network healed resolve each key once.
 async fn commit_reply_lost() -> Option<Report> {
-    let mut b = Behind::start(Some(b"COMMIT".to_vec())).await?;
+    // The statement itself, NUL-terminated as the protocol sends a query's text: the bare
+    // word is also in `BEGIN ISOLATION LEVEL READ COMMITTED`, whose answer would be dropped.
+    let mut b = Behind::start(Some(b"COMMIT\0".to_vec())).await?;
     // Each burst drops at least the first COMMIT's answer.
     let during = armed(&b.proxy, &b.history, &b.base, Mode::DropReply, "lost").await;
     let healed = b.history.ops().len();
