@@ -8,6 +8,7 @@ mod layers;
 mod presets;
 mod raw;
 mod redact;
+mod reuse;
 mod route;
 mod secrets;
 mod source;
@@ -314,6 +315,7 @@ fn validate(raw: RawConfig, p: &mut Problems<'_>) -> Settings {
         .iter()
         .filter_map(|(name, r)| route::validate(name, r, &configured, open_sources, p))
         .collect();
+    reuse::refuse_shared_keys(&sources, &routes, p);
     let relay = relay_options(&raw.relay, &routes, p);
     let consumers: Vec<ConsumerSpec> = raw
         .consumers
