@@ -57,14 +57,15 @@ fn check_describes_a_good_file_and_names_the_bad_field() {
 }
 
 /// Routes are described with where they send and what a request without an answer becomes;
-/// their secrets and the passwords in their URLs are not shown.
+/// their secrets, the passwords in their URLs and every query value (a receiver's key may go
+/// under any name) are not shown, in text or JSON.
 #[test]
 fn check_describes_each_route() {
     let dir = tempfile::tempdir().unwrap();
     let routes = r#"
 [routes.ledger]
 sources = ["stripe"]
-url = "https://ledger.internal/hooks"
+url = "https://ledger.internal/hooks?code=AZUREFUNCTIONKEY&v=2"
 idempotent = true
 signing_secret = "whsec_bGVkZ2VyLXJvdXRlLXNpZ25pbmcta2V5LTAx"
 
@@ -72,7 +73,7 @@ signing_secret = "whsec_bGVkZ2VyLXJvdXRlLXNpZ25pbmcta2V5LTAx"
 sources = ["shop", "orders"]
 filter = { pointer = "/type", equals = "order.paid" }
 url = "https://mail:hunter2@mailer.internal/send"
-status_url = "https://mail:hunter2@mailer.internal/sent/{key}"
+status_url = "https://mail:hunter2@mailer.internal/sent/{key}?sig=SASSIG"
 "#;
     std::fs::write(dir.path().join("oncebox.toml"), format!("{CONFIG}{routes}")).unwrap();
     let out = oncebox(dir.path(), &["check"]);
@@ -80,17 +81,30 @@ status_url = "https://mail:hunter2@mailer.internal/sent/{key}"
     assert!(out.status.success(), "{said}");
     for expected in [
         "routes      2",
-        "ledger -> https://ledger.internal/hooks",
+        "ledger -> https://ledger.internal/hooks?code=***&v=***",
         "sent again with the same key",
         ", signed",
         "mailer -> https://***@mailer.internal/send",
         "sources      shop, orders",
         "filter       /type = \"order.paid\"",
-        "parked uncertain, settled by https://***@mailer.internal/sent/{key}",
+        "parked uncertain, settled by https://***@mailer.internal/sent/{key}?sig=***",
     ] {
         assert!(said.contains(expected), "{expected:?} in {said}");
     }
-    for secret in ["hunter2", "bGVkZ2VyLXJvdXRlLXNpZ25pbmcta2V5LTAx"] {
+    let json = oncebox(dir.path(), &["check", "--output", "json"]);
+    assert!(json.status.success(), "{}", text(&json));
+    let doc: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
+    assert_eq!(
+        doc["routes"][0]["url"], "https://ledger.internal/hooks?code=***&v=***",
+        "{doc}"
+    );
+    let said = format!("{said}{}", text(&json));
+    for secret in [
+        "hunter2",
+        "bGVkZ2VyLXJvdXRlLXNpZ25pbmcta2V5LTAx",
+        "AZUREFUNCTIONKEY",
+        "SASSIG",
+    ] {
         assert!(!said.contains(secret), "{secret} shown: {said}");
     }
 }
