@@ -15,7 +15,7 @@ use crate::options::Options;
 /// server's default (a claim waits on a concurrent holder's row and then reads its committed
 /// result; under REPEATABLE READ or SERIALIZABLE each such wait would end in a serialization
 /// failure), and a name operators can see.
-pub(super) fn connect_options(options: &Options) -> Result<PgConnectOptions, OpenError> {
+pub(crate) fn connect_options(options: &Options) -> Result<PgConnectOptions, OpenError> {
     let mut connect = PgConnectOptions::from_str(&options.url)
         .map_err(|e| OpenError::Url(e.to_string()))?
         .application_name("oncebox")
