@@ -35,10 +35,14 @@ where
         .unwrap_or_else(|| EnvFilter::new("info"));
     // A user who names the crate asked for its lines, passwords and all: their choice.
     let named = spec.is_some_and(|s| s.contains(CAPPED));
-    // `DEBUG` and `TRACE` compare above `INFO`: they are what the cap drops.
+    // `DEBUG` and `TRACE` compare above `INFO`: they are what the cap drops. Its hint is the
+    // loosest, so the pair's is `RUST_LOG`'s: without one, `And` has none, the process's
+    // level becomes TRACE (every callsite asked, every `log` record converted), and the
+    // multinode test's relays stalled.
     let cap = FilterFn::new(move |meta| {
         named || !is_capped(meta.target()) || LevelFilter::INFO >= *meta.level()
-    });
+    })
+    .with_max_level_hint(LevelFilter::TRACE);
     tracing_subscriber::fmt::layer()
         .with_writer(writer)
         // Colour codes only for a person at a terminal: a log file, journald or a container's
@@ -57,6 +61,7 @@ fn is_capped(target: &str) -> bool {
 mod tests {
     use std::sync::{Arc, Mutex};
 
+    use tracing::level_filters::LevelFilter;
     use tracing_subscriber::layer::SubscriberExt as _;
 
     /// What a log with `RUST_LOG=spec` writes for async-nats's debug line (a stand-in for its
@@ -85,6 +90,18 @@ mod tests {
         }
         fn flush(&mut self) -> std::io::Result<()> {
             Ok(())
+        }
+    }
+
+    /// The cap does not loosen the process's level: with `RUST_LOG=info` nothing past info
+    /// is built at all.
+    #[test]
+    fn the_log_level_is_rust_logs() {
+        use tracing_subscriber::Layer as _;
+        for (spec, level) in [("info", LevelFilter::INFO), ("warn", LevelFilter::WARN)] {
+            let layer =
+                super::layer::<tracing_subscriber::Registry, _>(Some(spec), std::io::sink, false);
+            assert_eq!(layer.max_level_hint(), Some(level), "RUST_LOG={spec}");
         }
     }
 
