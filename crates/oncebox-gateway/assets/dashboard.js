@@ -29,6 +29,21 @@
     });
   }
 
+  // A path segment that is "." or ".." (or "%2E%2E": the URL standard decodes it first) is
+  // removed when the browser resolves a URL: "/events/shop/.." would open "/events/". No
+  // path can carry such a key part; a query can.
+  function dotSegment(s) {
+    return s === "." || s === "..";
+  }
+
+  // The link to an event's page, as the server writes it (event_href in events.rs).
+  function eventHref(source, id) {
+    if (dotSegment(source) || dotSegment(id)) {
+      return "/event?source=" + encodeURIComponent(source) + "&id=" + encodeURIComponent(id);
+    }
+    return "/events/" + encodeURIComponent(source) + "/" + encodeURIComponent(id);
+  }
+
   function el(tag, text, attrs) {
     const e = document.createElement(tag);
     if (text !== undefined && text !== null) e.textContent = String(text);
@@ -168,7 +183,7 @@
       tr.appendChild(el("td", e.source));
       const id = el("td");
       id.appendChild(el("a", e.event_id, { class: "event-link",
-        href: "/events/" + encodeURIComponent(e.source) + "/" + encodeURIComponent(e.event_id) }));
+        href: eventHref(e.source, e.event_id) }));
       tr.appendChild(id);
       const st = el("td");
       st.appendChild(badge(e.state));
@@ -203,7 +218,11 @@
     'section.delivery[data-state="pending"], section.delivery[data-state="in_flight"], section.delivery[data-state="retrying"]');
   const source = document.getElementById("source");
   const eventId = document.getElementById("event-id");
-  if (moving.length > 0 && source && eventId) {
+  if (moving.length > 0 && source && eventId &&
+      (dotSegment(source.textContent) || dotSegment(eventId.textContent))) {
+    // The API names an event by its path, which cannot hold this key: the page is read again.
+    setInterval(function () { window.location.reload(); }, POLL_MS);
+  } else if (moving.length > 0 && source && eventId) {
     const path = "/v1/sources/" + encodeURIComponent(source.textContent) + "/events/" +
       encodeURIComponent(eventId.textContent);
     const follow = function () {

@@ -37,6 +37,7 @@ pub(crate) fn routes<S: EventStore + DeliveryStore>() -> Router<Arc<Gateway<S>>>
         .route("/", get(events::overview::<S>))
         .route("/events", get(events::list::<S>))
         .route("/events/{source}/{event_id}", get(events::show::<S>))
+        .route("/event", get(events::show_query::<S>))
         .route("/deliveries/{state}", get(queues::queue::<S>))
         .route("/conflicts", get(conflicts::page::<S>))
         .route("/config", get(config::page::<S>))

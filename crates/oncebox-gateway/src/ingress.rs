@@ -24,8 +24,18 @@ mod event_id;
 
 use event_id::{event_id, needs_json};
 
-/// Request headers never stored with an event: credentials.
-const NOT_KEPT: [&str; 3] = ["authorization", "cookie", "proxy-authorization"];
+/// Request headers never stored with an event: credentials. Beside the standard ones, those
+/// senders put a plaintext secret in (GitLab's `X-Gitlab-Token`, API keys and tokens): stored,
+/// the dashboard and the admin API would show them. Names are lowercase here, as `HeaderMap`
+/// gives them whatever case they were sent in.
+const NOT_KEPT: [&str; 6] = [
+    "authorization",
+    "cookie",
+    "proxy-authorization",
+    "x-gitlab-token",
+    "x-api-key",
+    "x-auth-token",
+];
 
 /// The most request-header bytes an event stores (as `name: value` lines). The server's own
 /// read limit is several hundred KiB; past this a request is refused rather than stored, or a

@@ -216,6 +216,12 @@ impl IntoResponse for Problem {
             body.to_string(),
         )
             .into_response();
+        // A browser sent here (an admin URL opened in a tab) must not sniff the detail, which
+        // may echo what the request said, into HTML; the dashboard's pages say the same.
+        res.headers_mut().insert(
+            header::X_CONTENT_TYPE_OPTIONS,
+            HeaderValue::from_static("nosniff"),
+        );
         if let Some(wait) = self.retry_after {
             res.headers_mut()
                 .insert(header::RETRY_AFTER, retry_after_value(wait));

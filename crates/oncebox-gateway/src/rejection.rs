@@ -2,7 +2,7 @@
 //! method a route does not take, a path no route has — rewritten as problem documents, so that
 //! every error a client gets is `application/problem+json` (DESIGN §4).
 
-use axum::http::{HeaderValue, StatusCode, header};
+use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 
 use crate::problem::Problem;
@@ -25,14 +25,16 @@ pub(crate) async fn as_problem(response: Response) -> Response {
         None => status.canonical_reason().unwrap_or("error").to_owned(),
     };
     let (slug, title) = name(status);
-    let (_, body) = Problem::new(status, slug, title, detail)
+    let (problem, body) = Problem::new(status, slug, title, detail)
         .into_response()
         .into_parts();
     parts.headers.remove(header::CONTENT_LENGTH);
-    parts.headers.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/problem+json"),
-    );
+    // The problem's own headers (its type, `nosniff`) over the framework's.
+    for name in [header::CONTENT_TYPE, header::X_CONTENT_TYPE_OPTIONS] {
+        if let Some(value) = problem.headers.get(&name) {
+            parts.headers.insert(name, value.clone());
+        }
+    }
     Response::from_parts(parts, body)
 }
 

@@ -23,8 +23,8 @@ use crate::{OUTBOX_CHANNEL, schema};
 mod connect;
 mod run;
 
-pub(crate) use connect::{begin, lock_timeout};
-use connect::{connect_options, quoted};
+use connect::quoted;
+pub(crate) use connect::{begin, connect_options, lock_timeout};
 
 /// A claim retries this often when the record it conflicted with vanished meanwhile.
 const CLAIM_ATTEMPTS: usize = 3;

@@ -91,6 +91,14 @@ impl Options {
         }
     }
 
+    /// Reads the URL as [`Inbox::open`](crate::Inbox::open) will, without connecting: a
+    /// setting `open` would refuse (`sslmode=bogus`, a port that is no number, an unclosed
+    /// `[`) is refused now, so a configuration check can say so. The error is the one `open`
+    /// gives (`OpenError::Url`).
+    pub fn check_url(&self) -> Result<(), crate::OpenError> {
+        crate::inbox::connect_options(self).map(drop)
+    }
+
     pub fn schema(mut self, schema: impl Into<String>) -> Options {
         self.schema = Some(schema.into());
         self

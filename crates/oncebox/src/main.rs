@@ -16,6 +16,7 @@ mod consume;
 mod deliveries;
 mod events;
 mod exit;
+mod logging;
 mod progress;
 mod redeliver;
 mod send;
@@ -33,15 +34,7 @@ use store::Store;
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
-        .with_writer(std::io::stderr)
-        // Colour codes only for a person at a terminal: a log file, journald or a container's
-        // log would keep them as escape sequences.
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+    logging::init();
     // One rustls provider for the whole process, ring, before any TLS client is built: a
     // verifier built without a provider of its own (sqlx's for `sslmode=verify-ca`) asks for
     // the default, and rustls panics when it cannot tell which one that is.

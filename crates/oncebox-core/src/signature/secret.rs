@@ -57,6 +57,14 @@ impl Secret {
         self.key_len
     }
 
+    /// Whether `other` is the same HMAC key: the same bytes once decoded (a `whsec_` secret
+    /// and its bare base64 are one key), or keys HMAC cannot tell apart. Configuration uses it
+    /// to refuse one key serving two sources, or a route signing with a source's key, where a
+    /// request signed for one would be accepted by the other.
+    pub fn same_key(&self, other: &Secret) -> bool {
+        self.block == other.block
+    }
+
     /// A secret as written in configuration, read the way `scheme`'s senders use it:
     /// Standard Webhooks secrets are base64 after an optional `whsec_` prefix (as in the
     /// reference libraries) and the decoded bytes are the key; Stripe, GitHub and `hmac-sha256`

@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
@@ -227,13 +228,23 @@ pub(crate) async fn list<S: EventStore + DeliveryStore>(
     page("Events", &access, Nav::Events, &body)
 }
 
-/// The link to an event's page; both key parts are percent-encoded path segments.
+/// The link to an event's page: `/events/{source}/{event_id}`, both parts percent-encoded path
+/// segments, or `/event?source=…&id=…` for a key with a part that is `.` or `..`. Such a
+/// segment is a dot-segment, which a browser removes when it resolves the link
+/// (`/events/shop/..` opens `/events/`), percent-encoded or not: the WHATWG URL standard takes
+/// `%2E%2E` for `..` too. A query is never resolved so. `dashboard.js` writes its links the
+/// same way (`eventHref`).
 pub(crate) fn event_href(key: &Key) -> String {
-    format!(
-        "/events/{}/{}",
-        encode(key.source.as_str()),
-        encode(key.event_id.as_str())
-    )
+    let (source, id) = (key.source.as_str(), key.event_id.as_str());
+    if dot_segment(source) || dot_segment(id) {
+        format!("/event?source={}&id={}", encode(source), encode(id))
+    } else {
+        format!("/events/{}/{}", encode(source), encode(id))
+    }
+}
+
+fn dot_segment(s: &str) -> bool {
+    matches!(s, "." | "..")
 }
 
 /// Percent-encodes everything but unreserved characters, so any event id is one segment.
@@ -261,16 +272,53 @@ fn row(e: &StoredEvent) -> Markup {
     }
 }
 
+/// `/events/{source}/{event_id}`: the page of one event.
 pub(crate) async fn show<S: EventStore + DeliveryStore>(
     State(gw): State<Arc<Gateway<S>>>,
     headers: HeaderMap,
     Path((source, event_id)): Path<(String, String)>,
 ) -> Response {
-    let access = match gate(&gw, &headers) {
+    one(&gw, &headers, &source, &event_id).await
+}
+
+/// The key of `/event?source=…&id=…`.
+#[derive(Deserialize)]
+pub(crate) struct KeyQuery {
+    source: String,
+    id: String,
+}
+
+/// `/event?source=…&id=…`: the same page, for a key no path can carry (see [`event_href`]).
+pub(crate) async fn show_query<S: EventStore + DeliveryStore>(
+    State(gw): State<Arc<Gateway<S>>>,
+    headers: HeaderMap,
+    q: Result<Query<KeyQuery>, QueryRejection>,
+) -> Response {
+    match q {
+        Ok(Query(k)) => one(&gw, &headers, &k.source, &k.id).await,
+        // Gated first: a visitor not signed in goes to /login whatever the query says.
+        Err(_) => match gate(&gw, &headers) {
+            Ok(access) => layout::problem(
+                StatusCode::BAD_REQUEST,
+                &access,
+                "Name the event by source and id.",
+            ),
+            Err(r) => r,
+        },
+    }
+}
+
+async fn one<S: EventStore + DeliveryStore>(
+    gw: &Arc<Gateway<S>>,
+    headers: &HeaderMap,
+    source: &str,
+    event_id: &str,
+) -> Response {
+    let access = match gate(gw, headers) {
         Ok(a) => a,
         Err(r) => return r,
     };
-    let Ok(key) = Key::parse(&source, &event_id) else {
+    let Ok(key) = Key::parse(source, event_id) else {
         return layout::problem(StatusCode::BAD_REQUEST, &access, "Not an event key.");
     };
     let event = match gw.store.event(&key).await {
@@ -278,7 +326,7 @@ pub(crate) async fn show<S: EventStore + DeliveryStore>(
         Ok(None) => {
             return layout::problem(StatusCode::NOT_FOUND, &access, &format!("No event {key}."));
         }
-        Err(e) => return unavailable(&gw, &access, &e),
+        Err(e) => return unavailable(gw, &access, &e),
     };
     let filter = DeliveryFilter {
         key: Some(key.clone()),
@@ -287,13 +335,13 @@ pub(crate) async fn show<S: EventStore + DeliveryStore>(
     };
     let deliveries = match gw.store.deliveries(filter).await {
         Ok(p) => p.items,
-        Err(e) => return unavailable(&gw, &access, &e),
+        Err(e) => return unavailable(gw, &access, &e),
     };
     let mut attempts = Vec::with_capacity(deliveries.len());
     for d in &deliveries {
         match gw.store.attempts(d.id).await {
             Ok(a) => attempts.push(a),
-            Err(e) => return unavailable(&gw, &access, &e),
+            Err(e) => return unavailable(gw, &access, &e),
         }
     }
     let body = html! {
@@ -324,4 +372,27 @@ pub(crate) async fn show<S: EventStore + DeliveryStore>(
         }
     };
     page(&format!("Event {key}"), &access, Nav::Events, &body)
+}
+
+#[cfg(test)]
+mod tests {
+    use oncebox_core::{EventId, Key, Source};
+
+    use super::event_href;
+
+    /// An id that is a dot-segment is linked by a query: a browser resolving `/events/shop/..`
+    /// (or `/events/shop/%2E%2E`) would open `/events/` instead. Other ids keep their path.
+    #[test]
+    fn an_event_link_is_never_a_dot_segment() {
+        for (id, href) in [
+            ("..", "/event?source=shop&id=.."),
+            (".", "/event?source=shop&id=."),
+            ("...", "/events/shop/..."),
+            ("a.b", "/events/shop/a.b"),
+            ("a/..", "/events/shop/a%2F.."),
+        ] {
+            let key = Key::new(Source::new("shop").unwrap(), EventId::new(id).unwrap());
+            assert_eq!(event_href(&key), href, "{id}");
+        }
+    }
 }

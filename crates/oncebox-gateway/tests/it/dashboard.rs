@@ -258,6 +258,28 @@ fn pages_render_with_every_value_escaped() {
     });
 }
 
+/// An event whose id is `..` is linked by a query, which a browser keeps as written (a path
+/// segment `..` or `%2E%2E` it would resolve to `/events/`), and that link opens its page.
+#[test]
+fn an_event_id_of_two_dots_is_linked_by_a_query() {
+    run(async {
+        let gw = gateway();
+        let cookie = login(&gw).await;
+        let sent = gw.send(post("open", &[], r#"{"id":".."}"#)).await;
+        assert_eq!(sent.status, StatusCode::ACCEPTED);
+        let list = text(&gw.send(get("/events", &cookie)).await.body);
+        assert!(
+            list.contains(r#"href="/event?source=open&amp;id=..""#),
+            "{list}"
+        );
+        let page = gw.send(get("/event?source=open&id=..", &cookie)).await;
+        assert_eq!(page.status, StatusCode::OK);
+        assert!(text(&page.body).contains(r#"<dd id="event-id">..</dd>"#));
+        let unnamed = gw.send(get("/event?source=open", &cookie)).await;
+        assert_eq!(unnamed.status, StatusCode::BAD_REQUEST);
+    });
+}
+
 #[test]
 fn unknown_queues_events_and_filters_are_refused_as_pages() {
     run(async {

@@ -345,7 +345,13 @@ fn credentials_are_not_stored_with_the_event() {
         let gw = TestGateway::new();
         gw.send(post(
             "open",
-            &[("authorization", "Bearer secret"), ("x-trace", "t1")],
+            &[
+                ("authorization", "Bearer secret"),
+                ("X-Gitlab-Token", "gitlab-secret"),
+                ("X-API-Key", "api-key-secret"),
+                ("x-auth-token", "auth-token-secret"),
+                ("x-trace", "t1"),
+            ],
             r#"{"id":"h1"}"#,
         ))
         .await;

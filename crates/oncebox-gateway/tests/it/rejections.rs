@@ -44,6 +44,45 @@ fn a_path_segment_that_is_not_utf8_is_a_problem_and_stores_nothing() {
     });
 }
 
+/// Every problem document tells a browser not to sniff it: the gateway's own (an unknown
+/// source, a bad signature, a missing admin token) and the framework's rewritten ones (a
+/// method not taken, a path no route has, a segment that does not parse).
+#[test]
+fn every_problem_says_nosniff() {
+    run(async {
+        let gw = TestGateway::new();
+        let unsigned = Request::post("/v1/sources/shop/events")
+            .header("content-type", "application/json")
+            .body(Body::from(r#"{"id":"e1"}"#))
+            .unwrap();
+        let no_token = Request::get("/v1/stats").body(Body::empty()).unwrap();
+        for request in [
+            post("nowhere", &[], r#"{"id":"e1"}"#),
+            unsigned,
+            no_token,
+            Request::delete("/v1/sources/shop/events")
+                .body(Body::empty())
+                .unwrap(),
+            admin_get("/v1/no-such-path"),
+            admin_post("/v1/deliveries/%FF/retry", ""),
+        ] {
+            let what = format!("{} {}", request.method(), request.uri());
+            let a = gw.send(request).await;
+            assert_eq!(
+                a.headers["content-type"], "application/problem+json",
+                "{what}: {a:?}"
+            );
+            assert_eq!(
+                a.headers
+                    .get("x-content-type-options")
+                    .map(|v| v.as_bytes()),
+                Some(&b"nosniff"[..]),
+                "{what}: {a:?}"
+            );
+        }
+    });
+}
+
 #[test]
 fn a_method_a_route_does_not_take_is_a_405_problem_with_allow() {
     run(async {

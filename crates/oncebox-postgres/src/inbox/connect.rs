@@ -17,7 +17,7 @@ use crate::options::Options;
 /// failure), a transaction left idle ended after `Options::idle_in_transaction`, and a name
 /// operators can see. Each transaction sets the first two again ([`begin`]): a handler's
 /// session-wide `SET` would otherwise carry over to later events on its connection.
-pub(super) fn connect_options(options: &Options) -> Result<PgConnectOptions, OpenError> {
+pub(crate) fn connect_options(options: &Options) -> Result<PgConnectOptions, OpenError> {
     let mut connect = PgConnectOptions::from_str(&options.url)
         .map_err(|e| OpenError::Url(e.to_string()))?
         .application_name("oncebox")

@@ -1,11 +1,12 @@
 //! `Debug` of `Settings` and `Overrides`, written by hand so that neither prints a secret: the
-//! admin token as `***`, every URL (database, route, status) only through `redact_url`.
+//! admin token as `***`, the database URL through `redact_url`, a route's and its status URL
+//! through `redact_route_url`.
 
 use std::fmt;
 
 use oncebox_core::route::Route;
 
-use super::{Overrides, Settings, redact_url};
+use super::{Overrides, Settings, redact_route_url, redact_url};
 
 /// By hand because `GatewayConfig`'s derived `Debug` would print the admin token and the
 /// routes' URLs, and a database URL may carry a password.
@@ -54,11 +55,11 @@ impl fmt::Debug for ShownRoute<'_> {
             .field("name", name)
             .field("sources", sources)
             .field("filter", filter)
-            .field("url", &redact_url(url))
+            .field("url", &redact_route_url(url))
             .field("timeout", timeout)
             .field("signing_secret", signing_secret)
             .field("idempotent", idempotent)
-            .field("status_url", &status_url.as_deref().map(redact_url))
+            .field("status_url", &status_url.as_deref().map(redact_route_url))
             .field("retry", retry)
             .field("concurrency", concurrency)
             // Public certificates: their size says enough.

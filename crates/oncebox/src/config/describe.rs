@@ -1,5 +1,6 @@
 //! The human summary `oncebox check` prints: what each source accepts and how, and where each
-//! route sends, with secrets shown only as a count and URLs without their password.
+//! route sends, with secrets shown only as a count and URLs without their password (a route's
+//! without any query value).
 
 use std::fmt::Write as _;
 
@@ -10,7 +11,7 @@ use oncebox_core::route::Route;
 use oncebox_core::signature::{Encoding, Scheme};
 use oncebox_gateway::policy::{EventIdRule, SourcePolicy};
 
-use super::{Settings, redact_url};
+use super::{Settings, redact_route_url, redact_url};
 
 /// A multi-line summary of `settings`; contains no secret and no database password.
 pub fn describe(settings: &Settings) -> String {
@@ -68,7 +69,7 @@ pub fn describe(settings: &Settings) -> String {
 
 /// Where a route sends and what it does with a request that got no answer.
 fn route(out: &mut String, r: &Route) {
-    let _ = writeln!(out, "  {} -> {}", r.name, redact_url(&r.url));
+    let _ = writeln!(out, "  {} -> {}", r.name, redact_route_url(&r.url));
     let sources: Vec<&str> = r.sources.iter().map(|s| s.as_str()).collect();
     let _ = writeln!(out, "    sources      {}", sources.join(", "));
     if let Some((at, value)) = &r.filter {
@@ -77,7 +78,7 @@ fn route(out: &mut String, r: &Route) {
     }
     let unanswered = match (r.idempotent, &r.status_url) {
         (true, _) => "sent again with the same key (the receiver honours it)".to_owned(),
-        (false, Some(url)) => format!("parked uncertain, settled by {}", redact_url(url)),
+        (false, Some(url)) => format!("parked uncertain, settled by {}", redact_route_url(url)),
         (false, None) => "parked uncertain for an operator".to_owned(),
     };
     let _ = writeln!(out, "    no answer    {unanswered}");
@@ -219,7 +220,7 @@ pub fn describe_json(settings: &Settings) -> serde_json::Value {
             serde_json::json!({
                 "name": r.name,
                 "sources": r.sources.iter().map(|s| s.as_str()).collect::<Vec<_>>(),
-                "url": redact_url(&r.url),
+                "url": redact_route_url(&r.url),
                 "idempotent": r.idempotent,
                 "signed": r.signing_secret.is_some(),
                 "status_url": r.status_url.is_some(),

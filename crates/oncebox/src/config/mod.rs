@@ -2,12 +2,14 @@
 //! once at start and validated into the gateway's policy types before anything listens.
 
 mod consumer;
+mod database;
 mod debug;
 mod describe;
 mod layers;
 mod presets;
 mod raw;
 mod redact;
+mod reuse;
 mod route;
 mod secrets;
 mod source;
@@ -31,6 +33,7 @@ use oncebox_gateway::policy::{GatewayConfig, Limits};
 pub use consumer::{Broker, ConsumerSpec};
 pub use describe::{describe, describe_json};
 use raw::{RawConfig, RawLimits};
+use redact::redact_route_url;
 pub(crate) use redact::{host_and_path, redact_url};
 pub(crate) use route::http_url;
 pub(crate) use source::SHORT_RETENTION;
@@ -239,25 +242,7 @@ fn validate(raw: RawConfig, p: &mut Problems<'_>) -> Settings {
         }),
     };
     let database = raw.database.unwrap_or_else(|| DEFAULT_DATABASE.to_owned());
-    if database.trim().is_empty() {
-        p.push("database", "must not be empty");
-    } else if let Some(Err(why)) = crate::store::sqlite_file(&database) {
-        // Refused here, not when the store opens: SQLite would open something for each, and
-        // `check`, 202s and /readyz would all say yes while nothing lasts.
-        p.push(
-            "database",
-            format_args!("{:?} {why}", redact_url(&database)),
-        );
-    } else if !crate::store::is_supported(&database) {
-        // Refused here so `check` says so; shown redacted, since it may carry a password.
-        p.push(
-            "database",
-            format_args!(
-                "unsupported URL {}: use sqlite://PATH or postgres://USER@HOST/DB",
-                redact_url(&database)
-            ),
-        );
-    }
+    database::validate(&database, p);
     if let Some(token) = &raw.admin_token
         && token.chars().count() < MIN_ADMIN_TOKEN_CHARS
     {
@@ -314,6 +299,7 @@ fn validate(raw: RawConfig, p: &mut Problems<'_>) -> Settings {
         .iter()
         .filter_map(|(name, r)| route::validate(name, r, &configured, open_sources, p))
         .collect();
+    reuse::refuse_shared_keys(&sources, &routes, p);
     let relay = relay_options(&raw.relay, &routes, p);
     let consumers: Vec<ConsumerSpec> = raw
         .consumers

@@ -1,5 +1,6 @@
 //! URLs fit to show: the user info of `scheme://user:password@host/…` and the values of query
-//! parameters named like secrets are hidden, also when a password was pasted unencoded.
+//! parameters named like secrets (every value, for a route's receiver) are hidden, also when a
+//! password was pasted unencoded.
 
 /// Names of query parameters whose values are never shown (compared without case, as parts
 /// of the name: `sslpassword`, `api_key`, `access_token` match too).
@@ -10,12 +11,30 @@ const SECRET_PARAMETERS: [&str; 5] = ["password", "secret", "token", "key", "sig
 /// `?token=…`: drivers and webhook receivers take them there too) by `***`; a URL without
 /// user info keeps its host, path and other parameters as written.
 pub(crate) fn redact_url(url: &str) -> String {
+    redact(url, Hide::SecretNamed)
+}
+
+/// A route's `url` or `status_url` fit to show: as [`redact_url`], with the value of every
+/// query parameter hidden (names kept), since receivers take keys under any name
+/// (`?code=…` for an Azure Function, `?sig=…` for a SAS URL); as the dashboard shows them.
+pub(crate) fn redact_route_url(url: &str) -> String {
+    redact(url, Hide::EveryValue)
+}
+
+/// Which query values a URL is shown without.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Hide {
+    SecretNamed,
+    EveryValue,
+}
+
+fn redact(url: &str, hide: Hide) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
         return url.to_owned();
     };
     match userinfo_end(rest) {
-        Some(at) => format!("{scheme}://***@{}", redact_query(&rest[at + 1..])),
-        None => format!("{scheme}://{}", redact_query(rest)),
+        Some(at) => format!("{scheme}://***@{}", redact_query(&rest[at + 1..], hide)),
+        None => format!("{scheme}://{}", redact_query(rest, hide)),
     }
 }
 
@@ -24,7 +43,7 @@ pub(crate) fn redact_url(url: &str) -> String {
 pub(crate) fn host_and_path(url: &str) -> String {
     let rest = url.split_once("://").map_or(url, |(_, rest)| rest);
     let host = userinfo_end(rest).map_or(0, |at| at + 1);
-    redact_query(&rest[host..])
+    redact_query(&rest[host..], Hide::SecretNamed)
 }
 
 /// Where the user info of `rest` (a URL after its `scheme://`) ends: the index of the `@`
@@ -66,8 +85,8 @@ fn is_host_port(authority: &str) -> bool {
     }
 }
 
-/// A URL's host, path, query and fragment with the values of secret-named parameters hidden.
-fn redact_query(tail: &str) -> String {
+/// A URL's host, path, query and fragment with the values `hide` names hidden.
+fn redact_query(tail: &str, hide: Hide) -> String {
     let Some((path, after)) = tail.split_once('?') else {
         return tail.to_owned();
     };
@@ -77,8 +96,11 @@ fn redact_query(tail: &str) -> String {
     };
     let query: Vec<String> = query
         .split('&')
-        .map(|pair| match pair.split_once('=') {
-            Some((name, _)) if is_secret(name) => format!("{name}=***"),
+        .map(|pair| match (pair.split_once('='), hide) {
+            (Some((name, _)), Hide::EveryValue) => format!("{name}=***"),
+            (Some((name, _)), Hide::SecretNamed) if is_secret(name) => format!("{name}=***"),
+            // A bare `?TOKEN` is all value.
+            (None, Hide::EveryValue) if !pair.is_empty() => "***".to_owned(),
             _ => pair.to_owned(),
         })
         .collect();

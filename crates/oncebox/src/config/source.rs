@@ -174,7 +174,7 @@ pub(super) fn validate(
 }
 
 /// `sources.shop`, or `sources."Bad Name"` when the key needs quoting in TOML.
-fn source_path(name: &str) -> String {
+pub(super) fn source_path(name: &str) -> String {
     let bare = !name.is_empty()
         && name
             .bytes()

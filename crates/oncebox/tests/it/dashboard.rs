@@ -281,8 +281,7 @@ async fn scenario(chromedriver: &Path, chromium: &Path) {
     db.execute_batch("INSERT INTO oncebox_inbox SELECT * FROM held")
         .unwrap();
     ingest(&server, r#"{"id":"live-1","amount":5}"#).await;
-    let link = c
-        .wait()
+    c.wait()
         .at_most(DEADLINE)
         .for_element(Locator::XPath(
             "//a[@class='event-link' and text()='live-1']",
@@ -301,7 +300,27 @@ async fn scenario(chromedriver: &Path, chromium: &Path) {
             .unwrap();
         assert_eq!(rows.len(), 1, "{id} listed once");
     }
+    // An id that is a dot-segment links to its own page, live and as served: a browser
+    // resolves `/events/shop/..`, and `/events/shop/%2E%2E` too, to `/events/`.
+    ingest(&server, r#"{"id":".."}"#).await;
+    let live = wait_for(&c, "tr.arrived a.event-link[href*='id=..']").await;
+    let resolved = format!("{base}/event?source=shop&id=..");
+    assert_eq!(
+        live.prop("href").await.unwrap().as_deref(),
+        Some(&*resolved)
+    );
     shot(&c, "03-event-arrived").await;
+    c.goto(&format!("{base}/events")).await.unwrap();
+    let served = wait_for(&c, "a.event-link[href*='id=..']").await;
+    assert_eq!(
+        served.prop("href").await.unwrap().as_deref(),
+        Some(&*resolved)
+    );
+    served.click().await.unwrap();
+    let shown = wait_for(&c, "#event-id").await.text().await.unwrap();
+    assert_eq!(shown, "..");
+    c.goto(&format!("{base}/events")).await.unwrap();
+    let link = wait_for(&c, "a.event-link[href='/events/shop/live-1']").await;
     link.click().await.unwrap();
     wait_for(&c, "section.delivery[data-state='delivered']").await;
     let id = c

@@ -22,6 +22,9 @@ signature = "none"
 event_id = { derive = ["/order_id", "/type"] }
 "#;
 
+/// `shop`'s key in `CONFIG`.
+const SHOP_KEY: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+
 /// `oncebox send stripe --id ID --body BODY --url URL` in `dir`: what it printed.
 fn send_stripe(dir: &std::path::Path, url: &str, id: &str, body: &str) -> String {
     let args = ["send", "stripe", "--id", id, "--body", body, "--url", url];
@@ -54,22 +57,23 @@ fn check_describes_a_good_file_and_names_the_bad_field() {
 }
 
 /// Routes are described with where they send and what a request without an answer becomes;
-/// their secrets and the passwords in their URLs are not shown.
+/// their secrets, the passwords in their URLs and every query value (a receiver's key may go
+/// under any name) are not shown, in text or JSON.
 #[test]
 fn check_describes_each_route() {
     let dir = tempfile::tempdir().unwrap();
     let routes = r#"
 [routes.ledger]
 sources = ["stripe"]
-url = "https://ledger.internal/hooks"
+url = "https://ledger.internal/hooks?code=AZUREFUNCTIONKEY&v=2"
 idempotent = true
-signing_secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+signing_secret = "whsec_bGVkZ2VyLXJvdXRlLXNpZ25pbmcta2V5LTAx"
 
 [routes.mailer]
 sources = ["shop", "orders"]
 filter = { pointer = "/type", equals = "order.paid" }
 url = "https://mail:hunter2@mailer.internal/send"
-status_url = "https://mail:hunter2@mailer.internal/sent/{key}"
+status_url = "https://mail:hunter2@mailer.internal/sent/{key}?sig=SASSIG"
 "#;
     std::fs::write(dir.path().join("oncebox.toml"), format!("{CONFIG}{routes}")).unwrap();
     let out = oncebox(dir.path(), &["check"]);
@@ -77,18 +81,70 @@ status_url = "https://mail:hunter2@mailer.internal/sent/{key}"
     assert!(out.status.success(), "{said}");
     for expected in [
         "routes      2",
-        "ledger -> https://ledger.internal/hooks",
+        "ledger -> https://ledger.internal/hooks?code=***&v=***",
         "sent again with the same key",
         ", signed",
         "mailer -> https://***@mailer.internal/send",
         "sources      shop, orders",
         "filter       /type = \"order.paid\"",
-        "parked uncertain, settled by https://***@mailer.internal/sent/{key}",
+        "parked uncertain, settled by https://***@mailer.internal/sent/{key}?sig=***",
     ] {
         assert!(said.contains(expected), "{expected:?} in {said}");
     }
-    for secret in ["hunter2", "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"] {
+    let json = oncebox(dir.path(), &["check", "--output", "json"]);
+    assert!(json.status.success(), "{}", text(&json));
+    let doc: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
+    assert_eq!(
+        doc["routes"][0]["url"], "https://ledger.internal/hooks?code=***&v=***",
+        "{doc}"
+    );
+    let said = format!("{said}{}", text(&json));
+    for secret in [
+        "hunter2",
+        "bGVkZ2VyLXJvdXRlLXNpZ25pbmcta2V5LTAx",
+        "AZUREFUNCTIONKEY",
+        "SASSIG",
+    ] {
         assert!(!said.contains(secret), "{secret} shown: {said}");
+    }
+}
+
+/// One key in two places is refused by every command that reads it, naming both places and
+/// never the key: a second source with `shop`'s key written without its `whsec_` prefix, then
+/// a route signing, through a variable, with `shop`'s key.
+#[test]
+fn a_key_shared_by_two_sources_or_a_route_and_a_source_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let bare = SHOP_KEY.strip_prefix("whsec_").unwrap();
+    let twin = format!(
+        "{CONFIG}\n[sources.twin]\nsignature = \"standard-webhooks\"\nsecrets = [\"{bare}\"]\n"
+    );
+    std::fs::write(d.join("oncebox.toml"), twin).unwrap();
+    for args in [&["check"][..], &["serve"], &["send", "twin"]] {
+        let out = oncebox(d, args);
+        let said = text(&out);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {said}");
+        assert!(
+            said.contains("sources.twin.secrets") && said.contains("also one of sources.shop"),
+            "{args:?}: {said}"
+        );
+        assert!(!said.contains(bare), "{args:?}: the key is shown: {said}");
+    }
+    let route = format!(
+        "{CONFIG}\n[routes.back]\nsources = [\"orders\"]\nurl = \"https://example.com/in\"\n\
+         signing_secret_env = \"BACK_KEY\"\n"
+    );
+    std::fs::write(d.join("oncebox.toml"), route).unwrap();
+    for args in [&["check"][..], &["relay"]] {
+        let out = crate::support::oncebox_with_env(d, &[("BACK_KEY", SHOP_KEY)], args);
+        let said = text(&out);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {said}");
+        assert!(
+            said.contains("routes.back: its signing secret is also a secret of sources.shop"),
+            "{args:?}: {said}"
+        );
+        assert!(!said.contains(bare), "{args:?}: the key is shown: {said}");
     }
 }
 

@@ -106,6 +106,36 @@ fn a_mistyped_database_scheme_is_refused_without_its_password() {
     }
 }
 
+/// A PostgreSQL URL the driver cannot read is refused by `check` as by every command that
+/// opens the store, under `database` and without its password; none of these reaches a server.
+#[test]
+fn a_postgres_url_the_driver_cannot_read_is_refused_by_check_too() {
+    let dir = tempfile::tempdir().unwrap();
+    for url in [
+        "postgres://u:hunter2@127.0.0.1:5432/db?sslmode=bogus",
+        "postgres://u:hunter2@127.0.0.1:notaport/db",
+        "postgres://u:hunter2@[::1:19199/db",
+    ] {
+        for command in [&["check"][..], &["stats"], &["migrate"]] {
+            let out = Command::new(env!("CARGO_BIN_EXE_oncebox"))
+                .args(["--database", url])
+                .args(command)
+                .current_dir(dir.path())
+                .env_remove("ONCEBOX_CONFIG")
+                .output()
+                .unwrap();
+            let text = support::text(&out);
+            assert_eq!(out.status.code(), Some(2), "{command:?} {url}: {text}");
+            assert!(
+                text.contains("database: PostgreSQL 127.0.0.1")
+                    || text.contains("database: PostgreSQL [::1"),
+                "{command:?}: {text}"
+            );
+            assert!(!text.contains("hunter2"), "{command:?}: {text}");
+        }
+    }
+}
+
 /// A node that neither verifies events nor signs deliveries starts without their secrets in its
 /// environment; one that does names the variable's field and refuses to start.
 #[test]

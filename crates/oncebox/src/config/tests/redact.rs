@@ -1,7 +1,7 @@
 //! URLs are shown only redacted: in `check`'s summary, in `Debug` of the settings, and in the
 //! message refusing a database URL of an unsupported scheme.
 
-use super::super::redact_url;
+use super::super::{redact_route_url, redact_url};
 use super::{assert_mentions, err, ok, shop};
 
 #[test]
@@ -25,6 +25,30 @@ fn database_passwords_are_redacted_for_display() {
         redact_url("postgres://app:hunter2@db?api_key=hunter2"),
         "postgres://***@db?api_key=***"
     );
+}
+
+/// A route's receiver takes its key under any name (`?code=` for an Azure Function, `?sig=` for
+/// a SAS URL): every query value of a route's URL is hidden, the names kept, the user info as
+/// for any URL.
+#[test]
+fn a_route_url_is_shown_without_any_query_value() {
+    for (url, shown) in [
+        (
+            "https://fn.example/api/in?code=AZUREFUNCTIONKEY&sig=SASSIG",
+            "https://fn.example/api/in?code=***&sig=***",
+        ),
+        (
+            "https://app:pa55@hooks.example/s/{key}?v=1#frag",
+            "https://***@hooks.example/s/{key}?v=***#frag",
+        ),
+        (
+            "https://hooks.example/in?T0KEN",
+            "https://hooks.example/in?***",
+        ),
+        ("https://hooks.example/in", "https://hooks.example/in"),
+    ] {
+        assert_eq!(redact_route_url(url), shown, "{url}");
+    }
 }
 
 /// The whole user info is hidden, a token without a colon too, and so is a password pasted
@@ -79,12 +103,12 @@ fn settings_debug_shows_no_url_unredacted() {
         "database = \"postgres://app:hunter2@db/oncebox\"\n{}",
         shop(
             "[routes.r]\nsources = [\"shop\"]\n\
-             url = \"https://tok3n@hooks.example/in?token=t0ken\"\n\
-             status_url = \"https://app:pa55@hooks.example/s/{key}\"\n"
+             url = \"https://tok3n@hooks.example/in?token=t0ken&code=c0de\"\n\
+             status_url = \"https://app:pa55@hooks.example/s/{key}?sig=s1g\"\n"
         )
     ));
     let debug = format!("{s:?}");
-    for secret in ["hunter2", "tok3n", "t0ken", "pa55"] {
+    for secret in ["hunter2", "tok3n", "t0ken", "pa55", "c0de", "s1g"] {
         assert!(!debug.contains(secret), "{secret} in {debug}");
     }
     assert_mentions(&debug, &["hooks.example/in", "db/oncebox"]);

@@ -1,0 +1,128 @@
+//! The process's log on stderr: what `RUST_LOG` asks for (`info` without it), but async-nats no
+//! more verbose than info unless `RUST_LOG` names it, since its debug lines print the server
+//! address it dials with the password in it.
+
+use tracing::level_filters::LevelFilter;
+use tracing_subscriber::Layer;
+use tracing_subscriber::filter::{EnvFilter, FilterExt as _, FilterFn};
+use tracing_subscriber::fmt::MakeWriter;
+use tracing_subscriber::layer::SubscriberExt as _;
+use tracing_subscriber::registry::LookupSpan;
+use tracing_subscriber::util::SubscriberInitExt as _;
+
+/// The crate whose debug output carries credentials (`attempting connection` with the
+/// `ServerAddr`, user and password included, in async-nats 0.51's connector).
+const CAPPED: &str = "async_nats";
+
+/// Installs the log for the whole process; called once, first thing in `main`.
+pub(crate) fn init() {
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let spec = std::env::var("RUST_LOG").ok();
+    tracing_subscriber::registry()
+        .with(layer(spec.as_deref(), std::io::stderr, ansi))
+        .init();
+}
+
+/// The formatting layer, filtered by `spec` (a `RUST_LOG` value; `info` when absent or
+/// invalid, as before) and by the cap on [`CAPPED`].
+fn layer<S, W>(spec: Option<&str>, writer: W, ansi: bool) -> impl Layer<S>
+where
+    S: tracing::Subscriber + for<'a> LookupSpan<'a>,
+    W: for<'w> MakeWriter<'w> + Send + Sync + 'static,
+{
+    let filter = spec
+        .and_then(|s| EnvFilter::try_new(s).ok())
+        .unwrap_or_else(|| EnvFilter::new("info"));
+    // A user who names the crate asked for its lines, passwords and all: their choice.
+    let named = spec.is_some_and(|s| s.contains(CAPPED));
+    // `DEBUG` and `TRACE` compare above `INFO`: they are what the cap drops. Its hint is the
+    // loosest, so the pair's is `RUST_LOG`'s: without one, `And` has none, the process's
+    // level becomes TRACE (every callsite asked, every `log` record converted), and the
+    // multinode test's relays stalled.
+    let cap = FilterFn::new(move |meta| {
+        named || !is_capped(meta.target()) || LevelFilter::INFO >= *meta.level()
+    })
+    .with_max_level_hint(LevelFilter::TRACE);
+    tracing_subscriber::fmt::layer()
+        .with_writer(writer)
+        // Colour codes only for a person at a terminal: a log file, journald or a container's
+        // log would keep them as escape sequences.
+        .with_ansi(ansi)
+        .with_filter(filter.and(cap))
+}
+
+fn is_capped(target: &str) -> bool {
+    target
+        .strip_prefix(CAPPED)
+        .is_some_and(|rest| rest.is_empty() || rest.starts_with("::"))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use tracing::level_filters::LevelFilter;
+    use tracing_subscriber::layer::SubscriberExt as _;
+
+    /// What a log with `RUST_LOG=spec` writes for async-nats's debug line (a stand-in for its
+    /// `attempting connection` with the password) and for one of ours.
+    fn logged(spec: &str) -> String {
+        let buf = Arc::new(Mutex::new(Vec::new()));
+        let sink = Arc::clone(&buf);
+        let writer = move || Sink(Arc::clone(&sink));
+        let subscriber =
+            tracing_subscriber::registry().with(super::layer(Some(spec), writer, false));
+        tracing::subscriber::with_default(subscriber, || {
+            tracing::debug!(target: "async_nats::connector", server = "nats://u:PASSWORD@h", "attempting connection");
+            tracing::info!(target: "async_nats", "connected");
+            tracing::debug!(target: "oncebox::consume", "ours");
+        });
+        let bytes = buf.lock().unwrap().clone();
+        String::from_utf8(bytes).unwrap()
+    }
+
+    struct Sink(Arc<Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Sink {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// The cap does not loosen the process's level: with `RUST_LOG=info` nothing past info
+    /// is built at all.
+    #[test]
+    fn the_log_level_is_rust_logs() {
+        use tracing_subscriber::Layer as _;
+        for (spec, level) in [("info", LevelFilter::INFO), ("warn", LevelFilter::WARN)] {
+            let layer =
+                super::layer::<tracing_subscriber::Registry, _>(Some(spec), std::io::sink, false);
+            assert_eq!(layer.max_level_hint(), Some(level), "RUST_LOG={spec}");
+        }
+    }
+
+    #[test]
+    fn async_nats_stays_at_info_unless_rust_log_names_it() {
+        for spec in [
+            "debug",
+            "trace",
+            "async=debug,oncebox=debug",
+            "oncebox=debug,debug",
+        ] {
+            let log = logged(spec);
+            assert!(!log.contains("PASSWORD"), "RUST_LOG={spec}: {log}");
+            assert!(log.contains("connected"), "RUST_LOG={spec}: {log}");
+            assert!(log.contains("ours"), "RUST_LOG={spec}: {log}");
+        }
+        // Not made more verbose than asked either.
+        let log = logged("warn");
+        assert!(!log.contains("connected") && !log.contains("ours"), "{log}");
+        // Named, it is the user's choice.
+        let log = logged("debug,async_nats=debug");
+        assert!(log.contains("PASSWORD"), "{log}");
+    }
+}
