@@ -51,6 +51,14 @@ struct Fated<B> {
     body: B,
 }
 
+impl<B> Fated<B> {
+    /// `body`, run only while its caller waits, and the fate that caller keeps.
+    fn new(body: B) -> (Fate, Fated<B>) {
+        let fate = Fate::default();
+        (fate.clone(), Fated { fate, body })
+    }
+}
+
 impl<T, E, B> Body<T, E> for Fated<B>
 where
     E: From<Unavailable>,
@@ -102,11 +110,7 @@ impl Inbox {
         E: From<Unavailable> + Send + 'static,
         B: Body<T, E>,
     {
-        let fate = Fate::default();
-        let body = Fated {
-            fate: fate.clone(),
-            body,
-        };
+        let (fate, body) = Fated::new(body);
         settle(self.queue(body).await, &fate)
     }
 
@@ -165,11 +169,7 @@ impl Inbox {
         F: FnMut(&mut Cx<'_, '_>) -> Result<Result<T, E>, Fatal> + Send + 'static,
     {
         self.refuse_on_writer();
-        let fate = Fate::default();
-        let body = Fated {
-            fate: fate.clone(),
-            body: again(run),
-        };
+        let (fate, body) = Fated::new(again(run));
         let deadline = Instant::now() + self.shared.deadline;
         let (tx, mut rx) = tokio::sync::oneshot::channel();
         let job = Job::new(deadline, move |answer| drop(tx.send(answer)), body);
@@ -209,11 +209,7 @@ impl Inbox {
         E: From<Unavailable> + Send + 'static,
         B: Body<T, E>,
     {
-        let fate = Fate::default();
-        let body = Fated {
-            fate: fate.clone(),
-            body,
-        };
+        let (fate, body) = Fated::new(body);
         settle(self.queue_blocking(body), &fate)
     }
 

@@ -89,13 +89,7 @@ fn a_mistyped_database_scheme_is_refused_without_its_password() {
         &["migrate"],
         &["serve", "--listen", "127.0.0.1:0"],
     ] {
-        let out = Command::new(env!("CARGO_BIN_EXE_oncebox"))
-            .args(["--database", url])
-            .args(command)
-            .current_dir(dir.path())
-            .env_remove("ONCEBOX_CONFIG")
-            .output()
-            .unwrap();
+        let out = support::oncebox(dir.path(), &[&["--database", url][..], command].concat());
         let text = support::text(&out);
         assert_eq!(out.status.code(), Some(2), "{command:?}: {text}");
         assert!(
@@ -117,13 +111,8 @@ fn a_postgres_url_the_driver_cannot_read_is_refused_by_check_too() {
         "postgres://u:hunter2@[::1:19199/db",
     ] {
         for command in [&["check"][..], &["stats"], &["migrate"]] {
-            let out = Command::new(env!("CARGO_BIN_EXE_oncebox"))
-                .args(["--database", url])
-                .args(command)
-                .current_dir(dir.path())
-                .env_remove("ONCEBOX_CONFIG")
-                .output()
-                .unwrap();
+            let args = [&["--database", url][..], command].concat();
+            let out = support::oncebox(dir.path(), &args);
             let text = support::text(&out);
             assert_eq!(out.status.code(), Some(2), "{command:?} {url}: {text}");
             assert!(
