@@ -1,7 +1,5 @@
 //! The embedded schema migrations and the pragmas every connection gets.
 
-use std::time::{Duration, Instant};
-
 use rusqlite::limits::Limit;
 use rusqlite::{Connection, OpenFlags, Transaction, TransactionBehavior};
 
@@ -258,31 +256,6 @@ pub(crate) fn open_writer(o: &Options) -> Result<Connection, OpenError> {
     Ok(conn)
 }
 
-/// Runs `f` again while SQLite answers it `SQLITE_BUSY`, up to the busy timeout. A connection
-/// that meets another process switching a new file to WAL, or recovering its log, is answered
-/// busy at once, without its busy handler: SQLite does not wait where waiting could deadlock.
-/// Several processes opening one new file together (a service and its relay on a first
-/// deploy) failed to start with "database is locked" in about a third of such rounds.
-fn until_not_busy<T>(
-    o: &Options,
-    mut f: impl FnMut() -> rusqlite::Result<T>,
-) -> rusqlite::Result<T> {
-    let until = Instant::now() + o.busy_timeout;
-    loop {
-        match f() {
-            Err(e)
-                if e.sqlite_error_code() == Some(rusqlite::ErrorCode::DatabaseBusy)
-                    && Instant::now() < until =>
-            {
-                // The other process's switch takes a few milliseconds; this is the open, not a
-                // request's path.
-                std::thread::sleep(Duration::from_millis(2));
-            }
-            out => return out,
-        }
-    }
-}
-
 /// The longest string, BLOB or row `conn` stores: what SQLite was built with, or lower
 /// (`Options::length_limit`). Read back rather than assumed, as SQLite caps what it is set to.
 pub(crate) fn length_limit(conn: &Connection) -> usize {
@@ -405,7 +378,9 @@ pub(crate) fn migrate(conn: &mut Connection, o: &Options) -> Result<(), OpenErro
     tx.commit().map_err(&err)
 }
 
+mod busy;
 mod version;
+use busy::until_not_busy;
 use version::Found;
 
 #[cfg(test)]
