@@ -35,3 +35,21 @@ pub enum OffsetMove {
     /// At or below the watermark: a replay of a message already processed.
     Replay,
 }
+
+/// A name an action key, an entity version or an offset watermark is kept under holds a NUL
+/// byte: PostgreSQL cannot store one (it failed there as the handler's SQL error while SQLite
+/// kept it), so no backend takes it, and the handler fails the same way on each.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{what} holds a NUL byte, which no store keeps")]
+pub struct NulInName {
+    /// Which name: `action scope`, `action key`, `entity`, `entity id` or `stream`.
+    pub what: &'static str,
+}
+
+/// Refuses the first of `names` (what each is, and its value) that holds a NUL byte.
+pub fn check_names(names: &[(&'static str, &str)]) -> Result<(), NulInName> {
+    match names.iter().find(|(_, value)| value.contains('\0')) {
+        Some((what, _)) => Err(NulInName { what }),
+        None => Ok(()),
+    }
+}

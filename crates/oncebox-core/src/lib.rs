@@ -19,7 +19,7 @@ pub mod signature;
 pub mod store;
 
 pub use clock::{Boot, Clock, LONGEST_WAIT, ManualClock, SystemClock, Timestamp, purge_now};
-pub use effect::{Enqueued, OffsetMove, Once};
+pub use effect::{Enqueued, NulInName, OffsetMove, Once, check_names};
 pub use event::{Event, InvalidMessage, Meta, OutboxMessage, SHORT_STRING_MAX};
 pub use fingerprint::{Fingerprint, FingerprintMode, PayloadError};
 pub use key::{EventId, InvalidKey, Key, Source};

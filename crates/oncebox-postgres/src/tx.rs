@@ -70,6 +70,8 @@ impl Tx {
     /// whichever event asks. A concurrent transaction holding the same action key makes this
     /// wait for its outcome: if it commits this one answers `Already`, if it rolls back `First`.
     pub async fn once(&mut self, scope: &str, key: &str) -> Result<Once, HandlerError> {
+        oncebox_core::check_names(&[("action scope", scope), ("action key", key)])
+            .map_err(HandlerError::failed)?;
         let taken = sqlx::query(
             "INSERT INTO oncebox_actions (scope, key, source, event_id, at)
              VALUES ($1, $2, $3, $4, $5) ON CONFLICT (scope, key) DO NOTHING",
@@ -100,6 +102,8 @@ impl Tx {
         id: &str,
         version: i64,
     ) -> Result<(), HandlerError> {
+        oncebox_core::check_names(&[("entity", entity), ("entity id", id)])
+            .map_err(HandlerError::failed)?;
         let moved = sqlx::query(
             "INSERT INTO oncebox_versions (entity, entity_id, version, source, event_id)
              VALUES ($1, $2, $3, $4, $5)
@@ -140,6 +144,7 @@ impl Tx {
         partition: i64,
         offset: i64,
     ) -> Result<OffsetMove, HandlerError> {
+        oncebox_core::check_names(&[("stream", stream)]).map_err(HandlerError::failed)?;
         Ok(
             if move_watermark(&mut self.tx, stream, partition, offset).await? {
                 OffsetMove::Advanced

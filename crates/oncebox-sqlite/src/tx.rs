@@ -60,6 +60,8 @@ impl<'a> Tx<'a> {
     /// Takes the action key `(scope, key)`: the business operation it names happens once
     /// whichever event asks, e.g. `("thank-you-email", order_id)`.
     pub fn once(&mut self, scope: &str, key: &str) -> Result<Once, HandlerError> {
+        oncebox_core::check_names(&[("action scope", scope), ("action key", key)])
+            .map_err(HandlerError::failed)?;
         let inserted = self
             .conn
             .prepare_cached(
@@ -84,6 +86,8 @@ impl<'a> Tx<'a> {
     /// `Err(HandlerError::Stale)`: propagate it with `?` and nothing of the event changes. An
     /// equal version is not stale — two events may share a timestamp — and leaves it unchanged.
     pub fn advance(&mut self, entity: &str, id: &str, version: i64) -> Result<(), HandlerError> {
+        oncebox_core::check_names(&[("entity", entity), ("entity id", id)])
+            .map_err(HandlerError::failed)?;
         let current: Option<i64> = self
             .conn
             .prepare_cached(
@@ -123,6 +127,7 @@ impl<'a> Tx<'a> {
         partition: i64,
         offset: i64,
     ) -> Result<OffsetMove, HandlerError> {
+        oncebox_core::check_names(&[("stream", stream)]).map_err(HandlerError::failed)?;
         Ok(if move_watermark(self.conn, stream, partition, offset)? {
             OffsetMove::Advanced
         } else {

@@ -52,6 +52,27 @@ pub async fn action_key_sends_one_email_for_two_events<B: Backend>() {
     assert_eq!(seen.inbox_rows, 4);
 }
 
+/// A NUL in an action key or an entity id: PostgreSQL cannot store one (the handler failed
+/// there on its SQL) while SQLite kept it. Every backend refuses it alike: the handler fails,
+/// nothing of the event is kept, and the key stays free. (The email script also queues a
+/// message under the order, which the outbox refused already; the entity id is refused only by
+/// `advance`'s own check.)
+pub async fn a_nul_in_an_action_key_or_entity_id_fails_the_handler<B: Backend>() {
+    let (b, _) = fresh::<B>().await;
+    for script in [
+        Script::credit(5).email("order\0-7"),
+        Script::credit(5).version("order\0-1", 3),
+    ] {
+        let out = b.process(event("shop", "nul", 5), script).await;
+        assert!(matches!(out, Err(ProcessError::Handler(_))), "{out:?}");
+    }
+    let seen = b.observe().await;
+    assert_eq!((seen.balance, seen.inbox_rows), (0, 0), "nothing kept");
+    assert!(seen.emails.is_empty());
+    let out = b.process(event("shop", "nul", 5), Script::credit(5)).await;
+    assert!(matches!(out, Ok(Processed::Applied(_))), "{out:?}");
+}
+
 pub async fn older_entity_version_is_stale_and_changes_nothing<B: Backend>() {
     let (b, _) = fresh::<B>().await;
     b.process(
