@@ -41,8 +41,9 @@ const HISTORY_HEADERS: [&str; 8] = [
 const HISTORY_PREFIX: &str = "x-oncebox-original-";
 
 /// The properties of `delivery`'s quarantined copy: the original's, with the reason's headers
-/// and where the original was published (`published`: its exchange and routing key) added, made persistent (a quarantined message is kept for an operator), and without what
-/// would lose or scatter the only remaining copy: the per-message TTL (`expiration`), the
+/// and where the original was published (`published`: its exchange and routing key) added,
+/// made persistent (a quarantined message is kept for an operator), and without what would
+/// lose or scatter the only remaining copy: the per-message TTL (`expiration`), the
 /// `CC`/`BCC` routing headers, and `user_id`, which the broker refuses unless it names the
 /// publishing connection's own user (and a refusal closes the channel). The broker's delivery
 /// history (`x-delivery-count`, `x-death`, …) is kept as `x-oncebox-original-…`.

@@ -59,7 +59,14 @@ impl Inbox {
     /// Connects, creates the schema if asked for one, migrates (safe when several nodes start at
     /// once) and starts the batch workers. Must run inside a Tokio runtime.
     pub async fn open(mut options: Options) -> Result<Inbox, OpenError> {
-        options.deadline = options.deadline.min(oncebox_core::LONGEST_WAIT);
+        // Each bounded once, here: past it a wait overflows the clock or a server setting.
+        for wait in [
+            &mut options.deadline,
+            &mut options.idle_in_transaction,
+            &mut options.migration_lock_wait,
+        ] {
+            *wait = (*wait).min(oncebox_core::LONGEST_WAIT);
+        }
         let connect = connect_options(&options)?;
         if let Some(schema) = &options.schema {
             // The schema must exist before a connection can write to it.
@@ -101,8 +108,8 @@ impl Inbox {
             .connect_with(connect)
             .await?;
         let mut conn = pool.acquire().await?;
-        let lock_wait = options.migration_lock_wait.min(oncebox_core::LONGEST_WAIT);
-        schema::migrate(&mut conn, options.migrate, options.deadline, lock_wait).await?;
+        let o = &options;
+        schema::migrate(&mut conn, o.migrate, o.deadline, o.migration_lock_wait).await?;
         options.stamps = oncebox_core::Stamps::default();
         options
             .stamps

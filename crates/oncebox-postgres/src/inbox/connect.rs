@@ -25,7 +25,7 @@ pub(crate) fn connect_options(options: &Options) -> Result<PgConnectOptions, Ope
             ("synchronous_commit", "on"),
             ("default_transaction_isolation", r"read\ committed"),
         ]);
-    let idle = options.idle_in_transaction.min(oncebox_core::LONGEST_WAIT);
+    let idle = options.idle_in_transaction;
     if !idle.is_zero() {
         // At least a millisecond: zero would mean none.
         let ms = idle.as_millis().max(1).to_string();
