@@ -11,6 +11,7 @@
 mod schemes;
 mod secret;
 
+pub use schemes::{SVIX_ID, WEBHOOK_ID};
 pub use secret::{Secret, SecretError};
 
 use std::collections::BTreeMap;

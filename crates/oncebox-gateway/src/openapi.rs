@@ -204,7 +204,7 @@ fn described() -> Value {
         "paths": {
             "/v1/sources/{source}/events": { "post": {
                 "summary": "Receive one webhook event: verified, deduplicated, stored before the answer",
-                "description": "The event id comes from the source's rule: by default Idempotency-Key, else webhook-id, else the body's /id; a source may name another header or a JSON pointer, or derive it from fields. The signature headers are those of the source's scheme (an hmac-sha256 source names its own).",
+                "description": "The event id comes from the source's rule: by default Idempotency-Key, else webhook-id (or Svix's svix-id), else the body's /id; a source may name another header or a JSON pointer, or derive it from fields. The signature headers are those of the source's scheme (an hmac-sha256 source names its own).",
                 "parameters": schemas::ingress_headers(),
                 "requestBody": { "required": true, "content": { "*/*": {} } },
                 "responses": {

@@ -11,28 +11,67 @@ use super::{
 };
 
 // Header names are lowercase: `Headers::get` is always asked in lowercase.
-const WEBHOOK_ID: &str = "webhook-id";
+/// The Standard Webhooks header naming the message, the same on every retry.
+pub const WEBHOOK_ID: &str = "webhook-id";
 const WEBHOOK_TIMESTAMP: &str = "webhook-timestamp";
 const WEBHOOK_SIGNATURE: &str = "webhook-signature";
+/// Svix's name for `webhook-id`, read when no Standard Webhooks header is sent.
+pub const SVIX_ID: &str = "svix-id";
 const STRIPE_SIGNATURE: &str = "stripe-signature";
 const GITHUB_SIGNATURE: &str = "x-hub-signature-256";
 const GITHUB_PREFIX: &str = "sha256=";
+
+/// The three headers of a Standard Webhooks request. Svix, the scheme's origin, sends them as
+/// `svix-id`, `svix-timestamp` and `svix-signature` unless an account renames them, and its
+/// libraries read either set; so does oncebox. The spec's names win whenever one of them is
+/// sent, so the id an event is stored under is always the one its signature covers.
+struct Names {
+    id: &'static str,
+    timestamp: &'static str,
+    signature: &'static str,
+}
+
+const WEBHOOK: Names = Names {
+    id: WEBHOOK_ID,
+    timestamp: WEBHOOK_TIMESTAMP,
+    signature: WEBHOOK_SIGNATURE,
+};
+
+const SVIX: Names = Names {
+    id: SVIX_ID,
+    timestamp: "svix-timestamp",
+    signature: "svix-signature",
+};
+
+fn names<H: Headers + ?Sized>(headers: &H) -> &'static Names {
+    let sent = |n: &Names| {
+        [n.id, n.timestamp, n.signature]
+            .iter()
+            .any(|h| headers.get(h).is_some())
+    };
+    if !sent(&WEBHOOK) && sent(&SVIX) {
+        &SVIX
+    } else {
+        &WEBHOOK
+    }
+}
 
 pub(super) fn verify_standard_webhooks<H: Headers + ?Sized>(
     check: &Check<'_>,
     headers: &H,
 ) -> Result<Verified, SignatureError> {
-    let id = required(headers, WEBHOOK_ID)?;
-    let timestamp = required(headers, WEBHOOK_TIMESTAMP)?;
-    let list = required(headers, WEBHOOK_SIGNATURE)?;
+    let names = names(headers);
+    let id = required(headers, names.id)?;
+    let timestamp = required(headers, names.timestamp)?;
+    let list = required(headers, names.signature)?;
     if id.is_empty() {
-        return Err(malformed(WEBHOOK_ID, "must not be empty"));
+        return Err(malformed(names.id, "must not be empty"));
     }
     let webhook_id = std::str::from_utf8(id)
-        .map_err(|_| malformed(WEBHOOK_ID, "must be UTF-8"))?
+        .map_err(|_| malformed(names.id, "must be UTF-8"))?
         .to_owned();
-    let signed_at = parse_seconds(timestamp).map_err(|r| malformed(WEBHOOK_TIMESTAMP, r))?;
-    let candidates = standard_webhooks_list(list)?;
+    let signed_at = parse_seconds(timestamp).map_err(|r| malformed(names.timestamp, r))?;
+    let candidates = standard_webhooks_list(names.signature, list)?;
     check.within_tolerance(signed_at)?;
     // The header text is signed as sent; `parse_seconds` accepted only the canonical spelling,
     // so it equals the reformatted number the reference libraries sign.
@@ -47,36 +86,42 @@ pub(super) fn verify_standard_webhooks<H: Headers + ?Sized>(
 }
 
 /// The `v1` tags of a `webhook-signature` list: `version,signature` entries separated by single
-/// spaces. Other versions (`v1a` is ed25519) are skipped unchecked, as the spec asks; a `v1`
-/// entry that does not decode spoils the whole header rather than being skipped, so a sender's
-/// encoding bug shows up as "malformed" instead of a puzzling mismatch.
-fn standard_webhooks_list(value: &[u8]) -> Result<Vec<[u8; TAG_LEN]>, SignatureError> {
+/// spaces. Other versions (`v1a` is ed25519) are skipped unchecked, as the spec asks. A `v1`
+/// entry that does not decode is skipped too, as the reference libraries (which compare the
+/// text) never match it; only when no `v1` entry decodes is the header malformed, so that a
+/// sender's encoding bug shows up as such instead of a puzzling mismatch.
+fn standard_webhooks_list(name: &str, value: &[u8]) -> Result<Vec<[u8; TAG_LEN]>, SignatureError> {
     let entries = || value.split(|b| *b == b' ');
     if entries().count() > MAX_SIGNATURES {
-        return Err(malformed(WEBHOOK_SIGNATURE, "more than 64 signatures"));
+        return Err(malformed(name, "more than 64 signatures"));
     }
     let mut candidates = Vec::new();
+    let mut undecodable = false;
     for entry in entries() {
         let (version, signature) = split_at_byte(entry, b',')
             .filter(|(version, _)| !version.is_empty())
             .ok_or_else(|| {
                 malformed(
-                    WEBHOOK_SIGNATURE,
+                    name,
                     "entries must be `version,signature` separated by single spaces",
                 )
             })?;
         if version == b"v1" {
-            let tag = decode_base64_tag(signature).ok_or_else(|| {
-                malformed(
-                    WEBHOOK_SIGNATURE,
-                    "a v1 signature must be standard padded base64 of 32 bytes",
-                )
-            })?;
-            candidates.push(tag);
+            match decode_base64_tag(signature) {
+                Some(tag) => candidates.push(tag),
+                None => undecodable = true,
+            }
         }
     }
     if candidates.is_empty() {
-        return Err(malformed(WEBHOOK_SIGNATURE, "no v1 signature"));
+        return Err(malformed(
+            name,
+            if undecodable {
+                "a v1 signature must be standard padded base64 of 32 bytes"
+            } else {
+                "no v1 signature"
+            },
+        ));
     }
     Ok(candidates)
 }
@@ -88,6 +133,7 @@ pub(super) fn verify_stripe<H: Headers + ?Sized>(
     let value = required(headers, STRIPE_SIGNATURE)?;
     let mut timestamp = None;
     let mut candidates = Vec::new();
+    let (mut undecodable, mut v1s) = (false, 0);
     for item in value.split(|b| *b == b',') {
         let (key, val) = split_at_byte(item, b'=').ok_or_else(|| {
             malformed(
@@ -103,13 +149,15 @@ pub(super) fn verify_stripe<H: Headers + ?Sized>(
                 timestamp = Some(val);
             }
             b"v1" => {
-                if candidates.len() >= MAX_SIGNATURES {
+                v1s += 1;
+                if v1s > MAX_SIGNATURES {
                     return Err(malformed(STRIPE_SIGNATURE, "more than 64 v1 signatures"));
                 }
-                let tag = decode_hex_tag(val).ok_or_else(|| {
-                    malformed(STRIPE_SIGNATURE, "a v1 signature must be 64 hex digits")
-                })?;
-                candidates.push(tag);
+                // One that does not decode never matches, as in Stripe's own libraries.
+                match decode_hex_tag(val) {
+                    Some(tag) => candidates.push(tag),
+                    None => undecodable = true,
+                }
             }
             // `v0` is Stripe's test-mode scheme and other keys may come later: only `v1` proves
             // anything, as Stripe's own libraries decide.
@@ -119,7 +167,14 @@ pub(super) fn verify_stripe<H: Headers + ?Sized>(
     let timestamp = timestamp.ok_or_else(|| malformed(STRIPE_SIGNATURE, "no t= timestamp"))?;
     let signed_at = parse_seconds(timestamp).map_err(|r| malformed(STRIPE_SIGNATURE, r))?;
     if candidates.is_empty() {
-        return Err(malformed(STRIPE_SIGNATURE, "no v1 signature"));
+        return Err(malformed(
+            STRIPE_SIGNATURE,
+            if undecodable {
+                "a v1 signature must be 64 hex digits"
+            } else {
+                "no v1 signature"
+            },
+        ));
     }
     check.within_tolerance(signed_at)?;
     check.matches(

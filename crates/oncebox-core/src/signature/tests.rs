@@ -2,6 +2,7 @@
 
 mod hostile;
 mod props;
+mod senders;
 mod timestamps;
 
 use std::collections::BTreeMap;

@@ -77,7 +77,7 @@ fn event_id(rule: &EventIdRule) -> String {
                 .collect::<Vec<_>>()
                 .join(", ")
         ),
-        _ => "Idempotency-Key, webhook-id, then JSON /id".to_owned(),
+        _ => "Idempotency-Key, webhook-id or svix-id, then JSON /id".to_owned(),
     }
 }
 

@@ -1,10 +1,12 @@
 //! Where an event's id comes from, by its source's rule: a header, a JSON pointer, fields it
-//! is derived from, or by default `Idempotency-Key`, `webhook-id`, then the body's `/id`.
+//! is derived from, or by default `Idempotency-Key`, `webhook-id` (or Svix's `svix-id`), then
+//! the body's `/id`.
 
 use axum::http::HeaderMap;
 use oncebox_core::EventId;
 use oncebox_core::fingerprint::{PayloadError, derive_event_id};
 use oncebox_core::json::{Pointer, Value};
+use oncebox_core::signature::{SVIX_ID, WEBHOOK_ID};
 
 use crate::policy::{EventIdRule, SourcePolicy};
 use crate::problem::Problem;
@@ -20,8 +22,10 @@ pub(super) fn needs_json(policy: &SourcePolicy, headers: &HeaderMap) -> bool {
         }
 }
 
-/// The headers the default id rule reads, in order, before the body's `/id`.
-const DEFAULT_ID_HEADERS: [&str; 2] = ["idempotency-key", "webhook-id"];
+/// The headers the default id rule reads, in order, before the body's `/id`. Svix sends
+/// `webhook-id` as `svix-id` unless its account renames it; the signature check reads the same
+/// pair the same way (`webhook-` names first), so a signed id is the one taken.
+const DEFAULT_ID_HEADERS: [&str; 3] = ["idempotency-key", WEBHOOK_ID, SVIX_ID];
 
 pub(super) fn event_id(
     policy: &SourcePolicy,
@@ -45,9 +49,12 @@ pub(super) fn event_id(
     };
     let missing = |what: &str| Problem::invalid("event-id-missing", format!("no event id: {what}"));
     let id = match &policy.event_id {
-        EventIdRule::Header(name) => {
-            from_header(name).unwrap_or_else(|| Err(missing(&format!("header {name} absent"))))
-        }
+        EventIdRule::Header(name) => from_header(name)
+            .or_else(|| {
+                let svix = name.eq_ignore_ascii_case(WEBHOOK_ID);
+                svix.then(|| from_header(SVIX_ID)).flatten()
+            })
+            .unwrap_or_else(|| Err(missing(&format!("header {name} absent")))),
         EventIdRule::Pointer(p) => {
             from_pointer(parsed, p).unwrap_or_else(|| Err(missing(&format!("{p} absent"))))
         }
@@ -62,7 +69,7 @@ pub(super) fn event_id(
             .iter()
             .find_map(|h| from_header(h))
             .or_else(|| from_pointer(parsed, &Pointer::from_tokens(vec!["id".to_owned()])))
-            .unwrap_or_else(|| Err(missing("no Idempotency-Key, webhook-id or /id"))),
+            .unwrap_or_else(|| Err(missing("no Idempotency-Key, webhook-id, svix-id or /id"))),
     };
     id?.deliverable().map_err(invalid)
 }

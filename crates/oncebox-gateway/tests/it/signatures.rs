@@ -360,3 +360,43 @@ fn hmac_base64_source_accepts_its_own_signature() {
         );
     });
 }
+
+/// Svix sends the Standard Webhooks headers under its own names unless an account renames
+/// them: such a delivery is verified and stored under its `svix-id`, a retry replays it, and a
+/// captured one cannot be sent again under another id by adding a `webhook-id`.
+#[test]
+fn svix_header_names_are_verified_and_name_the_event() {
+    run(async {
+        let gw = TestGateway::new();
+        gw.clock.set(Timestamp(1_614_265_330_000));
+        let h = [
+            ("svix-id", "msg_p5jXN8AQM9LWM0D4loKWxJek"),
+            ("svix-timestamp", "1614265330"),
+            (
+                "svix-signature",
+                "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE=",
+            ),
+        ];
+        let body = r#"{"test": 2432232314}"#;
+        let a = gw.send(post("shop", &h, body)).await;
+        assert_eq!(a.status, StatusCode::ACCEPTED, "{a:?}");
+        assert_eq!(a.json()["event_id"], "msg_p5jXN8AQM9LWM0D4loKWxJek");
+        let retry = gw.send(post("shop", &h, body)).await;
+        assert!(retry.replayed(), "{retry:?}");
+
+        let mut renamed = h.to_vec();
+        renamed.push(("webhook-id", "msg_forged"));
+        let forged = gw.send(post("shop", &renamed, body)).await;
+        assert_eq!(
+            (forged.status, forged.slug().as_str()),
+            (StatusCode::UNAUTHORIZED, "signature-invalid"),
+            "{forged:?}"
+        );
+        // An unsigned source's default id rule reads `svix-id` after `webhook-id` too.
+        let open = gw
+            .send(post("open", &[("svix-id", "msg_open")], r#"{"a":1}"#))
+            .await;
+        assert_eq!(open.json()["event_id"], "msg_open", "{open:?}");
+        assert_eq!(gw.rows(), 2);
+    });
+}

@@ -153,7 +153,9 @@ fn event_id(rule: &EventIdRule) -> String {
         EventIdRule::Header(h) => format!("header {h}"),
         EventIdRule::Pointer(p) => format!("JSON {}", pointer(p)),
         EventIdRule::Derive(fields) => format!("derived from {}", pointer_list(fields)),
-        EventIdRule::Default => "Idempotency-Key, then webhook-id, then JSON /id".to_owned(),
+        EventIdRule::Default => {
+            "Idempotency-Key, then webhook-id or svix-id, then JSON /id".to_owned()
+        }
         _ => format!("{rule:?}"),
     }
 }
