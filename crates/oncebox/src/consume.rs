@@ -16,6 +16,7 @@ use oncebox_gateway::policy::GatewayConfig;
 use tokio::sync::watch;
 
 use crate::config::{Broker, ConsumerSpec, Settings};
+use crate::serve::{Stop, wait_for};
 use crate::store::Store;
 
 /// Longest wait between reconnection attempts.
@@ -67,7 +68,7 @@ pub async fn run(settings: Settings, amqp: Option<String>, nats: Option<String>)
         ));
     }
     let amqp_uri = amqp.as_deref().map(amqp_url).transpose()?;
-    let shutdown = crate::serve::shutdown_signal();
+    let shutdown = Stop::listen();
     // Which consumers run is settled before the store opens: with none, no database is touched.
     let mut runs = Vec::new();
     for spec in settings.consumers {
@@ -87,7 +88,12 @@ pub async fn run(settings: Settings, amqp: Option<String>, nats: Option<String>)
     }
     // Not created: started in another directory, or on a mistyped path, the consumers would
     // acknowledge messages into a database that no gateway or relay reads.
-    let store = Store::open_existing(&settings.database, crate::store::Schema::Migrate).await?;
+    let opening = Store::open_existing(&settings.database, crate::store::Schema::Migrate);
+    let Some(store) = shutdown.before(opening).await else {
+        tracing::info!("stopped before the consumers started");
+        return Ok(());
+    };
+    let store = store?;
     let config = Arc::new(settings.gateway);
     let (stop, stopped) = watch::channel(false);
     let mut tasks = tokio::task::JoinSet::new();
@@ -110,7 +116,7 @@ pub async fn run(settings: Settings, amqp: Option<String>, nats: Option<String>)
         }
     }
     tracing::info!(consumers = tasks.len(), "consuming");
-    shutdown.await;
+    shutdown.requested().await;
     let _ = stop.send(true);
     // Each consumer settles the messages in hand before its task ends.
     while tasks.join_next().await.is_some() {}
@@ -277,10 +283,6 @@ fn earned_a_fresh_start(started: Instant, backoff: &mut Duration) {
 async fn pause(backoff: &mut Duration, stopped: &watch::Receiver<bool>) {
     let _ = tokio::time::timeout(*backoff, wait_for(stopped.clone())).await;
     *backoff = (*backoff * 2).min(MAX_BACKOFF);
-}
-
-async fn wait_for(mut stopped: watch::Receiver<bool>) {
-    let _ = stopped.wait_for(|s| *s).await;
 }
 
 #[cfg(test)]

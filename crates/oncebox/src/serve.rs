@@ -3,7 +3,7 @@
 
 mod signals;
 
-pub(crate) use signals::shutdown_signal;
+pub(crate) use signals::{Stop, wait_for};
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -24,18 +24,26 @@ const PURGE_EVERY: Duration = Duration::from_secs(3600);
 
 /// Runs the gateway, and the relay in the same process when `with_relay` and routes exist.
 pub async fn run(settings: Settings, with_relay: bool) -> Result<()> {
-    let shutdown = shutdown_signal();
+    let shutdown = Stop::listen();
     for warning in &settings.warnings {
         tracing::warn!("{warning}");
     }
-    let inbox = Store::open_with(&settings.database, &settings.storage).await?;
+    let starting = async {
+        let inbox = Store::open_with(&settings.database, &settings.storage).await?;
+        let listener = TcpListener::bind(settings.listen)
+            .await
+            .with_context(|| format!("binding {}", settings.listen))?;
+        anyhow::Ok((inbox, listener))
+    };
+    let Some(started) = shutdown.before(starting).await else {
+        tracing::info!("stopped before the gateway started");
+        return Ok(());
+    };
+    let (inbox, listener) = started?;
     let database = describe(&settings.database);
     let metrics = oncebox_gateway::meter::recorder()
         .install_recorder()
         .context("installing the metrics recorder")?;
-    let listener = TcpListener::bind(settings.listen)
-        .await
-        .with_context(|| format!("binding {}", settings.listen))?;
     let local = listener.local_addr()?;
     let config = settings.gateway;
     let limits = config.limits.clone();
@@ -64,7 +72,7 @@ pub async fn run(settings: Settings, with_relay: bool) -> Result<()> {
         tokio::spawn(async move { relay.run(wait_for(stopped)).await })
     });
     serve(listener, router(gw), limits, async move {
-        shutdown.await;
+        shutdown.requested().await;
         tracing::info!(
             "waiting for requests in progress, up to {} (limits.shutdown_grace); signal again to stop now",
             humantime::format_duration(grace)
@@ -91,7 +99,7 @@ pub async fn run(settings: Settings, with_relay: bool) -> Result<()> {
 
 /// `oncebox relay`: the relay alone, for deployments that run it apart from the gateway.
 pub async fn relay_only(settings: Settings) -> Result<()> {
-    let shutdown = shutdown_signal();
+    let shutdown = Stop::listen();
     let routes = settings.gateway.routes;
     // Before the store opens: a relay with nothing to deliver touches no database.
     if routes.is_empty() {
@@ -101,20 +109,17 @@ pub async fn relay_only(settings: Settings) -> Result<()> {
     }
     // Not created: started in another directory, or on a mistyped path, the relay would poll
     // an empty database of its own while the gateway's deliveries wait.
-    let inbox = Store::open_existing(&settings.database, crate::store::Schema::Migrate).await?;
+    let opening = Store::open_existing(&settings.database, crate::store::Schema::Migrate);
+    let Some(inbox) = shutdown.before(opening).await else {
+        tracing::info!("stopped before the relay started");
+        return Ok(());
+    };
+    let inbox = inbox?;
     tracing::info!(routes = routes.len(), database = %describe(&settings.database), "relay running");
     let relay = Relay::new(inbox, routes, Arc::new(SystemClock), settings.relay);
-    relay.run(shutdown).await;
+    relay.run(shutdown.requested()).await;
     tracing::info!("relay stopped");
     Ok(())
-}
-
-async fn wait_for(mut stopped: tokio::sync::watch::Receiver<bool>) {
-    while !*stopped.borrow_and_update() {
-        if stopped.changed().await.is_err() {
-            return;
-        }
-    }
 }
 
 fn retention(config: &GatewayConfig) -> Retention {

@@ -9,12 +9,55 @@
 
 use std::future::Future;
 
+use tokio::sync::watch;
+
+/// Whether a stop was asked for, watched from the moment the handlers are registered: a signal
+/// that comes while the store opens (a migration lock another node holds, a file another
+/// process keeps busy) or while the port is bound ends the start there, instead of being
+/// noticed only once the gateway is listening, and a second one stops at once whenever it
+/// comes.
+#[derive(Clone)]
+pub(crate) struct Stop(watch::Receiver<bool>);
+
+impl Stop {
+    /// Registers the handlers and starts watching them.
+    pub(crate) fn listen() -> Stop {
+        let signal = shutdown_signal();
+        let (asked, watched) = watch::channel(false);
+        tokio::spawn(async move {
+            signal.await;
+            let _ = asked.send(true);
+        });
+        Stop(watched)
+    }
+
+    /// Resolves once a stop was asked for.
+    pub(crate) async fn requested(self) {
+        wait_for(self.0).await;
+    }
+
+    /// Runs `start` unless a stop is asked for first (`None` then: `start` is dropped, and a
+    /// PostgreSQL session it opened ends, taking its transaction and locks with it).
+    pub(crate) async fn before<T>(&self, start: impl Future<Output = T>) -> Option<T> {
+        tokio::select! {
+            biased;
+            () = self.clone().requested() => None,
+            done = start => Some(done),
+        }
+    }
+}
+
+/// Resolves once `stopped` holds `true`, or its sender went away (the process is ending).
+pub(crate) async fn wait_for(mut stopped: watch::Receiver<bool>) {
+    let _ = stopped.wait_for(|s| *s).await;
+}
+
 /// Resolves on the first stop signal. The handlers are registered here, at once, not when the
 /// future is first polled: a signal that comes while the store opens, or while the relay
 /// already delivers, ends the process gracefully instead of by the default action. SIGHUP is
 /// one of them: a closed terminal or a supervisor's hang-up would otherwise kill the process
 /// mid-commit, with no graceful stop at all.
-pub(crate) fn shutdown_signal() -> impl Future<Output = ()> {
+fn shutdown_signal() -> impl Future<Output = ()> {
     #[cfg(unix)]
     let signals = {
         use tokio::signal::unix::{SignalKind, signal};

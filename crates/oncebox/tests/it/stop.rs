@@ -1,5 +1,6 @@
 //! Stopping `serve` and `relay` by signal: the first asks for a graceful stop and says what it
-//! waits for, a second stops at once, and SIGHUP is a stop request like SIGTERM.
+//! waits for, a second stops at once, SIGHUP is a stop request like SIGTERM, and a stop during
+//! the start ends it.
 
 use std::io::{BufRead, BufReader, Read};
 use std::net::TcpListener;
@@ -10,7 +11,9 @@ use std::time::Duration;
 
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
+use oncebox_postgres::sqlx::{self, Connection, PgConnection};
 
+use crate::schema::Schema;
 use crate::support::{oncebox, serve_with, text};
 
 /// Far longer than the test may take: an attempt the stop waited for would show.
@@ -173,4 +176,64 @@ fn sighup_stops_serve_gracefully() {
     until(&mut log, "stopped");
     std::thread::spawn(move || log.for_each(drop));
     assert_eq!(exit_within(child, Duration::from_secs(20)), Some(0));
+}
+
+/// A stop asked for while the store opens ends the start there. Here the open waits for the
+/// migration lock a test session holds (up to two minutes): a SIGTERM used to be noticed only
+/// once the lock was free and the gateway listening, and a second one not at all.
+#[test]
+fn a_stop_during_the_open_ends_the_start() {
+    let Some(base) = oncebox_testkit::service_url("ONCEBOX_POSTGRES_URL") else {
+        return;
+    };
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let schema = rt.block_on(Schema::create(&base, "oncebox_stop"));
+    let mut holder = rt.block_on(async {
+        let mut conn = PgConnection::connect(&schema.url).await.unwrap();
+        sqlx::query("BEGIN").execute(&mut conn).await.unwrap();
+        sqlx::query(
+            "SELECT pg_advisory_xact_lock(hashtext('oncebox-migrate:' || current_schema()))",
+        )
+        .execute(&mut conn)
+        .await
+        .unwrap();
+        conn
+    });
+    for command in [&["serve", "--listen", "127.0.0.1:0"][..], &["relay"]] {
+        let dir = tempfile::tempdir().unwrap();
+        if command == ["relay"] {
+            std::fs::write(
+                dir.path().join("oncebox.toml"),
+                CONFIG.replace("RECEIVER", "127.0.0.1:9"),
+            )
+            .unwrap();
+        }
+        let mut args = vec!["--database", schema.url.as_str()];
+        args.extend_from_slice(command);
+        let (child, mut log) = start(dir.path(), &args);
+        // The process is in the open, blocked behind the lock: the fault is in place.
+        until(&mut log, "waiting for the migration lock");
+        signal(&child, Signal::SIGTERM);
+        let line = until(&mut log, "stopped before the");
+        std::thread::spawn(move || log.for_each(drop));
+        assert_eq!(
+            exit_within(child, Duration::from_secs(20)),
+            Some(0),
+            "{line}"
+        );
+    }
+    rt.block_on(async {
+        // Still held: the stops did not wait for it.
+        let held: bool = sqlx::query_scalar(
+            "SELECT count(*) > 0 FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()",
+        )
+        .fetch_one(&mut holder)
+        .await
+        .unwrap();
+        assert!(held);
+        sqlx::query("ROLLBACK").execute(&mut holder).await.unwrap();
+    });
 }
