@@ -188,9 +188,7 @@ fn described() -> Value {
     let deliveries = json!([
         { "name": "state", "in": "query", "schema": { "enum": DELIVERY_STATES }, "allowEmptyValue": true,
           "description": "only deliveries in this state; empty is the same as not given" },
-        { "name": "route", "in": "query", "schema": { "type": "string" }, "allowEmptyValue": true,
-          "description": "only this route's deliveries; empty is the same as not given" },
-        schemas::after(), schemas::limit()]);
+        schemas::route_filter(), schemas::after(), schemas::limit()]);
     // Both forms are read by axum's `Form`: another content type is refused before the handler.
     let unsupported = problem(
         "unsupported-media-type: the body is not sent as application/x-www-form-urlencoded",

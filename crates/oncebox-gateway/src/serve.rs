@@ -1,18 +1,27 @@
 //! The HTTP server loop: hyper HTTP/1.1 with real header-read and body timeouts, a lingering
-//! close so that a refusal sent before the body was read reaches its client, and a graceful
-//! shutdown that lets in-flight requests finish within a grace period and cuts the rest, never
-//! answering 2xx without a commit.
+//! close so that a refusal sent before the body was read reaches its client, `Connection:
+//! close` on such a refusal, and a graceful shutdown that lets in-flight requests finish within
+//! a grace period and cuts the rest, never answering 2xx without a commit.
 
+use std::convert::Infallible;
 use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
 use axum::Router;
+use axum::http::{HeaderValue, Request, header};
+use axum::response::Response;
+use bytes::Bytes;
+use hyper::body::{Body, Frame, Incoming, SizeHint};
 use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
-use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 use tokio::task::JoinSet;
+use tower::ServiceExt as _;
 
 use crate::linger::{self, Lingering};
 use crate::policy::Limits;
@@ -58,7 +67,9 @@ pub async fn serve(
                 };
                 let _ = stream.set_nodelay(true);
                 let (io, left) = Lingering::new(stream);
-                let service = TowerToHyperService::new(app.clone());
+                let app = app.clone();
+                let service =
+                    hyper::service::service_fn(move |request| answer(app.clone(), request));
                 let connection = graceful.watch(builder.serve_connection(TokioIo::new(io), service));
                 connections.spawn(async move {
                     if let Err(e) = connection.await {
@@ -87,4 +98,63 @@ pub async fn serve(
     // Aborting drops each connection's request future: a cut request is never answered.
     connections.shutdown().await;
     Ok(())
+}
+
+/// Runs `app` on `request`, and asks for the connection's close when the answer leaves part of
+/// the request's body unread (a 413 by its declared length, a 404 or 401 decided on the head).
+///
+/// Why: hyper then does not keep the connection (the rest of the body is still on it), but
+/// without `Connection: close` in the answer a pooled client takes the connection for alive,
+/// sends its next request on it and meets the close instead of an answer (Python's `requests`
+/// reports `RemoteDisconnected`). With the header, hyper closes after the answer and the
+/// client knows. A request with no body costs nothing more; one with a body, one small
+/// allocation.
+async fn answer(app: Router, request: Request<Incoming>) -> Result<Response, Infallible> {
+    if request.body().is_end_stream() {
+        return app.oneshot(request).await;
+    }
+    let ended = Arc::new(AtomicBool::new(false));
+    let request = request.map(|inner| Tracked {
+        inner,
+        ended: Arc::clone(&ended),
+    });
+    let mut response = app.oneshot(request).await?;
+    if !ended.load(Ordering::Relaxed) {
+        response
+            .headers_mut()
+            .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    }
+    Ok(response)
+}
+
+/// A request body that records, in `ended`, that it was read to its end.
+struct Tracked {
+    inner: Incoming,
+    ended: Arc<AtomicBool>,
+}
+
+impl Body for Tracked {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        let frame = ready!(Pin::new(&mut self.inner).poll_frame(cx));
+        // The last data frame of a body of known length already ends it: a reader that stops
+        // there, at its length, has read it all.
+        if frame.is_none() || self.inner.is_end_stream() {
+            self.ended.store(true, Ordering::Relaxed);
+        }
+        Poll::Ready(frame)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
 }

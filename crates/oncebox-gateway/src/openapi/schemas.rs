@@ -52,6 +52,16 @@ pub(super) fn source_filter() -> Value {
             "description": format!("only this source's events{EMPTY}") })
 }
 
+/// The `route` filter of `GET /v1/deliveries`. A name with a control character is refused (no
+/// route's name holds one, and PostgreSQL cannot bind a NUL), not answered with an empty page.
+pub(super) fn route_filter() -> Value {
+    json!({ "name": "route", "in": "query", "allowEmptyValue": true,
+            "schema": { "type": "string", "pattern": format!("^[^{CONTROL}]*$") },
+            "description": format!(
+                "only this route's deliveries; no control characters (C0, DEL, C1): 400 \
+                 invalid-query{EMPTY}") })
+}
+
 /// The cursor of a list.
 pub(super) fn after() -> Value {
     json!({ "name": "after", "in": "query", "schema": { "type": "integer", "format": "int64" },
@@ -70,6 +80,10 @@ pub(super) fn limit() -> Value {
                  500 (one past 2^64 - 1 does not parse: 400 invalid-query){EMPTY}") })
 }
 
+/// The headers the ingress may read an event id from, held to an id's length as far as
+/// `maxLength` (characters) can say it (the rule counts bytes, as the descriptions say).
+const ID_HEADERS: [&str; 2] = ["Idempotency-Key", "webhook-id"];
+
 /// The headers the ingress reads an event id or a signature from; none is required of every
 /// source, and a source may name another header for its id or its `hmac-sha256` signature.
 const INGRESS_HEADERS: [(&str, &str); 7] = [
@@ -81,7 +95,8 @@ const INGRESS_HEADERS: [(&str, &str); 7] = [
     (
         "webhook-id",
         "Standard Webhooks: the message id, signed; the event id of a standard-webhooks source, \
-         and of a default-rule one without Idempotency-Key",
+         and of a default-rule one without Idempotency-Key; as an id: 1 to 255 bytes of UTF-8, \
+         no control characters",
     ),
     (
         "webhook-timestamp",
@@ -111,8 +126,13 @@ pub(super) fn ingress_headers() -> Value {
     INGRESS_HEADERS
         .iter()
         .map(|(name, description)| {
+            let schema = if ID_HEADERS.contains(name) {
+                json!({ "type": "string", "minLength": 1, "maxLength": 255 })
+            } else {
+                json!({ "type": "string" })
+            };
             json!({ "name": name, "in": "header", "required": false,
-                    "schema": { "type": "string" }, "description": description })
+                    "schema": schema, "description": description })
         })
         .collect()
 }
@@ -224,8 +244,9 @@ pub(super) fn components() -> Value {
                     "status": { "type": ["integer", "null"] }, "error": text_or_null } },
             "Resolve": { "type": "object", "required": ["outcome"], "properties": {
                 "outcome": { "enum": ["delivered", "dead"] },
-                "note": { "type": ["string", "null"],
-                          "description": "free text; absent and null both mean none" } } }
+                "note": { "type": ["string", "null"], "pattern": r"^[^\u0000]*$",
+                          "description": "free text without a NUL (PostgreSQL keeps none); \
+                                          absent and null both mean none" } } }
         }
     })
 }

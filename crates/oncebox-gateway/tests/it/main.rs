@@ -9,6 +9,7 @@ mod deliveries;
 mod headers;
 mod http;
 mod ingress;
+mod keepalive;
 mod keys;
 mod linger;
 mod openapi;

@@ -2,6 +2,7 @@
 //! answered, never sent, or sent without an answer. And the status-URL question of
 //! reconciliation.
 
+use std::borrow::Cow;
 use std::time::Duration;
 
 use oncebox_core::Timestamp;
@@ -39,19 +40,20 @@ pub(super) async fn attempt(
     number: u32,
     started_at: Timestamp,
 ) -> Attempt {
+    let key = wire_key(&claimed.idempotency_key);
     let mut request = client
         .post(&route.url)
         .timeout(route.timeout)
         .header("content-type", claimed.content_type.as_str())
         // Stable for every attempt of this (event, route), forever: receivers deduplicate on it.
-        .header("idempotency-key", claimed.idempotency_key.as_str())
+        .header("idempotency-key", key.as_ref())
         .header("oncebox-attempt", number.to_string())
         .body(claimed.payload.clone());
     if let Some(secret) = &route.signing_secret {
         for (name, value) in sign(
             &Scheme::StandardWebhooks,
             secret,
-            &claimed.idempotency_key,
+            &key,
             started_at,
             &claimed.payload,
         ) {
@@ -75,6 +77,26 @@ pub(super) async fn attempt(
         // The URL is left out: a route's may carry credentials (`user:pass@`, a `?token=`),
         // and the text is kept as the attempt's error, shown by the admin API and dashboard.
         Err(e) => classify(&e.without_url()),
+    }
+}
+
+/// The key as it goes on the wire, in `Idempotency-Key`, in the signed `webhook-id` and (percent
+/// encoded once more) in the status URL. Do not change: receivers deduplicate on it, across
+/// restarts and upgrades.
+///
+/// A key of printable ASCII (and tabs, which an outbox key may hold) goes verbatim: every key
+/// that went before goes as it did. Any other key goes percent-encoded, every byte but
+/// ALPHA / DIGIT / `-._~` as `%XX`: receivers read header bytes as Latin-1 (Python's
+/// `http.server`, Node's `http`), so raw UTF-8 would reach them as mojibake and a signature over
+/// it would never verify. The two forms cannot meet for gateway keys: a verbatim one has a `:`
+/// right after its source name (`[a-z0-9][a-z0-9._-]*`), an encoded one has no `:`, and
+/// percent-encoding is injective. An outbox key is the application's own string: one of
+/// printable ASCII that spells another key's encoding would reach the receiver as that key.
+fn wire_key(key: &str) -> Cow<'_, str> {
+    if key.bytes().all(|b| matches!(b, b' '..=b'~' | b'\t')) {
+        Cow::Borrowed(key)
+    } else {
+        Cow::Owned(percent_encode(key))
     }
 }
 
@@ -154,7 +176,8 @@ pub(super) fn error_chain(e: &dyn std::error::Error) -> String {
     text
 }
 
-/// Asks the route's status URL whether the receiver applied `key`. `Some(true)`: applied;
+/// Asks the route's status URL whether the receiver applied `key`, named in the URL by its
+/// [wire form](wire_key), the key the receiver saw, percent-encoded. `Some(true)`: applied;
 /// `Some(false)`: not applied; `None`: the answer says nothing (no status URL, an error, or a
 /// body without a boolean `applied`).
 ///
@@ -164,7 +187,7 @@ pub(super) fn error_chain(e: &dyn std::error::Error) -> String {
 /// taking it for "not applied" would send every uncertain delivery again, the applied ones too.
 pub(crate) async fn applied(client: &reqwest::Client, route: &Route, key: &str) -> Option<bool> {
     let template = route.status_url.as_ref()?;
-    let url = template.replace("{key}", &percent_encode(key));
+    let url = template.replace("{key}", &percent_encode(&wire_key(key)));
     let response = client.get(url).timeout(route.timeout).send().await.ok()?;
     let not_found = response.status().as_u16() == 404;
     if !response.status().is_success() && !not_found {
@@ -199,6 +222,21 @@ fn percent_encode(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_key_of_printable_ascii_goes_verbatim_any_other_percent_encoded() {
+        let cases = [
+            ("shop:evt_1", "shop:evt_1"),
+            ("shop:a%b c", "shop:a%b c"),
+            ("thank-you:o-7\tx", "thank-you:o-7\tx"),
+            ("shop:msg_é_1", "shop%3Amsg_%C3%A9_1"),
+            ("shop:a b\u{a0}", "shop%3Aa%20b%C2%A0"),
+            ("shop:~ok-é", "shop%3A~ok-%C3%A9"),
+        ];
+        for (key, wire) in cases {
+            assert_eq!(wire_key(key), wire, "{key:?}");
+        }
+    }
 
     /// 2015-10-21T07:28:00Z, the example date of RFC 9110.
     const AT: Timestamp = Timestamp(1_445_412_480_000);

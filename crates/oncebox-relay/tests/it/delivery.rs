@@ -12,7 +12,8 @@ use oncebox_testkit::run;
 
 use crate::{SECRET, START, World, receiver, route};
 
-struct Lookup<'a>(&'a axum::http::HeaderMap);
+/// A request's headers as a signature check reads them: the bytes as they arrived.
+pub(crate) struct Lookup<'a>(pub(crate) &'a axum::http::HeaderMap);
 
 impl Headers for Lookup<'_> {
     fn get(&self, name: &str) -> Option<&[u8]> {

@@ -18,6 +18,7 @@ mod receiver;
 mod settle;
 mod tls;
 mod unrouted;
+mod wire;
 
 use std::net::SocketAddr;
 use std::sync::Arc;

@@ -123,6 +123,9 @@ fn the_resolve_body_is_declared_as_the_handler_reads_it() {
             r#"{"outcome":"lost"}"#,
             r#"{"outcome":null}"#,
             r#"{"outcome":"dead","note":5}"#,
+            // PostgreSQL keeps no NUL: the handler refuses it, whichever store is behind.
+            r#"{"outcome":"dead","note":"a\u0000b"}"#,
+            r#"{"outcome":"dead","note":"\u0001\u007f"}"#,
             r#"[]"#,
             r#""dead""#,
             // serde would take these as the struct's fields in order; the handler does not.

@@ -125,6 +125,61 @@ fn keys_are_declared_as_the_server_reads_them() {
     });
 }
 
+/// The `route` filter of the deliveries list takes what the handler takes: any name but one
+/// with a control character (400 `invalid-query`).
+#[test]
+fn the_route_filter_is_declared_as_the_list_reads_it() {
+    run(async {
+        let gw = TestGateway::new();
+        let doc = document(&gw).await;
+        let params = doc["paths"]["/v1/deliveries"]["get"]["parameters"]
+            .as_array()
+            .unwrap();
+        let route = params.iter().find(|p| p["name"] == "route").unwrap();
+        let names = [
+            "", "all", "a b", "é", "😀", "\u{A0}", "\0", "a\0", "\t", "x\n", "\u{1}x", "x\u{7F}",
+            "\u{85}", "x\u{9F}",
+        ];
+        for name in names {
+            let encoded =
+                percent_encoding::utf8_percent_encode(name, percent_encoding::NON_ALPHANUMERIC);
+            let a = gw
+                .send(admin_get(&format!("/v1/deliveries?route={encoded}")))
+                .await;
+            let declared = conform::conforms(&doc, &route["schema"], &Value::from(name), name);
+            assert_eq!(
+                declared.is_ok(),
+                a.status == StatusCode::OK,
+                "{name:?} {a:?}"
+            );
+        }
+    });
+}
+
+/// The headers the default rule reads an id from are declared 1 to 255 long, as the ingress
+/// reads them (past 255 bytes refused, in characters too when they are ASCII).
+#[test]
+fn the_id_headers_are_declared_as_long_as_an_id() {
+    run(async {
+        let gw = TestGateway::new();
+        let doc = document(&gw).await;
+        let params = doc["paths"]["/v1/sources/{source}/events"]["post"]["parameters"]
+            .as_array()
+            .unwrap();
+        for header in ["Idempotency-Key", "webhook-id"] {
+            let param = params.iter().find(|p| p["name"] == header).unwrap();
+            for length in [0, 1, 255, 256] {
+                let id = format!("{header}-{}", "x".repeat(255))[..length].to_owned();
+                let declared =
+                    conform::conforms(&doc, &param["schema"], &Value::from(&*id), header);
+                let a = gw.send(post("open", &[(header, &id)], "{}")).await;
+                let taken = a.status == StatusCode::ACCEPTED;
+                assert_eq!(declared.is_ok(), taken, "{header} of {length}: {a:?}");
+            }
+        }
+    });
+}
+
 /// The sign-in and sign-out forms are declared with the fields the dashboard's pages send, and
 /// a form of just those fields is what the handlers take.
 #[test]
