@@ -53,6 +53,12 @@ pub enum OpenError {
          empty inbox"
     )]
     LostDatabase { path: String, log_bytes: u64 },
+    /// The file can be read but not written by this process.
+    #[error(
+        "{path} can be read but not written by this process (its permissions, an immutable \
+         attribute or a read-only mount): the inbox writes every event it answers"
+    )]
+    ReadOnly { path: String },
 }
 
 /// Classifies SQLite errors that say nothing about the request itself: the database is busy,

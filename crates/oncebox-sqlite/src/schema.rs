@@ -239,6 +239,14 @@ pub(crate) fn open_writer(o: &Options) -> Result<Connection, OpenError> {
         Connection::open(&o.path)
     }
     .map_err(&err)?;
+    // A file this process may not write (its mode, an immutable attribute, a read-only mount)
+    // opens read-only without a word, and a store on it would answer every event unavailable
+    // while its readiness check, which writes nothing, said ready: refused here, by name.
+    if conn.is_readonly(rusqlite::MAIN_DB).unwrap_or(false) {
+        return Err(OpenError::ReadOnly {
+            path: o.path.display().to_string(),
+        });
+    }
     conn.busy_timeout(o.busy_timeout).map_err(&err)?;
     let sync = synchronous(o.durability);
     let settings = format!(

@@ -12,6 +12,7 @@ mod harness;
 mod opens;
 mod placement;
 mod powerloss;
+mod readonly;
 mod recent;
 mod reentrant;
 mod rolled_back;
