@@ -101,7 +101,9 @@ fn a_dry_run_counts_what_the_run_would_make_due_and_ends_as_it_would() {
 }
 
 /// `purge`'s help says a retention is needed where no sources are configured, as the command
-/// does; a short `--retention` is warned of as the same retention in the file is.
+/// does; a short `--retention` is warned of as the same retention in the file is, and one
+/// under the presets' 3 days where no configuration says which sources use them (a cron job
+/// away from the gateway's file): warned, not refused, so scripts still exit 0.
 #[test]
 fn purge_help_matches_what_it_does_and_a_short_retention_is_warned_of() {
     let dir = tempfile::tempdir().unwrap();
@@ -124,6 +126,30 @@ fn purge_help_matches_what_it_does_and_a_short_retention_is_warned_of() {
     );
     let long = oncebox(d, &["purge", "--retention", "30d"]);
     assert!(!text(&long).contains("warning"), "{}", text(&long));
+
+    assert!(help.contains("warned of under the 3 days"), "{help}");
+    let unread = "no configuration naming [sources] was read";
+    let days = oncebox(d, &["purge", "--retention", "2d"]);
+    let warned = String::from_utf8_lossy(&days.stderr);
+    assert_eq!(days.status.code(), Some(0), "{}", text(&days));
+    assert!(
+        warned.contains("--retention 2days is shorter than the 3days")
+            && warned.contains("stripe, github and standard-webhooks")
+            && warned.contains(unread),
+        "{warned}"
+    );
+    let horizon = oncebox(d, &["purge", "--retention", "3d"]);
+    assert!(!text(&horizon).contains("warning"), "{}", text(&horizon));
+    // With the sources configured, each keeps its own retention, checked against its preset
+    // when the file was read: `--retention` reaches only sources the file does not name.
+    std::fs::write(
+        d.join("oncebox.toml"),
+        "[sources.shop]\nsignature = \"none\"\n",
+    )
+    .unwrap();
+    let configured = oncebox(d, &["purge", "--retention", "2d"]);
+    assert!(configured.status.success(), "{}", text(&configured));
+    assert!(!text(&configured).contains(unread), "{}", text(&configured));
 }
 
 /// Flags outside what a command does are refused by name before anything runs.
