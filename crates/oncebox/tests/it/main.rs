@@ -121,6 +121,11 @@ fn a_postgres_url_the_driver_cannot_read_is_refused_by_check_too() {
                 "{command:?}: {text}"
             );
             assert!(!text.contains("hunter2"), "{command:?}: {text}");
+            // The driver wraps its reason in its configuration error twice: said once.
+            assert!(
+                text.matches("error with configuration").count() <= 1,
+                "{command:?}: {text}"
+            );
         }
     }
 }
