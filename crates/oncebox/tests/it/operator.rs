@@ -152,6 +152,43 @@ fn purge_help_matches_what_it_does_and_a_short_retention_is_warned_of() {
     assert!(!text(&configured).contains(unread), "{}", text(&configured));
 }
 
+/// A `.` in a source's or route's name reads as `__` in a variable's name, so the environment
+/// cannot reach its settings: `check` warns of it as of an upper-case route name.
+#[test]
+fn dotted_source_and_route_names_are_warned_of() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::fs::write(
+        d.join("oncebox.toml"),
+        "[sources.\"shop.eu\"]\nsignature = \"none\"\n\
+         [sources.shop_us]\nsignature = \"none\"\n\
+         [routes.\"orders.v2\"]\nsources = [\"shop.eu\"]\nurl = \"http://127.0.0.1:9/hook\"\n\
+         [routes.orders_v3]\nsources = [\"shop_us\"]\nurl = \"http://127.0.0.1:9/hook\"\n",
+    )
+    .unwrap();
+    let check = oncebox(d, &["check"]);
+    let said = text(&check);
+    assert_eq!(check.status.code(), Some(0), "{said}");
+    let cannot = "the environment cannot override";
+    assert_eq!(said.matches(cannot).count(), 2, "{said}");
+    assert!(
+        said.contains("warning: sources.\"shop.eu\": the environment"),
+        "{said}"
+    );
+    assert!(
+        said.contains("warning: routes.orders.v2: the environment"),
+        "{said}"
+    );
+    // As warned: the variable names a table the route does not have.
+    let env = [("ONCEBOX_ROUTES__ORDERS.V2__TIMEOUT", "30s")];
+    let out = with_env(d, &env, &["check"]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    // The names without a dot are reached.
+    let env = [("ONCEBOX_ROUTES__ORDERS_V3__TIMEOUT", "30s")];
+    let out = with_env(d, &env, &["check"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+}
+
 /// Flags outside what a command does are refused by name before anything runs.
 #[test]
 fn out_of_range_flags_are_refused_locally() {
