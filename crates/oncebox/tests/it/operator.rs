@@ -152,6 +152,25 @@ fn purge_help_matches_what_it_does_and_a_short_retention_is_warned_of() {
     assert!(!text(&configured).contains(unread), "{}", text(&configured));
 }
 
+/// A value outside an enumeration is named with the values expected, each quoted once.
+#[test]
+fn an_unknown_preset_is_named_with_the_presets_expected() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::fs::write(d.join("oncebox.toml"), "[sources.a]\npreset = \"strip\"\n").unwrap();
+    let out = oncebox(d, &["check"]);
+    let said = text(&out);
+    assert_eq!(out.status.code(), Some(2), "{said}");
+    assert!(
+        said.contains(
+            "sources.a.preset: unknown value \"strip\" (expected one of `stripe`, `github`, \
+             `standard-webhooks`)"
+        ),
+        "{said}"
+    );
+    assert!(!said.contains("``"), "{said}");
+}
+
 /// A `.` in a source's or route's name reads as `__` in a variable's name, so the environment
 /// cannot reach its settings: `check` warns of it as of an upper-case route name.
 #[test]
