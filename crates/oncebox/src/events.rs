@@ -170,6 +170,24 @@ pub async fn stats(out: &mut impl Write, store: &Store, output: Output) -> Resul
 pub fn purge_retention(settings: &Settings, given: Option<Duration>) -> Result<Duration> {
     match given {
         Some(retention) => {
+            // Without [sources] nothing says which sources are Stripe, GitHub or Standard
+            // Webhooks ones, whose senders redeliver for days: the gateway's configuration may
+            // sit elsewhere (a cron job in another directory, an unset ONCEBOX_CONFIG). Warned,
+            // not refused: the file refuses a short retention only for a source whose preset
+            // it names, and warns where the sender is only likely, as here.
+            let (horizon, senders) = crate::config::longest_horizon();
+            if settings.gateway.open_sources && retention < horizon {
+                let _ = writeln!(
+                    std::io::stderr(),
+                    "warning: --retention {} is shorter than the {} that senders of the {} \
+                     presets may redeliver for, and no configuration naming [sources] was read \
+                     (--config or ONCEBOX_CONFIG) to tell which sources use them: a redelivery \
+                     after the purge is taken as a new event and applied again",
+                    humantime::format_duration(retention),
+                    humantime::format_duration(horizon),
+                    listed(&senders),
+                );
+            }
             // Warned as the same retention in the file is: a flag is no more deliberate.
             if retention < crate::config::SHORT_RETENTION {
                 let _ = writeln!(
@@ -187,6 +205,15 @@ pub fn purge_retention(settings: &Settings, given: Option<Duration>) -> Result<D
              ONCEBOX_CONFIG), or give --retention for every source"
         ),
         None => Ok(oncebox_core::retention::DEFAULT_RETENTION),
+    }
+}
+
+/// `a`, `a and b`, `a, b and c`.
+fn listed(names: &[&str]) -> String {
+    match names {
+        [] => String::new(),
+        [one] => (*one).to_owned(),
+        [rest @ .., last] => format!("{} and {last}", rest.join(", ")),
     }
 }
 

@@ -9,10 +9,12 @@ use std::process::ExitCode;
 pub enum Code {
     /// The command did what it was asked.
     Ok = 0,
-    /// Anything unexpected: an IO or network error, a failed gateway request, a bug.
+    /// Anything unexpected: an IO or network error, a failed gateway request, a bug; also a
+    /// SQLite file that is damaged or no database.
     Failure = 1,
-    /// Invalid flags or arguments, an invalid configuration, an unsupported database URL, an
-    /// invalid source name or event id. Retrying the same command cannot help.
+    /// Invalid flags or arguments, an invalid configuration, an unsupported database URL, a
+    /// database a newer oncebox migrated, an invalid source name or event id. Retrying the
+    /// same command cannot help.
     Usage = 2,
     /// The event, delivery or source named does not exist.
     NotFound = 3,
@@ -29,8 +31,10 @@ pub enum Code {
 pub const TABLE: &str = "\
 Exit codes:
   0  ok
-  1  failure: an unexpected error (IO, network, a failed request to the gateway)
-  2  usage: invalid flags, arguments or configuration; an unsupported database URL
+  1  failure: an unexpected error (IO, network, a failed request to the gateway); a damaged
+     SQLite file
+  2  usage: invalid flags, arguments or configuration; an unsupported database URL; a
+     database a newer oncebox migrated
   3  not found: no such event, delivery or source
   4  unavailable: the store is unreachable, busy or locked; nothing was decided, retry later
   5  refused: the command ran and the answer is no (send got a non-2xx, a delivery's state
@@ -107,12 +111,30 @@ impl<T, E: Into<anyhow::Error>> WithCode<T> for Result<T, E> {
     }
 }
 
-/// The exit code of an error: an explicit tag wins, then the storage errors that mean "cannot
-/// answer now", then invalid keys; anything else is a plain failure.
+/// What ends the command on stderr: the error's message, said as a damaged file for one (the
+/// driver's "database disk image is malformed" came as a store "unavailable", which reads as
+/// one to wait for).
+pub fn report(error: &anyhow::Error) -> String {
+    match error.chain().find_map(damaged) {
+        Some(why) => format!(
+            "the database file is damaged (SQLite: {why}): retrying cannot help; restore it from \
+             a backup"
+        ),
+        None => message(error),
+    }
+}
+
+/// The exit code of an error: an explicit tag wins, then a damaged SQLite file, then the
+/// storage errors that mean "cannot answer now", then invalid keys; anything else is a plain
+/// failure.
 pub fn classify(error: &anyhow::Error) -> Code {
     for cause in error.chain() {
         if let Some(c) = cause.downcast_ref::<Coded>() {
             return c.code;
+        }
+        // As the open classifies a damaged file: it stays damaged, so no retry can help.
+        if damaged(cause).is_some() {
+            return Code::Failure;
         }
         if let Some(code) = storage(cause) {
             return code;
@@ -167,6 +189,37 @@ fn storage(cause: &(dyn std::error::Error + 'static)) -> Option<Code> {
         };
     }
     None
+}
+
+/// SQLite's words for a damaged file (`SQLITE_CORRUPT`, `SQLITE_NOTADB`): its own message,
+/// its `sqlite3_errstr` text, and rusqlite's text for the code where SQLite gave no message.
+const DAMAGED: [&str; 4] = [
+    "disk image is malformed",
+    "malformed database schema",
+    "file is not a database",
+    "not a database file",
+];
+
+/// SQLite's message when `cause` is the SQLite backend finding the file damaged at query time
+/// (a page of an index overwritten). The backend hands that over as `Unavailable::Storage`
+/// with SQLite's message alone, its error code not kept, so the message is what tells;
+/// unchanged, it would exit 4 and a retrying script would loop on it for ever.
+fn damaged<'e>(cause: &'e (dyn std::error::Error + 'static)) -> Option<&'e str> {
+    use oncebox_core::{ProcessError, Unavailable};
+    let unavailable = cause
+        .downcast_ref::<Unavailable>()
+        .or_else(|| match cause.downcast_ref() {
+            Some(ProcessError::Unavailable(u)) => Some(u),
+            _ => None,
+        })
+        .or_else(|| match cause.downcast_ref() {
+            Some(oncebox_sqlite::Error::Unavailable(u)) => Some(u),
+            _ => None,
+        });
+    match unavailable {
+        Some(Unavailable::Storage(why)) if DAMAGED.iter().any(|d| why.contains(d)) => Some(why),
+        _ => None,
+    }
 }
 
 /// TLS refused or not verified (a server without TLS under `sslmode=require`, a certificate

@@ -51,7 +51,7 @@ fn main() -> ExitCode {
     match runtime.block_on(run(cli)) {
         Ok(()) => Code::Ok.into(),
         Err(e) => {
-            complain(format_args!("{}", exit::message(&e)));
+            complain(format_args!("{}", exit::report(&e)));
             exit::classify(&e).into()
         }
     }

@@ -32,6 +32,7 @@ use oncebox_gateway::policy::{GatewayConfig, Limits};
 
 pub use consumer::{Broker, ConsumerSpec};
 pub use describe::{describe, describe_json};
+pub(crate) use presets::longest_horizon;
 use raw::{RawConfig, RawLimits};
 use redact::redact_route_url;
 pub(crate) use redact::{host_and_path, redact_url};

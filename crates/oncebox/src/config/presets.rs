@@ -72,6 +72,24 @@ pub(super) fn preset(which: RawPreset) -> Preset {
     }
 }
 
+/// The longest any preset's sender may redeliver for, and the presets whose senders do: what
+/// a purge that cannot tell which sources use a preset must keep. A new preset joins the list.
+pub(crate) fn longest_horizon() -> (Duration, Vec<&'static str>) {
+    let all = [
+        RawPreset::Stripe,
+        RawPreset::Github,
+        RawPreset::StandardWebhooks,
+    ]
+    .map(preset);
+    let longest = all.iter().map(|p| p.horizon).max().unwrap_or_default();
+    let names = all
+        .iter()
+        .filter(|p| p.horizon == longest)
+        .map(|p| p.name)
+        .collect();
+    (longest, names)
+}
+
 /// The preset whose sender signs with `scheme`, if one does: without a preset its horizon is
 /// only likely, not known (other senders sign the same way), so the config warns instead of
 /// refusing.

@@ -313,6 +313,11 @@ pub(super) fn describe_errors(errors: figment::Error) -> Vec<String> {
                 }
                 _ if secret => "invalid value (not shown: it may be a secret)".to_owned(),
                 Kind::Message(m) => without_source_lines(m),
+                // Figment's own text quotes serde's list, itself quoted: ``expected `one of
+                // `stripe`, …`` ``.
+                Kind::UnknownVariant(found, expected) => {
+                    format!("unknown value {found:?} (expected {})", OneOf(expected))
+                }
                 other => other.to_string(),
             };
             let origin = e

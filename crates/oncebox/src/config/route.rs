@@ -83,7 +83,8 @@ pub(crate) fn http_url(text: &str) -> bool {
 
 /// A route's name is stored with each of its deliveries and shown in logs, metrics and the
 /// admin API: printable, without spaces, 1 to 64 bytes. One the environment cannot address
-/// (`ONCEBOX_ROUTES__NAME__…` keys are lower-cased) is warned about.
+/// (`ONCEBOX_ROUTES__NAME__…` keys are lower-cased, and a `.` in them separates tables as
+/// `__` does) is warned about.
 pub(super) fn check_name(name: &str, p: &mut Problems<'_>, warnings: &mut Vec<String>) {
     let printable = name.chars().all(|c| !c.is_control() && !c.is_whitespace());
     if name.is_empty() || name.len() > 64 || !printable {
@@ -93,11 +94,12 @@ pub(super) fn check_name(name: &str, p: &mut Problems<'_>, warnings: &mut Vec<St
         );
     } else if !name
         .bytes()
-        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"._-".contains(&b))
+        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"_-".contains(&b))
     {
         warnings.push(format!(
             "routes.{name}: the environment cannot override this route's settings (its \
-             variables are lower-cased); a name of a-z, 0-9, '.', '_' and '-' can be"
+             variables are lower-cased, and a '.' in them separates tables as '__' does); a \
+             name of a-z, 0-9, '_' and '-' can be"
         ));
     }
 }

@@ -36,6 +36,14 @@ pub(super) fn validate(
     let source = Source::new(name)
         .map_err(|e| p.push(&path, format_args!("invalid source name: {e}")))
         .ok();
+    // Valid names are lower-case already; a `.` in a variable's name separates tables as `__`
+    // does, so `ONCEBOX_SOURCES__…` cannot reach a dotted one.
+    if source.is_some() && name.contains('.') {
+        warnings.push(format!(
+            "{path}: the environment cannot override this source's settings (a '.' in its \
+             variables separates tables as '__' does); a name of a-z, 0-9, '_' and '-' can be"
+        ));
+    }
     let preset = raw.preset.map(preset);
 
     let scheme = scheme(&path, raw, preset.as_ref(), p);

@@ -253,6 +253,49 @@ fn operators_commands_leave_another_applications_file_alone() {
     );
 }
 
+/// A control character in `database`, from the file, the environment or the flag, for SQLite
+/// or PostgreSQL, is refused under `database` (exit 2) by `check` as by every command: it
+/// passed `check` before, and each command then failed as a store to retry later (exit 4).
+#[test]
+fn a_control_character_in_the_database_is_refused_by_every_command() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let refused = |out: &std::process::Output, said: &str| {
+        let printed = text(out);
+        assert_eq!(out.status.code(), Some(2), "{said}: {printed}");
+        assert!(
+            printed.contains("database: ") && printed.contains("control character"),
+            "{said}: {printed}"
+        );
+    };
+    for database in [r"sqlite://o\u0000.db", r"postgres://u@127.0.0.1:1/o\u0000x"] {
+        std::fs::write(
+            d.join("oncebox.toml"),
+            format!("database = \"{database}\"\n"),
+        )
+        .unwrap();
+        for command in [&["check"][..], &["migrate"], &["stats"]] {
+            refused(&oncebox(d, command), &format!("{database} {command:?}"));
+        }
+    }
+    std::fs::remove_file(d.join("oncebox.toml")).unwrap();
+    for database in [
+        "sqlite://o\x01.db",
+        "sqlite://o.db\n",
+        "postgres://u@127.0.0.1:1/o\tx",
+    ] {
+        for command in [&["check"][..], &["migrate"], &["stats"]] {
+            let args = [&["--database", database][..], command].concat();
+            refused(&oncebox(d, &args), &format!("{database:?} {command:?}"));
+        }
+        let env = [("ONCEBOX_DATABASE", database)];
+        let out = crate::support::oncebox_with_env(d, &env, &["check"]);
+        refused(&out, &format!("ONCEBOX_DATABASE={database:?}"));
+        assert!(text(&out).contains("ONCEBOX_DATABASE"), "{}", text(&out));
+    }
+    assert_eq!(files_besides(d, ""), Vec::<String>::new());
+}
+
 #[test]
 fn a_store_that_cannot_be_reached_exits_4() {
     let dir = tempfile::tempdir().unwrap();

@@ -37,6 +37,39 @@ fn help_ends_with_examples_and_the_exit_codes() {
     }
 }
 
+/// The exit codes `oncebox --help` lists are the README's table, row for row (the README
+/// quotes command and flag names, the help does not).
+#[test]
+fn the_exit_codes_of_help_are_the_readmes() {
+    let dir = tempfile::tempdir().unwrap();
+    let help = text(&oncebox(dir.path(), &["--help"]));
+    let table = help.split_once("Exit codes:\n").expect("the table").1;
+    let mut listed = Vec::new();
+    for line in table.lines() {
+        match line.trim_start().split_once("  ") {
+            Some((code, meaning)) if code.parse::<u8>().is_ok() => {
+                listed.push(format!("{code} {meaning}"));
+            }
+            _ => {
+                let last = listed.last_mut().expect("a row before its continuation");
+                last.push(' ');
+                last.push_str(line.trim());
+            }
+        }
+    }
+    let readme: Vec<String> = include_str!("../../../../README.md")
+        .lines()
+        .filter_map(|l| l.strip_prefix("| "))
+        .filter_map(|row| {
+            let (code, meaning) = row.split_once(" | ")?;
+            code.parse::<u8>().ok()?;
+            let meaning = meaning.trim_end_matches(" |").replace('`', "");
+            Some(format!("{code} {meaning}"))
+        })
+        .collect();
+    assert_eq!(listed, readme);
+}
+
 /// An admin token in an example is one the configuration accepts (it refuses short ones), so
 /// the example runs when copied.
 #[test]

@@ -101,7 +101,9 @@ fn a_dry_run_counts_what_the_run_would_make_due_and_ends_as_it_would() {
 }
 
 /// `purge`'s help says a retention is needed where no sources are configured, as the command
-/// does; a short `--retention` is warned of as the same retention in the file is.
+/// does; a short `--retention` is warned of as the same retention in the file is, and one
+/// under the presets' 3 days where no configuration says which sources use them (a cron job
+/// away from the gateway's file): warned, not refused, so scripts still exit 0.
 #[test]
 fn purge_help_matches_what_it_does_and_a_short_retention_is_warned_of() {
     let dir = tempfile::tempdir().unwrap();
@@ -124,6 +126,86 @@ fn purge_help_matches_what_it_does_and_a_short_retention_is_warned_of() {
     );
     let long = oncebox(d, &["purge", "--retention", "30d"]);
     assert!(!text(&long).contains("warning"), "{}", text(&long));
+
+    assert!(help.contains("warned of under the 3 days"), "{help}");
+    let unread = "no configuration naming [sources] was read";
+    let days = oncebox(d, &["purge", "--retention", "2d"]);
+    let warned = String::from_utf8_lossy(&days.stderr);
+    assert_eq!(days.status.code(), Some(0), "{}", text(&days));
+    assert!(
+        warned.contains("--retention 2days is shorter than the 3days")
+            && warned.contains("stripe, github and standard-webhooks")
+            && warned.contains(unread),
+        "{warned}"
+    );
+    let horizon = oncebox(d, &["purge", "--retention", "3d"]);
+    assert!(!text(&horizon).contains("warning"), "{}", text(&horizon));
+    // With the sources configured, each keeps its own retention, checked against its preset
+    // when the file was read: `--retention` reaches only sources the file does not name.
+    std::fs::write(
+        d.join("oncebox.toml"),
+        "[sources.shop]\nsignature = \"none\"\n",
+    )
+    .unwrap();
+    let configured = oncebox(d, &["purge", "--retention", "2d"]);
+    assert!(configured.status.success(), "{}", text(&configured));
+    assert!(!text(&configured).contains(unread), "{}", text(&configured));
+}
+
+/// A value outside an enumeration is named with the values expected, each quoted once.
+#[test]
+fn an_unknown_preset_is_named_with_the_presets_expected() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::fs::write(d.join("oncebox.toml"), "[sources.a]\npreset = \"strip\"\n").unwrap();
+    let out = oncebox(d, &["check"]);
+    let said = text(&out);
+    assert_eq!(out.status.code(), Some(2), "{said}");
+    assert!(
+        said.contains(
+            "sources.a.preset: unknown value \"strip\" (expected one of `stripe`, `github`, \
+             `standard-webhooks`)"
+        ),
+        "{said}"
+    );
+    assert!(!said.contains("``"), "{said}");
+}
+
+/// A `.` in a source's or route's name reads as `__` in a variable's name, so the environment
+/// cannot reach its settings: `check` warns of it as of an upper-case route name.
+#[test]
+fn dotted_source_and_route_names_are_warned_of() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::fs::write(
+        d.join("oncebox.toml"),
+        "[sources.\"shop.eu\"]\nsignature = \"none\"\n\
+         [sources.shop_us]\nsignature = \"none\"\n\
+         [routes.\"orders.v2\"]\nsources = [\"shop.eu\"]\nurl = \"http://127.0.0.1:9/hook\"\n\
+         [routes.orders_v3]\nsources = [\"shop_us\"]\nurl = \"http://127.0.0.1:9/hook\"\n",
+    )
+    .unwrap();
+    let check = oncebox(d, &["check"]);
+    let said = text(&check);
+    assert_eq!(check.status.code(), Some(0), "{said}");
+    let cannot = "the environment cannot override";
+    assert_eq!(said.matches(cannot).count(), 2, "{said}");
+    assert!(
+        said.contains("warning: sources.\"shop.eu\": the environment"),
+        "{said}"
+    );
+    assert!(
+        said.contains("warning: routes.orders.v2: the environment"),
+        "{said}"
+    );
+    // As warned: the variable names a table the route does not have.
+    let env = [("ONCEBOX_ROUTES__ORDERS.V2__TIMEOUT", "30s")];
+    let out = with_env(d, &env, &["check"]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    // The names without a dot are reached.
+    let env = [("ONCEBOX_ROUTES__ORDERS_V3__TIMEOUT", "30s")];
+    let out = with_env(d, &env, &["check"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
 }
 
 /// Flags outside what a command does are refused by name before anything runs.

@@ -1,5 +1,6 @@
 //! The README's first command: `oncebox serve` with no configuration at all, and the example
-//! request it prints, sent exactly as printed.
+//! request it prints, sent exactly as printed; and the configuration examples of the README
+//! and docs, pasted into one file as a reader combines them, passing `check`.
 
 use std::io::{BufRead, BufReader, Read};
 use std::process::{Command, Stdio};
@@ -146,4 +147,54 @@ async fn serve_with_no_configuration_prints_a_request_that_is_stored_once() {
     let items = listed["items"].as_array().unwrap();
     assert_eq!(items.len(), 1, "{listed}");
     assert_eq!(items[0]["event_id"], "evt_1");
+}
+
+/// Each document's whole-table ```toml examples (not the lines shown to put into a table),
+/// pasted into one `oncebox.toml`, pass `check`: the README's route once signed with its own
+/// source's key, which `check` refuses.
+#[test]
+fn the_documents_configuration_examples_pass_check_together() {
+    let documents = [
+        ("README.md", include_str!("../../../../README.md")),
+        ("docs/github.md", include_str!("../../../../docs/github.md")),
+        (
+            "docs/library.md",
+            include_str!("../../../../docs/library.md"),
+        ),
+        (
+            "docs/standard-webhooks.md",
+            include_str!("../../../../docs/standard-webhooks.md"),
+        ),
+        ("docs/stripe.md", include_str!("../../../../docs/stripe.md")),
+    ];
+    // The variables the examples name, each a key of its own.
+    let secrets = [
+        ("STRIPE_WEBHOOK_SECRET", "whsec_stripe-test-key"),
+        ("GITHUB_WEBHOOK_SECRET", "github-test-key"),
+        (
+            "SHOP_WEBHOOK_SECRET",
+            "whsec_Wm9JjiPDd5fcsH+Gt4qvU/uyQoaWDmhs",
+        ),
+    ];
+    for (name, document) in documents {
+        let mut config = String::new();
+        for block in document.split("```toml\n").skip(1) {
+            let block = block.split("```").next().unwrap();
+            let first = block.trim_start();
+            if first.starts_with('[') || first.starts_with("listen") {
+                config.push_str(block);
+                config.push('\n');
+            }
+        }
+        assert!(config.contains('['), "{name}: no example found");
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("oncebox.toml"), &config).unwrap();
+        let out = crate::support::oncebox_with_env(dir.path(), &secrets, &["check"]);
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{name}:\n{config}\n{}",
+            text(&out)
+        );
+    }
 }

@@ -48,7 +48,16 @@ fn route_names_are_printable_and_short_and_the_environment_can_reach_them() {
         "{:?}",
         s.warnings
     );
-    let s = ok(&route("\"orders-v2.eu\""));
+    // A `.` separates tables in a variable's name as `__` does: no variable reaches it.
+    let s = ok(&route("\"orders.eu\""));
+    assert!(
+        s.warnings
+            .iter()
+            .any(|w| w.contains("routes.orders.eu") && w.contains("environment")),
+        "{:?}",
+        s.warnings
+    );
+    let s = ok(&route("orders-v2_eu"));
     assert!(
         !s.warnings.iter().any(|w| w.contains("routes.")),
         "{:?}",
