@@ -50,11 +50,22 @@ fn main() -> ExitCode {
     };
     match runtime.block_on(run(cli)) {
         Ok(()) => Code::Ok.into(),
+        // The reader of the output went away (`oncebox send … | head -1`): it took what it
+        // wanted, and the command had done its work before printing; nothing to complain of.
+        Err(e) if closed_pipe(&e) => Code::Ok.into(),
         Err(e) => {
             complain(format_args!("{}", exit::report(&e)));
             exit::classify(&e).into()
         }
     }
+}
+
+/// Whether the command ended on a write to a closed pipe: an IO error of its own, the one a
+/// `writeln!` to stdout gives, not one inside another (a request whose connection broke is a
+/// failure to report).
+fn closed_pipe(e: &anyhow::Error) -> bool {
+    e.downcast_ref::<std::io::Error>()
+        .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
 }
 
 /// Prints the error that ends the command. A stderr nobody reads (a closed pipe) loses the

@@ -16,6 +16,7 @@ mod nodes;
 mod operator;
 mod outage;
 mod pgopen;
+mod pipes;
 mod quickstart;
 mod race;
 mod relay;
