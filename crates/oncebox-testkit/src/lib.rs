@@ -18,6 +18,7 @@ use oncebox_core::{
 pub mod checker;
 pub mod child;
 pub mod consume;
+pub mod damage;
 pub mod history;
 pub mod leasing;
 mod model;

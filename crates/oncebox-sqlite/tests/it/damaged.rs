@@ -7,6 +7,7 @@ use oncebox_core::store::EventStore;
 use oncebox_core::{Event, ProcessError, Processed, Response, Unavailable};
 use oncebox_sqlite::rusqlite::Connection;
 use oncebox_sqlite::{Inbox, Options};
+use oncebox_testkit::damage::damage_key_index;
 use oncebox_testkit::run;
 
 use crate::harness::{ingest, shop};
@@ -15,33 +16,6 @@ const KEYS: usize = 20;
 
 fn event(i: usize) -> Event {
     shop(&format!("evt-{i}"), r#"{"n":1}"#)
-}
-
-/// Overwrites the first byte (the b-tree page type) of the key index's root page, which with
-/// [`KEYS`] keys is its only page; returns what `integrity_check` says of the file afterwards.
-fn damage_key_index(path: &std::path::Path) -> String {
-    let (page_size, root): (i64, i64) = {
-        let c = Connection::open(path).unwrap();
-        let page_size = c.query_row("PRAGMA page_size", [], |r| r.get(0)).unwrap();
-        let root = c
-            .query_row(
-                "SELECT rootpage FROM sqlite_schema WHERE tbl_name = 'oncebox_inbox'
-                   AND type = 'index' AND sql IS NULL",
-                [],
-                |r| r.get(0),
-            )
-            .unwrap();
-        (page_size, root)
-    };
-    let mut bytes = std::fs::read(path).unwrap();
-    let at = usize::try_from((root - 1) * page_size).unwrap();
-    assert_eq!(bytes[at], 0x0a, "the root is an index leaf page");
-    bytes[at] = 0xff;
-    std::fs::write(path, bytes).unwrap();
-    Connection::open(path)
-        .unwrap()
-        .query_row("PRAGMA integrity_check", [], |r| r.get(0))
-        .unwrap()
 }
 
 #[test]

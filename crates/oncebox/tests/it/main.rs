@@ -215,29 +215,9 @@ fn a_file_that_is_no_database_is_a_failure_not_a_retry() {
 /// saying the file is damaged, not "retry later" (4), on which a retrying script would loop.
 #[test]
 fn a_damaged_database_met_by_a_query_is_a_failure_not_a_retry() {
-    use oncebox_sqlite::rusqlite::Connection;
     let dir = cli::two_events();
     let db = dir.path().join("oncebox.db");
-    let (page_size, root): (i64, i64) = {
-        let c = Connection::open(&db).unwrap();
-        let page_size = c.query_row("PRAGMA page_size", [], |r| r.get(0)).unwrap();
-        let root = c
-            .query_row(
-                "SELECT rootpage FROM sqlite_schema WHERE tbl_name = 'oncebox_inbox'
-                   AND type = 'index' AND sql IS NULL",
-                [],
-                |r| r.get(0),
-            )
-            .unwrap();
-        (page_size, root)
-    };
-    // The first byte of the index's only page, its b-tree page type (as the SQLite backend's
-    // own test of a damaged index does).
-    let mut bytes = std::fs::read(&db).unwrap();
-    let at = usize::try_from((root - 1) * page_size).unwrap();
-    assert_eq!(bytes[at], 0x0a, "the root is an index leaf page");
-    bytes[at] = 0xff;
-    std::fs::write(&db, bytes).unwrap();
+    oncebox_testkit::damage::damage_key_index(&db);
 
     let out = support::oncebox(dir.path(), &["inspect", "shop", "evt_1"]);
     let printed = support::text(&out);
