@@ -149,7 +149,7 @@ Examples:
   oncebox events --after 1200                      # the next page, from the `more:` line
   oncebox events --output json | jq -r '.items[].event_id'")]
     Events {
-        #[arg(long)]
+        #[arg(long, value_parser = source_name)]
         source: Option<String>,
         /// Only events after this cursor (the `seq` column).
         #[arg(long)]
@@ -234,10 +234,12 @@ Examples:
   oncebox deliveries resolve 42 --delivered --note \"receiver shows order 1001 paid\"
   oncebox deliveries resolve 42 --dead --note \"customer cancelled\"
 Exit code 3 when there is no delivery 42, 5 when its state refuses it (e.g. delivered).")]
+    // One of the two, named together when neither is given.
+    #[command(group = clap::ArgGroup::new("outcome").required(true).args(["delivered", "dead"]))]
     Resolve {
         id: i64,
         /// The receiver did apply it.
-        #[arg(long, conflicts_with = "dead", required_unless_present = "dead")]
+        #[arg(long)]
         delivered: bool,
         /// Give up on it.
         #[arg(long)]
@@ -245,6 +247,13 @@ Exit code 3 when there is no delivery 42, 5 when its state refuses it (e.g. deli
         #[arg(long, default_value = "")]
         note: String,
     },
+}
+
+/// A source name, refused as the flag's value (clap then names the flag) rather than later.
+fn source_name(v: &str) -> Result<String, String> {
+    oncebox_core::Source::new(v)
+        .map(|s| s.as_str().to_owned())
+        .map_err(|e| e.to_string())
 }
 
 /// The largest page the stores return (both backends': PostgreSQL's constant names it); more

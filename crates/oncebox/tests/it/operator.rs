@@ -222,6 +222,19 @@ fn out_of_range_flags_are_refused_locally() {
         }
     }
     assert!(oncebox(d, &["events", "--limit", "500"]).status.success());
+    // A bad value names its flag; a missing choice names both of its flags.
+    let out = oncebox(d, &["events", "--source", "BAD"]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(text(&out).contains("--source"), "{}", text(&out));
+    let out = oncebox(d, &["deliveries", "resolve", "1"]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(
+        text(&out).contains("--delivered") && text(&out).contains("--dead"),
+        "{}",
+        text(&out)
+    );
+    let out = oncebox(d, &["deliveries", "resolve", "1", "--delivered", "--dead"]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
 
     // Checked before anything is sent: nothing listens at this URL.
     let url = ["--url", "http://127.0.0.1:9"];
