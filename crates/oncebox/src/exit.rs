@@ -147,17 +147,8 @@ pub fn classify(error: &anyhow::Error) -> Code {
 }
 
 fn storage(cause: &(dyn std::error::Error + 'static)) -> Option<Code> {
-    use oncebox_core::{ProcessError, Unavailable};
-    if cause.is::<Unavailable>()
-        || matches!(cause.downcast_ref(), Some(ProcessError::Unavailable(_)))
-    {
+    if unavailable_in(cause).is_some() {
         return Some(Code::Unavailable);
-    }
-    if let Some(e) = cause.downcast_ref::<oncebox_sqlite::Error>() {
-        return matches!(e, oncebox_sqlite::Error::Unavailable(_)).then_some(Code::Unavailable);
-    }
-    if let Some(e) = cause.downcast_ref::<oncebox_postgres::Error>() {
-        return matches!(e, oncebox_postgres::Error::Unavailable(_)).then_some(Code::Unavailable);
     }
     // A store that cannot be opened is unreachable for this run (file cannot be opened, no
     // server, refused login); a malformed URL is the caller's mistake.
@@ -205,21 +196,33 @@ const DAMAGED: [&str; 4] = [
 /// with SQLite's message alone, its error code not kept, so the message is what tells;
 /// unchanged, it would exit 4 and a retrying script would loop on it for ever.
 fn damaged<'e>(cause: &'e (dyn std::error::Error + 'static)) -> Option<&'e str> {
-    use oncebox_core::{ProcessError, Unavailable};
-    let unavailable = cause
-        .downcast_ref::<Unavailable>()
-        .or_else(|| match cause.downcast_ref() {
-            Some(ProcessError::Unavailable(u)) => Some(u),
-            _ => None,
-        })
-        .or_else(|| match cause.downcast_ref() {
-            Some(oncebox_sqlite::Error::Unavailable(u)) => Some(u),
-            _ => None,
-        });
-    match unavailable {
-        Some(Unavailable::Storage(why)) if DAMAGED.iter().any(|d| why.contains(d)) => Some(why),
+    match unavailable_in(cause) {
+        Some(oncebox_core::Unavailable::Storage(why))
+            if DAMAGED.iter().any(|d| why.contains(d)) =>
+        {
+            Some(why)
+        }
         _ => None,
     }
+}
+
+/// The "cannot answer now" a cause is or carries: itself, or inside a process or store error.
+fn unavailable_in<'e>(
+    cause: &'e (dyn std::error::Error + 'static),
+) -> Option<&'e oncebox_core::Unavailable> {
+    if let Some(u) = cause.downcast_ref() {
+        return Some(u);
+    }
+    if let Some(oncebox_core::ProcessError::Unavailable(u)) = cause.downcast_ref() {
+        return Some(u);
+    }
+    if let Some(oncebox_sqlite::Error::Unavailable(u)) = cause.downcast_ref() {
+        return Some(u);
+    }
+    if let Some(oncebox_postgres::Error::Unavailable(u)) = cause.downcast_ref() {
+        return Some(u);
+    }
+    None
 }
 
 /// TLS refused or not verified (a server without TLS under `sslmode=require`, a certificate
