@@ -11,9 +11,8 @@ use oncebox_testkit::history::{Key, Op, Outcome, Refusal};
 /// Adds a C finding to `figures` for each key refused as a conflict more often, with a payload
 /// tag, than `recorded` (the conflicts kept, as key and offered payload's tag) holds rows for
 /// it. Rows without a refusal are fine: a refusal whose answer was lost to a crash was still
-/// recorded. Returns how many rows there were.
+/// recorded. Returns how many such rows there were: refusals committed but never answered.
 pub fn check(figures: &mut Figures, ops: &[Op], recorded: Vec<(Key, String)>) -> usize {
-    let total = recorded.len();
     let mut refused: BTreeMap<(&Key, &str), usize> = BTreeMap::new();
     for op in ops {
         if matches!(op.outcome(), Some(Outcome::Fail(Refusal::Conflict))) {
@@ -24,8 +23,10 @@ pub fn check(figures: &mut Figures, ops: &[Op], recorded: Vec<(Key, String)>) ->
     for row in recorded {
         *kept.entry(row).or_default() += 1;
     }
+    let mut surplus = 0;
     for ((k, tag), n) in refused {
-        let rows = kept.get(&(k.clone(), tag.to_owned())).copied().unwrap_or(0);
+        let rows = kept.remove(&(k.clone(), tag.to_owned())).unwrap_or(0);
+        surplus += rows.saturating_sub(n);
         if rows < n {
             figures.c.push(format!(
                 "{}/{}: refused {n} times as a conflict with payload {tag}, {rows} recorded",
@@ -33,5 +34,6 @@ pub fn check(figures: &mut Figures, ops: &[Op], recorded: Vec<(Key, String)>) ->
             ));
         }
     }
-    total
+    // What `remove` left: rows of keys never refused at all, each a refusal never answered.
+    surplus + kept.values().sum::<usize>()
 }

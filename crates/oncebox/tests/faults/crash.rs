@@ -278,6 +278,13 @@ fn ingest_crash(point: &'static str, schema: Option<&PgSchema>) -> Report {
         }
         let died = !first.running() && killed(first.wait());
         let before: Vec<_> = history.ops().into_iter().skip(probe).collect();
+        // What the dead process left on disk, read before anything opens the store again.
+        let on_disk = if died {
+            let store = StoreCounts::new(&sqlite, schema).await;
+            store.fin(false).await.records.into_keys().collect()
+        } else {
+            std::collections::BTreeSet::new()
+        };
         let mut proc = child(&format!("gateway|{db}|none|0")).start();
         drain(&history, &proc.ready, SENDERS).await;
         proc.kill();
@@ -286,7 +293,9 @@ fn ingest_crash(point: &'static str, schema: Option<&PgSchema>) -> Report {
         let mut figures = check(&history.ops(), &fin);
         let queued = outbox::check(&mut figures, &fin, store.queued(outbox::ROUTE).await);
         let ops = history.ops();
-        crate::conflicts::check(&mut figures, &ops, store.conflicts(SOURCE).await);
+        // Refusals kept beyond those answered: conflicts committed but never answered.
+        let refused_unanswered =
+            crate::conflicts::check(&mut figures, &ops, store.conflicts(SOURCE).await);
         let unanswered = before
             .iter()
             .filter(|o| matches!(o.outcome(), Some(Outcome::Info(_))))
@@ -296,8 +305,7 @@ fn ingest_crash(point: &'static str, schema: Option<&PgSchema>) -> Report {
             .filter(|o| matches!(o.outcome(), Some(Outcome::Ok { .. })))
             .count();
         // Committed before the crash but never answered: the retry got a replay.
-        let committed_unanswered = history
-            .ops()
+        let committed_unanswered = ops
             .iter()
             .filter(|o| {
                 o.id >= probe + before.len()
@@ -309,14 +317,39 @@ fn ingest_crash(point: &'static str, schema: Option<&PgSchema>) -> Report {
                     .any(|b| b.key == o.key && matches!(b.outcome(), Some(Outcome::Ok { .. })))
             })
             .count();
-        // Killed between its COMMIT and its answers, the run left a committed batch nobody was
-        // told of: those senders' retries must be replays of it. A retry answered as new would
-        // mean the commit was lost and the key applied again, which the final store alone
-        // (one record either way) cannot show.
+        // A key on disk when the process died was committed, answered or not: a retry of it
+        // answered as new would have applied it again (the final store, one record either way,
+        // cannot show that).
+        let afresh: Vec<_> = ops
+            .iter()
+            .filter(|o| o.id >= probe + before.len() && on_disk.contains(&o.key))
+            .filter(|o| matches!(o.outcome(), Some(Outcome::Ok { replayed: false })))
+            .map(|o| format!("{}/{}", o.key.0, o.key.1))
+            .collect();
+        // (The lone first request's key, answered before the main run, is not among them.)
+        let stored_unanswered = on_disk
+            .iter()
+            .filter(|k| {
+                !ops.iter().any(|o| {
+                    o.id < probe + before.len()
+                        && &o.key == *k
+                        && matches!(o.outcome(), Some(Outcome::Ok { .. }))
+                })
+            })
+            .count();
+        assert!(
+            afresh.is_empty(),
+            "stored before the kill at {point}, yet answered as new after it: {afresh:?}"
+        );
+        // Killed between its COMMIT and its answers, the run left committed work nobody was
+        // told of: some retry must be a replay of it, or, where all it held were refusals
+        // (refused again on retry whether or not the commit survived), a refusal must be kept
+        // beyond those answered. Without either, the run never reached the state it is for.
         if died && point == "after-commit" {
             assert!(
-                committed_unanswered > 0,
-                "killed after a COMMIT, yet no retry was answered as a replay of it"
+                committed_unanswered + refused_unanswered > 0,
+                "killed after a COMMIT, yet no retry was answered as a replay of it and no \
+                 refusal of it was kept"
             );
         }
         // Killed by its first pass of a point before COMMIT: nothing of this run was durable,
@@ -334,8 +367,10 @@ fn ingest_crash(point: &'static str, schema: Option<&PgSchema>) -> Report {
             exercised: u64::from(died),
             what: format!(
                 "{lone}; killed at {point} after {skip} hits: {acked_before} acked, \
-                 {unanswered} unanswered, {committed_unanswered} committed unanswered, \
-                 {refused} conflicts refused; {queued} deliveries queued"
+                 {unanswered} unanswered, {stored_unanswered} stored unanswered at the kill \
+                 ({committed_unanswered} replayed), \
+                 {refused} conflicts refused ({refused_unanswered} unanswered); {queued} \
+                 deliveries queued"
             ),
             expected_unresolved: 0,
         }
