@@ -17,6 +17,7 @@ use crate::Gateway;
 pub(crate) mod api;
 mod config;
 mod conflicts;
+mod cookie;
 mod diff;
 mod events;
 mod layout;

@@ -14,6 +14,7 @@ use oncebox_core::Timestamp;
 use oncebox_core::store::EventStore;
 use sha2::Sha256;
 
+use super::cookie::{cookie_value, set_cookie};
 use crate::Gateway;
 
 /// Name of the session cookie.
@@ -105,17 +106,6 @@ fn token_matches(token: &str, given: &str) -> bool {
     mac(token, &[b"login", given.as_bytes()])
         .verify_slice(&expected)
         .is_ok()
-}
-
-fn cookie_value<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
-    headers
-        .get_all(header::COOKIE)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(';'))
-        .filter_map(|pair| pair.trim().split_once('='))
-        .find(|(n, _)| *n == name)
-        .map(|(_, v)| v)
 }
 
 /// The session nonce the request's cookie carries, if valid now and not logged out.
@@ -224,12 +214,6 @@ pub(crate) fn same_origin(headers: &HeaderMap) -> bool {
     origin_host.is_some_and(|o| host == Some(o) || forwarded == Some(o))
 }
 
-fn set_cookie(value: &str, max_age: u64) -> HeaderValue {
-    // Not `Secure`: the gateway itself speaks plain HTTP (a TLS proxy in front may add it).
-    let cookie = format!("{COOKIE}={value}; Path=/; HttpOnly; SameSite=Strict; Max-Age={max_age}");
-    HeaderValue::from_str(&cookie).unwrap_or_else(|_| HeaderValue::from_static(""))
-}
-
 /// `POST /login` with the form field `token`.
 pub(crate) async fn login<S: EventStore>(
     State(gw): State<Arc<Gateway<S>>>,
@@ -248,7 +232,10 @@ pub(crate) async fn login<S: EventStore>(
     }
     let value = issue(token, gw.clock.now(), rand::random());
     (
-        [(header::SET_COOKIE, set_cookie(&value, LIFETIME.as_secs()))],
+        [(
+            header::SET_COOKIE,
+            set_cookie(&value, LIFETIME.as_secs(), &headers),
+        )],
         Redirect::to("/"),
     )
         .into_response()
@@ -287,7 +274,7 @@ pub(crate) async fn logout<S: EventStore>(
         .map_or(now.plus(LIFETIME), Timestamp);
     gw.logouts.end(&nonce, expires, now);
     (
-        [(header::SET_COOKIE, set_cookie("", 0))],
+        [(header::SET_COOKIE, set_cookie("", 0, &headers))],
         Redirect::to("/login"),
     )
         .into_response()
