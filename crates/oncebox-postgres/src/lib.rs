@@ -28,6 +28,7 @@ mod listen;
 mod options;
 mod read;
 mod schema;
+mod skew;
 mod store;
 mod tx;
 

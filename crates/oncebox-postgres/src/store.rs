@@ -60,14 +60,28 @@ impl Inbox {
     }
 
     /// The time this purge may use ([`oncebox_core::purge_time`]), from the anchor stored for
-    /// this node's boot; records the anchor it says to (two processes doing so at once on one
-    /// boot: the last one's stays). One row per boot of each node, never dropped.
+    /// this node's boot, and no later than the server's clock says ([`crate::skew`]); records
+    /// the anchor it says to (two processes doing so at once on one boot: the last one's
+    /// stays). One row per boot of each node, never dropped.
     async fn purge_time(&self, now: Timestamp) -> Result<Timestamp, crate::Error> {
         let boot = self.clock.boot();
         let mut conn = self.pool.acquire().await?;
         let stored = stored_anchor(&mut conn, self.clock.as_ref()).await?;
+        let ahead = crate::skew::ahead_of_server(&mut conn).await?;
         drop(conn);
-        let (bounded, record) = oncebox_core::purge_time(&self.clock, now, boot, stored);
+        let (mut bounded, mut record) = oncebox_core::purge_time(&self.clock, now, boot, stored);
+        // A node whose clock runs ahead of the server's (set wrong at boot, which the boot's
+        // anchor cannot tell) purges by the server's time instead, and anchors nothing: an
+        // anchor taken from that clock would date this boot's records ahead for its whole life.
+        if let Some(ahead) = crate::skew::purge_correction(ahead) {
+            tracing::warn!(
+                ahead_ms = ahead.as_millis(),
+                "this node's clock is ahead of the database server's: purging by the \
+                 server's time; set this machine's clock right"
+            );
+            bounded = bounded.min(now.minus(ahead));
+            record = None;
+        }
         self.stamps.set(record.or(stored));
         if let Some(a) = record {
             sqlx::query(

@@ -1,0 +1,56 @@
+//! How far this node's wall clock runs ahead of the database server's: every node dates the
+//! records it finishes by its own clock, and a purge on a node whose clock runs ahead would
+//! take records for older than they are. The server's clock is the one all nodes share.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// A difference up to this is taken as the ordinary spread of clocks kept by NTP (and the
+/// round trip's own uncertainty), not as a clock set wrong.
+pub(crate) const TOLERANCE: Duration = Duration::from_secs(60);
+
+fn system_ms() -> i128 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i128::try_from(d.as_millis()).unwrap_or(i128::MAX))
+}
+
+/// This process's wall clock (the system's, not an injected one: tests drive those, and the
+/// question is whether the machine's clock is set wrong) minus the server's, in ms, read at the
+/// round trip's midpoint. Negative when this node's clock is behind.
+pub(crate) async fn ahead_of_server(conn: &mut sqlx::PgConnection) -> Result<i128, sqlx::Error> {
+    let before = system_ms();
+    let server: i64 =
+        sqlx::query_scalar("SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint")
+            .fetch_one(conn)
+            .await?;
+    let after = system_ms();
+    Ok((before + after) / 2 - i128::from(server))
+}
+
+/// How much a purge's time must be moved back so that it runs by the server's clock: the
+/// whole difference when this node is ahead by more than [`TOLERANCE`], else nothing.
+pub(crate) fn purge_correction(ahead_ms: i128) -> Option<Duration> {
+    let ms = u64::try_from(ahead_ms.clamp(0, i128::from(u64::MAX))).unwrap_or(u64::MAX);
+    let ahead = Duration::from_millis(ms);
+    (ahead > TOLERANCE).then_some(ahead)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_clock_ahead_past_the_tolerance_moves_a_purge() {
+        assert_eq!(purge_correction(-86_400_000), None);
+        assert_eq!(purge_correction(0), None);
+        assert_eq!(purge_correction(60_000), None);
+        assert_eq!(
+            purge_correction(60_001),
+            Some(Duration::from_millis(60_001))
+        );
+        assert_eq!(
+            purge_correction(i128::MAX),
+            Some(Duration::from_millis(u64::MAX))
+        );
+    }
+}
