@@ -222,25 +222,43 @@ pub fn stamp_floor(anchor: Option<BootAnchor>, boot: Option<Boot>) -> Option<Tim
 }
 
 /// A store's boot anchor as it last read or wrote it (at open, and at each purge), and what it
-/// dates a finished record by ([`stamp_floor`]); clones share it.
+/// dates a finished record by ([`stamp_floor`]); clones share it. Where the store can tell that
+/// this machine's clock is behind the one its nodes share (PostgreSQL: the server's), it also
+/// keeps how far, and dates records by the shared clock instead.
 #[derive(Debug, Clone, Default)]
-pub struct Stamps(Arc<std::sync::Mutex<Option<BootAnchor>>>);
+pub struct Stamps(Arc<std::sync::Mutex<StampState>>);
+
+#[derive(Debug, Clone, Copy, Default)]
+struct StampState {
+    anchor: Option<BootAnchor>,
+    behind: Duration,
+}
 
 impl Stamps {
-    pub fn set(&self, anchor: Option<BootAnchor>) {
-        *self
-            .0
+    fn state(&self) -> std::sync::MutexGuard<'_, StampState> {
+        self.0
             .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = anchor;
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// The date of a record finished at `now` on `clock`: `now`, never earlier than the
-    /// anchor says real time is.
+    pub fn set(&self, anchor: Option<BootAnchor>) {
+        self.state().anchor = anchor;
+    }
+
+    /// This machine's clock is `behind` the clock the store's nodes share (zero: not, or
+    /// within what the store tolerates): a record finished here is dated that much later, as
+    /// the shared clock would date it, rather than early for every node's purge. Returns the
+    /// lag it replaces.
+    pub fn set_behind(&self, behind: Duration) -> Duration {
+        std::mem::replace(&mut self.state().behind, behind)
+    }
+
+    /// The date of a record finished at `now` on `clock`: `now` (plus how far this machine's
+    /// clock is behind, [`Stamps::set_behind`]), never earlier than the anchor says real time
+    /// is.
     pub fn completed(&self, clock: &dyn Clock, now: Timestamp) -> Timestamp {
-        let anchor = *self
-            .0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let StampState { anchor, behind } = *self.state();
+        let now = now.plus(behind);
         stamp_floor(anchor, clock.boot()).map_or(now, |floor| now.max(floor))
     }
 }

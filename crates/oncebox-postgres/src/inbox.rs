@@ -114,6 +114,7 @@ impl Inbox {
         options
             .stamps
             .set(crate::store::stored_anchor(&mut conn, options.clock.as_ref()).await?);
+        crate::skew::observe(&mut conn, &options.stamps).await?;
         drop(conn);
         let batcher = Batcher::start(&pool, &options);
         Ok(Inbox {

@@ -1,6 +1,7 @@
 //! How far this node's wall clock runs ahead of the database server's: every node dates the
 //! records it finishes by its own clock, and a purge on a node whose clock runs ahead would
-//! take records for older than they are. The server's clock is the one all nodes share.
+//! take records for older than they are; a node whose clock is behind would date its records
+//! early, for every node's purge. The server's clock is the one all nodes share.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -35,12 +36,41 @@ pub(crate) fn purge_correction(ahead_ms: i128) -> Option<Duration> {
     (ahead > TOLERANCE).then_some(ahead)
 }
 
+/// How much later than its own clock says this node must date the records it finishes so that
+/// they are dated by the server's clock: the whole difference when this node is behind by more
+/// than [`TOLERANCE`], else nothing.
+pub(crate) fn stamp_correction(ahead_ms: i128) -> Duration {
+    purge_correction(ahead_ms.saturating_neg()).unwrap_or_default()
+}
+
+/// Measures this node's clock against the server's and has `stamps` date records by the
+/// server's when this node's is behind (saying so once it is, and once it is right again).
+/// Returns the difference, in ms, as [`ahead_of_server`] does.
+pub(crate) async fn observe(
+    conn: &mut sqlx::PgConnection,
+    stamps: &oncebox_core::Stamps,
+) -> Result<i128, sqlx::Error> {
+    let ahead = ahead_of_server(conn).await?;
+    let behind = stamp_correction(ahead);
+    let was = stamps.set_behind(behind);
+    if !behind.is_zero() && was.is_zero() {
+        tracing::warn!(
+            behind_ms = behind.as_millis(),
+            "this node's clock is behind the database server's: dating the records it \
+             finishes by the server's time; set this machine's clock right"
+        );
+    } else if behind.is_zero() && !was.is_zero() {
+        tracing::info!("this node's clock agrees with the database server's again");
+    }
+    Ok(ahead)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn only_a_clock_ahead_past_the_tolerance_moves_a_purge() {
+    fn only_a_difference_past_the_tolerance_moves_a_purge_or_a_stamp() {
         assert_eq!(purge_correction(-86_400_000), None);
         assert_eq!(purge_correction(0), None);
         assert_eq!(purge_correction(60_000), None);

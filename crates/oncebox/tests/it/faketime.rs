@@ -2,8 +2,6 @@
 //! kernel's time since boot runs on untouched. After one purge at the right time on this boot,
 //! the jumped purge deletes nothing: by real time no record is due. Without that earlier
 //! purge's anchor the same jump purges everything, which shows the jump reached the binary.
-//! On PostgreSQL a node a year ahead from its boot's first purge on purges by the server's
-//! clock, and anchors nothing.
 
 use std::path::Path;
 use std::process::Command;
@@ -14,11 +12,6 @@ use crate::support::{oncebox, text};
 
 /// `oncebox purge --output json` in `dir` under `faketime` a year ahead.
 fn purge_a_year_ahead(faketime: &Path, dir: &Path) -> Value {
-    purge_a_year_ahead_saying(faketime, dir).0
-}
-
-/// [`purge_a_year_ahead`], with what it logged.
-fn purge_a_year_ahead_saying(faketime: &Path, dir: &Path) -> (Value, String) {
     let out = Command::new(faketime)
         .args(["-f", "+365d", env!("CARGO_BIN_EXE_oncebox")])
         .args(["purge", "--output", "json"])
@@ -31,9 +24,7 @@ fn purge_a_year_ahead_saying(faketime: &Path, dir: &Path) -> (Value, String) {
         .output()
         .expect("run oncebox under faketime");
     assert!(out.status.success(), "{}", text(&out));
-    let json =
-        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", text(&out)));
-    (json, String::from_utf8_lossy(&out.stderr).into_owned())
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", text(&out)))
 }
 
 fn purge_now(dir: &Path) -> Value {
@@ -82,58 +73,4 @@ fn a_purge_a_year_ahead_after_one_on_time_deletes_nothing() {
         json!({ "purged": 2 }),
         "the jump reached the binary"
     );
-}
-
-/// A PostgreSQL node whose clock is a year ahead from the start of its boot: no anchor of an
-/// earlier purge bounds it, so only the server's clock can tell that no record is due.
-#[test]
-fn a_postgres_node_a_year_ahead_purges_by_the_servers_clock() {
-    let Some(faketime) = oncebox_testkit::require_program("/usr/bin/faketime") else {
-        return;
-    };
-    let Some(base) = oncebox_testkit::service_url("ONCEBOX_POSTGRES_URL") else {
-        return;
-    };
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    let schema = rt.block_on(crate::schema::Schema::create(&base, "skew"));
-    let dir = tempfile::tempdir().unwrap();
-    let d = dir.path();
-    let config = format!(
-        "listen = \"127.0.0.1:0\"\ndatabase = \"{}\"\n\n[sources.shop]\nsignature = \"none\"\n",
-        schema.url
-    );
-    std::fs::write(d.join("oncebox.toml"), config).unwrap();
-    let server = crate::support::serve_with(d, &["--no-relay"]);
-    for id in ["evt_1", "evt_2"] {
-        let out = oncebox(d, &["send", "shop", "--id", id, "--url", &server.1]);
-        assert!(out.status.success(), "{}", text(&out));
-    }
-    server.stop();
-    let sql = |sql: &str| -> i64 {
-        rt.block_on(async {
-            let pool = schema.pool().await;
-            oncebox_postgres::sqlx::query_scalar(sql)
-                .fetch_one(&pool)
-                .await
-                .unwrap()
-        })
-    };
-    let count = |table: &str| sql(&format!("SELECT count(*) FROM {table}"));
-    // `serve` purged at start and anchored this boot: forgotten, so the jump alone decides.
-    sql("WITH gone AS (DELETE FROM oncebox_purge_anchors RETURNING 1) SELECT count(*) FROM gone");
-    let (purged, said) = purge_a_year_ahead_saying(&faketime, d);
-    assert_eq!(purged, json!({ "purged": 0 }), "{said}");
-    assert!(
-        said.contains("ahead of the database server's"),
-        "the jump reached the binary, which said so: {said}"
-    );
-    assert_eq!(count("oncebox_inbox"), 2, "both records kept");
-    assert_eq!(
-        count("oncebox_purge_anchors"),
-        0,
-        "no anchor from the wrong clock"
-    );
-    // At the right time the boot's first purge anchors, and still nothing is due.
-    assert_eq!(purge_now(d), json!({ "purged": 0 }));
-    assert_eq!(count("oncebox_purge_anchors"), 1);
 }

@@ -23,6 +23,7 @@ mod relay;
 #[path = "../shared/schema.rs"]
 mod schema;
 mod send;
+mod skew;
 mod stop;
 mod support;
 

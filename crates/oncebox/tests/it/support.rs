@@ -22,9 +22,15 @@ pub fn serve(dir: &Path) -> Server {
 
 /// `oncebox serve` with extra flags, once it printed its address.
 pub fn serve_with(dir: &Path, flags: &[&str]) -> Server {
+    serve_by(Command::new(env!("CARGO_BIN_EXE_oncebox")), dir, flags)
+}
+
+/// [`serve_with`] through `command`: the binary itself, or a program that runs it (such as
+/// `faketime`).
+pub fn serve_by(mut command: Command, dir: &Path, flags: &[&str]) -> Server {
     // The log is kept for a failing stop to show.
     let log = dir.join("serve.log");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_oncebox"))
+    let mut child = command
         .arg("serve")
         .args(flags)
         .current_dir(dir)
