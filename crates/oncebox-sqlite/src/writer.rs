@@ -22,6 +22,12 @@ use gather::gather;
 pub(crate) use job::{Body, Job, RAN_TWICE, again, once};
 use open::Open;
 
+/// How long a batch's requests may run before it takes no more and commits. Far above what a
+/// batch of ingests or quick handlers takes (a few ms for hundreds), so it caps only batches
+/// of slow handlers: ten of 500 ms each, committed together, would all be answered after 5 s,
+/// past a deadline the first of them had been well inside.
+const BATCH_WORK: Duration = Duration::from_millis(100);
+
 /// What a request sees of the open transaction.
 pub(crate) struct Cx<'c, 's> {
     pub conn: &'c Connection,
@@ -246,7 +252,11 @@ impl Writer {
         };
         let mut open = Open::new(cx, &self.stats, expected);
         let mut taken = 1;
-        let mut take = |job: Job| open.run(job);
+        // A batch stops taking requests once it has run for `BATCH_WORK`: slow handlers
+        // queued together would otherwise all wait for one commit after the last of them,
+        // past their callers' deadlines, and none of them would be answered as applied.
+        let started = Instant::now();
+        let mut take = |job: Job| open.run(job) && started.elapsed() < BATCH_WORK;
         if take(first) {
             gather(
                 rx,

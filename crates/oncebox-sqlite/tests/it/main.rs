@@ -18,6 +18,7 @@ mod reentrant;
 mod rolled_back;
 mod savepoint;
 mod schema;
+mod slow_handlers;
 mod sqlite;
 mod stamps;
 mod too_large;
