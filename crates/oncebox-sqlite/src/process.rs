@@ -108,7 +108,12 @@ pub(crate) fn run(
     let outcome = catch_unwind(AssertUnwindSafe(|| {
         handler(&mut Tx::new(cx.conn, &event.key, cx.now))
     }))
-    .unwrap_or_else(|_| Err(HandlerError::failed("handler panicked")));
+    .unwrap_or_else(|panic| {
+        Err(HandlerError::failed(format!(
+            "the handler panicked: {}",
+            oncebox_core::consume::panic_message(&*panic)
+        )))
+    });
     if cx.ended() {
         return ended_by_handler(cx, outcome);
     }

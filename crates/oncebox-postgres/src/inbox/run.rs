@@ -48,7 +48,12 @@ impl Inbox {
         let outcome = AssertUnwindSafe(handler(&mut tx))
             .catch_unwind()
             .await
-            .unwrap_or_else(|_| Err(HandlerError::failed("handler panicked")));
+            .unwrap_or_else(|panic| {
+                Err(HandlerError::failed(format!(
+                    "the handler panicked: {}",
+                    oncebox_core::consume::panic_message(&*panic)
+                )))
+            });
         crate::crash::point!("after-effect");
         let (ours, answer) = match outcome {
             Ok(response) if response.kind == ResponseKind::Completed => {
