@@ -127,6 +127,10 @@ pub(crate) async fn bind(
     let asked_filter = o.filter_subject.clone().unwrap_or_default();
     read_back(info, o, &asked_filter)?;
     stored(js, o).await?;
+    if o.rules.key == oncebox_core::consume::KeyRule::MessageId {
+        // The server drops a repeated id inside the window before any consumer sees it.
+        tracing::warn!(stream = %o.stream, window = ?info.config.duplicate_window, "keyed by Nats-Msg-Id: within the stream's duplicate window JetStream drops a message whose id it saw, so the same id with another payload there is never refused as key-reused nor kept for audit (the first payload still wins); a key from the payload or another header keeps such conflicts in view");
+    }
     let deliver_policy = deliver_policy(o.deliver_from).map_err(|e| setup(&e))?;
     if let DeliverPolicy::ByStartTime { start_time } = deliver_policy
         && info.state.messages > 0

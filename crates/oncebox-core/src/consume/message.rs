@@ -18,6 +18,10 @@ pub enum KeyRule {
     /// A message header (AMQP header table, NATS header), by exact name.
     Header(String),
     /// The producer's message id: AMQP's `message_id` property, NATS's `Nats-Msg-Id` header.
+    /// JetStream drops a message whose `Nats-Msg-Id` the stream saw within its duplicate
+    /// window before any consumer sees it, so there the same id with another payload inside
+    /// the window is never refused as a conflict nor kept for audit (the first payload still
+    /// wins): a key from the payload or another header keeps such conflicts in view.
     MessageId,
     /// A JSON pointer into the body: a string, or an integer written in decimal.
     Pointer(Pointer),

@@ -318,6 +318,18 @@ fn validate(raw: RawConfig, p: &mut Problems<'_>) -> Settings {
                 c.name
             ));
         }
+        if matches!(c.broker, consumer::Broker::Nats { .. })
+            && c.rules.key == oncebox_core::consume::KeyRule::MessageId
+        {
+            warnings.push(format!(
+                "consumers.{}.key: JetStream drops a message whose Nats-Msg-Id the stream saw \
+                 within its duplicate window (2 minutes unless the stream sets another) before \
+                 any consumer sees it, so the same id with another payload inside the window \
+                 is never refused as key-reused nor kept for audit (the first payload still \
+                 wins); a key from the payload or another header keeps such conflicts in view",
+                c.name
+            ));
+        }
     }
     Settings {
         relay,

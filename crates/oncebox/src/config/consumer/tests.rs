@@ -132,3 +132,25 @@ fn bad_consumers_name_the_field() {
     let e = load_toml("[consumers.c]\nsource = \"Shop\"\nqueue = \"q\"\nkey = \"message-id\"\nquarantine = \"x\"\n").unwrap_err();
     assert!(e.contains("consumers.c.source"), "{e}");
 }
+
+/// JetStream drops a repeated `Nats-Msg-Id` within the stream's duplicate window before any
+/// consumer sees it, so keyed by that id a changed payload is never refused as a conflict: said
+/// for NATS, not for RabbitMQ (whose message id nothing drops), nor for a payload key.
+#[test]
+fn a_nats_consumer_keyed_by_message_id_is_warned_of_the_duplicate_window() {
+    let toml = |broker: &str, key: &str| {
+        format!(
+            "[sources.shop]\nsignature = \"none\"\n\n[consumers.c]\nsource = \"shop\"\n{broker}\n\
+             key = {key}\nquarantine = \"q.x\"\n"
+        )
+    };
+    let warned = |broker: &str, key: &str| {
+        let s = load_toml(&toml(broker, key)).unwrap();
+        s.warnings
+            .iter()
+            .any(|w| w.starts_with("consumers.c.key:") && w.contains("duplicate window"))
+    };
+    assert!(warned("stream = \"S\"", "\"message-id\""));
+    assert!(!warned("stream = \"S\"", "{ pointer = \"/id\" }"));
+    assert!(!warned("queue = \"q\"", "\"message-id\""));
+}
