@@ -25,6 +25,11 @@ const RECORD_RETRY: (Duration, Duration) = (Duration::from_millis(100), Duration
 /// How long a claim not sent is given back at least, however short its lease ran.
 const UNCLAIM_PATIENCE: Duration = Duration::from_secs(5);
 
+/// How far past its route's `max_age` a delivery tried before may still be sent: the relay's
+/// own pace in taking a due delivery (a last try scheduled at the cap, after a `Retry-After`
+/// past it, is taken a moment after). One later than this was held back by an outage.
+const AGE_GRACE: Duration = Duration::from_secs(60);
+
 impl<S: DeliveryStore> Relay<S> {
     /// How much of its lease a claim must still hold to be sent on `route`: the timeout and a
     /// margin to record. `None` for a lease no longer than the timeout (a library caller's
@@ -61,6 +66,9 @@ impl<S: DeliveryStore> Relay<S> {
         };
         if claimed.taken_over {
             return self.orphaned(claimed, route).await;
+        }
+        if let Some(why) = self.too_old(claimed, route) {
+            return self.expired(claimed, route, why).await;
         }
         // Claimed as a shutdown began (the claim was under way when it was asked for): no
         // turn, as one still waiting gets none, since a process about to stop could be killed
@@ -118,6 +126,46 @@ impl<S: DeliveryStore> Relay<S> {
         // hold the next request back.
         drop(permit);
         self.conclude(claimed, route, &attempt, record, true).await
+    }
+
+    /// Why `claimed`, tried before within its budget, is past its route's `max_age` (and the
+    /// grace) now: an outage held it back. The route's caps bound when a request with its key
+    /// may reach the receiver: one that honours the key keeps it that long and no longer (the
+    /// route's `max_age` says so), so a request after an earlier one whose outcome was unknown
+    /// could apply the event a second time. A delivery never tried gets its one try still:
+    /// nothing of it reached the receiver.
+    fn too_old(&self, claimed: &Claimed, route: &Route) -> Option<String> {
+        let budget = &claimed.budget;
+        let age = budget.age(self.clock.now());
+        let cap = route.retry.max_age;
+        (budget.spent(claimed.attempts) > 0 && age > cap.saturating_add(AGE_GRACE)).then(|| {
+            format!(
+                "not sent again: older than its route's max_age of {cap:?} when its turn came \
+                 (an outage held it back), after an earlier attempt"
+            )
+        })
+    }
+
+    /// Records `claimed` dead without sending it ([`Relay::too_old`]).
+    async fn expired(
+        &self,
+        claimed: &Claimed,
+        route: &Route,
+        why: String,
+    ) -> Result<Step, LeaseError> {
+        tracing::warn!(key = %claimed.idempotency_key, route = %route.name, "{why}");
+        let record = AttemptRecord {
+            started_at: self.clock.now(),
+            duration: Duration::ZERO,
+            status: None,
+            error: Some(why.clone()),
+        };
+        metrics::counter!("oncebox_delivery_attempts_total", "route" => route.name.clone(), "outcome" => "dead").increment(1);
+        let verdict = Verdict::Dead(why);
+        match self.record(claimed, record, &verdict).await {
+            Ok(()) => Ok(Step::Decided(verdict)),
+            Err(e) => Err(e),
+        }
     }
 
     /// A delivery claimed from a relay whose lease ran out mid-attempt: that relay may have

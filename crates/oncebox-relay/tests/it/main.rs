@@ -10,6 +10,7 @@ mod delivery;
 mod faults;
 mod gauges;
 mod kill;
+mod max_age;
 mod nats;
 mod operator;
 mod outbox;

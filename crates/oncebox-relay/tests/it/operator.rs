@@ -27,6 +27,7 @@ fn a_delivery_retried_by_hand_after_an_outage_gets_a_fresh_budget() {
         }
         let dead = w.delivery("evt_outage").await;
         assert_eq!((dead.state, dead.attempts), (DeliveryState::Dead, 2));
+        assert_eq!(rx.requests().len(), 1, "not sent again past max_age");
 
         // Once it is back, the operator retries. Counted from the creation, its age and
         // attempts would be spent, and one more failure would kill it again at once.
@@ -44,6 +45,6 @@ fn a_delivery_retried_by_hand_after_an_outage_gets_a_fresh_budget() {
             (DeliveryState::Dead, 5),
             "three attempts of its own, then dead again"
         );
-        assert_eq!(rx.requests().len(), 5);
+        assert_eq!(rx.requests().len(), 4);
     });
 }

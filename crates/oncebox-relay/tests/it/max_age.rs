@@ -1,0 +1,87 @@
+//! A route's `max_age` bounds when a request with a delivery's key may reach the receiver: one
+//! that honours the key keeps it that long and no longer. A delivery tried before and held
+//! back past it (the relay stopped, its circuit open) is recorded dead without being sent:
+//! sent late, it could apply the event a second time where the earlier outcome was unknown.
+//! One never tried still gets its try (nothing of it reached the receiver), and a last try
+//! scheduled at the cap after a `Retry-After` past it is still sent.
+
+use std::time::Duration;
+
+use oncebox_core::delivery::DeliveryState;
+use oncebox_testkit::run;
+
+use crate::{World, receiver, route};
+
+const MAX_AGE: Duration = Duration::from_secs(3600);
+
+#[test]
+fn a_delivery_tried_before_is_not_sent_past_max_age() {
+    run(async {
+        let w = World::new();
+        let (rx, addr) = receiver::start().await;
+        rx.answer(&[(503, None), (200, None)]);
+        w.accept("evt_late", &["hooks"]).await;
+        let mut hooks = route("hooks", addr, true);
+        hooks.retry.max_age = MAX_AGE;
+        let relay = w.relay(vec![hooks]);
+        relay.run_once().await.unwrap();
+        assert_eq!(w.delivery("evt_late").await.state, DeliveryState::Retrying);
+        // The relay is away for longer than the route keeps keys.
+        w.clock.advance(2 * MAX_AGE);
+        relay.run_once().await.unwrap();
+        let d = w.delivery("evt_late").await;
+        assert_eq!(d.state, DeliveryState::Dead, "{d:?}");
+        assert!(
+            d.last_error
+                .as_deref()
+                .is_some_and(|e| e.starts_with("not sent again")),
+            "{d:?}"
+        );
+        assert_eq!(rx.requests().len(), 1, "the late request was not sent");
+    });
+}
+
+#[test]
+fn a_delivery_never_tried_still_gets_its_try_past_max_age() {
+    run(async {
+        let w = World::new();
+        let (rx, addr) = receiver::start().await;
+        rx.answer(&[(200, None)]);
+        w.accept("evt_first", &["hooks"]).await;
+        let mut hooks = route("hooks", addr, true);
+        hooks.retry.max_age = MAX_AGE;
+        let relay = w.relay(vec![hooks]);
+        w.clock.advance(2 * MAX_AGE);
+        relay.run_once().await.unwrap();
+        assert_eq!(
+            w.delivery("evt_first").await.state,
+            DeliveryState::Delivered
+        );
+        assert_eq!(rx.requests().len(), 1);
+    });
+}
+
+#[test]
+fn a_last_try_scheduled_at_the_cap_is_sent() {
+    run(async {
+        let w = World::new();
+        let (rx, addr) = receiver::start().await;
+        // Asked to hold far past the cap: one last try at the cap.
+        rx.answer(&[(503, Some(10 * MAX_AGE.as_secs())), (200, None)]);
+        w.accept("evt_held", &["hooks"]).await;
+        let mut hooks = route("hooks", addr, true);
+        hooks.retry.max_age = MAX_AGE;
+        let relay = w.relay(vec![hooks]);
+        relay.run_once().await.unwrap();
+        let due = w
+            .delivery("evt_held")
+            .await
+            .next_attempt_at
+            .expect("scheduled");
+        // Taken a moment after it is due, as a relay takes it.
+        w.clock.set(due.plus(Duration::from_secs(1)));
+        relay.run_once().await.unwrap();
+        assert_eq!(w.delivery("evt_held").await.state, DeliveryState::Delivered);
+        assert_eq!(rx.requests().len(), 2);
+    });
+}
