@@ -252,8 +252,10 @@ pub trait DeliveryStore: Clone + Send + Sync + 'static {
         now: Timestamp,
     ) -> impl Future<Output = Result<bool, Unavailable>> + Send;
 
-    /// Settles an `uncertain` (or `dead`/`retrying`) delivery by hand, with a note. False when
-    /// it is delivered, in flight or does not exist.
+    /// Settles a delivery by hand, with a note: an `uncertain` one above all, but any still
+    /// owed (`pending`, `retrying`: one owed to a route since removed is given up so) or
+    /// `dead`. False when it is delivered, in flight (its relay's outcome is on the way) or does
+    /// not exist.
     fn resolve(
         &self,
         id: i64,

@@ -215,7 +215,7 @@ pub(crate) async fn resolve<S: EventStore + DeliveryStore>(
                 &gw,
                 id,
                 ("not-resolvable", "Not resolvable"),
-                "only uncertain, dead or retrying deliveries can be resolved by hand",
+                "only pending, retrying, uncertain or dead deliveries can be resolved by hand",
             )
             .await
         }

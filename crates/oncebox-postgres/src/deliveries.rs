@@ -188,7 +188,7 @@ impl DeliveryStore for Inbox {
         let n = sqlx::query(
             "UPDATE oncebox_outbox SET state = $2, note = $3,
                delivered_at = coalesce($4, delivered_at), updated_at = $5
-             WHERE id = $1 AND state IN ('uncertain', 'dead', 'retrying')",
+             WHERE id = $1 AND state IN ('pending', 'retrying', 'uncertain', 'dead')",
         )
         .bind(id)
         .bind(state)

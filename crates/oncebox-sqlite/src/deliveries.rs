@@ -278,7 +278,7 @@ impl DeliveryStore for Inbox {
                 .prepare_cached(
                     "UPDATE oncebox_outbox SET state = ?2, note = ?3,
                        delivered_at = coalesce(?4, delivered_at), updated_at = ?5
-                     WHERE id = ?1 AND state IN ('uncertain', 'dead', 'retrying')",
+                     WHERE id = ?1 AND state IN ('pending', 'retrying', 'uncertain', 'dead')",
                 )?
                 .execute(params![id, state, note, delivered_at, now.millis()])?;
             Ok(Ok(n == 1))

@@ -125,7 +125,7 @@ pub async fn run(out: &mut impl Write, store: &Store, action: DeliveriesCommand)
             Err(refusal(
                 store,
                 id,
-                "not resolvable (only uncertain, dead or retrying)",
+                "not resolvable (only pending, retrying, uncertain or dead)",
             )
             .await)
         }

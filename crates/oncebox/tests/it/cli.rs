@@ -283,6 +283,18 @@ fn exit_codes_tell_scripts_what_happened() {
     let refused = oncebox(d, &["deliveries", "retry", &id]);
     assert_eq!(refused.status.code(), Some(5), "{}", text(&refused));
     assert!(text(&refused).contains("is pending"), "{}", text(&refused));
+    // A pending delivery is given up by hand (its route retired, say).
+    let given_up = oncebox(
+        d,
+        &["deliveries", "resolve", &id, "--dead", "--note", "retired"],
+    );
+    assert_eq!(given_up.status.code(), Some(0), "{}", text(&given_up));
+    let listed = json(
+        d,
+        &["deliveries", "list", "--state", "dead", "--output", "json"],
+    );
+    assert_eq!(listed["items"][0]["id"].to_string(), id);
+    assert_eq!(listed["items"][0]["note"], "retired");
 
     // 2: invalid arguments, keys and database URLs.
     assert_eq!(code(d, &["events", "--output", "yaml"]), Some(2));
