@@ -85,7 +85,7 @@ pub async fn run(out: &mut impl Write, store: &Store, action: DeliveriesCommand)
                             d.route,
                             d.attempts,
                             d.key,
-                            d.last_error.as_deref().unwrap_or("")
+                            reason(d)
                         )?;
                     }
                     if let Some(next) = page.next {
@@ -139,5 +139,69 @@ async fn refusal(store: &Store, id: i64, refused: &str) -> anyhow::Error {
         Ok(Some(d)) => exit::refused(format!("delivery {id} is {}: {refused}", d.state)),
         Ok(None) => exit::not_found(format!("no delivery {id}")),
         Err(e) => anyhow::Error::new(e).context(format!("delivery {id}: {refused}")),
+    }
+}
+
+/// The last column of a listed delivery: an operator's note where one settled it (it says why
+/// more than the attempt before), else what its last attempt met, marked as such (a delivery
+/// retried by hand is `pending` beside its old failure).
+fn reason(d: &DeliveryView) -> String {
+    match (&d.note, d.last_status, &d.last_error) {
+        (Some(note), ..) if !note.is_empty() => format!("note: {note}"),
+        (_, _, Some(error)) => format!("last: {error}"),
+        (_, Some(status), None) => format!("last: answered {status}"),
+        (_, None, None) => String::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use oncebox_core::delivery::DeliveryState;
+    use oncebox_core::relay_store::{Budget, DeliveryView};
+    use oncebox_core::{Key, Timestamp};
+
+    fn view(status: Option<u16>, error: Option<&str>, note: Option<&str>) -> DeliveryView {
+        DeliveryView {
+            id: 1,
+            route: "hooks".into(),
+            key: Key::parse("shop", "evt_1").unwrap(),
+            idempotency_key: "shop:evt_1".into(),
+            state: DeliveryState::Uncertain,
+            attempts: 1,
+            created_at: Timestamp(0),
+            budget: Budget {
+                attempts_before: 0,
+                since: Timestamp(0),
+            },
+            next_attempt_at: None,
+            last_status: status,
+            last_error: error.map(str::to_owned),
+            note: note.map(str::to_owned),
+        }
+    }
+
+    /// A `302` parked uncertain showed nothing; a dead delivery resolved as delivered still
+    /// showed its receiver's `404`.
+    #[test]
+    fn the_listing_says_what_the_last_attempt_met_or_the_operators_note() {
+        let reason = |s, e, n| super::reason(&view(s, e, n));
+        assert_eq!(reason(Some(302), None, None), "last: answered 302");
+        assert_eq!(
+            reason(
+                Some(404),
+                Some("receiver answered 404"),
+                Some("applied by hand")
+            ),
+            "note: applied by hand"
+        );
+        assert_eq!(
+            reason(None, Some("connection refused"), None),
+            "last: connection refused"
+        );
+        assert_eq!(
+            reason(Some(500), Some("receiver answered 500"), Some("")),
+            "last: receiver answered 500"
+        );
+        assert_eq!(reason(None, None, None), "");
     }
 }
