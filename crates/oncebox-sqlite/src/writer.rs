@@ -22,11 +22,13 @@ use gather::gather;
 pub(crate) use job::{Body, Job, RAN_TWICE, again, once};
 use open::Open;
 
-/// How long a batch's requests may run before it takes no more and commits. Far above what a
-/// batch of ingests or quick handlers takes (a few ms for hundreds), so it caps only batches
-/// of slow handlers: ten of 500 ms each, committed together, would all be answered after 5 s,
-/// past a deadline the first of them had been well inside.
-const BATCH_WORK: Duration = Duration::from_millis(100);
+/// How long the requests a batch adds to its first may run before it takes no more and
+/// commits. Far above what a batch of ingests or quick handlers takes (a few ms for hundreds),
+/// so it caps only batches of slow handlers: ten of 500 ms each, committed together, would all
+/// be answered after 5 s, past a deadline the first of them had been well inside. The first
+/// request is not counted: it is taken whatever it costs, and its batch-mates wait for it
+/// either way.
+const BATCH_WORK: Duration = Duration::from_millis(250);
 
 /// What a request sees of the open transaction.
 pub(crate) struct Cx<'c, 's> {
@@ -252,11 +254,15 @@ impl Writer {
         };
         let mut open = Open::new(cx, &self.stats, expected);
         let mut taken = 1;
-        // A batch stops taking requests once it has run for `BATCH_WORK`: slow handlers
-        // queued together would otherwise all wait for one commit after the last of them,
-        // past their callers' deadlines, and none of them would be answered as applied.
-        let started = Instant::now();
-        let mut take = |job: Job| open.run(job) && started.elapsed() < BATCH_WORK;
+        // A batch stops taking requests once those after its first have run for
+        // `BATCH_WORK`: slow handlers queued together would otherwise all wait for one commit
+        // after the last of them, past their callers' deadlines, and none of them would be
+        // answered as applied.
+        let mut after_first: Option<Instant> = None;
+        let mut take = |job: Job| {
+            let ran = open.run(job);
+            ran && after_first.get_or_insert_with(Instant::now).elapsed() < BATCH_WORK
+        };
         if take(first) {
             gather(
                 rx,
