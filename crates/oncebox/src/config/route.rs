@@ -92,15 +92,9 @@ pub(super) fn check_name(name: &str, p: &mut Problems<'_>, warnings: &mut Vec<St
             &format!("routes.{name:?}"),
             "a route's name must be 1 to 64 bytes without spaces or control characters",
         );
-    } else if !name
-        .bytes()
-        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"_-".contains(&b))
+    } else if let Some(w) = super::variables::unreachable(&format!("routes.{name}"), "route", name)
     {
-        warnings.push(format!(
-            "routes.{name}: the environment cannot override this route's settings (its \
-             variables are lower-cased, and a '.' in them separates tables as '__' does); a \
-             name of a-z, 0-9, '_' and '-' can be"
-        ));
+        warnings.push(w);
     }
 }
 

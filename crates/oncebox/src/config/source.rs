@@ -36,13 +36,11 @@ pub(super) fn validate(
     let source = Source::new(name)
         .map_err(|e| p.push(&path, format_args!("invalid source name: {e}")))
         .ok();
-    // Valid names are lower-case already; a `.` in a variable's name separates tables as `__`
-    // does, so `ONCEBOX_SOURCES__…` cannot reach a dotted one.
-    if source.is_some() && name.contains('.') {
-        warnings.push(format!(
-            "{path}: the environment cannot override this source's settings (a '.' in its \
-             variables separates tables as '__' does); a name of a-z, 0-9, '_' and '-' can be"
-        ));
+    // Valid names are lower-case already, but `ONCEBOX_SOURCES__…` cannot reach a dotted one.
+    if source.is_some()
+        && let Some(w) = super::variables::unreachable(&path, "source", name)
+    {
+        warnings.push(w);
     }
     let preset = raw.preset.map(preset);
 

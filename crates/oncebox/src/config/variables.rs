@@ -8,6 +8,22 @@ use serde::de::{self, DeserializeOwned};
 
 const PREFIX: &str = "ONCEBOX_";
 
+/// The warning for a table `name` (a route or a source, at `path`) that no `ONCEBOX_…`
+/// variable can reach: variables' names are lower-cased, and a `.` in them separates tables as
+/// `__` does. `None` for a name of a-z, 0-9, `_` and `-`.
+pub(super) fn unreachable(path: &str, kind: &str, name: &str) -> Option<String> {
+    let reachable = name
+        .bytes()
+        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"_-".contains(&b));
+    (!reachable).then(|| {
+        format!(
+            "{path}: the environment cannot override this {kind}'s settings (its variables are \
+             lower-cased, and a '.' in them separates tables as '__' does); a name of a-z, 0-9, \
+             '_' and '-' can be"
+        )
+    })
+}
+
 /// Variables read whole (after the prefix): by the configuration's layers, and by clap for
 /// `consume`'s broker URLs.
 const SETTINGS: &[&str] = &[
