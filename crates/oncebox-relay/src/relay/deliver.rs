@@ -162,10 +162,8 @@ impl<S: DeliveryStore> Relay<S> {
         };
         metrics::counter!("oncebox_delivery_attempts_total", "route" => route.name.clone(), "outcome" => "dead").increment(1);
         let verdict = Verdict::Dead(why);
-        match self.record(claimed, record, &verdict).await {
-            Ok(()) => Ok(Step::Decided(verdict)),
-            Err(e) => Err(e),
-        }
+        self.record(claimed, record, &verdict).await?;
+        Ok(Step::Decided(verdict))
     }
 
     /// A delivery claimed from a relay whose lease ran out mid-attempt: that relay may have
