@@ -304,39 +304,29 @@ fn ingest_crash(point: &'static str, schema: Option<&PgSchema>) -> Report {
             .iter()
             .filter(|o| matches!(o.outcome(), Some(Outcome::Ok { .. })))
             .count();
-        // Committed before the crash but never answered: the retry got a replay.
-        let committed_unanswered = ops
+        // Operations up to the kill, and those after it (the retries against the restarted
+        // gateway); the keys acknowledged before it (the lone first request's included).
+        let after_kill = probe + before.len();
+        let acked: std::collections::BTreeSet<_> = ops
             .iter()
-            .filter(|o| {
-                o.id >= probe + before.len()
-                    && matches!(o.outcome(), Some(Outcome::Ok { replayed: true }))
-            })
-            .filter(|o| {
-                !before
-                    .iter()
-                    .any(|b| b.key == o.key && matches!(b.outcome(), Some(Outcome::Ok { .. })))
-            })
+            .filter(|o| o.id < after_kill && matches!(o.outcome(), Some(Outcome::Ok { .. })))
+            .map(|o| &o.key)
+            .collect();
+        let retries = || ops.iter().filter(|o| o.id >= after_kill);
+        // Committed before the crash but never answered: the retry got a replay.
+        let committed_unanswered = retries()
+            .filter(|o| matches!(o.outcome(), Some(Outcome::Ok { replayed: true })))
+            .filter(|o| !acked.contains(&o.key))
             .count();
         // A key on disk when the process died was committed, answered or not: a retry of it
         // answered as new would have applied it again (the final store, one record either way,
         // cannot show that).
-        let afresh: Vec<_> = ops
-            .iter()
-            .filter(|o| o.id >= probe + before.len() && on_disk.contains(&o.key))
+        let afresh: Vec<_> = retries()
+            .filter(|o| on_disk.contains(&o.key))
             .filter(|o| matches!(o.outcome(), Some(Outcome::Ok { replayed: false })))
             .map(|o| format!("{}/{}", o.key.0, o.key.1))
             .collect();
-        // (The lone first request's key, answered before the main run, is not among them.)
-        let stored_unanswered = on_disk
-            .iter()
-            .filter(|k| {
-                !ops.iter().any(|o| {
-                    o.id < probe + before.len()
-                        && &o.key == *k
-                        && matches!(o.outcome(), Some(Outcome::Ok { .. }))
-                })
-            })
-            .count();
+        let stored_unanswered = on_disk.iter().filter(|k| !acked.contains(k)).count();
         assert!(
             afresh.is_empty(),
             "stored before the kill at {point}, yet answered as new after it: {afresh:?}"
