@@ -29,10 +29,13 @@ pub async fn run(settings: Settings, with_relay: bool) -> Result<()> {
         tracing::warn!("{warning}");
     }
     let starting = async {
-        let inbox = Store::open_with(&settings.database, &settings.storage).await?;
+        // The port first: a start that cannot listen (another gateway has the port) must leave
+        // the database as it found it, neither created nor migrated under the gateway that
+        // keeps it. Connections that arrive while the store opens wait in the listen backlog.
         let listener = TcpListener::bind(settings.listen)
             .await
             .with_context(|| format!("binding {}", settings.listen))?;
+        let inbox = Store::open_with(&settings.database, &settings.storage).await?;
         anyhow::Ok((inbox, listener))
     };
     let Some(started) = shutdown.before(starting).await else {

@@ -200,6 +200,36 @@ fn operators_commands_change_no_schema() {
     }
 }
 
+/// `serve` on a port another process holds exits before it touches the database: none is
+/// created where there was none, and one an older version keeps is not migrated (a second
+/// start of a newer binary beside the running gateway would have migrated the store under it).
+#[test]
+fn serve_on_a_taken_port_leaves_the_database_alone() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let serve = ["serve", "--listen", addr.as_str()];
+    // The port is held for the whole test, so `serve` can only exit; stderr never says this.
+    let never = "oncebox listening";
+    let (code, log) = until_exit_or(d, &serve, never).unwrap_or_else(|log| panic!("{log}"));
+    assert_eq!(code, 1, "{log}");
+    assert!(log.contains(&format!("binding {addr}")), "{log}");
+    assert_eq!(files_besides(d, ""), Vec::<String>::new(), "{log}");
+
+    assert!(oncebox(d, &["migrate"]).status.success());
+    let db = d.join("oncebox.db");
+    let current = schema_version(&db);
+    oncebox_sqlite::rusqlite::Connection::open(&db)
+        .unwrap()
+        .execute("UPDATE oncebox_schema SET version = ?1", [current - 1])
+        .unwrap();
+    let (code, log) = until_exit_or(d, &serve, never).unwrap_or_else(|log| panic!("{log}"));
+    assert_eq!(code, 1, "{log}");
+    assert_eq!(schema_version(&db), current - 1, "migrated: {log}");
+    drop(taken);
+}
+
 /// A database a newer oncebox migrated is refused by every command as the wrong binary for it
 /// (exit 2, naming both versions), not as an unexpected failure, and left as it was.
 #[test]
