@@ -7,6 +7,7 @@ mod consume;
 mod database;
 mod deliveries;
 mod ended;
+mod examples;
 mod faults;
 mod harness;
 mod hold;

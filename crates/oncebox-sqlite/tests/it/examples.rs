@@ -254,3 +254,32 @@ fn a_report_before_its_payment_exists_fails_and_applies_when_sent_again() {
         );
     });
 }
+
+/// Every Rust block of the library guide is quoted, byte for byte, from one of the examples
+/// these tests run, so the guide cannot drift from code that runs.
+#[test]
+fn the_guides_rust_blocks_are_quoted_from_the_examples() {
+    let guide = include_str!("../../../../docs/library.md");
+    let examples = [
+        include_str!("../../examples/ledger.rs"),
+        include_str!("../../examples/thank_you.rs"),
+        include_str!("../../examples/payment_status.rs"),
+        include_str!("../../../oncebox-postgres/examples/ledger_postgres.rs"),
+    ];
+    let blocks: Vec<&str> = guide
+        .split("```rust\n")
+        .skip(1)
+        .map(|b| b.split("```").next().unwrap_or_default())
+        .collect();
+    assert!(
+        blocks.len() >= 3,
+        "the guide's Rust blocks: {}",
+        blocks.len()
+    );
+    for block in blocks {
+        assert!(
+            examples.iter().any(|e| e.contains(block)),
+            "a block of docs/library.md no example holds:\n{block}"
+        );
+    }
+}

@@ -81,6 +81,7 @@ const SCENARIOS: &[Scenario] = &[
     hostile::BAD_INPUT,
     flood::SLOWLORIS_AND_FLOODS,
     load::OVERLOAD_SQLITE,
+    load::OVERLOAD_POSTGRES,
     clock::RETENTION_AND_CLOCK_JUMPS_SQLITE,
     lease::REDIS_HOLDER_PAUSED,
     broker::NATS_BEFORE_ACK,
