@@ -29,6 +29,9 @@ pub struct Route {
     pub retry: RetryPolicy,
     /// Requests in flight to this route at once.
     pub concurrency: usize,
+    /// At most this many requests to the receiver, spaced evenly; `None` sends as fast as
+    /// `concurrency` lets. Per relay process, as `concurrency` is.
+    pub rate: Option<Rate>,
     /// PEM certificates of authorities an `https` receiver's certificate may come from,
     /// trusted beside the system's (a receiver behind a private authority).
     pub ca_pem: Option<Vec<u8>>,
@@ -43,6 +46,102 @@ impl Route {
         match &self.filter {
             None => true,
             Some((pointer, want)) => doc.and_then(|d| d.pointer(pointer)) == Some(want),
+        }
+    }
+}
+
+/// A route's pace: at most `requests` every `per`, one every `per / requests`. Written
+/// `"50/s"`, `"600/min"` or `"100/h"`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rate {
+    pub requests: u32,
+    pub per: Duration,
+}
+
+/// The most requests a rate may name per unit: far more than one relay sends.
+pub const MAX_RATE_REQUESTS: u32 = 1_000_000;
+
+/// Why a rate was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RateError {
+    #[error("expected requests per unit: \"50/s\", \"600/min\" or \"100/h\"")]
+    Form,
+    #[error("the number of requests must be from 1 to {MAX_RATE_REQUESTS}")]
+    Requests,
+}
+
+impl Rate {
+    /// Parses `"N/s"`, `"N/min"` or `"N/h"`, N from 1 to [`MAX_RATE_REQUESTS`].
+    pub fn parse(text: &str) -> Result<Rate, RateError> {
+        let (n, unit) = text.split_once('/').ok_or(RateError::Form)?;
+        let per = match unit {
+            "s" => Duration::from_secs(1),
+            "min" => Duration::from_secs(60),
+            "h" => Duration::from_secs(3600),
+            _ => return Err(RateError::Form),
+        };
+        if n.is_empty() || !n.bytes().all(|b| b.is_ascii_digit()) {
+            return Err(RateError::Form);
+        }
+        let requests = n
+            .parse::<u32>()
+            .ok()
+            .filter(|r| (1..=MAX_RATE_REQUESTS).contains(r))
+            .ok_or(RateError::Requests)?;
+        Ok(Rate { requests, per })
+    }
+
+    /// The time between two requests.
+    pub fn interval(&self) -> Duration {
+        self.per / self.requests.max(1)
+    }
+}
+
+impl std::fmt::Display for Rate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let unit = match self.per.as_secs() {
+            1 => "s",
+            60 => "min",
+            3600 => "h",
+            _ => return write!(f, "{} per {:?}", self.requests, self.per),
+        };
+        write!(f, "{}/{unit}", self.requests)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rates_parse_in_three_units_and_print_as_written() {
+        for (text, requests, secs) in [("50/s", 50, 1), ("600/min", 600, 60), ("1/h", 1, 3600)] {
+            let rate = Rate::parse(text).unwrap();
+            assert_eq!(
+                (rate.requests, rate.per),
+                (requests, Duration::from_secs(secs))
+            );
+            assert_eq!(rate.to_string(), text);
+        }
+        assert_eq!(
+            Rate::parse("50/s").unwrap().interval(),
+            Duration::from_millis(20)
+        );
+        assert_eq!(
+            Rate::parse("1000000/s").unwrap().interval(),
+            Duration::from_micros(1)
+        );
+    }
+
+    #[test]
+    fn malformed_rates_are_refused_with_the_reason() {
+        for bad in [
+            "", "50", "/s", "50/", "50/sec", "50 /s", "+5/s", "-5/s", "5.5/s", "5/S",
+        ] {
+            assert_eq!(Rate::parse(bad), Err(RateError::Form), "{bad:?}");
+        }
+        for bad in ["0/s", "1000001/s", "99999999999999999999/s"] {
+            assert_eq!(Rate::parse(bad), Err(RateError::Requests), "{bad:?}");
         }
     }
 }

@@ -118,6 +118,7 @@ fn route(url: &str, concurrency: usize) -> Route {
         status_url: None,
         retry: RetryPolicy::default(),
         concurrency,
+        rate: None,
         ca_pem: None,
     }
 }

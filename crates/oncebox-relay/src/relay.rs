@@ -16,6 +16,7 @@ use crate::send::{self, Link};
 
 mod deliver;
 mod outage;
+mod pace;
 mod pump;
 mod reconcile;
 
@@ -111,6 +112,8 @@ struct Lane {
     route: Route,
     /// Requests to the receiver in flight at once: the route's concurrency.
     permits: Semaphore,
+    /// The route's `rate`, when it has one.
+    pace: Option<pace::Pace>,
     /// Status-URL questions in flight at once, apart from the requests: a slow status URL
     /// never holds a delivery back.
     questions: Semaphore,
@@ -146,6 +149,7 @@ impl<S: DeliveryStore> Relay<S> {
             .map(|route| {
                 let lane = Lane {
                     permits: Semaphore::new(route.concurrency.max(1)),
+                    pace: route.rate.map(pace::Pace::new),
                     questions: Semaphore::new(route.concurrency.max(1)),
                     link: Link::new(&route),
                     client: send::client(&route).inspect_err(|e| {
@@ -175,6 +179,11 @@ impl<S: DeliveryStore> Relay<S> {
             .filter(|name| !open(&circuits, name, now))
             .cloned()
             .collect()
+    }
+
+    /// A claim's place in its route's pace, for a route that has one (`rate`).
+    fn promise(&self, route: &str) -> Option<pace::Promise<'_>> {
+        Some(self.routes.get(route)?.pace.as_ref()?.promise())
     }
 
     /// Whether `route`'s circuit keeps the relay off it now.
@@ -232,11 +241,11 @@ impl<S: DeliveryStore> Relay<S> {
         outcome.claimed = claimed.len();
         // Never stopped: a single round sends everything it claimed.
         let (_never, stop) = watch::channel(false);
-        let results = futures::future::join_all(
-            claimed
-                .iter()
-                .map(|c| async { self.deliver(c, claimed_at, &mut stop.clone()).await }),
-        )
+        let results = futures::future::join_all(claimed.iter().map(|c| async {
+            let promise = self.promise(&c.route);
+            self.deliver(c, claimed_at, promise, &mut stop.clone())
+                .await
+        }))
         .await;
         for r in results {
             outcome.add(r)?;

@@ -160,7 +160,7 @@ pub(crate) async fn page<S: EventStore + DeliveryStore>(
         h2 { "Routes" }
         table.routes {
             thead { tr { th { "route" } th { "sources" } th { "filter" } th { "url" } th { "timeout" } th { "idempotent" }
-                         th { "signing" } th { "status url" } th { "attempts / age" } th { "backoff" } th { "concurrency" } } }
+                         th { "signing" } th { "status url" } th { "attempts / age" } th { "backoff" } th { "concurrency" } th { "rate" } } }
             tbody {
                 @for r in &c.routes {
                     tr {
@@ -177,6 +177,7 @@ pub(crate) async fn page<S: EventStore + DeliveryStore>(
                         td { (r.retry.max_attempts) " / " (duration(r.retry.max_age)) }
                         td { (duration(r.retry.backoff.base)) " … " (duration(r.retry.backoff.cap)) }
                         td.num { (r.concurrency) }
+                        td { (r.rate.map(|rate| rate.to_string()).unwrap_or_else(|| "unpaced".to_owned())) }
                     }
                 }
             }

@@ -30,6 +30,7 @@ fn gateway() -> TestGateway {
         status_url: None,
         retry: RetryPolicy::default(),
         concurrency: 4,
+        rate: None,
         ca_pem: None,
     }];
     TestGateway::with(cfg, oncebox_sqlite::Options::new)

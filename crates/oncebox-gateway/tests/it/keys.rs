@@ -288,6 +288,7 @@ fn an_id_ending_in_a_space_is_400_and_the_content_type_is_delivered_as_sent() {
             status_url: None,
             retry: oncebox_core::delivery::RetryPolicy::default(),
             concurrency: 4,
+            rate: None,
             ca_pem: None,
         }];
         let gw = TestGateway::with(cfg, oncebox_sqlite::Options::new);

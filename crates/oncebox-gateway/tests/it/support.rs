@@ -349,6 +349,7 @@ pub fn route(name: &str, filter: Option<(&str, &str)>) -> Route {
         status_url: None,
         retry: RetryPolicy::default(),
         concurrency: 4,
+        rate: None,
         ca_pem: None,
     }
 }

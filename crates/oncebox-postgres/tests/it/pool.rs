@@ -92,6 +92,7 @@ fn answers_arriving_together_are_recorded_while_the_relay_claims_on_a_small_pool
             status_url: None,
             retry: RetryPolicy::default(),
             concurrency: CONCURRENCY,
+            rate: None,
             ca_pem: None,
         };
         let options = RelayOptions {

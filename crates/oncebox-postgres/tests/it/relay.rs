@@ -77,6 +77,7 @@ fn route(url: String) -> Route {
         status_url: None,
         retry: RetryPolicy::default(),
         concurrency: 4,
+        rate: None,
         ca_pem: None,
     }
 }

@@ -9,7 +9,9 @@ use oncebox_core::route::Route;
 use oncebox_core::{LeaseError, Timestamp, Unavailable};
 
 use tokio::sync::{TryAcquireError, watch};
+use tokio::time::Instant;
 
+use super::pace::Promise;
 use super::{Lane, Relay, Step};
 use crate::send;
 
@@ -47,10 +49,15 @@ impl<S: DeliveryStore> Relay<S> {
     /// lease ends (nor send it late, with the process about to be killed).
     ///
     /// `claimed_at` is the clock's monotonic time taken before the claim was asked for.
+    ///
+    /// On a paced route (`rate`) it waits first for a slot of the route's pace (`promise`,
+    /// taken when the claim came back); a slot its lease cannot wait for gives the claim back
+    /// at once.
     pub(super) async fn deliver(
         &self,
         claimed: &Claimed,
         claimed_at: Duration,
+        mut promise: Option<Promise<'_>>,
         stop: &mut watch::Receiver<bool>,
     ) -> Result<Step, LeaseError> {
         let Some(Lane {
@@ -74,12 +81,34 @@ impl<S: DeliveryStore> Relay<S> {
         // turn, as one still waiting gets none, since a process about to stop could be killed
         // with the request on its way.
         let stopped = *stop.borrow();
+        // Whether the claim had to wait for its turn: only then can the circuit have opened
+        // since the claim (a round's claims that start at once go out together, trial or not).
+        let mut paced = false;
+        if let Some(promise) = promise.as_mut().filter(|_| !stopped) {
+            while let Err(wait) = promise.take(Instant::now()) {
+                let mut stop = stop.clone();
+                let stopping = async move {
+                    let _ = stop.wait_for(|stop| *stop).await;
+                };
+                if self.short_of_lease(claimed, route, claimed_at, wait) {
+                    self.unclaim(claimed).await?;
+                    return Ok(Step::Unclaimed);
+                }
+                paced = true;
+                tokio::select! {
+                    biased;
+                    () = stopping => {
+                        self.unclaim(claimed).await?;
+                        return Ok(Step::Unclaimed);
+                    }
+                    () = tokio::time::sleep(wait) => {}
+                }
+            }
+        }
         // The guard `wait_for` gives is dropped inside: it cannot be held across an await.
         let stopping = async {
             let _ = stop.wait_for(|stop| *stop).await;
         };
-        // Whether the claim had to wait for its turn: only then can the circuit have opened
-        // since the claim (a round's claims that start at once go out together, trial or not).
         let (permit, waited) = if stopped {
             (None, false)
         } else {
@@ -105,17 +134,9 @@ impl<S: DeliveryStore> Relay<S> {
         //   it failed, or a trial after the cooldown did): not sent into the failure;
         // - the attempt and its record no longer both fit in the lease. One sent later could
         //   still be on its way when the lease ends and another relay sends the delivery again;
-        //   waiting for a permit behind a slow receiver is where the time goes. Judged by the
-        //   wall clock, as the store and other relays judge the lease, and by the time that
-        //   really passed since the claim: a wall clock set back hides the lease's end from
-        //   the first (and on SQLite the next claim then re-anchors the lease to its own now).
-        let now = self.clock.now();
-        let held_for = self.clock.monotonic().saturating_sub(claimed_at);
-        let lease_short = self.latest_send(route).is_some_and(|spare| {
-            now.plus(spare) >= claimed.lease_expires_at
-                || held_for.saturating_add(spare) >= self.options.lease
-        });
-        if lease_short || (waited && self.circuit_open(&route.name)) {
+        //   waiting for a permit behind a slow receiver is where the time goes.
+        let lease_short = self.short_of_lease(claimed, route, claimed_at, Duration::ZERO);
+        if lease_short || ((waited || paced) && self.circuit_open(&route.name)) {
             drop(permit);
             self.unclaim(claimed).await?;
             return Ok(Step::Unclaimed);
@@ -126,6 +147,27 @@ impl<S: DeliveryStore> Relay<S> {
         // hold the next request back.
         drop(permit);
         self.conclude(claimed, route, &attempt, record, true).await
+    }
+
+    /// Whether `claimed`, sent after waiting `ahead` more, could still be on its way when its
+    /// lease ends (another relay may then send it again). Judged by the wall clock, as the
+    /// store and other relays judge the lease, and by the time that really passed since the
+    /// claim (`claimed_at`): a wall clock set back hides the lease's end from the first (and
+    /// on SQLite the next claim then re-anchors the lease to its own now).
+    fn short_of_lease(
+        &self,
+        claimed: &Claimed,
+        route: &Route,
+        claimed_at: Duration,
+        ahead: Duration,
+    ) -> bool {
+        let now = self.clock.now();
+        let held_for = self.clock.monotonic().saturating_sub(claimed_at);
+        self.latest_send(route).is_some_and(|spare| {
+            let spare = spare.saturating_add(ahead);
+            now.plus(spare) >= claimed.lease_expires_at
+                || held_for.saturating_add(spare) >= self.options.lease
+        })
     }
 
     /// Why `claimed`, tried before within its budget, is past its route's `max_age` (and the

@@ -25,8 +25,8 @@ impl<S: DeliveryStore> Relay<S> {
         // A store that is told about new work starts listening before the first claim.
         self.store.wait_for_work(Duration::ZERO).await;
         loop {
-            let room = if *stopped.borrow() {
-                None
+            let (room, paced_for) = if *stopped.borrow() {
+                (None, None)
             } else {
                 self.room(&held.by_route)
             };
@@ -49,8 +49,9 @@ impl<S: DeliveryStore> Relay<S> {
             for c in claimed {
                 held.take(&c);
                 let mut stop = stopped.clone();
+                let promise = self.promise(&c.route);
                 sending.push(async move {
-                    let step = self.deliver(&c, claimed_at, &mut stop).await;
+                    let step = self.deliver(&c, claimed_at, promise, &mut stop).await;
                     (c.route, c.id, step)
                 });
             }
@@ -74,7 +75,10 @@ impl<S: DeliveryStore> Relay<S> {
             let pause = if again {
                 Duration::ZERO
             } else {
-                outage.pause(self.options.idle_poll)
+                // A paced route left out for its pace is looked at again when a slot of it
+                // comes within reach.
+                let idle = outage.pause(self.options.idle_poll);
+                paced_for.map_or(idle, |wait| idle.min(wait))
             };
             let mut stop = stopped.clone();
             let stopping = async move {
@@ -110,28 +114,46 @@ impl<S: DeliveryStore> Relay<S> {
         );
     }
 
-    /// The open routes that have room (fewer claims held than their concurrency), and how
-    /// many to claim for them: at most their room together, and what the batch has room for.
-    /// One route may still take the others' share of a claim; those wait for its permits, and
-    /// while it holds its concurrency it is left out of the next claims. `None`: no room.
-    fn room(&self, held: &HashMap<String, usize>) -> Option<(Vec<String>, usize)> {
+    /// The open routes that have room (fewer claims held than their concurrency, and on a
+    /// paced route slots within reach not promised to claims in hand), and how many to claim
+    /// for them: at most their room together, and what the batch has room for. One route may
+    /// still take the others' share of a claim; those wait for its permits (and its slots),
+    /// and while it holds its concurrency it is left out of the next claims. `None`: no room.
+    /// Beside it, when a paced route was left out for its pace alone, how long until a slot
+    /// of it comes within reach.
+    fn room(
+        &self,
+        held: &HashMap<String, usize>,
+    ) -> (Option<(Vec<String>, usize)>, Option<Duration>) {
         let total: usize = held.values().sum();
+        let now = tokio::time::Instant::now();
         let mut room = 0usize;
+        let mut paced_for: Option<Duration> = None;
         let routes: Vec<String> = self
             .open_routes()
             .into_iter()
             .filter(|name| {
-                let concurrency = self
-                    .routes
-                    .get(name)
-                    .map_or(1, |l| l.route.concurrency.max(1));
-                let free = concurrency.saturating_sub(held.get(name).copied().unwrap_or(0));
+                let Some(lane) = self.routes.get(name) else {
+                    return false;
+                };
+                let concurrency = lane.route.concurrency.max(1);
+                let mut free = concurrency.saturating_sub(held.get(name).copied().unwrap_or(0));
+                if let Some(pace) = lane.pace.as_ref().filter(|_| free > 0) {
+                    match pace.room(now) {
+                        Ok(slots) => free = free.min(slots),
+                        Err(wait) => {
+                            free = 0;
+                            paced_for = Some(paced_for.map_or(wait, |w| w.min(wait)));
+                        }
+                    }
+                }
                 room = room.saturating_add(free);
                 free > 0
             })
             .collect();
         let room = room.min(self.options.batch.saturating_sub(total));
-        (room > 0 && !routes.is_empty()).then_some((routes, room))
+        let claim = (room > 0 && !routes.is_empty()).then_some((routes, room));
+        (claim, paced_for)
     }
 }
 

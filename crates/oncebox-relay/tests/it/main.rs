@@ -15,6 +15,7 @@ mod nats;
 mod operator;
 mod outbox;
 mod pump;
+mod rate;
 mod receiver;
 mod settle;
 mod tls;
@@ -131,6 +132,7 @@ pub fn route(name: &str, addr: SocketAddr, idempotent: bool) -> Route {
             },
         },
         concurrency: 4,
+        rate: None,
         ca_pem: None,
     }
 }

@@ -22,6 +22,8 @@ use tokio::net::{TcpListener, TcpStream};
 pub struct Seen {
     pub headers: HeaderMap,
     pub body: Vec<u8>,
+    /// When it arrived.
+    pub at: std::time::Instant,
 }
 
 /// How the receiver answers the next requests; the last entry repeats.
@@ -86,6 +88,7 @@ async fn hook(
     r.seen.lock().unwrap().push(Seen {
         headers: headers.clone(),
         body: body.to_vec(),
+        at: std::time::Instant::now(),
     });
     let (status, reply_headers) = {
         let mut script = r.script.lock().unwrap();

@@ -49,6 +49,7 @@ impl fmt::Debug for ShownRoute<'_> {
             status_url,
             retry,
             concurrency,
+            rate,
             ca_pem,
         } = self.0;
         f.debug_struct("Route")
@@ -62,6 +63,7 @@ impl fmt::Debug for ShownRoute<'_> {
             .field("status_url", &status_url.as_deref().map(redact_route_url))
             .field("retry", retry)
             .field("concurrency", concurrency)
+            .field("rate", rate)
             // Public certificates: their size says enough.
             .field("ca_pem", &ca_pem.as_ref().map(Vec::len))
             .finish()

@@ -85,13 +85,16 @@ fn route(out: &mut String, r: &Route) {
     let b = &r.retry.backoff;
     let _ = writeln!(
         out,
-        "    retries      up to {} attempts within {}, backoff {} to {}, timeout {}, {} at once per relay{}",
+        "    retries      up to {} attempts within {}, backoff {} to {}, timeout {}, {} at once per relay{}{}",
         r.retry.max_attempts,
         format_duration(r.retry.max_age),
         format_duration(b.base),
         format_duration(b.cap),
         format_duration(r.timeout),
         r.concurrency,
+        r.rate
+            .map(|rate| format!(", at most {rate} per relay"))
+            .unwrap_or_default(),
         if r.signing_secret.is_some() {
             ", signed"
         } else {

@@ -36,6 +36,8 @@ pub(super) struct RawRoute {
     pub max_age: Option<HumanDuration>,
     pub backoff: Option<RawBackoff>,
     pub concurrency: Option<usize>,
+    /// `"50/s"`, `"600/min"` or `"100/h"`: the most requests to the receiver, spaced evenly.
+    pub rate: Option<String>,
     /// A PEM file of authorities an `https` receiver's certificate may come from, beside the
     /// system's.
     pub ca_file: Option<std::path::PathBuf>,
@@ -287,6 +289,11 @@ pub(super) fn validate(
             format!("must be from 1 to {}", super::raw::MAX_CONCURRENCY),
         );
     }
+    let rate = raw.rate.as_deref().and_then(|r| {
+        oncebox_core::route::Rate::parse(r)
+            .map_err(|e| p.push(&format!("{path}.rate"), e))
+            .ok()
+    });
     (p.count() == before).then(|| Route {
         name: name.to_owned(),
         sources: route_sources,
@@ -298,6 +305,7 @@ pub(super) fn validate(
         status_url: raw.status_url.clone(),
         retry,
         concurrency,
+        rate,
         ca_pem,
     })
 }

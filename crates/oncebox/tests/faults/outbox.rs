@@ -42,6 +42,7 @@ pub fn route(sources: &[&str]) -> oncebox_core::route::Route {
             },
         },
         concurrency: 1,
+        rate: None,
         ca_pem: None,
     }
 }

@@ -246,3 +246,32 @@ fn a_short_route_signing_secret_is_refused_but_a_short_source_secret_is_not() {
     ));
     ok("[sources.shop]\npreset = \"standard-webhooks\"\nsecrets = [\"whsec_abc\"]\n");
 }
+
+#[test]
+fn a_routes_rate_is_read_in_three_units_and_refused_by_field_when_malformed() {
+    let s = ok(&routed("https://example.com/hooks", "rate = \"600/min\""));
+    let rate = s.gateway.routes[0].rate.expect("a rate");
+    assert_eq!((rate.requests, rate.per.as_secs()), (600, 60));
+    assert_eq!(
+        ok(&routed("https://example.com/hooks", "")).gateway.routes[0].rate,
+        None
+    );
+    // Brokers are paced alike.
+    let s = ok(&routed(
+        "nats://127.0.0.1:4222?subject=orders",
+        "rate = \"5/s\"",
+    ));
+    assert_eq!(s.gateway.routes[0].rate.map(|r| r.requests), Some(5));
+    for (bad, says) in [
+        ("\"50\"", "\"50/s\", \"600/min\" or \"100/h\""),
+        ("\"50/day\"", "\"50/s\", \"600/min\" or \"100/h\""),
+        ("\"0/s\"", "from 1 to 1000000"),
+        ("\"5000000/s\"", "from 1 to 1000000"),
+    ] {
+        let e = err(&routed(
+            "https://example.com/hooks",
+            &format!("rate = {bad}"),
+        ));
+        assert_mentions(&e, &["routes.r.rate", says]);
+    }
+}

@@ -54,6 +54,7 @@ fn route(receiver: &str) -> oncebox_core::route::Route {
             },
         },
         concurrency: 4,
+        rate: None,
         ca_pem: None,
     }
 }

@@ -1,0 +1,118 @@
+//! A route's `rate`: a backlog goes out one request per interval, never in a burst, while an
+//! unpaced route beside it goes at its own speed; a claim whose slot its lease cannot wait for
+//! is given back at once, unsent.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use oncebox_core::delivery::DeliveryState;
+use oncebox_core::route::Rate;
+use oncebox_relay::Outcome;
+use oncebox_testkit::run;
+
+use crate::{World, receiver, route};
+
+/// Arrival times of what `receiver` got, in order.
+fn arrivals(receiver: &receiver::Receiver) -> Vec<Instant> {
+    let mut at: Vec<Instant> = receiver.requests().iter().map(|s| s.at).collect();
+    at.sort_unstable();
+    at
+}
+
+#[test]
+fn a_paced_backlog_goes_out_at_the_rate_and_an_unpaced_route_is_not_held_back() {
+    run(async {
+        let w = World::new();
+        let (paced_rx, paced_addr) = receiver::start().await;
+        let (free_rx, free_addr) = receiver::start().await;
+        // One request every 50 ms, with room for eight at once that the pace never uses.
+        let mut paced = route("paced", paced_addr, true);
+        paced.rate = Some(Rate::parse("20/s").unwrap());
+        paced.concurrency = 8;
+        const PACED: usize = 31;
+        const FREE: usize = 20;
+        for i in 0..PACED {
+            w.accept(&format!("p{i}"), &["paced"]).await;
+        }
+        for i in 0..FREE {
+            w.accept(&format!("f{i}"), &["free"]).await;
+        }
+        let relay = Arc::new(w.relay(vec![paced, route("free", free_addr, true)]));
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn({
+            let relay = relay.clone();
+            async move {
+                relay
+                    .run(async {
+                        let _ = stopped.await;
+                    })
+                    .await;
+            }
+        });
+        for _ in 0..3_000 {
+            if paced_rx.requests().len() == PACED && free_rx.requests().len() == FREE {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let _ = stop.send(());
+        task.await.unwrap();
+        let paced_at = arrivals(&paced_rx);
+        let free_at = arrivals(&free_rx);
+        assert_eq!((paced_at.len(), free_at.len()), (PACED, FREE));
+        // Sent 50 ms apart. Each arrives after its own latency, which a loaded machine spreads
+        // by far less than the 200 ms allowed; unpaced, all 31 arrive within milliseconds.
+        for (i, later) in paced_at.iter().enumerate().skip(10) {
+            let ten_apart = *later - paced_at[i - 10];
+            assert!(
+                ten_apart >= Duration::from_millis(300),
+                "requests {} and {i} arrived {ten_apart:?} apart, not about 500 ms",
+                i - 10
+            );
+        }
+        let span = paced_at[PACED - 1] - paced_at[0];
+        assert!(
+            span >= Duration::from_millis(1_300),
+            "{span:?} for 30 intervals of 50 ms"
+        );
+        // The unpaced route's twenty were all in before the paced route's twenty-first, due a
+        // second after its first.
+        assert!(
+            free_at[FREE - 1] < paced_at[20],
+            "the unpaced route finished {:?} after the paced one began",
+            free_at[FREE - 1] - paced_at[0]
+        );
+    });
+}
+
+#[test]
+fn a_slot_the_lease_cannot_wait_for_gives_the_claim_back_at_once() {
+    run(async {
+        let w = World::new();
+        let (rx, addr) = receiver::start().await;
+        let mut hourly = route("hourly", addr, true);
+        hourly.rate = Some(Rate::parse("1/h").unwrap());
+        for id in ["h1", "h2", "h3"] {
+            w.accept(id, &["hourly"]).await;
+        }
+        // One round claims all three (its batch is not paced); the first takes the hour's
+        // slot, the other two would wait an hour under a lease of a minute.
+        let relay = w.relay(vec![hourly]);
+        let outcome = relay.run_once().await.unwrap();
+        assert_eq!(
+            outcome,
+            Outcome {
+                claimed: 3,
+                delivered: 1,
+                unclaimed: 2,
+                ..Outcome::default()
+            }
+        );
+        assert_eq!(rx.requests().len(), 1);
+        let mut pending = 0;
+        for id in ["h1", "h2", "h3"] {
+            pending += usize::from(w.delivery(id).await.state == DeliveryState::Pending);
+        }
+        assert_eq!(pending, 2, "given back, due again");
+    });
+}
