@@ -9,6 +9,8 @@ use oncebox_core::{
 };
 use sqlx::{PgConnection, Row};
 
+use crate::qualified::InTx;
+
 /// A claimed record: its row, and the transaction that claimed it.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Claimed {
@@ -175,8 +177,12 @@ async fn stored_payload_matches(
 /// Marks the claimed record terminal with its response, only inside the transaction that
 /// claimed it. False when that transaction is gone (the handler ran `COMMIT` or `ROLLBACK`
 /// itself, maybe `BEGIN` after): then nothing was written, and the caller must not commit.
+/// A `search_path` the handler changed is reset before the commit, so that a change made for
+/// its session does not follow the connection back into the pool, where oncebox's statements
+/// outside transactions would resolve their tables by it.
 pub(crate) async fn finish(
     conn: &mut PgConnection,
+    sql: &InTx,
     claimed: Claimed,
     response: &Response,
     now: i64,
@@ -184,19 +190,19 @@ pub(crate) async fn finish(
     let body = (!response.body.is_empty()).then_some(&response.body);
     // Checked in the statement itself, so the common path pays no extra round trip. Outside a
     // transaction block `txid_current()` takes a new id, so the guard fails there too.
-    let n = sqlx::query(
-        "UPDATE oncebox_inbox SET state = $2, response = $3, completed_at = $4,
-           lease_token = NULL, lease_expires_at = NULL
-         WHERE id = $1 AND txid_current() = $5",
-    )
-    .bind(claimed.row)
-    .bind(response.kind.as_str())
-    .bind(body)
-    .bind(now)
-    .bind(claimed.xact)
-    .execute(conn)
-    .await?;
-    Ok(n.rows_affected() == 1)
+    let own_path: Option<bool> = sqlx::query_scalar(&sql.finish)
+        .bind(claimed.row)
+        .bind(response.kind.as_str())
+        .bind(body)
+        .bind(now)
+        .bind(claimed.xact)
+        .bind(&sql.path)
+        .fetch_optional(&mut *conn)
+        .await?;
+    if own_path == Some(false) {
+        sqlx::query("RESET search_path").execute(conn).await?;
+    }
+    Ok(own_path.is_some())
 }
 
 pub(crate) async fn record_conflict(

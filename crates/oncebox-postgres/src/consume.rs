@@ -120,7 +120,7 @@ impl<H> InboxHandler<H> {
         let mut tx = begin(&self.inbox.pool, self.inbox.deadline)
             .await
             .map_err(unavailable)?;
-        move_watermark(&mut tx, &p.stream, p.partition, p.offset)
+        move_watermark(&mut tx, &self.inbox.in_tx, &p.stream, p.partition, p.offset)
             .await
             .map_err(unavailable)?;
         tx.commit()

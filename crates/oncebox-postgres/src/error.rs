@@ -52,6 +52,23 @@ pub enum OpenError {
         holder: Option<String>,
         waited: std::time::Duration,
     },
+    /// The server did not apply the connection's startup options: the schema, durable
+    /// commits, the isolation level and the idle-transaction limit were all dropped on the
+    /// way, as a pooler does that ignores them (PgBouncer's `ignore_startup_parameters =
+    /// options`). Two deployments on their own schemas would then share one.
+    #[error(
+        "the server did not apply this connection's startup options (the schema and the \
+         settings oncebox needs): a connection pooler in between drops them (PgBouncer with \
+         ignore_startup_parameters = options); connect to PostgreSQL directly, or through a \
+         pooler in session mode that passes them"
+    )]
+    StartupOptionsIgnored,
+    /// No schema of the connection's `search_path` exists, so there is nowhere to keep the
+    /// tables.
+    #[error(
+        "no schema of the search_path ({search_path}) exists: create it, or name one that does"
+    )]
+    NoSchema { search_path: String },
 }
 
 /// SQLSTATEs that say nothing about the request itself. Class 08 (connection), 40001

@@ -23,8 +23,7 @@ use crate::{OUTBOX_CHANNEL, schema};
 mod connect;
 mod run;
 
-use connect::quoted;
-pub(crate) use connect::{begin, connect_options, lock_timeout};
+pub(crate) use connect::{begin, connect_options, lock_timeout, quoted};
 
 /// A claim retries this often when the record it conflicted with vanished meanwhile.
 const CLAIM_ATTEMPTS: usize = 3;
@@ -42,6 +41,8 @@ pub struct Inbox {
     pub(crate) wake: crate::listen::Wake,
     /// Claims whose answer was lost before their rows were found (`deliveries/lost.rs`).
     pub(crate) lost_claims: crate::deliveries::lost::LostClaims,
+    /// The statements run in a handler's transaction, naming the schema.
+    pub(crate) in_tx: Arc<crate::qualified::InTx>,
 }
 
 impl std::fmt::Debug for Inbox {
@@ -108,6 +109,7 @@ impl Inbox {
             .connect_with(connect)
             .await?;
         let mut conn = pool.acquire().await?;
+        let in_tx = Arc::new(connect::session(&mut conn).await?);
         let o = &options;
         schema::migrate(&mut conn, o.migrate, o.deadline, o.migration_lock_wait).await?;
         options.stamps = oncebox_core::Stamps::default();
@@ -125,6 +127,7 @@ impl Inbox {
             batcher,
             deadline: options.deadline,
             lost_claims: Default::default(),
+            in_tx,
         })
     }
 
@@ -176,7 +179,7 @@ impl Inbox {
                 Claim::Fresh(claimed) | Claim::TakenOver(claimed) => {
                     crate::crash::point!("after-inbox-insert");
                     let Some(handler) = handler.take() else { break };
-                    let tx = Tx::new(tx, event.key.clone(), now);
+                    let tx = Tx::new(tx, event.key.clone(), now, self.in_tx.clone());
                     return self.run(&event, tx, claimed, handler).await;
                 }
             }

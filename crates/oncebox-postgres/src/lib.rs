@@ -26,6 +26,7 @@ mod inbox;
 mod limit;
 mod listen;
 mod options;
+mod qualified;
 mod read;
 mod schema;
 mod skew;

@@ -2,8 +2,12 @@
 //! offset watermarks and the outbox all commit or roll back with the inbox record.
 
 pub use oncebox_core::{Enqueued, OffsetMove, Once};
+use std::sync::Arc;
+
 use oncebox_core::{Key, OutboxMessage, Timestamp};
 use sqlx::{PgConnection, Postgres, Transaction};
+
+use crate::qualified::InTx;
 
 /// How a handler fails. `Stale` and `Failed` decide what is kept of the event.
 #[derive(Debug, thiserror::Error)]
@@ -36,15 +40,23 @@ pub struct Tx {
     now: Timestamp,
     /// An outbox row was queued: relays are woken when this commits.
     pub(crate) queued: bool,
+    /// oncebox's own statements, naming their schema whatever `search_path` the handler set.
+    pub(crate) sql: Arc<InTx>,
 }
 
 impl Tx {
-    pub(crate) fn new(tx: Transaction<'static, Postgres>, key: Key, now: Timestamp) -> Tx {
+    pub(crate) fn new(
+        tx: Transaction<'static, Postgres>,
+        key: Key,
+        now: Timestamp,
+        sql: Arc<InTx>,
+    ) -> Tx {
         Tx {
             tx,
             key,
             now,
             queued: false,
+            sql,
         }
     }
 
@@ -72,18 +84,15 @@ impl Tx {
     pub async fn once(&mut self, scope: &str, key: &str) -> Result<Once, HandlerError> {
         oncebox_core::check_names(&[("action scope", scope), ("action key", key)])
             .map_err(HandlerError::failed)?;
-        let taken = sqlx::query(
-            "INSERT INTO oncebox_actions (scope, key, source, event_id, at)
-             VALUES ($1, $2, $3, $4, $5) ON CONFLICT (scope, key) DO NOTHING",
-        )
-        .bind(scope)
-        .bind(key)
-        .bind(self.key.source.as_str())
-        .bind(self.key.event_id.as_str())
-        .bind(self.now.millis())
-        .execute(&mut *self.tx)
-        .await?
-        .rows_affected();
+        let taken = sqlx::query(&self.sql.once)
+            .bind(scope)
+            .bind(key)
+            .bind(self.key.source.as_str())
+            .bind(self.key.event_id.as_str())
+            .bind(self.now.millis())
+            .execute(&mut *self.tx)
+            .await?
+            .rows_affected();
         Ok(if taken == 1 {
             Once::First
         } else {
@@ -104,31 +113,23 @@ impl Tx {
     ) -> Result<(), HandlerError> {
         oncebox_core::check_names(&[("entity", entity), ("entity id", id)])
             .map_err(HandlerError::failed)?;
-        let moved = sqlx::query(
-            "INSERT INTO oncebox_versions (entity, entity_id, version, source, event_id)
-             VALUES ($1, $2, $3, $4, $5)
-             ON CONFLICT (entity, entity_id) DO UPDATE SET version = excluded.version,
-               source = excluded.source, event_id = excluded.event_id
-             WHERE oncebox_versions.version < excluded.version",
-        )
-        .bind(entity)
-        .bind(id)
-        .bind(version)
-        .bind(self.key.source.as_str())
-        .bind(self.key.event_id.as_str())
-        .execute(&mut *self.tx)
-        .await?
-        .rows_affected();
+        let moved = sqlx::query(&self.sql.advance)
+            .bind(entity)
+            .bind(id)
+            .bind(version)
+            .bind(self.key.source.as_str())
+            .bind(self.key.event_id.as_str())
+            .execute(&mut *self.tx)
+            .await?
+            .rows_affected();
         if moved == 1 {
             return Ok(());
         }
-        let current: i64 = sqlx::query_scalar(
-            "SELECT version FROM oncebox_versions WHERE entity = $1 AND entity_id = $2",
-        )
-        .bind(entity)
-        .bind(id)
-        .fetch_one(&mut *self.tx)
-        .await?;
+        let current: i64 = sqlx::query_scalar(&self.sql.version)
+            .bind(entity)
+            .bind(id)
+            .fetch_one(&mut *self.tx)
+            .await?;
         if version < current {
             Err(HandlerError::Stale)
         } else {
@@ -146,7 +147,7 @@ impl Tx {
     ) -> Result<OffsetMove, HandlerError> {
         oncebox_core::check_names(&[("stream", stream)]).map_err(HandlerError::failed)?;
         Ok(
-            if move_watermark(&mut self.tx, stream, partition, offset).await? {
+            if move_watermark(&mut self.tx, &self.sql, stream, partition, offset).await? {
                 OffsetMove::Advanced
             } else {
                 OffsetMove::Replay
@@ -160,33 +161,25 @@ impl Tx {
     /// event: nothing of it is kept and the caller hears why.
     pub async fn enqueue(&mut self, msg: &OutboxMessage) -> Result<Enqueued, HandlerError> {
         msg.check().map_err(HandlerError::failed)?;
-        let queued = sqlx::query(
-            "INSERT INTO oncebox_outbox (destination, idempotency_key, payload, content_type,
-               source, event_id, created_at, next_attempt_at)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $7)
-             ON CONFLICT (destination, idempotency_key) DO NOTHING",
-        )
-        .bind(&msg.destination)
-        .bind(&msg.idempotency_key)
-        .bind(&msg.payload)
-        .bind(&msg.content_type)
-        .bind(self.key.source.as_str())
-        .bind(self.key.event_id.as_str())
-        .bind(self.now.millis())
-        .execute(&mut *self.tx)
-        .await?;
+        let queued = sqlx::query(&self.sql.enqueue)
+            .bind(&msg.destination)
+            .bind(&msg.idempotency_key)
+            .bind(&msg.payload)
+            .bind(&msg.content_type)
+            .bind(self.key.source.as_str())
+            .bind(self.key.event_id.as_str())
+            .bind(self.now.millis())
+            .execute(&mut *self.tx)
+            .await?;
         if queued.rows_affected() == 1 {
             self.queued = true;
             return Ok(Enqueued::Queued);
         }
-        let first: Option<(Vec<u8>, String)> = sqlx::query_as(
-            "SELECT payload, content_type FROM oncebox_outbox
-             WHERE destination = $1 AND idempotency_key = $2",
-        )
-        .bind(&msg.destination)
-        .bind(&msg.idempotency_key)
-        .fetch_optional(&mut *self.tx)
-        .await?;
+        let first: Option<(Vec<u8>, String)> = sqlx::query_as(&self.sql.enqueued)
+            .bind(&msg.destination)
+            .bind(&msg.idempotency_key)
+            .fetch_optional(&mut *self.tx)
+            .await?;
         Ok(msg.beside(first))
     }
 }
@@ -195,20 +188,17 @@ impl Tx {
 /// above it already.
 pub(crate) async fn move_watermark(
     conn: &mut PgConnection,
+    sql: &InTx,
     stream: &str,
     partition: i64,
     offset: i64,
 ) -> Result<bool, sqlx::Error> {
-    let moved = sqlx::query(
-        "INSERT INTO oncebox_offsets (stream, partition, position) VALUES ($1, $2, $3)
-         ON CONFLICT (stream, partition) DO UPDATE SET position = excluded.position
-         WHERE excluded.position > oncebox_offsets.position",
-    )
-    .bind(stream)
-    .bind(partition)
-    .bind(offset)
-    .execute(conn)
-    .await?
-    .rows_affected();
+    let moved = sqlx::query(&sql.watermark)
+        .bind(stream)
+        .bind(partition)
+        .bind(offset)
+        .execute(conn)
+        .await?
+        .rows_affected();
     Ok(moved == 1)
 }

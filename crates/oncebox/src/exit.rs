@@ -34,7 +34,8 @@ Exit codes:
   1  failure: an unexpected error (IO, network, a failed request to the gateway); a damaged
      SQLite file
   2  usage: invalid flags, arguments or configuration; an unsupported database URL; a
-     database a newer oncebox migrated
+     database a newer oncebox migrated; a PostgreSQL setup only a change ends (a role
+     without the rights, no such database or schema, a pooler dropping startup options)
   3  not found: no such event, delivery or source
   4  unavailable: the store is unreachable, busy or locked; nothing was decided, retry later
   5  refused: the command ran and the answer is no (send got a non-2xx, a delivery's state
@@ -176,6 +177,10 @@ fn storage(cause: &(dyn std::error::Error + 'static)) -> Option<Code> {
             oncebox_postgres::OpenError::Postgres(_) => Some(Code::Unavailable),
             oncebox_postgres::OpenError::SchemaTooNew { .. } => Some(Code::Usage),
             oncebox_postgres::OpenError::MigrationLocked { .. } => Some(Code::Unavailable),
+            // A pooler dropping the startup options, a search_path naming no schema: only a
+            // change of the setup helps.
+            oncebox_postgres::OpenError::StartupOptionsIgnored
+            | oncebox_postgres::OpenError::NoSchema { .. } => Some(Code::Usage),
             _ => None,
         };
     }
@@ -232,6 +237,14 @@ fn lasting_postgres(e: &oncebox_postgres::sqlx::Error) -> bool {
     use oncebox_postgres::sqlx::Error;
     match e {
         Error::Tls(_) | Error::Configuration(_) => true,
+        // What only a change of the setup ends: a role without the rights it needs (42501),
+        // a database or schema that does not exist (3D000, 3F000), a startup the server or a
+        // pooler in between refuses as malformed (08P01: PgBouncer's "unsupported startup
+        // parameter"). Exit 4 would have a supervisor retry it for ever.
+        Error::Database(db) => matches!(
+            db.code().as_deref(),
+            Some("42501" | "3D000" | "3F000" | "08P01")
+        ),
         // rustls's verdict on the server's certificate reaches sqlx inside an IO error.
         Error::Io(io) => io
             .get_ref()

@@ -24,6 +24,10 @@ pub(crate) fn connect_options(options: &Options) -> Result<PgConnectOptions, Ope
         .options([
             ("synchronous_commit", "on"),
             ("default_transaction_isolation", r"read\ committed"),
+            // A marker `open` looks for: a pooler that drops startup options (PgBouncer
+            // with `ignore_startup_parameters = options`) drops the schema and every setting
+            // above with it, silently.
+            (STARTUP_MARKER, "1"),
         ]);
     let idle = options.idle_in_transaction;
     if !idle.is_zero() {
@@ -39,6 +43,9 @@ pub(crate) fn connect_options(options: &Options) -> Result<PgConnectOptions, Ope
     Ok(connect)
 }
 
+/// The setting every connection starts with, to tell that its startup options were applied.
+pub(crate) const STARTUP_MARKER: &str = "oncebox.startup";
+
 /// `value` as one word of the startup packet's `options` (`-c name=value ...`), which the
 /// server splits at spaces unless escaped with a backslash; sqlx writes it as given.
 fn startup_value(value: &str) -> String {
@@ -53,7 +60,7 @@ fn startup_value(value: &str) -> String {
 }
 
 /// `name` as a quoted identifier: any name is safe, and its case is kept.
-pub(super) fn quoted(name: &str) -> String {
+pub(crate) fn quoted(name: &str) -> String {
     format!("\"{}\"", name.replace('"', "\"\""))
 }
 
@@ -64,13 +71,15 @@ pub(super) fn quoted(name: &str) -> String {
 /// its worker and every later batch on it, long after its caller was answered. The
 /// transaction is READ COMMITTED and commits durably whatever an earlier handler on the same
 /// connection set for its session (`SET synchronous_commit = off` without `LOCAL` carried over
-/// to every later event there, silently).
+/// to every later event there, silently), and on the connection's own `search_path`, whatever
+/// a handler set for its session.
 pub(crate) async fn begin(
     pool: &PgPool,
     deadline: Duration,
 ) -> Result<sqlx::Transaction<'static, sqlx::Postgres>, sqlx::Error> {
     pool.begin_with(format!(
-        "BEGIN ISOLATION LEVEL READ COMMITTED; {}; SET LOCAL synchronous_commit = on",
+        "BEGIN ISOLATION LEVEL READ COMMITTED; {}; SET LOCAL synchronous_commit = on; \
+         SET LOCAL search_path TO DEFAULT",
         lock_timeout(deadline)
     ))
     .await
@@ -81,4 +90,25 @@ pub(crate) fn lock_timeout(deadline: Duration) -> String {
     // 0 would mean no limit.
     let ms = deadline.as_millis().clamp(1, i32::MAX as u128);
     format!("SET LOCAL lock_timeout = {ms}")
+}
+
+/// What the first connection says of its session: that its startup options were applied (a
+/// pooler may drop them all), and the schema oncebox's tables are in, whose statements run in a
+/// handler's transaction name it.
+pub(crate) async fn session(
+    conn: &mut sqlx::PgConnection,
+) -> Result<crate::qualified::InTx, OpenError> {
+    let (marker, schema, path): (Option<String>, Option<String>, String) = sqlx::query_as(
+        "SELECT current_setting($1, true), current_schema(), current_setting('search_path')",
+    )
+    .bind(STARTUP_MARKER)
+    .fetch_one(&mut *conn)
+    .await?;
+    if marker.as_deref() != Some("1") {
+        return Err(OpenError::StartupOptionsIgnored);
+    }
+    let schema = schema.ok_or(OpenError::NoSchema {
+        search_path: path.clone(),
+    })?;
+    Ok(crate::qualified::InTx::new(&schema, path))
 }

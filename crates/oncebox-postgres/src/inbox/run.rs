@@ -57,7 +57,7 @@ impl Inbox {
         crate::crash::point!("after-effect");
         let (ours, answer) = match outcome {
             Ok(response) if response.kind == ResponseKind::Completed => {
-                let ours = finish(&mut tx.tx, claimed, &response, now)
+                let ours = finish(&mut tx.tx, &tx.sql, claimed, &response, now)
                     .await
                     .map_err(|e| record_failed(&e))?;
                 (ours, Processed::Applied(response))
@@ -164,7 +164,7 @@ async fn terminal(
     }
     // What the handler queued went with the savepoint.
     tx.queued = false;
-    finish(&mut tx.tx, claimed, response, now)
+    finish(&mut tx.tx, &tx.sql, claimed, response, now)
         .await
         .map_err(|e| ProcessError::Unavailable(storage(&e)))
 }

@@ -18,6 +18,7 @@ mod pool;
 mod purge;
 mod relay;
 mod savepoint;
+mod search_path;
 mod sessions;
 mod setup;
 mod too_large;

@@ -78,3 +78,28 @@ fn a_postgres_open_error_says_each_cause_once() {
     assert_eq!(out.status.code(), Some(4), "{said}");
     assert_eq!(said.matches("does not exist").count(), 1, "{said}");
 }
+
+/// Setups only a change ends exit 2, not 4 (a supervisor retries 4 for ever): a search_path
+/// naming no schema, and a database that does not exist, each said as what it is.
+#[test]
+fn a_missing_schema_or_database_is_exit_2() {
+    let Some(base) = oncebox_testkit::service_url("ONCEBOX_POSTGRES_URL") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let separator = if base.contains('?') { '&' } else { '?' };
+    let nowhere = format!("{base}{separator}options=-c%20search_path%3Dno_such_schema_here");
+    let out = oncebox(dir.path(), &["--database", &nowhere, "migrate"]);
+    let said = text(&out);
+    assert_eq!(out.status.code(), Some(2), "{said}");
+    assert!(
+        said.contains("no schema of the search_path (no_such_schema_here)"),
+        "{said}"
+    );
+    let (head, _) = base.rsplit_once('/').unwrap();
+    let no_database = format!("{head}/no_such_database_here");
+    let out = oncebox(dir.path(), &["--database", &no_database, "migrate"]);
+    let said = text(&out);
+    assert_eq!(out.status.code(), Some(2), "{said}");
+    assert!(said.contains("no_such_database_here"), "{said}");
+}
