@@ -214,7 +214,7 @@ async fn deliver_concurrently(
 fn apply(tx: &mut Tx, credit: Credit) -> BoxFuture<'_, Result<Response, HandlerError>> {
     Box::pin(async move {
         let Credit { account, amount } = credit;
-        let key = tx.key().clone();
+        let (key, conn) = tx.parts();
         sqlx::query(
             "INSERT INTO credits (source, event_id, account_id, amount) VALUES ($1, $2, $3, $4)",
         )
@@ -222,7 +222,7 @@ fn apply(tx: &mut Tx, credit: Credit) -> BoxFuture<'_, Result<Response, HandlerE
         .bind(key.event_id.as_str())
         .bind(account)
         .bind(amount)
-        .execute(tx.conn())
+        .execute(conn)
         .await?;
         // The balance *now*, inside the transaction: it cannot be recomputed later, when other
         // credits have moved it, which is why the first response is stored.

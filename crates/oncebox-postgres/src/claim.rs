@@ -143,6 +143,25 @@ pub(crate) async fn claim(
             retry_after: Duration::from_millis(wait),
         })));
     }
+    // `process` (no lease of its own) finding a two-phase lease expired unfinished: its holder
+    // may have made the outside call before it stopped, and a handler run now could repeat the
+    // event's effect without knowing it, where `begin` would say `taken_over`. Parked
+    // uncertain instead, fencing the old holder, for `resolve`.
+    if token.is_none() {
+        sqlx::query(
+            "UPDATE oncebox_inbox SET state = 'uncertain', lease_token = NULL,
+               lease_expires_at = NULL WHERE id = $1",
+        )
+        .bind(id)
+        .execute(&mut *conn)
+        .await?;
+        tracing::warn!(
+            key = %key,
+            "a two-phase lease on this key expired unfinished, its outside effect unknown: \
+             parked uncertain for resolve, not taken over by process"
+        );
+        return Ok(Claim::Answered(Err(ProcessError::Uncertain)));
+    }
     let xact: i64 = sqlx::query_scalar(
         "UPDATE oncebox_inbox SET lease_token = $2, lease_expires_at = $3, received_at = $4
          WHERE id = $1 RETURNING txid_current()",

@@ -73,6 +73,12 @@ impl Tx {
         &self.key
     }
 
+    /// The event's key and the connection at once, for a statement that binds the key:
+    /// `tx.key()` borrows the whole `Tx`, which `tx.conn()` then cannot.
+    pub fn parts(&mut self) -> (&Key, &mut PgConnection) {
+        (&self.key, &mut self.tx)
+    }
+
     /// The clock reading taken when the event's transaction began.
     pub fn now(&self) -> Timestamp {
         self.now

@@ -201,6 +201,18 @@ pub(crate) fn claim(
     decide(cx, event, existing, lease)
 }
 
+/// `process` (which holds no lease of its own) finding a two-phase lease expired unfinished:
+/// its holder may have made the outside call before it stopped, and a handler run now could
+/// repeat the event's effect without knowing it, where `begin` would say `taken_over`. The key
+/// is parked uncertain instead, fencing the old holder, for `resolve` (as a relay parks a
+/// delivery taken over from a relay that stopped mid-attempt).
+const PARK_EXPIRED: &str = "UPDATE oncebox_inbox SET state = 'uncertain', lease_token = NULL,
+                              lease_expires_at = NULL WHERE id = ?1";
+
+/// What the log says of a key [`PARK_EXPIRED`] parked.
+pub(crate) const PARKED_EXPIRED: &str = "a two-phase lease on this key expired unfinished, its \
+    outside effect unknown: parked uncertain for resolve, not taken over by process";
+
 /// What a key's stored record answers: a conflict (recorded), a duplicate, uncertain, a live
 /// lease — or, for an expired lease, the key taken over with `lease`'s new token.
 fn decide(
@@ -257,6 +269,13 @@ fn decide(
         return Ok(Claim::Answered(Err(ProcessError::InProgress {
             retry_after: Duration::from_millis(wait),
         })));
+    }
+    if token.is_none() {
+        cx.conn
+            .prepare_cached(PARK_EXPIRED)?
+            .execute([existing.id])?;
+        tracing::warn!(key = %event.key, "{PARKED_EXPIRED}");
+        return Ok(Claim::Answered(Err(ProcessError::Uncertain)));
     }
     cx.conn
         .prepare_cached(

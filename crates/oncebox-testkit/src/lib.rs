@@ -371,7 +371,7 @@ macro_rules! conformance {
             stats_count_the_rows_kept_forever,
             restart_keeps_every_committed_key,
             process_waits_behind_a_lease_and_an_uncertain_key,
-            process_takes_over_an_expired_lease,
+            process_parks_an_expired_two_phase_lease_uncertain,
             purge_deletes_only_terminal_records_past_retention,
             purge_beside_ingest_never_deletes_inside_the_window,
             forward_clock_jump_purges_no_record_early,
