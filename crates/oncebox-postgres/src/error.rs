@@ -57,10 +57,10 @@ pub enum OpenError {
     /// way, as a pooler does that ignores them (PgBouncer's `ignore_startup_parameters =
     /// options`). Two deployments on their own schemas would then share one.
     #[error(
-        "the server did not apply this connection's startup options (the schema and the \
-         settings oncebox needs): a connection pooler in between drops them (PgBouncer with \
-         ignore_startup_parameters = options); connect to PostgreSQL directly, or through a \
-         pooler in session mode that passes them"
+        "the server did not apply this connection's startup options, the schema asked for \
+         among them: a connection pooler in between drops them (PgBouncer with \
+         ignore_startup_parameters = options); connect to PostgreSQL directly, or name the \
+         schema in the role's search_path (ALTER ROLE … SET search_path) instead"
     )]
     StartupOptionsIgnored,
     /// No schema of the connection's `search_path` exists, so there is nowhere to keep the

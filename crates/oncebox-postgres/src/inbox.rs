@@ -109,7 +109,7 @@ impl Inbox {
             .connect_with(connect)
             .await?;
         let mut conn = pool.acquire().await?;
-        let in_tx = Arc::new(connect::session(&mut conn).await?);
+        let in_tx = Arc::new(connect::session(&mut conn, &options).await?);
         let o = &options;
         schema::migrate(&mut conn, o.migrate, o.deadline, o.migration_lock_wait).await?;
         options.stamps = oncebox_core::Stamps::default();

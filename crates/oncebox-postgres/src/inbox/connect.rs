@@ -94,9 +94,14 @@ pub(crate) fn lock_timeout(deadline: Duration) -> String {
 
 /// What the first connection says of its session: that its startup options were applied (a
 /// pooler may drop them all), and the schema oncebox's tables are in, whose statements run in a
-/// handler's transaction name it.
+/// handler's transaction name it. Dropped options are refused where they named the schema
+/// (`Options::schema`, or `search_path` in the URL's `options`): two deployments would share
+/// the pooler's default one. Elsewhere (a schema the role's own `search_path` names, as behind
+/// PgBouncer) they are only warned of: every transaction sets durability and isolation again,
+/// but none is ended for sitting idle.
 pub(crate) async fn session(
     conn: &mut sqlx::PgConnection,
+    options: &Options,
 ) -> Result<crate::qualified::InTx, OpenError> {
     let (marker, schema, path): (Option<String>, Option<String>, String) = sqlx::query_as(
         "SELECT current_setting($1, true), current_schema(), current_setting('search_path')",
@@ -105,7 +110,18 @@ pub(crate) async fn session(
     .fetch_one(&mut *conn)
     .await?;
     if marker.as_deref() != Some("1") {
-        return Err(OpenError::StartupOptionsIgnored);
+        let url_path = PgConnectOptions::from_str(&options.url)
+            .ok()
+            .and_then(|o| o.get_options().map(|o| o.contains("search_path")))
+            .unwrap_or(false);
+        if options.schema.is_some() || url_path {
+            return Err(OpenError::StartupOptionsIgnored);
+        }
+        tracing::warn!(
+            "the server did not apply this connection's startup options (a pooler in between \
+             drops them): transactions still commit durably at READ COMMITTED, but one left \
+             idle is not ended; set idle_in_transaction_session_timeout for the role"
+        );
     }
     let schema = schema.ok_or(OpenError::NoSchema {
         search_path: path.clone(),

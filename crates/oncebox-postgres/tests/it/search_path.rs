@@ -173,20 +173,54 @@ async fn startup_without_options(client: &mut TcpStream) -> Option<Vec<u8>> {
     }
 }
 
+/// `base` with its server replaced by a [`dropping_options`] proxy in front of it.
+async fn via_dropping_proxy(base: &str) -> String {
+    let (scheme, rest) = base.split_once("://").unwrap();
+    let (auth, hostpath) = rest.rsplit_once('@').unwrap_or(("", rest));
+    let host_end = hostpath.find('/').unwrap_or(hostpath.len());
+    let proxy = dropping_options(hostpath[..host_end].to_owned()).await;
+    let at = if auth.is_empty() { "" } else { "@" };
+    format!("{scheme}://{auth}{at}{proxy}{}", &hostpath[host_end..])
+}
+
+/// Through a pooler that drops startup options, a schema asked for (by `Options::schema` or
+/// in the URL's `options`) is refused: two deployments would share the pooler's default one.
+/// Asked for nowhere (the role's own `search_path` names it, as behind PgBouncer), the open
+/// goes on, and events are processed.
 #[test]
-fn a_pooler_that_drops_startup_options_is_refused_at_open() {
+fn a_pooler_that_drops_startup_options_is_refused_where_they_named_the_schema() {
     run(async {
         let Some(base) = url() else { return };
-        let (scheme, rest) = base.split_once("://").unwrap();
-        let (auth, hostpath) = rest.rsplit_once('@').unwrap_or(("", rest));
-        let host_end = hostpath.find('/').unwrap_or(hostpath.len());
-        let proxy = dropping_options(hostpath[..host_end].to_owned()).await;
-        let at = if auth.is_empty() { "" } else { "@" };
-        let via = format!("{scheme}://{auth}{at}{proxy}{}", &hostpath[host_end..]);
-        let opened = Inbox::open(Options::new(via).schema(schema())).await;
+        let via = via_dropping_proxy(&base).await;
+        let opened = Inbox::open(Options::new(via.clone()).schema(schema())).await;
         assert!(
             matches!(opened, Err(OpenError::StartupOptionsIgnored)),
             "{opened:?}"
         );
+        let separator = if via.contains('?') { '&' } else { '?' };
+        let in_url = format!("{via}{separator}options=-c%20search_path%3Dsome_schema");
+        let opened = Inbox::open(Options::new(in_url)).await;
+        assert!(
+            matches!(opened, Err(OpenError::StartupOptionsIgnored)),
+            "{opened:?}"
+        );
+
+        let Some(db) = crate::database::OwnDatabase::create().await else {
+            return;
+        };
+        let inbox = Inbox::open(Options::new(via_dropping_proxy(&db.url).await))
+            .await
+            .expect("opened on the role's own path");
+        let answer = inbox
+            .process(event("shop", "through-a-pooler", 1), |_| {
+                Box::pin(async { Ok(Response::completed("ok")) })
+            })
+            .await;
+        assert_eq!(
+            answer.unwrap(),
+            Processed::Applied(Response::completed("ok"))
+        );
+        drop(inbox);
+        db.drop().await;
     });
 }
