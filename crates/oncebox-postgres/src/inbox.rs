@@ -141,6 +141,26 @@ impl Inbox {
         self.batcher.queued()
     }
 
+    /// Refuses a call for `key` from inside the handler this inbox runs for `key`: the claim
+    /// would wait for the handler's own transaction to release the key's row, until the
+    /// deadline, and then answer "retry later", every time. A handler works through its `tx`.
+    fn not_within_its_own_handler(&self, key: &Key) -> Result<(), ProcessError> {
+        let inbox = Arc::as_ptr(&self.in_tx) as usize;
+        if run::HANDLING
+            .try_with(|(within, held)| *within == inbox && held == key)
+            .unwrap_or(false)
+        {
+            return Err(ProcessError::Handler(
+                format!(
+                    "{key} was asked for from inside its own handler, which holds it until it \
+                     commits: a handler works through its tx"
+                )
+                .into(),
+            ));
+        }
+        Ok(())
+    }
+
     /// The connection pool, for the application's own queries.
     pub fn pool(&self) -> &PgPool {
         &self.pool
@@ -160,6 +180,7 @@ impl Inbox {
             + 'static,
     {
         crate::limit::check(&event)?;
+        self.not_within_its_own_handler(&event.key)?;
         let mut handler: Option<Handler> = Some(Box::new(handler));
         for _ in 0..CLAIM_ATTEMPTS {
             let mut tx = begin(&self.pool, self.deadline)
@@ -193,6 +214,7 @@ impl Inbox {
     pub async fn begin(&self, event: Event, ttl: Duration) -> Result<Begun, ProcessError> {
         oncebox_core::check_ttl(ttl)?;
         crate::limit::check(&event)?;
+        self.not_within_its_own_handler(&event.key)?;
         for _ in 0..CLAIM_ATTEMPTS {
             let mut tx = begin(&self.pool, self.deadline)
                 .await

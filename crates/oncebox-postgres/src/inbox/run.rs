@@ -3,7 +3,7 @@
 //! transaction itself (`COMMIT` or `ROLLBACK` on `tx.conn()`), which PostgreSQL cannot forbid.
 
 use std::panic::AssertUnwindSafe;
-use std::sync::LazyLock;
+use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 use futures::FutureExt;
@@ -26,6 +26,12 @@ static SAVEPOINT: LazyLock<[String; 2]> = LazyLock::new(|| {
     ]
 });
 
+tokio::task_local! {
+    /// The inbox (by its statements' address, shared by its clones) and the key whose handler
+    /// the task is running: a call for that key from inside would wait for itself.
+    pub(super) static HANDLING: (usize, oncebox_core::Key);
+}
+
 impl Inbox {
     /// Runs the handler after a fresh claim. A savepoint after the claim lets a refusal or a
     /// stale verdict undo the handler's work and keep the (now terminal) record.
@@ -45,8 +51,9 @@ impl Inbox {
             .execute(&mut *tx.tx)
             .await
             .map_err(|e| storage(&e))?;
-        let outcome = AssertUnwindSafe(handler(&mut tx))
-            .catch_unwind()
+        let within = (Arc::as_ptr(&self.in_tx) as usize, event.key.clone());
+        let outcome = HANDLING
+            .scope(within, AssertUnwindSafe(handler(&mut tx)).catch_unwind())
             .await
             .unwrap_or_else(|panic| {
                 Err(HandlerError::failed(format!(

@@ -16,6 +16,7 @@ mod lock_wait;
 mod nats;
 mod pool;
 mod purge;
+mod reentrant;
 mod relay;
 mod savepoint;
 mod search_path;
