@@ -7,6 +7,7 @@ use oncebox_core::Unavailable;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
+    /// The server is away, busy or refusing for now: nothing was decided, retry.
     #[error("unavailable: {0}")]
     Unavailable(#[from] Unavailable),
     /// The statement itself is wrong (constraint, syntax, type): retrying will not help.
@@ -27,8 +28,10 @@ impl From<sqlx::Error> for Error {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum OpenError {
+    /// The URL does not parse as a PostgreSQL one.
     #[error("invalid database URL: {0}")]
     Url(String),
+    /// Connecting or migrating failed: what the server or the connection said.
     #[error("cannot connect or migrate: {0}")]
     Postgres(#[from] sqlx::Error),
     /// The database was migrated by a newer oncebox; using it could corrupt what that version keeps.

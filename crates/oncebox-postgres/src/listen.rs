@@ -153,6 +153,8 @@ async fn listen(
                     // so wake a relay now (before the state says we listen again, so whoever
                     // sees that finds the permit stored).
                     work.notify_one();
+                    // The warning that polling began has its end said too.
+                    tracing::info!("listening for relay wake-ups again");
                 }
                 state.send_modify(|s| {
                     s.phase = Phase::Listening;

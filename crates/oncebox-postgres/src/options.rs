@@ -48,6 +48,7 @@ pub struct Options {
     pub max_batch_bytes: usize,
     /// Requests waiting for a batch at most; beyond it callers get `Unavailable::Busy` at once.
     pub queue_capacity: usize,
+    /// What records are dated by and leases measured with; a manual clock in tests.
     pub clock: Arc<dyn Clock>,
     /// Whether `open` creates the schema and brings it up to date (the default). Off, a
     /// missing or older schema is refused (`OpenError::SchemaOutdated`) and nothing is created
@@ -73,6 +74,8 @@ impl std::fmt::Debug for Options {
 }
 
 impl Options {
+    /// The defaults for the database `url` names: its own `search_path`, a 5 s deadline, a
+    /// one-minute limit on a transaction left idle, migrations on.
     pub fn new(url: impl Into<String>) -> Options {
         Options {
             url: url.into(),
@@ -99,51 +102,61 @@ impl Options {
         crate::inbox::connect_options(self).map(drop)
     }
 
+    /// Sets [`Options::schema`].
     pub fn schema(mut self, schema: impl Into<String>) -> Options {
         self.schema = Some(schema.into());
         self
     }
 
+    /// Sets [`Options::clock`].
     pub fn clock(mut self, clock: Arc<dyn Clock>) -> Options {
         self.clock = clock;
         self
     }
 
+    /// Sets [`Options::max_connections`].
     pub fn max_connections(mut self, n: u32) -> Options {
         self.max_connections = n.max(2);
         self
     }
 
+    /// Sets [`Options::deadline`].
     pub fn deadline(mut self, t: Duration) -> Options {
         self.deadline = t;
         self
     }
 
+    /// Sets [`Options::idle_in_transaction`].
     pub fn idle_in_transaction(mut self, t: Duration) -> Options {
         self.idle_in_transaction = t;
         self
     }
 
+    /// Sets [`Options::migration_lock_wait`].
     pub fn migration_lock_wait(mut self, t: Duration) -> Options {
         self.migration_lock_wait = t;
         self
     }
 
+    /// Sets [`Options::batch_workers`].
     pub fn batch_workers(mut self, n: usize) -> Options {
         self.batch_workers = n.max(1);
         self
     }
 
+    /// Sets [`Options::max_batch`].
     pub fn max_batch(mut self, n: usize) -> Options {
         self.max_batch = n.max(1);
         self
     }
 
+    /// Sets [`Options::max_batch_bytes`].
     pub fn max_batch_bytes(mut self, n: usize) -> Options {
         self.max_batch_bytes = n.max(1);
         self
     }
 
+    /// Sets [`Options::migrate`].
     pub fn migrate(mut self, migrate: bool) -> Options {
         self.migrate = migrate;
         self

@@ -27,6 +27,8 @@ pub enum HandlerError {
 }
 
 impl HandlerError {
+    /// The handler's own failure: everything of the event is rolled back and the key stays
+    /// free, and the caller gets `ProcessError::Handler` with `e`.
     pub fn failed(e: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> HandlerError {
         HandlerError::Failed(e.into())
     }

@@ -8,6 +8,7 @@ use rusqlite::ErrorCode;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
+    /// The database is busy, locked, full, failing or damaged: nothing was decided, retry.
     #[error("unavailable: {0}")]
     Unavailable(#[from] Unavailable),
     /// The statement itself is wrong (constraint, syntax, type): retrying will not help.
@@ -28,9 +29,12 @@ impl From<rusqlite::Error> for Error {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum OpenError {
+    /// SQLite could not open, read or set up the file at `path`.
     #[error("cannot open {path}: {source}")]
     Sqlite {
+        /// The file.
         path: String,
+        /// What SQLite said.
         source: rusqlite::Error,
     },
     /// The file was written by a newer oncebox; opening it could corrupt what that version keeps.
@@ -42,6 +46,7 @@ pub enum OpenError {
         "database schema version {found} is older than this build's ({known}) and migrations are off"
     )]
     SchemaOutdated { found: i64, known: i64 },
+    /// The operating system refused the writer's thread.
     #[error("cannot start the writer thread: {0}")]
     Thread(std::io::Error),
     /// The database file is missing or empty while its write-ahead log is not: the file was

@@ -25,7 +25,9 @@ pub enum Durability {
 /// Options of [`crate::Inbox::open`].
 #[derive(Debug, Clone)]
 pub struct Options {
+    /// The database file; created with its directory's permissions if it does not exist.
     pub path: PathBuf,
+    /// How commits reach the disk: [`Durability::Full`] unless set.
     pub durability: Durability,
     /// How long a write waits for another process holding SQLite's write lock before the whole
     /// batch answers `Unavailable::Busy`. At most [`oncebox_core::LONGEST_WAIT`].
@@ -57,6 +59,7 @@ pub struct Options {
     pub wal_restart_frames: u32,
     /// Which CPU the writer and checkpoint threads are kept on (`placement.rs`).
     pub placement: Placement,
+    /// What records are dated by and leases measured with; a manual clock in tests.
     pub clock: Arc<dyn Clock>,
     /// Whether `open` brings an older schema up to date (the default). Off, an older schema is
     /// refused (`OpenError::SchemaOutdated`) and nothing is written to it: for tools that only
@@ -71,6 +74,8 @@ pub struct Options {
 }
 
 impl Options {
+    /// The defaults for the database file at `path`: durable commits, a 10 s deadline, a 5 s
+    /// wait for another process's write lock, migrations on.
     pub fn new(path: impl Into<PathBuf>) -> Options {
         Options {
             path: path.into(),
@@ -89,56 +94,67 @@ impl Options {
         }
     }
 
+    /// Sets [`Options::recent_answers`].
     pub fn recent_answers(mut self, keys: usize) -> Options {
         self.recent_answers = keys;
         self
     }
 
+    /// Sets [`Options::wal_restart_frames`].
     pub fn wal_restart_frames(mut self, frames: u32) -> Options {
         self.wal_restart_frames = frames;
         self
     }
 
+    /// Sets [`Options::placement`].
     pub fn placement(mut self, placement: Placement) -> Options {
         self.placement = placement;
         self
     }
 
+    /// Sets [`Options::clock`].
     pub fn clock(mut self, clock: Arc<dyn Clock>) -> Options {
         self.clock = clock;
         self
     }
 
+    /// Sets [`Options::durability`].
     pub fn durability(mut self, durability: Durability) -> Options {
         self.durability = durability;
         self
     }
 
+    /// Sets [`Options::busy_timeout`].
     pub fn busy_timeout(mut self, t: Duration) -> Options {
         self.busy_timeout = t;
         self
     }
 
+    /// Sets [`Options::deadline`].
     pub fn deadline(mut self, t: Duration) -> Options {
         self.deadline = t;
         self
     }
 
+    /// Sets [`Options::linger`].
     pub fn linger(mut self, t: Duration) -> Options {
         self.linger = t;
         self
     }
 
+    /// Sets [`Options::max_batch`].
     pub fn max_batch(mut self, n: usize) -> Options {
         self.max_batch = n.max(1);
         self
     }
 
+    /// Sets [`Options::migrate`].
     pub fn migrate(mut self, migrate: bool) -> Options {
         self.migrate = migrate;
         self
     }
 
+    /// Sets [`Options::length_limit`].
     pub fn length_limit(mut self, bytes: usize) -> Options {
         self.length_limit = Some(bytes);
         self
