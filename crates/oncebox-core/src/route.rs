@@ -37,7 +37,34 @@ pub struct Route {
     pub ca_pem: Option<Vec<u8>>,
 }
 
+/// How long a request waits for the receiver's answer unless a route says otherwise.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Requests in flight to one route at once unless it says otherwise.
+pub const DEFAULT_CONCURRENCY: usize = 16;
+
 impl Route {
+    /// A route named `name` to `url` (an http(s) receiver, `amqp://…` or `nats://…`) with the
+    /// defaults a configured route has: no sources (it sends the messages a library's handlers
+    /// queue for `name`), no filter, unsigned, not idempotent, no status URL, a 10 s timeout,
+    /// the default retries, 16 requests at once, unpaced. Set the rest on the value.
+    pub fn new(name: impl Into<String>, url: impl Into<String>) -> Route {
+        Route {
+            name: name.into(),
+            sources: Vec::new(),
+            filter: None,
+            url: url.into(),
+            timeout: DEFAULT_TIMEOUT,
+            signing_secret: None,
+            idempotent: false,
+            status_url: None,
+            retry: RetryPolicy::default(),
+            concurrency: DEFAULT_CONCURRENCY,
+            rate: None,
+            ca_pem: None,
+        }
+    }
+
     /// Whether an event of `source` with body `doc` (when it parsed as JSON) goes here.
     pub fn takes(&self, source: &Source, doc: Option<&Value>) -> bool {
         if !self.sources.contains(source) {

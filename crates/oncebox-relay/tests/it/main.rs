@@ -114,27 +114,21 @@ impl World {
 
 /// A route to `addr` taking source `shop`, signed, with a small backoff.
 pub fn route(name: &str, addr: SocketAddr, idempotent: bool) -> Route {
-    Route {
-        name: name.to_owned(),
-        sources: vec![Source::new("shop").unwrap()],
-        filter: None,
-        url: format!("http://{addr}/hook"),
-        timeout: Duration::from_secs(5),
-        signing_secret: Some(Secret::parse(&Scheme::StandardWebhooks, SECRET).unwrap()),
-        idempotent,
-        status_url: None,
-        retry: RetryPolicy {
-            max_attempts: 5,
-            max_age: Duration::from_secs(3 * 24 * 3600),
-            backoff: Backoff {
-                base: Duration::from_secs(1),
-                cap: Duration::from_secs(60),
-            },
+    let mut route = Route::new(name, format!("http://{addr}/hook"));
+    route.sources = vec![Source::new("shop").unwrap()];
+    route.timeout = Duration::from_secs(5);
+    route.signing_secret = Some(Secret::parse(&Scheme::StandardWebhooks, SECRET).unwrap());
+    route.idempotent = idempotent;
+    route.retry = RetryPolicy {
+        max_attempts: 5,
+        max_age: Duration::from_secs(3 * 24 * 3600),
+        backoff: Backoff {
+            base: Duration::from_secs(1),
+            cap: Duration::from_secs(60),
         },
-        concurrency: 4,
-        rate: None,
-        ca_pem: None,
-    }
+    };
+    route.concurrency = 4;
+    route
 }
 
 /// A route to a broker URL taking source `shop`: no signing secret, a small backoff.

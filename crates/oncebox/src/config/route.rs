@@ -3,12 +3,11 @@
 //! Webhooks secret (HTTP only), its authorities PEM certificates (HTTP only), its caps sane.
 
 use std::collections::BTreeSet;
-use std::time::Duration;
 
 use oncebox_core::Source;
 use oncebox_core::delivery::{Backoff, RetryPolicy};
 use oncebox_core::json::{Pointer, Value};
-use oncebox_core::route::Route;
+use oncebox_core::route::{DEFAULT_CONCURRENCY, DEFAULT_TIMEOUT, Route};
 use oncebox_core::signature::{Scheme, Secret};
 use oncebox_relay::Target;
 use serde::Deserialize;
@@ -71,8 +70,6 @@ pub(super) mod toml_value {
     }
 }
 
-const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
-const DEFAULT_CONCURRENCY: usize = 16;
 const AMQP_FORM: &str = "amqp://user:pass@host:port/vhost?exchange=NAME&routing_key=KEY";
 const NATS_FORM: &str = "nats://host:port?subject=NAME";
 
