@@ -264,7 +264,9 @@ async fn batch(pool: &PgPool, options: &Options, jobs: &[Job]) -> Result<Vec<Ans
         .execute(&mut *tx)
         .await
         .map_err(|e| storage(&e))?;
-        notify(&mut tx).await.map_err(|e| storage(&e))?;
+        notify(&mut tx, &options.channel)
+            .await
+            .map_err(|e| storage(&e))?;
     }
     // The gateway's effect is its deliveries, queued above.
     crate::crash::point!("after-effect");

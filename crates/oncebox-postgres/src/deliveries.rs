@@ -41,7 +41,9 @@ impl Inbox {
             .map_err(|e| storage(&e))?
             .rows_affected();
         if n > 0 {
-            notify(&mut tx).await.map_err(|e| storage(&e))?;
+            notify(&mut tx, &self.in_tx.channel)
+                .await
+                .map_err(|e| storage(&e))?;
         }
         tx.commit().await.map_err(|e| commit_failed(&e))?;
         Ok(n)

@@ -17,8 +17,8 @@ use crate::batch::Batcher;
 use crate::claim::{Claim, claim};
 use crate::error::{OpenError, commit_failed, storage};
 use crate::options::Options;
+use crate::schema;
 use crate::tx::{HandlerError, Tx};
-use crate::{OUTBOX_CHANNEL, schema};
 
 mod connect;
 mod run;
@@ -110,6 +110,7 @@ impl Inbox {
             .await?;
         let mut conn = pool.acquire().await?;
         let in_tx = Arc::new(connect::session(&mut conn, &options).await?);
+        options.channel = in_tx.channel.clone();
         let o = &options;
         schema::migrate(&mut conn, o.migrate, o.deadline, o.migration_lock_wait).await?;
         options.stamps = oncebox_core::Stamps::default();
@@ -120,7 +121,7 @@ impl Inbox {
         drop(conn);
         let batcher = Batcher::start(&pool, &options);
         Ok(Inbox {
-            wake: crate::listen::Wake::new(&pool),
+            wake: crate::listen::Wake::new(&pool, &in_tx.channel),
             pool,
             clock: options.clock,
             stamps: options.stamps,
@@ -379,9 +380,12 @@ fn fenced_unless(rows: u64) -> Result<(), LeaseError> {
 
 /// Wakes relays listening for new deliveries; PostgreSQL sends it on commit, once per
 /// transaction however many rows were queued.
-pub(crate) async fn notify(conn: &mut sqlx::PgConnection) -> Result<(), sqlx::Error> {
+pub(crate) async fn notify(
+    conn: &mut sqlx::PgConnection,
+    channel: &str,
+) -> Result<(), sqlx::Error> {
     sqlx::query("SELECT pg_notify($1, '')")
-        .bind(OUTBOX_CHANNEL)
+        .bind(channel)
         .execute(conn)
         .await?;
     Ok(())

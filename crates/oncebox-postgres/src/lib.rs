@@ -44,5 +44,21 @@ pub use read::MAX_PAGE;
 pub use sqlx;
 pub use tx::{Enqueued, HandlerError, OffsetMove, Once, Tx};
 
-/// The `LISTEN`/`NOTIFY` channel on which new deliveries wake relays.
+/// The `LISTEN`/`NOTIFY` channel on which new deliveries wake relays, for the tables in the
+/// `public` schema; [`outbox_channel`] names each schema's.
 pub const OUTBOX_CHANNEL: &str = "oncebox_outbox";
+
+/// The channel on which new deliveries in `schema` wake that schema's relays: one per schema,
+/// so a commit in one deployment's schema wakes no other deployment's relays sharing the
+/// database. `public` keeps [`OUTBOX_CHANNEL`]; another schema's name is hashed into the
+/// channel's, which PostgreSQL limits to 63 bytes.
+pub fn outbox_channel(schema: &str) -> String {
+    if schema == "public" {
+        return OUTBOX_CHANNEL.to_owned();
+    }
+    let digest = oncebox_core::FingerprintMode::Raw
+        .fingerprint(schema.as_bytes())
+        .map(|f| f.to_hex())
+        .unwrap_or_default();
+    format!("{OUTBOX_CHANNEL}_{}", &digest[..digest.len().min(16)])
+}

@@ -1,5 +1,5 @@
 //! Relay wake-ups: one `LISTEN` connection per `Inbox` (shared by its clones) turns each
-//! `NOTIFY` on [`OUTBOX_CHANNEL`] into a stored permit, so a relay claims as soon as new work
+//! `NOTIFY` on its schema's channel ([`crate::outbox_channel`]) into a stored permit, so a relay claims as soon as new work
 //! commits instead of at its next poll, and polling remains the fallback when the listening
 //! connection is down.
 
@@ -9,8 +9,6 @@ use std::time::Duration;
 use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions};
 use tokio::sync::{Notify, oneshot, watch};
-
-use crate::OUTBOX_CHANNEL;
 
 /// The first wait before listening again after the connection broke; it doubles up to
 /// `RECONNECT_MAX` while attempts keep failing, so a database that is away is not hammered.
@@ -42,6 +40,8 @@ pub(crate) struct Wake(Arc<Shared>);
 
 struct Shared {
     connect: PgConnectOptions,
+    /// The schema's channel.
+    channel: Arc<str>,
     /// How long one attempt to connect and `LISTEN` may take.
     timeout: Duration,
     /// One permit per notification not yet waited for (`Notify` keeps at most one): a
@@ -62,9 +62,10 @@ struct Running {
 impl Wake {
     /// Listens on a connection of its own, outside `pool`: it is held for as long as the
     /// `Inbox` lives and must not take a slot from claims and ingest.
-    pub(crate) fn new(pool: &PgPool) -> Wake {
+    pub(crate) fn new(pool: &PgPool, channel: &Arc<str>) -> Wake {
         Wake(Arc::new(Shared {
             connect: (*pool.connect_options()).clone(),
+            channel: Arc::clone(channel),
             timeout: pool.options().get_acquire_timeout(),
             work: Arc::new(Notify::new()),
             running: OnceLock::new(),
@@ -82,6 +83,7 @@ impl Wake {
             let (stop, stopped) = oneshot::channel();
             tokio::spawn(listen(
                 shared.connect.clone(),
+                Arc::clone(&shared.channel),
                 shared.timeout,
                 Arc::clone(&shared.work),
                 state,
@@ -111,12 +113,12 @@ impl Wake {
 }
 
 /// Connects and registers `LISTEN`.
-async fn register(pool: &PgPool) -> Result<PgListener, sqlx::Error> {
+async fn register(pool: &PgPool, channel: &str) -> Result<PgListener, sqlx::Error> {
     let mut listener = PgListener::connect_with(pool).await?;
     // A lost connection is reported, not silently replaced: the task reconnects itself, after
     // a pause, and wakes relays for what was missed meanwhile.
     listener.eager_reconnect(false);
-    listener.listen(OUTBOX_CHANNEL).await?;
+    listener.listen(channel).await?;
     Ok(listener)
 }
 
@@ -125,6 +127,7 @@ async fn register(pool: &PgPool) -> Result<PgListener, sqlx::Error> {
 /// dropped.
 async fn listen(
     connect: PgConnectOptions,
+    channel: Arc<str>,
     timeout: Duration,
     work: Arc<Notify>,
     state: watch::Sender<State>,
@@ -142,7 +145,7 @@ async fn listen(
     loop {
         let attempt = tokio::select! {
             _ = &mut stop => return,
-            attempt = tokio::time::timeout(timeout, register(&pool)) => attempt,
+            attempt = tokio::time::timeout(timeout, register(&pool, &channel)) => attempt,
         };
         match attempt {
             Ok(Ok(mut listener)) => {
@@ -200,6 +203,8 @@ mod tests {
     use sqlx::postgres::PgPoolOptions;
     use sqlx::{Connection, PgConnection, PgPool};
 
+    use std::sync::Arc;
+
     use super::{Phase, State, Wake};
     use crate::OUTBOX_CHANNEL;
 
@@ -254,7 +259,7 @@ mod tests {
             return;
         };
         let pool = PgPoolOptions::new().connect_lazy(&url).expect("pool");
-        let wake = Wake::new(&pool);
+        let wake = Wake::new(&pool, &Arc::from(OUTBOX_CHANNEL));
         wake.wait(Duration::ZERO).await;
         assert_eq!(wake.running().state.borrow().phase, Phase::Listening);
         let quiet = tokio::time::timeout(Duration::from_millis(200), wake.wait(LONG)).await;
@@ -278,7 +283,7 @@ mod tests {
             return;
         };
         let pool = PgPoolOptions::new().connect_lazy(&url).expect("pool");
-        let wake = Wake::new(&pool);
+        let wake = Wake::new(&pool, &Arc::from(OUTBOX_CHANNEL));
         wake.wait(Duration::ZERO).await;
         let killed: Vec<bool> = sqlx::query_scalar(
             "SELECT pg_terminate_backend(pid) FROM pg_stat_activity

@@ -59,6 +59,8 @@ pub struct Options {
     /// before the time it says: a clock stepped back makes no record old); set by `open` and
     /// kept up by purges.
     pub(crate) stamps: oncebox_core::Stamps,
+    /// The channel this schema's relays listen on ([`crate::outbox_channel`]); set by `open`.
+    pub(crate) channel: Arc<str>,
 }
 
 impl std::fmt::Debug for Options {
@@ -91,6 +93,7 @@ impl Options {
             clock: Arc::new(SystemClock),
             migrate: true,
             stamps: Default::default(),
+            channel: Arc::from(crate::OUTBOX_CHANNEL),
         }
     }
 

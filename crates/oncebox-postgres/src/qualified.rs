@@ -5,11 +5,15 @@
 //! versions, offsets and outbox rows went to whatever schema the handler's path named first,
 //! another deployment's tables among them (its uncertain record marked completed).
 
+use std::sync::Arc;
+
 use crate::inbox::quoted;
 
 /// The schema's statements, built once when the inbox opens.
 #[derive(Debug)]
 pub(crate) struct InTx {
+    /// The channel this schema's relays listen on.
+    pub channel: Arc<str>,
     /// The session's own `search_path`, as the connection started with it: a handler's that
     /// differs from it when the record is finished is reset (see [`crate::claim::finish`]).
     pub path: String,
@@ -27,6 +31,7 @@ impl InTx {
     pub(crate) fn new(schema: &str, path: String) -> InTx {
         let s = quoted(schema);
         InTx {
+            channel: Arc::from(crate::outbox_channel(schema)),
             path,
             finish: format!(
                 "UPDATE {s}.oncebox_inbox SET state = $2, response = $3, completed_at = $4,

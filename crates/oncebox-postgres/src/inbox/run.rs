@@ -94,7 +94,9 @@ impl Inbox {
             return self.ended_by_handler(event, tx, claimed).await;
         }
         if tx.queued {
-            notify(&mut tx.tx).await.map_err(|e| storage(&e))?;
+            notify(&mut tx.tx, &tx.sql.channel)
+                .await
+                .map_err(|e| storage(&e))?;
         }
         crate::crash::point!("before-commit");
         tx.tx.commit().await.map_err(handler_commit_failed)?;

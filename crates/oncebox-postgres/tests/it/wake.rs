@@ -125,3 +125,52 @@ fn retry_and_redeliver_wake_waiting_relays() {
         db.drop().await;
     });
 }
+
+/// Deployments in two schemas of one database: a commit in one wakes only its own relays (one
+/// channel per schema, `outbox_channel`), where before every relay of the database woke for
+/// an empty claim.
+#[test]
+fn a_relay_is_woken_only_by_its_own_schema() {
+    run(async {
+        let Some(db) = OwnDatabase::create().await else {
+            return;
+        };
+        let clock = ManualClock::new(EPOCH);
+        let open = |schema: &str| {
+            let options = Options::new(db.url.clone())
+                .schema(schema)
+                .clock(Arc::new(clock.clone()))
+                .max_connections(4);
+            Inbox::open(options)
+        };
+        let (relay_a, gateway_a) = (
+            open("deploy_a").await.unwrap(),
+            open("deploy_a").await.unwrap(),
+        );
+        let gateway_b = open("deploy_b").await.unwrap();
+        relay_a.wait_for_work(Duration::ZERO).await;
+        let waiting = {
+            let relay = relay_a.clone();
+            tokio::spawn(async move {
+                tokio::time::timeout(Duration::from_secs(2), relay.wait_for_work(LONG))
+                    .await
+                    .is_ok()
+            })
+        };
+        let out = gateway_b.ingest(routed("evt-b", &["hooks"])).await;
+        assert!(matches!(out, Ok(Processed::Applied(_))), "{out:?}");
+        assert!(!waiting.await.unwrap(), "woken by another schema's commit");
+        let waiting = {
+            let relay = relay_a.clone();
+            tokio::spawn(async move { woken(&relay).await })
+        };
+        let out = gateway_a.ingest(routed("evt-a", &["hooks"])).await;
+        assert!(matches!(out, Ok(Processed::Applied(_))), "{out:?}");
+        assert!(
+            waiting.await.unwrap(),
+            "not woken by its own schema's commit"
+        );
+        drop((relay_a, gateway_a, gateway_b));
+        db.drop().await;
+    });
+}
