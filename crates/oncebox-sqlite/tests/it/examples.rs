@@ -264,6 +264,7 @@ fn the_guides_rust_blocks_are_quoted_from_the_examples() {
         include_str!("../../examples/ledger.rs"),
         include_str!("../../examples/thank_you.rs"),
         include_str!("../../examples/payment_status.rs"),
+        include_str!("../../examples/common/ledger.rs"),
         include_str!("../../../oncebox-postgres/examples/ledger_postgres.rs"),
     ];
     let blocks: Vec<&str> = guide
