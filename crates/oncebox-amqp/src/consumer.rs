@@ -213,7 +213,9 @@ impl<A: Apply> Consumer<A> {
                 Some(reply) = reopens.next() => publisher.serve(connection, reply).await,
                 next = deliveries.next() => match next {
                     Some(Ok(delivery)) => {
-                        let task = self.shared.clone().handle(delivery, publisher.clone(), stopping.clone());
+                        // Taken here, in arrival order.
+                        let ticket = self.shared.arrivals.ticket();
+                        let task = self.shared.clone().handle(delivery, publisher.clone(), stopping.clone(), ticket);
                         in_hand.spawn(task);
                     }
                     Some(Err(e)) => break Err(ConsumeError::Broker(e)),

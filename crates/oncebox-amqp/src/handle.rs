@@ -12,7 +12,7 @@ use futures::FutureExt;
 use lapin::message::Delivery;
 use lapin::options::{BasicAckOptions, BasicNackOptions};
 use oncebox_core::consume::{
-    Broker, Counts, Reason, Requeue, Settle, decide, panic_message, settle,
+    Arrivals, Broker, Counts, Reason, Requeue, Settle, Ticket, decide, panic_message, settle,
 };
 use oncebox_core::delivery::Backoff;
 use oncebox_core::{Event, Key, ProcessError, Processed};
@@ -40,6 +40,8 @@ pub(crate) struct Shared<A> {
     pub(crate) options: ConsumerOptions,
     pub(crate) counts: watch::Sender<Counts>,
     failures: Mutex<HashMap<Key, u32>>,
+    /// The order deliveries arrived in: one key's are applied in it (`Arrivals`).
+    pub(crate) arrivals: Arrivals,
 }
 
 impl<A: oncebox_core::consume::Apply> Shared<A> {
@@ -49,6 +51,7 @@ impl<A: oncebox_core::consume::Apply> Shared<A> {
             options,
             counts: watch::Sender::new(Counts::default()),
             failures: Mutex::new(HashMap::new()),
+            arrivals: Arrivals::default(),
         }
     }
 
@@ -57,8 +60,13 @@ impl<A: oncebox_core::consume::Apply> Shared<A> {
         delivery: Delivery,
         publisher: Arc<Publisher>,
         stopping: watch::Receiver<bool>,
+        mut ticket: Ticket,
     ) {
-        let decision = match self.event(&delivery) {
+        let event = self.event(&delivery);
+        // Of two deliveries of one key in hand, the one that arrived first is applied first,
+        // so its payload is the one kept (G4); the ticket is held until this one is settled.
+        ticket.turn(event.as_ref().ok().map(|e| &e.key)).await;
+        let decision = match event {
             Err(reason) => Settle::Quarantine(reason),
             Ok(event) => self.process(event, &delivery, &stopping).await,
         };

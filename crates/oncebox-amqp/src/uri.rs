@@ -19,6 +19,13 @@ pub enum UriError {
     /// A vhost longer than [`SHORT_STRING_MAX`]: lapin panics when it opens the connection.
     #[error("the vhost is longer than {SHORT_STRING_MAX} bytes, the most AMQP can name")]
     LongVhost,
+    /// `amqps://`: this build carries no TLS for RabbitMQ, and lapin without a TLS backend
+    /// quietly connects in plain text, the credentials with it.
+    #[error(
+        "amqps:// (TLS) is not supported for RabbitMQ in this build, and is refused rather than \
+         connected in plain text: use amqp:// on a network you trust, or a TLS tunnel to the broker"
+    )]
+    Tls,
 }
 
 /// `url` read for [`lapin::Connection::connect_uri`]. lapin's own reading puts `localhost` in
@@ -27,6 +34,9 @@ pub enum UriError {
 /// [`DEFAULT_HEARTBEAT`].
 pub fn connection_uri(url: &str) -> Result<AMQPUri, UriError> {
     let mut uri: AMQPUri = url.parse().map_err(UriError::NotUrl)?;
+    if uri.scheme == lapin::uri::AMQPScheme::AMQPS {
+        return Err(UriError::Tls);
+    }
     if uri.vhost.len() > SHORT_STRING_MAX {
         return Err(UriError::LongVhost);
     }
@@ -48,7 +58,6 @@ mod tests {
         for (url, host) in [
             ("amqp://guest:guest@10.1.2.3:5673/%2f", "10.1.2.3"),
             ("amqp://[::1]:5672/", "::1"),
-            ("amqps://broker.example/vh", "broker.example"),
         ] {
             let uri = connection_uri(url).unwrap();
             assert_eq!(uri.authority.host, host, "{url}");
@@ -69,6 +78,11 @@ mod tests {
     fn a_url_that_can_never_connect_is_refused() {
         let long = format!("amqp://127.0.0.1/{}", "v".repeat(SHORT_STRING_MAX + 1));
         assert_eq!(connection_uri(&long).unwrap_err(), UriError::LongVhost);
+        // Without a TLS backend lapin would connect in plain text.
+        assert_eq!(
+            connection_uri("amqps://guest:guest@broker.example/vh").unwrap_err(),
+            UriError::Tls
+        );
         for bad in ["http://127.0.0.1/", "amqp://h/?heartbeat=x", "not a url"] {
             assert!(
                 matches!(connection_uri(bad), Err(UriError::NotUrl(_))),

@@ -11,11 +11,13 @@ use crate::key::Source;
 use crate::outcome::{ProcessError, Processed};
 
 mod message;
+mod order;
 mod settle;
 #[cfg(test)]
 mod tests;
 
 pub use message::{KeyRule, MessageHeaders, MessageRules};
+pub use order::{Arrivals, Ticket};
 pub use settle::{Broker, settle};
 
 /// The longest detail a quarantined copy carries, in bytes. A handler's error can be any size,

@@ -13,8 +13,8 @@ use futures::stream::FuturesUnordered;
 use futures::{FutureExt, StreamExt};
 use oncebox_core::ProcessError;
 use oncebox_core::consume::{
-    Apply, Broker, Counts, MessageHeaders, MessageRules, Position, Reason, Requeue, RetryPolicy,
-    Settle, decide, settle,
+    Apply, Arrivals, Broker, Counts, MessageHeaders, MessageRules, Position, Reason, Requeue,
+    RetryPolicy, Settle, Ticket, decide, settle,
 };
 use oncebox_core::retention::DEFAULT_RETENTION;
 use tokio::sync::watch;
@@ -107,6 +107,8 @@ pub struct Consumer<A> {
     counts: watch::Sender<Counts>,
     /// Kept across `run`s, so a reconnect does not forget a failing handler's attempts.
     attempts: Attempts,
+    /// The order messages arrived in: one key's are applied in it (`Arrivals`).
+    arrivals: Arrivals,
 }
 
 impl<A> std::fmt::Debug for Consumer<A> {
@@ -126,6 +128,7 @@ impl<A: Apply> Consumer<A> {
             options,
             counts,
             attempts: Attempts::default(),
+            arrivals: Arrivals::default(),
         }
     }
 
@@ -189,7 +192,9 @@ impl<A: Apply> Consumer<A> {
                 next = messages.next(), if in_hand.len() < limit => match next {
                     Some(Ok(message)) => {
                         trouble.clear();
-                        in_hand.push(self.guarded(&at, message));
+                        // Taken here, in arrival order.
+                        let ticket = self.arrivals.ticket();
+                        in_hand.push(self.guarded(&at, message, ticket));
                     }
                     Some(Err(e)) => {
                         let in_a_row = trouble.note(std::time::Instant::now());
@@ -236,14 +241,14 @@ impl<A: Apply> Consumer<A> {
     /// `handle`, with a panic outside the `Apply` (whose panics are handler failures) confined
     /// to its message: it is neither acked nor requeued, so the server delivers it again after
     /// the ack wait, and the other messages go on.
-    async fn guarded(&self, at: &Stream<'_>, message: jetstream::Message) {
-        let handled = AssertUnwindSafe(self.handle(at, message)).catch_unwind();
+    async fn guarded(&self, at: &Stream<'_>, message: jetstream::Message, ticket: Ticket) {
+        let handled = AssertUnwindSafe(self.handle(at, message, ticket)).catch_unwind();
         if handled.await.is_err() {
             tracing::error!(stream = %self.options.stream, "handling a message panicked; it comes back after the ack wait");
         }
     }
 
-    async fn handle(&self, at: &Stream<'_>, message: jetstream::Message) {
+    async fn handle(&self, at: &Stream<'_>, message: jetstream::Message, mut ticket: Ticket) {
         let o = &self.options;
         // The sequence is the stream's position of the stored message: stable across
         // redeliveries, so fit for the watermark, yet never part of the key.
@@ -258,34 +263,36 @@ impl<A: Apply> Consumer<A> {
             .into_iter()
             .find_map(|name| headers.header(name))
             .and_then(|v| String::from_utf8(v.into_owned()).ok());
-        let decision =
-            match o
-                .rules
-                .event(&headers, message.payload.to_vec(), content_type.as_deref())
-            {
-                Err(reason) => Settle::Quarantine(reason),
-                Ok(event) => {
-                    let position = (o.watermark && sequence > 0).then(|| Position {
-                        stream: at.watermark.to_owned(),
-                        partition: 0,
-                        offset: i64::try_from(sequence).unwrap_or(i64::MAX),
-                    });
-                    let outcome = self.apply_caught(event, position).await;
-                    let failed = matches!(outcome, Err(ProcessError::Handler(_)));
-                    let attempt = match (&outcome, sequence) {
-                        (Ok(_), _) => 1,
-                        // No sequence to tell the message by: the server's count is all there is.
-                        (_, 0) => u32::try_from(delivered.max(1)).unwrap_or(u32::MAX),
-                        _ => self
-                            .attempts
-                            .unsettled((at.created, sequence), delivered, failed),
-                    };
-                    if let Some(line) = oncebox_core::consume::worth_a_warning(&outcome, attempt) {
-                        tracing::warn!(stream = %o.stream, sequence, "{line}");
-                    }
-                    decide(outcome, attempt, &o.retry)
+        let event = o
+            .rules
+            .event(&headers, message.payload.to_vec(), content_type.as_deref());
+        // Of two messages of one key in hand, the one that arrived first is applied first, so
+        // its payload is the one kept (G4); the ticket is held until this one is settled.
+        ticket.turn(event.as_ref().ok().map(|e| &e.key)).await;
+        let decision = match event {
+            Err(reason) => Settle::Quarantine(reason),
+            Ok(event) => {
+                let position = (o.watermark && sequence > 0).then(|| Position {
+                    stream: at.watermark.to_owned(),
+                    partition: 0,
+                    offset: i64::try_from(sequence).unwrap_or(i64::MAX),
+                });
+                let outcome = self.apply_caught(event, position).await;
+                let failed = matches!(outcome, Err(ProcessError::Handler(_)));
+                let attempt = match (&outcome, sequence) {
+                    (Ok(_), _) => 1,
+                    // No sequence to tell the message by: the server's count is all there is.
+                    (_, 0) => u32::try_from(delivered.max(1)).unwrap_or(u32::MAX),
+                    _ => self
+                        .attempts
+                        .unsettled((at.created, sequence), delivered, failed),
+                };
+                if let Some(line) = oncebox_core::consume::worth_a_warning(&outcome, attempt) {
+                    tracing::warn!(stream = %o.stream, sequence, "{line}");
                 }
-            };
+                decide(outcome, attempt, &o.retry)
+            }
+        };
         if matches!(decision, Settle::Ack(_)) {
             // The effect is committed; a crash from here on is redelivered and answered as a
             // duplicate.

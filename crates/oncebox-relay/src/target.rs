@@ -153,6 +153,7 @@ fn amqp(url: &Url) -> Result<AmqpTarget, TargetError> {
             name: "vhost",
             reason: format!("longer than {SHORT_STRING_MAX} bytes"),
         },
+        UriError::Tls => TargetError::NotUrl(e.to_string()),
     })?;
     Ok(AmqpTarget {
         uri,

@@ -169,7 +169,8 @@ async fn amqp_forever(
                     tracing::error!(
                         consumer = %spec.name, %queue,
                         "a message in the queue cannot be read by this client (text that is no \
-                         UTF-8 in its properties: message_id, content_type or a header's name); \
+                         UTF-8 in its properties, such as message_id, content_type or a header's \
+                         name, or in its exchange or routing key); \
                          the broker hands it back at each connection and it blocks the queue: \
                          move it aside (a quorum queue's x-delivery-limit with a dead-letter \
                          exchange does, with the messages prefetched beside it)"

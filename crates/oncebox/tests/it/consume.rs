@@ -242,7 +242,8 @@ fn a_stop_during_a_handshake_that_never_ends_is_not_held_up() {
 }
 
 /// A RabbitMQ URL that could never connect is refused at start, not retried for ever; one whose
-/// vhost is longer than AMQP can name made lapin panic in the consumer's task.
+/// vhost is longer than AMQP can name made lapin panic in the consumer's task, and `amqps://`
+/// connected in plain text, credentials and all.
 #[test]
 fn an_amqp_url_that_cannot_work_is_refused_at_start() {
     let dir = tempfile::tempdir().unwrap();
@@ -251,6 +252,8 @@ fn an_amqp_url_that_cannot_work_is_refused_at_start() {
     for (url, why) in [
         (long.as_str(), "vhost"),
         ("http://127.0.0.1/", "not an AMQP URL"),
+        // No TLS for RabbitMQ in this build: it would have connected in plain text.
+        ("amqps://guest:guest@127.0.0.1/%2f", "amqps:// (TLS) is not supported"),
     ] {
         let out = oncebox(dir.path(), &["consume", "--amqp", url]);
         assert_eq!(out.status.code(), Some(2), "{url}: {}", text(&out));
