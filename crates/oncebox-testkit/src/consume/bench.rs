@@ -145,8 +145,16 @@ pub async fn drain<E: Debug, F: Future<Output = Result<(), E>>>(
         let _ = stop.send(());
         (elapsed, cpu, writer)
     };
-    let (ran, (elapsed, cpu_after, writer_after)) = tokio::join!(run, wait);
-    ran.expect("the consumer ran");
+    let (mut run, mut wait) = (std::pin::pin!(run), std::pin::pin!(wait));
+    // A consumer that ends before the drain (its options refused, the broker gone) says why,
+    // where waiting on its counts would wait for ever.
+    let (elapsed, cpu_after, writer_after) = tokio::select! {
+        measured = &mut wait => {
+            run.await.expect("the consumer ran");
+            measured
+        }
+        ran = &mut run => panic!("the consumer ended before draining {n} messages: {ran:?}"),
+    };
     let cpu_us = match (cpu_before, cpu_after) {
         (Some(b), Some(a)) => (a - b) / n as f64,
         _ => f64::NAN,

@@ -253,7 +253,10 @@ fn an_amqp_url_that_cannot_work_is_refused_at_start() {
         (long.as_str(), "vhost"),
         ("http://127.0.0.1/", "not an AMQP URL"),
         // No TLS for RabbitMQ in this build: it would have connected in plain text.
-        ("amqps://guest:guest@127.0.0.1/%2f", "amqps:// (TLS) is not supported"),
+        (
+            "amqps://guest:guest@127.0.0.1/%2f",
+            "amqps:// (TLS) is not supported",
+        ),
     ] {
         let out = oncebox(dir.path(), &["consume", "--amqp", url]);
         assert_eq!(out.status.code(), Some(2), "{url}: {}", text(&out));
