@@ -65,7 +65,9 @@ impl<A: oncebox_core::consume::Apply> Shared<A> {
         let event = self.event(&delivery);
         // Of two deliveries of one key in hand, the one that arrived first is applied first,
         // so its payload is the one kept (G4); the ticket is held until this one is settled.
-        ticket.turn(event.as_ref().ok().map(|e| &e.key)).await;
+        ticket
+            .turn(event.as_ref().ok().map(|e| (&e.key, e.fingerprint)))
+            .await;
         let decision = match event {
             Err(reason) => Settle::Quarantine(reason),
             Ok(event) => self.process(event, &delivery, &stopping).await,

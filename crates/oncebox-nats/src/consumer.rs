@@ -268,7 +268,9 @@ impl<A: Apply> Consumer<A> {
             .event(&headers, message.payload.to_vec(), content_type.as_deref());
         // Of two messages of one key in hand, the one that arrived first is applied first, so
         // its payload is the one kept (G4); the ticket is held until this one is settled.
-        ticket.turn(event.as_ref().ok().map(|e| &e.key)).await;
+        ticket
+            .turn(event.as_ref().ok().map(|e| (&e.key, e.fingerprint)))
+            .await;
         let decision = match event {
             Err(reason) => Settle::Quarantine(reason),
             Ok(event) => {

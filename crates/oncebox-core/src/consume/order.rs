@@ -2,16 +2,18 @@
 //! messages in hand side by side, so of two with one key and different payloads in one
 //! prefetch window, the one whose commit came first won, often the later one: the earlier,
 //! first published, was then refused as `key-reused` (G4 says the first payload wins). Each
-//! delivery takes a [`Ticket`] as it arrives, says its key once decoded, and waits for its
-//! turn: until every delivery that arrived before it has said its key, and none of those with
-//! the same key is still in hand.
+//! delivery takes a [`Ticket`] as it arrives, says its key and fingerprint once decoded, and
+//! waits for its turn: until every delivery that arrived before it has said its key, and none
+//! of those with the same key and another payload is still in hand. Copies of one payload (a
+//! redelivery while the first is still at work) go side by side, as before: whichever commits,
+//! the other is its duplicate.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use tokio::sync::Notify;
 
-use crate::Key;
+use crate::{Fingerprint, Key};
 
 /// The arrival order of a consumer's deliveries. Cheap to share.
 #[derive(Debug, Default, Clone)]
@@ -28,8 +30,8 @@ struct State {
     issued: u64,
     /// Tickets that have not said their key yet.
     unsaid: BTreeSet<u64>,
-    /// The tickets in hand per key, in arrival order.
-    keys: HashMap<Key, BTreeSet<u64>>,
+    /// The tickets in hand per key, in arrival order, with their payloads' fingerprints.
+    keys: HashMap<Key, BTreeMap<u64, Fingerprint>>,
 }
 
 impl Arrivals {
@@ -54,7 +56,7 @@ impl Arrivals {
     /// Deliveries in hand (tickets not yet dropped).
     pub fn in_hand(&self) -> usize {
         let s = self.state();
-        s.unsaid.len() + s.keys.values().map(BTreeSet::len).sum::<usize>()
+        s.unsaid.len() + s.keys.values().map(BTreeMap::len).sum::<usize>()
     }
 }
 
@@ -68,15 +70,19 @@ pub struct Ticket {
 }
 
 impl Ticket {
-    /// Says the delivery's key (`None` for one that has none, a message refused before its
-    /// key was known), then waits until the deliveries of that key that arrived earlier are
-    /// done. Those of other keys are not waited for, beyond their saying which they are.
-    pub async fn turn(&mut self, key: Option<&Key>) {
+    /// Says the delivery's key and fingerprint (`None` for one that has no key, a message
+    /// refused before its key was known), then waits until the deliveries of that key with
+    /// another payload that arrived earlier are done. Those of other keys, and copies of the
+    /// same payload, are not waited for, beyond their saying which they are.
+    pub async fn turn(&mut self, said: Option<(&Key, Fingerprint)>) {
         if !self.said {
             let mut s = self.arrivals.state();
             s.unsaid.remove(&self.seq);
-            if let Some(key) = key {
-                s.keys.entry(key.clone()).or_default().insert(self.seq);
+            if let Some((key, fingerprint)) = said {
+                s.keys
+                    .entry(key.clone())
+                    .or_default()
+                    .insert(self.seq, fingerprint);
                 self.key = Some(key.clone());
             }
             self.said = true;
@@ -94,12 +100,11 @@ impl Ticket {
             {
                 let s = self.arrivals.state();
                 let earlier_unsaid = s.unsaid.range(..self.seq).next().is_some();
-                let first_of_key = s
-                    .keys
-                    .get(&key)
-                    .and_then(|seqs| seqs.first())
-                    .is_none_or(|first| *first == self.seq);
-                if !earlier_unsaid && first_of_key {
+                let earlier_other = s.keys.get(&key).is_some_and(|seqs| {
+                    let own = seqs.get(&self.seq);
+                    seqs.range(..self.seq).any(|(_, f)| Some(f) != own)
+                });
+                if !earlier_unsaid && !earlier_other {
                     return;
                 }
             }
@@ -135,9 +140,13 @@ mod tests {
         Key::parse("shop", id).unwrap()
     }
 
+    fn payload(n: u8) -> Fingerprint {
+        Fingerprint::from_slice(&[n; 32]).unwrap()
+    }
+
     /// Whether `turn` completes without waiting.
-    async fn goes_now(ticket: &mut Ticket, k: Option<&Key>) -> bool {
-        tokio::time::timeout(Duration::from_millis(50), ticket.turn(k))
+    async fn goes_now(ticket: &mut Ticket, said: Option<(&Key, Fingerprint)>) -> bool {
+        tokio::time::timeout(Duration::from_millis(50), ticket.turn(said))
             .await
             .is_ok()
     }
@@ -147,14 +156,15 @@ mod tests {
         let arrivals = Arrivals::default();
         let (mut first, mut second, mut other) =
             (arrivals.ticket(), arrivals.ticket(), arrivals.ticket());
+        let (a, b) = (key("a"), key("b"));
         // The later one decoded first: it waits, the earlier having said nothing yet.
-        assert!(!goes_now(&mut second, Some(&key("a"))).await);
-        assert!(goes_now(&mut first, Some(&key("a"))).await);
-        assert!(!goes_now(&mut second, Some(&key("a"))).await);
+        assert!(!goes_now(&mut second, Some((&a, payload(2)))).await);
+        assert!(goes_now(&mut first, Some((&a, payload(1)))).await);
+        assert!(!goes_now(&mut second, Some((&a, payload(2)))).await);
         // Another key waits only for the earlier ones to say theirs.
-        assert!(goes_now(&mut other, Some(&key("b"))).await);
+        assert!(goes_now(&mut other, Some((&b, payload(1)))).await);
         let waiting = tokio::spawn(async move {
-            second.turn(Some(&key("a"))).await;
+            second.turn(Some((&key("a"), payload(2)))).await;
             second
         });
         drop(first);
@@ -171,9 +181,24 @@ mod tests {
         let arrivals = Arrivals::default();
         let (gone, mut keyless, mut next) =
             (arrivals.ticket(), arrivals.ticket(), arrivals.ticket());
-        assert!(!goes_now(&mut next, Some(&key("a"))).await);
+        assert!(!goes_now(&mut next, Some((&key("a"), payload(1)))).await);
         drop(gone);
         assert!(goes_now(&mut keyless, None).await);
-        assert!(goes_now(&mut next, Some(&key("a"))).await);
+        assert!(goes_now(&mut next, Some((&key("a"), payload(1)))).await);
+    }
+
+    #[tokio::test]
+    async fn copies_of_one_payload_go_side_by_side_and_another_payload_waits_for_both() {
+        let arrivals = Arrivals::default();
+        let a = key("a");
+        let (mut first, mut copy, mut other) =
+            (arrivals.ticket(), arrivals.ticket(), arrivals.ticket());
+        assert!(goes_now(&mut first, Some((&a, payload(1)))).await);
+        assert!(goes_now(&mut copy, Some((&a, payload(1)))).await);
+        assert!(!goes_now(&mut other, Some((&a, payload(2)))).await);
+        drop(first);
+        assert!(!goes_now(&mut other, Some((&a, payload(2)))).await);
+        drop(copy);
+        assert!(goes_now(&mut other, Some((&a, payload(2)))).await);
     }
 }
