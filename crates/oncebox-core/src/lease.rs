@@ -40,6 +40,12 @@ pub fn check_ttl(ttl: Duration) -> Result<(), Invalid> {
     }
 }
 
+/// What the SQL stores log when `process` (or the gateway's ingest), holding no lease of its
+/// own, finds a two-phase lease expired unfinished and parks the key uncertain instead of
+/// running its handler after a call that may have gone out.
+pub const PARKED_EXPIRED_LEASE: &str = "a two-phase lease on this key expired unfinished, its \
+    outside effect unknown: parked uncertain for resolve, not taken over by process";
+
 /// What another `begin` (or `process`) makes of a two-phase lease it finds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LeaseSeen {

@@ -24,8 +24,8 @@ pub use event::{Event, InvalidMessage, Meta, OutboxMessage, SHORT_STRING_MAX};
 pub use fingerprint::{Fingerprint, FingerprintMode, PayloadError};
 pub use key::{EventId, InvalidKey, Key, Source};
 pub use lease::{
-    Begun, Lease, LeaseError, LeaseSeen, MIN_LEASE_TTL, Record, RecordState, Resolution, check_ttl,
-    lease_seen,
+    Begun, Lease, LeaseError, LeaseSeen, MIN_LEASE_TTL, PARKED_EXPIRED_LEASE, Record, RecordState,
+    Resolution, check_ttl, lease_seen,
 };
 pub use outcome::{Invalid, ProcessError, Processed, Response, ResponseKind, Unavailable};
 pub use retention::{

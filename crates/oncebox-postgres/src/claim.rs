@@ -155,11 +155,7 @@ pub(crate) async fn claim(
         .bind(id)
         .execute(&mut *conn)
         .await?;
-        tracing::warn!(
-            key = %key,
-            "a two-phase lease on this key expired unfinished, its outside effect unknown: \
-             parked uncertain for resolve, not taken over by process"
-        );
+        tracing::warn!(key = %key, "{}", oncebox_core::PARKED_EXPIRED_LEASE);
         return Ok(Claim::Answered(Err(ProcessError::Uncertain)));
     }
     let xact: i64 = sqlx::query_scalar(

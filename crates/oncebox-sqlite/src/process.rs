@@ -209,10 +209,6 @@ pub(crate) fn claim(
 const PARK_EXPIRED: &str = "UPDATE oncebox_inbox SET state = 'uncertain', lease_token = NULL,
                               lease_expires_at = NULL WHERE id = ?1";
 
-/// What the log says of a key [`PARK_EXPIRED`] parked.
-pub(crate) const PARKED_EXPIRED: &str = "a two-phase lease on this key expired unfinished, its \
-    outside effect unknown: parked uncertain for resolve, not taken over by process";
-
 /// What a key's stored record answers: a conflict (recorded), a duplicate, uncertain, a live
 /// lease — or, for an expired lease, the key taken over with `lease`'s new token.
 fn decide(
@@ -274,7 +270,7 @@ fn decide(
         cx.conn
             .prepare_cached(PARK_EXPIRED)?
             .execute([existing.id])?;
-        tracing::warn!(key = %event.key, "{PARKED_EXPIRED}");
+        tracing::warn!(key = %event.key, "{}", oncebox_core::PARKED_EXPIRED_LEASE);
         return Ok(Claim::Answered(Err(ProcessError::Uncertain)));
     }
     cx.conn
