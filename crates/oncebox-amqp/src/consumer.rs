@@ -7,9 +7,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
-use lapin::Connection;
-use lapin::options::{BasicCancelOptions, BasicConsumeOptions, BasicQosOptions};
+use lapin::options::{
+    BasicCancelOptions, BasicConsumeOptions, BasicQosOptions, ExchangeDeclareOptions,
+};
 use lapin::types::FieldTable;
+use lapin::{Connection, ExchangeKind};
 use oncebox_core::consume::{Apply, Counts, MessageRules, RetryPolicy, RetryPolicyError};
 use tokio::sync::watch;
 
@@ -110,6 +112,10 @@ pub enum ConsumeError {
     /// The channel or connection closed under the consumer.
     #[error("the channel closed")]
     Closed,
+    /// The quarantine exchange does not exist; nothing was consumed. Declare it (and bind a
+    /// queue to it), then run again.
+    #[error("quarantine exchange {0:?} does not exist: declare it and bind a queue to it")]
+    QuarantineMissing(String),
     /// The broker did not answer a call at start within `confirm_timeout`; nothing was
     /// consumed. Run again, on a new connection if this one stays silent.
     #[error("the broker did not answer {call} within {after:?}")]
@@ -188,6 +194,7 @@ impl<A: Apply> Consumer<A> {
         let channel = bounded("channel.open", deadline, connection.create_channel()).await?;
         let qos = channel.basic_qos(o.prefetch.max(1), BasicQosOptions::default());
         bounded("basic.qos", deadline, qos).await?;
+        quarantine_exists(connection, &o.quarantine.exchange, deadline).await?;
         // Quarantine publishes wait for confirms on a channel of their own, so the consuming
         // channel's acks never queue behind them.
         let open = Publisher::open(connection, deadline);
@@ -245,6 +252,43 @@ impl<A: Apply> Consumer<A> {
         publisher.close().await;
         let _ = tokio::time::timeout(deadline, channel.close(200, "shutdown".into())).await;
         ended
+    }
+}
+
+/// Refuses a quarantine exchange that does not exist: every quarantine would fail and its
+/// message be requeued without end, as NATS refuses a subject no stream stores. A passive
+/// declare asks, on a channel of its own since the broker closes the channel to say no. The
+/// default exchange always exists. One deleted while the consumer runs is met as before: the
+/// quarantine fails and the message is requeued until it is back.
+async fn quarantine_exists(
+    connection: &Connection,
+    exchange: &str,
+    deadline: Duration,
+) -> Result<(), ConsumeError> {
+    if exchange.is_empty() {
+        return Ok(());
+    }
+    let call = "exchange.declare (passive) of the quarantine";
+    let probe = bounded(call, deadline, connection.create_channel()).await?;
+    let passive = ExchangeDeclareOptions {
+        passive: true,
+        ..ExchangeDeclareOptions::default()
+    };
+    let declare = probe.exchange_declare(
+        exchange.into(),
+        ExchangeKind::Direct,
+        passive,
+        FieldTable::default(),
+    );
+    match bounded(call, deadline, declare).await {
+        Ok(()) => {
+            let _ = tokio::time::timeout(deadline, probe.close(200, "checked".into())).await;
+            Ok(())
+        }
+        Err(ConsumeError::Broker(e)) if matches!(e.kind(), lapin::ErrorKind::ProtocolError(a) if a.get_id() == 404) => {
+            Err(ConsumeError::QuarantineMissing(exchange.to_owned()))
+        }
+        Err(e) => Err(e),
     }
 }
 

@@ -50,6 +50,9 @@ pub enum Reason {
         attempts: u32,
         error: String,
     },
+    /// The message went round through oncebox's relays too often (a route publishing back
+    /// into its own source), or says so in a header that is no count (`crate::hops`).
+    Hops(crate::hops::HopsError),
 }
 
 impl Reason {
@@ -62,6 +65,7 @@ impl Reason {
             Reason::KeyReused { .. } => "key-reused",
             Reason::Invalid(_) => "invalid",
             Reason::HandlerFailed { .. } => "handler-failed",
+            Reason::Hops(e) => e.slug(),
         }
     }
 
@@ -102,6 +106,7 @@ impl Reason {
             Reason::HandlerFailed { attempts, error } => {
                 format!("handler failed on {attempts} deliveries: {error}")
             }
+            Reason::Hops(e) => e.to_string(),
         }
     }
 

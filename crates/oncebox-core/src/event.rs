@@ -32,6 +32,9 @@ pub struct Meta {
     pub content_type: Option<String>,
     /// Lowercase names, in arrival order; credentials (authorization, cookies) are never kept.
     lines: String,
+    /// How many oncebox relays the event passed through before it arrived (`crate::hops`); its
+    /// deliveries carry one more. Not stored: it is read when the event's deliveries are queued.
+    hops: u32,
 }
 
 impl Meta {
@@ -40,6 +43,7 @@ impl Meta {
         Meta {
             content_type,
             lines: String::new(),
+            hops: 0,
         }
     }
 
@@ -48,7 +52,20 @@ impl Meta {
         Meta {
             content_type,
             lines: lines.unwrap_or_default(),
+            hops: 0,
         }
+    }
+
+    /// The event arrived having passed through `hops` oncebox relays (`crate::hops::arrived`).
+    pub fn with_hops(mut self, hops: u32) -> Meta {
+        self.hops = hops;
+        self
+    }
+
+    /// How many oncebox relays the event passed through before it arrived: 0 for an event
+    /// read back from the store or made by the library.
+    pub fn hops(&self) -> u32 {
+        self.hops
     }
 
     /// Room for `bytes` more of header lines, so that the headers pushed next need no regrowth.

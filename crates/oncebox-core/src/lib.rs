@@ -8,6 +8,7 @@ pub mod delivery;
 pub mod effect;
 pub mod event;
 pub mod fingerprint;
+pub mod hops;
 pub mod json;
 pub mod key;
 pub mod lease;

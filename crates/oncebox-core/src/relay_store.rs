@@ -32,6 +32,9 @@ pub struct Claimed {
     /// Claimed from a relay whose lease ran out mid-attempt (it died or stalled): that relay
     /// may have sent it, so the outcome of an attempt is unknown before this one begins.
     pub taken_over: bool,
+    /// What its requests carry in `oncebox-hops` (`crate::hops`): one more than the event it
+    /// came from arrived with; 1 for a message the library queued from an event of its own.
+    pub hops: u32,
 }
 
 /// Where a delivery's caps on attempts and age count from: its creation, or an operator's

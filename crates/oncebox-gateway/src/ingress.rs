@@ -10,6 +10,7 @@ use axum::extract::{Path, Request, State};
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
+use oncebox_core::hops::{self, HOPS_HEADER, HopsError};
 use oncebox_core::json::{self, Value};
 use oncebox_core::signature::{self, Scheme, SignatureError};
 use oncebox_core::store::{EventStore, Ingest, Order};
@@ -172,6 +173,12 @@ async fn receive_for<S: EventStore>(
         return Answer::Problem(unauthorized(&e));
     }
     crate::crash::point!("after-signature-check");
+    // The loop guard: an event another oncebox relayed here too many times is refused (400,
+    // so that relay gives it up as dead rather than trying again).
+    let hops = match arrived_hops(headers) {
+        Ok(hops) => hops,
+        Err(e) => return Answer::Problem(Problem::invalid(e.slug(), e.to_string())),
+    };
     // A body the id or the guard needs as JSON must be JSON; one only routes' filters read may
     // be anything else (a `raw` source), and then matches no filter.
     let strict = needs_json(policy, headers);
@@ -195,7 +202,7 @@ async fn receive_for<S: EventStore>(
     let key = Key::new(source.clone(), event_id);
     let mut event = match Event::parsed(key, payload.to_vec(), &policy.fingerprint, parsed.as_ref())
     {
-        Ok(e) => e.with_meta(meta(headers, header_bytes)),
+        Ok(e) => e.with_meta(meta(headers, header_bytes).with_hops(hops)),
         Err(e) => return Answer::Problem(Problem::invalid("invalid-json", e.to_string())),
     };
     event.recheck.clone_from(&policy.recheck);
@@ -255,6 +262,16 @@ fn order(policy: &SourcePolicy, parsed: Option<&Value>) -> Result<Option<Order>,
     guard
         .read(doc)
         .map_err(|e| Problem::invalid("order-field-invalid", e.to_string()))
+}
+
+/// The hops the request says it passed through; of several `oncebox-hops` headers, the most
+/// (a sender cannot lower its count by adding one).
+fn arrived_hops(headers: &HeaderMap) -> Result<u32, HopsError> {
+    let mut most = 0;
+    for value in headers.get_all(HOPS_HEADER) {
+        most = most.max(hops::arrived(Some(value.as_bytes()))?);
+    }
+    Ok(most)
 }
 
 /// `bytes`: the headers' size as lines ("name: value\n"), for one allocation for them all (a

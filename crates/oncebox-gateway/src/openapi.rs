@@ -209,7 +209,7 @@ fn described() -> Value {
                     "202": { "description": "Accepted (new, stale with \"stale\": true, or replayed byte for byte with Idempotent-Replayed: true)",
                              "headers": { "Idempotent-Replayed": { "schema": { "const": "true" } } },
                              "content": { "application/json": { "schema": schemas::schema("Accepted") } } },
-                    "400": problem("event-id-missing, event-id-invalid, invalid-json, order-field-invalid, body-unreadable"),
+                    "400": problem("event-id-missing, event-id-invalid, invalid-json, order-field-invalid, body-unreadable, hop-limit (oncebox-hops: the event went round through oncebox relays 16 times), hops-invalid"),
                     "401": challenge(problem("signature-invalid, timestamp-out-of-tolerance"), "Signature realm=\"oncebox\""),
                     "403": problem("cross-origin: a browser's request from another site to an unsigned source"),
                     "404": problem("unknown-source"),

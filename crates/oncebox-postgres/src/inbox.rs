@@ -201,7 +201,13 @@ impl Inbox {
                 Claim::Fresh(claimed) | Claim::TakenOver(claimed) => {
                     crate::crash::point!("after-inbox-insert");
                     let Some(handler) = handler.take() else { break };
-                    let tx = Tx::new(tx, event.key.clone(), now, self.in_tx.clone());
+                    let tx = Tx::new(
+                        tx,
+                        event.key.clone(),
+                        now,
+                        self.in_tx.clone(),
+                        event.meta.hops(),
+                    );
                     return self.run(&event, tx, claimed, handler).await;
                 }
             }

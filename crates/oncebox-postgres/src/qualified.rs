@@ -56,8 +56,8 @@ impl InTx {
             ),
             enqueue: format!(
                 "INSERT INTO {s}.oncebox_outbox (destination, idempotency_key, payload,
-                   content_type, source, event_id, created_at, next_attempt_at)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $7)
+                   content_type, source, event_id, created_at, next_attempt_at, hops)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $7, $8)
                  ON CONFLICT (destination, idempotency_key) DO NOTHING"
             ),
             enqueued: format!(

@@ -150,6 +150,11 @@ ALTER TABLE oncebox_outbox ADD COLUMN IF NOT EXISTS budget_attempts INTEGER NOT 
 ALTER TABLE oncebox_outbox ADD COLUMN IF NOT EXISTS claim_id BIGINT,
     ADD COLUMN IF NOT EXISTS claim_taken_over BOOLEAN;
 "#,
+    r#"
+-- The loop guard (oncebox_core::hops): what a delivery's requests carry in `oncebox-hops`, one
+-- more than its event arrived with. Deliveries queued before it count as the first hop.
+ALTER TABLE oncebox_outbox ADD COLUMN IF NOT EXISTS hops INTEGER NOT NULL DEFAULT 1;
+"#,
 ];
 
 pub(crate) const VERSION: i64 = MIGRATIONS.len() as i64;

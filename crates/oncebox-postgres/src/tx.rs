@@ -44,6 +44,9 @@ pub struct Tx {
     pub(crate) queued: bool,
     /// oncebox's own statements, naming their schema whatever `search_path` the handler set.
     pub(crate) sql: Arc<InTx>,
+    /// What the messages it queues carry in `oncebox-hops`: one more than the event arrived
+    /// with (`oncebox_core::hops`).
+    hops: u32,
 }
 
 impl Tx {
@@ -52,6 +55,7 @@ impl Tx {
         key: Key,
         now: Timestamp,
         sql: Arc<InTx>,
+        arrived: u32,
     ) -> Tx {
         Tx {
             tx,
@@ -59,6 +63,7 @@ impl Tx {
             now,
             queued: false,
             sql,
+            hops: oncebox_core::hops::sent(arrived),
         }
     }
 
@@ -177,6 +182,7 @@ impl Tx {
             .bind(self.key.source.as_str())
             .bind(self.key.event_id.as_str())
             .bind(self.now.millis())
+            .bind(i32::try_from(self.hops).unwrap_or(i32::MAX))
             .execute(&mut *self.tx)
             .await?;
         if queued.rows_affected() == 1 {

@@ -99,6 +99,7 @@ fn claim(
             token,
             lease_expires_at: expires_at,
             taken_over: row.taken_over,
+            hops: count(row.hops),
         });
     }
     Ok(Ok(claimed))

@@ -106,7 +106,7 @@ pub(crate) fn run(
         return Err(Fatal(Unavailable::Storage(RAN_TWICE.into())));
     };
     let outcome = catch_unwind(AssertUnwindSafe(|| {
-        handler(&mut Tx::new(cx.conn, &event.key, cx.now))
+        handler(&mut Tx::new(cx.conn, &event.key, cx.now, event.meta.hops()))
     }))
     .unwrap_or_else(|panic| {
         Err(HandlerError::failed(format!(
@@ -403,7 +403,7 @@ pub(crate) fn ingest_new(
         return Ok(false);
     }
     crash::point!("after-inbox-insert");
-    let mut tx = Tx::new(cx.conn, &event.key, cx.now);
+    let mut tx = Tx::new(cx.conn, &event.key, cx.now, event.meta.hops());
     for m in messages {
         if let Err(e) = tx.enqueue(m) {
             // Fixed SQL on a fresh key: a failure is the storage's, and fails the batch.

@@ -135,6 +135,7 @@ CREATE TABLE oncebox_purge_anchors (
     ),
     Step::Sql(CLEAR_ORPHANED_DELIVERIES),
     Step::Code(budget_columns),
+    Step::Code(hops_column),
 ];
 
 /// Where a delivery's caps on attempts and age count from (`oncebox_core::relay_store::Budget`):
@@ -142,16 +143,20 @@ CREATE TABLE oncebox_purge_anchors (
 /// Added only where missing, as PostgreSQL's `ADD COLUMN IF NOT EXISTS` does, so that running
 /// the steps from an earlier version again changes nothing twice.
 fn budget_columns(tx: &Transaction<'_>) -> rusqlite::Result<()> {
-    let has: i64 = tx.query_row(
-        "SELECT count(*) FROM pragma_table_info('oncebox_outbox') WHERE name = 'budget_attempts'",
-        [],
-        |r| r.get(0),
-    )?;
-    if has == 0 {
+    if !has_column(tx, "oncebox_outbox", "budget_attempts")? {
         tx.execute_batch(
             "ALTER TABLE oncebox_outbox ADD COLUMN budget_attempts INTEGER NOT NULL DEFAULT 0;
              ALTER TABLE oncebox_outbox ADD COLUMN budget_at INTEGER;",
         )?;
+    }
+    Ok(())
+}
+
+/// The loop guard (`oncebox_core::hops`): what a delivery's requests carry in `oncebox-hops`,
+/// one more than its event arrived with. Deliveries queued before it count as the first hop.
+fn hops_column(tx: &Transaction<'_>) -> rusqlite::Result<()> {
+    if !has_column(tx, "oncebox_outbox", "hops")? {
+        tx.execute_batch("ALTER TABLE oncebox_outbox ADD COLUMN hops INTEGER NOT NULL DEFAULT 1;")?;
     }
     Ok(())
 }
@@ -389,7 +394,7 @@ pub(crate) fn migrate(conn: &mut Connection, o: &Options) -> Result<(), OpenErro
 mod busy;
 mod version;
 use busy::until_not_busy;
-use version::Found;
+use version::{Found, has_column};
 
 #[cfg(test)]
 mod tests;

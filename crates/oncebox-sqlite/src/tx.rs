@@ -36,11 +36,20 @@ pub struct Tx<'a> {
     conn: &'a Connection,
     key: &'a Key,
     now: Timestamp,
+    /// What the messages it queues carry in `oncebox-hops`: one more than the event arrived
+    /// with (`oncebox_core::hops`).
+    hops: u32,
 }
 
 impl<'a> Tx<'a> {
-    pub(crate) fn new(conn: &'a Connection, key: &'a Key, now: Timestamp) -> Tx<'a> {
-        Tx { conn, key, now }
+    /// `arrived`: the hops the event arrived with.
+    pub(crate) fn new(conn: &'a Connection, key: &'a Key, now: Timestamp, arrived: u32) -> Tx<'a> {
+        Tx {
+            conn,
+            key,
+            now,
+            hops: oncebox_core::hops::sent(arrived),
+        }
     }
 
     /// The connection, inside the event's savepoint: the user's own SQL goes here. Do not issue
@@ -147,8 +156,8 @@ impl<'a> Tx<'a> {
             .conn
             .prepare_cached(
                 "INSERT INTO oncebox_outbox (destination, idempotency_key, payload, content_type,
-                   source, event_id, created_at, next_attempt_at)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?7)
+                   source, event_id, created_at, next_attempt_at, hops)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?7, ?8)
                  ON CONFLICT (destination, idempotency_key) DO NOTHING",
             )?
             .execute(params![
@@ -158,7 +167,8 @@ impl<'a> Tx<'a> {
                 msg.content_type,
                 self.key.source.as_str(),
                 self.key.event_id.as_str(),
-                self.now.millis()
+                self.now.millis(),
+                self.hops
             ])?;
         if queued == 1 {
             return Ok(Enqueued::Queued);

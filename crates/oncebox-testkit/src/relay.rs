@@ -222,6 +222,38 @@ pub async fn a_content_type_no_header_carries_is_delivered_as_jsons<B: DeliveryB
     }
 }
 
+/// The loop guard (`oncebox_core::hops`): each delivery carries one hop more than its event
+/// arrived with, whichever way the store takes the event in.
+pub async fn a_delivery_carries_one_hop_more_than_its_event_arrived_with<B: DeliveryBackend>() {
+    let (b, clock) = fresh::<B>().await;
+    let cases = [
+        ("outside", 0, None),
+        ("relayed", 3, None),
+        ("relayed-guarded", 7, Some(("order-1", 1))),
+    ];
+    for (id, hops, order) in cases {
+        let mut one = ingest(id, &["a"], order);
+        one.event.meta = one.event.meta.clone().with_hops(hops);
+        let out = b.ingest(one).await;
+        assert!(matches!(out, Ok(Processed::Applied(_))), "{id}: {out:?}");
+    }
+    let claimed = claim(&b, clock.now(), 10).await;
+    let mut sent: Vec<(String, u32)> = claimed
+        .iter()
+        .map(|c| (c.key.event_id.as_str().to_owned(), c.hops))
+        .collect();
+    sent.sort();
+    let expect = |id: &str, hops| (id.to_owned(), hops);
+    assert_eq!(
+        sent,
+        [
+            expect("outside", 1),
+            expect("relayed", 4),
+            expect("relayed-guarded", 8)
+        ]
+    );
+}
+
 pub async fn stale_event_gets_no_delivery<B: DeliveryBackend>() {
     let (b, _) = fresh::<B>().await;
     let newer = b
@@ -276,6 +308,7 @@ macro_rules! delivery_conformance {
             accepted_event_gets_one_pending_delivery_per_route_keyed_by_source_and_event_id,
             duplicate_ingest_adds_no_delivery,
             a_content_type_no_header_carries_is_delivered_as_jsons,
+            a_delivery_carries_one_hop_more_than_its_event_arrived_with,
             stale_event_gets_no_delivery,
             listed_events_leave_their_payloads_out_and_one_events_view_has_them,
             claim_returns_due_deliveries_oldest_first_and_not_twice_while_leased,

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
-use oncebox_core::consume::{Apply, Position};
+use oncebox_core::consume::{Apply, Counts, Position};
 use oncebox_core::retention::DEFAULT_RETENTION;
 use oncebox_core::store::{EventStore, Ingest};
 use oncebox_core::{Clock, Event, ProcessError, Processed, SystemClock};
@@ -148,6 +148,7 @@ async fn amqp_forever(
     options.prefetch = *prefetch;
     options.retry = spec.retry;
     let consumer = oncebox_amqp::Consumer::new(apply, options);
+    let _tally = Tally::start(&spec.name, consumer.counts());
     let mut backoff = Duration::from_secs(1);
     while !*stopped.borrow() {
         // A broker that accepts TCP and never answers holds the handshake: lapin has no
@@ -175,6 +176,11 @@ async fn amqp_forever(
                          move it aside (a quorum queue's x-delivery-limit with a dead-letter \
                          exchange does, with the messages prefetched beside it)"
                     );
+                }
+                if let Err(e @ oncebox_amqp::ConsumeError::QuarantineMissing(_)) = &r {
+                    // Only the broker's setup ends this: said loudly, and tried again in case
+                    // the operator declares the exchange meanwhile.
+                    tracing::error!(consumer = %spec.name, error = %e, "RabbitMQ consumer refused to start");
                 }
                 earned_a_fresh_start(started, &mut backoff);
                 // A broker that stopped reading (a memory alarm blocks a publishing
@@ -221,6 +227,7 @@ async fn nats_forever(
             .map_or(DEFAULT_RETENTION, |p| p.retention),
     ));
     let consumer = oncebox_nats::Consumer::new(apply, options);
+    let _tally = Tally::start(&spec.name, consumer.counts());
     let mut backoff = Duration::from_secs(1);
     while !*stopped.borrow() {
         let connected = tokio::select! {
@@ -257,6 +264,65 @@ async fn nats_forever(
             pause(&mut backoff, &stopped).await;
         }
     }
+}
+
+/// How often a consumer's counts are logged while they change.
+const TALLY_EVERY: Duration = Duration::from_secs(60);
+
+/// A consumer's counts in the log: once a minute while they change, and its totals when it is
+/// dropped (the consumer stopped). `consume` serves no metrics, so this is how an operator sees
+/// what it applied, skipped and quarantined.
+struct Tally {
+    name: String,
+    counts: watch::Receiver<Counts>,
+    ticker: tokio::task::JoinHandle<()>,
+}
+
+impl Tally {
+    fn start(name: &str, counts: watch::Receiver<Counts>) -> Tally {
+        let (name, watched) = (name.to_owned(), counts.clone());
+        let ticker = tokio::spawn({
+            let name = name.clone();
+            async move {
+                let mut logged = Counts::default();
+                let mut every = tokio::time::interval(TALLY_EVERY);
+                every.tick().await;
+                loop {
+                    every.tick().await;
+                    let now = *watched.borrow();
+                    if now != logged {
+                        log_counts(&name, &now, "consumer counts");
+                        logged = now;
+                    }
+                }
+            }
+        });
+        Tally {
+            name,
+            counts,
+            ticker,
+        }
+    }
+}
+
+impl Drop for Tally {
+    fn drop(&mut self) {
+        self.ticker.abort();
+        log_counts(&self.name, &self.counts.borrow(), "consumer totals");
+    }
+}
+
+fn log_counts(name: &str, c: &Counts, what: &str) {
+    tracing::info!(
+        consumer = %name,
+        applied = c.applied,
+        duplicates = c.duplicates,
+        stale = c.stale,
+        quarantined = c.quarantined,
+        requeued = c.requeued,
+        ack_failures = c.ack_failures,
+        "{what}"
+    );
 }
 
 /// How far back a NATS durable the consumer creates starts: the source's retention, less the

@@ -1,5 +1,5 @@
-//! The quarantine when it goes wrong: an exchange that did not exist yet (the broker closes the
-//! publishing channel), an original with a per-message TTL and routing headers, a
+//! The quarantine when it goes wrong: an exchange missing at start (refused there) or deleted
+//! while the consumer runs (the broker closes the publishing channel), an original with a per-message TTL and routing headers, a
 //! configuration that would send every copy back into the consumed queue (refused at start),
 //! a quarantine exchange the consumed queue is also bound to (the copy held, not sent round
 //! again), a key header of the wrong type (invalid, not missing), and an original whose
@@ -23,10 +23,13 @@ fn quarantine_exchange_declared_after_a_refused_publish_receives_the_message() {
     };
     run(async move {
         let w = World::new(&url).await;
+        let mut consumer = start(&url, Consumer::new(w.db.checked(), w.options()));
+        // Past its start, which checks that the exchange exists.
+        w.publish(Some("evt_ok"), r#"{"amount":1}"#).await;
+        consumer.wait(|c| c.applied >= 1, w.state()).await;
         let exchange = w.quarantine_exchange.as_str().into();
         let gone = ExchangeDeleteOptions::default();
         w.channel.exchange_delete(exchange, gone).await.unwrap();
-        let mut consumer = start(&url, Consumer::new(w.db.checked(), w.options()));
         w.publish(None, r#"{"amount":1}"#).await;
         // Two publishes to the missing exchange refused (each 404 closes the channel).
         let refused = consumer.wait(|c| c.requeued >= 2, w.state()).await;
@@ -40,9 +43,52 @@ fn quarantine_exchange_declared_after_a_refused_publish_receives_the_message() {
             "amqp quarantine exchange declared late: requeued {} while it was missing, then quarantined {} ({reasons:?})",
             refused.requeued, done.quarantined
         );
-        assert_eq!((refused.quarantined, refused.acked), (0, 0));
+        assert_eq!(
+            (refused.quarantined, refused.acked),
+            (0, 1),
+            "only the good one acked"
+        );
         assert_eq!(reasons, ["event-id-missing"]);
-        assert_eq!((done.quarantined, done.acked), (1, 1));
+        assert_eq!((done.quarantined, done.acked), (1, 2));
+        w.cleanup().await;
+    });
+}
+
+/// A quarantine exchange missing when the consumer starts is refused there, as NATS refuses a
+/// subject no stream stores: nothing is consumed, rather than every poison message requeued
+/// without end.
+#[test]
+fn a_missing_quarantine_exchange_is_refused_at_start() {
+    let Some(url) = service_url("ONCEBOX_AMQP_URL") else {
+        return;
+    };
+    run(async move {
+        let w = World::new(&url).await;
+        w.publish(None, r#"{"amount":1}"#).await;
+        let exchange = w.quarantine_exchange.as_str().into();
+        let gone = ExchangeDeleteOptions::default();
+        w.channel.exchange_delete(exchange, gone).await.unwrap();
+        let consumer = Consumer::new(w.db.checked(), w.options());
+        let conn: Connection = connect(&url).await;
+        let ended = tokio::time::timeout(
+            Duration::from_secs(10),
+            consumer.run(&conn, std::future::pending()),
+        )
+        .await
+        .expect("refused at start instead of consuming");
+        eprintln!("amqp quarantine exchange missing at start: {ended:?}");
+        assert!(matches!(
+            ended,
+            Err(ConsumeError::QuarantineMissing(ref x)) if *x == w.quarantine_exchange
+        ));
+        assert_eq!(*consumer.counts().borrow(), Default::default());
+        w.wait_ready(&w.queue, 1).await;
+        // Declared, the next start consumes and quarantines.
+        w.declare_quarantine().await;
+        let mut consumer = start(&url, Consumer::new(w.db.checked(), w.options()));
+        consumer.wait(|c| c.quarantined >= 1, w.state()).await;
+        consumer.stop().await;
+        let _ = conn.close(200, "done".into()).await;
         w.cleanup().await;
     });
 }

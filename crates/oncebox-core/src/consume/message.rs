@@ -7,6 +7,7 @@ use std::borrow::Cow;
 use super::Reason;
 use crate::event::{Event, Meta};
 use crate::fingerprint::{FingerprintMode, PayloadError, derive_event_id};
+use crate::hops::{HOPS_HEADER, NATS_HOPS_HEADER};
 use crate::json::{self, Pointer, Value};
 use crate::key::{EventId, Key, Source};
 
@@ -85,6 +86,11 @@ impl MessageRules {
                 limit: self.max_body,
             });
         }
+        // Before the key: a message that went round too often is refused whatever it holds.
+        let hops = headers
+            .header(HOPS_HEADER)
+            .or_else(|| headers.header(NATS_HOPS_HEADER));
+        let hops = crate::hops::arrived(hops.as_deref()).map_err(Reason::Hops)?;
         let missing = |what: String| Reason::EventIdMissing(what);
         let invalid = |e: crate::InvalidKey| Reason::EventIdInvalid(e.to_string());
         let event_id = match &self.key {
@@ -120,7 +126,7 @@ impl MessageRules {
         let event = Event::new(key, payload, &self.fingerprint)
             .map_err(|e| Reason::InvalidJson(e.to_string()))?;
         let content_type = content_type.filter(|c| sendable(c)).map(str::to_owned);
-        Ok(event.with_meta(Meta::new(content_type)))
+        Ok(event.with_meta(Meta::new(content_type).with_hops(hops)))
     }
 }
 

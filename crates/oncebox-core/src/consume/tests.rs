@@ -308,3 +308,20 @@ fn failures_are_worth_a_warning_and_an_outage_once_a_minute() {
     let done = Ok(Processed::Applied(Response::completed("ok")));
     assert_eq!(worth_a_warning(&done, 1), None);
 }
+
+/// The loop guard: a message's hop count, in either spelling, rides on its event, and one at
+/// the limit is refused before its key is read, whatever the key rule.
+#[test]
+fn a_message_that_went_round_too_often_is_refused() {
+    let body = br#"{"id":"evt_1"}"#.to_vec();
+    let r = rules(KeyRule::MessageId);
+    let hops = |h: &H| r.event(h, body.clone(), None).map(|e| e.meta.hops());
+    assert_eq!(hops(&H(vec![], Some(b"m"))), Ok(0));
+    assert_eq!(hops(&H(vec![("oncebox-hops", b"3")], Some(b"m"))), Ok(3));
+    assert_eq!(hops(&H(vec![("Oncebox-Hops", b"15")], Some(b"m"))), Ok(15));
+    let at_limit = r.event(&H(vec![("oncebox-hops", b"16")], None), body.clone(), None);
+    assert_eq!(slug(at_limit.clone()), "hop-limit", "before the missing id");
+    assert!(at_limit.unwrap_err().detail().contains("16"));
+    let garbled = r.event(&H(vec![("Oncebox-Hops", b"x")], Some(b"m")), body, None);
+    assert_eq!(slug(garbled), "hops-invalid");
+}

@@ -1,9 +1,12 @@
 //! What of a request the admin API shows with its event: the payload, the answer, and every
 //! header that is no credential, its value as it came where it is text (UTF-8, non-ASCII
-//! included); a value that is not text is not kept.
+//! included); a value that is not text is not kept. And the one header the gateway acts on
+//! beside the signature's and the id's: `oncebox-hops`, the loop guard.
 
 use axum::body::Body;
 use axum::http::{HeaderValue, Request, StatusCode};
+use oncebox_core::Clock;
+use oncebox_core::relay_store::DeliveryStore;
 use oncebox_testkit::run;
 
 use crate::support::{TestGateway, admin_get, post};
@@ -75,5 +78,57 @@ fn header_values_are_kept_as_text_non_ascii_included() {
         assert_eq!(value("x-name"), Some("Zoë «ünï»"), "{kept:?}");
         assert_eq!(value("x-plain"), Some("ok"));
         assert_eq!(value("x-binary"), None, "not text: not kept");
+    });
+}
+
+/// The loop guard: `oncebox-hops` at the limit, or no count, is refused with nothing stored;
+/// below it the event's delivery carries one hop more. Of two such headers the higher counts.
+#[test]
+fn an_event_relayed_round_too_often_is_refused_and_a_relayed_one_counted_on() {
+    run(async {
+        let mut cfg = crate::support::config();
+        cfg.routes = vec![crate::support::route("all", None)];
+        let gw = TestGateway::with(cfg, oncebox_sqlite::Options::new);
+        for (id, hops, slug) in [
+            ("h1", &["16"][..], "hop-limit"),
+            ("h2", &["99999999999"], "hop-limit"),
+            ("h3", &["1", "16"], "hop-limit"),
+            ("h4", &["two"], "hops-invalid"),
+            ("h5", &["-1"], "hops-invalid"),
+        ] {
+            let mut r = post("open", &[], format!(r#"{{"id":"{id}"}}"#));
+            for h in hops {
+                r.headers_mut()
+                    .append("oncebox-hops", HeaderValue::from_static(h));
+            }
+            let refused = gw.send(r).await;
+            assert_eq!(
+                (refused.status, refused.slug().as_str()),
+                (StatusCode::BAD_REQUEST, slug),
+                "{hops:?}"
+            );
+            let path = format!("/v1/sources/open/events/{id}");
+            assert_eq!(
+                gw.send(admin_get(&path)).await.status,
+                StatusCode::NOT_FOUND
+            );
+        }
+        let sent = gw
+            .send(post("open", &[("oncebox-hops", "15")], r#"{"id":"h6"}"#))
+            .await;
+        assert_eq!(sent.status, StatusCode::ACCEPTED, "{sent:?}");
+        let outside = gw.send(post("open", &[], r#"{"id":"h7"}"#)).await;
+        assert_eq!(outside.status, StatusCode::ACCEPTED);
+        let claimed = gw
+            .inbox
+            .claim(gw.clock.now(), 10, std::time::Duration::from_secs(60), &[])
+            .await
+            .unwrap();
+        let mut hops: Vec<(&str, u32)> = claimed
+            .iter()
+            .map(|c| (c.key.event_id.as_str(), c.hops))
+            .collect();
+        hops.sort();
+        assert_eq!(hops, [("h6", 16), ("h7", 1)]);
     });
 }

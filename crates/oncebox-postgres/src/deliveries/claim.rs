@@ -65,7 +65,7 @@ fn claim_sql(routes: bool) -> String {
            RETURNING o.id, o.destination, o.idempotency_key, o.payload, o.content_type, o.source,
              o.event_id, o.attempts, o.created_at, o.lease_token, o.next_attempt_at,
              o.claim_taken_over AS taken_over,
-             o.budget_attempts, coalesce(o.budget_at, o.created_at) AS budget_at)
+             o.budget_attempts, coalesce(o.budget_at, o.created_at) AS budget_at, o.hops)
          SELECT * FROM claimed ORDER BY next_attempt_at, id",
         arm("pending", "state = 'pending' AND next_attempt_at <= $1"),
         arm("retrying", "state = 'retrying' AND next_attempt_at <= $1"),
@@ -82,7 +82,7 @@ static CLAIM_ROUTES: LazyLock<String> = LazyLock::new(|| claim_sql(true));
 const CLAIMED_BY_ID: &str = "
     SELECT id, destination, idempotency_key, payload, content_type, source, event_id, attempts,
       created_at, lease_token, next_attempt_at, claim_taken_over, budget_attempts,
-      coalesce(budget_at, created_at)
+      coalesce(budget_at, created_at), hops
     FROM oncebox_outbox WHERE state = 'in_flight' AND claim_id = $1
     ORDER BY next_attempt_at, id";
 
@@ -109,6 +109,7 @@ fn claimed(r: &PgRow, expires_at: Timestamp) -> Result<Result<Claimed, Invalid>,
             token,
             lease_expires_at: expires_at,
             taken_over: r.try_get(11)?,
+            hops: count(r.try_get(14)?),
         }),
         Err(e) => Err((id, token, e.to_string())),
     })

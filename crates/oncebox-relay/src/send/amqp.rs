@@ -12,6 +12,7 @@ use lapin::{
     ExchangeKind,
 };
 use oncebox_core::delivery::Attempt;
+use oncebox_core::hops::HOPS_HEADER;
 use oncebox_core::relay_store::Claimed;
 use sha2::{Digest, Sha256};
 use tokio::sync::Mutex;
@@ -96,6 +97,11 @@ impl Publisher {
         headers.insert(
             "oncebox-attempt".into(),
             AMQPValue::LongString(number.to_string().into()),
+        );
+        // The loop guard: a consumer reading this refuses it past the limit (`hops`).
+        headers.insert(
+            HOPS_HEADER.into(),
+            AMQPValue::LongString(claimed.hops.to_string().into()),
         );
         let mut properties = BasicProperties::default()
             .with_delivery_mode(PERSISTENT)

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use oncebox_core::Timestamp;
 use oncebox_core::delivery::Attempt;
+use oncebox_core::hops::HOPS_HEADER;
 use oncebox_core::json::Value;
 use oncebox_core::relay_store::Claimed;
 use oncebox_core::route::Route;
@@ -48,6 +49,8 @@ pub(super) async fn attempt(
         // Stable for every attempt of this (event, route), forever: receivers deduplicate on it.
         .header("idempotency-key", key.as_ref())
         .header("oncebox-attempt", number.to_string())
+        // The loop guard: a gateway receiving this refuses it past the limit (`hops`).
+        .header(HOPS_HEADER, claimed.hops.to_string())
         .body(claimed.payload.clone());
     if let Some(secret) = &route.signing_secret {
         for (name, value) in sign(

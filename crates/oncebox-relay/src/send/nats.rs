@@ -10,6 +10,7 @@ use async_nats::header::{self, HeaderMap, HeaderValue};
 use async_nats::jetstream::context::{Context, PublishErrorKind};
 use async_nats::jetstream::message::PublishMessage;
 use oncebox_core::delivery::Attempt;
+use oncebox_core::hops::NATS_HOPS_HEADER;
 use oncebox_core::relay_store::Claimed;
 use tokio::sync::Mutex;
 use tokio::time::{Instant, timeout_at};
@@ -149,6 +150,11 @@ fn headers(claimed: &Claimed, number: u32) -> Result<HeaderMap, String> {
     headers.insert(header::NATS_MESSAGE_ID, key.clone());
     headers.insert("Idempotency-Key", key);
     headers.insert("Oncebox-Attempt", HeaderValue::from(number.to_string()));
+    // The loop guard: a consumer reading this refuses it past the limit (`hops`).
+    headers.insert(
+        NATS_HOPS_HEADER,
+        HeaderValue::from(claimed.hops.to_string()),
+    );
     if let Ok(ct) = HeaderValue::from_str(&claimed.content_type) {
         headers.insert("Content-Type", ct);
     }

@@ -21,7 +21,7 @@ pub(super) fn due_sql(routes: usize) -> String {
         format!(
             "SELECT * FROM (SELECT id, destination, idempotency_key, payload, content_type,
                source, event_id, attempts, created_at, next_attempt_at, state = 'in_flight',
-               budget_attempts, coalesce(budget_at, created_at)
+               budget_attempts, coalesce(budget_at, created_at), hops
              FROM oncebox_outbox WHERE {due}{only} ORDER BY next_attempt_at, id LIMIT ?2)"
         )
     };
@@ -46,6 +46,7 @@ pub(super) struct Due {
     pub taken_over: bool,
     pub budget_attempts: i64,
     pub budget_at: i64,
+    pub hops: i64,
 }
 
 /// A due row, or its id and why it can never be sent: its key no longer validates, or a value
@@ -79,5 +80,6 @@ fn fields(id: i64, r: &Row<'_>) -> rusqlite::Result<Result<Due, String>> {
         taken_over: r.get(10)?,
         budget_attempts: r.get(11)?,
         budget_at: r.get(12)?,
+        hops: r.get(13)?,
     }))
 }

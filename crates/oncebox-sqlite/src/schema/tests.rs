@@ -133,9 +133,9 @@ fn finished_deliveries_left_by_earlier_purges_are_cleared() {
         [],
     )
     .unwrap();
-    // As the version before the clearing left it (the one step after it changes nothing
+    // As the version before the clearing left it (the two steps after it change nothing
     // twice).
-    version::keep(&conn, VERSION - 2).unwrap();
+    version::keep(&conn, VERSION - 3).unwrap();
     migrate(&mut conn, &options).unwrap();
     let mut keys: Vec<String> = conn
         .prepare("SELECT idempotency_key FROM oncebox_outbox ORDER BY idempotency_key")
@@ -271,4 +271,35 @@ fn a_migration_failing_midway_leaves_the_earlier_file_as_it_was() {
     conn.execute_batch("DROP TRIGGER keep_deliveries").unwrap();
     migrate(&mut conn, &options).unwrap();
     assert_eq!(version::found(&conn).unwrap(), Found::Kept(VERSION));
+}
+
+/// A delivery queued before the loop guard's column existed is sent as the first hop, and the
+/// step run again over a file that has the column changes nothing.
+#[test]
+fn deliveries_queued_before_the_hop_count_go_as_the_first_hop() {
+    let dir = tempfile::tempdir().unwrap();
+    let options = Options::new(dir.path().join("old.db"));
+    let mut conn = open_writer(&options).unwrap();
+    migrate(&mut conn, &options).unwrap();
+    conn.execute_batch("ALTER TABLE oncebox_outbox DROP COLUMN hops")
+        .unwrap();
+    conn.execute(
+        "INSERT INTO oncebox_outbox (destination, idempotency_key, payload, content_type,
+           source, event_id, created_at, next_attempt_at)
+         VALUES ('r', 's:old', x'00', 'application/json', 's', 'old', 1, 1)",
+        [],
+    )
+    .unwrap();
+    version::keep(&conn, VERSION - 1).unwrap();
+    migrate(&mut conn, &options).unwrap();
+    let hops = |c: &Connection| -> i64 {
+        c.query_row("SELECT hops FROM oncebox_outbox", [], |r| r.get(0))
+            .unwrap()
+    };
+    assert_eq!(hops(&conn), 1);
+    conn.execute("UPDATE oncebox_outbox SET hops = 5", [])
+        .unwrap();
+    version::keep(&conn, VERSION - 1).unwrap();
+    migrate(&mut conn, &options).unwrap();
+    assert_eq!(hops(&conn), 5, "the step run again changed nothing");
 }

@@ -80,6 +80,15 @@ pub(super) fn keep(c: &Connection, version: i64) -> rusqlite::Result<()> {
     Ok(())
 }
 
+/// Whether `table` has `column`: steps that add columns run again harmlessly.
+pub(super) fn has_column(c: &Connection, table: &str, column: &str) -> rusqlite::Result<bool> {
+    c.query_row(
+        "SELECT count(*) > 0 FROM pragma_table_info(?1) WHERE name = ?2",
+        [table, column],
+        |r| r.get(0),
+    )
+}
+
 fn has_table(c: &Connection, name: &str) -> rusqlite::Result<bool> {
     c.query_row(
         "SELECT 1 FROM sqlite_schema WHERE type = 'table' AND name = ?1",

@@ -6,7 +6,7 @@ use std::path::Path;
 
 use oncebox_core::{Event, Processed, Response};
 use oncebox_sqlite::rusqlite::Connection;
-use oncebox_sqlite::{Inbox, Options};
+use oncebox_sqlite::{Inbox, OpenError, Options};
 
 use crate::harness::shop;
 
@@ -33,6 +33,14 @@ fn kept_version(path: &Path) -> Option<i64> {
     let c = Connection::open(path).unwrap();
     c.query_row("SELECT version FROM oncebox_schema", [], |r| r.get(0))
         .ok()
+}
+
+/// The version this build gives a new file.
+fn current() -> i64 {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("new.db");
+    drop(Inbox::open(Options::new(&path)).unwrap());
+    kept_version(&path).unwrap()
 }
 
 fn notes(path: &Path) -> Vec<String> {
@@ -86,9 +94,9 @@ fn an_applications_user_version_is_left_to_it() {
 }
 
 /// A file an earlier build kept, versioned in `user_version`: opened without migrations it is
-/// current and nothing is written; the first open that migrates moves its version into
-/// oncebox's table, and from then on `user_version` is not read — the application may set it
-/// to anything.
+/// refused as outdated (later steps were added since) and nothing is written; the first open
+/// that migrates moves its version into oncebox's table and runs the steps after it, and from
+/// then on `user_version` is not read — the application may set it to anything.
 #[test]
 fn a_file_an_earlier_build_versioned_is_adopted() {
     let dir = tempfile::tempdir().unwrap();
@@ -105,8 +113,11 @@ fn a_file_an_earlier_build_versioned_is_adopted() {
     c.pragma_update(None, "user_version", EARLIER).unwrap();
     drop(c);
 
-    let looking = Inbox::open(Options::new(&path).migrate(false)).unwrap();
-    drop(looking);
+    let looking = Inbox::open(Options::new(&path).migrate(false));
+    let Err(OpenError::SchemaOutdated { found, known }) = looking else {
+        panic!("opened without its later steps: {looking:?}");
+    };
+    assert_eq!(found, EARLIER);
     assert_eq!(
         kept_version(&path),
         None,
@@ -118,7 +129,7 @@ fn a_file_an_earlier_build_versioned_is_adopted() {
         Ok(Processed::Duplicate(_))
     ));
     drop(inbox);
-    assert_eq!(kept_version(&path), Some(EARLIER), "adopted");
+    assert_eq!(kept_version(&path), Some(known), "adopted and migrated");
     assert_eq!(user_version(&path), EARLIER, "left as it was");
 
     // The application's now: oncebox no longer reads it.
@@ -152,7 +163,12 @@ fn an_earlier_builds_file_renumbered_by_an_application_is_read_from_its_tables()
         let inbox = Inbox::open(Options::new(&path))
             .unwrap_or_else(|e| panic!("user_version {version}: {e}"));
         drop(inbox);
-        assert_eq!(kept_version(&path), Some(EARLIER), "user_version {version}");
+        // Read as the last version kept there, then migrated on from it.
+        assert_eq!(
+            kept_version(&path),
+            Some(current()),
+            "user_version {version}"
+        );
         assert_eq!(user_version(&path), version);
     }
 }

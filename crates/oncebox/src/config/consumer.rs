@@ -2,6 +2,8 @@
 //! JetStream stream read into the inbox, with where each message's key comes from, the
 //! quarantine, and the in-flight limit.
 
+pub(super) mod describe;
+
 use std::time::Duration;
 
 use oncebox_core::Source;

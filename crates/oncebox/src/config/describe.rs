@@ -64,6 +64,16 @@ pub fn describe(settings: &Settings) -> String {
     for r in &gw.routes {
         route(&mut out, r);
     }
+    if !settings.consumers.is_empty() {
+        let _ = writeln!(
+            out,
+            "consumers   {} (run by oncebox consume)",
+            settings.consumers.len()
+        );
+        for c in &settings.consumers {
+            super::consumer::describe::text(&mut out, c);
+        }
+    }
     out
 }
 
@@ -241,6 +251,7 @@ pub fn describe_json(settings: &Settings) -> serde_json::Value {
         "open_sources": gw.open_sources,
         "sources": sources,
         "routes": routes,
+        "consumers": settings.consumers.iter().map(super::consumer::describe::json).collect::<Vec<_>>(),
         "warnings": settings.warnings,
     })
 }

@@ -6,6 +6,7 @@ mod database;
 mod debug;
 mod describe;
 mod layers;
+mod loops;
 mod presets;
 mod raw;
 mod redact;
@@ -331,6 +332,7 @@ fn validate(raw: RawConfig, p: &mut Problems<'_>) -> Settings {
             ));
         }
     }
+    loops::warn(&routes, &consumers, &mut warnings);
     Settings {
         relay,
         consumers,

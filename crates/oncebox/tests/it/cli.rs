@@ -6,7 +6,7 @@ use std::path::Path;
 
 use serde_json::Value;
 
-use crate::support::{Server, oncebox, serve_with, text};
+use crate::support::{Server, json, oncebox, serve_with, text};
 
 /// A configured source and a route whose deliveries stay pending: the gateway runs without
 /// its relay, so every state the test reads was written by the commands it ran.
@@ -21,14 +21,6 @@ event_id = { header = "idempotency-key" }
 sources = ["shop"]
 url = "http://127.0.0.1:9/hook"
 "#;
-
-/// Runs a command that must exit 0 and print one JSON document on stdout.
-fn json(dir: &Path, args: &[&str]) -> Value {
-    let out = oncebox(dir, args);
-    assert_eq!(out.status.code(), Some(0), "{args:?}: {}", text(&out));
-    serde_json::from_slice(&out.stdout)
-        .unwrap_or_else(|e| panic!("{args:?} printed no JSON ({e}): {}", text(&out)))
-}
 
 fn code(dir: &Path, args: &[&str]) -> Option<i32> {
     oncebox(dir, args).status.code()

@@ -1,7 +1,7 @@
 //! `oncebox consume` as a user runs it, against the real NATS JetStream: each message stored
 //! once with its route's delivery, the source's ordering guard holding for broker messages as
 //! for webhooks (a late version stored stale and not routed), a message whose guard field has
-//! the wrong type quarantined, and a clean stop on SIGTERM.
+//! the wrong type quarantined, and a clean stop on SIGTERM that logs the consumer's totals.
 
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -157,11 +157,14 @@ fn consume_stores_once_and_keeps_the_sources_ordering_guard() {
         let pid = nix::unistd::Pid::from_raw(child.0.id() as i32);
         nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
         let status = child.0.wait().unwrap();
-        assert!(
-            status.success(),
-            "consume: {status}; log: {}",
-            std::fs::read_to_string(&log).unwrap_or_default()
-        );
+        let log = std::fs::read_to_string(&log).unwrap_or_default();
+        assert!(status.success(), "consume: {status}; log: {log}");
+        // What it did, in its log: `consume` serves no metrics.
+        let totals = log.lines().find(|l| l.contains("consumer totals"));
+        let totals = totals.unwrap_or_else(|| panic!("no totals logged: {log}"));
+        for count in ["applied=1 ", "duplicates=1 ", "stale=1 ", "quarantined=1 "] {
+            assert!(totals.contains(count), "{count}: {totals}");
+        }
 
         assert_eq!(
             events(dir.path()),

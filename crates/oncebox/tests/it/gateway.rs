@@ -109,6 +109,68 @@ status_url = "https://mail:hunter2@mailer.internal/sent/{key}?sig=SASSIG"
     }
 }
 
+/// `check` says what `oncebox consume` would run: each consumer's broker, source, key rule,
+/// quarantine and pacing, in text and in JSON.
+#[test]
+fn check_describes_each_consumer() {
+    let dir = tempfile::tempdir().unwrap();
+    let consumers = r#"
+[consumers.orders]
+source = "shop"
+queue = "orders"
+key = "message-id"
+quarantine = "orders.quarantine"
+prefetch = 16
+
+[consumers.payments]
+source = "stripe"
+stream = "PAYMENTS"
+subject = "payments.>"
+key = { pointer = "/id" }
+quarantine = "quarantine.payments"
+retry_delay = "2s"
+"#;
+    std::fs::write(
+        dir.path().join("oncebox.toml"),
+        format!("{CONFIG}{consumers}"),
+    )
+    .unwrap();
+    let out = oncebox(dir.path(), &["check"]);
+    let said = text(&out);
+    assert!(out.status.success(), "{said}");
+    for expected in [
+        "consumers   2 (run by oncebox consume)",
+        "orders <- RabbitMQ queue orders for source shop",
+        "key          the message id",
+        "quarantine   exchange orders.quarantine, routing key orders",
+        "prefetch 16",
+        "payments <- NATS stream PAYMENTS, subjects payments.> (durable ",
+        "key          JSON /id",
+        "quarantine   subject quarantine.payments",
+        "2s apart",
+    ] {
+        assert!(said.contains(expected), "{expected:?} in {said}");
+    }
+    let json = oncebox(dir.path(), &["check", "--output", "json"]);
+    assert!(json.status.success(), "{}", text(&json));
+    let doc: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
+    let c = &doc["consumers"];
+    assert_eq!(
+        (&c[0]["name"], &c[0]["broker"], &c[0]["reads"]["queue"]),
+        (&"orders".into(), &"amqp".into(), &"orders".into()),
+        "{doc}"
+    );
+    assert_eq!(
+        (
+            &c[1]["broker"],
+            &c[1]["reads"]["stream"],
+            &c[1]["retry_delay_ms"]
+        ),
+        (&"nats".into(), &"PAYMENTS".into(), &2000.into()),
+        "{doc}"
+    );
+}
+
 /// One key in two places is refused by every command that reads it, naming both places and
 /// never the key: a second source with `shop`'s key written without its `whsec_` prefix, then
 /// a route signing, through a variable, with `shop`'s key.

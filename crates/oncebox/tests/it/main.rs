@@ -11,6 +11,7 @@ mod figures;
 mod gateway;
 mod help;
 mod kill;
+mod loops;
 mod multinode;
 mod nodes;
 mod operator;

@@ -71,6 +71,14 @@ pub fn oncebox_with_env(dir: &Path, vars: &[(&str, &str)], args: &[&str]) -> Out
         .expect("run oncebox")
 }
 
+/// Runs a command that must exit 0 and print one JSON document on stdout.
+pub fn json(dir: &Path, args: &[&str]) -> serde_json::Value {
+    let out = oncebox(dir, args);
+    assert_eq!(out.status.code(), Some(0), "{args:?}: {}", text(&out));
+    serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{args:?} printed no JSON ({e}): {}", text(&out)))
+}
+
 /// What a command printed, stdout then stderr.
 pub fn text(o: &Output) -> String {
     format!(
