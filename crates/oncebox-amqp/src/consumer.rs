@@ -114,7 +114,10 @@ pub enum ConsumeError {
     Closed,
     /// The quarantine exchange does not exist; nothing was consumed. Declare it (and bind a
     /// queue to it), then run again.
-    #[error("quarantine exchange {0:?} does not exist: declare it and bind a queue to it")]
+    #[error(
+        "quarantine exchange {0:?} does not exist: declare it, with a queue bound for the \
+         consumed queue's name as routing key"
+    )]
     QuarantineMissing(String),
     /// The broker did not answer a call at start within `confirm_timeout`; nothing was
     /// consumed. Run again, on a new connection if this one stays silent.
@@ -256,7 +259,9 @@ impl<A: Apply> Consumer<A> {
 }
 
 /// Refuses a quarantine exchange that does not exist: every quarantine would fail and its
-/// message be requeued without end, as NATS refuses a subject no stream stores. A passive
+/// message be requeued without end, as NATS refuses a subject no stream stores. Whether a queue
+/// is bound to it for the routing key the broker does not say without publishing: an
+/// unroutable quarantine is still met at the first poison message (requeued, logged). A passive
 /// declare asks, on a channel of its own since the broker closes the channel to say no. The
 /// default exchange always exists. One deleted while the consumer runs is met as before: the
 /// quarantine fails and the message is requeued until it is back.

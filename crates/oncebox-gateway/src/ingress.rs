@@ -177,7 +177,11 @@ async fn receive_for<S: EventStore>(
     // so that relay gives it up as dead rather than trying again).
     let hops = match arrived_hops(headers) {
         Ok(hops) => hops,
-        Err(e) => return Answer::Problem(Problem::invalid(e.slug(), e.to_string())),
+        Err(e) => {
+            // A loop in the operator's routes, most likely: said where they look.
+            tracing::warn!(%source, problem = e.slug(), "event refused: {e}");
+            return Answer::Problem(Problem::invalid(e.slug(), e.to_string()));
+        }
     };
     // A body the id or the guard needs as JSON must be JSON; one only routes' filters read may
     // be anything else (a `raw` source), and then matches no filter.

@@ -54,6 +54,18 @@ impl MessageHeaders for Headers<'_> {
     fn message_id(&self) -> Option<Cow<'_, [u8]>> {
         self.header(MSG_ID)
     }
+
+    fn header_values(&self, name: &str) -> Vec<Cow<'_, [u8]>> {
+        let (Ok(name), Some(map)) = (HeaderName::from_str(name), self.0) else {
+            return Vec::new();
+        };
+        map.get_all(name)
+            .map(|v| {
+                let value: &str = v.as_ref();
+                Cow::Borrowed(value.as_bytes())
+            })
+            .collect()
+    }
 }
 
 /// Publishes the message to the quarantine subject with the reason and waits for the stream's

@@ -44,6 +44,27 @@ pub trait MessageHeaders {
     }
     /// The producer's message id, if any.
     fn message_id(&self) -> Option<Cow<'_, [u8]>>;
+    /// Every value of header `name`, for a transport that carries one name more than once
+    /// (NATS); the default, for those that cannot (AMQP's table), is [`header`](Self::header).
+    fn header_values(&self, name: &str) -> Vec<Cow<'_, [u8]>> {
+        self.header(name).into_iter().collect()
+    }
+}
+
+/// The hop count a message arrived with (`crate::hops`): the highest of every value of either
+/// spelling, so that a sender in the loop cannot lower it by adding a header, and a value of a
+/// type that is no text or integer (an AMQP float) is no count.
+fn arrived_hops(headers: &impl MessageHeaders) -> Result<u32, Reason> {
+    let mut most = crate::hops::arrived(None).map_err(Reason::Hops)?;
+    for name in [HOPS_HEADER, NATS_HOPS_HEADER] {
+        if headers.unreadable(name).is_some() {
+            return Err(Reason::Hops(crate::hops::HopsError::Invalid));
+        }
+        for value in headers.header_values(name) {
+            most = most.max(crate::hops::arrived(Some(&value)).map_err(Reason::Hops)?);
+        }
+    }
+    Ok(most)
 }
 
 /// How a consumer turns messages into events: plain data, built once from configuration.
@@ -87,10 +108,7 @@ impl MessageRules {
             });
         }
         // Before the key: a message that went round too often is refused whatever it holds.
-        let hops = headers
-            .header(HOPS_HEADER)
-            .or_else(|| headers.header(NATS_HOPS_HEADER));
-        let hops = crate::hops::arrived(hops.as_deref()).map_err(Reason::Hops)?;
+        let hops = arrived_hops(headers)?;
         let missing = |what: String| Reason::EventIdMissing(what);
         let invalid = |e: crate::InvalidKey| Reason::EventIdInvalid(e.to_string());
         let event_id = match &self.key {

@@ -325,3 +325,55 @@ fn a_message_that_went_round_too_often_is_refused() {
     let garbled = r.event(&H(vec![("Oncebox-Hops", b"x")], Some(b"m")), body, None);
     assert_eq!(slug(garbled), "hops-invalid");
 }
+
+/// Headers as NATS carries them: a name may come several times.
+struct Many(Vec<(&'static str, &'static [u8])>);
+
+impl MessageHeaders for Many {
+    fn header(&self, name: &str) -> Option<Cow<'_, [u8]>> {
+        self.header_values(name).into_iter().next()
+    }
+    fn header_values(&self, name: &str) -> Vec<Cow<'_, [u8]>> {
+        let named = self.0.iter().filter(|(n, _)| *n == name);
+        named.map(|(_, v)| Cow::Borrowed(*v)).collect()
+    }
+    fn message_id(&self) -> Option<Cow<'_, [u8]>> {
+        Some(Cow::Borrowed(b"m"))
+    }
+}
+
+/// A sender in the loop cannot lower the count: of every value of either spelling the highest
+/// counts, and a value of a type that is no count (an AMQP float) is refused, not read as none.
+#[test]
+fn a_hop_count_cannot_be_lowered_by_another_header() {
+    let body = br#"{"id":"evt_1"}"#.to_vec();
+    let r = rules(KeyRule::MessageId);
+    let read = |h: &Many| r.event(h, body.clone(), None).map(|e| e.meta.hops());
+    assert_eq!(
+        read(&Many(vec![("Oncebox-Hops", b"0"), ("Oncebox-Hops", b"7")])),
+        Ok(7)
+    );
+    assert_eq!(
+        read(&Many(vec![("oncebox-hops", b"1"), ("Oncebox-Hops", b"9")])),
+        Ok(9)
+    );
+    let over = Many(vec![("Oncebox-Hops", b"0"), ("Oncebox-Hops", b"20")]);
+    assert_eq!(slug(r.event(&over, body.clone(), None)), "hop-limit");
+    let float = r.event(&FloatHops, body, None);
+    assert_eq!(slug(float), "hops-invalid");
+}
+
+/// An AMQP message whose `oncebox-hops` is a double.
+struct FloatHops;
+
+impl MessageHeaders for FloatHops {
+    fn header(&self, _: &str) -> Option<Cow<'_, [u8]>> {
+        None
+    }
+    fn message_id(&self) -> Option<Cow<'_, [u8]>> {
+        Some(Cow::Borrowed(b"m"))
+    }
+    fn unreadable(&self, name: &str) -> Option<&'static str> {
+        (name == "oncebox-hops").then_some("double")
+    }
+}
