@@ -17,6 +17,9 @@ pub enum ConnectError {
     /// namespace's keys could be another's (`a:k:b` + `c:d` is `a` + source `b`, id `k:c:d`).
     #[error("invalid namespace {0:?}: it must be non-empty and hold no ':'")]
     Namespace(String),
+    /// The server cannot run the lease scripts: a Redis Cluster, or Redis before 5.
+    #[error("unsupported Redis server: {0}")]
+    Unsupported(String),
 }
 
 /// Refuses a namespace whose keys could be another namespace's.

@@ -99,6 +99,7 @@ impl Leases {
             Ok(Err(e)) => return Err(unavailable(&e).into()),
             Ok(Ok(conn)) => conn,
         };
+        crate::server::refuse_unsupported(&mut conn).await?;
         let eviction = eviction(&mut conn).await;
         if let Some(policy) = &eviction {
             tracing::warn!(

@@ -76,9 +76,10 @@
 //!         Ok(Begun::Duplicate(first)) => return Ok(first), // written only after the inbox committed
 //!         Ok(Begun::Leased(lease)) => Some(lease),
 //!         Err(ProcessError::Unavailable(_)) => None, // Redis is down: the inbox alone decides
-//!         // Another payload: the inbox records it for the audit (G4) and answers it.
-//!         Err(ProcessError::Conflict { .. }) => None,
-//!         Err(other) => return Err(other.into()),    // in progress elsewhere, uncertain
+//!         // Another payload: the inbox records it for the audit (G4) and answers it. Uncertain:
+//!         // the inbox says whether an operator settled it since (a Redis mark outlives that).
+//!         Err(ProcessError::Conflict { .. } | ProcessError::Uncertain) => None,
+//!         Err(other) => return Err(other.into()),    // in progress elsewhere
 //!         Ok(_) => None,
 //!     };
 //!     // 2. The SQL inbox: the durable lease, the final guard. It remembers what Redis forgot.
@@ -110,7 +111,8 @@
 //!             Ok(response)
 //!         }
 //!         Err(failed) => {
-//!             // Outcome unknown instead? `inbox.uncertain(&lease)` parks the key.
+//!             // Outcome unknown instead? `inbox.uncertain(&lease)` parks the key; Redis's lease
+//!             // is still released: the inbox's mark is the one an operator settles.
 //!             inbox.release(&lease).await?;
 //!             if let Some(fast) = &fast {
 //!                 let _ = redis.release(fast).await;
@@ -133,6 +135,7 @@ mod error;
 mod leases;
 mod options;
 mod scripts;
+mod server;
 
 pub use error::ConnectError;
 pub use leases::{Leases, Resolution};
