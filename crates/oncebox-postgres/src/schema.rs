@@ -159,6 +159,34 @@ ALTER TABLE oncebox_outbox ADD COLUMN IF NOT EXISTS hops INTEGER NOT NULL DEFAUL
 
 pub(crate) const VERSION: i64 = MIGRATIONS.len() as i64;
 
+/// The oldest schema version whose builds run correctly on this build's schema: the version
+/// of the newest step that leaves an earlier build's statements invalid, or that writes what
+/// such a build would misread. A later build whose own steps keep this build's statements
+/// valid leaves it where it is, and this build then runs on that later schema without
+/// migrating it: a rolling upgrade, and a rollback to this build. Builds before this one never
+/// read it (they refuse any later version), so every step up to this one counts as breaking.
+/// Raise it to `VERSION` with a step that breaks earlier builds; never lower it.
+const READABLE_FROM: i64 = 7;
+const _: () = assert!(READABLE_FROM <= VERSION);
+
+/// Whether this build may run on a schema a later build migrated: that build marked the
+/// oldest version its schema stays valid for. A schema without the mark is not.
+async fn readable_by_this_build(tx: &mut PgConnection) -> Result<bool, sqlx::Error> {
+    let marked: bool = sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass('oncebox_schema')
+           AND attname = 'readable_from' AND NOT attisdropped)",
+    )
+    .fetch_one(&mut *tx)
+    .await?;
+    if !marked {
+        return Ok(false);
+    }
+    let from: Option<i64> = sqlx::query_scalar("SELECT max(readable_from) FROM oncebox_schema")
+        .fetch_one(&mut *tx)
+        .await?;
+    Ok(from.is_some_and(|from| from <= VERSION))
+}
+
 /// Takes the transaction-scoped advisory lock migrations run under, scoped to the schema the
 /// connection writes to (two schemas in one database, tests or tenants, migrate
 /// independently). Held by another session, it says which and waits at most `wait`
@@ -256,6 +284,15 @@ pub(crate) async fn migrate(
         .await?;
     let found = found.unwrap_or(0);
     if found > VERSION {
+        // Run on unchanged where its build said it stays valid for this one.
+        if readable_by_this_build(&mut tx).await? {
+            tracing::info!(
+                found,
+                known = VERSION,
+                "schema of a later build, readable by this one"
+            );
+            return Ok(());
+        }
         return Err(OpenError::SchemaTooNew {
             found,
             known: VERSION,
@@ -277,8 +314,14 @@ pub(crate) async fn migrate(
         sqlx::query("DELETE FROM oncebox_schema")
             .execute(&mut *tx)
             .await?;
-        sqlx::query("INSERT INTO oncebox_schema (version) VALUES ($1)")
+        sqlx::Executor::execute(
+            &mut *tx,
+            "ALTER TABLE oncebox_schema ADD COLUMN IF NOT EXISTS readable_from BIGINT",
+        )
+        .await?;
+        sqlx::query("INSERT INTO oncebox_schema (version, readable_from) VALUES ($1, $2)")
             .bind(VERSION)
+            .bind(READABLE_FROM)
             .execute(&mut *tx)
             .await?;
     }

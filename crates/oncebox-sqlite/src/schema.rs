@@ -138,40 +138,6 @@ CREATE TABLE oncebox_purge_anchors (
     Step::Code(hops_column),
 ];
 
-/// Where a delivery's caps on attempts and age count from (`oncebox_core::relay_store::Budget`):
-/// an operator's retry or redeliver gives it a fresh budget; a NULL `budget_at` is its creation.
-/// Added only where missing, as PostgreSQL's `ADD COLUMN IF NOT EXISTS` does, so that running
-/// the steps from an earlier version again changes nothing twice.
-fn budget_columns(tx: &Transaction<'_>) -> rusqlite::Result<()> {
-    if !has_column(tx, "oncebox_outbox", "budget_attempts")? {
-        tx.execute_batch(
-            "ALTER TABLE oncebox_outbox ADD COLUMN budget_attempts INTEGER NOT NULL DEFAULT 0;
-             ALTER TABLE oncebox_outbox ADD COLUMN budget_at INTEGER;",
-        )?;
-    }
-    Ok(())
-}
-
-/// The loop guard (`oncebox_core::hops`): what a delivery's requests carry in `oncebox-hops`,
-/// one more than its event arrived with. Deliveries queued before it count as the first hop.
-fn hops_column(tx: &Transaction<'_>) -> rusqlite::Result<()> {
-    if !has_column(tx, "oncebox_outbox", "hops")? {
-        tx.execute_batch("ALTER TABLE oncebox_outbox ADD COLUMN hops INTEGER NOT NULL DEFAULT 1;")?;
-    }
-    Ok(())
-}
-
-/// Finished gateway deliveries whose record an earlier version purged without them. Left, each
-/// would make the outbox's unique key drop the deliveries of its key accepted again (a purge
-/// now takes a record's finished deliveries with it); their attempts cascade. The same text
-/// is PostgreSQL's.
-const CLEAR_ORPHANED_DELIVERIES: &str = "
-DELETE FROM oncebox_outbox
-WHERE state IN ('delivered', 'dead') AND idempotency_key = source || ':' || event_id
-  AND NOT EXISTS (SELECT 1 FROM oncebox_inbox i
-                  WHERE i.source = oncebox_outbox.source AND i.event_id = oncebox_outbox.event_id);
-";
-
 /// The inbox's `state IN (five values)` CHECK made SQLite build a temporary index of the five
 /// values on every insert and state update (it does so for IN lists longer than two), which
 /// cost more than the insert itself. The same check as a chain of equalities needs none.
@@ -200,6 +166,7 @@ fn plain_state_check(tx: &Transaction<'_>) -> rusqlite::Result<()> {
 }
 
 pub(crate) const VERSION: i64 = MIGRATIONS.len() as i64;
+const _: () = assert!(version::READABLE_FROM <= VERSION);
 
 fn sqlite_err(o: &Options) -> impl Fn(rusqlite::Error) -> OpenError + '_ {
     move |source| OpenError::Sqlite {
@@ -357,6 +324,15 @@ pub(crate) fn migrate(conn: &mut Connection, o: &Options) -> Result<(), OpenErro
     let kept = version::found(&tx).map_err(&err)?;
     let found = kept.version();
     if found > VERSION {
+        // Run on unchanged where its build said it stays valid for this one.
+        if version::readable_by(&tx, VERSION).map_err(&err)? {
+            tracing::info!(
+                found,
+                known = VERSION,
+                "schema of a later build, readable by this one"
+            );
+            return Ok(());
+        }
         return Err(OpenError::SchemaTooNew {
             found,
             known: VERSION,
@@ -392,9 +368,11 @@ pub(crate) fn migrate(conn: &mut Connection, o: &Options) -> Result<(), OpenErro
 }
 
 mod busy;
+mod steps;
 mod version;
 use busy::until_not_busy;
-use version::{Found, has_column};
+use steps::{CLEAR_ORPHANED_DELIVERIES, budget_columns, hops_column};
+use version::Found;
 
 #[cfg(test)]
 mod tests;

@@ -233,7 +233,8 @@ fn every_key_column_compares_bytes_whatever_the_databases_collation() {
 
 /// Opened without migrations (operators' tools), a database with no schema, or an older one,
 /// is refused and left exactly as it was: a newer tool must not migrate a database under the
-/// nodes that keep it, nor create tables in a database it was pointed at by mistake.
+/// nodes that keep it, nor create tables in a database it was pointed at by mistake. A newer
+/// one opens only where its build marked it readable by this one.
 #[test]
 fn opened_without_migrations_a_missing_or_older_schema_is_refused_and_left_alone() {
     run(async {
@@ -273,6 +274,34 @@ fn opened_without_migrations_a_missing_or_older_schema_is_refused_and_left_alone
             .await
             .expect("version");
         assert_eq!(after, known - 1, "left as it was");
+
+        // Newer, by a later build whose steps keep this build's statements valid (it marked
+        // the schema readable from this version): opened and left at the later version, with
+        // migrations or without. Marked readable from the later version only: refused.
+        sqlx::query("UPDATE oncebox_schema SET version = $1")
+            .bind(known + 1)
+            .execute(&mut admin)
+            .await
+            .expect("newer");
+        for migrate in [true, false] {
+            let opened = Inbox::open(Options::new(db.url.clone()).migrate(migrate)).await;
+            assert!(opened.is_ok(), "migrate {migrate}: {:?}", opened.err());
+        }
+        let after: i64 = sqlx::query_scalar("SELECT max(version) FROM oncebox_schema")
+            .fetch_one(&mut admin)
+            .await
+            .expect("version");
+        assert_eq!(after, known + 1, "left at the later version");
+        sqlx::query("UPDATE oncebox_schema SET readable_from = $1")
+            .bind(known + 1)
+            .execute(&mut admin)
+            .await
+            .expect("breaking");
+        let refused = as_is().await;
+        assert!(
+            matches!(refused, Err(OpenError::SchemaTooNew { found, known: k }) if found == known + 1 && k == known),
+            "{refused:?}"
+        );
         drop(admin);
         db.drop().await;
     });

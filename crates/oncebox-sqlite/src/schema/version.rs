@@ -64,7 +64,17 @@ pub(super) fn found(c: &Connection) -> rusqlite::Result<Found> {
     Ok(Found::Earlier(if agrees { recorded } else { made }))
 }
 
-/// Records `version` in the table, making it first if needed.
+/// The oldest schema version whose builds run correctly on this build's schema: the version
+/// of the newest step that leaves an earlier build's statements invalid, or that writes what
+/// such a build would misread. A later build whose own steps keep this build's statements
+/// valid leaves it where it is, and this build then runs on that later file without
+/// migrating it: a rolling upgrade, and a rollback to this build. Builds before this one never
+/// read it (they refuse any later version), so every step up to this one counts as breaking.
+/// Raise it to `VERSION` with a step that breaks earlier builds; never lower it.
+pub(super) const READABLE_FROM: i64 = 8;
+
+/// Records `version` in the table, making it first if needed, with the oldest version whose
+/// builds may run on it ([`READABLE_FROM`]).
 pub(super) fn keep(c: &Connection, version: i64) -> rusqlite::Result<()> {
     c.execute_batch(
         "CREATE TABLE IF NOT EXISTS oncebox_schema (
@@ -72,12 +82,31 @@ pub(super) fn keep(c: &Connection, version: i64) -> rusqlite::Result<()> {
              version INTEGER NOT NULL
          );",
     )?;
+    if !has_column(c, "oncebox_schema", "readable_from")? {
+        c.execute_batch("ALTER TABLE oncebox_schema ADD COLUMN readable_from INTEGER;")?;
+    }
     c.execute(
-        "INSERT INTO oncebox_schema (id, version) VALUES (1, ?1)
-         ON CONFLICT (id) DO UPDATE SET version = excluded.version",
-        [version],
+        "INSERT INTO oncebox_schema (id, version, readable_from) VALUES (1, ?1, ?2)
+         ON CONFLICT (id) DO UPDATE SET version = excluded.version,
+           readable_from = excluded.readable_from",
+        [version, READABLE_FROM],
     )?;
     Ok(())
+}
+
+/// Whether a build that knows schema version `known` may run on this file, which a later
+/// build migrated: that build marked the oldest version its schema stays valid for. A file
+/// without the mark (a later build from before it) is not.
+pub(super) fn readable_by(c: &Connection, known: i64) -> rusqlite::Result<bool> {
+    if !has_column(c, "oncebox_schema", "readable_from")? {
+        return Ok(false);
+    }
+    let from: Option<i64> = c.query_row(
+        "SELECT readable_from FROM oncebox_schema WHERE id = 1",
+        [],
+        |r| r.get(0),
+    )?;
+    Ok(from.is_some_and(|from| from <= known))
 }
 
 /// Whether `table` has `column`: steps that add columns run again harmlessly.

@@ -324,15 +324,46 @@ fn a_database_file_lost_beside_its_log_is_refused_not_started_empty() {
     }
 }
 
+/// A file a later build migrated is refused unless that build marked it readable by this one
+/// (`readable_from`): then it opens, with or without migrations, answers from what it holds and
+/// stays at the later version.
 #[test]
-fn schema_newer_than_this_build_is_refused() {
+fn schema_newer_than_this_build_is_refused_unless_marked_readable_by_it() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("o.db");
-    drop(Inbox::open(Options::new(&path)).unwrap());
-    Connection::open(&path)
-        .unwrap()
-        .execute("UPDATE oncebox_schema SET version = 99", [])
-        .unwrap();
+    let inbox = Inbox::open(Options::new(&path)).unwrap();
+    assert!(matches!(
+        inbox.process_blocking(event("e1"), |_tx| Ok(Response::completed(b"ok".to_vec()))),
+        Ok(Processed::Applied(_))
+    ));
+    drop(inbox);
+    let db = Connection::open(&path).unwrap();
+    let set = |sql: &str| db.execute(sql, []).unwrap();
+    let kept = || -> i64 {
+        db.query_row("SELECT version FROM oncebox_schema", [], |r| r.get(0))
+            .unwrap()
+    };
+    let current = kept();
+    // A later build whose steps keep this build's statements valid.
+    set("UPDATE oncebox_schema SET version = version + 1");
+    for migrate in [true, false] {
+        let inbox = Inbox::open(Options::new(&path).migrate(migrate))
+            .unwrap_or_else(|e| panic!("migrate {migrate}: {e}"));
+        let again = inbox.process_blocking(event("e1"), |_tx| {
+            Ok(Response::completed(b"twice".to_vec()))
+        });
+        assert!(matches!(again, Ok(Processed::Duplicate(_))), "{again:?}");
+        drop(inbox);
+        assert_eq!(kept(), current + 1, "left at the later version");
+    }
+    // One whose steps break this build, and one from before the mark.
+    set("UPDATE oncebox_schema SET readable_from = version");
+    let refused = Inbox::open(Options::new(&path)).unwrap_err();
+    assert!(
+        matches!(refused, OpenError::SchemaTooNew { found, known } if found == current + 1 && known == current),
+        "{refused:?}"
+    );
+    set("UPDATE oncebox_schema SET version = 99, readable_from = NULL");
     let err = Inbox::open(Options::new(&path)).unwrap_err();
     assert!(
         matches!(err, OpenError::SchemaTooNew { found: 99, .. }),
