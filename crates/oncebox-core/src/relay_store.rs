@@ -89,6 +89,9 @@ pub struct DeliveryView {
     pub last_status: Option<u16>,
     pub last_error: Option<String>,
     pub note: Option<String>,
+    /// What its requests carry in `oncebox-hops` (`crate::hops`): 16 or more on a delivery a
+    /// loop of routes made.
+    pub hops: u32,
 }
 
 /// Which deliveries to list, oldest first.

@@ -42,6 +42,7 @@ pub(crate) fn view(d: &DeliveryView) -> Value {
         "last_status": d.last_status,
         "last_error": d.last_error,
         "note": d.note,
+        "hops": d.hops,
     })
 }
 

@@ -13,10 +13,10 @@ use sqlx::{PgPool, Row};
 use tokio::sync::oneshot;
 
 use crate::error::{commit_failed, storage};
-use crate::inbox::notify;
 use crate::limit;
 use crate::options::Options;
 
+mod deliveries;
 mod gather;
 mod stats;
 
@@ -225,54 +225,12 @@ async fn batch(pool: &PgPool, options: &Options, jobs: &[Job]) -> Result<Vec<Ans
     };
 
     // Deliveries of the new events, one per route, in the same transaction.
-    let (mut dest, mut okey, mut opay, mut otype, mut osrc, mut oid, mut ohops) = (
-        Vec::new(),
-        Vec::new(),
-        Vec::new(),
-        Vec::new(),
-        Vec::new(),
-        Vec::new(),
-        Vec::<i32>::new(),
-    );
-    for &i in order.iter().filter(|i| is_new(**i)) {
-        let e = ev(i);
-        for route in &jobs[i].ingest.routes {
-            dest.push(route.as_str());
-            // `{source}:{event_id}` for every attempt, forever. Do not change.
-            okey.push(e.key.to_string());
-            opay.push(&e.payload[..]);
-            otype.push(jobs[i].ingest.delivered_content_type());
-            osrc.push(e.key.source.as_str());
-            oid.push(e.key.event_id.as_str());
-            let hops = oncebox_core::hops::sent(e.meta.hops());
-            ohops.push(i32::try_from(hops).unwrap_or(i32::MAX));
-        }
-    }
-    if !dest.is_empty() {
-        sqlx::query(
-            "INSERT INTO oncebox_outbox (destination, idempotency_key, payload, content_type,
-               source, event_id, created_at, next_attempt_at, hops)
-             SELECT d, k, p, ct, s, e, $7, $7, h
-             FROM UNNEST($1::text[], $2::text[], $3::bytea[], $4::text[], $5::text[], $6::text[],
-                         $8::int4[])
-               AS t(d, k, p, ct, s, e, h)
-             ON CONFLICT (destination, idempotency_key) DO NOTHING",
-        )
-        .bind(&dest)
-        .bind(&okey)
-        .bind(&opay)
-        .bind(&otype)
-        .bind(&osrc)
-        .bind(&oid)
-        .bind(now)
-        .bind(&ohops)
-        .execute(&mut *tx)
-        .await
-        .map_err(|e| storage(&e))?;
-        notify(&mut tx, &options.channel)
-            .await
-            .map_err(|e| storage(&e))?;
-    }
+    let new: Vec<&Ingest> = order
+        .iter()
+        .filter(|i| is_new(**i))
+        .map(|i| &jobs[*i].ingest)
+        .collect();
+    deliveries::queue(&mut tx, &new, now, &options.channel).await?;
     // The gateway's effect is its deliveries, queued above.
     crate::crash::point!("after-effect");
 

@@ -23,6 +23,8 @@ pub(crate) struct InTx {
     pub version: String,
     pub enqueue: String,
     pub enqueued: String,
+    /// A finished delivery an earlier build's purge left under a key accepted anew.
+    pub clear_left_behind: String,
     pub watermark: String,
 }
 
@@ -63,6 +65,10 @@ impl InTx {
             enqueued: format!(
                 "SELECT payload, content_type FROM {s}.oncebox_outbox
                  WHERE destination = $1 AND idempotency_key = $2"
+            ),
+            clear_left_behind: format!(
+                "DELETE FROM {s}.oncebox_outbox WHERE destination = $1 AND idempotency_key = $2
+                   AND source = $3 AND event_id = $4 AND state IN ('delivered', 'dead')"
             ),
             watermark: format!(
                 "INSERT INTO {s}.oncebox_offsets AS o (stream, partition, position)

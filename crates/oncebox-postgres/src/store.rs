@@ -51,7 +51,7 @@ impl Inbox {
                     }
                 }
                 for m in &messages {
-                    tx.enqueue(m).await?;
+                    tx.enqueue_anew(m).await?;
                 }
                 Ok(Response::completed(accepted))
             })

@@ -196,6 +196,32 @@ impl Tx {
             .await?;
         Ok(msg.beside(first))
     }
+
+    /// [`Tx::enqueue`] for a delivery of a key accepted anew: a finished delivery under the
+    /// same route and key, which only a purge by an earlier build can have left behind, is
+    /// replaced rather than let take this one's place (`batch/deliveries.rs` says more).
+    pub(crate) async fn enqueue_anew(
+        &mut self,
+        msg: &OutboxMessage,
+    ) -> Result<Enqueued, HandlerError> {
+        let first = self.enqueue(msg).await?;
+        if first == Enqueued::Queued {
+            return Ok(first);
+        }
+        let cleared = sqlx::query(&self.sql.clear_left_behind)
+            .bind(&msg.destination)
+            .bind(&msg.idempotency_key)
+            .bind(self.key.source.as_str())
+            .bind(self.key.event_id.as_str())
+            .execute(&mut *self.tx)
+            .await?
+            .rows_affected();
+        if cleared == 0 {
+            return Ok(first);
+        }
+        tracing::warn!(key = %self.key, route = %msg.destination, "a finished delivery an earlier build's purge left behind was replaced by the key's new one");
+        self.enqueue(msg).await
+    }
 }
 
 /// Moves the watermark of `(stream, partition)` up to `offset`; false when it stood at or

@@ -405,7 +405,7 @@ pub(crate) fn ingest_new(
     crash::point!("after-inbox-insert");
     let mut tx = Tx::new(cx.conn, &event.key, cx.now, event.meta.hops());
     for m in messages {
-        if let Err(e) = tx.enqueue(m) {
+        if let Err(e) = tx.enqueue_anew(m) {
             // Fixed SQL on a fresh key: a failure is the storage's, and fails the batch.
             return Err(match e {
                 HandlerError::Sql(e) => Fatal(crate::error::storage(&e)),

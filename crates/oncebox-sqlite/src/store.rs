@@ -166,7 +166,7 @@ impl Inbox {
                 let (accepted, messages) = (u.accepted.clone(), u.messages.clone());
                 let handler = move |tx: &mut Tx<'_>| {
                     for m in &messages {
-                        tx.enqueue(m)?;
+                        tx.enqueue_anew(m)?;
                     }
                     Ok(accepted)
                 };
@@ -244,7 +244,7 @@ impl EventStore for Inbox {
                 other => other?,
             }
             for m in &messages {
-                tx.enqueue(m)?;
+                tx.enqueue_anew(m)?;
             }
             Ok(Response::completed(accepted.clone()))
         })

@@ -187,6 +187,37 @@ impl<'a> Tx<'a> {
     }
 }
 
+impl Tx<'_> {
+    /// [`Tx::enqueue`] for a delivery of a key accepted anew. A finished delivery under the
+    /// same route and key can only be an earlier life's of the key: a purge by a build from
+    /// before purges took a record's finished deliveries with it (one still running beside
+    /// this build during an upgrade) left it behind. It is replaced: left, it would take this
+    /// delivery's place under the unique key, and the event answered 202 would never be sent.
+    pub(crate) fn enqueue_anew(&mut self, msg: &OutboxMessage) -> Result<Enqueued, HandlerError> {
+        let first = self.enqueue(msg)?;
+        if first == Enqueued::Queued {
+            return Ok(first);
+        }
+        let cleared = self
+            .conn
+            .prepare_cached(
+                "DELETE FROM oncebox_outbox WHERE destination = ?1 AND idempotency_key = ?2
+                   AND source = ?3 AND event_id = ?4 AND state IN ('delivered', 'dead')",
+            )?
+            .execute(params![
+                msg.destination,
+                msg.idempotency_key,
+                self.key.source.as_str(),
+                self.key.event_id.as_str()
+            ])?;
+        if cleared == 0 {
+            return Ok(first);
+        }
+        tracing::warn!(key = %self.key, route = %msg.destination, "a finished delivery an earlier build's purge left behind was replaced by the key's new one");
+        self.enqueue(msg)
+    }
+}
+
 /// Moves the watermark of `(stream, partition)` up to `offset`; false when it stood at or
 /// above it already.
 pub(crate) fn move_watermark(

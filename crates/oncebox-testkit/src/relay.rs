@@ -237,6 +237,9 @@ pub async fn a_delivery_carries_one_hop_more_than_its_event_arrived_with<B: Deli
         let out = b.ingest(one).await;
         assert!(matches!(out, Ok(Processed::Applied(_))), "{id}: {out:?}");
     }
+    // Operators see it too.
+    let listed = of_event(&b, "relayed").await;
+    assert_eq!(listed.iter().map(|d| d.hops).collect::<Vec<_>>(), [4]);
     let claimed = claim(&b, clock.now(), 10).await;
     let mut sent: Vec<(String, u32)> = claimed
         .iter()

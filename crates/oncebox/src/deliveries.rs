@@ -29,6 +29,7 @@ struct DeliveryItem<'a> {
     last_status: Option<u16>,
     last_error: Option<&'a str>,
     note: Option<&'a str>,
+    hops: u32,
 }
 
 fn item(d: &DeliveryView) -> DeliveryItem<'_> {
@@ -44,6 +45,7 @@ fn item(d: &DeliveryView) -> DeliveryItem<'_> {
         last_status: d.last_status,
         last_error: d.last_error.as_deref(),
         note: d.note.as_deref(),
+        hops: d.hops,
     }
 }
 
@@ -177,6 +179,7 @@ mod tests {
             last_status: status,
             last_error: error.map(str::to_owned),
             note: note.map(str::to_owned),
+            hops: 1,
         }
     }
 

@@ -11,7 +11,7 @@ use lapin::options::{BasicGetOptions, ExchangeDeleteOptions, QueueBindOptions};
 use lapin::types::{AMQPValue, FieldArray, FieldTable};
 use lapin::{BasicProperties, Connection};
 use oncebox_amqp::{ConsumeError, Consumer, HEADERS_DROPPED, ORIGIN_HEADERS, OptionsError};
-use oncebox_core::consume::KeyRule;
+use oncebox_core::consume::{Apply, KeyRule};
 use oncebox_testkit::{run, service_url};
 
 use crate::support::{World, connect, start};
@@ -69,13 +69,7 @@ fn a_missing_quarantine_exchange_is_refused_at_start() {
         let gone = ExchangeDeleteOptions::default();
         w.channel.exchange_delete(exchange, gone).await.unwrap();
         let consumer = Consumer::new(w.db.checked(), w.options());
-        let conn: Connection = connect(&url).await;
-        let ended = tokio::time::timeout(
-            Duration::from_secs(10),
-            consumer.run(&conn, std::future::pending()),
-        )
-        .await
-        .expect("refused at start instead of consuming");
+        let (ended, conn) = refused_at_start(&url, &consumer).await;
         eprintln!("amqp quarantine exchange missing at start: {ended:?}");
         assert!(matches!(
             ended,
@@ -91,6 +85,21 @@ fn a_missing_quarantine_exchange_is_refused_at_start() {
         let _ = conn.close(200, "done".into()).await;
         w.cleanup().await;
     });
+}
+
+/// What `consumer` ends with, run with no stop: it must end by itself within 10 s, refused.
+async fn refused_at_start<A: Apply>(
+    url: &str,
+    consumer: &Consumer<A>,
+) -> (Result<(), ConsumeError>, Connection) {
+    let conn: Connection = connect(url).await;
+    let ended = tokio::time::timeout(
+        Duration::from_secs(10),
+        consumer.run(&conn, std::future::pending()),
+    )
+    .await
+    .expect("refused at start instead of consuming");
+    (ended, conn)
 }
 
 #[test]
@@ -152,13 +161,7 @@ fn quarantine_into_the_consumed_queue_is_refused_at_start() {
         // The default exchange, and the routing key is the queue's own name.
         options.quarantine.exchange = String::new();
         let consumer = Consumer::new(w.db.checked(), options);
-        let conn: Connection = connect(&url).await;
-        let ended = tokio::time::timeout(
-            Duration::from_secs(10),
-            consumer.run(&conn, std::future::pending()),
-        )
-        .await
-        .expect("refused at start instead of consuming");
+        let (ended, conn) = refused_at_start(&url, &consumer).await;
         eprintln!("amqp quarantine into the consumed queue: {ended:?}");
         assert!(matches!(
             ended,

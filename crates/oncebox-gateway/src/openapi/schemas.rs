@@ -228,7 +228,7 @@ pub(super) fn components() -> Value {
             "EventPage": page("Event"),
             "Delivery": { "type": "object", "required": ["id", "route", "source", "event_id",
                     "idempotency_key", "state", "attempts", "created_at", "next_attempt_at",
-                    "last_status", "last_error", "note"],
+                    "last_status", "last_error", "note", "hops"],
                 "properties": {
                     "id": integer, "route": text, "source": text, "event_id": text,
                     "idempotency_key": text,
@@ -236,7 +236,9 @@ pub(super) fn components() -> Value {
                     "attempts": { "type": "integer", "minimum": 0 },
                     "created_at": time(false), "next_attempt_at": time(true),
                     "last_status": { "type": ["integer", "null"] },
-                    "last_error": text_or_null, "note": text_or_null } },
+                    "last_error": text_or_null, "note": text_or_null,
+                    "hops": { "type": "integer", "minimum": 1,
+                        "description": "what its requests carry in oncebox-hops (the loop guard)" } } },
             "DeliveryPage": page("Delivery"),
             "Attempt": { "type": "object",
                 "required": ["started_at", "duration_ms", "status", "error"], "properties": {

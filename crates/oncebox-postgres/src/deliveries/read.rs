@@ -26,7 +26,7 @@ fn status(s: Option<i32>) -> Option<u16> {
 
 const VIEW_COLUMNS: &str = "id, destination, source, event_id, state, attempts, created_at,
     next_attempt_at, last_status, last_error, note, idempotency_key, budget_attempts,
-    coalesce(budget_at, created_at)";
+    coalesce(budget_at, created_at), hops";
 
 fn view(r: &PgRow) -> Result<Option<DeliveryView>, sqlx::Error> {
     let (source, event_id, state): (String, String, String) =
@@ -58,6 +58,7 @@ fn view(r: &PgRow) -> Result<Option<DeliveryView>, sqlx::Error> {
         last_status: status(r.try_get(8)?),
         last_error: r.try_get(9)?,
         note: r.try_get(10)?,
+        hops: count(r.try_get(14)?),
     }))
 }
 

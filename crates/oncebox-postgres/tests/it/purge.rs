@@ -171,3 +171,57 @@ fn ingest_under_a_clock_stepped_back_dates_no_record_old() {
         assert!(matches!(again, Ok(Processed::Duplicate(_))), "{again:?}");
     });
 }
+
+/// A finished delivery an earlier build's purge left behind after this version migrated (that
+/// build still running beside it during an upgrade) does not swallow the delivery of its key
+/// accepted anew, on the batched path and the ordering guard's.
+#[test]
+fn a_finished_delivery_an_earlier_purge_left_does_not_swallow_the_keys_new_one() {
+    if url().is_none() {
+        return;
+    }
+    run(async {
+        let clock = ManualClock::new(EPOCH);
+        let inbox = Inbox::open(options(&schema(), &clock)).await.expect("open");
+        for (id, ordered) in [("e1", false), ("e2", true)] {
+            let ingest = || {
+                let mut ingest = routed(id, &["hooks"]);
+                ingest.order = ordered.then(|| oncebox_core::store::Order {
+                    entity: format!("order-{id}"),
+                    version: 1,
+                });
+                ingest
+            };
+            let first = inbox.ingest(ingest()).await;
+            assert!(matches!(first, Ok(Processed::Applied(_))), "{first:?}");
+            // As an earlier build's purge left it: the record gone, its delivery kept.
+            for sql in [
+                "UPDATE oncebox_outbox SET state = 'delivered', attempts = 1 WHERE event_id = $1",
+                "DELETE FROM oncebox_inbox WHERE event_id = $1",
+                "DELETE FROM oncebox_versions WHERE entity_id = 'order-' || $1",
+            ] {
+                sqlx::query(sql)
+                    .bind(id)
+                    .execute(inbox.pool())
+                    .await
+                    .expect("as left");
+            }
+            let again = inbox.ingest(ingest()).await;
+            assert!(
+                matches!(again, Ok(Processed::Applied(_))),
+                "{id}: {again:?}"
+            );
+            let rows: Vec<(String, i32)> =
+                sqlx::query_as("SELECT state, attempts FROM oncebox_outbox WHERE event_id = $1")
+                    .bind(id)
+                    .fetch_all(inbox.pool())
+                    .await
+                    .expect("rows");
+            assert_eq!(
+                rows,
+                [("pending".to_owned(), 0)],
+                "{id} (ordered: {ordered})"
+            );
+        }
+    });
+}

@@ -21,7 +21,7 @@ pub(super) fn count(n: i64) -> u32 {
 
 const VIEW_COLUMNS: &str = "id, destination, source, event_id, state, attempts, created_at,
     next_attempt_at, last_status, last_error, note, idempotency_key, budget_attempts,
-    coalesce(budget_at, created_at)";
+    coalesce(budget_at, created_at), hops";
 
 fn view(r: &Row<'_>) -> rusqlite::Result<Option<DeliveryView>> {
     let (source, event_id, state): (String, String, String) = (r.get(2)?, r.get(3)?, r.get(4)?);
@@ -54,6 +54,7 @@ fn view(r: &Row<'_>) -> rusqlite::Result<Option<DeliveryView>> {
             .and_then(|s| u16::try_from(s).ok()),
         last_error: r.get(9)?,
         note: r.get(10)?,
+        hops: count(r.get(14)?),
     }))
 }
 

@@ -131,3 +131,63 @@ fn rows_an_edit_left_unreadable_are_parked_not_allowed_to_fail_every_claim() {
         assert_eq!(asked, Ok(true), "asked again later");
     });
 }
+
+/// A finished delivery an earlier build's purge left behind (it took the record and not its
+/// deliveries; such a build may still run beside this one during an upgrade) does not swallow
+/// the delivery of its key accepted anew, on the unordered path and the ordering guard's.
+#[test]
+fn a_finished_delivery_an_earlier_purge_left_does_not_swallow_the_keys_new_one() {
+    use oncebox_core::store::{EventStore, Ingest, Order};
+    use oncebox_core::{Processed, Timestamp};
+
+    oncebox_testkit::run(async {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("oncebox.db");
+        let clock = ManualClock::new(Timestamp(1_700_000_000_000));
+        let open = || Inbox::open(Options::new(&path).clock(Arc::new(clock.clone()))).unwrap();
+        let raw = rusqlite::Connection::open(&path).unwrap();
+        for (id, ordered) in [("e1", false), ("e2", true)] {
+            let inbox = open();
+            let ingest = || {
+                let mut ingest = crate::harness::ingest(crate::harness::shop(id, r#"{"n":1}"#));
+                ingest.routes = vec!["hooks".to_owned()];
+                ingest.order = ordered.then(|| Order {
+                    entity: format!("order-{id}"),
+                    version: 1,
+                });
+                ingest
+            };
+            let first: Ingest = ingest();
+            assert!(matches!(
+                inbox.ingest(first).await,
+                Ok(Processed::Applied(_))
+            ));
+            // As an earlier build's purge left it: the record gone, its delivery kept.
+            raw.execute_batch(&format!(
+                "UPDATE oncebox_outbox SET state = 'delivered', attempts = 1 WHERE event_id = '{id}';
+                 DELETE FROM oncebox_inbox WHERE event_id = '{id}';
+                 DELETE FROM oncebox_versions;"
+            ))
+            .unwrap();
+            // Another process: this one's memory of recent answers still holds the key.
+            drop(inbox);
+            let again = open().ingest(ingest()).await;
+            assert!(
+                matches!(again, Ok(Processed::Applied(_))),
+                "{id}: {again:?}"
+            );
+            let rows: Vec<(String, i64)> = raw
+                .prepare("SELECT state, attempts FROM oncebox_outbox WHERE event_id = ?1")
+                .unwrap()
+                .query_map([id], |r| Ok((r.get(0)?, r.get(1)?)))
+                .unwrap()
+                .map(Result::unwrap)
+                .collect();
+            assert_eq!(
+                rows,
+                [("pending".to_owned(), 0)],
+                "{id} (ordered: {ordered})"
+            );
+        }
+    });
+}

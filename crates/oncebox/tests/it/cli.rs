@@ -117,6 +117,7 @@ fn listings_print_json_with_stable_fields() {
             "attempts",
             "created_at",
             "event_id",
+            "hops",
             "id",
             "last_error",
             "last_status",
