@@ -26,7 +26,7 @@ pub enum HopsError {
     Invalid,
     /// The event went round at least [`MAX_HOPS`] times.
     #[error(
-        "the event has passed through {0} oncebox relays (at most {MAX_HOPS}): a route delivers back into its own source, directly or through others"
+        "the event has passed through {0} oncebox relays (refused from {MAX_HOPS} on): a route delivers back into its own source, directly or through others"
     )]
     Limit(u32),
 }

@@ -104,15 +104,23 @@ pub(crate) fn unavailable(e: &sqlx::Error) -> Option<Unavailable> {
                 None
             }
         }
+        // sqlx says only that the wait ended; the pool's failed connects (the server at its
+        // `max_connections`, restarting, unreachable) are not in it. Said here, where an
+        // operator reads it.
+        sqlx::Error::PoolTimedOut => Some(Unavailable::Storage(POOL_TIMED_OUT.to_owned())),
         sqlx::Error::Io(_)
         | sqlx::Error::Tls(_)
         | sqlx::Error::Protocol(_)
-        | sqlx::Error::PoolTimedOut
         | sqlx::Error::PoolClosed
         | sqlx::Error::WorkerCrashed => Some(Unavailable::Storage(e.to_string())),
         _ => None,
     }
 }
+
+/// What a wait for a pooled connection that ended says.
+pub(crate) const POOL_TIMED_OUT: &str = "no database connection within the deadline: every pooled \
+     connection was busy, or the server refused new ones (at its max_connections, restarting, \
+     unreachable; its log says which)";
 
 /// Any error from oncebox's own statements is the storage's, not the request's: they are fixed
 /// SQL.
@@ -158,5 +166,19 @@ pub(crate) fn record_failed(e: &sqlx::Error) -> oncebox_core::ProcessError {
             )
         }
         _ => oncebox_core::ProcessError::Unavailable(storage(e)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A wait for a pooled connection that ended names the causes an operator can check, not
+    /// only that it ended.
+    #[test]
+    fn a_pool_that_timed_out_says_what_to_look_at() {
+        let said = storage(&sqlx::Error::PoolTimedOut).to_string();
+        assert!(said.contains("max_connections"), "{said}");
+        assert!(said.contains("busy"), "{said}");
     }
 }

@@ -86,7 +86,7 @@ const ID_HEADERS: [&str; 2] = ["Idempotency-Key", "webhook-id"];
 
 /// The headers the ingress reads an event id or a signature from; none is required of every
 /// source, and a source may name another header for its id or its `hmac-sha256` signature.
-const INGRESS_HEADERS: [(&str, &str); 7] = [
+const INGRESS_HEADERS: [(&str, &str); 8] = [
     (
         "Idempotency-Key",
         "the event id, for a source with the default id rule (read first); as an id: 1 to 255 \
@@ -118,6 +118,12 @@ const INGRESS_HEADERS: [(&str, &str); 7] = [
     (
         "X-GitHub-Delivery",
         "GitHub: the event id of a source with the github preset",
+    ),
+    (
+        "oncebox-hops",
+        "The loop guard: how many oncebox relays passed this event on (a decimal count; an \
+         oncebox relay sends it). 16 or more is refused as hop-limit; of several, the highest \
+         counts",
     ),
 ];
 
