@@ -55,7 +55,7 @@ pub enum Command {
 Examples:
   oncebox serve                                    # zero-config: any source, ./oncebox.db
   oncebox serve --config oncebox.toml --listen 0.0.0.0:8080
-  ONCEBOX_ADMIN_TOKEN=change-me-to-a-long-random-token oncebox serve --no-relay")]
+  ONCEBOX_ADMIN_TOKEN=$(openssl rand -hex 32) oncebox serve --no-relay")]
     Serve {
         /// Address to listen on [default: 127.0.0.1:8080]
         #[arg(long)]

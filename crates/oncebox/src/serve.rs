@@ -54,6 +54,16 @@ pub async fn run(settings: Settings, with_relay: bool) -> Result<()> {
     let routes = config.routes.clone();
     let relay_options = settings.relay;
     announce(&local, &database, &config);
+    if config.admin_token.is_none() && local.ip().to_canonical().is_loopback() {
+        // A reverse proxy on this machine that names the gateway by its loopback address and
+        // adds no forwarding header (nginx's `proxy_pass` without `proxy_set_header`) cannot
+        // be told from a local browser.
+        tracing::warn!(
+            "no admin_token: the admin API and the dashboard answer any request that reaches \
+             this port addressed to a loopback name without a forwarding header; set \
+             admin_token before putting a reverse proxy in front of it"
+        );
+    }
     let gw = Arc::new(Gateway {
         store: inbox.clone(),
         config,

@@ -18,10 +18,14 @@ use oncebox_core::signature::{Scheme, sign};
 /// up as a connect error: the receiver saw nothing and the attempt is retried. Without it the
 /// whole timeout would fire during the connect, and a receiver behind a firewall that drops
 /// packets would read as sent without an answer — uncertain. An `https` receiver must present
-/// a certificate from the system's authorities or from the route's own (`ca_pem`).
+/// a certificate from the system's authorities or from the route's own (`ca_pem`). The
+/// environment's proxies (`HTTP_PROXY`, `HTTPS_PROXY`, `ALL_PROXY`) are not used: set for
+/// something else (a package install in the image), they would see every signed body and the
+/// URL's credentials, and a filtering proxy's own `200` would be recorded as delivered.
 pub(crate) fn client(route: &Route) -> Result<reqwest::Client, String> {
     let mut builder = reqwest::Client::builder()
         .redirect(reqwest::redirect::Policy::none())
+        .no_proxy()
         .connect_timeout(route.timeout / 2);
     if let Some(pem) = &route.ca_pem {
         let authorities = reqwest::Certificate::from_pem_bundle(pem)

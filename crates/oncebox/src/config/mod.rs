@@ -49,6 +49,8 @@ const MIN_RELAY_POLL: Duration = Duration::from_millis(1);
 const MIN_LEASE_BEYOND_TIMEOUT: Duration = Duration::from_millis(500);
 /// Shorter tokens can be guessed online; 16 characters is what a password manager's default gives.
 const MIN_ADMIN_TOKEN_CHARS: usize = 16;
+/// The admin token earlier documentation showed as an example: refused, since anyone can read it.
+const EXAMPLE_ADMIN_TOKEN: &str = "change-me-to-a-long-random-token";
 
 /// Everything `oncebox serve` needs, validated.
 pub struct Settings {
@@ -252,6 +254,13 @@ fn validate(raw: RawConfig, p: &mut Problems<'_>) -> Settings {
         p.push(
             "admin_token",
             format_args!("must be at least {MIN_ADMIN_TOKEN_CHARS} characters"),
+        );
+    }
+    // The example earlier documentation showed, copied as it was: anyone who read it has it.
+    if raw.admin_token.as_deref() == Some(EXAMPLE_ADMIN_TOKEN) {
+        p.push(
+            "admin_token",
+            "is the documentation's example, which anyone can read: generate one (openssl rand -hex 32)",
         );
     }
     // It travels in an `Authorization` header and a cookie's MAC input: a space or a byte

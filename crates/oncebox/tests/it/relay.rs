@@ -1,5 +1,6 @@
-//! The relay inside `oncebox serve`: accepted events reach a real receiver, an uncertain
-//! delivery is settled through the CLI, and a delivery owed across a restart is not lost.
+//! The relay inside `oncebox serve`: accepted events reach a real receiver (never through the
+//! environment's proxy), an uncertain delivery is settled through the CLI, and a delivery owed
+//! across a restart is not lost.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -11,7 +12,7 @@ use axum::extract::State;
 use axum::http::HeaderMap;
 use tokio::sync::Notify;
 
-use crate::support::{Server, oncebox, serve};
+use crate::support::{Server, oncebox, serve, serve_by};
 
 /// A receiver that counts requests per idempotency key; `hang` makes it never answer.
 #[derive(Default)]
@@ -118,6 +119,33 @@ fn serve_delivers_accepted_events_to_the_route() {
         server.stop();
         assert_eq!(r.hits.lock().unwrap().get("shop:evt_1"), Some(&1));
         assert_eq!(deliveries(dir.path(), "delivered").len(), 1);
+    });
+}
+
+/// The environment's proxy settings (set for something else, a package install in the image) are
+/// not used for deliveries: a proxy would see every signed body, and a filtering one's own
+/// `200` would be recorded as delivered while the receiver saw nothing. The stand-in proxy
+/// here answers `200` to whatever reaches it.
+#[test]
+fn the_environments_proxy_is_not_used_for_deliveries() {
+    oncebox_testkit::run(async {
+        let dir = tempfile::tempdir().unwrap();
+        let addr = free_port();
+        let r = receiver(false, addr).await;
+        let proxy_addr = free_port();
+        let proxy = receiver(false, proxy_addr).await;
+        std::fs::write(dir.path().join("oncebox.toml"), config(addr, true)).unwrap();
+        let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_oncebox"));
+        for var in ["HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy"] {
+            command.env(var, format!("http://{proxy_addr}"));
+        }
+        command.env_remove("NO_PROXY").env_remove("no_proxy");
+        let server = serve_by(command, dir.path(), &[]);
+        post(&server, "evt_1").await;
+        arrived(&r).await;
+        server.stop();
+        assert_eq!(r.hits.lock().unwrap().get("shop:evt_1"), Some(&1));
+        assert!(proxy.hits.lock().unwrap().is_empty(), "the proxy was used");
     });
 }
 

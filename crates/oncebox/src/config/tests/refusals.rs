@@ -1,6 +1,6 @@
 //! Settings that load but could never work are refused at start, by field: pointers to the
-//! whole body, a sub-second tolerance, unprintable route names, and a `./oncebox.toml` that is
-//! there but no file.
+//! whole body, a sub-second tolerance, unprintable route names, the documentation's example
+//! admin token, and a `./oncebox.toml` that is there but no file.
 
 use super::{Overrides, assert_mentions, err, jailed, load, ok, shop};
 
@@ -17,6 +17,14 @@ fn a_pointer_to_the_whole_body_is_refused_where_one_value_is_meant() {
     assert_mentions(&err(consumer), &["consumers.c.key.pointer", whole]);
     // A fingerprint over the whole body is what `json` does anyway: allowed.
     ok(&shop("fingerprint = { fields = [\"\"] }"));
+}
+
+/// The admin token earlier documentation showed as an example is refused: anyone can read it.
+#[test]
+fn the_documentations_example_admin_token_is_refused() {
+    let e = err("admin_token = \"change-me-to-a-long-random-token\"\n");
+    assert_mentions(&e, &["admin_token", "the documentation's example"]);
+    ok("admin_token = \"change-me-to-a-long-random-token-2\"\n");
 }
 
 #[test]
