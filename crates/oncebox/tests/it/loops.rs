@@ -44,6 +44,25 @@ fn chain(first: &str, passes: u32) -> Vec<String> {
     ids
 }
 
+/// Source `shop`, its route `again` to `route_url`, and its consumer `loop` (`broker` the
+/// consumer's own settings) keyed by the message id; `check` is asked first, then `consume`
+/// (on `flag`) and `relay` start as an operator starts them.
+fn start_the_loop(d: &Path, route_url: &str, broker: &str, flag: [&str; 2]) -> (Running, Running) {
+    std::fs::write(
+        d.join("oncebox.toml"),
+        format!(
+            "[sources.shop]\nsignature = \"none\"\n\n\
+             [routes.again]\nsources = [\"shop\"]\nurl = \"{route_url}\"\n\n\
+             [consumers.loop]\nsource = \"shop\"\nkey = \"message-id\"\n{broker}\n"
+        ),
+    )
+    .unwrap();
+    warned_of_the_loop(d);
+    assert!(oncebox(d, &["migrate"]).status.success());
+    let consume = Running::start(d, &["consume", flag[0], flag[1]]);
+    (consume, Running::start(d, &["relay"]))
+}
+
 /// `check` sees this loop in the configuration alone and says so before anything runs.
 fn warned_of_the_loop(dir: &Path) {
     let out = oncebox(dir, &["check"]);
@@ -203,20 +222,14 @@ fn a_route_publishing_into_its_own_consumers_stream_is_stopped_at_the_hop_limit(
 
         let dir = tempfile::tempdir().unwrap();
         let d = dir.path();
-        std::fs::write(
-            d.join("oncebox.toml"),
-            format!(
-                "[sources.shop]\nsignature = \"none\"\n\n\
-                 [routes.again]\nsources = [\"shop\"]\nurl = \"{url}?subject={subject}.again\"\n\n\
-                 [consumers.loop]\nsource = \"shop\"\nstream = \"{name}\"\n\
-                 subject = \"{subject}.>\"\nkey = \"message-id\"\nquarantine = \"{quarantine}\"\n"
+        let (consume, relay) = start_the_loop(
+            d,
+            &format!("{url}?subject={subject}.again"),
+            &format!(
+                "stream = \"{name}\"\nsubject = \"{subject}.>\"\nquarantine = \"{quarantine}\""
             ),
-        )
-        .unwrap();
-        warned_of_the_loop(d);
-        assert!(oncebox(d, &["migrate"]).status.success());
-        let consume = Running::start(d, &["consume", "--nats", &url]);
-        let relay = Running::start(d, &["relay"]);
+            ["--nats", &url],
+        );
 
         // Done when the pass past the limit reached the quarantine.
         let mut held = js.get_stream(&qname).await.expect("quarantine stream");
@@ -318,21 +331,12 @@ fn a_route_publishing_into_its_own_consumers_queue_is_stopped_at_the_hop_limit()
 
         let dir = tempfile::tempdir().unwrap();
         let d = dir.path();
-        std::fs::write(
-            d.join("oncebox.toml"),
-            format!(
-                "[sources.shop]\nsignature = \"none\"\n\n\
-                 [routes.again]\nsources = [\"shop\"]\n\
-                 url = \"{url}?exchange=&routing_key={queue}\"\n\n\
-                 [consumers.loop]\nsource = \"shop\"\nqueue = \"{queue}\"\n\
-                 key = \"message-id\"\nquarantine = \"{exchange}\"\n"
-            ),
-        )
-        .unwrap();
-        warned_of_the_loop(d);
-        assert!(oncebox(d, &["migrate"]).status.success());
-        let consume = Running::start(d, &["consume", "--amqp", &url]);
-        let relay = Running::start(d, &["relay"]);
+        let (consume, relay) = start_the_loop(
+            d,
+            &format!("{url}?exchange=&routing_key={queue}"),
+            &format!("queue = \"{queue}\"\nquarantine = \"{exchange}\""),
+            ["--amqp", &url],
+        );
 
         // Done when the pass past the limit reached the quarantine.
         let deadline = Instant::now() + PATIENCE;
