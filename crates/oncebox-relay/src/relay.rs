@@ -103,6 +103,40 @@ struct Circuit {
     /// On the clock's monotonic time: a wall clock stepped back would keep the route shut
     /// for the step on top of the cooldown.
     open_until: Option<Duration>,
+    /// After the cooldown one request tries the receiver; until it is answered the route
+    /// stays shut. A whole round (the route's concurrency) sent as the trial was as many
+    /// deliveries sent into a receiver still failing: a receiver answering 401 after a key
+    /// rotation killed that many per cooldown.
+    trial: bool,
+}
+
+/// What a claim about to be sent finds its route's circuit at.
+pub(crate) enum Turn<'a> {
+    /// Closed: send.
+    Go,
+    /// The trial after a cooldown: send, and the route stays shut until it is answered.
+    Trial { _ends: TrialGuard<'a> },
+    /// Open, or a trial already out: give the claim back unsent.
+    Shut,
+}
+
+/// Ends a trial that was never answered (the request was not sent, the step failed): the
+/// route is tried again at the next round. An answered trial was settled by `note` already.
+pub(crate) struct TrialGuard<'a> {
+    circuits: &'a Mutex<HashMap<String, Circuit>>,
+    route: String,
+}
+
+impl Drop for TrialGuard<'_> {
+    fn drop(&mut self) {
+        let mut circuits = self
+            .circuits
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(c) = circuits.get_mut(&self.route) {
+            c.trial = false;
+        }
+    }
 }
 
 /// One route as the relay serves it: its settings, its concurrency limit, and the link that
@@ -186,21 +220,38 @@ impl<S: DeliveryStore> Relay<S> {
         Some(self.routes.get(route)?.pace.as_ref()?.promise())
     }
 
-    /// Whether `route`'s circuit keeps the relay off it now.
-    fn circuit_open(&self, route: &str) -> bool {
-        open(&self.circuits(), route, self.clock.monotonic())
-    }
-
     fn circuits(&self) -> std::sync::MutexGuard<'_, HashMap<String, Circuit>> {
         self.circuits
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
+    /// Whether a claim of `route` about to be sent may go: the circuit closed, the one trial
+    /// after a cooldown, or neither.
+    fn turn(&self, route: &str) -> Turn<'_> {
+        let now = self.clock.monotonic();
+        let mut circuits = self.circuits();
+        let c = circuits.entry(route.to_owned()).or_default();
+        if c.trial || c.open_until.is_some_and(|until| until > now) {
+            return Turn::Shut;
+        }
+        if c.failures < self.options.circuit_threshold {
+            return Turn::Go;
+        }
+        c.trial = true;
+        Turn::Trial {
+            _ends: TrialGuard {
+                circuits: &self.circuits,
+                route: route.to_owned(),
+            },
+        }
+    }
+
     fn note(&self, route: &str, failed: bool) {
         let mut circuits = self.circuits();
         let c = circuits.entry(route.to_owned()).or_default();
         if failed {
+            c.trial = false;
             c.failures = c.failures.saturating_add(1);
             if c.failures >= self.options.circuit_threshold {
                 // Stop hammering a receiver that keeps failing; its deliveries wait, unharmed.
@@ -341,10 +392,9 @@ impl<S: DeliveryStore> Relay<S> {
     }
 }
 
-/// Whether `route`'s circuit is open at `now`.
+/// Whether `route`'s circuit keeps claims off it at `now`: open, or its trial out.
 fn open(circuits: &HashMap<String, Circuit>, route: &str, now: Duration) -> bool {
     circuits
         .get(route)
-        .and_then(|c| c.open_until)
-        .is_some_and(|until| until > now)
+        .is_some_and(|c| c.trial || c.open_until.is_some_and(|until| until > now))
 }

@@ -12,7 +12,7 @@ use tokio::sync::{TryAcquireError, watch};
 use tokio::time::Instant;
 
 use super::pace::Promise;
-use super::{Lane, Relay, Step};
+use super::{Lane, Relay, Step, Turn};
 use crate::send;
 
 /// What a lease must still hold after an attempt's timeout when it is sent: time to record.
@@ -81,9 +81,6 @@ impl<S: DeliveryStore> Relay<S> {
         // turn, as one still waiting gets none, since a process about to stop could be killed
         // with the request on its way.
         let stopped = *stop.borrow();
-        // Whether the claim had to wait for its turn: only then can the circuit have opened
-        // since the claim (a round's claims that start at once go out together, trial or not).
-        let mut paced = false;
         if let Some(promise) = promise.as_mut().filter(|_| !stopped) {
             while let Err(wait) = promise.take(Instant::now()) {
                 let mut stop = stop.clone();
@@ -94,7 +91,6 @@ impl<S: DeliveryStore> Relay<S> {
                     self.unclaim(claimed).await?;
                     return Ok(Step::Unclaimed);
                 }
-                paced = true;
                 tokio::select! {
                     biased;
                     () = stopping => {
@@ -109,20 +105,17 @@ impl<S: DeliveryStore> Relay<S> {
         let stopping = async {
             let _ = stop.wait_for(|stop| *stop).await;
         };
-        let (permit, waited) = if stopped {
-            (None, false)
+        let permit = if stopped {
+            None
         } else {
             match permits.try_acquire() {
-                Ok(permit) => (Some(permit), false),
+                Ok(permit) => Some(permit),
                 Err(TryAcquireError::Closed) => return Err(LeaseError::Fenced),
-                Err(TryAcquireError::NoPermits) => {
-                    let permit = tokio::select! {
-                        biased;
-                        permit = permits.acquire() => Some(permit.map_err(|_| LeaseError::Fenced)?),
-                        () = stopping => None,
-                    };
-                    (permit, true)
-                }
+                Err(TryAcquireError::NoPermits) => tokio::select! {
+                    biased;
+                    permit = permits.acquire() => Some(permit.map_err(|_| LeaseError::Fenced)?),
+                    () = stopping => None,
+                },
             }
         };
         let Some(permit) = permit else {
@@ -130,13 +123,18 @@ impl<S: DeliveryStore> Relay<S> {
             return Ok(Step::Unclaimed);
         };
         // Given back unsent, to be taken again, when either holds:
-        // - the route's circuit opened while this claim waited for its turn (the sends ahead of
-        //   it failed, or a trial after the cooldown did): not sent into the failure;
+        // - the route's circuit is open (the sends ahead of this claim failed), or its one
+        //   trial after the cooldown is out: not sent into the failure;
         // - the attempt and its record no longer both fit in the lease. One sent later could
         //   still be on its way when the lease ends and another relay sends the delivery again;
         //   waiting for a permit behind a slow receiver is where the time goes.
         let lease_short = self.short_of_lease(claimed, route, claimed_at, Duration::ZERO);
-        if lease_short || ((waited || paced) && self.circuit_open(&route.name)) {
+        let turn = if lease_short {
+            Turn::Shut
+        } else {
+            self.turn(&route.name)
+        };
+        if matches!(turn, Turn::Shut) {
             drop(permit);
             self.unclaim(claimed).await?;
             return Ok(Step::Unclaimed);
@@ -146,7 +144,10 @@ impl<S: DeliveryStore> Relay<S> {
         // The limit is on requests to the receiver; recording waits for a commit and must not
         // hold the next request back.
         drop(permit);
-        self.conclude(claimed, route, &attempt, record, true).await
+        let concluded = self.conclude(claimed, route, &attempt, record, true).await;
+        // A trial the receiver was not asked in ends here; an answered one was settled.
+        drop(turn);
+        concluded
     }
 
     /// Whether `claimed`, sent after waiting `ahead` more, could still be on its way when its

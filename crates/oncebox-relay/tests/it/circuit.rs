@@ -1,6 +1,7 @@
 //! A route's circuit: a receiver that keeps failing is left alone for a cooldown while other
-//! routes go on, claims waiting behind the failures are given back unsent, and the cooldown
-//! runs on time that passes, not on the wall clock.
+//! routes go on, one trial request (not a round) tries it after the cooldown, claims waiting
+//! behind the failures are given back unsent, and the cooldown runs on time that passes, not
+//! on the wall clock.
 
 use std::time::Duration;
 
@@ -41,13 +42,22 @@ fn a_failing_route_opens_its_circuit_and_other_routes_go_on() {
             "the open circuit kept the relay off the bad route"
         );
         assert_eq!(good.requests().len(), 1);
-        // After the cooldown one trial round goes to the bad route again.
+        // After the cooldown one trial request goes to the bad route: it fails, and the
+        // other due delivery is not sent into the failure.
         w.clock.advance(Duration::from_secs(2 * 3600));
+        relay.run_once().await.unwrap();
+        assert_eq!(bad.requests().len(), 3, "one trial, not the whole round");
+        relay.run_once().await.unwrap();
+        assert_eq!(bad.requests().len(), 3, "shut again for a cooldown");
+        // The receiver recovers: the next trial closes the circuit and the rest go.
+        bad.answer(&[(202, None)]);
+        w.clock.advance(Duration::from_secs(2 * 3600 + 1));
+        relay.run_once().await.unwrap();
         relay.run_once().await.unwrap();
         assert_eq!(
             bad.requests().len(),
-            4,
-            "both due deliveries tried once more"
+            5,
+            "the trial, then the other delivery"
         );
     });
 }
@@ -95,6 +105,8 @@ fn claims_waiting_when_their_routes_circuit_opens_are_given_back_unsent() {
         assert_eq!(attempts, 1, "the two given back count no attempt");
         assert_eq!(relay.run_once().await.unwrap().claimed, 0, "cooling down");
         w.clock.advance(Duration::from_secs(31));
+        // The trial first; answered, it closes the circuit, and the two waiting for the
+        // route's one request at a time go after it.
         let out = relay.run_once().await.unwrap();
         assert_eq!(out.delivered, 3, "{out:?}");
         assert_eq!(bad.requests().len(), 4);
