@@ -8,8 +8,11 @@ use crate::json::{Pointer, Value};
 use crate::key::Source;
 use crate::signature::Secret;
 
-/// One destination of events.
-#[derive(Debug, Clone)]
+/// One destination of events. Its `Debug` shows each URL's scheme and host only: a
+/// receiver's URL carries credentials in its user info, path or query (`?code=…`, Slack's
+/// `/services/…/<secret>`), and a library's `{:?}` of a route, or of a relay holding it, would
+/// log them.
+#[derive(Clone)]
 pub struct Route {
     pub name: String,
     /// Sources whose events this route takes.
@@ -35,6 +38,41 @@ pub struct Route {
     /// PEM certificates of authorities an `https` receiver's certificate may come from,
     /// trusted beside the system's (a receiver behind a private authority).
     pub ca_pem: Option<Vec<u8>>,
+}
+
+impl std::fmt::Debug for Route {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Route")
+            .field("name", &self.name)
+            .field("sources", &self.sources)
+            .field("filter", &self.filter)
+            .field("url", &shown(&self.url))
+            .field("timeout", &self.timeout)
+            .field("signing_secret", &self.signing_secret)
+            .field("idempotent", &self.idempotent)
+            .field("status_url", &self.status_url.as_deref().map(shown))
+            .field("retry", &self.retry)
+            .field("concurrency", &self.concurrency)
+            .field("rate", &self.rate)
+            .field("ca_pem", &self.ca_pem.as_ref().map(|pem| pem.len()))
+            .finish()
+    }
+}
+
+/// `url` as far as its host: `https://hooks.example/***`, the user info dropped and whatever
+/// follows the host hidden. The host starts after the last `@` before any query, since a
+/// password pasted unencoded may hold a `/`.
+fn shown(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return "***".to_owned();
+    };
+    let before_query = &rest[..rest.find(['?', '#']).unwrap_or(rest.len())];
+    let start = before_query.rfind('@').map_or(0, |at| at + 1);
+    let end = before_query[start..]
+        .find('/')
+        .map_or(before_query.len(), |slash| start + slash);
+    let hidden = if end < rest.len() { "/***" } else { "" };
+    format!("{scheme}://{}{hidden}", &rest[start..end])
 }
 
 /// How long a request waits for the receiver's answer unless a route says otherwise.
@@ -170,5 +208,23 @@ mod tests {
         for bad in ["0/s", "1000001/s", "99999999999999999999/s"] {
             assert_eq!(Rate::parse(bad), Err(RateError::Requests), "{bad:?}");
         }
+    }
+
+    /// A route's `Debug` shows its URLs' scheme and host only: credentials in the user info
+    /// (encoded or not), the path or the query never reach a log.
+    #[test]
+    fn debug_shows_no_credentials() {
+        let mut route = Route::new(
+            "hooks",
+            "https://user:pa/ss@hooks.example/services/T1/B2/s3cret?code=k3y",
+        );
+        route.status_url = Some("https://hooks.example/status/{key}?sig=s1g".to_owned());
+        let shown = format!("{route:?}");
+        for secret in ["pa/ss", "s3cret", "k3y", "s1g", "user"] {
+            assert!(!shown.contains(secret), "{secret} in {shown}");
+        }
+        assert!(shown.contains("\"https://hooks.example/***\""), "{shown}");
+        assert_eq!(super::shown("nats://broker:4222"), "nats://broker:4222");
+        assert_eq!(super::shown("no url"), "***");
     }
 }
