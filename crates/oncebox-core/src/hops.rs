@@ -61,6 +61,14 @@ pub fn arrived(value: Option<&[u8]>) -> Result<u32, HopsError> {
     }
 }
 
+/// The hop count of a message carrying `values` in its hop headers: the highest, so that a
+/// sender in the loop cannot lower it by adding a header; 0 without any.
+pub fn highest<'a>(values: impl IntoIterator<Item = &'a [u8]>) -> Result<u32, HopsError> {
+    values
+        .into_iter()
+        .try_fold(0, |most, value| Ok(most.max(arrived(Some(value))?)))
+}
+
 /// The count a delivery of an event that arrived with `hops` carries: one relay more.
 pub fn sent(hops: u32) -> u32 {
     hops.saturating_add(1)
@@ -98,6 +106,9 @@ mod tests {
         ] {
             assert_eq!(arrived(Some(bad)), Err(HopsError::Invalid), "{bad:?}");
         }
+        assert_eq!(highest([&b"1"[..], b"7", b" 3"]), Ok(7));
+        assert_eq!(highest([&b"1"[..], b"16"]), Err(HopsError::Limit(16)));
+        assert_eq!(highest(std::iter::empty()), Ok(0));
         assert_eq!(sent(0), 1);
         assert_eq!(sent(u32::MAX), u32::MAX);
         assert_eq!(HopsError::Limit(16).slug(), "hop-limit");

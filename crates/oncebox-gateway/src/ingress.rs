@@ -271,11 +271,7 @@ fn order(policy: &SourcePolicy, parsed: Option<&Value>) -> Result<Option<Order>,
 /// The hops the request says it passed through; of several `oncebox-hops` headers, the most
 /// (a sender cannot lower its count by adding one).
 fn arrived_hops(headers: &HeaderMap) -> Result<u32, HopsError> {
-    let mut most = 0;
-    for value in headers.get_all(HOPS_HEADER) {
-        most = most.max(hops::arrived(Some(value.as_bytes()))?);
-    }
-    Ok(most)
+    hops::highest(headers.get_all(HOPS_HEADER).iter().map(|v| v.as_bytes()))
 }
 
 /// `bytes`: the headers' size as lines ("name: value\n"), for one allocation for them all (a

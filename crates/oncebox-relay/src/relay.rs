@@ -110,6 +110,13 @@ struct Circuit {
     trial: bool,
 }
 
+impl Circuit {
+    /// Whether it keeps claims off its route at `now`: open, or its trial out.
+    fn shut(&self, now: Duration) -> bool {
+        self.trial || self.open_until.is_some_and(|until| until > now)
+    }
+}
+
 /// What a claim about to be sent finds its route's circuit at.
 pub(crate) enum Turn<'a> {
     /// Closed: send.
@@ -231,8 +238,11 @@ impl<S: DeliveryStore> Relay<S> {
     fn turn(&self, route: &str) -> Turn<'_> {
         let now = self.clock.monotonic();
         let mut circuits = self.circuits();
-        let c = circuits.entry(route.to_owned()).or_default();
-        if c.trial || c.open_until.is_some_and(|until| until > now) {
+        // A route that never failed has no entry: nothing to allocate on every send.
+        let Some(c) = circuits.get_mut(route) else {
+            return Turn::Go;
+        };
+        if c.shut(now) {
             return Turn::Shut;
         }
         if c.failures < self.options.circuit_threshold {
@@ -394,7 +404,5 @@ impl<S: DeliveryStore> Relay<S> {
 
 /// Whether `route`'s circuit keeps claims off it at `now`: open, or its trial out.
 fn open(circuits: &HashMap<String, Circuit>, route: &str, now: Duration) -> bool {
-    circuits
-        .get(route)
-        .is_some_and(|c| c.trial || c.open_until.is_some_and(|until| until > now))
+    circuits.get(route).is_some_and(|c| c.shut(now))
 }

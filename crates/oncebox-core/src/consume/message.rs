@@ -55,16 +55,15 @@ pub trait MessageHeaders {
 /// spelling, so that a sender in the loop cannot lower it by adding a header, and a value of a
 /// type that is no text or integer (an AMQP float) is no count.
 fn arrived_hops(headers: &impl MessageHeaders) -> Result<u32, Reason> {
-    let mut most = 0;
-    for name in [HOPS_HEADER, NATS_HOPS_HEADER] {
-        if headers.unreadable(name).is_some() {
-            return Err(Reason::Hops(crate::hops::HopsError::Invalid));
-        }
-        for value in headers.header_values(name) {
-            most = most.max(crate::hops::arrived(Some(&value)).map_err(Reason::Hops)?);
-        }
+    let names = [HOPS_HEADER, NATS_HOPS_HEADER];
+    if names.iter().any(|name| headers.unreadable(name).is_some()) {
+        return Err(Reason::Hops(crate::hops::HopsError::Invalid));
     }
-    Ok(most)
+    let values: Vec<_> = names
+        .iter()
+        .flat_map(|n| headers.header_values(n))
+        .collect();
+    crate::hops::highest(values.iter().map(|v| &**v)).map_err(Reason::Hops)
 }
 
 /// How a consumer turns messages into events: plain data, built once from configuration.
