@@ -13,6 +13,14 @@ use oncebox_core::relay_store::Claimed;
 use oncebox_core::route::Route;
 use oncebox_core::signature::{Scheme, sign};
 
+/// How long a connection to a receiver is kept idle for the next delivery: shorter than the
+/// receivers' own keep-alive (gunicorn 2 s, Node, uvicorn and Apache 5 s), so the relay gives a
+/// connection up before the receiver does. Kept past it (reqwest's default is 90 s), a delivery
+/// written as the receiver closes the connection gets no answer, and on a route that does not
+/// honour the key an event the receiver never saw is parked *uncertain*. A new connection for
+/// deliveries more than a second apart costs one handshake; under load connections stay busy.
+const IDLE: Duration = Duration::from_secs(1);
+
 /// The client of one route. Redirects are not followed: a receiver that moved must be
 /// reconfigured, not guessed. A connection not made within half the route's timeout is given
 /// up as a connect error: the receiver saw nothing and the attempt is retried. Without it the
@@ -26,6 +34,7 @@ pub(crate) fn client(route: &Route) -> Result<reqwest::Client, String> {
     let mut builder = reqwest::Client::builder()
         .redirect(reqwest::redirect::Policy::none())
         .no_proxy()
+        .pool_idle_timeout(IDLE)
         .connect_timeout(route.timeout / 2);
     if let Some(pem) = &route.ca_pem {
         let authorities = reqwest::Certificate::from_pem_bundle(pem)

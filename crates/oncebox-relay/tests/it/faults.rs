@@ -213,3 +213,35 @@ fn a_plain_routes_delivery_taken_over_from_a_stalled_relay_is_uncertain_not_sent
         assert_eq!(rx.hits_of("shop:evt_p"), 1);
     });
 }
+
+/// Servers close a keep-alive connection idle for a few seconds (gunicorn 2 s, Node and uvicorn
+/// 5 s). A delivery written on such a connection as the server closes it gets no answer: on a
+/// plain route that is a false *uncertain*, for an event the receiver never saw. The relay
+/// gives idle connections up first.
+#[test]
+fn a_connection_idle_past_the_receivers_keep_alive_is_not_reused() {
+    run(async {
+        let w = World::new();
+        let keep_alive = Duration::from_secs(2);
+        let (addr, dropped) = receiver::short_keep_alive(keep_alive).await;
+        w.accept("evt_k1", &["hooks"]).await;
+        let relay = w.relay(vec![route("hooks", addr, false)]);
+        assert_eq!(relay.run_once().await.unwrap().delivered, 1);
+        // The fault is real: a client keeping its connection past the receiver's keep-alive
+        // loses its next request.
+        let other = reqwest::Client::new();
+        let url = format!("http://{addr}/hook");
+        assert!(other.post(&url).send().await.is_ok());
+        // Time passing is the scenario itself: both connections sit idle past the keep-alive.
+        tokio::time::sleep(keep_alive + Duration::from_millis(500)).await;
+        let lost = other.post(&url).send().await.unwrap_err();
+        assert!(!lost.is_connect(), "written, then unanswered: {lost:?}");
+        assert_eq!(dropped.load(std::sync::atomic::Ordering::SeqCst), 1);
+        // The relay's own next delivery goes on a new connection and is answered.
+        w.accept("evt_k2", &["hooks"]).await;
+        let out = relay.run_once().await.unwrap();
+        assert_eq!((out.delivered, out.uncertain), (1, 0), "{out:?}");
+        assert_eq!(w.delivery("evt_k2").await.state, DeliveryState::Delivered);
+        assert_eq!(dropped.load(std::sync::atomic::Ordering::SeqCst), 1);
+    });
+}

@@ -217,6 +217,45 @@ pub async fn dropping_proxy(upstream: SocketAddr) -> (SocketAddr, Arc<Mutex<u32>
     (addr, dropped)
 }
 
+/// A receiver whose keep-alive ends after `idle`, as gunicorn's (2 s) or Node's (5 s) does. A
+/// request reaching a connection idle that long is dropped unanswered: it crossed the server's
+/// close, and the client reads "connection closed before message completed" — the request
+/// written, no answer. Returns the address and the number of requests so dropped.
+pub async fn short_keep_alive(idle: std::time::Duration) -> (SocketAddr, Arc<AtomicU32>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let dropped = Arc::new(AtomicU32::new(0));
+    let counter = dropped.clone();
+    tokio::spawn(async move {
+        while let Ok((mut conn, _)) = listener.accept().await {
+            let counter = counter.clone();
+            tokio::spawn(async move {
+                let mut answered: Option<std::time::Instant> = None;
+                loop {
+                    let mut request = Vec::new();
+                    let mut buf = [0u8; 8192];
+                    while !complete(&request) {
+                        match conn.read(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => request.extend_from_slice(&buf[..n]),
+                        }
+                    }
+                    if answered.is_some_and(|at| at.elapsed() >= idle) {
+                        counter.fetch_add(1, Ordering::SeqCst);
+                        return;
+                    }
+                    let ok = b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n";
+                    if conn.write_all(ok).await.is_err() {
+                        return;
+                    }
+                    answered = Some(std::time::Instant::now());
+                }
+            });
+        }
+    });
+    (addr, dropped)
+}
+
 fn complete(request: &[u8]) -> bool {
     let Some(end) = request.windows(4).position(|w| w == b"\r\n\r\n") else {
         return false;
