@@ -263,7 +263,12 @@ pub(crate) async fn healthz() -> Response {
 pub(crate) async fn readyz<S: EventStore>(State(gw): State<Arc<Gateway<S>>>) -> Response {
     match gw.store.ready().await {
         Ok(()) => axum::Json(json!({ "status": "ready" })).into_response(),
-        Err(e) => Problem::unavailable(e.to_string(), gw.config.limits.retry_after).into_response(),
+        Err(e) => {
+            // Open to anyone who reaches the listener: the kind only, the store's text logged.
+            tracing::warn!(cause = %e, "not ready");
+            let detail = crate::problem::public_detail(&e);
+            Problem::unavailable(detail, gw.config.limits.retry_after).into_response()
+        }
     }
 }
 

@@ -10,6 +10,7 @@ use axum::extract::{Path, Request, State};
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
+use oncebox_core::Processed;
 use oncebox_core::hops::{self, HOPS_HEADER, HopsError};
 use oncebox_core::json::{self, Value};
 use oncebox_core::signature::{self, Scheme, SignatureError};
@@ -225,11 +226,19 @@ async fn receive_for<S: EventStore>(
     };
     // Freed here, on the thread that allocated them: the answer may resume on another one.
     drop((parsed, payload, parts));
-    let answer = Answer::from_outcome(gw.store.ingest(ingest).await, gw.config.limits.retry_after);
+    let outcome = gw.store.ingest(ingest).await;
+    // The store's own words, for the log only: the client is told the kind (`public_detail`).
+    let cause = match &outcome {
+        Ok(Processed::Applied(_) | Processed::Duplicate(_) | Processed::Stale) => None,
+        Ok(other) => Some(format!("unexpected outcome {other:?}")),
+        Err(e) => Some(e.to_string()),
+    };
+    let answer = Answer::from_outcome(outcome, gw.config.limits.retry_after);
     // The key is logged, never a secret or a payload.
     match &answer {
         Answer::Problem(p) if p.status.is_server_error() => {
-            tracing::warn!(%key, detail = %p.detail, "event not stored");
+            let cause = cause.as_deref().unwrap_or(&p.detail);
+            tracing::warn!(%key, %cause, "event not stored");
         }
         Answer::Problem(p) => tracing::info!(%key, problem = p.slug, "event refused"),
         other => tracing::debug!(%key, outcome = other.outcome(), "event stored"),

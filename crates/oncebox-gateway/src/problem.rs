@@ -117,8 +117,8 @@ impl Answer {
             Ok(Processed::Stale) => {
                 Answer::Stale(br#"{"status":"accepted","stale":true}"#.to_vec())
             }
-            Ok(other) => Answer::Problem(Problem::unavailable(
-                format!("unexpected outcome {other:?}"),
+            Ok(_) => Answer::Problem(Problem::unavailable(
+                "the store gave an unexpected outcome",
                 retry_after,
             )),
             Err(ProcessError::Conflict { stored, offered }) => Answer::Problem(Problem::new(
@@ -154,7 +154,13 @@ impl Answer {
             Err(ProcessError::Invalid(e)) => {
                 Answer::Problem(Problem::invalid("invalid-json", e.to_string()))
             }
-            Err(e) => Answer::Problem(Problem::unavailable(e.to_string(), retry_after)),
+            Err(ProcessError::Unavailable(e)) => {
+                Answer::Problem(Problem::unavailable(public_detail(&e), retry_after))
+            }
+            Err(_) => Answer::Problem(Problem::unavailable(
+                "the store failed to take the event",
+                retry_after,
+            )),
         }
     }
 
@@ -254,6 +260,48 @@ impl IntoResponse for Answer {
                 res
             }
             Answer::Problem(p) => p.into_response(),
+        }
+    }
+}
+
+/// What a 503 tells the client of the store's trouble: its kind, never the store's own text.
+/// That text can name hosts, ports, file paths and roles (`connection refused to 10.0.4.7:5432`,
+/// `unable to open /var/lib/oncebox/…`), and a webhook sender shows the answer's body in its
+/// own dashboard, to whoever reads it there. The text goes to the log.
+pub fn public_detail(e: &oncebox_core::Unavailable) -> &'static str {
+    use oncebox_core::Unavailable;
+    match e {
+        Unavailable::Busy => "the database is busy; try again",
+        Unavailable::Deadline => "the store did not answer in time; try again",
+        Unavailable::Closed => "the gateway is shutting down; try again",
+        Unavailable::CommitUnknown(_) => {
+            "the event's commit could not be confirmed; send it again: its record answers"
+        }
+        Unavailable::Storage(_) => "the storage failed; try again later",
+        _ => "the store is unavailable; try again later",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use oncebox_core::Unavailable;
+
+    use super::*;
+
+    #[test]
+    fn a_503_names_the_kind_of_trouble_and_never_the_stores_text() {
+        let text = "connection to 10.0.4.7:5432 refused for role payments";
+        for e in [
+            Unavailable::Storage(text.to_owned()),
+            Unavailable::CommitUnknown(text.to_owned()),
+        ] {
+            let Answer::Problem(p) =
+                Answer::from_outcome(Err(ProcessError::Unavailable(e)), Duration::from_secs(1))
+            else {
+                panic!("a 503 expected");
+            };
+            assert_eq!(p.status, StatusCode::SERVICE_UNAVAILABLE);
+            assert!(!p.detail.contains("10.0.4.7"), "{}", p.detail);
         }
     }
 }

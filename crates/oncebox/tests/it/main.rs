@@ -18,6 +18,7 @@ mod operator;
 mod outage;
 mod pgopen;
 mod pipes;
+mod private;
 mod quickstart;
 mod race;
 mod relay;
