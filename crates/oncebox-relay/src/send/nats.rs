@@ -1,5 +1,5 @@
-//! One NATS attempt: a JetStream publish with `Nats-Msg-Id` = the idempotency key, counted
-//! delivered only on the stream's PubAck.
+//! One NATS attempt: a JetStream publish with `Nats-Msg-Id` = `{route}:{idempotency key}`,
+//! counted delivered only on the stream's PubAck.
 
 use std::fmt;
 use std::str::FromStr;
@@ -145,9 +145,13 @@ fn headers(claimed: &Claimed, number: u32) -> Result<HeaderMap, String> {
     };
     let key = value(&claimed.idempotency_key, "the idempotency key")?;
     let mut headers = HeaderMap::new();
-    // The stream drops a second message with the same id inside its duplicate window. A bonus:
-    // consumers still deduplicate on the key, since the window is finite.
-    headers.insert(header::NATS_MESSAGE_ID, key.clone());
+    // The stream drops a second message with the same id inside its duplicate window: a
+    // retried publish whose PubAck was lost is stored once. The window is the stream's, across
+    // all its subjects, so the id names the route too: with the key alone, the second of two
+    // routes into one stream was answered "duplicate", recorded delivered, and never stored.
+    // Consumers deduplicate on `Idempotency-Key`, since the window is finite.
+    let id = format!("{}:{}", claimed.route, claimed.idempotency_key);
+    headers.insert(header::NATS_MESSAGE_ID, value(&id, "the message id")?);
     headers.insert("Idempotency-Key", key);
     headers.insert("Oncebox-Attempt", HeaderValue::from(number.to_string()));
     // The loop guard: a consumer reading this refuses it past the limit (`hops`).

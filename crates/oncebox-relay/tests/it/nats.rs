@@ -39,7 +39,8 @@ impl JetStream {
         let stream = js
             .create_stream(Config {
                 name: name.clone(),
-                subjects: vec![subject.clone()],
+                // The subject, and those under it (for routes to subjects of their own).
+                subjects: vec![subject.clone(), format!("{subject}.>")],
                 storage: StorageType::Memory,
                 // The dedup window the test relies on, stated rather than defaulted.
                 duplicate_window: Duration::from_secs(120),
@@ -61,6 +62,12 @@ impl JetStream {
         route_url(&self.base, server, &[("subject", &self.subject)])
     }
 
+    /// The route URL to `{subject}.{token}`, a subject of the same stream.
+    fn url_under(&self, token: &str) -> String {
+        let subject = format!("{}.{token}", self.subject);
+        route_url(&self.base, None, &[("subject", &subject)])
+    }
+
     async fn stored(&self) -> u64 {
         self.stream.get_info().await.unwrap().state.messages
     }
@@ -71,7 +78,7 @@ impl JetStream {
 }
 
 #[test]
-fn jetstream_route_stores_messages_with_the_key_as_nats_msg_id_and_a_redelivered_key_once() {
+fn jetstream_route_stores_messages_with_route_and_key_as_nats_msg_id_and_a_redelivered_key_once() {
     run(async {
         let Some(nats) = JetStream::new().await else {
             return;
@@ -86,7 +93,7 @@ fn jetstream_route_stores_messages_with_the_key_as_nats_msg_id_and_a_redelivered
         assert_eq!(nats.stored().await, 1);
         let m = nats.stream.get_raw_message(1).await.unwrap();
         let header = |name: &str| m.headers.get(name).map(|v| v.as_str().to_owned());
-        assert_eq!(header("Nats-Msg-Id").as_deref(), Some("shop:evt_1"));
+        assert_eq!(header("Nats-Msg-Id").as_deref(), Some("stream:shop:evt_1"));
         assert_eq!(header("Idempotency-Key").as_deref(), Some("shop:evt_1"));
         assert_eq!(header("Oncebox-Attempt").as_deref(), Some("1"));
         assert_eq!(header("Content-Type").as_deref(), Some("application/json"));
@@ -105,6 +112,44 @@ fn jetstream_route_stores_messages_with_the_key_as_nats_msg_id_and_a_redelivered
             attempts.iter().all(|a| a.error.is_none()),
             "both confirmed: {attempts:?}"
         );
+        nats.drop_all().await;
+    });
+}
+
+/// The stream's duplicate window is per stream, whatever the subject: with the key alone as
+/// `Nats-Msg-Id`, the second of two routes into one stream was answered "duplicate" and
+/// recorded delivered while the stream kept nothing for it.
+#[test]
+fn two_routes_into_one_stream_each_store_their_message() {
+    run(async {
+        let Some(nats) = JetStream::new().await else {
+            return;
+        };
+        let w = World::new();
+        w.accept("evt_2", &["billing", "audit"]).await;
+        let relay = w.relay(vec![
+            broker_route("billing", &nats.url_under("billing"), false),
+            broker_route("audit", &nats.url_under("audit"), false),
+        ]);
+        let out = relay.run_once().await.unwrap();
+        assert_eq!((out.claimed, out.delivered), (2, 2), "{out:?}");
+        assert_eq!(
+            nats.stored().await,
+            2,
+            "each route's message is in the stream"
+        );
+        let mut subjects = Vec::new();
+        for seq in 1..=2 {
+            let m = nats.stream.get_raw_message(seq).await.unwrap();
+            assert_eq!(
+                m.headers.get("Idempotency-Key").map(|v| v.as_str()),
+                Some("shop:evt_2")
+            );
+            subjects.push(m.subject.to_string());
+        }
+        subjects.sort();
+        let under = |t: &str| format!("{}.{t}", nats.subject);
+        assert_eq!(subjects, [under("audit"), under("billing")]);
         nats.drop_all().await;
     });
 }
