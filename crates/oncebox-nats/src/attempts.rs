@@ -7,8 +7,10 @@
 use std::collections::HashMap;
 use std::sync::{Mutex, PoisonError};
 
-/// Messages remembered at most; past this the memory is cleared, and the messages in it fall
-/// back to the server's count (quarantined sooner, never looped).
+/// Messages remembered at most; past this the messages whose handler never failed are
+/// dropped first (only requeued, then settled by another process sharing the durable, they
+/// are never forgotten otherwise), and if that is not enough the memory is cleared: the
+/// messages in it fall back to the server's count (quarantined sooner, never looped).
 const MAX_REMEMBERED: usize = 10_000;
 
 /// A stored message: the stream's creation time (a recreated stream reuses sequences) and
@@ -37,7 +39,12 @@ impl Attempts {
     pub(crate) fn unsettled(&self, id: MessageId, delivered: i64, handler_failed: bool) -> u32 {
         let mut seen = self.0.lock().unwrap_or_else(PoisonError::into_inner);
         if seen.len() >= MAX_REMEMBERED && !seen.contains_key(&id) {
-            seen.clear();
+            // A churn of requeues must not reset the counts of messages whose handler keeps
+            // failing.
+            seen.retain(|_, t| t.failures > 0);
+            if seen.len() >= MAX_REMEMBERED {
+                seen.clear();
+            }
         }
         let tally = seen.entry(id).or_insert(Tally {
             unknown: u64::try_from(delivered.saturating_sub(1)).unwrap_or(0),
@@ -75,5 +82,24 @@ mod tests {
         assert_eq!(a.unsettled(id, 4, true), 4);
         // Another stream under the same name is another message.
         assert_eq!(a.unsettled((2, 7), 1, true), 1);
+    }
+
+    #[test]
+    fn a_churn_of_requeues_leaves_failing_messages_counted() {
+        let a = Attempts::default();
+        let boom = (1, 1);
+        // Requeued five times (an outage), then its handler fails twice.
+        for delivered in 1..=5 {
+            a.unsettled(boom, delivered, false);
+        }
+        assert_eq!(a.unsettled(boom, 6, true), 1);
+        assert_eq!(a.unsettled(boom, 7, true), 2);
+        // Requeued only, then settled elsewhere: never `settled` here.
+        for seq in 2..=(MAX_REMEMBERED as u64 + 10) {
+            a.unsettled((1, seq), 1, false);
+        }
+        assert_eq!(a.unsettled(boom, 8, true), 3, "its count survived");
+        let kept = a.0.lock().unwrap().len();
+        assert!(kept < MAX_REMEMBERED, "the churn was pruned: {kept}");
     }
 }

@@ -27,7 +27,9 @@ pub enum DeliverFrom {
     /// retention by the time a catch-up takes closes that gap.
     Retention(Duration),
     /// The whole stream, from its first message: only for a stream whose every message is
-    /// still guarded by an inbox record (or by the watermark) or was never applied.
+    /// still guarded by an inbox record (or by the watermark) or was never applied. A
+    /// work-queue stream is always read so (the server takes nothing else there), since it
+    /// keeps only messages no consumer acknowledged.
     All,
 }
 
@@ -131,7 +133,17 @@ pub(crate) async fn bind(
         // The server drops a repeated id inside the window before any consumer sees it.
         tracing::warn!(stream = %o.stream, window = ?info.config.duplicate_window, "keyed by Nats-Msg-Id: within the stream's duplicate window JetStream drops a message whose id it saw, so the same id with another payload there is never refused as key-reused nor kept for audit (the first payload still wins); a key from the payload or another header keeps such conflicts in view");
     }
-    let deliver_policy = deliver_policy(o.deliver_from).map_err(|e| setup(&e))?;
+    // A work-queue stream takes only durables that start at its first message, and holds only
+    // messages no consumer has acknowledged: none of them was applied and settled, so reading
+    // all is what the horizon is for elsewhere. Asked for a start time, the server refused
+    // the durable (10101) and the consumer could never start.
+    let work_queue = info.config.retention == stream::RetentionPolicy::WorkQueue;
+    let from = if work_queue {
+        DeliverFrom::All
+    } else {
+        o.deliver_from
+    };
+    let deliver_policy = deliver_policy(from).map_err(|e| setup(&e))?;
     if let DeliverPolicy::ByStartTime { start_time } = deliver_policy
         && info.state.messages > 0
         && info.state.first_timestamp < start_time

@@ -1,11 +1,12 @@
 //! What the consumer checks and decides when it binds: a retry policy without a pause, a
 //! quarantine it would read back or no stream stores and a durable that acks or drops messages
 //! on its own are refused before anything is pulled; a durable it creates starts at the
-//! retention horizon, not at the stream's first message.
+//! retention horizon, not at the stream's first message, except on a work-queue stream.
 
 use std::time::Duration;
 
 use async_nats::jetstream::consumer::{AckPolicy, DeliverPolicy, pull};
+use async_nats::jetstream::stream;
 use oncebox_nats::{ConsumeError, Consumer, DeliverFrom, DurableProblem};
 use oncebox_testkit::{run, service_url};
 
@@ -315,6 +316,47 @@ fn a_new_durable_starts_at_the_retention_horizon_not_at_the_first_message() {
             done.acked, everything.applied, everything.duplicates
         );
         assert_eq!((everything.applied, everything.duplicates), (2, 2));
+        w.cleanup().await;
+    });
+}
+
+/// A work-queue stream takes only durables that read from its first message (error 10101 for
+/// a start time): the consumer reads it so, whatever its horizon, and each acknowledged
+/// message leaves the stream.
+#[test]
+fn a_work_queue_stream_is_consumed_from_its_first_message() {
+    let Some(url) = service_url("ONCEBOX_NATS_URL") else {
+        return;
+    };
+    run(async move {
+        let w = World::new(&url).await;
+        w.js.delete_stream(&w.stream).await.unwrap();
+        w.js.create_stream(stream::Config {
+            name: w.stream.clone(),
+            subjects: vec![w.subject.clone()],
+            retention: stream::RetentionPolicy::WorkQueue,
+            ..stream::Config::default()
+        })
+        .await
+        .unwrap();
+        for id in ["evt_q1", "evt_q2"] {
+            w.publish(Some(id), r#"{"amount":1}"#).await;
+        }
+        let mut options = w.options();
+        options.deliver_from = DeliverFrom::Retention(Duration::from_secs(60));
+        let mut consumer = start(&url, Consumer::new(w.db.checked(), options));
+        let counts = w.wait(&mut consumer, |c| c.acked >= 2).await;
+        let info = w.wait_all_acked().await;
+        assert!(matches!(info.config.deliver_policy, DeliverPolicy::All));
+        let done = consumer.stop().await;
+        assert_eq!((counts.applied, done.applied), (2, 2));
+        assert_eq!((w.db.effects("evt_q1"), w.db.effects("evt_q2")), (1, 1));
+        let stream = w.js.get_stream(&w.stream).await.unwrap();
+        assert_eq!(
+            stream.cached_info().state.messages,
+            0,
+            "acked messages left"
+        );
         w.cleanup().await;
     });
 }
