@@ -209,7 +209,7 @@ pub const MAX_DESTINATION: usize = SHORT_STRING_MAX;
 
 /// What is wrong with `name` as a destination, if anything: route names, exchanges and
 /// subjects have no whitespace or control characters.
-fn destination(name: &str) -> Result<(), &'static str> {
+pub(crate) fn destination(name: &str) -> Result<(), &'static str> {
     if name.is_empty() {
         Err("is empty")
     } else if name.len() > MAX_DESTINATION {

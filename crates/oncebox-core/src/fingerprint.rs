@@ -73,7 +73,11 @@ pub enum PayloadError {
     Json(#[from] JsonError),
     #[error("payload has no field at {pointer:?}")]
     MissingField { pointer: String },
-    #[error("no fields configured to derive an event id from")]
+    /// An empty field list: every payload would get the same derived id, or the same
+    /// fingerprint (so a reused key would never be told apart).
+    #[error(
+        "no fields configured (an id derived from, or a fingerprint of, no fields is the same for every payload)"
+    )]
     NoFields,
 }
 
@@ -108,6 +112,7 @@ impl FingerprintMode {
                 value.write_canonical(&mut canonical);
                 hasher.update(&canonical);
             }
+            Self::Fields(pointers) if pointers.is_empty() => return Err(PayloadError::NoFields),
             Self::Fields(pointers) => {
                 hasher.update(FIELDS_PREFIX);
                 hash_fields(&mut hasher, value, pointers, false)?;

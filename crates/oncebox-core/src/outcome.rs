@@ -132,6 +132,10 @@ pub enum Invalid {
     /// and the next delivery would take over and run it again.
     #[error("a lease of {0:?} expires as it is taken; begin needs at least 1 ms")]
     LeaseTtl(std::time::Duration),
+    /// A delivery the event would queue could never be sent (an [`Ingest`](crate::store::Ingest)'s
+    /// route name with a space, a key that ends with one).
+    #[error("its delivery: {0}")]
+    Delivery(#[from] crate::event::InvalidMessage),
 }
 
 /// Why an answer cannot be given now. Never a statement about whether the key was processed.

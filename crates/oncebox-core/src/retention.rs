@@ -201,6 +201,9 @@ pub fn purge_time(
     boot: Option<Boot>,
     stored: Option<BootAnchor>,
 ) -> (Timestamp, Option<BootAnchor>) {
+    // No later than the store's clock: a future `now` deleted records inside their senders'
+    // window, and anchored the boot there, dating later records out of every purge's reach.
+    let now = now.min(clock.now());
     // Kept from the first purge on, so that a purge that cannot read the boot (a failed read
     // mid-life) is still bounded by this process's own history.
     let process = crate::purge_now(clock, now);

@@ -56,6 +56,22 @@ impl Ingest {
         }
     }
 
+    /// Whether each delivery this event queues could be sent: a route name a relay can name,
+    /// the key as a header value (no space at its end). Checked by the stores before any write,
+    /// so such an event fails alone as [`Invalid`](crate::Invalid), not its batch-mates with it
+    /// as a storage error on every try. Allocates only for an event with routes.
+    pub fn check(&self) -> Result<(), crate::Invalid> {
+        use crate::event::{InvalidMessage, destination, header_field};
+        if self.routes.is_empty() {
+            return Ok(());
+        }
+        for route in &self.routes {
+            destination(route).map_err(InvalidMessage::Destination)?;
+        }
+        header_field(&self.event.key.to_string()).map_err(InvalidMessage::IdempotencyKey)?;
+        Ok(())
+    }
+
     /// The event's deliveries, one per route, each keyed `{source}:{event_id}` for every
     /// attempt, forever (do not change), with [`Ingest::delivered_content_type`].
     pub fn messages(&self) -> Vec<OutboxMessage> {

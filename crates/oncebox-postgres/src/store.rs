@@ -64,6 +64,8 @@ impl Inbox {
     /// the anchor it says to (two processes doing so at once on one boot: the last one's
     /// stays). One row per boot of each node, never dropped.
     async fn purge_time(&self, now: Timestamp) -> Result<Timestamp, crate::Error> {
+        // No later than the store's clock (`oncebox_core::purge_time`), for the lag warning too.
+        let now = now.min(self.clock.now());
         let boot = self.clock.boot();
         let mut conn = self.pool.acquire().await?;
         let stored = stored_anchor(&mut conn, self.clock.as_ref()).await?;
@@ -102,8 +104,8 @@ impl Inbox {
     }
 
     /// Deletes terminal records past their source's retention, with their finished deliveries
-    /// and their conflicts, a chunk per statement. `now` is
-    /// taken no further than the boot's first purge plus the boot time since
+    /// and their conflicts, a chunk per statement. `now` is taken no later than the store's
+    /// clock, and no further than the boot's first purge plus the boot time since
     /// (`oncebox_core::purge_time`), so a wall clock jumping forward purges no record early.
     pub async fn purge(&self, now: Timestamp, retention: &Retention) -> Result<u64, crate::Error> {
         let now = self.purge_time(now).await?;
@@ -190,6 +192,8 @@ fn unavailable(e: crate::Error) -> Unavailable {
 
 impl EventStore for Inbox {
     async fn ingest(&self, ingest: Ingest) -> Result<Processed, ProcessError> {
+        // Input no delivery could carry fails this event alone, before the batch.
+        ingest.check().map_err(ProcessError::Invalid)?;
         if ingest.order.is_some() {
             return self.ingest_one(ingest).await;
         }

@@ -281,7 +281,9 @@ impl Inbox {
     }
 
     /// Deletes terminal records older than their source's retention as of `now`; returns how
-    /// many. Never touches `processing` or `uncertain` records. `now` is taken no further than
+    /// many. Never touches `processing` or `uncertain` records. `now` is taken no later than the
+    /// store's clock (a future one would delete records still inside their senders' redelivery
+    /// window), and no further than
     /// the boot's first purge plus the boot time since (`oncebox_core::purge_time`), so a wall
     /// clock jumping forward purges no record early.
     pub async fn purge(&self, now: Timestamp, retention: &Retention) -> Result<u64, Error> {

@@ -130,6 +130,8 @@ pub(crate) fn purge_time(
     now: Timestamp,
     stamps: &Stamps,
 ) -> rusqlite::Result<Timestamp> {
+    // No later than the store's clock (`oncebox_core::purge_time`), for the lag warning too.
+    let now = now.min(clock.now());
     let boot = clock.boot();
     let stored = stored_anchor(c, clock)?;
     let (bounded, record) = oncebox_core::purge_time(clock, now, boot, stored);

@@ -216,6 +216,7 @@ impl EventStore for Inbox {
         // The event first, with the answer its record keeps: its deliveries copy the payload
         // once per route.
         self.refuse_too_large_answered(&ingest.event, &[&ingest.accepted, &ingest.stale])?;
+        ingest.check().map_err(ProcessError::Invalid)?;
         let messages = ingest.messages();
         self.refuse_too_large_deliveries(&ingest.event, &messages)?;
         let Ingest {

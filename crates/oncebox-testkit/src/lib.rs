@@ -375,6 +375,7 @@ macro_rules! conformance {
             purge_deletes_only_terminal_records_past_retention,
             purge_beside_ingest_never_deletes_inside_the_window,
             forward_clock_jump_purges_no_record_early,
+            a_purge_time_ahead_of_the_clock_purges_nothing_early,
             forward_clock_jump_then_restart_purges_no_record_early,
             a_clock_stepped_back_then_set_right_makes_no_record_old,
             a_deleted_boot_anchor_lets_purges_follow_the_clock_again,

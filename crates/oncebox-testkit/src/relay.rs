@@ -182,6 +182,40 @@ pub async fn accepted_event_gets_one_pending_delivery_per_route_keyed_by_source_
     }
 }
 
+/// An event whose delivery no target could carry (a route name with a space, a key ending with
+/// one: the library takes both, the gateway neither) is refused as input, alone: before, it
+/// failed its whole batch as a storage error, on every try. Its batch-mate is applied.
+pub async fn an_event_no_delivery_could_carry_is_refused_alone<B: DeliveryBackend>() {
+    use oncebox_core::{Invalid, ProcessError};
+    let (b, _) = fresh::<B>().await;
+    for order in [None, Some(("order-1", 1))] {
+        let (bad_route, bad_key, good) = tokio::join!(
+            b.ingest(ingest("evt-route", &["a b"], order)),
+            b.ingest(ingest("evt-key ", &["a"], order)),
+            b.ingest(ingest("evt-good", &["a"], None)),
+        );
+        for (what, out) in [("route", bad_route), ("key", bad_key)] {
+            assert!(
+                matches!(out, Err(ProcessError::Invalid(Invalid::Delivery(_)))),
+                "{what}, {order:?}: {out:?}"
+            );
+        }
+        let good = good.expect("the batch-mate");
+        assert!(
+            matches!(good, Processed::Applied(_)) || good.is_duplicate(),
+            "{good:?}"
+        );
+        for id in ["evt-route", "evt-key "] {
+            assert_eq!(
+                b.event(&key(id)).await.expect("read"),
+                None,
+                "{id} kept nothing"
+            );
+        }
+    }
+    assert_eq!(of_event(&b, "evt-good").await.len(), 1);
+}
+
 pub async fn duplicate_ingest_adds_no_delivery<B: DeliveryBackend>() {
     let (b, _) = fresh::<B>().await;
     accept(&b, "evt-1").await;
@@ -310,6 +344,7 @@ macro_rules! delivery_conformance {
         $crate::delivery_conformance!(@tests $backend;
             accepted_event_gets_one_pending_delivery_per_route_keyed_by_source_and_event_id,
             duplicate_ingest_adds_no_delivery,
+            an_event_no_delivery_could_carry_is_refused_alone,
             a_content_type_no_header_carries_is_delivered_as_jsons,
             a_delivery_carries_one_hop_more_than_its_event_arrived_with,
             stale_event_gets_no_delivery,

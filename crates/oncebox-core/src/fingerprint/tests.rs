@@ -223,6 +223,11 @@ fn derived_event_id_requires_every_field() {
 #[test]
 fn derived_event_id_rejects_an_empty_field_list() {
     assert_eq!(derive_event_id(b"{}", &[]), Err(PayloadError::NoFields));
+    // A fingerprint of no fields is the same for every payload: no conflict would be seen.
+    assert_eq!(
+        FingerprintMode::Fields(Vec::new()).fingerprint(b"{\"a\":1}"),
+        Err(PayloadError::NoFields)
+    );
 }
 
 #[test]

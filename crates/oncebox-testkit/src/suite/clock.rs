@@ -45,6 +45,33 @@ pub async fn forward_clock_jump_purges_no_record_early<B: Backend>() {
     assert_eq!(b.observe().await.inbox_rows, 1, "`mid` stays");
 }
 
+/// A purge given a `now` ahead of the store's clock (milliseconds taken for microseconds, a
+/// date in the future) purges as of the store's clock: nothing young goes, and records
+/// finished later still age and go in their time.
+pub async fn a_purge_time_ahead_of_the_clock_purges_nothing_early<B: Backend>() {
+    let (b, clock) = fresh::<B>().await;
+    let retain = Duration::from_secs(7 * 24 * 3600);
+    let retention = Retention::new(retain);
+    b.process(event("shop", "young", 1), Script::credit(1))
+        .await
+        .unwrap();
+    let ahead = oncebox_core::Timestamp(clock.now().millis().saturating_mul(1000));
+    assert_eq!(b.purge(ahead, &retention).await, 0, "nothing young goes");
+    assert_eq!(
+        b.purge(oncebox_core::Timestamp(i64::MAX), &retention).await,
+        0
+    );
+    b.process(event("shop", "later", 1), Script::credit(1))
+        .await
+        .unwrap();
+    clock.advance(retain + Duration::from_millis(1));
+    assert_eq!(
+        b.purge(clock.now(), &retention).await,
+        2,
+        "both aged in their time, the later one too"
+    );
+}
+
 /// The same jump, but the process restarts after it (a deploy, a crash, a cron `oncebox
 /// purge`): the new process's first purge has no earlier purge of its own to measure the jump
 /// against, only the store's record of the purges made on this boot of the machine.
