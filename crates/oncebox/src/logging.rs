@@ -34,7 +34,7 @@ where
         .and_then(|s| EnvFilter::try_new(s).ok())
         .unwrap_or_else(|| EnvFilter::new("info"));
     // A user who names the crate asked for its lines, passwords and all: their choice.
-    let named = spec.is_some_and(|s| s.contains(CAPPED));
+    let named = spec.is_some_and(names_capped);
     // `DEBUG` and `TRACE` compare above `INFO`: they are what the cap drops. Its hint is the
     // loosest, so the pair's is `RUST_LOG`'s: without one, `And` has none, the process's
     // level becomes TRACE (every callsite asked, every `log` record converted), and the
@@ -49,6 +49,16 @@ where
         // log would keep them as escape sequences.
         .with_ansi(ansi)
         .with_filter(filter.and(cap))
+}
+
+/// Whether a directive of `spec` names the capped crate or one of its modules as its target
+/// (`async_nats=debug`, `async_nats::connector[…]=trace`). A mere substring is not enough:
+/// `my_async_nats_glue=info` asks nothing of async-nats.
+fn names_capped(spec: &str) -> bool {
+    spec.split(',').any(|directive| {
+        let target = directive.split(['=', '[']).next().unwrap_or("").trim();
+        is_capped(target)
+    })
 }
 
 fn is_capped(target: &str) -> bool {
@@ -112,6 +122,8 @@ mod tests {
             "trace",
             "async=debug,oncebox=debug",
             "oncebox=debug,debug",
+            "debug,my_async_nats_glue=info",
+            "debug,oncebox[async_nats]=debug",
         ] {
             let log = logged(spec);
             assert!(!log.contains("PASSWORD"), "RUST_LOG={spec}: {log}");
@@ -122,7 +134,9 @@ mod tests {
         let log = logged("warn");
         assert!(!log.contains("connected") && !log.contains("ours"), "{log}");
         // Named, it is the user's choice.
-        let log = logged("debug,async_nats=debug");
-        assert!(log.contains("PASSWORD"), "{log}");
+        for spec in ["debug,async_nats=debug", "info,async_nats::connector=debug"] {
+            let log = logged(spec);
+            assert!(log.contains("PASSWORD"), "RUST_LOG={spec}: {log}");
+        }
     }
 }

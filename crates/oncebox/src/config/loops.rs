@@ -2,11 +2,15 @@
 //! alone shows it: an AMQP route through the default exchange into a consumed queue, a NATS
 //! route to a subject a consumer's filter takes. Each pass of such a loop is a new event under a
 //! new key; the loop guard (`oncebox_core::hops`) ends it after 16, and `check` says so first.
+//! An HTTP route to this gateway's own ingress for one of the route's sources is found too.
 //! A route to a named exchange, or to a stream whose consumer has no filter, depends on
 //! bindings and stream subjects the broker alone knows: those are not judged.
 
+use std::net::{IpAddr, SocketAddr};
+
 use oncebox_core::route::Route;
 use oncebox_relay::Target;
+use url::{Host, Url};
 
 use super::consumer::{Broker, ConsumerSpec};
 
@@ -37,6 +41,47 @@ pub(super) fn warn(routes: &[Route], consumers: &[ConsumerSpec], warnings: &mut 
                     r.name, c.name, c.rules.source
                 ));
             }
+        }
+    }
+}
+
+/// A warning for each HTTP route that posts to this gateway's own ingress (`listen`) for one of
+/// its own sources: every event it delivers is accepted again under a new key. Addresses are
+/// compared as written: a loopback name or the listener's own address, and its port.
+pub(super) fn warn_http(listen: SocketAddr, routes: &[Route], warnings: &mut Vec<String>) {
+    if listen.port() == 0 {
+        return;
+    }
+    for r in routes {
+        let Ok(url) = Url::parse(&r.url) else {
+            continue;
+        };
+        let ours = match url.host() {
+            Some(Host::Domain(name)) => name.eq_ignore_ascii_case("localhost"),
+            Some(Host::Ipv4(ip)) => ip.is_loopback() || IpAddr::V4(ip) == listen.ip(),
+            Some(Host::Ipv6(ip)) => ip.is_loopback() || IpAddr::V6(ip) == listen.ip(),
+            None => false,
+        };
+        if !ours || url.port_or_known_default() != Some(listen.port()) {
+            continue;
+        }
+        let mut segments = url.path_segments().into_iter().flatten();
+        let into = match (
+            segments.next(),
+            segments.next(),
+            segments.next(),
+            segments.next(),
+        ) {
+            (Some("v1"), Some("sources"), Some(source), Some("events")) => source,
+            _ => continue,
+        };
+        if r.sources.iter().any(|s| s.as_str() == into) {
+            warnings.push(format!(
+                "routes.{}: it posts to this gateway's own ingress for source {into}, which it \
+                 takes from, so each of its events comes back as a new one; the loop guard ends \
+                 it after 16 events (hop-limit)",
+                r.name
+            ));
         }
     }
 }

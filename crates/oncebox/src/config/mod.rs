@@ -5,6 +5,7 @@ mod consumer;
 mod database;
 mod debug;
 mod describe;
+mod exposure;
 mod layers;
 mod loops;
 mod presets;
@@ -17,6 +18,7 @@ mod source;
 mod storage;
 #[cfg(test)]
 mod tests;
+mod values;
 mod variables;
 
 pub(crate) use raw::parse_duration;
@@ -247,6 +249,7 @@ fn validate(raw: RawConfig, p: &mut Problems<'_>) -> Settings {
     };
     let database = raw.database.unwrap_or_else(|| DEFAULT_DATABASE.to_owned());
     database::validate(&database, p);
+    values::refuse_placeholders(&database, raw.admin_token.as_deref(), p);
     if let Some(token) = &raw.admin_token
         && token.chars().count() < MIN_ADMIN_TOKEN_CHARS
     {
@@ -342,6 +345,8 @@ fn validate(raw: RawConfig, p: &mut Problems<'_>) -> Settings {
         }
     }
     loops::warn(&routes, &consumers, &mut warnings);
+    loops::warn_http(listen, &routes, &mut warnings);
+    exposure::warn(listen, &sources, &routes, &mut warnings);
     Settings {
         relay,
         consumers,

@@ -30,12 +30,33 @@ enum Hide {
 
 fn redact(url: &str, hide: Hide) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_owned();
+        return without_scheme(url);
     };
     match userinfo_end(rest) {
         Some(at) => format!("{scheme}://***@{}", redact_query(&rest[at + 1..], hide)),
         None => format!("{scheme}://{}", redact_query(rest, hide)),
     }
+}
+
+/// A setting without `scheme://` fit to show: a path, or a server's address written wrong
+/// (`postgres:/app:pw@db/x`, `host=db password=…`). Everything before its last `@` and the
+/// values of secret-named `key=value` words are hidden.
+fn without_scheme(setting: &str) -> String {
+    let shown = match setting.rfind('@') {
+        Some(at) => format!("***{}", &setting[at..]),
+        None => setting.to_owned(),
+    };
+    if !shown.contains('=') {
+        return shown;
+    }
+    shown
+        .split(' ')
+        .map(|word| match word.split_once('=') {
+            Some((name, _)) if is_secret(name) => format!("{name}=***"),
+            _ => word.to_owned(),
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 /// The host and what follows it, fit to show: [`redact_url`] without the scheme and without

@@ -217,7 +217,11 @@ pub(super) fn validate(
         }
         (None, None) => None,
     };
+    let instead = format!("name the variable holding it in {path}.signing_secret_env instead");
     let signing_secret = configured.and_then(|(at, s)| {
+        if !super::values::usable_secret(&at, &s, &instead, p) {
+            return None;
+        }
         let secret = Secret::parse(&Scheme::StandardWebhooks, &s)
             .map_err(|e| p.push(&at, e))
             .ok()?;

@@ -52,9 +52,15 @@ pub(super) fn secrets(
         );
         return Vec::new();
     }
+    let instead = format!("list the variable holding it in {path}.secrets_env instead");
     configured
         .iter()
-        .filter_map(|(at, value)| Secret::parse(scheme, value).map_err(|e| p.push(at, e)).ok())
+        .filter_map(|(at, value)| {
+            if !super::values::usable_secret(at, value, &instead, p) {
+                return None;
+            }
+            Secret::parse(scheme, value).map_err(|e| p.push(at, e)).ok()
+        })
         .collect()
 }
 

@@ -72,6 +72,19 @@ pub(super) fn validate(
         );
     }
 
+    // Set where no timestamp is signed, it bounds nothing: an operator reading it would believe
+    // a captured request stops being accepted after it.
+    if raw.tolerance.is_some()
+        && let Some(scheme @ (Scheme::None | Scheme::Github | Scheme::HmacSha256 { .. })) = &scheme
+    {
+        warnings.push(format!(
+            "sources.{name}.tolerance: signature {} signs no timestamp, so the tolerance bounds \
+             nothing: a captured request is accepted again at any time (deduplicated by its \
+             event id only while its record is kept, its retention)",
+            scheme.name()
+        ));
+    }
+
     let event_id = match &raw.event_id {
         Some(rule) => event_id(&format!("{path}.event_id"), rule, p),
         None => preset

@@ -24,6 +24,12 @@ pub enum NotAFile {
     /// `sqlite:PATH` (sqlx's spelling): without `//` it is a file literally named
     /// `sqlite:PATH`.
     NoSlashes,
+    /// `host=db user=app password=…`: PostgreSQL's key=value form, which would name a SQLite
+    /// file of that text, one per node, each deduplicating alone.
+    Keywords,
+    /// `user:password@host/…` with its scheme or `://` lost (`postgres//app:pw@db/x`): a server
+    /// meant, a file named.
+    Credentials,
 }
 
 impl fmt::Display for NotAFile {
@@ -48,6 +54,19 @@ impl fmt::Display for NotAFile {
             NotAFile::NoSlashes => {
                 "lacks the // after sqlite: and would name a file literally called so"
             }
+            NotAFile::Keywords => {
+                return f.write_str(
+                    "is a key=value connection string, which oncebox does not read (it would \
+                     name a SQLite file): write it as a URL, \
+                     postgres://USER:PASSWORD@HOST:5432/DB",
+                );
+            }
+            NotAFile::Credentials => {
+                return f.write_str(
+                    "holds user:password@ but no scheme://, so it would name a SQLite file: \
+                     write postgres://USER:PASSWORD@HOST:5432/DB",
+                );
+            }
         };
         write!(f, "{why}; {SQLITE_FORMS}")
     }
@@ -57,6 +76,8 @@ impl fmt::Display for NotAFile {
 /// why the setting names no lasting file, or `None` for any other scheme (PostgreSQL's, or
 /// one refused as unsupported).
 pub fn sqlite_file(database: &str) -> Option<Result<&str, NotAFile>> {
+    // A bare path, no `sqlite://`: taken as the file only where it cannot be a server meant.
+    let bare = !database.starts_with("sqlite://");
     let path = match database.strip_prefix("sqlite://") {
         Some(path) => path,
         // Before the `://` test: `file:///x.db` is SQLite's URI, not an unknown scheme.
@@ -81,9 +102,33 @@ pub fn sqlite_file(database: &str) -> Option<Result<&str, NotAFile>> {
         Err(NotAFile::Uri)
     } else if path.contains('?') {
         Err(NotAFile::Query)
+    } else if bare && keywords(path) {
+        Err(NotAFile::Keywords)
+    } else if bare
+        && path
+            .split_once('@')
+            .is_some_and(|(user, _)| user.contains(':'))
+    {
+        Err(NotAFile::Credentials)
     } else {
         Ok(path)
     })
+}
+
+/// Whether `setting` reads as PostgreSQL's key=value connection string: a word of it names
+/// one of libpq's usual keywords.
+fn keywords(setting: &str) -> bool {
+    const KEYWORDS: [&str; 6] = [
+        "host=",
+        "hostaddr=",
+        "port=",
+        "user=",
+        "password=",
+        "dbname=",
+    ];
+    setting
+        .split_whitespace()
+        .any(|word| KEYWORDS.iter().any(|k| starts_with_ignoring_case(word, k)))
 }
 
 fn starts_with_ignoring_case(text: &str, prefix: &str) -> bool {

@@ -13,6 +13,7 @@ use oncebox_gateway::policy::{EventIdRule, SourcePolicy};
 
 use super::{Overrides, Settings, load};
 
+mod exposure;
 mod layers;
 mod redact;
 mod refusals;

@@ -12,6 +12,12 @@ fn database_passwords_are_redacted_for_display() {
     );
     assert_eq!(redact_url("sqlite://oncebox.db"), "sqlite://oncebox.db");
     assert_eq!(redact_url("oncebox.db"), "oncebox.db");
+    // Without `scheme://`: a server's address written wrong still hides its password.
+    assert_eq!(redact_url("postgres:/app:hunter2@db/x"), "***@db/x");
+    assert_eq!(
+        redact_url("host=db user=app password=hunter2 dbname=x"),
+        "host=db user=app password=*** dbname=x"
+    );
     // Drivers take a password in the query too; webhook receivers take tokens there.
     assert_eq!(
         redact_url("postgres://db/x?user=app&password=hunter2&sslmode=require#f"),

@@ -91,3 +91,66 @@ fn a_default_config_path_that_is_no_file_is_refused_not_zero_config() {
     let zero = jailed(|_| load(&Overrides::default()).expect("zero-config"));
     assert!(zero.gateway.open_sources, "absent is zero-config");
 }
+
+/// oncebox substitutes no variables in its settings: an unfilled `${VAR}` taken as the admin
+/// token, a source's HMAC key, a route's signing key or the database would be that text, known
+/// to anyone who reads the file. Each is refused by field, without its value.
+#[test]
+fn an_unfilled_placeholder_is_refused_where_a_secret_or_the_database_belongs() {
+    let placeholder = "unfilled variable placeholder";
+    let e = err("admin_token = \"${ONCEBOX_ADMIN_TOKEN_VALUE}\"\n");
+    assert_mentions(&e, &["admin_token", placeholder, "ONCEBOX_ADMIN_TOKEN"]);
+    assert!(!e.contains("ADMIN_TOKEN_VALUE"), "{e}");
+    let e = err("[sources.gh]\nsignature = \"github\"\nsecrets = [\"${GITHUB_SECRET}\"]\n");
+    assert_mentions(&e, &["sources.gh.secrets[0]", placeholder, "secrets_env"]);
+    assert!(!e.contains("GITHUB_SECRET"), "{e}");
+    let e = err(&shop(
+        "[routes.r]\nsources = [\"shop\"]\nurl = \"http://127.0.0.1:9/\"\nsigning_secret = \"$SIGNING_KEY\"",
+    ));
+    assert_mentions(&e, &["routes.r.signing_secret", placeholder]);
+    let e = err(&format!("database = \"${{DATABASE_URL}}\"\n{}", shop("")));
+    assert_mentions(&e, &["database", placeholder, "ONCEBOX_DATABASE"]);
+    // A `$` inside a real value is no placeholder.
+    ok(&format!("admin_token = \"{}$x\"\n", "a".repeat(24)));
+}
+
+/// A secret read from a file keeps its last newline; no sender signs with it, so every event
+/// would be refused 401 without a word why.
+#[test]
+fn a_secret_with_whitespace_around_it_is_refused() {
+    for secret in ["sk_one\\n", " sk_one", "sk_one\\t"] {
+        let e = err(&format!(
+            "[sources.shop]\nsignature = \"stripe\"\nsecrets = [\"{secret}\"]\n"
+        ));
+        assert_mentions(
+            &e,
+            &["sources.shop.secrets[0]", "whitespace at its start or end"],
+        );
+        assert!(!e.contains("sk_one"), "{e}");
+    }
+    ok(&shop(""));
+}
+
+/// PostgreSQL's key=value form and a URL that lost its scheme would each name a SQLite file
+/// (one per node, each deduplicating alone); refused, and never shown with the password.
+#[test]
+fn a_database_setting_meaning_a_server_but_naming_a_file_is_refused_without_its_password() {
+    for (setting, why) in [
+        (
+            "host=db user=app password=hunter2 dbname=x",
+            "key=value connection string",
+        ),
+        (
+            "postgres//app:hunter2@db/x",
+            "user:password@ but no scheme://",
+        ),
+        ("app:hunter2@db:5432/x", "user:password@ but no scheme://"),
+    ] {
+        let e = err(&format!("database = \"{setting}\"\n{}", shop("")));
+        assert_mentions(&e, &["database", why, "postgres://"]);
+        assert!(!e.contains("hunter2"), "{e}");
+    }
+    // Explicitly a file, any name goes; and so does a bare path.
+    ok(&format!("database = \"sqlite://a b=c.db\"\n{}", shop("")));
+    ok(&format!("database = \"data/me@example.db\"\n{}", shop("")));
+}
