@@ -2,10 +2,11 @@
 //! from it without the writer, a different payload still meets the stored record, and a purge
 //! makes it forget.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use oncebox_core::store::{EventStore, Ingest};
-use oncebox_core::{Clock, ProcessError, Processed, Response, Retention, SystemClock, Timestamp};
+use oncebox_core::{Clock, ManualClock, ProcessError, Processed, Response, Retention, Timestamp};
 use oncebox_sqlite::{Inbox, Options};
 use oncebox_testkit::run;
 
@@ -47,13 +48,19 @@ fn a_prompt_retry_is_answered_from_memory_and_a_new_payload_is_not() {
 fn a_purged_key_is_new_again_not_remembered() {
     run(async {
         let dir = tempfile::tempdir().unwrap();
-        let inbox = Inbox::open(Options::new(dir.path().join("o.db"))).unwrap();
+        let clock = ManualClock::new(Timestamp(1_767_225_600_000));
+        let options = Options::new(dir.path().join("o.db")).clock(Arc::new(clock.clone()));
+        let inbox = Inbox::open(options).unwrap();
         inbox.ingest(ingest("k", r#"{"n":1}"#)).await.unwrap();
         // A day past a one-hour retention: every terminal record goes.
-        let later = Timestamp(SystemClock.now().millis() + 86_400_000);
-        let purged = Inbox::purge(&inbox, later, &Retention::new(Duration::from_secs(3600)))
-            .await
-            .unwrap();
+        clock.advance(Duration::from_secs(86_400));
+        let purged = Inbox::purge(
+            &inbox,
+            clock.now(),
+            &Retention::new(Duration::from_secs(3600)),
+        )
+        .await
+        .unwrap();
         assert_eq!(purged, 1);
         let again = inbox.ingest(ingest("k", r#"{"n":1}"#)).await.unwrap();
         assert_eq!(again, Processed::Applied(Response::completed("accepted")));
