@@ -15,6 +15,7 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{RedisResult, ScriptInvocation, Value};
 
 use crate::error::{ConnectError, check_namespace, odd_reply, unavailable};
+use crate::link::{Link, read_only};
 use crate::options::Options;
 use crate::scripts::{Scripts, fence_key, record_key};
 
@@ -37,7 +38,7 @@ pub enum Resolution {
 /// share one multiplexed connection that reconnects by itself.
 #[derive(Clone)]
 pub struct Leases {
-    conn: ConnectionManager,
+    link: Arc<Link>,
     shared: Arc<Shared>,
 }
 
@@ -93,14 +94,14 @@ impl Leases {
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(options.deadline))
             .set_response_timeout(Some(options.deadline));
-        let connecting = ConnectionManager::new_with_config(client, config);
+        let connecting = ConnectionManager::new_with_config(client.clone(), config.clone());
         let mut conn = match tokio::time::timeout(options.deadline, connecting).await {
             Err(_) => return Err(Unavailable::Deadline.into()),
             Ok(Err(e)) => return Err(unavailable(&e).into()),
             Ok(Ok(conn)) => conn,
         };
         crate::server::refuse_unsupported(&mut conn).await?;
-        let eviction = eviction(&mut conn).await;
+        let eviction = crate::server::eviction(&mut conn).await;
         if let Some(policy) = &eviction {
             tracing::warn!(
                 policy,
@@ -110,7 +111,7 @@ impl Leases {
             );
         }
         Ok(Leases {
-            conn,
+            link: Arc::new(Link::new(client, config, conn)),
             shared: Arc::new(Shared {
                 fence: fence_key(&options.namespace),
                 options,
@@ -263,10 +264,22 @@ impl Leases {
         millis(self.shared.options.retention.for_source(&key.source))
     }
 
+    /// Runs a script. One refused by a replica (`READONLY`: a failover behind this address) is
+    /// sent again once on a new connection: nothing of it ran.
     pub(crate) async fn run(&self, call: &ScriptInvocation<'_>) -> Result<Value, Unavailable> {
-        let mut conn = self.conn.clone();
-        self.timed(async move { call.invoke_async(&mut conn).await })
-            .await
+        let deadline = self.shared.options.deadline;
+        let (generation, mut conn) = self.link.get();
+        let first = tokio::time::timeout(deadline, call.invoke_async(&mut conn)).await;
+        if let Ok(reply) = &first
+            && read_only(reply)
+            && self.link.replace(generation, deadline).await
+        {
+            let (_, mut conn) = self.link.get();
+            return self
+                .timed(async move { call.invoke_async(&mut conn).await })
+                .await;
+        }
+        answer(first)
     }
 
     /// Bounds a Redis call by the deadline. A call cut off here may still run on the server:
@@ -275,12 +288,7 @@ impl Leases {
         &self,
         call: impl Future<Output = RedisResult<Value>>,
     ) -> Result<Value, Unavailable> {
-        match tokio::time::timeout(self.shared.options.deadline, call).await {
-            Err(_) => Err(Unavailable::Deadline),
-            Ok(Err(e)) => Err(unavailable(&e)),
-            Ok(Ok(Value::ServerError(e))) => Err(Unavailable::Storage(format!("redis: {e:?}"))),
-            Ok(Ok(v)) => Ok(v),
-        }
+        answer(tokio::time::timeout(self.shared.options.deadline, call).await)
     }
 
     pub(crate) fn scripts(&self) -> &Scripts {
@@ -288,7 +296,19 @@ impl Leases {
     }
 
     pub(crate) fn connection(&self) -> ConnectionManager {
-        self.conn.clone()
+        self.link.get().1
+    }
+}
+
+/// A call's reply bounded by the deadline, as the tier answers it.
+fn answer(
+    reply: Result<RedisResult<Value>, tokio::time::error::Elapsed>,
+) -> Result<Value, Unavailable> {
+    match reply {
+        Err(_) => Err(Unavailable::Deadline),
+        Ok(Err(e)) => Err(unavailable(&e)),
+        Ok(Ok(Value::ServerError(e))) => Err(Unavailable::Storage(format!("redis: {e:?}"))),
+        Ok(Ok(v)) => Ok(v),
     }
 }
 
@@ -330,84 +350,9 @@ fn integer(v: &Value) -> Option<i64> {
     }
 }
 
-/// The policy under which Redis may evict our keys: asked with `CONFIG GET`, else read from
-/// `INFO memory` (managed services rename or refuse `CONFIG`, and their default policies,
-/// `volatile-lru` for one, evict exactly the keys with a TTL: every lease and record). `None`
-/// when it cannot (no memory limit, `noeviction`), or when neither answers, which is warned of.
-async fn eviction(conn: &mut ConnectionManager) -> Option<String> {
-    let (limit, policy) = match configured(conn).await {
-        Some(found) => found,
-        None => match informed(conn).await {
-            Some(found) => found,
-            None => {
-                tracing::warn!(
-                    "Redis answers neither CONFIG GET nor INFO memory: whether it may evict \
-                     keys is unknown; a lease or a done record evicted is taken again, so run \
-                     it with maxmemory-policy noeviction"
-                );
-                return None;
-            }
-        },
-    };
-    (limit > 0 && policy != "noeviction").then_some(policy)
-}
-
-/// `maxmemory` and `maxmemory-policy` from `INFO memory`'s `name:value` lines.
-async fn informed(conn: &mut ConnectionManager) -> Option<(u64, String)> {
-    let info: RedisResult<String> = redis::cmd("INFO").arg("memory").query_async(conn).await;
-    let info = info
-        .inspect_err(|e| tracing::debug!(error = %e, "INFO memory refused"))
-        .ok()?;
-    memory_settings(&info)
-}
-
-fn memory_settings(info: &str) -> Option<(u64, String)> {
-    let field = |name: &str| {
-        info.lines()
-            .find_map(|l| l.trim_end().strip_prefix(name)?.strip_prefix(':'))
-    };
-    Some((
-        field("maxmemory")?.parse().ok()?,
-        field("maxmemory_policy")?.to_owned(),
-    ))
-}
-
-/// `maxmemory` and `maxmemory-policy` from `CONFIG GET`.
-async fn configured(conn: &mut ConnectionManager) -> Option<(u64, String)> {
-    let mut get = async |name: &str| -> Option<String> {
-        // A map: RESP3 answers one, RESP2 a flat list of name and value, read as one too.
-        let answer: RedisResult<std::collections::HashMap<String, String>> = redis::cmd("CONFIG")
-            .arg("GET")
-            .arg(name)
-            .query_async(conn)
-            .await;
-        match answer {
-            Ok(mut values) => values.remove(name),
-            Err(e) => {
-                tracing::debug!(error = %e, "CONFIG GET {name} refused: Redis's eviction policy unknown");
-                None
-            }
-        }
-    };
-    let limit: u64 = get("maxmemory").await?.parse().ok()?;
-    Some((limit, get("maxmemory-policy").await?))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// `INFO memory` as Redis 7 writes it (CRLF lines), where `CONFIG` is refused.
-    #[test]
-    fn memory_settings_are_read_from_info() {
-        let info = "# Memory\r\nused_memory:1024\r\nmaxmemory:104857600\r\n\
-                    maxmemory_human:100.00M\r\nmaxmemory_policy:volatile-lru\r\n";
-        assert_eq!(
-            memory_settings(info),
-            Some((104_857_600, "volatile-lru".to_owned()))
-        );
-        assert_eq!(memory_settings("# Memory\r\nused_memory:1\r\n"), None);
-    }
 
     #[test]
     fn lease_expiry_is_dated_from_the_ttl_redis_is_sent() {

@@ -133,6 +133,7 @@
 mod cache;
 mod error;
 mod leases;
+mod link;
 mod options;
 mod scripts;
 mod server;

@@ -2,7 +2,9 @@
 //! (each script touches the fencing counter and a key, which hash to different slots, so every
 //! `begin` would answer CROSSSLOT) and Redis before 5 (its scripts may not write after reading
 //! `TIME`). Refused at start, where the operator looks, rather than as every call `Unavailable`.
+//! And the eviction policy under which it may drop our keys, warned of at start.
 
+use redis::RedisResult;
 use redis::aio::ConnectionManager;
 
 use crate::ConnectError;
@@ -46,9 +48,84 @@ fn unsupported(info: &str) -> Option<String> {
     })
 }
 
+/// The policy under which Redis may evict our keys: asked with `CONFIG GET`, else read from
+/// `INFO memory` (managed services rename or refuse `CONFIG`, and their default policies,
+/// `volatile-lru` for one, evict exactly the keys with a TTL: every lease and record). `None`
+/// when it cannot (no memory limit, `noeviction`), or when neither answers, which is warned of.
+pub(crate) async fn eviction(conn: &mut ConnectionManager) -> Option<String> {
+    let (limit, policy) = match configured(conn).await {
+        Some(found) => found,
+        None => match informed(conn).await {
+            Some(found) => found,
+            None => {
+                tracing::warn!(
+                    "Redis answers neither CONFIG GET nor INFO memory: whether it may evict \
+                     keys is unknown; a lease or a done record evicted is taken again, so run \
+                     it with maxmemory-policy noeviction"
+                );
+                return None;
+            }
+        },
+    };
+    (limit > 0 && policy != "noeviction").then_some(policy)
+}
+
+/// `maxmemory` and `maxmemory-policy` from `INFO memory`'s `name:value` lines.
+async fn informed(conn: &mut ConnectionManager) -> Option<(u64, String)> {
+    let info: RedisResult<String> = redis::cmd("INFO").arg("memory").query_async(conn).await;
+    let info = info
+        .inspect_err(|e| tracing::debug!(error = %e, "INFO memory refused"))
+        .ok()?;
+    memory_settings(&info)
+}
+
+fn memory_settings(info: &str) -> Option<(u64, String)> {
+    let field = |name: &str| {
+        info.lines()
+            .find_map(|l| l.trim_end().strip_prefix(name)?.strip_prefix(':'))
+    };
+    Some((
+        field("maxmemory")?.parse().ok()?,
+        field("maxmemory_policy")?.to_owned(),
+    ))
+}
+
+/// `maxmemory` and `maxmemory-policy` from `CONFIG GET`.
+async fn configured(conn: &mut ConnectionManager) -> Option<(u64, String)> {
+    let mut get = async |name: &str| -> Option<String> {
+        // A map: RESP3 answers one, RESP2 a flat list of name and value, read as one too.
+        let answer: RedisResult<std::collections::HashMap<String, String>> = redis::cmd("CONFIG")
+            .arg("GET")
+            .arg(name)
+            .query_async(conn)
+            .await;
+        match answer {
+            Ok(mut values) => values.remove(name),
+            Err(e) => {
+                tracing::debug!(error = %e, "CONFIG GET {name} refused: Redis's eviction policy unknown");
+                None
+            }
+        }
+    };
+    let limit: u64 = get("maxmemory").await?.parse().ok()?;
+    Some((limit, get("maxmemory-policy").await?))
+}
+
 #[cfg(test)]
 mod tests {
-    use super::unsupported;
+    use super::{memory_settings, unsupported};
+
+    /// `INFO memory` as Redis 7 writes it (CRLF lines), where `CONFIG` is refused.
+    #[test]
+    fn memory_settings_are_read_from_info() {
+        let info = "# Memory\r\nused_memory:1024\r\nmaxmemory:104857600\r\n\
+                    maxmemory_human:100.00M\r\nmaxmemory_policy:volatile-lru\r\n";
+        assert_eq!(
+            memory_settings(info),
+            Some((104_857_600, "volatile-lru".to_owned()))
+        );
+        assert_eq!(memory_settings("# Memory\r\nused_memory:1\r\n"), None);
+    }
 
     #[test]
     fn clusters_and_servers_before_5_are_refused() {

@@ -166,6 +166,10 @@ impl PrivateRedis {
         format!("redis://127.0.0.1:{}", self.port)
     }
 
+    pub fn addr(&self) -> std::net::SocketAddr {
+        std::net::SocketAddr::from(([127, 0, 0, 1], self.port))
+    }
+
     /// SIGKILL, then a new process on the same port: no persistence, so it comes back empty.
     pub fn restart(&mut self) {
         self.kill();

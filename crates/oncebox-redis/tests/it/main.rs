@@ -5,6 +5,7 @@
 mod cache;
 mod conformance;
 mod eviction;
+mod failover;
 mod fence;
 mod guard;
 mod harness;

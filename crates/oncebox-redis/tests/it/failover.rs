@@ -1,0 +1,97 @@
+//! A failover behind one address, as a virtual IP makes it: the primary the tier is connected to
+//! becomes a replica, and the address leads to the new primary. The open connection still
+//! reaches the old one, which refuses every write (`READONLY`); the tier connects anew.
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use oncebox_core::Begun;
+use oncebox_testkit::run;
+use tokio::net::{TcpListener, TcpStream};
+
+use crate::harness::{Namespace, PrivateRedis, event, query, raw, wait_until};
+use crate::lease::leased;
+
+const TTL: Duration = Duration::from_secs(30);
+
+/// The address clients dial: each new connection goes to the server it leads to then; open
+/// ones stay where they went.
+struct VirtualIp {
+    addr: SocketAddr,
+    target: Arc<Mutex<SocketAddr>>,
+}
+
+impl VirtualIp {
+    async fn start(target: SocketAddr) -> VirtualIp {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let target = Arc::new(Mutex::new(target));
+        let leads = Arc::clone(&target);
+        tokio::spawn(async move {
+            while let Ok((mut client, _)) = listener.accept().await {
+                let to = *leads.lock().unwrap();
+                tokio::spawn(async move {
+                    if let Ok(mut server) = TcpStream::connect(to).await {
+                        let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+                    }
+                });
+            }
+        });
+        VirtualIp { addr, target }
+    }
+
+    fn move_to(&self, target: SocketAddr) {
+        *self.target.lock().unwrap() = target;
+    }
+}
+
+#[test]
+fn after_a_failover_behind_one_address_the_tier_writes_to_the_new_primary() {
+    let (Some(old), Some(new)) = (PrivateRedis::start(), PrivateRedis::start()) else {
+        return;
+    };
+    run(async move {
+        let vip = VirtualIp::start(old.addr()).await;
+        let ns = Namespace::new(&format!("redis://{}", vip.addr));
+        let redis = ns.leases().await;
+        let _before = leased(redis.begin(&event("before", 1), TTL).await);
+
+        // The failover: the old primary follows the new one, and the address leads there.
+        let mut demoted = raw(&old.url()).await;
+        let port = new.addr().port().to_string();
+        let _: String = query(&mut demoted, "REPLICAOF", &["127.0.0.1", &port]).await;
+        vip.move_to(new.addr());
+        wait_until(
+            "the old primary is a replica",
+            Duration::from_secs(10),
+            || {
+                let mut c = demoted.clone();
+                async move {
+                    let info: String = query(&mut c, "INFO", &["replication"]).await;
+                    info.contains("role:slave")
+                }
+            },
+        )
+        .await;
+
+        // The first write after it reaches the demoted server, is refused, and is sent again on
+        // a new connection, which the address leads to the new primary.
+        let after = redis.begin(&event("after", 1), TTL).await;
+        assert!(matches!(after, Ok(Begun::Leased(_))), "{after:?}");
+        let errors: String = query(&mut demoted, "INFO", &["errorstats"]).await;
+        assert!(
+            errors.contains("errorstat_READONLY:count=1"),
+            "the old connection was refused as a replica's: {errors}"
+        );
+        let mut primary = raw(&new.url()).await;
+        let held: i64 = query(
+            &mut primary,
+            "EXISTS",
+            &[&ns.record(&event("after", 1).key)],
+        )
+        .await;
+        assert_eq!(held, 1, "the lease is on the new primary");
+        drop((old, new));
+    });
+}
