@@ -248,7 +248,11 @@ impl Broker for InHand<'_> {
 
     async fn quarantine(&self, reason: &Reason) -> Result<(), QuarantineError> {
         let o = self.options;
-        if quarantined_here_for(&self.delivery.properties, &o.queue, reason.slug()) {
+        // Came back through the quarantine exchange itself: a copy an operator republished
+        // elsewhere (as the README invites, once its cause is fixed) is quarantined again,
+        // not requeued for ever.
+        let routed_back = self.delivery.exchange.as_str() == o.quarantine.exchange;
+        if routed_back && quarantined_here_for(&self.delivery.properties, &o.queue, reason.slug()) {
             let e = QuarantineError::RoutesBack;
             tracing::error!(queue = %o.queue, quarantine = %o.quarantine.exchange, error = %e, "not quarantined again; message requeued");
             return Err(e);

@@ -213,6 +213,35 @@ fn a_copy_the_quarantine_routes_back_is_not_quarantined_again() {
     });
 }
 
+/// A copy an operator sends back to the queue (through the exchange the original came by,
+/// as the copy's headers say) while its cause remains is quarantined again: it carries the
+/// headers of a copy quarantined here, but did not come round through the quarantine.
+#[test]
+fn a_copy_sent_back_by_an_operator_is_quarantined_again() {
+    let Some(url) = service_url("ONCEBOX_AMQP_URL") else {
+        return;
+    };
+    run(async move {
+        let w = World::new(&url).await;
+        let mut headers = FieldTable::default();
+        for (name, value) in [
+            ("x-oncebox-queue", w.queue.as_str()),
+            ("x-oncebox-reason", "event-id-missing"),
+        ] {
+            headers.insert(name.into(), AMQPValue::LongString(value.into()));
+        }
+        let props = BasicProperties::default().with_headers(headers);
+        w.publish_with(None, r#"{"amount":1}"#, props).await;
+        let mut consumer = start(&url, Consumer::new(w.db.checked(), w.options()));
+        consumer.wait(|c| c.quarantined >= 1, w.state()).await;
+        let done = consumer.stop().await;
+        assert_eq!((done.quarantined, done.requeued), (1, 0));
+        assert_eq!(w.ready(&w.quarantine_queue).await, 1);
+        assert_eq!(w.ready(&w.queue).await, 0);
+        w.cleanup().await;
+    });
+}
+
 /// A key header of a type no id can have (here a double) is there, only wrong: the key is
 /// invalid, not missing, and the detail names the type.
 #[test]
