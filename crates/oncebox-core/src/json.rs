@@ -84,6 +84,27 @@ impl Number {
         i64::try_from(if self.negative { -magnitude } else { magnitude }).ok()
     }
 
+    /// The value in plain decimal if it is an integer of at most `max_len` characters (`1e3`
+    /// is `1000`, `-0` is `0`); `None` for a fraction or a longer one. For an `i64` it is the
+    /// integer's own text; past `i64` (a sender's unsigned 64-bit ids) it goes on the same way.
+    pub fn integer_text(&self, max_len: usize) -> Option<String> {
+        let zeros = usize::try_from(self.exponent).ok()?;
+        let len = usize::from(self.negative) + self.digits.len().max(1) + zeros;
+        if len > max_len {
+            return None;
+        }
+        if self.digits.is_empty() {
+            return Some("0".to_owned());
+        }
+        let mut text = String::with_capacity(len);
+        if self.negative {
+            text.push('-');
+        }
+        text.push_str(&self.digits);
+        text.extend(std::iter::repeat_n('0', zeros));
+        Some(text)
+    }
+
     /// Builds the normal form from the pieces of a JSON number literal, or `None` if the
     /// exponent cannot be represented. `exponent` is `None` when the literal's exponent was
     /// already too large to track; a zero mantissa is still fine then.

@@ -26,18 +26,20 @@ mod event_id;
 
 use event_id::{event_id, needs_json};
 
-/// Request headers never stored with an event: credentials. Beside the standard ones, those
-/// senders put a plaintext secret in (GitLab's `X-Gitlab-Token`, API keys and tokens): stored,
-/// the dashboard and the admin API would show them. Names are lowercase here, as `HeaderMap`
-/// gives them whatever case they were sent in.
-const NOT_KEPT: [&str; 6] = [
-    "authorization",
-    "cookie",
-    "proxy-authorization",
-    "x-gitlab-token",
-    "x-api-key",
-    "x-auth-token",
-];
+/// Request headers never stored with an event: credentials. Stored, the dashboard and the
+/// admin API would show them. Names are lowercase here, as `HeaderMap` gives them whatever
+/// case they were sent in.
+const NOT_KEPT: [&str; 3] = ["authorization", "cookie", "proxy-authorization"];
+
+/// Parts of header names that hold a credential too: senders put plaintext shared secrets in
+/// headers they name themselves (GitLab's `X-Gitlab-Token`, Telegram's
+/// `X-Telegram-Bot-Api-Secret-Token`, Asana's `X-Hook-Secret`, `X-Api-Key`, `X-Auth-Token`).
+const CREDENTIAL_PARTS: [&str; 5] = ["secret", "token", "password", "api-key", "apikey"];
+
+/// Whether a request header is stored with its event: no credential.
+fn kept(name: &str) -> bool {
+    !NOT_KEPT.contains(&name) && !CREDENTIAL_PARTS.iter().any(|part| name.contains(part))
+}
 
 /// The most request-header bytes an event stores (as `name: value` lines). The server's own
 /// read limit is several hundred KiB; past this a request is refused rather than stored, or a
@@ -296,7 +298,7 @@ fn meta(headers: &HeaderMap, bytes: usize) -> Meta {
         // Text as it came, UTF-8 beyond ASCII included (`to_str` takes visible ASCII only);
         // bytes that are no text cannot be shown or sent on as they came, and are not kept.
         let text = std::str::from_utf8(value.as_bytes());
-        if let (false, Ok(value)) = (NOT_KEPT.contains(&name.as_str()), text) {
+        if let (true, Ok(value)) = (kept(name.as_str()), text) {
             meta.push_header(name.as_str(), value);
         }
     }

@@ -151,8 +151,14 @@ impl Answer {
             Err(ProcessError::Invalid(e @ Invalid::TooLarge { .. })) => {
                 Answer::Problem(Problem::body_too_large(e.to_string()))
             }
+            // Named as the ingress names what it checks itself (the store checks again).
             Err(ProcessError::Invalid(e)) => {
-                Answer::Problem(Problem::invalid("invalid-json", e.to_string()))
+                let slug = match &e {
+                    Invalid::Key(_) | Invalid::Delivery(_) => "event-id-invalid",
+                    Invalid::Order(_) => "order-field-invalid",
+                    _ => "invalid-json",
+                };
+                Answer::Problem(Problem::invalid(slug, e.to_string()))
             }
             Err(ProcessError::Unavailable(e)) => {
                 Answer::Problem(Problem::unavailable(public_detail(&e), retry_after))

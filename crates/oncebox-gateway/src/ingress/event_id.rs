@@ -6,7 +6,7 @@ use axum::http::HeaderMap;
 use oncebox_core::EventId;
 use oncebox_core::fingerprint::{PayloadError, derive_event_id};
 use oncebox_core::json::{Pointer, Value};
-use oncebox_core::signature::{SVIX_ID, WEBHOOK_ID};
+use oncebox_core::signature::{SVIX_ID, Scheme, WEBHOOK_ID};
 
 use crate::policy::{EventIdRule, SourcePolicy};
 use crate::problem::Problem;
@@ -17,7 +17,9 @@ pub(super) fn needs_json(policy: &SourcePolicy, headers: &HeaderMap) -> bool {
     policy.order.is_some()
         || match policy.event_id {
             EventIdRule::Pointer(_) => true,
-            EventIdRule::Default => !DEFAULT_ID_HEADERS.iter().any(|h| headers.contains_key(*h)),
+            EventIdRule::Default => !default_headers(&policy.scheme)
+                .iter()
+                .any(|h| headers.contains_key(*h)),
             EventIdRule::Header(_) | EventIdRule::Derive(_) => false,
         }
 }
@@ -26,6 +28,18 @@ pub(super) fn needs_json(policy: &SourcePolicy, headers: &HeaderMap) -> bool {
 /// `webhook-id` as `svix-id` unless its account renames it; the signature check reads the same
 /// pair the same way (`webhook-` names first), so a signed id is the one taken.
 const DEFAULT_ID_HEADERS: [&str; 3] = ["idempotency-key", WEBHOOK_ID, SVIX_ID];
+
+/// The headers the default rule reads on a source of `scheme`: on a signed source only those
+/// its signature covers (Standard Webhooks' id), else anyone holding one signed request could
+/// send it again under `Idempotency-Key: 1`, `2`, … as new events. The binary's configuration
+/// never gives a signed source this rule; a library caller's `SourcePolicy` may.
+fn default_headers(scheme: &Scheme) -> &'static [&'static str] {
+    match scheme {
+        Scheme::None => &DEFAULT_ID_HEADERS,
+        Scheme::StandardWebhooks => &DEFAULT_ID_HEADERS[1..],
+        _ => &[],
+    }
+}
 
 pub(super) fn event_id(
     policy: &SourcePolicy,
@@ -65,7 +79,7 @@ pub(super) fn event_id(
                 _ => Problem::invalid("event-id-missing", e.to_string()),
             })
             .and_then(|id| EventId::new(id).map_err(invalid)),
-        EventIdRule::Default => DEFAULT_ID_HEADERS
+        EventIdRule::Default => default_headers(&policy.scheme)
             .iter()
             .find_map(|h| from_header(h))
             .or_else(|| from_pointer(parsed, &Pointer::from_tokens(vec!["id".to_owned()])))
@@ -74,17 +88,22 @@ pub(super) fn event_id(
     id?.deliverable().map_err(invalid)
 }
 
-/// A string, or an integer written in decimal; anything else at the pointer is invalid.
+/// A string, or an integer (written out in decimal); anything else at the pointer is invalid.
 fn from_pointer(parsed: Option<&Value>, p: &Pointer) -> Option<Result<EventId, Problem>> {
     let value = parsed?.pointer(p)?;
     let text = match value {
         Value::String(s) => s.clone(),
-        Value::Number(n) => match n.to_i64() {
-            Some(i) => i.to_string(),
+        // Past `i64` too: senders with unsigned 64-bit ids exist, and refused, every retry of
+        // theirs would be.
+        Value::Number(n) => match n.integer_text(EventId::MAX_LEN) {
+            Some(text) => text,
             None => {
                 return Some(Err(Problem::invalid(
                     "event-id-invalid",
-                    format!("{p} is a number but not an integer of at most 64 bits"),
+                    format!(
+                        "{p} is a number but not an integer of at most {} digits",
+                        EventId::MAX_LEN
+                    ),
                 )));
             }
         },

@@ -350,6 +350,8 @@ fn credentials_are_not_stored_with_the_event() {
                 ("X-Gitlab-Token", "gitlab-secret"),
                 ("X-API-Key", "api-key-secret"),
                 ("x-auth-token", "auth-token-secret"),
+                ("X-Telegram-Bot-Api-Secret-Token", "telegram-secret"),
+                ("X-Hook-Secret", "asana-secret"),
                 ("x-trace", "t1"),
             ],
             r#"{"id":"h1"}"#,

@@ -8,6 +8,7 @@ mod dashboard;
 mod deliveries;
 mod headers;
 mod http;
+mod ids;
 mod ingress;
 mod keepalive;
 mod keys;
