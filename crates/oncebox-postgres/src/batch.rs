@@ -130,6 +130,19 @@ async fn run(pool: &PgPool, options: &Options, stats: &BatchStats, mut jobs: Vec
         let answers = batch(pool, options, &first).await;
         stats.in_flight.fetch_sub(1, Ordering::Relaxed);
         let answers = match answers {
+            // A lock wait that ran out (another transaction holding one of the keys: a node
+            // frozen with it open, a long handler) says nothing of the other keys. Each goes
+            // the per-event way, where only the held key waits again: failed together, every
+            // request batched beside a held key was refused, on every retry of that key.
+            Err(Unavailable::Busy) if first.len() > 1 => {
+                stats.fallbacks.fetch_add(1, Ordering::Relaxed);
+                for job in first {
+                    let _ = job.answer.send(Answer::Single(Box::new(job.ingest)));
+                    stats.held.fetch_sub(1, Ordering::Relaxed);
+                }
+                jobs = later;
+                continue;
+            }
             Ok(answers) => {
                 stats.commits.fetch_add(1, Ordering::Relaxed);
                 stats
@@ -182,7 +195,14 @@ async fn batch(pool: &PgPool, options: &Options, jobs: &[Job]) -> Result<Vec<Ans
         .map(|i| ev(*i).meta.header_lines().map(str::to_owned))
         .collect();
 
-    let mut tx = crate::inbox::begin(pool, options.deadline)
+    // Its lock waits get half the time its most pressed request has left: a batch that gives
+    // up on a held key leaves its requests the other half to go the per-event way (`run`).
+    let now = Instant::now();
+    let left = jobs
+        .iter()
+        .map(|j| j.deadline.saturating_duration_since(now))
+        .min();
+    let mut tx = crate::inbox::begin(pool, left.unwrap_or(options.deadline) / 2)
         .await
         .map_err(|e| storage(&e))?;
     crate::crash::point!("after-begin");

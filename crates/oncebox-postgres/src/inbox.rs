@@ -117,7 +117,8 @@ impl Inbox {
         options
             .stamps
             .set(crate::store::stored_anchor(&mut conn, options.clock.as_ref()).await?);
-        crate::skew::observe(&mut conn, &options.stamps).await?;
+        let ahead = crate::skew::observe(&mut conn, &options.stamps).await?;
+        crate::skew::warn_if_ahead(ahead);
         drop(conn);
         let batcher = Batcher::start(&pool, &options);
         Ok(Inbox {

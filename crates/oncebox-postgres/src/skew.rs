@@ -43,6 +43,20 @@ pub(crate) fn stamp_correction(ahead_ms: i128) -> Duration {
     purge_correction(ahead_ms.saturating_neg()).unwrap_or_default()
 }
 
+/// Says at open that this node's clock runs ahead of the server's past the tolerance: leases
+/// (a relay's claims, a two-phase `begin`) end by each node's own clock, so this one takes over
+/// what other nodes still hold, that much early.
+pub(crate) fn warn_if_ahead(ahead_ms: i128) {
+    if let Some(ahead) = purge_correction(ahead_ms) {
+        tracing::warn!(
+            ahead_ms = ahead.as_millis(),
+            "this node's clock is ahead of the database server's: it takes leases other \
+             nodes still hold (deliveries in flight, two-phase keys) over that much early; \
+             set this machine's clock right"
+        );
+    }
+}
+
 /// Measures this node's clock against the server's and has `stamps` date records by the
 /// server's when this node's is behind (saying so once it is, and once it is right again).
 /// Returns the difference, in ms, as [`ahead_of_server`] does.

@@ -9,6 +9,7 @@ pub struct BatchStats {
     pub(super) requests: AtomicU64,
     pub(super) held: AtomicU64,
     pub(super) in_flight: AtomicU64,
+    pub(super) fallbacks: AtomicU64,
 }
 
 impl BatchStats {
@@ -20,6 +21,11 @@ impl BatchStats {
     /// Requests answered by committed batches.
     pub fn committed_requests(&self) -> u64 {
         self.requests.load(Ordering::Relaxed)
+    }
+
+    /// Batches that gave up on a held key and sent each of their requests the per-event way.
+    pub fn fallbacks(&self) -> u64 {
+        self.fallbacks.load(Ordering::Relaxed)
     }
 
     /// Requests the workers have taken from the queue and not yet answered: in a batch's

@@ -27,20 +27,35 @@ fn ingest(id: &str) -> Ingest {
     }
 }
 
+/// Two nodes on a new schema: one to hold keys open, and one with a single batch worker and
+/// `deadline`.
+async fn nodes(deadline: Duration) -> (Inbox, Inbox) {
+    let clock = ManualClock::new(EPOCH);
+    let schema = schema();
+    let stuck = Inbox::open(options(&schema, &clock)).await.expect("node");
+    let node = options(&schema, &clock).batch_workers(1).deadline(deadline);
+    (stuck, Inbox::open(node).await.expect("node"))
+}
+
+/// Waits until PostgreSQL says a session waits on `pid`'s locks; fails after [`PROMPT`].
+async fn blocked_on(admin: &mut oncebox_postgres::sqlx::PgConnection, pid: i32, what: &str) {
+    tokio::time::timeout(PROMPT, async {
+        while blocked_by(admin, pid).await == 0 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("{what}: not within {PROMPT:?}"));
+}
+
 #[test]
 fn a_batch_held_on_a_stuck_transactions_row_gives_up_and_frees_its_worker() {
     if url().is_none() {
         return;
     }
     oncebox_testkit::run(async {
-        let clock = ManualClock::new(EPOCH);
-        let schema = schema();
-        let stuck = Inbox::open(options(&schema, &clock)).await.expect("node");
         // One worker: a batch that never ends stops every later one.
-        let node = options(&schema, &clock)
-            .batch_workers(1)
-            .deadline(Duration::from_secs(2));
-        let node = Inbox::open(node).await.expect("node");
+        let (stuck, node) = nodes(Duration::from_secs(2)).await;
 
         // The other node's handler holds evt-1's transaction open until released.
         let holder = Holder::start(&stuck, event("shop", "evt-1", 5)).await;
@@ -85,6 +100,66 @@ fn a_batch_held_on_a_stuck_transactions_row_gives_up_and_frees_its_worker() {
         assert!(matches!(won, Ok(Processed::Applied(_))), "{won:?}");
         let again = node.ingest(ingest("evt-1")).await.expect("ingest");
         assert!(again.is_duplicate(), "{again:?}");
+    });
+}
+
+/// Requests batched beside a key another transaction holds are not refused with it: the batch
+/// gives up on the lock within half the deadline and each of its requests goes the per-event
+/// way, where only the held key waits again.
+#[test]
+fn a_held_key_fails_alone_not_the_requests_batched_beside_it() {
+    if url().is_none() {
+        return;
+    }
+    oncebox_testkit::run(async {
+        let (stuck, node) = nodes(Duration::from_secs(4)).await;
+        let first_holder = Holder::start(&stuck, event("shop", "evt-0", 5)).await;
+        let holder = Holder::start(&stuck, event("shop", "evt-1", 5)).await;
+        let spawn = |id: &'static str| {
+            let node = node.clone();
+            tokio::spawn(async move { node.ingest(ingest(id)).await })
+        };
+        // The one worker waits on evt-0's row, so what comes next queues into one batch.
+        let busy = spawn("evt-0");
+        let mut admin = stuck.pool().acquire().await.expect("connection");
+        blocked_on(
+            &mut admin,
+            first_holder.pid,
+            "the first batch waits on evt-0",
+        )
+        .await;
+        let (held, beside) = (spawn("evt-1"), spawn("evt-2"));
+        tokio::time::timeout(PROMPT, async {
+            while node.queued() < 2 {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+        .await
+        .expect("both queued behind the first batch");
+        // The fault: the batch of evt-1 and evt-2 waits on the holder's row.
+        blocked_on(&mut admin, holder.pid, "the batch waits on evt-1's row").await;
+        let answer = |task: tokio::task::JoinHandle<_>| async move {
+            tokio::time::timeout(PROMPT, task)
+                .await
+                .expect("answered")
+                .expect("task")
+        };
+        let beside: Result<Processed, ProcessError> = answer(beside).await;
+        assert!(matches!(beside, Ok(Processed::Applied(_))), "{beside:?}");
+        let held: Result<Processed, ProcessError> = answer(held).await;
+        assert!(
+            matches!(held, Err(ProcessError::Unavailable(_))),
+            "{held:?}"
+        );
+        assert!(matches!(
+            answer(busy).await,
+            Err(ProcessError::Unavailable(_))
+        ));
+        assert!(node.batch_stats().fallbacks() >= 1);
+        assert!(!holder.is_finished() && !first_holder.is_finished());
+        for h in [holder, first_holder] {
+            assert!(matches!(h.release().await, Ok(Processed::Applied(_))));
+        }
     });
 }
 
