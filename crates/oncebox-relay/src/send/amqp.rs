@@ -1,5 +1,5 @@
-//! One RabbitMQ attempt: a persistent, mandatory publish on a channel in confirm mode, counted
-//! delivered only on the broker's ack of a message it routed.
+//! One RabbitMQ attempt: a persistent, mandatory publish on a channel of its own in confirm
+//! mode, counted delivered only on the broker's ack of a message it routed.
 
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -26,8 +26,13 @@ use crate::target::{AmqpTarget, SHORT_STRING_MAX};
 /// a durable queue.
 const PERSISTENT: u8 = 2;
 
-/// A route's publisher: one connection and one confirm-mode channel, opened on first use and
-/// opened again after any failure.
+/// A route's publisher: one connection, opened on first use and opened again after any
+/// failure, and on it a confirm-mode channel per publish in flight. A `basic.return` names no
+/// delivery tag: lapin hands it to whichever confirm of its channel completes next, and with
+/// several publishes in flight on one channel (one acknowledged together with another by a
+/// multiple ack) the return of an unroutable message could reach another's confirm, the
+/// unroutable one then recorded delivered though no queue holds it. One publish per channel at a
+/// time, a return is its own.
 pub(crate) struct Publisher {
     target: AmqpTarget,
     open: Mutex<Option<Open>>,
@@ -36,9 +41,10 @@ pub(crate) struct Publisher {
 }
 
 struct Open {
-    // Kept so the connection lives as long as its channel; dropping it closes the connection.
-    _connection: Connection,
-    channel: Channel,
+    // Dropping it closes the connection, and its channels with it.
+    connection: Connection,
+    /// Channels whose last publish was confirmed, ready for the next.
+    idle: Vec<Channel>,
     number: u64,
 }
 
@@ -141,7 +147,11 @@ impl Publisher {
                 return Attempt::NoAnswer(format!("publish not written within {timeout:?}"));
             }
         };
-        match timeout_at(deadline, confirm).await {
+        let confirmed = timeout_at(deadline, confirm).await;
+        if let Ok(Ok(Confirmation::Ack(_) | Confirmation::Nack(_))) = &confirmed {
+            self.give_back(channel, opened).await;
+        }
+        match confirmed {
             Ok(Ok(Confirmation::Ack(None))) => CONFIRMED,
             // Returned (no queue bound for the routing key) and then acked: the broker stored
             // nothing, so trying again later is safe and may succeed once a queue is bound.
@@ -177,14 +187,21 @@ impl Publisher {
         }
     }
 
-    /// The open channel, or a new connection and channel when there is none or it failed; with
-    /// the number of the connection it is on.
+    /// A channel of its own for one publish: an idle one, or a new one on the open connection,
+    /// or on a new connection when there is none or it failed; with the number of the
+    /// connection it is on.
     async fn channel(&self) -> Result<(Channel, u64), String> {
         let mut open = self.open.lock().await;
-        if let Some(o) = open.as_ref()
-            && o.channel.status().connected()
+        if let Some(o) = open.as_mut()
+            && o.connection.status().connected()
         {
-            return Ok((o.channel.clone(), o.number));
+            while let Some(channel) = o.idle.pop() {
+                if channel.status().connected() {
+                    return Ok((channel, o.number));
+                }
+            }
+            let channel = self.confirming(&o.connection).await?;
+            return Ok((channel, o.number));
         }
         // A failed connection is dropped (and so closed) before a new one is made.
         *open = None;
@@ -195,6 +212,30 @@ impl Publisher {
         )
         .await
         .map_err(|e| format!("connect to {server}: {}", error_chain(&e)))?;
+        let channel = self.confirming(&connection).await?;
+        let number = self.opened.fetch_add(1, Ordering::Relaxed);
+        *open = Some(Open {
+            connection,
+            idle: Vec::new(),
+            number,
+        });
+        Ok((channel, number))
+    }
+
+    /// A channel whose publish was confirmed, for the next publish; one of a connection since
+    /// replaced is dropped.
+    async fn give_back(&self, channel: Channel, number: u64) {
+        let mut open = self.open.lock().await;
+        if let Some(o) = open.as_mut()
+            && o.number == number
+        {
+            o.idle.push(channel);
+        }
+    }
+
+    /// A new channel on `connection`, in confirm mode, the route's exchange checked.
+    async fn confirming(&self, connection: &Connection) -> Result<Channel, String> {
+        let server = self.target.server();
         let channel = connection
             .create_channel()
             .await
@@ -227,13 +268,7 @@ impl Publisher {
                     )
                 })?;
         }
-        let number = self.opened.fetch_add(1, Ordering::Relaxed);
-        *open = Some(Open {
-            _connection: connection,
-            channel: channel.clone(),
-            number,
-        });
-        Ok((channel, number))
+        Ok(channel)
     }
 
     /// Drops connection `number` after a failure on it; the next attempt opens a new one. One

@@ -164,6 +164,90 @@ fn amqp_route_publishes_persistent_messages_with_the_key_as_message_id_then_reco
     });
 }
 
+/// Publishes in flight together where only some are routable (a headers exchange binding only
+/// every other key): each unroutable one is returned to its own publish. On one shared channel
+/// lapin handed a return to whichever confirm completed next, and an unroutable message could
+/// be recorded delivered while a routed one was retried.
+#[test]
+fn amqp_returns_reach_their_own_publish_among_many_in_flight() {
+    const EVENTS: usize = 64;
+    run(async {
+        let Some(rabbit) = Rabbit::new(FieldTable::default()).await else {
+            return;
+        };
+        let by_key = unique("hx");
+        rabbit
+            .channel
+            .exchange_declare(
+                by_key.as_str().into(),
+                ExchangeKind::Headers,
+                ExchangeDeclareOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .unwrap();
+        let mut binding = FieldTable::default();
+        binding.insert("x-match".into(), AMQPValue::LongString("any".into()));
+        let ids: Vec<String> = (0..EVENTS).map(|i| format!("evt_{i:02}")).collect();
+        let routable = |id: &String| id.ends_with(['0', '2', '4', '6', '8']);
+        for id in ids.iter().filter(|id| routable(id)) {
+            // One binding per routable key: each names it as the only argument to match.
+            let mut one = binding.clone();
+            one.insert(
+                "idempotency-key".into(),
+                AMQPValue::LongString(format!("shop:{id}").into()),
+            );
+            rabbit
+                .channel
+                .queue_bind(
+                    rabbit.queue.as_str().into(),
+                    by_key.as_str().into(),
+                    "".into(),
+                    QueueBindOptions::default(),
+                    one,
+                )
+                .await
+                .unwrap();
+        }
+        let w = World::new();
+        for id in &ids {
+            w.accept(id, &["rabbit"]).await;
+        }
+        let url = with_query(
+            &rabbit.base,
+            &[("exchange", &by_key), ("routing_key", "any")],
+        );
+        let mut route = broker_route("rabbit", &url, false);
+        route.concurrency = 32;
+        let relay = w.relay(vec![route]);
+        let out = relay.run_once().await.unwrap();
+        assert_eq!(out.claimed, EVENTS, "{out:?}");
+        let mut delivered = Vec::new();
+        for id in &ids {
+            if w.delivery(id).await.state == DeliveryState::Delivered {
+                delivered.push(id.clone());
+            }
+        }
+        let expected: Vec<String> = ids.iter().filter(|id| routable(id)).cloned().collect();
+        assert_eq!(delivered, expected, "delivered exactly the routable ones");
+        let mut stored: Vec<String> = rabbit
+            .take()
+            .await
+            .iter()
+            .filter_map(|d| header(d, "idempotency-key"))
+            .map(|k| k.trim_start_matches("shop:").to_owned())
+            .collect();
+        stored.sort();
+        assert_eq!(stored, expected, "each delivered one is in the queue");
+        rabbit
+            .channel
+            .exchange_delete(by_key.as_str().into(), ExchangeDeleteOptions::default())
+            .await
+            .unwrap();
+        rabbit.drop_all().await;
+    });
+}
+
 #[test]
 fn amqp_unroutable_publish_is_returned_and_retried_never_delivered() {
     run(async {
