@@ -46,6 +46,11 @@ type Reopen = oneshot::Sender<Result<Channel, QuarantineError>>;
 /// The quarantine's channel, shared by every delivery's task.
 pub(crate) struct Publisher {
     current: Mutex<Channel>,
+    /// One copy in flight at a time: a `basic.return` names no delivery tag, and lapin hands it
+    /// to whichever confirm of the channel completes next, so with several in flight the
+    /// return of an unroutable copy could reach another's confirm, and its original be
+    /// acknowledged with no copy kept. Quarantines are rare; their confirms take milliseconds.
+    one_at_a_time: tokio::sync::Mutex<()>,
     reopen: mpsc::Sender<Reopen>,
     /// Bounds each quarantine (reopening included) and each broker call on shutdown.
     pub(crate) deadline: Duration,
@@ -81,6 +86,7 @@ impl Publisher {
         let frame_max = usize::try_from(connection.configuration().frame_max());
         let publisher = Publisher {
             current: Mutex::new(channel),
+            one_at_a_time: tokio::sync::Mutex::new(()),
             reopen,
             deadline,
             frame_max: frame_max.unwrap_or(usize::MAX),
@@ -144,6 +150,7 @@ impl Publisher {
         let published = [delivery.exchange.as_str(), delivery.routing_key.as_str()];
         let properties = copy_properties(props, reason, queue, source, published, self.frame_max);
         let publish = async {
+            let _one = self.one_at_a_time.lock().await;
             let confirm = self
                 .channel()
                 .await?

@@ -242,6 +242,69 @@ fn a_copy_sent_back_by_an_operator_is_quarantined_again() {
     });
 }
 
+/// Copies quarantined side by side where only some are routable (a headers exchange keeping
+/// the copies of one kind of original: RabbitMQ matches no `x-` header, so not by reason):
+/// each unroutable copy's return reaches its own publish, and its original is requeued, never
+/// acknowledged with no copy kept. Fewer returned originals than the prefetch, so that they
+/// never fill it. (The relay's `amqp_returns_reach_their_own_publish_among_many_in_flight`
+/// reproduces lapin giving a return to another publish's confirm on a shared channel; here,
+/// with the copies published as deliveries arrive, the unserialized publishes did not show it
+/// in six runs.)
+#[test]
+fn an_unroutable_copy_among_many_in_flight_keeps_its_original() {
+    const EACH: u32 = 48;
+    let Some(url) = service_url("ONCEBOX_AMQP_URL") else {
+        return;
+    };
+    run(async move {
+        let w = World::new(&url).await;
+        let by_reason = format!("{}-by-reason", w.quarantine_exchange);
+        let declare = lapin::options::ExchangeDeclareOptions {
+            auto_delete: true,
+            ..Default::default()
+        };
+        let kind = lapin::ExchangeKind::Headers;
+        let none = FieldTable::default();
+        w.channel
+            .exchange_declare(by_reason.as_str().into(), kind, declare, none)
+            .await
+            .unwrap();
+        let mut binding = FieldTable::default();
+        binding.insert("x-match".into(), AMQPValue::LongString("any".into()));
+        binding.insert("kind".into(), AMQPValue::LongString("kept".into()));
+        let (queue, exchange) = (w.quarantine_queue.as_str(), by_reason.as_str());
+        let bind = QueueBindOptions::default();
+        w.channel
+            .queue_bind(queue.into(), exchange.into(), "".into(), bind, binding)
+            .await
+            .unwrap();
+        // Interleaved poison messages (no id), whose copies keep their `kind` header.
+        for _ in 0..EACH {
+            for kind in ["kept", "dropped"] {
+                let mut headers = FieldTable::default();
+                headers.insert("kind".into(), AMQPValue::LongString(kind.into()));
+                let props = BasicProperties::default().with_headers(headers);
+                w.publish_with(None, r#"{"amount":1}"#, props).await;
+            }
+        }
+        let mut options = w.options();
+        options.quarantine.exchange = by_reason.clone();
+        let mut consumer = start(&url, Consumer::new(w.db.checked(), options));
+        consumer
+            .wait(|c| c.quarantined >= u64::from(EACH), w.state())
+            .await;
+        let done = consumer.stop().await;
+        assert_eq!(done.quarantined, u64::from(EACH), "{done:?}");
+        assert_eq!(
+            w.ready(&w.quarantine_queue).await,
+            EACH,
+            "only routed copies"
+        );
+        w.wait_ready(&w.queue, EACH).await;
+        w.cleanup().await;
+    });
+}
+
 /// A key header of a type no id can have (here a double) is there, only wrong: the key is
 /// invalid, not missing, and the detail names the type.
 #[test]
