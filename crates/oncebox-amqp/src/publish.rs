@@ -149,8 +149,8 @@ impl Publisher {
         let props = &delivery.properties;
         let published = [delivery.exchange.as_str(), delivery.routing_key.as_str()];
         let properties = copy_properties(props, reason, queue, source, published, self.frame_max);
+        let _one = self.one_at_a_time.lock().await;
         let publish = async {
-            let _one = self.one_at_a_time.lock().await;
             let confirm = self
                 .channel()
                 .await?
@@ -174,9 +174,15 @@ impl Publisher {
             }
             Ok(())
         };
-        tokio::time::timeout(self.deadline, publish)
-            .await
-            .map_err(|_| QuarantineError::Timeout(self.deadline))?
+        let Ok(published) = tokio::time::timeout(self.deadline, publish).await else {
+            // Its confirm may still come, and a later copy's return with it: the channel is
+            // closed (the next copy reopens one) before another copy goes out on it.
+            let channel = self.current();
+            let closing = channel.close(200, "quarantine confirm timed out".into());
+            let _ = tokio::time::timeout(self.deadline, closing).await;
+            return Err(QuarantineError::Timeout(self.deadline));
+        };
+        published
     }
 
     /// Closes the channel, waiting no longer than the deadline: a blocked broker may never

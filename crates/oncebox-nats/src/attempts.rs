@@ -42,7 +42,8 @@ impl Attempts {
             // A churn of requeues must not reset the counts of messages whose handler keeps
             // failing.
             seen.retain(|_, t| t.failures > 0);
-            if seen.len() >= MAX_REMEMBERED {
+            // Little freed, it would be pruned again soon, a full pass each time: cleared.
+            if seen.len() >= MAX_REMEMBERED / 10 * 9 {
                 seen.clear();
             }
         }

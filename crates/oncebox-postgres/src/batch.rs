@@ -112,16 +112,19 @@ impl Batcher {
 /// Runs `jobs` as batches: the first request of each key now, any further request of a key
 /// already in the batch in the next round, when the first one's record is committed.
 async fn run(pool: &PgPool, options: &Options, stats: &BatchStats, mut jobs: Vec<Job>) {
-    let now = Instant::now();
-    jobs.retain_mut(|job| {
-        if job.deadline <= now {
-            // Nobody waits for it any more; its sender retries.
-            stats.held.fetch_sub(1, Ordering::Relaxed);
-            return false;
+    loop {
+        // Each round: a request whose caller stopped waiting is dropped; its sender retries.
+        let now = Instant::now();
+        jobs.retain_mut(|job| {
+            if job.deadline <= now {
+                stats.held.fetch_sub(1, Ordering::Relaxed);
+                return false;
+            }
+            true
+        });
+        if jobs.is_empty() {
+            return;
         }
-        true
-    });
-    while !jobs.is_empty() {
         let mut seen = HashSet::new();
         let (first, later): (Vec<Job>, Vec<Job>) = jobs
             .into_iter()
@@ -195,14 +198,17 @@ async fn batch(pool: &PgPool, options: &Options, jobs: &[Job]) -> Result<Vec<Ans
         .map(|i| ev(*i).meta.header_lines().map(str::to_owned))
         .collect();
 
-    // Its lock waits get half the time its most pressed request has left: a batch that gives
-    // up on a held key leaves its requests the other half to go the per-event way (`run`).
+    // Its lock waits get half the time its most pressed request has left, and at least a
+    // quarter of the deadline (a request near its end must not turn every short wait into a
+    // fallback): a batch that gives up on a held key leaves its requests time to go the
+    // per-event way (`run`).
     let now = Instant::now();
     let left = jobs
         .iter()
         .map(|j| j.deadline.saturating_duration_since(now))
         .min();
-    let mut tx = crate::inbox::begin(pool, left.unwrap_or(options.deadline) / 2)
+    let wait = (left.unwrap_or(options.deadline) / 2).max(options.deadline / 4);
+    let mut tx = crate::inbox::begin(pool, wait)
         .await
         .map_err(|e| storage(&e))?;
     crate::crash::point!("after-begin");

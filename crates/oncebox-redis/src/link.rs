@@ -43,22 +43,28 @@ impl Link {
 
     /// Connects anew in place of generation `seen`, unless another caller already did; false
     /// when no new connection was made within `deadline` (the next refusal tries again).
+    /// The wait for another caller's replacement counts within `deadline` too.
     pub(crate) async fn replace(&self, seen: u64, deadline: Duration) -> bool {
-        let _one = self.replacing.lock().await;
-        if self.get().0 != seen {
-            return true;
-        }
-        let connecting =
-            ConnectionManager::new_with_config(self.client.clone(), self.config.clone());
-        let Ok(Ok(conn)) = tokio::time::timeout(deadline, connecting).await else {
-            return false;
+        let replacing = async {
+            let _one = self.replacing.lock().await;
+            if self.get().0 != seen {
+                return true;
+            }
+            let connecting =
+                ConnectionManager::new_with_config(self.client.clone(), self.config.clone());
+            let Ok(conn) = connecting.await else {
+                return false;
+            };
+            tracing::warn!(
+                "Redis answered READONLY (a replica: a failover moved the primary behind this \
+                 address): connected anew"
+            );
+            *self.current.write().unwrap_or_else(PoisonError::into_inner) = (seen + 1, conn);
+            true
         };
-        tracing::warn!(
-            "Redis answered READONLY (a replica: a failover moved the primary behind this \
-             address): connected anew"
-        );
-        *self.current.write().unwrap_or_else(PoisonError::into_inner) = (seen + 1, conn);
-        true
+        tokio::time::timeout(deadline, replacing)
+            .await
+            .unwrap_or(false)
     }
 }
 

@@ -98,7 +98,7 @@ pub fn id_at(p: &Pointer, body: &str) -> Option<String> {
     let doc = oncebox_core::json::parse(body.as_bytes()).ok()?;
     match doc.pointer(p)? {
         oncebox_core::json::Value::String(s) => Some(s.clone()),
-        oncebox_core::json::Value::Number(n) => n.to_i64().map(|i| i.to_string()),
+        oncebox_core::json::Value::Number(n) => n.integer_text(oncebox_core::EventId::MAX_LEN),
         _ => None,
     }
 }

@@ -157,19 +157,18 @@ fn sendable(content_type: &str) -> bool {
             .all(|b| b == b'\t' || (b' '..=b'~').contains(&b))
 }
 
-/// A string, or an integer written in decimal; anything else at the pointer is invalid.
+/// A string, or an integer (written out in decimal, past 64 bits too, as the gateway takes
+/// it); anything else at the pointer is invalid.
 fn id_at(doc: &Value, p: &Pointer) -> Result<EventId, Reason> {
     let text = match doc.pointer(p) {
         None => return Err(Reason::EventIdMissing(format!("{p} absent"))),
         Some(Value::String(s)) => s.clone(),
-        Some(Value::Number(n)) => n
-            .to_i64()
-            .ok_or_else(|| {
-                Reason::EventIdInvalid(format!(
-                    "{p} is a number but not an integer of at most 64 bits"
-                ))
-            })?
-            .to_string(),
+        Some(Value::Number(n)) => n.integer_text(EventId::MAX_LEN).ok_or_else(|| {
+            Reason::EventIdInvalid(format!(
+                "{p} is a number but not an integer of at most {} digits",
+                EventId::MAX_LEN
+            ))
+        })?,
         Some(_) => return Err(Reason::EventIdInvalid(format!("{p} is not a string"))),
     };
     EventId::new(text).map_err(|e| Reason::EventIdInvalid(e.to_string()))

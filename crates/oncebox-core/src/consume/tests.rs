@@ -44,6 +44,11 @@ fn keys_come_from_the_configured_place_only() {
     assert_eq!(id(&rules(ptr)).as_str(), "evt_1");
     let num = KeyRule::Pointer(Pointer::parse("/n").unwrap());
     assert_eq!(id(&rules(num)).as_str(), "7");
+    // Past 64 bits too, as the gateway takes it.
+    let big = br#"{"n":18446744073709551615}"#.to_vec();
+    let num = rules(KeyRule::Pointer(Pointer::parse("/n").unwrap()));
+    let key = num.event(&h, big, None).unwrap().key;
+    assert_eq!(key.event_id.as_str(), "18446744073709551615");
     let derived = KeyRule::Derive(vec![Pointer::parse("/n").unwrap()]);
     assert_eq!(id(&rules(derived.clone())).as_str().len(), 64);
     // Beside a derived key the fingerprint is the key's fields: the same fact in a new

@@ -126,6 +126,8 @@ fn keywords(setting: &str) -> bool {
         "password=",
         "dbname=",
     ];
+    // libpq allows spaces around `=` (`host = db`).
+    let setting = setting.replace(" =", "=").replace("= ", "=");
     setting
         .split_whitespace()
         .any(|word| KEYWORDS.iter().any(|k| starts_with_ignoring_case(word, k)))

@@ -18,6 +18,10 @@ fn database_passwords_are_redacted_for_display() {
         redact_url("host=db user=app password=hunter2 dbname=x"),
         "host=db user=app password=*** dbname=x"
     );
+    assert_eq!(
+        redact_url("host = db password = hunter2"),
+        "host=db password=***"
+    );
     // Drivers take a password in the query too; webhook receivers take tokens there.
     assert_eq!(
         redact_url("postgres://db/x?user=app&password=hunter2&sslmode=require#f"),

@@ -145,6 +145,10 @@ fn a_database_setting_meaning_a_server_but_naming_a_file_is_refused_without_its_
             "user:password@ but no scheme://",
         ),
         ("app:hunter2@db:5432/x", "user:password@ but no scheme://"),
+        (
+            "host = db password = hunter2",
+            "key=value connection string",
+        ),
     ] {
         let e = err(&format!("database = \"{setting}\"\n{}", shop("")));
         assert_mentions(&e, &["database", why, "postgres://"]);
