@@ -21,6 +21,7 @@ use crate::config::Storage;
 
 mod url;
 
+pub(crate) use url::joined_pairs;
 use url::sqlite_path;
 pub use url::{describe, is_postgres, is_supported, sqlite_file};
 

@@ -49,12 +49,7 @@ fn without_scheme(setting: &str) -> String {
     if !shown.contains('=') {
         return shown;
     }
-    // libpq allows spaces around `=` (`password = x`): joined first, so the value is one word.
-    let mut shown = shown;
-    while shown.contains(" =") || shown.contains("= ") {
-        shown = shown.replace(" =", "=").replace("= ", "=");
-    }
-    shown
+    crate::store::joined_pairs(&shown)
         .split(' ')
         .map(|word| match word.split_once('=') {
             Some((name, _)) if is_secret(name) => format!("{name}=***"),

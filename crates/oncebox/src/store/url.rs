@@ -126,11 +126,19 @@ fn keywords(setting: &str) -> bool {
         "password=",
         "dbname=",
     ];
-    // libpq allows spaces around `=` (`host = db`).
-    let setting = setting.replace(" =", "=").replace("= ", "=");
-    setting
+    joined_pairs(setting)
         .split_whitespace()
         .any(|word| KEYWORDS.iter().any(|k| starts_with_ignoring_case(word, k)))
+}
+
+/// `setting` with the spaces libpq allows around `=` removed (`host = db` is `host=db`), so
+/// that each `key=value` pair is one word.
+pub(crate) fn joined_pairs(setting: &str) -> String {
+    let mut joined = setting.to_owned();
+    while joined.contains(" =") || joined.contains("= ") {
+        joined = joined.replace(" =", "=").replace("= ", "=");
+    }
+    joined
 }
 
 fn starts_with_ignoring_case(text: &str, prefix: &str) -> bool {
