@@ -189,12 +189,21 @@ async fn stored_payload_matches(
     Ok(payload.is_some_and(|p| event.matches_payload(&p)))
 }
 
+/// What a handler may have changed for its whole session that later statements on its pooled
+/// connection depend on, set back to what the connection started with: the path the
+/// autocommit statements (`complete`, `release`, the relay's claims and records) resolve their
+/// tables by, and `synchronous_commit`, without which they, and this very commit, would be
+/// acknowledged before they are durable (G6). `begin` sets both for each transaction, but not
+/// for the statements outside one. The `SET LOCAL` keeps this transaction's commit durable
+/// where the server's own default is not (a pooler that dropped the startup options).
+pub(crate) const RESET_SESSION: &str =
+    "RESET search_path; RESET synchronous_commit; SET LOCAL synchronous_commit = on";
+
 /// Marks the claimed record terminal with its response, only inside the transaction that
 /// claimed it. False when that transaction is gone (the handler ran `COMMIT` or `ROLLBACK`
 /// itself, maybe `BEGIN` after): then nothing was written, and the caller must not commit.
-/// A `search_path` the handler changed is reset before the commit, so that a change made for
-/// its session does not follow the connection back into the pool, where oncebox's statements
-/// outside transactions would resolve their tables by it.
+/// What the handler changed of [`RESET_SESSION`]'s settings is reset before the commit, so that
+/// a change made for its session does not follow the connection back into the pool.
 pub(crate) async fn finish(
     conn: &mut PgConnection,
     sql: &InTx,
@@ -205,7 +214,7 @@ pub(crate) async fn finish(
     let body = (!response.body.is_empty()).then_some(&response.body);
     // Checked in the statement itself, so the common path pays no extra round trip. Outside a
     // transaction block `txid_current()` takes a new id, so the guard fails there too.
-    let own_path: Option<bool> = sqlx::query_scalar(&sql.finish)
+    let own_session: Option<bool> = sqlx::query_scalar(&sql.finish)
         .bind(claimed.row)
         .bind(response.kind.as_str())
         .bind(body)
@@ -214,10 +223,10 @@ pub(crate) async fn finish(
         .bind(&sql.path)
         .fetch_optional(&mut *conn)
         .await?;
-    if own_path == Some(false) {
-        sqlx::query("RESET search_path").execute(conn).await?;
+    if own_session == Some(false) {
+        sqlx::Executor::execute(conn, RESET_SESSION).await?;
     }
-    Ok(own_path.is_some())
+    Ok(own_session.is_some())
 }
 
 pub(crate) async fn record_conflict(

@@ -138,6 +138,21 @@ pub(crate) fn commit_failed(e: &sqlx::Error) -> Unavailable {
     }
 }
 
+/// A lease's write outside a transaction (autocommit: `complete`, `release`, `uncertain`) that
+/// failed. When the connection broke after the statement was sent, the server
+/// may have committed it with its answer lost on the way: the outcome is unknown, not
+/// "nothing kept", and the caller's retry may find its own write done (`release` then reads
+/// `Fenced`). A pool that gave no connection sent nothing. (The relay's `record` keeps
+/// `Storage`: the relay tries it again, and a `Fenced` there is harmless.)
+pub(crate) fn write_failed(e: &sqlx::Error) -> Unavailable {
+    match e {
+        sqlx::Error::Io(_) | sqlx::Error::Tls(_) | sqlx::Error::Protocol(_) => {
+            Unavailable::CommitUnknown(e.to_string())
+        }
+        _ => storage(e),
+    }
+}
+
 /// A handler's `COMMIT` that failed. The server refusing it for what the transaction wrote (a
 /// deferred constraint of the handler's tables, a deferred trigger's error: not a transient
 /// code) rolled it back for certain: that is the handler's failure, and the key stays free.

@@ -15,7 +15,7 @@ use sqlx::postgres::PgPoolOptions;
 
 use crate::batch::Batcher;
 use crate::claim::{Claim, claim};
-use crate::error::{OpenError, commit_failed, storage};
+use crate::error::{OpenError, commit_failed, storage, write_failed};
 use crate::options::Options;
 use crate::schema;
 use crate::tx::{HandlerError, Tx};
@@ -288,7 +288,7 @@ impl Inbox {
         .bind(stamp)
         .execute(&self.pool)
         .await
-        .map_err(|e| LeaseError::Unavailable(storage(&e)))?;
+        .map_err(|e| LeaseError::Unavailable(write_failed(&e)))?;
         if n.rows_affected() == 1 {
             return Ok(());
         }
@@ -316,7 +316,7 @@ impl Inbox {
         .bind(lease.token)
         .execute(&self.pool)
         .await
-        .map_err(|e| LeaseError::Unavailable(storage(&e)))?;
+        .map_err(|e| LeaseError::Unavailable(write_failed(&e)))?;
         fenced_unless(n.rows_affected())
     }
 
@@ -334,7 +334,7 @@ impl Inbox {
         .bind(lease.token)
         .execute(&self.pool)
         .await
-        .map_err(|e| LeaseError::Unavailable(storage(&e)))?;
+        .map_err(|e| LeaseError::Unavailable(write_failed(&e)))?;
         fenced_unless(n.rows_affected())
     }
 

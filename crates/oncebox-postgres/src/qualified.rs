@@ -15,7 +15,8 @@ pub(crate) struct InTx {
     /// The channel this schema's relays listen on.
     pub channel: Arc<str>,
     /// The session's own `search_path`, as the connection started with it: a handler's that
-    /// differs from it when the record is finished is reset (see [`crate::claim::finish`]).
+    /// differs from it when the record is finished is reset, with a handler's
+    /// `synchronous_commit` (see [`crate::claim::finish`]).
     pub path: String,
     pub finish: String,
     pub once: String,
@@ -39,7 +40,8 @@ impl InTx {
                 "UPDATE {s}.oncebox_inbox SET state = $2, response = $3, completed_at = $4,
                    lease_token = NULL, lease_expires_at = NULL
                  WHERE id = $1 AND txid_current() = $5
-                 RETURNING current_setting('search_path') = $6"
+                 RETURNING current_setting('search_path') = $6
+                   AND current_setting('synchronous_commit') = 'on'"
             ),
             once: format!(
                 "INSERT INTO {s}.oncebox_actions (scope, key, source, event_id, at)

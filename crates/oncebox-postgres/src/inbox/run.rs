@@ -11,7 +11,7 @@ use oncebox_core::{Event, ProcessError, Processed, Response, ResponseKind};
 use sqlx::PgPool;
 
 use super::{Handler, Inbox, begin, notify};
-use crate::claim::{Claimed, finish};
+use crate::claim::{Claimed, RESET_SESSION, finish};
 use crate::error::{handler_commit_failed, record_failed, storage, unavailable};
 use crate::tx::{HandlerError, Tx};
 
@@ -137,7 +137,7 @@ impl Inbox {
     async fn ended_by_handler(
         &self,
         event: &Event,
-        tx: Tx,
+        mut tx: Tx,
         claimed: Claimed,
     ) -> Result<Processed, ProcessError> {
         tracing::error!(
@@ -147,7 +147,10 @@ impl Inbox {
              as uncertain"
         );
         // Ends whatever the connection is in now (a transaction the handler began after its
-        // own); outside one, PostgreSQL only warns.
+        // own); outside one, PostgreSQL only warns. Then, outside any transaction, what the
+        // handler set for its session after its own `COMMIT` is set back, as `finish` does.
+        let _ = sqlx::query("ROLLBACK").execute(&mut *tx.tx).await;
+        let _ = sqlx::Executor::execute(&mut *tx.tx, RESET_SESSION).await;
         let _ = tx.tx.rollback().await;
         let now = self.clock.now().millis();
         if let Err(e) = park(&self.pool, self.deadline, event, claimed.row, now).await {

@@ -284,3 +284,25 @@ impl Backend for Postgres {
         url().is_some()
     }
 }
+
+/// `setting` in the session of backend `pid`, read on the pool's own connection to it: every
+/// connection of `pool` (opened with `max_connections(2)`, the least) is taken at once, so one
+/// of them is it; none is a failure (the connection was closed, and the test proves nothing).
+pub async fn session_setting(pool: &PgPool, pid: i32, setting: &str) -> String {
+    let mut held = Vec::new();
+    for _ in 0..2 {
+        held.push(pool.acquire().await.expect("a pooled connection"));
+    }
+    for conn in &mut held {
+        let (p, value): (i32, String) =
+            sqlx::query_as("SELECT pg_backend_pid(), current_setting($1)")
+                .bind(setting)
+                .fetch_one(&mut **conn)
+                .await
+                .expect("read the setting");
+        if p == pid {
+            return value;
+        }
+    }
+    panic!("no pooled connection is backend {pid}: the session under test was closed")
+}

@@ -9,10 +9,11 @@ use oncebox_core::{Begun, Key, ManualClock, OutboxMessage, Processed, RecordStat
 use oncebox_postgres::sqlx::{self, PgPool};
 use oncebox_postgres::{Inbox, OpenError, Options};
 use oncebox_testkit::{event, run};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 
-use crate::harness::{Postgres, options, schema, url};
+use crate::harness::{Postgres, options, schema, session_setting, url};
+use crate::proxy;
 
 /// Rows in each of the tables a handler's calls write, in `schema`.
 async fn written(pool: &PgPool, schema: &str) -> Vec<i64> {
@@ -48,9 +49,8 @@ fn a_handler_pointing_search_path_elsewhere_touches_only_its_own_schema() {
         };
         b.inbox.uncertain(&lease).await.unwrap();
 
-        // One connection, so the session the handler changed is the one read from after.
         let a_schema = schema();
-        let a = Inbox::open(options(&a_schema, &clock).max_connections(1))
+        let a = Inbox::open(options(&a_schema, &clock).max_connections(2))
             .await
             .unwrap();
         for (n, set) in ["SET LOCAL search_path TO", "SET search_path TO"]
@@ -58,10 +58,13 @@ fn a_handler_pointing_search_path_elsewhere_touches_only_its_own_schema() {
             .enumerate()
         {
             let other = format!("{set} \"{}\"", b.schema);
+            let (pid_tx, pid) = tokio::sync::oneshot::channel::<i32>();
             let answer = a
                 .process(event("shop", &format!("o{n}"), 1), move |tx| {
                     Box::pin(async move {
                         sqlx::query(&other).execute(tx.conn()).await?;
+                        let pid = sqlx::query_scalar("SELECT pg_backend_pid()");
+                        let _ = pid_tx.send(pid.fetch_one(tx.conn()).await?);
                         tx.once("receipt", &format!("o{n}")).await?;
                         tx.advance("order", &format!("o{n}"), 1).await?;
                         tx.enqueue(&OutboxMessage::json("email", format!("o{n}"), "{}"))
@@ -82,18 +85,15 @@ fn a_handler_pointing_search_path_elsewhere_touches_only_its_own_schema() {
                 .unwrap();
             assert!(
                 matches!(own.map(|r| r.state), Some(RecordState::Done(_))),
-                "{set}: A's own record finished, read back on the same connection"
+                "{set}: A's own record finished"
+            );
+            let path = session_setting(a.pool(), pid.await.unwrap(), "search_path").await;
+            assert_eq!(
+                path,
+                format!("\"{a_schema}\""),
+                "{set}: the session's own path, reset"
             );
         }
-        let path: String = sqlx::query_scalar("SELECT current_setting('search_path')")
-            .fetch_one(a.pool())
-            .await
-            .unwrap();
-        assert_eq!(
-            path,
-            format!("\"{a_schema}\""),
-            "the session's own path, reset"
-        );
         assert_eq!(written(a.pool(), &a_schema).await, vec![2, 2, 2]);
         assert_eq!(written(b.inbox.pool(), &b.schema).await, vec![0, 0, 0]);
         let theirs = b.inbox.record(&payment.key).await.unwrap().unwrap();
@@ -129,7 +129,7 @@ async fn dropping_options(server: String) -> String {
         while let Ok((mut client, _)) = listener.accept().await {
             let server = server.clone();
             tokio::spawn(async move {
-                let Some(startup) = startup_without_options(&mut client).await else {
+                let Some(startup) = proxy::startup(&mut client, true).await else {
                     return;
                 };
                 let Ok(mut upstream) = TcpStream::connect(&server).await else {
@@ -144,43 +144,10 @@ async fn dropping_options(server: String) -> String {
     addr.to_string()
 }
 
-/// Reads the client's startup message (answering `N` to a TLS request first) and returns it
-/// with its `options` parameter left out.
-async fn startup_without_options(client: &mut TcpStream) -> Option<Vec<u8>> {
-    loop {
-        let len = usize::try_from(client.read_u32().await.ok()?).ok()?;
-        let mut body = vec![0; len.checked_sub(4)?];
-        client.read_exact(&mut body).await.ok()?;
-        if body.get(..4) == Some(&80_877_103u32.to_be_bytes()[..]) {
-            client.write_all(b"N").await.ok()?;
-            continue;
-        }
-        let mut kept = body[..4].to_vec();
-        let mut fields = body[4..].split(|b| *b == 0);
-        while let (Some(name), Some(value)) = (fields.next(), fields.next()) {
-            if name.is_empty() || name == b"options" {
-                continue;
-            }
-            for part in [name, value] {
-                kept.extend_from_slice(part);
-                kept.push(0);
-            }
-        }
-        kept.push(0);
-        let mut message = u32::try_from(kept.len() + 4).ok()?.to_be_bytes().to_vec();
-        message.extend_from_slice(&kept);
-        return Some(message);
-    }
-}
-
 /// `base` with its server replaced by a [`dropping_options`] proxy in front of it.
 async fn via_dropping_proxy(base: &str) -> String {
-    let (scheme, rest) = base.split_once("://").unwrap();
-    let (auth, hostpath) = rest.rsplit_once('@').unwrap_or(("", rest));
-    let host_end = hostpath.find('/').unwrap_or(hostpath.len());
-    let proxy = dropping_options(hostpath[..host_end].to_owned()).await;
-    let at = if auth.is_empty() { "" } else { "@" };
-    format!("{scheme}://{auth}{at}{proxy}{}", &hostpath[host_end..])
+    let proxy = dropping_options(proxy::server(base)).await;
+    proxy::via(base, &proxy)
 }
 
 /// Through a pooler that drops startup options, a schema asked for (by `Options::schema` or

@@ -1,5 +1,6 @@
 //! What one session or transaction leaves behind for others: a handler's session-wide `SET`
-//! (it carried over to later events on its pooled connection), a transaction left idle by a
+//! (it carried over to later events on its pooled connection, and to the statements run
+//! outside transactions there), a transaction left idle by a
 //! node that stopped in the middle of it (its rows held until the server's TCP keepalive gave
 //! up, hours later), and the migration lock held by a session that stopped (every start waited
 //! with it, silently).
@@ -11,7 +12,7 @@ use oncebox_postgres::sqlx::{self, Connection};
 use oncebox_postgres::{Inbox, OpenError};
 use oncebox_testkit::{EPOCH, event};
 
-use crate::harness::{options, schema, url};
+use crate::harness::{options, schema, session_setting, url};
 use crate::hold::Holder;
 
 /// Longer than anything here takes but the fault's own wait.
@@ -74,6 +75,55 @@ fn a_handlers_session_settings_do_not_carry_over_to_later_events() {
             on_setter += usize::from(seen.starts_with(&format!("{setter} ")));
         }
         assert!(on_setter > 0, "no later event ran on the changed session");
+    });
+}
+
+/// A handler's `SET synchronous_commit = off` for its session reached the statements oncebox
+/// runs outside transactions on the same pooled connection (`complete`, `release`, the relay's
+/// claims and records), which were then acknowledged before they were durable. Also after a
+/// handler that committed the inbox's transaction itself and set it after.
+#[test]
+fn a_handlers_session_durability_does_not_reach_statements_outside_transactions() {
+    if url().is_none() {
+        return;
+    }
+    oncebox_testkit::run(async {
+        let clock = ManualClock::new(EPOCH);
+        let inbox = Inbox::open(options(&schema(), &clock).max_connections(2))
+            .await
+            .expect("open");
+        let handlers = [
+            ("evt-1", "SET synchronous_commit = off"),
+            ("evt-2", "COMMIT; SET synchronous_commit = off"),
+        ];
+        for (id, set) in handlers {
+            let (seen_tx, seen) = tokio::sync::oneshot::channel::<(i32, String)>();
+            let out = inbox
+                .process(event("shop", id, 1), move |tx| {
+                    Box::pin(async move {
+                        sqlx::Executor::execute(tx.conn(), set).await?;
+                        let seen: (i32, String) = sqlx::query_as(
+                            "SELECT pg_backend_pid(), current_setting('synchronous_commit')",
+                        )
+                        .fetch_one(tx.conn())
+                        .await?;
+                        let _ = seen_tx.send(seen);
+                        Ok(Response::completed("ok"))
+                    })
+                })
+                .await;
+            // The fault was in place: the handler's session committed lazily.
+            let (pid, seen) = seen.await.unwrap();
+            assert_eq!(seen, "off", "{set}");
+            let expected = if set.starts_with("COMMIT") {
+                matches!(out, Err(ProcessError::Uncertain))
+            } else {
+                matches!(out, Ok(Processed::Applied(_)))
+            };
+            assert!(expected, "{set}: {out:?}");
+            let after = session_setting(inbox.pool(), pid, "synchronous_commit").await;
+            assert_eq!(after, "on", "outside a transaction, after `{set}`");
+        }
     });
 }
 

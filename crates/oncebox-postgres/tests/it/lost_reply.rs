@@ -1,0 +1,158 @@
+//! A lease's write outside a transaction whose answer is lost after the server committed it:
+//! the holder is told the outcome is unknown (`CommitUnknown`), not that nothing was kept, and
+//! its retry reads what happened.
+
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use oncebox_core::{Begun, LeaseError, ManualClock, Response, Unavailable};
+use oncebox_postgres::{Inbox, Options};
+use oncebox_testkit::{EPOCH, event, run};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+use crate::harness::{options, schema, url};
+use crate::proxy;
+
+/// When to cut: after the client sent a statement holding `sent`, the server's answer holding
+/// `answered` is swallowed and both connections closed.
+#[derive(Default)]
+struct Cut {
+    at: Mutex<Option<(&'static [u8], &'static [u8])>>,
+    /// The cut happened: an answer holding `answered` was read from the server and dropped.
+    done: AtomicBool,
+}
+
+/// A stand-in between oncebox and the server that passes everything through but the one
+/// answer `cut` names.
+async fn cutting(server: String, cut: Arc<Cut>) -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut client, _)) = listener.accept().await {
+            let (server, cut) = (server.clone(), cut.clone());
+            tokio::spawn(async move {
+                let Some(startup) = proxy::startup(&mut client, false).await else {
+                    return;
+                };
+                let Ok(mut upstream) = TcpStream::connect(&server).await else {
+                    return;
+                };
+                if upstream.write_all(&startup).await.is_err() {
+                    return;
+                }
+                pump(client, upstream, cut).await;
+            });
+        }
+    });
+    addr.to_string()
+}
+
+/// Copies both ways until either side closes or the cut is made.
+async fn pump(client: TcpStream, upstream: TcpStream, cut: Arc<Cut>) {
+    let (mut from_client, mut to_client) = client.into_split();
+    let (mut from_server, mut to_server) = upstream.into_split();
+    let armed = Arc::new(AtomicBool::new(false));
+    let sent = {
+        let (cut, armed) = (cut.clone(), armed.clone());
+        async move {
+            let mut buf = vec![0; 64 * 1024];
+            while let Ok(n @ 1..) = from_client.read(&mut buf).await {
+                let at = *cut.at.lock().unwrap();
+                if at.is_some_and(|(sent, _)| holds(&buf[..n], sent)) {
+                    armed.store(true, Ordering::SeqCst);
+                }
+                if to_server.write_all(&buf[..n]).await.is_err() {
+                    return;
+                }
+            }
+        }
+    };
+    let answered = async move {
+        let mut buf = vec![0; 64 * 1024];
+        while let Ok(n @ 1..) = from_server.read(&mut buf).await {
+            let at = *cut.at.lock().unwrap();
+            if armed.load(Ordering::SeqCst)
+                && at.is_some_and(|(_, answered)| holds(&buf[..n], answered))
+            {
+                *cut.at.lock().unwrap() = None;
+                cut.done.store(true, Ordering::SeqCst);
+                return;
+            }
+            if to_client.write_all(&buf[..n]).await.is_err() {
+                return;
+            }
+        }
+    };
+    // Whichever ends first ends both: the halves are dropped, closing the client's socket.
+    tokio::select! {
+        () = sent => {}
+        () = answered => {}
+    }
+}
+
+fn holds(haystack: &[u8], needle: &[u8]) -> bool {
+    haystack.windows(needle.len()).any(|w| w == needle)
+}
+
+#[test]
+fn a_lease_write_whose_answer_is_lost_after_its_commit_is_commit_unknown() {
+    run(async {
+        let Some(base) = url() else { return };
+        let cut = Arc::new(Cut::default());
+        let proxied = proxy::via(&base, &cutting(proxy::server(&base), cut.clone()).await);
+        let clock = ManualClock::new(EPOCH);
+        let schema = schema();
+        let through = Options::new(proxied)
+            .schema(&schema)
+            .clock(Arc::new(clock.clone()));
+        let inbox = Inbox::open(through)
+            .await
+            .expect("open through the stand-in");
+        // Read past the stand-in.
+        let direct = Inbox::open(options(&schema, &clock)).await.expect("open");
+        let lease_of = |id: &'static str| {
+            let inbox = inbox.clone();
+            async move {
+                match inbox
+                    .begin(event("psp", id, 1), std::time::Duration::from_secs(60))
+                    .await
+                {
+                    Ok(Begun::Leased(lease)) => lease,
+                    other => panic!("{id}: {other:?}"),
+                }
+            }
+        };
+
+        // `release`: the key was freed, but its holder never heard so.
+        let lease = lease_of("charge-1").await;
+        *cut.at.lock().unwrap() = Some((b"DELETE FROM oncebox_inbox", b"DELETE 1"));
+        let released = inbox.release(&lease).await;
+        assert!(cut.done.swap(false, Ordering::SeqCst), "the answer was cut");
+        assert!(
+            matches!(
+                released,
+                Err(LeaseError::Unavailable(Unavailable::CommitUnknown(_)))
+            ),
+            "{released:?}"
+        );
+        let record = direct.record(&lease.key).await.unwrap();
+        assert!(record.is_none(), "the release committed: {record:?}");
+
+        // `complete`: done, unheard; the holder's retry is told `Ok`.
+        let lease = lease_of("charge-2").await;
+        *cut.at.lock().unwrap() = Some((b"UPDATE oncebox_inbox SET state = $4", b"UPDATE 1"));
+        let completed = inbox.complete(&lease, Response::completed("paid")).await;
+        assert!(cut.done.swap(false, Ordering::SeqCst), "the answer was cut");
+        assert!(
+            matches!(
+                completed,
+                Err(LeaseError::Unavailable(Unavailable::CommitUnknown(_)))
+            ),
+            "{completed:?}"
+        );
+        let again = inbox.complete(&lease, Response::completed("paid")).await;
+        assert!(again.is_ok(), "{again:?}");
+    });
+}
