@@ -32,6 +32,7 @@ mod attempts;
 mod consumer;
 mod copy;
 pub mod crash;
+mod credentials;
 mod message;
 mod pull;
 mod setup;
@@ -39,6 +40,7 @@ mod subject;
 
 pub use consumer::{Consumer, ConsumerOptions};
 pub use copy::{HEADERS_DROPPED, PAYLOAD_TRUNCATED};
+pub use credentials::with_credentials;
 pub use message::{ORIGIN_HEADERS, QUARANTINE_HEADERS};
 #[cfg(feature = "sqlite")]
 pub use oncebox_sqlite::InboxHandler;

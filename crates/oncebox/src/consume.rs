@@ -231,7 +231,7 @@ async fn nats_forever(
     let mut backoff = Duration::from_secs(1);
     while !*stopped.borrow() {
         let connected = tokio::select! {
-            c = async_nats::connect(&url) => c,
+            c = connect_nats(&url) => c,
             () = wait_for(stopped.clone()) => break,
         };
         let ended = match connected {
@@ -310,6 +310,13 @@ impl Drop for Tally {
         self.ticker.abort();
         log_counts(&self.name, &self.counts.borrow(), "consumer totals");
     }
+}
+
+/// A client of the NATS server at `url`, with the credentials the URL names (which the client
+/// would not send by itself).
+async fn connect_nats(url: &str) -> Result<async_nats::Client, async_nats::ConnectError> {
+    let (options, server) = oncebox_nats::with_credentials(async_nats::ConnectOptions::new(), url);
+    options.connect(server).await
 }
 
 fn log_counts(name: &str, c: &Counts, what: &str) {

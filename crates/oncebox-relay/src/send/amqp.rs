@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions};
+use lapin::protocol::AMQPErrorKind;
 use lapin::types::{AMQPValue, FieldTable, ShortString};
 use lapin::{
     BasicProperties, Channel, Confirmation, Connection, ConnectionProperties, ErrorKind,
@@ -59,6 +60,17 @@ impl fmt::Debug for Publisher {
 /// The `message_id` of a key: the key itself, or — when it is longer than an AMQP short string
 /// can hold — `sha256:` and the hex SHA-256 of the key. Consumers deduplicate on it: do not
 /// change. The full key is in the `idempotency-key` header either way.
+/// Whether the broker closed the publish's channel refusing the publish: 403 (the user may
+/// not write to the exchange), 404 (the exchange was deleted since the channel checked it),
+/// 406 (the message is over `max_message_size`). Soft errors, of the channel: each publish
+/// has a channel of its own, so the refusal is this publish's, and the broker stored
+/// nothing. Told as an unknown outcome, each such delivery of a route that is not idempotent
+/// was parked uncertain, for an operator to settle.
+fn refused(e: &lapin::Error) -> bool {
+    matches!(e.kind(), ErrorKind::ProtocolError(a)
+        if matches!(a.kind(), AMQPErrorKind::Soft(_)) && matches!(a.get_id(), 403 | 404 | 406))
+}
+
 pub(crate) fn message_id(key: &str) -> String {
     if key.len() <= SHORT_STRING_MAX {
         key.to_owned()
@@ -132,6 +144,10 @@ impl Publisher {
         .await;
         let confirm = match sent {
             Ok(Ok(confirm)) => confirm,
+            // The broker closed the channel refusing it; the connection is sound.
+            Ok(Err(e)) if refused(&e) => {
+                return Attempt::NotSent(format!("refused by the broker: {}", error_chain(&e)));
+            }
             Ok(Err(e)) => {
                 self.forget(opened).await;
                 return match e.kind() {
@@ -173,6 +189,11 @@ impl Publisher {
                 // The channel lost confirm mode: nothing tells whether the message was stored.
                 self.forget(opened).await;
                 Attempt::NoAnswer("published without a confirm".into())
+            }
+            // The broker closed the channel refusing the publish; the channel is dropped, and
+            // the connection, sound, kept.
+            Ok(Err(e)) if refused(&e) => {
+                Attempt::NotSent(format!("refused by the broker: {}", error_chain(&e)))
             }
             // The connection or channel failed after the publish left, or the confirm did not
             // come in time: the broker may have stored the message.

@@ -119,10 +119,12 @@ impl Publisher {
                 )),
             };
         }
-        let client = async_nats::ConnectOptions::new()
+        let options = async_nats::ConnectOptions::new()
             .name("oncebox-relay")
-            .connection_timeout(timeout)
-            .connect(self.target.server.as_str())
+            .connection_timeout(timeout);
+        let (options, server) = oncebox_nats::with_credentials(options, &self.target.server);
+        let client = options
+            .connect(server)
             .await
             .map_err(|e| format!("connect to {}: {}", self.target.server(), error_chain(&e)))?;
         let mut js = async_nats::jetstream::new(client.clone());

@@ -21,18 +21,18 @@ use crate::broker::{
 use crate::{World, broker_route, closed_port, unique, with_query};
 
 /// A test's own exchange and queue on the broker, deleted by `drop_all`.
-struct Rabbit {
+pub(crate) struct Rabbit {
     base: String,
     _connection: Connection,
-    channel: Channel,
-    exchange: String,
+    pub channel: Channel,
+    pub exchange: String,
     queue: String,
 }
 
 impl Rabbit {
     /// Declares an exchange and a queue (not yet bound); `None` when the broker is not
     /// configured. `queue_args` go to the queue's declaration.
-    async fn new(queue_args: FieldTable) -> Option<Rabbit> {
+    pub async fn new(queue_args: FieldTable) -> Option<Rabbit> {
         let base = service_url("ONCEBOX_AMQP_URL")?;
         let connection = Connection::connect(&base, ConnectionProperties::default())
             .await
@@ -64,7 +64,7 @@ impl Rabbit {
         })
     }
 
-    async fn bind(&self) {
+    pub async fn bind(&self) {
         self.channel
             .queue_bind(
                 self.queue.as_str().into(),
@@ -79,7 +79,7 @@ impl Rabbit {
 
     /// The route URL to this test's exchange with routing key `paid`, through `server` (a
     /// proxy) when given.
-    fn url(&self, server: Option<std::net::SocketAddr>) -> String {
+    pub fn url(&self, server: Option<std::net::SocketAddr>) -> String {
         let pairs = [
             ("exchange", self.exchange.as_str()),
             ("routing_key", "paid"),
@@ -87,8 +87,13 @@ impl Rabbit {
         route_url(&self.base, server, &pairs)
     }
 
+    /// The queue's name.
+    pub fn queue(&self) -> &str {
+        &self.queue
+    }
+
     /// Every message in the queue, taken out of it.
-    async fn take(&self) -> Vec<Delivery> {
+    pub async fn take(&self) -> Vec<Delivery> {
         let mut out = Vec::new();
         let get = BasicGetOptions { no_ack: true };
         while let Some(m) = self

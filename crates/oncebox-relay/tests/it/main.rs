@@ -3,6 +3,7 @@
 //! leases are stepped, not waited for.
 
 mod amqp;
+mod amqp_refused;
 mod answers;
 mod broker;
 mod circuit;
@@ -12,6 +13,7 @@ mod gauges;
 mod kill;
 mod max_age;
 mod nats;
+mod nats_auth;
 mod operator;
 mod outbox;
 mod pump;

@@ -1,0 +1,140 @@
+//! A NATS route to a server that requires credentials, named in the route's URL as
+//! `user:password@` (percent-encoded) or `token@`: the client does not send a URL's
+//! credentials by itself, so every attempt was refused ("authorization violation") until the
+//! route's caps parked the delivery dead. Checked on private `nats-server`s, whose settings the
+//! test chooses.
+
+use std::net::TcpListener;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use async_nats::ConnectOptions;
+use async_nats::jetstream::stream::{Config, StorageType};
+use oncebox_core::delivery::DeliveryState;
+use oncebox_testkit::run;
+
+use crate::{World, broker_route, with_query};
+
+/// A `nats-server` of the test's own with JetStream, on a free loopback port; killed on drop.
+struct PrivateNats {
+    child: Child,
+    port: u16,
+    _dir: tempfile::TempDir,
+}
+
+impl PrivateNats {
+    /// `None` (skip) when there is no `nats-server`; a failure under
+    /// `ONCEBOX_REQUIRE_SERVICES=1`.
+    fn start(auth: &[&str]) -> Option<PrivateNats> {
+        let binary = std::env::var_os("ONCEBOX_NATS_SERVER")
+            .map(std::path::PathBuf::from)
+            .into_iter()
+            .chain(std::env::split_paths(
+                &std::env::var_os("PATH").unwrap_or_default(),
+            ))
+            .map(|p| if p.is_dir() { p.join("nats-server") } else { p })
+            .chain([std::path::PathBuf::from("/usr/sbin/nats-server")])
+            .find(|p| p.is_file());
+        let Some(binary) = binary else {
+            let required = std::env::var("ONCEBOX_REQUIRE_SERVICES").is_ok_and(|v| v == "1");
+            assert!(
+                !required,
+                "nats-server not found (ONCEBOX_NATS_SERVER, PATH, /usr/sbin) and \
+                 ONCEBOX_REQUIRE_SERVICES=1: this test starts its own NATS with credentials"
+            );
+            eprintln!("SKIPPED: nats-server not found; this test starts its own NATS");
+            return None;
+        };
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port")
+            .port();
+        let dir = tempfile::tempdir().expect("temp dir");
+        let child = Command::new(binary)
+            .args(["-a", "127.0.0.1", "-p", &port.to_string(), "-js", "-sd"])
+            .arg(dir.path())
+            .args(auth)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start nats-server");
+        Some(PrivateNats {
+            child,
+            port,
+            _dir: dir,
+        })
+    }
+
+    /// A stream capturing `subject`, made by a client with `auth`, once the server takes it.
+    async fn stream(&self, auth: ConnectOptions, subject: &str) -> async_nats::jetstream::Context {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let client = loop {
+            // A fresh options value per try: connecting consumes it.
+            let options = auth.clone();
+            match options
+                .connect(format!("nats://127.0.0.1:{}", self.port))
+                .await
+            {
+                Ok(client) => break client,
+                // Polled until the server listens: it was just started.
+                Err(_) if Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                Err(e) => panic!("the private nats-server never took a client: {e}"),
+            }
+        };
+        let js = async_nats::jetstream::new(client);
+        js.create_stream(Config {
+            name: "ORDERS".into(),
+            subjects: vec![subject.to_owned()],
+            storage: StorageType::Memory,
+            ..Config::default()
+        })
+        .await
+        .expect("JetStream on the private server");
+        js
+    }
+}
+
+impl Drop for PrivateNats {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Delivers one event to `url` on a route that is not idempotent (an unknown outcome would
+/// park it, a refusal retry it) and reads what the stream holds.
+async fn delivered_through(url: &str, js: &async_nats::jetstream::Context) {
+    let w = World::new();
+    w.accept("evt_1", &["orders"]).await;
+    let relay = w.relay(vec![broker_route("orders", url, false)]);
+    let out = relay.run_once().await.unwrap();
+    let d = w.delivery("evt_1").await;
+    assert_eq!(d.state, DeliveryState::Delivered, "{out:?} {d:?}");
+    let mut stream = js.get_stream("ORDERS").await.unwrap();
+    assert_eq!(stream.info().await.unwrap().state.messages, 1);
+}
+
+#[test]
+fn a_route_url_with_user_and_password_or_a_token_delivers_to_a_server_requiring_them() {
+    run(async {
+        // A password with characters a URL must encode.
+        let Some(nats) = PrivateNats::start(&["--user", "relay", "--pass", "s3/cr:t"]) else {
+            return;
+        };
+        let auth = ConnectOptions::with_user_and_password("relay".into(), "s3/cr:t".into());
+        let js = nats.stream(auth, "orders.paid").await;
+        let base = format!("nats://relay:s3%2Fcr%3At@127.0.0.1:{}", nats.port);
+        delivered_through(&with_query(&base, &[("subject", "orders.paid")]), &js).await;
+
+        let Some(nats) = PrivateNats::start(&["--auth", "tok3n"]) else {
+            return;
+        };
+        let js = nats
+            .stream(ConnectOptions::with_token("tok3n".into()), "orders.paid")
+            .await;
+        let base = format!("nats://tok3n@127.0.0.1:{}", nats.port);
+        delivered_through(&with_query(&base, &[("subject", "orders.paid")]), &js).await;
+    });
+}
