@@ -190,7 +190,7 @@ pub async fn run(settings: &Settings, args: BenchArgs) -> Result<bool> {
         source: source.clone(),
         policy: policy.clone(),
     });
-    let mut out = std::io::stdout().lock();
+    let mut out = crate::out::stdout();
     let mode = match &schedule {
         Some(s) => format!("open loop at {} req/s, at most", s.rate()),
         None => "closed loop,".to_owned(),
@@ -222,7 +222,7 @@ pub async fn run(settings: &Settings, args: BenchArgs) -> Result<bool> {
     let elapsed = started.elapsed();
     bar.finish_and_clear();
 
-    let mut out = std::io::stdout().lock();
+    let mut out = crate::out::stdout();
     let p99 = print_figures(&mut out, &reports, elapsed, schedule.map(|s| s.rate()))?;
     // The budget is judged first and the invariant still checked: a slow run can also be wrong.
     let over_budget = match args.p99_max {
@@ -236,6 +236,19 @@ pub async fn run(settings: &Settings, args: BenchArgs) -> Result<bool> {
         let stored = stored_ids(&base, &target.source, token.as_deref()).await?;
         check(&mut out, &reports, &stored)?
     };
+    // With nothing accepted the invariant holds of nothing, and the latencies are those of
+    // refusals: a run against a source the gateway does not have, or with a wrong secret,
+    // measured nothing.
+    let accepted = reports
+        .iter()
+        .flat_map(|r| r.keys.values())
+        .any(|k| k.acked);
+    if !accepted {
+        return Err(exit::refused(
+            "no request was accepted (2xx): the statuses above say why (404: a source the \
+             gateway does not have, 401: another secret, 503: the store or the limit)",
+        ));
+    }
     if let Some(max) = over_budget {
         return Err(exit::refused(format!(
             "p99 latency {} is above --p99-max {}{}",

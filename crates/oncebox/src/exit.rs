@@ -23,7 +23,7 @@ pub enum Code {
     Unavailable = 4,
     /// The command ran and the answer is no: `send` got a non-2xx answer, a delivery's state
     /// refuses `retry` or `resolve`, `redeliver` found nothing to deliver, `bench` found a
-    /// broken invariant or a p99 above `--p99-max`.
+    /// broken invariant, a p99 above `--p99-max` or no request accepted.
     Refused = 5,
 }
 
@@ -39,8 +39,8 @@ Exit codes:
   3  not found: no such event, delivery or source
   4  unavailable: the store is unreachable, busy or locked; nothing was decided, retry later
   5  refused: the command ran and the answer is no (send got a non-2xx, a delivery's state
-     refuses the action, nothing to redeliver, bench found a broken invariant or a p99
-     above --p99-max)";
+     refuses the action, nothing to redeliver, bench found a broken invariant, a p99
+     above --p99-max or no request accepted)";
 
 impl From<Code> for ExitCode {
     fn from(code: Code) -> ExitCode {

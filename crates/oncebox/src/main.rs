@@ -17,6 +17,7 @@ mod deliveries;
 mod events;
 mod exit;
 mod logging;
+mod out;
 mod progress;
 mod redeliver;
 mod send;
@@ -50,8 +51,8 @@ fn main() -> ExitCode {
     };
     match runtime.block_on(run(cli)) {
         Ok(()) => Code::Ok.into(),
-        // The reader of the output went away (`oncebox send … | head -1`): it took what it
-        // wanted, and the command had done its work before printing; nothing to complain of.
+        // A write to a closed pipe that did not go through `out` (which drops such writes, so
+        // that the command still returns its verdict): the reader took what it wanted.
         Err(e) if closed_pipe(&e) => Code::Ok.into(),
         Err(e) => {
             complain(format_args!("{}", exit::report(&e)));
@@ -91,7 +92,7 @@ async fn run(cli: Cli) -> Result<()> {
         admin_token,
         secrets: secrets_needed(&cli.command),
     };
-    let mut out = std::io::stdout().lock();
+    let mut out = crate::out::stdout();
     let settings = match config::load(&overrides) {
         Ok(settings) => settings,
         Err(e) => {

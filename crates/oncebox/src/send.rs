@@ -73,7 +73,7 @@ pub async fn run(settings: &Settings, args: SendArgs) -> Result<bool> {
     let replayed = response.headers().get("idempotent-replayed").is_some();
     let text = response.text().await.unwrap_or_default();
     use std::io::Write;
-    let mut out = std::io::stdout().lock();
+    let mut out = crate::out::stdout();
     writeln!(
         out,
         "{} {}{}",

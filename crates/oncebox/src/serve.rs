@@ -159,7 +159,7 @@ async fn purge_forever(store: Store, retention: Retention) {
 fn announce(local: &std::net::SocketAddr, database: &str, config: &GatewayConfig) {
     use std::io::Write;
     let source = config.sources.keys().next().map_or("demo", |s| s.as_str());
-    let mut out = std::io::stdout().lock();
+    let mut out = crate::out::stdout();
     let _ = writeln!(out, "oncebox listening on http://{local} ({database})");
     if config.open_sources {
         let _ = writeln!(

@@ -50,10 +50,12 @@ fn side_by_side(stored: &[u8], offered: &[u8]) -> Markup {
     let (left, right) = match &parsed {
         (Ok(a), Ok(b)) => {
             let d = diff::differences(a, b);
-            (
-                diff::render(&diff::pretty(a, &d)),
-                diff::render(&diff::pretty(b, &d)),
-            )
+            let (a, b) = (diff::pretty(a, &d), diff::pretty(b, &d));
+            if diff::fits(&a, stored.len()) && diff::fits(&b, offered.len()) {
+                (diff::render(&a), diff::render(&b))
+            } else {
+                (layout::payload(stored), layout::payload(offered))
+            }
         }
         _ => (layout::payload(stored), layout::payload(offered)),
     };

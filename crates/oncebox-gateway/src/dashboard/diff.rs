@@ -158,6 +158,15 @@ fn emit(
     }
 }
 
+/// Whether `lines`, the indented form of a payload of `raw` bytes, are worth showing. Each
+/// line is indented by its depth, so a payload of many small values deep inside brackets (a
+/// megabyte of `0,` 128 arrays down) would take a hundred times its size, sent to the
+/// operator's browser: past four times the payload (and 64 KiB), it is shown as sent instead.
+pub(crate) fn fits(lines: &[Line], raw: usize) -> bool {
+    let indented: usize = lines.iter().map(|l| 2 * l.depth + l.text.len() + 1).sum();
+    indented <= raw.saturating_mul(4).max(64 * 1024)
+}
+
 /// The lines as a block of text; marked lines are `<mark>`ed. Every line's text is escaped.
 pub(crate) fn render(lines: &[Line]) -> Markup {
     html! {

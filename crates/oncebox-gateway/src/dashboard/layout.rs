@@ -179,7 +179,14 @@ pub(crate) fn duration(d: Duration) -> String {
 pub(crate) fn payload(bytes: &[u8]) -> Markup {
     if let Ok(value) = oncebox_core::json::parse(bytes) {
         let lines = super::diff::pretty(&value, &[]);
-        return super::diff::render(&lines);
+        if super::diff::fits(&lines, bytes.len()) {
+            return super::diff::render(&lines);
+        }
+        let text = String::from_utf8_lossy(bytes);
+        return html! {
+            p.muted { "As sent: indented, this payload would be too large to show." }
+            pre.payload { (text) }
+        };
     }
     match std::str::from_utf8(bytes) {
         Ok(text) => html! { pre.payload { (text) } },

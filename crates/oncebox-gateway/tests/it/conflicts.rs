@@ -1,5 +1,6 @@
 //! The dashboard's conflicts page: filtered to one key, its pages follow one another within that
-//! key, and half a key is refused rather than ignored; large payloads are shown in part.
+//! key, and half a key is refused rather than ignored; large payloads are shown in part, deeply
+//! nested ones as sent (also on an event's page).
 
 use axum::http::StatusCode;
 use oncebox_testkit::run;
@@ -79,5 +80,48 @@ fn large_conflicting_payloads_are_shown_in_part() {
         );
         // Forty payloads of 200 KB each would be 8 MB shown whole.
         assert!(html.len() < 2 * PAGE * 40 * 1024, "{} bytes", html.len());
+    });
+}
+
+/// `{"id":…,"a":[[…[0,0,…]…]]}`, `n` zeros `DEEP` arrays down.
+fn deep(id: &str, n: usize, last: u32) -> String {
+    const DEEP: usize = 100;
+    let zeros = vec!["0"; n].join(",");
+    format!(
+        r#"{{"id":"{id}","a":{}{zeros},{last}{}}}"#,
+        "[".repeat(DEEP),
+        "]".repeat(DEEP)
+    )
+}
+
+/// Indented, a payload of many small values deep inside brackets took a hundred times its size
+/// (each line indented by its depth): a 100 KB event's page was 20 MB, and a conflict of two
+/// 30 KB payloads 12 MB. Such a payload is shown as sent.
+#[test]
+fn deeply_nested_payloads_are_shown_as_sent_not_indented() {
+    run(async {
+        let gw = TestGateway::tokenless();
+        let event = deep("deep-event", 50_000, 0);
+        assert_eq!(
+            gw.send(post("open", &[], event.clone())).await.status,
+            StatusCode::ACCEPTED
+        );
+        let page = gw.send_local(local_get("/events/open/deep-event")).await;
+        assert_eq!(page.status, StatusCode::OK);
+        let html = String::from_utf8(page.body).unwrap();
+        assert!(html.contains("As sent: indented"), "{}", &html[..2000]);
+        assert!(html.len() < 2 * event.len(), "{} bytes", html.len());
+
+        for last in 0..2 {
+            let a = gw
+                .send(post("open", &[], deep("deep-key", 15_000, last)))
+                .await;
+            assert!(a.status.is_success() || a.status == StatusCode::UNPROCESSABLE_ENTITY);
+        }
+        let page = gw.send_local(local_get("/conflicts")).await;
+        assert_eq!(page.status, StatusCode::OK);
+        let html = String::from_utf8(page.body).unwrap();
+        assert_eq!(html.matches("As sent: indented").count(), 2, "both sides");
+        assert!(html.len() < 4 * 30_000, "{} bytes", html.len());
     });
 }

@@ -113,6 +113,31 @@ fn a_p99_above_the_budget_exits_5_and_names_the_p99() {
     assert!(printed.contains("invariant: ok ("), "{printed}");
 }
 
+/// A run that measured only refusals (every request `404 unknown-source`: a gateway with
+/// sources of its own, and the fresh one bench names) is a failed run, not a pass whose
+/// invariant held of no key.
+#[test]
+fn a_run_the_gateway_refused_entirely_exits_5() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("oncebox.toml"),
+        "[sources.shop]\nsignature = \"none\"\n",
+    )
+    .unwrap();
+    let server = serve_with(dir.path(), &["--listen", "127.0.0.1:0"]);
+    let elsewhere = tempfile::tempdir().unwrap();
+    let args = ["bench", "--url", server.1.as_str(), "--events", "20"];
+    let out = oncebox(elsewhere.path(), &args);
+    server.stop();
+    let printed = text(&out);
+    assert!(printed.contains("status 404: 20"), "{printed}");
+    assert_eq!(out.status.code(), Some(5), "{printed}");
+    assert!(
+        printed.contains("no request was accepted (2xx)"),
+        "{printed}"
+    );
+}
+
 /// Rates whose schedule cannot be computed, budgets that are not durations and connection
 /// counts no machine could open are refused before anything is sent (no gateway listens at the
 /// URL), naming the flag.

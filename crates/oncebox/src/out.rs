@@ -1,0 +1,83 @@
+//! The commands' standard output, for which a reader that went away (`oncebox send … | head
+//! -0`) ends nothing: what is written after is dropped, and the command still returns its
+//! verdict. Ended by the write's `BrokenPipe`, a refused `send`, a failing `bench` invariant
+//! or a `redeliver` with nothing to do exited 0.
+
+use std::io::{self, ErrorKind, StdoutLock, Write};
+
+/// Standard output, locked; writes after the reader closed its end succeed, unseen.
+pub fn stdout() -> Out<StdoutLock<'static>> {
+    Out {
+        inner: io::stdout().lock(),
+        closed: false,
+    }
+}
+
+/// A writer that drops what is written once its reader is gone.
+pub struct Out<W> {
+    inner: W,
+    closed: bool,
+}
+
+impl<W: Write> Write for Out<W> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        if self.closed {
+            return Ok(buf.len());
+        }
+        match self.inner.write(buf) {
+            Err(e) if e.kind() == ErrorKind::BrokenPipe => {
+                self.closed = true;
+                Ok(buf.len())
+            }
+            other => other,
+        }
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        if self.closed {
+            return Ok(());
+        }
+        match self.inner.flush() {
+            Err(e) if e.kind() == ErrorKind::BrokenPipe => {
+                self.closed = true;
+                Ok(())
+            }
+            other => other,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A writer whose reader is gone.
+    struct Gone;
+
+    impl Write for Gone {
+        fn write(&mut self, _: &[u8]) -> io::Result<usize> {
+            Err(ErrorKind::BrokenPipe.into())
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            Err(ErrorKind::BrokenPipe.into())
+        }
+    }
+
+    #[test]
+    fn a_closed_reader_ends_nothing_and_other_errors_still_tell() {
+        let mut out = Out {
+            inner: Gone,
+            closed: false,
+        };
+        assert!(writeln!(out, "422 Unprocessable Entity").is_ok());
+        assert!(out.flush().is_ok());
+        let mut full = Out {
+            inner: io::Cursor::new([0u8; 2]),
+            closed: false,
+        };
+        assert!(
+            write!(full, "abc").is_err(),
+            "a full buffer is no closed reader"
+        );
+    }
+}
