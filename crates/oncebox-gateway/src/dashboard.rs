@@ -61,6 +61,30 @@ fn gate<S>(gw: &Gateway<S>, headers: &HeaderMap) -> Result<Access, Response> {
     }
 }
 
+/// As [`gate`], with what the page's extractor read of the request (its query, its path): the
+/// session is checked first, so a visitor not signed in goes to /login whatever the request
+/// says, and a request the page cannot read is the page's own 400, naming why (axum's own
+/// rejection, before the check, was a JSON problem document to anyone).
+#[expect(
+    clippy::result_large_err,
+    reason = "the error is the answer itself, returned at once by the handler"
+)]
+fn gate_with<S, T, E: std::fmt::Display>(
+    gw: &Gateway<S>,
+    headers: &HeaderMap,
+    read: Result<T, E>,
+) -> Result<(Access, T), Response> {
+    let access = gate(gw, headers)?;
+    match read {
+        Ok(read) => Ok((access, read)),
+        Err(e) => Err(layout::problem(
+            StatusCode::BAD_REQUEST,
+            &access,
+            &e.to_string(),
+        )),
+    }
+}
+
 /// The store could not answer: say so, never show a partial page as if it were whole. With
 /// the configured `Retry-After`, as every 503 of the gateway's.
 fn unavailable<S>(gw: &Gateway<S>, access: &Access, e: &oncebox_core::Unavailable) -> Response {

@@ -5,6 +5,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use axum::extract::rejection::QueryRejection;
 use axum::extract::{Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
@@ -17,7 +18,7 @@ use serde::Deserialize;
 use super::diff;
 use super::events::{encode, event_href};
 use super::layout::{self, Nav, time};
-use super::{gate, unavailable};
+use super::{gate_with, unavailable};
 use crate::Gateway;
 
 /// Conflicts a page shows (each one shows two payloads).
@@ -74,10 +75,10 @@ fn sides(left: &Markup, right: &Markup) -> Markup {
 pub(crate) async fn page<S: EventStore + DeliveryStore>(
     State(gw): State<Arc<Gateway<S>>>,
     headers: HeaderMap,
-    Query(q): Query<ConflictQuery>,
+    q: Result<Query<ConflictQuery>, QueryRejection>,
 ) -> Response {
-    let access = match gate(&gw, &headers) {
-        Ok(a) => a,
+    let (access, Query(q)) = match gate_with(&gw, &headers, q) {
+        Ok(read) => read,
         Err(r) => return r,
     };
     let key = match (&q.source, &q.event_id) {

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::extract::rejection::QueryRejection;
+use axum::extract::rejection::{PathRejection, QueryRejection};
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
@@ -16,7 +16,7 @@ use oncebox_core::{Key, Source, Timestamp};
 use serde::Deserialize;
 
 use super::layout::{self, Nav, badge, page, time};
-use super::{gate, queues, unavailable};
+use super::{gate, gate_with, queues, unavailable};
 use crate::Gateway;
 
 /// The outcomes the counters show, in this order; `conflict` counts refused payloads.
@@ -133,10 +133,10 @@ fn matches(e: &StoredEvent, outcome: &str) -> bool {
 pub(crate) async fn list<S: EventStore + DeliveryStore>(
     State(gw): State<Arc<Gateway<S>>>,
     headers: HeaderMap,
-    Query(q): Query<ListQuery>,
+    q: Result<Query<ListQuery>, QueryRejection>,
 ) -> Response {
-    let access = match gate(&gw, &headers) {
-        Ok(a) => a,
+    let (access, Query(q)) = match gate_with(&gw, &headers, q) {
+        Ok(read) => read,
         Err(r) => return r,
     };
     let bad = |detail: String| layout::problem(StatusCode::BAD_REQUEST, &access, &detail);
@@ -276,9 +276,12 @@ fn row(e: &StoredEvent) -> Markup {
 pub(crate) async fn show<S: EventStore + DeliveryStore>(
     State(gw): State<Arc<Gateway<S>>>,
     headers: HeaderMap,
-    Path((source, event_id)): Path<(String, String)>,
+    path: Result<Path<(String, String)>, PathRejection>,
 ) -> Response {
-    one(&gw, &headers, &source, &event_id).await
+    match gate_with(&gw, &headers, path) {
+        Ok((_, Path((source, event_id)))) => one(&gw, &headers, &source, &event_id).await,
+        Err(r) => r,
+    }
 }
 
 /// The key of `/event?source=…&id=…`.

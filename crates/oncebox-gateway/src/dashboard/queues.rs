@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 
+use axum::extract::rejection::{PathRejection, QueryRejection};
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
@@ -14,7 +15,7 @@ use serde::Deserialize;
 
 use super::events::event_href;
 use super::layout::{self, Nav, badge, duration, page, time};
-use super::{gate, unavailable};
+use super::{gate_with, unavailable};
 use crate::Gateway;
 
 const PAGE: usize = 50;
@@ -27,11 +28,14 @@ pub(crate) struct QueueQuery {
 pub(crate) async fn queue<S: EventStore + DeliveryStore>(
     State(gw): State<Arc<Gateway<S>>>,
     headers: HeaderMap,
-    Path(state): Path<String>,
-    Query(q): Query<QueueQuery>,
+    state: Result<Path<String>, PathRejection>,
+    q: Result<Query<QueueQuery>, QueryRejection>,
 ) -> Response {
-    let access = match gate(&gw, &headers) {
-        Ok(a) => a,
+    let read = state
+        .map_err(|e| e.to_string())
+        .and_then(|s| Ok((s, q.map_err(|e| e.to_string())?)));
+    let (access, (Path(state), Query(q))) = match gate_with(&gw, &headers, read) {
+        Ok(read) => read,
         Err(r) => return r,
     };
     let (state, nav, title) = match state.as_str() {

@@ -17,7 +17,7 @@ use crate::support::{ADMIN_TOKEN, TestGateway, config, post};
 
 const XSS: &str = r#"{"id":"x1","note":"<script>document.title='pwned'</script>","amount":10}"#;
 
-fn gateway() -> TestGateway {
+pub(crate) fn gateway() -> TestGateway {
     let mut cfg = config();
     cfg.routes = vec![Route {
         name: "hooks".to_owned(),
@@ -37,7 +37,7 @@ fn gateway() -> TestGateway {
 }
 
 /// Logs in and returns the cookie pair (`name=value`).
-async fn login(gw: &TestGateway) -> String {
+pub(crate) async fn login(gw: &TestGateway) -> String {
     let r = gw
         .send(
             Request::post("/login")
@@ -54,7 +54,7 @@ async fn login(gw: &TestGateway) -> String {
     cookie.split(';').next().unwrap().to_owned()
 }
 
-fn get(path: &str, cookie: &str) -> Request<Body> {
+pub(crate) fn get(path: &str, cookie: &str) -> Request<Body> {
     Request::get(path)
         .header("cookie", cookie)
         .body(Body::empty())

@@ -5,6 +5,7 @@ mod admin;
 mod bodies;
 mod conflicts;
 mod dashboard;
+mod dashboard_gate;
 mod deliveries;
 mod headers;
 mod http;
