@@ -17,7 +17,7 @@ use oncebox_core::relay_store::{
 use oncebox_core::store::Page;
 use oncebox_core::{Key, LeaseError, Timestamp, Unavailable};
 
-use crate::error::{commit_failed, storage};
+use crate::error::{commit_failed, storage, write_failed};
 use crate::inbox::{Inbox, notify};
 
 fn millis(d: Duration) -> i64 {
@@ -120,7 +120,7 @@ impl DeliveryStore for Inbox {
         .bind(&attempt.error)
         .execute(&self.pool)
         .await
-        .map_err(|e| LeaseError::Unavailable(storage(&e)))?;
+        .map_err(|e| LeaseError::Unavailable(write_failed(&e)))?;
         if n.rows_affected() == 1 {
             Ok(())
         } else {

@@ -138,12 +138,12 @@ pub(crate) fn commit_failed(e: &sqlx::Error) -> Unavailable {
     }
 }
 
-/// A lease's write outside a transaction (autocommit: `complete`, `release`, `uncertain`) that
-/// failed. When the connection broke after the statement was sent, the server
+/// A lease's write outside a transaction (autocommit: `complete`, `release`, `uncertain`, the
+/// relay's `record`) that failed. When the connection broke after the statement was sent, the server
 /// may have committed it with its answer lost on the way: the outcome is unknown, not
 /// "nothing kept", and the caller's retry may find its own write done (`release` then reads
-/// `Fenced`). A pool that gave no connection sent nothing. (The relay's `record` keeps
-/// `Storage`: the relay tries it again, and a `Fenced` there is harmless.)
+/// `Fenced`, which the relay takes for its own write done). A pool that gave no connection sent
+/// nothing.
 pub(crate) fn write_failed(e: &sqlx::Error) -> Unavailable {
     match e {
         sqlx::Error::Io(_) | sqlx::Error::Tls(_) | sqlx::Error::Protocol(_) => {

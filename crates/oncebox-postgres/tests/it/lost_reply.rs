@@ -1,17 +1,23 @@
 //! A lease's write outside a transaction whose answer is lost after the server committed it:
 //! the holder is told the outcome is unknown (`CommitUnknown`), not that nothing was kept, and
-//! its retry reads what happened.
+//! its retry reads what happened; the relay, whose record's answer is lost, takes the guard
+//! refusing its retry for its own write done, not for a lost lease.
 
 use std::sync::Arc;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use oncebox_core::{Begun, LeaseError, ManualClock, Response, Unavailable};
+use oncebox_core::delivery::DeliveryState;
+use oncebox_core::relay_store::{DeliveryFilter, DeliveryStore};
+use oncebox_core::store::EventStore;
+use oncebox_core::{Begun, LeaseError, ManualClock, Response, SystemClock, Unavailable};
 use oncebox_postgres::{Inbox, Options};
+use oncebox_relay::{Relay, RelayOptions};
 use oncebox_testkit::{EPOCH, event, run};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
+use crate::claims::routed;
 use crate::harness::{options, schema, url};
 use crate::proxy;
 
@@ -154,5 +160,45 @@ fn a_lease_write_whose_answer_is_lost_after_its_commit_is_commit_unknown() {
         );
         let again = inbox.complete(&lease, Response::completed("paid")).await;
         assert!(again.is_ok(), "{again:?}");
+    });
+}
+
+/// The relay's record of a delivered attempt commits and its answer is lost. The relay tries
+/// again within its lease; the lease's guard refuses the retry, since the first try took
+/// effect. That used to be counted and logged as a lost lease ("outcome not recorded").
+#[test]
+fn a_relay_record_whose_answer_is_lost_is_its_own_write_not_a_lost_lease() {
+    run(async {
+        let Some(base) = url() else { return };
+        let cut = Arc::new(Cut::default());
+        let proxied = proxy::via(&base, &cutting(proxy::server(&base), cut.clone()).await);
+        let schema = schema();
+        let inbox = Inbox::open(Options::new(proxied).schema(&schema))
+            .await
+            .expect("open through the stand-in");
+        let ingested = EventStore::ingest(&inbox, routed("evt-r", &["hooks"])).await;
+        assert!(ingested.is_ok(), "{ingested:?}");
+        let (hook, seen) = crate::relay::receiver().await;
+        let relay = Relay::new(
+            inbox.clone(),
+            vec![crate::relay::route(hook)],
+            Arc::new(SystemClock),
+            RelayOptions::default(),
+        );
+        *cut.at.lock().unwrap() = Some((b"WITH verdict AS", b"INSERT 0 1"));
+        let out = relay.run_once().await.unwrap();
+        assert!(cut.done.load(Ordering::SeqCst), "the answer was cut");
+        assert_eq!((out.delivered, out.fenced), (1, 0), "{out:?}");
+        assert_eq!(seen.borrow().len(), 1, "sent once");
+        let direct = Inbox::open(Options::new(base).schema(&schema))
+            .await
+            .expect("open");
+        let filter = DeliveryFilter {
+            limit: 10,
+            ..DeliveryFilter::default()
+        };
+        let page = direct.deliveries(filter).await.unwrap();
+        let states: Vec<_> = page.items.iter().map(|d| (d.state, d.attempts)).collect();
+        assert_eq!(states, vec![(DeliveryState::Delivered, 1)]);
     });
 }

@@ -31,7 +31,7 @@ const PROMPT: Duration = Duration::from_secs(20);
 
 /// One request as the receiver saw it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-struct Seen {
+pub(crate) struct Seen {
     key: String,
     attempt: String,
     body: Vec<u8>,
@@ -54,7 +54,7 @@ async fn hook(State(seen): State<watch::Sender<Vec<Seen>>>, headers: HeaderMap, 
 }
 
 /// A receiver answering 200 to every request, and what it has seen so far.
-async fn receiver() -> (String, watch::Receiver<Vec<Seen>>) {
+pub(crate) async fn receiver() -> (String, watch::Receiver<Vec<Seen>>) {
     let (seen, watch) = watch::channel(Vec::new());
     let app = Router::new().route("/hook", post(hook)).with_state(seen);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
@@ -65,7 +65,7 @@ async fn receiver() -> (String, watch::Receiver<Vec<Seen>>) {
     (format!("http://{addr}/hook"), watch)
 }
 
-fn route(url: String) -> Route {
+pub(crate) fn route(url: String) -> Route {
     Route {
         name: "hooks".into(),
         sources: vec![Source::new("shop").expect("source")],

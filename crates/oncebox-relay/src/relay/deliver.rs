@@ -329,8 +329,14 @@ impl<S: DeliveryStore> Relay<S> {
     }
 
     /// Runs `op` at the clock's now until it is done or `until` is near, pausing with backoff
-    /// after each `Unavailable`. Not after a COMMIT whose fate is unknown: it may have taken
-    /// effect, and a second try would then read as a lost lease.
+    /// after each `Unavailable`. Also after a write whose fate is unknown (its answer lost):
+    /// it may have taken effect, and the lease's own guard then refuses the next try
+    /// (`Fenced`), which says that the earlier try took effect, not that the lease was lost
+    /// (`record` tries again only within its lease, where no other relay could take the
+    /// claim; an `unclaim` refused past it has nothing left to give back either way). Giving
+    /// up there instead left a claim whose outcome was never recorded in flight, to be taken
+    /// over as one that may have been sent: parked uncertain, on a route that ignores the key,
+    /// although the receiver had answered.
     async fn asking_again<F, Fut>(
         &self,
         claimed: &Claimed,
@@ -343,15 +349,19 @@ impl<S: DeliveryStore> Relay<S> {
         Fut: Future<Output = Result<(), LeaseError>>,
     {
         let mut pause = RECORD_RETRY.0;
+        let mut unknown = false;
         loop {
             let now = self.clock.now();
             match op(now).await {
-                Err(LeaseError::Unavailable(e))
-                    if now.plus(pause) < until && !matches!(e, Unavailable::CommitUnknown(_)) =>
-                {
+                Err(LeaseError::Unavailable(e)) if now.plus(pause) < until => {
+                    unknown |= matches!(e, Unavailable::CommitUnknown(_));
                     tracing::warn!(key = %claimed.idempotency_key, error = %e, "{what}; trying again");
                     tokio::time::sleep(pause).await;
                     pause = (pause * 2).min(RECORD_RETRY.1);
+                }
+                Err(LeaseError::Fenced) if unknown => {
+                    tracing::info!(key = %claimed.idempotency_key, "{what}: the earlier try, whose answer was lost, took effect");
+                    return Ok(());
                 }
                 done => return done,
             }
