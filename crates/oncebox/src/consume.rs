@@ -152,15 +152,28 @@ async fn amqp_forever(
     let mut backoff = Duration::from_secs(1);
     while !*stopped.borrow() {
         // A broker that accepts TCP and never answers holds the handshake: lapin has no
-        // deadline of its own, so a stop request must not wait behind it.
+        // deadline of its own, so a stop request must not wait behind it, and the handshake
+        // is given up after the URL's `connection_timeout` (lapin reads it and ignores it),
+        // or 30 s. Without one, a broker host gone silently mid-handshake (no reset: a power
+        // loss, a partition) held the consumer for good, consuming nothing, saying nothing.
         let props = lapin::ConnectionProperties::default();
-        let connect = lapin::Connection::connect_uri(uri.clone(), props);
+        let wait = uri
+            .query
+            .connection_timeout
+            .map_or(HANDSHAKE_WAIT, Duration::from_millis);
+        let connect =
+            tokio::time::timeout(wait, lapin::Connection::connect_uri(uri.clone(), props));
         let conn = tokio::select! {
             conn = connect => conn,
             () = wait_for(stopped.clone()) => break,
         };
         let ended = match conn {
-            Ok(conn) => {
+            Err(_) => Err(format!(
+                "no AMQP handshake within {wait:?}: the broker took the connection and did \
+                 not answer"
+            )),
+            Ok(Err(e)) => Err(e.to_string()),
+            Ok(Ok(conn)) => {
                 tracing::info!(consumer = %spec.name, %queue, "consuming from RabbitMQ");
                 let started = Instant::now();
                 let r = consumer.run(&conn, wait_for(stopped.clone())).await;
@@ -188,7 +201,6 @@ async fn amqp_forever(
                 let _ = tokio::time::timeout(CLOSE_WAIT, conn.close(200, "shutdown".into())).await;
                 r.map_err(|e| e.to_string())
             }
-            Err(e) => Err(e.to_string()),
         };
         if let Err(e) = ended {
             tracing::warn!(consumer = %spec.name, error = %e, retry_in = ?backoff, "RabbitMQ consumer stopped; reconnecting");
@@ -346,6 +358,9 @@ const FRESH_START_AFTER: Duration = Duration::from_secs(30);
 
 /// The longest wait for a broker to confirm a connection's close on the way out.
 const CLOSE_WAIT: Duration = Duration::from_secs(10);
+
+/// The longest wait for a broker's AMQP handshake when the URL names no `connection_timeout`.
+const HANDSHAKE_WAIT: Duration = Duration::from_secs(30);
 
 fn earned_a_fresh_start(started: Instant, backoff: &mut Duration) {
     if started.elapsed() >= FRESH_START_AFTER {

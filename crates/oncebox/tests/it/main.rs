@@ -3,6 +3,7 @@
 mod bench;
 mod cli;
 mod consume;
+mod consume_handshake;
 mod counting;
 mod dashboard;
 mod databases;
