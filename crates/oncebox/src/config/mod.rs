@@ -7,6 +7,7 @@ mod debug;
 mod describe;
 mod exposure;
 mod layers;
+mod lease;
 mod loops;
 mod presets;
 mod raw;
@@ -345,6 +346,7 @@ fn validate(raw: RawConfig, p: &mut Problems<'_>) -> Settings {
         }
     }
     loops::warn(&routes, &consumers, &mut warnings);
+    lease::warn(&relay, &routes, &mut warnings);
     loops::warn_http(listen, &routes, &mut warnings);
     exposure::warn(listen, &sources, &routes, &mut warnings);
     Settings {

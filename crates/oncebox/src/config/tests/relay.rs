@@ -1,4 +1,4 @@
-//! The relay's timing: a route's retry age must outlast its first backoff, the lease every timeout, and `[relay] poll`
+//! The relay's timing: a route's retry age must outlast its first backoff, the lease every timeout (by less than 10 s, warned of), and `[relay] poll`
 //! must let an idle relay rest; each refused by its field.
 
 use std::time::Duration;
@@ -66,4 +66,26 @@ fn a_relay_lease_must_outlast_every_timeout_by_half_a_second() {
         route("timeout = \"10s\"")
     ));
     assert_eq!(s.relay.lease, Duration::from_millis(10_500));
+    // Allowed, but half of 500ms is all the time an outcome answered late has to be recorded.
+    let tight = "relay.lease: holds only 500ms beyond routes.r.timeout";
+    assert!(
+        s.warnings.iter().any(|w| w.starts_with(tight)),
+        "{:?}",
+        s.warnings
+    );
+    for (lease, warned) in [("19999ms", true), ("20s", false)] {
+        let s = ok(&format!(
+            "{}\n[relay]\nlease = \"{lease}\"\n",
+            route("timeout = \"10s\"")
+        ));
+        let said = s.warnings.iter().any(|w| w.starts_with("relay.lease:"));
+        assert_eq!(said, warned, "{lease}: {:?}", s.warnings);
+    }
+    // The defaults say nothing.
+    let s = ok(&route(""));
+    assert!(
+        !s.warnings.iter().any(|w| w.starts_with("relay.lease:")),
+        "{:?}",
+        s.warnings
+    );
 }
