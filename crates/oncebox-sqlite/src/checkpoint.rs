@@ -63,18 +63,12 @@ pub(crate) struct Checkpointer {
     finish: Arc<AtomicBool>,
     /// Log length (frames) from which the checkpointer works to start the log over.
     restart_frames: i64,
-    /// The database file, synced here after each catching-up pass (see `catch_up`).
-    db: Option<std::fs::File>,
     /// Look connections whose kept snapshots would hold the passes back (`read/looks.rs`).
     looks: Arc<Looks>,
 }
 
 /// The writer's `Due` and what `run` takes.
-pub(crate) fn due(
-    restart_frames: u32,
-    db: Option<std::fs::File>,
-    looks: Arc<Looks>,
-) -> (Due, Checkpointer) {
+pub(crate) fn due(restart_frames: u32, looks: Arc<Looks>) -> (Due, Checkpointer) {
     let (tx, rx) = flume::bounded(1);
     let finish = Arc::new(AtomicBool::new(false));
     let due = Due {
@@ -86,7 +80,6 @@ pub(crate) fn due(
         due: rx,
         finish,
         restart_frames: i64::from(restart_frames.max(1)),
-        db,
         looks,
     };
     (due, checkpointer)
@@ -177,7 +170,7 @@ pub(crate) fn run(conn: &Connection, c: &Checkpointer) {
 /// pass, the writer's sync covers only the pages it copies itself.
 fn catch_up(conn: &Connection, mut last: Pass, c: &Checkpointer) {
     for _ in 0..MAX_PASSES {
-        sync(c.db.as_ref());
+        sync(conn);
         let Some(pass) = passive(conn) else { return };
         if pass.busy != 0 || pass.log < last.log || pass.checkpointed < pass.log {
             return;
@@ -185,17 +178,48 @@ fn catch_up(conn: &Connection, mut last: Pass, c: &Checkpointer) {
         let copied = pass.log - last.checkpointed;
         last = pass;
         if copied <= FINAL_FRAMES {
-            sync(c.db.as_ref());
+            sync(conn);
             c.finish.store(true, Ordering::Release);
             return;
         }
     }
 }
 
-/// Syncs the database file's data; a failure is logged, and SQLite's own sync in the writer's
-/// pass still guards the restart.
-fn sync(db: Option<&std::fs::File>) {
-    if let Some(Err(e)) = db.map(std::fs::File::sync_data) {
-        tracing::warn!(error = %e, "syncing the database file failed");
+/// Syncs the database file's data, through the checkpointer connection's own handle of it; a
+/// failure is logged, and SQLite's own sync in the writer's pass still guards the restart.
+///
+/// Not through a handle of our own (`File::open`): closing it, when the store closed, dropped
+/// every POSIX lock this process held on the file (they belong to the process and the file,
+/// not to a handle), the shared lock each of its SQLite connections keeps on a WAL database
+/// among them. Another process could then take the file alone, checkpoint and delete the log
+/// a second store of this process still committed into. SQLite's own closes wait while the
+/// process holds locks on the file; it knows nothing of another handle.
+#[allow(
+    unsafe_code,
+    reason = "SQLite's own file handle, synced by its own method"
+)]
+fn sync(conn: &Connection) {
+    use rusqlite::ffi;
+    let mut file: *mut ffi::sqlite3_file = std::ptr::null_mut();
+    // SAFETY: SQLITE_FCNTL_FILE_POINTER stores the main database's file (or null) into `file`;
+    // the connection is this thread's own and open for the call, and its file is synced as
+    // SQLite syncs it, by its own method.
+    let rc = unsafe {
+        let rc = ffi::sqlite3_file_control(
+            conn.handle(),
+            c"main".as_ptr(),
+            ffi::SQLITE_FCNTL_FILE_POINTER,
+            (&raw mut file).cast(),
+        );
+        if rc != ffi::SQLITE_OK || file.is_null() || (*file).pMethods.is_null() {
+            return;
+        }
+        let Some(sync) = (*(*file).pMethods).xSync else {
+            return;
+        };
+        sync(file, ffi::SQLITE_SYNC_NORMAL | ffi::SQLITE_SYNC_DATAONLY)
+    };
+    if rc != ffi::SQLITE_OK {
+        tracing::warn!(code = rc, "syncing the database file failed");
     }
 }

@@ -114,10 +114,8 @@ impl Inbox {
         let length_limit = schema::length_limit(&conn);
         let checkpointer = schema::open_checkpointer(&options)?;
         let stats = Arc::new(Stats::default());
-        // Opened only to be synced: a failure leaves the syncing to SQLite's own passes.
-        let db = std::fs::File::open(&options.path).ok();
         let looks = Arc::new(Looks::new(options.clone(), stats.clone()));
-        let (checkpoint, due) = checkpoint::due(options.wal_restart_frames, db, looks.clone());
+        let (checkpoint, due) = checkpoint::due(options.wal_restart_frames, looks.clone());
         let (sender, receiver) = flume::bounded(options.queue_capacity.max(1));
         let cpu = crate::placement::cpu_for(options.placement, &options.path);
         if let Some(cpu) = cpu {

@@ -123,3 +123,57 @@ fn frames_of_a_rolled_back_transaction_never_reach_the_log() {
     assert_eq!(lengths, [(300, 900), (302, 1000), (303, 100)]);
     assert_eq!(integrity(&writer), "ok");
 }
+
+/// As above, when SQLite ends the transaction by itself (`RAISE(ROLLBACK)` in a trigger) and
+/// the code that ran the statement goes on reading: the writer's rollback hook drops the
+/// gathered frames at once, before that read could write them out over the frames another
+/// connection committed at the same offsets meanwhile.
+#[test]
+fn frames_of_a_transaction_sqlite_rolled_back_itself_are_dropped_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("raised.db");
+    let options = Options::new(&path);
+    let mut writer = open_writer(&options).unwrap();
+    migrate(&mut writer, &options).unwrap();
+    writer
+        .execute_batch(
+            "CREATE TABLE t (k INTEGER PRIMARY KEY, v BLOB NOT NULL);
+             INSERT INTO t WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n
+               WHERE i < 2000) SELECT i, zeroblob(300) FROM n;
+             CREATE TRIGGER stop AFTER INSERT ON t WHEN new.k = 100000
+               BEGIN SELECT RAISE(ROLLBACK, 'stopped'); END;
+             PRAGMA cache_size = 20; PRAGMA cache_spill = 10;",
+        )
+        .unwrap();
+    let _commits = crate::writer::Commits::guard(&writer);
+    let discards = super::DISCARDS.get();
+    writer.execute_batch("BEGIN").unwrap();
+    // Spills frames (a value of 500 pages), then the trigger makes SQLite roll back.
+    let raised = writer.execute("INSERT INTO t VALUES (100000, zeroblob(2000000))", []);
+    assert!(raised.is_err(), "{raised:?}");
+    assert!(writer.is_autocommit(), "SQLite ended the transaction");
+    assert!(
+        super::DISCARDS.get() > discards,
+        "the rollback dropped no gathered frames (else this test proves nothing)"
+    );
+    assert_eq!(
+        super::discard_pending(&writer),
+        0,
+        "dropped by the hook already"
+    );
+    let other = rusqlite::Connection::open(&path).unwrap();
+    other
+        .execute_batch("UPDATE t SET v = zeroblob(302) WHERE k <= 1000")
+        .unwrap();
+    drop(other);
+    // The statement's code reads on; everything the other committed is there, whole.
+    let lengths: Vec<(i64, i64)> = writer
+        .prepare("SELECT length(v), count(*) FROM t GROUP BY 1 ORDER BY 1")
+        .unwrap()
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    assert_eq!(lengths, [(300, 1000), (302, 1000)]);
+    assert_eq!(integrity(&writer), "ok");
+}

@@ -8,6 +8,8 @@
 //! A rollback hook tells the writer that the transaction ended under a request, even one that
 //! then began another (`BEGIN`, `SAVEPOINT` in autocommit): the request is then answered as the
 //! cause, and the batch's other requests are run again in a new transaction (`writer/open.rs`).
+//! The same hook drops the log frames the ended transaction gathered (`walvfs.rs`) at once,
+//! before the request's code can read or write again.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -41,8 +43,12 @@ impl Commits {
             refused
         }));
         let ending = ended.clone();
+        let discard = crate::walvfs::rollback_discard(conn);
         // Not called for `ROLLBACK TO`: a savepoint undone leaves the transaction open.
-        conn.rollback_hook(Some(move || ending.store(true, Ordering::Relaxed)));
+        conn.rollback_hook(Some(move || {
+            ending.store(true, Ordering::Relaxed);
+            discard();
+        }));
         Commits {
             allowed,
             ended,

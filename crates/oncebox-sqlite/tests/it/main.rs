@@ -9,6 +9,7 @@ mod dropped;
 mod examples;
 mod first_fails;
 mod harness;
+mod locks;
 mod opens;
 mod placement;
 mod powerloss;
