@@ -100,6 +100,12 @@ pub(crate) fn install() -> bool {
     })
 }
 
+/// Whether the stores' page cache is the wrapped one in this process (it cannot be once SQLite
+/// started up before a store opened).
+pub fn page_cache_wrapped() -> bool {
+    INSTALLED.get().copied().unwrap_or(false)
+}
+
 /// How many pages have been renamed through the temporary number since the process started.
 pub fn parked_pages() -> u64 {
     PARKED.load(Ordering::Relaxed)

@@ -52,10 +52,14 @@ unsafe impl Sync for Inner {}
 static INNER: OnceLock<Option<Inner>> = OnceLock::new();
 static FILES: OnceLock<Mutex<HashMap<String, Shared>>> = OnceLock::new();
 
-/// Makes this VFS the process's default, once; returns whether it is. Call it before any store
-/// opens: the store's own log VFS forwards to whatever the default was when it first opened.
+/// Makes this VFS the process's default, once; returns whether it is, with the stores' page
+/// cache (`pcache.rs`) installed first. Call it before any store opens: the store's own log
+/// VFS forwards to whatever the default was when it first opened, and finding a VFS starts
+/// SQLite up, after which its page cache can no longer be replaced: the power-loss tests ran
+/// without the wrapper every store has.
 pub fn install() -> bool {
-    INNER
+    let cache = crate::pcache::install();
+    let vfs = INNER
         .get_or_init(|| {
             // SAFETY: as in `walvfs::register`: the default VFS is copied, renamed and given
             // this module's open and delete; the copy is leaked, as SQLite keeps it.
@@ -75,7 +79,8 @@ pub fn install() -> bool {
                 (ffi::sqlite3_vfs_register(leaked, 1) == ffi::SQLITE_OK).then_some(Inner(inner))
             }
         })
-        .is_some()
+        .is_some();
+    cache && vfs
 }
 
 fn inner_vfs() -> *mut ffi::sqlite3_vfs {

@@ -34,6 +34,11 @@ fn child_process() {
         parts.next().unwrap(),
     );
     assert!(powerloss::install(), "the power-loss VFS installs");
+    // As every store runs: the VFS started SQLite up, after which the cache cannot be wrapped.
+    assert!(
+        oncebox_sqlite::page_cache_wrapped(),
+        "the page cache is wrapped"
+    );
     if mode == "raw" {
         raw(path);
     }
