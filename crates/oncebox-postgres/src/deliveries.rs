@@ -17,7 +17,7 @@ use oncebox_core::relay_store::{
 use oncebox_core::store::Page;
 use oncebox_core::{Key, LeaseError, Timestamp, Unavailable};
 
-use crate::error::{commit_failed, storage, write_failed};
+use crate::error::{acquire, commit_failed, storage, write_failed};
 use crate::inbox::{Inbox, notify};
 
 fn millis(d: Duration) -> i64 {
@@ -118,7 +118,7 @@ impl DeliveryStore for Inbox {
         .bind(attempt.started_at.millis())
         .bind(millis(attempt.duration))
         .bind(&attempt.error)
-        .execute(&self.pool)
+        .execute(&mut *acquire(&self.pool).await.map_err(LeaseError::Unavailable)?)
         .await
         .map_err(|e| LeaseError::Unavailable(write_failed(&e)))?;
         if n.rows_affected() == 1 {

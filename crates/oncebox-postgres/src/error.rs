@@ -142,8 +142,8 @@ pub(crate) fn commit_failed(e: &sqlx::Error) -> Unavailable {
 /// relay's `record`) that failed. When the connection broke after the statement was sent, the server
 /// may have committed it with its answer lost on the way: the outcome is unknown, not
 /// "nothing kept", and the caller's retry may find its own write done (`release` then reads
-/// `Fenced`, which the relay takes for its own write done). A pool that gave no connection sent
-/// nothing.
+/// `Fenced`, which the relay takes for its own write done). The connection is taken first
+/// ([`acquire`]): a pool that gave none sent nothing.
 pub(crate) fn write_failed(e: &sqlx::Error) -> Unavailable {
     match e {
         sqlx::Error::Io(_) | sqlx::Error::Tls(_) | sqlx::Error::Protocol(_) => {
@@ -151,6 +151,14 @@ pub(crate) fn write_failed(e: &sqlx::Error) -> Unavailable {
         }
         _ => storage(e),
     }
+}
+
+/// A pooled connection for a write whose failure [`write_failed`] reads: a pool that gave none
+/// (a new connection refused, unreachable, its TLS failed) sent nothing, which is `Storage`.
+pub(crate) async fn acquire(
+    pool: &sqlx::PgPool,
+) -> Result<sqlx::pool::PoolConnection<sqlx::Postgres>, Unavailable> {
+    pool.acquire().await.map_err(|e| storage(&e))
 }
 
 /// A handler's `COMMIT` that failed. The server refusing it for what the transaction wrote (a

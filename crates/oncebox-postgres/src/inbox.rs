@@ -15,7 +15,7 @@ use sqlx::postgres::PgPoolOptions;
 
 use crate::batch::Batcher;
 use crate::claim::{Claim, claim};
-use crate::error::{OpenError, commit_failed, storage, write_failed};
+use crate::error::{OpenError, acquire, commit_failed, storage, write_failed};
 use crate::options::Options;
 use crate::schema;
 use crate::tx::{HandlerError, Tx};
@@ -286,7 +286,7 @@ impl Inbox {
         .bind(body)
         .bind(now)
         .bind(stamp)
-        .execute(&self.pool)
+        .execute(&mut *acquire(&self.pool).await.map_err(LeaseError::Unavailable)?)
         .await
         .map_err(|e| LeaseError::Unavailable(write_failed(&e)))?;
         if n.rows_affected() == 1 {
@@ -314,7 +314,7 @@ impl Inbox {
         .bind(lease.key.source.as_str())
         .bind(lease.key.event_id.as_str())
         .bind(lease.token)
-        .execute(&self.pool)
+        .execute(&mut *acquire(&self.pool).await.map_err(LeaseError::Unavailable)?)
         .await
         .map_err(|e| LeaseError::Unavailable(write_failed(&e)))?;
         fenced_unless(n.rows_affected())
@@ -332,7 +332,7 @@ impl Inbox {
         .bind(lease.key.source.as_str())
         .bind(lease.key.event_id.as_str())
         .bind(lease.token)
-        .execute(&self.pool)
+        .execute(&mut *acquire(&self.pool).await.map_err(LeaseError::Unavailable)?)
         .await
         .map_err(|e| LeaseError::Unavailable(write_failed(&e)))?;
         fenced_unless(n.rows_affected())

@@ -153,9 +153,11 @@ async fn amqp_forever(
     while !*stopped.borrow() {
         // A broker that accepts TCP and never answers holds the handshake: lapin has no
         // deadline of its own, so a stop request must not wait behind it, and the handshake
-        // is given up after the URL's `connection_timeout` (lapin reads it and ignores it),
-        // or 30 s. Without one, a broker host gone silently mid-handshake (no reset: a power
-        // loss, a partition) held the consumer for good, consuming nothing, saying nothing.
+        // is given up after the URL's `connection_timeout` (which lapin applies to the TCP
+        // connect only), or 30 s. Without one, a broker host gone silently mid-handshake (no
+        // reset: a power loss, a partition) held the consumer for good, consuming nothing,
+        // saying nothing. What is given up is only dropped: lapin's I/O loop for it ends when
+        // the peer closes or the system gives up on the connection, not before.
         let props = lapin::ConnectionProperties::default();
         let wait = uri
             .query

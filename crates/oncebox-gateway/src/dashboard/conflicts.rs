@@ -52,7 +52,7 @@ fn side_by_side(stored: &[u8], offered: &[u8]) -> Markup {
         (Ok(a), Ok(b)) => {
             let d = diff::differences(a, b);
             let (a, b) = (diff::pretty(a, &d), diff::pretty(b, &d));
-            if diff::fits(&a, stored.len()) && diff::fits(&b, offered.len()) {
+            if diff::fits(&a, stored) && diff::fits(&b, offered) {
                 (diff::render(&a), diff::render(&b))
             } else {
                 (layout::payload(stored), layout::payload(offered))

@@ -161,10 +161,27 @@ fn emit(
 /// Whether `lines`, the indented form of a payload of `raw` bytes, are worth showing. Each
 /// line is indented by its depth, so a payload of many small values deep inside brackets (a
 /// megabyte of `0,` 128 arrays down) would take a hundred times its size, sent to the
-/// operator's browser: past four times the payload (and 64 KiB), it is shown as sent instead.
-pub(crate) fn fits(lines: &[Line], raw: usize) -> bool {
-    let indented: usize = lines.iter().map(|l| 2 * l.depth + l.text.len() + 1).sum();
-    indented <= raw.saturating_mul(4).max(64 * 1024)
+/// operator's browser: past four times the payload as sent (both escaped, and 64 KiB), with the
+/// marks of a conflict's differences, it is shown as sent instead.
+pub(crate) fn fits(lines: &[Line], raw: &[u8]) -> bool {
+    let mark = r#"<mark class="diff"></mark>"#.len();
+    let rendered: usize = lines
+        .iter()
+        .map(|l| 2 * l.depth + escaped(l.text.as_bytes()) + 1 + if l.marked { mark } else { 0 })
+        .sum();
+    rendered <= escaped(raw).saturating_mul(4).max(64 * 1024)
+}
+
+/// The length of `text` as the page writes it, escaped.
+fn escaped(text: &[u8]) -> usize {
+    text.iter()
+        .map(|b| match b {
+            b'&' => 5,
+            b'<' | b'>' => 4,
+            b'"' => 6,
+            _ => 1,
+        })
+        .sum()
 }
 
 /// The lines as a block of text; marked lines are `<mark>`ed. Every line's text is escaped.

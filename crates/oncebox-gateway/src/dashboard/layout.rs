@@ -179,7 +179,7 @@ pub(crate) fn duration(d: Duration) -> String {
 pub(crate) fn payload(bytes: &[u8]) -> Markup {
     if let Ok(value) = oncebox_core::json::parse(bytes) {
         let lines = super::diff::pretty(&value, &[]);
-        if super::diff::fits(&lines, bytes.len()) {
+        if super::diff::fits(&lines, bytes) {
             return super::diff::render(&lines);
         }
         let text = String::from_utf8_lossy(bytes);

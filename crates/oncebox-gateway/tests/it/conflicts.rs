@@ -96,7 +96,8 @@ fn deep(id: &str, n: usize, last: u32) -> String {
 
 /// Indented, a payload of many small values deep inside brackets took a hundred times its size
 /// (each line indented by its depth): a 100 KB event's page was 20 MB, and a conflict of two
-/// 30 KB payloads 12 MB. Such a payload is shown as sent.
+/// 30 KB payloads 12 MB; and a conflict whose every value differs, each line marked, 15 times.
+/// Such a payload is shown as sent.
 #[test]
 fn deeply_nested_payloads_are_shown_as_sent_not_indented() {
     run(async {
@@ -118,10 +119,20 @@ fn deeply_nested_payloads_are_shown_as_sent_not_indented() {
                 .await;
             assert!(a.status.is_success() || a.status == StatusCode::UNPROCESSABLE_ENTITY);
         }
+        // Shallow, but every value differs: each line is marked.
+        for digit in 0..2 {
+            let values = vec![digit.to_string(); 15_000].join(",");
+            let body = format!(r#"{{"id":"flat-key","a":[{values}]}}"#);
+            let a = gw.send(post("open", &[], body)).await;
+            assert!(a.status.is_success() || a.status == StatusCode::UNPROCESSABLE_ENTITY);
+        }
         let page = gw.send_local(local_get("/conflicts")).await;
         assert_eq!(page.status, StatusCode::OK);
         let html = String::from_utf8(page.body).unwrap();
-        assert_eq!(html.matches("As sent: indented").count(), 2, "both sides");
-        assert!(html.len() < 4 * 30_000, "{} bytes", html.len());
+        let shown = html.matches("As sent: indented").count();
+        assert_eq!(shown, 2, "both deep sides");
+        // The flat sides are shown indented, without their 15 000 marks.
+        assert!(html.matches("<mark").count() < 100, "marked");
+        assert!(html.len() < 12 * 30_000, "{} bytes", html.len());
     });
 }

@@ -120,7 +120,9 @@ pub(crate) async fn session(
         tracing::warn!(
             "the server did not apply this connection's startup options (a pooler in between \
              drops them): transactions still commit durably at READ COMMITTED, but one left \
-             idle is not ended; set idle_in_transaction_session_timeout for the role"
+             idle is not ended, and single statements outside transactions (complete, \
+             release, the relay's records) commit as the role's synchronous_commit says; set \
+             idle_in_transaction_session_timeout and synchronous_commit = on for the role"
         );
     }
     let schema = schema.ok_or(OpenError::NoSchema {

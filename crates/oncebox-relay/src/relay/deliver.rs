@@ -332,8 +332,9 @@ impl<S: DeliveryStore> Relay<S> {
     /// after each `Unavailable`. Also after a write whose fate is unknown (its answer lost):
     /// it may have taken effect, and the lease's own guard then refuses the next try
     /// (`Fenced`), which says that the earlier try took effect, not that the lease was lost
-    /// (`record` tries again only within its lease, where no other relay could take the
-    /// claim; an `unclaim` refused past it has nothing left to give back either way). Giving
+    /// (read so only for a try begun within `until`: for `record` the lease, where no other
+    /// relay could take the claim; an `unclaim` refused past it has nothing left to give back
+    /// either way). Giving
     /// up there instead left a claim whose outcome was never recorded in flight, to be taken
     /// over as one that may have been sent: parked uncertain, on a route that ignores the key,
     /// although the receiver had answered.
@@ -352,14 +353,18 @@ impl<S: DeliveryStore> Relay<S> {
         let mut unknown = false;
         loop {
             let now = self.clock.now();
-            match op(now).await {
-                Err(LeaseError::Unavailable(e)) if now.plus(pause) < until => {
+            let answer = op(now).await;
+            // Judged when the answer came: a call that hung (a connection dead until the
+            // system gave up on it) may have outlasted the lease.
+            let answered = self.clock.now();
+            match answer {
+                Err(LeaseError::Unavailable(e)) if answered.plus(pause) < until => {
                     unknown |= matches!(e, Unavailable::CommitUnknown(_));
                     tracing::warn!(key = %claimed.idempotency_key, error = %e, "{what}; trying again");
                     tokio::time::sleep(pause).await;
                     pause = (pause * 2).min(RECORD_RETRY.1);
                 }
-                Err(LeaseError::Fenced) if unknown => {
+                Err(LeaseError::Fenced) if unknown && now < until => {
                     tracing::info!(key = %claimed.idempotency_key, "{what}: the earlier try, whose answer was lost, took effect");
                     return Ok(());
                 }

@@ -57,20 +57,20 @@ impl fmt::Debug for Publisher {
     }
 }
 
-/// The `message_id` of a key: the key itself, or — when it is longer than an AMQP short string
-/// can hold — `sha256:` and the hex SHA-256 of the key. Consumers deduplicate on it: do not
-/// change. The full key is in the `idempotency-key` header either way.
 /// Whether the broker closed the publish's channel refusing the publish: 403 (the user may
 /// not write to the exchange), 404 (the exchange was deleted since the channel checked it),
-/// 406 (the message is over `max_message_size`). Soft errors, of the channel: each publish
-/// has a channel of its own, so the refusal is this publish's, and the broker stored
-/// nothing. Told as an unknown outcome, each such delivery of a route that is not idempotent
+/// 406 (the message is over `max_message_size`). Soft errors, closing the channel (the caller
+/// checks that the connection is still sound): each publish has a channel of its own, so the
+/// refusal is this publish's, and the broker stored nothing. Told as an unknown outcome, each such delivery of a route that is not idempotent
 /// was parked uncertain, for an operator to settle.
 fn refused(e: &lapin::Error) -> bool {
     matches!(e.kind(), ErrorKind::ProtocolError(a)
         if matches!(a.kind(), AMQPErrorKind::Soft(_)) && matches!(a.get_id(), 403 | 404 | 406))
 }
 
+/// The `message_id` of a key: the key itself, or — when it is longer than an AMQP short string
+/// can hold — `sha256:` and the hex SHA-256 of the key. Consumers deduplicate on it: do not
+/// change. The full key is in the `idempotency-key` header either way.
 pub(crate) fn message_id(key: &str) -> String {
     if key.len() <= SHORT_STRING_MAX {
         key.to_owned()
@@ -142,10 +142,11 @@ impl Publisher {
             channel.basic_publish(exchange, routing_key, options, &claimed.payload, properties),
         )
         .await;
+        let refusal = matches!(&sent, Ok(Err(e)) if refused(e)) && self.sound(opened).await;
         let confirm = match sent {
             Ok(Ok(confirm)) => confirm,
             // The broker closed the channel refusing it; the connection is sound.
-            Ok(Err(e)) if refused(&e) => {
+            Ok(Err(e)) if refusal => {
                 return Attempt::NotSent(format!("refused by the broker: {}", error_chain(&e)));
             }
             Ok(Err(e)) => {
@@ -164,6 +165,7 @@ impl Publisher {
             }
         };
         let confirmed = timeout_at(deadline, confirm).await;
+        let refusal = matches!(&confirmed, Ok(Err(e)) if refused(e)) && self.sound(opened).await;
         if let Ok(Ok(Confirmation::Ack(_) | Confirmation::Nack(_))) = &confirmed {
             self.give_back(channel, opened).await;
         }
@@ -192,7 +194,7 @@ impl Publisher {
             }
             // The broker closed the channel refusing the publish; the channel is dropped, and
             // the connection, sound, kept.
-            Ok(Err(e)) if refused(&e) => {
+            Ok(Err(e)) if refusal => {
                 Attempt::NotSent(format!("refused by the broker: {}", error_chain(&e)))
             }
             // The connection or channel failed after the publish left, or the confirm did not
@@ -241,6 +243,15 @@ impl Publisher {
             number,
         });
         Ok((channel, number))
+    }
+
+    /// Whether connection `number` is still the open one and connected: a refusal told by a
+    /// channel's close is the publish's own, one told by the connection's close (RabbitMQ
+    /// closes a connection with 403 too) may have followed a stored message.
+    async fn sound(&self, number: u64) -> bool {
+        let open = self.open.lock().await;
+        open.as_ref()
+            .is_some_and(|o| o.number == number && o.connection.status().connected())
     }
 
     /// A channel whose publish was confirmed, for the next publish; one of a connection since

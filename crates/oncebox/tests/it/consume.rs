@@ -70,7 +70,8 @@ fn deliveries(dir: &Path) -> Vec<String> {
         .collect()
 }
 
-struct Consuming(Child);
+/// A consumer process, killed when dropped.
+pub(crate) struct Consuming(pub(crate) Child);
 
 impl Drop for Consuming {
     fn drop(&mut self) {

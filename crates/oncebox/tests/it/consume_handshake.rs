@@ -12,10 +12,11 @@ use lapin::options::{
     BasicPublishOptions, ExchangeDeclareOptions, ExchangeDeleteOptions, QueueDeclareOptions,
     QueueDeleteOptions,
 };
-use lapin::types::FieldTable;
+use lapin::types::{AMQPValue, FieldTable};
 use lapin::{BasicProperties, Connection, ConnectionProperties, ExchangeKind};
 use tokio::net::{TcpListener, TcpStream};
 
+use crate::consume::Consuming;
 use crate::support::oncebox;
 
 /// A stand-in in front of the broker at `upstream`: the first connection is held and never
@@ -64,11 +65,14 @@ fn a_handshake_never_answered_is_given_up_and_the_consumer_connects_again() {
             .await
             .expect("the test connects to RabbitMQ");
         let channel = admin.create_channel().await.unwrap();
+        // A safety net for a failed test that never reaches the deletes.
+        let mut expiring = FieldTable::default();
+        expiring.insert("x-expires".into(), AMQPValue::LongInt(300_000));
         channel
             .queue_declare(
                 queue.as_str().into(),
                 QueueDeclareOptions::default(),
-                FieldTable::default(),
+                expiring,
             )
             .await
             .unwrap();
@@ -87,7 +91,8 @@ fn a_handshake_never_answered_is_given_up_and_the_consumer_connects_again() {
         url.set_host(Some("127.0.0.1")).unwrap();
         url.set_port(Some(stand_in.rsplit(':').next().unwrap().parse().unwrap()))
             .unwrap();
-        url.set_query(Some("connection_timeout=1000"));
+        url.query_pairs_mut()
+            .append_pair("connection_timeout", "1000");
         let dir = tempfile::tempdir().unwrap();
         let config = format!(
             "[sources.shop]\nsignature = \"none\"\n\n[consumers.orders]\nsource = \"shop\"\n\
@@ -96,7 +101,7 @@ fn a_handshake_never_answered_is_given_up_and_the_consumer_connects_again() {
         std::fs::write(dir.path().join("oncebox.toml"), config).unwrap();
         assert!(oncebox(dir.path(), &["migrate"]).status.success());
         let log = dir.path().join("consume.log");
-        let mut child = Command::new(env!("CARGO_BIN_EXE_oncebox"))
+        let child = Command::new(env!("CARGO_BIN_EXE_oncebox"))
             .args(["consume", "--amqp", url.as_str()])
             .current_dir(dir.path())
             .env_remove("ONCEBOX_CONFIG")
@@ -105,6 +110,8 @@ fn a_handshake_never_answered_is_given_up_and_the_consumer_connects_again() {
             .stderr(std::fs::File::create(&log).unwrap())
             .spawn()
             .unwrap();
+        // Killed however the test ends.
+        let consuming = Consuming(child);
 
         channel
             .basic_publish(
@@ -139,8 +146,7 @@ fn a_handshake_never_answered_is_given_up_and_the_consumer_connects_again() {
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         };
-        let _ = child.kill();
-        let _ = child.wait();
+        drop(consuming);
         let said = std::fs::read_to_string(&log).unwrap_or_default();
         channel
             .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
