@@ -32,10 +32,15 @@ pub(crate) fn check_namespace(namespace: &str) -> Result<(), ConnectError> {
 
 /// Every Redis error is `Unavailable` (G3): a timeout or a dropped connection leaves the
 /// request's fate unknown, and a server error (OOM, READONLY replica, WRONGTYPE on a foreign
-/// key) means this tier cannot answer.
+/// key) means this tier cannot answer. A connection that dropped (not one refused: nothing was
+/// sent then) may have carried the call to Redis, whose script then ran with its answer lost:
+/// `CommitUnknown`, not `Storage` ("nothing was kept"); a holder's `release` repeated after it
+/// reads `Fenced`, its key already free.
 pub(crate) fn unavailable(e: &redis::RedisError) -> Unavailable {
     if e.is_timeout() {
         Unavailable::Deadline
+    } else if e.is_connection_dropped() && !e.is_connection_refusal() {
+        Unavailable::CommitUnknown(format!("redis: {e}"))
     } else {
         Unavailable::Storage(format!("redis: {e}"))
     }

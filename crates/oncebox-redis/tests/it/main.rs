@@ -10,6 +10,7 @@ mod fence;
 mod guard;
 mod harness;
 mod lease;
+mod lost;
 mod race;
 mod restart;
 mod tls;
