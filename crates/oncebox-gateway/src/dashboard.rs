@@ -25,6 +25,8 @@ mod logouts;
 mod queues;
 pub(crate) mod session;
 
+/// What the events page filters by, for the OpenAPI document.
+pub(crate) use events::{OUTCOMES, RANGES};
 pub use logouts::Logouts;
 
 use session::Access;

@@ -20,6 +20,57 @@ fn page(summary: &str) -> Value {
                                 "content": { "application/problem+json": { "schema": { "$ref": "#/components/schemas/Problem" } }, "text/html": {} } } } } })
 }
 
+/// [`page`] with the query parameters it reads: (name, schema, whether required, description).
+fn page_with(summary: &str, query: &[(&str, Value, bool, &str)]) -> Value {
+    let mut op = page(summary);
+    let params: Vec<Value> = query
+        .iter()
+        .map(|(name, schema, required, description)| {
+            json!({ "name": name, "in": "query", "required": required, "schema": schema,
+                    "description": description })
+        })
+        .collect();
+    op["get"]["parameters"] = json!(params);
+    op
+}
+
+/// The dashboard's filters and cursors, as its pages read them.
+fn page_query() -> [(&'static str, Value, bool, &'static str); 5] {
+    let ranges: Vec<&str> = crate::dashboard::RANGES.iter().map(|(v, _)| *v).collect();
+    [
+        (
+            "source",
+            json!({ "type": "string" }),
+            false,
+            "only this source's events",
+        ),
+        (
+            "outcome",
+            json!({ "enum": crate::dashboard::OUTCOMES }),
+            false,
+            "only events in this state, or with refused payloads (`conflict`)",
+        ),
+        (
+            "since",
+            json!({ "enum": ranges }),
+            false,
+            "only events that arrived within this time",
+        ),
+        (
+            "after",
+            json!({ "type": "integer" }),
+            false,
+            "the cursor of the next page, as its link gives it",
+        ),
+        (
+            "event_id",
+            json!({ "type": "string" }),
+            false,
+            "with `source`: only this key's conflicts",
+        ),
+    ]
+}
+
 /// Why a dashboard page is closed.
 const CLOSED: &str = "closed: no admin token, and the listener is beyond loopback, the request \
                       names another host, or a proxy forwarded it";
@@ -184,6 +235,7 @@ fn retry_after(mut response: Value) -> Value {
 
 fn described() -> Value {
     let admin = json!([{ "bearer": [] }]);
+    let query = page_query();
     let list = json!([schemas::source_filter(), schemas::after(), schemas::limit()]);
     let deliveries = json!([
         { "name": "state", "in": "query", "schema": { "enum": DELIVERY_STATES }, "allowEmptyValue": true,
@@ -260,11 +312,14 @@ fn described() -> Value {
                 "responses": { "200": { "description": "{\"status\": \"ready\"}" }, "503": problem("unavailable") } } },
             "/openapi.json": { "get": { "summary": "This document", "responses": { "200": { "description": "OpenAPI 3.1" } } } },
             "/": page("Dashboard: activity per source, deliveries by state"),
-            "/events": page("Dashboard: events, filtered by source and state"),
+            "/events": page_with("Dashboard: events, filtered by source and state", &query[..4]),
             "/events/{source}/{event_id}": page("Dashboard: one event, its answer and deliveries"),
-            "/event": page("Dashboard: one event named by the query (?source=…&id=…), for an id of `.` or `..`, which a browser cannot keep in a path"),
-            "/deliveries/{state}": page("Dashboard: the deliveries in one state, with retry and resolve"),
-            "/conflicts": page("Dashboard: reused keys with the two payloads side by side"),
+            "/event": page_with("Dashboard: one event named by the query (?source=…&id=…), for an id of `.` or `..`, which a browser cannot keep in a path",
+                &[("source", json!({ "type": "string" }), true, "the event's source"),
+                  ("id", json!({ "type": "string" }), true, "the event's id")]),
+            "/deliveries/{state}": page_with("Dashboard: the deliveries in one state, with retry and resolve", &query[3..4]),
+            "/conflicts": page_with("Dashboard: reused keys with the two payloads side by side (one key's, named by `source` and `event_id` together)",
+                &[query[0].clone(), query[4].clone(), query[3].clone()]),
             "/config": page("Dashboard: the sources and routes in effect, secrets masked"),
             "/login": {
                 "get": { "summary": "Dashboard sign-in form", "tags": ["dashboard"],

@@ -35,7 +35,7 @@ const PAGE: usize = 50;
 const SCAN_PAGE: usize = 500;
 const SCAN_PAGES: usize = 10;
 /// The time ranges the list offers.
-const RANGES: &[(&str, &str)] = &[
+pub(crate) const RANGES: &[(&str, &str)] = &[
     ("", "any time"),
     ("15m", "last 15 minutes"),
     ("1h", "last hour"),

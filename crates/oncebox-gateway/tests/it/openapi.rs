@@ -340,7 +340,11 @@ fn the_dashboard_queues_are_the_documented_states() {
         let gw = TestGateway::tokenless();
         let doc = document(&gw).await;
         let op = &doc["paths"]["/deliveries/{state}"]["get"];
-        let states: Vec<&str> = op["parameters"][0]["schema"]["enum"]
+        let state = op["parameters"]
+            .as_array()
+            .and_then(|ps| ps.iter().find(|p| p["in"] == "path"))
+            .expect("the state parameter");
+        let states: Vec<&str> = state["schema"]["enum"]
             .as_array()
             .expect("an enum of states")
             .iter()
