@@ -17,7 +17,7 @@ use oncebox_core::relay_store::{
 use oncebox_core::store::Page;
 use oncebox_core::{Key, LeaseError, Timestamp, Unavailable};
 
-use crate::error::{acquire, commit_failed, storage, write_failed};
+use crate::error::{commit_failed, lease_write, storage};
 use crate::inbox::{Inbox, notify};
 
 fn millis(d: Duration) -> i64 {
@@ -96,7 +96,7 @@ impl DeliveryStore for Inbox {
         // attempt (counting it would shrink the new holder's retry budget, and its row would show
         // operators an outcome that decided nothing). An expired lease is refused even if nobody
         // took the delivery over yet, because someone may be about to.
-        let n = sqlx::query(
+        let query = sqlx::query(
             "WITH verdict AS (
                UPDATE oncebox_outbox SET state = $4, attempts = attempts + 1, last_status = $5,
                  last_error = $6, next_attempt_at = coalesce($7, next_attempt_at),
@@ -117,10 +117,8 @@ impl DeliveryStore for Inbox {
         .bind(delivered_at)
         .bind(attempt.started_at.millis())
         .bind(millis(attempt.duration))
-        .bind(&attempt.error)
-        .execute(&mut *acquire(&self.pool).await.map_err(LeaseError::Unavailable)?)
-        .await
-        .map_err(|e| LeaseError::Unavailable(write_failed(&e)))?;
+        .bind(&attempt.error);
+        let n = lease_write(&self.pool, query).await?;
         if n.rows_affected() == 1 {
             Ok(())
         } else {

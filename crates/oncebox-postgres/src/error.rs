@@ -138,27 +138,30 @@ pub(crate) fn commit_failed(e: &sqlx::Error) -> Unavailable {
     }
 }
 
-/// A lease's write outside a transaction (autocommit: `complete`, `release`, `uncertain`, the
-/// relay's `record`) that failed. When the connection broke after the statement was sent, the server
-/// may have committed it with its answer lost on the way: the outcome is unknown, not
-/// "nothing kept", and the caller's retry may find its own write done (`release` then reads
-/// `Fenced`, which the relay takes for its own write done). The connection is taken first
-/// ([`acquire`]): a pool that gave none sent nothing.
-pub(crate) fn write_failed(e: &sqlx::Error) -> Unavailable {
-    match e {
-        sqlx::Error::Io(_) | sqlx::Error::Tls(_) | sqlx::Error::Protocol(_) => {
-            Unavailable::CommitUnknown(e.to_string())
-        }
-        _ => storage(e),
-    }
-}
-
-/// A pooled connection for a write whose failure [`write_failed`] reads: a pool that gave none
-/// (a new connection refused, unreachable, its TLS failed) sent nothing, which is `Storage`.
-pub(crate) async fn acquire(
+/// Runs a lease's write outside a transaction (autocommit: `complete`, `release`,
+/// `uncertain`, the relay's `record`). The connection is taken first: a pool that gave none (a
+/// new connection refused, unreachable, its TLS failed) sent nothing, which is `Storage`. When
+/// the connection broke after the statement was sent, the server may have committed it with
+/// its answer lost on the way: the outcome is unknown (`CommitUnknown`), not "nothing kept",
+/// and the caller's retry may find its own write done (`release` then reads `Fenced`, which the
+/// relay takes for its own write done).
+pub(crate) async fn lease_write(
     pool: &sqlx::PgPool,
-) -> Result<sqlx::pool::PoolConnection<sqlx::Postgres>, Unavailable> {
-    pool.acquire().await.map_err(|e| storage(&e))
+    query: sqlx::query::Query<'_, sqlx::Postgres, sqlx::postgres::PgArguments>,
+) -> Result<sqlx::postgres::PgQueryResult, oncebox_core::LeaseError> {
+    use oncebox_core::LeaseError;
+    let mut conn = pool
+        .acquire()
+        .await
+        .map_err(|e| LeaseError::Unavailable(storage(&e)))?;
+    query.execute(&mut *conn).await.map_err(|e| {
+        LeaseError::Unavailable(match e {
+            sqlx::Error::Io(_) | sqlx::Error::Tls(_) | sqlx::Error::Protocol(_) => {
+                Unavailable::CommitUnknown(e.to_string())
+            }
+            _ => storage(&e),
+        })
+    })
 }
 
 /// A handler's `COMMIT` that failed. The server refusing it for what the transaction wrote (a

@@ -15,7 +15,7 @@ use sqlx::postgres::PgPoolOptions;
 
 use crate::batch::Batcher;
 use crate::claim::{Claim, claim};
-use crate::error::{OpenError, acquire, commit_failed, storage, write_failed};
+use crate::error::{OpenError, commit_failed, lease_write, storage};
 use crate::options::Options;
 use crate::schema;
 use crate::tx::{HandlerError, Tx};
@@ -273,7 +273,7 @@ impl Inbox {
         let now = now.millis();
         // The completing token stays on the record: the holder repeating its completion (its
         // reply was lost) is told `Ok` again below, and the first response stays.
-        let n = sqlx::query(
+        let query = sqlx::query(
             "UPDATE oncebox_inbox SET state = $4, response = $5, completed_at = $7,
                lease_expires_at = NULL
              WHERE source = $1 AND event_id = $2 AND state = 'processing'
@@ -285,10 +285,8 @@ impl Inbox {
         .bind(response.kind.as_str())
         .bind(body)
         .bind(now)
-        .bind(stamp)
-        .execute(&mut *acquire(&self.pool).await.map_err(LeaseError::Unavailable)?)
-        .await
-        .map_err(|e| LeaseError::Unavailable(write_failed(&e)))?;
+        .bind(stamp);
+        let n = lease_write(&self.pool, query).await?;
         if n.rows_affected() == 1 {
             return Ok(());
         }
@@ -307,16 +305,14 @@ impl Inbox {
 
     /// Frees the key (the external call failed). Allowed after expiry while nobody took over.
     pub async fn release(&self, lease: &Lease) -> Result<(), LeaseError> {
-        let n = sqlx::query(
+        let query = sqlx::query(
             "DELETE FROM oncebox_inbox WHERE source = $1 AND event_id = $2
                AND state = 'processing' AND lease_token = $3",
         )
         .bind(lease.key.source.as_str())
         .bind(lease.key.event_id.as_str())
-        .bind(lease.token)
-        .execute(&mut *acquire(&self.pool).await.map_err(LeaseError::Unavailable)?)
-        .await
-        .map_err(|e| LeaseError::Unavailable(write_failed(&e)))?;
+        .bind(lease.token);
+        let n = lease_write(&self.pool, query).await?;
         fenced_unless(n.rows_affected())
     }
 
@@ -324,17 +320,15 @@ impl Inbox {
     /// until reconciled. The token stays on the parked record, so the holder repeating the call
     /// (its reply was lost) matches again and is told `Ok`; `resolve` clears or deletes it.
     pub async fn uncertain(&self, lease: &Lease) -> Result<(), LeaseError> {
-        let n = sqlx::query(
+        let query = sqlx::query(
             "UPDATE oncebox_inbox SET state = 'uncertain', lease_expires_at = NULL
              WHERE source = $1 AND event_id = $2 AND state IN ('processing', 'uncertain')
                AND lease_token = $3",
         )
         .bind(lease.key.source.as_str())
         .bind(lease.key.event_id.as_str())
-        .bind(lease.token)
-        .execute(&mut *acquire(&self.pool).await.map_err(LeaseError::Unavailable)?)
-        .await
-        .map_err(|e| LeaseError::Unavailable(write_failed(&e)))?;
+        .bind(lease.token);
+        let n = lease_write(&self.pool, query).await?;
         fenced_unless(n.rows_affected())
     }
 

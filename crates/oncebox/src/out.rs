@@ -19,31 +19,33 @@ pub struct Out<W> {
     closed: bool,
 }
 
-impl<W: Write> Write for Out<W> {
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+impl<W: Write> Out<W> {
+    /// `op` on the writer while its reader is there; `dropped` once it went away.
+    fn unless_closed<T>(
+        &mut self,
+        dropped: T,
+        op: impl FnOnce(&mut W) -> io::Result<T>,
+    ) -> io::Result<T> {
         if self.closed {
-            return Ok(buf.len());
+            return Ok(dropped);
         }
-        match self.inner.write(buf) {
+        match op(&mut self.inner) {
             Err(e) if e.kind() == ErrorKind::BrokenPipe => {
                 self.closed = true;
-                Ok(buf.len())
+                Ok(dropped)
             }
             other => other,
         }
     }
+}
+
+impl<W: Write> Write for Out<W> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.unless_closed(buf.len(), |w| w.write(buf))
+    }
 
     fn flush(&mut self) -> io::Result<()> {
-        if self.closed {
-            return Ok(());
-        }
-        match self.inner.flush() {
-            Err(e) if e.kind() == ErrorKind::BrokenPipe => {
-                self.closed = true;
-                Ok(())
-            }
-            other => other,
-        }
+        self.unless_closed((), Write::flush)
     }
 }
 

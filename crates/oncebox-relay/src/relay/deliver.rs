@@ -334,10 +334,9 @@ impl<S: DeliveryStore> Relay<S> {
     /// (`Fenced`), which says that the earlier try took effect, not that the lease was lost
     /// (read so only for a try begun within `until`: for `record` the lease, where no other
     /// relay could take the claim; an `unclaim` refused past it has nothing left to give back
-    /// either way). Giving
-    /// up there instead left a claim whose outcome was never recorded in flight, to be taken
-    /// over as one that may have been sent: parked uncertain, on a route that ignores the key,
-    /// although the receiver had answered.
+    /// either way). Giving up there instead left a claim whose outcome was never recorded in
+    /// flight, to be taken over as one that may have been sent: parked uncertain, on a route
+    /// that ignores the key, although the receiver had answered.
     async fn asking_again<F, Fut>(
         &self,
         claimed: &Claimed,

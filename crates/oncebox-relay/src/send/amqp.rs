@@ -61,8 +61,9 @@ impl fmt::Debug for Publisher {
 /// not write to the exchange), 404 (the exchange was deleted since the channel checked it),
 /// 406 (the message is over `max_message_size`). Soft errors, closing the channel (the caller
 /// checks that the connection is still sound): each publish has a channel of its own, so the
-/// refusal is this publish's, and the broker stored nothing. Told as an unknown outcome, each such delivery of a route that is not idempotent
-/// was parked uncertain, for an operator to settle.
+/// refusal is this publish's, and the broker stored nothing. Told as an unknown outcome, each
+/// such delivery of a route that is not idempotent was parked uncertain, for an operator to
+/// settle.
 fn refused(e: &lapin::Error) -> bool {
     matches!(e.kind(), ErrorKind::ProtocolError(a)
         if matches!(a.kind(), AMQPErrorKind::Soft(_)) && matches!(a.get_id(), 403 | 404 | 406))

@@ -11,6 +11,16 @@ fn integrity(conn: &rusqlite::Connection) -> String {
         .unwrap()
 }
 
+/// How many rows of `t` hold a value of each length, as `conn` reads them.
+fn lengths(conn: &rusqlite::Connection) -> Vec<(i64, i64)> {
+    conn.prepare("SELECT length(v), count(*) FROM t GROUP BY 1 ORDER BY 1")
+        .unwrap()
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect()
+}
+
 /// Commits through the gathering VFS are whole for a second connection and after reopening,
 /// also when a transaction outgrows the writer's cache and SQLite reads its own unsynced
 /// frames back; and the log's page writes really were gathered.
@@ -113,13 +123,7 @@ fn frames_of_a_rolled_back_transaction_never_reach_the_log() {
     writer
         .execute_batch("UPDATE t SET v = zeroblob(303) WHERE k > 1900")
         .unwrap();
-    let lengths: Vec<(i64, i64)> = writer
-        .prepare("SELECT length(v), count(*) FROM t GROUP BY 1 ORDER BY 1")
-        .unwrap()
-        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
-        .unwrap()
-        .map(Result::unwrap)
-        .collect();
+    let lengths = lengths(&writer);
     assert_eq!(lengths, [(300, 900), (302, 1000), (303, 100)]);
     assert_eq!(integrity(&writer), "ok");
 }
@@ -167,13 +171,7 @@ fn frames_of_a_transaction_sqlite_rolled_back_itself_are_dropped_at_once() {
         .unwrap();
     drop(other);
     // The statement's code reads on; everything the other committed is there, whole.
-    let lengths: Vec<(i64, i64)> = writer
-        .prepare("SELECT length(v), count(*) FROM t GROUP BY 1 ORDER BY 1")
-        .unwrap()
-        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
-        .unwrap()
-        .map(Result::unwrap)
-        .collect();
+    let lengths = lengths(&writer);
     assert_eq!(lengths, [(300, 1000), (302, 1000)]);
     assert_eq!(integrity(&writer), "ok");
 }
