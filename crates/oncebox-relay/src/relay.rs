@@ -304,8 +304,7 @@ impl<S: DeliveryStore> Relay<S> {
         let (_never, stop) = watch::channel(false);
         let results = futures::future::join_all(claimed.iter().map(|c| async {
             let promise = self.promise(&c.route);
-            self.deliver(c, claimed_at, promise, &mut stop.clone())
-                .await
+            self.deliver(c, claimed_at, promise, &stop).await
         }))
         .await;
         for r in results {

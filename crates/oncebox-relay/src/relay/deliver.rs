@@ -50,15 +50,17 @@ impl<S: DeliveryStore> Relay<S> {
     ///
     /// `claimed_at` is the clock's monotonic time taken before the claim was asked for.
     ///
-    /// On a paced route (`rate`) it waits first for a slot of the route's pace (`promise`,
-    /// taken when the claim came back); a slot its lease cannot wait for gives the claim back
-    /// at once.
+    /// On a paced route (`rate`) it then waits for a slot of the route's pace (`promise`, taken
+    /// when the claim came back); a slot its lease cannot wait for gives the claim back at
+    /// once. The slot comes after the permit, so it is taken just before the request goes: a
+    /// slot taken first and then held behind a slow receiver's permits would send with the
+    /// slots taken meanwhile, in a burst, as the permits free up together.
     pub(super) async fn deliver(
         &self,
         claimed: &Claimed,
         claimed_at: Duration,
         mut promise: Option<Promise<'_>>,
-        stop: &mut watch::Receiver<bool>,
+        stop: &watch::Receiver<bool>,
     ) -> Result<Step, LeaseError> {
         let Some(Lane {
             route,
@@ -81,33 +83,14 @@ impl<S: DeliveryStore> Relay<S> {
         // turn, as one still waiting gets none, since a process about to stop could be killed
         // with the request on its way.
         let stopped = *stop.borrow();
-        if let Some(promise) = promise.as_mut().filter(|_| !stopped) {
-            while let Err(wait) = promise.take(Instant::now()) {
-                let mut stop = stop.clone();
-                let stopping = async move {
-                    let _ = stop.wait_for(|stop| *stop).await;
-                };
-                if self.short_of_lease(claimed, route, claimed_at, wait) {
-                    self.unclaim(claimed).await?;
-                    return Ok(Step::Unclaimed);
-                }
-                tokio::select! {
-                    biased;
-                    () = stopping => {
-                        self.unclaim(claimed).await?;
-                        return Ok(Step::Unclaimed);
-                    }
-                    () = tokio::time::sleep(wait) => {}
-                }
-            }
-        }
-        // The guard `wait_for` gives is dropped inside: it cannot be held across an await.
-        let stopping = async {
-            let _ = stop.wait_for(|stop| *stop).await;
-        };
         let permit = if stopped {
             None
         } else {
+            // The guard `wait_for` gives is dropped inside: it cannot be held across an await.
+            let mut stop = stop.clone();
+            let stopping = async move {
+                let _ = stop.wait_for(|stop| *stop).await;
+            };
             match permits.try_acquire() {
                 Ok(permit) => Some(permit),
                 Err(TryAcquireError::Closed) => return Err(LeaseError::Fenced),
@@ -122,6 +105,13 @@ impl<S: DeliveryStore> Relay<S> {
             self.unclaim(claimed).await?;
             return Ok(Step::Unclaimed);
         };
+        if let Some(promise) = promise.as_mut()
+            && !self.paced(claimed, route, claimed_at, promise, stop).await
+        {
+            drop(permit);
+            self.unclaim(claimed).await?;
+            return Ok(Step::Unclaimed);
+        }
         // Given back unsent, to be taken again, when either holds:
         // - the route's circuit is open (the sends ahead of this claim failed), or its one
         //   trial after the cooldown is out: not sent into the failure;
@@ -148,6 +138,33 @@ impl<S: DeliveryStore> Relay<S> {
         // A trial the receiver was not asked in ends here; an answered one was settled.
         drop(turn);
         concluded
+    }
+
+    /// Waits for `promise`'s slot in its route's pace. `false` when the claim should be given
+    /// back instead: its lease cannot wait for the slot, or the relay is stopping.
+    async fn paced(
+        &self,
+        claimed: &Claimed,
+        route: &Route,
+        claimed_at: Duration,
+        promise: &mut Promise<'_>,
+        stop: &watch::Receiver<bool>,
+    ) -> bool {
+        while let Err(wait) = promise.take(Instant::now()) {
+            if self.short_of_lease(claimed, route, claimed_at, wait) {
+                return false;
+            }
+            let mut stop = stop.clone();
+            let stopping = async move {
+                let _ = stop.wait_for(|stop| *stop).await;
+            };
+            tokio::select! {
+                biased;
+                () = stopping => return false,
+                () = tokio::time::sleep(wait) => {}
+            }
+        }
+        true
     }
 
     /// Whether `claimed`, sent after waiting `ahead` more, could still be on its way when its

@@ -48,10 +48,10 @@ impl<S: DeliveryStore> Relay<S> {
             let mut again = freed || !claimed.is_empty();
             for c in claimed {
                 held.take(&c);
-                let mut stop = stopped.clone();
+                let stop = stopped.clone();
                 let promise = self.promise(&c.route);
                 sending.push(async move {
-                    let step = self.deliver(&c, claimed_at, promise, &mut stop).await;
+                    let step = self.deliver(&c, claimed_at, promise, &stop).await;
                     (c.route, c.id, step)
                 });
             }

@@ -1,10 +1,14 @@
 //! A route's `rate`: a backlog goes out one request per interval, never in a burst, while an
-//! unpaced route beside it goes at its own speed; a claim whose slot its lease cannot wait for
-//! is given back at once, unsent.
+//! unpaced route beside it goes at its own speed, nor in a burst after a slow answer held the
+//! route's permits; a claim whose slot its lease cannot wait for is given back at once, unsent.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use axum::Router;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::routing::post;
 use oncebox_core::delivery::DeliveryState;
 use oncebox_core::route::Rate;
 use oncebox_relay::Outcome;
@@ -81,6 +85,82 @@ fn a_paced_backlog_goes_out_at_the_rate_and_an_unpaced_route_is_not_held_back() 
             free_at[FREE - 1] < paced_at[20],
             "the unpaced route finished {:?} after the paced one began",
             free_at[FREE - 1] - paced_at[0]
+        );
+    });
+}
+
+/// A receiver whose first answer takes `slow`; it keeps each request's arrival.
+async fn slow_first(slow: Duration) -> (Arc<Mutex<Vec<Instant>>>, std::net::SocketAddr) {
+    async fn hook(State((seen, slow)): State<(Arc<Mutex<Vec<Instant>>>, Duration)>) -> StatusCode {
+        let first = {
+            let mut seen = seen.lock().unwrap();
+            seen.push(Instant::now());
+            seen.len() == 1
+        };
+        if first {
+            tokio::time::sleep(slow).await;
+        }
+        StatusCode::OK
+    }
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let app = Router::new()
+        .route("/hook", post(hook))
+        .with_state((seen.clone(), slow));
+    (seen, receiver::serve(app).await)
+}
+
+#[test]
+fn a_slow_answer_holding_the_permit_is_not_followed_by_a_burst() {
+    run(async {
+        let w = World::new();
+        // The first answer takes 600 ms, twelve of the route's 50 ms intervals, while the
+        // claims behind it wait for the route's one permit.
+        let slow = Duration::from_millis(600);
+        let (seen, addr) = slow_first(slow).await;
+        let mut paced = route("paced", addr, true);
+        paced.rate = Some(Rate::parse("20/s").unwrap());
+        paced.concurrency = 1;
+        // A route with room and nothing due: its share of a claim brings the paced route's
+        // deliveries in beyond its one permit, to wait for it.
+        let mut idle = route("idle", addr, true);
+        idle.concurrency = 8;
+        const EVENTS: usize = 9;
+        for i in 0..EVENTS {
+            w.accept(&format!("s{i}"), &["paced"]).await;
+        }
+        let relay = Arc::new(w.relay(vec![paced, idle]));
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn({
+            let relay = relay.clone();
+            async move {
+                relay
+                    .run(async {
+                        let _ = stopped.await;
+                    })
+                    .await;
+            }
+        });
+        for _ in 0..3_000 {
+            if seen.lock().unwrap().len() == EVENTS {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let _ = stop.send(());
+        task.await.unwrap();
+        let at = seen.lock().unwrap().clone();
+        assert_eq!(at.len(), EVENTS);
+        assert!(
+            at[1] - at[0] >= slow,
+            "the second went before the first was answered"
+        );
+        // After the slow answer, eight more at 50 ms each: 350 ms from the second to the last
+        // at the pace. Slots taken while the permit was held sent them back to back.
+        let after = at[EVENTS - 1] - at[1];
+        assert!(
+            after >= Duration::from_millis(250),
+            "the {} after the slow answer arrived within {after:?}: a burst",
+            EVENTS - 1
         );
     });
 }
