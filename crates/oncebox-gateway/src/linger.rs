@@ -1,6 +1,7 @@
 //! The lingering close: a connection that hyper ends cleanly is shut for writing and read to
 //! its end before its socket closes, so that a refusal sent before the request's body was read
-//! reaches a client that is still sending that body.
+//! reaches a client that is still sending that body. Also the write stall: a client that takes
+//! no byte of its answer for a while is cut off.
 //!
 //! Why: a 413, 404 or 408 is often answered before the body is read. Closing a socket with
 //! bytes still arriving makes the kernel answer them with a reset, which can reach the client
@@ -9,6 +10,7 @@
 //! succeed). Shutting the write side and reading the rest away lets the client finish sending
 //! and read the answer.
 
+use std::future::Future;
 use std::io;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -17,7 +19,7 @@ use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
-use tokio::time::Instant;
+use tokio::time::{Instant, Sleep};
 
 /// At most this long in all, until this long passes without a byte, or until this much is read
 /// away; then the socket closes.
@@ -32,22 +34,57 @@ pub(crate) type Slot = Arc<Mutex<Option<TcpStream>>>;
 /// a stream hyper shut down cleanly moves to `slot` instead of closing; one hyper dropped
 /// without a shutdown (a timeout, a broken connection) closes at once, so a slow client gains
 /// no time.
+///
+/// A write that makes no progress for `stall` fails with `TimedOut`, and hyper drops the
+/// connection. Why: hyper has no write timeout, and while an answer waits to be written it
+/// reads no next request, so its header timer never starts: a client that sends requests and
+/// never reads the answers (a full receive window) held its connection, with its descriptor,
+/// for as long as the process ran.
 #[derive(Debug)]
 pub(crate) struct Lingering {
     stream: Option<TcpStream>,
     shut: bool,
     slot: Slot,
+    stall: Duration,
+    /// Armed when a write or flush first waits, disarmed by any progress.
+    stalled: Option<Pin<Box<Sleep>>>,
 }
 
 impl Lingering {
-    pub(crate) fn new(stream: TcpStream) -> (Lingering, Slot) {
+    pub(crate) fn new(stream: TcpStream, stall: Duration) -> (Lingering, Slot) {
         let slot = Slot::default();
         let io = Lingering {
             stream: Some(stream),
             shut: false,
             slot: Arc::clone(&slot),
+            stall,
+            stalled: None,
         };
         (io, slot)
+    }
+
+    /// `written` as the write's answer, with the stall timer armed while it waits and an
+    /// error once it has waited `stall` without progress.
+    fn watch<T>(
+        &mut self,
+        cx: &mut Context<'_>,
+        written: Poll<io::Result<T>>,
+    ) -> Poll<io::Result<T>> {
+        if written.is_ready() {
+            self.stalled = None;
+            return written;
+        }
+        let stall = self.stall;
+        let timer = self
+            .stalled
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep(stall)));
+        match timer.as_mut().poll(cx) {
+            Poll::Ready(()) => Poll::Ready(Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!("the client took no byte of its answer for {stall:?}"),
+            ))),
+            Poll::Pending => Poll::Pending,
+        }
     }
 
     fn stream(&mut self) -> Pin<&mut TcpStream> {
@@ -81,7 +118,9 @@ impl AsyncWrite for Lingering {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        self.get_mut().stream().poll_write(cx, buf)
+        let this = self.get_mut();
+        let written = this.stream().poll_write(cx, buf);
+        this.watch(cx, written)
     }
 
     fn poll_write_vectored(
@@ -89,7 +128,9 @@ impl AsyncWrite for Lingering {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        self.get_mut().stream().poll_write_vectored(cx, bufs)
+        let this = self.get_mut();
+        let written = this.stream().poll_write_vectored(cx, bufs);
+        this.watch(cx, written)
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -99,7 +140,9 @@ impl AsyncWrite for Lingering {
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        self.get_mut().stream().poll_flush(cx)
+        let this = self.get_mut();
+        let flushed = this.stream().poll_flush(cx);
+        this.watch(cx, flushed)
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {

@@ -112,6 +112,9 @@ impl SourcePolicy {
 pub struct Limits {
     /// Requests handled at once; past it the gateway answers 503 at once instead of queueing.
     pub concurrency: usize,
+    /// Connections open at once; past it new ones wait in the listener's backlog, so that
+    /// clients holding connections cannot take the descriptors the store and the relay need.
+    pub connections: usize,
     /// Time allowed to send the request headers (slowloris).
     pub header_timeout: Duration,
     /// Time allowed to send the body once the headers arrived.
@@ -127,6 +130,7 @@ impl Default for Limits {
     fn default() -> Limits {
         Limits {
             concurrency: 1024,
+            connections: 10_000,
             header_timeout: Duration::from_secs(10),
             body_timeout: Duration::from_secs(30),
             shutdown_grace: Duration::from_secs(10),

@@ -20,6 +20,7 @@ use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 use tower::ServiceExt as _;
 
@@ -32,7 +33,9 @@ const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 
 /// Serves `app` on `listener` until `shutdown` completes, then stops accepting, lets in-flight
 /// requests finish within `limits.shutdown_grace`, cuts whatever is left, and returns. Of
-/// `limits` it uses `header_timeout` and `shutdown_grace`; the router applies the others.
+/// `limits` it uses `connections`, `header_timeout` (which also bounds a write that makes no
+/// progress: a client not reading its answers) and `shutdown_grace`; the router applies the
+/// others.
 ///
 /// A request cut by the grace deadline loses its connection: its sender sees no answer and
 /// retries, which is a duplicate if the commit happened. Nothing is ever answered 2xx without
@@ -53,8 +56,33 @@ pub async fn serve(
         .header_read_timeout(limits.header_timeout);
     let graceful = GracefulShutdown::new();
     let mut connections = JoinSet::new();
+    let open = Arc::new(Semaphore::new(limits.connections.max(1)));
+    let mut full = false;
     tokio::pin!(shutdown);
     loop {
+        // A connection is accepted only with a place for it: past the cap, new ones wait in
+        // the backlog until one ends.
+        let place = match Arc::clone(&open).try_acquire_owned() {
+            Ok(place) => place,
+            Err(_) => {
+                if !full {
+                    tracing::warn!(
+                        connections = limits.connections,
+                        "connection limit reached: new connections wait until one ends"
+                    );
+                }
+                full = true;
+                tokio::select! {
+                    place = Arc::clone(&open).acquire_owned() => match place {
+                        Ok(place) => place,
+                        Err(_) => break,
+                    },
+                    Some(_) = connections.join_next(), if !connections.is_empty() => continue,
+                    () = &mut shutdown => break,
+                }
+            }
+        };
+        full = full && open.available_permits() == 0;
         tokio::select! {
             accepted = listener.accept() => {
                 let (stream, peer) = match accepted {
@@ -66,12 +94,13 @@ pub async fn serve(
                     }
                 };
                 let _ = stream.set_nodelay(true);
-                let (io, left) = Lingering::new(stream);
+                let (io, left) = Lingering::new(stream, limits.header_timeout);
                 let app = app.clone();
                 let service =
                     hyper::service::service_fn(move |request| answer(app.clone(), request));
                 let connection = graceful.watch(builder.serve_connection(TokioIo::new(io), service));
                 connections.spawn(async move {
+                    let _place = place;
                     if let Err(e) = connection.await {
                         tracing::debug!(%peer, error = %e, "connection ended with an error");
                     }

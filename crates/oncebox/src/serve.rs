@@ -1,6 +1,7 @@
 //! `oncebox serve`: the gateway on the configured database, with retention purges and a
 //! graceful shutdown on SIGINT, SIGTERM or SIGHUP (a second one stops at once).
 
+mod files;
 mod signals;
 
 pub(crate) use signals::{Stop, wait_for};
@@ -28,6 +29,7 @@ pub async fn run(settings: Settings, with_relay: bool) -> Result<()> {
     for warning in &settings.warnings {
         tracing::warn!("{warning}");
     }
+    files::raise_open_files(settings.gateway.limits.connections);
     let starting = async {
         // The port first: a start that cannot listen (another gateway has the port) must leave
         // the database as it found it, neither created nor migrated under the gateway that

@@ -8,6 +8,7 @@ mod dashboard;
 mod dashboard_gate;
 mod deliveries;
 mod headers;
+mod held;
 mod http;
 mod ids;
 mod ingress;

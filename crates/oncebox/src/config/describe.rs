@@ -40,9 +40,10 @@ pub fn describe(settings: &Settings) -> String {
     let _ = writeln!(out, "admin       {admin}");
     let _ = writeln!(
         out,
-        "limits      concurrency {}, header timeout {}, body timeout {}, shutdown grace {}, \
-         retry-after {}",
+        "limits      concurrency {}, connections {}, header timeout {}, body timeout {}, \
+         shutdown grace {}, retry-after {}",
         l.concurrency,
+        l.connections,
         format_duration(l.header_timeout),
         format_duration(l.body_timeout),
         format_duration(l.shutdown_grace),

@@ -375,6 +375,13 @@ fn limits(raw: &RawLimits, p: &mut Problems<'_>) -> Limits {
             format!("must be from 1 to {}", raw::MAX_CONCURRENCY),
         );
     }
+    let connections = raw.connections.unwrap_or(d.connections);
+    if connections == 0 || connections > raw::MAX_CONCURRENCY {
+        p.push(
+            "limits.connections",
+            format!("must be from 1 to {}", raw::MAX_CONCURRENCY),
+        );
+    }
     let header_timeout = raw.header_timeout.map_or(d.header_timeout, |t| t.0);
     let body_timeout = raw.body_timeout.map_or(d.body_timeout, |t| t.0);
     for (key, value) in [
@@ -392,6 +399,7 @@ fn limits(raw: &RawLimits, p: &mut Problems<'_>) -> Limits {
     }
     Limits {
         concurrency,
+        connections,
         header_timeout,
         body_timeout,
         shutdown_grace: raw.shutdown_grace.map_or(d.shutdown_grace, |t| t.0),

@@ -56,6 +56,7 @@ pub(super) struct RawRelay {
 #[serde(deny_unknown_fields)]
 pub(super) struct RawLimits {
     pub concurrency: Option<usize>,
+    pub connections: Option<usize>,
     pub header_timeout: Option<HumanDuration>,
     pub body_timeout: Option<HumanDuration>,
     pub shutdown_grace: Option<HumanDuration>,

@@ -375,20 +375,25 @@ fn unknown_keys_are_refused_by_path() {
 #[test]
 fn limits_map_onto_the_gateway() {
     let s = ok(
-        "[limits]\nconcurrency = 8\nheader_timeout = \"2s\"\nbody_timeout = \"1m\"\n\
-                shutdown_grace = \"0s\"\nretry_after = \"5s\"\n",
+        "[limits]\nconcurrency = 8\nconnections = 20\nheader_timeout = \"2s\"\n\
+         body_timeout = \"1m\"\nshutdown_grace = \"0s\"\nretry_after = \"5s\"\n",
     );
     let l = &s.gateway.limits;
     assert_eq!(l.concurrency, 8);
+    assert_eq!(l.connections, 20);
     assert_eq!(l.header_timeout, Duration::from_secs(2));
     assert_eq!(l.body_timeout, Duration::from_secs(60));
     assert_eq!(l.shutdown_grace, Duration::ZERO);
     assert_eq!(l.retry_after, Duration::from_secs(5));
-    let e = err("[limits]\nconcurrency = 0\nheader_timeout = \"0s\"\nretry_after = \"100ms\"\n");
+    let e = err(
+        "[limits]\nconcurrency = 0\nconnections = 0\nheader_timeout = \"0s\"\n\
+         retry_after = \"100ms\"\n",
+    );
     assert_mentions(
         &e,
         &[
             "limits.concurrency",
+            "limits.connections",
             "limits.header_timeout",
             "limits.retry_after",
         ],
