@@ -63,6 +63,7 @@ impl<A: oncebox_core::consume::Apply> Shared<A> {
         mut ticket: Ticket,
     ) {
         let event = self.event(&delivery);
+        let key = event.as_ref().ok().map(|e| e.key.clone());
         // Of two deliveries of one key in hand, the one that arrived first is applied first,
         // so its payload is the one kept (G4); the ticket is held until this one is settled.
         ticket
@@ -84,6 +85,13 @@ impl<A: oncebox_core::consume::Apply> Shared<A> {
             stopping,
         };
         let (settle, acked) = settle(&in_hand, decision, &self.options.retry).await;
+        // Settled for good: its failures are no longer counted. A quarantine the broker did not
+        // take (unroutable, refused, unconfirmed) was requeued instead, and its next failure
+        // is one more, not a first: forgotten then, each try of the quarantine would cost
+        // `max_attempts` more runs of the handler.
+        if let Some(key) = key.filter(|_| !matches!(settle, Settle::Requeue { .. })) {
+            self.forget(&key);
+        }
         self.counts.send_modify(|c| c.add(&settle, acked));
     }
 
@@ -127,11 +135,7 @@ impl<A: oncebox_core::consume::Apply> Shared<A> {
                     why: Requeue::Unavailable,
                     ..
                 } => {}
-                Settle::Requeue { .. } => return decision,
-                Settle::Ack(_) | Settle::Quarantine(_) => {
-                    self.forget(&key);
-                    return decision;
-                }
+                Settle::Requeue { .. } | Settle::Ack(_) | Settle::Quarantine(_) => return decision,
             }
             // Full jitter: many deliveries held through one outage must not all try the store
             // again at the same instant.
@@ -305,7 +309,8 @@ fn count(
         // settled by another consumer are never forgotten here: they go first, so that a
         // churn of them does not reset the counts of keys whose handler keeps failing.
         failures.retain(|_, n| *n > 0);
-        if failures.len() >= MAX_REMEMBERED_FAILURES {
+        // Little freed, it would be pruned again soon, a full pass each time: cleared.
+        if failures.len() >= MAX_REMEMBERED_FAILURES / 10 * 9 {
             failures.clear();
         }
     }

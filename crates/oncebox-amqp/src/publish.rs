@@ -149,7 +149,13 @@ impl Publisher {
         let props = &delivery.properties;
         let published = [delivery.exchange.as_str(), delivery.routing_key.as_str()];
         let properties = copy_properties(props, reason, queue, source, published, self.frame_max);
-        let _one = self.one_at_a_time.lock().await;
+        // The wait for the lock is bounded too: behind a copy whose confirm never comes (a
+        // broker that stopped reading), each waiting in line would otherwise take its own
+        // deadline in turn, holding its message and a stop for as many deadlines as there are
+        // copies. Nothing was sent yet: the message is requeued.
+        let Ok(_one) = tokio::time::timeout(self.deadline, self.one_at_a_time.lock()).await else {
+            return Err(QuarantineError::Timeout(self.deadline));
+        };
         let publish = async {
             let confirm = self
                 .channel()

@@ -109,6 +109,84 @@ fn quarantine_without_a_confirm_is_requeued_and_shutdown_does_not_wait_for_the_b
     });
 }
 
+/// Sixteen quarantines at once while the broker is silent: each copy waits for the one before
+/// it (one copy in flight on the channel), and that wait is bounded by the same deadline. Taken
+/// in turn, each after its own 300 ms deadline, the last would be requeued after 4.8 s at the
+/// least.
+#[test]
+fn quarantines_queued_behind_a_silent_broker_are_requeued_after_one_deadline_not_one_each() {
+    let Some(url) = service_url("ONCEBOX_AMQP_URL") else {
+        return;
+    };
+    run(async move {
+        const POISON: u64 = 16;
+        let w = World::new(&url).await;
+        let (proxy, via) = proxied(&url).await;
+        let (entered, mut inside) = mpsc::unbounded_channel();
+        let release = Arc::new(Notify::new());
+        let gate = release.clone();
+        let apply = from_fn(move |_: Event, _| {
+            let (entered, gate) = (entered.clone(), gate.clone());
+            async move {
+                let notified = gate.notified();
+                let _ = entered.send(());
+                notified.await;
+                Err(ProcessError::Handler("fails for good".into()))
+            }
+        });
+        let mut options = w.options();
+        options.retry.max_attempts = 1;
+        options.confirm_timeout = Duration::from_millis(300);
+        let consumer = Arc::new(Consumer::new(apply, options));
+        let mut counts = consumer.counts();
+        let conn = connect(&via).await;
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn({
+            let consumer = consumer.clone();
+            async move {
+                let ended = consumer
+                    .run(&conn, async {
+                        let _ = stopped.await;
+                    })
+                    .await;
+                (ended, conn)
+            }
+        });
+        for i in 0..POISON {
+            w.publish(Some(&format!("evt_poison_{i}")), r#"{"amount":1}"#)
+                .await;
+        }
+        for _ in 0..POISON {
+            inside.recv().await.unwrap();
+        }
+        proxy.set(Mode::BlackHole);
+        let began = Instant::now();
+        release.notify_waiters();
+        let requeued = tokio::time::timeout(
+            Duration::from_secs(30),
+            counts.wait_for(|c| c.requeued >= POISON),
+        )
+        .await
+        .expect("every quarantine gave up")
+        .map(|c| *c)
+        .unwrap();
+        let took = began.elapsed();
+        eprintln!("amqp silent broker: {POISON} quarantines requeued after {took:?}");
+        assert!(Stats::get(&proxy.stats.held) >= 1, "the proxy held traffic");
+        assert_eq!((requeued.quarantined, requeued.acked), (0, 0));
+        assert!(
+            took < Duration::from_secs(3),
+            "{POISON} quarantines took {took:?}: one deadline after another"
+        );
+        stop.send(()).unwrap();
+        let (ended, conn) = task.await.unwrap();
+        ended.unwrap();
+        proxy.set(Mode::Reset);
+        drop(conn);
+        w.cleanup().await;
+    });
+}
+
 #[test]
 fn a_broker_silent_at_start_fails_the_run_after_the_deadline() {
     let Some(url) = service_url("ONCEBOX_AMQP_URL") else {

@@ -21,6 +21,75 @@ fn applied() -> Result<Processed, ProcessError> {
     Ok(Processed::Applied(Response::completed("ok")))
 }
 
+/// A quarantine the broker could not route (no queue bound to the exchange) is requeued, and
+/// the key's failures counted so far still count: the next failure quarantines again at once.
+/// Forgotten with the unroutable copy, the handler ran `max_attempts` more times per try.
+#[test]
+fn a_failure_count_outlives_a_quarantine_the_broker_could_not_route() {
+    let Some(url) = service_url("ONCEBOX_AMQP_URL") else {
+        return;
+    };
+    run(async move {
+        let w = World::new(&url).await;
+        let (q, x) = (w.quarantine_queue.as_str(), w.quarantine_exchange.as_str());
+        // The quarantine exchange is auto-delete: a binding to an exchange no queue is bound to
+        // keeps it while its queue is unbound, and routes nowhere.
+        let sink = format!("{x}-sink");
+        let fanout = lapin::ExchangeKind::Fanout;
+        let (declare, bind) = (Default::default(), Default::default());
+        let none = FieldTable::default;
+        let made = w
+            .channel
+            .exchange_declare(sink.as_str().into(), fanout, declare, none());
+        made.await.unwrap();
+        let to_sink =
+            w.channel
+                .exchange_bind(sink.as_str().into(), x.into(), "".into(), bind, none());
+        to_sink.await.unwrap();
+        let unbind = w
+            .channel
+            .queue_unbind(q.into(), x.into(), "".into(), none());
+        unbind.await.unwrap();
+        let runs = Arc::new(AtomicU64::new(0));
+        // The third run waits until the quarantine routes again, so that it is the one tried.
+        let rebound = Arc::new(tokio::sync::Semaphore::new(0));
+        let apply = from_fn({
+            let (runs, rebound) = (runs.clone(), rebound.clone());
+            move |_: Event, _| {
+                let (runs, rebound) = (runs.clone(), rebound.clone());
+                async move {
+                    if runs.fetch_add(1, Ordering::SeqCst) == 2 {
+                        let _ = rebound.acquire().await;
+                    }
+                    Err(ProcessError::Handler("fails for good".into()))
+                }
+            }
+        });
+        let mut options = w.options();
+        options.retry.max_attempts = 2;
+        let mut consumer = start(&url, Consumer::new(apply, options));
+        w.publish(Some("evt_fails"), r#"{"amount":1}"#).await;
+        // The first failure requeued; the second's quarantine unroutable, requeued too.
+        let unroutable = consumer.wait(|c| c.requeued >= 2, w.state()).await;
+        assert_eq!(unroutable.quarantined, 0, "{unroutable:?}");
+        w.declare_quarantine().await;
+        rebound.add_permits(1);
+        let done = consumer.wait(|c| c.quarantined >= 1, w.state()).await;
+        consumer.stop().await;
+        assert_eq!(
+            runs.load(Ordering::SeqCst),
+            3,
+            "the handler ran again from a first attempt after the unroutable copy ({done:?})"
+        );
+        assert_eq!(w.quarantined().await.len(), 1);
+        let gone = w
+            .channel
+            .exchange_delete(sink.as_str().into(), Default::default());
+        gone.await.unwrap();
+        w.cleanup().await;
+    });
+}
+
 #[test]
 fn panicking_handler_is_quarantined_after_max_attempts_and_the_next_message_runs() {
     let Some(url) = service_url("ONCEBOX_AMQP_URL") else {
