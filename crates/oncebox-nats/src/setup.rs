@@ -235,8 +235,9 @@ fn read_back(info: &stream::Info, o: &ConsumerOptions, filter: &str) -> Result<(
 }
 
 /// Refuses a quarantine subject a copy cannot be stored under: a wildcard, one no stream keeps
-/// (JetStream answers such a publish with no responders), or one whose stream's `max_msg_size`
-/// is smaller than a copy cut as far as it goes (see `copy::fit`).
+/// (JetStream answers such a publish with no responders), one whose stream keeps messages only
+/// for its consumers' interest, or one whose stream's `max_msg_size` is smaller than a copy cut
+/// as far as it goes (see `copy::fit`).
 async fn stored(js: &jetstream::Context, o: &ConsumerOptions) -> Result<(), ConsumeError> {
     let subject = &o.quarantine_subject;
     let refused = |why: &str| ConsumeError::QuarantineUnstored {
@@ -260,7 +261,18 @@ async fn stored(js: &jetstream::Context, o: &ConsumerOptions) -> Result<(), Cons
         .get_stream(&name)
         .await
         .map_err(|e| ConsumeError::Setup(e.to_string()))?;
-    let max = stream.cached_info().config.max_message_size;
+    let config = &stream.cached_info().config;
+    // An interest stream drops a message no consumer's filter wants at the time, and still
+    // acknowledges it with a sequence: the copy would be counted stored and the original
+    // acked, with nothing kept. Whether a consumer wants it can change at any time, so such a
+    // stream is refused whatever its consumers are now.
+    if config.retention == stream::RetentionPolicy::Interest {
+        return Err(refused(&format!(
+            "its stream {name} keeps messages only while a consumer wants them (interest \
+             retention), and drops a copy no consumer wants without saying so"
+        )));
+    }
+    let max = config.max_message_size;
     let least = least_limit(&o.stream, &o.rules.source);
     // Zero or negative: no limit of the stream's own.
     if usize::try_from(max).is_ok_and(|max| max > 0 && max < least) {

@@ -112,6 +112,13 @@ impl MessageRules {
         let invalid = |e: crate::InvalidKey| Reason::EventIdInvalid(e.to_string());
         let event_id = match &self.key {
             KeyRule::Header(name) => match (headers.header(name), headers.unreadable(name)) {
+                // As the gateway refuses it: which of the values names the event? Reading the
+                // first would apply one event under another's key.
+                (Some(_), _) if headers.header_values(name).len() > 1 => {
+                    return Err(Reason::EventIdInvalid(format!(
+                        "header {name} sent more than once"
+                    )));
+                }
                 (Some(v), _) => EventId::from_bytes(&v).map_err(invalid)?,
                 (None, Some(kind)) => {
                     return Err(Reason::EventIdInvalid(format!(

@@ -368,6 +368,25 @@ fn a_hop_count_cannot_be_lowered_by_another_header() {
     assert_eq!(slug(float), "hops-invalid");
 }
 
+/// A key header sent twice names no one event: refused as the gateway refuses it, not read as
+/// its first value.
+#[test]
+fn a_key_header_sent_twice_is_invalid() {
+    let body = br#"{"id":"evt_1"}"#.to_vec();
+    let r = rules(KeyRule::Header("Event-Id".into()));
+    let twice = Many(vec![("Event-Id", b"a"), ("Event-Id", b"b")]);
+    let refused = r.event(&twice, body.clone(), None).unwrap_err();
+    assert_eq!(refused.slug(), "event-id-invalid");
+    assert!(
+        refused.detail().contains("more than once"),
+        "{}",
+        refused.detail()
+    );
+    let once = Many(vec![("Event-Id", b"a"), ("Other", b"b")]);
+    let event = r.event(&once, body, None).unwrap();
+    assert_eq!(event.key.event_id.as_str(), "a");
+}
+
 /// An AMQP message whose `oncebox-hops` is a double.
 struct FloatHops;
 

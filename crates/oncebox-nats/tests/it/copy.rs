@@ -157,6 +157,39 @@ fn a_quarantine_stream_too_small_for_any_copy_is_refused_at_start() {
     });
 }
 
+/// An interest stream acknowledges a message no consumer wants with a sequence and drops it: a
+/// copy stored there was lost while its original was acked. Refused at start.
+#[test]
+fn a_quarantine_stream_with_interest_retention_is_refused_at_start() {
+    let Some(url) = service_url("ONCEBOX_NATS_URL") else {
+        return;
+    };
+    run(async move {
+        let w = World::new(&url).await;
+        w.js.delete_stream(&w.quarantine_stream).await.unwrap();
+        w.js.create_stream(stream::Config {
+            name: w.quarantine_stream.clone(),
+            subjects: vec![w.quarantine_subject.clone()],
+            retention: stream::RetentionPolicy::Interest,
+            ..stream::Config::default()
+        })
+        .await
+        .unwrap();
+        // The fault itself: such a stream acknowledges a publish nobody wants, and keeps none.
+        let ack = w.js.publish(w.quarantine_subject.clone(), "x".into());
+        assert!(ack.await.unwrap().await.unwrap().sequence > 0);
+        let mut q = w.js.get_stream(&w.quarantine_stream).await.unwrap();
+        assert_eq!(q.info().await.unwrap().state.messages, 0);
+        let consumer = Consumer::new(w.db.checked(), w.options());
+        let refused = consumer.bind(&w.js).await.unwrap_err();
+        assert!(
+            matches!(&refused, ConsumeError::QuarantineUnstored { why, .. } if why.contains("interest retention")),
+            "{refused}"
+        );
+        w.cleanup().await;
+    });
+}
+
 /// A handler's error of 200 KB: copied whole into `Oncebox-Detail`, it took the copy's headers
 /// past JetStream's 64 KiB, the stream refused the copy, and the message was NAKed and came
 /// back forever. Cut, the copy is stored at once.

@@ -6,6 +6,7 @@
 
 mod copy;
 mod faults;
+mod keys;
 mod kill;
 mod scenarios;
 mod settle;

@@ -1,0 +1,114 @@
+//! Which message a key names: a key header sent twice names none and is quarantined, and of a
+//! key's two payloads in hand at once the one published first is kept, however their handlers
+//! interleave.
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_nats::HeaderMap;
+use oncebox_core::Event;
+use oncebox_core::consume::{Apply, from_fn};
+use oncebox_core::store::EventStore;
+use oncebox_nats::Consumer;
+use oncebox_testkit::consume::key;
+use oncebox_testkit::{run, service_url};
+use tokio::sync::Notify;
+
+use crate::support::{KEY_HEADER, World, start};
+
+/// `Event-Id: a` and `Event-Id: b` on one message: read as its first value, `b`'s event was
+/// applied under `a`'s key. Refused as the gateway refuses it.
+#[test]
+fn a_key_header_sent_twice_is_quarantined_not_read_as_its_first_value() {
+    let Some(url) = service_url("ONCEBOX_NATS_URL") else {
+        return;
+    };
+    run(async move {
+        let w = World::new(&url).await;
+        let mut headers = HeaderMap::new();
+        headers.append(KEY_HEADER, "evt_a");
+        headers.append(KEY_HEADER, "evt_b");
+        w.publish_with(headers, r#"{"amount":1}"#).await;
+        let mut consumer = start(&url, Consumer::new(w.db.checked(), w.options()));
+        w.wait(&mut consumer, |c| c.quarantined >= 1).await;
+        w.wait_all_acked().await;
+        let done = consumer.stop().await;
+        assert_eq!((done.applied, done.quarantined), (0, 1), "{done:?}");
+        assert_eq!(w.quarantined().await, ["event-id-invalid"]);
+        for id in ["evt_a", "evt_b"] {
+            assert_eq!(w.db.effects(id), 0, "{id}");
+        }
+        w.cleanup().await;
+    });
+}
+
+/// A key sent twice with different payloads, both in hand at once (a pull brings many): the
+/// one published first is the one kept, the later refused as `key-reused` (G4). The handler
+/// holds each first payload until its key's later one has reached the handler (or 100 ms have
+/// passed), so a consumer that let both run side by side would commit the later one first;
+/// the consumer's arrival order (`Arrivals`) runs the later only after the first settled.
+#[test]
+fn the_first_published_payload_of_a_key_wins_within_one_pull() {
+    let Some(url) = service_url("ONCEBOX_NATS_URL") else {
+        return;
+    };
+    run(async move {
+        const PAIRS: usize = 20;
+        let w = World::new(&url).await;
+        for i in 0..PAIRS {
+            let id = format!("pair-{i}");
+            w.publish(Some(&id), r#"{"v":1}"#).await;
+            w.publish(Some(&id), r#"{"v":2}"#).await;
+        }
+        let inner = Arc::new(w.db.checked());
+        let later_in = Arc::new(Mutex::new(HashSet::new()));
+        let entered = Arc::new(Notify::new());
+        let overtaken = Arc::new(Mutex::new(0_usize));
+        let apply = {
+            let overtaken = overtaken.clone();
+            from_fn(move |event: Event, position| {
+                let (inner, later_in, entered) = (inner.clone(), later_in.clone(), entered.clone());
+                let overtaken = overtaken.clone();
+                async move {
+                    let id = event.key.event_id.as_str().to_owned();
+                    if event.payload == br#"{"v":2}"# {
+                        later_in.lock().unwrap().insert(id);
+                        entered.notify_waiters();
+                    } else {
+                        let waited = tokio::time::timeout(Duration::from_millis(100), async {
+                            loop {
+                                let next = entered.notified();
+                                if later_in.lock().unwrap().contains(&id) {
+                                    return;
+                                }
+                                next.await;
+                            }
+                        });
+                        if waited.await.is_ok() {
+                            *overtaken.lock().unwrap() += 1;
+                        }
+                    }
+                    inner.apply(event, position).await
+                }
+            })
+        };
+        let mut consumer = start(&url, Consumer::new(apply, w.options()));
+        w.wait(&mut consumer, |c| c.acked >= 2 * PAIRS as u64).await;
+        consumer.stop().await;
+        let mut later = 0;
+        for i in 0..PAIRS {
+            let id = format!("pair-{i}");
+            let stored = EventStore::event(&w.db.inbox, &key(&id)).await.unwrap();
+            later += usize::from(stored.expect("stored").payload != br#"{"v":1}"#);
+        }
+        let overtaken = *overtaken.lock().unwrap();
+        assert_eq!(
+            (later, overtaken),
+            (0, 0),
+            "of {PAIRS} keys, the later payload reached the handler before the first settled \
+             for {overtaken} and was kept for {later}"
+        );
+        w.cleanup().await;
+    });
+}
