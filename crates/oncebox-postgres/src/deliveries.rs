@@ -185,7 +185,9 @@ impl DeliveryStore for Inbox {
         };
         // Never in_flight: a relay holds it and its outcome is on the way; never delivered:
         // that is final.
-        let n = sqlx::query(
+        // A lost answer is `CommitUnknown`: the operator's retry that then reads "not
+        // resolvable" may find the delivery settled by this very call.
+        let query = sqlx::query(
             "UPDATE oncebox_outbox SET state = $2, note = $3,
                delivered_at = coalesce($4, delivered_at), updated_at = $5
              WHERE id = $1 AND state IN ('pending', 'retrying', 'uncertain', 'dead')",
@@ -194,10 +196,8 @@ impl DeliveryStore for Inbox {
         .bind(state)
         .bind(note)
         .bind(delivered_at)
-        .bind(now.millis())
-        .execute(&self.pool)
-        .await
-        .map_err(|e| storage(&e))?;
+        .bind(now.millis());
+        let n = crate::error::autocommit_write(&self.pool, query).await?;
         Ok(n.rows_affected() == 1)
     }
 

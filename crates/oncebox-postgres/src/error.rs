@@ -149,18 +149,24 @@ pub(crate) async fn lease_write(
     pool: &sqlx::PgPool,
     query: sqlx::query::Query<'_, sqlx::Postgres, sqlx::postgres::PgArguments>,
 ) -> Result<sqlx::postgres::PgQueryResult, oncebox_core::LeaseError> {
-    use oncebox_core::LeaseError;
-    let mut conn = pool
-        .acquire()
+    autocommit_write(pool, query)
         .await
-        .map_err(|e| LeaseError::Unavailable(storage(&e)))?;
-    query.execute(&mut *conn).await.map_err(|e| {
-        LeaseError::Unavailable(match e {
-            sqlx::Error::Io(_) | sqlx::Error::Tls(_) | sqlx::Error::Protocol(_) => {
-                Unavailable::CommitUnknown(e.to_string())
-            }
-            _ => storage(&e),
-        })
+        .map_err(oncebox_core::LeaseError::Unavailable)
+}
+
+/// Runs one write outside a transaction, telling a lost answer (`CommitUnknown`) from nothing
+/// sent (`Storage`), as [`lease_write`] says; also an operator's `resolve`, whose retry after a
+/// lost answer would otherwise read "not resolvable" for its own write done.
+pub(crate) async fn autocommit_write(
+    pool: &sqlx::PgPool,
+    query: sqlx::query::Query<'_, sqlx::Postgres, sqlx::postgres::PgArguments>,
+) -> Result<sqlx::postgres::PgQueryResult, Unavailable> {
+    let mut conn = pool.acquire().await.map_err(|e| storage(&e))?;
+    query.execute(&mut *conn).await.map_err(|e| match e {
+        sqlx::Error::Io(_) | sqlx::Error::Tls(_) | sqlx::Error::Protocol(_) => {
+            Unavailable::CommitUnknown(e.to_string())
+        }
+        _ => storage(&e),
     })
 }
 
@@ -168,8 +174,21 @@ pub(crate) async fn lease_write(
 /// deferred constraint of the handler's tables, a deferred trigger's error: not a transient
 /// code) rolled it back for certain: that is the handler's failure, and the key stays free.
 /// Told as unavailability, a consumer would hold the message for ever, retrying.
+///
+/// Except `54000` (program limit exceeded): at `COMMIT` it is PostgreSQL's notification queue,
+/// full (a session somewhere that ran `LISTEN` holds a transaction open, and the queue is the
+/// whole server's). The wake-up the transaction queued for relays is refused with it; nothing
+/// of the handler's is at fault, and a consumer told "the handler failed" would quarantine a
+/// valid message after `max_attempts`.
 pub(crate) fn handler_commit_failed(e: sqlx::Error) -> oncebox_core::ProcessError {
     match &e {
+        sqlx::Error::Database(db) if db.code().as_deref() == Some("54000") => {
+            oncebox_core::ProcessError::Unavailable(Unavailable::Storage(format!(
+                "{} (54000): the server refused the commit for a limit of its own (its \
+                 notification queue full, when a session that listens holds a transaction open)",
+                db.message()
+            )))
+        }
         sqlx::Error::Database(_) if unavailable(&e).is_none() => {
             oncebox_core::ProcessError::Handler(Box::new(e))
         }

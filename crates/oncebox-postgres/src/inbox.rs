@@ -332,36 +332,31 @@ impl Inbox {
         fenced_unless(n.rows_affected())
     }
 
-    /// Settles an `uncertain` key; returns false when the key is not uncertain.
+    /// Settles an `uncertain` key; returns false when the key is not uncertain. An answer lost
+    /// after the server took the write is `Unavailable::CommitUnknown`: a retry that then reads
+    /// false may find the key settled by this very call.
     pub async fn resolve(&self, key: &Key, resolution: Resolution) -> Result<bool, crate::Error> {
         let now = (self.stamps).completed(self.clock.as_ref(), self.clock.now());
         let now = now.millis();
-        let n = match resolution {
-            Resolution::Completed(response) => {
-                sqlx::query(
-                    "UPDATE oncebox_inbox SET state = $3, response = $4, completed_at = $5,
-                       lease_token = NULL
-                     WHERE source = $1 AND event_id = $2 AND state = 'uncertain'",
-                )
-                .bind(key.source.as_str())
-                .bind(key.event_id.as_str())
-                .bind(response.kind.as_str())
-                .bind(response.body)
-                .bind(now)
-                .execute(&self.pool)
-                .await?
-            }
-            Resolution::Released => {
-                sqlx::query(
-                    "DELETE FROM oncebox_inbox
-                     WHERE source = $1 AND event_id = $2 AND state = 'uncertain'",
-                )
-                .bind(key.source.as_str())
-                .bind(key.event_id.as_str())
-                .execute(&self.pool)
-                .await?
-            }
+        let query = match resolution {
+            Resolution::Completed(response) => sqlx::query(
+                "UPDATE oncebox_inbox SET state = $3, response = $4, completed_at = $5,
+                   lease_token = NULL
+                 WHERE source = $1 AND event_id = $2 AND state = 'uncertain'",
+            )
+            .bind(key.source.as_str())
+            .bind(key.event_id.as_str())
+            .bind(response.kind.as_str())
+            .bind(response.body)
+            .bind(now),
+            Resolution::Released => sqlx::query(
+                "DELETE FROM oncebox_inbox
+                 WHERE source = $1 AND event_id = $2 AND state = 'uncertain'",
+            )
+            .bind(key.source.as_str())
+            .bind(key.event_id.as_str()),
         };
+        let n = crate::error::autocommit_write(&self.pool, query).await?;
         Ok(n.rows_affected() == 1)
     }
 

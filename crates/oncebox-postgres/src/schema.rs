@@ -260,7 +260,13 @@ pub(crate) async fn migrate(
     deadline: std::time::Duration,
     lock_wait: std::time::Duration,
 ) -> Result<(), OpenError> {
-    let mut tx = conn.begin().await?;
+    // READ COMMITTED said here, not left to the session: behind a pooler that drops startup
+    // options the role's or database's default applies, and under REPEATABLE READ a node that
+    // waited on the lock would read the version from its snapshot taken before the other
+    // node's migration, and run it again (42P07).
+    let mut tx = conn
+        .begin_with("BEGIN ISOLATION LEVEL READ COMMITTED")
+        .await?;
     migration_lock(&mut tx, lock_wait).await?;
     sqlx::Executor::execute(&mut *tx, crate::inbox::lock_timeout(deadline).as_str()).await?;
     // Created only when absent (under the lock, so no race): `IF NOT EXISTS` would log a

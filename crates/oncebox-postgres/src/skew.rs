@@ -59,6 +59,9 @@ pub(crate) fn warn_if_ahead(ahead_ms: i128) {
 
 /// Measures this node's clock against the server's and has `stamps` date records by the
 /// server's when this node's is behind (saying so once it is, and once it is right again).
+/// Its leases are not moved: each node judges a lease by its own clock, so a lease written
+/// later than this node's clock says would be held by this node past the time other nodes
+/// see it end. The warning says so instead.
 /// Returns the difference, in ms, as [`ahead_of_server`] does.
 pub(crate) async fn observe(
     conn: &mut sqlx::PgConnection,
@@ -71,7 +74,9 @@ pub(crate) async fn observe(
         tracing::warn!(
             behind_ms = behind.as_millis(),
             "this node's clock is behind the database server's: dating the records it \
-             finishes by the server's time; set this machine's clock right"
+             finishes by the server's time, but the leases it takes (deliveries it sends, \
+             two-phase keys) end that much early for other nodes, which may take them over \
+             while this node still holds them; set this machine's clock right"
         );
     } else if behind.is_zero() && !was.is_zero() {
         tracing::info!("this node's clock agrees with the database server's again");

@@ -1,5 +1,6 @@
 //! Faults on a real server: a session killed in the middle of a handler's transaction, a
-//! `COMMIT` refused for what the handler wrote, a handler that goes on after a failed statement.
+//! `COMMIT` refused for what the handler wrote or for a full notification queue, a handler that
+//! goes on after a failed statement.
 
 use futures::future::BoxFuture;
 use oncebox_core::{ManualClock, ProcessError, Processed, Response};
@@ -111,6 +112,47 @@ fn a_deferred_constraint_refused_at_commit_fails_the_handler_and_leaves_the_key_
             .process(event("shop", "d", 1), |tx| inserts(tx, 1))
             .await;
         assert!(matches!(applied, Ok(Processed::Applied(_))), "{applied:?}");
+    });
+}
+
+/// PostgreSQL refuses a `COMMIT` with `54000` when its notification queue is full (a listening
+/// session holds a transaction open; the queue is the whole server's), and every transaction
+/// that queued deliveries notifies. Staged here by a deferred trigger raising the same error
+/// at `COMMIT`, since filling the real queue takes gigabytes: the handler did nothing wrong, so
+/// the answer is unavailability (a consumer retries), not the handler's failure (a consumer
+/// quarantines a valid message).
+#[test]
+fn a_commit_refused_for_a_full_notification_queue_is_unavailability() {
+    if url().is_none() {
+        return;
+    }
+    oncebox_testkit::run(async {
+        let pg = Postgres::open(schema(), ManualClock::new(EPOCH)).await;
+        sqlx::Executor::execute(
+            pg.inbox.pool(),
+            "CREATE TABLE test_refs (n INTEGER);
+             CREATE FUNCTION test_queue_full() RETURNS trigger LANGUAGE plpgsql AS $$
+             BEGIN
+               RAISE EXCEPTION 'too many notifications in the NOTIFY queue' USING ERRCODE = '54000';
+             END $$;
+             CREATE CONSTRAINT TRIGGER test_queue_full AFTER INSERT ON test_refs
+               DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION test_queue_full();",
+        )
+        .await
+        .expect("trigger");
+        let refused = pg
+            .inbox
+            .process(event("shop", "q", 1), |tx| inserts(tx, 1))
+            .await;
+        let Err(ProcessError::Unavailable(why)) = &refused else {
+            panic!("unavailability, not the handler's failure: {refused:?}");
+        };
+        assert!(why.to_string().contains("54000"), "{why}");
+        let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM oncebox_inbox")
+            .fetch_one(pg.inbox.pool())
+            .await
+            .expect("count");
+        assert_eq!(rows, 0, "nothing committed");
     });
 }
 

@@ -1,6 +1,6 @@
 //! A lease's write outside a transaction whose answer is lost after the server committed it:
 //! the holder is told the outcome is unknown (`CommitUnknown`), not that nothing was kept, and
-//! its retry reads what happened; the relay, whose record's answer is lost, takes the guard
+//! its retry reads what happened; so is an operator's `resolve`; the relay, whose record's answer is lost, takes the guard
 //! refusing its retry for its own write done, not for a lost lease.
 
 use std::sync::Arc;
@@ -8,10 +8,10 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use oncebox_core::delivery::DeliveryState;
-use oncebox_core::relay_store::{DeliveryFilter, DeliveryStore};
+use oncebox_core::relay_store::{DeliveryFilter, DeliveryStore, Resolve};
 use oncebox_core::store::EventStore;
 use oncebox_core::{Begun, LeaseError, ManualClock, Response, SystemClock, Unavailable};
-use oncebox_postgres::{Inbox, Options};
+use oncebox_postgres::{Inbox, Options, Resolution};
 use oncebox_relay::{Relay, RelayOptions};
 use oncebox_testkit::{EPOCH, event, run};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -200,5 +200,72 @@ fn a_relay_record_whose_answer_is_lost_is_its_own_write_not_a_lost_lease() {
         let page = direct.deliveries(filter).await.unwrap();
         let states: Vec<_> = page.items.iter().map(|d| (d.state, d.attempts)).collect();
         assert_eq!(states, vec![(DeliveryState::Delivered, 1)]);
+    });
+}
+
+/// An operator settles an uncertain key and a delivery; both writes commit and their answers
+/// are lost. "The storage failed" would say nothing was kept, and the retry then reads "not
+/// resolvable" for the operator's own write.
+#[test]
+fn a_resolve_whose_answer_is_lost_after_its_commit_is_commit_unknown() {
+    run(async {
+        let Some(base) = url() else { return };
+        let cut = Arc::new(Cut::default());
+        let proxied = proxy::via(&base, &cutting(proxy::server(&base), cut.clone()).await);
+        let schema = schema();
+        let inbox = Inbox::open(Options::new(proxied).schema(&schema))
+            .await
+            .expect("open through the stand-in");
+        let direct = Inbox::open(Options::new(base).schema(&schema))
+            .await
+            .expect("open");
+
+        let lease = match inbox
+            .begin(
+                event("psp", "parked", 1),
+                std::time::Duration::from_secs(60),
+            )
+            .await
+        {
+            Ok(Begun::Leased(lease)) => lease,
+            other => panic!("{other:?}"),
+        };
+        inbox.uncertain(&lease).await.expect("parked");
+        *cut.at.lock().unwrap() = Some((b"AND state = 'uncertain'", b"DELETE 1"));
+        let resolved = inbox.resolve(&lease.key, Resolution::Released).await;
+        assert!(cut.done.swap(false, Ordering::SeqCst), "the answer was cut");
+        assert!(
+            matches!(
+                resolved,
+                Err(oncebox_postgres::Error::Unavailable(
+                    Unavailable::CommitUnknown(_)
+                ))
+            ),
+            "{resolved:?}"
+        );
+        let record = direct.record(&lease.key).await.unwrap();
+        assert!(record.is_none(), "the resolve committed: {record:?}");
+
+        let ingested = EventStore::ingest(&inbox, routed("evt-d", &["hooks"])).await;
+        assert!(ingested.is_ok(), "{ingested:?}");
+        let filter = DeliveryFilter {
+            limit: 10,
+            ..DeliveryFilter::default()
+        };
+        let id = direct.deliveries(filter.clone()).await.unwrap().items[0].id;
+        *cut.at.lock().unwrap() = Some((b"UPDATE oncebox_outbox SET state = $2", b"UPDATE 1"));
+        let now = oncebox_core::Clock::now(&SystemClock);
+        let resolved = DeliveryStore::resolve(&inbox, id, Resolve::Dead, "by hand", now).await;
+        assert!(cut.done.swap(false, Ordering::SeqCst), "the answer was cut");
+        assert!(
+            matches!(resolved, Err(Unavailable::CommitUnknown(_))),
+            "{resolved:?}"
+        );
+        let page = direct.deliveries(filter).await.unwrap();
+        assert_eq!(
+            page.items[0].state,
+            DeliveryState::Dead,
+            "the resolve committed"
+        );
     });
 }

@@ -1,12 +1,14 @@
 //! The schema oncebox's statements reach, whatever the session's path says: a handler that
 //! points `search_path` at another deployment's schema (for its transaction or its whole
 //! session) changes nothing there; a path naming no schema, and a pooler that drops the
-//! connection's startup options (schema and settings with them), are refused at open.
+//! connection's startup options (schema and settings with them), are refused at open; behind
+//! such a pooler a database whose default isolation is REPEATABLE READ still migrates once
+//! when two nodes start together.
 
 use std::time::Duration;
 
 use oncebox_core::{Begun, Key, ManualClock, OutboxMessage, Processed, RecordState, Response};
-use oncebox_postgres::sqlx::{self, PgPool};
+use oncebox_postgres::sqlx::{self, Connection, PgPool};
 use oncebox_postgres::{Inbox, OpenError, Options};
 use oncebox_testkit::{event, run};
 use tokio::io::AsyncWriteExt;
@@ -188,6 +190,70 @@ fn a_pooler_that_drops_startup_options_is_refused_where_they_named_the_schema() 
             Processed::Applied(Response::completed("ok"))
         );
         drop(inbox);
+        db.drop().await;
+    });
+}
+
+/// Two nodes starting together behind a pooler that drops startup options, on a database whose
+/// default isolation is REPEATABLE READ: both wait on the migration lock a third session holds,
+/// then one migrates and the other must see it done. Its migration transaction took its
+/// snapshot while waiting, so under the database's default it ran the migration again and
+/// failed its start (42P07).
+#[test]
+fn nodes_starting_together_migrate_once_whatever_the_default_isolation() {
+    run(async {
+        let Some(db) = crate::database::OwnDatabase::create().await else {
+            return;
+        };
+        let mut admin = sqlx::PgConnection::connect(&db.url).await.unwrap();
+        sqlx::Executor::execute(
+            &mut admin,
+            "DO $$ BEGIN EXECUTE format('ALTER DATABASE %I SET default_transaction_isolation = \
+             %L', current_database(), 'repeatable read'); END $$",
+        )
+        .await
+        .unwrap();
+        let mut holder = sqlx::PgConnection::connect(&db.url).await.unwrap();
+        let mut held = holder.begin().await.unwrap();
+        sqlx::query(
+            "SELECT pg_advisory_xact_lock(hashtext('oncebox-migrate:' || current_schema()))",
+        )
+        .execute(&mut *held)
+        .await
+        .unwrap();
+        let via = via_dropping_proxy(&db.url).await;
+        let nodes: Vec<_> = (0..2)
+            .map(|_| tokio::spawn(Inbox::open(Options::new(via.clone()))))
+            .collect();
+        // Both in their migration transaction, waiting on the lock.
+        let mut waiting = 0_i64;
+        for _ in 0..1_000 {
+            waiting = sqlx::query_scalar(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted \
+                 AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
+            )
+            .fetch_one(&mut admin)
+            .await
+            .unwrap();
+            if waiting == 2 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(waiting, 2, "both nodes wait on the migration lock");
+        let isolation: String = sqlx::query_scalar(
+            "SELECT setting FROM pg_settings WHERE name = 'default_transaction_isolation'",
+        )
+        .fetch_one(&mut *held)
+        .await
+        .unwrap();
+        assert_eq!(isolation, "repeatable read", "the database's default");
+        held.commit().await.unwrap();
+        for node in nodes {
+            let opened = node.await.unwrap();
+            assert!(opened.is_ok(), "{opened:?}");
+        }
+        drop((holder, admin));
         db.drop().await;
     });
 }
