@@ -217,13 +217,31 @@ mod tests {
     }
 
     #[test]
-    fn keys_are_pairs_not_strings() {
-        let a = Key::parse("a", "b:c").unwrap();
-        let b = Key::parse("a.b", "c").unwrap();
-        assert_ne!(a, b);
+    fn a_source_holds_no_colon() {
         assert!(
             Key::parse("a:b", "c").is_err(),
             "':' is not a source character"
         );
+    }
+
+    proptest::proptest! {
+        /// The wire form `{source}:{event_id}` (the `Idempotency-Key` a delivery carries) gives
+        /// back its pair when split at its first `:`, so two keys never share one: `(a, b:c)`
+        /// and `(a:b, c)` cannot both exist.
+        #[test]
+        fn the_wire_form_splits_back_into_its_pair(
+            source in "[a-z0-9:._-]{1,40}",
+            event_id in "\\PC{1,40}",
+        ) {
+            let (Ok(s), Ok(e)) = (Source::new(&source), EventId::new(&event_id)) else {
+                return Ok(());
+            };
+            let key = Key::new(s, e);
+            let wire = key.to_string();
+            proptest::prop_assert_eq!(
+                wire.split_once(':'),
+                Some((key.source.as_str(), key.event_id.as_str()))
+            );
+        }
     }
 }

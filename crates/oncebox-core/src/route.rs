@@ -60,19 +60,24 @@ impl std::fmt::Debug for Route {
 }
 
 /// `url` as far as its host: `https://hooks.example/***`, the user info dropped and whatever
-/// follows the host hidden. The host starts after the last `@` before any query, since a
-/// password pasted unencoded may hold a `/`.
+/// follows the host hidden. An `@` past the first `/`, `?` or `#` leaves no telling where the
+/// host is: a password pasted unencoded may hold any of them (`user:p/ss@host`), and a path
+/// may hold an `@` (`host/hook/@t0ken`, whose token a host taken after it would show). Such a
+/// URL is shown as `scheme://***`.
 fn shown(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
         return "***".to_owned();
     };
-    let before_query = &rest[..rest.find(['?', '#']).unwrap_or(rest.len())];
-    let start = before_query.rfind('@').map_or(0, |at| at + 1);
-    let end = before_query[start..]
-        .find('/')
-        .map_or(before_query.len(), |slash| start + slash);
+    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    if rest[end..].contains('@') {
+        return format!("{scheme}://***");
+    }
+    let authority = &rest[..end];
+    let host = authority
+        .rsplit_once('@')
+        .map_or(authority, |(_, host)| host);
     let hidden = if end < rest.len() { "/***" } else { "" };
-    format!("{scheme}://{}{hidden}", &rest[start..end])
+    format!("{scheme}://{host}{hidden}")
 }
 
 /// How long a request waits for the receiver's answer unless a route says otherwise.
@@ -223,7 +228,20 @@ mod tests {
         for secret in ["pa/ss", "s3cret", "k3y", "s1g", "user"] {
             assert!(!shown.contains(secret), "{secret} in {shown}");
         }
+        // The password's `/` leaves the host unknown; the status URL's host is plain.
+        assert!(shown.contains("\"https://***\""), "{shown}");
         assert!(shown.contains("\"https://hooks.example/***\""), "{shown}");
+        assert_eq!(
+            super::shown("https://user:pw@hooks.example/services/s3cret"),
+            "https://hooks.example/***"
+        );
+        // An `@` in the path: what follows it is no host, and may be a token.
+        assert_eq!(
+            super::shown("https://hooks.example/hook/@tok3n"),
+            "https://***"
+        );
+        assert_eq!(super::shown("https://user:p?ss@host/x"), "https://***");
+        assert_eq!(super::shown("https://user:p#ss@host"), "https://***");
         assert_eq!(super::shown("nats://broker:4222"), "nats://broker:4222");
         assert_eq!(super::shown("no url"), "***");
     }

@@ -178,6 +178,8 @@ impl Answer {
             Answer::Stale(_) => "stale",
             Answer::Problem(p) => match p.status.as_u16() {
                 401 | 403 => "unauthorized",
+                // The sender's connection was too slow: nothing says the event was bad.
+                408 => "timeout",
                 409 => "in_progress",
                 422 => "conflict",
                 503 => "unavailable",
@@ -188,7 +190,7 @@ impl Answer {
 }
 
 /// Every value [`Answer::outcome`] gives; `meter.rs` keeps a counter for each.
-pub const OUTCOMES: [&str; 8] = [
+pub const OUTCOMES: [&str; 9] = [
     "accepted",
     "duplicate",
     "stale",
@@ -196,6 +198,7 @@ pub const OUTCOMES: [&str; 8] = [
     "in_progress",
     "conflict",
     "unavailable",
+    "timeout",
     "invalid",
 ];
 

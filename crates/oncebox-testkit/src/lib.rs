@@ -24,6 +24,7 @@ pub mod leasing;
 mod model;
 pub mod pg;
 pub mod proxy;
+pub mod race;
 pub mod receiver;
 pub mod relay;
 pub mod seed;

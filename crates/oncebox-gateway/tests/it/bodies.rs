@@ -33,6 +33,13 @@ fn slow_body_is_cut_off_with_408_and_nothing_stored() {
         assert_eq!(a.status, StatusCode::REQUEST_TIMEOUT, "{a:?}");
         assert_eq!(a.slug(), "body-timeout");
         assert_eq!(s.gw.rows(), 0);
+        // Counted as a timeout, not as an invalid event: a slow network is not a bad sender.
+        let text = crate::support::metrics().render();
+        let timeouts = r#"oncebox_ingest_total{source="open",outcome="timeout"}"#;
+        assert!(
+            text.lines().any(|l| l.starts_with(timeouts)),
+            "no {timeouts} in:\n{text}"
+        );
     });
 }
 

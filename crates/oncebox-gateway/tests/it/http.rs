@@ -5,6 +5,7 @@ use std::time::{Duration, Instant};
 
 use axum::http::StatusCode;
 use oncebox_gateway::policy::{GatewayConfig, Limits};
+use oncebox_testkit::race::{raced, timed};
 use oncebox_testkit::run;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
@@ -28,13 +29,21 @@ fn fifty_concurrent_deliveries_of_one_key_give_one_accept_and_49_replays() {
                 let client = reqwest::Client::new();
                 assert_eq!(get(&client, addr, "/healthz").await.status, StatusCode::OK);
                 barrier.wait().await;
-                deliver(&client, addr, "open", r#"{"id":"evt-50","amount":1}"#).await
+                let body = r#"{"id":"evt-50","amount":1}"#;
+                timed(deliver(&client, addr, "open", body)).await
             }));
         }
-        let mut answers = Vec::new();
+        let mut timings = Vec::new();
         for sender in senders {
-            answers.push(sender.await.expect("sender task"));
+            timings.push(sender.await.expect("sender task"));
         }
+        // They raced: replays were sent before the first answer came back.
+        let raced = raced(&timings, |a: &Answer| !a.replayed(), |_, _| true);
+        assert!(
+            raced > Some(0),
+            "no replay was sent before the first was answered"
+        );
+        let answers: Vec<Answer> = timings.into_iter().map(|t| t.value).collect();
         for a in &answers {
             assert_eq!(a.status, StatusCode::ACCEPTED, "{a:?}");
         }

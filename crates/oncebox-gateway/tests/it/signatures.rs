@@ -50,6 +50,34 @@ fn github_known_vector_is_accepted() {
     });
 }
 
+/// GitHub signs the body alone: a captured delivery replayed as it was is a duplicate, and the
+/// same signed body under a new `X-GitHub-Delivery` is a new event (`docs/github.md` says so).
+#[test]
+fn a_github_body_replayed_under_a_new_delivery_id_is_a_new_event() {
+    run(async {
+        let gw = TestGateway::new();
+        let sig = "sha256=757107ea0eb2509fc211221cce984b8a37570b6d7586c22c46f4379c8b043e17";
+        let send = |delivery: &'static str| {
+            post(
+                "github",
+                &[
+                    ("x-hub-signature-256", sig),
+                    ("x-github-delivery", delivery),
+                ],
+                "Hello, World!",
+            )
+        };
+        let first = gw.send(send("d-1")).await;
+        let replay = gw.send(send("d-1")).await;
+        let renamed = gw.send(send("d-other")).await;
+        assert_eq!(first.status, StatusCode::ACCEPTED, "{first:?}");
+        assert!(replay.replayed(), "{replay:?}");
+        assert_eq!(renamed.status, StatusCode::ACCEPTED, "{renamed:?}");
+        assert!(!renamed.replayed(), "{renamed:?}");
+        assert_eq!(gw.rows(), 2);
+    });
+}
+
 #[test]
 fn standard_webhooks_spec_vector_is_accepted_at_its_time() {
     run(async {

@@ -222,21 +222,30 @@ pub async fn concurrent_deliveries_of_one_key_apply_once<B: Backend>() {
             let (b, barrier) = (b.clone(), barrier.clone());
             tokio::spawn(async move {
                 barrier.wait().await;
-                b.process(event("provider-a", "evt-3", 500), Script::credit(500))
-                    .await
+                let event = event("provider-a", "evt-3", 500);
+                crate::race::timed(b.process(event, Script::credit(500))).await
             })
         })
         .collect();
     let mut applied = 0;
     let mut duplicate = 0;
+    let mut answers = Vec::new();
     for t in tasks {
-        match t.await.unwrap().unwrap() {
+        let answer = t.await.unwrap();
+        match answer.value.as_ref().unwrap() {
             Processed::Applied(r) if r.kind == ResponseKind::Completed => applied += 1,
             Processed::Duplicate(_) => duplicate += 1,
             other => panic!("unexpected {other:?}"),
         }
+        answers.push(answer);
     }
     assert_eq!((applied, duplicate), (1, N - 1));
+    let won = |r: &Result<Processed, _>| matches!(r, Ok(Processed::Applied(_)));
+    let raced = crate::race::raced(&answers, won, |_, _| true);
+    assert!(
+        raced > Some(0),
+        "no duplicate was sent before the first was answered"
+    );
     let seen = b.observe().await;
     assert_eq!((seen.balance, seen.inbox_rows, seen.doubles()), (500, 1, 0));
 }

@@ -8,11 +8,11 @@ use std::time::Duration;
 
 use oncebox_core::{Clock, Event, Key, ManualClock, Processed, Response, Retention};
 use oncebox_sqlite::{Inbox, Options};
-use oncebox_testkit::checker::{Final, check};
+use oncebox_testkit::checker::check;
 use oncebox_testkit::history::{History, Outcome, key};
 
 use crate::table::{Report, Scenario};
-use crate::world::block_on;
+use crate::world::{block_on, final_sqlite};
 
 pub const RETENTION_AND_CLOCK_JUMPS_SQLITE: Scenario = Scenario {
     name: "clock: retention and clock jumps",
@@ -66,12 +66,20 @@ fn retention() -> Report {
         assert!(young.is_some(), "the young record survives");
         let replays = history.count(|o| *o == Outcome::Ok { replayed: true });
         assert_eq!(replays, 1, "the retry at retention − 1 s was a replay");
-        let mut fin = Final::default();
-        fin.effects.insert(key("clk", "young"), vec!["v1".into()]);
-        fin.records.insert(key("clk", "young"), vec![None]);
-        // `old` was purged on purpose: its effect and record stand as they were before.
-        fin.effects.insert(key("clk", "old"), vec!["v1".into()]);
-        fin.records.insert(key("clk", "old"), vec![None]);
+        // What the file holds: `young`'s record, `old`'s purged.
+        let mut fin = final_sqlite(&dir.path().join("clock.db"), false);
+        let (old, young) = (key("clk", "old"), key("clk", "young"));
+        assert!(
+            fin.effects.contains_key(&young),
+            "the young record is read back"
+        );
+        assert!(
+            !fin.records.contains_key(&old),
+            "the old record is gone from the file"
+        );
+        // `old` was purged on purpose: its one effect and record stand as they were before.
+        fin.effects.insert(old.clone(), vec!["v1".into()]);
+        fin.records.insert(old, vec![None]);
         Report {
             figures: check(&history.ops(), &fin),
             exercised: past + replays as u64,

@@ -21,16 +21,23 @@ pub const SLOWLORIS_AND_FLOODS: Scenario = Scenario {
 /// off sooner, or it was refused for something else.
 const TIMEOUT: Duration = Duration::from_secs(1);
 
-/// Opens a connection and trickles `head` then `body` a byte every 100 ms; returns how long the
-/// server let it live (it must cut it off), or `None` if it outlived `limit`.
-async fn slow(addr: &str, head: &str, body: &str, limit: Duration) -> Option<Duration> {
+/// Opens a connection, sends `at_once` whole, then trickles `trickled` a byte every 100 ms;
+/// returns how long the server let it live (it must cut it off) and what it answered, or
+/// `None` if it outlived `limit`.
+async fn slow(
+    addr: &str,
+    at_once: &str,
+    trickled: &str,
+    limit: Duration,
+) -> Option<(Duration, String)> {
     // Started before connecting: the server's timeout runs from its accept, which cannot come
     // earlier, while this task may resume from `connect` a few ms after that accept (once
     // measured from after `connect`: cut off at 998.99 ms of a 1 s timeout).
     let start = Instant::now();
     let mut s = tokio::net::TcpStream::connect(addr).await.ok()?;
+    s.write_all(at_once.as_bytes()).await.ok()?;
     let mut buf = [0u8; 256];
-    for b in head.bytes().chain(body.bytes()).cycle() {
+    for b in trickled.bytes().cycle() {
         if start.elapsed() > limit {
             return None;
         }
@@ -39,18 +46,24 @@ async fn slow(addr: &str, head: &str, body: &str, limit: Duration) -> Option<Dur
                 // A close, or an answer that must be the timeout's 408: anything else (a 400
                 // for the trickled bytes, say) would not be the timeout firing.
                 let n = r.unwrap_or(0);
-                let answer = String::from_utf8_lossy(&buf[..n]);
+                let mut answer = buf[..n].to_vec();
+                // The rest of the answer, up to the close that follows it.
+                if n > 0 {
+                    let rest = s.read_to_end(&mut answer);
+                    let _ = tokio::time::timeout(Duration::from_secs(5), rest).await;
+                }
+                let answer = String::from_utf8_lossy(&answer).into_owned();
                 assert!(
                     n == 0 || answer.starts_with("HTTP/1.1 408"),
                     "a slow client was answered {answer:?}"
                 );
-                return Some(start.elapsed());
+                return Some((start.elapsed(), answer));
             }
             // The trickle itself is the fault: one byte every 100 ms.
             () = tokio::time::sleep(Duration::from_millis(100)) => {}
         }
         if s.write_all(&[b]).await.is_err() {
-            return Some(start.elapsed());
+            return Some((start.elapsed(), String::new()));
         }
     }
     None
@@ -67,12 +80,14 @@ fn slowloris_and_floods() -> Report {
         let slow_clients: Vec<_> = (0..8)
             .map(|i| {
                 let addr = addr.clone();
-                let (head, body) = if i < 4 {
-                    (head, "")
+                // Four trickle their headers; four send their headers whole and trickle the
+                // body, which only the body timeout can end.
+                let (at_once, trickled) = if i < 4 {
+                    ("", head)
                 } else {
                     (full, "{\"id\":\"slow\",\"p\":\"")
                 };
-                tokio::spawn(async move { slow(&addr, head, body, limit).await })
+                tokio::spawn(async move { slow(&addr, at_once, trickled, limit).await })
             })
             .collect();
         let mut cut = Vec::new();
@@ -84,9 +99,16 @@ fn slowloris_and_floods() -> Report {
             "a slow client outlived the timeouts: {cut:?}"
         );
         assert!(
-            cut.iter().flatten().all(|d| *d >= TIMEOUT),
+            cut.iter().flatten().all(|(d, _)| *d >= TIMEOUT),
             "a slow client was cut off before the timeout: {cut:?}"
         );
+        // The bodies were cut by the body timeout, which says so.
+        for (_, answer) in cut.iter().flatten().skip(4) {
+            assert!(
+                answer.contains("body-timeout"),
+                "a slow body ended with {answer:?}"
+            );
+        }
         // A flood of one key: one record, every other answer a replay.
         let c = world::client();
         let flood = scale(300);
@@ -134,8 +156,13 @@ fn slowloris_and_floods() -> Report {
             figures: stage.finish(),
             exercised: cuts * (flood as u64),
             what: format!(
-                "{cuts} slow clients cut off (slowest {:?}), {flood} same-key and {flood} forged requests",
-                cut.iter().flatten().max()
+                "{cuts} slow clients cut off (4 by the header timeout, 4 by the body timeout; \
+                 slowest {:?}), {flood} same-key and {flood} forged requests",
+                cut.iter()
+                    .flatten()
+                    .map(|(d, _)| *d)
+                    .max()
+                    .unwrap_or_default()
             ),
             expected_unresolved: 0,
         }

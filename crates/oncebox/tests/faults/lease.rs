@@ -30,8 +30,10 @@ pub const REDIS_HOLDER_PAUSED: Scenario = Scenario {
 /// `<redis url>|<namespace>|<db path>|<effects file>|<event id>`.
 const CHILD: &str = "ONCEBOX_FAULTS_LEASE_CHILD";
 const SOURCE: &str = "lease";
-/// The paused holder's Redis lease: short, so the pause outlives it.
-const SHORT: Duration = Duration::from_millis(500);
+/// The paused holder's Redis lease: short, so the pause outlives it, and long enough that the
+/// other worker's first `begin` (after the holder stopped) comes while it still lives, on a
+/// loaded machine too.
+const SHORT: Duration = Duration::from_secs(2);
 /// The inbox's lease and the second worker's Redis lease: longer than any step here.
 const TTL: Duration = Duration::from_secs(30);
 
@@ -191,6 +193,7 @@ fn holder_paused() -> Option<Report> {
             // a loaded machine; only the paused holder's lease is meant to expire.
             let second = history.invoke(key(SOURCE, &id), "v1", None);
             let deadline = Instant::now() + PATIENCE;
+            let refused_before = refused_live;
             let fast = loop {
                 match redis.begin(&event, TTL).await {
                     Ok(Begun::Leased(lease)) => break lease,
@@ -200,6 +203,10 @@ fn holder_paused() -> Option<Report> {
                 assert!(Instant::now() < deadline, "the paused lease never expired");
                 tokio::time::sleep(Duration::from_millis(10)).await;
             };
+            assert!(
+                refused_live > refused_before,
+                "the first begin came after the paused lease had expired: its refusal untested"
+            );
             assert!(
                 fast.token > token_a,
                 "taken over with token {} after {token_a}",
