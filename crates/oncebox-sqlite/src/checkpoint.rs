@@ -13,6 +13,15 @@
 //! last, until one has little left; then the writer copies that little rest itself between
 //! two batches (2–4 ms there), and its next transaction starts the log over.
 //!
+//! A failed sync of the database file stops every checkpoint for the rest of the store's life
+//! (`SyncFailed`). Why: Linux reports a writeback error once per open file and then marks the
+//! pages clean; the next sync on the same file succeeds without them. A checkpoint pass after
+//! the failure would then see its own sync succeed, count every frame copied, and let the
+//! writer start the log over: the copies that never reached the disk would exist nowhere, and a
+//! power cut would lose acknowledged events (fsyncgate). Left alone, the log keeps every frame
+//! since the last good restart; the next process's recovery reads them back and copies them
+//! again. The log grows until then, and the error says to restart.
+//!
 //! The restart length is long on purpose: the database file is synced once per restart, and
 //! each sync writes every hot page (index leaves, the table's last pages) copied since the
 //! last one. Restarting at 32 768 frames instead of 16 384 and 8 192 took `COMMIT` (the WAL's
@@ -48,6 +57,43 @@ const FINAL_FRAMES: i64 = 256;
 /// disk too slow for them to shrink leaves the log to the writer's fallback.
 const MAX_PASSES: u32 = 32;
 
+/// Set once a sync of the database file failed: from then on nothing in this store copies the
+/// log back, nor lets a connection's close do it (see the module's comment).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct SyncFailed(Arc<AtomicBool>);
+
+impl SyncFailed {
+    pub(crate) fn is_set(&self) -> bool {
+        self.0.load(Ordering::Acquire)
+    }
+
+    /// Trips the latch, saying so once.
+    fn set(&self, what: &dyn std::fmt::Display) {
+        if !self.0.swap(true, Ordering::AcqRel) {
+            tracing::error!(
+                error = %what,
+                "the database file failed to sync: checkpoints stop and the write-ahead log keeps \
+                 everything until this process restarts (its recovery copies the log again); \
+                 restart it, and check the disk"
+            );
+        }
+    }
+}
+
+/// Keeps `conn`'s close from copying the log back (SQLite checkpoints when a database's last
+/// connection closes, and deletes the log once all of it is copied).
+pub(crate) fn keep_log_at_close(conn: &Connection) {
+    let no_checkpoint = rusqlite::config::DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE;
+    if let Err(e) = conn.set_db_config(no_checkpoint, true) {
+        tracing::error!(error = %e, "a connection may copy the log back when it closes");
+    }
+}
+
+/// Whether `e` is an I/O error (a failed sync among them), after which no pass may run again.
+fn io_failure(e: &rusqlite::Error) -> bool {
+    e.sqlite_error_code() == Some(rusqlite::ErrorCode::SystemIoFailure)
+}
+
 /// The writer's side: it counts its commits and wakes the checkpointer once every `EVERY`. A
 /// signal per commit woke that thread for nothing 63 times out of 64.
 pub(crate) struct Due {
@@ -55,6 +101,9 @@ pub(crate) struct Due {
     since: Cell<u32>,
     /// Set by the checkpointer when only a little of the log is left to copy.
     finish: Arc<AtomicBool>,
+    failed: SyncFailed,
+    /// The writer's own checkpoints (its `wal_autocheckpoint` fallback, its close) are off.
+    stopped: Cell<bool>,
 }
 
 /// The checkpointer's side.
@@ -65,22 +114,30 @@ pub(crate) struct Checkpointer {
     restart_frames: i64,
     /// Look connections whose kept snapshots would hold the passes back (`read/looks.rs`).
     looks: Arc<Looks>,
+    failed: SyncFailed,
 }
 
-/// The writer's `Due` and what `run` takes.
-pub(crate) fn due(restart_frames: u32, looks: Arc<Looks>) -> (Due, Checkpointer) {
+/// The writer's `Due` and what `run` takes; both watch `failed`.
+pub(crate) fn due(
+    restart_frames: u32,
+    looks: Arc<Looks>,
+    failed: SyncFailed,
+) -> (Due, Checkpointer) {
     let (tx, rx) = flume::bounded(1);
     let finish = Arc::new(AtomicBool::new(false));
     let due = Due {
         tx,
         since: Cell::new(0),
         finish: finish.clone(),
+        failed: failed.clone(),
+        stopped: Cell::new(false),
     };
     let checkpointer = Checkpointer {
         due: rx,
         finish,
         restart_frames: i64::from(restart_frames.max(1)),
         looks,
+        failed,
     };
     (due, checkpointer)
 }
@@ -102,10 +159,30 @@ impl Due {
     /// Returns whether the whole log is copied now, so that the writer's next transaction
     /// starts it over.
     pub fn finish(&self, conn: &Connection) -> bool {
+        if self.stop_if_failed(conn) {
+            return false;
+        }
         if !self.finish.swap(false, Ordering::Acquire) {
             return false;
         }
-        passive(conn).is_some_and(|p| p.busy == 0 && p.checkpointed == p.log)
+        passive(conn, &self.failed).is_some_and(|p| p.busy == 0 && p.checkpointed == p.log)
+    }
+}
+
+impl Due {
+    /// Once the database file failed to sync: turns the writer's own checkpoints off (its
+    /// `wal_autocheckpoint` fallback and its close), once. Returns whether it failed.
+    pub fn stop_if_failed(&self, conn: &Connection) -> bool {
+        if !self.failed.is_set() {
+            return false;
+        }
+        if !self.stopped.replace(true) {
+            if let Err(e) = conn.pragma_update(None, "wal_autocheckpoint", 0) {
+                tracing::error!(error = %e, "the writer may still copy the log back");
+            }
+            keep_log_at_close(conn);
+        }
+        true
     }
 }
 
@@ -120,9 +197,14 @@ struct Pass {
     checkpointed: i64,
 }
 
-fn passive(conn: &Connection) -> Option<Pass> {
+fn passive(conn: &Connection, failed: &SyncFailed) -> Option<Pass> {
+    if failed.is_set() {
+        return None;
+    }
     // PASSIVE never waits for the writer or readers; whatever it cannot copy now it copies next
     // time. A failure is only logged: the WAL stays valid and the writer's fallback bounds it.
+    // An I/O failure (SQLite's own sync of the file, in a pass that reached the log's end)
+    // stops every pass after it.
     conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |r| {
         Ok(Pass {
             busy: r.get(0)?,
@@ -130,7 +212,13 @@ fn passive(conn: &Connection) -> Option<Pass> {
             checkpointed: r.get(2)?,
         })
     })
-    .inspect_err(|e| tracing::warn!(error = %e, "WAL checkpoint failed"))
+    .inspect_err(|e| {
+        if io_failure(e) {
+            failed.set(e);
+        } else {
+            tracing::warn!(error = %e, "WAL checkpoint failed");
+        }
+    })
     .ok()
 }
 
@@ -150,13 +238,16 @@ pub(crate) fn run(conn: &Connection, c: &Checkpointer) {
         }
         // Signals that queued while the last checkpoint ran are served by this one.
         c.due.try_iter().for_each(drop);
-        if let Some(pass) = passive(conn)
+        if let Some(pass) = passive(conn, &c.failed)
             && pass.log >= c.restart_frames
         {
             catch_up(conn, pass, c);
         }
     }
-    passive(conn);
+    passive(conn, &c.failed);
+    if c.failed.is_set() {
+        keep_log_at_close(conn);
+    }
 }
 
 /// Runs passes back to back until one had at most `FINAL_FRAMES` to copy and left nothing
@@ -170,23 +261,29 @@ pub(crate) fn run(conn: &Connection, c: &Checkpointer) {
 /// pass, the writer's sync covers only the pages it copies itself.
 fn catch_up(conn: &Connection, mut last: Pass, c: &Checkpointer) {
     for _ in 0..MAX_PASSES {
-        sync(conn);
-        let Some(pass) = passive(conn) else { return };
+        if !sync(conn, &c.failed) {
+            return;
+        }
+        let Some(pass) = passive(conn, &c.failed) else {
+            return;
+        };
         if pass.busy != 0 || pass.log < last.log || pass.checkpointed < pass.log {
             return;
         }
         let copied = pass.log - last.checkpointed;
         last = pass;
         if copied <= FINAL_FRAMES {
-            sync(conn);
-            c.finish.store(true, Ordering::Release);
+            if sync(conn, &c.failed) {
+                c.finish.store(true, Ordering::Release);
+            }
             return;
         }
     }
 }
 
-/// Syncs the database file's data, through the checkpointer connection's own handle of it; a
-/// failure is logged, and SQLite's own sync in the writer's pass still guards the restart.
+/// Syncs the database file's data, through the checkpointer connection's own handle of it.
+/// Returns false, with `failed` set, when the sync failed: the error is reported once, so
+/// SQLite's own sync after it would succeed without the pages it lost (the module's comment).
 ///
 /// Not through a handle of our own (`File::open`): closing it, when the store closed, dropped
 /// every POSIX lock this process held on the file (they belong to the process and the file,
@@ -198,7 +295,7 @@ fn catch_up(conn: &Connection, mut last: Pass, c: &Checkpointer) {
     unsafe_code,
     reason = "SQLite's own file handle, synced by its own method"
 )]
-fn sync(conn: &Connection) {
+fn sync(conn: &Connection, failed: &SyncFailed) -> bool {
     use rusqlite::ffi;
     let mut file: *mut ffi::sqlite3_file = std::ptr::null_mut();
     // SAFETY: SQLITE_FCNTL_FILE_POINTER stores the main database's file (or null) into `file`;
@@ -212,14 +309,16 @@ fn sync(conn: &Connection) {
             (&raw mut file).cast(),
         );
         if rc != ffi::SQLITE_OK || file.is_null() || (*file).pMethods.is_null() {
-            return;
+            return true;
         }
         let Some(sync) = (*(*file).pMethods).xSync else {
-            return;
+            return true;
         };
         sync(file, ffi::SQLITE_SYNC_NORMAL | ffi::SQLITE_SYNC_DATAONLY)
     };
     if rc != ffi::SQLITE_OK {
-        tracing::warn!(code = rc, "syncing the database file failed");
+        failed.set(&format!("xSync answered {rc}"));
+        return false;
     }
+    true
 }

@@ -58,6 +58,9 @@ struct Shared {
     clock: Arc<dyn oncebox_core::Clock>,
     /// The boot's purge anchor, which the writer dates finished records by.
     stamps: oncebox_core::Stamps,
+    /// Set once the database file failed to sync: the readers, closing last, must then not
+    /// copy the log back either (`checkpoint.rs`).
+    sync_failed: checkpoint::SyncFailed,
 }
 
 impl Drop for Shared {
@@ -77,6 +80,9 @@ impl Drop for Shared {
             return;
         }
         threads.drain(..).for_each(|t| drop(t.join()));
+        if self.sync_failed.is_set() {
+            self.readers.keep_log_at_close();
+        }
     }
 }
 
@@ -115,7 +121,12 @@ impl Inbox {
         let checkpointer = schema::open_checkpointer(&options)?;
         let stats = Arc::new(Stats::default());
         let looks = Arc::new(Looks::new(options.clone(), stats.clone()));
-        let (checkpoint, due) = checkpoint::due(options.wal_restart_frames, looks.clone());
+        let sync_failed = checkpoint::SyncFailed::default();
+        let (checkpoint, due) = checkpoint::due(
+            options.wal_restart_frames,
+            looks.clone(),
+            sync_failed.clone(),
+        );
         let (sender, receiver) = flume::bounded(options.queue_capacity.max(1));
         let cpu = crate::placement::cpu_for(options.placement, &options.path);
         if let Some(cpu) = cpu {
@@ -170,6 +181,7 @@ impl Inbox {
                 recent: Recent::new(options.recent_answers),
                 readers: Readers::new(options, looks, stats),
                 probe: ProbeGate::default(),
+                sync_failed,
             }),
         })
     }

@@ -14,11 +14,16 @@
 //! writes out all of it. Truncation takes effect at once. Files are never memory-mapped here
 //! (SQLite then reads through `xRead`, which sees the unsynced writes). Files SQLite opens
 //! without a name (temporary files) are the platform VFS's own.
+//!
+//! A sync of the database file can also be made to fail as Linux fails one after a writeback
+//! error ([`fail_database_sync`]): the writes it was to persist stay readable (the page cache
+//! keeps them) but never reach the disk, and the next sync succeeds without them.
 
 #![allow(unsafe_code, reason = "SQLite's VFS interface is a C vtable")]
 
 use std::collections::{BTreeMap, HashMap};
 use std::ffi::{CStr, c_char, c_int, c_void};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 use rusqlite::ffi;
@@ -38,6 +43,26 @@ struct Unsynced {
     longest: i64,
     /// The end of the furthest write.
     end: i64,
+    /// Writes ordered before this were dropped by a failed sync: read, never persisted.
+    lost: u64,
+}
+
+/// Which sync of a database file fails, counted from 1 (0: none), and how many were made.
+static FAIL_DB_SYNC: AtomicU32 = AtomicU32::new(0);
+static DB_SYNCS: AtomicU32 = AtomicU32::new(0);
+static FAILED_DB_SYNCS: AtomicU32 = AtomicU32::new(0);
+
+/// Makes the first sync of a database file (a name ending in `.db`) in this process from the
+/// `nth` on (counted from 1) that has writes to persist fail with `SQLITE_IOERR_FSYNC`, once, as Linux fails an `fsync` after a writeback error: the
+/// writes it was to persist stay readable but are never persisted, and later syncs succeed
+/// without them.
+pub fn fail_database_sync(nth: u32) {
+    FAIL_DB_SYNC.store(nth, Ordering::SeqCst);
+}
+
+/// How many syncs [`fail_database_sync`] has failed.
+pub fn failed_database_syncs() -> u32 {
+    FAILED_DB_SYNCS.load(Ordering::SeqCst)
 }
 
 type Shared = Arc<Mutex<Unsynced>>;
@@ -103,6 +128,8 @@ struct File {
     base: ffi::sqlite3_file,
     inner: *mut ffi::sqlite3_file,
     unsynced: Shared,
+    /// A database file (its name ends in `.db`), whose syncs `fail_database_sync` counts.
+    database: bool,
 }
 
 // SAFETY: `open` stores the platform VFS's file, methods set, in `inner` of every file it
@@ -146,6 +173,7 @@ unsafe extern "C" fn open(
                 rc
             };
         }
+        let database = path.ends_with(".db");
         let unsynced = files().entry(path).or_default().clone();
         file.cast::<File>().write(File {
             base: ffi::sqlite3_file {
@@ -153,6 +181,7 @@ unsafe extern "C" fn open(
             },
             inner,
             unsynced,
+            database,
         });
         ffi::SQLITE_OK
     }
@@ -321,7 +350,25 @@ unsafe extern "C" fn sync(f: *mut ffi::sqlite3_file, flags: c_int) -> c_int {
         let Some(write) = methods.xWrite else {
             return ffi::SQLITE_IOERR_WRITE;
         };
-        let mut ordered: Vec<(&(i64, u64), &Vec<u8>)> = u.writes.iter().collect();
+        if file.database {
+            let nth = DB_SYNCS.fetch_add(1, Ordering::SeqCst) + 1;
+            let from = FAIL_DB_SYNC.load(Ordering::SeqCst);
+            if from > 0
+                && nth >= from
+                && !u.writes.is_empty()
+                && FAILED_DB_SYNCS.load(Ordering::SeqCst) == 0
+            {
+                u.lost = u.order;
+                FAILED_DB_SYNCS.fetch_add(1, Ordering::SeqCst);
+                return ffi::SQLITE_IOERR_FSYNC;
+            }
+        }
+        let lost = u.lost;
+        let mut ordered: Vec<(&(i64, u64), &Vec<u8>)> = u
+            .writes
+            .iter()
+            .filter(|((_, order), _)| *order >= lost)
+            .collect();
         ordered.sort_by_key(|((_, order), _)| *order);
         for ((offset, _), bytes) in ordered {
             let n = c_int::try_from(bytes.len()).unwrap_or(c_int::MAX);
@@ -334,7 +381,11 @@ unsafe extern "C" fn sync(f: *mut ffi::sqlite3_file, flags: c_int) -> c_int {
             .xSync
             .map_or(ffi::SQLITE_IOERR_FSYNC, |x| x(file.inner, flags));
         if rc == ffi::SQLITE_OK {
-            *u = Unsynced::default();
+            // What a failed sync dropped stays readable (the page cache), never persisted.
+            u.writes.retain(|(_, order), _| *order < lost);
+            if u.writes.is_empty() {
+                (u.longest, u.end) = (0, 0);
+            }
         }
         rc
     }

@@ -49,6 +49,15 @@ impl Readers {
         }
     }
 
+    /// Keeps every connection kept here from copying the log back when it closes
+    /// (`checkpoint::keep_log_at_close`).
+    pub fn keep_log_at_close(&self) {
+        if let Ok(idle) = self.idle.lock() {
+            idle.iter().for_each(crate::checkpoint::keep_log_at_close);
+        }
+        self.looks.keep_log_at_close();
+    }
+
     /// Counts one read, as it runs on its connection.
     fn served(&self) {
         self.stats.reads.fetch_add(1, Ordering::Relaxed);

@@ -211,6 +211,7 @@ impl Writer {
                 self.stats.log_restarts.fetch_add(1, Ordering::Relaxed);
             }
         }
+        self.checkpoint.stop_if_failed(&self.conn);
     }
 
     /// Opens a transaction, runs `first`, whatever queued up while the last fsync ran and

@@ -71,6 +71,14 @@ impl Looks {
         }
     }
 
+    /// Keeps every connection kept here from copying the log back when it closes.
+    pub(crate) fn keep_log_at_close(&self) {
+        if let Ok(idle) = self.pool.lock() {
+            idle.iter()
+                .for_each(|held| crate::checkpoint::keep_log_at_close(&held.conn));
+        }
+    }
+
     /// Runs `f` inside the connection's kept read transaction, or a new one if the writer
     /// committed since that began or it is `HOLD` old.
     pub(crate) fn look<T>(
