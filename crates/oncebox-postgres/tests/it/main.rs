@@ -6,6 +6,7 @@ mod commit_order;
 mod consume;
 mod database;
 mod deliveries;
+mod effects_race;
 mod ended;
 mod examples;
 mod faults;
