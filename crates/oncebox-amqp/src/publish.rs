@@ -2,6 +2,7 @@
 //! has closed it, and every publish bounded by a deadline, so a broker that stops answering
 //! turns a quarantine into a requeue instead of a hang.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -28,6 +29,9 @@ pub(crate) enum QuarantineError {
     /// which is better than acknowledging a message whose only copy may be lost.
     #[error("no confirm from the broker within {0:?}")]
     Timeout(Duration),
+    /// Nothing was sent: the copy waited its turn behind one whose confirm did not come.
+    #[error("waited {0:?} behind a quarantined copy whose confirm did not come; nothing sent")]
+    Queued(Duration),
     #[error("the consumer stopped before a new publish channel was opened")]
     Stopped,
     /// The message is a copy this queue already quarantined for the same reason: the
@@ -51,6 +55,8 @@ pub(crate) struct Publisher {
     /// return of an unroutable copy could reach another's confirm, and its original be
     /// acknowledged with no copy kept. Quarantines are rare; their confirms take milliseconds.
     one_at_a_time: tokio::sync::Mutex<()>,
+    /// The last copy's confirm did not come: the broker is not answering (a resource alarm).
+    stalled: AtomicBool,
     reopen: mpsc::Sender<Reopen>,
     /// Bounds each quarantine (reopening included) and each broker call on shutdown.
     pub(crate) deadline: Duration,
@@ -87,6 +93,7 @@ impl Publisher {
         let publisher = Publisher {
             current: Mutex::new(channel),
             one_at_a_time: tokio::sync::Mutex::new(()),
+            stalled: AtomicBool::new(false),
             reopen,
             deadline,
             frame_max: frame_max.unwrap_or(usize::MAX),
@@ -149,12 +156,22 @@ impl Publisher {
         let props = &delivery.properties;
         let published = [delivery.exchange.as_str(), delivery.routing_key.as_str()];
         let properties = copy_properties(props, reason, queue, source, published, self.frame_max);
-        // The wait for the lock is bounded too: behind a copy whose confirm never comes (a
-        // broker that stopped reading), each waiting in line would otherwise take its own
-        // deadline in turn, holding its message and a stop for as many deadlines as there are
-        // copies. Nothing was sent yet: the message is requeued.
-        let Ok(_one) = tokio::time::timeout(self.deadline, self.one_at_a_time.lock()).await else {
-            return Err(QuarantineError::Timeout(self.deadline));
+        // The wait for the lock is bounded too, while the broker does not answer: behind a copy
+        // whose confirm never came (a broker that stopped reading), each waiting in line would
+        // otherwise take its own deadline in turn, holding its message and a stop for as many
+        // deadlines as there are copies. Nothing was sent yet: the message is requeued. Behind
+        // a slow broker that answers, the copy keeps its place in line (the lock is fair).
+        let turn = self.one_at_a_time.lock();
+        tokio::pin!(turn);
+        let _one = loop {
+            tokio::select! {
+                one = &mut turn => break one,
+                () = tokio::time::sleep(self.deadline) => {
+                    if self.stalled.load(Ordering::Acquire) {
+                        return Err(QuarantineError::Queued(self.deadline));
+                    }
+                }
+            }
         };
         let publish = async {
             let confirm = self
@@ -181,6 +198,7 @@ impl Publisher {
             Ok(())
         };
         let Ok(published) = tokio::time::timeout(self.deadline, publish).await else {
+            self.stalled.store(true, Ordering::Release);
             // Its confirm may still come, and a later copy's return with it: the channel is
             // closed (the next copy reopens one) before another copy goes out on it.
             let channel = self.current();
@@ -188,6 +206,8 @@ impl Publisher {
             let _ = tokio::time::timeout(self.deadline, closing).await;
             return Err(QuarantineError::Timeout(self.deadline));
         };
+        // The broker answered (or the channel failed at once): copies behind wait their turn.
+        self.stalled.store(false, Ordering::Release);
         published
     }
 

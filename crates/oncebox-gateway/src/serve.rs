@@ -82,7 +82,9 @@ pub async fn serve(
                 }
             }
         };
-        full = full && open.available_permits() == 0;
+        // Said again only once a tenth of the places came free: a flood sitting at the cap
+        // would otherwise be said at every dip.
+        full = full && open.available_permits() < limits.connections.max(10) / 10;
         tokio::select! {
             accepted = listener.accept() => {
                 let (stream, peer) = match accepted {

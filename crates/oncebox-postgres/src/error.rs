@@ -175,14 +175,17 @@ pub(crate) async fn autocommit_write(
 /// code) rolled it back for certain: that is the handler's failure, and the key stays free.
 /// Told as unavailability, a consumer would hold the message for ever, retrying.
 ///
-/// Except `54000` (program limit exceeded): at `COMMIT` it is PostgreSQL's notification queue,
-/// full (a session somewhere that ran `LISTEN` holds a transaction open, and the queue is the
-/// whole server's). The wake-up the transaction queued for relays is refused with it; nothing
-/// of the handler's is at fault, and a consumer told "the handler failed" would quarantine a
-/// valid message after `max_attempts`.
+/// Except PostgreSQL's notification queue, full (`54000` raised by its `async.c`: a session
+/// somewhere that ran `LISTEN` holds a transaction open, and the queue is the whole server's).
+/// The wake-up the transaction queued for relays is refused with it; nothing of the handler's
+/// is at fault, and a consumer told "the handler failed" would quarantine a valid message
+/// after `max_attempts`. Any other `54000` (a limit the handler's own deferred trigger met)
+/// stays the handler's.
 pub(crate) fn handler_commit_failed(e: sqlx::Error) -> oncebox_core::ProcessError {
     match &e {
-        sqlx::Error::Database(db) if db.code().as_deref() == Some("54000") => {
+        sqlx::Error::Database(db)
+            if notify_queue_full(db.code().as_deref(), source_file(&**db)) =>
+        {
             oncebox_core::ProcessError::Unavailable(Unavailable::Storage(format!(
                 "{} (54000): the server refused the commit for a limit of its own (its \
                  notification queue full, when a session that listens holds a transaction open)",
@@ -194,6 +197,18 @@ pub(crate) fn handler_commit_failed(e: sqlx::Error) -> oncebox_core::ProcessErro
         }
         _ => oncebox_core::ProcessError::Unavailable(commit_failed(&e)),
     }
+}
+
+/// The server's source file that raised `db`, which names the error's origin whatever the
+/// server's language.
+fn source_file(db: &dyn sqlx::error::DatabaseError) -> Option<&str> {
+    db.try_downcast_ref::<sqlx::postgres::PgDatabaseError>()
+        .and_then(|pg| pg.file())
+}
+
+/// Whether an error is the notification queue's being full: `54000` from `async.c`.
+fn notify_queue_full(code: Option<&str>, file: Option<&str>) -> bool {
+    code == Some("54000") && file == Some("async.c")
 }
 
 /// Recording a handler's completed outcome failed. `25P02`: a statement of the handler failed
@@ -217,6 +232,16 @@ pub(crate) fn record_failed(e: &sqlx::Error) -> oncebox_core::ProcessError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Only the queue's own `54000` is the server's trouble; the same code from anywhere else
+    /// (a deferred trigger of the handler's, `pl_exec.c`) is not.
+    #[test]
+    fn only_the_notification_queue_is_a_full_queue() {
+        assert!(notify_queue_full(Some("54000"), Some("async.c")));
+        assert!(!notify_queue_full(Some("54000"), Some("pl_exec.c")));
+        assert!(!notify_queue_full(Some("54000"), None));
+        assert!(!notify_queue_full(Some("53100"), Some("async.c")));
+    }
 
     /// A wait for a pooled connection that ended names the causes an operator can check, not
     /// only that it ended.

@@ -314,8 +314,14 @@ unsafe extern "C" fn write(
         let bytes =
             std::slice::from_raw_parts(data.cast::<u8>(), usize::try_from(n).unwrap_or(0)).to_vec();
         let mut u = lock_unsynced(file);
+        // A write a failed sync dropped, covered whole by this one, is gone from the page
+        // cache too: kept, it would lie over this write's bytes once they were synced.
+        let (lost, end) = (u.lost, at.saturating_add(len(&bytes)));
+        u.writes.retain(|(offset, order), old| {
+            *order >= lost || *offset < at || offset.saturating_add(len(old)) > end
+        });
         u.longest = u.longest.max(len(&bytes));
-        u.end = u.end.max(at.saturating_add(len(&bytes)));
+        u.end = u.end.max(end);
         let order = u.order;
         u.order += 1;
         u.writes.insert((at, order), bytes);

@@ -52,9 +52,12 @@ impl Readers {
     /// Keeps every connection kept here from copying the log back when it closes
     /// (`checkpoint::keep_log_at_close`).
     pub fn keep_log_at_close(&self) {
-        if let Ok(idle) = self.idle.lock() {
-            idle.iter().for_each(crate::checkpoint::keep_log_at_close);
-        }
+        // A poisoned lock still holds connections that must not copy the log back.
+        let idle = self
+            .idle
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        idle.iter().for_each(crate::checkpoint::keep_log_at_close);
         self.looks.keep_log_at_close();
     }
 

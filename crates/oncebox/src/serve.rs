@@ -1,6 +1,7 @@
 //! `oncebox serve`: the gateway on the configured database, with retention purges and a
 //! graceful shutdown on SIGINT, SIGTERM or SIGHUP (a second one stops at once).
 
+#[cfg(unix)]
 mod files;
 mod signals;
 
@@ -29,6 +30,7 @@ pub async fn run(settings: Settings, with_relay: bool) -> Result<()> {
     for warning in &settings.warnings {
         tracing::warn!("{warning}");
     }
+    #[cfg(unix)]
     files::raise_open_files(settings.gateway.limits.connections);
     let starting = async {
         // The port first: a start that cannot listen (another gateway has the port) must leave

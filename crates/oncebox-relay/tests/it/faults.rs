@@ -31,7 +31,7 @@ fn reply_dropped_on_an_idempotent_route_is_retried_with_the_same_key_and_applied
         w.clock.advance(Duration::from_secs(3600));
         let healed = w.relay(vec![route("hooks", addr, true)]);
         assert_eq!(healed.run_once().await.unwrap().delivered, 1);
-        // Hits are counted per key: both carried it, one effect at a receiver honouring it.
+        // Hits are counted per key: both carried it, which a receiver honouring it applies once.
         assert_eq!(rx.hits_of("shop:evt_d"), 2, "retried with the same key");
         assert_eq!(w.delivery("evt_d").await.state, DeliveryState::Delivered);
     });
@@ -136,7 +136,7 @@ fn relay_that_lost_its_lease_after_the_receivers_2xx_cannot_record_and_the_key_i
         assert_eq!((lost.state, lost.attempts), (DeliveryState::Retrying, 1));
         w.clock.advance(Duration::from_secs(3600));
         assert_eq!(b.run_once().await.unwrap().delivered, 1);
-        // Hits are counted per key: both carried it, one effect at a receiver honouring it.
+        // Hits are counted per key: both carried it, which a receiver honouring it applies once.
         assert_eq!(rx.hits_of("shop:evt_k"), 2);
         let resent = rx.requests().pop().unwrap();
         assert_eq!(resent.headers["oncebox-attempt"], "2", "{resent:?}");

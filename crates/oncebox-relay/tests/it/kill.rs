@@ -95,8 +95,8 @@ fn relay_killed_between_the_receivers_2xx_and_its_record_resends_the_same_key() 
         assert_eq!(out.retrying, 1, "{out:?}");
         later.advance(Duration::from_secs(3600));
         assert_eq!(relay.run_once().await.unwrap().delivered, 1);
-        // Both requests carried the one key (hits are counted per key): one effect at a
-        // receiver honouring it.
+        // Both requests carried the one key (hits are counted per key), which a receiver
+        // honouring it applies once.
         assert_eq!(rx.hits_of("shop:evt_kill"), 2, "re-sent");
         assert_eq!(rx.requests()[1].headers["oncebox-attempt"], "2");
         let seen = rx.requests();

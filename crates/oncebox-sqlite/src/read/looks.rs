@@ -73,10 +73,13 @@ impl Looks {
 
     /// Keeps every connection kept here from copying the log back when it closes.
     pub(crate) fn keep_log_at_close(&self) {
-        if let Ok(idle) = self.pool.lock() {
-            idle.iter()
-                .for_each(|held| crate::checkpoint::keep_log_at_close(&held.conn));
-        }
+        // A poisoned lock still holds connections that must not copy the log back.
+        let idle = self
+            .pool
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        idle.iter()
+            .for_each(|held| crate::checkpoint::keep_log_at_close(&held.conn));
     }
 
     /// Runs `f` inside the connection's kept read transaction, or a new one if the writer

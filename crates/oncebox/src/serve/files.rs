@@ -30,12 +30,15 @@ fn too_few(connections: usize, limit: u64) -> Option<String> {
     let wanted = u64::try_from(connections)
         .unwrap_or(u64::MAX)
         .saturating_add(RESERVE);
+    let fix = match limit.checked_sub(RESERVE).filter(|room| *room > 0) {
+        Some(room) => format!("lower limits.connections to {room} or raise the open-file limit"),
+        None => "raise the open-file limit".to_owned(),
+    };
     (wanted > limit).then(|| {
         format!(
             "limits.connections is {connections}, but this process may open only {limit} files \
-             ({RESERVE} of them kept for the store and the relay): lower limits.connections to \
-             {} or raise the open-file limit (ulimit -n, LimitNOFILE=)",
-            limit.saturating_sub(RESERVE)
+             ({RESERVE} of them kept for the store and the relay): {fix} (ulimit -n, \
+             LimitNOFILE=)"
         )
     })
 }
@@ -53,5 +56,9 @@ mod tests {
             warning.contains("lower limits.connections to 768"),
             "{warning}"
         );
+        // Nothing left to lower it to (macOS starts processes at 256).
+        let warning = too_few(10_000, 256).unwrap();
+        assert!(!warning.contains("lower"), "{warning}");
+        assert!(warning.contains("raise the open-file limit"), "{warning}");
     }
 }
