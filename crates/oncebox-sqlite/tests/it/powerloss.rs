@@ -241,8 +241,8 @@ fn unsynced_commits_lose_acknowledged_events_to_power_cuts() {
 /// was to persist are dropped, the next sync succeeds without them), and the store goes on
 /// taking events, its log otherwise starting over every 256 frames. Had a checkpoint after the
 /// failure let the log start over, the copies that never reached the disk would exist nowhere
-/// (without the change the log started over in each of three runs, and a run failing a later
-/// sync found the file damaged after the cut). The store stops copying the log back instead,
+/// (without the change the log started over in each of three runs, and one of them found the
+/// file damaged after the cut). The store stops copying the log back instead,
 /// and the log keeps them for the next open.
 #[test]
 fn a_failed_sync_of_the_database_file_loses_nothing_acknowledged() {
