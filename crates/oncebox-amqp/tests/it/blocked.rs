@@ -7,8 +7,9 @@ use std::net::{SocketAddr, ToSocketAddrs};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use lapin::Connection;
 use oncebox_amqp::{ConsumeError, Consumer};
-use oncebox_core::consume::from_fn;
+use oncebox_core::consume::{Counts, from_fn};
 use oncebox_core::{Event, ProcessError};
 use oncebox_testkit::proxy::{Mode, Proxy, Stats};
 use oncebox_testkit::{run, service_url};
@@ -32,6 +33,55 @@ fn authority(url: &str) -> &str {
     rest.split('/').next().unwrap_or(rest)
 }
 
+/// A consumer through `via` whose handler says on `inside` that it holds a message, waits for
+/// `release` and then fails for good: with one attempt allowed, each is quarantined at once,
+/// within a 300 ms confirm deadline.
+struct Gated {
+    inside: mpsc::UnboundedReceiver<()>,
+    release: Arc<Notify>,
+    counts: tokio::sync::watch::Receiver<Counts>,
+    stop: oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<(Result<(), ConsumeError>, Connection)>,
+}
+
+async fn gated(w: &World, via: &str) -> Gated {
+    let (entered, inside) = mpsc::unbounded_channel();
+    let release = Arc::new(Notify::new());
+    let gate = release.clone();
+    let apply = from_fn(move |_: Event, _| {
+        let (entered, gate) = (entered.clone(), gate.clone());
+        async move {
+            // Waiting before it says so: a release sent once it said so reaches it.
+            let notified = gate.notified();
+            let _ = entered.send(());
+            notified.await;
+            Err(ProcessError::Handler("fails for good".into()))
+        }
+    });
+    let mut options = w.options();
+    options.retry.max_attempts = 1;
+    options.confirm_timeout = Duration::from_millis(300);
+    let consumer = Arc::new(Consumer::new(apply, options));
+    let counts = consumer.counts();
+    let conn = connect(via).await;
+    let (stop, stopped) = oneshot::channel::<()>();
+    let task = tokio::spawn(async move {
+        let ended = consumer
+            .run(&conn, async {
+                let _ = stopped.await;
+            })
+            .await;
+        (ended, conn)
+    });
+    Gated {
+        inside,
+        release,
+        counts,
+        stop,
+        task,
+    }
+}
+
 #[test]
 fn quarantine_without_a_confirm_is_requeued_and_shutdown_does_not_wait_for_the_broker() {
     let Some(url) = service_url("ONCEBOX_AMQP_URL") else {
@@ -41,42 +91,19 @@ fn quarantine_without_a_confirm_is_requeued_and_shutdown_does_not_wait_for_the_b
         let w = World::new(&url).await;
         let (proxy, via) = proxied(&url).await;
 
-        // The handler fails once, when let go; with one attempt allowed that is a quarantine.
-        let (entered, mut inside) = mpsc::unbounded_channel();
-        let release = Arc::new(Notify::new());
-        let gate = release.clone();
-        let apply = from_fn(move |_: Event, _| {
-            let (entered, gate) = (entered.clone(), gate.clone());
-            async move {
-                let _ = entered.send(());
-                gate.notified().await;
-                Err(ProcessError::Handler("fails for good".into()))
-            }
-        });
-        let mut options = w.options();
-        options.retry.max_attempts = 1;
-        options.confirm_timeout = Duration::from_millis(300);
-        let consumer = Arc::new(Consumer::new(apply, options));
-        let mut counts = consumer.counts();
-        let conn = connect(&via).await;
-        let (stop, stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn({
-            let consumer = consumer.clone();
-            async move {
-                let ended = consumer
-                    .run(&conn, async {
-                        let _ = stopped.await;
-                    })
-                    .await;
-                (ended, conn)
-            }
-        });
+        let Gated {
+            mut inside,
+            release,
+            mut counts,
+            stop,
+            task,
+        } = gated(&w, &via).await;
 
         w.publish(Some("evt_blocked"), r#"{"amount":1}"#).await;
         inside.recv().await.unwrap();
         // From here the broker hears nothing from the consumer, and it nothing from the broker.
         proxy.set(Mode::BlackHole);
-        release.notify_one();
+        release.notify_waiters();
         let requeued = tokio::time::timeout(
             Duration::from_secs(20),
             counts.wait_for(|c| c.requeued >= 1),
@@ -123,36 +150,13 @@ fn quarantines_queued_behind_a_silent_broker_are_requeued_after_one_deadline_not
         const POISON: u64 = 64;
         let w = World::new(&url).await;
         let (proxy, via) = proxied(&url).await;
-        let (entered, mut inside) = mpsc::unbounded_channel();
-        let release = Arc::new(Notify::new());
-        let gate = release.clone();
-        let apply = from_fn(move |_: Event, _| {
-            let (entered, gate) = (entered.clone(), gate.clone());
-            async move {
-                let notified = gate.notified();
-                let _ = entered.send(());
-                notified.await;
-                Err(ProcessError::Handler("fails for good".into()))
-            }
-        });
-        let mut options = w.options();
-        options.retry.max_attempts = 1;
-        options.confirm_timeout = Duration::from_millis(300);
-        let consumer = Arc::new(Consumer::new(apply, options));
-        let mut counts = consumer.counts();
-        let conn = connect(&via).await;
-        let (stop, stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn({
-            let consumer = consumer.clone();
-            async move {
-                let ended = consumer
-                    .run(&conn, async {
-                        let _ = stopped.await;
-                    })
-                    .await;
-                (ended, conn)
-            }
-        });
+        let Gated {
+            mut inside,
+            release,
+            mut counts,
+            stop,
+            task,
+        } = gated(&w, &via).await;
         for i in 0..POISON {
             w.publish(Some(&format!("evt_poison_{i}")), r#"{"amount":1}"#)
                 .await;

@@ -11,7 +11,8 @@ use axum::http::StatusCode;
 use axum::routing::post;
 use oncebox_core::delivery::DeliveryState;
 use oncebox_core::route::Rate;
-use oncebox_relay::Outcome;
+use oncebox_relay::{Outcome, Relay};
+use oncebox_sqlite::Inbox;
 use oncebox_testkit::run;
 
 use crate::{World, receiver, route};
@@ -21,6 +22,30 @@ fn arrivals(receiver: &receiver::Receiver) -> Vec<Instant> {
     let mut at: Vec<Instant> = receiver.requests().iter().map(|s| s.at).collect();
     at.sort_unstable();
     at
+}
+
+/// Runs `relay` until `done` holds (looked at every 10 ms, for at most 30 s), then stops it.
+async fn run_until(relay: Relay<Inbox>, done: impl Fn() -> bool) {
+    let relay = Arc::new(relay);
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn({
+        let relay = relay.clone();
+        async move {
+            relay
+                .run(async {
+                    let _ = stopped.await;
+                })
+                .await;
+        }
+    });
+    for _ in 0..3_000 {
+        if done() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let _ = stop.send(());
+    task.await.unwrap();
 }
 
 #[test]
@@ -41,26 +66,11 @@ fn a_paced_backlog_goes_out_at_the_rate_and_an_unpaced_route_is_not_held_back() 
         for i in 0..FREE {
             w.accept(&format!("f{i}"), &["free"]).await;
         }
-        let relay = Arc::new(w.relay(vec![paced, route("free", free_addr, true)]));
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let task = tokio::spawn({
-            let relay = relay.clone();
-            async move {
-                relay
-                    .run(async {
-                        let _ = stopped.await;
-                    })
-                    .await;
-            }
-        });
-        for _ in 0..3_000 {
-            if paced_rx.requests().len() == PACED && free_rx.requests().len() == FREE {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        let _ = stop.send(());
-        task.await.unwrap();
+        let relay = w.relay(vec![paced, route("free", free_addr, true)]);
+        run_until(relay, || {
+            paced_rx.requests().len() == PACED && free_rx.requests().len() == FREE
+        })
+        .await;
         let paced_at = arrivals(&paced_rx);
         let free_at = arrivals(&free_rx);
         assert_eq!((paced_at.len(), free_at.len()), (PACED, FREE));
@@ -128,26 +138,10 @@ fn a_slow_answer_holding_the_permit_is_not_followed_by_a_burst() {
         for i in 0..EVENTS {
             w.accept(&format!("s{i}"), &["paced"]).await;
         }
-        let relay = Arc::new(w.relay(vec![paced, idle]));
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let task = tokio::spawn({
-            let relay = relay.clone();
-            async move {
-                relay
-                    .run(async {
-                        let _ = stopped.await;
-                    })
-                    .await;
-            }
-        });
-        for _ in 0..3_000 {
-            if seen.lock().unwrap().len() == EVENTS {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        let _ = stop.send(());
-        task.await.unwrap();
+        run_until(w.relay(vec![paced, idle]), || {
+            seen.lock().unwrap().len() == EVENTS
+        })
+        .await;
         let at = seen.lock().unwrap().clone();
         assert_eq!(at.len(), EVENTS);
         assert!(
