@@ -8,6 +8,7 @@ use oncebox_core::store::EventStore;
 use oncebox_core::{Event, ProcessError, Processed, Response, Unavailable};
 use oncebox_sqlite::rusqlite::Connection;
 use oncebox_sqlite::{Inbox, OpenError, Options};
+use oncebox_testkit::race::{Timed, raced, timed};
 use oncebox_testkit::run;
 
 use crate::harness::{ingest, shop};
@@ -234,24 +235,42 @@ fn two_writers_on_one_file_apply_a_key_once() {
                 let barrier = barrier.clone();
                 tokio::spawn(async move {
                     barrier.wait().await;
-                    inbox
-                        .process(event("shared"), |tx| {
-                            tx.conn().execute("INSERT INTO effects VALUES (1)", [])?;
-                            Ok(Response::completed("once"))
-                        })
-                        .await
+                    let answer = timed(inbox.process(event("shared"), |tx| {
+                        tx.conn().execute("INSERT INTO effects VALUES (1)", [])?;
+                        Ok(Response::completed("once"))
+                    }))
+                    .await;
+                    (i % 2, answer)
                 })
             })
             .collect();
         let mut applied = 0;
+        let mut answers = Vec::new();
         for t in tasks {
-            match t.await.unwrap() {
-                Ok(Processed::Applied(_)) => applied += 1,
-                Ok(Processed::Duplicate(r)) => assert_eq!(r, Response::completed("once")),
+            let (store, answer) = t.await.unwrap();
+            let won = match &answer.value {
+                Ok(Processed::Applied(_)) => true,
+                Ok(Processed::Duplicate(r)) => {
+                    assert_eq!(*r, Response::completed("once"));
+                    false
+                }
                 other => panic!("{other:?}"),
-            }
+            };
+            applied += usize::from(won);
+            answers.push(Timed {
+                sent: answer.sent,
+                answered: answer.answered,
+                value: (store, won),
+            });
         }
         assert_eq!(applied, 1);
+        // The other store's requests left before the winner's answer came: it found the key in
+        // the file, not in a memory of its own.
+        let raced = raced(&answers, |(_, won)| *won, |w, l| w.0 != l.0);
+        assert!(
+            raced > Some(0),
+            "no request to the other store overlapped the winner"
+        );
         let effects: i64 = a
             .read(|c| c.query_row("SELECT count(*) FROM effects", [], |r| r.get(0)))
             .await
