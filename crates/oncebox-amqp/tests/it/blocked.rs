@@ -35,7 +35,7 @@ fn authority(url: &str) -> &str {
 
 /// A consumer through `via` whose handler says on `inside` that it holds a message, waits for
 /// `release` and then fails for good: with one attempt allowed, each is quarantined at once,
-/// within a 300 ms confirm deadline.
+/// within the confirm `deadline`.
 struct Gated {
     inside: mpsc::UnboundedReceiver<()>,
     release: Arc<Notify>,
@@ -44,7 +44,7 @@ struct Gated {
     task: tokio::task::JoinHandle<(Result<(), ConsumeError>, Connection)>,
 }
 
-async fn gated(w: &World, via: &str) -> Gated {
+async fn gated(w: &World, via: &str, deadline: Duration) -> Gated {
     let (entered, inside) = mpsc::unbounded_channel();
     let release = Arc::new(Notify::new());
     let gate = release.clone();
@@ -60,7 +60,7 @@ async fn gated(w: &World, via: &str) -> Gated {
     });
     let mut options = w.options();
     options.retry.max_attempts = 1;
-    options.confirm_timeout = Duration::from_millis(300);
+    options.confirm_timeout = deadline;
     let consumer = Arc::new(Consumer::new(apply, options));
     let counts = consumer.counts();
     let conn = connect(via).await;
@@ -97,7 +97,7 @@ fn quarantine_without_a_confirm_is_requeued_and_shutdown_does_not_wait_for_the_b
             mut counts,
             stop,
             task,
-        } = gated(&w, &via).await;
+        } = gated(&w, &via, Duration::from_millis(300)).await;
 
         w.publish(Some("evt_blocked"), r#"{"amount":1}"#).await;
         inside.recv().await.unwrap();
@@ -156,7 +156,7 @@ fn quarantines_queued_behind_a_silent_broker_are_requeued_after_one_deadline_not
             mut counts,
             stop,
             task,
-        } = gated(&w, &via).await;
+        } = gated(&w, &via, Duration::from_millis(300)).await;
         for i in 0..POISON {
             w.publish(Some(&format!("evt_poison_{i}")), r#"{"amount":1}"#)
                 .await;
@@ -187,6 +187,61 @@ fn quarantines_queued_behind_a_silent_broker_are_requeued_after_one_deadline_not
         let (ended, conn) = task.await.unwrap();
         ended.unwrap();
         proxy.set(Mode::Reset);
+        drop(conn);
+        w.cleanup().await;
+    });
+}
+
+/// Behind a slow broker that answers (every chunk held 100 ms each way: each copy's confirm
+/// takes a few hundred ms, within the 1 s deadline), eight copies queued together wait their
+/// turn, longer than a deadline for the last ones, and all are quarantined: none is requeued
+/// for having waited.
+#[test]
+fn quarantines_queued_behind_a_slow_broker_keep_their_turn() {
+    let Some(url) = service_url("ONCEBOX_AMQP_URL") else {
+        return;
+    };
+    run(async move {
+        const POISON: u64 = 8;
+        let w = World::new(&url).await;
+        let (proxy, via) = proxied(&url).await;
+        let Gated {
+            mut inside,
+            release,
+            mut counts,
+            stop,
+            task,
+        } = gated(&w, &via, Duration::from_secs(1)).await;
+        for i in 0..POISON {
+            w.publish(Some(&format!("evt_slow_{i}")), r#"{"amount":1}"#)
+                .await;
+        }
+        for _ in 0..POISON {
+            inside.recv().await.unwrap();
+        }
+        proxy.set(Mode::Delay(Duration::from_millis(100)));
+        let began = Instant::now();
+        release.notify_waiters();
+        let done = tokio::time::timeout(
+            Duration::from_secs(60),
+            counts.wait_for(|c| c.quarantined + c.requeued >= POISON),
+        )
+        .await
+        .expect("every quarantine ended")
+        .map(|c| *c)
+        .unwrap();
+        let took = began.elapsed();
+        eprintln!("amqp slow broker: {POISON} quarantines in {took:?}: {done:?}");
+        // The fault: the copies together took longer than one deadline, so some waited past it.
+        assert!(
+            took > Duration::from_millis(600),
+            "the broker was not slow: {took:?}"
+        );
+        assert_eq!((done.quarantined, done.requeued), (POISON, 0));
+        proxy.set(Mode::Pass);
+        stop.send(()).unwrap();
+        let (ended, conn) = task.await.unwrap();
+        ended.unwrap();
         drop(conn);
         w.cleanup().await;
     });
