@@ -93,6 +93,23 @@ pub(crate) async fn receive<S: EventStore>(
     answer.into_response()
 }
 
+/// The request's content coding other than `identity`, if any (every `Content-Encoding` value,
+/// each a list of codings).
+fn content_coding(headers: &axum::http::HeaderMap) -> Option<String> {
+    let coded = |v: &axum::http::HeaderValue| {
+        v.to_str().map_or(true, |text| {
+            text.split(',')
+                .map(str::trim)
+                .any(|c| !c.is_empty() && !c.eq_ignore_ascii_case("identity"))
+        })
+    };
+    headers
+        .get_all(axum::http::header::CONTENT_ENCODING)
+        .iter()
+        .find(|v| coded(v))
+        .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+}
+
 async fn receive_for<S: EventStore>(
     gw: &Gateway<S>,
     source: &Source,
@@ -134,6 +151,17 @@ async fn receive_for<S: EventStore>(
                 "the request's headers take {header_bytes} bytes; an event stores at most \
                  {MAX_HEADER_BYTES}"
             ),
+        ));
+    }
+    // A body in a content coding (gzip, say) would be stored, fingerprinted and relayed as the
+    // coded bytes, without the coding: a receiver could not read it, and a JSON source would
+    // refuse it as invalid-json, which says nothing of why. Refused for what it is, unread.
+    if let Some(coding) = content_coding(headers) {
+        return Answer::Problem(Problem::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "encoding-unsupported",
+            "Content coding not supported",
+            format!("the body is sent with Content-Encoding {coding:?}; send it uncoded"),
         ));
     }
     // Headers before the body: a request without its signature's headers, or signed too long

@@ -268,6 +268,7 @@ fn described() -> Value {
                     "408": problem("body-timeout"),
                     "409": retry_after(problem("in-progress: the event is being processed, or awaits reconciliation")),
                     "413": problem("body-too-large"),
+                    "415": problem("encoding-unsupported: a Content-Encoding other than identity (Accept-Encoding: identity)"),
                     "422": problem("key-reused: same event id, different payload"),
                     "431": problem("headers-too-large: past the 64 KiB of headers an event stores"),
                     "503": problem("unavailable (Retry-After): nothing is known to be stored")

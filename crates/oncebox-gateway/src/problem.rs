@@ -241,6 +241,13 @@ impl IntoResponse for Problem {
             res.headers_mut()
                 .insert(header::RETRY_AFTER, retry_after_value(wait));
         }
+        // RFC 9110 §15.5.16: a 415 for a content coding says which codings are taken.
+        if self.status == StatusCode::UNSUPPORTED_MEDIA_TYPE {
+            res.headers_mut().insert(
+                header::ACCEPT_ENCODING,
+                HeaderValue::from_static("identity"),
+            );
+        }
         if let Some(challenge) = self.challenge {
             res.headers_mut().insert(
                 header::WWW_AUTHENTICATE,

@@ -1,7 +1,8 @@
 //! What of a request the admin API shows with its event: the payload, the answer, and every
 //! header that is no credential, its value as it came where it is text (UTF-8, non-ASCII
-//! included); a value that is not text is not kept. And the one header the gateway acts on
-//! beside the signature's and the id's: `oncebox-hops`, the loop guard.
+//! included); a value that is not text is not kept. And the headers the gateway acts on beside
+//! the signature's and the id's: `oncebox-hops`, the loop guard, and `Content-Encoding`, a
+//! coded body refused.
 
 use axum::body::Body;
 use axum::http::{HeaderValue, Request, StatusCode};
@@ -10,6 +11,38 @@ use oncebox_core::relay_store::DeliveryStore;
 use oncebox_testkit::run;
 
 use crate::support::{TestGateway, admin_get, post};
+
+/// A body in a content coding is refused for what it is (415, `Accept-Encoding: identity`),
+/// stored nowhere: kept as the coded bytes it would reach receivers undecodable. `identity`
+/// is no coding.
+#[test]
+fn a_coded_body_is_refused_415_and_identity_is_taken() {
+    run(async {
+        let gw = TestGateway::new();
+        for (n, coding) in ["gzip", "identity, br", "x-custom"].into_iter().enumerate() {
+            let body = format!(r#"{{"id":"coded-{n}"}}"#);
+            let a = gw
+                .send(post("open", &[("content-encoding", coding)], body))
+                .await;
+            assert_eq!(
+                (a.status, a.slug().as_str()),
+                (StatusCode::UNSUPPORTED_MEDIA_TYPE, "encoding-unsupported"),
+                "{coding}: {a:?}"
+            );
+            assert_eq!(a.headers["accept-encoding"], "identity", "{a:?}");
+        }
+        assert_eq!(gw.rows(), 0);
+        let plain = gw
+            .send(post(
+                "open",
+                &[("content-encoding", "identity")],
+                r#"{"id":"plain"}"#,
+            ))
+            .await;
+        assert_eq!(plain.status, StatusCode::ACCEPTED, "{plain:?}");
+        assert_eq!(gw.rows(), 1);
+    });
+}
 
 #[test]
 fn one_event_shows_payload_headers_and_answer() {
