@@ -262,7 +262,14 @@ impl Broker for InHand<'_> {
             return Err(e);
         }
         self.publisher
-            .quarantine(&o.quarantine, &o.queue, &o.rules.source, self.delivery, reason)
+            .quarantine(
+                &o.quarantine,
+                &o.queue,
+                &o.rules.source,
+                self.delivery,
+                reason,
+                &self.stopping,
+            )
             .await
             .inspect(|()| tracing::warn!(queue = %o.queue, reason = reason.slug(), detail = %reason.detail(), "message quarantined"))
             .inspect_err(|e| tracing::error!(queue = %o.queue, error = %e, "quarantine failed; message requeued"))

@@ -11,7 +11,7 @@ use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use lapin::{Channel, Connection};
 use oncebox_core::Source;
 use oncebox_core::consume::Reason;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::copy::copy_properties;
 use crate::message::Quarantine;
@@ -29,8 +29,12 @@ pub(crate) enum QuarantineError {
     /// which is better than acknowledging a message whose only copy may be lost.
     #[error("no confirm from the broker within {0:?}")]
     Timeout(Duration),
-    /// Nothing was sent: the copy waited its turn behind one whose confirm did not come.
-    #[error("waited {0:?} behind a quarantined copy whose confirm did not come; nothing sent")]
+    /// Nothing was sent: the copy waited its turn behind one whose confirm did not come, or
+    /// the consumer stopped while it waited.
+    #[error(
+        "waited for its turn behind other quarantined copies (a confirm did not come within \
+         {0:?}, or the consumer stopped); nothing sent"
+    )]
     Queued(Duration),
     #[error("the consumer stopped before a new publish channel was opened")]
     Stopped,
@@ -144,7 +148,10 @@ impl Publisher {
     }
 
     /// Publishes `delivery`'s copy with the reason and waits for the broker's confirm, so the
-    /// original is acknowledged only once its copy is safe; all of it within the deadline.
+    /// original is acknowledged only once its copy is safe. The publish and its confirm take
+    /// at most the deadline; the wait for its turn behind other copies ends after a deadline
+    /// when the last copy to finish got no confirm, and at once when the consumer stops
+    /// (nothing sent: the message is requeued).
     pub(crate) async fn quarantine(
         &self,
         to: &Quarantine,
@@ -152,6 +159,7 @@ impl Publisher {
         source: &Source,
         delivery: &Delivery,
         reason: &Reason,
+        stopping: &watch::Receiver<bool>,
     ) -> Result<(), QuarantineError> {
         let props = &delivery.properties;
         let published = [delivery.exchange.as_str(), delivery.routing_key.as_str()];
@@ -163,9 +171,15 @@ impl Publisher {
         // a slow broker that answers, the copy keeps its place in line (the lock is fair).
         let turn = self.one_at_a_time.lock();
         tokio::pin!(turn);
+        let mut stop = stopping.clone();
+        let stopped = async move {
+            let _ = stop.wait_for(|s| *s).await;
+        };
+        tokio::pin!(stopped);
         let _one = loop {
             tokio::select! {
                 one = &mut turn => break one,
+                () = &mut stopped => return Err(QuarantineError::Queued(self.deadline)),
                 () = tokio::time::sleep(self.deadline) => {
                     if self.stalled.load(Ordering::Acquire) {
                         return Err(QuarantineError::Queued(self.deadline));

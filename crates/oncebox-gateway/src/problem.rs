@@ -242,7 +242,7 @@ impl IntoResponse for Problem {
                 .insert(header::RETRY_AFTER, retry_after_value(wait));
         }
         // RFC 9110 §15.5.16: a 415 for a content coding says which codings are taken.
-        if self.status == StatusCode::UNSUPPORTED_MEDIA_TYPE {
+        if self.slug == "encoding-unsupported" {
             res.headers_mut().insert(
                 header::ACCEPT_ENCODING,
                 HeaderValue::from_static("identity"),

@@ -235,6 +235,30 @@ mod tests {
 
     /// Only the queue's own `54000` is the server's trouble; the same code from anywhere else
     /// (a deferred trigger of the handler's, `pl_exec.c`) is not.
+    /// The source file reaches the check from a real server's error: were it lost (the
+    /// downcast not matching, a field not read), a full queue would be the handler's again.
+    #[test]
+    fn a_real_errors_source_file_is_read() {
+        let Some(url) = oncebox_testkit::service_url("ONCEBOX_POSTGRES_URL") else {
+            return;
+        };
+        oncebox_testkit::run(async move {
+            use sqlx::Connection as _;
+            let mut conn = sqlx::PgConnection::connect(&url).await.expect("connect");
+            let raised = sqlx::Executor::execute(
+                &mut conn,
+                "DO $$ BEGIN RAISE EXCEPTION 'limit' USING ERRCODE = '54000'; END $$",
+            )
+            .await
+            .expect_err("raised");
+            let sqlx::Error::Database(db) = &raised else {
+                panic!("{raised:?}");
+            };
+            assert_eq!(db.code().as_deref(), Some("54000"));
+            assert_eq!(source_file(&**db), Some("pl_exec.c"));
+        });
+    }
+
     #[test]
     fn only_the_notification_queue_is_a_full_queue() {
         assert!(notify_queue_full(Some("54000"), Some("async.c")));

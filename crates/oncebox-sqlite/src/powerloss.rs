@@ -315,7 +315,9 @@ unsafe extern "C" fn write(
             std::slice::from_raw_parts(data.cast::<u8>(), usize::try_from(n).unwrap_or(0)).to_vec();
         let mut u = lock_unsynced(file);
         // A write a failed sync dropped, covered whole by this one, is gone from the page
-        // cache too: kept, it would lie over this write's bytes once they were synced.
+        // cache too: kept, it would lie over this write's bytes once they were synced. Only
+        // database files lose writes, and SQLite writes their pages whole, so a lost write is
+        // never covered in part.
         let (lost, end) = (u.lost, at.saturating_add(len(&bytes)));
         u.writes.retain(|(offset, order), old| {
             *order >= lost || *offset < at || offset.saturating_add(len(old)) > end

@@ -228,26 +228,19 @@ fn two_writers_on_one_file_apply_a_key_once() {
         a.write(|c| c.execute_batch("CREATE TABLE effects (n INTEGER)"))
             .await
             .unwrap();
-        let barrier = Arc::new(Barrier::new(40));
-        let tasks: Vec<_> = (0..40)
-            .map(|i| {
-                let inbox = if i % 2 == 0 { a.clone() } else { b.clone() };
-                let barrier = barrier.clone();
-                tokio::spawn(async move {
-                    barrier.wait().await;
-                    let answer = timed(inbox.process(event("shared"), |tx| {
-                        tx.conn().execute("INSERT INTO effects VALUES (1)", [])?;
-                        Ok(Response::completed("once"))
-                    }))
-                    .await;
-                    (i % 2, answer)
-                })
-            })
-            .collect();
+        // All 40 are handed to their stores in one pass, before any answer is read: none waits
+        // for another's answer, however the runtime is scheduled.
+        let requests = (0..40).map(|i| {
+            let inbox = if i % 2 == 0 { &a } else { &b };
+            let answer = timed(inbox.process(event("shared"), |tx| {
+                tx.conn().execute("INSERT INTO effects VALUES (1)", [])?;
+                Ok(Response::completed("once"))
+            }));
+            async move { (i % 2, answer.await) }
+        });
         let mut applied = 0;
         let mut answers = Vec::new();
-        for t in tasks {
-            let (store, answer) = t.await.unwrap();
+        for (store, answer) in futures::future::join_all(requests).await {
             let won = match &answer.value {
                 Ok(Processed::Applied(_)) => true,
                 Ok(Processed::Duplicate(r)) => {
