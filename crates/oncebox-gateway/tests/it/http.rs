@@ -1,6 +1,5 @@
 //! Through a real listener: racing duplicates, slow clients, limits, shutdown.
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::http::StatusCode;
@@ -9,7 +8,6 @@ use oncebox_testkit::race::{raced, timed};
 use oncebox_testkit::run;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
-use tokio::sync::Barrier;
 
 use crate::support::{Answer, TestGateway};
 use crate::wire::{BOUND, Raw, Reply, deliver, get, in_flight, served};
@@ -18,25 +16,24 @@ use crate::wire::{BOUND, Raw, Reply, deliver, get, in_flight, served};
 fn fifty_concurrent_deliveries_of_one_key_give_one_accept_and_49_replays() {
     run(async {
         let s = served(Limits::default()).await;
-        let barrier = Arc::new(Barrier::new(50));
-        let mut senders = Vec::new();
+        // One client each, connected first: 50 connections racing with nothing but the request
+        // left to send, not one pooled connection taking turns.
+        let mut clients = Vec::new();
         for _ in 0..50 {
-            let barrier = barrier.clone();
-            let addr = s.addr;
-            senders.push(tokio::spawn(async move {
-                // One client each, connected before the barrier: 50 connections racing with
-                // nothing but the request left to send, not one pooled connection taking turns.
-                let client = reqwest::Client::new();
-                assert_eq!(get(&client, addr, "/healthz").await.status, StatusCode::OK);
-                barrier.wait().await;
-                let body = r#"{"id":"evt-50","amount":1}"#;
-                timed(deliver(&client, addr, "open", body)).await
-            }));
+            let client = reqwest::Client::new();
+            assert_eq!(
+                get(&client, s.addr, "/healthz").await.status,
+                StatusCode::OK
+            );
+            clients.push(client);
         }
-        let mut timings = Vec::new();
-        for sender in senders {
-            timings.push(sender.await.expect("sender task"));
-        }
+        // Every request is started in one pass over them, before any answer is read: none can
+        // wait for another's answer, however the runtime is scheduled.
+        let body = r#"{"id":"evt-50","amount":1}"#;
+        let requests = clients
+            .iter()
+            .map(|client| timed(deliver(client, s.addr, "open", body)));
+        let timings = futures::future::join_all(requests).await;
         // They raced: replays were sent before the first answer came back.
         let raced = raced(&timings, |a: &Answer| !a.replayed(), |_, _| true);
         assert!(

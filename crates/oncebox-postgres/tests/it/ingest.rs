@@ -1,7 +1,6 @@
 //! Batched ingest on PostgreSQL: concurrent requests share statements and commits, and every
 //! answer is still exactly what the per-event path would give.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use oncebox_core::store::{EventStore, Ingest, Order};
@@ -102,20 +101,11 @@ fn fifty_concurrent_deliveries_of_one_key_apply_once() {
     }
     oncebox_testkit::run(async {
         let pg = fresh().await;
-        let barrier = Arc::new(tokio::sync::Barrier::new(50));
-        let tasks: Vec<_> = (0..50)
-            .map(|_| {
-                let (inbox, barrier) = (pg.inbox.clone(), barrier.clone());
-                tokio::spawn(async move {
-                    barrier.wait().await;
-                    timed(inbox.ingest(ingest("same", 5, &["r"]))).await
-                })
-            })
-            .collect();
+        // All 50 handed to the store in one pass, before any answer is read.
+        let requests = (0..50).map(|_| timed(pg.inbox.ingest(ingest("same", 5, &["r"]))));
         let mut applied = 0;
         let mut answers = Vec::new();
-        for t in tasks {
-            let answer = t.await.expect("sender");
+        for answer in futures::future::join_all(requests).await {
             match &answer.value {
                 Ok(Processed::Applied(_)) => applied += 1,
                 Ok(Processed::Duplicate(_)) => {}
@@ -150,21 +140,14 @@ fn one_key_raced_on_two_nodes_applies_once() {
             .await
             .expect("second node");
         let nodes = [pg.inbox.clone(), other];
-        let barrier = Arc::new(tokio::sync::Barrier::new(50));
-        let tasks: Vec<_> = (0..50)
-            .map(|i| {
-                let (inbox, barrier) = (nodes[i % 2].clone(), barrier.clone());
-                tokio::spawn(async move {
-                    barrier.wait().await;
-                    let answer = timed(inbox.ingest(ingest("raced", 5, &["r"]))).await;
-                    (i % 2, answer)
-                })
-            })
-            .collect();
+        // All 50 handed to their nodes in one pass, before any answer is read.
+        let requests = (0..50).map(|i| {
+            let answer = timed(nodes[i % 2].ingest(ingest("raced", 5, &["r"])));
+            async move { (i % 2, answer.await) }
+        });
         let mut applied = [0; 2];
         let mut answers = Vec::new();
-        for t in tasks {
-            let (node, answer) = t.await.expect("sender");
+        for (node, answer) in futures::future::join_all(requests).await {
             match &answer.value {
                 Ok(Processed::Applied(_)) => applied[node] += 1,
                 Ok(Processed::Duplicate(first)) => assert_eq!(first.body, b"accepted"),
