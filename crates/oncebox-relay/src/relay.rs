@@ -20,6 +20,12 @@ mod pace;
 mod pump;
 mod reconcile;
 
+/// Ends once `stop` says the relay is stopping. The guard `wait_for` gives is dropped inside,
+/// as it cannot be held across an await in a `select!`.
+async fn until_stopped(mut stop: watch::Receiver<bool>) {
+    let _ = stop.wait_for(|stop| *stop).await;
+}
+
 /// How often `run` publishes the delivery gauges.
 const GAUGES_EVERY: Duration = Duration::from_secs(10);
 

@@ -167,9 +167,7 @@ impl Due {
         }
         passive(conn, &self.failed).is_some_and(|p| p.busy == 0 && p.checkpointed == p.log)
     }
-}
 
-impl Due {
     /// Once the database file failed to sync: turns the writer's own checkpoints off (its
     /// `wal_autocheckpoint` fallback and its close), once. Returns whether it failed.
     pub fn stop_if_failed(&self, conn: &Connection) -> bool {

@@ -44,6 +44,30 @@ struct Gated {
     task: tokio::task::JoinHandle<(Result<(), ConsumeError>, Connection)>,
 }
 
+impl Gated {
+    /// Publishes `n` keyed messages (`{prefix}_{i}`), waits until the handler holds every one,
+    /// switches the proxy to `mode` and lets them all fail; returns when they were let go.
+    async fn fail_all(
+        &mut self,
+        w: &World,
+        proxy: &Proxy,
+        (prefix, n): (&str, u64),
+        mode: Mode,
+    ) -> Instant {
+        for i in 0..n {
+            w.publish(Some(&format!("{prefix}_{i}")), r#"{"amount":1}"#)
+                .await;
+        }
+        for _ in 0..n {
+            self.inside.recv().await.unwrap();
+        }
+        proxy.set(mode);
+        let released = Instant::now();
+        self.release.notify_waiters();
+        released
+    }
+}
+
 async fn gated(w: &World, via: &str, deadline: Duration) -> Gated {
     let (entered, inside) = mpsc::unbounded_channel();
     let release = Arc::new(Notify::new());
@@ -91,19 +115,17 @@ fn quarantine_without_a_confirm_is_requeued_and_shutdown_does_not_wait_for_the_b
         let w = World::new(&url).await;
         let (proxy, via) = proxied(&url).await;
 
+        let mut g = gated(&w, &via, Duration::from_millis(300)).await;
+        // From the release the broker hears nothing from the consumer, and it nothing from the
+        // broker.
+        g.fail_all(&w, &proxy, ("evt_blocked", 1), Mode::BlackHole)
+            .await;
         let Gated {
-            mut inside,
-            release,
             mut counts,
             stop,
             task,
-        } = gated(&w, &via, Duration::from_millis(300)).await;
-
-        w.publish(Some("evt_blocked"), r#"{"amount":1}"#).await;
-        inside.recv().await.unwrap();
-        // From here the broker hears nothing from the consumer, and it nothing from the broker.
-        proxy.set(Mode::BlackHole);
-        release.notify_waiters();
+            ..
+        } = g;
         let requeued = tokio::time::timeout(
             Duration::from_secs(20),
             counts.wait_for(|c| c.requeued >= 1),
@@ -150,23 +172,16 @@ fn quarantines_queued_behind_a_silent_broker_are_requeued_after_one_deadline_not
         const POISON: u64 = 64;
         let w = World::new(&url).await;
         let (proxy, via) = proxied(&url).await;
+        let mut g = gated(&w, &via, Duration::from_millis(300)).await;
+        let began = g
+            .fail_all(&w, &proxy, ("evt_poison", POISON), Mode::BlackHole)
+            .await;
         let Gated {
-            mut inside,
-            release,
             mut counts,
             stop,
             task,
-        } = gated(&w, &via, Duration::from_millis(300)).await;
-        for i in 0..POISON {
-            w.publish(Some(&format!("evt_poison_{i}")), r#"{"amount":1}"#)
-                .await;
-        }
-        for _ in 0..POISON {
-            inside.recv().await.unwrap();
-        }
-        proxy.set(Mode::BlackHole);
-        let began = Instant::now();
-        release.notify_waiters();
+            ..
+        } = g;
         let requeued = tokio::time::timeout(
             Duration::from_secs(30),
             counts.wait_for(|c| c.requeued >= POISON),
@@ -206,23 +221,15 @@ fn quarantines_queued_behind_a_slow_broker_keep_their_turn() {
         const DEADLINE: Duration = Duration::from_secs(2);
         let w = World::new(&url).await;
         let (proxy, via) = proxied(&url).await;
+        let mut g = gated(&w, &via, DEADLINE).await;
+        let slow = Mode::Delay(Duration::from_millis(100));
+        let began = g.fail_all(&w, &proxy, ("evt_slow", POISON), slow).await;
         let Gated {
-            mut inside,
-            release,
             mut counts,
             stop,
             task,
-        } = gated(&w, &via, DEADLINE).await;
-        for i in 0..POISON {
-            w.publish(Some(&format!("evt_slow_{i}")), r#"{"amount":1}"#)
-                .await;
-        }
-        for _ in 0..POISON {
-            inside.recv().await.unwrap();
-        }
-        proxy.set(Mode::Delay(Duration::from_millis(100)));
-        let began = Instant::now();
-        release.notify_waiters();
+            ..
+        } = g;
         let done = tokio::time::timeout(
             Duration::from_secs(60),
             counts.wait_for(|c| c.quarantined + c.requeued >= POISON),
@@ -258,22 +265,15 @@ fn a_stop_does_not_wait_for_the_copies_in_line() {
         const POISON: u64 = 24;
         let w = World::new(&url).await;
         let (proxy, via) = proxied(&url).await;
+        let mut g = gated(&w, &via, Duration::from_secs(2)).await;
+        let slow = Mode::Delay(Duration::from_millis(100));
+        g.fail_all(&w, &proxy, ("evt_line", POISON), slow).await;
         let Gated {
-            mut inside,
-            release,
             mut counts,
             stop,
             task,
-        } = gated(&w, &via, Duration::from_secs(2)).await;
-        for i in 0..POISON {
-            w.publish(Some(&format!("evt_line_{i}")), r#"{"amount":1}"#)
-                .await;
-        }
-        for _ in 0..POISON {
-            inside.recv().await.unwrap();
-        }
-        proxy.set(Mode::Delay(Duration::from_millis(100)));
-        release.notify_waiters();
+            ..
+        } = g;
         // The line moves: one copy is through.
         let moving = counts.wait_for(|c| c.quarantined >= 1);
         tokio::time::timeout(Duration::from_secs(30), moving)

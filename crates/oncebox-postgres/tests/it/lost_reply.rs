@@ -18,7 +18,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
 use crate::claims::routed;
-use crate::harness::{options, schema, url};
+use crate::harness::{schema, url};
 use crate::proxy;
 
 /// When to cut: after the client sent a statement holding `sent`, the server's answer holding
@@ -98,6 +98,25 @@ async fn pump(client: TcpStream, upstream: TcpStream, cut: Arc<Cut>) {
     }
 }
 
+/// A fresh schema opened twice: through a [`cutting`] stand-in, whose cut is set through the
+/// returned [`Cut`], and directly, to read what happened past the stand-in.
+async fn stores(base: &str, clock: Option<&ManualClock>) -> (Arc<Cut>, Inbox, Inbox) {
+    let cut = Arc::new(Cut::default());
+    let proxied = proxy::via(base, &cutting(proxy::server(base), cut.clone()).await);
+    let schema = schema();
+    let on_clock = |o: Options| match clock {
+        Some(clock) => o.clock(Arc::new(clock.clone())),
+        None => o,
+    };
+    let inbox = Inbox::open(on_clock(Options::new(proxied).schema(&schema)))
+        .await
+        .expect("open through the stand-in");
+    let direct = Inbox::open(on_clock(Options::new(base).schema(&schema)))
+        .await
+        .expect("open");
+    (cut, inbox, direct)
+}
+
 fn holds(haystack: &[u8], needle: &[u8]) -> bool {
     haystack.windows(needle.len()).any(|w| w == needle)
 }
@@ -106,18 +125,8 @@ fn holds(haystack: &[u8], needle: &[u8]) -> bool {
 fn a_lease_write_whose_answer_is_lost_after_its_commit_is_commit_unknown() {
     run(async {
         let Some(base) = url() else { return };
-        let cut = Arc::new(Cut::default());
-        let proxied = proxy::via(&base, &cutting(proxy::server(&base), cut.clone()).await);
         let clock = ManualClock::new(EPOCH);
-        let schema = schema();
-        let through = Options::new(proxied)
-            .schema(&schema)
-            .clock(Arc::new(clock.clone()));
-        let inbox = Inbox::open(through)
-            .await
-            .expect("open through the stand-in");
-        // Read past the stand-in.
-        let direct = Inbox::open(options(&schema, &clock)).await.expect("open");
+        let (cut, inbox, direct) = stores(&base, Some(&clock)).await;
         let lease_of = |id: &'static str| {
             let inbox = inbox.clone();
             async move {
@@ -170,12 +179,7 @@ fn a_lease_write_whose_answer_is_lost_after_its_commit_is_commit_unknown() {
 fn a_relay_record_whose_answer_is_lost_is_its_own_write_not_a_lost_lease() {
     run(async {
         let Some(base) = url() else { return };
-        let cut = Arc::new(Cut::default());
-        let proxied = proxy::via(&base, &cutting(proxy::server(&base), cut.clone()).await);
-        let schema = schema();
-        let inbox = Inbox::open(Options::new(proxied).schema(&schema))
-            .await
-            .expect("open through the stand-in");
+        let (cut, inbox, direct) = stores(&base, None).await;
         let ingested = EventStore::ingest(&inbox, routed("evt-r", &["hooks"])).await;
         assert!(ingested.is_ok(), "{ingested:?}");
         let (hook, seen) = crate::relay::receiver().await;
@@ -190,9 +194,6 @@ fn a_relay_record_whose_answer_is_lost_is_its_own_write_not_a_lost_lease() {
         assert!(cut.done.load(Ordering::SeqCst), "the answer was cut");
         assert_eq!((out.delivered, out.fenced), (1, 0), "{out:?}");
         assert_eq!(seen.borrow().len(), 1, "sent once");
-        let direct = Inbox::open(Options::new(base).schema(&schema))
-            .await
-            .expect("open");
         let filter = DeliveryFilter {
             limit: 10,
             ..DeliveryFilter::default()
@@ -210,15 +211,7 @@ fn a_relay_record_whose_answer_is_lost_is_its_own_write_not_a_lost_lease() {
 fn a_resolve_whose_answer_is_lost_after_its_commit_is_commit_unknown() {
     run(async {
         let Some(base) = url() else { return };
-        let cut = Arc::new(Cut::default());
-        let proxied = proxy::via(&base, &cutting(proxy::server(&base), cut.clone()).await);
-        let schema = schema();
-        let inbox = Inbox::open(Options::new(proxied).schema(&schema))
-            .await
-            .expect("open through the stand-in");
-        let direct = Inbox::open(Options::new(base).schema(&schema))
-            .await
-            .expect("open");
+        let (cut, inbox, direct) = stores(&base, None).await;
 
         let lease = match inbox
             .begin(

@@ -12,7 +12,7 @@ use tokio::sync::{TryAcquireError, watch};
 use tokio::time::Instant;
 
 use super::pace::Promise;
-use super::{Lane, Relay, Step, Turn};
+use super::{Lane, Relay, Step, Turn, until_stopped};
 use crate::send;
 
 /// What a lease must still hold after an attempt's timeout when it is sent: time to record.
@@ -86,11 +86,7 @@ impl<S: DeliveryStore> Relay<S> {
         let permit = if stopped {
             None
         } else {
-            // The guard `wait_for` gives is dropped inside: it cannot be held across an await.
-            let mut stop = stop.clone();
-            let stopping = async move {
-                let _ = stop.wait_for(|stop| *stop).await;
-            };
+            let stopping = until_stopped(stop.clone());
             match permits.try_acquire() {
                 Ok(permit) => Some(permit),
                 Err(TryAcquireError::Closed) => return Err(LeaseError::Fenced),
@@ -154,13 +150,9 @@ impl<S: DeliveryStore> Relay<S> {
             if self.short_of_lease(claimed, route, claimed_at, wait) {
                 return false;
             }
-            let mut stop = stop.clone();
-            let stopping = async move {
-                let _ = stop.wait_for(|stop| *stop).await;
-            };
             tokio::select! {
                 biased;
-                () = stopping => return false,
+                () = until_stopped(stop.clone()) => return false,
                 () = tokio::time::sleep(wait) => {}
             }
         }

@@ -14,7 +14,7 @@ use oncebox_core::{LeaseError, Timestamp};
 use tokio::sync::watch;
 
 use super::outage::Outage;
-use super::{GAUGES_EVERY, Outcome, Relay, Step};
+use super::{GAUGES_EVERY, Outcome, Relay, Step, until_stopped};
 
 impl<S: DeliveryStore> Relay<S> {
     pub(super) async fn deliver_until(&self, stopped: watch::Receiver<bool>) {
@@ -80,13 +80,9 @@ impl<S: DeliveryStore> Relay<S> {
                 let idle = outage.pause(self.options.idle_poll);
                 paced_for.map_or(idle, |wait| idle.min(wait))
             };
-            let mut stop = stopped.clone();
-            let stopping = async move {
-                let _ = stop.wait_for(|stop| *stop).await;
-            };
             tokio::select! {
                 biased;
-                () = stopping => {}
+                () = until_stopped(stopped.clone()) => {}
                 Some((route, id, step)) = sending.next(), if !sending.is_empty() => {
                     held.settle(&route, id, step);
                 }
