@@ -265,19 +265,18 @@ impl Leases {
     }
 
     /// Runs a script. One refused by a replica (`READONLY`: a failover behind this address) is
-    /// sent again once on a new connection: nothing of it ran.
+    /// sent again once on a new connection: nothing of it ran. The refusal, the new connection
+    /// and the second try all share the one deadline, so a call never takes longer than it.
     pub(crate) async fn run(&self, call: &ScriptInvocation<'_>) -> Result<Value, Unavailable> {
-        let deadline = self.shared.options.deadline;
+        let cutoff = tokio::time::Instant::now() + self.shared.options.deadline;
         let (generation, mut conn) = self.link.get();
-        let first = tokio::time::timeout(deadline, call.invoke_async(&mut conn)).await;
+        let first = tokio::time::timeout_at(cutoff, call.invoke_async(&mut conn)).await;
         if let Ok(reply) = &first
             && read_only(reply)
-            && self.link.replace(generation, deadline).await
+            && self.link.replace(generation, cutoff).await
         {
             let (_, mut conn) = self.link.get();
-            return self
-                .timed(async move { call.invoke_async(&mut conn).await })
-                .await;
+            return answer(tokio::time::timeout_at(cutoff, call.invoke_async(&mut conn)).await);
         }
         answer(first)
     }

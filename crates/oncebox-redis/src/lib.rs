@@ -45,8 +45,10 @@
 //!   out: a receiver that refuses older tokens then refuses the new holder, and an old holder
 //!   carrying a token handed out again passes Redis's fence. Redis also ends every TTL on that
 //!   clock: a forward jump (or a failover to a host whose clock runs ahead) ends leases before
-//!   their `Lease::expires_at`, and nothing tells the holder; a backward one keeps them longer.
-//!   Keep the host's clock slewed by NTP, never stepped.
+//!   their `Lease::expires_at`, and nothing tells the holder; a backward one keeps them longer,
+//!   by no more than one lease: the first `begin` that finds a lease ending further ahead than
+//!   its own length re-anchors it to one length from then. Keep the host's clock slewed by
+//!   NTP, never stepped.
 //!
 //! So Redis buys speed — cheap exclusion across nodes, duplicates answered without a database
 //! round trip — and the SQL inbox remains the guard. Needs Redis 5 or later (scripts that read
@@ -100,6 +102,16 @@
 //!             };
 //!         }
 //!     };
+//!     // An earlier holder's lease ended unfinished (`taken_over`): its receipt may have gone
+//!     // out. Unless the receiver refuses older tokens or honours an idempotency key, park the
+//!     // key for an operator (`resolve`) rather than send a second receipt.
+//!     if lease.taken_over {
+//!         inbox.uncertain(&lease).await?;
+//!         if let Some(fast) = &fast {
+//!             let _ = redis.release(fast).await;
+//!         }
+//!         return Err("an earlier attempt may have sent the receipt: parked uncertain".into());
+//!     }
 //!     // 3. The effect. Give the receiver `lease.token` if it can refuse older tokens.
 //!     match send_receipt(&event, lease.token).await {
 //!         Ok(response) => {

@@ -5,10 +5,9 @@
 //! drops. (Sentinel kills its clients' connections on failover; a virtual IP does not.)
 
 use std::sync::{PoisonError, RwLock};
-use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::{ErrorKind, RedisResult, ServerErrorKind, Value};
+use redis::{RedisResult, Value};
 
 pub(crate) struct Link {
     client: redis::Client,
@@ -42,9 +41,9 @@ impl Link {
     }
 
     /// Connects anew in place of generation `seen`, unless another caller already did; false
-    /// when no new connection was made within `deadline` (the next refusal tries again).
-    /// The wait for another caller's replacement counts within `deadline` too.
-    pub(crate) async fn replace(&self, seen: u64, deadline: Duration) -> bool {
+    /// when no new connection was made by `cutoff` (the next refusal tries again). The wait
+    /// for another caller's replacement counts before `cutoff` too.
+    pub(crate) async fn replace(&self, seen: u64, cutoff: tokio::time::Instant) -> bool {
         let replacing = async {
             let _one = self.replacing.lock().await;
             if self.get().0 != seen {
@@ -62,7 +61,7 @@ impl Link {
             *self.current.write().unwrap_or_else(PoisonError::into_inner) = (seen + 1, conn);
             true
         };
-        tokio::time::timeout(deadline, replacing)
+        tokio::time::timeout_at(cutoff, replacing)
             .await
             .unwrap_or(false)
     }
@@ -72,8 +71,55 @@ impl Link {
 /// write, and a script stops at its first), so it may be sent again.
 pub(crate) fn read_only(reply: &RedisResult<Value>) -> bool {
     match reply {
-        Err(e) => e.kind() == ErrorKind::Server(ServerErrorKind::ReadOnly),
-        Ok(Value::ServerError(e)) => e.kind() == Some(ServerErrorKind::ReadOnly),
+        Err(e) => replica_refusal(e.code(), e.detail()),
+        Ok(Value::ServerError(e)) => replica_refusal(Some(e.code()), e.details()),
         Ok(_) => false,
+    }
+}
+
+/// `READONLY`, or how Redis before 7 reports a script's write refused by a replica: the
+/// refusal wrapped in a plain error (`ERR Error running script (call to f_…): … -READONLY You
+/// can't write against a read only replica.`). Missing it left a tier on a demoted primary
+/// refusing every write for as long as its connection stayed open.
+fn replica_refusal(code: Option<&str>, detail: Option<&str>) -> bool {
+    match code {
+        Some("READONLY") => true,
+        Some("ERR") => detail
+            .is_some_and(|d| d.starts_with("Error running script") && d.contains("-READONLY ")),
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reply(wire: &str) -> RedisResult<Value> {
+        redis::parse_redis_value(wire.as_bytes())
+    }
+
+    #[test]
+    fn a_replica_refusal_is_recognised_in_either_spelling() {
+        let refused = [
+            "-READONLY You can't write against a read only replica.\r\n",
+            "-ERR Error running script (call to f_0123): @user_script:17: @user_script: 17: \
+             -READONLY You can't write against a read only replica.\r\n",
+        ];
+        for wire in refused {
+            let parsed = reply(wire);
+            assert!(read_only(&parsed), "{wire}: {parsed:?}");
+            let as_error = parsed.and_then(|v| v.extract_error());
+            assert!(read_only(&as_error), "{wire}: {as_error:?}");
+        }
+        let other = [
+            "-ERR Error running script (call to f_0123): @user_script:3: OOM command not \
+             allowed\r\n",
+            "-ERR value contains -READONLY but is no script's refusal\r\n",
+            "-OOM command not allowed when used memory > 'maxmemory'.\r\n",
+            "+OK\r\n",
+        ];
+        for wire in other {
+            assert!(!read_only(&reply(wire)), "{wire}");
+        }
     }
 }

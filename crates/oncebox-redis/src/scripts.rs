@@ -7,6 +7,7 @@
 //! |---------|----------------------------------------------------------------------|
 //! | `state` | `processing` (leased), `done` (kept for the retention), `uncertain` (no TTL) |
 //! | `until` | `processing` only: the lease's end, ms on the Redis host's clock      |
+//! | `ttl`   | `processing` only: the lease's length in ms, to re-anchor `until` after the clock stepped back |
 //! | `fp`    | the payload fingerprint, 32 raw bytes                                |
 //! | `token` | the fencing token of the holder that took or completed it (decimal)  |
 //! | `kind`  | `done` only: the response kind (`completed`, `rejected`, `stale`)    |
@@ -45,6 +46,13 @@ pub(crate) fn fence_key(namespace: &str) -> String {
 /// may have made its call. A record without `until` (written by an earlier build, expiring with
 /// its lease) is live while it exists.
 ///
+/// A lease whose `until` lies further ahead than its own length (`ttl`) was dated by a clock
+/// that has since stepped back: left so, it would hold the key for the length of the step (an
+/// hour's step, an hour). The first contender re-anchors it to one length from now, and to
+/// twice that for the record (Redis's own expiry is wall-clock time too): its holder keeps at
+/// least the time it was promised, and the key is taken over one lease after the step was
+/// seen, as on SQLite. A record without `ttl` (an earlier build's) is left as it is.
+///
 /// The token is `INCR` of the fence counter, but never below the Redis server's clock in
 /// microseconds: a Redis restarted empty forgets the counter, and without the floor it would
 /// hand out 1, 2, 3… again — tokens a holder from before the restart may still carry. The
@@ -56,7 +64,7 @@ pub(crate) fn fence_key(namespace: &str) -> String {
 /// (`GET`), because Lua's number-to-string conversion would round them.
 const BEGIN: &str = r"
 local rec = KEYS[2]
-local found = redis.call('HMGET', rec, 'state', 'fp', 'kind', 'body', 'until')
+local found = redis.call('HMGET', rec, 'state', 'fp', 'kind', 'body', 'until', 'ttl')
 local state = found[1]
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -67,7 +75,15 @@ if state then
   if state == 'uncertain' then return {'uncertain'} end
   if not found[5] then return {'busy', redis.call('PTTL', rec)} end
   local ends = tonumber(found[5])
-  if now < ends then return {'busy', ends - now} end
+  if now < ends then
+    local held = tonumber(found[6])
+    if held and ends - now > held then
+      ends = now + held
+      redis.call('HSET', rec, 'until', string.format('%.0f', ends))
+      redis.call('PEXPIRE', rec, string.format('%.0f', 2 * held))
+    end
+    return {'busy', ends - now}
+  end
   taken = 1
 end
 local floor = t[1] .. string.rep('0', 6 - #t[2]) .. t[2]
@@ -77,7 +93,7 @@ end
 local token = redis.call('GET', KEYS[1])
 local ttl = tonumber(ARGV[2])
 redis.call('HSET', rec, 'state', 'processing', 'fp', ARGV[1], 'token', token,
-  'until', string.format('%.0f', now + ttl))
+  'until', string.format('%.0f', now + ttl), 'ttl', string.format('%.0f', ttl))
 redis.call('PEXPIRE', rec, string.format('%.0f', 2 * ttl))
 return {'leased', token, taken}
 ";
@@ -98,7 +114,7 @@ if found[3] then
   if now >= tonumber(found[3]) then return 'fenced' end
 end
 redis.call('HSET', KEYS[1], 'state', 'done', 'kind', ARGV[2], 'body', ARGV[3])
-redis.call('HDEL', KEYS[1], 'until')
+redis.call('HDEL', KEYS[1], 'until', 'ttl')
 redis.call('PEXPIRE', KEYS[1], ARGV[4])
 return 'ok'
 ";
@@ -123,7 +139,7 @@ if found[2] ~= ARGV[1] then return 'fenced' end
 if found[1] == 'uncertain' then return 'ok' end
 if found[1] ~= 'processing' then return 'fenced' end
 redis.call('HSET', KEYS[1], 'state', 'uncertain')
-redis.call('HDEL', KEYS[1], 'until')
+redis.call('HDEL', KEYS[1], 'until', 'ttl')
 redis.call('PERSIST', KEYS[1])
 return 'ok'
 ";

@@ -109,6 +109,15 @@ pub async fn guarded(
             };
         }
     };
+    // An earlier holder's lease ended unfinished: its receipt may have gone out, and this
+    // receiver checks no token. Parked for an operator rather than sent a second time.
+    if lease.taken_over {
+        inbox.uncertain(&lease).await.expect("park the key");
+        if let Some(fast) = fast {
+            let _ = redis.release(fast).await;
+        }
+        return Answer::NotNow("parked uncertain".into());
+    }
     let response = receiver.send(event);
     finish(redis, inbox, &lease, fast, &response).await;
     Answer::Applied(response)

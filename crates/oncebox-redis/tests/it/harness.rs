@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use oncebox_core::{Event, Key};
 use oncebox_redis::{Leases, Options};
+use oncebox_testkit::proxy::Proxy;
 use oncebox_testkit::service_url;
 use redis::Commands as _;
 use redis::aio::MultiplexedConnection;
@@ -76,6 +77,27 @@ pub async fn raw(url: &str) -> MultiplexedConnection {
         .get_multiplexed_async_connection()
         .await
         .expect("raw connection to Redis")
+}
+
+/// A proxy in front of the shared Redis (`marker`: see `Proxy::start_with_marker`) and the URL
+/// that reaches Redis through it.
+pub async fn proxied(url: &str, marker: Option<&[u8]>) -> (Proxy, String) {
+    let server = redis::Client::open(url).unwrap();
+    let info = server.get_connection_info();
+    let upstream = tokio::net::lookup_host(info.addr().to_string())
+        .await
+        .unwrap()
+        .next()
+        .unwrap();
+    let proxy = Proxy::start_with_marker(upstream, marker.map(<[u8]>::to_vec)).await;
+    let via = url.replacen(&info.addr().to_string(), &proxy.addr().to_string(), 1);
+    (proxy, via)
+}
+
+/// The Redis host's clock in ms (`TIME`), the clock a lease's `until` is dated by.
+pub async fn redis_now(conn: &mut MultiplexedConnection) -> i64 {
+    let (secs, micros): (i64, i64) = query(conn, "TIME", &[]).await;
+    secs * 1000 + micros / 1000
 }
 
 pub async fn query<T: redis::FromRedisValue>(

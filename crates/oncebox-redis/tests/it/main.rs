@@ -3,7 +3,9 @@
 //! processes the restart and outage tests kill.
 
 mod cache;
+mod clock;
 mod conformance;
+mod deadline;
 mod eviction;
 mod failover;
 mod fence;

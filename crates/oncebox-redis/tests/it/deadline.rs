@@ -1,0 +1,78 @@
+//! A Redis that stops answering (packets dropped, the connection left open): every call ends
+//! at the tier's deadline as `Deadline`, which says nothing about the key, and a call held in
+//! the network that reaches Redis late still runs there.
+
+use std::time::Duration;
+
+use oncebox_core::{LeaseError, ProcessError, Response, Unavailable};
+use oncebox_redis::Leases;
+use oncebox_testkit::proxy::Mode;
+use oncebox_testkit::run;
+
+use crate::harness::{Namespace, event, proxied, query, raw, shared, wait_until};
+use crate::lease::leased;
+
+const TTL: Duration = Duration::from_secs(30);
+/// Far past the deadline: only a call that never ends meets it.
+const HUNG: Duration = Duration::from_secs(30);
+
+#[test]
+fn a_redis_that_stops_answering_is_unavailable_at_the_deadline() {
+    let Some(url) = shared() else { return };
+    run(async move {
+        let ns = Namespace::new(&url);
+        let (proxy, via) = proxied(&url, None).await;
+        let options = ns.options().deadline(Duration::from_millis(300));
+        let leases = Leases::connect(&via, options).await.unwrap();
+        let held = leased(leases.begin(&event("before", 1), TTL).await);
+
+        proxy.set(Mode::BlackHole);
+        let late = event("held", 1);
+        let begun = tokio::time::timeout(HUNG, leases.begin(&late, TTL))
+            .await
+            .expect("the deadline never fired");
+        assert!(
+            matches!(begun, Err(ProcessError::Unavailable(Unavailable::Deadline))),
+            "{begun:?}"
+        );
+        let completed =
+            tokio::time::timeout(HUNG, leases.complete(&held, &Response::completed("ok")))
+                .await
+                .expect("the deadline never fired");
+        assert_eq!(
+            completed,
+            Err(LeaseError::Unavailable(Unavailable::Deadline))
+        );
+
+        // The network heals: what it held reaches Redis, late, and runs. The `begin` the
+        // caller was told nothing about takes its lease; the `complete` is done, and its
+        // holder's repeat is answered as its own.
+        proxy.set(Mode::Pass);
+        let conn = raw(&url).await;
+        let (leased_late, done) = (ns.record(&late.key), ns.record(&held.key));
+        wait_until(
+            "the held calls reach Redis",
+            Duration::from_secs(10),
+            || {
+                let mut conn = conn.clone();
+                let (leased_late, done) = (leased_late.clone(), done.clone());
+                async move {
+                    let late: Option<String> =
+                        query(&mut conn, "HGET", &[&leased_late, "state"]).await;
+                    let held: Option<String> = query(&mut conn, "HGET", &[&done, "state"]).await;
+                    late.as_deref() == Some("processing") && held.as_deref() == Some("done")
+                }
+            },
+        )
+        .await;
+        let direct = ns.leases().await;
+        assert!(matches!(
+            direct.begin(&late, TTL).await,
+            Err(ProcessError::InProgress { .. })
+        ));
+        assert_eq!(
+            leases.complete(&held, &Response::completed("ok")).await,
+            Ok(())
+        );
+    });
+}
