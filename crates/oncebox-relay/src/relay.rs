@@ -184,6 +184,9 @@ pub struct Relay<S> {
     warned_unrouted: Mutex<BTreeSet<String>>,
 }
 
+/// The longest a route's attempt may take: a hundred years, as configuration allows.
+const LONGEST_TIMEOUT: Duration = Duration::from_secs(100 * 366 * 24 * 3600);
+
 impl<S: DeliveryStore> Relay<S> {
     pub fn new(
         store: S,
@@ -193,7 +196,10 @@ impl<S: DeliveryStore> Relay<S> {
     ) -> Relay<S> {
         let routes = routes
             .into_iter()
-            .map(|route| {
+            .map(|mut route| {
+                // Configuration caps it far below; a library caller's `Duration::MAX` would
+                // overflow the deadline an attempt computes from it.
+                route.timeout = route.timeout.min(LONGEST_TIMEOUT);
                 let lane = Lane {
                     permits: Semaphore::new(route.concurrency.max(1)),
                     pace: route.rate.map(pace::Pace::new),

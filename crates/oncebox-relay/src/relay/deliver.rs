@@ -108,6 +108,12 @@ impl<S: DeliveryStore> Relay<S> {
             self.unclaim(claimed).await?;
             return Ok(Step::Unclaimed);
         }
+        // Asked again after the waits: behind a slow receiver's permits (most of a lease) or a
+        // pace, a claim young enough when it came back can be past its cap when its turn comes.
+        if let Some(why) = self.too_old(claimed, route) {
+            drop(permit);
+            return self.expired(claimed, route, why).await;
+        }
         // Given back unsent, to be taken again, when either holds:
         // - the route's circuit is open (the sends ahead of this claim failed), or its one
         //   trial after the cooldown is out: not sent into the failure;

@@ -36,7 +36,12 @@ struct Slots {
 impl Pace {
     pub(super) fn new(rate: Rate) -> Pace {
         Pace {
-            interval: rate.interval().max(Duration::from_nanos(1)),
+            // At most a century (as configuration allows): a library caller's rate of one per
+            // `Duration::MAX` would overflow the `Instant` of the next slot.
+            interval: rate.interval().clamp(
+                Duration::from_nanos(1),
+                Duration::from_secs(100 * 366 * 24 * 3600),
+            ),
             slots: Mutex::new(Slots {
                 next: Instant::now(),
                 promised: 0,
@@ -63,9 +68,10 @@ impl Pace {
         match slots.checked_sub(s.promised) {
             Some(room) if room > 0 => Ok(room),
             _ => {
-                let free_at = first + self.interval.saturating_mul(saturate(s.promised));
-                Err(free_at
-                    .saturating_duration_since(horizon)
+                let ahead = self.interval.saturating_mul(saturate(s.promised));
+                Err(first
+                    .checked_add(ahead)
+                    .map_or(ahead, |free_at| free_at.saturating_duration_since(horizon))
                     .max(Duration::from_millis(1)))
             }
         }

@@ -202,8 +202,7 @@ pub(super) fn error_chain(e: &dyn std::error::Error) -> String {
 /// status endpoint not yet deployed or a proxy's default page answers one for every key, and
 /// taking it for "not applied" would send every uncertain delivery again, the applied ones too.
 pub(crate) async fn applied(client: &reqwest::Client, route: &Route, key: &str) -> Option<bool> {
-    let template = route.status_url.as_ref()?;
-    let url = template.replace("{key}", &percent_encode(&wire_key(key)));
+    let url = status_url(route.status_url.as_ref()?, key)?;
     let response = client.get(url).timeout(route.timeout).send().await.ok()?;
     let not_found = response.status().as_u16() == 404;
     if !response.status().is_success() && !not_found {
@@ -221,6 +220,15 @@ pub(crate) async fn applied(client: &reqwest::Client, route: &Route, key: &str) 
     };
     // A 404 that says "applied" contradicts itself.
     (!(not_found && applied)).then_some(applied)
+}
+
+/// The status URL of `key`; `None` for a key that no path segment can name. A key that is `.`
+/// or `..` alone is a dot segment, which URL parsing removes, and so is its percent-encoding
+/// (`%2E`): `/status/..` asks `/`, another resource, whose answer would settle the delivery.
+/// Such a delivery stays for an operator.
+fn status_url(template: &str, key: &str) -> Option<String> {
+    let segment = percent_encode(&wire_key(key));
+    (segment != "." && segment != "..").then(|| template.replace("{key}", &segment))
 }
 
 fn percent_encode(s: &str) -> String {
@@ -251,6 +259,22 @@ mod tests {
         ];
         for (key, wire) in cases {
             assert_eq!(wire_key(key), wire, "{key:?}");
+        }
+    }
+
+    #[test]
+    fn a_key_no_path_segment_can_name_is_not_asked_about() {
+        let template = "http://h/status/{key}";
+        for key in [".", ".."] {
+            assert_eq!(status_url(template, key), None, "{key:?}");
+        }
+        for (key, path) in [
+            ("a..", "/status/a.."),
+            ("...", "/status/..."),
+            ("shop:.", "/status/shop%3A."),
+        ] {
+            let url = status_url(template, key).unwrap();
+            assert_eq!(reqwest::Url::parse(&url).unwrap().path(), path, "{key:?}");
         }
     }
 

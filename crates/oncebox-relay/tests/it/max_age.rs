@@ -5,9 +5,14 @@
 //! One never tried still gets its try (nothing of it reached the receiver), and a last try
 //! scheduled at the cap after a `Retry-After` past it is still sent.
 
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use axum::Router;
+use axum::http::{HeaderMap, StatusCode};
+use axum::routing::post;
 use oncebox_core::delivery::DeliveryState;
+use oncebox_relay::{Relay, RelayOptions};
 use oncebox_testkit::run;
 
 use crate::{World, receiver, route};
@@ -83,5 +88,66 @@ fn a_last_try_scheduled_at_the_cap_is_sent() {
         relay.run_once().await.unwrap();
         assert_eq!(w.delivery("evt_held").await.state, DeliveryState::Delivered);
         assert_eq!(rx.requests().len(), 2);
+    });
+}
+
+/// The cap is checked again when the claim's turn comes: one claimed well inside it, then
+/// kept waiting for the route's one permit behind a slow request past it, is recorded dead
+/// without being sent.
+#[test]
+fn a_delivery_that_waits_for_its_turn_past_max_age_is_not_sent() {
+    run(async {
+        let w = World::new();
+        let cap = Duration::from_secs(10);
+        let seen = Arc::new(Mutex::new(Vec::<String>::new()));
+        let (log, clock) = (seen.clone(), w.clock.clone());
+        // evt_late's first try fails; evt_a's request takes 100 s of the relay's clock.
+        let app = Router::new().route(
+            "/hook",
+            post(move |headers: HeaderMap| async move {
+                let key = headers["idempotency-key"].to_str().unwrap().to_owned();
+                let mut log = log.lock().unwrap();
+                log.push(key.clone());
+                if key == "shop:evt_a" {
+                    clock.advance(Duration::from_secs(100));
+                }
+                if log.len() == 1 {
+                    StatusCode::SERVICE_UNAVAILABLE
+                } else {
+                    StatusCode::OK
+                }
+            }),
+        );
+        let addr = receiver::serve(app).await;
+        let mut hooks = route("hooks", addr, true);
+        hooks.retry.max_age = cap;
+        hooks.concurrency = 1;
+        // A lease far longer than the wait, so that only the cap can hold evt_late back.
+        let options = RelayOptions {
+            lease: Duration::from_secs(3600),
+            ..RelayOptions::default()
+        };
+        let relay = Relay::new(
+            w.inbox.clone(),
+            vec![hooks],
+            Arc::new(w.clock.clone()),
+            options,
+        );
+        w.accept("evt_late", &["hooks"]).await;
+        relay.run_once().await.unwrap();
+        assert_eq!(w.delivery("evt_late").await.state, DeliveryState::Retrying);
+        // Due before evt_late's retry, so claimed ahead of it and sent first.
+        w.accept("evt_a", &["hooks"]).await;
+        w.clock.advance(Duration::from_secs(20));
+        let out = relay.run_once().await.unwrap();
+        assert_eq!(out.claimed, 2, "{out:?}");
+        assert_eq!(w.delivery("evt_a").await.state, DeliveryState::Delivered);
+        let late = w.delivery("evt_late").await;
+        assert_eq!(late.state, DeliveryState::Dead, "{late:?}");
+        assert_eq!(
+            *seen.lock().unwrap(),
+            ["shop:evt_late", "shop:evt_a"],
+            "evt_late was not sent again"
+        );
     });
 }

@@ -1,0 +1,132 @@
+//! The publisher's own state against a real broker: which connection a failure drops, and
+//! how long an answered attempt may wait for the state another publish holds.
+
+use std::time::Duration;
+
+use lapin::options::QueueDeclareOptions;
+use lapin::types::FieldTable;
+use lapin::{Connection, ConnectionProperties};
+use oncebox_core::relay_store::{Budget, Claimed};
+use oncebox_core::{Key, Timestamp};
+use oncebox_testkit::proxy::{Mode, Proxy};
+
+use super::Publisher;
+use crate::send::CONFIRMED;
+use crate::target::Target;
+
+/// Two publishes fail on one connection: the first to notice opens a new one, and the
+/// second's late `forget` must not drop it (with it the first's confirm).
+#[test]
+fn a_failure_drops_only_the_connection_it_happened_on() {
+    let Some(url) = oncebox_testkit::service_url("ONCEBOX_AMQP_URL") else {
+        return;
+    };
+    oncebox_testkit::run(async move {
+        let Ok(Target::Amqp(target)) =
+            Target::parse(&format!("{url}?exchange=&routing_key=oncebox-unused"))
+        else {
+            panic!("an AMQP target from {url}")
+        };
+        let p = Publisher::new(target);
+        let (_, first) = p.channel().await.unwrap();
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(5);
+        p.forget(first + 1, deadline).await;
+        assert_eq!(p.channel().await.unwrap().1, first, "another's failure");
+        p.forget(first, deadline).await;
+        assert_ne!(p.channel().await.unwrap().1, first, "its own failure");
+    });
+}
+
+fn claimed(id: &str) -> Claimed {
+    let key = Key::parse("shop", id).unwrap();
+    Claimed {
+        id: 1,
+        route: "queue".into(),
+        idempotency_key: key.to_string(),
+        key,
+        payload: br#"{"n":1}"#.to_vec(),
+        content_type: "application/json".into(),
+        attempts: 0,
+        created_at: Timestamp(0),
+        budget: Budget {
+            attempts_before: 0,
+            since: Timestamp(0),
+        },
+        token: 1,
+        lease_expires_at: Timestamp(i64::MAX),
+        taken_over: false,
+        hops: 1,
+    }
+}
+
+/// A confirm that comes back while another publish holds the publisher's state (connecting, or
+/// opening a channel behind a slow broker) is answered by the attempt's deadline, not after
+/// the other publish lets go: past it, the relay's lease may have ended and a confirmed
+/// message looked abandoned. Staged: the broker's answers held 300 ms in a proxy, and the
+/// state taken once the broker has the message, before its confirm is through.
+#[test]
+fn a_confirm_is_answered_by_the_deadline_while_another_publish_holds_the_state() {
+    let Some(url) = oncebox_testkit::service_url("ONCEBOX_AMQP_URL") else {
+        return;
+    };
+    oncebox_testkit::run(async move {
+        let direct = Connection::connect(&url, ConnectionProperties::default())
+            .await
+            .unwrap();
+        let channel = direct.create_channel().await.unwrap();
+        let queue = format!("oncebox-held-{}", uuid::Uuid::new_v4());
+        let exclusive = QueueDeclareOptions {
+            exclusive: true,
+            ..QueueDeclareOptions::default()
+        };
+        channel
+            .queue_declare(queue.as_str().into(), exclusive, FieldTable::default())
+            .await
+            .unwrap();
+        let address = url.split('@').nth(1).unwrap().split('/').next().unwrap();
+        let upstream = tokio::net::lookup_host(address)
+            .await
+            .unwrap()
+            .next()
+            .unwrap();
+        let proxy = Proxy::start(upstream).await;
+        let via = url.replacen(address, &proxy.addr().to_string(), 1);
+        let Ok(Target::Amqp(target)) =
+            Target::parse(&format!("{via}?exchange=&routing_key={queue}"))
+        else {
+            panic!("an AMQP target from {via}")
+        };
+        let p = Publisher::new(target);
+        let timeout = Duration::from_secs(2);
+        assert_eq!(p.publish(&claimed("warm"), 1, timeout).await, CONFIRMED);
+
+        proxy.set(Mode::Delay(Duration::from_millis(300)));
+        let held_back = claimed("held");
+        let publish = p.publish(&held_back, 1, timeout);
+        tokio::pin!(publish);
+        let held = loop {
+            tokio::select! {
+                answer = &mut publish => panic!("answered before its confirm was held: {answer:?}"),
+                () = tokio::time::sleep(Duration::from_millis(5)) => {}
+            }
+            let passive = QueueDeclareOptions {
+                passive: true,
+                ..QueueDeclareOptions::default()
+            };
+            let q = channel
+                .queue_declare(queue.as_str().into(), passive, FieldTable::default())
+                .await
+                .unwrap();
+            if q.message_count() == 2 {
+                break p.open.lock().await;
+            }
+        };
+        // Three deadlines: only an attempt waiting for the state runs into it.
+        let answered = tokio::time::timeout(timeout * 3, &mut publish).await;
+        drop(held);
+        assert_eq!(
+            answered.expect("the attempt waited for the state past its deadline"),
+            CONFIRMED
+        );
+    });
+}
