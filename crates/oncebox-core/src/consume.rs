@@ -8,7 +8,7 @@ use std::time::Duration;
 use crate::event::Event;
 use crate::fingerprint::Fingerprint;
 use crate::key::Source;
-use crate::outcome::{ProcessError, Processed};
+use crate::outcome::{ProcessError, Processed, Unavailable};
 
 mod message;
 mod order;
@@ -302,6 +302,18 @@ pub trait Apply: Send + Sync + 'static {
         event: Event,
         position: Option<Position>,
     ) -> impl Future<Output = Result<Processed, ProcessError>> + Send;
+
+    /// The watermark of `(stream, partition)` as the backend keeps it, for a consumer's checks
+    /// at its start (a NATS stream restored from a snapshot winds its sequence back below it).
+    /// `None`: none kept yet, or this `Apply` keeps no watermark.
+    fn watermark(
+        &self,
+        stream: &str,
+        partition: i64,
+    ) -> impl Future<Output = Result<Option<i64>, Unavailable>> + Send {
+        let _ = (stream, partition);
+        async { Ok(None) }
+    }
 }
 
 /// Whether `answer` settles its message's offset: every answer the consumer acknowledges does

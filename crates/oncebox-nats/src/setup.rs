@@ -45,6 +45,23 @@ pub enum ConsumeError {
     /// The stream or consumer could not be read or created.
     #[error("consumer setup: {0}")]
     Setup(String),
+    /// The offset watermark stands above the stream's last sequence: the stream was restored
+    /// from a snapshot older than the inbox, which winds its sequence back while keeping its
+    /// creation time (and so the watermark's name). Started, the consumer would record every
+    /// message published since, up to the watermark, stale and acknowledge it unapplied.
+    /// Retrying does not help until the inbox and the stream are restored from the same moment.
+    #[error(
+        "the offset watermark {watermark} ({name}) is above stream {stream}'s last sequence \
+         {last}: the stream was restored from an earlier snapshot than the inbox, and the \
+         messages published after the restore would be recorded stale unapplied; restore the \
+         inbox from the same moment as the stream"
+    )]
+    WoundBack {
+        stream: String,
+        name: String,
+        watermark: i64,
+        last: u64,
+    },
     /// The watermark needs in-order processing, which the server-side consumer does not give.
     /// Retrying does not help until the durable is changed.
     #[error("watermark mode needs max_ack_pending = 1 on consumer {durable} (it has {found})")]
@@ -109,6 +126,9 @@ pub(crate) struct Bound {
     /// When the stream was created, in Unix nanoseconds: a stream deleted and created again
     /// under the same name starts its sequences at 1 again, and this tells the two apart.
     pub stream_created: i128,
+    /// The stream's last sequence when bound: a watermark above it belongs to messages the
+    /// stream no longer knows (restored from an earlier snapshot).
+    pub stream_last: u64,
     /// The durable's own caps on one pull: asking for more ends the pull with an error, and
     /// the consumer would end with it at every start.
     pub max_batch: Option<usize>,
@@ -205,6 +225,7 @@ pub(crate) async fn bind(
     Ok(Bound {
         consumer,
         stream_created,
+        stream_last: info.state.last_sequence,
         // 0 is "no limit" on the server.
         max_batch: usize::try_from(found.max_batch).ok().filter(|n| *n > 0),
         max_expires: Some(found.max_expires).filter(|d| !d.is_zero()),

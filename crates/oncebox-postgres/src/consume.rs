@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use futures::future::BoxFuture;
 use oncebox_core::consume::{Apply, Position, settles_offset};
-use oncebox_core::{Event, ProcessError, Processed, Response};
+use oncebox_core::{Event, ProcessError, Processed, Response, Unavailable};
 
 use crate::error::{commit_failed, storage};
 use crate::inbox::{Inbox, begin};
@@ -77,6 +77,14 @@ where
         + Sync
         + 'static,
 {
+    async fn watermark(&self, stream: &str, partition: i64) -> Result<Option<i64>, Unavailable> {
+        match self.inbox.offset(stream, partition).await {
+            Ok(offset) => Ok(offset),
+            Err(crate::Error::Unavailable(u)) => Err(u),
+            Err(crate::Error::Sql(e)) => Err(Unavailable::Storage(e.to_string())),
+        }
+    }
+
     async fn apply(
         &self,
         event: Event,

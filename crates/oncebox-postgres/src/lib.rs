@@ -25,6 +25,7 @@ mod error;
 mod inbox;
 mod limit;
 mod listen;
+mod offsets;
 mod options;
 mod qualified;
 mod read;

@@ -8,7 +8,7 @@ use crate::error::Error;
 use crate::inbox::Inbox;
 use crate::tx::{HandlerError, OffsetMove, Tx, move_watermark};
 use oncebox_core::consume::{Apply, Position, settles_offset};
-use oncebox_core::{Event, ProcessError, Processed, Response};
+use oncebox_core::{Event, ProcessError, Processed, Response, Unavailable};
 
 /// The SQLite inbox with the handler every new event runs.
 pub struct InboxHandler<H> {
@@ -49,6 +49,14 @@ impl<H> Apply for InboxHandler<H>
 where
     H: Fn(&mut Tx<'_>, &Event) -> Result<Response, HandlerError> + Send + Sync + 'static,
 {
+    async fn watermark(&self, stream: &str, partition: i64) -> Result<Option<i64>, Unavailable> {
+        match self.inbox.offset(stream, partition).await {
+            Ok(offset) => Ok(offset),
+            Err(crate::Error::Unavailable(u)) => Err(u),
+            Err(crate::Error::Sql(e)) => Err(Unavailable::Storage(e.to_string())),
+        }
+    }
+
     async fn apply(
         &self,
         event: Event,

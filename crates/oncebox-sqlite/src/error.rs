@@ -58,6 +58,11 @@ pub enum OpenError {
          empty inbox"
     )]
     LostDatabase { path: String, log_bytes: u64 },
+    /// The path names no file of its own: `:memory:`, an empty path or a `file:` URI. Each of
+    /// the inbox's connections (its writer, checkpointer and readers) would get a database of
+    /// its own, and none survives the process: every key would be new again after a restart.
+    #[error("{path:?} names no database file ({why}): give the path of a file")]
+    NotAFile { path: String, why: &'static str },
     /// The file can be read but not written by this process.
     #[error(
         "{path} can be read but not written by this process (its permissions, an immutable \

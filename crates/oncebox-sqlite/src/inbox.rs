@@ -106,6 +106,7 @@ impl Inbox {
                 "durability below synchronous=FULL: the last commits may be lost on power failure"
             );
         }
+        schema::refuse_no_file(&options)?;
         schema::refuse_lost_file(&options)?;
         schema::refuse_outdated(&options)?;
         let mut conn = schema::open_writer(&options)?;

@@ -25,6 +25,7 @@ mod error;
 mod inbox;
 mod lease;
 mod lenient;
+mod offsets;
 mod options;
 mod pcache;
 mod placement;

@@ -183,6 +183,24 @@ fn synchronous(d: Durability) -> &'static str {
     }
 }
 
+/// Refuses a path SQLite would not open as a file of its own (`NotAFile`).
+pub(crate) fn refuse_no_file(o: &Options) -> Result<(), OpenError> {
+    let path = o.path.to_string_lossy();
+    let why = if path.is_empty() {
+        "an empty path is a temporary database, one per connection"
+    } else if path == ":memory:" {
+        "a database in memory, one per connection, gone at exit"
+    } else if path.starts_with("file:") {
+        "a URI, which may name a database in memory or open it with other options"
+    } else {
+        return Ok(());
+    };
+    Err(OpenError::NotAFile {
+        path: path.into_owned(),
+        why,
+    })
+}
+
 /// Refuses a database file that is missing or empty beside a log that is not (`LostDatabase`).
 /// A fresh inbox has neither; SQLite itself never leaves a log without its file.
 pub(crate) fn refuse_lost_file(o: &Options) -> Result<(), OpenError> {

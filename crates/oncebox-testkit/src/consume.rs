@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use oncebox_core::consume::{Apply, Counts, Position};
-use oncebox_core::{Event, Key, ProcessError, Processed, Response};
+use oncebox_core::{Event, Key, ProcessError, Processed, Response, Unavailable};
 use oncebox_sqlite::rusqlite::{self, params};
 use oncebox_sqlite::{HandlerError, Inbox, InboxHandler, Options, Tx};
 use tokio::sync::{mpsc, oneshot, watch};
@@ -121,6 +121,10 @@ impl<A: Apply> Apply for Checked<A> {
             self.false_duplicates.fetch_add(1, Ordering::SeqCst);
         }
         outcome
+    }
+
+    async fn watermark(&self, stream: &str, partition: i64) -> Result<Option<i64>, Unavailable> {
+        self.inner.watermark(stream, partition).await
     }
 }
 

@@ -8,6 +8,7 @@ mod copy;
 mod faults;
 mod keys;
 mod kill;
+mod restore;
 mod scenarios;
 mod settle;
 mod setup;

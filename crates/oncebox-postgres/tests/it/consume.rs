@@ -215,3 +215,28 @@ fn a_message_at_or_below_the_watermark_is_stale_and_a_failure_leaves_it() {
         assert_eq!(watermark(&pg).await, Some(11), "no position, no watermark");
     });
 }
+
+/// A consumer that keeps its position in the inbox (a Kafka partition's, say) reads where to
+/// resume, and moves the watermark past a message it acknowledges without applying, outside
+/// any handler.
+#[test]
+fn a_consumer_reads_its_position_and_moves_it_on_its_own() {
+    if url().is_none() {
+        return;
+    }
+    oncebox_testkit::run(async {
+        let (pg, _) = consumer().await;
+        let inbox = &pg.inbox;
+        assert_eq!(inbox.offset("orders", 0).await.unwrap(), None);
+        assert_eq!(
+            inbox.move_offset("orders", 0, 8).await.unwrap(),
+            oncebox_postgres::OffsetMove::Advanced
+        );
+        assert_eq!(
+            inbox.move_offset("orders", 0, 5).await.unwrap(),
+            oncebox_postgres::OffsetMove::Replay
+        );
+        assert_eq!(inbox.offset("orders", 0).await.unwrap(), Some(8));
+        assert_eq!(inbox.offset("orders", 1).await.unwrap(), None);
+    });
+}

@@ -172,3 +172,23 @@ fn an_earlier_builds_file_renumbered_by_an_application_is_read_from_its_tables()
         assert_eq!(user_version(&path), version);
     }
 }
+
+/// A path that names no file of its own is refused at the open, naming it: on `:memory:`, an
+/// empty path or a `file:` URI every connection of the inbox gets a database of its own, and
+/// none outlives the process, so every key would be new again after a restart.
+#[test]
+fn a_path_that_names_no_file_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let uri = format!("file:{}?mode=memory", dir.path().join("x.db").display());
+    for path in [":memory:", "", "file::memory:", uri.as_str()] {
+        match Inbox::open(Options::new(path)) {
+            Err(e @ OpenError::NotAFile { .. }) => {
+                assert!(e.to_string().contains("names no database file"), "{e}");
+            }
+            other => panic!("{path:?} opened: {:?}", other.map(|_| ())),
+        }
+    }
+    // A relative path is a file like any other.
+    let inside = dir.path().join("inbox.db");
+    Inbox::open(Options::new(&inside)).unwrap();
+}

@@ -6,7 +6,7 @@
 use oncebox_core::consume::{Apply, Position};
 use oncebox_core::{Event, Processed, Response, ResponseKind};
 use oncebox_sqlite::rusqlite::params;
-use oncebox_sqlite::{HandlerError, Inbox, InboxHandler, Options, Tx};
+use oncebox_sqlite::{HandlerError, Inbox, InboxHandler, OffsetMove, Options, Tx};
 use oncebox_testkit::run;
 
 use crate::harness::shop;
@@ -133,5 +133,39 @@ fn a_replay_after_purge_finds_a_conflict_stale_too() {
         let again = apply.apply(shop("k", r#"{"n":2}"#), at(2)).await.unwrap();
         assert!(again.is_stale(), "{again:?}");
         assert_eq!(effects(&inbox, "k").await, 1, "k applied once");
+    });
+}
+
+/// A consumer that keeps its position in the inbox (a Kafka partition's, say) reads where to
+/// resume after a restart, and moves the watermark past a message it acknowledges without
+/// applying, outside any handler.
+#[test]
+fn a_consumer_reads_its_position_and_moves_it_on_its_own() {
+    run(async {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("inbox.db");
+        let inbox = Inbox::open(Options::new(&path)).unwrap();
+        assert_eq!(inbox.offset("orders", 0).await.unwrap(), None);
+        let applied = inbox
+            .process(shop("o-7", r#"{"n":7}"#), |tx: &mut Tx<'_>| {
+                tx.commit_offset("orders", 0, 7)?;
+                Ok(Response::completed("ok"))
+            })
+            .await
+            .unwrap();
+        assert!(matches!(applied, Processed::Applied(_)));
+        assert_eq!(
+            inbox.move_offset("orders", 0, 8).await.unwrap(),
+            OffsetMove::Advanced
+        );
+        assert_eq!(
+            inbox.move_offset("orders", 0, 5).await.unwrap(),
+            OffsetMove::Replay
+        );
+        assert!(inbox.move_offset("ord\0ers", 0, 9).await.is_err());
+        drop(inbox);
+        let inbox = Inbox::open(Options::new(&path)).unwrap();
+        assert_eq!(inbox.offset("orders", 0).await.unwrap(), Some(8));
+        assert_eq!(inbox.offset("orders", 1).await.unwrap(), None);
     });
 }

@@ -106,6 +106,14 @@ impl<A: Apply> Apply for Recorded<A> {
         });
         outcome
     }
+
+    async fn watermark(
+        &self,
+        stream: &str,
+        partition: i64,
+    ) -> Result<Option<i64>, oncebox_core::Unavailable> {
+        self.inner.watermark(stream, partition).await
+    }
 }
 
 /// Messages published once each; child consumers die one after another, each at its first

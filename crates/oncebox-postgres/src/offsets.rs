@@ -1,0 +1,51 @@
+//! The offset watermark outside a handler: where a consumer of an ordered log resumes, and a
+//! move of its own for a message acknowledged without being applied.
+
+use oncebox_core::OffsetMove;
+
+use crate::Inbox;
+
+impl Inbox {
+    /// The highest offset applied (or passed over) on `(stream, partition)`: a consumer that
+    /// keeps its position here (a Kafka partition's, say) seeks to the next one after a
+    /// restart, so the log's own committed offset need not agree. `None` before the first.
+    pub async fn offset(&self, stream: &str, partition: i64) -> Result<Option<i64>, crate::Error> {
+        let position = sqlx::query_scalar(
+            "SELECT position FROM oncebox_offsets WHERE stream = $1 AND partition = $2",
+        )
+        .bind(stream)
+        .bind(partition)
+        .fetch_optional(self.pool())
+        .await?;
+        Ok(position)
+    }
+
+    /// Moves the watermark of `(stream, partition)` up to `offset` in a transaction of its own:
+    /// for a message the consumer acknowledges without applying it (its handler refused it, or
+    /// the inbox answered it as a duplicate, whose handler never ran and so never moved it).
+    /// Left behind, a replay of the log's tail after the records were purged would apply it.
+    /// `Replay` when the watermark already stood at or above it.
+    pub async fn move_offset(
+        &self,
+        stream: &str,
+        partition: i64,
+        offset: i64,
+    ) -> Result<OffsetMove, crate::Error> {
+        let moved = sqlx::query(
+            "INSERT INTO oncebox_offsets AS o (stream, partition, position) VALUES ($1, $2, $3)
+             ON CONFLICT (stream, partition) DO UPDATE SET position = excluded.position
+             WHERE excluded.position > o.position",
+        )
+        .bind(stream)
+        .bind(partition)
+        .bind(offset)
+        .execute(self.pool())
+        .await?
+        .rows_affected();
+        Ok(if moved == 1 {
+            OffsetMove::Advanced
+        } else {
+            OffsetMove::Replay
+        })
+    }
+}
