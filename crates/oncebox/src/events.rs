@@ -170,19 +170,38 @@ pub async fn stats(out: &mut impl Write, store: &Store, output: Output) -> Resul
 pub fn purge_retention(settings: &Settings, given: Option<Duration>) -> Result<Duration> {
     match given {
         Some(retention) => {
-            // Without [sources] nothing says which sources are Stripe, GitHub or Standard
-            // Webhooks ones, whose senders redeliver for days: the gateway's configuration may
-            // sit elsewhere (a cron job in another directory, an unset ONCEBOX_CONFIG). Warned,
-            // not refused: the file refuses a short retention only for a source whose preset
-            // it names, and warns where the sender is only likely, as here.
+            // `--retention` reaches every source the file does not name: all of them without
+            // [sources], and with [sources] those of other gateways sharing the database (a
+            // PostgreSQL serving several). Nothing says which of those are Stripe, GitHub or
+            // Standard Webhooks ones, whose senders redeliver for days. Warned, not refused:
+            // the file refuses a short retention only for a source whose preset it names, and
+            // warns where the sender is only likely, as here. The sources it names keep their
+            // own retention, checked against their presets when it was read.
             let (horizon, senders) = crate::config::longest_horizon();
-            if settings.gateway.open_sources && retention < horizon {
+            if retention < horizon {
+                let reached = if settings.gateway.open_sources {
+                    "no configuration naming [sources] was read (--config or ONCEBOX_CONFIG) to \
+                     tell which sources use them"
+                        .to_owned()
+                } else {
+                    let named: Vec<&str> = settings
+                        .gateway
+                        .sources
+                        .keys()
+                        .map(Source::as_str)
+                        .collect();
+                    format!(
+                        "it applies to every source the configuration does not name in \
+                         [sources] (it names {}), such as another gateway's sharing this \
+                         database, whichever preset they use",
+                        listed(&named)
+                    )
+                };
                 let _ = writeln!(
                     std::io::stderr(),
                     "warning: --retention {} is shorter than the {} that senders of the {} \
-                     presets may redeliver for, and no configuration naming [sources] was read \
-                     (--config or ONCEBOX_CONFIG) to tell which sources use them: a redelivery \
-                     after the purge is taken as a new event and applied again",
+                     presets may redeliver for, and {reached}: a redelivery after the purge is \
+                     taken as a new event and applied again",
                     humantime::format_duration(retention),
                     humantime::format_duration(horizon),
                     listed(&senders),

@@ -208,13 +208,43 @@ pub(super) fn validate(
             if ack_wait < Duration::from_secs(1) {
                 p.push(&format!("{path}.ack_wait"), "must be at least 1s");
             }
+            // The client refuses such a name before asking the server, at every connection:
+            // `consume` would reconnect for ever, saying only "invalid name".
+            if !stream.trim().is_empty() && !jetstream_name(stream) {
+                p.push(
+                    &format!("{path}.stream"),
+                    format_args!("{stream:?} is no JetStream name: {JETSTREAM_NAME_RULE}"),
+                );
+            }
+            let durable = match &raw.durable {
+                Some(durable) => {
+                    if !durable.trim().is_empty() && !jetstream_name(durable) {
+                        p.push(
+                            &format!("{path}.durable"),
+                            format_args!("{durable:?} is no JetStream name: {JETSTREAM_NAME_RULE}"),
+                        );
+                    }
+                    durable.clone()
+                }
+                None => {
+                    let derived = default_durable(name);
+                    if !jetstream_name(&derived) {
+                        p.push(
+                            &path,
+                            format_args!(
+                                "the consumer's name makes the default durable {derived:?}, \
+                                 which is no JetStream name ({JETSTREAM_NAME_RULE}): set \
+                                 durable to a name without them"
+                            ),
+                        );
+                    }
+                    derived
+                }
+            };
             Some(Broker::Nats {
                 stream: stream.clone(),
                 subject: raw.subject.clone(),
-                durable: raw
-                    .durable
-                    .clone()
-                    .unwrap_or_else(|| format!("oncebox-{name}")),
+                durable,
                 quarantine,
                 batch: prefetch as usize,
                 ack_wait,
@@ -240,6 +270,27 @@ pub(super) fn validate(
         rules,
         retry,
     })
+}
+
+/// The durable a NATS consumer without `durable` reads through. Do not change: a consumer
+/// would start a new durable and read its stream again from the retention horizon.
+fn default_durable(consumer: &str) -> String {
+    format!("oncebox-{consumer}")
+}
+
+/// What a JetStream stream or consumer name must not hold, as said to the operator.
+const JETSTREAM_NAME_RULE: &str =
+    "it must not contain '.', '*', '>', '/', '\\', whitespace or control characters";
+
+/// Whether JetStream takes `name` for a stream or a durable consumer: async-nats refuses an
+/// empty name and one with whitespace, `.`, `*` or `>` (`jetstream::is_valid_name`) before it
+/// asks the server; the server also refuses `/` and `\` (names become file names) and
+/// unprintable characters.
+fn jetstream_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.chars().all(|c| {
+            !c.is_whitespace() && !c.is_control() && !matches!(c, '.' | '*' | '>' | '/' | '\\')
+        })
 }
 
 fn key(path: &str, raw: &RawKey, p: &mut Problems<'_>) -> Option<KeyRule> {

@@ -1,6 +1,6 @@
 //! URLs fit to show: the user info of `scheme://user:password@host/…` and the values of query
-//! parameters named like secrets (every value, for a route's receiver) are hidden, also when a
-//! password was pasted unencoded.
+//! parameters named like secrets are hidden, also when a password was pasted unencoded; a
+//! route's receiver is shown only as far as its host.
 
 /// Names of query parameters whose values are never shown (compared without case, as parts
 /// of the name: `sslpassword`, `api_key`, `access_token` match too).
@@ -11,31 +11,32 @@ const SECRET_PARAMETERS: [&str; 5] = ["password", "secret", "token", "key", "sig
 /// `?token=…`: drivers and webhook receivers take them there too) by `***`; a URL without
 /// user info keeps its host, path and other parameters as written.
 pub(crate) fn redact_url(url: &str) -> String {
-    redact(url, Hide::SecretNamed)
-}
-
-/// A route's `url` or `status_url` fit to show: as [`redact_url`], with the value of every
-/// query parameter hidden (names kept), since receivers take keys under any name
-/// (`?code=…` for an Azure Function, `?sig=…` for a SAS URL); as the dashboard shows them.
-pub(crate) fn redact_route_url(url: &str) -> String {
-    redact(url, Hide::EveryValue)
-}
-
-/// Which query values a URL is shown without.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Hide {
-    SecretNamed,
-    EveryValue,
-}
-
-fn redact(url: &str, hide: Hide) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
         return without_scheme(url);
     };
     match userinfo_end(rest) {
-        Some(at) => format!("{scheme}://***@{}", redact_query(&rest[at + 1..], hide)),
-        None => format!("{scheme}://{}", redact_query(rest, hide)),
+        Some(at) => format!("{scheme}://***@{}", redact_query(&rest[at + 1..])),
+        None => format!("{scheme}://{}", redact_query(rest)),
     }
+}
+
+/// A route's `url` or `status_url` fit to show: its scheme, `***@` for its user info and its
+/// host and port; whatever follows the host is `/***`, as the core's `Route` shows it. A
+/// receiver's key may sit anywhere after the host: in the path
+/// (`https://hooks.slack.com/services/T0/B0/SECRET`, a Discord or Teams webhook) as in any
+/// query parameter (`?code=…` for an Azure Function, `?sig=…` for a SAS URL).
+pub(crate) fn redact_route_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        // Never a validated route's URL: nothing tells what in it is safe to show.
+        return "***".to_owned();
+    };
+    let (user, after_user) = match userinfo_end(rest) {
+        Some(at) => ("***@", &rest[at + 1..]),
+        None => ("", rest),
+    };
+    let end = after_user.find(['/', '?', '#']).unwrap_or(after_user.len());
+    let hidden = if end < after_user.len() { "/***" } else { "" };
+    format!("{scheme}://{user}{}{hidden}", &after_user[..end])
 }
 
 /// A setting without `scheme://` fit to show: a path, or a server's address written wrong
@@ -64,7 +65,7 @@ fn without_scheme(setting: &str) -> String {
 pub(crate) fn host_and_path(url: &str) -> String {
     let rest = url.split_once("://").map_or(url, |(_, rest)| rest);
     let host = userinfo_end(rest).map_or(0, |at| at + 1);
-    redact_query(&rest[host..], Hide::SecretNamed)
+    redact_query(&rest[host..])
 }
 
 /// Where the user info of `rest` (a URL after its `scheme://`) ends: the index of the `@`
@@ -106,8 +107,8 @@ fn is_host_port(authority: &str) -> bool {
     }
 }
 
-/// A URL's host, path, query and fragment with the values `hide` names hidden.
-fn redact_query(tail: &str, hide: Hide) -> String {
+/// A URL's host, path, query and fragment with the values of secret-named parameters hidden.
+fn redact_query(tail: &str) -> String {
     let Some((path, after)) = tail.split_once('?') else {
         return tail.to_owned();
     };
@@ -117,11 +118,8 @@ fn redact_query(tail: &str, hide: Hide) -> String {
     };
     let query: Vec<String> = query
         .split('&')
-        .map(|pair| match (pair.split_once('='), hide) {
-            (Some((name, _)), Hide::EveryValue) => format!("{name}=***"),
-            (Some((name, _)), Hide::SecretNamed) if is_secret(name) => format!("{name}=***"),
-            // A bare `?TOKEN` is all value.
-            (None, Hide::EveryValue) if !pair.is_empty() => "***".to_owned(),
+        .map(|pair| match pair.split_once('=') {
+            Some((name, _)) if is_secret(name) => format!("{name}=***"),
             _ => pair.to_owned(),
         })
         .collect();

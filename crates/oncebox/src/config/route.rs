@@ -311,8 +311,8 @@ pub(super) fn validate(
     })
 }
 
-/// The PEM certificates in `file`, which must hold at least one (public certificates: the path
-/// and the reason are safe to show).
+/// The PEM certificates in `file`, which must hold at least one, each one rustls reads (public
+/// certificates: the path and the reason are safe to show).
 fn authorities(
     at: &str,
     file: &std::path::Path,
@@ -331,7 +331,31 @@ fn authorities(
         }
     };
     match reqwest::Certificate::from_pem_bundle(&pem) {
-        Ok(certs) if !certs.is_empty() => Some(pem),
+        Ok(certs) if !certs.is_empty() => {
+            // `from_pem_bundle` only finds the PEM blocks: what is inside them is first read
+            // when the relay builds the route's client, which rustls refuses whole for one
+            // certificate it cannot read, and then every delivery of the route fails. Built
+            // here as the relay builds it (the system's authorities aside: they are not this
+            // setting's), so such a file is refused now, under its field.
+            let mut builder = reqwest::Client::builder().tls_built_in_root_certs(false);
+            for ca in certs {
+                builder = builder.add_root_certificate(ca);
+            }
+            match builder.build() {
+                Ok(_) => Some(pem),
+                Err(e) => {
+                    p.push(
+                        at,
+                        format_args!(
+                            "{}: a certificate cannot be read: {}",
+                            file.display(),
+                            error_chain(&e)
+                        ),
+                    );
+                    None
+                }
+            }
+        }
         Ok(_) => {
             p.push(
                 at,
@@ -347,4 +371,16 @@ fn authorities(
             None
         }
     }
+}
+
+/// `e` and its sources, `: `-joined: reqwest's own text is only "builder error".
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text
 }

@@ -267,3 +267,83 @@ fn an_amqp_url_that_cannot_work_is_refused_at_start() {
         assert!(text(&out).contains(why), "{url}: {}", text(&out));
     }
 }
+
+/// A RabbitMQ URL lapin cannot read is refused without being repeated: lapin's own words for
+/// one without `//` quote it whole, password and all.
+#[test]
+fn a_malformed_amqp_url_is_refused_without_its_password() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("oncebox.toml"), ORDERS).unwrap();
+    for (url, why) in [
+        ("amqp:guest:s3cret@rabbit/%2f", "no // after the scheme"),
+        (
+            "amqp://guest:s3cret@rabbit:notaport/%2f",
+            "invalid port number",
+        ),
+        (
+            "amqp://guest:s3cret@rabbit/%2f?heartbeat=often",
+            "not an AMQP URL",
+        ),
+    ] {
+        let out = oncebox(dir.path(), &["consume", "--amqp", url]);
+        let said = text(&out);
+        assert_eq!(out.status.code(), Some(2), "{url}: {said}");
+        assert!(
+            said.contains("--amqp: ") && said.contains(why),
+            "{url}: {said}"
+        );
+        assert!(!said.contains("s3cret"), "{url}: {said}");
+    }
+}
+
+/// A NATS URL the client cannot read is refused at start, as a RabbitMQ one is, and without
+/// its credentials: with a database to consume into, the consumer said "reconnecting" for
+/// ever (each run here is given 30 s to exit).
+#[test]
+fn a_malformed_nats_url_is_refused_at_start_without_its_credentials() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("oncebox.toml"), config("S", "s", "q.x")).unwrap();
+    assert!(oncebox(dir.path(), &["migrate"]).status.success());
+    let log = dir.path().join("consume.log");
+    for (url, why) in [
+        ("nats://relay:s3cret@nats:notaport", "invalid port number"),
+        ("relay:s3cret@nats:42220000", "invalid port number"),
+        (
+            "http://relay:s3cret@nats:4222",
+            "the scheme is not nats or tls",
+        ),
+        ("nats://relay:s3cret@:4222", "empty host"),
+        ("nats://relay:s3cret@a:4222,b:4222", "invalid port number"),
+    ] {
+        let child = Command::new(env!("CARGO_BIN_EXE_oncebox"))
+            .args(["consume", "--nats", url])
+            .current_dir(dir.path())
+            .env_remove("ONCEBOX_CONFIG")
+            .env_remove("ONCEBOX_DATABASE")
+            .env_remove("ONCEBOX_AMQP_URL")
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        let mut consuming = Consuming(child);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let status = loop {
+            if let Some(status) = consuming.0.try_wait().unwrap() {
+                break status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{url}: consume still running after 30 s: {}",
+                std::fs::read_to_string(&log).unwrap_or_default()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let said = std::fs::read_to_string(&log).unwrap();
+        assert_eq!(status.code(), Some(2), "{url}: {said}");
+        assert!(
+            said.contains("--nats: ") && said.contains(why),
+            "{url}: {said}"
+        );
+        assert!(!said.contains("s3cret"), "{url}: {said}");
+    }
+}

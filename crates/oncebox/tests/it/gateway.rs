@@ -57,15 +57,15 @@ fn check_describes_a_good_file_and_names_the_bad_field() {
 }
 
 /// Routes are described with where they send and what a request without an answer becomes;
-/// their secrets, the passwords in their URLs and every query value (a receiver's key may go
-/// under any name) are not shown, in text or JSON.
+/// their secrets and whatever follows a URL's host (a receiver's key may be in the path, as
+/// Slack's is, or under any query name) are not shown, nor a password, in text or JSON.
 #[test]
 fn check_describes_each_route() {
     let dir = tempfile::tempdir().unwrap();
     let routes = r#"
 [routes.ledger]
 sources = ["stripe"]
-url = "https://ledger.internal/hooks?code=AZUREFUNCTIONKEY&v=2"
+url = "https://ledger.internal/hooks/T0/B0/L3DGERT0KEN?code=AZUREFUNCTIONKEY&v=2"
 idempotent = true
 signing_secret = "whsec_bGVkZ2VyLXJvdXRlLXNpZ25pbmcta2V5LTAx"
 
@@ -73,7 +73,7 @@ signing_secret = "whsec_bGVkZ2VyLXJvdXRlLXNpZ25pbmcta2V5LTAx"
 sources = ["shop", "orders"]
 filter = { pointer = "/type", equals = "order.paid" }
 url = "https://mail:hunter2@mailer.internal/send"
-status_url = "https://mail:hunter2@mailer.internal/sent/{key}?sig=SASSIG"
+status_url = "https://mail:hunter2@mailer.internal/sent/ST4TUST0KEN/{key}?sig=SASSIG"
 "#;
     std::fs::write(dir.path().join("oncebox.toml"), format!("{CONFIG}{routes}")).unwrap();
     let out = oncebox(dir.path(), &["check"]);
@@ -81,13 +81,13 @@ status_url = "https://mail:hunter2@mailer.internal/sent/{key}?sig=SASSIG"
     assert!(out.status.success(), "{said}");
     for expected in [
         "routes      2",
-        "ledger -> https://ledger.internal/hooks?code=***&v=***",
+        "ledger -> https://ledger.internal/***\n",
         "sent again with the same key",
         ", signed",
-        "mailer -> https://***@mailer.internal/send",
+        "mailer -> https://***@mailer.internal/***\n",
         "sources      shop, orders",
         "filter       /type = \"order.paid\"",
-        "parked uncertain, settled by https://***@mailer.internal/sent/{key}?sig=***",
+        "parked uncertain, settled by https://***@mailer.internal/***\n",
     ] {
         assert!(said.contains(expected), "{expected:?} in {said}");
     }
@@ -95,7 +95,7 @@ status_url = "https://mail:hunter2@mailer.internal/sent/{key}?sig=SASSIG"
     assert!(json.status.success(), "{}", text(&json));
     let doc: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
     assert_eq!(
-        doc["routes"][0]["url"], "https://ledger.internal/hooks?code=***&v=***",
+        doc["routes"][0]["url"], "https://ledger.internal/***",
         "{doc}"
     );
     let said = format!("{said}{}", text(&json));
@@ -104,9 +104,48 @@ status_url = "https://mail:hunter2@mailer.internal/sent/{key}?sig=SASSIG"
         "bGVkZ2VyLXJvdXRlLXNpZ25pbmcta2V5LTAx",
         "AZUREFUNCTIONKEY",
         "SASSIG",
+        // A receiver's key in the path, as Slack's, Discord's and Teams' webhooks take it.
+        "L3DGERT0KEN",
+        "ST4TUST0KEN",
     ] {
         assert!(!said.contains(secret), "{secret} shown: {said}");
     }
+}
+
+/// A `ca_file` whose PEM blocks hold a certificate rustls cannot read (here a body missing a
+/// line, still base64) is refused by `check` under its field: the relay builds the route's
+/// client with it, rustls refuses the whole set, and every delivery of the route failed.
+#[test]
+fn check_refuses_a_ca_file_whose_certificate_cannot_be_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let key = rcgen::KeyPair::generate().unwrap();
+    let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    let pem = params.self_signed(&key).unwrap().pem();
+    let lines: Vec<&str> = pem.lines().collect();
+    // The header, a full 64-character line of the body, the rest: still base64 (48 bytes a
+    // line), no longer a certificate.
+    assert_eq!(lines[2].len(), 64, "{pem}");
+    let broken = [&lines[..2], &lines[3..]].concat().join("\n");
+    let config = |file: &str| {
+        format!(
+            "{CONFIG}\n[routes.internal]\nsources = [\"shop\"]\n\
+             url = \"https://hooks.internal/in\"\nca_file = \"{file}\"\n"
+        )
+    };
+    std::fs::write(dir.path().join("good.pem"), &pem).unwrap();
+    std::fs::write(dir.path().join("oncebox.toml"), config("good.pem")).unwrap();
+    let good = oncebox(dir.path(), &["check"]);
+    assert!(good.status.success(), "{}", text(&good));
+    std::fs::write(dir.path().join("broken.pem"), format!("{broken}\n")).unwrap();
+    std::fs::write(dir.path().join("oncebox.toml"), config("broken.pem")).unwrap();
+    let out = oncebox(dir.path(), &["check"]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(
+        text(&out).contains("routes.internal.ca_file: broken.pem: a certificate cannot be read"),
+        "{}",
+        text(&out)
+    );
 }
 
 /// `check` says what `oncebox consume` would run: each consumer's broker, source, key rule,

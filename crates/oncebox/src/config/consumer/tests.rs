@@ -154,3 +154,56 @@ fn a_nats_consumer_keyed_by_message_id_is_warned_of_the_duplicate_window() {
     assert!(!warned("stream = \"S\"", "{ pointer = \"/id\" }"));
     assert!(!warned("queue = \"q\"", "\"message-id\""));
 }
+
+/// async-nats refuses a stream or durable name with `.`, `*`, `>` or whitespace before it asks
+/// the server (which also refuses `/` and `\`), at every connection: `consume` reconnected for
+/// ever. Refused when the file is read, under the field; a consumer whose own name makes a
+/// default durable JetStream refuses is told to set `durable`.
+#[test]
+fn jetstream_names_the_client_refuses_are_refused_by_field() {
+    let nats = |name: &str, extra: &str| {
+        format!(
+            "[consumers.{name}]\nsource = \"shop\"\nkey = \"message-id\"\n\
+             quarantine = \"q.x\"\n{extra}\n"
+        )
+    };
+    for bad in [
+        "ORDERS.EU",
+        "ORD*",
+        "ORD>",
+        "OR DERS",
+        "OR/DERS",
+        "OR\\\\DERS",
+        "OR\\tDERS",
+    ] {
+        let e = load_toml(&nats("c", &format!("stream = \"{bad}\""))).unwrap_err();
+        assert!(
+            e.contains("consumers.c.stream: ") && e.contains("is no JetStream name"),
+            "{bad}: {e}"
+        );
+        let e = load_toml(&nats("c", &format!("stream = \"S\"\ndurable = \"{bad}\""))).unwrap_err();
+        assert!(
+            e.contains("consumers.c.durable: ") && e.contains("is no JetStream name"),
+            "{bad}: {e}"
+        );
+    }
+    // The default durable, `oncebox-<name>`, carries the consumer's name.
+    let e = load_toml(&nats("\"orders.eu\"", "stream = \"S\"")).unwrap_err();
+    assert!(
+        e.contains("consumers.orders.eu: the consumer's name makes the default durable \"oncebox-orders.eu\"")
+            && e.contains("set durable"),
+        "{e}"
+    );
+    // Set, it is the durable's name that counts.
+    let s = load_toml(&nats(
+        "\"orders.eu\"",
+        "stream = \"S\"\ndurable = \"oncebox-orders-eu\"",
+    ))
+    .unwrap();
+    let Broker::Nats { durable, .. } = &s.consumers[0].broker else {
+        panic!("a NATS consumer: {:?}", s.consumers);
+    };
+    assert_eq!(durable, "oncebox-orders-eu");
+    // A RabbitMQ queue may hold dots.
+    load_toml(&nats("\"orders.eu\"", "queue = \"orders.eu\"")).unwrap();
+}

@@ -37,25 +37,45 @@ fn database_passwords_are_redacted_for_display() {
     );
 }
 
-/// A route's receiver takes its key under any name (`?code=` for an Azure Function, `?sig=` for
-/// a SAS URL): every query value of a route's URL is hidden, the names kept, the user info as
-/// for any URL.
+/// A route's receiver takes its key anywhere after the host: in the path (a Slack, Discord or
+/// Teams webhook) as under any query name (`?code=` for an Azure Function, `?sig=` for a SAS
+/// URL). A route's URL is shown as far as its host, as the core's `Route` shows it; the user
+/// info as `***@`, as for any URL.
 #[test]
-fn a_route_url_is_shown_without_any_query_value() {
+fn a_route_url_is_shown_only_as_far_as_its_host() {
     for (url, shown) in [
         (
+            "https://hooks.slack.com/services/T0/B0/SLACKSECRET",
+            "https://hooks.slack.com/***",
+        ),
+        (
             "https://fn.example/api/in?code=AZUREFUNCTIONKEY&sig=SASSIG",
-            "https://fn.example/api/in?code=***&sig=***",
+            "https://fn.example/***",
         ),
         (
-            "https://app:pa55@hooks.example/s/{key}?v=1#frag",
-            "https://***@hooks.example/s/{key}?v=***#frag",
+            "https://app:pa55@hooks.example:8443/s/{key}?v=1#frag",
+            "https://***@hooks.example:8443/***",
+        ),
+        ("https://hooks.example?T0KEN", "https://hooks.example/***"),
+        ("https://hooks.example#T0KEN", "https://hooks.example/***"),
+        ("http://[::1]:9000/T0KEN", "http://[::1]:9000/***"),
+        // An `@` in the path is no user info: the host before it is kept, the path hidden.
+        (
+            "https://social.example/@alice/T0KEN",
+            "https://social.example/***",
+        ),
+        // A password pasted unencoded, `/` and all, is hidden whole.
+        (
+            "https://app:pa/55@hooks.example/in",
+            "https://***@hooks.example/***",
         ),
         (
-            "https://hooks.example/in?T0KEN",
-            "https://hooks.example/in?***",
+            "amqp://guest:pa55@rabbit:5672/%2f?exchange=orders&routing_key=paid",
+            "amqp://***@rabbit:5672/***",
         ),
-        ("https://hooks.example/in", "https://hooks.example/in"),
+        ("nats://nats:4222?subject=orders", "nats://nats:4222/***"),
+        ("https://hooks.example", "https://hooks.example"),
+        ("no scheme/T0KEN", "***"),
     ] {
         assert_eq!(redact_route_url(url), shown, "{url}");
     }
@@ -113,15 +133,31 @@ fn settings_debug_shows_no_url_unredacted() {
         "database = \"postgres://app:hunter2@db/oncebox\"\n{}",
         shop(
             "[routes.r]\nsources = [\"shop\"]\n\
-             url = \"https://tok3n@hooks.example/in?token=t0ken&code=c0de\"\n\
-             status_url = \"https://app:pa55@hooks.example/s/{key}?sig=s1g\"\n"
+             url = \"https://tok3n@hooks.example/in/P4THTOKEN?token=t0ken&code=c0de\"\n\
+             status_url = \"https://app:pa55@status.example/s/S3CRET/{key}?sig=s1g\"\n"
         )
     ));
     let debug = format!("{s:?}");
-    for secret in ["hunter2", "tok3n", "t0ken", "pa55", "c0de", "s1g"] {
+    for secret in [
+        "hunter2",
+        "tok3n",
+        "t0ken",
+        "pa55",
+        "c0de",
+        "s1g",
+        "P4THTOKEN",
+        "S3CRET",
+    ] {
         assert!(!debug.contains(secret), "{secret} in {debug}");
     }
-    assert_mentions(&debug, &["hooks.example/in", "db/oncebox"]);
+    assert_mentions(
+        &debug,
+        &[
+            "https://***@hooks.example/***",
+            "https://***@status.example/***",
+            "db/oncebox",
+        ],
+    );
 }
 
 /// A database URL no store takes is refused by `check` under its field, without its password:

@@ -151,9 +151,15 @@ fn a_routes_authorities_are_read_from_a_pem_file_and_refused_by_field_when_unusa
     let empty = dir.path().join("empty.pem");
     std::fs::write(&empty, "not a certificate\n").unwrap();
     let missing = dir.path().join("missing.pem");
+    // PEM blocks whose certificate rustls cannot read: the body without one of its lines,
+    // still base64. The relay's client would refuse it, and with it every delivery.
+    let lines: Vec<&str> = pem.lines().collect();
+    let broken = dir.path().join("broken.pem");
+    std::fs::write(&broken, [&lines[..2], &lines[3..]].concat().join("\n")).unwrap();
     for (file, says) in [
         (&empty, "holds no PEM certificate"),
         (&missing, "cannot read"),
+        (&broken, "a certificate cannot be read"),
     ] {
         let line = format!("ca_file = {:?}", file.display().to_string());
         let e = err(&routed("https://hooks.internal/in", &line));
