@@ -16,6 +16,7 @@ pub mod outcome;
 pub mod relay_store;
 pub mod retention;
 pub mod route;
+pub mod shown;
 pub mod signature;
 pub mod store;
 

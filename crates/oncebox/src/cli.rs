@@ -185,8 +185,8 @@ Examples:
   oncebox purge --retention 30d --output json      # required where no [sources] are configured")]
     Purge {
         /// Retention for sources without their own, e.g. `30d` (7 days unless given; must be
-        /// given when the configuration names no sources, and is then warned of under the 3
-        /// days Stripe, GitHub and Standard Webhooks senders may redeliver for).
+        /// given when the configuration names no sources; warned of under the 3 days Stripe,
+        /// GitHub and Standard Webhooks senders may redeliver for).
         #[arg(long, value_parser = retention)]
         retention: Option<Duration>,
         #[command(flatten)]

@@ -1,0 +1,87 @@
+//! URLs fit to show (logs, `Debug`, the dashboard, `oncebox check`): a receiver's URL only as
+//! far as its host, its user info hidden, also when a password was pasted unencoded.
+
+/// A route's `url` or `status_url` fit to show: its scheme, `***@` for its user info and its
+/// host and port; whatever follows the host is `/***`. A receiver's key may sit anywhere after
+/// the host: in the path (`https://hooks.slack.com/services/T0/B0/SECRET`, a Discord or Teams
+/// webhook) as in any query parameter (`?code=…` for an Azure Function, `?sig=…` for a SAS
+/// URL). Without a scheme nothing tells what is safe to show: `***`.
+pub fn route_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return "***".to_owned();
+    };
+    let (user, after_user) = match userinfo_end(rest) {
+        Some(at) => ("***@", &rest[at + 1..]),
+        None => ("", rest),
+    };
+    let end = after_user.find(['/', '?', '#']).unwrap_or(after_user.len());
+    let hidden = if end < after_user.len() { "/***" } else { "" };
+    format!("{scheme}://{user}{}{hidden}", &after_user[..end])
+}
+
+/// Where the user info of `rest` (a URL after its `scheme://`) ends: the index of its `@`, or
+/// `None` when it has none. A password pasted without percent-encoding may hold `/`, `?` or `#`,
+/// which end the authority by RFC 3986; so an authority that does not read as a host and port
+/// is taken to run to the last `@` before any query or fragment. An `@` in the path of a URL
+/// whose authority is a plain host (`https://social.example/@alice`) is no user info.
+pub fn userinfo_end(rest: &str) -> Option<usize> {
+    let first_at = rest.find('@')?;
+    let authority = &rest[..rest.find(['/', '?', '#']).unwrap_or(rest.len())];
+    if !authority.contains('@') && is_host_port(authority) {
+        return None;
+    }
+    let query = rest[first_at..]
+        .find(['?', '#'])
+        .map_or(rest.len(), |i| first_at + i);
+    rest[..query].rfind('@')
+}
+
+/// Whether `authority` reads as `host`, `host:port` or `[v6]:port` (an empty port is allowed,
+/// as RFC 3986 does); `user:password` with a password that is not all digits does not.
+fn is_host_port(authority: &str) -> bool {
+    let after_host = match authority.strip_prefix('[') {
+        Some(v6) => v6.split_once(']').map_or("", |(_, after)| after),
+        None => authority.find(':').map_or("", |i| &authority[i..]),
+    };
+    match after_host.strip_prefix(':') {
+        Some(port) => port.bytes().all(|b| b.is_ascii_digit()),
+        None => after_host.is_empty(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::route_url;
+
+    #[test]
+    fn a_route_url_is_shown_only_as_far_as_its_host() {
+        for (url, shown) in [
+            (
+                "https://hooks.slack.com/services/T0/B0/S3CRET",
+                "https://hooks.slack.com/***",
+            ),
+            (
+                "https://user:pw@hooks.example/services/s3cret",
+                "https://***@hooks.example/***",
+            ),
+            // An `@` in the path is no user info: the host is kept, what follows hidden.
+            (
+                "https://hooks.example/hook/@tok3n",
+                "https://hooks.example/***",
+            ),
+            // A password pasted unencoded, `/`, `?` or `#` and all, is hidden whole.
+            (
+                "https://app:pa/55@hooks.example/in",
+                "https://***@hooks.example/***",
+            ),
+            ("https://user:p?ss@host/x", "https://***@host/***"),
+            ("https://user:p#ss@host", "https://***@host"),
+            ("http://[::1]:9000/T0KEN", "http://[::1]:9000/***"),
+            ("nats://broker:4222", "nats://broker:4222"),
+            ("nats://nats:4222?subject=orders", "nats://nats:4222/***"),
+            ("no url", "***"),
+        ] {
+            assert_eq!(route_url(url), shown, "{url}");
+        }
+    }
+}
