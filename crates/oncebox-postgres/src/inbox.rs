@@ -118,7 +118,7 @@ impl Inbox {
             .stamps
             .set(crate::store::stored_anchor(&mut conn, options.clock.as_ref()).await?);
         let ahead = crate::skew::observe(&mut conn, &options.stamps).await?;
-        crate::skew::warn_if_ahead(ahead);
+        crate::skew::warn_of_lease_skew(ahead);
         drop(conn);
         let batcher = Batcher::start(&pool, &options);
         Ok(Inbox {

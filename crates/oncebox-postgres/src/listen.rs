@@ -295,8 +295,9 @@ mod tests {
         .expect("terminate");
         assert_eq!(killed, [true], "one listening connection");
         until(&wake, |s| s.registered >= 2 && s.phase == Phase::Listening).await;
-        // Listening again wakes a relay for what may have been missed; take that permit.
-        wake.wait(Duration::ZERO).await;
+        // Listening again wakes a relay for what may have been missed while it was not.
+        let woken = tokio::time::timeout(PROMPT, wake.wait(LONG)).await;
+        assert!(woken.is_ok(), "listening again wakes a waiting relay");
         send(&pool).await;
         let woken = tokio::time::timeout(PROMPT, wake.wait(LONG)).await;
         assert!(woken.is_ok(), "notifications reach the new connection");

@@ -43,17 +43,39 @@ pub(crate) fn stamp_correction(ahead_ms: i128) -> Duration {
     purge_correction(ahead_ms.saturating_neg()).unwrap_or_default()
 }
 
-/// Says at open that this node's clock runs ahead of the server's past the tolerance: leases
-/// (a relay's claims, a two-phase `begin`) end by each node's own clock, so this one takes over
-/// what other nodes still hold, that much early.
-pub(crate) fn warn_if_ahead(ahead_ms: i128) {
-    if let Some(ahead) = purge_correction(ahead_ms) {
-        tracing::warn!(
-            ahead_ms = ahead.as_millis(),
+/// How far a node's clock may be off the server's before its leases are said to suffer. Leases
+/// end by each node's own clock, and a relay records an attempt up to 5 s before its claim's
+/// end (the relay's record margin): a node ahead by more takes over a delivery another node
+/// may still be sending, and on a route that does not honour the key, asks its status URL and
+/// sends it again. Far below [`TOLERANCE`], which only purges and stamps go by.
+pub(crate) const LEASE_TOLERANCE: Duration = Duration::from_secs(1);
+
+/// Whether leases suffer from a node `ahead_ms` ahead of the server (negative: behind), and
+/// which way: `Some(true)` ahead, `Some(false)` behind, `None` within [`LEASE_TOLERANCE`].
+pub(crate) fn lease_skew(ahead_ms: i128) -> Option<bool> {
+    (ahead_ms.unsigned_abs() > LEASE_TOLERANCE.as_millis()).then_some(ahead_ms > 0)
+}
+
+/// Says at open that this node's clock is off the server's past [`LEASE_TOLERANCE`]: leases
+/// (a relay's claims, a two-phase `begin`) end by each node's own clock, so one ahead takes
+/// over what other nodes still hold, that much early. One behind past [`TOLERANCE`] was said
+/// already, by [`observe`].
+pub(crate) fn warn_of_lease_skew(ahead_ms: i128) {
+    match lease_skew(ahead_ms) {
+        Some(true) => tracing::warn!(
+            ahead_ms = ahead_ms,
             "this node's clock is ahead of the database server's: it takes leases other \
-             nodes still hold (deliveries in flight, two-phase keys) over that much early; \
-             set this machine's clock right"
-        );
+             nodes still hold (deliveries in flight, two-phase keys) over that much early, and \
+             past 5 s a delivery another node is still sending; set this machine's clock right"
+        ),
+        Some(false) if stamp_correction(ahead_ms).is_zero() => tracing::warn!(
+            behind_ms = ahead_ms.unsigned_abs(),
+            "this node's clock is behind the database server's: the leases it takes \
+             (deliveries it sends, two-phase keys) end that much early for other nodes, which \
+             may take them over while this node still holds them; set this machine's clock \
+             right"
+        ),
+        _ => {}
     }
 }
 
@@ -87,6 +109,16 @@ pub(crate) async fn observe(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn leases_are_said_to_suffer_past_a_second_either_way() {
+        assert_eq!(lease_skew(0), None);
+        assert_eq!(lease_skew(1_000), None);
+        assert_eq!(lease_skew(-1_000), None);
+        assert_eq!(lease_skew(1_001), Some(true));
+        assert_eq!(lease_skew(-20_000), Some(false));
+        assert_eq!(lease_skew(i128::MIN), Some(false));
+    }
 
     #[test]
     fn only_a_difference_past_the_tolerance_moves_a_purge_or_a_stamp() {

@@ -10,7 +10,7 @@ use anyhow::Result;
 use oncebox_core::consume::{Apply, Counts, Position};
 use oncebox_core::retention::DEFAULT_RETENTION;
 use oncebox_core::store::{EventStore, Ingest};
-use oncebox_core::{Clock, Event, ProcessError, Processed, SystemClock};
+use oncebox_core::{Clock, Event, PayloadError, ProcessError, Processed, SystemClock};
 use oncebox_gateway::accepted_body;
 use oncebox_gateway::policy::GatewayConfig;
 use tokio::sync::watch;
@@ -35,9 +35,18 @@ impl Apply for Ingesting {
         // The source's ordering guard holds for its broker messages as for its webhooks: an
         // event older than the newest applied one of its entity is stored stale, not routed.
         let guard = self.config.source(&source).and_then(|p| p.order.as_ref());
-        let doc = (guard.is_some() || self.config.routes_read_body(&source))
-            .then(|| oncebox_core::json::parse(&event.payload).ok())
-            .flatten();
+        let parsed = (guard.is_some() || self.config.routes_read_body(&source))
+            .then(|| oncebox_core::json::parse(&event.payload));
+        let doc = match parsed {
+            Some(Ok(doc)) => Some(doc),
+            // Not JSON (a consumer fingerprinting raw bytes takes any payload): the guard
+            // cannot place it in its entity's order. Refused, as the gateway refuses such a
+            // webhook (`invalid-json`), rather than applied and routed unguarded.
+            Some(Err(e)) if guard.is_some() => {
+                return Err(ProcessError::Invalid(PayloadError::Json(e).into()));
+            }
+            _ => None,
+        };
         let order = match (guard, &doc) {
             (Some(guard), Some(doc)) => guard
                 .read(doc)
@@ -70,6 +79,10 @@ pub async fn run(settings: Settings, amqp: Option<String>, nats: Option<String>)
     let amqp_uri = amqp.as_deref().map(amqp_url).transpose()?;
     if let Some(url) = &nats {
         nats_url(url)?;
+    }
+    // What `check` says, said where the consumers run apart (a loop, a source nobody routes).
+    for warning in &settings.warnings {
+        tracing::warn!("{warning}");
     }
     let shutdown = Stop::listen();
     // Which consumers run is settled before the store opens: with none, no database is touched.
@@ -448,6 +461,48 @@ async fn pause(backoff: &mut Duration, stopped: &watch::Receiver<bool>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use oncebox_core::{FingerprintMode, Invalid, Key, Source};
+    use oncebox_gateway::policy::{OrderGuard, SourcePolicy};
+
+    /// A source's ordering guard holds for a broker message it cannot read: one that is no JSON
+    /// is refused as invalid and stores nothing, not applied and routed unguarded.
+    #[test]
+    fn a_message_the_ordering_guard_cannot_read_is_refused() {
+        oncebox_testkit::run(async {
+            let dir = tempfile::tempdir().unwrap();
+            let database = format!("sqlite://{}", dir.path().join("oncebox.db").display());
+            let store = Store::open(&database).await.unwrap();
+            let shop = Source::new("shop").unwrap();
+            let mut policy = SourcePolicy::open();
+            policy.order = Some(OrderGuard {
+                entity: "/order".parse().unwrap(),
+                version: "/v".parse().unwrap(),
+            });
+            let mut config = GatewayConfig::default();
+            config.sources.insert(shop, policy);
+            let ingesting = Ingesting {
+                store: store.clone(),
+                config: Arc::new(config),
+            };
+            let key = Key::parse("shop", "m-1").unwrap();
+            let raw = FingerprintMode::Raw;
+            let event = Event::new(key.clone(), b"not json".to_vec(), &raw).unwrap();
+            let refused = ingesting.apply(event, None).await;
+            assert!(
+                matches!(
+                    refused,
+                    Err(ProcessError::Invalid(Invalid::Payload(PayloadError::Json(
+                        _
+                    ))))
+                ),
+                "{refused:?}"
+            );
+            assert!(store.event(&key).await.unwrap().is_none(), "nothing stored");
+            let json = br#"{"order":"o1","v":1}"#.to_vec();
+            let event = Event::new(key.clone(), json, &raw).unwrap();
+            assert!(ingesting.apply(event, None).await.unwrap().is_applied());
+        });
+    }
 
     #[test]
     fn a_new_durable_starts_inside_the_retention_by_its_catch_up_margin() {

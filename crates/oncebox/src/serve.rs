@@ -117,6 +117,10 @@ pub async fn run(settings: Settings, with_relay: bool) -> Result<()> {
 /// `oncebox relay`: the relay alone, for deployments that run it apart from the gateway.
 pub async fn relay_only(settings: Settings) -> Result<()> {
     let shutdown = Stop::listen();
+    // What `check` says, said where the relay runs apart (a loop, a lease too short).
+    for warning in &settings.warnings {
+        tracing::warn!("{warning}");
+    }
     let routes = settings.gateway.routes;
     // Before the store opens: a relay with nothing to deliver touches no database.
     if routes.is_empty() {

@@ -1,6 +1,6 @@
 //! Which message a key names: a key header sent twice names none and is quarantined, and of a
 //! key's two payloads in hand at once the one published first is kept, however their handlers
-//! interleave.
+//! interleave; a key derived from business fields makes a fact in a new envelope one event.
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use async_nats::HeaderMap;
 use oncebox_core::Event;
-use oncebox_core::consume::{Apply, from_fn};
+use oncebox_core::consume::{Apply, KeyRule, MessageRules, from_fn};
 use oncebox_core::store::EventStore;
 use oncebox_nats::Consumer;
 use oncebox_testkit::consume::key;
@@ -109,6 +109,41 @@ fn the_first_published_payload_of_a_key_wins_within_one_pull() {
             "of {PAIRS} keys, the later payload reached the handler before the first settled \
              for {overtaken} and was kept for {later}"
         );
+        w.cleanup().await;
+    });
+}
+
+/// A key derived from business fields (`key = { derive = [...] }`): the same fact republished
+/// in a new envelope (another `sent_at`, no key header at all) is one event with one effect, its
+/// copy answered as a duplicate; another fact is another event.
+#[test]
+fn a_key_derived_from_business_fields_makes_a_fact_in_a_new_envelope_one_event() {
+    let Some(url) = service_url("ONCEBOX_NATS_URL") else {
+        return;
+    };
+    run(async move {
+        let w = World::new(&url).await;
+        for body in [
+            r#"{"order":"o1","kind":"paid","sent_at":1}"#,
+            r#"{"order":"o1","kind":"paid","sent_at":2}"#,
+            r#"{"order":"o2","kind":"paid","sent_at":3}"#,
+        ] {
+            w.publish(None, body).await;
+        }
+        let mut options = w.options();
+        let fields = ["/order", "/kind"].map(|p| p.parse().unwrap()).to_vec();
+        options.rules = MessageRules::new(options.rules.source.clone(), KeyRule::Derive(fields));
+        let mut consumer = start(&url, Consumer::new(w.db.checked(), options));
+        w.wait(&mut consumer, |c| c.acked >= 3).await;
+        w.wait_all_acked().await;
+        let done = consumer.stop().await;
+        assert_eq!((done.applied, done.duplicates), (2, 1), "{done:?}");
+        let effects: i64 =
+            w.db.inbox
+                .read(|c| c.query_row("SELECT count(*) FROM effects", [], |r| r.get(0)))
+                .await
+                .unwrap();
+        assert_eq!(effects, 2);
         w.cleanup().await;
     });
 }

@@ -257,7 +257,17 @@ fn scheme(
                     None | Some(RawEncoding::Hex) => Encoding::Hex,
                     Some(RawEncoding::Base64) => Encoding::Base64,
                 },
-                prefix: raw.prefix.clone().unwrap_or_default(),
+                prefix: {
+                    let prefix = raw.prefix.clone().unwrap_or_default();
+                    // No header value holds one: every event would be refused 401.
+                    if prefix.chars().any(char::is_control) {
+                        p.push(
+                            &format!("{path}.prefix"),
+                            "holds a control character, which no signature header can carry",
+                        );
+                    }
+                    prefix
+                },
             }
         }
     })

@@ -46,6 +46,7 @@ const HARNESS: &[&str] = &[
     "REQUIRE_SERVICES",
     "PG_BIN",
     "REDIS_SERVER",
+    "NATS_SERVER",
     // Randomized scenarios' seed, the longer soak, the outage test's length, bench output.
     "SEED",
     "SOAK",
@@ -113,9 +114,12 @@ fn known(var: &str) -> bool {
     }
     // figment matches the prefix and the table case-insensitively; the key below the table
     // is checked when the configuration is read (`sources.shop.tolerans` is refused there).
+    // A name with an empty part (`ONCEBOX_ROUTES____TIMEOUT`, a template's unset `${R}`)
+    // is dropped by figment without a word: unknown here, so it is refused instead.
     let upper = var.to_ascii_uppercase();
     upper
         .strip_prefix(PREFIX)
+        .filter(|rest| rest.split("__").all(|part| !part.is_empty()))
         .and_then(|rest| rest.split_once("__"))
         .is_some_and(|(table, _)| table_names().any(|t| t.eq_ignore_ascii_case(table)))
 }
@@ -242,15 +246,21 @@ mod tests {
             "ONCEBOX_POSTGRES_URL",
             "ONCEBOX_REQUIRE_SERVICES",
             "ONCEBOX_AMQP_URL",
+            "ONCEBOX_NATS_SERVER",
             "ONCEBOX_SHOP_SECRET",
             "PATH",
         ];
         assert_eq!(unknown(vars, &referenced), Vec::new());
+        // The last: a template's unset `${R}` left a part empty, which figment drops unread.
         let found = unknown(
-            ["ONCEBOX_RELAY_BATCH", "ONCEBOX_TEST_WHATEVER"],
+            [
+                "ONCEBOX_RELAY_BATCH",
+                "ONCEBOX_TEST_WHATEVER",
+                "ONCEBOX_ROUTES____TIMEOUT",
+            ],
             &referenced,
         );
-        assert_eq!(found.len(), 2, "{found:?}");
+        assert_eq!(found.len(), 3, "{found:?}");
         assert!(found[0].1.contains("ONCEBOX_RELAY__BATCH"), "{found:?}");
     }
 

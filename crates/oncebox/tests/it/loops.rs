@@ -188,6 +188,14 @@ async fn poll_again(d: &Path, deadline: Instant) {
 fn stopped_after_the_limit(d: &Path, relay: Running, consume: Running, prefix: &str) {
     relay.stop(d, "relay");
     consume.stop(d, "consume");
+    // Each process apart says what `check` says of the loop.
+    for name in ["relay", "consume"] {
+        let log = std::fs::read_to_string(d.join(format!("{name}.log"))).unwrap();
+        assert!(
+            log.contains("it publishes into what consumers.loop reads"),
+            "{name}: {log}"
+        );
+    }
     assert_eq!(event_ids(d), chain("e1", MAX_HOPS, prefix));
 }
 

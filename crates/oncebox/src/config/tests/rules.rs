@@ -155,6 +155,11 @@ fn hmac_sha256_needs_a_header_and_owns_its_options() {
     ));
     let e = err("[sources.acme]\nsignature = \"hmac-sha256\"\nsecrets = [\"k\"]\n");
     assert_mentions(&e, &["sources.acme.header", "required"]);
+    let e = err(
+        "[sources.acme]\nsignature = \"hmac-sha256\"\nheader = \"x-sig\"\n\
+         prefix = \"sha256=\\n\"\nsecrets = [\"k\"]\n",
+    );
+    assert_mentions(&e, &["sources.acme.prefix", "control character"]);
     let e = err(&shop("header = \"x-sig\""));
     assert_mentions(
         &e,
