@@ -7,67 +7,22 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
-use oncebox_core::consume::{Apply, Counts, Position};
+use oncebox_core::consume::Counts;
 use oncebox_core::retention::DEFAULT_RETENTION;
-use oncebox_core::store::{EventStore, Ingest};
-use oncebox_core::{Clock, Event, PayloadError, ProcessError, Processed, SystemClock};
-use oncebox_gateway::accepted_body;
-use oncebox_gateway::policy::GatewayConfig;
 use tokio::sync::watch;
 
 use crate::config::{Broker, ConsumerSpec, Settings};
 use crate::serve::{Stop, wait_for};
 use crate::store::Store;
 
+mod ingesting;
+mod urls;
+
+use ingesting::Ingesting;
+use urls::{amqp_url, nats_url};
+
 /// Longest wait between reconnection attempts.
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
-
-/// The gateway's ingest as an `Apply`: the event, its first answer and its routes' deliveries
-/// commit together.
-struct Ingesting {
-    store: Store,
-    config: Arc<GatewayConfig>,
-}
-
-impl Apply for Ingesting {
-    async fn apply(&self, event: Event, _: Option<Position>) -> Result<Processed, ProcessError> {
-        let source = event.key.source.clone();
-        // The source's ordering guard holds for its broker messages as for its webhooks: an
-        // event older than the newest applied one of its entity is stored stale, not routed.
-        let guard = self.config.source(&source).and_then(|p| p.order.as_ref());
-        let parsed = (guard.is_some() || self.config.routes_read_body(&source))
-            .then(|| oncebox_core::json::parse(&event.payload));
-        let doc = match parsed {
-            Some(Ok(doc)) => Some(doc),
-            // Not JSON (a consumer fingerprinting raw bytes takes any payload): the guard
-            // cannot place it in its entity's order. Refused, as the gateway refuses such a
-            // webhook (`invalid-json`), rather than applied and routed unguarded.
-            Some(Err(e)) if guard.is_some() => {
-                return Err(ProcessError::Invalid(PayloadError::Json(e).into()));
-            }
-            _ => None,
-        };
-        let order = match (guard, &doc) {
-            (Some(guard), Some(doc)) => guard
-                .read(doc)
-                .map_err(|e| ProcessError::Invalid(e.into()))?,
-            _ => None,
-        };
-        let now = SystemClock.now();
-        let ingest = Ingest {
-            routes: self.config.routes_for(&source, doc.as_ref()),
-            accepted: accepted_body(&event.key, now, false),
-            stale: if order.is_some() {
-                accepted_body(&event.key, now, true)
-            } else {
-                Vec::new()
-            },
-            event,
-            order,
-        };
-        self.store.ingest(ingest).await
-    }
-}
 
 /// Runs every configured consumer whose broker was given a URL.
 pub async fn run(settings: Settings, amqp: Option<String>, nats: Option<String>) -> Result<()> {
@@ -137,78 +92,6 @@ pub async fn run(settings: Settings, amqp: Option<String>, nats: Option<String>)
     // Each consumer settles the messages in hand before its task ends.
     while tasks.join_next().await.is_some() {}
     tracing::info!("consumers stopped");
-    Ok(())
-}
-
-const AMQP_FORM: &str = "amqp://[user:password@]host[:port]/[vhost]";
-const NATS_FORM: &str = "nats://[user:password@]host[:port] or tls://…";
-
-/// Refuses a RabbitMQ URL that could never connect: a consumer would otherwise retry it
-/// forever, or, with a vhost longer than AMQP can name, lapin would panic opening it. The
-/// URL is not repeated: it carries the password, and lapin's reading of one without `//`
-/// (`amqp:guest:s3cret@rabbit/%2f`) quotes it whole.
-fn amqp_url(url: &str) -> Result<lapin::uri::AMQPUri> {
-    oncebox_amqp::connection_uri(url).map_err(|e| {
-        let why = match e {
-            oncebox_amqp::UriError::NotUrl(said) => not_an_amqp_url(url, &said),
-            e => e.to_string(),
-        };
-        crate::exit::usage(format!("--amqp: {why}"))
-    })
-}
-
-/// Why lapin does not read `url` (it `said`), in words that quote none of the URL's
-/// credentials: the URL parser's own errors (`invalid port number`, `empty host`) name no part
-/// of their input, and lapin's about a URL that reads (a query value that is no number, a
-/// mechanism it does not know) are shown unless they hold the user or password.
-fn not_an_amqp_url(url: &str, said: &str) -> String {
-    match url::Url::parse(url) {
-        Err(e) => format!("not a URL ({e}); expected {AMQP_FORM}"),
-        // lapin says `Invalid URL: '<the URL>'`.
-        Ok(u) if u.cannot_be_a_base() => {
-            format!("not an AMQP URL: no // after the scheme; expected {AMQP_FORM}")
-        }
-        Ok(u) if !matches!(u.scheme(), "amqp" | "amqps") => {
-            format!("not an AMQP URL: the scheme is not amqp; expected {AMQP_FORM}")
-        }
-        Ok(u) => {
-            let credentials = [u.username(), u.password().unwrap_or_default()];
-            if credentials
-                .iter()
-                .any(|c| !c.is_empty() && said.contains(c))
-            {
-                format!("not an AMQP URL; expected {AMQP_FORM}")
-            } else {
-                format!("not an AMQP URL: {said}")
-            }
-        }
-    }
-}
-
-/// Refuses a NATS URL the client cannot connect with, as `--amqp` is refused: the consumer
-/// would otherwise say "reconnecting" for ever. Read as the client reads it (`nats://` when no
-/// scheme is given), without repeating it: it may carry a password or a token.
-fn nats_url(url: &str) -> Result<()> {
-    let refused = |why: String| crate::exit::usage(format!("--nats: {why}; expected {NATS_FORM}"));
-    let full = if url.contains("://") {
-        url.to_owned()
-    } else {
-        format!("nats://{url}")
-    };
-    let parsed = url::Url::parse(&full).map_err(|e| refused(format!("not a URL ({e})")))?;
-    // `ws://` and `wss://` are the client's too, but this build has no WebSocket transport:
-    // it would speak plain NATS to a WebSocket port.
-    if !matches!(parsed.scheme(), "nats" | "tls") {
-        return Err(refused("the scheme is not nats or tls".to_owned()));
-    }
-    if parsed.host_str().is_none_or(str::is_empty) {
-        return Err(refused("no host".to_owned()));
-    }
-    // What `connect_nats` hands the client, read as the client reads it.
-    let (_, server) = oncebox_nats::with_credentials(async_nats::ConnectOptions::new(), url);
-    server
-        .parse::<async_nats::ServerAddr>()
-        .map_err(|_| refused("not a URL the NATS client reads".to_owned()))?;
     Ok(())
 }
 
@@ -461,48 +344,6 @@ async fn pause(backoff: &mut Duration, stopped: &watch::Receiver<bool>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use oncebox_core::{FingerprintMode, Invalid, Key, Source};
-    use oncebox_gateway::policy::{OrderGuard, SourcePolicy};
-
-    /// A source's ordering guard holds for a broker message it cannot read: one that is no JSON
-    /// is refused as invalid and stores nothing, not applied and routed unguarded.
-    #[test]
-    fn a_message_the_ordering_guard_cannot_read_is_refused() {
-        oncebox_testkit::run(async {
-            let dir = tempfile::tempdir().unwrap();
-            let database = format!("sqlite://{}", dir.path().join("oncebox.db").display());
-            let store = Store::open(&database).await.unwrap();
-            let shop = Source::new("shop").unwrap();
-            let mut policy = SourcePolicy::open();
-            policy.order = Some(OrderGuard {
-                entity: "/order".parse().unwrap(),
-                version: "/v".parse().unwrap(),
-            });
-            let mut config = GatewayConfig::default();
-            config.sources.insert(shop, policy);
-            let ingesting = Ingesting {
-                store: store.clone(),
-                config: Arc::new(config),
-            };
-            let key = Key::parse("shop", "m-1").unwrap();
-            let raw = FingerprintMode::Raw;
-            let event = Event::new(key.clone(), b"not json".to_vec(), &raw).unwrap();
-            let refused = ingesting.apply(event, None).await;
-            assert!(
-                matches!(
-                    refused,
-                    Err(ProcessError::Invalid(Invalid::Payload(PayloadError::Json(
-                        _
-                    ))))
-                ),
-                "{refused:?}"
-            );
-            assert!(store.event(&key).await.unwrap().is_none(), "nothing stored");
-            let json = br#"{"order":"o1","v":1}"#.to_vec();
-            let event = Event::new(key.clone(), json, &raw).unwrap();
-            assert!(ingesting.apply(event, None).await.unwrap().is_applied());
-        });
-    }
 
     #[test]
     fn a_new_durable_starts_inside_the_retention_by_its_catch_up_margin() {
