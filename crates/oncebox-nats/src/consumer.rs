@@ -159,8 +159,13 @@ impl<A: Apply> Consumer<A> {
         let bound = bind(js, &self.options).await?;
         let watermark = watermark_name(&self.options, bound.stream_created);
         if self.options.watermark {
-            self.refuse_wound_back(&watermark, bound.stream_last)
-                .await?;
+            crate::setup::refuse_wound_back(
+                &self.apply,
+                &self.options,
+                &watermark,
+                bound.stream_last,
+            )
+            .await?;
         }
         let at = Stream {
             js,
@@ -314,27 +319,6 @@ impl<A: Apply> Consumer<A> {
             self.attempts.settled((at.created, sequence));
         }
         self.counts.send_modify(|c| c.add(&settle, acked));
-    }
-
-    /// Refuses to start on a stream whose last sequence is below the watermark
-    /// ([`ConsumeError::WoundBack`]). A store that cannot say is no reason to stay down: the
-    /// watermark keeps guarding each message, and the check is made at the next start.
-    async fn refuse_wound_back(&self, name: &str, last: u64) -> Result<(), ConsumeError> {
-        match self.apply.watermark(name, 0).await {
-            Ok(Some(watermark)) if u64::try_from(watermark).is_ok_and(|w| w > last) => {
-                Err(ConsumeError::WoundBack {
-                    stream: self.options.stream.clone(),
-                    name: name.to_owned(),
-                    watermark,
-                    last,
-                })
-            }
-            Ok(_) => Ok(()),
-            Err(e) => {
-                tracing::warn!(stream = %self.options.stream, error = %e, "the offset watermark could not be read to check it against the stream's last sequence");
-                Ok(())
-            }
-        }
     }
 
     /// The `Apply`, with a panic taken as a failed handler: counted, requeued, and quarantined

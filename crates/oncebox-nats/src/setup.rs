@@ -8,7 +8,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use async_nats::jetstream::consumer::{AckPolicy, DeliverPolicy, PullConsumer, pull};
 use async_nats::jetstream::context::{ConsumerInfoErrorKind, GetStreamByNameErrorKind};
 use async_nats::jetstream::{self, stream};
-use oncebox_core::consume::RetryPolicyError;
+use oncebox_core::consume::{Apply, RetryPolicyError};
 
 use crate::consumer::ConsumerOptions;
 use crate::copy::least_limit;
@@ -318,6 +318,32 @@ fn deliver_policy(from: DeliverFrom) -> Result<DeliverPolicy, async_nats::Error>
             Ok(DeliverPolicy::ByStartTime {
                 start_time: async_nats::datetime::from_nanos(start)?,
             })
+        }
+    }
+}
+
+/// Refuses to start on a stream whose last sequence is below the watermark
+/// ([`ConsumeError::WoundBack`]). A store that cannot say is no reason to stay down: the
+/// watermark keeps guarding each message, and the check is made at the next start.
+pub(crate) async fn refuse_wound_back(
+    apply: &impl Apply,
+    options: &ConsumerOptions,
+    name: &str,
+    last: u64,
+) -> Result<(), ConsumeError> {
+    match apply.watermark(name, 0).await {
+        Ok(Some(watermark)) if u64::try_from(watermark).is_ok_and(|w| w > last) => {
+            Err(ConsumeError::WoundBack {
+                stream: options.stream.clone(),
+                name: name.to_owned(),
+                watermark,
+                last,
+            })
+        }
+        Ok(_) => Ok(()),
+        Err(e) => {
+            tracing::warn!(stream = %options.stream, error = %e, "the offset watermark could not be read to check it against the stream's last sequence");
+            Ok(())
         }
     }
 }
