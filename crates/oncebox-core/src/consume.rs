@@ -305,15 +305,13 @@ pub trait Apply: Send + Sync + 'static {
 
     /// The watermark of `(stream, partition)` as the backend keeps it, for a consumer's checks
     /// at its start (a NATS stream restored from a snapshot winds its sequence back below it).
-    /// `None`: none kept yet, or this `Apply` keeps no watermark.
+    /// `None`: none kept yet, or this `Apply` keeps no watermark. No default: an `Apply` that
+    /// wraps another forwards it, or the check is silently off behind the wrapper.
     fn watermark(
         &self,
         stream: &str,
         partition: i64,
-    ) -> impl Future<Output = Result<Option<i64>, Unavailable>> + Send {
-        let _ = (stream, partition);
-        async { Ok(None) }
-    }
+    ) -> impl Future<Output = Result<Option<i64>, Unavailable>> + Send;
 }
 
 /// Whether `answer` settles its message's offset: every answer the consumer acknowledges does
@@ -357,6 +355,11 @@ where
         position: Option<Position>,
     ) -> impl Future<Output = Result<Processed, ProcessError>> + Send {
         (self.0)(event, position)
+    }
+
+    /// A closure keeps no watermark of its own that this could read.
+    async fn watermark(&self, _: &str, _: i64) -> Result<Option<i64>, Unavailable> {
+        Ok(None)
     }
 }
 

@@ -5,18 +5,52 @@
 /// host and port; whatever follows the host is `/***`. A receiver's key may sit anywhere after
 /// the host: in the path (`https://hooks.slack.com/services/T0/B0/SECRET`, a Discord or Teams
 /// webhook) as in any query parameter (`?code=…` for an Azure Function, `?sig=…` for a SAS
-/// URL). Without a scheme nothing tells what is safe to show: `***`.
+/// URL). Without a leading scheme nothing tells what is safe to show: `***`. A `\` ends the
+/// host as `/` does (URL parsers read it so in `http` and `https` URLs). An authority that
+/// reads as `host:port` with an `@` after it may be a password beginning with digits pasted
+/// unencoded (`admin:2024#pw@host`): shown as `scheme://***`.
 pub fn route_url(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
+    let Some((scheme, rest)) = url.split_once("://").filter(|(s, _)| is_scheme(s)) else {
         return "***".to_owned();
     };
-    let (user, after_user) = match userinfo_end(rest) {
-        Some(at) => ("***@", &rest[at + 1..]),
-        None => ("", rest),
+    let auth = authority(rest);
+    let (user, after_user) = if let Some(at) = auth.rfind('@') {
+        ("***@", &rest[at + 1..])
+    } else if !rest.contains('@') {
+        ("", rest)
+    } else if is_host_port(auth) {
+        // A plain host and an `@` in the path (`https://social.example/@alice`); with a port,
+        // it may as well be a user and a password of digits up to a `/`, `?` or `#`.
+        if auth.contains(':') {
+            return format!("{scheme}://***");
+        }
+        ("", rest)
+    } else {
+        // No host: a password pasted unencoded with a `/`, `\`, `?` or `#` in it.
+        match userinfo_end(rest) {
+            Some(at) => ("***@", &rest[at + 1..]),
+            None => return format!("{scheme}://***"),
+        }
     };
-    let end = after_user.find(['/', '?', '#']).unwrap_or(after_user.len());
-    let hidden = if end < after_user.len() { "/***" } else { "" };
-    format!("{scheme}://{user}{}{hidden}", &after_user[..end])
+    let host = authority(after_user);
+    let hidden = if host.len() < after_user.len() {
+        "/***"
+    } else {
+        ""
+    };
+    format!("{scheme}://{user}{host}{hidden}")
+}
+
+/// What precedes the first `/`, `\`, `?` or `#` of `rest`.
+fn authority(rest: &str) -> &str {
+    &rest[..rest.find(['/', '\\', '?', '#']).unwrap_or(rest.len())]
+}
+
+/// A URL scheme as RFC 3986 spells one: a letter, then letters, digits, `+`, `-` or `.`.
+fn is_scheme(s: &str) -> bool {
+    let mut chars = s.chars();
+    chars.next().is_some_and(|c| c.is_ascii_alphabetic())
+        && chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'))
 }
 
 /// Where the user info of `rest` (a URL after its `scheme://`) ends: the index of its `@`, or
@@ -80,6 +114,20 @@ mod tests {
             ("nats://broker:4222", "nats://broker:4222"),
             ("nats://nats:4222?subject=orders", "nats://nats:4222/***"),
             ("no url", "***"),
+            // Read by URL parsers as a path, a query and a password.
+            (
+                "https://hooks.slack.com\\services\\T0\\S3CRET",
+                "https://hooks.slack.com/***",
+            ),
+            ("https:hooks.example/S3CRET?r=http://x", "***"),
+            ("https://admin:2024#pw@host/x", "https://***"),
+            ("https://admin:2024/pw@host/x", "https://***"),
+            ("https://host:8443/@alice/T0KEN", "https://***"),
+            ("https://hooks.example\\@T0KEN", "https://hooks.example/***"),
+            (
+                "https://app:pa\\55@hooks.example/in",
+                "https://***@hooks.example/***",
+            ),
         ] {
             assert_eq!(route_url(url), shown, "{url}");
         }

@@ -159,13 +159,7 @@ impl<A: Apply> Consumer<A> {
         let bound = bind(js, &self.options).await?;
         let watermark = watermark_name(&self.options, bound.stream_created);
         if self.options.watermark {
-            crate::setup::refuse_wound_back(
-                &self.apply,
-                &self.options,
-                &watermark,
-                bound.stream_last,
-            )
-            .await?;
+            crate::setup::refuse_wound_back(&self.apply, js, &self.options, &watermark).await?;
         }
         let at = Stream {
             js,

@@ -46,15 +46,18 @@ pub enum ConsumeError {
     #[error("consumer setup: {0}")]
     Setup(String),
     /// The offset watermark stands above the stream's last sequence: the stream was restored
-    /// from a snapshot older than the inbox, which winds its sequence back while keeping its
-    /// creation time (and so the watermark's name). Started, the consumer would record every
-    /// message published since, up to the watermark, stale and acknowledge it unapplied.
-    /// Retrying does not help until the inbox and the stream are restored from the same moment.
+    /// from a snapshot older than the inbox, or lost the tail it had acknowledged (a single
+    /// server's power loss before its sync), either of which winds its sequence back while
+    /// keeping its creation time (and so the watermark's name). Started, the consumer would
+    /// record every message published since, up to the watermark, stale and acknowledge it
+    /// unapplied. Retrying does not help until the inbox and the stream agree again.
     #[error(
         "the offset watermark {watermark} ({name}) is above stream {stream}'s last sequence \
-         {last}: the stream was restored from an earlier snapshot than the inbox, and the \
-         messages published after the restore would be recorded stale unapplied; restore the \
-         inbox from the same moment as the stream"
+         {last}: the stream went back (restored from an earlier snapshot than the inbox, or \
+         its acknowledged tail lost), and the messages published since would be recorded stale \
+         unapplied; restore the inbox from the same moment as the stream, or set the watermark \
+         to the stream's last sequence (UPDATE oncebox_offsets SET position = {last} WHERE \
+         stream = '{name}'): the messages the inbox applied past it keep their records"
     )]
     WoundBack {
         stream: String,
@@ -126,9 +129,6 @@ pub(crate) struct Bound {
     /// When the stream was created, in Unix nanoseconds: a stream deleted and created again
     /// under the same name starts its sequences at 1 again, and this tells the two apart.
     pub stream_created: i128,
-    /// The stream's last sequence when bound: a watermark above it belongs to messages the
-    /// stream no longer knows (restored from an earlier snapshot).
-    pub stream_last: u64,
     /// The durable's own caps on one pull: asking for more ends the pull with an error, and
     /// the consumer would end with it at every start.
     pub max_batch: Option<usize>,
@@ -225,7 +225,6 @@ pub(crate) async fn bind(
     Ok(Bound {
         consumer,
         stream_created,
-        stream_last: info.state.last_sequence,
         // 0 is "no limit" on the server.
         max_batch: usize::try_from(found.max_batch).ok().filter(|n| *n > 0),
         max_expires: Some(found.max_expires).filter(|d| !d.is_zero()),
@@ -323,27 +322,37 @@ fn deliver_policy(from: DeliverFrom) -> Result<DeliverPolicy, async_nats::Error>
 }
 
 /// Refuses to start on a stream whose last sequence is below the watermark
-/// ([`ConsumeError::WoundBack`]). A store that cannot say is no reason to stay down: the
-/// watermark keeps guarding each message, and the check is made at the next start.
+/// ([`ConsumeError::WoundBack`]). The watermark is read first and the stream's last sequence
+/// after it: read the other way round, another consumer on the same durable could apply
+/// messages published in between, and its watermark would pass a sequence read too early. A
+/// store or a server that cannot say is no reason to stay down: the watermark keeps guarding
+/// each message, and the check is made at the next start.
 pub(crate) async fn refuse_wound_back(
     apply: &impl Apply,
+    js: &jetstream::Context,
     options: &ConsumerOptions,
     name: &str,
-    last: u64,
 ) -> Result<(), ConsumeError> {
-    match apply.watermark(name, 0).await {
-        Ok(Some(watermark)) if u64::try_from(watermark).is_ok_and(|w| w > last) => {
-            Err(ConsumeError::WoundBack {
-                stream: options.stream.clone(),
-                name: name.to_owned(),
-                watermark,
-                last,
-            })
-        }
-        Ok(_) => Ok(()),
-        Err(e) => {
-            tracing::warn!(stream = %options.stream, error = %e, "the offset watermark could not be read to check it against the stream's last sequence");
-            Ok(())
-        }
+    let unchecked = |what: &dyn std::fmt::Display| {
+        tracing::warn!(stream = %options.stream, error = %what, "the offset watermark could not be checked against the stream's last sequence");
+        Ok(())
+    };
+    let watermark = match apply.watermark(name, 0).await {
+        Ok(Some(watermark)) => watermark,
+        Ok(None) => return Ok(()),
+        Err(e) => return unchecked(&e),
+    };
+    let last = match js.get_stream(&options.stream).await {
+        Ok(stream) => stream.cached_info().state.last_sequence,
+        Err(e) => return unchecked(&e),
+    };
+    if u64::try_from(watermark).is_ok_and(|w| w > last) {
+        return Err(ConsumeError::WoundBack {
+            stream: options.stream.clone(),
+            name: name.to_owned(),
+            watermark,
+            last,
+        });
     }
+    Ok(())
 }

@@ -7,7 +7,7 @@
 //! |---------|----------------------------------------------------------------------|
 //! | `state` | `processing` (leased), `done` (kept for the retention), `uncertain` (no TTL) |
 //! | `until` | `processing` only: the lease's end, ms on the Redis host's clock      |
-//! | `ttl`   | `processing` only: the lease's length in ms, to re-anchor `until` after the clock stepped back |
+//! | `ttl`   | `processing` only: `{length}:{until}`, the lease's length in ms and the `until` it was taken with, to re-anchor `until` after the clock stepped back |
 //! | `fp`    | the payload fingerprint, 32 raw bytes                                |
 //! | `token` | the fencing token of the holder that took or completed it (decimal)  |
 //! | `kind`  | `done` only: the response kind (`completed`, `rejected`, `stale`)    |
@@ -51,7 +51,9 @@ pub(crate) fn fence_key(namespace: &str) -> String {
 /// hour's step, an hour). The first contender re-anchors it to one length from now, and to
 /// twice that for the record (Redis's own expiry is wall-clock time too): its holder keeps at
 /// least the time it was promised, and the key is taken over one lease after the step was
-/// seen, as on SQLite. A record without `ttl` (an earlier build's) is left as it is.
+/// seen, as on SQLite. The length is kept with the `until` it came with: a record without it,
+/// or whose `until` an earlier build's `begin` has rewritten since (a rolling upgrade), is left
+/// as it is, since the length could be another holder's.
 ///
 /// The token is `INCR` of the fence counter, but never below the Redis server's clock in
 /// microseconds: a Redis restarted empty forgets the counter, and without the floor it would
@@ -76,10 +78,12 @@ if state then
   if not found[5] then return {'busy', redis.call('PTTL', rec)} end
   local ends = tonumber(found[5])
   if now < ends then
-    local held = tonumber(found[6])
-    if held and ends - now > held then
+    local held, at = string.match(found[6] or '', '^(%d+):(%d+)$')
+    held = tonumber(held)
+    if held and tonumber(at) == ends and ends - now > held then
       ends = now + held
-      redis.call('HSET', rec, 'until', string.format('%.0f', ends))
+      redis.call('HSET', rec, 'until', string.format('%.0f', ends),
+        'ttl', string.format('%.0f:%.0f', held, ends))
       redis.call('PEXPIRE', rec, string.format('%.0f', 2 * held))
     end
     return {'busy', ends - now}
@@ -93,7 +97,7 @@ end
 local token = redis.call('GET', KEYS[1])
 local ttl = tonumber(ARGV[2])
 redis.call('HSET', rec, 'state', 'processing', 'fp', ARGV[1], 'token', token,
-  'until', string.format('%.0f', now + ttl), 'ttl', string.format('%.0f', ttl))
+  'until', string.format('%.0f', now + ttl), 'ttl', string.format('%.0f:%.0f', ttl, now + ttl))
 redis.call('PEXPIRE', rec, string.format('%.0f', 2 * ttl))
 return {'leased', token, taken}
 ";

@@ -24,6 +24,13 @@ fn a_redis_that_stops_answering_is_unavailable_at_the_deadline() {
         let (proxy, via) = proxied(&url, None).await;
         let options = ns.options().deadline(Duration::from_millis(300));
         let leases = Leases::connect(&via, options).await.unwrap();
+        // Both scripts loaded first: a Redis without them cached answers a held `EVALSHA`
+        // with `NOSCRIPT`, and the call the network held would then never run.
+        let warm = leased(leases.begin(&event("warm", 1), TTL).await);
+        leases
+            .complete(&warm, &Response::completed("ok"))
+            .await
+            .unwrap();
         let held = leased(leases.begin(&event("before", 1), TTL).await);
 
         proxy.set(Mode::BlackHole);

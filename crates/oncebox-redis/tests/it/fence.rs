@@ -144,7 +144,9 @@ fn a_holder_past_its_lease_is_fenced_by_redis_clock_before_anyone_takes_over() {
         let (first, second) = (ns.leases().await, ns.leases().await);
         let mut conn = raw(&url).await;
         let e = event("window", 1);
-        let lease = leased(first.begin(&e, SHORT).await);
+        // A lease of a second, so that a stall before the record is kept longer (below) cannot
+        // let it vanish first.
+        let lease = leased(first.begin(&e, Duration::from_secs(1)).await);
         let record = ns.record(&e.key);
         // The record outlives the lease by a minute here, so that nothing but `until` can
         // refuse the holder.

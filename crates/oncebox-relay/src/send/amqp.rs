@@ -39,6 +39,10 @@ pub(crate) struct Publisher {
     open: Mutex<Option<Open>>,
     /// Connections opened so far: each open one is known by its number.
     opened: AtomicU64,
+    /// One more than the highest number of a connection a publish found failed: told without
+    /// the state's lock, which other publishes may hold past this one's deadline, so that the
+    /// next to take the lock drops that connection even when this one could not.
+    failed: AtomicU64,
 }
 
 struct Open {
@@ -86,6 +90,7 @@ impl Publisher {
             target,
             open: Mutex::new(None),
             opened: AtomicU64::new(0),
+            failed: AtomicU64::new(0),
         }
     }
 
@@ -220,6 +225,7 @@ impl Publisher {
         let mut open = self.open.lock().await;
         if let Some(o) = open.as_mut()
             && o.connection.status().connected()
+            && !self.found_failed(o.number)
         {
             while let Some(channel) = o.idle.pop() {
                 if channel.status().connected() {
@@ -264,10 +270,11 @@ impl Publisher {
     /// closes a connection with 403 too) may have followed a stored message. Not known in
     /// time: not sound, the outcome then unknown.
     async fn sound(&self, number: u64, deadline: Instant) -> bool {
-        self.state(deadline).await.is_some_and(|open| {
-            open.as_ref()
-                .is_some_and(|o| o.number == number && o.connection.status().connected())
-        })
+        !self.found_failed(number)
+            && self.state(deadline).await.is_some_and(|open| {
+                open.as_ref()
+                    .is_some_and(|o| o.number == number && o.connection.status().connected())
+            })
     }
 
     /// A channel whose publish was confirmed, for the next publish; one of a connection since
@@ -279,6 +286,12 @@ impl Publisher {
         {
             o.idle.push(channel);
         }
+    }
+
+    /// Whether a publish found connection `number` failed (`failed`; the open connection is
+    /// always the newest, so only the newest failure can name it).
+    fn found_failed(&self, number: u64) -> bool {
+        number.checked_add(1) == Some(self.failed.load(Ordering::Acquire))
     }
 
     /// A new channel on `connection`, in confirm mode, the route's exchange checked.
@@ -322,8 +335,10 @@ impl Publisher {
     /// Drops connection `number` after a failure on it; the next attempt opens a new one. One
     /// another publish opened since, after finding this one failed, is left alone: dropping it
     /// would take that publish's confirm with it, and make an answer it was about to get
-    /// unknown. Not done in time, it is left to the next attempt to find the connection failed.
+    /// unknown. Not done in time, the next publish to take the state drops it (`failed`).
     async fn forget(&self, number: u64, deadline: Instant) {
+        self.failed
+            .fetch_max(number.saturating_add(1), Ordering::AcqRel);
         if let Some(mut open) = self.state(deadline).await
             && open.as_ref().is_some_and(|o| o.number == number)
         {

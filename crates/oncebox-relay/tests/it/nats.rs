@@ -211,3 +211,23 @@ fn jetstream_connection_lost_before_the_puback_is_unknown_uncertain_or_retried_b
         nats.drop_all().await;
     });
 }
+
+/// A route timed out at `Duration::MAX` (a library caller's "no timeout"; configuration caps
+/// it at a century) publishes and is delivered: its attempt's deadline overflowed, a panic in
+/// the relay's task.
+#[test]
+fn a_route_timed_out_at_duration_max_publishes_without_overflowing() {
+    run(async {
+        let Some(nats) = JetStream::new().await else {
+            return;
+        };
+        let w = World::new();
+        w.accept("evt_max", &["billing"]).await;
+        let mut billing = broker_route("billing", &nats.url(None), false);
+        billing.timeout = Duration::MAX;
+        let out = w.relay(vec![billing]).run_once().await.unwrap();
+        assert_eq!((out.claimed, out.delivered), (1, 1), "{out:?}");
+        assert_eq!(nats.stored().await, 1);
+        nats.drop_all().await;
+    });
+}

@@ -161,11 +161,25 @@ fn a_slow_answer_holding_the_permit_is_not_followed_by_a_burst() {
 
 #[test]
 fn a_slot_the_lease_cannot_wait_for_gives_the_claim_back_at_once() {
+    slot_out_of_the_leases_reach(Rate::parse("1/h").unwrap());
+}
+
+/// The same with a pace a library caller may set but configuration never gives, one request
+/// per `Duration::MAX`: the next slot's time overflowed, a panic in the relay's task.
+#[test]
+fn a_pace_of_one_per_duration_max_gives_the_claim_back_without_overflowing() {
+    slot_out_of_the_leases_reach(Rate {
+        requests: 1,
+        per: Duration::MAX,
+    });
+}
+
+fn slot_out_of_the_leases_reach(rate: Rate) {
     run(async {
         let w = World::new();
         let (rx, addr) = receiver::start().await;
         let mut hourly = route("hourly", addr, true);
-        hourly.rate = Some(Rate::parse("1/h").unwrap());
+        hourly.rate = Some(rate);
         for id in ["h1", "h2", "h3"] {
             w.accept(id, &["hourly"]).await;
         }

@@ -259,8 +259,8 @@ fn scheme(
                 },
                 prefix: {
                     let prefix = raw.prefix.clone().unwrap_or_default();
-                    // No header value holds one: every event would be refused 401.
-                    if prefix.chars().any(char::is_control) {
+                    // No header value holds one (but a tab): every event would be refused 401.
+                    if prefix.chars().any(|c| c.is_control() && c != '\t') {
                         p.push(
                             &format!("{path}.prefix"),
                             "holds a control character, which no signature header can carry",

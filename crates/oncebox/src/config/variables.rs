@@ -94,13 +94,21 @@ pub(super) fn unknown<'v>(
         .filter(|var| var.to_ascii_uppercase().starts_with(PREFIX))
         .filter(|var| !known(var) && !referenced.contains(var))
         .map(|var| {
-            let hint = suggest(var).map_or_else(String::new, |s| format!(" (did you mean {s}?)"));
-            (
-                var.to_owned(),
-                format!(
-                    "unknown variable: oncebox reads no such setting{hint}; rename or unset it"
-                ),
-            )
+            let empty_part = var
+                .to_ascii_uppercase()
+                .strip_prefix(PREFIX)
+                .is_some_and(|rest| rest.split("__").any(str::is_empty));
+            let why = if empty_part {
+                "a part of its name is empty (a template's variable left unset?), and such a \
+                 setting is never read; name every part or unset it"
+                    .to_owned()
+            } else {
+                let hint = suggest(var)
+                    .filter(|s| !s.eq_ignore_ascii_case(var))
+                    .map_or_else(String::new, |s| format!(" (did you mean {s}?)"));
+                format!("unknown variable: oncebox reads no such setting{hint}; rename or unset it")
+            };
+            (var.to_owned(), why)
         })
         .collect()
 }
@@ -261,6 +269,10 @@ mod tests {
             &referenced,
         );
         assert_eq!(found.len(), 3, "{found:?}");
+        assert!(
+            found[2].1.contains("a part of its name is empty"),
+            "{found:?}"
+        );
         assert!(found[0].1.contains("ONCEBOX_RELAY__BATCH"), "{found:?}");
     }
 

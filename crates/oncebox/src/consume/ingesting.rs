@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use oncebox_core::consume::{Apply, Position};
 use oncebox_core::store::{EventStore, Ingest};
-use oncebox_core::{Clock, Event, PayloadError, ProcessError, Processed, SystemClock};
+use oncebox_core::{Clock, Event, PayloadError, ProcessError, Processed, SystemClock, Unavailable};
 use oncebox_gateway::accepted_body;
 use oncebox_gateway::policy::GatewayConfig;
 
@@ -54,6 +54,11 @@ impl Apply for Ingesting {
             order,
         };
         self.store.ingest(ingest).await
+    }
+
+    /// The gateway's ingest is handed no position, and keeps no watermark.
+    async fn watermark(&self, _: &str, _: i64) -> Result<Option<i64>, Unavailable> {
+        Ok(None)
     }
 }
 

@@ -130,3 +130,28 @@ fn a_confirm_is_answered_by_the_deadline_while_another_publish_holds_the_state()
         );
     });
 }
+
+/// A failure found while another publish holds the state past this one's deadline is still
+/// told: the next publish to take the state drops that connection, instead of opening its
+/// channel on it (until the heartbeat noticed, or for good with none).
+#[test]
+fn a_failure_told_while_the_state_is_held_drops_its_connection_later() {
+    let Some(url) = oncebox_testkit::service_url("ONCEBOX_AMQP_URL") else {
+        return;
+    };
+    oncebox_testkit::run(async move {
+        let Ok(Target::Amqp(target)) =
+            Target::parse(&format!("{url}?exchange=&routing_key=oncebox-unused"))
+        else {
+            panic!("an AMQP target from {url}")
+        };
+        let p = Publisher::new(target);
+        let (_, first) = p.channel().await.unwrap();
+        let held = p.open.lock().await;
+        let deadline = tokio::time::Instant::now() + Duration::from_millis(50);
+        p.forget(first, deadline).await;
+        assert!(p.open.try_lock().is_err(), "the state was held throughout");
+        drop(held);
+        assert_ne!(p.channel().await.unwrap().1, first, "its failure was told");
+    });
+}
