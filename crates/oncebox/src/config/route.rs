@@ -346,10 +346,11 @@ fn authorities(
                 Err(e) => {
                     p.push(
                         at,
+                        // `{:#}`: reqwest's own text is only "builder error"; its sources say why.
                         format_args!(
-                            "{}: a certificate cannot be read: {}",
+                            "{}: a certificate cannot be read: {:#}",
                             file.display(),
-                            error_chain(&e)
+                            anyhow::Error::new(e)
                         ),
                     );
                     None
@@ -371,16 +372,4 @@ fn authorities(
             None
         }
     }
-}
-
-/// `e` and its sources, `: `-joined: reqwest's own text is only "builder error".
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        text.push_str(": ");
-        text.push_str(&s.to_string());
-        source = s.source();
-    }
-    text
 }

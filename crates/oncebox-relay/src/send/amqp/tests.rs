@@ -14,6 +14,16 @@ use super::Publisher;
 use crate::send::CONFIRMED;
 use crate::target::Target;
 
+/// A publisher to the broker at `url` whose messages no queue takes.
+fn unrouted(url: &str) -> Publisher {
+    let Ok(Target::Amqp(target)) =
+        Target::parse(&format!("{url}?exchange=&routing_key=oncebox-unused"))
+    else {
+        panic!("an AMQP target from {url}")
+    };
+    Publisher::new(target)
+}
+
 /// Two publishes fail on one connection: the first to notice opens a new one, and the
 /// second's late `forget` must not drop it (with it the first's confirm).
 #[test]
@@ -22,12 +32,7 @@ fn a_failure_drops_only_the_connection_it_happened_on() {
         return;
     };
     oncebox_testkit::run(async move {
-        let Ok(Target::Amqp(target)) =
-            Target::parse(&format!("{url}?exchange=&routing_key=oncebox-unused"))
-        else {
-            panic!("an AMQP target from {url}")
-        };
-        let p = Publisher::new(target);
+        let p = unrouted(&url);
         let (_, first) = p.channel().await.unwrap();
         let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(5);
         p.forget(first + 1, deadline).await;
@@ -140,12 +145,7 @@ fn a_failure_told_while_the_state_is_held_drops_its_connection_later() {
         return;
     };
     oncebox_testkit::run(async move {
-        let Ok(Target::Amqp(target)) =
-            Target::parse(&format!("{url}?exchange=&routing_key=oncebox-unused"))
-        else {
-            panic!("an AMQP target from {url}")
-        };
-        let p = Publisher::new(target);
+        let p = unrouted(&url);
         let (_, first) = p.channel().await.unwrap();
         let held = p.open.lock().await;
         let deadline = tokio::time::Instant::now() + Duration::from_millis(50);
