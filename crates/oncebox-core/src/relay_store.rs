@@ -260,8 +260,9 @@ pub trait DeliveryStore: Clone + Send + Sync + 'static {
 
     /// Settles a delivery by hand, with a note: an `uncertain` one above all, but any still
     /// owed (`pending`, `retrying`: one owed to a route since removed is given up so) or
-    /// `dead`. False when it is delivered, in flight (its relay's outcome is on the way) or does
-    /// not exist.
+    /// `dead`, and one in flight whose relay's lease ended (the relay died or stalled mid-send;
+    /// its late record is fenced). False when it is delivered, in flight under a live lease
+    /// (its relay's outcome is on the way) or does not exist.
     fn resolve(
         &self,
         id: i64,

@@ -216,7 +216,7 @@ pub(crate) async fn resolve<S: EventStore + DeliveryStore>(
                 &gw,
                 id,
                 ("not-resolvable", "Not resolvable"),
-                "only pending, retrying, uncertain or dead deliveries can be resolved by hand",
+                "only pending, retrying, uncertain or dead deliveries, or one in flight past its relay's lease, can be resolved by hand",
             )
             .await
         }

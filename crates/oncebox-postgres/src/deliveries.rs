@@ -183,14 +183,19 @@ impl DeliveryStore for Inbox {
             // A settlement this build does not know changes nothing.
             _ => return Ok(false),
         };
-        // Never in_flight: a relay holds it and its outcome is on the way; never delivered:
-        // that is final.
+        // Never in flight while its lease lives (by this node's clock, as a takeover judges
+        // it): a relay holds it and its outcome is on the way. Past the lease, its relay died
+        // or stalled mid-send: the lease is taken (its holder's record is then fenced), or a
+        // delivery owed to a route since removed would be in flight for good. Never
+        // delivered: that is final.
         // A lost answer is `CommitUnknown`: the operator's retry that then reads "not
         // resolvable" may find the delivery settled by this very call.
         let query = sqlx::query(
             "UPDATE oncebox_outbox SET state = $2, note = $3,
-               delivered_at = coalesce($4, delivered_at), updated_at = $5
-             WHERE id = $1 AND state IN ('pending', 'retrying', 'uncertain', 'dead')",
+               delivered_at = coalesce($4, delivered_at), updated_at = $5,
+               lease_token = NULL, lease_expires_at = NULL
+             WHERE id = $1 AND (state IN ('pending', 'retrying', 'uncertain', 'dead')
+               OR (state = 'in_flight' AND lease_expires_at <= $5))",
         )
         .bind(id)
         .bind(state)

@@ -272,14 +272,18 @@ impl DeliveryStore for Inbox {
         };
         let note = note.to_owned();
         self.submit(move |cx| {
-            // Never in_flight: a relay holds it and its outcome is on the way; never
-            // delivered: that is final.
+            // Never in flight while its lease lives: a relay holds it and its outcome is on the
+            // way. Past the lease, its relay died or stalled mid-send: the lease is taken
+            // (its holder's record is then fenced), or a delivery owed to a route since removed
+            // would be in flight for good, claimed by no relay. Never delivered: that is final.
             let n = cx
                 .conn
                 .prepare_cached(
                     "UPDATE oncebox_outbox SET state = ?2, note = ?3,
-                       delivered_at = coalesce(?4, delivered_at), updated_at = ?5
-                     WHERE id = ?1 AND state IN ('pending', 'retrying', 'uncertain', 'dead')",
+                       delivered_at = coalesce(?4, delivered_at), updated_at = ?5,
+                       lease_token = NULL, lease_expires_at = NULL
+                     WHERE id = ?1 AND (state IN ('pending', 'retrying', 'uncertain', 'dead')
+                       OR (state = 'in_flight' AND lease_expires_at <= ?5))",
                 )?
                 .execute(params![id, state, note, delivered_at, now.millis()])?;
             Ok(Ok(n == 1))

@@ -358,6 +358,7 @@ macro_rules! delivery_conformance {
             claim_takes_only_the_given_routes,
             retry_makes_dead_uncertain_and_retrying_due_now_and_refuses_other_states,
             resolve_settles_any_owed_or_dead_and_refuses_in_flight_and_delivered,
+            resolve_takes_an_in_flight_delivery_whose_lease_ended_and_fences_its_relay,
             redeliver_replays_every_delivery_with_the_same_key_except_in_flight,
             listing_filters_by_state_route_and_key_and_pages_with_a_cursor,
             gauges_count_by_state_and_report_the_oldest_owed_delivery,

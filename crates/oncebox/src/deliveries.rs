@@ -127,7 +127,7 @@ pub async fn run(out: &mut impl Write, store: &Store, action: DeliveriesCommand)
             Err(refusal(
                 store,
                 id,
-                "not resolvable (only pending, retrying, uncertain or dead)",
+                "not resolvable (only pending, retrying, uncertain or dead, or in flight past its relay's lease)",
             )
             .await)
         }

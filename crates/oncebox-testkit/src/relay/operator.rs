@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use oncebox_core::delivery::{DeliveryState, Verdict};
 use oncebox_core::relay_store::{Budget, Claimed, DeliveryFilter, DeliveryStore, Resolve};
-use oncebox_core::{Clock, ManualClock, Timestamp};
+use oncebox_core::{Clock, LeaseError, ManualClock, Timestamp};
 
 use super::{DeliveryBackend, Stores, accept, answered, claim, failed, fresh, key, of_event, view};
 
@@ -210,6 +210,43 @@ pub async fn resolve_settles_any_owed_or_dead_and_refuses_in_flight_and_delivere
     clock.advance(Duration::from_secs(24 * 3600));
     let later = claim(&b, clock.now(), 10).await;
     assert!(later.is_empty(), "settled deliveries are never claimed");
+}
+
+/// A relay that died (or stalled) mid-send leaves its delivery in flight; past its lease, an
+/// operator settles it, or one owed to a route since removed would stay in flight for good,
+/// claimed by no relay. The stalled relay's late record is fenced.
+pub async fn resolve_takes_an_in_flight_delivery_whose_lease_ended_and_fences_its_relay<
+    B: DeliveryBackend,
+>() {
+    let (b, clock) = fresh::<B>().await;
+    let each = each_state(&b, &clock).await;
+    let held = &each.in_flight;
+    clock.set(held.lease_expires_at.minus(Duration::from_millis(1)));
+    assert!(
+        !b.resolve(held.id, Resolve::Dead, "too soon", clock.now())
+            .await
+            .expect("resolve"),
+        "its relay's lease lives"
+    );
+    clock.set(held.lease_expires_at);
+    let now = clock.now();
+    assert!(
+        b.resolve(held.id, Resolve::Dead, "route retired", now)
+            .await
+            .expect("resolve")
+    );
+    let v = view(&b, held.id).await;
+    assert_eq!(
+        (v.state, v.note.as_deref()),
+        (DeliveryState::Dead, Some("route retired"))
+    );
+    assert_eq!(
+        b.record(held, answered(200, now), Verdict::Delivered, now)
+            .await,
+        Err(LeaseError::Fenced),
+        "the stalled relay's outcome comes too late"
+    );
+    assert_eq!(view(&b, held.id).await.state, DeliveryState::Dead);
 }
 
 pub async fn redeliver_replays_every_delivery_with_the_same_key_except_in_flight<
