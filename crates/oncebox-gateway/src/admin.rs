@@ -48,7 +48,7 @@ pub(crate) async fn guard<S: EventStore>(
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(bearer);
-    if given.is_some_and(|given| constant_time_eq(given.as_bytes(), token.as_bytes())) {
+    if given.is_some_and(|given| crate::dashboard::session::token_matches(token, given)) {
         return next.run(request).await;
     }
     // RFC 9110 §11.6.1: a 401 names the scheme that would be accepted.
@@ -102,11 +102,6 @@ fn bearer(value: &str) -> Option<&str> {
     let (scheme, token) = value.split_once(' ')?;
     let token = token.trim_start_matches(' ');
     (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then_some(token)
-}
-
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    // Length is not secret (tokens have a fixed configured length); the contents are.
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 #[derive(Debug, Deserialize)]

@@ -142,6 +142,27 @@ fn the_admin_api_takes_a_session_only_with_its_csrf_token() {
             .body(Body::empty())
             .unwrap();
         assert_eq!(gw.send(cross_site).await.status, StatusCode::UNAUTHORIZED);
+        // From the dashboard's own page a change goes through (no such delivery: 404, past
+        // the guard), with this session's token only: another session's is refused.
+        let same_site = |csrf: &str| {
+            Request::post("/v1/deliveries/1/retry")
+                .header("cookie", &cookie)
+                .header("x-oncebox-csrf", csrf)
+                .header("host", "127.0.0.1:8080")
+                .header("origin", "http://127.0.0.1:8080")
+                .body(Body::empty())
+                .unwrap()
+        };
+        assert_eq!(
+            gw.send(same_site(&token)).await.status,
+            StatusCode::NOT_FOUND
+        );
+        let other = login(&gw).await;
+        let others = csrf(&text(&gw.send(get("/", &other)).await.body));
+        assert_eq!(
+            gw.send(same_site(&others)).await.status,
+            StatusCode::UNAUTHORIZED
+        );
         let logout = |csrf: &str| {
             Request::post("/logout")
                 .header("cookie", &cookie)
