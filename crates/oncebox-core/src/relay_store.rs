@@ -261,8 +261,9 @@ pub trait DeliveryStore: Clone + Send + Sync + 'static {
     /// Settles a delivery by hand, with a note: an `uncertain` one above all, but any still
     /// owed (`pending`, `retrying`: one owed to a route since removed is given up so) or
     /// `dead`, and one in flight whose relay's lease ended (the relay died or stalled mid-send;
-    /// its late record is fenced). False when it is delivered, in flight under a live lease
-    /// (its relay's outcome is on the way) or does not exist.
+    /// its late record is fenced). An empty `note` keeps the one it had. False when it is
+    /// delivered, in flight under a live lease (its relay's outcome is on the way) or does not
+    /// exist.
     fn resolve(
         &self,
         id: i64,

@@ -191,7 +191,7 @@ impl DeliveryStore for Inbox {
         // A lost answer is `CommitUnknown`: the operator's retry that then reads "not
         // resolvable" may find the delivery settled by this very call.
         let query = sqlx::query(
-            "UPDATE oncebox_outbox SET state = $2, note = $3,
+            "UPDATE oncebox_outbox SET state = $2, note = coalesce(nullif($3, ''), note),
                delivered_at = coalesce($4, delivered_at), updated_at = $5,
                lease_token = NULL, lease_expires_at = NULL
              WHERE id = $1 AND (state IN ('pending', 'retrying', 'uncertain', 'dead')

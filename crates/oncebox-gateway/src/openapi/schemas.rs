@@ -254,7 +254,8 @@ pub(super) fn components() -> Value {
                 "outcome": { "enum": ["delivered", "dead"] },
                 "note": { "type": ["string", "null"], "pattern": r"^[^\u0000]*$",
                           "description": "free text without a NUL (PostgreSQL keeps none); \
-                                          absent and null both mean none" } } }
+                                          absent, null and empty all keep the note the \
+                                          delivery had" } } }
         }
     })
 }

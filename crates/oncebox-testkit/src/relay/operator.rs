@@ -202,6 +202,17 @@ pub async fn resolve_settles_any_owed_or_dead_and_refuses_in_flight_and_delivere
         (v.state, v.note.as_deref()),
         (DeliveryState::Dead, Some("route retired"))
     );
+    // Settled again without a note, it keeps the one it had (a status URL's, an operator's).
+    assert!(
+        b.resolve(each.pending, Resolve::Delivered, "", now)
+            .await
+            .expect("resolve")
+    );
+    let v = view(&b, each.pending).await;
+    assert_eq!(
+        (v.state, v.note.as_deref()),
+        (DeliveryState::Delivered, Some("route retired"))
+    );
     // The relay holding the delivery in flight still records its own outcome.
     let held = &each.in_flight;
     b.record(held, answered(200, now), Verdict::Delivered, now)
