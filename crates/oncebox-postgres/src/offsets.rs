@@ -31,17 +31,14 @@ impl Inbox {
         partition: i64,
         offset: i64,
     ) -> Result<OffsetMove, crate::Error> {
-        let moved = sqlx::query(
-            "INSERT INTO oncebox_offsets AS o (stream, partition, position) VALUES ($1, $2, $3)
-             ON CONFLICT (stream, partition) DO UPDATE SET position = excluded.position
-             WHERE excluded.position > o.position",
-        )
-        .bind(stream)
-        .bind(partition)
-        .bind(offset)
-        .execute(self.pool())
-        .await?
-        .rows_affected();
+        // The statement a handler's `commit_offset` runs, on a connection of its own.
+        let moved = sqlx::query(&self.in_tx.watermark)
+            .bind(stream)
+            .bind(partition)
+            .bind(offset)
+            .execute(self.pool())
+            .await?
+            .rows_affected();
         Ok(if moved == 1 {
             OffsetMove::Advanced
         } else {

@@ -183,7 +183,7 @@ const PURGE_RECORDS: &str = "WITH gone AS (
     WHERE c.source = g.source AND c.event_id = g.event_id)
   SELECT count(*) FROM gone";
 
-fn unavailable(e: crate::Error) -> Unavailable {
+pub(crate) fn unavailable(e: crate::Error) -> Unavailable {
     match e {
         crate::Error::Unavailable(u) => u,
         crate::Error::Sql(e) => storage(&e),

@@ -184,8 +184,9 @@ pub struct Relay<S> {
     warned_unrouted: Mutex<BTreeSet<String>>,
 }
 
-/// The longest a route's attempt may take: a hundred years, as configuration allows.
-const LONGEST_TIMEOUT: Duration = Duration::from_secs(100 * 366 * 24 * 3600);
+/// The longest a route's attempt may take, and the longest interval of its pace: a hundred
+/// years, as configuration allows.
+const CENTURY: Duration = Duration::from_secs(100 * 366 * 24 * 3600);
 
 impl<S: DeliveryStore> Relay<S> {
     pub fn new(
@@ -199,7 +200,7 @@ impl<S: DeliveryStore> Relay<S> {
             .map(|mut route| {
                 // Configuration caps it far below; a library caller's `Duration::MAX` would
                 // overflow the deadline an attempt computes from it.
-                route.timeout = route.timeout.min(LONGEST_TIMEOUT);
+                route.timeout = route.timeout.min(CENTURY);
                 let lane = Lane {
                     permits: Semaphore::new(route.concurrency.max(1)),
                     pace: route.rate.map(pace::Pace::new),

@@ -50,11 +50,10 @@ where
     H: Fn(&mut Tx<'_>, &Event) -> Result<Response, HandlerError> + Send + Sync + 'static,
 {
     async fn watermark(&self, stream: &str, partition: i64) -> Result<Option<i64>, Unavailable> {
-        match self.inbox.offset(stream, partition).await {
-            Ok(offset) => Ok(offset),
-            Err(crate::Error::Unavailable(u)) => Err(u),
-            Err(crate::Error::Sql(e)) => Err(Unavailable::Storage(e.to_string())),
-        }
+        self.inbox
+            .offset(stream, partition)
+            .await
+            .map_err(crate::store::unavailable)
     }
 
     async fn apply(

@@ -38,10 +38,9 @@ impl Pace {
         Pace {
             // At most a century (as configuration allows): a library caller's rate of one per
             // `Duration::MAX` would overflow the `Instant` of the next slot.
-            interval: rate.interval().clamp(
-                Duration::from_nanos(1),
-                Duration::from_secs(100 * 366 * 24 * 3600),
-            ),
+            interval: rate
+                .interval()
+                .clamp(Duration::from_nanos(1), super::CENTURY),
             slots: Mutex::new(Slots {
                 next: Instant::now(),
                 promised: 0,

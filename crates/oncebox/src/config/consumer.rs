@@ -210,20 +210,10 @@ pub(super) fn validate(
             }
             // The client refuses such a name before asking the server, at every connection:
             // `consume` would reconnect for ever, saying only "invalid name".
-            if !stream.trim().is_empty() && !jetstream_name(stream) {
-                p.push(
-                    &format!("{path}.stream"),
-                    format_args!("{stream:?} is no JetStream name: {JETSTREAM_NAME_RULE}"),
-                );
-            }
+            refuse_jetstream_name(&format!("{path}.stream"), stream, p);
             let durable = match &raw.durable {
                 Some(durable) => {
-                    if !durable.trim().is_empty() && !jetstream_name(durable) {
-                        p.push(
-                            &format!("{path}.durable"),
-                            format_args!("{durable:?} is no JetStream name: {JETSTREAM_NAME_RULE}"),
-                        );
-                    }
+                    refuse_jetstream_name(&format!("{path}.durable"), durable, p);
                     durable.clone()
                 }
                 None => {
@@ -276,6 +266,17 @@ pub(super) fn validate(
 /// would start a new durable and read its stream again from the retention horizon.
 fn default_durable(consumer: &str) -> String {
     format!("oncebox-{consumer}")
+}
+
+/// Refuses a stream or durable name at `at` that JetStream would not take (a blank one is
+/// refused as missing elsewhere).
+fn refuse_jetstream_name(at: &str, name: &str, p: &mut Problems<'_>) {
+    if !name.trim().is_empty() && !jetstream_name(name) {
+        p.push(
+            at,
+            format_args!("{name:?} is no JetStream name: {JETSTREAM_NAME_RULE}"),
+        );
+    }
 }
 
 /// What a JetStream stream or consumer name must not hold, as said to the operator.
