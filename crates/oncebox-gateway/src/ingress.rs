@@ -36,9 +36,16 @@ const NOT_KEPT: [&str; 3] = ["authorization", "cookie", "proxy-authorization"];
 /// `X-Telegram-Bot-Api-Secret-Token`, Asana's `X-Hook-Secret`, `X-Api-Key`, `X-Auth-Token`).
 const CREDENTIAL_PARTS: [&str; 5] = ["secret", "token", "password", "api-key", "apikey"];
 
+/// Header names ending in `-key` are keys too (Azure Functions' `X-Functions-Key`, API
+/// Management's `Ocp-Apim-Subscription-Key`, a `X-Shared-Key`), but for these, which say what
+/// an event is: its idempotency key, and Bitbucket's `X-Event-Key` (its event type).
+const NOT_CREDENTIAL_KEYS: [&str; 2] = ["idempotency-key", "x-event-key"];
+
 /// Whether a request header is stored with its event: no credential.
 fn kept(name: &str) -> bool {
-    !NOT_KEPT.contains(&name) && !CREDENTIAL_PARTS.iter().any(|part| name.contains(part))
+    !NOT_KEPT.contains(&name)
+        && !CREDENTIAL_PARTS.iter().any(|part| name.contains(part))
+        && (!name.ends_with("-key") || NOT_CREDENTIAL_KEYS.contains(&name))
 }
 
 /// The most request-header bytes an event stores (as `name: value` lines). The server's own
@@ -93,21 +100,37 @@ pub(crate) async fn receive<S: EventStore>(
     answer.into_response()
 }
 
-/// The request's content coding other than `identity`, if any (every `Content-Encoding` value,
-/// each a list of codings).
-fn content_coding(headers: &axum::http::HeaderMap) -> Option<String> {
-    let coded = |v: &axum::http::HeaderValue| {
+/// The request's coding other than `identity`, if any, with the header that names it: every
+/// `Content-Encoding` value, each a list of codings, and every `Transfer-Encoding` value but
+/// its `chunked`. hyper takes `Transfer-Encoding: gzip, chunked` and removes only the chunking,
+/// so the gzip would reach the body as the Content-Encoding one would.
+fn content_coding(headers: &axum::http::HeaderMap) -> Option<(&'static str, String)> {
+    let coded = |v: &axum::http::HeaderValue, plain: &[&str]| {
         v.to_str().map_or(true, |text| {
             text.split(',')
                 .map(str::trim)
-                .any(|c| !c.is_empty() && !c.eq_ignore_ascii_case("identity"))
+                .any(|c| !c.is_empty() && !plain.iter().any(|p| c.eq_ignore_ascii_case(p)))
         })
     };
-    headers
-        .get_all(axum::http::header::CONTENT_ENCODING)
-        .iter()
-        .find(|v| coded(v))
-        .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+    let found = |name: axum::http::HeaderName, shown: &'static str, plain: &[&str]| {
+        headers
+            .get_all(name)
+            .iter()
+            .find(|v| coded(v, plain))
+            .map(|v| (shown, String::from_utf8_lossy(v.as_bytes()).into_owned()))
+    };
+    found(
+        axum::http::header::CONTENT_ENCODING,
+        "Content-Encoding",
+        &["identity"],
+    )
+    .or_else(|| {
+        found(
+            axum::http::header::TRANSFER_ENCODING,
+            "Transfer-Encoding",
+            &["identity", "chunked"],
+        )
+    })
 }
 
 async fn receive_for<S: EventStore>(
@@ -156,12 +179,12 @@ async fn receive_for<S: EventStore>(
     // A body in a content coding (gzip, say) would be stored, fingerprinted and relayed as the
     // coded bytes, without the coding: a receiver could not read it, and a JSON source would
     // refuse it as invalid-json, which says nothing of why. Refused for what it is, unread.
-    if let Some(coding) = content_coding(headers) {
+    if let Some((header, coding)) = content_coding(headers) {
         return Answer::Problem(Problem::new(
             StatusCode::UNSUPPORTED_MEDIA_TYPE,
             "encoding-unsupported",
             "Content coding not supported",
-            format!("the body is sent with Content-Encoding {coding:?}; send it uncoded"),
+            format!("the body is sent with {header} {coding:?}; send it uncoded"),
         ));
     }
     // Headers before the body: a request without its signature's headers, or signed too long

@@ -25,47 +25,86 @@ pub enum EventIdRule {
 }
 
 /// The ordering guard: an event whose `version` is older than the newest applied one for its
-/// `entity` is stored as stale and not delivered.
+/// entity (its `entity` id, of its `kind` when one is named) is stored as stale and not
+/// delivered.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OrderGuard {
     pub entity: Pointer,
     pub version: Pointer,
+    /// The entity's type (`type = "/data/object/object"`), for a sender whose ids are unique
+    /// only within a type (customer 7 and order 7); `None`: the id alone names the entity.
+    pub kind: Option<Pointer>,
 }
 
 impl OrderGuard {
-    /// The entity and version `doc` carries: `None` when either field is absent (the event is
-    /// not guarded), an error naming the field when one has the wrong type.
+    /// The guard on `entity` by `version`, ids unique across the source's types.
+    pub fn new(entity: Pointer, version: Pointer) -> OrderGuard {
+        OrderGuard {
+            entity,
+            version,
+            kind: None,
+        }
+    }
+
+    /// The entity and version `doc` carries: `None` when a field is absent (the event is not
+    /// guarded), an error naming the field when one has the wrong type.
     pub fn read(&self, doc: &Value) -> Result<Option<Order>, OrderFieldInvalid> {
         let (Some(entity), Some(version)) = (doc.pointer(&self.entity), doc.pointer(&self.version))
         else {
             return Ok(None);
         };
+        let kind = match &self.kind {
+            Some(p) => match doc.pointer(p) {
+                Some(kind) => Some(Self::name(p, kind)?),
+                None => return Ok(None),
+            },
+            None => None,
+        };
+        let entity = Self::name(&self.entity, entity)?;
         let invalid = |field: &Pointer, expected| OrderFieldInvalid {
             field: field.to_string(),
             expected,
         };
-        let entity = match entity {
-            Value::String(s) => s.clone(),
-            // Every digit is kept: a number may be as long as the body.
-            Value::Number(n) => n.to_string(),
-            _ => return Err(invalid(&self.entity, "a string")),
-        };
-        // Held to an event id's rules: a NUL or a few kilobytes is refused here, as a bad
-        // request, rather than by the storage (PostgreSQL refuses both, as an error no retry
-        // gets past), and the entity key stays a short, printable one.
-        if EventId::new(entity.as_str()).is_err() {
-            return Err(invalid(
-                &self.entity,
-                "a number or a string of 1 to 255 bytes, not blank, without control characters",
-            ));
-        }
         let Value::Number(n) = version else {
             return Err(invalid(&self.version, "an integer"));
         };
         let version = n
             .to_i64()
             .ok_or_else(|| invalid(&self.version, "an integer of at most 64 bits"))?;
+        // A type and an id are joined by a unit separator, which neither may hold: no two
+        // (type, id) pairs join alike, and none joins as an untyped id.
+        let entity = match kind {
+            Some(kind) => format!("{kind}\u{1f}{entity}"),
+            None => entity,
+        };
         Ok(Some(Order { entity, version }))
+    }
+
+    /// An entity's id or type, read at `field`: a string, or an integer in plain decimal.
+    fn name(field: &Pointer, value: &Value) -> Result<String, OrderFieldInvalid> {
+        let invalid = |expected| OrderFieldInvalid {
+            field: field.to_string(),
+            expected,
+        };
+        let name = match value {
+            Value::String(s) => s.clone(),
+            // In plain decimal, as an event id is: `1000`, `1e3` and `"1000"` are one entity.
+            // (The number's canonical text, `1e3`, set `1000` apart from `"1000"`, and let a
+            // fraction through.)
+            Value::Number(n) => n
+                .integer_text(EventId::MAX_LEN)
+                .ok_or_else(|| invalid("a string, or an integer of at most 255 digits"))?,
+            _ => return Err(invalid("a string")),
+        };
+        // Held to an event id's rules: a NUL or a few kilobytes is refused here, as a bad
+        // request, rather than by the storage (PostgreSQL refuses both, as an error no retry
+        // gets past), and the entity key stays a short, printable one.
+        if EventId::new(name.as_str()).is_err() {
+            return Err(invalid(
+                "a number or a string of 1 to 255 bytes, not blank, without control characters",
+            ));
+        }
+        Ok(name)
     }
 }
 

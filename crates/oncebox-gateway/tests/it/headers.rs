@@ -1,8 +1,8 @@
 //! What of a request the admin API shows with its event: the payload, the answer, and every
 //! header that is no credential, its value as it came where it is text (UTF-8, non-ASCII
 //! included); a value that is not text is not kept. And the headers the gateway acts on beside
-//! the signature's and the id's: `oncebox-hops`, the loop guard, and `Content-Encoding`, a
-//! coded body refused.
+//! the signature's and the id's: `oncebox-hops`, the loop guard, and `Content-Encoding` or a
+//! `Transfer-Encoding` coding, a coded body refused.
 
 use axum::body::Body;
 use axum::http::{HeaderValue, Request, StatusCode};
@@ -41,6 +41,42 @@ fn a_coded_body_is_refused_415_and_identity_is_taken() {
             .await;
         assert_eq!(plain.status, StatusCode::ACCEPTED, "{plain:?}");
         assert_eq!(gw.rows(), 1);
+    });
+}
+
+/// A transfer coding beside `chunked` (`gzip, chunked`): hyper removes the chunking and
+/// leaves the gzip, so the body would be stored coded, as with `Content-Encoding`. Through a
+/// real listener, whose parser is the one that takes it.
+#[test]
+fn a_transfer_coding_other_than_chunked_is_refused_415() {
+    run(async {
+        let s = crate::wire::served(oncebox_gateway::policy::Limits::default()).await;
+        let body = r#"{"id":"te"}"#;
+        for (n, coding) in ["gzip, chunked", "chunked"].into_iter().enumerate() {
+            let mut raw = crate::wire::Raw::connect(s.addr).await;
+            raw.send(
+                format!(
+                    "POST /v1/sources/open/events HTTP/1.1\r\nHost: x\r\n\
+                     Content-Type: application/json\r\nTransfer-Encoding: {coding}\r\n\r\n\
+                     {:x}\r\n{body}\r\n0\r\n\r\n",
+                    body.len()
+                )
+                .as_bytes(),
+            )
+            .await;
+            let a = raw.reply().await.answer();
+            if n == 0 {
+                assert_eq!(
+                    (a.status, a.slug().as_str()),
+                    (StatusCode::UNSUPPORTED_MEDIA_TYPE, "encoding-unsupported"),
+                    "{coding}: {a:?}"
+                );
+                assert_eq!(s.gw.rows(), 0);
+            } else {
+                assert_eq!(a.status, StatusCode::ACCEPTED, "{coding}: {a:?}");
+                assert_eq!(s.gw.rows(), 1);
+            }
+        }
     });
 }
 

@@ -1,6 +1,6 @@
 //! Every row of DESIGN §4 through the real router: new, duplicate, stale, conflict, in
-//! progress, invalid, unavailable — and the fingerprint and ordering rules behind them (the
-//! event id's rules are in keys.rs).
+//! progress, invalid, unavailable — and the fingerprint rules behind them (the event id's rules
+//! are in keys.rs, the ordering guard's in ordering.rs).
 
 use std::time::Duration;
 
@@ -92,60 +92,6 @@ fn fields_fingerprint_ignores_other_fields() {
             StatusCode::UNPROCESSABLE_ENTITY,
             "absent differs from present"
         );
-    });
-}
-
-#[test]
-fn older_entity_version_is_202_stale_and_replayed_as_such() {
-    run(async {
-        let gw = TestGateway::new();
-        let ev = crate::support::ordered_event;
-        assert_eq!(
-            gw.send(post("ordered", &[], ev("paid", 20))).await.status,
-            StatusCode::ACCEPTED
-        );
-        let late = gw.send(post("ordered", &[], ev("created", 10))).await;
-        assert_eq!(late.status, StatusCode::ACCEPTED);
-        assert_eq!(late.json()["stale"], true);
-        let again = gw.send(post("ordered", &[], ev("created", 10))).await;
-        assert!(again.replayed());
-        assert_eq!(again.body, late.body);
-        let newer = gw.send(post("ordered", &[], ev("refunded", 30))).await;
-        assert!(newer.json().get("stale").is_none(), "{newer:?}");
-        // Events without the guarded fields are not ordered.
-        let other = gw.send(post("ordered", &[], r#"{"id":"ping"}"#)).await;
-        assert_eq!(other.status, StatusCode::ACCEPTED);
-        let bad = gw
-            .send(post(
-                "ordered",
-                &[],
-                r#"{"id":"x","created":"yesterday","data":{"object":{"id":"pi_1"}}}"#,
-            ))
-            .await;
-        assert_eq!(
-            (bad.status, bad.slug().as_str()),
-            (StatusCode::BAD_REQUEST, "order-field-invalid")
-        );
-        // An entity no key can hold: a NUL, or longer than an event id may be.
-        let long = "p".repeat(256);
-        let digits = "9".repeat(256);
-        for entity in [
-            "\"pi\\u0000x\"".to_owned(),
-            format!("\"{long}\""),
-            "\" \"".to_owned(),
-            digits,
-        ] {
-            let body = format!(
-                r#"{{"id":"e-{}","created":1,"data":{{"object":{{"id":{entity}}}}}}}"#,
-                entity.len()
-            );
-            let refused = gw.send(post("ordered", &[], body)).await;
-            assert_eq!(
-                (refused.status, refused.slug().as_str()),
-                (StatusCode::BAD_REQUEST, "order-field-invalid"),
-                "{entity:?}: {refused:?}"
-            );
-        }
     });
 }
 
@@ -352,7 +298,10 @@ fn credentials_are_not_stored_with_the_event() {
                 ("x-auth-token", "auth-token-secret"),
                 ("X-Telegram-Bot-Api-Secret-Token", "telegram-secret"),
                 ("X-Hook-Secret", "asana-secret"),
+                ("X-Functions-Key", "functions-secret"),
+                ("Ocp-Apim-Subscription-Key", "apim-secret"),
                 ("x-trace", "t1"),
+                ("X-Event-Key", "repo:push"),
             ],
             r#"{"id":"h1"}"#,
         ))
@@ -362,7 +311,9 @@ fn credentials_are_not_stored_with_the_event() {
             .read_blocking(|c| c.query_row("SELECT headers FROM oncebox_inbox", [], |r| r.get(0)))
             .unwrap();
         assert!(
-            headers.contains("x-trace: t1") && !headers.contains("secret"),
+            headers.contains("x-trace: t1")
+                && headers.contains("x-event-key: repo:push")
+                && !headers.contains("secret"),
             "{headers}"
         );
     });

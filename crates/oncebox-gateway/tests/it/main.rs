@@ -16,6 +16,7 @@ mod keepalive;
 mod keys;
 mod linger;
 mod openapi;
+mod ordering;
 mod proxied;
 mod rejections;
 mod signatures;

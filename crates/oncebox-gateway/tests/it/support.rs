@@ -104,10 +104,10 @@ pub fn config() -> GatewayConfig {
     add(
         "ordered",
         SourcePolicy {
-            order: Some(OrderGuard {
-                entity: pointer("/data/object/id"),
-                version: pointer("/created"),
-            }),
+            order: Some(OrderGuard::new(
+                pointer("/data/object/id"),
+                pointer("/created"),
+            )),
             ..SourcePolicy::open()
         },
     );

@@ -129,9 +129,14 @@ fn source(out: &mut String, s: &SourcePolicy) {
     let _ = writeln!(out, "    max body     {}", size(s.max_body));
     let _ = writeln!(out, "    retention    {}", format_duration(s.retention));
     if let Some(order) = &s.order {
+        let kind = order
+            .kind
+            .as_ref()
+            .map(|k| format!(" of type {}", pointer(k)))
+            .unwrap_or_default();
         let _ = writeln!(
             out,
-            "    order        entity {} by version {}",
+            "    order        entity {}{kind} by version {}",
             pointer(&order.entity),
             pointer(&order.version)
         );
@@ -225,6 +230,7 @@ pub fn describe_json(settings: &Settings) -> serde_json::Value {
                 "retention_secs": s.retention.as_secs(),
                 "order": s.order.as_ref().map(|o| serde_json::json!({
                     "entity": o.entity.to_string(), "version": o.version.to_string(),
+                    "type": o.kind.as_ref().map(ToString::to_string),
                 })),
             })
         })

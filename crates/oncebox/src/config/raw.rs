@@ -143,6 +143,8 @@ pub(super) struct RawEventId {
 pub(super) struct RawOrder {
     pub entity: String,
     pub version: String,
+    #[serde(rename = "type")]
+    pub kind: Option<String>,
 }
 
 /// `"json"`, `"raw"` or `{ fields = ["/a", "/b"] }`.

@@ -169,6 +169,10 @@ pub(super) fn validate(
     let order = raw.order.as_ref().map(|o| OrderGuard {
         entity: pointer_into(&format!("{path}.order.entity"), &o.entity, p),
         version: pointer_into(&format!("{path}.order.version"), &o.version, p),
+        kind: o
+            .kind
+            .as_ref()
+            .map(|t| pointer_into(&format!("{path}.order.type"), t, p)),
     });
 
     if p.count() > before {

@@ -78,10 +78,10 @@ mod tests {
             let store = Store::open(&database).await.unwrap();
             let shop = Source::new("shop").unwrap();
             let mut policy = SourcePolicy::open();
-            policy.order = Some(OrderGuard {
-                entity: "/order".parse().unwrap(),
-                version: "/v".parse().unwrap(),
-            });
+            policy.order = Some(OrderGuard::new(
+                "/order".parse().unwrap(),
+                "/v".parse().unwrap(),
+            ));
             let mut config = GatewayConfig::default();
             config.sources.insert(shop, policy);
             let ingesting = Ingesting {

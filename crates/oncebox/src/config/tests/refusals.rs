@@ -13,6 +13,21 @@ fn a_pointer_to_the_whole_body_is_refused_where_one_value_is_meant() {
     assert_mentions(&e, &["sources.shop.order.entity", whole]);
     let e = err(&shop("order = { entity = \"/id\", version = \"\" }"));
     assert_mentions(&e, &["sources.shop.order.version", whole]);
+    let e = err(&shop(
+        "order = { type = \"\", entity = \"/id\", version = \"/v\" }",
+    ));
+    assert_mentions(&e, &["sources.shop.order.type", whole]);
+    let typed = ok(&shop(
+        "order = { type = \"/data/object/object\", entity = \"/id\", version = \"/v\" }",
+    ));
+    let order = super::policy(&typed, "shop")
+        .order
+        .clone()
+        .expect("order guard");
+    assert_eq!(
+        order.kind.map(|k| k.to_string()).as_deref(),
+        Some("/data/object/object")
+    );
     let consumer = "[consumers.c]\nsource = \"s\"\nkey = { pointer = \"\" }\nqueue = \"q\"\n";
     assert_mentions(&err(consumer), &["consumers.c.key.pointer", whole]);
     // A fingerprint over the whole body is what `json` does anyway: allowed.
