@@ -105,7 +105,11 @@ impl Backoff {
         } else {
             jitter.clamp(0.0, 1.0)
         };
-        ceiling.mul_f64(jitter)
+        // `mul_f64` panics when the product rounds past `Duration::MAX`, which a ceiling within
+        // a few thousand seconds of it does even at a jitter of 1 (a backoff of `Duration::MAX`,
+        // or 2^34 s doubled 31 times): such a ceiling is waited whole.
+        Duration::try_from_secs_f64(ceiling.as_secs_f64() * jitter)
+            .map_or(ceiling, |d| d.min(ceiling))
     }
 }
 

@@ -308,12 +308,15 @@ impl Inbox {
             let r = retention.clone();
             let chunk = self
                 .submit(move |cx| purge::chunk(cx, after, now, &r))
-                .await?;
-            deleted += chunk.deleted;
-            if chunk.deleted > 0 {
-                // Deleted records must not be answered from memory (recent.rs).
+                .await;
+            // Deleted records must not be answered from memory (recent.rs). A chunk answered
+            // with an error may have committed all the same (its caller stopped waiting at the
+            // deadline while the writer ran it): forgotten then too.
+            if !matches!(&chunk, Ok(c) if c.deleted == 0) {
                 self.shared.recent.clear();
             }
+            let chunk = chunk?;
+            deleted += chunk.deleted;
             match chunk.next {
                 Some(next) => after = next,
                 None => return Ok(deleted),

@@ -69,7 +69,8 @@ pub(crate) fn complete(
         "live" => {
             // As `finish`, but the token stays.
             let body = (!response.body.is_empty()).then_some(&response.body);
-            cx.conn
+            let kept = cx
+                .conn
                 .prepare_cached(
                     "UPDATE oncebox_inbox SET state = ?2, response = ?3, completed_at = ?4,
                        lease_expires_at = NULL
@@ -80,8 +81,17 @@ pub(crate) fn complete(
                     response.kind.as_str(),
                     body,
                     cx.stamp.millis()
-                ])?;
-            Ok(Ok(()))
+                ]);
+            // The statement failed whole, so nothing of it is in the transaction: this
+            // request's answer, not its batch's failure (which every retry repeated, failing
+            // the requests beside it each time).
+            match kept {
+                Err(e) if too_big(&e) => Ok(Err(LeaseError::TooLarge(format!(
+                    "a response of {} bytes with the record: {e}",
+                    response.body.len()
+                )))),
+                kept => kept.map(|_| Ok(())).map_err(Fatal::from),
+            }
         }
         "done" => Ok(Ok(())),
         _ => Ok(Err(LeaseError::Fenced)),
@@ -142,7 +152,7 @@ pub(crate) fn resolve(
     resolution: &Resolution,
 ) -> Result<Result<bool, crate::Error>, Fatal> {
     let n = match resolution {
-        Resolution::Completed(response) => cx
+        Resolution::Completed(response) => match cx
             .conn
             .prepare_cached(
                 "UPDATE oncebox_inbox SET state = ?3, response = ?4, completed_at = ?5,
@@ -155,7 +165,11 @@ pub(crate) fn resolve(
                 response.kind.as_str(),
                 response.body,
                 cx.stamp.millis()
-            ])?,
+            ]) {
+            // As in `complete`: the operator's answer, not the batch's failure.
+            Err(e) if too_big(&e) => return Ok(Err(crate::Error::Sql(e))),
+            n => n?,
+        },
         Resolution::Released => cx
             .conn
             .prepare_cached(
@@ -165,4 +179,9 @@ pub(crate) fn resolve(
             .execute(params![key.source.as_str(), key.event_id.as_str()])?,
     };
     Ok(Ok(n == 1))
+}
+
+/// A value or row longer than SQLite stores (`SQLITE_LIMIT_LENGTH`).
+pub(crate) fn too_big(e: &rusqlite::Error) -> bool {
+    e.sqlite_error_code() == Some(rusqlite::ErrorCode::TooBig)
 }

@@ -36,6 +36,7 @@
 use std::collections::HashMap;
 use std::collections::hash_map::RandomState;
 use std::hash::{BuildHasher, BuildHasherDefault, Hasher};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
 use oncebox_core::{Fingerprint, Key, Response, ResponseKind};
@@ -46,6 +47,10 @@ const SHARDS: u64 = 16;
 pub(crate) struct Recent {
     shards: Box<[Mutex<Shard>]>,
     hasher: RandomState,
+    /// How many times everything was forgotten. An answer read before a purge may be put
+    /// after it forgot everything, its record deleted since: `put` takes only an answer read
+    /// under the current count.
+    cleared: AtomicU64,
 }
 
 /// Entries in a ring, found by the key's hash, which is computed once per call and used as
@@ -156,7 +161,13 @@ impl Recent {
                 })
                 .collect(),
             hasher: RandomState::new(),
+            cleared: AtomicU64::new(0),
         }
+    }
+
+    /// Read before looking a key up or asking the writer for it; given back to [`Recent::put`].
+    pub fn generation(&self) -> u64 {
+        self.cleared.load(Ordering::SeqCst)
     }
 
     /// The key's hash and its shard. The shard comes from middle bits: the map takes its
@@ -176,12 +187,16 @@ impl Recent {
         (entry.fingerprint == *fingerprint && entry.is(key)).then(|| entry.answer())
     }
 
-    /// Remembers a committed key's first answer. Call only after its commit.
-    pub fn put(&self, key: &Key, fingerprint: Fingerprint, answer: &Response) {
+    /// Remembers a committed key's first answer, read after [`Recent::generation`] said
+    /// `since`: not if everything was forgotten since, when its record may be gone. Call only
+    /// after its commit.
+    pub fn put(&self, key: &Key, fingerprint: Fingerprint, answer: &Response, since: u64) {
         let Some((hash, mut shard)) = self.shard(key) else {
             return;
         };
-        if shard.capacity == 0 || shard.slots.contains_key(&hash) {
+        // Under the shard's lock: a `clear` counting after this reading empties this shard
+        // only once this put is done.
+        if self.generation() != since || shard.capacity == 0 || shard.slots.contains_key(&hash) {
             return;
         }
         let slot = shard.next;
@@ -201,6 +216,9 @@ impl Recent {
 
     /// Forgets everything: records may have been deleted.
     pub fn clear(&self) {
+        // Counted first: a put that reads the old count holds its shard's lock, so the loop
+        // below empties that shard after it.
+        self.cleared.fetch_add(1, Ordering::SeqCst);
         for shard in &self.shards {
             if let Ok(mut shard) = shard.lock() {
                 shard.slots.clear();
@@ -228,7 +246,7 @@ mod tests {
     #[test]
     fn answers_only_the_same_fingerprint() {
         let recent = Recent::new(64);
-        recent.put(&key("a"), fp(1), &Response::completed("first"));
+        recent.put(&key("a"), fp(1), &Response::completed("first"), 0);
         assert_eq!(
             recent.get(&key("a"), &fp(1)),
             Some(Response::completed("first"))
@@ -245,15 +263,15 @@ mod tests {
     fn the_first_answer_stays_and_the_oldest_key_leaves_first() {
         // One key per shard at most: the second put into a full shard evicts the first.
         let recent = Recent::new(SHARDS as usize);
-        recent.put(&key("a"), fp(1), &Response::completed("first"));
-        recent.put(&key("a"), fp(1), &Response::completed("second"));
+        recent.put(&key("a"), fp(1), &Response::completed("first"), 0);
+        recent.put(&key("a"), fp(1), &Response::completed("second"), 0);
         assert_eq!(
             recent.get(&key("a"), &fp(1)),
             Some(Response::completed("first"))
         );
         let kept = (0..200)
             .map(|i| key(&format!("k{i}")))
-            .inspect(|k| recent.put(k, fp(1), &Response::completed("x")))
+            .inspect(|k| recent.put(k, fp(1), &Response::completed("x"), 0))
             .collect::<Vec<_>>();
         let remembered = kept
             .iter()
@@ -274,7 +292,7 @@ mod tests {
         for round in 0..2 {
             let keys: Vec<Key> = (0..1000).map(|i| key(&format!("r{round}-{i}"))).collect();
             for k in &keys {
-                recent.put(k, fp(1), &Response::completed("x"));
+                recent.put(k, fp(1), &Response::completed("x"), recent.generation());
             }
             for shard in 0..SHARDS {
                 let mine: Vec<&Key> = keys.iter().filter(|k| shard_of(k) == shard).collect();
@@ -315,11 +333,29 @@ mod tests {
     #[test]
     fn zero_capacity_keeps_nothing_and_clear_forgets() {
         let none = Recent::new(0);
-        none.put(&key("a"), fp(1), &Response::completed("x"));
+        none.put(&key("a"), fp(1), &Response::completed("x"), 0);
         assert_eq!(none.get(&key("a"), &fp(1)), None);
         let recent = Recent::new(64);
-        recent.put(&key("a"), fp(1), &Response::completed("x"));
+        recent.put(&key("a"), fp(1), &Response::completed("x"), 0);
         recent.clear();
         assert_eq!(recent.get(&key("a"), &fp(1)), None);
+    }
+
+    /// An answer read before a purge forgot everything is not remembered after it: its record
+    /// may be among those the purge deleted. One read after it is.
+    #[test]
+    fn an_answer_read_before_a_clear_is_not_put_after_it() {
+        let recent = Recent::new(64);
+        let before = recent.generation();
+        recent.clear();
+        recent.put(&key("a"), fp(1), &Response::completed("x"), before);
+        assert_eq!(recent.get(&key("a"), &fp(1)), None);
+        recent.put(
+            &key("a"),
+            fp(1),
+            &Response::completed("x"),
+            recent.generation(),
+        );
+        assert!(recent.get(&key("a"), &fp(1)).is_some());
     }
 }

@@ -145,6 +145,9 @@ impl Inbox {
         accepted: Vec<u8>,
         messages: Vec<OutboxMessage>,
     ) -> Result<Processed, ProcessError> {
+        // Before anything is read of the key: an answer read before a purge is not remembered
+        // after it.
+        let since = self.recent_generation();
         let look = self.committed_duplicate(&event);
         if let Look::Found(first) = look {
             return Ok(Processed::Duplicate(first));
@@ -182,13 +185,13 @@ impl Inbox {
                 event, accepted, ..
             }) => {
                 let out = out.map(|done| done.unwrap_or(Processed::Applied(accepted)));
-                self.unordered_answer(out, &look, &event)
+                self.unordered_answer(out, &look, &event, since)
             }
             Err(shared) => {
                 let out = out.map(|done| {
                     done.unwrap_or_else(|| Processed::Applied(shared.accepted.clone()))
                 });
-                self.unordered_answer(out, &look, &shared.event)
+                self.unordered_answer(out, &look, &shared.event, since)
             }
         }
     }
@@ -200,6 +203,7 @@ impl Inbox {
         out: Result<Processed, ProcessError>,
         look: &Look,
         event: &Event,
+        since: u64,
     ) -> Result<Processed, ProcessError> {
         if matches!(look, Look::Skipped) {
             self.skipped_look(&out);
@@ -207,7 +211,7 @@ impl Inbox {
         // When the look was skipped and the writer cannot answer (the file locked, say), a
         // committed duplicate is still answered from a reader.
         let out = self.or_committed(out, &event.key, &event.fingerprint);
-        self.settled(out, &event.key, event.fingerprint)
+        self.settled(out, &event.key, event.fingerprint, since)
     }
 }
 

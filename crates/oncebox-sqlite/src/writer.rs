@@ -317,6 +317,10 @@ impl Writer {
         // Frames the batch wrote before failing must never reach the log after the write lock
         // is gone (walvfs.rs).
         crate::walvfs::discard_pending(&self.conn);
+        // Whatever code changed of the connection's settings after ending the transaction.
+        if let Err(e) = self.commits.restore(&self.conn) {
+            tracing::warn!(error = %e, "setting the writer connection's settings again failed");
+        }
         self.stats.failed_batches.fetch_add(1, Ordering::Relaxed);
         tracing::warn!(error = %why, requests = held.len(), "batch rolled back");
         held.into_iter().for_each(|job| job.refuse(why.clone()));

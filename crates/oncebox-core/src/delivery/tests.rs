@@ -171,6 +171,22 @@ fn backoff_is_exponential_capped_and_fully_jittered() {
 }
 
 #[test]
+fn a_backoff_near_the_longest_duration_waits_its_ceiling_without_panicking() {
+    let max = Backoff {
+        base: Duration::MAX,
+        cap: Duration::MAX,
+    };
+    assert_eq!(max.delay(0, 1.0), Duration::MAX);
+    assert!(max.delay(0, 0.5) < Duration::MAX);
+    let doubled = Backoff {
+        base: Duration::from_secs(1 << 34),
+        cap: Duration::MAX,
+    };
+    assert_eq!(doubled.delay(31, 1.0), Duration::MAX);
+    assert_eq!(doubled.delay(31, 0.0), Duration::ZERO);
+}
+
+#[test]
 fn attempts_and_age_are_capped() {
     assert!(matches!(
         decide(&answered(500), true, 5, Duration::ZERO, &P, 1.0),

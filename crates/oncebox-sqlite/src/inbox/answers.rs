@@ -79,6 +79,12 @@ impl Inbox {
         found.map_or(Look::Missed, Look::Found)
     }
 
+    /// The memory of recent answers' generation, read before a request looks its key up
+    /// (`Recent::generation`), for [`Inbox::settled`].
+    pub(crate) fn recent_generation(&self) -> u64 {
+        self.shared.recent.generation()
+    }
+
     /// The committed first answer of a recent key with this fingerprint (`recent.rs`).
     fn remembered(&self, event: &Event) -> Option<Response> {
         let first = self.shared.recent.get(&event.key, &event.fingerprint)?;
@@ -90,15 +96,17 @@ impl Inbox {
     }
 
     /// Remembers the first answer of `key` when `out` came from its committed record (applied
-    /// by this request, or its duplicate), and passes `out` on.
+    /// by this request, or its duplicate) and no purge forgot everything since the request
+    /// began (`since`, the memory's generation then), and passes `out` on.
     pub(crate) fn settled(
         &self,
         out: Result<Processed, ProcessError>,
         key: &Key,
         fingerprint: Fingerprint,
+        since: u64,
     ) -> Result<Processed, ProcessError> {
         if let Ok(Processed::Applied(answer) | Processed::Duplicate(answer)) = &out {
-            self.shared.recent.put(key, fingerprint, answer);
+            self.shared.recent.put(key, fingerprint, answer, since);
         }
         out
     }

@@ -19,7 +19,7 @@ pub(super) fn kept_with(
 ) -> Result<Result<Processed, ProcessError>, Fatal> {
     match kept {
         Ok(()) => Ok(Ok(Processed::Applied(response))),
-        Err(e) if e.sqlite_error_code() == Some(rusqlite::ErrorCode::TooBig) => {
+        Err(e) if crate::lease::too_big(&e) => {
             cx.rollback_to()?;
             let why = format!(
                 "the event's record with the handler's response of {} bytes is longer than the \

@@ -23,6 +23,10 @@ pub(crate) struct Commits {
     ended: Arc<AtomicBool>,
     /// Someone else's `COMMIT` was turned into a rollback while the transaction was still open.
     stray: Arc<AtomicBool>,
+    /// The connection's settings as the store set them (`PRAGMA` statements that set them
+    /// again): code that ends the transaction can change them in the autocommit it leaves,
+    /// `synchronous = OFF` among them, which SQLite refuses inside a transaction only.
+    settings: String,
 }
 
 impl Commits {
@@ -49,11 +53,39 @@ impl Commits {
             ending.store(true, Ordering::Relaxed);
             discard();
         }));
+        // What cannot be read is set to what the store always sets.
+        let read = |name: &str, otherwise: &str| {
+            conn.pragma_query_value(None, name, |r| r.get::<_, rusqlite::types::Value>(0))
+                .ok()
+                .and_then(|v| match v {
+                    rusqlite::types::Value::Integer(n) => Some(n.to_string()),
+                    rusqlite::types::Value::Text(t) if t.chars().all(char::is_alphanumeric) => {
+                        Some(t)
+                    }
+                    _ => None,
+                })
+                .unwrap_or_else(|| otherwise.to_owned())
+        };
+        let settings = format!(
+            "PRAGMA journal_mode = {}; PRAGMA synchronous = {}; PRAGMA foreign_keys = {};",
+            read("journal_mode", "WAL"),
+            read("synchronous", "FULL"),
+            read("foreign_keys", "ON"),
+        );
         Commits {
             allowed,
             ended,
             stray,
+            settings,
         }
+    }
+
+    /// Sets the connection's settings back to the store's, outside a transaction: after code
+    /// ended the writer's, whatever it changed in the autocommit it left (a handler's
+    /// `ROLLBACK; PRAGMA synchronous = OFF`) would have held for every later batch, each
+    /// then answered before it was durable (G6).
+    pub fn restore(&self, conn: &Connection) -> rusqlite::Result<()> {
+        conn.execute_batch(&self.settings)
     }
 
     /// Begins the writer's transaction, forgetting how the last one ended.

@@ -89,7 +89,8 @@ impl<'c, 's> Open<'c, 's> {
         crate::walvfs::discard_pending(conn);
         self.stats.restarts.fetch_add(1, Ordering::Relaxed);
         let before = std::mem::take(&mut self.held);
-        if let Err(e) = self.cx.commits.begin(conn) {
+        let begun = (self.cx.commits.restore(conn)).and_then(|()| self.cx.commits.begin(conn));
+        if let Err(e) = begun {
             // Answered with the batch's failure.
             self.held = before;
             self.failed = Some(storage(&e));

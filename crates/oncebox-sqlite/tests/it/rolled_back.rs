@@ -262,3 +262,56 @@ fn effects(path: &std::path::Path) -> Vec<String> {
         .map(Result::unwrap)
         .collect()
 }
+
+/// A handler that ends the transaction and then changes the connection's settings in the
+/// autocommit it left (`synchronous = OFF`, which SQLite refuses inside a transaction,
+/// `foreign_keys = OFF`): the writer sets them back, so later batches still commit durably.
+/// Shown both where the handler's own rollback restarts the batch and where a write's does.
+#[test]
+fn settings_changed_after_ending_the_transaction_are_set_back() {
+    run(async {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("o.db");
+        let inbox = Inbox::open(Options::new(&path)).unwrap();
+        let settings = || async {
+            inbox
+                .write(|c| {
+                    let sync: i64 = c.query_row("PRAGMA synchronous", [], |r| r.get(0))?;
+                    let keys: i64 = c.query_row("PRAGMA foreign_keys", [], |r| r.get(0))?;
+                    Ok((sync, keys))
+                })
+                .await
+                .unwrap()
+        };
+        let full = settings().await;
+        assert_eq!(full, (2, 1), "FULL, with foreign keys");
+        let changed = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let seen = changed.clone();
+        let out = inbox
+            .process(event("e1"), move |tx| {
+                tx.conn().execute_batch(
+                    "ROLLBACK; PRAGMA synchronous = OFF; PRAGMA foreign_keys = OFF;",
+                )?;
+                let sync: i64 = tx
+                    .conn()
+                    .query_row("PRAGMA synchronous", [], |r| r.get(0))?;
+                seen.store(sync == 0, std::sync::atomic::Ordering::SeqCst);
+                Ok(Response::completed("done"))
+            })
+            .await;
+        assert!(matches!(out, Err(ProcessError::Handler(_))), "{out:?}");
+        assert!(
+            changed.load(std::sync::atomic::Ordering::SeqCst),
+            "the change took"
+        );
+        assert_eq!(settings().await, full);
+        inbox
+            .write(|c| {
+                c.execute_batch("ROLLBACK; PRAGMA synchronous = OFF;")?;
+                Ok(())
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(settings().await, full);
+    });
+}

@@ -150,3 +150,51 @@ fn a_gateway_record_counts_the_answer_it_keeps() {
         assert_eq!(inbox.stats().failed_batches(), failed);
     });
 }
+
+/// The two-phase form: a `complete` whose response the store cannot keep is refused alone
+/// (`TooLarge`), its batch-mate applied, no batch failed, and the lease still the holder's,
+/// which completes with a shorter response. Before, its error failed the batch on every retry
+/// until the lease lapsed.
+#[test]
+fn a_complete_with_a_response_longer_than_the_store_keeps_is_refused_alone() {
+    run(async {
+        const LIMIT: usize = 64 * 1024;
+        let dir = tempfile::tempdir().unwrap();
+        let inbox = Inbox::open(Options::new(dir.path().join("o.db")).length_limit(LIMIT)).unwrap();
+        let begun = inbox
+            .begin(event_of("long", 10), std::time::Duration::from_secs(60))
+            .await
+            .unwrap();
+        let oncebox_core::Begun::Leased(lease) = begun else {
+            panic!("a new key is leased: {begun:?}");
+        };
+        let failed = inbox.stats().failed_batches();
+        let gate = hold_writer(&inbox).await;
+        let long = tokio::spawn({
+            let (inbox, lease) = (inbox.clone(), lease.clone());
+            async move {
+                let response = Response::completed(vec![b'x'; LIMIT]);
+                inbox.complete(&lease, response).await
+            }
+        });
+        queued(&inbox, 1).await;
+        let beside = tokio::spawn({
+            let inbox = inbox.clone();
+            async move { inbox.process(event_of("beside", 10), ok).await }
+        });
+        queued(&inbox, 2).await;
+        gate.send(()).unwrap();
+        let out = long.await.unwrap();
+        assert!(
+            matches!(out, Err(oncebox_core::LeaseError::TooLarge(_))),
+            "{out:?}"
+        );
+        let out = beside.await.unwrap();
+        assert!(matches!(out, Ok(Processed::Applied(_))), "{out:?}");
+        assert_eq!(inbox.stats().failed_batches(), failed);
+        inbox
+            .complete(&lease, Response::completed("short"))
+            .await
+            .unwrap();
+    });
+}
