@@ -87,6 +87,7 @@ impl DeliveryStore for Inbox {
         now: Timestamp,
     ) -> Result<(), LeaseError> {
         let now_ms = now.millis();
+        let on_server = self.leases.server(now).millis();
         let r = verdict.recorded(attempt.error.as_deref(), now);
         let (state, next, delivered_at, error) =
             (r.state, r.next_attempt_at, r.delivered_at, r.last_error);
@@ -102,7 +103,7 @@ impl DeliveryStore for Inbox {
                  last_error = $6, next_attempt_at = coalesce($7, next_attempt_at),
                  delivered_at = coalesce($8, delivered_at), lease_token = NULL,
                  lease_expires_at = NULL, updated_at = $3
-               WHERE id = $1 AND state = 'in_flight' AND lease_token = $2 AND lease_expires_at > $3
+               WHERE id = $1 AND state = 'in_flight' AND lease_token = $2 AND lease_expires_at > $12
                RETURNING id)
              INSERT INTO oncebox_attempts (delivery_id, started_at, duration_ms, status, error)
              SELECT id, $9, $10, $5, $11 FROM verdict",
@@ -117,7 +118,8 @@ impl DeliveryStore for Inbox {
         .bind(delivered_at)
         .bind(attempt.started_at.millis())
         .bind(millis(attempt.duration))
-        .bind(&attempt.error);
+        .bind(&attempt.error)
+        .bind(on_server);
         let n = lease_write(&self.pool, query).await?;
         if n.rows_affected() == 1 {
             Ok(())
@@ -183,7 +185,7 @@ impl DeliveryStore for Inbox {
             // A settlement this build does not know changes nothing.
             _ => return Ok(false),
         };
-        // Never in flight while its lease lives (by this node's clock, as a takeover judges
+        // Never in flight while its lease lives (by the server's clock, as a takeover judges
         // it): a relay holds it and its outcome is on the way. Past the lease, its relay died
         // or stalled mid-send: the lease is taken (its holder's record is then fenced), or a
         // delivery owed to a route since removed would be in flight for good. Never
@@ -195,13 +197,14 @@ impl DeliveryStore for Inbox {
                delivered_at = coalesce($4, delivered_at), updated_at = $5,
                lease_token = NULL, lease_expires_at = NULL
              WHERE id = $1 AND (state IN ('pending', 'retrying', 'uncertain', 'dead')
-               OR (state = 'in_flight' AND lease_expires_at <= $5))",
+               OR (state = 'in_flight' AND lease_expires_at <= $6))",
         )
         .bind(id)
         .bind(state)
         .bind(note)
         .bind(delivered_at)
-        .bind(now.millis());
+        .bind(now.millis())
+        .bind(self.leases.server(now).millis());
         let n = crate::error::autocommit_write(&self.pool, query).await?;
         Ok(n.rows_affected() == 1)
     }

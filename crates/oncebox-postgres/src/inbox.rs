@@ -43,6 +43,8 @@ pub struct Inbox {
     pub(crate) lost_claims: crate::deliveries::lost::LostClaims,
     /// The statements run in a handler's transaction, naming the schema.
     pub(crate) in_tx: Arc<crate::qualified::InTx>,
+    /// The server's clock, which leases are written and judged by (`skew.rs`).
+    pub(crate) leases: Arc<crate::skew::LeaseClock>,
 }
 
 impl std::fmt::Debug for Inbox {
@@ -117,7 +119,8 @@ impl Inbox {
         options
             .stamps
             .set(crate::store::stored_anchor(&mut conn, options.clock.as_ref()).await?);
-        let ahead = crate::skew::observe(&mut conn, &options.stamps).await?;
+        let leases = Arc::new(crate::skew::LeaseClock::new(options.machine.clone()));
+        let ahead = crate::skew::observe(&mut conn, &options.stamps, &leases).await?;
         crate::skew::warn_of_lease_skew(ahead);
         drop(conn);
         let batcher = Batcher::start(&pool, &options);
@@ -130,6 +133,7 @@ impl Inbox {
             deadline: options.deadline,
             lost_claims: Default::default(),
             in_tx,
+            leases,
         })
     }
 
@@ -189,7 +193,8 @@ impl Inbox {
                 .await
                 .map_err(|e| storage(&e))?;
             crate::crash::point!("after-begin");
-            let now = self.clock.now();
+            // Another's two-phase lease on the key is judged by the server's clock.
+            let now = self.leases.server(self.clock.now());
             match claim(&mut tx, &event, now.millis(), None)
                 .await
                 .map_err(|e| storage(&e))?
@@ -228,7 +233,9 @@ impl Inbox {
                 .await
                 .map_err(|e| storage(&e))?;
             let now = self.clock.now();
+            // Written and judged by the server's clock; the holder is told its end on its own.
             let expires_at = now.plus(ttl);
+            let on_server = self.leases.server(now);
             let token: i64 = sqlx::query_scalar("SELECT nextval('oncebox_fence')")
                 .fetch_one(&mut *tx)
                 .await
@@ -236,8 +243,8 @@ impl Inbox {
             let claimed = claim(
                 &mut tx,
                 &event,
-                now.millis(),
-                Some((token, expires_at.millis())),
+                on_server.millis(),
+                Some((token, on_server.plus(ttl).millis())),
             )
             .await
             .map_err(|e| storage(&e))?;
@@ -270,7 +277,7 @@ impl Inbox {
         let body = (!response.body.is_empty()).then_some(&response.body);
         let now = self.clock.now();
         let stamp = self.stamps.completed(self.clock.as_ref(), now).millis();
-        let now = now.millis();
+        let now = self.leases.server(now).millis();
         // The completing token stays on the record: the holder repeating its completion (its
         // reply was lost) is told `Ok` again below, and the first response stays.
         let query = sqlx::query(

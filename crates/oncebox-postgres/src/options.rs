@@ -50,6 +50,9 @@ pub struct Options {
     pub queue_capacity: usize,
     /// What records are dated by and leases measured with; a manual clock in tests.
     pub clock: Arc<dyn Clock>,
+    /// This machine's own wall clock, which the server's is compared with (`skew.rs`): the
+    /// system's. Tests stand in one set wrong ([`Options::machine_clock`]).
+    pub(crate) machine: Arc<dyn Clock>,
     /// Whether `open` creates the schema and brings it up to date (the default). Off, a
     /// missing or older schema is refused (`OpenError::SchemaOutdated`) and nothing is created
     /// or changed: for tools that look at or operate on a database other nodes keep, which a
@@ -91,6 +94,7 @@ impl Options {
             max_batch_bytes: 64 << 20,
             queue_capacity: 16_384,
             clock: Arc::new(SystemClock),
+            machine: Arc::new(SystemClock),
             migrate: true,
             stamps: Default::default(),
             channel: Arc::from(crate::OUTBOX_CHANNEL),
@@ -114,6 +118,14 @@ impl Options {
     /// Sets [`Options::clock`].
     pub fn clock(mut self, clock: Arc<dyn Clock>) -> Options {
         self.clock = clock;
+        self
+    }
+
+    /// Stands in for this machine's wall clock where it is compared with the server's: a test's
+    /// clock set wrong, to show what a node whose clock is off does. The system's otherwise.
+    #[doc(hidden)]
+    pub fn machine_clock(mut self, clock: Arc<dyn Clock>) -> Options {
+        self.machine = clock;
         self
     }
 

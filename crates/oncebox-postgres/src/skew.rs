@@ -3,29 +3,106 @@
 //! take records for older than they are; a node whose clock is behind would date its records
 //! early, for every node's purge. The server's clock is the one all nodes share.
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use oncebox_core::{Clock, Timestamp};
 
 /// A difference up to this is taken as the ordinary spread of clocks kept by NTP (and the
 /// round trip's own uncertainty), not as a clock set wrong.
 pub(crate) const TOLERANCE: Duration = Duration::from_secs(60);
 
-fn system_ms() -> i128 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| i128::try_from(d.as_millis()).unwrap_or(i128::MAX))
-}
-
-/// This process's wall clock (the system's, not an injected one: tests drive those, and the
-/// question is whether the machine's clock is set wrong) minus the server's, in ms, read at the
-/// round trip's midpoint. Negative when this node's clock is behind.
-pub(crate) async fn ahead_of_server(conn: &mut sqlx::PgConnection) -> Result<i128, sqlx::Error> {
-    let before = system_ms();
+/// This machine's wall clock (the system's, not the store's clock, which tests drive far from
+/// it: the question is whether the machine's clock is set wrong; a test stands in one set
+/// wrong, `Options::machine_clock`) minus the server's, in ms, read at the round trip's
+/// midpoint. Negative when this node's clock is behind.
+pub(crate) async fn ahead_of_server(
+    conn: &mut sqlx::PgConnection,
+    machine: &dyn Clock,
+) -> Result<i128, sqlx::Error> {
+    let before = i128::from(machine.now().millis());
     let server: i64 =
         sqlx::query_scalar("SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint")
             .fetch_one(conn)
             .await?;
-    let after = system_ms();
+    let after = i128::from(machine.now().millis());
     Ok((before + after) / 2 - i128::from(server))
+}
+
+/// How often a node that takes leases measures its clock against the server's again.
+const REMEASURE: Duration = Duration::from_secs(60);
+
+/// The server's clock as this node reads it, for leases: the relay's claims and records, an
+/// operator's `resolve` of one in flight, the two-phase `begin` and `complete`. Each node wrote
+/// and judged lease ends by its own clock, so a node ahead of the others took over, that much
+/// early, a delivery another node was still sending (and on a route that does not honour
+/// the key, sent it again), and a node behind wrote leases that ended early for every other
+/// node. Lease ends are now written and judged on the server's clock: a node's `now` less how
+/// far its clock is ahead, once that passes [`LEASE_TOLERANCE`] (within it, the spread of
+/// clocks NTP keeps and the measurement's own uncertainty, nothing is moved, so a lease's
+/// length is exactly what its holder asked). What a holder is told (`Claimed`'s and
+/// `Lease`'s ends) stays on its own clock, which it judges its turn by.
+pub(crate) struct LeaseClock {
+    machine: Arc<dyn Clock>,
+    /// How far to move a node's time back to the server's, in ms; zero within the tolerance.
+    ahead_ms: AtomicI64,
+    /// When it was last measured; `None` before the first.
+    measured: Mutex<Option<Instant>>,
+}
+
+impl LeaseClock {
+    pub(crate) fn new(machine: Arc<dyn Clock>) -> LeaseClock {
+        LeaseClock {
+            machine,
+            ahead_ms: AtomicI64::new(0),
+            measured: Mutex::new(None),
+        }
+    }
+
+    pub(crate) fn machine(&self) -> &dyn Clock {
+        self.machine.as_ref()
+    }
+
+    /// Takes a measurement ([`ahead_of_server`]).
+    pub(crate) fn set(&self, ahead_ms: i128) {
+        let moved = lease_skew(ahead_ms).map_or(0, |_| {
+            i64::try_from(ahead_ms.clamp(i128::from(i64::MIN), i128::from(i64::MAX))).unwrap_or(0)
+        });
+        self.ahead_ms.store(moved, Ordering::Relaxed);
+        *self.measured.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
+    }
+
+    /// `now`, a time on this node's clock, on the server's.
+    pub(crate) fn server(&self, now: Timestamp) -> Timestamp {
+        Timestamp(
+            now.millis()
+                .saturating_sub(self.ahead_ms.load(Ordering::Relaxed)),
+        )
+    }
+
+    /// Measures again when the last measurement is older than [`REMEASURE`] (clocks drift,
+    /// and are set right). A failure keeps the last one.
+    pub(crate) async fn refresh(&self, pool: &sqlx::PgPool) {
+        let stale = self
+            .measured
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_none_or(|at| at.elapsed() >= REMEASURE);
+        if !stale {
+            return;
+        }
+        let Ok(mut conn) = pool.acquire().await else {
+            return;
+        };
+        if let Ok(ahead) = ahead_of_server(&mut conn, self.machine.as_ref()).await {
+            let was = self.ahead_ms.load(Ordering::Relaxed);
+            self.set(ahead);
+            if self.ahead_ms.load(Ordering::Relaxed) != was {
+                warn_of_lease_skew(ahead);
+            }
+        }
+    }
 }
 
 /// How much a purge's time must be moved back so that it runs by the server's clock: the
@@ -43,11 +120,10 @@ pub(crate) fn stamp_correction(ahead_ms: i128) -> Duration {
     purge_correction(ahead_ms.saturating_neg()).unwrap_or_default()
 }
 
-/// How far a node's clock may be off the server's before its leases are said to suffer. Leases
-/// end by each node's own clock, and a relay records an attempt up to 5 s before its claim's
-/// end (the relay's record margin): a node ahead by more takes over a delivery another node
-/// may still be sending, and on a route that does not honour the key, asks its status URL and
-/// sends it again. Far below [`TOLERANCE`], which only purges and stamps go by.
+/// How far a node's clock may be off the server's before its leases are moved to the server's
+/// clock ([`LeaseClock`]). A relay records an attempt up to 5 s before its claim's end (the
+/// relay's record margin), so a difference within this one harms no lease. Far below
+/// [`TOLERANCE`], which only purges and stamps go by.
 pub(crate) const LEASE_TOLERANCE: Duration = Duration::from_secs(1);
 
 /// Whether leases suffer from a node `ahead_ms` ahead of the server (negative: behind), and
@@ -56,49 +132,45 @@ pub(crate) fn lease_skew(ahead_ms: i128) -> Option<bool> {
     (ahead_ms.unsigned_abs() > LEASE_TOLERANCE.as_millis()).then_some(ahead_ms > 0)
 }
 
-/// Says at open that this node's clock is off the server's past [`LEASE_TOLERANCE`]: leases
-/// (a relay's claims, a two-phase `begin`) end by each node's own clock, so one ahead takes
-/// over what other nodes still hold, that much early. One behind past [`TOLERANCE`] was said
-/// already, by [`observe`].
+/// Says that this node's clock is off the server's past [`LEASE_TOLERANCE`] (at open, and when
+/// a later measurement moves leases differently): its leases are judged by the server's clock,
+/// but the schedules it writes (when a delivery is due) still go by its own.
 pub(crate) fn warn_of_lease_skew(ahead_ms: i128) {
     match lease_skew(ahead_ms) {
         Some(true) => tracing::warn!(
             ahead_ms = ahead_ms,
-            "this node's clock is ahead of the database server's: it takes leases other \
-             nodes still hold (deliveries in flight, two-phase keys) over that much early, and \
-             past 5 s a delivery another node is still sending; set this machine's clock right"
+            "this node's clock is ahead of the database server's: its leases (deliveries in \
+             flight, two-phase keys) are judged by the server's clock, but what it schedules \
+             is due that much late; set this machine's clock right"
         ),
-        Some(false) if stamp_correction(ahead_ms).is_zero() => tracing::warn!(
+        Some(false) => tracing::warn!(
             behind_ms = ahead_ms.unsigned_abs(),
-            "this node's clock is behind the database server's: the leases it takes \
-             (deliveries it sends, two-phase keys) end that much early for other nodes, which \
-             may take them over while this node still holds them; set this machine's clock \
-             right"
+            "this node's clock is behind the database server's: its leases (deliveries in \
+             flight, two-phase keys) are judged by the server's clock, but what it schedules \
+             is due that much early; set this machine's clock right"
         ),
-        _ => {}
+        None => {}
     }
 }
 
-/// Measures this node's clock against the server's and has `stamps` date records by the
-/// server's when this node's is behind (saying so once it is, and once it is right again).
-/// Its leases are not moved: each node judges a lease by its own clock, so a lease written
-/// later than this node's clock says would be held by this node past the time other nodes
-/// see it end. The warning says so instead.
+/// Measures this node's clock against the server's, has `stamps` date records by the
+/// server's when this node's is behind (saying so once it is, and once it is right again), and
+/// has `leases` judge leases by the server's ([`LeaseClock`]).
 /// Returns the difference, in ms, as [`ahead_of_server`] does.
 pub(crate) async fn observe(
     conn: &mut sqlx::PgConnection,
     stamps: &oncebox_core::Stamps,
+    leases: &LeaseClock,
 ) -> Result<i128, sqlx::Error> {
-    let ahead = ahead_of_server(conn).await?;
+    let ahead = ahead_of_server(conn, leases.machine()).await?;
+    leases.set(ahead);
     let behind = stamp_correction(ahead);
     let was = stamps.set_behind(behind);
     if !behind.is_zero() && was.is_zero() {
         tracing::warn!(
             behind_ms = behind.as_millis(),
             "this node's clock is behind the database server's: dating the records it \
-             finishes by the server's time, but the leases it takes (deliveries it sends, \
-             two-phase keys) end that much early for other nodes, which may take them over \
-             while this node still holds them; set this machine's clock right"
+             finishes by the server's time; set this machine's clock right"
         );
     } else if behind.is_zero() && !was.is_zero() {
         tracing::info!("this node's clock agrees with the database server's again");

@@ -15,8 +15,9 @@ use crate::error::storage;
 use crate::inbox::Inbox;
 
 /// The claim, one statement under READ COMMITTED. `$1` is now, `$2` the limit, `$3` the lease's
-/// end, `$4` the claim's random id, `$5` the routes (only when some are given, so the planner sees no
-/// `IS NULL` branch).
+/// end, `$4` the claim's random id, `$5` now on the server's clock, which lease ends are written
+/// and judged by (`skew.rs`; `$3` is on it too), `$6` the routes (only when some are given, so
+/// the planner sees no `IS NULL` branch).
 ///
 /// Each claimable state is its own arm reading one range of `oncebox_outbox_due` in order and
 /// stopping at the limit, as on SQLite; an `in_flight` row is due once its lease expired (its
@@ -33,14 +34,13 @@ use crate::inbox::Inbox;
 /// so nothing can change them between the pick and the lease.
 ///
 /// Unlike SQLite's claim, this one does not re-anchor a lease taken "in the future" after a
-/// backward clock jump. Here the claimers are several nodes with clocks of their own: a lease
-/// begun ahead of this node's now is as likely another node's clock running ahead, and
-/// re-anchoring it on this clock would move its end into that node's past, so its holder's
-/// outcome would be fenced and the delivery sent again, round after round. A node whose clock
-/// went back leaves a dead relay's delivery held for the jump's length on top of its lease.
+/// backward clock jump: lease ends are on the server's clock, which every node shares, and a
+/// lease ending further ahead than its length is more likely a node's clock measured against
+/// it a moment before it was set right. A server whose clock went back leaves a dead relay's
+/// delivery held for the jump's length on top of its lease.
 fn claim_sql(routes: bool) -> String {
     let only = if routes {
-        " AND destination = ANY($5)"
+        " AND destination = ANY($6)"
     } else {
         ""
     };
@@ -69,7 +69,7 @@ fn claim_sql(routes: bool) -> String {
          SELECT * FROM claimed ORDER BY next_attempt_at, id",
         arm("pending", "state = 'pending' AND next_attempt_at <= $1"),
         arm("retrying", "state = 'retrying' AND next_attempt_at <= $1"),
-        arm("expired", "state = 'in_flight' AND lease_expires_at <= $1"),
+        arm("expired", "state = 'in_flight' AND lease_expires_at <= $5"),
     )
 }
 
@@ -124,20 +124,24 @@ impl Inbox {
         lease: Duration,
         routes: &[String],
     ) -> Result<Vec<Claimed>, Unavailable> {
+        // The holder judges its turn by its own clock; the row's end is on the server's.
         let expires_at = now.plus(lease);
+        self.leases.refresh(&self.pool).await;
+        let on_server = self.leases.server(now);
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         let sql = if routes.is_empty() {
             CLAIM_ANY_ROUTE.as_str()
         } else {
             CLAIM_ROUTES.as_str()
         };
-        self.give_back_lost(now).await;
+        self.give_back_lost(now, on_server).await;
         let claim_id: i64 = rand::random();
         let mut query = sqlx::query(sql)
             .bind(now.millis())
             .bind(limit)
-            .bind(expires_at.millis())
-            .bind(claim_id);
+            .bind(on_server.plus(lease).millis())
+            .bind(claim_id)
+            .bind(on_server.millis());
         if !routes.is_empty() {
             query = query.bind(routes);
         }

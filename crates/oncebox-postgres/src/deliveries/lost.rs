@@ -48,14 +48,15 @@ const GIVE_BACK: &str = "
       state = CASE WHEN claim_taken_over THEN 'in_flight'
                    WHEN attempts = 0 THEN 'pending' ELSE 'retrying' END,
       lease_token = CASE WHEN claim_taken_over THEN lease_token END,
-      lease_expires_at = CASE WHEN claim_taken_over THEN least(lease_expires_at, $2) END,
+      lease_expires_at = CASE WHEN claim_taken_over THEN least(lease_expires_at, $3) END,
       claim_id = NULL, updated_at = $2
     WHERE state = 'in_flight' AND claim_id = ANY($1)";
 
 impl Inbox {
     /// Before a claim: gives back what lost claims leased after all. A failure is logged and
     /// the ids kept for the next claim; the claim itself goes ahead.
-    pub(super) async fn give_back_lost(&self, now: Timestamp) {
+    /// `on_server`: `now` on the server's clock, which lease ends are on.
+    pub(super) async fn give_back_lost(&self, now: Timestamp, on_server: Timestamp) {
         let ids = self.lost_claims.due(now);
         if ids.is_empty() {
             return;
@@ -63,6 +64,7 @@ impl Inbox {
         match sqlx::query(GIVE_BACK)
             .bind(&ids)
             .bind(now.millis())
+            .bind(on_server.millis())
             .execute(&self.pool)
             .await
         {

@@ -25,6 +25,7 @@ mod savepoint;
 mod search_path;
 mod sessions;
 mod setup;
+mod skewed;
 mod too_large;
 mod wake;
 

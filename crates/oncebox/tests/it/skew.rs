@@ -124,7 +124,7 @@ fn a_postgres_node_a_year_ahead_purges_by_the_servers_clock() {
     assert_eq!(purged, json!({ "purged": 0 }), "{said}");
     // The jump reached the binary, which said so at open (leases) and at the purge.
     for part in [
-        "takes leases other nodes still hold",
+        "its leases (deliveries in flight, two-phase keys) are judged by the server's clock",
         "purging by the server's time",
     ] {
         assert!(said.contains(part), "{part:?} not said: {said}");

@@ -1,0 +1,171 @@
+//! Nodes whose clocks are off the server's, on one database: lease ends are written and judged
+//! on the server's clock (`skew.rs`), so a node ahead takes over no lease another node still
+//! holds, and a node behind writes no lease that ends early for the others. Each node's
+//! machine clock is a manual clock standing that far off the real one, measured against the
+//! real server.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use oncebox_core::delivery::Verdict;
+use oncebox_core::relay_store::{AttemptRecord, DeliveryStore, Resolve};
+use oncebox_core::store::EventStore;
+use oncebox_core::{Begun, Clock, Key, ManualClock, ProcessError, Processed, SystemClock};
+use oncebox_postgres::Inbox;
+use oncebox_testkit::run;
+
+use crate::claims::routed;
+use crate::harness;
+
+const LEASE: Duration = Duration::from_secs(60);
+/// Further off than a lease: judged by its own clock, a node this far ahead finds every lease
+/// just taken already ended, and one this far behind writes leases ended already.
+const OFF: Duration = Duration::from_secs(61);
+
+/// A node of the database in `schema` whose clock (its store's and its machine's) stands
+/// `ahead` of the real one, `behind` it when negative.
+async fn node(schema: &str, ahead_ms: i64) -> (Inbox, ManualClock) {
+    let real = SystemClock.now();
+    let clock = ManualClock::new(oncebox_core::Timestamp(real.millis() + ahead_ms));
+    let mut options = harness::options(schema, &clock);
+    if ahead_ms != 0 {
+        options = options.machine_clock(Arc::new(clock.clone()));
+    }
+    (Inbox::open(options).await.expect("open"), clock)
+}
+
+fn off_ms() -> i64 {
+    i64::try_from(OFF.as_millis()).unwrap()
+}
+
+#[test]
+fn a_node_ahead_of_the_server_takes_over_no_lease_another_still_holds() {
+    run(async {
+        if harness::url().is_none() {
+            return;
+        }
+        let schema = harness::schema();
+        let (right, right_clock) = node(&schema, 0).await;
+        let (ahead, ahead_clock) = node(&schema, off_ms()).await;
+        let out = right.ingest(routed("evt-1", &["hooks"])).await;
+        assert!(matches!(out, Ok(Processed::Applied(_))), "{out:?}");
+        let held = right
+            .claim(right_clock.now(), 10, LEASE, &[])
+            .await
+            .unwrap();
+        assert_eq!(held.len(), 1);
+        // By its own clock the lease ended a second ago; by the server's it has a minute left.
+        let taken = ahead
+            .claim(ahead_clock.now(), 10, LEASE, &[])
+            .await
+            .unwrap();
+        assert!(taken.is_empty(), "taken over early: {taken:?}");
+        let resolved =
+            DeliveryStore::resolve(&ahead, held[0].id, Resolve::Dead, "", ahead_clock.now())
+                .await
+                .unwrap();
+        assert!(
+            !resolved,
+            "an operator settled a delivery whose relay still holds it"
+        );
+        // A two-phase lease likewise.
+        let key = Key::parse("shop", "pay-1").unwrap();
+        let pay = || oncebox_core::Event::json(key.clone(), r#"{"n":1}"#).unwrap();
+        let begun = right.begin(pay(), LEASE).await.unwrap();
+        assert!(matches!(begun, Begun::Leased(_)), "{begun:?}");
+        let contended = ahead.begin(pay(), LEASE).await;
+        assert!(
+            matches!(contended, Err(ProcessError::InProgress { .. })),
+            "{contended:?}"
+        );
+        // Not parked as abandoned by the handler form either.
+        let handled = ahead
+            .process(pay(), |_| {
+                Box::pin(async { Ok(oncebox_core::Response::completed("x")) })
+            })
+            .await;
+        assert!(
+            matches!(handled, Err(ProcessError::InProgress { .. })),
+            "{handled:?}"
+        );
+        // Its own lease is its own to complete half a lease later, past its end by this
+        // node's clock had it been written there.
+        let other = Key::parse("shop", "pay-2").unwrap();
+        let begun = ahead
+            .begin(oncebox_core::Event::json(other, "{}").unwrap(), LEASE)
+            .await
+            .unwrap();
+        let Begun::Leased(mine) = begun else {
+            panic!("a new key is leased: {begun:?}");
+        };
+        ahead_clock.advance(LEASE / 2);
+        ahead
+            .complete(&mine, oncebox_core::Response::completed("paid"))
+            .await
+            .unwrap();
+        // Once the lease has ended on the server's clock too, the node ahead takes it over.
+        ahead_clock.advance(LEASE / 2 + Duration::from_secs(5));
+        let taken = ahead
+            .claim(ahead_clock.now(), 10, LEASE, &[])
+            .await
+            .unwrap();
+        assert_eq!(taken.len(), 1, "an ended lease is still taken over");
+        assert!(taken[0].taken_over);
+        // Its attempt is recorded half a lease later: its lease ends on the server's clock.
+        ahead_clock.advance(LEASE / 2);
+        let attempt = AttemptRecord {
+            started_at: ahead_clock.now(),
+            duration: Duration::from_millis(5),
+            status: Some(200),
+            error: None,
+        };
+        let now = ahead_clock.now();
+        DeliveryStore::record(&ahead, &taken[0], attempt, Verdict::Delivered, now)
+            .await
+            .expect("recorded within its lease");
+    });
+}
+
+#[test]
+fn a_node_behind_the_server_writes_no_lease_that_ends_early_for_the_others() {
+    run(async {
+        if harness::url().is_none() {
+            return;
+        }
+        let schema = harness::schema();
+        let (right, right_clock) = node(&schema, 0).await;
+        let (behind, behind_clock) = node(&schema, -off_ms()).await;
+        let out = behind.ingest(routed("evt-1", &["hooks"])).await;
+        assert!(matches!(out, Ok(Processed::Applied(_))), "{out:?}");
+        let held = behind
+            .claim(behind_clock.now(), 10, LEASE, &[])
+            .await
+            .unwrap();
+        assert_eq!(held.len(), 1);
+        // Its holder is told the end on its own clock, which it judges its turn by.
+        assert_eq!(held[0].lease_expires_at, behind_clock.now().plus(LEASE));
+        // On its own clock, the lease it wrote ended a second before the server's now.
+        let taken = right
+            .claim(right_clock.now(), 10, LEASE, &[])
+            .await
+            .unwrap();
+        assert!(taken.is_empty(), "taken over early: {taken:?}");
+        let key = Key::parse("shop", "pay-1").unwrap();
+        let pay = || oncebox_core::Event::json(key.clone(), r#"{"n":1}"#).unwrap();
+        let begun = behind.begin(pay(), LEASE).await.unwrap();
+        let Begun::Leased(lease) = begun else {
+            panic!("a new key is leased: {begun:?}");
+        };
+        let contended = right.begin(pay(), LEASE).await;
+        assert!(
+            matches!(contended, Err(ProcessError::InProgress { .. })),
+            "{contended:?}"
+        );
+        // Its holder completes within its lease, as judged on the server's clock.
+        behind_clock.advance(Duration::from_secs(30));
+        behind
+            .complete(&lease, oncebox_core::Response::completed("paid"))
+            .await
+            .unwrap();
+    });
+}
