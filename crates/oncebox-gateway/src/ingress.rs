@@ -39,7 +39,7 @@ const CREDENTIAL_PARTS: [&str; 5] = ["secret", "token", "password", "api-key", "
 /// Header names ending in `-key` are keys too (Azure Functions' `X-Functions-Key`, API
 /// Management's `Ocp-Apim-Subscription-Key`, a `X-Shared-Key`), but for these, which say what
 /// an event is: its idempotency key, and Bitbucket's `X-Event-Key` (its event type).
-const NOT_CREDENTIAL_KEYS: [&str; 2] = ["idempotency-key", "x-event-key"];
+const NOT_CREDENTIAL_KEYS: [&str; 3] = ["idempotency-key", "x-idempotency-key", "x-event-key"];
 
 /// Whether a request header is stored with its event: no credential.
 fn kept(name: &str) -> bool {

@@ -193,9 +193,11 @@ impl Inbox {
                 .await
                 .map_err(|e| storage(&e))?;
             crate::crash::point!("after-begin");
-            // Another's two-phase lease on the key is judged by the server's clock.
-            let now = self.leases.server(self.clock.now());
-            match claim(&mut tx, &event, now.millis(), None)
+            // Another's two-phase lease on the key is judged by the server's clock; what the
+            // handler writes (its outbox rows' schedule, the record's dates) goes by this node's.
+            self.leases.refresh(&self.pool).await;
+            let now = self.clock.now();
+            match claim(&mut tx, &event, self.leases.server(now).millis(), None)
                 .await
                 .map_err(|e| storage(&e))?
             {
@@ -232,6 +234,7 @@ impl Inbox {
             let mut tx = begin(&self.pool, self.deadline)
                 .await
                 .map_err(|e| storage(&e))?;
+            self.leases.refresh(&self.pool).await;
             let now = self.clock.now();
             // Written and judged by the server's clock; the holder is told its end on its own.
             let expires_at = now.plus(ttl);
@@ -275,6 +278,7 @@ impl Inbox {
     /// repeating its own completion is answered `Ok`.
     pub async fn complete(&self, lease: &Lease, response: Response) -> Result<(), LeaseError> {
         let body = (!response.body.is_empty()).then_some(&response.body);
+        self.leases.refresh(&self.pool).await;
         let now = self.clock.now();
         let stamp = self.stamps.completed(self.clock.as_ref(), now).millis();
         let now = self.leases.server(now).millis();

@@ -82,7 +82,8 @@ impl LeaseClock {
     }
 
     /// Measures again when the last measurement is older than [`REMEASURE`] (clocks drift,
-    /// and are set right). A failure keeps the last one.
+    /// and are set right; a step leaves leases moved wrongly until then). Called before each
+    /// claim, `process`, `begin` and `complete`. A failure keeps the last one.
     pub(crate) async fn refresh(&self, pool: &sqlx::PgPool) {
         let stale = self
             .measured
@@ -98,8 +99,16 @@ impl LeaseClock {
         if let Ok(ahead) = ahead_of_server(&mut conn, self.machine.as_ref()).await {
             let was = self.ahead_ms.load(Ordering::Relaxed);
             self.set(ahead);
-            if self.ahead_ms.load(Ordering::Relaxed) != was {
-                warn_of_lease_skew(ahead);
+            let now = self.ahead_ms.load(Ordering::Relaxed);
+            // Said when leases start or stop being moved, or move by more than the tolerance,
+            // not at every measurement's jitter.
+            let tolerance = i64::try_from(LEASE_TOLERANCE.as_millis()).unwrap_or(i64::MAX);
+            if (was == 0) != (now == 0) || now.abs_diff(was) > tolerance.unsigned_abs() {
+                if now == 0 {
+                    tracing::info!("this node's clock agrees with the database server's again");
+                } else {
+                    warn_of_lease_skew(ahead);
+                }
             }
         }
     }

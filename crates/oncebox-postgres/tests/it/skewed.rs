@@ -167,5 +167,20 @@ fn a_node_behind_the_server_writes_no_lease_that_ends_early_for_the_others() {
             .complete(&lease, oncebox_core::Response::completed("paid"))
             .await
             .unwrap();
+        // And not past it: 65 s on, the lease ended 5 s ago on the server's clock, though on
+        // this node's, 61 s behind, it would seem to have most of a minute left.
+        let late = Key::parse("shop", "pay-3").unwrap();
+        let begun = behind
+            .begin(oncebox_core::Event::json(late, "{}").unwrap(), LEASE)
+            .await
+            .unwrap();
+        let Begun::Leased(lease) = begun else {
+            panic!("a new key is leased: {begun:?}");
+        };
+        behind_clock.advance(LEASE + Duration::from_secs(5));
+        let fenced = behind
+            .complete(&lease, oncebox_core::Response::completed("paid"))
+            .await;
+        assert_eq!(fenced, Err(oncebox_core::LeaseError::Fenced));
     });
 }

@@ -67,7 +67,8 @@ impl Commits {
                 .unwrap_or_else(|| otherwise.to_owned())
         };
         let settings = format!(
-            "PRAGMA journal_mode = {}; PRAGMA synchronous = {}; PRAGMA foreign_keys = {};",
+            "PRAGMA main.journal_mode = {}; PRAGMA main.synchronous = {}; \
+             PRAGMA foreign_keys = {};",
             read("journal_mode", "WAL"),
             read("synchronous", "FULL"),
             read("foreign_keys", "ON"),
