@@ -22,6 +22,7 @@ pub mod damage;
 pub mod history;
 pub mod leasing;
 mod model;
+mod nats_keep;
 pub mod pg;
 pub mod proxy;
 pub mod race;
@@ -231,7 +232,12 @@ pub fn run<F: Future<Output = ()>>(test: F) {
 /// so a suite that silently skipped there could not pass.
 pub fn service_url(var: &str) -> Option<String> {
     match std::env::var(var) {
-        Ok(url) if !url.trim().is_empty() => Some(url),
+        Ok(url) if !url.trim().is_empty() => {
+            if var == "ONCEBOX_NATS_URL" {
+                nats_keep::keep(&url);
+            }
+            Some(url)
+        }
         _ if std::env::var("ONCEBOX_REQUIRE_SERVICES").is_ok_and(|v| v == "1") => {
             panic!("{var} is not set and ONCEBOX_REQUIRE_SERVICES=1: this test needs the service")
         }
