@@ -155,6 +155,26 @@ ALTER TABLE oncebox_outbox ADD COLUMN IF NOT EXISTS claim_id BIGINT,
 -- more than its event arrived with. Deliveries queued before it count as the first hop.
 ALTER TABLE oncebox_outbox ADD COLUMN IF NOT EXISTS hops INTEGER NOT NULL DEFAULT 1;
 "#,
+    // Numeric ordering entities an earlier build kept in a number's canonical text (`1e3`),
+    // rewritten in plain decimal (`1000`), as the guard keeps them now (SQLite's step
+    // `plain_numeric_entities` says why, and reads the same texts).
+    r#"
+WITH old AS (
+  SELECT entity, entity_id, version, source, event_id,
+         regexp_match(entity_id, '^(-?[1-9]([0-9]*[1-9])?)e([1-9][0-9]{0,2})$') AS m
+  FROM oncebox_versions WHERE entity_id ~ '^-?[1-9]([0-9]*[1-9])?e[1-9][0-9]{0,2}$'),
+plain AS (
+  SELECT entity, entity_id, version, source, event_id, m[1] || repeat('0', m[3]::int) AS id
+  FROM old WHERE length(m[1]) + m[3]::int <= 255),
+gone AS (
+  DELETE FROM oncebox_versions v USING plain
+  WHERE v.entity = plain.entity AND v.entity_id = plain.entity_id)
+INSERT INTO oncebox_versions AS v (entity, entity_id, version, source, event_id)
+SELECT entity, id, version, source, event_id FROM plain
+ON CONFLICT (entity, entity_id) DO UPDATE SET version = excluded.version,
+  source = excluded.source, event_id = excluded.event_id
+WHERE v.version < excluded.version;
+"#,
 ];
 
 pub(crate) const VERSION: i64 = MIGRATIONS.len() as i64;

@@ -136,6 +136,7 @@ CREATE TABLE oncebox_purge_anchors (
     Step::Sql(CLEAR_ORPHANED_DELIVERIES),
     Step::Code(budget_columns),
     Step::Code(hops_column),
+    Step::Code(plain_numeric_entities),
 ];
 
 /// The inbox's `state IN (five values)` CHECK made SQLite build a temporary index of the five
@@ -389,7 +390,7 @@ mod busy;
 mod steps;
 mod version;
 use busy::until_not_busy;
-use steps::{CLEAR_ORPHANED_DELIVERIES, budget_columns, hops_column};
+use steps::{CLEAR_ORPHANED_DELIVERIES, budget_columns, hops_column, plain_numeric_entities};
 use version::Found;
 
 #[cfg(test)]

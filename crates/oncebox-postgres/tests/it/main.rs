@@ -15,6 +15,7 @@ mod hold;
 mod ingest;
 mod lock_wait;
 mod lost_reply;
+mod migrations;
 mod nats;
 mod pool;
 mod proxy;

@@ -38,3 +38,81 @@ WHERE state IN ('delivered', 'dead') AND idempotency_key = source || ':' || even
   AND NOT EXISTS (SELECT 1 FROM oncebox_inbox i
                   WHERE i.source = oncebox_outbox.source AND i.event_id = oncebox_outbox.event_id);
 ";
+
+/// Numeric entity ids the ordering guard kept in a number's canonical text (`1e3` for 1000,
+/// `12e2` for 1200) before it kept them in plain decimal, as event ids are: rewritten, so that
+/// an entity's history is found under its new key. Where both keys hold a version (the
+/// string `"1000"` was an entity of its own then), the higher stays. Only the canonical text
+/// is read as a number (no mantissa ending in 0, an exponent of 1 to 3 digits not starting
+/// with 0), so no two old keys become one; a string id of that form is taken for a number
+/// too. The same rule is PostgreSQL's.
+pub(super) fn plain_numeric_entities(tx: &Transaction<'_>) -> rusqlite::Result<()> {
+    let old: Vec<(String, String, i64, String, String)> = tx
+        .prepare(
+            "SELECT entity, entity_id, version, source, event_id FROM oncebox_versions
+                  WHERE entity_id GLOB '*[0-9]e[1-9]*'",
+        )?
+        .query_map([], |r| {
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
+        })?
+        .collect::<rusqlite::Result<_>>()?;
+    for (entity, id, version, source, event_id) in old {
+        let Some(plain) = plain_integer(&id) else {
+            continue;
+        };
+        tx.execute(
+            "INSERT INTO oncebox_versions (entity, entity_id, version, source, event_id)
+             VALUES (?1, ?2, ?3, ?4, ?5)
+             ON CONFLICT (entity, entity_id) DO UPDATE SET version = excluded.version,
+               source = excluded.source, event_id = excluded.event_id
+             WHERE oncebox_versions.version < excluded.version",
+            rusqlite::params![entity, plain, version, source, event_id],
+        )?;
+        tx.execute(
+            "DELETE FROM oncebox_versions WHERE entity = ?1 AND entity_id = ?2",
+            [&entity, &id],
+        )?;
+    }
+    Ok(())
+}
+
+/// `12e2` as `1200`: a number's canonical text with an exponent, in plain decimal of at most
+/// 255 characters; `None` for anything else.
+fn plain_integer(text: &str) -> Option<String> {
+    let (sign, rest) = match text.strip_prefix('-') {
+        Some(rest) => ("-", rest),
+        None => ("", text),
+    };
+    let (mantissa, exponent) = rest.split_once('e')?;
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    let canonical = digits(mantissa)
+        && !mantissa.starts_with('0')
+        && !mantissa.ends_with('0')
+        && digits(exponent)
+        && exponent.len() <= 3
+        && !exponent.starts_with('0');
+    if !canonical {
+        return None;
+    }
+    let zeros: usize = exponent.parse().ok()?;
+    let plain = format!("{sign}{mantissa}{}", "0".repeat(zeros));
+    (plain.len() <= 255).then_some(plain)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::plain_integer;
+
+    #[test]
+    fn only_a_numbers_canonical_text_is_read_as_one() {
+        assert_eq!(plain_integer("1e3").as_deref(), Some("1000"));
+        assert_eq!(plain_integer("-12e2").as_deref(), Some("-1200"));
+        for not in [
+            "1000", "10e2", "01e2", "1e03", "1e0", "1.5e2", "15e-1", "e3", "1e", "abc",
+        ] {
+            assert_eq!(plain_integer(not), None, "{not}");
+        }
+        assert_eq!(plain_integer("1e254").map(|p| p.len()), Some(255));
+        assert_eq!(plain_integer("1e255"), None);
+    }
+}

@@ -133,9 +133,9 @@ fn finished_deliveries_left_by_earlier_purges_are_cleared() {
         [],
     )
     .unwrap();
-    // As the version before the clearing left it (the two steps after it change nothing
+    // As the version before the clearing left it (the three steps after it change nothing
     // twice).
-    version::keep(&conn, VERSION - 3).unwrap();
+    version::keep(&conn, VERSION - 4).unwrap();
     migrate(&mut conn, &options).unwrap();
     let mut keys: Vec<String> = conn
         .prepare("SELECT idempotency_key FROM oncebox_outbox ORDER BY idempotency_key")
@@ -290,7 +290,7 @@ fn deliveries_queued_before_the_hop_count_go_as_the_first_hop() {
         [],
     )
     .unwrap();
-    version::keep(&conn, VERSION - 1).unwrap();
+    version::keep(&conn, VERSION - 2).unwrap();
     migrate(&mut conn, &options).unwrap();
     let hops = |c: &Connection| -> i64 {
         c.query_row("SELECT hops FROM oncebox_outbox", [], |r| r.get(0))
@@ -299,7 +299,51 @@ fn deliveries_queued_before_the_hop_count_go_as_the_first_hop() {
     assert_eq!(hops(&conn), 1);
     conn.execute("UPDATE oncebox_outbox SET hops = 5", [])
         .unwrap();
-    version::keep(&conn, VERSION - 1).unwrap();
+    version::keep(&conn, VERSION - 2).unwrap();
     migrate(&mut conn, &options).unwrap();
     assert_eq!(hops(&conn), 5, "the step run again changed nothing");
+}
+
+/// Numeric ordering entities an earlier build kept as `1e3` are found under `1000` after the
+/// step, the higher version kept where the string `"1000"` had one too; other ids are left as
+/// they were, and the step run again changes nothing.
+#[test]
+fn numeric_entities_kept_in_a_numbers_canonical_text_are_rewritten_in_plain_decimal() {
+    let dir = tempfile::tempdir().unwrap();
+    let options = Options::new(dir.path().join("old.db"));
+    let mut conn = open_writer(&options).unwrap();
+    migrate(&mut conn, &options).unwrap();
+    let insert = "INSERT INTO oncebox_versions (entity, entity_id, version, source, event_id)
+        VALUES ('shop', ?1, ?2, 'shop', ?1)";
+    for (id, version) in [("1e3", 5), ("1000", 3), ("12e2", 7), ("2e1", 1), ("20", 9)] {
+        conn.execute(insert, rusqlite::params![id, version])
+            .unwrap();
+    }
+    for id in ["10e2", "abc", "7"] {
+        conn.execute(insert, rusqlite::params![id, 1]).unwrap();
+    }
+    let rows = |c: &Connection| -> Vec<(String, i64)> {
+        c.prepare("SELECT entity_id, version FROM oncebox_versions ORDER BY entity_id")
+            .unwrap()
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+            .unwrap()
+            .map(Result::unwrap)
+            .collect()
+    };
+    let expected: Vec<(String, i64)> = [
+        ("1000", 5),
+        ("10e2", 1),
+        ("1200", 7),
+        ("20", 9),
+        ("7", 1),
+        ("abc", 1),
+    ]
+    .into_iter()
+    .map(|(id, v)| (id.to_owned(), v))
+    .collect();
+    for _ in 0..2 {
+        version::keep(&conn, VERSION - 1).unwrap();
+        migrate(&mut conn, &options).unwrap();
+        assert_eq!(rows(&conn), expected);
+    }
 }
