@@ -21,32 +21,13 @@ use crate::Gateway;
 use crate::body::read_bounded;
 use crate::policy::SourcePolicy;
 use crate::problem::{Answer, Problem};
+use crate::quiet::Throttle;
 
 mod event_id;
+mod headers;
 
 use event_id::{event_id, needs_json};
-
-/// Request headers never stored with an event: credentials. Stored, the dashboard and the
-/// admin API would show them. Names are lowercase here, as `HeaderMap` gives them whatever
-/// case they were sent in.
-const NOT_KEPT: [&str; 3] = ["authorization", "cookie", "proxy-authorization"];
-
-/// Parts of header names that hold a credential too: senders put plaintext shared secrets in
-/// headers they name themselves (GitLab's `X-Gitlab-Token`, Telegram's
-/// `X-Telegram-Bot-Api-Secret-Token`, Asana's `X-Hook-Secret`, `X-Api-Key`, `X-Auth-Token`).
-const CREDENTIAL_PARTS: [&str; 5] = ["secret", "token", "password", "api-key", "apikey"];
-
-/// Header names ending in `-key` are keys too (Azure Functions' `X-Functions-Key`, API
-/// Management's `Ocp-Apim-Subscription-Key`, a `X-Shared-Key`), but for these, which say what
-/// an event is: its idempotency key, and Bitbucket's `X-Event-Key` (its event type).
-const NOT_CREDENTIAL_KEYS: [&str; 3] = ["idempotency-key", "x-idempotency-key", "x-event-key"];
-
-/// Whether a request header is stored with its event: no credential.
-fn kept(name: &str) -> bool {
-    !NOT_KEPT.contains(&name)
-        && !CREDENTIAL_PARTS.iter().any(|part| name.contains(part))
-        && (!name.ends_with("-key") || NOT_CREDENTIAL_KEYS.contains(&name))
-}
+use headers::{content_coding, kept};
 
 /// The most request-header bytes an event stores (as `name: value` lines). The server's own
 /// read limit is several hundred KiB; past this a request is refused rather than stored, or a
@@ -98,39 +79,6 @@ pub(crate) async fn receive<S: EventStore>(
     let installed = gw.metrics.is_some();
     crate::meter::ingest(installed, label, answer.outcome(), Some(started.elapsed()));
     answer.into_response()
-}
-
-/// The request's coding other than `identity`, if any, with the header that names it: every
-/// `Content-Encoding` value, each a list of codings, and every `Transfer-Encoding` value but
-/// its `chunked`. hyper takes `Transfer-Encoding: gzip, chunked` and removes only the chunking,
-/// so the gzip would reach the body as the Content-Encoding one would.
-fn content_coding(headers: &axum::http::HeaderMap) -> Option<(&'static str, String)> {
-    let coded = |v: &axum::http::HeaderValue, plain: &[&str]| {
-        v.to_str().map_or(true, |text| {
-            text.split(',')
-                .map(str::trim)
-                .any(|c| !c.is_empty() && !plain.iter().any(|p| c.eq_ignore_ascii_case(p)))
-        })
-    };
-    let found = |name: axum::http::HeaderName, shown: &'static str, plain: &[&str]| {
-        headers
-            .get_all(name)
-            .iter()
-            .find(|v| coded(v, plain))
-            .map(|v| (shown, String::from_utf8_lossy(v.as_bytes()).into_owned()))
-    };
-    found(
-        axum::http::header::CONTENT_ENCODING,
-        "Content-Encoding",
-        &["identity"],
-    )
-    .or_else(|| {
-        found(
-            axum::http::header::TRANSFER_ENCODING,
-            "Transfer-Encoding",
-            &["identity", "chunked"],
-        )
-    })
 }
 
 async fn receive_for<S: EventStore>(
@@ -196,7 +144,10 @@ async fn receive_for<S: EventStore>(
         gw.clock.now(),
         policy.tolerance,
     ) {
-        tracing::info!(%source, error = %e, "signature rejected before the body");
+        static SAID: Throttle = Throttle::new();
+        if let Some(left_out) = SAID.allow() {
+            tracing::info!(%source, error = %e, left_out, "signature rejected before the body");
+        }
         return Answer::Problem(unauthorized(&e));
     }
     let read = read_bounded(
@@ -223,7 +174,10 @@ async fn receive_for<S: EventStore>(
         now,
         policy.tolerance,
     ) {
-        tracing::info!(%source, error = %e, "signature rejected");
+        static SAID: Throttle = Throttle::new();
+        if let Some(left_out) = SAID.allow() {
+            tracing::info!(%source, error = %e, left_out, "signature rejected");
+        }
         return Answer::Problem(unauthorized(&e));
     }
     crate::crash::point!("after-signature-check");
@@ -233,7 +187,10 @@ async fn receive_for<S: EventStore>(
         Ok(hops) => hops,
         Err(e) => {
             // A loop in the operator's routes, most likely: said where they look.
-            tracing::warn!(%source, problem = e.slug(), "event refused: {e}");
+            static SAID: Throttle = Throttle::new();
+            if let Some(left_out) = SAID.allow() {
+                tracing::warn!(%source, problem = e.slug(), left_out, "event refused: {e}");
+            }
             return Answer::Problem(Problem::invalid(e.slug(), e.to_string()));
         }
     };
@@ -253,7 +210,7 @@ async fn receive_for<S: EventStore>(
         Ok(id) => id,
         Err(p) => return Answer::Problem(p),
     };
-    let order = match order(policy, parsed.as_ref()) {
+    let order = match order(source, policy, parsed.as_ref()) {
         Ok(o) => o,
         Err(p) => return Answer::Problem(p),
     };
@@ -293,7 +250,12 @@ async fn receive_for<S: EventStore>(
             let cause = cause.as_deref().unwrap_or(&p.detail);
             tracing::warn!(%key, %cause, "event not stored");
         }
-        Answer::Problem(p) => tracing::info!(%key, problem = p.slug, "event refused"),
+        Answer::Problem(p) => {
+            static SAID: Throttle = Throttle::new();
+            if let Some(left_out) = SAID.allow() {
+                tracing::info!(%key, problem = p.slug, left_out, "event refused");
+            }
+        }
         other => tracing::debug!(%key, outcome = other.outcome(), "event stored"),
     }
     answer
@@ -321,13 +283,32 @@ fn unauthorized(e: &SignatureError) -> Problem {
 
 /// The ordering guard applies when both fields are present; an event without them (another
 /// kind of object) is not ordered. A version that is not an integer is refused.
-fn order(policy: &SourcePolicy, parsed: Option<&Value>) -> Result<Option<Order>, Problem> {
+fn order(
+    source: &Source,
+    policy: &SourcePolicy,
+    parsed: Option<&Value>,
+) -> Result<Option<Order>, Problem> {
     let (Some(guard), Some(doc)) = (&policy.order, parsed) else {
         return Ok(None);
     };
-    guard
+    let order = guard
         .read(doc)
-        .map_err(|e| Problem::invalid("order-field-invalid", e.to_string()))
+        .map_err(|e| Problem::invalid("order-field-invalid", e.to_string()))?;
+    if order.is_none() {
+        // Counted and said: a pointer mistyped in the configuration (`/created_at` for
+        // `/created`) leaves every event of the source unguarded, which nothing else shows.
+        metrics::counter!("oncebox_order_unguarded_total", "source" => source.to_string())
+            .increment(1);
+        static SAID: Throttle = Throttle::new();
+        if let Some(left_out) = SAID.allow() {
+            tracing::info!(
+                %source,
+                left_out,
+                "an event without the ordering guard's fields: applied unordered"
+            );
+        }
+    }
+    Ok(order)
 }
 
 /// The hops the request says it passed through; of several `oncebox-hops` headers, the most

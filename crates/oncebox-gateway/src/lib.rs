@@ -24,6 +24,7 @@ pub mod meter;
 pub mod openapi;
 pub mod policy;
 pub mod problem;
+mod quiet;
 mod rejection;
 mod serve;
 

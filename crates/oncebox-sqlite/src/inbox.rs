@@ -306,11 +306,11 @@ impl Inbox {
         let mut deleted = 0;
         loop {
             let r = retention.clone();
-            // Waited for whole once the writer started it: answered `Deadline` while its batch
-            // went on to commit, the memory below would be cleared before the deletion, and an
-            // answer read in between kept for a key no longer there.
+            // Waited for whole once the writer started it (`submit`): answered `Deadline` while
+            // its batch went on to commit, the memory below would be cleared before the
+            // deletion, and an answer read in between kept for a key no longer there.
             let chunk = self
-                .submit_whole(move |cx| purge::chunk(cx, after, now, &r))
+                .submit(move |cx| purge::chunk(cx, after, now, &r))
                 .await;
             // Deleted records must not be answered from memory (recent.rs). A chunk that
             // failed (a commit of unknown fate) may have deleted all the same: forgotten then

@@ -26,9 +26,18 @@ fn older_entity_version_is_202_stale_and_replayed_as_such() {
         assert_eq!(again.body, late.body);
         let newer = gw.send(post("ordered", &[], ev("refunded", 30))).await;
         assert!(newer.json().get("stale").is_none(), "{newer:?}");
-        // Events without the guarded fields are not ordered.
+        // Events without the guarded fields are not ordered, and are counted so.
+        let unguarded = || {
+            let text = crate::support::metrics().render();
+            let name = r#"oncebox_order_unguarded_total{source="ordered"}"#;
+            text.lines()
+                .find_map(|l| l.strip_prefix(name)?.trim().parse::<f64>().ok())
+                .unwrap_or(0.0)
+        };
+        let before = unguarded();
         let other = gw.send(post("ordered", &[], r#"{"id":"ping"}"#)).await;
         assert_eq!(other.status, StatusCode::ACCEPTED);
+        assert!(unguarded() >= before + 1.0, "counted unguarded");
         let bad = gw
             .send(post(
                 "ordered",

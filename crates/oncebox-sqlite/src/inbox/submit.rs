@@ -89,14 +89,18 @@ fn late(fate: &Fate) -> Unavailable {
 
 impl Inbox {
     /// Queues oncebox's own request, code that can run again in a new transaction when a
-    /// batch-mate's statement made SQLite end the first.
+    /// batch-mate's statement made SQLite end the first. Waited for whole once the writer
+    /// started it ([`Inbox::submit_whole`]), so that `Deadline` means it never ran: answered
+    /// `Deadline` while its batch went on to commit, a `release` that took effect was retried
+    /// into `Fenced`, an operator's `resolve` into "not resolvable", and a purge chunk's
+    /// deletions came after the memory of recent answers was cleared.
     pub(crate) async fn submit<T, E, F>(&self, run: F) -> Result<T, E>
     where
         T: Send + 'static,
         E: From<Unavailable> + Send + 'static,
         F: FnMut(&mut Cx<'_, '_>) -> Result<Result<T, E>, Fatal> + Send + 'static,
     {
-        self.submit_body(again(run)).await
+        self.submit_whole(run).await
     }
 
     /// [`Inbox::submit_body`] for a request whose missing answer a reader may stand in for

@@ -3,8 +3,8 @@
 //! `Deadline`, a claim's rows would stay `in_flight` under tokens no one holds, to be taken
 //! over later as possibly sent, and a lease would hold its key for its TTL, held by nobody,
 //! then be taken over as a call that may have happened); one the writer had not started by
-//! then is given up and changes nothing. A handler still running at its deadline is told its
-//! outcome is unknown.
+//! then is given up and changes nothing; so is a `release`. A handler still running at its
+//! deadline is told its outcome is unknown.
 
 use std::time::{Duration, Instant};
 
@@ -87,6 +87,65 @@ fn a_claim_not_started_by_its_deadline_changes_nothing() {
     });
 }
 
+/// A request the writer holds until released, queued now: returns once the writer runs it, and
+/// the sender that releases it.
+async fn block_writer(inbox: &Inbox) -> std::sync::mpsc::Sender<()> {
+    let (entered_tx, entered) = tokio::sync::oneshot::channel();
+    let (release, held) = std::sync::mpsc::channel::<()>();
+    let blocker = inbox.clone();
+    tokio::spawn(async move {
+        let _ = blocker
+            .write(move |_| {
+                let _ = entered_tx.send(());
+                let _ = held.recv();
+                Ok(())
+            })
+            .await;
+    });
+    entered.await.expect("the writer runs the blocker");
+    release
+}
+
+/// A `release` whose batch a later request holds past its deadline is answered with what it
+/// did (`Ok`, the key free), not `Deadline`: told `Deadline`, its holder's retry found the key
+/// gone and was told `Fenced`, though its own release had taken effect.
+#[test]
+fn a_release_committed_after_its_deadline_is_answered_as_done() {
+    run(async {
+        let dir = tempfile::tempdir().unwrap();
+        let inbox = routed_event(&dir).await;
+        let begun = inbox.begin(event("shop", "evt-3", 1), LEASE).await;
+        let Ok(Begun::Leased(lease)) = begun else {
+            panic!("a new key is leased: {begun:?}");
+        };
+        let gate = hold_writer(&inbox).await;
+        let releasing = inbox.clone();
+        let asked = Instant::now();
+        let released = tokio::spawn(async move { releasing.release(&lease).await });
+        queued(&inbox, 1).await;
+        let blocking = inbox.clone();
+        let blocker = tokio::spawn(async move { block_writer(&blocking).await });
+        queued(&inbox, 2).await;
+        gate.send(()).unwrap();
+        let release = blocker.await.unwrap();
+        // Asked after the release, so answered `Deadline` after the release's deadline passed.
+        let later = inbox.write(|_| Ok(())).await;
+        assert!(
+            matches!(
+                later,
+                Err(oncebox_sqlite::Error::Unavailable(Unavailable::Deadline))
+            ),
+            "{later:?}"
+        );
+        release.send(()).unwrap();
+        let out = released.await.unwrap();
+        assert!(asked.elapsed() > DEADLINE, "answered after its deadline");
+        assert_eq!(out, Ok(()));
+        let record = inbox.record(&event("shop", "evt-3", 1).key).await.unwrap();
+        assert!(record.is_none(), "the key is free: {record:?}");
+    });
+}
+
 /// The lease joins a batch that a later request in it holds past the lease's deadline: its
 /// caller waits for the commit and gets the lease, which it then completes.
 #[test]
@@ -101,23 +160,11 @@ fn a_lease_committed_after_its_deadline_is_its_callers() {
             tokio::spawn(async move { beginning.begin(event("shop", "evt-2", 1), LEASE).await });
         queued(&inbox, 1).await;
         // Behind the lease, in its batch: a request that holds the writer until released.
-        let (entered_tx, entered) = tokio::sync::oneshot::channel();
-        let (release, held) = std::sync::mpsc::channel::<()>();
-        let blocker = inbox.clone();
-        tokio::spawn(async move {
-            let _ = blocker
-                .write(move |_| {
-                    let _ = entered_tx.send(());
-                    let _ = held.recv();
-                    Ok(())
-                })
-                .await;
-        });
+        let blocking = inbox.clone();
+        let blocker = tokio::spawn(async move { block_writer(&blocking).await });
         queued(&inbox, 2).await;
         gate.send(()).unwrap();
-        entered
-            .await
-            .expect("the writer runs the blocker, after the lease");
+        let release = blocker.await.unwrap();
         // Asked after the lease, so answered `Deadline` after the lease's deadline passed.
         let later = inbox.write(|_| Ok(())).await;
         assert!(
