@@ -202,6 +202,10 @@ pub trait Backend: Clone + Send + Sync + Sized + 'static {
     /// Deletes every boot's purge anchor, as an operator releasing purges held behind the
     /// clock does with SQL (the stores' purge-lag warning says how).
     fn forget_purge_anchors(&self) -> impl Future<Output = ()> + Send;
+    /// Holds the store's writes until the returned guard is dropped (SQLite's writer held
+    /// busy, PostgreSQL's inbox table locked by another session): requests sent meanwhile
+    /// wait, so a test can have them all sent before any is answered (`race.rs`).
+    fn hold_writes(&self) -> impl Future<Output = Box<dyn std::any::Any + Send>> + Send;
 
     /// Whether the storage this backend needs is there; a backend on an outside service
     /// answers with [`service_url`], which skips (or fails under `ONCEBOX_REQUIRE_SERVICES=1`)

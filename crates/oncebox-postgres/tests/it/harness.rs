@@ -280,6 +280,26 @@ impl Backend for Postgres {
             .expect("delete anchors");
     }
 
+    async fn hold_writes(&self) -> Box<dyn std::any::Any + Send> {
+        // A session of its own holding the inbox table against inserts in an open transaction;
+        // dropped, its connection closes and the server ends the transaction.
+        let mut conn = sqlx::PgConnection::connect(&url().expect("ONCEBOX_POSTGRES_URL"))
+            .await
+            .expect("connect");
+        let schema = self.schema.replace('"', "\"\"");
+        sqlx::Executor::execute(
+            &mut conn,
+            format!(
+                "SET search_path TO \"{schema}\"; BEGIN; \
+                 LOCK TABLE oncebox_inbox IN EXCLUSIVE MODE"
+            )
+            .as_str(),
+        )
+        .await
+        .expect("lock the inbox");
+        Box::new(conn)
+    }
+
     fn available() -> bool {
         url().is_some()
     }

@@ -87,22 +87,26 @@ fn a_claim_not_started_by_its_deadline_changes_nothing() {
     });
 }
 
-/// A request the writer holds until released, queued now: returns once the writer runs it, and
-/// the sender that releases it.
-async fn block_writer(inbox: &Inbox) -> std::sync::mpsc::Sender<()> {
-    let (entered_tx, entered) = tokio::sync::oneshot::channel();
-    let (release, held) = std::sync::mpsc::channel::<()>();
-    let blocker = inbox.clone();
-    tokio::spawn(async move {
-        let _ = blocker
-            .write(move |_| {
-                let _ = entered_tx.send(());
-                let _ = held.recv();
-                Ok(())
-            })
-            .await;
-    });
-    entered.await.expect("the writer runs the blocker");
+/// With the writer held and one request queued: a second request, queued behind it, that
+/// holds the writer once it runs it; the first's deadline then passes (shown by a request asked
+/// after it, answered `Deadline`) while its batch is held. Returns what releases the batch.
+async fn hold_past_the_deadline(
+    inbox: &Inbox,
+    gate: std::sync::mpsc::Sender<()>,
+) -> std::sync::mpsc::Sender<()> {
+    let blocking = inbox.clone();
+    let blocker = tokio::spawn(async move { hold_writer(&blocking).await });
+    queued(inbox, 2).await;
+    gate.send(()).unwrap();
+    let release = blocker.await.unwrap();
+    let later = inbox.write(|_| Ok(())).await;
+    assert!(
+        matches!(
+            later,
+            Err(oncebox_sqlite::Error::Unavailable(Unavailable::Deadline))
+        ),
+        "{later:?}"
+    );
     release
 }
 
@@ -123,20 +127,7 @@ fn a_release_committed_after_its_deadline_is_answered_as_done() {
         let asked = Instant::now();
         let released = tokio::spawn(async move { releasing.release(&lease).await });
         queued(&inbox, 1).await;
-        let blocking = inbox.clone();
-        let blocker = tokio::spawn(async move { block_writer(&blocking).await });
-        queued(&inbox, 2).await;
-        gate.send(()).unwrap();
-        let release = blocker.await.unwrap();
-        // Asked after the release, so answered `Deadline` after the release's deadline passed.
-        let later = inbox.write(|_| Ok(())).await;
-        assert!(
-            matches!(
-                later,
-                Err(oncebox_sqlite::Error::Unavailable(Unavailable::Deadline))
-            ),
-            "{later:?}"
-        );
+        let release = hold_past_the_deadline(&inbox, gate).await;
         release.send(()).unwrap();
         let out = released.await.unwrap();
         assert!(asked.elapsed() > DEADLINE, "answered after its deadline");
@@ -160,20 +151,7 @@ fn a_lease_committed_after_its_deadline_is_its_callers() {
             tokio::spawn(async move { beginning.begin(event("shop", "evt-2", 1), LEASE).await });
         queued(&inbox, 1).await;
         // Behind the lease, in its batch: a request that holds the writer until released.
-        let blocking = inbox.clone();
-        let blocker = tokio::spawn(async move { block_writer(&blocking).await });
-        queued(&inbox, 2).await;
-        gate.send(()).unwrap();
-        let release = blocker.await.unwrap();
-        // Asked after the lease, so answered `Deadline` after the lease's deadline passed.
-        let later = inbox.write(|_| Ok(())).await;
-        assert!(
-            matches!(
-                later,
-                Err(oncebox_sqlite::Error::Unavailable(Unavailable::Deadline))
-            ),
-            "{later:?}"
-        );
+        let release = hold_past_the_deadline(&inbox, gate).await;
         release.send(()).unwrap();
         let begun = begin.await.unwrap();
         assert!(asked.elapsed() > DEADLINE, "answered after its deadline");

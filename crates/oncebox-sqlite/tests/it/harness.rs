@@ -285,4 +285,9 @@ impl Backend for Sqlite {
             .await
             .expect("delete anchors");
     }
+
+    async fn hold_writes(&self) -> Box<dyn std::any::Any + Send> {
+        // The writer runs the holder until the sender is dropped.
+        Box::new(oncebox_testkit::writer::hold_writer(&self.inbox).await)
+    }
 }

@@ -210,20 +210,43 @@ pub async fn same_event_id_from_two_sources_is_two_events<B: Backend>() {
     assert_eq!(b.observe().await.balance, 1000);
 }
 
-/// 50 deliveries of one key in flight together: every one is handed to the store in the same
-/// pass over them, before any answer is read, so none can wait for another's answer (tasks
-/// behind a barrier could still run one after another on a starved runtime, as happened once).
+/// 50 deliveries of one key in flight together: every one is sent while the store's writes are
+/// held, so none can be answered before all are sent, and none waits for another's answer
+/// before asking (tasks let go together could still run one after another on a starved
+/// runtime, as happened once, and a first request answered before the test thread got to send
+/// the rest showed no race on a loaded machine).
 pub async fn concurrent_deliveries_of_one_key_apply_once<B: Backend>() {
     let (b, _) = fresh::<B>().await;
     const N: usize = 50;
-    let requests = (0..N).map(|_| {
-        let event = event("provider-a", "evt-3", 500);
-        crate::race::timed(b.process(event, Script::credit(500)))
-    });
+    // Every request is sent before the store may answer any: left to timing, a test thread
+    // descheduled between the first request's send and its first look at the answer saw it
+    // answered before the others were sent, on a loaded machine, and no race was shown.
+    let held = b.hold_writes().await;
+    let sent = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let requests: Vec<_> = (0..N)
+        .map(|_| {
+            let (b, sent) = (b.clone(), sent.clone());
+            tokio::spawn(crate::race::timed(async move {
+                sent.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                b.process(event("provider-a", "evt-3", 500), Script::credit(500))
+                    .await
+            }))
+        })
+        .collect();
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while sent.load(std::sync::atomic::Ordering::SeqCst) < N {
+        assert!(
+            std::time::Instant::now() < until,
+            "the requests were not all sent"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+    }
+    drop(held);
     let mut applied = 0;
     let mut duplicate = 0;
     let mut answers = Vec::new();
     for answer in futures::future::join_all(requests).await {
+        let answer = answer.expect("request task");
         match answer.value.as_ref().unwrap() {
             Processed::Applied(r) if r.kind == ResponseKind::Completed => applied += 1,
             Processed::Duplicate(_) => duplicate += 1,
