@@ -301,7 +301,8 @@ fn order(
             .increment(1);
         static SAID: Throttle = Throttle::new();
         if let Some(left_out) = SAID.allow() {
-            tracing::info!(
+            // Debug: a source may mix objects the guard orders with others it does not.
+            tracing::debug!(
                 %source,
                 left_out,
                 "an event without the ordering guard's fields: applied unordered"

@@ -162,7 +162,8 @@ ALTER TABLE oncebox_outbox ADD COLUMN IF NOT EXISTS hops INTEGER NOT NULL DEFAUL
 WITH old AS (
   SELECT entity, entity_id, version, source, event_id,
          regexp_match(entity_id, '^(-?[1-9]([0-9]*[1-9])?)e([1-9][0-9]{0,2})$') AS m
-  FROM oncebox_versions WHERE entity_id ~ '^-?[1-9]([0-9]*[1-9])?e[1-9][0-9]{0,2}$'),
+  FROM oncebox_versions
+  WHERE entity = source AND entity_id ~ '^-?[1-9]([0-9]*[1-9])?e[1-9][0-9]{0,2}$'),
 plain AS (
   SELECT entity, entity_id, version, source, event_id, m[1] || repeat('0', m[3]::int) AS id
   FROM old WHERE length(m[1]) + m[3]::int <= 255),
@@ -186,7 +187,7 @@ pub(crate) const VERSION: i64 = MIGRATIONS.len() as i64;
 /// migrating it: a rolling upgrade, and a rollback to this build. Builds before this one never
 /// read it (they refuse any later version), so every step up to this one counts as breaking.
 /// Raise it to `VERSION` with a step that breaks earlier builds; never lower it.
-const READABLE_FROM: i64 = 7;
+const READABLE_FROM: i64 = 8;
 const _: () = assert!(READABLE_FROM <= VERSION);
 
 /// Whether this build may run on a schema a later build migrated: that build marked the

@@ -9,8 +9,8 @@
 //! a blocking socket, so the testkit needs no NATS client; a server it cannot reach or that
 //! wants TLS or credentials is left alone (the test then says what is wrong itself).
 
-use std::io::{BufRead, BufReader, Write};
-use std::net::TcpStream;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpStream, ToSocketAddrs};
 use std::sync::Once;
 use std::time::Duration;
 
@@ -28,21 +28,35 @@ pub(crate) fn keep(url: &str) {
     });
 }
 
-/// `host:port` of a `nats://[user:password@]host:port` URL, or of a bare `host:port`.
-fn address(url: &str) -> Option<&str> {
+/// `host:port` of a `nats://[user:password@]host[:port]` URL, or of a bare `host[:port]`
+/// (NATS's port, 4222, when none is given).
+fn address(url: &str) -> Option<String> {
+    let url = url.trim();
     let rest = url.strip_prefix("nats://").unwrap_or(url);
     let rest = rest.split(['/', '?', ',']).next()?;
-    if rest.contains('@') {
+    if rest.contains('@') || rest.is_empty() {
         // Credentials: the plain exchange below sends none.
         return None;
     }
-    Some(rest)
+    let has_port = rest
+        .rsplit_once(':')
+        .is_some_and(|(_, p)| p.parse::<u16>().is_ok());
+    Some(if has_port {
+        rest.to_owned()
+    } else {
+        format!("{rest}:4222")
+    })
 }
 
 fn create(url: &str) -> std::io::Result<()> {
     let other = |why: &str| std::io::Error::other(why.to_owned());
     let addr = address(url).ok_or_else(|| other("a URL with credentials"))?;
-    let stream = TcpStream::connect(addr)?;
+    let addr = addr
+        .to_socket_addrs()?
+        .next()
+        .ok_or_else(|| other("no address"))?;
+    // Bounded: a host that drops the connection attempt must not hold every test behind `Once`.
+    let stream = TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
     stream.set_read_timeout(Some(Duration::from_secs(5)))?;
     stream.set_write_timeout(Some(Duration::from_secs(5)))?;
     let mut reader = BufReader::new(stream.try_clone()?);
@@ -52,21 +66,36 @@ fn create(url: &str) -> std::io::Result<()> {
         return Err(other("the server wants TLS"));
     }
     let mut out = &stream;
+    // This process's own reply subject: test processes run at once.
+    let inbox = format!("_INBOX.oncebox_keep_{}", std::process::id());
     write!(
         out,
-        "CONNECT {{\"verbose\":false,\"pedantic\":false}}\r\nSUB _INBOX.oncebox_keep 1\r\n\
-         PUB $JS.API.STREAM.CREATE.{STREAM} _INBOX.oncebox_keep {}\r\n{CONFIG}\r\n",
+        "CONNECT {{\"verbose\":false,\"pedantic\":false}}\r\nSUB {inbox} 1\r\n\
+         PUB $JS.API.STREAM.CREATE.{STREAM} {inbox} {}\r\n{CONFIG}\r\n",
         CONFIG.len()
     )?;
     out.flush()?;
-    // The answer (created, or already there with this configuration) or an error line.
+    // The answer (created, or already there with this configuration; JetStream's refusals
+    // come as a message too, with an `error`) or an error line.
     loop {
         line.clear();
         if reader.read_line(&mut line)? == 0 {
             return Err(other("the server closed the connection"));
         }
         if line.starts_with("MSG") {
-            return Ok(());
+            let size: usize = line
+                .split_whitespace()
+                .last()
+                .and_then(|n| n.parse().ok())
+                .ok_or_else(|| other("a message line without its size"))?;
+            let mut payload = vec![0; size + 2];
+            reader.read_exact(&mut payload)?;
+            let answer = String::from_utf8_lossy(&payload);
+            return if answer.contains("\"error\"") {
+                Err(other(answer.trim()))
+            } else {
+                Ok(())
+            };
         }
         if line.starts_with("-ERR") {
             return Err(other(line.trim()));
@@ -83,9 +112,14 @@ mod tests {
 
     #[test]
     fn the_address_is_the_urls_host_and_port() {
-        assert_eq!(address("nats://127.0.0.1:4222"), Some("127.0.0.1:4222"));
-        assert_eq!(address("127.0.0.1:4222"), Some("127.0.0.1:4222"));
-        assert_eq!(address("nats://h:1,nats://h:2"), Some("h:1"));
-        assert_eq!(address("nats://u:p@h:1"), None);
+        let of = |url| address(url);
+        assert_eq!(
+            of("nats://127.0.0.1:4222").as_deref(),
+            Some("127.0.0.1:4222")
+        );
+        assert_eq!(of(" 127.0.0.1:4222\n").as_deref(), Some("127.0.0.1:4222"));
+        assert_eq!(of("nats://h:1,nats://h:2").as_deref(), Some("h:1"));
+        assert_eq!(of("nats://h").as_deref(), Some("h:4222"));
+        assert_eq!(of("nats://u:p@h:1"), None);
     }
 }

@@ -38,11 +38,20 @@ fn numeric_entities_kept_in_a_numbers_canonical_text_are_rewritten_in_plain_deci
             .await
             .expect("version row");
         }
+        // A library handler's own entity (`Tx::advance("order", ..)`), left as it is.
+        sqlx::query(
+            "INSERT INTO oncebox_versions (entity, entity_id, version, source, event_id)
+             VALUES ('order', '5e3', 4, 'shop', 'x')",
+        )
+        .execute(inbox.pool())
+        .await
+        .expect("library row");
         let expected = [
             ("1000", 5),
             ("10e2", 1),
             ("1200", 7),
             ("20", 9),
+            ("5e3", 4),
             ("7", 1),
             ("abc", 1),
         ]

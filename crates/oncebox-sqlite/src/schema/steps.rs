@@ -45,12 +45,15 @@ WHERE state IN ('delivered', 'dead') AND idempotency_key = source || ':' || even
 /// string `"1000"` was an entity of its own then), the higher stays. Only the canonical text
 /// is read as a number (no mantissa ending in 0, an exponent of 1 to 3 digits not starting
 /// with 0), so no two old keys become one; a string id of that form is taken for a number
-/// too. The same rule is PostgreSQL's.
+/// too. Only the gateway's rows, whose entity is the event's source (a library handler's
+/// `Tx::advance` names entities of its own, and its ids are left as they are). Earlier builds
+/// would miss the rewritten keys and write old ones again, so the step raises `READABLE_FROM`.
+/// The same rule is PostgreSQL's.
 pub(super) fn plain_numeric_entities(tx: &Transaction<'_>) -> rusqlite::Result<()> {
     let old: Vec<(String, String, i64, String, String)> = tx
         .prepare(
             "SELECT entity, entity_id, version, source, event_id FROM oncebox_versions
-                  WHERE entity_id GLOB '*[0-9]e[1-9]*'",
+                  WHERE entity = source AND entity_id GLOB '*[0-9]e[1-9]*'",
         )?
         .query_map([], |r| {
             Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))

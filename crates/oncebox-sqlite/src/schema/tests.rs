@@ -322,6 +322,13 @@ fn numeric_entities_kept_in_a_numbers_canonical_text_are_rewritten_in_plain_deci
     for id in ["10e2", "abc", "7"] {
         conn.execute(insert, rusqlite::params![id, 1]).unwrap();
     }
+    // A library handler's own entity (`Tx::advance("order", ..)`), left as it is.
+    conn.execute(
+        "INSERT INTO oncebox_versions (entity, entity_id, version, source, event_id)
+         VALUES ('order', '5e3', 4, 'shop', 'x')",
+        [],
+    )
+    .unwrap();
     let rows = |c: &Connection| -> Vec<(String, i64)> {
         c.prepare("SELECT entity_id, version FROM oncebox_versions ORDER BY entity_id")
             .unwrap()
@@ -335,6 +342,7 @@ fn numeric_entities_kept_in_a_numbers_canonical_text_are_rewritten_in_plain_deci
         ("10e2", 1),
         ("1200", 7),
         ("20", 9),
+        ("5e3", 4),
         ("7", 1),
         ("abc", 1),
     ]

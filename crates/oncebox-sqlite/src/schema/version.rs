@@ -71,7 +71,7 @@ pub(super) fn found(c: &Connection) -> rusqlite::Result<Found> {
 /// migrating it: a rolling upgrade, and a rollback to this build. Builds before this one never
 /// read it (they refuse any later version), so every step up to this one counts as breaking.
 /// Raise it to `VERSION` with a step that breaks earlier builds; never lower it.
-pub(super) const READABLE_FROM: i64 = 8;
+pub(super) const READABLE_FROM: i64 = 9;
 
 /// Records `version` in the table, making it first if needed, with the oldest version whose
 /// builds may run on it ([`READABLE_FROM`]).

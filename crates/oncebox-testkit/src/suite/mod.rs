@@ -241,6 +241,7 @@ pub async fn concurrent_deliveries_of_one_key_apply_once<B: Backend>() {
         );
         tokio::time::sleep(std::time::Duration::from_millis(1)).await;
     }
+    let released = std::time::Instant::now();
     drop(held);
     let mut applied = 0;
     let mut duplicate = 0;
@@ -255,6 +256,12 @@ pub async fn concurrent_deliveries_of_one_key_apply_once<B: Backend>() {
         answers.push(answer);
     }
     assert_eq!((applied, duplicate), (1, N - 1));
+    // The hold held: nothing was answered before it was let go, so every request was sent
+    // while none could have been answered.
+    assert!(
+        answers.iter().all(|a| a.answered >= released),
+        "a request was answered while the store's writes were held"
+    );
     let won = |r: &Result<Processed, _>| matches!(r, Ok(Processed::Applied(_)));
     let raced = crate::race::raced(&answers, won, |_, _| true);
     assert!(
