@@ -32,12 +32,14 @@ pub struct Options {
     /// How long a write waits for another process holding SQLite's write lock before the whole
     /// batch answers `Unavailable::Busy`. At most [`oncebox_core::LONGEST_WAIT`].
     pub busy_timeout: Duration,
-    /// A request not answered within this time gets `Unavailable::Deadline` (its fate unknown
-    /// to the caller only if the writer had already started it; a retry resolves it). A
-    /// `process` call is told which: `Deadline` when its handler never ran and never will,
-    /// `Unavailable::CommitUnknown` when the deadline passed while it ran (it may still commit;
-    /// the retry is answered `Duplicate` if it did). At most [`oncebox_core::LONGEST_WAIT`]
-    /// (a longer one, `Duration::MAX` say, is taken as that).
+    /// A request the writer has not started within this time gets `Unavailable::Deadline`, and
+    /// never runs. One it started is answered as its batch ends: `process` with
+    /// `Unavailable::CommitUnknown` when the deadline passed while its handler ran (it may
+    /// still commit; the retry is answered `Duplicate` if it did); oncebox's own requests
+    /// (`begin`, `complete`, `release`, `resolve`, purges, the relay's and operators' verbs)
+    /// with what they did, however long the batch took; `write` with `Deadline` at the
+    /// deadline, its fate unknown. At most [`oncebox_core::LONGEST_WAIT`] (a longer one,
+    /// `Duration::MAX` say, is taken as that).
     pub deadline: Duration,
     /// Requests waiting for the writer. A full queue makes callers wait, up to their deadline.
     pub queue_capacity: usize,
