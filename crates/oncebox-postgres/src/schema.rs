@@ -162,11 +162,10 @@ ALTER TABLE oncebox_outbox ADD COLUMN IF NOT EXISTS hops INTEGER NOT NULL DEFAUL
 WITH old AS (
   SELECT entity, entity_id, version, source, event_id,
          regexp_match(entity_id, '^(-?[1-9]([0-9]*[1-9])?)e([1-9][0-9]{0,2})$') AS m
-  FROM oncebox_versions
-  WHERE entity = source AND entity_id ~ '^-?[1-9]([0-9]*[1-9])?e[1-9][0-9]{0,2}$'),
+  FROM oncebox_versions WHERE entity = source),
 plain AS (
   SELECT entity, entity_id, version, source, event_id, m[1] || repeat('0', m[3]::int) AS id
-  FROM old WHERE length(m[1]) + m[3]::int <= 255),
+  FROM old WHERE m IS NOT NULL AND length(m[1]) + m[3]::int <= 255),
 gone AS (
   DELETE FROM oncebox_versions v USING plain
   WHERE v.entity = plain.entity AND v.entity_id = plain.entity_id)

@@ -1,6 +1,7 @@
 //! Migration steps that are more than one batch of fixed SQL, or shared with PostgreSQL's: each
 //! can run again over a schema it already changed and change nothing twice.
 
+use oncebox_core::json::{self, Value};
 use rusqlite::Transaction;
 
 use super::version::has_column;
@@ -79,27 +80,19 @@ pub(super) fn plain_numeric_entities(tx: &Transaction<'_>) -> rusqlite::Result<(
     Ok(())
 }
 
-/// `12e2` as `1200`: a number's canonical text with an exponent, in plain decimal of at most
-/// 255 characters; `None` for anything else.
+/// `12e2` as `1200`: the text an earlier guard kept for a number (the number's canonical
+/// text, as the JSON module writes it) where it is not already plain decimal, in plain decimal
+/// of at most 255 characters, as the guard keys it now (`Number::integer_text`); `None` for
+/// anything else.
 fn plain_integer(text: &str) -> Option<String> {
-    let (sign, rest) = match text.strip_prefix('-') {
-        Some(rest) => ("-", rest),
-        None => ("", text),
+    let Ok(Value::Number(n)) = json::parse(text.as_bytes()) else {
+        return None;
     };
-    let (mantissa, exponent) = rest.split_once('e')?;
-    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
-    let canonical = digits(mantissa)
-        && !mantissa.starts_with('0')
-        && !mantissa.ends_with('0')
-        && digits(exponent)
-        && exponent.len() <= 3
-        && !exponent.starts_with('0');
-    if !canonical {
+    if n.to_string() != text {
         return None;
     }
-    let zeros: usize = exponent.parse().ok()?;
-    let plain = format!("{sign}{mantissa}{}", "0".repeat(zeros));
-    (plain.len() <= 255).then_some(plain)
+    let plain = n.integer_text(255)?;
+    (plain != text).then_some(plain)
 }
 
 #[cfg(test)]
