@@ -188,14 +188,14 @@ impl Inbox {
         crate::limit::check(&event)?;
         self.not_within_its_own_handler(&event.key)?;
         let mut handler: Option<Handler> = Some(Box::new(handler));
+        // Another's two-phase lease on the key is judged by the server's clock; what the
+        // handler writes (its outbox rows' schedule, the record's dates) goes by this node's.
+        self.leases.refresh(&self.pool).await;
         for _ in 0..CLAIM_ATTEMPTS {
             let mut tx = begin(&self.pool, self.deadline)
                 .await
                 .map_err(|e| storage(&e))?;
             crate::crash::point!("after-begin");
-            // Another's two-phase lease on the key is judged by the server's clock; what the
-            // handler writes (its outbox rows' schedule, the record's dates) goes by this node's.
-            self.leases.refresh(&self.pool).await;
             let now = self.clock.now();
             match claim(&mut tx, &event, self.leases.server(now).millis(), None)
                 .await
@@ -230,11 +230,11 @@ impl Inbox {
         oncebox_core::check_ttl(ttl)?;
         crate::limit::check(&event)?;
         self.not_within_its_own_handler(&event.key)?;
+        self.leases.refresh(&self.pool).await;
         for _ in 0..CLAIM_ATTEMPTS {
             let mut tx = begin(&self.pool, self.deadline)
                 .await
                 .map_err(|e| storage(&e))?;
-            self.leases.refresh(&self.pool).await;
             let now = self.clock.now();
             // Written and judged by the server's clock; the holder is told its end on its own.
             let expires_at = now.plus(ttl);

@@ -84,14 +84,17 @@ impl LeaseClock {
     /// Measures again when the last measurement is older than [`REMEASURE`] (clocks drift,
     /// and are set right; a step leaves leases moved wrongly until then). Called before each
     /// claim, `process`, `begin` and `complete`. A failure keeps the last one.
+    /// Called before a connection is taken for the work itself: one held while another is
+    /// asked for could wait on a pool that callers like it emptied.
     pub(crate) async fn refresh(&self, pool: &sqlx::PgPool) {
-        let stale = self
-            .measured
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .is_none_or(|at| at.elapsed() >= REMEASURE);
-        if !stale {
-            return;
+        {
+            // Taken by the first caller that finds it stale, so the others go on unmeasured
+            // rather than all asking the pool for a connection at once.
+            let mut measured = self.measured.lock().unwrap_or_else(|p| p.into_inner());
+            if measured.is_some_and(|at| at.elapsed() < REMEASURE) {
+                return;
+            }
+            *measured = Some(Instant::now());
         }
         let Ok(mut conn) = pool.acquire().await else {
             return;
