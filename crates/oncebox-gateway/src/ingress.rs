@@ -21,7 +21,7 @@ use crate::Gateway;
 use crate::body::read_bounded;
 use crate::policy::SourcePolicy;
 use crate::problem::{Answer, Problem};
-use crate::quiet::Throttle;
+use crate::quiet::quietly;
 
 mod event_id;
 mod headers;
@@ -144,10 +144,7 @@ async fn receive_for<S: EventStore>(
         gw.clock.now(),
         policy.tolerance,
     ) {
-        static SAID: Throttle = Throttle::new();
-        if let Some(left_out) = SAID.allow() {
-            tracing::info!(%source, error = %e, left_out, "signature rejected before the body");
-        }
+        quietly!(info, %source, error = %e, "signature rejected before the body");
         return Answer::Problem(unauthorized(&e));
     }
     let read = read_bounded(
@@ -174,10 +171,7 @@ async fn receive_for<S: EventStore>(
         now,
         policy.tolerance,
     ) {
-        static SAID: Throttle = Throttle::new();
-        if let Some(left_out) = SAID.allow() {
-            tracing::info!(%source, error = %e, left_out, "signature rejected");
-        }
+        quietly!(info, %source, error = %e, "signature rejected");
         return Answer::Problem(unauthorized(&e));
     }
     crate::crash::point!("after-signature-check");
@@ -187,10 +181,7 @@ async fn receive_for<S: EventStore>(
         Ok(hops) => hops,
         Err(e) => {
             // A loop in the operator's routes, most likely: said where they look.
-            static SAID: Throttle = Throttle::new();
-            if let Some(left_out) = SAID.allow() {
-                tracing::warn!(%source, problem = e.slug(), left_out, "event refused: {e}");
-            }
+            quietly!(warn, %source, problem = e.slug(), "event refused: {e}");
             return Answer::Problem(Problem::invalid(e.slug(), e.to_string()));
         }
     };
@@ -250,12 +241,7 @@ async fn receive_for<S: EventStore>(
             let cause = cause.as_deref().unwrap_or(&p.detail);
             tracing::warn!(%key, %cause, "event not stored");
         }
-        Answer::Problem(p) => {
-            static SAID: Throttle = Throttle::new();
-            if let Some(left_out) = SAID.allow() {
-                tracing::info!(%key, problem = p.slug, left_out, "event refused");
-            }
-        }
+        Answer::Problem(p) => quietly!(info, %key, problem = p.slug, "event refused"),
         other => tracing::debug!(%key, outcome = other.outcome(), "event stored"),
     }
     answer
@@ -299,15 +285,12 @@ fn order(
         // `/created`) leaves every event of the source unguarded, which nothing else shows.
         metrics::counter!("oncebox_order_unguarded_total", "source" => source.to_string())
             .increment(1);
-        static SAID: Throttle = Throttle::new();
-        if let Some(left_out) = SAID.allow() {
-            // Debug: a source may mix objects the guard orders with others it does not.
-            tracing::debug!(
-                %source,
-                left_out,
-                "an event without the ordering guard's fields: applied unordered"
-            );
-        }
+        // Debug: a source may mix objects the guard orders with others it does not.
+        quietly!(
+            debug,
+            %source,
+            "an event without the ordering guard's fields: applied unordered"
+        );
     }
     Ok(order)
 }

@@ -46,6 +46,18 @@ impl Throttle {
     }
 }
 
+/// A `tracing` event (`quietly!(info, %source, "...")`) written at most once a second from
+/// this call site, with `left_out`: how many it left out since the last.
+macro_rules! quietly {
+    ($level:ident, $($field:tt)+) => {{
+        static SAID: $crate::quiet::Throttle = $crate::quiet::Throttle::new();
+        if let Some(left_out) = SAID.allow() {
+            tracing::$level!(left_out, $($field)+);
+        }
+    }};
+}
+pub(crate) use quietly;
+
 #[cfg(test)]
 mod tests {
     use super::Throttle;
