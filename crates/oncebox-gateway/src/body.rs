@@ -2,7 +2,6 @@
 //! the ingress, and every admin or dashboard body before its handler runs.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use axum::body::Body;
 use axum::extract::{Request, State};
@@ -12,17 +11,20 @@ use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 
+use crate::peers::busy_in;
+use crate::policy::Limits;
 use crate::problem::Problem;
 use crate::{Gateway, OTHER_BODY_LIMIT};
 
-/// Reads at most `limit` bytes within `timeout`: an oversize body is refused by its declared
-/// length at once, or as soon as the stream passes the limit, never buffered whole. `who`
-/// names the receiver in the 413's detail ("this source").
+/// Reads at most `limit` bytes within the body timeout: an oversize body is refused by its
+/// declared length at once, or as soon as the stream passes the limit, never buffered whole.
+/// `who` names the receiver in the 413's detail ("this source"). A body its peer's cap refused
+/// (`peers.rs`) is a 503, retried after `limits.retry_after`.
 pub(crate) async fn read_bounded(
     headers: &HeaderMap,
     body: Body,
     limit: usize,
-    timeout: Duration,
+    limits: &Limits,
     who: &str,
 ) -> Result<Bytes, Problem> {
     let too_large = || Problem::body_too_large(format!("{who} accepts at most {limit} bytes"));
@@ -33,7 +35,7 @@ pub(crate) async fn read_bounded(
         return Err(too_large());
     }
     let read = Limited::new(body, limit).collect();
-    match tokio::time::timeout(timeout, read).await {
+    match tokio::time::timeout(limits.body_timeout, read).await {
         Err(_) => Err(Problem::new(
             StatusCode::REQUEST_TIMEOUT,
             "body-timeout",
@@ -41,7 +43,13 @@ pub(crate) async fn read_bounded(
             "the request body did not arrive within the body timeout",
         )),
         Ok(Err(e)) if e.downcast_ref::<LengthLimitError>().is_some() => Err(too_large()),
-        Ok(Err(e)) => Err(Problem::invalid("body-unreadable", e.to_string())),
+        Ok(Err(e)) => match busy_in(e.as_ref()) {
+            Some(busy) => {
+                metrics::counter!("oncebox_peer_bodies_refused_total").increment(1);
+                Err(Problem::unavailable(busy.to_string(), limits.retry_after))
+            }
+            None => Err(Problem::invalid("body-unreadable", e.to_string())),
+        },
         Ok(Ok(collected)) => Ok(collected.to_bytes()),
     }
 }
@@ -57,12 +65,11 @@ pub(crate) async fn bounded<S: Send + Sync + 'static>(
     next: Next,
 ) -> Response {
     let (parts, body) = request.into_parts();
-    let limits = &gw.config.limits;
     match read_bounded(
         &parts.headers,
         body,
         OTHER_BODY_LIMIT,
-        limits.body_timeout,
+        &gw.config.limits,
         "this endpoint",
     )
     .await

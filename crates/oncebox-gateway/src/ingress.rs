@@ -151,7 +151,7 @@ async fn receive_for<S: EventStore>(
         headers,
         body,
         policy.max_body,
-        gw.config.limits.body_timeout,
+        &gw.config.limits,
         "this source",
     );
     let payload = match read.await {

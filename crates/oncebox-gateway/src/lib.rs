@@ -22,6 +22,7 @@ mod limit;
 mod linger;
 pub mod meter;
 pub mod openapi;
+mod peers;
 pub mod policy;
 pub mod problem;
 mod quiet;

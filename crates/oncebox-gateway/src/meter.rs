@@ -101,9 +101,18 @@ pub(crate) fn ingest(installed: bool, source: &str, outcome: &'static str, took:
             }
         };
         // A poisoned lock still holds valid handles: a panic cannot leave the map half-updated.
-        if let Some(m) = METERS.read().unwrap_or_else(|e| e.into_inner()).get(source) {
+        // Past the names kept, a new one is counted with the others under the read lock too:
+        // a flood of names must not take the write lock once per request.
+        let meters = METERS.read().unwrap_or_else(|e| e.into_inner());
+        let kept = meters.get(source).or_else(|| {
+            (meters.len() >= MOST_KEPT)
+                .then(|| meters.get(OTHERS))
+                .flatten()
+        });
+        if let Some(m) = kept {
             return record(m);
         }
+        drop(meters);
         return record(&keep(&METERS, source, MOST_KEPT));
     }
     metrics::counter!(TOTAL, "source" => source.to_owned(), "outcome" => outcome).increment(1);

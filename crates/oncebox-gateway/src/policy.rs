@@ -154,6 +154,10 @@ pub struct Limits {
     /// Connections open at once; past it new ones wait in the listener's backlog, so that
     /// clients holding connections cannot take the descriptors the store and the relay need.
     pub connections: usize,
+    /// Request bodies one peer (an IPv4 address, an IPv6 /64) may have arriving at once, each
+    /// holding a permit of `concurrency` while it does; past it such a request is answered 503.
+    /// A body that arrives with its headers is never counted. 0: no cap.
+    pub bodies_per_peer: usize,
     /// Time allowed to send the request headers (slowloris).
     pub header_timeout: Duration,
     /// Time allowed to send the body once the headers arrived.
@@ -170,6 +174,7 @@ impl Default for Limits {
         Limits {
             concurrency: 1024,
             connections: 10_000,
+            bodies_per_peer: 64,
             header_timeout: Duration::from_secs(10),
             body_timeout: Duration::from_secs(30),
             shutdown_grace: Duration::from_secs(10),

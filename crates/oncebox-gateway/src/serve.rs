@@ -8,7 +8,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::task::{Context, Poll, ready};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::Router;
@@ -25,6 +25,7 @@ use tokio::task::JoinSet;
 use tower::ServiceExt as _;
 
 use crate::linger::{self, Lingering};
+use crate::peers::{Arriving, Peer, PeerBusy, Peers};
 use crate::policy::Limits;
 
 /// After a failed `accept` (out of file descriptors, say), wait this long before the next one
@@ -33,9 +34,9 @@ const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 
 /// Serves `app` on `listener` until `shutdown` completes, then stops accepting, lets in-flight
 /// requests finish within `limits.shutdown_grace`, cuts whatever is left, and returns. Of
-/// `limits` it uses `connections`, `header_timeout` (which also bounds a write that makes no
-/// progress: a client not reading its answers) and `shutdown_grace`; the router applies the
-/// others.
+/// `limits` it uses `connections`, `bodies_per_peer`, `header_timeout` (which also bounds a
+/// write that makes no progress: a client not reading its answers) and `shutdown_grace`; the
+/// router applies the others.
 ///
 /// A request cut by the grace deadline loses its connection: its sender sees no answer and
 /// retries, which is a duplicate if the commit happened. Nothing is ever answered 2xx without
@@ -57,6 +58,7 @@ pub async fn serve(
     let graceful = GracefulShutdown::new();
     let mut connections = JoinSet::new();
     let open = Arc::new(Semaphore::new(limits.connections.max(1)));
+    let peers = Peers::new(limits.bodies_per_peer);
     let mut full = false;
     tokio::pin!(shutdown);
     loop {
@@ -98,8 +100,10 @@ pub async fn serve(
                 let _ = stream.set_nodelay(true);
                 let (io, left) = Lingering::new(stream, limits.header_timeout);
                 let app = app.clone();
-                let service =
-                    hyper::service::service_fn(move |request| answer(app.clone(), request));
+                let bodies = peers.clone().map(|peers| (peers, Peer::of(peer.ip())));
+                let service = hyper::service::service_fn(move |request| {
+                    answer(app.clone(), request, bodies.clone())
+                });
                 let connection = graceful.watch(builder.serve_connection(TokioIo::new(io), service));
                 connections.spawn(async move {
                     let _place = place;
@@ -140,7 +144,14 @@ pub async fn serve(
 /// reports `RemoteDisconnected`). With the header, hyper closes after the answer and the
 /// client knows. A request with no body costs nothing more; one with a body, one small
 /// allocation.
-async fn answer(app: Router, request: Request<Incoming>) -> Result<Response, Infallible> {
+///
+/// The body is also counted against its peer's cap while the server waits for it
+/// (`peers.rs`); `bodies` is `None` without a cap.
+async fn answer(
+    app: Router,
+    request: Request<Incoming>,
+    bodies: Option<(Arc<Peers>, Peer)>,
+) -> Result<Response, Infallible> {
     if request.body().is_end_stream() {
         return app.oneshot(request).await;
     }
@@ -148,6 +159,8 @@ async fn answer(app: Router, request: Request<Incoming>) -> Result<Response, Inf
     let request = request.map(|inner| Tracked {
         inner,
         ended: Arc::clone(&ended),
+        bodies,
+        arriving: None,
     });
     let mut response = app.oneshot(request).await?;
     if !ended.load(Ordering::Relaxed) {
@@ -158,27 +171,47 @@ async fn answer(app: Router, request: Request<Incoming>) -> Result<Response, Inf
     Ok(response)
 }
 
-/// A request body that records, in `ended`, that it was read to its end.
+/// A request body that records, in `ended`, that it was read to its end, and counts against
+/// its peer while its reader waits for it.
 struct Tracked {
     inner: Incoming,
     ended: Arc<AtomicBool>,
+    bodies: Option<(Arc<Peers>, Peer)>,
+    /// Counted as arriving: from the first read that found nothing there to its end.
+    arriving: Option<Arriving>,
 }
 
 impl Body for Tracked {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = Box<dyn std::error::Error + Send + Sync>;
 
     fn poll_frame(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
-        let frame = ready!(Pin::new(&mut self.inner).poll_frame(cx));
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        let Poll::Ready(frame) = Pin::new(&mut self.inner).poll_frame(cx) else {
+            if let (None, Some((peers, peer))) = (&self.arriving, &self.bodies) {
+                let Some(arriving) = peers.enter(*peer) else {
+                    let cap = peers.cap();
+                    crate::quiet::quietly!(
+                        warn,
+                        ?peer,
+                        cap,
+                        "request body refused: its client has as many arriving as limits.bodies_per_peer allows"
+                    );
+                    return Poll::Ready(Some(Err(Box::new(PeerBusy { cap }))));
+                };
+                self.arriving = Some(arriving);
+            }
+            return Poll::Pending;
+        };
         // The last data frame of a body of known length already ends it: a reader that stops
         // there, at its length, has read it all.
         if frame.is_none() || self.inner.is_end_stream() {
             self.ended.store(true, Ordering::Relaxed);
+            self.arriving = None;
         }
-        Poll::Ready(frame)
+        Poll::Ready(frame.map(|f| f.map_err(Into::into)))
     }
 
     fn is_end_stream(&self) -> bool {

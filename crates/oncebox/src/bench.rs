@@ -177,7 +177,9 @@ pub async fn run(settings: &Settings, args: BenchArgs) -> Result<bool> {
     let probe = format!("{base}/healthz");
     // Printed redacted: `--url` may carry credentials (`http://user:token@host`).
     let shown = crate::config::redact_url(&base);
-    reqwest::Client::new()
+    client::http()
+        .build()
+        .context("building the HTTP client")?
         .get(&probe)
         .timeout(Duration::from_secs(5))
         .send()

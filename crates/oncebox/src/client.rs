@@ -12,6 +12,14 @@ use serde_json::{Map, Value};
 
 use crate::config::Settings;
 
+/// How a command talks to a gateway over HTTP: redirects are not followed. The gateway never
+/// answers 3xx, so one comes from something in between (a sign-in proxy, say), and followed,
+/// the POST of an event became a GET whose 200 read as the event's acceptance: `send` printed
+/// success for an event no gateway saw.
+pub fn http() -> reqwest::ClientBuilder {
+    reqwest::Client::builder().redirect(reqwest::redirect::Policy::none())
+}
+
 /// The gateway's base URL without a trailing `/`: `url` (the `--url` flag), else
 /// `http://<listen>`. One that is not `http(s)://HOST…` is the caller's mistake (exit 2), said
 /// so here rather than as the HTTP client's "relative URL without a base" (exit 1).

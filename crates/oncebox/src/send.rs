@@ -7,6 +7,10 @@ use oncebox_gateway::policy::EventIdRule;
 
 use crate::config::Settings;
 
+/// The longest `send` waits for the gateway's answer: past its own body timeout (30 s by
+/// default), it has answered or will not.
+const SEND_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// What to send; unset parts get test values.
 #[derive(Debug)]
 pub struct SendArgs {
@@ -56,7 +60,11 @@ pub async fn run(settings: &Settings, args: SendArgs) -> Result<bool> {
         doc.to_string()
     });
     let url = format!("{base}/v1/sources/{source}/events");
-    let request = reqwest::Client::new()
+    let client = crate::client::http()
+        .timeout(SEND_TIMEOUT)
+        .build()
+        .context("building the HTTP client")?;
+    let request = client
         .post(&url)
         .header("content-type", "application/json")
         .body(body.clone());
@@ -71,6 +79,11 @@ pub async fn run(settings: &Settings, args: SendArgs) -> Result<bool> {
         .with_context(|| format!("POST {}", crate::config::redact_url(&url)))?;
     let status = response.status();
     let replayed = response.headers().get("idempotent-replayed").is_some();
+    let location = response
+        .headers()
+        .get("location")
+        .filter(|_| status.is_redirection())
+        .map(|l| crate::config::redact_url(&String::from_utf8_lossy(l.as_bytes())));
     let text = response.text().await.unwrap_or_default();
     use std::io::Write;
     let mut out = crate::out::stdout();
@@ -81,6 +94,13 @@ pub async fn run(settings: &Settings, args: SendArgs) -> Result<bool> {
         status.canonical_reason().unwrap_or(""),
         if replayed { " (replayed)" } else { "" }
     )?;
+    if let Some(location) = location {
+        writeln!(
+            out,
+            "redirected to {location}, not followed: a gateway never redirects, so something \
+             in front of it answered"
+        )?;
+    }
     writeln!(out, "{text}")?;
     Ok(status.is_success())
 }

@@ -1,12 +1,14 @@
 //! `oncebox serve`: the gateway on the configured database, with retention purges and a
 //! graceful shutdown on SIGINT, SIGTERM or SIGHUP (a second one stops at once).
 
+mod background;
 #[cfg(unix)]
 mod files;
 mod signals;
 
 pub(crate) use signals::{Stop, wait_for};
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -20,6 +22,7 @@ use tokio::net::TcpListener;
 
 use crate::config::Settings;
 use crate::store::{Store, describe};
+use background::Background;
 
 /// How often terminal records past their retention are purged.
 const PURGE_EVERY: Duration = Duration::from_secs(3600);
@@ -77,40 +80,73 @@ pub async fn run(settings: Settings, with_relay: bool) -> Result<()> {
         loopback_only: local.ip().to_canonical().is_loopback(),
         logouts: Default::default(),
     });
-    let purger = tokio::spawn(purge_forever(inbox.clone(), retention));
-    // The recorder keeps histogram samples until they are folded in: without this, memory
-    // grows with every request while nobody scrapes `/metrics`.
-    let upkeep = tokio::spawn(meter::upkeep(metrics, meter::UPKEEP_EVERY));
     let (stop, stopped) = tokio::sync::watch::channel(false);
-    let grace = limits.shutdown_grace;
     let relay = (with_relay && !routes.is_empty()).then(|| {
         let relay = Relay::new(inbox.clone(), routes, Arc::new(SystemClock), relay_options);
         let stopped = stopped.clone();
         tokio::spawn(async move { relay.run(wait_for(stopped)).await })
     });
-    serve(listener, router(gw), limits, async move {
-        shutdown.requested().await;
-        tracing::info!(
-            "waiting for requests in progress, up to {} (limits.shutdown_grace); signal again to stop now",
-            humantime::format_duration(grace)
-        );
+    let background = Background {
+        relay,
+        purge: tokio::spawn(purge_forever(inbox.clone(), retention)),
+        // The recorder keeps histogram samples until they are folded in: without this, memory
+        // grows with every request while nobody scrapes `/metrics`.
+        upkeep: tokio::spawn(meter::upkeep(metrics, meter::UPKEEP_EVERY)),
+    };
+    let app = router(gw);
+    watched(
+        listener,
+        app,
+        limits,
+        shutdown.requested(),
+        background,
+        stop,
+    )
+    .await?;
+    tracing::info!("stopped");
+    Ok(())
+}
+
+/// Serves `app` until `shutdown` or until a task of `background` ends before it (an error,
+/// then, once in-flight requests are done), telling the relay to stop through `stop`.
+async fn watched(
+    listener: TcpListener,
+    app: axum::Router,
+    limits: oncebox_gateway::policy::Limits,
+    shutdown: impl Future<Output = ()> + Send,
+    mut background: Background,
+    stop: tokio::sync::watch::Sender<bool>,
+) -> Result<()> {
+    let grace = limits.shutdown_grace;
+    let mut died = None;
+    serve(listener, app, limits, async {
+        died = background.watch(shutdown).await;
+        match &died {
+            Some(what) => tracing::error!(
+                "{what}: stopping the gateway, up to {} for requests in progress \
+                 (limits.shutdown_grace), to exit with an error",
+                humantime::format_duration(grace)
+            ),
+            None => tracing::info!(
+                "waiting for requests in progress, up to {} (limits.shutdown_grace); signal \
+                 again to stop now",
+                humantime::format_duration(grace)
+            ),
+        }
         // The relay says what it waits for once it sees the stop.
         let _ = stop.send(true);
     })
     .await?;
-    // The relay finishes the attempt in hand and records it before the store closes.
-    let relay_ended = match relay {
-        Some(relay) => relay.await,
-        None => Ok(()),
-    };
-    purger.abort();
-    upkeep.abort();
-    if let Err(e) = relay_ended {
-        // Its deliveries stay queued in the store; the exit status says they were not served.
-        tracing::error!(error = %e, "the relay stopped on its own");
-        bail!("the relay stopped on its own: {e}");
+    let finished = background.finish().await;
+    if let Some(what) = died {
+        bail!("{what}");
     }
-    tracing::info!("stopped");
+    // A relay that did not end well leaves its deliveries queued in the store; the exit status
+    // says they were not served.
+    if let Err(what) = finished {
+        tracing::error!("{what}");
+        bail!("{what}");
+    }
     Ok(())
 }
 

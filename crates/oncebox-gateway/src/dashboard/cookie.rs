@@ -5,15 +5,21 @@ use axum::http::{HeaderMap, HeaderValue, header};
 
 use super::session::COOKIE;
 
-/// The value of the cookie `name` the request carries (the first, where several are sent).
-pub(crate) fn cookie_value<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
+/// The values of every cookie `name` the request carries, in its order. A browser sends all
+/// the cookies of that name it keeps for the URL, and any page served from the same host, on
+/// any port, can set one with a longer path, which comes first: reading only the first, such a
+/// page kept the operator logged out of every page under that path.
+pub(crate) fn cookie_values<'a>(
+    headers: &'a HeaderMap,
+    name: &'a str,
+) -> impl Iterator<Item = &'a str> + 'a {
     headers
         .get_all(header::COOKIE)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(';'))
         .filter_map(|pair| pair.trim().split_once('='))
-        .find(|(n, _)| *n == name)
+        .filter(move |(n, _)| *n == name)
         .map(|(_, v)| v)
 }
 

@@ -14,7 +14,7 @@ use oncebox_core::Timestamp;
 use oncebox_core::store::EventStore;
 use sha2::Sha256;
 
-use super::cookie::{cookie_value, set_cookie};
+use super::cookie::{cookie_values, set_cookie};
 use crate::Gateway;
 
 /// Name of the session cookie.
@@ -108,11 +108,15 @@ pub(crate) fn token_matches(token: &str, given: &str) -> bool {
         .is_ok()
 }
 
-/// The session nonce the request's cookie carries, if valid now and not logged out.
-fn session<S>(gw: &Gateway<S>, headers: &HeaderMap) -> Option<(String, String)> {
+/// The session nonce of the first of the request's cookies that is valid now and not logged
+/// out, and that cookie.
+fn session<'a, S>(gw: &Gateway<S>, headers: &'a HeaderMap) -> Option<(String, String, &'a str)> {
     let token = gw.config.admin_token.as_deref()?;
-    let nonce = verify(token, cookie_value(headers, COOKIE)?, gw.clock.now())?;
-    (!gw.logouts.ended(&nonce)).then(|| (token.to_owned(), nonce))
+    let now = gw.clock.now();
+    cookie_values(headers, COOKIE).find_map(|value| {
+        let nonce = verify(token, value, now)?;
+        (!gw.logouts.ended(&nonce)).then(|| (token.to_owned(), nonce, value))
+    })
 }
 
 /// Whether the request names the gateway by a loopback name, or names none (a client of
@@ -181,7 +185,7 @@ pub(crate) fn access<S>(gw: &Gateway<S>, headers: &HeaderMap) -> Access {
         None if gw.loopback_only && loopback_host(headers) && !proxied(headers) => Access::Open,
         None => Access::Closed,
         Some(_) => match session(gw, headers) {
-            Some((token, nonce)) => Access::Session {
+            Some((token, nonce, _)) => Access::Session {
                 csrf: csrf(&token, &nonce),
             },
             None => Access::Login,
@@ -260,17 +264,19 @@ pub(crate) async fn logout<S: EventStore>(
     headers: HeaderMap,
     axum::Form(form): axum::Form<LogoutForm>,
 ) -> Response {
-    let nonce = session(&gw, &headers)
-        .filter(|(token, nonce)| csrf_ok(token, nonce, &form.csrf))
-        .map(|(_, nonce)| nonce);
-    let (Some(nonce), true) = (nonce, same_origin(&headers)) else {
+    let ended = session(&gw, &headers)
+        .filter(|(token, nonce, _)| csrf_ok(token, nonce, &form.csrf))
+        .map(|(_, nonce, value)| (nonce, value));
+    let (Some((nonce, value)), true) = (ended, same_origin(&headers)) else {
         return StatusCode::FORBIDDEN.into_response();
     };
     // Remembered until the cookie's own signed expiry, when the signature check takes over
     // (not now + its lifetime: after a wall clock stepped back, that would come first).
     let now = gw.clock.now();
-    let expires = cookie_value(&headers, COOKIE)
-        .and_then(|v| v.split('.').next()?.parse().ok())
+    let expires = value
+        .split('.')
+        .next()
+        .and_then(|at| at.parse().ok())
         .map_or(now.plus(LIFETIME), Timestamp);
     gw.logouts.end(&nonce, expires, now);
     (
@@ -290,7 +296,7 @@ pub(crate) async fn bridge<S: EventStore>(
 ) -> Response {
     let headers = request.headers();
     if !headers.contains_key(header::AUTHORIZATION)
-        && let Some((token, nonce)) = session(&gw, headers)
+        && let Some((token, nonce, _)) = session(&gw, headers)
         && let Some(given) = headers.get(CSRF_HEADER).and_then(|v| v.to_str().ok())
         && csrf_ok(&token, &nonce, given)
         && (request.method() == Method::GET || same_origin(headers))
@@ -377,7 +383,15 @@ mod tests {
             header::COOKIE,
             HeaderValue::from_static("a=1; oncebox_session=x.y.z; b=2"),
         );
-        assert_eq!(cookie_value(&h, COOKIE), Some("x.y.z"));
-        assert_eq!(cookie_value(&h, "c"), None);
+        fn all(h: &HeaderMap, name: &str) -> Vec<String> {
+            cookie_values(h, name).map(str::to_owned).collect()
+        }
+        assert_eq!(all(&h, COOKIE), ["x.y.z"]);
+        assert!(all(&h, "c").is_empty());
+        h.append(
+            header::COOKIE,
+            HeaderValue::from_static("oncebox_session=u.v.w"),
+        );
+        assert_eq!(all(&h, COOKIE), ["x.y.z", "u.v.w"], "every one, in order");
     }
 }

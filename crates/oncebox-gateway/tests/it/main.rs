@@ -17,6 +17,7 @@ mod keys;
 mod linger;
 mod openapi;
 mod ordering;
+mod peers;
 mod proxied;
 mod rejections;
 mod signatures;

@@ -1,14 +1,14 @@
 //! A gateway on a real listener and a raw client for it: the bytes a test chooses, read back as
 //! whole responses, to stage slow, partial and oversize requests.
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use oncebox_gateway::policy::{GatewayConfig, Limits};
 use oncebox_sqlite::Options;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
+use tokio::net::{TcpSocket, TcpStream};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
@@ -123,6 +123,17 @@ impl Raw {
         }
     }
 
+    /// Connects from the loopback address `from` (any of 127.0.0.0/8): another client, as the
+    /// server tells them apart.
+    pub(crate) async fn connect_from(addr: SocketAddr, from: IpAddr) -> Raw {
+        let socket = TcpSocket::new_v4().expect("socket");
+        socket.bind(SocketAddr::new(from, 0)).expect("bind");
+        Raw {
+            stream: socket.connect(addr).await.expect("connect"),
+            buf: Vec::new(),
+        }
+    }
+
     pub(crate) async fn send(&mut self, bytes: &[u8]) {
         self.stream.write_all(bytes).await.expect("write");
     }
@@ -205,7 +216,11 @@ pub(crate) fn parse(buf: &mut Vec<u8>, eof: bool) -> Option<Answer> {
 /// `100 Continue` only when the handler first polls the body, so by then the request holds its
 /// concurrency permit and is in flight.
 pub(crate) async fn in_flight(addr: SocketAddr, body: &str, sent: usize) -> Raw {
-    let mut raw = Raw::connect(addr).await;
+    in_flight_on(Raw::connect(addr).await, body, sent).await
+}
+
+/// [`in_flight`] on a connection of the test's choosing.
+pub(crate) async fn in_flight_on(mut raw: Raw, body: &str, sent: usize) -> Raw {
     raw.send(head("open", body.len(), "Expect: 100-continue\r\n").as_bytes())
         .await;
     let interim = raw.reply().await.answer();

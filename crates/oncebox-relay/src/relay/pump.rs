@@ -115,14 +115,28 @@ impl<S: DeliveryStore> Relay<S> {
     /// for them: at most their room together, and what the batch has room for. One route may
     /// still take the others' share of a claim; those wait for its permits (and its slots),
     /// and while it holds its concurrency it is left out of the next claims. `None`: no room.
+    ///
+    /// The batch counts, of each route's claims, no more than its concurrency: those past it
+    /// only wait, and counted, a slow route whose backlog came first in one claim held the
+    /// whole batch, so no other route was claimed for until that backlog was sent, one of its
+    /// slow answers at a time.
     /// Beside it, when a paced route was left out for its pace alone, how long until a slot
     /// of it comes within reach.
     fn room(
         &self,
         held: &HashMap<String, usize>,
     ) -> (Option<(Vec<String>, usize)>, Option<Duration>) {
-        let total: usize = held.values().sum();
         let now = tokio::time::Instant::now();
+        let total: usize = held
+            .iter()
+            .map(|(name, n)| {
+                let most = self
+                    .routes
+                    .get(name)
+                    .map_or(*n, |l| l.route.concurrency.max(1));
+                (*n).min(most)
+            })
+            .sum();
         let mut room = 0usize;
         let mut paced_for: Option<Duration> = None;
         let routes: Vec<String> = self

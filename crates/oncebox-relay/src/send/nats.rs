@@ -1,5 +1,6 @@
 //! One NATS attempt: a JetStream publish with `Nats-Msg-Id` = `{route}:{idempotency key}`,
-//! counted delivered only on the stream's PubAck.
+//! counted delivered only on the stream's PubAck, and never into a stream with interest
+//! retention (its PubAck does not mean stored).
 
 use std::fmt;
 use std::str::FromStr;
@@ -9,6 +10,7 @@ use async_nats::connection::State;
 use async_nats::header::{self, HeaderMap, HeaderValue};
 use async_nats::jetstream::context::{Context, PublishErrorKind};
 use async_nats::jetstream::message::PublishMessage;
+use async_nats::jetstream::stream::RetentionPolicy;
 use oncebox_core::delivery::Attempt;
 use oncebox_core::hops::NATS_HOPS_HEADER;
 use oncebox_core::relay_store::Claimed;
@@ -23,7 +25,15 @@ use crate::target::NatsTarget;
 /// reconnects by itself after a failure; attempts made meanwhile are "not sent".
 pub(crate) struct Publisher {
     target: NatsTarget,
-    client: Mutex<Option<(async_nats::Client, Context)>>,
+    client: Mutex<Option<Connected>>,
+}
+
+/// The client, its JetStream context, and whether the stream that captures the route's subject
+/// was found to keep what it acknowledges.
+struct Connected {
+    client: async_nats::Client,
+    js: Context,
+    checked: bool,
 }
 
 impl fmt::Debug for Publisher {
@@ -105,32 +115,72 @@ impl Publisher {
         }
     }
 
-    /// The JetStream context of a connected client, connecting when there is none.
+    /// The JetStream context of a connected client, connecting when there is none, once the
+    /// stream that captures the route's subject is known to keep what it acknowledges.
     async fn context(&self, timeout: Duration) -> Result<Context, String> {
         let mut slot = self.client.lock().await;
-        if let Some((client, js)) = slot.as_ref() {
-            // Checked so a message is never queued inside a disconnected client, from where it
-            // could leave after the attempt was recorded "not sent".
-            return match client.connection_state() {
-                State::Connected => Ok(js.clone()),
-                state => Err(format!(
-                    "{} is {state}; the client is reconnecting",
-                    self.target.server()
-                )),
-            };
+        let connected = match slot.as_mut() {
+            Some(connected) => connected,
+            None => {
+                let options = async_nats::ConnectOptions::new()
+                    .name("oncebox-relay")
+                    .connection_timeout(timeout);
+                let (options, server) =
+                    oncebox_nats::with_credentials(options, &self.target.server);
+                let client = options.connect(server).await.map_err(|e| {
+                    format!("connect to {}: {}", self.target.server(), error_chain(&e))
+                })?;
+                let mut js = async_nats::jetstream::new(client.clone());
+                js.set_timeout(timeout);
+                slot.insert(Connected {
+                    client,
+                    js,
+                    checked: false,
+                })
+            }
+        };
+        // Checked so a message is never queued inside a disconnected client, from where it
+        // could leave after the attempt was recorded "not sent".
+        let state = connected.client.connection_state();
+        if state != State::Connected {
+            return Err(format!(
+                "{} is {state}; the client is reconnecting",
+                self.target.server()
+            ));
         }
-        let options = async_nats::ConnectOptions::new()
-            .name("oncebox-relay")
-            .connection_timeout(timeout);
-        let (options, server) = oncebox_nats::with_credentials(options, &self.target.server);
-        let client = options
-            .connect(server)
+        if !connected.checked {
+            connected.checked = self.stream_keeps(&connected.js).await?;
+        }
+        Ok(connected.js.clone())
+    }
+
+    /// Whether the stream capturing the route's subject was found and keeps what it
+    /// acknowledges; `Ok(false)` while none is found (the publish then answers "no stream"
+    /// itself, and the next attempt looks again).
+    ///
+    /// An interest stream is refused: it drops a message that no consumer's filter wants at
+    /// that moment (none made yet, one being made again) and still answers the publish with a
+    /// sequence, so the delivery would be recorded delivered with nothing kept, and its key's
+    /// retries answered "duplicate" in the window. Refused at every attempt, the delivery is
+    /// retried and finally dead, which an operator sees; the consumer's quarantine subject is
+    /// refused on such a stream for the same reason.
+    async fn stream_keeps(&self, js: &Context) -> Result<bool, String> {
+        let subject = &self.target.subject;
+        let Ok(name) = js.stream_by_subject(subject.as_str()).await else {
+            return Ok(false);
+        };
+        let stream = js
+            .get_stream(&name)
             .await
-            .map_err(|e| format!("connect to {}: {}", self.target.server(), error_chain(&e)))?;
-        let mut js = async_nats::jetstream::new(client.clone());
-        js.set_timeout(timeout);
-        *slot = Some((client, js.clone()));
-        Ok(js)
+            .map_err(|e| format!("reading stream {name}: {}", error_chain(&e)))?;
+        if stream.cached_info().config.retention == RetentionPolicy::Interest {
+            return Err(format!(
+                "not published: stream {name}, which captures subject {subject:?}, keeps a \
+                 message only while a consumer wants it (interest retention), and acknowledges \
+                 one no consumer wants without keeping it; use limits or work-queue retention"
+            ));
+        }
+        Ok(true)
     }
 }
 

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use async_nats::jetstream::stream::{Config, StorageType, Stream};
+use async_nats::jetstream::stream::{Config, RetentionPolicy, StorageType, Stream};
 use async_nats::jetstream::{self, Context};
 use oncebox_core::delivery::DeliveryState;
 use oncebox_core::relay_store::DeliveryStore;
@@ -28,6 +28,10 @@ struct JetStream {
 
 impl JetStream {
     async fn new() -> Option<JetStream> {
+        JetStream::with(RetentionPolicy::Limits).await
+    }
+
+    async fn with(retention: RetentionPolicy) -> Option<JetStream> {
         let base = service_url("ONCEBOX_NATS_URL")?;
         let client = async_nats::connect(base.as_str())
             .await
@@ -44,6 +48,7 @@ impl JetStream {
                 storage: StorageType::Memory,
                 // The dedup window the test relies on, stated rather than defaulted.
                 duplicate_window: Duration::from_secs(120),
+                retention,
                 ..Config::default()
             })
             .await
@@ -164,6 +169,32 @@ fn jetstream_subject_without_a_stream_is_not_sent_and_retried() {
         let url = with_query(&base, &[("subject", &subject)]);
         // "No responders": no stream captures the subject, so nothing was stored.
         refused_publish_is_retried(&url, "no stream").await;
+    });
+}
+
+/// A stream with interest retention acknowledges a message no consumer wants with a sequence
+/// and keeps nothing: a route into one is refused at every attempt (retried, in the end dead),
+/// never recorded delivered.
+#[test]
+fn jetstream_interest_stream_is_not_published_into() {
+    run(async {
+        let Some(nats) = JetStream::with(RetentionPolicy::Interest).await else {
+            return;
+        };
+        let w = World::new();
+        w.accept("evt_i", &["stream"]).await;
+        let relay = w.relay(vec![broker_route("stream", &nats.url(None), false)]);
+        let out = relay.run_once().await.unwrap();
+        assert_eq!((out.delivered, out.retrying), (0, 1), "{out:?}");
+        let d = w.delivery("evt_i").await;
+        let error = d.last_error.unwrap_or_default();
+        assert!(error.contains("interest retention"), "{error}");
+        // What a publish there would have been: acknowledged, and nothing kept.
+        let ack = nats.js.publish(nats.subject.clone(), "x".into()).await;
+        let ack = ack.unwrap().await.unwrap();
+        assert!(ack.sequence > 0);
+        assert_eq!(nats.stored().await, 0, "the stream kept nothing");
+        nats.drop_all().await;
     });
 }
 

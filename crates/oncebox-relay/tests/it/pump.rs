@@ -12,7 +12,7 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::post;
 use oncebox_core::delivery::DeliveryState;
-use oncebox_relay::Relay;
+use oncebox_relay::{Relay, RelayOptions};
 use oncebox_sqlite::Inbox;
 use oncebox_testkit::run;
 use oncebox_testkit::writer::{hold_writer, queued};
@@ -90,6 +90,51 @@ fn a_slow_receiver_holds_back_no_other_route() {
         assert_eq!(fast.requests().len(), 1);
         slow.gate.add_permits(1);
         wait_state(&w, "s1", DeliveryState::Delivered).await;
+        let _ = stop.send(());
+        task.await.unwrap();
+    });
+}
+
+/// A slow route whose backlog came first took a whole claim, and holds more claims than it can
+/// send; those waiting for its permit must not take the other routes' room. Counted in the
+/// batch, they left no room for any other route until the slow backlog was sent.
+#[test]
+fn a_slow_route_with_a_backlog_holds_back_no_other_route() {
+    run(async {
+        let w = World::new();
+        let (slow, mut arrivals, slow_addr) = start_held().await;
+        let (fast, fast_addr) = receiver::start().await;
+        let mut one_at_a_time = route("slow", slow_addr, true);
+        (one_at_a_time.concurrency, one_at_a_time.timeout) = (1, Duration::from_secs(60));
+        let backlog = ["b1", "b2", "b3", "b4"];
+        for id in backlog {
+            w.accept(id, &["slow"]).await;
+        }
+        let options = RelayOptions {
+            lease: Duration::from_secs(120),
+            batch: backlog.len(),
+            ..RelayOptions::default()
+        };
+        let routes = vec![one_at_a_time, route("fast", fast_addr, true)];
+        let clock = Arc::new(w.clock.clone());
+        let relay = Arc::new(Relay::new(w.inbox.clone(), routes, clock, options));
+        let (stop, task) = running(relay);
+        arrivals
+            .recv()
+            .await
+            .expect("the first slow request arrives");
+        // The first claim took the whole batch, all of it the slow route's: one sending, three
+        // waiting for its permit.
+        for id in backlog {
+            assert_eq!(w.delivery(id).await.state, DeliveryState::InFlight, "{id}");
+        }
+        w.accept("f1", &["fast"]).await;
+        wait_state(&w, "f1", DeliveryState::Delivered).await;
+        assert_eq!(fast.requests().len(), 1);
+        slow.gate.add_permits(backlog.len());
+        for id in backlog {
+            wait_state(&w, id, DeliveryState::Delivered).await;
+        }
         let _ = stop.send(());
         task.await.unwrap();
     });

@@ -37,7 +37,7 @@ impl Connection {
     /// Connection number `index` of the run; `duplicates` is the share of repeats it sends.
     pub(super) fn new(target: Arc<Target>, duplicates: f64, index: usize) -> Result<Connection> {
         // One pooled connection per sender: the connection count is exactly `--connections`.
-        let client = reqwest::Client::builder()
+        let client = crate::client::http()
             .pool_max_idle_per_host(1)
             .tcp_nodelay(true)
             .timeout(REQUEST_TIMEOUT)

@@ -27,7 +27,7 @@ pub(super) async fn stored_ids(
     source: &Source,
     token: Option<&str>,
 ) -> Result<Vec<String>> {
-    let client = reqwest::Client::builder()
+    let client = crate::client::http()
         .timeout(REQUEST_TIMEOUT)
         .build()
         .context("building the HTTP client")?;

@@ -40,10 +40,14 @@ pub fn describe(settings: &Settings) -> String {
     let _ = writeln!(out, "admin       {admin}");
     let _ = writeln!(
         out,
-        "limits      concurrency {}, connections {}, header timeout {}, body timeout {}, \
-         shutdown grace {}, retry-after {}",
+        "limits      concurrency {}, connections {}, bodies per client {}, header timeout {}, \
+         body timeout {}, shutdown grace {}, retry-after {}",
         l.concurrency,
         l.connections,
+        match l.bodies_per_peer {
+            0 => "unlimited".to_owned(),
+            n => n.to_string(),
+        },
         format_duration(l.header_timeout),
         format_duration(l.body_timeout),
         format_duration(l.shutdown_grace),

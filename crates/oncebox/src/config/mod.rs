@@ -382,6 +382,8 @@ fn limits(raw: &RawLimits, p: &mut Problems<'_>) -> Limits {
             format!("must be from 1 to {}", raw::MAX_CONCURRENCY),
         );
     }
+    // 0 is no cap; past the concurrency limit a cap never binds, so no upper bound is needed.
+    let bodies_per_peer = raw.bodies_per_peer.unwrap_or(d.bodies_per_peer);
     let header_timeout = raw.header_timeout.map_or(d.header_timeout, |t| t.0);
     let body_timeout = raw.body_timeout.map_or(d.body_timeout, |t| t.0);
     for (key, value) in [
@@ -400,6 +402,7 @@ fn limits(raw: &RawLimits, p: &mut Problems<'_>) -> Limits {
     Limits {
         concurrency,
         connections,
+        bodies_per_peer,
         header_timeout,
         body_timeout,
         shutdown_grace: raw.shutdown_grace.map_or(d.shutdown_grace, |t| t.0),

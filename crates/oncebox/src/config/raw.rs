@@ -57,6 +57,7 @@ pub(super) struct RawRelay {
 pub(super) struct RawLimits {
     pub concurrency: Option<usize>,
     pub connections: Option<usize>,
+    pub bodies_per_peer: Option<usize>,
     pub header_timeout: Option<HumanDuration>,
     pub body_timeout: Option<HumanDuration>,
     pub shutdown_grace: Option<HumanDuration>,

@@ -78,3 +78,40 @@ fn send_never_prints_the_credentials_in_its_url() {
     );
     assert!(!said.contains("tok3n") && !said.contains("user:"), "{said}");
 }
+
+/// Something in front of the gateway (a sign-in proxy) answers the POST with a redirect to a
+/// page that answers 200: `send` reports the 302 and fails, since no gateway saw the event.
+/// Followed, the POST became a GET of that page and `send` printed its 200 as success.
+#[test]
+fn send_does_not_follow_a_redirect() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::fs::write(d.join("oncebox.toml"), CONFIG).unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let listener = rt
+        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+        .unwrap();
+    let addr = listener.local_addr().unwrap();
+    let proxy = axum::Router::new()
+        .route(
+            "/v1/sources/shop/events",
+            axum::routing::post(|| async {
+                (
+                    axum::http::StatusCode::FOUND,
+                    [("location", "/sign-in")],
+                    "",
+                )
+            }),
+        )
+        .route("/sign-in", axum::routing::get(|| async { "sign in" }));
+    rt.spawn(async move { axum::serve(listener, proxy).await });
+    let url = format!("http://{addr}");
+    let out = oncebox(d, &["send", "shop", "--id", "evt_1", "--url", &url]);
+    let said = text(&out);
+    assert_eq!(out.status.code(), Some(5), "{said}");
+    assert!(said.starts_with("302 Found"), "{said}");
+    assert!(
+        said.contains("redirected to /sign-in, not followed"),
+        "{said}"
+    );
+}

@@ -380,12 +380,14 @@ fn unknown_keys_are_refused_by_path() {
 #[test]
 fn limits_map_onto_the_gateway() {
     let s = ok(
-        "[limits]\nconcurrency = 8\nconnections = 20\nheader_timeout = \"2s\"\n\
-         body_timeout = \"1m\"\nshutdown_grace = \"0s\"\nretry_after = \"5s\"\n",
+        "[limits]\nconcurrency = 8\nconnections = 20\nbodies_per_peer = 0\n\
+         header_timeout = \"2s\"\nbody_timeout = \"1m\"\nshutdown_grace = \"0s\"\n\
+         retry_after = \"5s\"\n",
     );
     let l = &s.gateway.limits;
     assert_eq!(l.concurrency, 8);
     assert_eq!(l.connections, 20);
+    assert_eq!(l.bodies_per_peer, 0);
     assert_eq!(l.header_timeout, Duration::from_secs(2));
     assert_eq!(l.body_timeout, Duration::from_secs(60));
     assert_eq!(l.shutdown_grace, Duration::ZERO);
