@@ -98,7 +98,8 @@ pub enum LeaseError {
     #[error("unavailable: {0}")]
     Unavailable(#[from] Unavailable),
     /// The response is longer than the store keeps with its record (SQLite's
-    /// `SQLITE_LIMIT_LENGTH`, `Options::length_limit`): every retry would be refused alike.
+    /// `SQLITE_LIMIT_LENGTH`, `Options::length_limit`; PostgreSQL's `MAX_EVENT_BYTES`; Redis's
+    /// `MAX_RESPONSE_BYTES`): every retry would be refused alike.
     /// Nothing was written and the lease is still this holder's: release it, or complete with
     /// a shorter response.
     #[error("response too large for the store: {0}")]

@@ -275,8 +275,11 @@ impl Inbox {
 
     /// Completes only while the lease is live and still this holder's: an expired holder is
     /// fenced even if nobody has taken over yet, because someone may be about to. A holder
-    /// repeating its own completion is answered `Ok`.
+    /// repeating its own completion is answered `Ok`. A response past
+    /// [`MAX_EVENT_BYTES`](crate::MAX_EVENT_BYTES) is `LeaseError::TooLarge`, unasked of the
+    /// database, and the lease is still the holder's.
     pub async fn complete(&self, lease: &Lease, response: Response) -> Result<(), LeaseError> {
+        crate::limit::check_response(&response.body)?;
         let body = (!response.body.is_empty()).then_some(&response.body);
         self.leases.refresh(&self.pool).await;
         let now = self.clock.now();

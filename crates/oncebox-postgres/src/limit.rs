@@ -3,7 +3,7 @@
 //! error, which callers would retry for ever.
 
 use oncebox_core::store::Ingest;
-use oncebox_core::{Event, Invalid, ProcessError};
+use oncebox_core::{Event, Invalid, LeaseError, ProcessError};
 
 /// The most bytes of payload and header lines one event may hold. PostgreSQL takes each field
 /// value, each row as it is formed (before TOAST moves values out of line) and each protocol
@@ -29,6 +29,20 @@ pub(crate) fn check(event: &Event) -> Result<(), ProcessError> {
             size,
             limit: MAX_EVENT_BYTES,
         }));
+    }
+    Ok(())
+}
+
+/// Refuses a two-phase response past [`MAX_EVENT_BYTES`], before anything is asked of the
+/// database: the `UPDATE` binding it would fail on every retry (or reset the connection),
+/// answered `Unavailable` each time until the lease lapsed. Nothing is written and the lease
+/// stays its holder's, as on SQLite.
+pub(crate) fn check_response(body: &[u8]) -> Result<(), LeaseError> {
+    if body.len() > MAX_EVENT_BYTES {
+        return Err(LeaseError::TooLarge(format!(
+            "a response of {} bytes; PostgreSQL keeps at most {MAX_EVENT_BYTES} with a record",
+            body.len()
+        )));
     }
     Ok(())
 }

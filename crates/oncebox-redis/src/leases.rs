@@ -199,8 +199,17 @@ impl Leases {
     /// call it right after the inbox's own completion, not for a key the inbox answered as a
     /// duplicate (its record is older; [`Leases::remember`] counts from its completion). Refused
     /// (`Fenced`) once the lease expired, was taken over, or Redis forgot it. Repeating a
-    /// completion that succeeded (its reply was lost) answers `Ok` again.
+    /// completion that succeeded (its reply was lost) answers `Ok` again. A response past
+    /// [`MAX_RESPONSE_BYTES`](crate::MAX_RESPONSE_BYTES) is `TooLarge`, unasked of Redis, and
+    /// the lease is still the holder's.
     pub async fn complete(&self, lease: &Lease, response: &Response) -> Result<(), LeaseError> {
+        if response.body.len() > crate::MAX_RESPONSE_BYTES {
+            return Err(LeaseError::TooLarge(format!(
+                "a response of {} bytes; Redis takes at most {} in one value",
+                response.body.len(),
+                crate::MAX_RESPONSE_BYTES
+            )));
+        }
         let mut call = self.shared.scripts.complete.prepare_invoke();
         call.key(self.record(&lease.key))
             .arg(lease.token)

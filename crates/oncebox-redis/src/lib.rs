@@ -154,3 +154,9 @@ pub use error::ConnectError;
 pub use leases::{Leases, Resolution};
 pub use options::Options;
 pub use redis;
+
+/// The longest response `Leases::complete` keeps: Redis takes one argument, and keeps one
+/// value, of at most `proto-max-bulk-len` bytes (512 MiB unless its configuration lowers it).
+/// A longer one failed the same way on every retry, as `Unavailable`, with the connection
+/// dropped; it is refused as `LeaseError::TooLarge` instead, the lease still the holder's.
+pub const MAX_RESPONSE_BYTES: usize = 512 << 20;

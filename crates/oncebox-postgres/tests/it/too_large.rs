@@ -7,7 +7,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use oncebox_core::store::{EventStore, Ingest};
-use oncebox_core::{Event, Invalid, ManualClock, Meta, ProcessError, Processed, Response};
+use oncebox_core::{
+    Begun, Event, Invalid, LeaseError, ManualClock, Meta, ProcessError, Processed, RecordState,
+    Response,
+};
 use oncebox_postgres::{Inbox, MAX_EVENT_BYTES};
 use oncebox_testkit::{EPOCH, event};
 
@@ -167,5 +170,33 @@ fn a_huge_event_never_fails_the_events_batched_beside_it() {
         }
         let huge = huge.await.expect("task");
         assert!(too_large(&huge, MAX_EVENT_BYTES + 1), "{huge:?}");
+    });
+}
+
+/// A two-phase response past what a record keeps is the holder's own error, not an outage: it
+/// would fail the same way on every retry. Nothing is written and the lease stays the holder's,
+/// so it completes with a shorter response.
+#[test]
+fn a_response_past_what_postgresql_stores_is_too_large_and_the_lease_kept() {
+    if url().is_none() {
+        return;
+    }
+    oncebox_testkit::run(async {
+        let pg = Postgres::open(schema(), ManualClock::new(EPOCH)).await;
+        let begun = pg.inbox.begin(event("shop", "paid", 1), PROMPT).await;
+        let Ok(Begun::Leased(lease)) = begun else {
+            panic!("{begun:?}");
+        };
+        let huge = Response::completed(vec![0; MAX_EVENT_BYTES + 1]);
+        let answer = pg.inbox.complete(&lease, huge).await;
+        assert!(matches!(answer, Err(LeaseError::TooLarge(_))), "{answer:?}");
+        let shorter = Response::completed("charged");
+        pg.inbox.complete(&lease, shorter).await.expect("completed");
+        let record = pg.inbox.record(&lease.key).await.expect("read");
+        let state = record.map(|r| r.state);
+        assert_eq!(
+            state,
+            Some(RecordState::Done(Response::completed("charged")))
+        );
     });
 }

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use oncebox_core::{Begun, Lease, ProcessError, Response, Retention, Source};
+use oncebox_core::{Begun, Lease, LeaseError, ProcessError, Response, Retention, Source};
 use oncebox_redis::Leases;
 use oncebox_testkit::run;
 
@@ -126,5 +126,27 @@ fn foreign_data_under_our_key_is_unavailable_never_a_duplicate_or_conflict() {
         let out = leases.begin(&odd, TTL).await;
         assert!(matches!(out, Err(ProcessError::Unavailable(_))), "{out:?}");
         assert!(leases.recall(&odd).await.is_err());
+    });
+}
+
+/// A response past what Redis takes in one value is the holder's own error, not an outage: it
+/// would fail the same way on every retry. Nothing is written and the lease stays the holder's.
+#[test]
+fn a_response_past_what_redis_takes_is_too_large_and_the_lease_kept() {
+    let Some(url) = shared() else { return };
+    run(async move {
+        let ns = Namespace::new(&url);
+        let leases = ns.leases().await;
+        let e = event("charge-huge", 5);
+        let lease = leased(leases.begin(&e, TTL).await);
+        let huge = Response::completed(vec![0; oncebox_redis::MAX_RESPONSE_BYTES + 1]);
+        let answer = leases.complete(&lease, &huge).await;
+        assert!(matches!(answer, Err(LeaseError::TooLarge(_))), "{answer:?}");
+        let shorter = Response::completed("charged");
+        leases.complete(&lease, &shorter).await.expect("completed");
+        assert!(matches!(
+            leases.begin(&e, TTL).await,
+            Ok(Begun::Duplicate(r)) if r == shorter
+        ));
     });
 }
