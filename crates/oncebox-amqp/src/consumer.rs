@@ -123,15 +123,6 @@ pub enum ConsumeError {
     /// consumed. Run again, on a new connection if this one stays silent.
     #[error("the broker did not answer {call} within {after:?}")]
     Timeout { call: &'static str, after: Duration },
-    /// The queue is a stream queue, found at its first delivery; nothing was applied. A stream
-    /// does not hand back a message nacked for a retry, and a consumer without a stored
-    /// position starts at its end: failed messages, and those published while the consumer was
-    /// away, would be passed over without a word.
-    #[error(
-        "queue {0:?} is a stream queue: it redelivers no nacked message and keeps no position \
-         for this consumer, so messages would be skipped; consume a classic or quorum queue"
-    )]
-    StreamQueue(String),
 }
 
 impl ConsumeError {
@@ -144,15 +135,6 @@ impl ConsumeError {
     pub fn unreadable_message(&self) -> bool {
         matches!(self, ConsumeError::Broker(e) if matches!(e.kind(), lapin::ErrorKind::ParsingError(_)))
     }
-}
-
-/// Whether `delivery` comes from a stream queue, which marks each with its offset.
-fn from_a_stream(delivery: &lapin::message::Delivery) -> bool {
-    delivery
-        .properties
-        .headers()
-        .as_ref()
-        .is_some_and(|h| h.inner().keys().any(|k| k.as_str() == "x-stream-offset"))
 }
 
 /// `call` within `after`, its silence an error.
@@ -240,9 +222,6 @@ impl<A: Apply> Consumer<A> {
                 Some(joined) = in_hand.join_next(), if !in_hand.is_empty() => finished(joined),
                 Some(reply) = reopens.next() => publisher.serve(connection, reply).await,
                 next = deliveries.next() => match next {
-                    Some(Ok(delivery)) if from_a_stream(&delivery) => {
-                        break Err(ConsumeError::StreamQueue(o.queue.clone()));
-                    }
                     Some(Ok(delivery)) => {
                         // Taken here, in arrival order.
                         let ticket = self.shared.arrivals.ticket();

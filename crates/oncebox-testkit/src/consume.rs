@@ -264,11 +264,6 @@ impl<E: Debug + Send + 'static> Running<E> {
         }
     }
 
-    /// Whether the consumer has ended.
-    pub fn finished(&self) -> bool {
-        self.task.is_finished()
-    }
-
     /// Waits, at most `within`, for the consumer to end on its own, and returns what it ended
     /// with.
     pub async fn ended(self, within: Duration) -> Result<(), E> {

@@ -157,11 +157,7 @@ async fn amqp_forever(
                          exchange does, with the messages prefetched beside it)"
                     );
                 }
-                if let Err(
-                    e @ (oncebox_amqp::ConsumeError::QuarantineMissing(_)
-                    | oncebox_amqp::ConsumeError::StreamQueue(_)),
-                ) = &r
-                {
+                if let Err(e @ oncebox_amqp::ConsumeError::QuarantineMissing(_)) = &r {
                     // Only the broker's setup ends this: said loudly, and tried again in case
                     // the operator declares the exchange meanwhile.
                     tracing::error!(consumer = %spec.name, error = %e, "RabbitMQ consumer refused to start");

@@ -1,14 +1,9 @@
 //! Duplicates and poison: the same message five times is one effect and five acks; messages
-//! that can never be processed are quarantined with their reason after one attempt; a stream
-//! queue is refused.
+//! that can never be processed are quarantined with their reason after one attempt.
 
 use std::sync::atomic::Ordering;
-use std::time::Duration;
 
-use lapin::BasicProperties;
-use lapin::options::{BasicPublishOptions, QueueDeclareOptions, QueueDeleteOptions};
-use lapin::types::{AMQPValue, FieldTable};
-use oncebox_amqp::{ConsumeError, Consumer};
+use oncebox_amqp::Consumer;
 use oncebox_testkit::consume::{POISON, POISON_REASONS};
 use oncebox_testkit::{run, service_url};
 
@@ -120,67 +115,6 @@ fn the_first_published_payload_of_a_key_wins_within_one_prefetch() {
             done.applied, done.quarantined
         );
         assert_eq!(later, PAIRS, "an earlier payload lost to a later one");
-        w.cleanup().await;
-    });
-}
-
-/// A stream queue neither hands back a nacked message nor keeps this consumer's position, so
-/// failed messages and those published while it was away would be skipped without a word: the
-/// consumer stops at the first delivery of one, applying nothing.
-#[test]
-fn a_stream_queue_is_refused_at_its_first_delivery() {
-    let Some(url) = service_url("ONCEBOX_AMQP_URL") else {
-        return;
-    };
-    run(async move {
-        let w = World::new(&url).await;
-        let stream = format!("{}-stream", w.queue);
-        let mut args = FieldTable::default();
-        args.insert(
-            "x-queue-type".into(),
-            AMQPValue::LongString("stream".into()),
-        );
-        let durable = QueueDeclareOptions {
-            durable: true,
-            ..QueueDeclareOptions::default()
-        };
-        let declared = w
-            .channel
-            .queue_declare(stream.as_str().into(), durable, args);
-        declared.await.unwrap();
-        let mut options = w.options();
-        options.queue = stream.clone();
-        options.prefetch = 10;
-        let consumer = start(&url, Consumer::new(w.db.checked(), options));
-        // A stream consumer starts at the stream's end, and the broker does not count it as
-        // the queue's consumer: messages are published until one reaches it (each is the
-        // first delivery of a consumer that started before it).
-        let mut published = 0;
-        while !consumer.finished() && published < 500 {
-            let confirm = w.channel.basic_publish(
-                "".into(),
-                stream.as_str().into(),
-                BasicPublishOptions::default(),
-                br#"{"amount":1}"#,
-                BasicProperties::default().with_message_id(format!("evt_{published}").into()),
-            );
-            assert!(confirm.await.unwrap().await.unwrap().is_ack());
-            published += 1;
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        let ended = consumer.ended(Duration::from_secs(10)).await;
-        assert!(
-            matches!(&ended, Err(ConsumeError::StreamQueue(q)) if *q == stream),
-            "{ended:?}"
-        );
-        let applied: i64 = (0..published)
-            .map(|i| w.db.effects(&format!("evt_{i}")))
-            .sum();
-        assert_eq!(applied, 0, "nothing applied");
-        let _ = w
-            .channel
-            .queue_delete(stream.as_str().into(), QueueDeleteOptions::default())
-            .await;
         w.cleanup().await;
     });
 }
