@@ -37,6 +37,11 @@ fn page_with(summary: &str, query: &[(&str, Value, bool, &str)]) -> Value {
 /// The dashboard's filters and cursors, as its pages read them.
 fn page_query() -> [(&'static str, Value, bool, &'static str); 5] {
     let ranges: Vec<&str> = crate::dashboard::RANGES.iter().map(|(v, _)| *v).collect();
+    // Empty is the pages' own "any" (their form's first choice, and what their next-page links
+    // carry when no outcome was chosen).
+    let outcomes: Vec<&str> = std::iter::once("")
+        .chain(crate::dashboard::OUTCOMES.iter().copied())
+        .collect();
     [
         (
             "source",
@@ -46,9 +51,9 @@ fn page_query() -> [(&'static str, Value, bool, &'static str); 5] {
         ),
         (
             "outcome",
-            json!({ "enum": crate::dashboard::OUTCOMES }),
+            json!({ "enum": outcomes }),
             false,
-            "only events in this state, or with refused payloads (`conflict`)",
+            "only events in this state, or with refused payloads (`conflict`); empty: any",
         ),
         (
             "since",
@@ -320,7 +325,8 @@ fn described() -> Value {
                   ("id", json!({ "type": "string" }), true, "the event's id")]),
             "/deliveries/{state}": page_with("Dashboard: the deliveries in one state, with retry and resolve", &query[3..4]),
             "/conflicts": page_with("Dashboard: reused keys with the two payloads side by side (one key's, named by `source` and `event_id` together)",
-                &[query[0].clone(), query[4].clone(), query[3].clone()]),
+                &[("source", json!({ "type": "string" }), false, "with `event_id`, the two together: only this key's conflicts"),
+                  query[4].clone(), query[3].clone()]),
             "/config": page("Dashboard: the sources and routes in effect, secrets masked"),
             "/login": {
                 "get": { "summary": "Dashboard sign-in form", "tags": ["dashboard"],

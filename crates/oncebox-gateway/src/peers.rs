@@ -4,9 +4,12 @@
 //! the body timeout, and the header check before the body needs no secret for every scheme.
 //! Without a cap, one client trickling bodies on enough connections holds every permit, and
 //! every real sender is answered 503 for as long as it keeps at it. A body is counted only
-//! while the server waits for it (its read found nothing there), so a sender whose request
-//! arrives whole, as webhook senders' do, is never counted, however many it sends at once.
-//! A request that would wait past its peer's cap is answered 503 and its connection closed.
+//! while the server waits for it (its read found nothing there), so a request that arrives
+//! whole in the server's first read (up to 8 KiB, head included, without `Expect:
+//! 100-continue`), as most webhook senders' do, is never counted, however many come at once; a
+//! longer one, or one that waits for `100 Continue`, is counted for the round trip or so its
+//! body takes. A request that would wait past its peer's cap is answered 503 and its
+//! connection closed.
 //!
 //! A peer is an IPv4 address, or an IPv6 /64 (one host's usual share of addresses; an
 //! IPv4-mapped address is its IPv4 one). Behind a proxy that passes bodies through unbuffered,
@@ -16,7 +19,7 @@ use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex, PoisonError};
 
-/// Who a body is counted against.
+/// Who a body is counted against; shown as an address or a `/64`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) enum Peer {
     V4([u8; 4]),
@@ -36,6 +39,19 @@ impl Peer {
         let mut prefix = [0; 8];
         prefix.copy_from_slice(&v6.octets()[..8]);
         Peer::V6(prefix)
+    }
+}
+
+impl std::fmt::Display for Peer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match *self {
+            Peer::V4(octets) => std::net::Ipv4Addr::from(octets).fmt(f),
+            Peer::V6(prefix) => {
+                let mut octets = [0; 16];
+                octets[..8].copy_from_slice(&prefix);
+                write!(f, "{}/64", std::net::Ipv6Addr::from(octets))
+            }
+        }
     }
 }
 
@@ -155,6 +171,11 @@ mod tests {
         assert_ne!(
             Peer::of(ip("2001:db8:1:2::1")),
             Peer::of(ip("2001:db8:1:3::1"))
+        );
+        assert_eq!(Peer::of(ip("::ffff:10.0.0.1")).to_string(), "10.0.0.1");
+        assert_eq!(
+            Peer::of(ip("2001:db8:1:2::1")).to_string(),
+            "2001:db8:1:2::/64"
         );
     }
 

@@ -156,7 +156,8 @@ pub struct Limits {
     pub connections: usize,
     /// Request bodies one peer (an IPv4 address, an IPv6 /64) may have arriving at once, each
     /// holding a permit of `concurrency` while it does; past it such a request is answered 503.
-    /// A body that arrives with its headers is never counted. 0: no cap.
+    /// A body that arrives with its head in the server's first read is never counted. 0: no
+    /// cap.
     pub bodies_per_peer: usize,
     /// Time allowed to send the request headers (slowloris).
     pub header_timeout: Duration,

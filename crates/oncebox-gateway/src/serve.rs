@@ -190,12 +190,13 @@ impl Body for Tracked {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
         let Poll::Ready(frame) = Pin::new(&mut self.inner).poll_frame(cx) else {
-            if let (None, Some((peers, peer))) = (&self.arriving, &self.bodies) {
+            let counted = self.arriving.is_some() || self.ended.load(Ordering::Relaxed);
+            if let (false, Some((peers, peer))) = (counted, &self.bodies) {
                 let Some(arriving) = peers.enter(*peer) else {
                     let cap = peers.cap();
                     crate::quiet::quietly!(
                         warn,
-                        ?peer,
+                        %peer,
                         cap,
                         "request body refused: its client has as many arriving as limits.bodies_per_peer allows"
                     );

@@ -264,21 +264,27 @@ pub(crate) async fn logout<S: EventStore>(
     headers: HeaderMap,
     axum::Form(form): axum::Form<LogoutForm>,
 ) -> Response {
-    let ended = session(&gw, &headers)
-        .filter(|(token, nonce, _)| csrf_ok(token, nonce, &form.csrf))
-        .map(|(_, nonce, value)| (nonce, value));
-    let (Some((nonce, value)), true) = (ended, same_origin(&headers)) else {
+    let ended =
+        session(&gw, &headers).filter(|(token, nonce, _)| csrf_ok(token, nonce, &form.csrf));
+    let (Some((token, _, _)), true) = (ended, same_origin(&headers)) else {
         return StatusCode::FORBIDDEN.into_response();
     };
-    // Remembered until the cookie's own signed expiry, when the signature check takes over
-    // (not now + its lifetime: after a wall clock stepped back, that would come first).
+    // Every session the request carries ends, not only the one whose form this is: the
+    // browser clears the cookie at one path only, and another left valid would outlive it.
+    // Each is remembered until its cookie's own signed expiry, when the signature check takes
+    // over (not now + its lifetime: after a wall clock stepped back, that would come first).
     let now = gw.clock.now();
-    let expires = value
-        .split('.')
-        .next()
-        .and_then(|at| at.parse().ok())
-        .map_or(now.plus(LIFETIME), Timestamp);
-    gw.logouts.end(&nonce, expires, now);
+    for value in cookie_values(&headers, COOKIE) {
+        let Some(nonce) = verify(&token, value, now) else {
+            continue;
+        };
+        let expires = value
+            .split('.')
+            .next()
+            .and_then(|at| at.parse().ok())
+            .map_or(now.plus(LIFETIME), Timestamp);
+        gw.logouts.end(&nonce, expires, now);
+    }
     (
         [(header::SET_COOKIE, set_cookie("", 0, &headers))],
         Redirect::to("/login"),

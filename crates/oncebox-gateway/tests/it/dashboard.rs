@@ -167,9 +167,11 @@ fn the_admin_api_takes_a_session_only_with_its_csrf_token() {
             gw.send(same_site(&others)).await.status,
             StatusCode::UNAUTHORIZED
         );
+        // The browser carries both sessions (at two paths): the logout ends each.
+        let both = format!("{cookie}; {other}");
         let logout = |csrf: &str| {
             Request::post("/logout")
-                .header("cookie", &cookie)
+                .header("cookie", &both)
                 .header("content-type", "application/x-www-form-urlencoded")
                 .body(Body::from(format!("csrf={csrf}")))
                 .unwrap()
@@ -192,6 +194,12 @@ fn the_admin_api_takes_a_session_only_with_its_csrf_token() {
         let page = gw.send(get("/", &cookie)).await;
         assert_eq!(page.status, StatusCode::SEE_OTHER);
         assert_eq!(page.headers["location"], "/login");
+        let page = gw.send(get("/", &other)).await;
+        assert_eq!(
+            page.status,
+            StatusCode::SEE_OTHER,
+            "the other session ended too"
+        );
         assert_eq!(gw.send(logout(&token)).await.status, StatusCode::FORBIDDEN);
         // A new login is a new session.
         let again = login(&gw).await;

@@ -86,3 +86,56 @@ fn every_documented_page_parameter_is_read_by_its_page() {
         assert!(checked >= 9, "{checked} parameters checked");
     });
 }
+
+/// Each value a dashboard page's parameter is documented to take is taken by the page: a
+/// client built from the document can follow the pages' own links (an empty `outcome` is the
+/// events page's "any").
+#[test]
+fn every_documented_page_parameter_value_is_taken_by_its_page() {
+    run(async {
+        let gw = TestGateway::tokenless();
+        let doc = gw.send_local(local_get("/openapi.json")).await;
+        let doc: Value = serde_json::from_slice(&doc.body).unwrap();
+        let mut checked = 0;
+        for (path, item) in doc["paths"].as_object().unwrap() {
+            let dashboard = item["get"]["tags"].as_array();
+            if !dashboard.is_some_and(|t| t.contains(&"dashboard".into())) {
+                continue;
+            }
+            let params = item["get"]["parameters"].as_array().cloned();
+            for p in params.unwrap_or_default() {
+                let Some(values) = p["schema"]["enum"].as_array() else {
+                    continue;
+                };
+                for value in values {
+                    let (name, value) = (p["name"].as_str().unwrap(), value.as_str().unwrap());
+                    let at = format!("{}?{name}={value}", path.replace("{state}", "dead"));
+                    let r = gw.send_local(local_get(&at)).await;
+                    assert_eq!(r.status, StatusCode::OK, "{at}: {r:?}");
+                    checked += 1;
+                }
+            }
+        }
+        assert!(checked >= 12, "{checked} values checked");
+        // And the events page's own choices are among them ("any" is the empty one).
+        let page = gw.send_local(local_get("/events")).await;
+        let html = String::from_utf8(page.body).unwrap();
+        let events = &doc["paths"]["/events"]["get"]["parameters"];
+        for name in ["outcome", "since"] {
+            let documented = events
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|p| p["name"] == name)
+                .map(|p| p["schema"]["enum"].clone())
+                .unwrap();
+            let select = html.split(&format!(r#"<select name="{name}">"#)).nth(1);
+            let select = select.and_then(|s| s.split("</select>").next()).unwrap();
+            for option in select.split(r#"value=""#).skip(1) {
+                let value = option.split('"').next().unwrap();
+                let listed = documented.as_array().unwrap().contains(&value.into());
+                assert!(listed, "{name}={value:?} is not in {documented}");
+            }
+        }
+    });
+}

@@ -10,7 +10,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
 use oncebox_core::relay_store::{Claimed, DeliveryStore};
-use oncebox_core::{LeaseError, Timestamp};
+use oncebox_core::{LeaseError, Timestamp, Unavailable};
 use tokio::sync::watch;
 
 use super::outage::Outage;
@@ -34,10 +34,8 @@ impl<S: DeliveryStore> Relay<S> {
             // than its start.
             let claimed_at = self.clock.monotonic();
             let (claimed, freed) = match room {
-                Some((routes, room)) => {
-                    let claim =
-                        self.store
-                            .claim(self.clock.now(), room, self.options.lease, &routes);
+                Some(want) => {
+                    let claim = self.claim_for(&want);
                     let (answer, freed) = beside(claim, &mut sending, &mut held).await;
                     (outage.read(answer), freed)
                 }
@@ -111,43 +109,40 @@ impl<S: DeliveryStore> Relay<S> {
     }
 
     /// The open routes that have room (fewer claims held than their concurrency, and on a
-    /// paced route slots within reach not promised to claims in hand), and how many to claim
-    /// for them: at most their room together, and what the batch has room for. One route may
-    /// still take the others' share of a claim; those wait for its permits (and its slots),
-    /// and while it holds its concurrency it is left out of the next claims. `None`: no room.
+    /// paced route slots within reach not promised to claims in hand), each with its room, and
+    /// how many to claim for them: at most their room together, and what the batch has room
+    /// for. `None`: no room. Beside it, when a paced route was left out for its pace alone, how
+    /// long until a slot of it comes within reach.
     ///
-    /// The batch counts, of each route's claims, no more than its concurrency: those past it
-    /// only wait, and counted, a slow route whose backlog came first in one claim held the
-    /// whole batch, so no other route was claimed for until that backlog was sent, one of its
-    /// slow answers at a time.
-    /// Beside it, when a paced route was left out for its pace alone, how long until a slot
-    /// of it comes within reach.
-    fn room(
-        &self,
-        held: &HashMap<String, usize>,
-    ) -> (Option<(Vec<String>, usize)>, Option<Duration>) {
+    /// One claim over several routes takes the oldest due first, so one route may take the
+    /// others' share; those wait for its permits (and its slots), and while it holds its
+    /// concurrency it is left out of the next claims. The batch counts, of each route's
+    /// claims, no more than its concurrency: counted, a slow route whose backlog came first
+    /// held the whole batch, and no other route was claimed for until that backlog was sent,
+    /// one slow answer at a time. While a route holds such a surplus the next claims are
+    /// made route by route, each for its own room (`Want::split`), so no surplus grows
+    /// beside it: the claims in hand stay within twice the batch.
+    fn room(&self, held: &HashMap<String, usize>) -> (Option<Want>, Option<Duration>) {
         let now = tokio::time::Instant::now();
-        let total: usize = held
-            .iter()
-            .map(|(name, n)| {
-                let most = self
-                    .routes
-                    .get(name)
-                    .map_or(*n, |l| l.route.concurrency.max(1));
-                (*n).min(most)
-            })
-            .sum();
+        let mut total = 0usize;
+        let mut split = false;
+        for (name, n) in held {
+            let most = self
+                .routes
+                .get(name)
+                .map_or(*n, |l| l.route.concurrency.max(1));
+            total = total.saturating_add((*n).min(most));
+            split |= *n > most;
+        }
         let mut room = 0usize;
         let mut paced_for: Option<Duration> = None;
-        let routes: Vec<String> = self
+        let routes: Vec<(String, usize)> = self
             .open_routes()
             .into_iter()
-            .filter(|name| {
-                let Some(lane) = self.routes.get(name) else {
-                    return false;
-                };
+            .filter_map(|name| {
+                let lane = self.routes.get(&name)?;
                 let concurrency = lane.route.concurrency.max(1);
-                let mut free = concurrency.saturating_sub(held.get(name).copied().unwrap_or(0));
+                let mut free = concurrency.saturating_sub(held.get(&name).copied().unwrap_or(0));
                 if let Some(pace) = lane.pace.as_ref().filter(|_| free > 0) {
                     match pace.room(now) {
                         Ok(slots) => free = free.min(slots),
@@ -158,13 +153,57 @@ impl<S: DeliveryStore> Relay<S> {
                     }
                 }
                 room = room.saturating_add(free);
-                free > 0
+                (free > 0).then_some((name, free))
             })
             .collect();
         let room = room.min(self.options.batch.saturating_sub(total));
-        let claim = (room > 0 && !routes.is_empty()).then_some((routes, room));
-        (claim, paced_for)
+        let want = (room > 0 && !routes.is_empty()).then_some(Want {
+            routes,
+            room,
+            split,
+        });
+        (want, paced_for)
     }
+
+    /// Claims what `want` asks for: in one claim over its routes, or, split, one claim per
+    /// route for at most its own room. A claim that fails after others of the split succeeded
+    /// ends it with what they brought: those are leased, and dropped here they would wait in
+    /// flight for their lease to end and be taken over as if their relay had died.
+    async fn claim_for(&self, want: &Want) -> Result<Vec<Claimed>, Unavailable> {
+        let (now, lease) = (self.clock.now(), self.options.lease);
+        if !want.split {
+            let names: Vec<String> = want.routes.iter().map(|(n, _)| n.clone()).collect();
+            return self.store.claim(now, want.room, lease, &names).await;
+        }
+        let mut left = want.room;
+        let mut claimed = Vec::new();
+        for (name, free) in &want.routes {
+            if left == 0 {
+                break;
+            }
+            let route = std::slice::from_ref(name);
+            match self.store.claim(now, (*free).min(left), lease, route).await {
+                Ok(got) => {
+                    left = left.saturating_sub(got.len());
+                    claimed.extend(got);
+                }
+                Err(e) if claimed.is_empty() => return Err(e),
+                Err(e) => {
+                    tracing::debug!(error = %e, "a claim failed after others succeeded");
+                    break;
+                }
+            }
+        }
+        Ok(claimed)
+    }
+}
+
+/// What to claim: the routes with room, each with its room; how many in all; and whether
+/// route by route (a route holds claims past its concurrency).
+struct Want {
+    routes: Vec<(String, usize)>,
+    room: usize,
+    split: bool,
 }
 
 /// What a send ends with: its route, its delivery's id and its step.

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use async_nats::connection::State;
 use async_nats::header::{self, HeaderMap, HeaderValue};
-use async_nats::jetstream::context::{Context, PublishErrorKind};
+use async_nats::jetstream::context::{Context, GetStreamByNameErrorKind, PublishErrorKind};
 use async_nats::jetstream::message::PublishMessage;
 use async_nats::jetstream::stream::RetentionPolicy;
 use oncebox_core::delivery::Attempt;
@@ -28,12 +28,20 @@ pub(crate) struct Publisher {
     client: Mutex<Option<Connected>>,
 }
 
-/// The client, its JetStream context, and whether the stream that captures the route's subject
-/// was found to keep what it acknowledges.
+/// How long a look at the route's stream holds: a stream deleted and made again, with another
+/// retention, is seen within this.
+const LOOK_AGAIN: Duration = Duration::from_secs(60);
+
+/// The most of an attempt a look at the stream may take: a client allowed to publish but not
+/// to ask JetStream's API waits out its request, and the look is then given up for a minute.
+const LOOK_WAIT: Duration = Duration::from_secs(2);
+
+/// The client, its JetStream context, and when the stream that captures the route's subject
+/// was last looked at (`None`: not yet, or no stream was found).
 struct Connected {
     client: async_nats::Client,
     js: Context,
-    checked: bool,
+    looked: Option<Instant>,
 }
 
 impl fmt::Debug for Publisher {
@@ -116,7 +124,7 @@ impl Publisher {
     }
 
     /// The JetStream context of a connected client, connecting when there is none, once the
-    /// stream that captures the route's subject is known to keep what it acknowledges.
+    /// stream that captures the route's subject is not known to drop what it acknowledges.
     async fn context(&self, timeout: Duration) -> Result<Context, String> {
         let mut slot = self.client.lock().await;
         let connected = match slot.as_mut() {
@@ -135,7 +143,7 @@ impl Publisher {
                 slot.insert(Connected {
                     client,
                     js,
-                    checked: false,
+                    looked: None,
                 })
             }
         };
@@ -148,15 +156,30 @@ impl Publisher {
                 self.target.server()
             ));
         }
-        if !connected.checked {
-            connected.checked = self.stream_keeps(&connected.js).await?;
+        if connected.looked.is_none_or(|at| at.elapsed() >= LOOK_AGAIN) {
+            let wait = LOOK_WAIT.min(timeout / 4);
+            let look = tokio::time::timeout(wait, self.look(&connected.js)).await;
+            let look = look.unwrap_or_else(|_| Look::Unknown(format!("no answer within {wait:?}")));
+            connected.looked = match look {
+                Look::Keeps => Some(Instant::now()),
+                Look::NoStream => None,
+                Look::Interest(why) => return Err(why),
+                Look::Unknown(why) => {
+                    tracing::warn!(
+                        subject = %self.target.subject,
+                        "could not look at the stream that captures the route's subject \
+                         ({why}): publishing without knowing its retention (a stream with \
+                         interest retention keeps nothing no consumer wants, and still \
+                         acknowledges it); looked at again in a minute"
+                    );
+                    Some(Instant::now())
+                }
+            };
         }
         Ok(connected.js.clone())
     }
 
-    /// Whether the stream capturing the route's subject was found and keeps what it
-    /// acknowledges; `Ok(false)` while none is found (the publish then answers "no stream"
-    /// itself, and the next attempt looks again).
+    /// What the stream capturing the route's subject is.
     ///
     /// An interest stream is refused: it drops a message that no consumer's filter wants at
     /// that moment (none made yet, one being made again) and still answers the publish with a
@@ -164,24 +187,39 @@ impl Publisher {
     /// retries answered "duplicate" in the window. Refused at every attempt, the delivery is
     /// retried and finally dead, which an operator sees; the consumer's quarantine subject is
     /// refused on such a stream for the same reason.
-    async fn stream_keeps(&self, js: &Context) -> Result<bool, String> {
+    async fn look(&self, js: &Context) -> Look {
         let subject = &self.target.subject;
-        let Ok(name) = js.stream_by_subject(subject.as_str()).await else {
-            return Ok(false);
+        let name = match js.stream_by_subject(subject.as_str()).await {
+            Ok(name) => name,
+            // The publish then answers "no stream" itself.
+            Err(e) if e.kind() == GetStreamByNameErrorKind::NotFound => return Look::NoStream,
+            Err(e) => return Look::Unknown(error_chain(&e)),
         };
-        let stream = js
-            .get_stream(&name)
-            .await
-            .map_err(|e| format!("reading stream {name}: {}", error_chain(&e)))?;
+        let stream = match js.get_stream(&name).await {
+            Ok(stream) => stream,
+            Err(e) => return Look::Unknown(format!("stream {name}: {}", error_chain(&e))),
+        };
         if stream.cached_info().config.retention == RetentionPolicy::Interest {
-            return Err(format!(
+            return Look::Interest(format!(
                 "not published: stream {name}, which captures subject {subject:?}, keeps a \
                  message only while a consumer wants it (interest retention), and acknowledges \
                  one no consumer wants without keeping it; use limits or work-queue retention"
             ));
         }
-        Ok(true)
+        Look::Keeps
     }
+}
+
+/// What a look at the route's stream found.
+enum Look {
+    /// A stream that keeps what it acknowledges.
+    Keeps,
+    /// No stream captures the subject (yet).
+    NoStream,
+    /// An interest stream: why the message is not published.
+    Interest(String),
+    /// The look failed (no right to ask JetStream's API, no answer in time).
+    Unknown(String),
 }
 
 /// Whether a publish error carries the stream's own error answer (it decided not to store).

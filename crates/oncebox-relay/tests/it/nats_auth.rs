@@ -138,3 +138,32 @@ fn a_route_url_with_user_and_password_or_a_token_delivers_to_a_server_requiring_
         delivered_through(&with_query(&base, &[("subject", "orders.paid")]), &js).await;
     });
 }
+
+/// A route's user may publish to its subject and nothing else: its look at the stream (a
+/// request to JetStream's API, which it may not make) goes unanswered, and the message is still
+/// published and delivered, the look given up for a minute.
+#[test]
+fn a_user_allowed_only_to_publish_still_delivers() {
+    run(async {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let config = dir.path().join("nats.conf");
+        std::fs::write(
+            &config,
+            r#"authorization {
+                 users = [
+                   { user: admin, password: admin }
+                   { user: pub, password: pub,
+                     permissions: { publish: ["orders.>"], subscribe: ["_INBOX.>"] } }
+                 ]
+               }"#,
+        )
+        .expect("config");
+        let Some(nats) = PrivateNats::start(&["-c", config.to_str().expect("path")]) else {
+            return;
+        };
+        let admin = ConnectOptions::with_user_and_password("admin".into(), "admin".into());
+        let js = nats.stream(admin, "orders.paid").await;
+        let base = format!("nats://pub:pub@127.0.0.1:{}", nats.port);
+        delivered_through(&with_query(&base, &[("subject", "orders.paid")]), &js).await;
+    });
+}

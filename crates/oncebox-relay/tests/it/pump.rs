@@ -97,25 +97,37 @@ fn a_slow_receiver_holds_back_no_other_route() {
 
 /// A slow route whose backlog came first took a whole claim, and holds more claims than it can
 /// send; those waiting for its permit must not take the other routes' room. Counted in the
-/// batch, they left no room for any other route until the slow backlog was sent.
+/// batch, they left no room for any other route until the slow backlog was sent. Nor may a
+/// second slow route's backlog then take more than its own room: claims held would grow past
+/// any bound, a batch at a time.
 #[test]
 fn a_slow_route_with_a_backlog_holds_back_no_other_route() {
     run(async {
         let w = World::new();
         let (slow, mut arrivals, slow_addr) = start_held().await;
         let (fast, fast_addr) = receiver::start().await;
-        let mut one_at_a_time = route("slow", slow_addr, true);
-        (one_at_a_time.concurrency, one_at_a_time.timeout) = (1, Duration::from_secs(60));
-        let backlog = ["b1", "b2", "b3", "b4"];
-        for id in backlog {
-            w.accept(id, &["slow"]).await;
+        let one_at_a_time = |name: &str| {
+            let mut r = route(name, slow_addr, true);
+            (r.concurrency, r.timeout) = (1, Duration::from_secs(60));
+            r
+        };
+        let (first, second) = (["a1", "a2", "a3", "a4"], ["b1", "b2", "b3", "b4"]);
+        for id in first {
+            w.accept(id, &["slow-a"]).await;
+        }
+        for id in second {
+            w.accept(id, &["slow-b"]).await;
         }
         let options = RelayOptions {
             lease: Duration::from_secs(120),
-            batch: backlog.len(),
+            batch: first.len(),
             ..RelayOptions::default()
         };
-        let routes = vec![one_at_a_time, route("fast", fast_addr, true)];
+        let routes = vec![
+            one_at_a_time("slow-a"),
+            one_at_a_time("slow-b"),
+            route("fast", fast_addr, true),
+        ];
         let clock = Arc::new(w.clock.clone());
         let relay = Arc::new(Relay::new(w.inbox.clone(), routes, clock, options));
         let (stop, task) = running(relay);
@@ -123,16 +135,23 @@ fn a_slow_route_with_a_backlog_holds_back_no_other_route() {
             .recv()
             .await
             .expect("the first slow request arrives");
-        // The first claim took the whole batch, all of it the slow route's: one sending, three
-        // waiting for its permit.
-        for id in backlog {
+        // The first claim took the whole batch, all of it the oldest route's: one sending,
+        // three waiting for its permit.
+        for id in first {
             assert_eq!(w.delivery(id).await.state, DeliveryState::InFlight, "{id}");
         }
         w.accept("f1", &["fast"]).await;
         wait_state(&w, "f1", DeliveryState::Delivered).await;
         assert_eq!(fast.requests().len(), 1);
-        slow.gate.add_permits(backlog.len());
-        for id in backlog {
+        // The second slow route was claimed for by its own room alone (before `f1` was, or
+        // with it): one in flight, the rest still due.
+        let mut in_flight = 0;
+        for id in second {
+            in_flight += usize::from(w.delivery(id).await.state == DeliveryState::InFlight);
+        }
+        assert_eq!(in_flight, 1, "the second slow route's claims");
+        slow.gate.add_permits(first.len() + second.len());
+        for id in first.iter().chain(&second) {
             wait_state(&w, id, DeliveryState::Delivered).await;
         }
         let _ = stop.send(());
