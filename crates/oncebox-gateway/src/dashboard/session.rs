@@ -109,13 +109,13 @@ pub(crate) fn token_matches(token: &str, given: &str) -> bool {
 }
 
 /// The session nonce of the first of the request's cookies that is valid now and not logged
-/// out, and that cookie.
-fn session<'a, S>(gw: &Gateway<S>, headers: &'a HeaderMap) -> Option<(String, String, &'a str)> {
+/// out.
+fn session<S>(gw: &Gateway<S>, headers: &HeaderMap) -> Option<(String, String)> {
     let token = gw.config.admin_token.as_deref()?;
     let now = gw.clock.now();
     cookie_values(headers, COOKIE).find_map(|value| {
         let nonce = verify(token, value, now)?;
-        (!gw.logouts.ended(&nonce)).then(|| (token.to_owned(), nonce, value))
+        (!gw.logouts.ended(&nonce)).then(|| (token.to_owned(), nonce))
     })
 }
 
@@ -185,7 +185,7 @@ pub(crate) fn access<S>(gw: &Gateway<S>, headers: &HeaderMap) -> Access {
         None if gw.loopback_only && loopback_host(headers) && !proxied(headers) => Access::Open,
         None => Access::Closed,
         Some(_) => match session(gw, headers) {
-            Some((token, nonce, _)) => Access::Session {
+            Some((token, nonce)) => Access::Session {
                 csrf: csrf(&token, &nonce),
             },
             None => Access::Login,
@@ -257,27 +257,35 @@ pub(crate) struct LogoutForm {
     csrf: String,
 }
 
-/// `POST /logout`: ends the session (a copy of its cookie no longer works) and clears the
-/// cookie. It carries the CSRF token, so no other site can log the operator out.
+/// `POST /logout`: ends every session the request carries (a copy of a cookie no longer
+/// works) and clears the cookie. It carries the CSRF token of one of them, so no other site
+/// can log the operator out.
 pub(crate) async fn logout<S: EventStore>(
     State(gw): State<Arc<Gateway<S>>>,
     headers: HeaderMap,
     axum::Form(form): axum::Form<LogoutForm>,
 ) -> Response {
-    let ended =
-        session(&gw, &headers).filter(|(token, nonce, _)| csrf_ok(token, nonce, &form.csrf));
-    let (Some((token, _, _)), true) = (ended, same_origin(&headers)) else {
+    let now = gw.clock.now();
+    let token = gw.config.admin_token.as_deref().unwrap_or_default();
+    // The sessions valid now and not ended, each with its cookie. The form's token may be any
+    // one's: the page that showed the form may have had another cookie than this request.
+    let live: Vec<(String, &str)> = cookie_values(&headers, COOKIE)
+        .filter_map(|value| {
+            let nonce = verify(token, value, now).filter(|n| !gw.logouts.ended(n))?;
+            Some((nonce, value))
+        })
+        .collect();
+    let asked = live
+        .iter()
+        .any(|(nonce, _)| csrf_ok(token, nonce, &form.csrf));
+    if token.is_empty() || !asked || !same_origin(&headers) {
         return StatusCode::FORBIDDEN.into_response();
-    };
+    }
     // Every session the request carries ends, not only the one whose form this is: the
     // browser clears the cookie at one path only, and another left valid would outlive it.
     // Each is remembered until its cookie's own signed expiry, when the signature check takes
     // over (not now + its lifetime: after a wall clock stepped back, that would come first).
-    let now = gw.clock.now();
-    for value in cookie_values(&headers, COOKIE) {
-        let Some(nonce) = verify(&token, value, now) else {
-            continue;
-        };
+    for (nonce, value) in live {
         let expires = value
             .split('.')
             .next()
@@ -302,7 +310,7 @@ pub(crate) async fn bridge<S: EventStore>(
 ) -> Response {
     let headers = request.headers();
     if !headers.contains_key(header::AUTHORIZATION)
-        && let Some((token, nonce, _)) = session(&gw, headers)
+        && let Some((token, nonce)) = session(&gw, headers)
         && let Some(given) = headers.get(CSRF_HEADER).and_then(|v| v.to_str().ok())
         && csrf_ok(&token, &nonce, given)
         && (request.method() == Method::GET || same_origin(headers))

@@ -167,7 +167,8 @@ fn the_admin_api_takes_a_session_only_with_its_csrf_token() {
             gw.send(same_site(&others)).await.status,
             StatusCode::UNAUTHORIZED
         );
-        // The browser carries both sessions (at two paths): the logout ends each.
+        // The browser carries both sessions (at two paths): the logout, with the second's
+        // form, ends each.
         let both = format!("{cookie}; {other}");
         let logout = |csrf: &str| {
             Request::post("/logout")
@@ -177,7 +178,7 @@ fn the_admin_api_takes_a_session_only_with_its_csrf_token() {
                 .unwrap()
         };
         assert_eq!(gw.send(logout("x")).await.status, StatusCode::FORBIDDEN);
-        let out = gw.send(logout(&token)).await;
+        let out = gw.send(logout(&others)).await;
         assert_eq!(out.status, StatusCode::SEE_OTHER);
         assert!(
             out.headers["set-cookie"]

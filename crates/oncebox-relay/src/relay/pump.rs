@@ -120,8 +120,8 @@ impl<S: DeliveryStore> Relay<S> {
     /// claims, no more than its concurrency: counted, a slow route whose backlog came first
     /// held the whole batch, and no other route was claimed for until that backlog was sent,
     /// one slow answer at a time. While a route holds such a surplus the next claims are
-    /// made route by route, each for its own room (`Want::split`), so no surplus grows
-    /// beside it: the claims in hand stay within twice the batch.
+    /// split so that no route gets more than its own room (`Want::split`, `claim_for`), and
+    /// no surplus grows beside it: the claims in hand stay within twice the batch.
     fn room(&self, held: &HashMap<String, usize>) -> (Option<Want>, Option<Duration>) {
         let now = tokio::time::Instant::now();
         let mut total = 0usize;
@@ -165,41 +165,55 @@ impl<S: DeliveryStore> Relay<S> {
         (want, paced_for)
     }
 
-    /// Claims what `want` asks for: in one claim over its routes, or, split, one claim per
-    /// route for at most its own room. A claim that fails after others of the split succeeded
-    /// ends it with what they brought: those are leased, and dropped here they would wait in
-    /// flight for their lease to end and be taken over as if their relay had died.
+    /// Claims what `want` asks for: in one claim over its routes, or, split, so that no route
+    /// gets more than its own room. Split, the routes go smallest room first: one whose room
+    /// is less than what is left to claim is claimed for alone, and once every route left has
+    /// room for all that is left, they are claimed for together, oldest first across them as
+    /// unsplit (claimed alone in name order, the route first in it took the whole room every
+    /// round). A claim that fails does not end the others: those that succeeded are leased,
+    /// and dropped here they would wait in flight for their lease to end and be taken over as
+    /// if their relay had died; the failure is the answer only when nothing was claimed.
     async fn claim_for(&self, want: &Want) -> Result<Vec<Claimed>, Unavailable> {
         let (now, lease) = (self.clock.now(), self.options.lease);
         if !want.split {
             let names: Vec<String> = want.routes.iter().map(|(n, _)| n.clone()).collect();
             return self.store.claim(now, want.room, lease, &names).await;
         }
+        let mut routes = want.routes.clone();
+        routes.sort_by_key(|(_, free)| *free);
         let mut left = want.room;
         let mut claimed = Vec::new();
-        for (name, free) in &want.routes {
-            if left == 0 {
-                break;
-            }
-            let route = std::slice::from_ref(name);
-            match self.store.claim(now, (*free).min(left), lease, route).await {
+        let mut failed = None;
+        let mut at = 0;
+        while left > 0 && at < routes.len() {
+            let alone = routes[at].1 < left;
+            let (names, limit): (Vec<String>, usize) = if alone {
+                (vec![routes[at].0.clone()], routes[at].1)
+            } else {
+                (routes[at..].iter().map(|(n, _)| n.clone()).collect(), left)
+            };
+            at = if alone { at + 1 } else { routes.len() };
+            match self.store.claim(now, limit, lease, &names).await {
                 Ok(got) => {
                     left = left.saturating_sub(got.len());
                     claimed.extend(got);
                 }
-                Err(e) if claimed.is_empty() => return Err(e),
-                Err(e) => {
-                    tracing::debug!(error = %e, "a claim failed after others succeeded");
-                    break;
-                }
+                Err(e) => failed = Some(e),
             }
         }
-        Ok(claimed)
+        match failed {
+            Some(e) if claimed.is_empty() => Err(e),
+            Some(e) => {
+                tracing::warn!(error = %e, "a claim failed beside others that succeeded");
+                Ok(claimed)
+            }
+            None => Ok(claimed),
+        }
     }
 }
 
 /// What to claim: the routes with room, each with its room; how many in all; and whether
-/// route by route (a route holds claims past its concurrency).
+/// split so that no route gets more than its room (a route holds claims past its concurrency).
 struct Want {
     routes: Vec<(String, usize)>,
     room: usize,

@@ -36,12 +36,16 @@ const LOOK_AGAIN: Duration = Duration::from_secs(60);
 /// to ask JetStream's API waits out its request, and the look is then given up for a minute.
 const LOOK_WAIT: Duration = Duration::from_secs(2);
 
-/// The client, its JetStream context, and when the stream that captures the route's subject
-/// was last looked at (`None`: not yet, or no stream was found).
+/// How soon a look that found no stream is made again.
+const NO_STREAM_AGAIN: Duration = Duration::from_secs(5);
+
+/// The client, its JetStream context, when the stream that captures the route's subject is
+/// next looked at (`None`: before the first publish), and whether a failed look was said.
 struct Connected {
     client: async_nats::Client,
     js: Context,
-    looked: Option<Instant>,
+    next_look: Option<Instant>,
+    unknown_said: bool,
 }
 
 impl fmt::Debug for Publisher {
@@ -143,38 +147,50 @@ impl Publisher {
                 slot.insert(Connected {
                     client,
                     js,
-                    looked: None,
+                    next_look: None,
+                    unknown_said: false,
                 })
             }
         };
-        // Checked so a message is never queued inside a disconnected client, from where it
-        // could leave after the attempt was recorded "not sent".
+        if connected.next_look.is_none_or(|at| Instant::now() >= at) {
+            let wait = LOOK_WAIT.min(timeout / 4);
+            let look = tokio::time::timeout(wait, self.look(&connected.js)).await;
+            let look = look.unwrap_or_else(|_| Look::Unknown(format!("no answer within {wait:?}")));
+            let again = match look {
+                Look::Keeps => LOOK_AGAIN,
+                // A stream this user cannot list (imported from another account) still takes
+                // the publish; one made meanwhile is seen within seconds.
+                Look::NoStream => NO_STREAM_AGAIN,
+                Look::Interest(why) => return Err(why),
+                Look::Unknown(why) => {
+                    // Said once per publisher, then at debug: a user that may only publish
+                    // fails every look, and would say so every minute for good.
+                    let first = !connected.unknown_said;
+                    connected.unknown_said = true;
+                    let line = "could not look at the stream that captures the route's subject: \
+                        publishing without knowing its retention (a stream with interest \
+                        retention keeps nothing no consumer wants, and still acknowledges it); \
+                        looked at again in a minute";
+                    let subject = &self.target.subject;
+                    if first {
+                        tracing::warn!(%subject, error = %why, "{line}");
+                    } else {
+                        tracing::debug!(%subject, error = %why, "{line}");
+                    }
+                    LOOK_AGAIN
+                }
+            };
+            connected.next_look = Some(Instant::now() + again);
+        }
+        // Checked after the look, just before the publish is queued, so a message is never
+        // queued inside a disconnected client, from where it could leave after the attempt was
+        // recorded "not sent".
         let state = connected.client.connection_state();
         if state != State::Connected {
             return Err(format!(
                 "{} is {state}; the client is reconnecting",
                 self.target.server()
             ));
-        }
-        if connected.looked.is_none_or(|at| at.elapsed() >= LOOK_AGAIN) {
-            let wait = LOOK_WAIT.min(timeout / 4);
-            let look = tokio::time::timeout(wait, self.look(&connected.js)).await;
-            let look = look.unwrap_or_else(|_| Look::Unknown(format!("no answer within {wait:?}")));
-            connected.looked = match look {
-                Look::Keeps => Some(Instant::now()),
-                Look::NoStream => None,
-                Look::Interest(why) => return Err(why),
-                Look::Unknown(why) => {
-                    tracing::warn!(
-                        subject = %self.target.subject,
-                        "could not look at the stream that captures the route's subject \
-                         ({why}): publishing without knowing its retention (a stream with \
-                         interest retention keeps nothing no consumer wants, and still \
-                         acknowledges it); looked at again in a minute"
-                    );
-                    Some(Instant::now())
-                }
-            };
         }
         Ok(connected.js.clone())
     }
