@@ -51,21 +51,33 @@ fn unreadable(schema: &Value) -> &'static str {
 /// Each documented query parameter of a dashboard page, given a value it cannot take (the
 /// page's other required parameters valid), is answered 400: a name the page did not read
 /// would be ignored, and the page shown.
+/// The gateway's OpenAPI document.
+async fn document(gw: &TestGateway) -> Value {
+    let doc = gw.send_local(local_get("/openapi.json")).await;
+    serde_json::from_slice(&doc.body).unwrap()
+}
+
+/// The dashboard's pages in `doc`: each path with its `GET`.
+fn pages(doc: &Value) -> Vec<(&String, &Value)> {
+    let paths = doc["paths"].as_object().unwrap();
+    paths
+        .iter()
+        .map(|(path, item)| (path, &item["get"]))
+        .filter(|(_, op)| {
+            op["tags"]
+                .as_array()
+                .is_some_and(|t| t.contains(&"dashboard".into()))
+        })
+        .collect()
+}
+
 #[test]
 fn every_documented_page_parameter_is_read_by_its_page() {
     run(async {
         let gw = TestGateway::tokenless();
-        let doc = gw.send_local(local_get("/openapi.json")).await;
-        let doc: Value = serde_json::from_slice(&doc.body).unwrap();
+        let doc = document(&gw).await;
         let mut checked = 0;
-        for (path, item) in doc["paths"].as_object().unwrap() {
-            let op = &item["get"];
-            if !op["tags"]
-                .as_array()
-                .is_some_and(|t| t.contains(&"dashboard".into()))
-            {
-                continue;
-            }
+        for (path, op) in pages(&doc) {
             let params = op["parameters"].as_array().cloned().unwrap_or_default();
             let query: Vec<&Value> = params.iter().filter(|p| p["in"] == "query").collect();
             for p in &query {
@@ -94,15 +106,10 @@ fn every_documented_page_parameter_is_read_by_its_page() {
 fn every_documented_page_parameter_value_is_taken_by_its_page() {
     run(async {
         let gw = TestGateway::tokenless();
-        let doc = gw.send_local(local_get("/openapi.json")).await;
-        let doc: Value = serde_json::from_slice(&doc.body).unwrap();
+        let doc = document(&gw).await;
         let mut checked = 0;
-        for (path, item) in doc["paths"].as_object().unwrap() {
-            let dashboard = item["get"]["tags"].as_array();
-            if !dashboard.is_some_and(|t| t.contains(&"dashboard".into())) {
-                continue;
-            }
-            let params = item["get"]["parameters"].as_array().cloned();
+        for (path, op) in pages(&doc) {
+            let params = op["parameters"].as_array().cloned();
             for p in params.unwrap_or_default() {
                 let Some(values) = p["schema"]["enum"].as_array() else {
                     continue;
