@@ -93,7 +93,7 @@ async fn run(cli: Cli) -> Result<()> {
         secrets: secrets_needed(&cli.command),
     };
     let mut out = crate::out::stdout();
-    let settings = match config::load(&overrides) {
+    let mut settings = match config::load(&overrides) {
         Ok(settings) => settings,
         Err(e) => {
             // A script asking `check` for JSON gets a verdict on stdout as well.
@@ -107,8 +107,20 @@ async fn run(cli: Cli) -> Result<()> {
         }
     };
     match cli.command {
-        Command::Serve { no_relay, .. } => {
+        Command::Serve {
+            no_relay,
+            admin_token,
+            ..
+        } => {
             drop(out);
+            if admin_token.is_some() {
+                settings.warnings.push(
+                    "--admin-token: a command line is visible to every user of this machine \
+                     (ps, /proc); set ONCEBOX_ADMIN_TOKEN or admin_token in the configuration \
+                     file instead"
+                        .to_owned(),
+                );
+            }
             serve::run(settings, !no_relay).await?;
         }
         Command::Relay => {

@@ -2,7 +2,7 @@
 //! routes described), `oncebox serve` with a configured source, and `oncebox send` signing
 //! test events that the gateway accepts.
 
-use crate::support::{oncebox, serve, text};
+use crate::support::{oncebox, serve, serve_with, text};
 
 const CONFIG: &str = r#"
 listen = "127.0.0.1:0"
@@ -372,4 +372,26 @@ fn stripe_records_fingerprinted_the_earlier_way_still_answer_their_retries() {
     let other = send(&server.1, r#"{"id":"evt_up","type":"charge.refunded"}"#);
     assert!(other.contains("422"), "{other}");
     server.stop();
+}
+
+/// A token given with `--admin-token` is taken, and `serve` warns that a command line shows it
+/// to every user of the machine.
+#[test]
+fn an_admin_token_on_the_command_line_is_warned_of() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::fs::write(d.join("oncebox.toml"), "listen = \"127.0.0.1:0\"\n").unwrap();
+    let token = "a-token-on-the-command-line";
+    let server = serve_with(d, &["--admin-token", token, "--no-relay"]);
+    let log = std::fs::read_to_string(d.join("serve.log")).unwrap();
+    assert!(
+        log.contains("--admin-token: a command line is visible to every user"),
+        "{log}"
+    );
+    let request = reqwest::Client::new()
+        .get(format!("{}/v1/events", server.1))
+        .bearer_auth(token)
+        .send();
+    let events = tokio::runtime::Runtime::new().unwrap().block_on(request);
+    assert_eq!(events.unwrap().status(), reqwest::StatusCode::OK);
 }
