@@ -45,7 +45,7 @@ pub(crate) fn routes<S: EventStore + DeliveryStore>() -> Router<Arc<Gateway<S>>>
         .route("/conflicts", get(conflicts::page::<S>))
         .route("/config", get(config::page::<S>))
         .route("/login", get(login_form::<S>).post(session::login::<S>))
-        .route("/logout", post(session::logout::<S>))
+        .route("/logout", post(logouts::logout::<S>))
         .route("/assets/dashboard.js", get(script))
         .route("/assets/dashboard.css", get(style))
 }

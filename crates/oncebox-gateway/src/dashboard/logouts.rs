@@ -1,11 +1,20 @@
 //! Sessions ended by a logout, remembered until their cookies would have expired: a session
 //! cookie is signed, not stored, so without this list a copy taken before the logout (from a
-//! shared machine, a proxy's log) would go on working for the rest of its lifetime.
+//! shared machine, a proxy's log) would go on working for the rest of its lifetime. And
+//! `POST /logout`, which puts them there.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Redirect, Response};
 use oncebox_core::Timestamp;
+use oncebox_core::store::EventStore;
+
+use super::cookie::{cookie_values, set_cookie};
+use super::session::{COOKIE, LIFETIME, csrf_ok, same_origin, verify};
+use crate::Gateway;
 
 /// The nonces of sessions logged out on this gateway, each with the latest time its cookie
 /// could still verify. Held in memory: a gateway that restarts, or another node of a
@@ -33,6 +42,55 @@ impl Logouts {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .contains_key(nonce)
     }
+}
+
+#[derive(Debug, serde::Deserialize)]
+pub(crate) struct LogoutForm {
+    #[serde(default)]
+    csrf: String,
+}
+
+/// `POST /logout`: ends every session the request carries (a copy of a cookie no longer
+/// works) and clears the cookie. It carries the CSRF token of one of them, so no other site
+/// can log the operator out.
+pub(crate) async fn logout<S: EventStore>(
+    State(gw): State<Arc<Gateway<S>>>,
+    headers: HeaderMap,
+    axum::Form(form): axum::Form<LogoutForm>,
+) -> Response {
+    let now = gw.clock.now();
+    let token = gw.config.admin_token.as_deref().unwrap_or_default();
+    // The sessions valid now and not ended, each with its cookie. The form's token may be any
+    // one's: the page that showed the form may have had another cookie than this request.
+    let live: Vec<(String, &str)> = cookie_values(&headers, COOKIE)
+        .filter_map(|value| {
+            let nonce = verify(token, value, now).filter(|n| !gw.logouts.ended(n))?;
+            Some((nonce, value))
+        })
+        .collect();
+    let asked = live
+        .iter()
+        .any(|(nonce, _)| csrf_ok(token, nonce, &form.csrf));
+    if token.is_empty() || !asked || !same_origin(&headers) {
+        return StatusCode::FORBIDDEN.into_response();
+    }
+    // Every session the request carries ends, not only the one whose form this is: the
+    // browser clears the cookie at one path only, and another left valid would outlive it.
+    // Each is remembered until its cookie's own signed expiry, when the signature check takes
+    // over (not now + its lifetime: after a wall clock stepped back, that would come first).
+    for (nonce, value) in live {
+        let expires = value
+            .split('.')
+            .next()
+            .and_then(|at| at.parse().ok())
+            .map_or(now.plus(LIFETIME), Timestamp);
+        gw.logouts.end(&nonce, expires, now);
+    }
+    (
+        [(header::SET_COOKIE, set_cookie("", 0, &headers))],
+        Redirect::to("/login"),
+    )
+        .into_response()
 }
 
 #[cfg(test)]

@@ -23,7 +23,7 @@ pub(crate) const COOKIE: &str = "oncebox_session";
 /// without a CORS preflight, which the gateway never grants.
 pub(crate) const CSRF_HEADER: &str = "x-oncebox-csrf";
 /// How long a login lasts.
-const LIFETIME: Duration = Duration::from_secs(12 * 3600);
+pub(super) const LIFETIME: Duration = Duration::from_secs(12 * 3600);
 
 type HmacSha256 = Hmac<Sha256>;
 
@@ -249,55 +249,6 @@ pub(crate) async fn login<S: EventStore>(
 pub(crate) struct LoginForm {
     #[serde(default)]
     token: String,
-}
-
-#[derive(Debug, serde::Deserialize)]
-pub(crate) struct LogoutForm {
-    #[serde(default)]
-    csrf: String,
-}
-
-/// `POST /logout`: ends every session the request carries (a copy of a cookie no longer
-/// works) and clears the cookie. It carries the CSRF token of one of them, so no other site
-/// can log the operator out.
-pub(crate) async fn logout<S: EventStore>(
-    State(gw): State<Arc<Gateway<S>>>,
-    headers: HeaderMap,
-    axum::Form(form): axum::Form<LogoutForm>,
-) -> Response {
-    let now = gw.clock.now();
-    let token = gw.config.admin_token.as_deref().unwrap_or_default();
-    // The sessions valid now and not ended, each with its cookie. The form's token may be any
-    // one's: the page that showed the form may have had another cookie than this request.
-    let live: Vec<(String, &str)> = cookie_values(&headers, COOKIE)
-        .filter_map(|value| {
-            let nonce = verify(token, value, now).filter(|n| !gw.logouts.ended(n))?;
-            Some((nonce, value))
-        })
-        .collect();
-    let asked = live
-        .iter()
-        .any(|(nonce, _)| csrf_ok(token, nonce, &form.csrf));
-    if token.is_empty() || !asked || !same_origin(&headers) {
-        return StatusCode::FORBIDDEN.into_response();
-    }
-    // Every session the request carries ends, not only the one whose form this is: the
-    // browser clears the cookie at one path only, and another left valid would outlive it.
-    // Each is remembered until its cookie's own signed expiry, when the signature check takes
-    // over (not now + its lifetime: after a wall clock stepped back, that would come first).
-    for (nonce, value) in live {
-        let expires = value
-            .split('.')
-            .next()
-            .and_then(|at| at.parse().ok())
-            .map_or(now.plus(LIFETIME), Timestamp);
-        gw.logouts.end(&nonce, expires, now);
-    }
-    (
-        [(header::SET_COOKIE, set_cookie("", 0, &headers))],
-        Redirect::to("/login"),
-    )
-        .into_response()
 }
 
 /// Runs before the admin guard: a request without `Authorization` that carries a valid session

@@ -48,9 +48,6 @@ fn unreadable(schema: &Value) -> &'static str {
     }
 }
 
-/// Each documented query parameter of a dashboard page, given a value it cannot take (the
-/// page's other required parameters valid), is answered 400: a name the page did not read
-/// would be ignored, and the page shown.
 /// The gateway's OpenAPI document.
 async fn document(gw: &TestGateway) -> Value {
     let doc = gw.send_local(local_get("/openapi.json")).await;
@@ -71,6 +68,9 @@ fn pages(doc: &Value) -> Vec<(&String, &Value)> {
         .collect()
 }
 
+/// Each documented query parameter of a dashboard page, given a value it cannot take (the
+/// page's other required parameters valid), is answered 400: a name the page did not read
+/// would be ignored, and the page shown.
 #[test]
 fn every_documented_page_parameter_is_read_by_its_page() {
     run(async {

@@ -13,11 +13,13 @@ pub(super) const LONGEST_PAUSE: Duration = Duration::from_secs(1);
 /// How often a lasting outage is said again.
 pub(super) const SAY_EVERY: Duration = Duration::from_secs(60);
 
-/// Claims failed in a row, and when that was last said.
+/// Claims failed in a row, and when that was last said; and when a claim that failed beside
+/// others that worked (a split claim's) was last said.
 #[derive(Debug, Default)]
 pub(super) struct Outage {
     rounds: u32,
     said: Option<Instant>,
+    partly_said: Option<Instant>,
 }
 
 impl Outage {
@@ -29,7 +31,7 @@ impl Outage {
                 if self.rounds > 0 {
                     tracing::info!(failed_rounds = self.rounds, "relay: claims work again");
                 }
-                *self = Outage::default();
+                (self.rounds, self.said) = (0, None);
                 claimed
             }
             Err(e) => {
@@ -44,6 +46,15 @@ impl Outage {
                 }
                 Vec::new()
             }
+        }
+    }
+
+    /// A claim that failed beside others that brought claims: said as a failed round is, at
+    /// most once per [`SAY_EVERY`], since such rounds follow each other as fast as sends end.
+    pub(super) fn partly(&mut self, e: &Unavailable) {
+        if self.partly_said.is_none_or(|at| at.elapsed() >= SAY_EVERY) {
+            tracing::warn!(error = %e, "a claim failed beside others that worked");
+            self.partly_said = Some(Instant::now());
         }
     }
 
@@ -91,5 +102,18 @@ mod tests {
         let slow = Duration::from_secs(5);
         outage.read(Err(Unavailable::Busy));
         assert_eq!(outage.pause(slow), slow);
+    }
+
+    /// A claim failing beside others that work is said once a minute, though the rounds that
+    /// bring claims (and end an outage's count) follow each other at once.
+    #[test]
+    fn a_partial_failure_is_said_once_a_minute_across_working_rounds() {
+        let mut outage = Outage::default();
+        outage.partly(&Unavailable::Busy);
+        let said = outage.partly_said;
+        assert!(said.is_some());
+        assert!(outage.read(Ok(Vec::new())).is_empty());
+        outage.partly(&Unavailable::Busy);
+        assert_eq!(outage.partly_said, said, "not said again within a minute");
     }
 }

@@ -37,6 +37,12 @@ impl<S: DeliveryStore> Relay<S> {
                 Some(want) => {
                     let claim = self.claim_for(&want);
                     let (answer, freed) = beside(claim, &mut sending, &mut held).await;
+                    let answer = answer.map(|(claimed, failed)| {
+                        if let Some(e) = failed {
+                            outage.partly(&e);
+                        }
+                        claimed
+                    });
                     (outage.read(answer), freed)
                 }
                 None => (Vec::new(), false),
@@ -170,14 +176,19 @@ impl<S: DeliveryStore> Relay<S> {
     /// is less than what is left to claim is claimed for alone, and once every route left has
     /// room for all that is left, they are claimed for together, oldest first across them as
     /// unsplit (claimed alone in name order, the route first in it took the whole room every
-    /// round). A claim that fails does not end the others: those that succeeded are leased,
-    /// and dropped here they would wait in flight for their lease to end and be taken over as
-    /// if their relay had died; the failure is the answer only when nothing was claimed.
-    async fn claim_for(&self, want: &Want) -> Result<Vec<Claimed>, Unavailable> {
+    /// round). A failure before anything was claimed is the answer (in an outage every claim
+    /// would wait out the store's deadline in turn); one after is given beside the claims,
+    /// which are leased: dropped here, they would wait in flight for their lease to end and be
+    /// taken over as if their relay had died.
+    async fn claim_for(
+        &self,
+        want: &Want,
+    ) -> Result<(Vec<Claimed>, Option<Unavailable>), Unavailable> {
         let (now, lease) = (self.clock.now(), self.options.lease);
         if !want.split {
             let names: Vec<String> = want.routes.iter().map(|(n, _)| n.clone()).collect();
-            return self.store.claim(now, want.room, lease, &names).await;
+            let claimed = self.store.claim(now, want.room, lease, &names).await?;
+            return Ok((claimed, None));
         }
         let mut routes = want.routes.clone();
         routes.sort_by_key(|(_, free)| *free);
@@ -198,17 +209,11 @@ impl<S: DeliveryStore> Relay<S> {
                     left = left.saturating_sub(got.len());
                     claimed.extend(got);
                 }
+                Err(e) if claimed.is_empty() => return Err(e),
                 Err(e) => failed = Some(e),
             }
         }
-        match failed {
-            Some(e) if claimed.is_empty() => Err(e),
-            Some(e) => {
-                tracing::warn!(error = %e, "a claim failed beside others that succeeded");
-                Ok(claimed)
-            }
-            None => Ok(claimed),
-        }
+        Ok((claimed, failed))
     }
 }
 

@@ -40,12 +40,27 @@ const LOOK_WAIT: Duration = Duration::from_secs(2);
 const NO_STREAM_AGAIN: Duration = Duration::from_secs(5);
 
 /// The client, its JetStream context, when the stream that captures the route's subject is
-/// next looked at (`None`: before the first publish), and whether a failed look was said.
+/// next looked at (`None`: before the first publish), whether a failed look was said, and why
+/// the last look that answered refused the stream (interest retention).
 struct Connected {
     client: async_nats::Client,
     js: Context,
     next_look: Option<Instant>,
     unknown_said: bool,
+    interest: Option<String>,
+}
+
+impl Connected {
+    /// `Err` unless the client is connected now.
+    fn connected(&self, target: &NatsTarget) -> Result<(), String> {
+        match self.client.connection_state() {
+            State::Connected => Ok(()),
+            state => Err(format!(
+                "{} is {state}; the client is reconnecting",
+                target.server()
+            )),
+        }
+    }
 }
 
 impl fmt::Debug for Publisher {
@@ -149,22 +164,42 @@ impl Publisher {
                     js,
                     next_look: None,
                     unknown_said: false,
+                    interest: None,
                 })
             }
         };
+        // Checked so a message is never queued inside a disconnected client, from where it
+        // could leave after the attempt was recorded "not sent"; before the look too, which a
+        // client reconnecting would only wait out.
+        connected.connected(&self.target)?;
         if connected.next_look.is_none_or(|at| Instant::now() >= at) {
             let wait = LOOK_WAIT.min(timeout / 4);
             let look = tokio::time::timeout(wait, self.look(&connected.js)).await;
             let look = look.unwrap_or_else(|_| Look::Unknown(format!("no answer within {wait:?}")));
             let again = match look {
-                Look::Keeps => LOOK_AGAIN,
+                Look::Keeps => {
+                    (connected.interest, connected.unknown_said) = (None, false);
+                    LOOK_AGAIN
+                }
                 // A stream this user cannot list (imported from another account) still takes
                 // the publish; one made meanwhile is seen within seconds.
-                Look::NoStream => NO_STREAM_AGAIN,
-                Look::Interest(why) => return Err(why),
+                Look::NoStream => {
+                    (connected.interest, connected.unknown_said) = (None, false);
+                    NO_STREAM_AGAIN
+                }
+                // Looked at again at every attempt, until the stream is fixed.
+                Look::Interest(why) => {
+                    connected.interest = Some(why.clone());
+                    return Err(why);
+                }
+                // A look that fails after one found an interest stream keeps that verdict: the
+                // stream is not published into on a guess.
+                Look::Unknown(_) if connected.interest.is_some() => {
+                    return Err(connected.interest.clone().unwrap_or_default());
+                }
                 Look::Unknown(why) => {
-                    // Said once per publisher, then at debug: a user that may only publish
-                    // fails every look, and would say so every minute for good.
+                    // Said once per run of failed looks, then at debug: a user that may only
+                    // publish fails every look, and would say so every minute for good.
                     let first = !connected.unknown_said;
                     connected.unknown_said = true;
                     let line = "could not look at the stream that captures the route's subject: \
@@ -182,16 +217,8 @@ impl Publisher {
             };
             connected.next_look = Some(Instant::now() + again);
         }
-        // Checked after the look, just before the publish is queued, so a message is never
-        // queued inside a disconnected client, from where it could leave after the attempt was
-        // recorded "not sent".
-        let state = connected.client.connection_state();
-        if state != State::Connected {
-            return Err(format!(
-                "{} is {state}; the client is reconnecting",
-                self.target.server()
-            ));
-        }
+        // And again after it, just before the publish is queued.
+        connected.connected(&self.target)?;
         Ok(connected.js.clone())
     }
 

@@ -2,7 +2,7 @@
 //! routes described), `oncebox serve` with a configured source, and `oncebox send` signing
 //! test events that the gateway accepts.
 
-use crate::support::{oncebox, serve, serve_with, text};
+use crate::support::{oncebox, serve, serve_by, text};
 
 const CONFIG: &str = r#"
 listen = "127.0.0.1:0"
@@ -382,11 +382,18 @@ fn an_admin_token_on_the_command_line_is_warned_of() {
     let d = dir.path();
     std::fs::write(d.join("oncebox.toml"), "listen = \"127.0.0.1:0\"\n").unwrap();
     let token = "a-token-on-the-command-line";
-    let server = serve_with(d, &["--admin-token", token, "--no-relay"]);
+    // At the default level whatever the suite's own `RUST_LOG`.
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_oncebox"));
+    command.env_remove("RUST_LOG");
+    let server = serve_by(command, d, &["--admin-token", token, "--no-relay"]);
     let log = std::fs::read_to_string(d.join("serve.log")).unwrap();
     assert!(
         log.contains("--admin-token: a command line is visible to every user"),
         "{log}"
+    );
+    assert!(
+        !log.contains(token),
+        "the token itself is never logged: {log}"
     );
     let request = reqwest::Client::new()
         .get(format!("{}/v1/events", server.1))
