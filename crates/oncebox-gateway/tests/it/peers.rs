@@ -8,7 +8,7 @@ use axum::http::StatusCode;
 use oncebox_gateway::policy::Limits;
 use oncebox_testkit::run;
 
-use crate::wire::{Raw, Reply, head, in_flight, in_flight_on, served};
+use crate::wire::{BOUND, Raw, Reply, head, in_flight, in_flight_on, served};
 
 /// The trickling client; the test's other requests come from 127.0.0.1.
 const SLOW: IpAddr = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2));
@@ -93,5 +93,53 @@ fn one_client_trickling_bodies_cannot_hold_every_permit() {
         // Stored: the whole one, the two others' and three of the slow client's; not the
         // refused one.
         assert_eq!(s.gw.rows(), 6);
+    });
+}
+
+/// A body that will not arrive gives its place back: cut off at the body timeout (its place is
+/// free by the time the 408 is read), or hung up on by its client (noticed when the server
+/// reads the connection's end, so waited for here, within the tests' bound).
+#[test]
+fn a_slow_body_cut_off_or_hung_up_gives_its_place_back() {
+    run(async {
+        let limits = Limits {
+            bodies_per_peer: 1,
+            body_timeout: Duration::from_millis(300),
+            ..Limits::default()
+        };
+        let s = served(limits).await;
+        let a = event("slow-a");
+        let mut held = in_flight_on(Raw::connect_from(s.addr, SLOW).await, &a, 5).await;
+        let timed_out = held.reply().await.answer();
+        assert_eq!(
+            timed_out.status,
+            StatusCode::REQUEST_TIMEOUT,
+            "{timed_out:?}"
+        );
+
+        let b = event("slow-b");
+        let held = in_flight_on(Raw::connect_from(s.addr, SLOW).await, &b, 5).await;
+        drop(held);
+        let c = event("slow-c");
+        let started = std::time::Instant::now();
+        let mut next = loop {
+            let mut raw = Raw::connect_from(s.addr, SLOW).await;
+            raw.send(head("open", c.len(), "Expect: 100-continue\r\n").as_bytes())
+                .await;
+            let reply = raw.reply().await.answer();
+            if reply.status == StatusCode::CONTINUE {
+                break raw;
+            }
+            assert_eq!(reply.status, StatusCode::SERVICE_UNAVAILABLE, "{reply:?}");
+            assert!(
+                started.elapsed() < BOUND,
+                "the hung-up body's place never came back"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        };
+        next.send(c.as_bytes()).await;
+        let accepted = next.reply().await.answer();
+        assert_eq!(accepted.status, StatusCode::ACCEPTED, "{accepted:?}");
+        assert_eq!(s.gw.rows(), 1);
     });
 }
