@@ -162,6 +162,10 @@ impl<S: DeliveryStore> Relay<S> {
                 (free > 0).then_some((name, free))
             })
             .collect();
+        // A paced route's room is its slots: claimed beside others in one claim, oldest first,
+        // it took more, and held them waiting for their slots under the lease.
+        let paced = |name: &String| self.routes.get(name).is_some_and(|l| l.pace.is_some());
+        split |= routes.len() > 1 && routes.iter().any(|(name, _)| paced(name));
         let room = room.min(self.options.batch.saturating_sub(total));
         let want = (room > 0 && !routes.is_empty()).then_some(Want {
             routes,
@@ -218,7 +222,8 @@ impl<S: DeliveryStore> Relay<S> {
 }
 
 /// What to claim: the routes with room, each with its room; how many in all; and whether
-/// split so that no route gets more than its room (a route holds claims past its concurrency).
+/// split so that no route gets more than its room (a route holds claims past its concurrency,
+/// or a paced route is among several).
 struct Want {
     routes: Vec<(String, usize)>,
     room: usize,

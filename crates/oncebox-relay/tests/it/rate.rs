@@ -11,7 +11,7 @@ use axum::http::StatusCode;
 use axum::routing::post;
 use oncebox_core::delivery::DeliveryState;
 use oncebox_core::route::Rate;
-use oncebox_relay::{Outcome, Relay};
+use oncebox_relay::{Outcome, Relay, RelayOptions};
 use oncebox_sqlite::Inbox;
 use oncebox_testkit::run;
 
@@ -96,6 +96,58 @@ fn a_paced_backlog_goes_out_at_the_rate_and_an_unpaced_route_is_not_held_back() 
             "the unpaced route finished {:?} after the paced one began",
             free_at[FREE - 1] - paced_at[0]
         );
+    });
+}
+
+/// A paced route claimed for beside another route is claimed for its slots only: in one claim
+/// over both, oldest first, its older backlog took the other route's room too, and waited for
+/// its slots under the lease.
+#[test]
+fn a_paced_route_beside_another_is_claimed_for_its_slots_only() {
+    run(async {
+        let w = World::new();
+        let (paced_rx, paced_addr) = receiver::start().await;
+        let (_, free_addr) = receiver::start().await;
+        // One slot a minute: none but the first comes within reach during the test.
+        let mut paced = route("paced", paced_addr, true);
+        paced.rate = Some(Rate::parse("1/min").unwrap());
+        let backlog = ["p1", "p2", "p3", "p4"];
+        for id in backlog {
+            w.accept(id, &["paced"]).await;
+        }
+        // A lease long enough to wait for the next slots: claimed, they would be held for them.
+        let options = RelayOptions {
+            lease: Duration::from_secs(600),
+            ..RelayOptions::default()
+        };
+        let routes = vec![paced, route("free", free_addr, true)];
+        let clock = Arc::new(w.clock.clone());
+        let relay = Arc::new(Relay::new(w.inbox.clone(), routes, clock, options));
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let running = {
+            let relay = relay.clone();
+            tokio::spawn(async move {
+                relay
+                    .run(async {
+                        let _ = stopped.await;
+                    })
+                    .await
+            })
+        };
+        for _ in 0..2_000 {
+            if !paced_rx.requests().is_empty() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(paced_rx.requests().len(), 1, "the first slot's request");
+        let mut pending = 0;
+        for id in &backlog[1..] {
+            pending += usize::from(w.delivery(id).await.state == DeliveryState::Pending);
+        }
+        assert_eq!(pending, 3, "claimed beyond the route's one slot");
+        let _ = stop.send(());
+        running.await.unwrap();
     });
 }
 
