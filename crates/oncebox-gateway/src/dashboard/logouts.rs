@@ -12,8 +12,8 @@ use axum::response::{IntoResponse, Redirect, Response};
 use oncebox_core::Timestamp;
 use oncebox_core::store::EventStore;
 
-use super::cookie::{cookie_values, set_cookie};
-use super::session::{COOKIE, LIFETIME, csrf_ok, same_origin, verify};
+use super::cookie::set_cookie;
+use super::session::{LIFETIME, csrf_ok, live, same_origin};
 use crate::Gateway;
 
 /// The nonces of sessions logged out on this gateway, each with the latest time its cookie
@@ -58,22 +58,19 @@ pub(crate) async fn logout<S: EventStore>(
     headers: HeaderMap,
     axum::Form(form): axum::Form<LogoutForm>,
 ) -> Response {
-    let now = gw.clock.now();
-    let token = gw.config.admin_token.as_deref().unwrap_or_default();
-    // The sessions valid now and not ended, each with its cookie. The form's token may be any
-    // one's: the page that showed the form may have had another cookie than this request.
-    let live: Vec<(String, &str)> = cookie_values(&headers, COOKIE)
-        .filter_map(|value| {
-            let nonce = verify(token, value, now).filter(|n| !gw.logouts.ended(n))?;
-            Some((nonce, value))
-        })
-        .collect();
+    let Some(token) = gw.config.admin_token.as_deref() else {
+        return StatusCode::FORBIDDEN.into_response();
+    };
+    // The form's token may be any live session's: the page that showed the form may have had
+    // another cookie than this request.
+    let live: Vec<(String, &str)> = live(&gw, token, &headers).collect();
     let asked = live
         .iter()
         .any(|(nonce, _)| csrf_ok(token, nonce, &form.csrf));
-    if token.is_empty() || !asked || !same_origin(&headers) {
+    if !asked || !same_origin(&headers) {
         return StatusCode::FORBIDDEN.into_response();
     }
+    let now = gw.clock.now();
     // Every session the request carries ends, not only the one whose form this is: the
     // browser clears the cookie at one path only, and another left valid would outlive it.
     // Each is remembered until its cookie's own signed expiry, when the signature check takes

@@ -112,10 +112,21 @@ pub(crate) fn token_matches(token: &str, given: &str) -> bool {
 /// out.
 fn session<S>(gw: &Gateway<S>, headers: &HeaderMap) -> Option<(String, String)> {
     let token = gw.config.admin_token.as_deref()?;
+    let (nonce, _) = live(gw, token, headers).next()?;
+    Some((token.to_owned(), nonce))
+}
+
+/// The sessions of the request's cookies (signed with `token`) that are valid now and not
+/// logged out, in the request's order: each nonce with its cookie.
+pub(super) fn live<'a, S>(
+    gw: &'a Gateway<S>,
+    token: &'a str,
+    headers: &'a HeaderMap,
+) -> impl Iterator<Item = (String, &'a str)> + 'a {
     let now = gw.clock.now();
-    cookie_values(headers, COOKIE).find_map(|value| {
+    cookie_values(headers, COOKIE).filter_map(move |value| {
         let nonce = verify(token, value, now)?;
-        (!gw.logouts.ended(&nonce)).then(|| (token.to_owned(), nonce))
+        (!gw.logouts.ended(&nonce)).then_some((nonce, value))
     })
 }
 

@@ -35,7 +35,7 @@ impl<S: DeliveryStore> Relay<S> {
             let claimed_at = self.clock.monotonic();
             let (claimed, freed) = match room {
                 Some(want) => {
-                    let claim = self.claim_for(&want);
+                    let claim = self.claim_for(want);
                     let (answer, freed) = beside(claim, &mut sending, &mut held).await;
                     let answer = answer.map(|(claimed, failed)| {
                         if let Some(e) = failed {
@@ -142,6 +142,7 @@ impl<S: DeliveryStore> Relay<S> {
         }
         let mut room = 0usize;
         let mut paced_for: Option<Duration> = None;
+        let mut any_paced = false;
         let routes: Vec<(String, usize)> = self
             .open_routes()
             .into_iter()
@@ -159,13 +160,13 @@ impl<S: DeliveryStore> Relay<S> {
                     }
                 }
                 room = room.saturating_add(free);
+                any_paced |= free > 0 && lane.pace.is_some();
                 (free > 0).then_some((name, free))
             })
             .collect();
         // A paced route's room is its slots: claimed beside others in one claim, oldest first,
         // it took more, and held them waiting for their slots under the lease.
-        let paced = |name: &String| self.routes.get(name).is_some_and(|l| l.pace.is_some());
-        split |= routes.len() > 1 && routes.iter().any(|(name, _)| paced(name));
+        split |= any_paced && routes.len() > 1;
         let room = room.min(self.options.batch.saturating_sub(total));
         let want = (room > 0 && !routes.is_empty()).then_some(Want {
             routes,
@@ -186,15 +187,15 @@ impl<S: DeliveryStore> Relay<S> {
     /// taken over as if their relay had died.
     async fn claim_for(
         &self,
-        want: &Want,
+        want: Want,
     ) -> Result<(Vec<Claimed>, Option<Unavailable>), Unavailable> {
         let (now, lease) = (self.clock.now(), self.options.lease);
+        let mut routes = want.routes;
         if !want.split {
-            let names: Vec<String> = want.routes.iter().map(|(n, _)| n.clone()).collect();
+            let names: Vec<String> = routes.into_iter().map(|(n, _)| n).collect();
             let claimed = self.store.claim(now, want.room, lease, &names).await?;
             return Ok((claimed, None));
         }
-        let mut routes = want.routes.clone();
         routes.sort_by_key(|(_, free)| *free);
         let mut left = want.room;
         let mut claimed = Vec::new();

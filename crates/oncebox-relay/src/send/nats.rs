@@ -216,9 +216,9 @@ impl Publisher {
                 }
             };
             connected.next_look = Some(Instant::now() + again);
+            // And again after the look, which may have waited, just before the publish.
+            connected.connected(&self.target)?;
         }
-        // And again after it, just before the publish is queued.
-        connected.connected(&self.target)?;
         Ok(connected.js.clone())
     }
 
