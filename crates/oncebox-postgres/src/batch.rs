@@ -130,7 +130,10 @@ async fn run(pool: &PgPool, options: &Options, stats: &BatchStats, mut jobs: Vec
             .into_iter()
             .partition(|j| seen.insert(j.ingest.event.key.clone()));
         stats.in_flight.fetch_add(1, Ordering::Relaxed);
-        let answers = batch(pool, options, &first).await;
+        // A batch whose connection went silent would hold this worker for good (`silent.rs`);
+        // given up on, it may still have committed, which its requests' retries read.
+        let limit = options.silence();
+        let answers = crate::silent::or_unknown(limit, batch(pool, options, &first)).await;
         stats.in_flight.fetch_sub(1, Ordering::Relaxed);
         let answers = match answers {
             // A lock wait that ran out (another transaction holding one of the keys: a node

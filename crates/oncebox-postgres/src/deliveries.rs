@@ -19,6 +19,7 @@ use oncebox_core::{Key, LeaseError, Timestamp, Unavailable};
 
 use crate::error::{commit_failed, lease_write, storage};
 use crate::inbox::{Inbox, notify};
+use crate::silent::answered;
 
 fn millis(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
@@ -32,21 +33,24 @@ impl Inbox {
         &self,
         query: sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>,
     ) -> Result<u64, Unavailable> {
-        let mut tx = crate::inbox::begin(&self.pool, self.deadline)
-            .await
-            .map_err(|e| storage(&e))?;
-        let n = query
-            .execute(&mut *tx)
-            .await
-            .map_err(|e| storage(&e))?
-            .rows_affected();
-        if n > 0 {
-            notify(&mut tx, &self.in_tx.channel)
+        crate::silent::or_unknown(self.lost_after, async {
+            let mut tx = crate::inbox::begin(&self.pool, self.deadline)
                 .await
                 .map_err(|e| storage(&e))?;
-        }
-        tx.commit().await.map_err(|e| commit_failed(&e))?;
-        Ok(n)
+            let n = query
+                .execute(&mut *tx)
+                .await
+                .map_err(|e| storage(&e))?
+                .rows_affected();
+            if n > 0 {
+                notify(&mut tx, &self.in_tx.channel)
+                    .await
+                    .map_err(|e| storage(&e))?;
+            }
+            tx.commit().await.map_err(|e| commit_failed(&e))?;
+            Ok(n)
+        })
+        .await
     }
 
     /// Puts the next status check of an uncertain delivery off by twice the time since the
@@ -61,9 +65,10 @@ impl Inbox {
         .bind(now.millis())
         .bind(millis(STATUS_RECHECK.0))
         .bind(millis(STATUS_RECHECK.1))
-        .execute(&self.pool)
-        .await
-        .map_err(|e| storage(&e))?;
+        .execute(&self.pool);
+        let n = answered(self.lost_after, n)
+            .await
+            .map_err(|e| storage(&e))?;
         Ok(n.rows_affected() == 1)
     }
 }
@@ -120,7 +125,7 @@ impl DeliveryStore for Inbox {
         .bind(millis(attempt.duration))
         .bind(&attempt.error)
         .bind(on_server);
-        let n = lease_write(&self.pool, query).await?;
+        let n = lease_write(&self.pool, self.lost_after, query).await?;
         if n.rows_affected() == 1 {
             Ok(())
         } else {
@@ -150,13 +155,15 @@ impl DeliveryStore for Inbox {
     }
 
     async fn deliveries(&self, filter: DeliveryFilter) -> Result<Page<DeliveryView>, Unavailable> {
-        read::page(&self.pool, &filter)
+        let page = read::page(&self.pool, &filter);
+        answered(self.lost_after, page)
             .await
             .map_err(|e| storage(&e))
     }
 
     async fn attempts(&self, id: i64) -> Result<Vec<AttemptRecord>, Unavailable> {
-        read::attempts(&self.pool, id)
+        let attempts = read::attempts(&self.pool, id);
+        answered(self.lost_after, attempts)
             .await
             .map_err(|e| storage(&e))
     }
@@ -205,7 +212,7 @@ impl DeliveryStore for Inbox {
         .bind(delivered_at)
         .bind(now.millis())
         .bind(self.leases.server(now).millis());
-        let n = crate::error::autocommit_write(&self.pool, query).await?;
+        let n = crate::error::autocommit_write(&self.pool, self.lost_after, query).await?;
         Ok(n.rows_affected() == 1)
     }
 
@@ -256,7 +263,10 @@ impl DeliveryStore for Inbox {
     }
 
     async fn gauges(&self) -> Result<DeliveryGauges, Unavailable> {
-        read::gauges(&self.pool).await.map_err(|e| storage(&e))
+        let gauges = read::gauges(&self.pool);
+        answered(self.lost_after, gauges)
+            .await
+            .map_err(|e| storage(&e))
     }
 
     /// Woken by `NOTIFY` on [`crate::OUTBOX_CHANNEL`] (see `listen`), else after `at_most`.

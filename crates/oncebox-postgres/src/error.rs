@@ -147,9 +147,10 @@ pub(crate) fn commit_failed(e: &sqlx::Error) -> Unavailable {
 /// relay takes for its own write done).
 pub(crate) async fn lease_write(
     pool: &sqlx::PgPool,
+    lost_after: std::time::Duration,
     query: sqlx::query::Query<'_, sqlx::Postgres, sqlx::postgres::PgArguments>,
 ) -> Result<sqlx::postgres::PgQueryResult, oncebox_core::LeaseError> {
-    autocommit_write(pool, query)
+    autocommit_write(pool, lost_after, query)
         .await
         .map_err(oncebox_core::LeaseError::Unavailable)
 }
@@ -159,10 +160,12 @@ pub(crate) async fn lease_write(
 /// lost answer would otherwise read "not resolvable" for its own write done.
 pub(crate) async fn autocommit_write(
     pool: &sqlx::PgPool,
+    lost_after: std::time::Duration,
     query: sqlx::query::Query<'_, sqlx::Postgres, sqlx::postgres::PgArguments>,
 ) -> Result<sqlx::postgres::PgQueryResult, Unavailable> {
     let mut conn = pool.acquire().await.map_err(|e| storage(&e))?;
-    query.execute(&mut *conn).await.map_err(|e| match e {
+    let done = crate::silent::answered(lost_after, query.execute(&mut *conn)).await;
+    done.map_err(|e| match e {
         sqlx::Error::Io(_) | sqlx::Error::Tls(_) | sqlx::Error::Protocol(_) => {
             Unavailable::CommitUnknown(e.to_string())
         }

@@ -6,21 +6,19 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::BoxFuture;
-use oncebox_core::{
-    Begun, Clock, Event, Key, Lease, LeaseError, ProcessError, Processed, Record, Resolution,
-    Response, Unavailable,
-};
+use oncebox_core::{Clock, Event, Key, ProcessError, Processed, Record, Response, Unavailable};
 use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
 
 use crate::batch::Batcher;
 use crate::claim::{Claim, claim};
-use crate::error::{OpenError, commit_failed, lease_write, storage};
+use crate::error::{OpenError, commit_failed, storage};
 use crate::options::Options;
 use crate::schema;
 use crate::tx::{HandlerError, Tx};
 
 mod connect;
+mod lease;
 mod run;
 
 pub(crate) use connect::{begin, connect_options, lock_timeout, quoted};
@@ -37,6 +35,9 @@ pub struct Inbox {
     pub(crate) stamps: oncebox_core::Stamps,
     pub(crate) batcher: Batcher,
     pub(crate) deadline: Duration,
+    /// How long oncebox waits for an answer before taking a connection for lost
+    /// ([`Options::lost_after`] as applied, `silent.rs`).
+    pub(crate) lost_after: Duration,
     /// Relay wake-ups (`LISTEN`), started by the first `wait_for_work`.
     pub(crate) wake: crate::listen::Wake,
     /// Claims whose answer was lost before their rows were found (`deliveries/lost.rs`).
@@ -105,9 +106,11 @@ impl Inbox {
                     })?;
             }
         }
+        let lost_after = options.silence();
         let pool = PgPoolOptions::new()
             .max_connections(options.max_connections)
-            .acquire_timeout(options.deadline)
+            .acquire_timeout(options.deadline);
+        let pool = crate::silent::bounded_release(pool, lost_after)
             .connect_with(connect)
             .await?;
         let mut conn = pool.acquire().await?;
@@ -125,12 +128,13 @@ impl Inbox {
         drop(conn);
         let batcher = Batcher::start(&pool, &options);
         Ok(Inbox {
-            wake: crate::listen::Wake::new(&pool, &in_tx.channel),
+            wake: crate::listen::Wake::new(&pool, &in_tx.channel, lost_after),
             pool,
             clock: options.clock,
             stamps: options.stamps,
             batcher,
             deadline: options.deadline,
+            lost_after,
             lost_claims: Default::default(),
             in_tx,
             leases,
@@ -190,7 +194,7 @@ impl Inbox {
         let mut handler: Option<Handler> = Some(Box::new(handler));
         // Another's two-phase lease on the key is judged by the server's clock; what the
         // handler writes (its outbox rows' schedule, the record's dates) goes by this node's.
-        self.leases.refresh(&self.pool).await;
+        self.leases.refresh(&self.pool, self.lost_after).await;
         for _ in 0..CLAIM_ATTEMPTS {
             let mut tx = begin(&self.pool, self.deadline)
                 .await
@@ -223,168 +227,9 @@ impl Inbox {
         Err(ProcessError::Unavailable(Unavailable::Busy))
     }
 
-    /// Takes a fenced lease on the key for an effect outside the database. An event past
-    /// [`MAX_EVENT_BYTES`](crate::MAX_EVENT_BYTES) is `Invalid::TooLarge`, a TTL under 1 ms
-    /// `Invalid::LeaseTtl`.
-    pub async fn begin(&self, event: Event, ttl: Duration) -> Result<Begun, ProcessError> {
-        oncebox_core::check_ttl(ttl)?;
-        crate::limit::check(&event)?;
-        self.not_within_its_own_handler(&event.key)?;
-        self.leases.refresh(&self.pool).await;
-        for _ in 0..CLAIM_ATTEMPTS {
-            let mut tx = begin(&self.pool, self.deadline)
-                .await
-                .map_err(|e| storage(&e))?;
-            let now = self.clock.now();
-            // Written and judged by the server's clock; the holder is told its end on its own.
-            let expires_at = now.plus(ttl);
-            let on_server = self.leases.server(now);
-            let token: i64 = sqlx::query_scalar("SELECT nextval('oncebox_fence')")
-                .fetch_one(&mut *tx)
-                .await
-                .map_err(|e| storage(&e))?;
-            let claimed = claim(
-                &mut tx,
-                &event,
-                on_server.millis(),
-                Some((token, on_server.plus(ttl).millis())),
-            )
-            .await
-            .map_err(|e| storage(&e))?;
-            if matches!(claimed, Claim::Vanished) {
-                continue;
-            }
-            tx.commit().await.map_err(|e| commit_failed(&e))?;
-            return match claimed {
-                Claim::Fresh(_) | Claim::TakenOver(_) => Ok(Begun::Leased(Lease {
-                    key: event.key.clone(),
-                    token,
-                    expires_at,
-                    taken_over: matches!(claimed, Claim::TakenOver(_)),
-                })),
-                Claim::Answered(Ok(Processed::Duplicate(r))) => Ok(Begun::Duplicate(r)),
-                Claim::Answered(Ok(other)) => Err(ProcessError::Handler(
-                    format!("unexpected claim answer {other:?}").into(),
-                )),
-                Claim::Answered(Err(e)) => Err(e),
-                Claim::Vanished => Err(ProcessError::Unavailable(Unavailable::Busy)),
-            };
-        }
-        Err(ProcessError::Unavailable(Unavailable::Busy))
-    }
-
-    /// Completes only while the lease is live and still this holder's: an expired holder is
-    /// fenced even if nobody has taken over yet, because someone may be about to. A holder
-    /// repeating its own completion is answered `Ok`. A response past
-    /// [`MAX_EVENT_BYTES`](crate::MAX_EVENT_BYTES) is `LeaseError::TooLarge`, unasked of the
-    /// database, and the lease is still the holder's.
-    pub async fn complete(&self, lease: &Lease, response: Response) -> Result<(), LeaseError> {
-        crate::limit::check_response(&response.body)?;
-        let body = (!response.body.is_empty()).then_some(&response.body);
-        self.leases.refresh(&self.pool).await;
-        let now = self.clock.now();
-        let stamp = self.stamps.completed(self.clock.as_ref(), now).millis();
-        let now = self.leases.server(now).millis();
-        // The completing token stays on the record: the holder repeating its completion (its
-        // reply was lost) is told `Ok` again below, and the first response stays.
-        let query = sqlx::query(
-            "UPDATE oncebox_inbox SET state = $4, response = $5, completed_at = $7,
-               lease_expires_at = NULL
-             WHERE source = $1 AND event_id = $2 AND state = 'processing'
-               AND lease_token = $3 AND lease_expires_at > $6",
-        )
-        .bind(lease.key.source.as_str())
-        .bind(lease.key.event_id.as_str())
-        .bind(lease.token)
-        .bind(response.kind.as_str())
-        .bind(body)
-        .bind(now)
-        .bind(stamp);
-        let n = lease_write(&self.pool, query).await?;
-        if n.rows_affected() == 1 {
-            return Ok(());
-        }
-        let own: bool = sqlx::query_scalar(
-            "SELECT EXISTS (SELECT 1 FROM oncebox_inbox WHERE source = $1 AND event_id = $2
-               AND lease_token = $3 AND state NOT IN ('processing', 'uncertain'))",
-        )
-        .bind(lease.key.source.as_str())
-        .bind(lease.key.event_id.as_str())
-        .bind(lease.token)
-        .fetch_one(&self.pool)
-        .await
-        .map_err(|e| LeaseError::Unavailable(storage(&e)))?;
-        if own { Ok(()) } else { Err(LeaseError::Fenced) }
-    }
-
-    /// Frees the key (the external call failed). Allowed after expiry while nobody took over.
-    pub async fn release(&self, lease: &Lease) -> Result<(), LeaseError> {
-        let query = sqlx::query(
-            "DELETE FROM oncebox_inbox WHERE source = $1 AND event_id = $2
-               AND state = 'processing' AND lease_token = $3",
-        )
-        .bind(lease.key.source.as_str())
-        .bind(lease.key.event_id.as_str())
-        .bind(lease.token);
-        let n = lease_write(&self.pool, query).await?;
-        fenced_unless(n.rows_affected())
-    }
-
-    /// Parks the key: the external call's outcome is unknown, so it is neither retried nor done
-    /// until reconciled. The token stays on the parked record, so the holder repeating the call
-    /// (its reply was lost) matches again and is told `Ok`; `resolve` clears or deletes it.
-    pub async fn uncertain(&self, lease: &Lease) -> Result<(), LeaseError> {
-        let query = sqlx::query(
-            "UPDATE oncebox_inbox SET state = 'uncertain', lease_expires_at = NULL
-             WHERE source = $1 AND event_id = $2 AND state IN ('processing', 'uncertain')
-               AND lease_token = $3",
-        )
-        .bind(lease.key.source.as_str())
-        .bind(lease.key.event_id.as_str())
-        .bind(lease.token);
-        let n = lease_write(&self.pool, query).await?;
-        fenced_unless(n.rows_affected())
-    }
-
-    /// Settles an `uncertain` key; returns false when the key is not uncertain. An answer lost
-    /// after the server took the write is `Unavailable::CommitUnknown`: a retry that then reads
-    /// false may find the key settled by this very call.
-    pub async fn resolve(&self, key: &Key, resolution: Resolution) -> Result<bool, crate::Error> {
-        let now = (self.stamps).completed(self.clock.as_ref(), self.clock.now());
-        let now = now.millis();
-        let query = match resolution {
-            Resolution::Completed(response) => sqlx::query(
-                "UPDATE oncebox_inbox SET state = $3, response = $4, completed_at = $5,
-                   lease_token = NULL
-                 WHERE source = $1 AND event_id = $2 AND state = 'uncertain'",
-            )
-            .bind(key.source.as_str())
-            .bind(key.event_id.as_str())
-            .bind(response.kind.as_str())
-            .bind(response.body)
-            .bind(now),
-            Resolution::Released => sqlx::query(
-                "DELETE FROM oncebox_inbox
-                 WHERE source = $1 AND event_id = $2 AND state = 'uncertain'",
-            )
-            .bind(key.source.as_str())
-            .bind(key.event_id.as_str()),
-        };
-        let n = crate::error::autocommit_write(&self.pool, query).await?;
-        Ok(n.rows_affected() == 1)
-    }
-
     /// The key's committed record.
     pub async fn record(&self, key: &Key) -> Result<Option<Record>, crate::Error> {
         crate::read::record(&self.pool, key).await
-    }
-}
-
-fn fenced_unless(rows: u64) -> Result<(), LeaseError> {
-    if rows == 1 {
-        Ok(())
-    } else {
-        Err(LeaseError::Fenced)
     }
 }
 

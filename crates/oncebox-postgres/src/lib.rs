@@ -30,6 +30,7 @@ mod options;
 mod qualified;
 mod read;
 mod schema;
+mod silent;
 mod skew;
 mod store;
 mod tx;

@@ -44,6 +44,9 @@ struct Shared {
     channel: Arc<str>,
     /// How long one attempt to connect and `LISTEN` may take.
     timeout: Duration,
+    /// How long the connection may stay silent before it is checked, and how long the check
+    /// may take (`silent.rs`).
+    lost_after: Duration,
     /// One permit per notification not yet waited for (`Notify` keeps at most one): a
     /// notification arriving while no relay waits ends the next wait at once instead of being
     /// lost.
@@ -62,11 +65,12 @@ struct Running {
 impl Wake {
     /// Listens on a connection of its own, outside `pool`: it is held for as long as the
     /// `Inbox` lives and must not take a slot from claims and ingest.
-    pub(crate) fn new(pool: &PgPool, channel: &Arc<str>) -> Wake {
+    pub(crate) fn new(pool: &PgPool, channel: &Arc<str>, lost_after: Duration) -> Wake {
         Wake(Arc::new(Shared {
             connect: (*pool.connect_options()).clone(),
             channel: Arc::clone(channel),
             timeout: pool.options().get_acquire_timeout(),
+            lost_after,
             work: Arc::new(Notify::new()),
             running: OnceLock::new(),
         }))
@@ -84,7 +88,7 @@ impl Wake {
             tokio::spawn(listen(
                 shared.connect.clone(),
                 Arc::clone(&shared.channel),
-                shared.timeout,
+                (shared.timeout, shared.lost_after),
                 Arc::clone(&shared.work),
                 state,
                 stopped,
@@ -112,9 +116,22 @@ impl Wake {
     }
 }
 
-/// Connects and registers `LISTEN`.
-async fn register(pool: &PgPool, channel: &str) -> Result<PgListener, sqlx::Error> {
-    let mut listener = PgListener::connect_with(pool).await?;
+/// Connects and registers `LISTEN`, on a pool of one of its own: only used to (re)connect, so
+/// no idle or lifetime limits apply to a connection that is always in use. A new pool for
+/// each: a listener dropped on a silent connection sends `UNLISTEN` and waits for its answer,
+/// holding its pool's one connection as long (sqlx), and a shared pool would give no other.
+async fn register(
+    connect: &PgConnectOptions,
+    timeout: Duration,
+    channel: &str,
+) -> Result<PgListener, sqlx::Error> {
+    let pool = PgPoolOptions::new()
+        .max_connections(1)
+        .acquire_timeout(timeout)
+        .idle_timeout(None)
+        .max_lifetime(None)
+        .connect_lazy_with(connect.clone());
+    let mut listener = PgListener::connect_with(&pool).await?;
     // A lost connection is reported, not silently replaced: the task reconnects itself, after
     // a pause, and wakes relays for what was missed meanwhile.
     listener.eager_reconnect(false);
@@ -123,29 +140,23 @@ async fn register(pool: &PgPool, channel: &str) -> Result<PgListener, sqlx::Erro
 }
 
 /// The listening task: registers, turns notifications into permits, and after a lost
-/// connection listens again with a growing pause. It ends when `stop` fires or its sender is
-/// dropped.
+/// connection listens again with a growing pause. A connection silent for `lost_after` is
+/// asked for an answer, within as long again, and taken for lost without one: a path gone
+/// silent under it (no reset, no FIN) left relays on their poll alone, for good. It ends when
+/// `stop` fires or its sender is dropped.
 async fn listen(
     connect: PgConnectOptions,
     channel: Arc<str>,
-    timeout: Duration,
+    (timeout, lost_after): (Duration, Duration),
     work: Arc<Notify>,
     state: watch::Sender<State>,
     mut stop: oneshot::Receiver<()>,
 ) {
-    // A pool of one, used only to (re)connect: no idle or lifetime limits apply to a
-    // connection that is always in use.
-    let pool = PgPoolOptions::new()
-        .max_connections(1)
-        .acquire_timeout(timeout)
-        .idle_timeout(None)
-        .max_lifetime(None)
-        .connect_lazy_with(connect);
     let mut pause = RECONNECT_MIN;
     loop {
         let attempt = tokio::select! {
             _ = &mut stop => return,
-            attempt = tokio::time::timeout(timeout, register(&pool, &channel)) => attempt,
+            attempt = tokio::time::timeout(timeout, register(&connect, timeout, &channel)) => attempt,
         };
         match attempt {
             Ok(Ok(mut listener)) => {
@@ -166,7 +177,14 @@ async fn listen(
                 let lost = loop {
                     let next = tokio::select! {
                         _ = &mut stop => return,
-                        next = listener.try_recv() => next,
+                        next = tokio::time::timeout(lost_after, listener.try_recv()) => next,
+                    };
+                    let Ok(next) = next else {
+                        let asked = sqlx::query("SELECT 1").execute(&mut listener);
+                        match crate::silent::answered(lost_after, asked).await {
+                            Ok(_) => continue,
+                            Err(e) => break e.to_string(),
+                        }
                     };
                     match next {
                         Ok(Some(_)) => {
@@ -259,7 +277,7 @@ mod tests {
             return;
         };
         let pool = PgPoolOptions::new().connect_lazy(&url).expect("pool");
-        let wake = Wake::new(&pool, &Arc::from(OUTBOX_CHANNEL));
+        let wake = Wake::new(&pool, &Arc::from(OUTBOX_CHANNEL), PROMPT);
         wake.wait(Duration::ZERO).await;
         assert_eq!(wake.running().state.borrow().phase, Phase::Listening);
         let quiet = tokio::time::timeout(Duration::from_millis(200), wake.wait(LONG)).await;
@@ -283,7 +301,7 @@ mod tests {
             return;
         };
         let pool = PgPoolOptions::new().connect_lazy(&url).expect("pool");
-        let wake = Wake::new(&pool, &Arc::from(OUTBOX_CHANNEL));
+        let wake = Wake::new(&pool, &Arc::from(OUTBOX_CHANNEL), PROMPT);
         wake.wait(Duration::ZERO).await;
         let killed: Vec<bool> = sqlx::query_scalar(
             "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
@@ -303,6 +321,52 @@ mod tests {
         assert!(woken.is_ok(), "notifications reach the new connection");
         drop(wake);
         pool.close().await;
+        drop_database(admin, &name).await;
+    }
+
+    /// A listening connection whose path goes silent (no reset, no FIN) gets no notification
+    /// and no error: without a check, relays ran on their poll alone for good.
+    #[tokio::test]
+    async fn listener_listens_again_after_its_connection_goes_silent() {
+        use oncebox_testkit::proxy::{Mode, Proxy, Stats};
+
+        let Some((url, name, admin)) = own_database().await else {
+            return;
+        };
+        let options: sqlx::postgres::PgConnectOptions = url.parse().expect("URL");
+        let server = tokio::net::lookup_host((options.get_host(), options.get_port()))
+            .await
+            .expect("the server's address")
+            .next()
+            .expect("an address");
+        // Stranded at its check, which asks `SELECT 1`.
+        let proxy = Proxy::start_with_marker(server, Some(b"SELECT 1".to_vec())).await;
+        let via = options
+            .host("127.0.0.1")
+            .port(proxy.addr().port())
+            .ssl_mode(sqlx::postgres::PgSslMode::Disable);
+        let direct = PgPoolOptions::new().connect_lazy(&url).expect("pool");
+        let pool = PgPoolOptions::new().connect_lazy_with(via);
+        let quiet = Duration::from_secs(1);
+        let wake = Wake::new(&pool, &Arc::from(OUTBOX_CHANNEL), quiet);
+        wake.wait(Duration::ZERO).await;
+        assert_eq!(wake.running().state.borrow().registered, 1);
+        proxy.set(Mode::Strand);
+        until(&wake, |s| s.registered >= 2 && s.phase == Phase::Listening).await;
+        proxy.set(Mode::Pass);
+        // The new connection's own check may have gone the same way before `Pass`.
+        assert!(
+            Stats::get(&proxy.stats.stranded) >= 1,
+            "the check went into the void"
+        );
+        let woken = tokio::time::timeout(PROMPT, wake.wait(LONG)).await;
+        assert!(woken.is_ok(), "listening again wakes a waiting relay");
+        send(&direct).await;
+        let woken = tokio::time::timeout(PROMPT, wake.wait(LONG)).await;
+        assert!(woken.is_ok(), "notifications reach the new connection");
+        drop(wake);
+        pool.close().await;
+        direct.close().await;
         drop_database(admin, &name).await;
     }
 }

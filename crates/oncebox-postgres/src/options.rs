@@ -38,6 +38,16 @@ pub struct Options {
     /// silently. Two minutes by default; past it `open` fails with
     /// `OpenError::MigrationLocked`, naming the session.
     pub migration_lock_wait: Duration,
+    /// How long oncebox waits for PostgreSQL to answer one of its own units of work (a batch,
+    /// a claim, a lease's write, a read, a readiness check) before it takes the connection for
+    /// lost, closes it and answers `Unavailable` (`CommitUnknown` where a write may have been
+    /// done). A connection whose network path went silent, with neither a reset nor a FIN
+    /// (a failover that moved the server, a firewall that forgot the connection), otherwise
+    /// held its worker or relay for good: sqlx sets no TCP keepalive. Also how long the relay
+    /// wake-up connection may stay silent before it is checked the same way. Handlers'
+    /// statements are not bounded. 30 s by default; at least twice the deadline (a batch may
+    /// wait that long for a lock and a connection).
+    pub lost_after: Duration,
     /// Batches in flight at once: several overlap their round trips and commits.
     pub batch_workers: usize,
     /// Requests combined into one set-based statement at most.
@@ -89,6 +99,7 @@ impl Options {
             deadline: Duration::from_secs(5),
             idle_in_transaction: Duration::from_secs(60),
             migration_lock_wait: Duration::from_secs(120),
+            lost_after: crate::silent::LOST_AFTER,
             batch_workers: 4,
             max_batch: 256,
             max_batch_bytes: 64 << 20,
@@ -151,6 +162,21 @@ impl Options {
     pub fn migration_lock_wait(mut self, t: Duration) -> Options {
         self.migration_lock_wait = t;
         self
+    }
+
+    /// Sets [`Options::lost_after`].
+    pub fn lost_after(mut self, t: Duration) -> Options {
+        self.lost_after = t;
+        self
+    }
+
+    /// [`Options::lost_after`] as applied: at least twice the deadline, within
+    /// [`oncebox_core::LONGEST_WAIT`].
+    pub(crate) fn silence(&self) -> Duration {
+        let deadline = self.deadline.min(oncebox_core::LONGEST_WAIT);
+        self.lost_after
+            .max(deadline * 2)
+            .min(oncebox_core::LONGEST_WAIT)
     }
 
     /// Sets [`Options::batch_workers`].

@@ -86,7 +86,7 @@ impl LeaseClock {
     /// claim, `process`, `begin` and `complete`. A failure keeps the last one.
     /// Called before a connection is taken for the work itself: one held while another is
     /// asked for could wait on a pool that callers like it emptied.
-    pub(crate) async fn refresh(&self, pool: &sqlx::PgPool) {
+    pub(crate) async fn refresh(&self, pool: &sqlx::PgPool, lost_after: Duration) {
         {
             // Taken by the first caller that finds it stale, so the others go on unmeasured
             // rather than all asking the pool for a connection at once.
@@ -99,7 +99,8 @@ impl LeaseClock {
         let Ok(mut conn) = pool.acquire().await else {
             return;
         };
-        if let Ok(ahead) = ahead_of_server(&mut conn, self.machine.as_ref()).await {
+        let ahead = ahead_of_server(&mut conn, self.machine.as_ref());
+        if let Some(Ok(ahead)) = crate::silent::within(lost_after, ahead).await {
             let was = self.ahead_ms.load(Ordering::Relaxed);
             self.set(ahead);
             let now = self.ahead_ms.load(Ordering::Relaxed);

@@ -16,6 +16,7 @@ use crate::batch::Answer;
 use crate::error::storage;
 use crate::inbox::Inbox;
 use crate::read;
+use crate::silent::answered;
 use crate::tx::HandlerError;
 
 /// Purge deletes at most this many records per statement, so a large purge never holds locks
@@ -36,7 +37,8 @@ impl Inbox {
         } = ingest;
         // Entities are namespaced by source: two senders' order ids are unrelated.
         let namespace = event.key.source.as_str().to_owned();
-        self.process(event, move |tx| {
+        // The handler below is the gateway's own statements: bounded as a batch is.
+        let processed = self.process(event, move |tx| {
             Box::pin(async move {
                 if let Some(order) = &order {
                     match tx.advance(&namespace, &order.entity, order.version).await {
@@ -55,8 +57,15 @@ impl Inbox {
                 }
                 Ok(Response::completed(accepted))
             })
-        })
-        .await
+        });
+        let lost = || crate::silent::lost(self.lost_after).to_string();
+        crate::silent::within(self.lost_after, processed)
+            .await
+            .unwrap_or_else(|| {
+                Err(ProcessError::Unavailable(
+                    Unavailable::CommitUnknown(lost()),
+                ))
+            })
     }
 
     /// The time this purge may use ([`oncebox_core::purge_time`]), from the anchor stored for
@@ -205,22 +214,29 @@ impl EventStore for Inbox {
     }
 
     async fn event(&self, key: &Key) -> Result<Option<StoredEvent>, Unavailable> {
-        read::one(&self.pool, key).await.map_err(|e| storage(&e))
+        let one = read::one(&self.pool, key);
+        answered(self.lost_after, one)
+            .await
+            .map_err(|e| storage(&e))
     }
 
     async fn events(&self, filter: EventFilter) -> Result<Page<StoredEvent>, Unavailable> {
-        read::page(
+        let page = read::page(
             &self.pool,
             filter.source.as_ref(),
             filter.after.unwrap_or(0),
             filter.limit,
-        )
-        .await
-        .map_err(|e| storage(&e))
+        );
+        answered(self.lost_after, page)
+            .await
+            .map_err(|e| storage(&e))
     }
 
     async fn stats(&self) -> Result<Stats, Unavailable> {
-        read::stats(&self.pool).await.map_err(|e| storage(&e))
+        let stats = read::stats(&self.pool);
+        answered(self.lost_after, stats)
+            .await
+            .map_err(|e| storage(&e))
     }
 
     async fn purge(&self, now: Timestamp, retention: &Retention) -> Result<u64, Unavailable> {
@@ -230,7 +246,8 @@ impl EventStore for Inbox {
     }
 
     async fn conflicts(&self, filter: ConflictFilter) -> Result<Page<ConflictRecord>, Unavailable> {
-        read::conflicts(&self.pool, &filter)
+        let conflicts = read::conflicts(&self.pool, &filter);
+        answered(self.lost_after, conflicts)
             .await
             .map_err(|e| storage(&e))
     }
@@ -241,7 +258,8 @@ impl EventStore for Inbox {
         bucket: std::time::Duration,
     ) -> Result<Activity, Unavailable> {
         let bucket_ms = i64::try_from(bucket.as_millis()).unwrap_or(i64::MAX);
-        read::activity(&self.pool, since, bucket_ms)
+        let activity = read::activity(&self.pool, since, bucket_ms);
+        answered(self.lost_after, activity)
             .await
             .map_err(|e| storage(&e))
     }
@@ -250,12 +268,13 @@ impl EventStore for Inbox {
     /// the URL may still name a standby, or the role may default to read-only transactions,
     /// and every ingest there would fail.
     async fn ready(&self) -> Result<(), Unavailable> {
-        let writable: bool = sqlx::query_scalar(
+        let writable = sqlx::query_scalar(
             "SELECT NOT pg_is_in_recovery() AND current_setting('transaction_read_only') = 'off'",
         )
-        .fetch_one(&self.pool)
-        .await
-        .map_err(|e| storage(&e))?;
+        .fetch_one(&self.pool);
+        let writable: bool = answered(self.lost_after, writable)
+            .await
+            .map_err(|e| storage(&e))?;
         if writable {
             Ok(())
         } else {

@@ -12,6 +12,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
+mod strand;
+
 /// What the proxy does to traffic.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Mode {
@@ -35,6 +37,11 @@ pub enum Mode {
     /// with a FIN, so what it received is read before the end. With a marker, only bytes
     /// containing it are cut after.
     CutRequest,
+    /// The client's next bytes (with a marker, bytes containing it) and all it sends after are
+    /// read and dropped, and nothing is answered; the connection is left open until the
+    /// client closes it: a network path gone silent under an open connection (a server failed
+    /// over to another address, a firewall that forgot it), with neither a reset nor a FIN.
+    Strand,
 }
 
 /// Faults injected so far.
@@ -49,6 +56,11 @@ pub struct Stats {
     pub cut_requests: AtomicU64,
     /// Chunks that waited at least once in [`Mode::BlackHole`] or [`Mode::Delay`].
     pub held: AtomicU64,
+    /// Connections [`Mode::Strand`] left without an answer, the bytes their clients sent into
+    /// the void, and those whose client then gave up on them (closed them).
+    pub stranded: AtomicU64,
+    pub stranded_bytes: AtomicU64,
+    pub stranded_closed: AtomicU64,
 }
 
 impl Stats {
@@ -72,8 +84,8 @@ impl Proxy {
         Proxy::start_with_marker(upstream, None).await
     }
 
-    /// As [`Proxy::start`]; in [`Mode::DropReply`] and [`Mode::CutRequest`] only client bytes
-    /// containing `marker` are acted on.
+    /// As [`Proxy::start`]; in [`Mode::DropReply`], [`Mode::CutRequest`] and [`Mode::Strand`]
+    /// only client bytes containing `marker` are acted on.
     pub async fn start_with_marker(upstream: SocketAddr, marker: Option<Vec<u8>>) -> Proxy {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("proxy port");
         let addr = listener.local_addr().expect("proxy address");
@@ -189,12 +201,15 @@ async fn connection(
                 let chunk = &from_client[..n];
                 let mode = hold(&mut modes, stats).await;
                 let mut marked = false;
-                if matches!(mode, Mode::DropReply | Mode::CutRequest) {
+                if matches!(mode, Mode::DropReply | Mode::CutRequest | Mode::Strand) {
                     let mut seen = std::mem::take(&mut tail);
                     seen.extend_from_slice(chunk);
                     marked = marker.is_none_or(|m| seen.windows(m.len()).any(|w| w == m));
                     let keep = marker.map_or(0, |m| m.len().saturating_sub(1));
                     tail = seen[seen.len().saturating_sub(keep)..].to_vec();
+                }
+                if marked && mode == Mode::Strand {
+                    return strand::stranded(client, up, n, stats).await;
                 }
                 up.write_all(chunk).await?;
                 if marked && mode == Mode::CutRequest {

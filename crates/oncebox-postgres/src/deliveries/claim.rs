@@ -13,6 +13,7 @@ use sqlx::postgres::PgRow;
 use super::read::count;
 use crate::error::storage;
 use crate::inbox::Inbox;
+use crate::silent::answered;
 
 /// The claim, one statement under READ COMMITTED. `$1` is now, `$2` the limit, `$3` the lease's
 /// end, `$4` the claim's random id, `$5` now on the server's clock, which lease ends are written
@@ -126,7 +127,7 @@ impl Inbox {
     ) -> Result<Vec<Claimed>, Unavailable> {
         // The holder judges its turn by its own clock; the row's end is on the server's.
         let expires_at = now.plus(lease);
-        self.leases.refresh(&self.pool).await;
+        self.leases.refresh(&self.pool, self.lost_after).await;
         let on_server = self.leases.server(now);
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         let sql = if routes.is_empty() {
@@ -145,7 +146,8 @@ impl Inbox {
         if !routes.is_empty() {
             query = query.bind(routes);
         }
-        let rows = match query.fetch_all(&self.pool).await {
+        // Past `lost_after` this fails as a lost connection does: looked for by its id below.
+        let rows = match answered(self.lost_after, query.fetch_all(&self.pool)).await {
             Ok(rows) => rows,
             Err(e) => {
                 self.claimed_after(&e, claim_id, expires_at.plus(lease))
@@ -182,8 +184,8 @@ impl Inbox {
         }
         let found = sqlx::query(CLAIMED_BY_ID)
             .bind(claim_id)
-            .fetch_all(&self.pool)
-            .await;
+            .fetch_all(&self.pool);
+        let found = answered(self.lost_after, found).await;
         let found = match found {
             Ok(found) if !found.is_empty() => found,
             _ => {
@@ -212,9 +214,8 @@ impl Inbox {
         .bind(token)
         .bind(format!("stored key no longer validates: {why}"))
         .bind(now.millis())
-        .execute(&self.pool)
-        .await;
-        if let Err(e) = parked {
+        .execute(&self.pool);
+        if let Err(e) = answered(self.lost_after, parked).await {
             // Its lease expires and the next claim tries again; the valid claims stand.
             tracing::warn!(id, error = %e, "could not park a delivery with an invalid key");
         }

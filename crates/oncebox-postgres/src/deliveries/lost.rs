@@ -61,13 +61,12 @@ impl Inbox {
         if ids.is_empty() {
             return;
         }
-        match sqlx::query(GIVE_BACK)
+        let given = sqlx::query(GIVE_BACK)
             .bind(&ids)
             .bind(now.millis())
             .bind(on_server.millis())
-            .execute(&self.pool)
-            .await
-        {
+            .execute(&self.pool);
+        match crate::silent::answered(self.lost_after, given).await {
             // The ids stay even so: the count does not say whose rows came back, and another lost
             // claim may still commit.
             Ok(done) if done.rows_affected() > 0 => tracing::warn!(

@@ -26,6 +26,7 @@ mod savepoint;
 mod search_path;
 mod sessions;
 mod setup;
+mod silent;
 mod skewed;
 mod too_large;
 mod wake;
