@@ -62,8 +62,11 @@ impl Leases {
     /// Connects to `url` (`redis://host:port/db`, `rediss://…` over TLS); fails when Redis does
     /// not answer within the deadline. Later outages are answered `Unavailable` per call while
     /// the connection reconnects in the background. Needs a tokio runtime with timers enabled.
-    pub async fn connect(url: &str, options: Options) -> Result<Leases, ConnectError> {
+    pub async fn connect(url: &str, mut options: Options) -> Result<Leases, ConnectError> {
         check_namespace(&options.namespace)?;
+        // Each call's cutoff is now plus the deadline: an unbounded one (`Duration::MAX` for
+        // "no deadline") overflowed the clock, a panic in every call.
+        options.deadline = options.deadline.min(oncebox_core::LONGEST_WAIT);
         // rustls picks its crypto provider from its crate features, and a program whose
         // dependencies enable both or neither of them would panic at the first TLS handshake:
         // ring is installed as the process default unless one already is.

@@ -100,6 +100,10 @@ impl Inbox {
     pub fn open(mut options: Options) -> Result<Inbox, OpenError> {
         options.deadline = options.deadline.min(oncebox_core::LONGEST_WAIT);
         options.busy_timeout = options.busy_timeout.min(oncebox_core::LONGEST_WAIT);
+        // The writer waits up to this long for a batch's callers to come back, holding those it
+        // has: a long one is only latency, and an unbounded one overflowed its clock (a panic
+        // on the writer thread, which then answered every later request `Closed`).
+        options.linger = options.linger.min(crate::options::MAX_LINGER);
         if options.durability != Durability::Full {
             tracing::warn!(
                 durability = ?options.durability,

@@ -9,6 +9,10 @@ use oncebox_core::{Clock, SystemClock};
 
 use crate::placement::Placement;
 
+/// The longest [`Options::linger`]: callers come back within micro- to milliseconds, and the
+/// wait holds the callers a batch already has.
+pub const MAX_LINGER: Duration = Duration::from_millis(100);
+
 /// What a commit survives. Only `Full` keeps G6; the others are the user's explicit choice and
 /// are logged as a warning when the store opens.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -47,6 +51,7 @@ pub struct Options {
     pub max_batch: usize,
     /// Longest the writer waits for callers it just answered to send again before it commits a
     /// smaller batch; it only waits when recent batches show that many callers (zero: never).
+    /// At most [`MAX_LINGER`] (a longer one is taken as that).
     pub linger: Duration,
     /// Keys whose first answer the gateway's ingest keeps in memory after their commit, so a
     /// prompt retry is answered without a read (`recent.rs`); about 250 bytes each. Zero:

@@ -72,6 +72,23 @@ fn older_entity_version_is_202_stale_and_replayed_as_such() {
     });
 }
 
+/// Versions in whole seconds (Stripe's `/created`) are often equal for two events of one
+/// entity: neither is older, so both are applied, in arrival order.
+#[test]
+fn an_equal_entity_version_is_applied_not_stale() {
+    run(async {
+        let gw = TestGateway::new();
+        let ev = crate::support::ordered_event;
+        let first = gw.send(post("ordered", &[], ev("created", 20))).await;
+        assert_eq!(first.status, StatusCode::ACCEPTED);
+        let same = gw.send(post("ordered", &[], ev("captured", 20))).await;
+        assert_eq!(same.status, StatusCode::ACCEPTED);
+        assert!(same.json().get("stale").is_none(), "{same:?}");
+        let older = gw.send(post("ordered", &[], ev("pending", 19))).await;
+        assert_eq!(older.json()["stale"], true, "the guard still holds");
+    });
+}
+
 #[test]
 fn a_numeric_entity_is_the_same_entity_in_any_spelling_of_its_integer() {
     run(async {

@@ -83,3 +83,21 @@ fn a_redis_that_stops_answering_is_unavailable_at_the_deadline() {
         );
     });
 }
+
+/// "No deadline" written as `Duration::MAX`: each call's cutoff, now plus the deadline,
+/// overflowed the clock and panicked in every call. It is taken as the longest wait a store
+/// keeps.
+#[test]
+fn a_deadline_of_duration_max_is_the_longest_wait() {
+    let Some(url) = shared() else { return };
+    run(async move {
+        let ns = Namespace::new(&url);
+        let options = ns.options().deadline(Duration::MAX);
+        let leases = Leases::connect(&url, options).await.unwrap();
+        let lease = leased(leases.begin(&event("max", 1), TTL).await);
+        leases
+            .complete(&lease, &Response::completed("ok"))
+            .await
+            .expect("completed");
+    });
+}

@@ -87,6 +87,20 @@ fn late(fate: &Fate) -> Unavailable {
     }
 }
 
+/// The answer to a caller of a fated request whose answer was dropped unsent (the writer
+/// stopped, or a panic while it answered): `Closed` only when it never ran and never will. One
+/// it started may have committed, and a reader standing in would take its own record for a
+/// duplicate: its handler ran.
+fn unanswered(fate: &Fate) -> Unavailable {
+    if fate.abandon() {
+        Unavailable::Closed
+    } else {
+        Unavailable::CommitUnknown(
+            "the writer ran this request but its answer never came; it may have committed".into(),
+        )
+    }
+}
+
 impl Inbox {
     /// Queues oncebox's own request, code that can run again in a new transaction when a
     /// batch-mate's statement made SQLite end the first. Waited for whole once the writer
@@ -185,13 +199,13 @@ impl Inbox {
             Err(_) => return Err(E::from(Unavailable::Deadline)),
         }
         if let Ok(answer) = tokio::time::timeout_at(deadline.into(), &mut rx).await {
-            return answer.unwrap_or(Err(E::from(Unavailable::Closed)));
+            return answer.unwrap_or_else(|_| Err(E::from(unanswered(&fate))));
         }
         if fate.abandon() {
             return Err(E::from(Unavailable::Deadline));
         }
         // Started before the deadline: its batch answers once it commits or fails.
-        rx.await.unwrap_or(Err(E::from(Unavailable::Closed)))
+        rx.await.unwrap_or_else(|_| Err(E::from(unanswered(&fate))))
     }
 
     /// Refuses a call made from inside a request the writer runs (a handler calling the store
@@ -260,6 +274,7 @@ fn settle<T, E: From<Unavailable>>(
     match out {
         Ok(answer) => answer,
         Err(Unavailable::Deadline) => Err(E::from(late(fate))),
+        Err(Unavailable::Closed) => Err(E::from(unanswered(fate))),
         Err(why) => Err(E::from(why)),
     }
 }

@@ -51,7 +51,10 @@ pub(super) fn gather<T>(
         return;
     }
     let start = Instant::now();
-    let until = start + linger;
+    // `Inbox::open` bounds the linger; a clock's end still never panics here.
+    let Some(until) = start.checked_add(linger) else {
+        return;
+    };
     // Callers coming back arrive close together; once none has arrived for half the linger,
     // the rest are not coming soon (a single caller waiting on this very commit, say) and
     // waiting longer only adds latency.

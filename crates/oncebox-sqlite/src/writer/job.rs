@@ -2,6 +2,7 @@
 //! request's statement made SQLite roll the first back and its code can run twice — and
 //! answered once, after the batch's fate is known.
 
+use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::time::Instant;
 
 use oncebox_core::Unavailable;
@@ -110,15 +111,20 @@ where
             answer,
         } = *self;
         // What the body shares with its caller is let go before the caller wakes (store.rs
-        // takes its event back whole).
-        drop(body);
-        reply(match (failed, answer) {
+        // takes its event back whole). Dropped here, on the writer, as is an answer its caller
+        // no longer waits for: values of the caller's own (a handler never run, its captures),
+        // whose `Drop` may panic. Caught, that panic ends neither the writer nor the answers
+        // of the batch-mates still to be told (they read `Closed`, and a reader then stood in
+        // with their own commit: `Duplicate` for a handler that ran).
+        let _ = catch_unwind(AssertUnwindSafe(move || drop(body)));
+        let answer = match (failed, answer) {
             (None, Some(answer)) => answer,
             (Some(why), _) => Err(E::from(why)),
             (None, None) => Err(E::from(Unavailable::Storage(
                 "the request never ran".into(),
             ))),
-        });
+        };
+        let _ = catch_unwind(AssertUnwindSafe(move || reply(answer)));
     }
 }
 

@@ -234,16 +234,29 @@ fn a_handler_running_past_its_deadline_is_told_its_outcome_is_unknown() {
 
 /// "No deadline" written as `Duration::MAX`: added to the time now, it overflowed and panicked
 /// in every call (and a busy timeout that long panicked in the driver at open). Both are taken
-/// as the longest wait a store keeps.
+/// as the longest wait a store keeps. So is a linger that long, which panicked the writer
+/// thread at the first batch expecting more than one caller, and every later request was
+/// answered `Closed`.
 #[test]
-fn a_deadline_and_busy_timeout_of_duration_max_are_the_longest_wait() {
+fn a_deadline_busy_timeout_and_linger_of_duration_max_are_the_longest_wait() {
     run(async {
         let dir = tempfile::tempdir().unwrap();
         let options = Options::new(dir.path().join("d.db"))
             .deadline(Duration::MAX)
-            .busy_timeout(Duration::MAX);
+            .busy_timeout(Duration::MAX)
+            .linger(Duration::MAX);
         let inbox = Inbox::open(options).expect("opens");
         let ok = |_: &mut oncebox_sqlite::Tx<'_>| Ok(Response::completed(b"ok".to_vec()));
+        // Rounds of callers together, so that the writer comes to expect several and lingers.
+        for round in 0..4 {
+            let calls = (0..8).map(|i| {
+                let key = format!("evt-{round}-{i}");
+                inbox.process(event("shop", &key, 1), ok)
+            });
+            for out in futures::future::join_all(calls).await {
+                assert!(matches!(out, Ok(Processed::Applied(_))), "{out:?}");
+            }
+        }
         let out = inbox.process(event("shop", "evt-max", 1), ok).await;
         assert!(matches!(out, Ok(Processed::Applied(_))), "{out:?}");
         let blocking = inbox.clone();

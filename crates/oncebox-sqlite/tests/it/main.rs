@@ -5,6 +5,7 @@ mod crash;
 mod damaged;
 mod deadline;
 mod deliveries;
+mod drop_panics;
 mod dropped;
 mod examples;
 mod first_fails;

@@ -113,6 +113,23 @@ pub(super) fn validate(
         _ => None,
     };
     let preset_fields = preset.and_then(|p| p.fingerprint);
+    // The scheme names the sender as surely as for the id, but a whole-body fingerprint kept
+    // for it is no weaker (a payload of another sender signing that way, not shaped as the
+    // preset's fields, would read every payload under one id as the same): said, not changed.
+    if let Some(sender) = raw.signature.and_then(super::presets::for_scheme)
+        && preset.is_none()
+        && raw.fingerprint.is_none()
+        && derived.is_none()
+        && let Some(fields) = sender.fingerprint
+    {
+        warnings.push(format!(
+            "source {name}: signature \"{}\" without preset = \"{}\" fingerprints the whole \
+             body, but {} renders parts of it again for each attempt, so its retry of an event \
+             after a lost answer is refused 422 key-reused, and refused again at every retry; \
+             set preset = \"{}\" (fingerprint = {{ fields = {fields:?} }}) or name a fingerprint",
+            sender.name, sender.name, sender.name, sender.name
+        ));
+    }
     let (fingerprint, recheck_stored) = match (&raw.fingerprint, derived, preset_fields) {
         // Earlier versions took the whole body for every preset: the records they stored must
         // still answer the retries that come after an upgrade, compared by their payloads.
@@ -268,6 +285,13 @@ fn scheme(
                         p.push(
                             &format!("{path}.prefix"),
                             "holds a control character, which no signature header can carry",
+                        );
+                    } else if prefix.starts_with([' ', '\t']) {
+                        // Every event would be refused 401, with nothing pointing here.
+                        p.push(
+                            &format!("{path}.prefix"),
+                            "starts with a space or tab, which HTTP strips from the start of \
+                             every header value: no signature would match",
                         );
                     }
                     prefix

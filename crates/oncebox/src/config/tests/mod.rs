@@ -150,7 +150,7 @@ fn zero_config_listens_on_loopback_with_open_sources() {
 
 #[test]
 fn configured_sources_close_the_gateway() {
-    let s = ok(&shop(""));
+    let s = ok(&shop("fingerprint = \"json\""));
     assert!(!s.gateway.open_sources);
     assert!(s.warnings.is_empty(), "{:?}", s.warnings);
 }

@@ -2,6 +2,8 @@
 //! whole body, a sub-second tolerance, unprintable route names, the documentation's example
 //! admin token, and a `./oncebox.toml` that is there but no file.
 
+use oncebox_core::signature::Scheme;
+
 use super::{Overrides, assert_mentions, err, jailed, load, ok, shop};
 
 #[test]
@@ -172,4 +174,45 @@ fn a_database_setting_meaning_a_server_but_naming_a_file_is_refused_without_its_
     // Explicitly a file, any name goes; and so does a bare path.
     ok(&format!("database = \"sqlite://a b=c.db\"\n{}", shop("")));
     ok(&format!("database = \"data/me@example.db\"\n{}", shop("")));
+}
+
+/// HTTP strips spaces and tabs from the start of a header value, so an `hmac-sha256` prefix
+/// starting with one never matches: every event was refused 401, with nothing pointing at the
+/// setting.
+#[test]
+fn an_hmac_prefix_starting_with_a_space_or_tab_is_refused() {
+    for prefix in [" sha256=", "\\tsha256="] {
+        let e = err(&format!(
+            "[sources.acme]\nsignature = \"hmac-sha256\"\nheader = \"x-sig\"\n\
+             prefix = \"{prefix}\"\nsecrets = [\"k\"]\n"
+        ));
+        assert_mentions(&e, &["sources.acme.prefix", "starts with a space or tab"]);
+    }
+    let inner = ok(
+        "[sources.acme]\nsignature = \"hmac-sha256\"\nheader = \"x-sig\"\n\
+         prefix = \"sha256 \"\nsecrets = [\"k\"]\n",
+    );
+    let scheme = &super::policy(&inner, "acme").scheme;
+    assert!(
+        matches!(scheme, Scheme::HmacSha256 { prefix, .. } if prefix == "sha256 "),
+        "a space inside is the sender's: {scheme:?}"
+    );
+}
+
+/// A source signed as Stripe signs, without the preset, fingerprints the whole body, which
+/// Stripe renders again for each attempt (`pending_webhooks`): its retry after a lost answer
+/// would be refused 422. Said at start; the preset, or a fingerprint named, says nothing.
+#[test]
+fn the_stripe_scheme_without_its_preset_or_a_fingerprint_is_warned_of() {
+    let warned = |s: &super::Settings| {
+        s.warnings
+            .iter()
+            .any(|w| w.contains("source shop: signature \"stripe\" without preset"))
+    };
+    let bare = ok(&shop(""));
+    assert!(warned(&bare), "{:?}", bare.warnings);
+    for quiet in ["preset = \"stripe\"", "fingerprint = \"json\""] {
+        let s = ok(&shop(quiet));
+        assert!(!warned(&s), "{quiet}: {:?}", s.warnings);
+    }
 }

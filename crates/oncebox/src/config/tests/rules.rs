@@ -58,7 +58,7 @@ fn retention_shorter_than_the_preset_horizon_is_refused() {
         "{:?}",
         s.warnings
     );
-    let s = ok(&shop("retention = \"3d\""));
+    let s = ok(&shop("retention = \"3d\"\nfingerprint = \"json\""));
     assert!(s.warnings.is_empty(), "{:?}", s.warnings);
     let e = err(&shop("retention = \"0s\""));
     assert_mentions(&e, &["sources.shop.retention", "more than 0"]);
