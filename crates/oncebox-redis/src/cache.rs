@@ -52,8 +52,9 @@ impl Leases {
     /// answer up to a whole retention past the record.
     ///
     /// `Ok(false)`, and nothing changes, where Redis already holds the key — a live lease, an
-    /// earlier answer, whose expiry is never pushed back — or when the retention has passed on
-    /// this handle's clock. Clocks that disagree move the expiry by their difference.
+    /// earlier answer, whose expiry is never pushed back — when the retention has passed on
+    /// this handle's clock, or for a response past
+    /// [`MAX_RESPONSE_BYTES`](crate::MAX_RESPONSE_BYTES). Clocks that disagree move the expiry by their difference.
     pub async fn remember(
         &self,
         event: &Event,
@@ -65,6 +66,10 @@ impl Leases {
         let Some(left) = time_left(completed_at, retention, now) else {
             return Ok(false);
         };
+        // Past Redis's limit it would close the connection every call shares: not cached.
+        if response.body.len() > crate::MAX_RESPONSE_BYTES {
+            return Ok(false);
+        }
         let mut call = self.scripts().remember.prepare_invoke();
         call.key(self.record(&event.key))
             .arg(&event.fingerprint.as_bytes()[..])

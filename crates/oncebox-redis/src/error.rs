@@ -30,24 +30,93 @@ pub(crate) fn check_namespace(namespace: &str) -> Result<(), ConnectError> {
     Ok(())
 }
 
-/// Every Redis error is `Unavailable` (G3): a timeout or a dropped connection leaves the
+/// Every Redis error is `Unavailable` (G3): a timeout or a broken connection leaves the
 /// request's fate unknown, and a server error (OOM, READONLY replica, WRONGTYPE on a foreign
-/// key) means this tier cannot answer. A connection that dropped (not one refused: nothing was
-/// sent then) may have carried the call to Redis, whose script then ran with its answer lost:
-/// `CommitUnknown`, not `Storage` ("nothing was kept"); a holder's `release` repeated after it
-/// reads `Fenced`, its key already free.
+/// key) means this tier cannot answer. `Storage` ("nothing was kept") only where that is
+/// known: Redis answered with an error, or no connection was made (refused, the password or
+/// the configuration wrong). Any other failure (a connection that dropped, an unreachable
+/// host or a TLS error after the call went out, a reply that does not parse) may have carried
+/// the call to Redis, whose script then ran with its answer lost: `CommitUnknown`, and a
+/// holder's `release` repeated after it reads `Fenced`, its key already free.
 pub(crate) fn unavailable(e: &redis::RedisError) -> Unavailable {
+    use redis::ErrorKind;
+    let nothing_sent = e.code().is_some()
+        || e.is_connection_refusal()
+        || matches!(
+            e.kind(),
+            ErrorKind::AuthenticationFailed | ErrorKind::InvalidClientConfig
+        );
     if e.is_timeout() {
         Unavailable::Deadline
-    } else if e.is_connection_dropped() && !e.is_connection_refusal() {
-        Unavailable::CommitUnknown(format!("redis: {e}"))
-    } else {
+    } else if nothing_sent {
         Unavailable::Storage(format!("redis: {e}"))
+    } else {
+        Unavailable::CommitUnknown(format!("redis: {e}"))
     }
 }
 
 /// A reply of a shape our own scripts never send: someone else's data under our key, or a
 /// server we do not understand. Still only "unavailable", never a guess.
 pub(crate) fn odd_reply(what: &str, reply: &redis::Value) -> Unavailable {
-    Unavailable::Storage(format!("redis: unexpected reply to {what}: {reply:?}"))
+    // Cut short: a foreign record may hold a body of hundreds of megabytes, and errors are
+    // logged.
+    let mut shown = format!("{reply:?}");
+    if shown.len() > ODD_REPLY_SHOWN {
+        let end = (0..=ODD_REPLY_SHOWN)
+            .rev()
+            .find(|i| shown.is_char_boundary(*i))
+            .unwrap_or(0);
+        shown.truncate(end);
+        shown.push('…');
+    }
+    Unavailable::Storage(format!("redis: unexpected reply to {what}: {shown}"))
+}
+
+/// How much of an unexpected reply an error shows.
+const ODD_REPLY_SHOWN: usize = 200;
+
+#[cfg(test)]
+mod tests {
+    use std::io;
+
+    use oncebox_core::Unavailable;
+    use redis::{ErrorKind, RedisError, ServerErrorKind};
+
+    use super::unavailable;
+
+    fn io(kind: io::ErrorKind) -> RedisError {
+        RedisError::from(io::Error::new(kind, "test"))
+    }
+
+    #[test]
+    fn only_what_surely_sent_nothing_is_storage() {
+        let storage = |e: RedisError| matches!(unavailable(&e), Unavailable::Storage(_));
+        let unknown = |e: RedisError| matches!(unavailable(&e), Unavailable::CommitUnknown(_));
+        assert!(storage(io(io::ErrorKind::ConnectionRefused)));
+        assert!(storage(RedisError::from((
+            ErrorKind::Server(ServerErrorKind::ReadOnly),
+            "READONLY"
+        ))));
+        assert!(storage(RedisError::from((
+            ErrorKind::AuthenticationFailed,
+            "wrong password"
+        ))));
+        for broken in [
+            io::ErrorKind::ConnectionReset,
+            io::ErrorKind::UnexpectedEof,
+            io::ErrorKind::HostUnreachable,
+            io::ErrorKind::NetworkUnreachable,
+            io::ErrorKind::InvalidData,
+        ] {
+            assert!(unknown(io(broken)), "{broken:?}");
+        }
+        assert!(unknown(RedisError::from((
+            ErrorKind::Parse,
+            "a garbled reply"
+        ))));
+        assert!(matches!(
+            unavailable(&io(io::ErrorKind::TimedOut)),
+            Unavailable::Deadline
+        ));
+    }
 }

@@ -103,8 +103,17 @@ impl Leases {
             Ok(Err(e)) => return Err(unavailable(&e).into()),
             Ok(Ok(conn)) => conn,
         };
-        crate::server::refuse_unsupported(&mut conn).await?;
-        let eviction = crate::server::eviction(&mut conn).await;
+        // The probes share one deadline: each waits through the connection manager's retries,
+        // so a Redis that stopped answering after the first connection held `connect` for
+        // several deadlines.
+        let probes = async {
+            crate::server::refuse_unsupported(&mut conn).await?;
+            Ok::<_, ConnectError>(crate::server::eviction(&mut conn).await)
+        };
+        let eviction = match tokio::time::timeout(options.deadline, probes).await {
+            Err(_) => return Err(Unavailable::Deadline.into()),
+            Ok(probed) => probed?,
+        };
         if let Some(policy) = &eviction {
             tracing::warn!(
                 policy,
@@ -178,8 +187,14 @@ impl Leases {
             }
             (Some(b"busy"), Some(left), None) => {
                 let left = integer(left).ok_or_else(odd)?;
+                // An earlier build's lease without an end answers its key's TTL, which is -1
+                // when the key has none: a second, not a retry at once and again.
+                let left = u64::try_from(left)
+                    .ok()
+                    .filter(|ms| *ms > 0)
+                    .unwrap_or(1000);
                 Err(ProcessError::InProgress {
-                    retry_after: Duration::from_millis(u64::try_from(left).unwrap_or(0)),
+                    retry_after: Duration::from_millis(left),
                 })
             }
             (Some(b"conflict"), Some(stored), None) => {
@@ -241,6 +256,17 @@ impl Leases {
 
     /// Settles an uncertain key; `Ok(false)` when the key was not uncertain.
     pub async fn resolve(&self, key: &Key, resolution: Resolution) -> Result<bool, Unavailable> {
+        if let Resolution::Completed(r) = &resolution {
+            // Past Redis's limit it would close the connection every call shares.
+            if r.body.len() > crate::MAX_RESPONSE_BYTES {
+                return Err(Unavailable::Storage(format!(
+                    "a response of {} bytes is past the {} Redis keeps in one value; nothing \
+                     was sent",
+                    r.body.len(),
+                    crate::MAX_RESPONSE_BYTES
+                )));
+            }
+        }
         let mut call = self.shared.scripts.resolve.prepare_invoke();
         call.key(self.record(key));
         match &resolution {

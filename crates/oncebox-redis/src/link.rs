@@ -2,7 +2,10 @@
 //! After a failover behind one address (a virtual IP moved, a DNS name pointed elsewhere), the
 //! open connection still reaches the demoted primary, now a replica, and refuses every write
 //! for as long as it stays open: the connection manager connects anew only when a connection
-//! drops. (Sentinel kills its clients' connections on failover; a virtual IP does not.)
+//! drops. The URL names one address: a failover that leaves the demoted node there (Sentinel
+//! promoting a replica elsewhere, the URL naming the old primary's own host) is not followed,
+//! and every write stays refused until the URL is changed; `redis+sentinel://` is not
+//! supported.
 
 use std::sync::{PoisonError, RwLock};
 

@@ -34,7 +34,8 @@ fn unsupported(info: &str) -> Option<String> {
     if field("cluster_enabled") == Some("1") {
         return Some(
             "Redis Cluster: each lease script touches the fencing counter and the key, which \
-             hash to different slots; use a single primary (with replicas or Sentinel)"
+             hash to different slots; use a single primary (with replicas), reached at an \
+             address that follows the primary (a virtual IP, a DNS name)"
                 .to_owned(),
         );
     }

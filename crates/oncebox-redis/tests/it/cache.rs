@@ -94,9 +94,11 @@ fn a_cached_answer_expires_with_the_inbox_record_never_later() {
         let first: i64 = query(&mut conn, "PTTL", &[&ns.record(&e.key)]).await;
         assert!(first > 0 && first <= 20_000, "PTTL {first}");
 
-        // Another `Duplicate` 10 s later caches it again: kept as it is, its expiry not moved.
+        // Another `Duplicate` 10 s later caches it again, dated later (a rewrite would then
+        // keep it 55 s): kept as it is, its expiry not moved.
         clock.advance(Duration::from_secs(10));
-        assert!(!leases.remember(&e, &answer, completed_at).await.unwrap());
+        let later = clock.now().minus(Duration::from_secs(5));
+        assert!(!leases.remember(&e, &answer, later).await.unwrap());
         let again: i64 = query(&mut conn, "PTTL", &[&ns.record(&e.key)]).await;
         assert!(again > 0 && again <= first, "PTTL {again} after {first}");
 

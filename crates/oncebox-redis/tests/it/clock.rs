@@ -128,3 +128,22 @@ fn a_length_kept_with_another_until_re_anchors_nothing() {
         assert!(after > Duration::from_secs(3500), "re-anchored: {after:?}");
     });
 }
+
+/// An earlier build's lease had no end of its own; the key's TTL told a contender when to come
+/// back, and a key without one (-1) told it to come back at once, and again, without pause.
+#[test]
+fn a_lease_without_an_end_or_an_expiry_says_to_come_back_in_a_second() {
+    let Some(url) = shared() else { return };
+    run(async move {
+        let ns = Namespace::new(&url);
+        let leases = ns.leases().await;
+        let mut conn = raw(&url).await;
+        let e = event("endless", 1);
+        let _held = leased(leases.begin(&e, TTL).await);
+        let record = ns.record(&e.key);
+        let _: i64 = query(&mut conn, "HDEL", &[&record, "until", "ttl"]).await;
+        let _: i64 = query(&mut conn, "PERSIST", &[&record]).await;
+        let after = busy_for(&leases, &e).await;
+        assert_eq!(after, Duration::from_secs(1));
+    });
+}

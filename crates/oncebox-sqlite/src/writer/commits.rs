@@ -36,23 +36,6 @@ impl Commits {
         let allowed = Arc::new(AtomicBool::new(false));
         let ended = Arc::new(AtomicBool::new(false));
         let stray = Arc::new(AtomicBool::new(false));
-        let (hook, ended_seen, stray_seen) = (allowed.clone(), ended.clone(), stray.clone());
-        // Returning true turns the commit into a rollback. A commit after the transaction
-        // ended is a statement in autocommit, not someone's COMMIT of the writer's work.
-        conn.commit_hook(Some(move || {
-            let refused = !hook.load(Ordering::Relaxed);
-            if refused && !ended_seen.load(Ordering::Relaxed) {
-                stray_seen.store(true, Ordering::Relaxed);
-            }
-            refused
-        }));
-        let ending = ended.clone();
-        let discard = crate::walvfs::rollback_discard(conn);
-        // Not called for `ROLLBACK TO`: a savepoint undone leaves the transaction open.
-        conn.rollback_hook(Some(move || {
-            ending.store(true, Ordering::Relaxed);
-            discard();
-        }));
         // What cannot be read is set to what the store always sets.
         let read = |name: &str, otherwise: &str| {
             conn.pragma_query_value(None, name, |r| r.get::<_, rusqlite::types::Value>(0))
@@ -73,12 +56,39 @@ impl Commits {
             read("synchronous", "FULL"),
             read("foreign_keys", "ON"),
         );
-        Commits {
+        let commits = Commits {
             allowed,
             ended,
             stray,
             settings,
-        }
+        };
+        commits.install(conn);
+        commits
+    }
+
+    /// Sets the hooks. A connection holds one of each, and setting another replaces it: code
+    /// that set its own on `tx.conn()` (to learn when its write committed, say) had taken the
+    /// guard away for the store's life, and a later stray `COMMIT` then committed a record
+    /// without its effect. So they are set again at each `begin`.
+    fn install(&self, conn: &Connection) {
+        let (hook, ended_seen) = (self.allowed.clone(), self.ended.clone());
+        let stray_seen = self.stray.clone();
+        // Returning true turns the commit into a rollback. A commit after the transaction
+        // ended is a statement in autocommit, not someone's COMMIT of the writer's work.
+        conn.commit_hook(Some(move || {
+            let refused = !hook.load(Ordering::Relaxed);
+            if refused && !ended_seen.load(Ordering::Relaxed) {
+                stray_seen.store(true, Ordering::Relaxed);
+            }
+            refused
+        }));
+        let ending = self.ended.clone();
+        let discard = crate::walvfs::rollback_discard(conn);
+        // Not called for `ROLLBACK TO`: a savepoint undone leaves the transaction open.
+        conn.rollback_hook(Some(move || {
+            ending.store(true, Ordering::Relaxed);
+            discard();
+        }));
     }
 
     /// Sets the connection's settings back to the store's, outside a transaction: after code
@@ -91,6 +101,7 @@ impl Commits {
 
     /// Begins the writer's transaction, forgetting how the last one ended.
     pub fn begin(&self, conn: &Connection) -> rusqlite::Result<()> {
+        self.install(conn);
         self.ended.store(false, Ordering::Relaxed);
         self.stray.store(false, Ordering::Relaxed);
         conn.execute_batch("BEGIN IMMEDIATE")

@@ -3,12 +3,17 @@
 //! never answer as new: an index that said "not found" would apply those events a second time.
 //! And records an edit by hand left unreadable: their own key fails, nothing beside it.
 
+use std::sync::Arc;
+use std::time::Duration;
+
 use oncebox_core::store::EventStore;
-use oncebox_core::{Event, ProcessError, Processed, Response, Unavailable};
+use oncebox_core::{
+    Clock, Event, ManualClock, ProcessError, Processed, Response, Retention, Unavailable,
+};
 use oncebox_sqlite::rusqlite::Connection;
 use oncebox_sqlite::{Inbox, Options};
 use oncebox_testkit::damage::damage_key_index;
-use oncebox_testkit::run;
+use oncebox_testkit::{EPOCH, run};
 
 use crate::harness::{ingest, shop};
 
@@ -119,6 +124,49 @@ fn a_record_an_edit_left_unreadable_fails_its_own_key_not_its_batch() {
                 "{answer:?}"
             );
         }
+        assert_eq!(inbox.stats().failed_batches(), 0, "no batch failed for it");
+    });
+}
+
+/// A record an edit left with a value of another type than oncebox writes is passed over by
+/// the purge, kept: read strictly, it failed every purge (and its batch-mates' ingest, 503),
+/// and no purge ever got past it.
+#[test]
+fn a_record_an_edit_left_unreadable_is_kept_by_the_purge_and_the_rest_purged() {
+    run(async {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("o.db");
+        let clock = ManualClock::new(EPOCH);
+        let options = Options::new(&path).clock(Arc::new(clock.clone()));
+        let inbox = Inbox::open(options).unwrap();
+        let retention = Retention::new(Duration::from_secs(3600));
+        assert_eq!(inbox.purge(clock.now(), &retention).await.unwrap(), 0);
+        for id in ["evt-edited", "evt-old"] {
+            let applied = inbox
+                .process(shop(id, r#"{"n":1}"#), |_| Ok(Response::completed("done")))
+                .await;
+            assert!(matches!(applied, Ok(Processed::Applied(_))), "{applied:?}");
+        }
+        Connection::open(&path)
+            .unwrap()
+            .execute_batch(
+                "UPDATE oncebox_inbox SET received_at = 'x' WHERE event_id = 'evt-edited'",
+            )
+            .unwrap();
+        clock.advance(Duration::from_secs(2 * 3600));
+        let purged = inbox.purge(clock.now(), &retention).await;
+        assert_eq!(purged.expect("the purge passes over it"), 1);
+        let kept = |id: &str| {
+            Connection::open(&path)
+                .unwrap()
+                .query_row(
+                    "SELECT count(*) FROM oncebox_inbox WHERE event_id = ?1",
+                    [id],
+                    |r| r.get::<_, i64>(0),
+                )
+                .unwrap()
+        };
+        assert_eq!((kept("evt-edited"), kept("evt-old")), (1, 0));
         assert_eq!(inbox.stats().failed_batches(), 0, "no batch failed for it");
     });
 }

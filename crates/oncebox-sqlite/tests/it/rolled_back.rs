@@ -215,11 +215,31 @@ fn with_handlers_that_run_once_the_events_before_the_cause_are_told_to_retry() {
 /// nothing of it committed; an event after it in the batch commits.
 #[test]
 fn a_handler_running_commit_fails_and_commits_nothing() {
+    committer_refused(false);
+}
+
+/// The same after an earlier batch's code set a commit hook of its own on the connection,
+/// which replaced the writer's guard: its `COMMIT` then committed the batch.
+#[test]
+fn a_commit_hook_set_by_earlier_code_does_not_let_a_stray_commit_through() {
+    committer_refused(true);
+}
+
+fn committer_refused(hook_set_before: bool) {
     run(async {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("o.db");
         let inbox = Inbox::open(Options::new(&path)).unwrap();
         inbox.write(|c| c.execute_batch(POISONED)).await.unwrap();
+        if hook_set_before {
+            inbox
+                .write(|c| {
+                    c.commit_hook(Some(|| false));
+                    Ok(())
+                })
+                .await
+                .unwrap();
+        }
         let gate = hold_writer(&inbox).await;
         let committing = tokio::spawn({
             let inbox = inbox.clone();

@@ -1,7 +1,8 @@
-//! A handler's own savepoint, whatever its name: one named as the writer's was
-//! (`oncebox_request`) stopped the writer's `ROLLBACK TO` at the handler's, so a handler that
-//! failed had what it wrote before its savepoint committed, and its `RELEASE` of that name
-//! failed its whole batch.
+//! A handler's own savepoint named as the writer's once was (`oncebox_request`): it stopped the
+//! writer's `ROLLBACK TO` at the handler's, so a handler that failed had what it wrote before
+//! its savepoint committed, and its `RELEASE` of that name failed its whole batch. The
+//! writer's name is now drawn at random per store (`stmts.rs`), which no handler can name;
+//! this keeps the old name, the one handlers may still use, covered.
 
 use oncebox_core::ProcessError;
 use oncebox_sqlite::rusqlite::Connection;
@@ -11,7 +12,7 @@ use oncebox_testkit::run;
 use crate::harness::shop;
 
 #[test]
-fn a_handler_savepoint_named_as_the_writers_keeps_nothing_of_a_failure() {
+fn a_handler_savepoint_named_as_the_writers_once_was_keeps_nothing_of_a_failure() {
     run(async {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("o.db");
