@@ -15,6 +15,7 @@ use crate::claim::{Claim, claim};
 use crate::error::{OpenError, commit_failed, storage};
 use crate::options::Options;
 use crate::schema;
+use crate::silent::answered;
 use crate::tx::{HandlerError, Tx};
 
 mod connect;
@@ -195,19 +196,22 @@ impl Inbox {
         // Another's two-phase lease on the key is judged by the server's clock; what the
         // handler writes (its outbox rows' schedule, the record's dates) goes by this node's.
         self.leases.refresh(&self.pool, self.lost_after).await;
+        // oncebox's own statements around the handler are bounded (`silent.rs`); the handler's
+        // are not.
+        let limit = self.lost_after;
         for _ in 0..CLAIM_ATTEMPTS {
-            let mut tx = begin(&self.pool, self.deadline)
+            let mut tx = answered(limit, begin(&self.pool, self.deadline))
                 .await
                 .map_err(|e| storage(&e))?;
             crate::crash::point!("after-begin");
             let now = self.clock.now();
-            match claim(&mut tx, &event, self.leases.server(now).millis(), None)
-                .await
-                .map_err(|e| storage(&e))?
-            {
+            let claimed = claim(&mut tx, &event, self.leases.server(now).millis(), None);
+            match answered(limit, claimed).await.map_err(|e| storage(&e))? {
                 Claim::Vanished => continue,
                 Claim::Answered(answer) => {
-                    tx.commit().await.map_err(|e| commit_failed(&e))?;
+                    answered(limit, tx.commit())
+                        .await
+                        .map_err(|e| commit_failed(&e))?;
                     return answer;
                 }
                 Claim::Fresh(claimed) | Claim::TakenOver(claimed) => {
@@ -229,7 +233,10 @@ impl Inbox {
 
     /// The key's committed record.
     pub async fn record(&self, key: &Key) -> Result<Option<Record>, crate::Error> {
-        crate::read::record(&self.pool, key).await
+        let limit = self.lost_after;
+        crate::silent::within(limit, crate::read::record(&self.pool, key))
+            .await
+            .unwrap_or_else(|| Err(crate::silent::lost(limit).into()))
     }
 }
 

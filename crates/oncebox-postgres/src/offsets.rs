@@ -4,6 +4,7 @@
 use oncebox_core::OffsetMove;
 
 use crate::Inbox;
+use crate::silent::answered;
 
 impl Inbox {
     /// The highest offset applied (or passed over) on `(stream, partition)`: a consumer that
@@ -15,9 +16,8 @@ impl Inbox {
         )
         .bind(stream)
         .bind(partition)
-        .fetch_optional(self.pool())
-        .await?;
-        Ok(position)
+        .fetch_optional(self.pool());
+        Ok(answered(self.lost_after, position).await?)
     }
 
     /// Moves the watermark of `(stream, partition)` up to `offset` in a transaction of its own:
@@ -36,9 +36,9 @@ impl Inbox {
             .bind(stream)
             .bind(partition)
             .bind(offset)
-            .execute(self.pool())
-            .await?
-            .rows_affected();
+            .execute(self.pool());
+        // Past the bound it may have moved: a move repeated after it reads `Replay`.
+        let moved = answered(self.lost_after, moved).await?.rows_affected();
         Ok(if moved == 1 {
             OffsetMove::Advanced
         } else {

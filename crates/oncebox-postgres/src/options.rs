@@ -45,8 +45,10 @@ pub struct Options {
     /// (a failover that moved the server, a firewall that forgot the connection), otherwise
     /// held its worker or relay for good: sqlx sets no TCP keepalive. Also how long the relay
     /// wake-up connection may stay silent before it is checked the same way. Handlers'
-    /// statements are not bounded. 30 s by default; at least twice the deadline (a batch may
-    /// wait that long for a lock and a connection).
+    /// statements are not bounded. The bound is on each unit's whole time, not on silence
+    /// alone: a read slower than it (a count over a huge table) is cut too. 30 s by default;
+    /// at least four deadlines (the gateway's per-event path may wait one for a connection
+    /// and one for each of its locks).
     pub lost_after: Duration,
     /// Batches in flight at once: several overlap their round trips and commits.
     pub batch_workers: usize,
@@ -170,12 +172,13 @@ impl Options {
         self
     }
 
-    /// [`Options::lost_after`] as applied: at least twice the deadline, within
+    /// [`Options::lost_after`] as applied: at least four deadlines (the gateway's per-event
+    /// path waits up to one for a connection, and as long for each of its locks), within
     /// [`oncebox_core::LONGEST_WAIT`].
     pub(crate) fn silence(&self) -> Duration {
         let deadline = self.deadline.min(oncebox_core::LONGEST_WAIT);
         self.lost_after
-            .max(deadline * 2)
+            .max(deadline.saturating_mul(4))
             .min(oncebox_core::LONGEST_WAIT)
     }
 

@@ -116,19 +116,24 @@ impl Inbox {
     /// and their conflicts, a chunk per statement. `now` is taken no later than the store's
     /// clock, and no further than the boot's first purge plus the boot time since
     /// (`oncebox_core::purge_time`), so a wall clock jumping forward purges no record early.
+    /// Each of its steps is bounded by `lost_after` (`silent.rs`): the gateway purges in a loop
+    /// of its own, which a silent connection stopped for good, retention with it.
     pub async fn purge(&self, now: Timestamp, retention: &Retention) -> Result<u64, crate::Error> {
-        let now = self.purge_time(now).await?;
+        let limit = self.lost_after;
+        let now = crate::silent::within(limit, self.purge_time(now))
+            .await
+            .unwrap_or_else(|| Err(crate::silent::lost(limit).into()))?;
         let youngest_cutoff = now.minus(retention.shortest()).millis();
         let (mut after, mut deleted) = (0_i64, 0_u64);
         loop {
-            let rows: Vec<(i64, String, String, Option<i64>, i64)> = sqlx::query_as(
+            let rows = sqlx::query_as(
                 "SELECT id, source, state, completed_at, received_at FROM oncebox_inbox
                  WHERE id > $1 ORDER BY id LIMIT $2",
             )
             .bind(after)
             .bind(PURGE_CHUNK)
-            .fetch_all(&self.pool)
-            .await?;
+            .fetch_all(&self.pool);
+            let rows: Vec<(i64, String, String, Option<i64>, i64)> = answered(limit, rows).await?;
             let due: Vec<i64> = rows
                 .iter()
                 .filter(|(_, source, state, completed_at, _)| {
@@ -141,20 +146,24 @@ impl Inbox {
                 // check that none is owed and the delete (an operator's redeliver committing
                 // in between was deleted with its record): the delete's own snapshot, taken
                 // after the locks, sees their committed states.
-                let mut tx = crate::inbox::begin(&self.pool, self.deadline).await?;
-                sqlx::query(
-                    "SELECT o.id FROM oncebox_outbox o JOIN oncebox_inbox i
-                       ON o.source = i.source AND o.event_id = i.event_id
-                     WHERE i.id = ANY($1) FOR UPDATE OF o",
-                )
-                .bind(&due)
-                .execute(&mut *tx)
-                .await?;
-                let gone: i64 = sqlx::query_scalar(PURGE_RECORDS)
+                let chunk = async {
+                    let mut tx = crate::inbox::begin(&self.pool, self.deadline).await?;
+                    sqlx::query(
+                        "SELECT o.id FROM oncebox_outbox o JOIN oncebox_inbox i
+                           ON o.source = i.source AND o.event_id = i.event_id
+                         WHERE i.id = ANY($1) FOR UPDATE OF o",
+                    )
                     .bind(&due)
-                    .fetch_one(&mut *tx)
+                    .execute(&mut *tx)
                     .await?;
-                tx.commit().await?;
+                    let gone: i64 = sqlx::query_scalar(PURGE_RECORDS)
+                        .bind(&due)
+                        .fetch_one(&mut *tx)
+                        .await?;
+                    tx.commit().await?;
+                    Ok(gone)
+                };
+                let gone = answered(limit, chunk).await?;
                 deleted += u64::try_from(gone).unwrap_or(0);
             }
             // Ids follow arrival, so once a whole chunk is younger than the shortest retention

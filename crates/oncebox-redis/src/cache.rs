@@ -67,7 +67,7 @@ impl Leases {
             return Ok(false);
         };
         // Past Redis's limit it would close the connection every call shares: not cached.
-        if response.body.len() > crate::MAX_RESPONSE_BYTES {
+        if crate::error::too_large(response).is_some() {
             return Ok(false);
         }
         let mut call = self.scripts().remember.prepare_invoke();

@@ -58,22 +58,57 @@ pub(crate) fn unavailable(e: &redis::RedisError) -> Unavailable {
 /// A reply of a shape our own scripts never send: someone else's data under our key, or a
 /// server we do not understand. Still only "unavailable", never a guess.
 pub(crate) fn odd_reply(what: &str, reply: &redis::Value) -> Unavailable {
-    // Cut short: a foreign record may hold a body of hundreds of megabytes, and errors are
-    // logged.
-    let mut shown = format!("{reply:?}");
-    if shown.len() > ODD_REPLY_SHOWN {
-        let end = (0..=ODD_REPLY_SHOWN)
-            .rev()
-            .find(|i| shown.is_char_boundary(*i))
-            .unwrap_or(0);
-        shown.truncate(end);
-        shown.push('…');
+    // Cut short as it is written: a foreign record may hold a body of hundreds of megabytes,
+    // and errors are logged.
+    let mut shown = Capped(String::new());
+    if std::fmt::Write::write_fmt(&mut shown, format_args!("{reply:?}")).is_err() {
+        shown.0.push('…');
     }
-    Unavailable::Storage(format!("redis: unexpected reply to {what}: {shown}"))
+    Unavailable::Storage(format!("redis: unexpected reply to {what}: {}", shown.0))
 }
 
 /// How much of an unexpected reply an error shows.
 const ODD_REPLY_SHOWN: usize = 200;
+
+/// Text that stops taking more past [`ODD_REPLY_SHOWN`] bytes, failing the write.
+struct Capped(String);
+
+impl std::fmt::Write for Capped {
+    fn write_str(&mut self, s: &str) -> std::fmt::Result {
+        let room = ODD_REPLY_SHOWN.saturating_sub(self.0.len());
+        if s.len() <= room {
+            self.0.push_str(s);
+            return Ok(());
+        }
+        let end = (0..=room)
+            .rev()
+            .find(|i| s.is_char_boundary(*i))
+            .unwrap_or(0);
+        self.0.push_str(&s[..end]);
+        Err(std::fmt::Error)
+    }
+}
+
+/// Why `response` is not sent: past [`crate::MAX_RESPONSE_BYTES`], Redis would close the
+/// connection every call shares.
+pub(crate) fn too_large(response: &oncebox_core::Response) -> Option<String> {
+    (response.body.len() > crate::MAX_RESPONSE_BYTES).then(|| {
+        format!(
+            "a response of {} bytes; Redis takes at most {} in one value",
+            response.body.len(),
+            crate::MAX_RESPONSE_BYTES
+        )
+    })
+}
+
+/// A failure to connect: nothing of any call was sent.
+pub(crate) fn at_connect(e: &redis::RedisError) -> Unavailable {
+    if e.is_timeout() {
+        Unavailable::Deadline
+    } else {
+        Unavailable::Storage(format!("redis: {e}"))
+    }
+}
 
 #[cfg(test)]
 mod tests {
@@ -118,5 +153,15 @@ mod tests {
             unavailable(&io(io::ErrorKind::TimedOut)),
             Unavailable::Deadline
         ));
+    }
+
+    #[test]
+    fn an_odd_reply_is_shown_cut_short() {
+        let huge = redis::Value::BulkString(vec![b'x'; 1 << 20]);
+        let Unavailable::Storage(why) = super::odd_reply("begin", &huge) else {
+            panic!("an odd reply is Storage");
+        };
+        assert!(why.len() < 300, "{} bytes", why.len());
+        assert!(why.ends_with('…'), "{why}");
     }
 }

@@ -14,7 +14,7 @@ use oncebox_core::{
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{RedisResult, ScriptInvocation, Value};
 
-use crate::error::{ConnectError, check_namespace, odd_reply, unavailable};
+use crate::error::{ConnectError, at_connect, check_namespace, odd_reply, too_large, unavailable};
 use crate::link::{Link, read_only};
 use crate::options::Options;
 use crate::scripts::{Scripts, fence_key, record_key};
@@ -91,7 +91,7 @@ impl Leases {
             .await
         {
             Err(_) => return Err(Unavailable::Deadline.into()),
-            Ok(Err(e)) => return Err(unavailable(&e).into()),
+            Ok(Err(e)) => return Err(at_connect(&e).into()),
             Ok(Ok(_)) => {}
         }
         let config = ConnectionManagerConfig::new()
@@ -100,7 +100,7 @@ impl Leases {
         let connecting = ConnectionManager::new_with_config(client.clone(), config.clone());
         let mut conn = match tokio::time::timeout(options.deadline, connecting).await {
             Err(_) => return Err(Unavailable::Deadline.into()),
-            Ok(Err(e)) => return Err(unavailable(&e).into()),
+            Ok(Err(e)) => return Err(at_connect(&e).into()),
             Ok(Ok(conn)) => conn,
         };
         // The probes share one deadline: each waits through the connection manager's retries,
@@ -221,12 +221,8 @@ impl Leases {
     /// [`MAX_RESPONSE_BYTES`](crate::MAX_RESPONSE_BYTES) is `TooLarge`, unasked of Redis, and
     /// the lease is still the holder's.
     pub async fn complete(&self, lease: &Lease, response: &Response) -> Result<(), LeaseError> {
-        if response.body.len() > crate::MAX_RESPONSE_BYTES {
-            return Err(LeaseError::TooLarge(format!(
-                "a response of {} bytes; Redis takes at most {} in one value",
-                response.body.len(),
-                crate::MAX_RESPONSE_BYTES
-            )));
+        if let Some(why) = too_large(response) {
+            return Err(LeaseError::TooLarge(why));
         }
         let mut call = self.shared.scripts.complete.prepare_invoke();
         call.key(self.record(&lease.key))
@@ -256,16 +252,11 @@ impl Leases {
 
     /// Settles an uncertain key; `Ok(false)` when the key was not uncertain.
     pub async fn resolve(&self, key: &Key, resolution: Resolution) -> Result<bool, Unavailable> {
-        if let Resolution::Completed(r) = &resolution {
-            // Past Redis's limit it would close the connection every call shares.
-            if r.body.len() > crate::MAX_RESPONSE_BYTES {
-                return Err(Unavailable::Storage(format!(
-                    "a response of {} bytes is past the {} Redis keeps in one value; nothing \
-                     was sent",
-                    r.body.len(),
-                    crate::MAX_RESPONSE_BYTES
-                )));
-            }
+        // Past Redis's limit it would close the connection every call shares.
+        if let Resolution::Completed(r) = &resolution
+            && let Some(why) = too_large(r)
+        {
+            return Err(Unavailable::Storage(why));
         }
         let mut call = self.shared.scripts.resolve.prepare_invoke();
         call.key(self.record(key));

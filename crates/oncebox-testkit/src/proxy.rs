@@ -269,7 +269,7 @@ mod tests {
     use super::*;
 
     /// An echo server that counts the chunks it received (it "acted" on them).
-    async fn echo() -> (SocketAddr, Arc<AtomicU64>) {
+    pub(super) async fn echo() -> (SocketAddr, Arc<AtomicU64>) {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let got = Arc::new(AtomicU64::new(0));

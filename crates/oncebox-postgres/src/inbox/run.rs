@@ -99,7 +99,9 @@ impl Inbox {
                 .map_err(|e| storage(&e))?;
         }
         crate::crash::point!("before-commit");
-        tx.tx.commit().await.map_err(handler_commit_failed)?;
+        crate::silent::answered(self.lost_after, tx.tx.commit())
+            .await
+            .map_err(handler_commit_failed)?;
         crate::crash::point!("after-commit");
         Ok(answer)
     }

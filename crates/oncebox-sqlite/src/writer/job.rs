@@ -116,15 +116,22 @@ where
         // whose `Drop` may panic. Caught, that panic ends neither the writer nor the answers
         // of the batch-mates still to be told (they read `Closed`, and a reader then stood in
         // with their own commit: `Duplicate` for a handler that ran).
+        // An answer replaced by the batch's failure is dropped here too; a panic there leaves
+        // the caller unanswered, which it reads as unknown.
         let _ = catch_unwind(AssertUnwindSafe(move || drop(body)));
-        let answer = match (failed, answer) {
+        let answer = catch_unwind(AssertUnwindSafe(move || match (failed, answer) {
             (None, Some(answer)) => answer,
-            (Some(why), _) => Err(E::from(why)),
+            (Some(why), replaced) => {
+                drop(replaced);
+                Err(E::from(why))
+            }
             (None, None) => Err(E::from(Unavailable::Storage(
                 "the request never ran".into(),
             ))),
-        };
-        let _ = catch_unwind(AssertUnwindSafe(move || reply(answer)));
+        }));
+        if let Ok(answer) = answer {
+            let _ = catch_unwind(AssertUnwindSafe(move || reply(answer)));
+        }
     }
 }
 

@@ -102,6 +102,23 @@ pub(super) fn for_scheme(scheme: RawScheme) -> Option<Preset> {
     }
 }
 
+/// A warning for a source signed as a preset's sender signs, with neither the preset nor a
+/// fingerprint: the whole body is fingerprinted, where that sender renders parts of it again
+/// for each attempt. The scheme names the sender as surely as for the id, but the default is
+/// kept: a payload of another sender signing that way, not shaped as the preset's fields,
+/// would read every payload under one id as the same, and lose an event silently.
+pub(super) fn whole_body_fingerprint(name: &str, scheme: RawScheme) -> Option<String> {
+    let sender = for_scheme(scheme)?;
+    let fields = sender.fingerprint?;
+    let s = sender.name;
+    Some(format!(
+        "source {name}: signature \"{s}\" without preset = \"{s}\" fingerprints the whole \
+         body, but {s} renders parts of it again for each attempt, so its retry of an event \
+         after a lost answer is refused 422 key-reused, and refused again at every retry; set \
+         preset = \"{s}\" (fingerprint = {{ fields = {fields:?} }}) or name a fingerprint"
+    ))
+}
+
 /// A warning for a signed source whose event id comes from a header its signature does not
 /// cover: anyone holding one signed request can send it again under new ids (within the
 /// tolerance, where the scheme signs a time), each taken as a new event. Standard Webhooks

@@ -113,22 +113,11 @@ pub(super) fn validate(
         _ => None,
     };
     let preset_fields = preset.and_then(|p| p.fingerprint);
-    // The scheme names the sender as surely as for the id, but a whole-body fingerprint kept
-    // for it is no weaker (a payload of another sender signing that way, not shaped as the
-    // preset's fields, would read every payload under one id as the same): said, not changed.
-    if let Some(sender) = raw.signature.and_then(super::presets::for_scheme)
-        && preset.is_none()
-        && raw.fingerprint.is_none()
-        && derived.is_none()
-        && let Some(fields) = sender.fingerprint
-    {
-        warnings.push(format!(
-            "source {name}: signature \"{}\" without preset = \"{}\" fingerprints the whole \
-             body, but {} renders parts of it again for each attempt, so its retry of an event \
-             after a lost answer is refused 422 key-reused, and refused again at every retry; \
-             set preset = \"{}\" (fingerprint = {{ fields = {fields:?} }}) or name a fingerprint",
-            sender.name, sender.name, sender.name, sender.name
-        ));
+    if preset.is_none() && raw.fingerprint.is_none() && derived.is_none() {
+        warnings.extend(
+            raw.signature
+                .and_then(|s| presets::whole_body_fingerprint(name, s)),
+        );
     }
     let (fingerprint, recheck_stored) = match (&raw.fingerprint, derived, preset_fields) {
         // Earlier versions took the whole body for every preset: the records they stored must
