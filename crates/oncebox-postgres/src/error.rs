@@ -132,9 +132,22 @@ pub(crate) fn storage(e: &sqlx::Error) -> Unavailable {
 /// while the reply was in flight): the outcome is unknown, so it is reported as such, and a
 /// retry reads the truth from the inbox.
 pub(crate) fn commit_failed(e: &sqlx::Error) -> Unavailable {
+    if answer_lost(e) {
+        Unavailable::CommitUnknown(e.to_string())
+    } else {
+        storage(e)
+    }
+}
+
+/// Whether `e` says the answer to a statement already sent was lost rather than that the
+/// server refused it: the connection broke, or a pooler in between says so with a connection
+/// exception (class 08: PgBouncer answers `08P01` "server conn crashed?" when its server
+/// connection broke under a query). Read as the server's refusal, a `COMMIT` the server had
+/// done was answered "nothing kept".
+pub(crate) fn answer_lost(e: &sqlx::Error) -> bool {
     match e {
-        sqlx::Error::Database(_) => storage(e),
-        _ => Unavailable::CommitUnknown(e.to_string()),
+        sqlx::Error::Database(db) => db.code().is_some_and(|c| c.starts_with("08")),
+        _ => true,
     }
 }
 
@@ -169,6 +182,7 @@ pub(crate) async fn autocommit_write(
         sqlx::Error::Io(_) | sqlx::Error::Tls(_) | sqlx::Error::Protocol(_) => {
             Unavailable::CommitUnknown(e.to_string())
         }
+        sqlx::Error::Database(_) if answer_lost(&e) => Unavailable::CommitUnknown(e.to_string()),
         _ => storage(&e),
     })
 }

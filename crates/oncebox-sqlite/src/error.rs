@@ -95,6 +95,24 @@ pub(crate) fn unavailable(e: &rusqlite::Error) -> Option<Unavailable> {
     }
 }
 
+/// The storage's failure (`unavailable`) anywhere in a handler's own error and what it wraps:
+/// a handler that wrapped a full disk or an I/O error in its own (`HandlerError::failed`, an
+/// error with context) had it answered as the event's failure, which a broker consumer counts
+/// toward quarantining a valid message, where its bare `Sql` error fails the batch as the
+/// outage it is.
+pub(crate) fn storage_underneath(
+    e: &(dyn std::error::Error + Send + Sync + 'static),
+) -> Option<Unavailable> {
+    let mut next: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(e) = next {
+        if let Some(why) = e.downcast_ref::<rusqlite::Error>().and_then(unavailable) {
+            return Some(why);
+        }
+        next = e.source();
+    }
+    None
+}
+
 /// Any error from oncebox's own statements aborts the batch: they are fixed SQL, so a failure is
 /// the storage's, not the request's.
 pub(crate) fn storage(e: &rusqlite::Error) -> Unavailable {

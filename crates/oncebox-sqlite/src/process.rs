@@ -148,10 +148,13 @@ pub(crate) fn run(
                 Err(ProcessError::Handler(Box::new(e)))
             }
         },
-        Err(HandlerError::Failed(e)) => {
-            cx.rollback_to()?;
-            Err(ProcessError::Handler(e))
-        }
+        Err(HandlerError::Failed(e)) => match crate::error::storage_underneath(&*e) {
+            Some(why) => return Err(Fatal(why)),
+            None => {
+                cx.rollback_to()?;
+                Err(ProcessError::Handler(e))
+            }
+        },
     };
     cx.release()?;
     Ok(answer)

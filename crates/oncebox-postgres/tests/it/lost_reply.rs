@@ -28,6 +28,9 @@ struct Cut {
     at: Mutex<Option<(&'static [u8], &'static [u8])>>,
     /// The cut happened: an answer holding `answered` was read from the server and dropped.
     done: AtomicBool,
+    /// Sent to the client in the dropped answer's place before the cut, as a pooler in between
+    /// answers when its server connection breaks.
+    instead: Mutex<Option<Vec<u8>>>,
 }
 
 /// A stand-in between oncebox and the server that passes everything through but the one
@@ -83,6 +86,10 @@ async fn pump(client: TcpStream, upstream: TcpStream, cut: Arc<Cut>) {
                 && at.is_some_and(|(_, answered)| holds(&buf[..n], answered))
             {
                 *cut.at.lock().unwrap() = None;
+                let instead = cut.instead.lock().unwrap().take();
+                if let Some(instead) = instead {
+                    let _ = to_client.write_all(&instead).await;
+                }
                 cut.done.store(true, Ordering::SeqCst);
                 return;
             }
@@ -260,5 +267,55 @@ fn a_resolve_whose_answer_is_lost_after_its_commit_is_commit_unknown() {
             DeliveryState::Dead,
             "the resolve committed"
         );
+    });
+}
+
+/// PgBouncer's answer when its server connection broke under a query: an `ErrorResponse` with
+/// SQLSTATE `08P01` ("server conn crashed?"), then the connection closed.
+fn pooler_crashed() -> Vec<u8> {
+    let mut fields = Vec::new();
+    for (kind, value) in [(b'S', "FATAL"), (b'V', "FATAL"), (b'C', "08P01")] {
+        fields.push(kind);
+        fields.extend_from_slice(value.as_bytes());
+        fields.push(0);
+    }
+    fields.extend_from_slice(b"Mserver conn crashed?\0\0");
+    let mut message = vec![b'E'];
+    message.extend_from_slice(&u32::try_from(fields.len() + 4).unwrap().to_be_bytes());
+    message.extend_from_slice(&fields);
+    message
+}
+
+/// A handler's `COMMIT` that the server did, answered by a pooler in between with `08P01`: the
+/// outcome is unknown, not "nothing kept" (which a connection exception was read as), and the
+/// event is there.
+#[test]
+fn a_commit_answered_by_a_poolers_connection_exception_is_commit_unknown() {
+    run(async {
+        let Some(base) = url() else { return };
+        let (cut, inbox, direct) = stores(&base, None).await;
+        *cut.instead.lock().unwrap() = Some(pooler_crashed());
+        // The client's `COMMIT` query and the server's `COMMIT` command tag, as framed: the
+        // transaction's `BEGIN … READ COMMITTED` holds the word too.
+        let (sent, answered): (&[u8], &[u8]) = (b"Q\0\0\0\x0bCOMMIT\0", b"C\0\0\0\x0bCOMMIT\0");
+        *cut.at.lock().unwrap() = Some((sent, answered));
+        let e = event("shop", "pooled", 1);
+        let out = inbox
+            .process(e.clone(), |_tx| {
+                Box::pin(async { Ok(Response::completed("applied")) })
+            })
+            .await;
+        assert!(cut.done.load(Ordering::SeqCst), "the answer was replaced");
+        assert!(
+            matches!(
+                out,
+                Err(oncebox_core::ProcessError::Unavailable(
+                    Unavailable::CommitUnknown(_)
+                ))
+            ),
+            "{out:?}"
+        );
+        let record = direct.record(&e.key).await.unwrap();
+        assert!(record.is_some(), "the server committed it");
     });
 }

@@ -50,7 +50,10 @@ pub(super) fn ended_by_handler(
                 Some(why) => return Err(Fatal(why)),
                 None => Box::new(e),
             },
-            Err(HandlerError::Failed(e)) => e,
+            Err(HandlerError::Failed(e)) => match crate::error::storage_underneath(&*e) {
+                Some(why) => return Err(Fatal(why)),
+                None => e,
+            },
             Ok(_) | Err(HandlerError::Stale) => ROLLED_BACK.into(),
         }
     };

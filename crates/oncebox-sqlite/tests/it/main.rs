@@ -26,5 +26,6 @@ mod stamps;
 mod too_large;
 mod wal;
 mod watermark;
+mod wrapped;
 
 oncebox_testkit::conformance!(harness::Sqlite);
