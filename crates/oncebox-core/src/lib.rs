@@ -1,6 +1,7 @@
 //! oncebox-core: the vocabulary every backend shares — keys, strict JSON fingerprints, outcomes,
 //! leases and retention — with no IO and no database driver.
 
+pub mod chain;
 pub mod clock;
 pub mod consume;
 pub mod crash;

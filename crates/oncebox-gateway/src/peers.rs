@@ -145,14 +145,7 @@ impl std::error::Error for PeerBusy {}
 /// The [`PeerBusy`] somewhere in `error`'s chain of sources (a body's error reaches its reader
 /// wrapped by the layers between).
 pub(crate) fn busy_in<'a>(error: &'a (dyn std::error::Error + 'static)) -> Option<&'a PeerBusy> {
-    let mut next = Some(error);
-    while let Some(e) = next {
-        if let Some(busy) = e.downcast_ref::<PeerBusy>() {
-            return Some(busy);
-        }
-        next = e.source();
-    }
-    None
+    oncebox_core::chain::cause(error)
 }
 
 #[cfg(test)]

@@ -49,13 +49,13 @@ pub(crate) async fn answered<T>(
 
 /// As [`within`], for work that writes: past `limit` its outcome is unknown (it may have
 /// committed), which its caller's retry reads.
-pub(crate) async fn or_unknown<T>(
+pub(crate) async fn or_unknown<T, E: From<Unavailable>>(
     limit: Duration,
-    work: impl Future<Output = Result<T, Unavailable>>,
-) -> Result<T, Unavailable> {
+    work: impl Future<Output = Result<T, E>>,
+) -> Result<T, E> {
     within(limit, work)
         .await
-        .unwrap_or_else(|| Err(Unavailable::CommitUnknown(lost(limit).to_string())))
+        .unwrap_or_else(|| Err(Unavailable::CommitUnknown(lost(limit).to_string()).into()))
 }
 
 /// `options` with a release check bounded by `limit`: a connection whose work was dropped

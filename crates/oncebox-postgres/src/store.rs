@@ -58,14 +58,7 @@ impl Inbox {
                 Ok(Response::completed(accepted))
             })
         });
-        let lost = || crate::silent::lost(self.lost_after).to_string();
-        crate::silent::within(self.lost_after, processed)
-            .await
-            .unwrap_or_else(|| {
-                Err(ProcessError::Unavailable(
-                    Unavailable::CommitUnknown(lost()),
-                ))
-            })
+        crate::silent::or_unknown(self.lost_after, processed).await
     }
 
     /// The time this purge may use ([`oncebox_core::purge_time`]), from the anchor stored for

@@ -54,7 +54,8 @@ impl Leases {
     /// `Ok(false)`, and nothing changes, where Redis already holds the key — a live lease, an
     /// earlier answer, whose expiry is never pushed back — when the retention has passed on
     /// this handle's clock, or for a response past
-    /// [`MAX_RESPONSE_BYTES`](crate::MAX_RESPONSE_BYTES). Clocks that disagree move the expiry by their difference.
+    /// [`MAX_RESPONSE_BYTES`](crate::MAX_RESPONSE_BYTES). Clocks that disagree move the expiry
+    /// by their difference.
     pub async fn remember(
         &self,
         event: &Event,

@@ -103,14 +103,7 @@ pub(crate) fn unavailable(e: &rusqlite::Error) -> Option<Unavailable> {
 pub(crate) fn storage_underneath(
     e: &(dyn std::error::Error + Send + Sync + 'static),
 ) -> Option<Unavailable> {
-    let mut next: Option<&(dyn std::error::Error + 'static)> = Some(e);
-    while let Some(e) = next {
-        if let Some(why) = e.downcast_ref::<rusqlite::Error>().and_then(unavailable) {
-            return Some(why);
-        }
-        next = e.source();
-    }
-    None
+    oncebox_core::chain::cause::<rusqlite::Error>(e).and_then(unavailable)
 }
 
 /// Any error from oncebox's own statements aborts the batch: they are fixed SQL, so a failure is

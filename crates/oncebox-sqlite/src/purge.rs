@@ -30,6 +30,18 @@ struct Row {
     received_at: i64,
 }
 
+/// The row whose id was read first.
+fn fields(id: i64, r: &rusqlite::Row<'_>) -> rusqlite::Result<Row> {
+    Ok(Row {
+        id,
+        source: r.get(1)?,
+        event_id: r.get(2)?,
+        state: r.get(3)?,
+        completed_at: r.get(4)?,
+        received_at: r.get(5)?,
+    })
+}
+
 /// Deletes one record unless a delivery of its event is still owed (pending, in flight,
 /// retrying or uncertain): purged, a redelivery of the event would be a new event while the
 /// first one's delivery is still on its way. Its finished deliveries go with it.
@@ -57,17 +69,7 @@ pub(crate) fn chunk(
         )?
         .query_map(params![after, CHUNK], |r| {
             let id: i64 = r.get(0)?;
-            let row = (|| {
-                Ok(Row {
-                    id,
-                    source: r.get(1)?,
-                    event_id: r.get(2)?,
-                    state: r.get(3)?,
-                    completed_at: r.get(4)?,
-                    received_at: r.get(5)?,
-                })
-            })();
-            match row {
+            match fields(id, r) {
                 Err(e) if crate::lenient::unreadable(&e) => Ok(Err(id)),
                 other => other.map(Ok),
             }

@@ -23,10 +23,7 @@ impl Inbox {
         self.not_within_its_own_handler(&event.key)?;
         // A lease taken whose answer never came is the key's until its TTL runs out, as after
         // any lost commit.
-        let lost = || Unavailable::CommitUnknown(crate::silent::lost(self.lost_after).to_string());
-        crate::silent::within(self.lost_after, self.lease(event, ttl))
-            .await
-            .unwrap_or_else(|| Err(ProcessError::Unavailable(lost())))
+        crate::silent::or_unknown(self.lost_after, self.lease(event, ttl)).await
     }
 
     async fn lease(&self, event: Event, ttl: Duration) -> Result<Begun, ProcessError> {

@@ -111,13 +111,13 @@ where
             answer,
         } = *self;
         // What the body shares with its caller is let go before the caller wakes (store.rs
-        // takes its event back whole). Dropped here, on the writer, as is an answer its caller
-        // no longer waits for: values of the caller's own (a handler never run, its captures),
-        // whose `Drop` may panic. Caught, that panic ends neither the writer nor the answers
-        // of the batch-mates still to be told (they read `Closed`, and a reader then stood in
-        // with their own commit: `Duplicate` for a handler that ran).
-        // An answer replaced by the batch's failure is dropped here too; a panic there leaves
-        // the caller unanswered, which it reads as unknown.
+        // takes its event back whole). Dropped here, on the writer, as are an answer the
+        // batch's failure replaced and one its caller no longer waits for: values of the
+        // caller's own (a handler never run, its captures), whose `Drop` may panic. Caught, that
+        // panic ends neither the writer nor the answers of the batch-mates still to be told
+        // (uncaught, they read `Closed`, and a reader stood in with their own commit:
+        // `Duplicate` for a handler that ran). A caller whose answer was lost so reads it as
+        // unknown (`inbox/submit.rs`).
         let _ = catch_unwind(AssertUnwindSafe(move || drop(body)));
         let answer = catch_unwind(AssertUnwindSafe(move || match (failed, answer) {
             (None, Some(answer)) => answer,

@@ -11,7 +11,6 @@
 //! after any crash. Readiness alone would be the wrong signal: it would take traffic from an
 //! intake that still works and restart nothing.
 
-use std::any::Any;
 use std::future::Future;
 
 use tokio::task::{JoinError, JoinHandle};
@@ -71,16 +70,11 @@ fn how(e: JoinError) -> String {
     if !e.is_panic() {
         return "was cancelled".to_owned();
     }
-    format!("panicked: {}", message(e.into_panic().as_ref()))
-}
-
-/// A panic's message, as `panic!` formats it (a `&str` or a `String`).
-fn message(payload: &(dyn Any + Send)) -> &str {
-    payload
-        .downcast_ref::<&str>()
-        .copied()
-        .or_else(|| payload.downcast_ref::<String>().map(String::as_str))
-        .unwrap_or("(a payload that is not text)")
+    let panic = e.into_panic();
+    format!(
+        "panicked: {}",
+        oncebox_core::consume::panic_message(panic.as_ref())
+    )
 }
 
 #[cfg(test)]
