@@ -197,8 +197,8 @@ impl Verdict {
 /// answer, answered by a proxy's gateway timeout (504, 524) that forwarded it, by another
 /// redirect (which may follow the effect) or by a status of no class (a final 1xx, 600 and
 /// past) is retried only when the route honours the idempotency key; otherwise it is
-/// uncertain. Attempts and age are capped; a `Retry-After` past the age cap waits until the
-/// cap for a last try.
+/// uncertain. Attempts and age are capped; a wait (backoff or `Retry-After`) past the age cap
+/// waits until the cap for a last try.
 pub fn decide(
     attempt: &Attempt,
     idempotent: bool,
@@ -253,27 +253,26 @@ pub fn decide(
     if attempts_made >= policy.max_attempts {
         return Verdict::Dead(format!("gave up after {attempts_made} attempts"));
     }
-    let backoff = policy
-        .backoff
-        .delay(attempts_made.saturating_sub(1), jitter);
-    if age.saturating_add(backoff) > policy.max_age {
+    if age >= policy.max_age {
         return Verdict::Dead(format!(
             "older than {:?} before the next attempt",
             policy.max_age
         ));
     }
-    match attempt {
+    let backoff = policy
+        .backoff
+        .delay(attempts_made.saturating_sub(1), jitter);
+    let wait = match attempt {
         Attempt::Answered {
             retry_after: Some(asked),
             ..
-        } if *asked > backoff => {
-            // A receiver asking for a pause past the age cap gets one last try at the cap
-            // rather than none: dead now would drop an event it only asked to hold.
-            let left = policy.max_age.saturating_sub(age);
-            Verdict::Retry((*asked).min(left))
-        }
-        _ => Verdict::Retry(backoff),
-    }
+        } if *asked > backoff => *asked,
+        _ => backoff,
+    };
+    // A wait past the age cap gets one last try at the cap rather than none: dead now would
+    // drop an event a receiver only asked to hold, and with full jitter whether a backoff
+    // crosses the cap is a throw of the dice, not the receiver's answer.
+    Verdict::Retry(wait.min(policy.max_age - age))
 }
 
 #[cfg(test)]

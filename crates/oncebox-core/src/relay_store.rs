@@ -230,13 +230,15 @@ pub trait DeliveryStore: Clone + Send + Sync + 'static {
         now: Timestamp,
     ) -> impl Future<Output = Result<(), LeaseError>> + Send;
 
-    /// Gives a claim back unsent: due again at `now`, no attempt counted, the lease ended.
-    /// Refused with `LeaseError::Fenced` when another claim took the lease since; a lease that
-    /// merely ran out is still given back (nothing was sent under it).
+    /// Gives a claim back unsent: due again at `due` (`now`, or later where the relay holds it
+    /// back), no attempt counted, the lease ended. Refused with `LeaseError::Fenced` when
+    /// another claim took the lease since; a lease that merely ran out is still given back
+    /// (nothing was sent under it).
     fn unclaim(
         &self,
         claimed: &Claimed,
         now: Timestamp,
+        due: Timestamp,
     ) -> impl Future<Output = Result<(), LeaseError>> + Send;
 
     fn deliveries(

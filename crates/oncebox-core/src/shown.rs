@@ -15,6 +15,12 @@ pub fn route_url(url: &str) -> String {
     };
     let auth = authority(rest);
     let (user, after_user) = if let Some(at) = auth.rfind('@') {
+        // Another `@` after the authority: which one ends the user info is a guess
+        // (`u:x@pa/ss@host` may be one password pasted unencoded), and a wrong guess shows
+        // part of the password as the host.
+        if userinfo_end(rest).is_some_and(|end| end > at) {
+            return format!("{scheme}://***");
+        }
         ("***@", &rest[at + 1..])
     } else if !rest.contains('@') {
         ("", rest)
@@ -110,6 +116,14 @@ mod tests {
             ),
             ("https://user:p?ss@host/x", "https://***@host/***"),
             ("https://user:p#ss@host", "https://***@host"),
+            // An `@` in the user info and another after a `/`: the password may run to
+            // either, so nothing past the scheme is shown.
+            ("https://u:x@Sup3rS3cret/2@hooks.example/in", "https://***"),
+            ("https://u:pw@hooks.example/in@x?q=@", "https://***"),
+            (
+                "https://u:pw@hooks.example/in?q=@",
+                "https://***@hooks.example/***",
+            ),
             ("http://[::1]:9000/T0KEN", "http://[::1]:9000/***"),
             ("nats://broker:4222", "nats://broker:4222"),
             ("nats://nats:4222?subject=orders", "nats://nats:4222/***"),

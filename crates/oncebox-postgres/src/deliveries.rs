@@ -133,20 +133,26 @@ impl DeliveryStore for Inbox {
         }
     }
 
-    async fn unclaim(&self, claimed: &Claimed, now: Timestamp) -> Result<(), LeaseError> {
+    async fn unclaim(
+        &self,
+        claimed: &Claimed,
+        now: Timestamp,
+        due: Timestamp,
+    ) -> Result<(), LeaseError> {
         // Only the lease's holder gives it back: a claim since would have changed the token. Its
         // expiry is not checked, unlike `record`'s: nothing was sent, so a lease that ran out
         // while the relay waited for its turn is given back as pending, not left to be taken
         // over as a delivery that may have been sent.
         let query = sqlx::query(
             "UPDATE oncebox_outbox SET state = CASE WHEN attempts = 0 THEN 'pending'
-               ELSE 'retrying' END, next_attempt_at = $3, lease_token = NULL,
+               ELSE 'retrying' END, next_attempt_at = $4, lease_token = NULL,
                lease_expires_at = NULL, updated_at = $3
              WHERE id = $1 AND state = 'in_flight' AND lease_token = $2",
         )
         .bind(claimed.id)
         .bind(claimed.token)
-        .bind(now.millis());
+        .bind(now.millis())
+        .bind(due.millis());
         match self.make_due(query).await {
             Ok(1) => Ok(()),
             Ok(_) => Err(LeaseError::Fenced),

@@ -14,11 +14,15 @@ use tokio::sync::{Semaphore, watch};
 
 use crate::send::{self, Link};
 
+mod circuit;
 mod deliver;
+mod lease;
 mod outage;
 mod pace;
 mod pump;
 mod reconcile;
+
+use circuit::{Circuit, Turn, open};
 
 /// Ends once `stop` says the relay is stopping. The guard `wait_for` gives is dropped inside,
 /// as it cannot be held across an await in a `select!`.
@@ -81,8 +85,9 @@ pub struct Outcome {
     pub dead: usize,
     /// Attempts whose outcome could not be recorded because the lease was lost.
     pub fenced: usize,
-    /// Claims given back unsent, due again at once: their lease ran short while they waited
-    /// for the route's concurrency, or its circuit opened meanwhile.
+    /// Claims given back unsent: due again a second later where their lease ran short (they
+    /// waited for the route's concurrency, or the claim itself was slow), at once where the
+    /// route's circuit opened meanwhile or the relay is stopping.
     pub unclaimed: usize,
     /// Uncertain deliveries settled through a status URL.
     pub reconciled: usize,
@@ -102,55 +107,6 @@ impl Outcome {
             Err(e) => return Err(Unavailable::Storage(e.to_string())),
         }
         Ok(())
-    }
-}
-
-#[derive(Debug, Default)]
-struct Circuit {
-    failures: u32,
-    /// On the clock's monotonic time: a wall clock stepped back would keep the route shut
-    /// for the step on top of the cooldown.
-    open_until: Option<Duration>,
-    /// After the cooldown one request tries the receiver; until it is answered the route
-    /// stays shut. A whole round (the route's concurrency) sent as the trial was as many
-    /// deliveries sent into a receiver still failing: a receiver answering 401 after a key
-    /// rotation killed that many per cooldown.
-    trial: bool,
-}
-
-impl Circuit {
-    /// Whether it keeps claims off its route at `now`: open, or its trial out.
-    fn shut(&self, now: Duration) -> bool {
-        self.trial || self.open_until.is_some_and(|until| until > now)
-    }
-}
-
-/// What a claim about to be sent finds its route's circuit at.
-pub(crate) enum Turn<'a> {
-    /// Closed: send.
-    Go,
-    /// The trial after a cooldown: send, and the route stays shut until it is answered.
-    Trial { _ends: TrialGuard<'a> },
-    /// Open, or a trial already out: give the claim back unsent.
-    Shut,
-}
-
-/// Ends a trial that was never answered (the request was not sent, the step failed): the
-/// route is tried again at the next round. An answered trial was settled by `note` already.
-pub(crate) struct TrialGuard<'a> {
-    circuits: &'a Mutex<HashMap<String, Circuit>>,
-    route: String,
-}
-
-impl Drop for TrialGuard<'_> {
-    fn drop(&mut self) {
-        let mut circuits = self
-            .circuits
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Some(c) = circuits.get_mut(&self.route) {
-            c.trial = false;
-        }
     }
 }
 
@@ -184,6 +140,8 @@ pub struct Relay<S> {
     circuits: Mutex<HashMap<String, Circuit>>,
     /// Routes not configured here that deliveries were found owed to, already warned of.
     warned_unrouted: Mutex<BTreeSet<String>>,
+    /// Routes whose claims came back too short of their lease to send, already warned of.
+    warned_short: Mutex<BTreeSet<String>>,
 }
 
 /// The longest a route's attempt may take, and the longest interval of its pace: a hundred
@@ -223,6 +181,7 @@ impl<S: DeliveryStore> Relay<S> {
             options,
             circuits: Mutex::new(HashMap::new()),
             warned_unrouted: Mutex::default(),
+            warned_short: Mutex::default(),
         }
     }
 
@@ -240,56 +199,6 @@ impl<S: DeliveryStore> Relay<S> {
     /// A claim's place in its route's pace, for a route that has one (`rate`).
     fn promise(&self, route: &str) -> Option<pace::Promise<'_>> {
         Some(self.routes.get(route)?.pace.as_ref()?.promise())
-    }
-
-    fn circuits(&self) -> std::sync::MutexGuard<'_, HashMap<String, Circuit>> {
-        self.circuits
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
-    /// Whether a claim of `route` about to be sent may go: the circuit closed, the one trial
-    /// after a cooldown, or neither.
-    fn turn(&self, route: &str) -> Turn<'_> {
-        let now = self.clock.monotonic();
-        let mut circuits = self.circuits();
-        // A route that never failed has no entry: nothing to allocate on every send.
-        let Some(c) = circuits.get_mut(route) else {
-            return Turn::Go;
-        };
-        if c.shut(now) {
-            return Turn::Shut;
-        }
-        if c.failures < self.options.circuit_threshold {
-            return Turn::Go;
-        }
-        c.trial = true;
-        Turn::Trial {
-            _ends: TrialGuard {
-                circuits: &self.circuits,
-                route: route.to_owned(),
-            },
-        }
-    }
-
-    fn note(&self, route: &str, failed: bool) {
-        let mut circuits = self.circuits();
-        let c = circuits.entry(route.to_owned()).or_default();
-        if failed {
-            c.trial = false;
-            c.failures = c.failures.saturating_add(1);
-            if c.failures >= self.options.circuit_threshold {
-                // Stop hammering a receiver that keeps failing; its deliveries wait, unharmed.
-                c.open_until = Some(
-                    self.clock
-                        .monotonic()
-                        .saturating_add(self.options.circuit_cooldown),
-                );
-                tracing::warn!(route, failures = c.failures, "circuit open");
-            }
-        } else {
-            *c = Circuit::default();
-        }
     }
 
     /// One round: claim, send, record, then ask status URLs about uncertain deliveries.
@@ -414,9 +323,4 @@ impl<S: DeliveryStore> Relay<S> {
             }
         }
     }
-}
-
-/// Whether `route`'s circuit keeps claims off it at `now`: open, or its trial out.
-fn open(circuits: &HashMap<String, Circuit>, route: &str, now: Duration) -> bool {
-    circuits.get(route).is_some_and(|c| c.shut(now))
 }

@@ -205,7 +205,12 @@ impl DeliveryStore for Inbox {
             .await
     }
 
-    async fn unclaim(&self, claimed: &Claimed, now: Timestamp) -> Result<(), LeaseError> {
+    async fn unclaim(
+        &self,
+        claimed: &Claimed,
+        now: Timestamp,
+        due: Timestamp,
+    ) -> Result<(), LeaseError> {
         let (id, token) = (claimed.id, claimed.token);
         self.submit_whole(move |cx| {
             // Only the lease's holder gives it back: a claim since would have changed the
@@ -216,11 +221,11 @@ impl DeliveryStore for Inbox {
                 .conn
                 .prepare_cached(
                     "UPDATE oncebox_outbox SET state = CASE WHEN attempts = 0 THEN 'pending'
-                       ELSE 'retrying' END, next_attempt_at = ?3, lease_token = NULL,
+                       ELSE 'retrying' END, next_attempt_at = ?4, lease_token = NULL,
                        lease_expires_at = NULL, updated_at = ?3
                      WHERE id = ?1 AND state = 'in_flight' AND lease_token = ?2",
                 )?
-                .execute(params![id, token, now.millis()])?;
+                .execute(params![id, token, now.millis(), due.millis()])?;
             Ok(if n == 1 {
                 Ok(())
             } else {

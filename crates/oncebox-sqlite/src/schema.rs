@@ -137,34 +137,8 @@ CREATE TABLE oncebox_purge_anchors (
     Step::Code(budget_columns),
     Step::Code(hops_column),
     Step::Code(plain_numeric_entities),
+    Step::Code(ids_never_reused),
 ];
-
-/// The inbox's `state IN (five values)` CHECK made SQLite build a temporary index of the five
-/// values on every insert and state update (it does so for IN lists longer than two), which
-/// cost more than the insert itself. The same check as a chain of equalities needs none.
-/// Rebuilding the table would copy every payload; the check changes no stored byte, so the
-/// table's definition is edited in place by the procedure SQLite documents for such changes
-/// (`writable_schema`, then a new `schema_version` so every connection re-reads it).
-pub(crate) const STATE_IN: &str =
-    "state IN ('processing', 'completed', 'rejected', 'stale', 'uncertain')";
-const STATE_EQ: &str = "state = 'processing' OR state = 'completed' OR state = 'rejected'
-                           OR state = 'stale' OR state = 'uncertain'";
-
-fn plain_state_check(tx: &Transaction<'_>) -> rusqlite::Result<()> {
-    let version: i64 = tx.query_row("PRAGMA schema_version", [], |r| r.get(0))?;
-    tx.pragma_update(None, "writable_schema", true)?;
-    let edited = tx.execute(
-        "UPDATE sqlite_schema SET sql = replace(sql, ?1, ?2)
-         WHERE type = 'table' AND name = 'oncebox_inbox' AND instr(sql, ?1) > 0",
-        [STATE_IN, STATE_EQ],
-    );
-    let bumped = tx.pragma_update(None, "schema_version", version + 1);
-    // Off again whatever happened (the flag must not outlive this step), and RESET makes this
-    // connection re-read the definition it has cached; others see the new schema_version.
-    tx.execute_batch("PRAGMA writable_schema = RESET")?;
-    edited?;
-    bumped
-}
 
 pub(crate) const VERSION: i64 = MIGRATIONS.len() as i64;
 const _: () = assert!(version::READABLE_FROM <= VERSION);
@@ -387,10 +361,16 @@ pub(crate) fn migrate(conn: &mut Connection, o: &Options) -> Result<(), OpenErro
 }
 
 mod busy;
+mod ids;
 mod steps;
 mod version;
 use busy::until_not_busy;
-use steps::{CLEAR_ORPHANED_DELIVERIES, budget_columns, hops_column, plain_numeric_entities};
+use ids::ids_never_reused;
+use steps::STATE_IN;
+use steps::{
+    CLEAR_ORPHANED_DELIVERIES, budget_columns, hops_column, plain_numeric_entities,
+    plain_state_check,
+};
 use version::Found;
 
 #[cfg(test)]

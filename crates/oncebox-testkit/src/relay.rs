@@ -362,7 +362,7 @@ macro_rules! delivery_conformance {
             redeliver_replays_every_delivery_with_the_same_key_except_in_flight,
             listing_filters_by_state_route_and_key_and_pages_with_a_cursor,
             gauges_count_by_state_and_report_the_oldest_owed_delivery,
-            unclaim_gives_a_claim_back_due_now_without_an_attempt_and_only_to_its_holder,
+            unclaim_gives_a_claim_back_due_when_asked_without_an_attempt_and_only_to_its_holder,
             an_expired_claim_nobody_took_over_is_given_back_and_claimed_afresh,
             reconcile_settles_only_an_uncertain_delivery_and_puts_off_an_unanswered_check,
             a_key_accepted_again_after_its_purge_is_delivered_anew,

@@ -16,9 +16,11 @@ use crate::serve::{Stop, wait_for};
 use crate::store::Store;
 
 mod ingesting;
+mod supervise;
 mod urls;
 
 use ingesting::Ingesting;
+use supervise::watch_consumers;
 use urls::{amqp_url, nats_url};
 
 /// Longest wait between reconnection attempts.
@@ -87,10 +89,9 @@ pub async fn run(settings: Settings, amqp: Option<String>, nats: Option<String>)
         }
     }
     tracing::info!(consumers = tasks.len(), "consuming");
-    shutdown.requested().await;
-    let _ = stop.send(true);
-    // Each consumer settles the messages in hand before its task ends.
-    while tasks.join_next().await.is_some() {}
+    watch_consumers(tasks, shutdown.requested(), stop)
+        .await
+        .map_err(anyhow::Error::msg)?;
     tracing::info!("consumers stopped");
     Ok(())
 }

@@ -49,7 +49,12 @@ fn main() -> ExitCode {
             return Code::Failure.into();
         }
     };
-    match runtime.block_on(run(cli)) {
+    let verdict = runtime.block_on(run(cli));
+    // A store's open a stop left behind (`Stop::before`) may still wait on a busy file on a
+    // blocking thread, which dropping the runtime would wait for: everything the command
+    // awaited is done, so what is left is not waited for long.
+    runtime.shutdown_timeout(std::time::Duration::from_millis(500));
+    match verdict {
         Ok(()) => Code::Ok.into(),
         // A write to a closed pipe that did not go through `out` (which drops such writes, so
         // that the command still returns its verdict): the reader took what it wanted.

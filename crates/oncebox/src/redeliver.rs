@@ -34,7 +34,7 @@ pub struct RedeliverArgs {
     #[arg(long = "source", value_name = "SOURCE", conflicts_with = "event_id")]
     all_of: Option<String>,
     /// With --source: only events received since then, as a time ago (`2h`, `3d`) or an
-    /// RFC 3339 time (`2024-05-01T00:00:00Z`).
+    /// RFC 3339 time with its zone (`2024-05-01T00:00:00Z`, `2024-05-01T02:00:00+02:00`).
     #[arg(long, requires = "all_of", value_parser = parse_since)]
     since: Option<Since>,
     /// With --source: only events whose record is in this state.
@@ -54,17 +54,55 @@ enum Since {
     At(Timestamp),
 }
 
+/// A time ago, or an RFC 3339 time with its zone: `Z` or an offset. One without a zone is
+/// refused rather than read as UTC: an operator east or west of it would redeliver hours of
+/// events too many or miss as many.
 fn parse_since(s: &str) -> Result<Since, String> {
     if let Ok(ago) = humantime::parse_duration(s) {
         return Ok(Since::Ago(ago));
     }
-    let at = humantime::parse_rfc3339_weak(s)
-        .map_err(|_| format!("{s:?} is neither a time ago (2h, 3d) nor an RFC 3339 time"))?;
+    let neither = || format!("{s:?} is neither a time ago (2h, 3d) nor an RFC 3339 time");
+    let (local, offset_s) = if let Some(local) = s.strip_suffix(['Z', 'z']) {
+        (local, 0)
+    } else if let Some((local, offset_s)) = utc_offset(s) {
+        (local, offset_s)
+    } else if humantime::parse_rfc3339_weak(s).is_ok() {
+        return Err(format!(
+            "{s:?} has no zone: end it with Z for UTC, or with its offset (+02:00)"
+        ));
+    } else {
+        return Err(neither());
+    };
+    let at = humantime::parse_rfc3339_weak(local).map_err(|_| neither())?;
     let ms = at
         .duration_since(UNIX_EPOCH)
         .map_err(|_| format!("{s:?} is before 1970"))?
         .as_millis();
-    Ok(Since::At(Timestamp(i64::try_from(ms).unwrap_or(i64::MAX))))
+    let ms = i64::try_from(ms)
+        .unwrap_or(i64::MAX)
+        .saturating_sub(offset_s * 1000);
+    if ms < 0 {
+        return Err(format!("{s:?} is before 1970"));
+    }
+    Ok(Since::At(Timestamp(ms)))
+}
+
+/// `s` without its trailing `+HH:MM` or `-HH:MM`, and that offset east of UTC in seconds.
+fn utc_offset(s: &str) -> Option<(&str, i64)> {
+    let at = s.len().checked_sub(6)?;
+    let (local, offset) = (s.get(..at)?, s.get(at..)?.as_bytes());
+    let sign = match offset[0] {
+        b'+' => 1,
+        b'-' => -1,
+        _ => return None,
+    };
+    let digits = [offset[1], offset[2], offset[4], offset[5]];
+    if offset[3] != b':' || !digits.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    let [h1, h2, m1, m2] = digits.map(|d| i64::from(d - b'0'));
+    let (hours, minutes) = (h1 * 10 + h2, m1 * 10 + m2);
+    (hours < 24 && minutes < 60).then_some((local, sign * (hours * 3600 + minutes * 60)))
 }
 
 /// What `--output json` prints; field names are a contract.
@@ -211,4 +249,41 @@ async fn would_be_due(store: &Store, keys: &[Key]) -> Result<u64> {
         }
     }
     Ok(n)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Since, parse_since};
+
+    fn at(s: &str) -> i64 {
+        match parse_since(s) {
+            Ok(Since::At(t)) => t.0,
+            other => panic!("{s}: {other:?}"),
+        }
+    }
+
+    /// One instant, however its zone is written; a time without one is refused.
+    #[test]
+    fn since_reads_a_times_zone_and_refuses_one_without() {
+        let utc = at("2024-05-01T00:00:00Z");
+        assert_eq!(utc, 1_714_521_600_000);
+        assert_eq!(at("2024-05-01T02:00:00+02:00"), utc);
+        assert_eq!(at("2024-04-30T19:30:00-04:30"), utc);
+        assert_eq!(at("2024-05-01 00:00:00.250z"), utc + 250);
+        for no_zone in ["2024-05-01T00:00:00", "2024-05-01 02:00:00"] {
+            let refused = parse_since(no_zone).unwrap_err();
+            assert!(refused.contains("has no zone"), "{refused}");
+        }
+        for bad in [
+            "2024-05-01T00:00:00+24:00",
+            "2024-05-01T00:00:00+02:60",
+            "2024-05-01T00:00:00+0200",
+            "yesterday",
+            "+02:00",
+            "1970-01-01T00:30:00+01:00",
+        ] {
+            assert!(parse_since(bad).is_err(), "{bad}");
+        }
+        assert!(matches!(parse_since("2h"), Ok(Since::Ago(_))));
+    }
 }

@@ -6,6 +6,7 @@ mod background;
 mod files;
 mod signals;
 
+pub(crate) use background::ended_how as ended;
 pub(crate) use signals::{Stop, wait_for};
 
 use std::future::Future;

@@ -180,7 +180,14 @@ impl Store {
         if let Some(placement) = storage.placement {
             options = options.placement(placement);
         }
-        let inbox = match oncebox_sqlite::Inbox::open(options.migrate(migrate)) {
+        // Off the runtime's threads: the open waits out a busy file (up to its busy timeout, at
+        // each step) and runs the migrations, and a stop asked for meanwhile (`Stop::before`)
+        // must be noticed then, not once the open returned.
+        let options = options.migrate(migrate);
+        let opened = tokio::task::spawn_blocking(move || oncebox_sqlite::Inbox::open(options))
+            .await
+            .context("the open of the SQLite store ended without an answer")?;
+        let inbox = match opened {
             Err(oncebox_sqlite::OpenError::SchemaOutdated { found, known }) => {
                 return Err(outdated(found, known));
             }
@@ -253,8 +260,13 @@ impl DeliveryStore for Store {
         each!(self, s => DeliveryStore::record(s, claimed, attempt, verdict, now).await)
     }
 
-    async fn unclaim(&self, claimed: &Claimed, now: Timestamp) -> Result<(), LeaseError> {
-        each!(self, s => s.unclaim(claimed, now).await)
+    async fn unclaim(
+        &self,
+        claimed: &Claimed,
+        now: Timestamp,
+        due: Timestamp,
+    ) -> Result<(), LeaseError> {
+        each!(self, s => s.unclaim(claimed, now, due).await)
     }
 
     async fn deliveries(&self, filter: DeliveryFilter) -> Result<Page<DeliveryView>, Unavailable> {

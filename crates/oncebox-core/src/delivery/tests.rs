@@ -192,11 +192,42 @@ fn attempts_and_age_are_capped() {
         decide(&answered(500), true, 5, Duration::ZERO, &P, 1.0),
         Verdict::Dead(_)
     ));
+    // A backoff past the age cap waits until the cap for a last try; at the cap, dead.
     let old = Duration::from_secs(3599);
-    assert!(matches!(
+    assert_eq!(
         decide(&answered(500), true, 2, old, &P, 1.0),
+        Verdict::Retry(Duration::from_secs(1))
+    );
+    assert!(matches!(
+        decide(&answered(500), true, 2, P.max_age, &P, 0.0),
         Verdict::Dead(_)
     ));
+}
+
+/// Full jitter draws a backoff anywhere up to its ceiling; whether a delivery near the age cap
+/// gets its last try must not depend on the draw.
+#[test]
+fn the_verdict_near_the_age_cap_does_not_depend_on_the_jitter() {
+    let age = P.max_age - Duration::from_secs(2);
+    let asked = Attempt::Answered {
+        status: 429,
+        retry_after: Some(Duration::from_secs(999_999)),
+    };
+    for jitter in [0.0, 0.5, 1.0] {
+        assert_eq!(
+            decide(&asked, false, 3, age, &P, jitter),
+            Verdict::Retry(Duration::from_secs(2)),
+            "jitter {jitter}"
+        );
+        // Without a pause asked: the backoff's draw, but never past the cap.
+        let Verdict::Retry(wait) = decide(&answered(503), false, 3, age, &P, jitter) else {
+            panic!("not retried at jitter {jitter}");
+        };
+        assert!(
+            wait <= Duration::from_secs(2),
+            "{wait:?} at jitter {jitter}"
+        );
+    }
 }
 
 #[test]

@@ -49,15 +49,20 @@ fn side_by_side(stored: &[u8], offered: &[u8]) -> Markup {
         oncebox_core::json::parse(offered),
     );
     let (left, right) = match &parsed {
-        (Ok(a), Ok(b)) => {
-            let d = diff::differences(a, b);
-            let (a, b) = (diff::pretty(a, &d), diff::pretty(b, &d));
-            if diff::fits(&a, stored) && diff::fits(&b, offered) {
-                (diff::render(&a), diff::render(&b))
-            } else {
-                (layout::payload(stored), layout::payload(offered))
+        (Ok(a), Ok(b)) => match diff::differences(a, b) {
+            Some(d) => {
+                let (a, b) = (diff::pretty(a, &d), diff::pretty(b, &d));
+                if diff::fits(&a, stored) && diff::fits(&b, offered) {
+                    (diff::render(&a), diff::render(&b))
+                } else {
+                    (layout::payload(stored), layout::payload(offered))
+                }
             }
-        }
+            None => (
+                html! { p.muted { "Too many differences to mark." } (layout::payload(stored)) },
+                layout::payload(offered),
+            ),
+        },
         _ => (layout::payload(stored), layout::payload(offered)),
     };
     sides(&left, &right)

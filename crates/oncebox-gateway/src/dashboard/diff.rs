@@ -19,16 +19,50 @@ pub(crate) struct Line {
     pub marked: bool,
 }
 
+/// The most memory the paths of a conflict's differences may take. Each path is a copy of the
+/// keys above it, so a payload of a few kilobytes with thousands of differences far down
+/// under long keys (anyone may send one to an unsigned source) took over a hundred megabytes
+/// per conflict, twenty conflicts a page.
+const PATHS_BUDGET: usize = 8 * 1024 * 1024;
+
 /// The paths at which `a` and `b` differ: a value that differs, a member or element present
 /// on one side only, or another type. Objects and arrays that differ only inside are not
-/// themselves listed; their differing parts are.
-pub(crate) fn differences(a: &Value, b: &Value) -> Vec<Path> {
-    let mut out = Vec::new();
-    walk(a, b, &mut Vec::new(), &mut out);
-    out
+/// themselves listed; their differing parts are. `None` when they would take more than
+/// [`PATHS_BUDGET`]: shown unmarked then.
+pub(crate) fn differences(a: &Value, b: &Value) -> Option<Vec<Path>> {
+    let mut found = Found {
+        paths: Vec::new(),
+        left: PATHS_BUDGET,
+    };
+    walk(a, b, &mut Vec::new(), &mut found).then_some(found.paths)
 }
 
-fn walk(a: &Value, b: &Value, at: &mut Path, out: &mut Vec<Path>) {
+/// The differences found so far, and the bytes their paths may still take.
+struct Found {
+    paths: Vec<Path>,
+    left: usize,
+}
+
+impl Found {
+    /// Records `at`; `false` once past the budget.
+    fn push(&mut self, at: &Path) -> bool {
+        let cost = std::mem::size_of::<Path>()
+            + at.iter()
+                .map(|k| std::mem::size_of::<String>() + k.len())
+                .sum::<usize>();
+        match self.left.checked_sub(cost) {
+            Some(left) => {
+                self.left = left;
+                self.paths.push(at.clone());
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+/// `false` once the differences are past the budget (the walk stops there).
+fn walk(a: &Value, b: &Value, at: &mut Path, out: &mut Found) -> bool {
     match (a, b) {
         (Value::Object(x), Value::Object(y)) => {
             // Both sides' members in key order, walked together: a conflict's payloads are
@@ -47,27 +81,35 @@ fn walk(a: &Value, b: &Value, at: &mut Path, out: &mut Vec<Path>) {
                     std::cmp::Ordering::Equal => (&x[i].0, Some((&x[i].1, &y[j].1))),
                 };
                 at.push(k.clone());
-                match pair {
+                let within = match pair {
                     Some((l, r)) => walk(l, r, at, out),
-                    None => out.push(at.clone()),
-                }
+                    None => out.push(at),
+                };
                 at.pop();
+                if !within {
+                    return false;
+                }
                 i += usize::from(order.is_le());
                 j += usize::from(order.is_ge());
             }
+            true
         }
         (Value::Array(x), Value::Array(y)) => {
             for i in 0..x.len().max(y.len()) {
                 at.push(i.to_string());
-                match (x.get(i), y.get(i)) {
+                let within = match (x.get(i), y.get(i)) {
                     (Some(l), Some(r)) => walk(l, r, at, out),
-                    _ => out.push(at.clone()),
-                }
+                    _ => out.push(at),
+                };
                 at.pop();
+                if !within {
+                    return false;
+                }
             }
+            true
         }
-        _ if a == b => {}
-        _ => out.push(at.clone()),
+        _ if a == b => true,
+        _ => out.push(at),
     }
 }
 
@@ -214,7 +256,7 @@ mod tests {
         let a = v(r#"{"amount":10,"cur":"EUR","items":[1,2],"meta":{"x":1},"same":1.0}"#);
         let b = v(r#"{"amount":11,"items":[1,2,3],"meta":"x","same":1,"new":null}"#);
         assert_eq!(
-            differences(&a, &b),
+            differences(&a, &b).unwrap(),
             vec![
                 path(&["amount"]),
                 path(&["cur"]),
@@ -223,7 +265,7 @@ mod tests {
                 path(&["new"]),
             ]
         );
-        assert!(differences(&a, &a).is_empty());
+        assert!(differences(&a, &a).unwrap().is_empty());
     }
 
     #[test]
@@ -272,12 +314,32 @@ mod tests {
         };
         let array = |x: u32| v(&format!("[{}]", vec![x.to_string(); n].join(",")));
         for (a, b) in [(object(0), object(1)), (array(0), array(1))] {
-            let d = differences(&a, &b);
+            let d = differences(&a, &b).unwrap();
             assert_eq!(d.len(), n);
             let lines = pretty(&a, &d);
             assert_eq!(lines.len(), n + 2);
             assert_eq!(lines.iter().filter(|l| l.marked).count(), n);
         }
+    }
+
+    /// A few kilobytes of payload, thousands of differences far down under long keys: their
+    /// paths, a copy of the keys above each, would take over a hundred megabytes.
+    #[test]
+    fn differences_deep_under_long_keys_are_given_up_past_the_budget() {
+        let nest = |leaf: &str| {
+            let key = format!("\"{}\"", "k".repeat(200));
+            let mut doc = leaf.to_owned();
+            for _ in 0..100 {
+                doc = format!("{{{key}:{doc}}}");
+            }
+            v(&doc)
+        };
+        let zeros = |x: u32| format!("[{}]", vec![x.to_string(); 6_000].join(","));
+        let (a, b) = (nest(&zeros(0)), nest(&zeros(1)));
+        assert_eq!(differences(&a, &b), None);
+        // Few of them, as deep: found.
+        let (a, b) = (nest("[0,0]"), nest("[0,1]"));
+        assert_eq!(differences(&a, &b).map(|d| d.len()), Some(1));
     }
 
     #[test]

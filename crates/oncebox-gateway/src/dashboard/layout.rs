@@ -175,8 +175,22 @@ pub(crate) fn duration(d: Duration) -> String {
     .to_string()
 }
 
+/// The largest payload shown indented. Parsed and indented line by line, a payload takes tens
+/// of times its size before `fits` can tell it is too large to show so (a megabyte of `0,`
+/// about seventy), for each view of its page.
+const INDENTED_MAX: usize = 256 * 1024;
+
 /// A payload for reading: JSON indented, other UTF-8 as is, anything else as hex.
 pub(crate) fn payload(bytes: &[u8]) -> Markup {
+    if bytes.len() > INDENTED_MAX {
+        return match std::str::from_utf8(bytes) {
+            Ok(text) => html! {
+                p.muted { "As sent: this payload is too large to show indented." }
+                pre.payload { (text) }
+            },
+            Err(_) => html! { pre.payload.hex { (hex::encode(bytes)) } },
+        };
+    }
     if let Ok(value) = oncebox_core::json::parse(bytes) {
         let lines = super::diff::pretty(&value, &[]);
         if super::diff::fits(&lines, bytes) {

@@ -136,3 +136,51 @@ fn deeply_nested_payloads_are_shown_as_sent_not_indented() {
         assert!(html.len() < 12 * 30_000, "{} bytes", html.len());
     });
 }
+
+/// `{"id":…,"k…":{"k…":…[x,x,…]}}`: `n` copies of `x` under 100 levels of 200-byte keys.
+fn deep_under_long_keys(id: &str, n: usize, x: u32) -> String {
+    let key = format!("\"{}\"", "k".repeat(200));
+    let mut doc = format!("[{}]", vec![x.to_string(); n].join(","));
+    for _ in 0..100 {
+        doc = format!("{{{key}:{doc}}}");
+    }
+    format!(r#"{{"id":"{id}","a":{doc}}}"#)
+}
+
+/// A conflict of 32 KB payloads whose 6 000 differences lie under 100 levels of long keys:
+/// each difference's path copied the 20 KB of keys above it, over a hundred megabytes for one
+/// conflict of the page. Past the budget the sides are shown unmarked, and said to be. And an
+/// event past what is shown indented is shown as sent, without being parsed first.
+#[test]
+fn differences_too_many_to_mark_and_payloads_too_large_to_indent_are_shown_as_sent() {
+    run(async {
+        let gw = TestGateway::tokenless();
+        for x in 0..2 {
+            let body = deep_under_long_keys("long-keys", 6_000, x);
+            assert!(body.len() < 32 * 1024, "{}", body.len());
+            let a = gw.send(post("open", &[], body)).await;
+            assert!(a.status.is_success() || a.status == StatusCode::UNPROCESSABLE_ENTITY);
+        }
+        let page = gw.send_local(local_get("/conflicts")).await;
+        assert_eq!(page.status, StatusCode::OK);
+        let html = String::from_utf8(page.body).unwrap();
+        assert!(html.contains("Too many differences to mark."));
+        assert_eq!(html.matches("<mark").count(), 0, "marked");
+
+        let values = vec!["1"; 150_000].join(",");
+        let event = format!(r#"{{"id":"large","a":[{values}]}}"#);
+        assert!(event.len() > 256 * 1024);
+        assert_eq!(
+            gw.send(post("open", &[], event.clone())).await.status,
+            StatusCode::ACCEPTED
+        );
+        let page = gw.send_local(local_get("/events/open/large")).await;
+        assert_eq!(page.status, StatusCode::OK);
+        let html = String::from_utf8(page.body).unwrap();
+        assert!(
+            html.contains("too large to show indented"),
+            "{}",
+            &html[..2000]
+        );
+    });
+}

@@ -112,8 +112,13 @@ impl DeliveryStore for Watched {
         DeliveryStore::record(&self.inbox, claimed, attempt, verdict, now).await
     }
 
-    async fn unclaim(&self, claimed: &Claimed, now: Timestamp) -> Result<(), LeaseError> {
-        self.inbox.unclaim(claimed, now).await
+    async fn unclaim(
+        &self,
+        claimed: &Claimed,
+        now: Timestamp,
+        due: Timestamp,
+    ) -> Result<(), LeaseError> {
+        self.inbox.unclaim(claimed, now, due).await
     }
 
     async fn deliveries(&self, filter: DeliveryFilter) -> Result<Page<DeliveryView>, Unavailable> {

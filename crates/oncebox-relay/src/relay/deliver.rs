@@ -9,23 +9,16 @@ use oncebox_core::route::Route;
 use oncebox_core::{LeaseError, Timestamp, Unavailable};
 
 use tokio::sync::{TryAcquireError, watch};
-use tokio::time::Instant;
 
+use super::lease::SHORT_LEASE_PAUSE;
 use super::pace::Promise;
 use super::{Lane, Relay, Step, Turn, until_stopped};
 use crate::send;
-
-/// What a lease must still hold after an attempt's timeout when it is sent: time to record.
-/// At most half of what the lease holds beyond the timeout, so a fresh claim is always sent.
-const RECORD_MARGIN: Duration = Duration::from_secs(5);
 
 /// Recording an outcome while the store is unavailable: the first and the longest pause
 /// between tries. There is no cap on their number: only the lease ends them, since giving up
 /// any earlier leaves the delivery in flight to be sent again once the lease is gone.
 const RECORD_RETRY: (Duration, Duration) = (Duration::from_millis(100), Duration::from_secs(1));
-
-/// How long a claim not sent is given back at least, however short its lease ran.
-const UNCLAIM_PATIENCE: Duration = Duration::from_secs(5);
 
 /// How far past its route's `max_age` a delivery tried before may still be sent: the relay's
 /// own pace in taking a due delivery (a last try scheduled at the cap, after a `Retry-After`
@@ -33,17 +26,6 @@ const UNCLAIM_PATIENCE: Duration = Duration::from_secs(5);
 const AGE_GRACE: Duration = Duration::from_secs(60);
 
 impl<S: DeliveryStore> Relay<S> {
-    /// How much of its lease a claim must still hold to be sent on `route`: the timeout and a
-    /// margin to record. `None` for a lease no longer than the timeout (a library caller's
-    /// choice; configuration refuses it), where holding sends back would send nothing at all.
-    fn latest_send(&self, route: &Route) -> Option<Duration> {
-        let beyond = self.options.lease.checked_sub(route.timeout)?;
-        if beyond.is_zero() {
-            return None;
-        }
-        Some(route.timeout + RECORD_MARGIN.min(beyond / 2))
-    }
-
     /// Sends `claimed` once its route has a free permit; a claim still waiting for one when
     /// `stop` fires is given back unsent, so a shutdown does not leave it in flight until its
     /// lease ends (nor send it late, with the process about to be killed).
@@ -79,6 +61,7 @@ impl<S: DeliveryStore> Relay<S> {
         if let Some(why) = self.too_old(claimed, route) {
             return self.expired(claimed, route, why).await;
         }
+        self.warn_if_claimed_short(claimed, route, claimed_at);
         // Claimed as a shutdown began (the claim was under way when it was asked for): no
         // turn, as one still waiting gets none, since a process about to stop could be killed
         // with the request on its way.
@@ -98,14 +81,14 @@ impl<S: DeliveryStore> Relay<S> {
             }
         };
         let Some(permit) = permit else {
-            self.unclaim(claimed).await?;
+            self.unclaim(claimed, Duration::ZERO).await?;
             return Ok(Step::Unclaimed);
         };
         if let Some(promise) = promise.as_mut()
             && !self.paced(claimed, route, claimed_at, promise, stop).await
         {
             drop(permit);
-            self.unclaim(claimed).await?;
+            self.unclaim(claimed, Duration::ZERO).await?;
             return Ok(Step::Unclaimed);
         }
         // Asked again after the waits: behind a slow receiver's permits (most of a lease) or a
@@ -128,7 +111,13 @@ impl<S: DeliveryStore> Relay<S> {
         };
         if matches!(turn, Turn::Shut) {
             drop(permit);
-            self.unclaim(claimed).await?;
+            // Held back a moment where the lease ran short, rather than taken again at once.
+            let pause = if lease_short {
+                SHORT_LEASE_PAUSE
+            } else {
+                Duration::ZERO
+            };
+            self.unclaim(claimed, pause).await?;
             return Ok(Step::Unclaimed);
         }
         let (attempt, record) =
@@ -140,50 +129,6 @@ impl<S: DeliveryStore> Relay<S> {
         // A trial the receiver was not asked in ends here; an answered one was settled.
         drop(turn);
         concluded
-    }
-
-    /// Waits for `promise`'s slot in its route's pace. `false` when the claim should be given
-    /// back instead: its lease cannot wait for the slot, or the relay is stopping.
-    async fn paced(
-        &self,
-        claimed: &Claimed,
-        route: &Route,
-        claimed_at: Duration,
-        promise: &mut Promise<'_>,
-        stop: &watch::Receiver<bool>,
-    ) -> bool {
-        while let Err(wait) = promise.take(Instant::now()) {
-            if self.short_of_lease(claimed, route, claimed_at, wait) {
-                return false;
-            }
-            tokio::select! {
-                biased;
-                () = until_stopped(stop.clone()) => return false,
-                () = tokio::time::sleep(wait) => {}
-            }
-        }
-        true
-    }
-
-    /// Whether `claimed`, sent after waiting `ahead` more, could still be on its way when its
-    /// lease ends (another relay may then send it again). Judged by the wall clock, as the
-    /// store and other relays judge the lease, and by the time that really passed since the
-    /// claim (`claimed_at`): a wall clock set back hides the lease's end from the first (and
-    /// on SQLite the next claim then re-anchors the lease to its own now).
-    fn short_of_lease(
-        &self,
-        claimed: &Claimed,
-        route: &Route,
-        claimed_at: Duration,
-        ahead: Duration,
-    ) -> bool {
-        let now = self.clock.now();
-        let held_for = self.clock.monotonic().saturating_sub(claimed_at);
-        self.latest_send(route).is_some_and(|spare| {
-            let spare = spare.saturating_add(ahead);
-            now.plus(spare) >= claimed.lease_expires_at
-                || held_for.saturating_add(spare) >= self.options.lease
-        })
     }
 
     /// Why `claimed`, tried before within its budget, is past its route's `max_age` (and the
@@ -328,21 +273,6 @@ impl<S: DeliveryStore> Relay<S> {
         .await
     }
 
-    /// Gives back a claim that was not sent, asking a briefly unavailable store again as
-    /// `record` does: left in flight, the delivery would be taken over once the lease ends as
-    /// one that may have been sent, and parked `uncertain` on a route that ignores the key.
-    /// Asked until the lease ends and at least `UNCLAIM_PATIENCE`: only the token guards it (a
-    /// claim since makes it `Fenced`, harmlessly), and a lease already short gets its tries too.
-    async fn unclaim(&self, claimed: &Claimed) -> Result<(), LeaseError> {
-        let until = claimed
-            .lease_expires_at
-            .max(self.clock.now().plus(UNCLAIM_PATIENCE));
-        self.asking_again(claimed, "claim not given back yet", until, |now| {
-            self.store.unclaim(claimed, now)
-        })
-        .await
-    }
-
     /// Runs `op` at the clock's now until it is done or `until` is near, pausing with backoff
     /// after each `Unavailable`. Also after a write whose fate is unknown (its answer lost):
     /// it may have taken effect, and the lease's own guard then refuses the next try
@@ -352,7 +282,7 @@ impl<S: DeliveryStore> Relay<S> {
     /// either way). Giving up there instead left a claim whose outcome was never recorded in
     /// flight, to be taken over as one that may have been sent: parked uncertain, on a route
     /// that ignores the key, although the receiver had answered.
-    async fn asking_again<F, Fut>(
+    pub(super) async fn asking_again<F, Fut>(
         &self,
         claimed: &Claimed,
         what: &str,

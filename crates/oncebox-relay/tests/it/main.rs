@@ -20,6 +20,7 @@ mod pump;
 mod rate;
 mod receiver;
 mod settle;
+mod slow_claims;
 mod tls;
 mod unrouted;
 mod wire;

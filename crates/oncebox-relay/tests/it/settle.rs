@@ -61,6 +61,9 @@ fn lease_runs_short_behind_a_slow_route(set_back: Duration) {
         );
         let c = w.delivery("evt_c").await;
         assert_eq!((c.state, c.attempts), (DeliveryState::Pending, 0));
+        // Held back a second, not taken again at once.
+        assert_eq!(relay.run_once().await.unwrap().claimed, 0);
+        w.clock.advance(Duration::from_secs(1));
         let out = relay.run_once().await.unwrap();
         assert_eq!((out.claimed, out.delivered), (1, 1), "{out:?}");
         let seen = arrivals.lock().unwrap().clone();

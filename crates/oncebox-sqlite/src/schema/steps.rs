@@ -6,6 +6,45 @@ use rusqlite::Transaction;
 
 use super::version::has_column;
 
+/// The inbox's `state IN (five values)` CHECK made SQLite build a temporary index of the five
+/// values on every insert and state update (it does so for IN lists longer than two), which
+/// cost more than the insert itself. The same check as a chain of equalities needs none.
+/// Rebuilding the table would copy every payload; the check changes no stored byte, so the
+/// table's definition is edited in place by the procedure SQLite documents for such changes
+/// (`writable_schema`, then a new `schema_version` so every connection re-reads it).
+pub(crate) const STATE_IN: &str =
+    "state IN ('processing', 'completed', 'rejected', 'stale', 'uncertain')";
+const STATE_EQ: &str = "state = 'processing' OR state = 'completed' OR state = 'rejected'
+                           OR state = 'stale' OR state = 'uncertain'";
+
+pub(super) fn plain_state_check(tx: &Transaction<'_>) -> rusqlite::Result<()> {
+    edit_in_place(tx, &[("oncebox_inbox", STATE_IN, STATE_EQ)])
+}
+
+/// Replaces `from` with `to` in each named table's stored definition, where it is found, by
+/// the procedure SQLite documents for changes that leave every stored byte valid.
+pub(super) fn edit_in_place(
+    tx: &Transaction<'_>,
+    edits: &[(&str, &str, &str)],
+) -> rusqlite::Result<()> {
+    let version: i64 = tx.query_row("PRAGMA schema_version", [], |r| r.get(0))?;
+    tx.pragma_update(None, "writable_schema", true)?;
+    let edited = edits.iter().try_for_each(|(table, from, to)| {
+        tx.execute(
+            "UPDATE sqlite_schema SET sql = replace(sql, ?2, ?3)
+             WHERE type = 'table' AND name = ?1 AND instr(sql, ?2) > 0",
+            [table, from, to],
+        )
+        .map(drop)
+    });
+    let bumped = tx.pragma_update(None, "schema_version", version + 1);
+    // Off again whatever happened (the flag must not outlive this step), and RESET makes this
+    // connection re-read the definition it has cached; others see the new schema_version.
+    tx.execute_batch("PRAGMA writable_schema = RESET")?;
+    edited?;
+    bumped
+}
+
 /// Where a delivery's caps on attempts and age count from (`oncebox_core::relay_store::Budget`):
 /// an operator's retry or redeliver gives it a fresh budget; a NULL `budget_at` is its creation.
 /// Added only where missing, as PostgreSQL's `ADD COLUMN IF NOT EXISTS` does, so that running

@@ -96,8 +96,13 @@ impl<S: DeliveryStore> DeliveryStore for Holding<S> {
         self.store.record(claimed, attempt, verdict, now).await
     }
 
-    async fn unclaim(&self, claimed: &Claimed, now: Timestamp) -> Result<(), LeaseError> {
-        self.store.unclaim(claimed, now).await
+    async fn unclaim(
+        &self,
+        claimed: &Claimed,
+        now: Timestamp,
+        due: Timestamp,
+    ) -> Result<(), LeaseError> {
+        self.store.unclaim(claimed, now, due).await
     }
 
     async fn deliveries(&self, filter: DeliveryFilter) -> Result<Page<DeliveryView>, Unavailable> {

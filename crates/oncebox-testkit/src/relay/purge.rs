@@ -6,10 +6,12 @@ use std::time::Duration;
 
 use oncebox_core::delivery::{DeliveryState, Verdict};
 use oncebox_core::relay_store::DeliveryStore;
-use oncebox_core::store::{ConflictFilter, EventStore, Ingest};
+use oncebox_core::store::{ConflictFilter, EventFilter, EventStore, Ingest};
 use oncebox_core::{Clock, Meta, Processed, Retention};
 
-use super::{CONTENT_TYPE, DeliveryBackend, answered, claim, failed, fresh, ingest, key, of_event};
+use super::{
+    CONTENT_TYPE, DeliveryBackend, Stores, answered, claim, failed, fresh, ingest, key, of_event,
+};
 use crate::event;
 
 const DAY: Duration = Duration::from_secs(24 * 3600);
@@ -46,6 +48,7 @@ pub async fn a_key_accepted_again_after_its_purge_is_delivered_anew<B: DeliveryB
     // Both deliveries end: one delivered, one given up on.
     let claimed = claim(&b, clock.now(), 10).await;
     assert_eq!(claimed.len(), 2);
+    let before = Ids::of(&b).await;
     let verdicts = [Verdict::Delivered, Verdict::Dead("410 Gone".into())];
     for (c, verdict) in claimed.iter().zip(verdicts) {
         let attempt = answered(200, clock.now());
@@ -65,6 +68,29 @@ pub async fn a_key_accepted_again_after_its_purge_is_delivered_anew<B: DeliveryB
     // every route with what it carries now, not dropped against the old deliveries.
     let again = b.ingest(evt_1(2)).await;
     assert!(matches!(again, Ok(Processed::Applied(_))), "{again:?}");
+    assert!(b.ingest(evt_1(8)).await.is_err(), "a conflict again");
+    // Everything the purge took was the newest of its kind; the new rows are numbered past
+    // it all the same. A listing's cursor or an operator's delivery id from before the purge
+    // must not miss the new rows, nor name one of them.
+    let after = Ids::of(&b).await;
+    assert!(after.event > before.event, "{after:?} after {before:?}");
+    assert!(
+        after.conflict > before.conflict,
+        "{after:?} after {before:?}"
+    );
+    assert!(
+        after.delivery > before.delivery,
+        "{after:?} after {before:?}"
+    );
+    let listed = b
+        .events(EventFilter {
+            source: None,
+            after: Some(before.event),
+            limit: 10,
+        })
+        .await
+        .expect("events");
+    assert_eq!(listed.items.len(), 1, "the new event, past the old cursor");
     let ds = of_event(&b, "evt-1").await;
     let states: Vec<(&str, DeliveryState, u32)> = ds
         .iter()
@@ -88,6 +114,51 @@ pub async fn a_key_accepted_again_after_its_purge_is_delivered_anew<B: DeliveryB
     for c in &claimed {
         assert_eq!(c.payload, event("shop", "evt-1", 2).payload);
         assert_eq!(c.idempotency_key, "shop:evt-1");
+    }
+}
+
+/// The highest event seq, conflict seq and delivery id of `evt-1`.
+#[derive(Debug)]
+struct Ids {
+    event: i64,
+    conflict: i64,
+    delivery: i64,
+}
+
+impl Ids {
+    async fn of<S: Stores>(b: &S) -> Ids {
+        let all = EventFilter {
+            source: None,
+            after: None,
+            limit: 10,
+        };
+        let conflicts = ConflictFilter {
+            key: None,
+            after: None,
+            limit: 10,
+        };
+        let highest = |seqs: Vec<i64>| seqs.into_iter().max().expect("one at least");
+        Ids {
+            event: highest(
+                b.events(all)
+                    .await
+                    .expect("events")
+                    .items
+                    .iter()
+                    .map(|e| e.seq)
+                    .collect(),
+            ),
+            conflict: highest(
+                b.conflicts(conflicts)
+                    .await
+                    .expect("conflicts")
+                    .items
+                    .iter()
+                    .map(|c| c.seq)
+                    .collect(),
+            ),
+            delivery: highest(of_event(b, "evt-1").await.iter().map(|d| d.id).collect()),
+        }
     }
 }
 

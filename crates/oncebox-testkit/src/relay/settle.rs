@@ -36,7 +36,7 @@ pub async fn an_expired_claim_nobody_took_over_is_given_back_and_claimed_afresh<
     let first = claim(&b, clock.now(), 2).await;
     clock.advance(LEASE + Duration::from_secs(1));
     let now = clock.now();
-    b.unclaim(&first[0], now)
+    b.unclaim(&first[0], now, now)
         .await
         .expect("given back after its lease ran out");
     let v = view(&b, first[0].id).await;
@@ -51,7 +51,7 @@ pub async fn an_expired_claim_nobody_took_over_is_given_back_and_claimed_afresh<
     );
 }
 
-pub async fn unclaim_gives_a_claim_back_due_now_without_an_attempt_and_only_to_its_holder<
+pub async fn unclaim_gives_a_claim_back_due_when_asked_without_an_attempt_and_only_to_its_holder<
     B: DeliveryBackend,
 >() {
     let (b, clock) = fresh::<B>().await;
@@ -63,13 +63,13 @@ pub async fn unclaim_gives_a_claim_back_due_now_without_an_attempt_and_only_to_i
     let again = claim(&b, clock.now(), 2).await;
     let taken = again.iter().find(|c| c.id == a.id).expect("taken over");
     assert!(matches!(
-        b.unclaim(a, clock.now()).await,
+        b.unclaim(a, clock.now(), clock.now()).await,
         Err(LeaseError::Fenced)
     ));
     assert_eq!(view(&b, a.id).await.state, DeliveryState::InFlight);
     clock.advance(Duration::from_secs(1));
     let now = clock.now();
-    b.unclaim(taken, now)
+    b.unclaim(taken, now, now)
         .await
         .expect("the holder gives it back");
     let v = view(&b, a.id).await;
@@ -78,7 +78,7 @@ pub async fn unclaim_gives_a_claim_back_due_now_without_an_attempt_and_only_to_i
         (DeliveryState::Pending, 0, Some(now))
     );
     assert!(matches!(
-        b.unclaim(taken, now).await,
+        b.unclaim(taken, now, now).await,
         Err(LeaseError::Fenced)
     ));
     // A delivery with an attempt behind it goes back to retrying, its count unchanged.
@@ -92,12 +92,18 @@ pub async fn unclaim_gives_a_claim_back_due_now_without_an_attempt_and_only_to_i
     let third = claim(&b, now, 2).await;
     let ids: Vec<i64> = third.iter().map(|c| c.id).collect();
     assert_eq!(ids, [a.id, other.id], "the given-back claim is due at once");
-    b.unclaim(&third[1], now).await.expect("unclaim");
+    // Given back to be due later (the relay holds back a claim its lease ran short for):
+    // not claimed before then.
+    let due = now.plus(Duration::from_secs(5));
+    b.unclaim(&third[1], now, due).await.expect("unclaim");
     let v = view(&b, other.id).await;
     assert_eq!(
         (v.state, v.attempts, v.next_attempt_at),
-        (DeliveryState::Retrying, 1, Some(now))
+        (DeliveryState::Retrying, 1, Some(due))
     );
+    assert!(claim(&b, now, 2).await.is_empty(), "not due yet");
+    clock.advance(Duration::from_secs(5));
+    let now = clock.now();
     let fourth = claim(&b, now, 2).await;
     assert_eq!(fourth.len(), 1);
     assert_eq!(

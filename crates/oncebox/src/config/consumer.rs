@@ -262,6 +262,36 @@ pub(super) fn validate(
     })
 }
 
+/// Refuses two consumers reading one queue, or one stream through one durable: the broker
+/// hands each message, and each redelivery of it, to either, so one whose ack was lost could
+/// be stored again by the other under its own source, key or fingerprint, as a second event.
+/// Told at the later consumer, naming the earlier.
+pub(super) fn refuse_shared_queues(consumers: &[ConsumerSpec], p: &mut Problems<'_>) {
+    let read = |c: &ConsumerSpec| match &c.broker {
+        Broker::Amqp { queue, .. } => ("queue", format!("queue {queue:?}")),
+        Broker::Nats {
+            stream, durable, ..
+        } => (
+            "durable",
+            format!("stream {stream:?} through durable {durable:?}"),
+        ),
+    };
+    for (i, c) in consumers.iter().enumerate() {
+        let (field, what) = read(c);
+        if let Some(earlier) = consumers[..i].iter().find(|e| read(e).1 == what) {
+            p.push(
+                &format!("consumers.{}.{field}", c.name),
+                format_args!(
+                    "consumers.{} reads {what} too: the broker would hand each message, and \
+                     each redelivery of it, to either, and one stored by both would be two \
+                     events; let one consumer read it",
+                    earlier.name
+                ),
+            );
+        }
+    }
+}
+
 /// The durable a NATS consumer without `durable` reads through. Do not change: a consumer
 /// would start a new durable and read its stream again from the retention horizon.
 fn default_durable(consumer: &str) -> String {

@@ -321,6 +321,7 @@ fn validate(raw: RawConfig, p: &mut Problems<'_>) -> Settings {
         .iter()
         .filter_map(|(name, c)| consumer::validate(name, c, p))
         .collect();
+    consumer::refuse_shared_queues(&consumers, p);
     // Routes name configured sources only, so a consumer's messages under any other source
     // (a typo, most likely) would be stored and never delivered.
     for c in &consumers {

@@ -47,10 +47,7 @@ impl Background {
             // Awaited to its end: polled again, its handle would panic.
             *relay = None;
         }
-        Some(match ended {
-            Ok(()) => format!("{task} stopped on its own"),
-            Err(e) => format!("{task} {}", how(e)),
-        })
+        Some(ended_how(task, ended))
     }
 
     /// After the gateway stopped: the relay finishes the attempt in hand and records it before
@@ -62,6 +59,14 @@ impl Background {
             Some(relay) => relay.await.map_err(|e| format!("the relay {}", how(e))),
             None => Ok(()),
         }
+    }
+}
+
+/// What ended of a task meant to run until the stop, and how.
+pub(crate) fn ended_how(task: &str, ended: Result<(), JoinError>) -> String {
+    match ended {
+        Ok(()) => format!("{task} stopped on its own"),
+        Err(e) => format!("{task} {}", how(e)),
     }
 }
 

@@ -237,3 +237,47 @@ fn a_stop_during_the_open_ends_the_start() {
         sqlx::query("ROLLBACK").execute(&mut holder).await.unwrap();
     });
 }
+
+/// The same on SQLite: a file another process holds locked. The open waited out each busy
+/// step on the runtime's own thread, so a SIGTERM was noticed only once the open gave up
+/// (exit 4, "database is locked") or got through.
+#[test]
+fn a_stop_during_a_sqlite_open_ends_the_start() {
+    for command in [&["serve", "--listen", "127.0.0.1:0"][..], &["relay"]] {
+        let dir = tempfile::tempdir().unwrap();
+        if command == ["relay"] {
+            std::fs::write(
+                dir.path().join("oncebox.toml"),
+                CONFIG.replace("RECEIVER", "127.0.0.1:9"),
+            )
+            .unwrap();
+        }
+        let file = dir.path().join("oncebox.db");
+        let holder = oncebox_sqlite::rusqlite::Connection::open(&file).unwrap();
+        holder.execute_batch("BEGIN EXCLUSIVE").unwrap();
+        let (mut child, mut log) = start(dir.path(), command);
+        // The process is in the open, behind the lock: it has the file open.
+        let fds = format!("/proc/{}/fd", child.id());
+        let opened = || {
+            std::fs::read_dir(&fds).is_ok_and(|fds| {
+                fds.flatten()
+                    .any(|fd| std::fs::read_link(fd.path()).is_ok_and(|to| to == file))
+            })
+        };
+        while !opened() {
+            assert!(child.try_wait().unwrap().is_none(), "ended before its open");
+            std::thread::yield_now();
+        }
+        signal(&child, Signal::SIGTERM);
+        let line = until(&mut log, "stopped before the");
+        std::thread::spawn(move || log.for_each(drop));
+        assert_eq!(
+            exit_within(child, Duration::from_secs(20)),
+            Some(0),
+            "{line}"
+        );
+        // Still held: the stop did not wait for it.
+        assert!(!holder.is_autocommit());
+        holder.execute_batch("ROLLBACK").unwrap();
+    }
+}

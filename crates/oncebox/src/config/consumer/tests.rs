@@ -207,3 +207,53 @@ fn jetstream_names_the_client_refuses_are_refused_by_field() {
     // A RabbitMQ queue may hold dots.
     load_toml(&nats("\"orders.eu\"", "queue = \"orders.eu\"")).unwrap();
 }
+
+/// Two consumers of one queue, or of one stream through one durable: refused at the later,
+/// naming the earlier. One stream through two durables is two readers of every message, each
+/// its own: allowed.
+#[test]
+fn two_consumers_of_one_queue_or_durable_are_refused() {
+    let amqp = r#"
+[consumers.a]
+source = "shop"
+queue = "orders"
+key = "message-id"
+quarantine = "q"
+
+[consumers.b]
+source = "shop2"
+queue = "orders"
+key = "message-id"
+quarantine = "q"
+"#;
+    let err = load_toml(amqp).unwrap_err();
+    assert!(err.contains("consumers.b.queue"), "{err}");
+    assert!(
+        err.contains("consumers.a reads queue \"orders\" too"),
+        "{err}"
+    );
+    let nats = |durable_b: &str| {
+        format!(
+            r#"
+[consumers.a]
+source = "pay"
+stream = "PAYMENTS"
+durable = "one"
+key = {{ pointer = "/id" }}
+quarantine = "payments.quarantine"
+
+[consumers.b]
+source = "pay"
+stream = "PAYMENTS"
+durable = "{durable_b}"
+key = {{ pointer = "/id" }}
+quarantine = "payments.quarantine"
+"#
+        )
+    };
+    let err = load_toml(&nats("one")).unwrap_err();
+    assert!(err.contains("consumers.b.durable"), "{err}");
+    assert!(err.contains("through durable \"one\""), "{err}");
+    let two = load_toml(&nats("two")).expect("one stream, two durables");
+    assert_eq!(two.consumers.len(), 2);
+}

@@ -1,0 +1,116 @@
+//! A route's circuit: consecutive failed attempts open it and keep claims off the route for a
+//! cooldown, then one trial request decides whether it closes.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use oncebox_core::relay_store::DeliveryStore;
+
+use super::Relay;
+
+#[derive(Debug, Default)]
+pub(super) struct Circuit {
+    failures: u32,
+    /// On the clock's monotonic time: a wall clock stepped back would keep the route shut
+    /// for the step on top of the cooldown.
+    open_until: Option<Duration>,
+    /// After the cooldown one request tries the receiver; until it is answered the route
+    /// stays shut. A whole round (the route's concurrency) sent as the trial was as many
+    /// deliveries sent into a receiver still failing: a receiver answering 401 after a key
+    /// rotation killed that many per cooldown.
+    trial: bool,
+}
+
+impl Circuit {
+    /// Whether it keeps claims off its route at `now`: open, or its trial out.
+    fn shut(&self, now: Duration) -> bool {
+        self.trial || self.open_until.is_some_and(|until| until > now)
+    }
+}
+
+/// What a claim about to be sent finds its route's circuit at.
+pub(crate) enum Turn<'a> {
+    /// Closed: send.
+    Go,
+    /// The trial after a cooldown: send, and the route stays shut until it is answered.
+    Trial { _ends: TrialGuard<'a> },
+    /// Open, or a trial already out: give the claim back unsent.
+    Shut,
+}
+
+/// Ends a trial that was never answered (the request was not sent, the step failed): the
+/// route is tried again at the next round. An answered trial was settled by `note` already.
+pub(crate) struct TrialGuard<'a> {
+    circuits: &'a Mutex<HashMap<String, Circuit>>,
+    route: String,
+}
+
+impl Drop for TrialGuard<'_> {
+    fn drop(&mut self) {
+        let mut circuits = self
+            .circuits
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(c) = circuits.get_mut(&self.route) {
+            c.trial = false;
+        }
+    }
+}
+
+impl<S: DeliveryStore> Relay<S> {
+    pub(super) fn circuits(&self) -> std::sync::MutexGuard<'_, HashMap<String, Circuit>> {
+        self.circuits
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Whether a claim of `route` about to be sent may go: the circuit closed, the one trial
+    /// after a cooldown, or neither.
+    pub(super) fn turn(&self, route: &str) -> Turn<'_> {
+        let now = self.clock.monotonic();
+        let mut circuits = self.circuits();
+        // A route that never failed has no entry: nothing to allocate on every send.
+        let Some(c) = circuits.get_mut(route) else {
+            return Turn::Go;
+        };
+        if c.shut(now) {
+            return Turn::Shut;
+        }
+        if c.failures < self.options.circuit_threshold {
+            return Turn::Go;
+        }
+        c.trial = true;
+        Turn::Trial {
+            _ends: TrialGuard {
+                circuits: &self.circuits,
+                route: route.to_owned(),
+            },
+        }
+    }
+
+    pub(super) fn note(&self, route: &str, failed: bool) {
+        let mut circuits = self.circuits();
+        let c = circuits.entry(route.to_owned()).or_default();
+        if failed {
+            c.trial = false;
+            c.failures = c.failures.saturating_add(1);
+            if c.failures >= self.options.circuit_threshold {
+                // Stop hammering a receiver that keeps failing; its deliveries wait, unharmed.
+                c.open_until = Some(
+                    self.clock
+                        .monotonic()
+                        .saturating_add(self.options.circuit_cooldown),
+                );
+                tracing::warn!(route, failures = c.failures, "circuit open");
+            }
+        } else {
+            *c = Circuit::default();
+        }
+    }
+}
+
+/// Whether `route`'s circuit keeps claims off it at `now`: open, or its trial out.
+pub(super) fn open(circuits: &HashMap<String, Circuit>, route: &str, now: Duration) -> bool {
+    circuits.get(route).is_some_and(|c| c.shut(now))
+}
