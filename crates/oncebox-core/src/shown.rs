@@ -32,10 +32,11 @@ pub fn route_url(url: &str) -> String {
         }
         ("", rest)
     } else {
-        // No host: a password pasted unencoded with a `/`, `\`, `?` or `#` in it.
+        // No host: a password pasted unencoded with a `/`, `\`, `?` or `#` in it. With
+        // several `@` after it, which one ends the user info is a guess, as above.
         match userinfo_end(rest) {
-            Some(at) => ("***@", &rest[at + 1..]),
-            None => return format!("{scheme}://***"),
+            Some(at) if rest.find('@') == Some(at) => ("***@", &rest[at + 1..]),
+            _ => return format!("{scheme}://***"),
         }
     };
     let host = authority(after_user);
@@ -120,6 +121,7 @@ mod tests {
             // either, so nothing past the scheme is shown.
             ("https://u:x@Sup3rS3cret/2@hooks.example/in", "https://***"),
             ("https://u:pw@hooks.example/in@x?q=@", "https://***"),
+            ("https://app:pa/55@hooks.example/in@T0KEN", "https://***"),
             (
                 "https://u:pw@hooks.example/in?q=@",
                 "https://***@hooks.example/***",

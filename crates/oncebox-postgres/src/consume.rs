@@ -10,6 +10,7 @@ use oncebox_core::{Event, ProcessError, Processed, Response, Unavailable};
 
 use crate::error::{commit_failed, storage};
 use crate::inbox::{Inbox, begin};
+use crate::silent::or_unknown;
 use crate::tx::{HandlerError, OffsetMove, Tx, move_watermark};
 
 /// The PostgreSQL inbox with the handler every new event runs.
@@ -122,16 +123,21 @@ impl<H> InboxHandler<H> {
     /// Moves the watermark to `p` in a transaction of its own, its lock wait bounded as every
     /// transaction oncebox begins. A failure is the store's (the statement is oncebox's own):
     /// `Unavailable`, and the consumer's retry is answered from the record and moves it then.
+    /// Bounded by `lost_after` as a whole, as every unit of oncebox's own: on a connection
+    /// gone silent it waited for good, and the consumer's message with it.
     async fn settle(&self, p: &Position) -> Result<(), ProcessError> {
         let unavailable = |e: sqlx::Error| ProcessError::Unavailable(storage(&e));
-        let mut tx = begin(&self.inbox.pool, self.inbox.deadline)
-            .await
-            .map_err(unavailable)?;
-        move_watermark(&mut tx, &self.inbox.in_tx, &p.stream, p.partition, p.offset)
-            .await
-            .map_err(unavailable)?;
-        tx.commit()
-            .await
-            .map_err(|e| ProcessError::Unavailable(commit_failed(&e)))
+        let settle = async {
+            let mut tx = begin(&self.inbox.pool, self.inbox.deadline)
+                .await
+                .map_err(unavailable)?;
+            move_watermark(&mut tx, &self.inbox.in_tx, &p.stream, p.partition, p.offset)
+                .await
+                .map_err(unavailable)?;
+            tx.commit()
+                .await
+                .map_err(|e| ProcessError::Unavailable(commit_failed(&e)))
+        };
+        or_unknown(self.inbox.lost_after, settle).await
     }
 }

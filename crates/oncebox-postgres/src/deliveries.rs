@@ -27,11 +27,13 @@ fn millis(d: Duration) -> i64 {
 
 impl Inbox {
     /// Runs `sql` (an `UPDATE` making deliveries due, binding `bind`) and, when it changed
-    /// something, `NOTIFY`s relays in the same transaction: PostgreSQL delivers the
-    /// notification only on commit, so a woken relay's claim sees the rows.
+    /// something and `wake` says they are due now, `NOTIFY`s relays in the same transaction:
+    /// PostgreSQL delivers the notification only on commit, so a woken relay's claim sees the
+    /// rows. Rows due later are found by the relays' polls.
     async fn make_due<'q>(
         &self,
         query: sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>,
+        wake: bool,
     ) -> Result<u64, Unavailable> {
         crate::silent::or_unknown(self.lost_after, async {
             let mut tx = crate::inbox::begin(&self.pool, self.deadline)
@@ -42,7 +44,7 @@ impl Inbox {
                 .await
                 .map_err(|e| storage(&e))?
                 .rows_affected();
-            if n > 0 {
+            if n > 0 && wake {
                 notify(&mut tx, &self.in_tx.channel)
                     .await
                     .map_err(|e| storage(&e))?;
@@ -153,7 +155,7 @@ impl DeliveryStore for Inbox {
         .bind(claimed.token)
         .bind(now.millis())
         .bind(due.millis());
-        match self.make_due(query).await {
+        match self.make_due(query, due <= now).await {
             Ok(1) => Ok(()),
             Ok(_) => Err(LeaseError::Fenced),
             Err(e) => Err(LeaseError::Unavailable(e)),
@@ -182,7 +184,7 @@ impl DeliveryStore for Inbox {
         )
         .bind(id)
         .bind(now.millis());
-        Ok(self.make_due(query).await? == 1)
+        Ok(self.make_due(query, true).await? == 1)
     }
 
     async fn resolve(
@@ -251,7 +253,7 @@ impl DeliveryStore for Inbox {
         .bind(i32::try_from(attempts).unwrap_or(i32::MAX));
         // A delivery made due again wakes the relays listening; a delivered one wakes them for
         // nothing, which costs one empty claim.
-        Ok(self.make_due(query).await? == 1)
+        Ok(self.make_due(query, true).await? == 1)
     }
 
     async fn redeliver(&self, key: &Key, now: Timestamp) -> Result<u64, Unavailable> {
@@ -265,7 +267,7 @@ impl DeliveryStore for Inbox {
         .bind(key.source.as_str())
         .bind(key.event_id.as_str())
         .bind(now.millis());
-        self.make_due(query).await
+        self.make_due(query, true).await
     }
 
     async fn gauges(&self) -> Result<DeliveryGauges, Unavailable> {

@@ -202,3 +202,71 @@ fn a_purge_whose_connection_goes_silent_ends_and_the_next_purges() {
         all_closed(&proxy).await;
     });
 }
+
+fn nothing<'t>(
+    _tx: &'t mut oncebox_postgres::Tx,
+    _event: &'t oncebox_core::Event,
+) -> futures::future::BoxFuture<'t, Result<Response, oncebox_postgres::HandlerError>> {
+    Box::pin(async { Ok(Response::completed("ok")) })
+}
+
+/// A broker consumer's conflict moves the offset watermark in a transaction of its own after
+/// the record's: on a silent connection it waited for good, the consumer's message with it.
+#[test]
+fn a_consumers_watermark_whose_connection_goes_silent_is_unknown_and_moved_on_retry() {
+    let Some(url) = harness::url() else {
+        return;
+    };
+    run(async move {
+        use oncebox_core::consume::{Apply, Position};
+        let clock = ManualClock::new(EPOCH);
+        // The watermark's statement, as the settling transaction sends it.
+        let moved = b"oncebox_offsets AS o";
+        let (proxy, inbox) = proxied(&url, &harness::schema(), &clock, moved).await;
+        type Handler = for<'t> fn(
+            &'t mut oncebox_postgres::Tx,
+            &'t oncebox_core::Event,
+        ) -> futures::future::BoxFuture<
+            't,
+            Result<Response, oncebox_postgres::HandlerError>,
+        >;
+        let apply = oncebox_postgres::InboxHandler::new(inbox.clone(), nothing as Handler);
+        let at = |offset| {
+            Some(Position {
+                stream: "orders".into(),
+                partition: 0,
+                offset,
+            })
+        };
+        // Without a position: the watermark's statement is first sent by the settling below,
+        // not prepared on a pooled connection before it (a prepared one is sent by name).
+        let first = apply.apply(event("shop", "paid", 1), None).await;
+        assert!(matches!(first, Ok(Processed::Applied(_))), "{first:?}");
+
+        proxy.set(Mode::Strand);
+        let settle = apply.apply(event("shop", "paid", 2), at(2));
+        let lost = tokio::time::timeout(HUNG, settle).await;
+        let lost = lost.expect("the settling ends");
+        assert!(
+            matches!(
+                lost,
+                Err(ProcessError::Unavailable(Unavailable::CommitUnknown(_)))
+            ),
+            "{lost:?}"
+        );
+        assert_eq!(
+            Stats::get(&proxy.stats.stranded),
+            1,
+            "the watermark was sent"
+        );
+        proxy.set(Mode::Pass);
+
+        let again = apply.apply(event("shop", "paid", 2), at(2)).await;
+        assert!(
+            matches!(again, Err(ProcessError::Conflict { .. })),
+            "{again:?}"
+        );
+        assert_eq!(apply.watermark("orders", 0).await.unwrap(), Some(2));
+        all_closed(&proxy).await;
+    });
+}

@@ -21,8 +21,8 @@ use crate::send;
 const RECORD_RETRY: (Duration, Duration) = (Duration::from_millis(100), Duration::from_secs(1));
 
 /// How far past its route's `max_age` a delivery tried before may still be sent: the relay's
-/// own pace in taking a due delivery (a last try scheduled at the cap, after a `Retry-After`
-/// past it, is taken a moment after). One later than this was held back by an outage.
+/// own pace in taking a due delivery (a last try scheduled at the cap, after a wait past it,
+/// is taken a moment after). One later than this was held back by an outage.
 const AGE_GRACE: Duration = Duration::from_secs(60);
 
 impl<S: DeliveryStore> Relay<S> {
@@ -85,10 +85,10 @@ impl<S: DeliveryStore> Relay<S> {
             return Ok(Step::Unclaimed);
         };
         if let Some(promise) = promise.as_mut()
-            && !self.paced(claimed, route, claimed_at, promise, stop).await
+            && let Err(pause) = self.paced(claimed, route, claimed_at, promise, stop).await
         {
             drop(permit);
-            self.unclaim(claimed, Duration::ZERO).await?;
+            self.unclaim(claimed, pause).await?;
             return Ok(Step::Unclaimed);
         }
         // Asked again after the waits: behind a slow receiver's permits (most of a lease) or a

@@ -38,8 +38,9 @@ impl<S: DeliveryStore> Relay<S> {
         Some(route.timeout + RECORD_MARGIN.min(beyond / 2))
     }
 
-    /// Waits for `promise`'s slot in its route's pace. `false` when the claim should be given
-    /// back instead: its lease cannot wait for the slot, or the relay is stopping.
+    /// Waits for `promise`'s slot in its route's pace. `Err` with how long to hold the claim
+    /// back when it should be given back instead: its lease cannot wait for the slot
+    /// ([`SHORT_LEASE_PAUSE`]), or the relay is stopping (none).
     pub(super) async fn paced(
         &self,
         claimed: &Claimed,
@@ -47,18 +48,18 @@ impl<S: DeliveryStore> Relay<S> {
         claimed_at: Duration,
         promise: &mut Promise<'_>,
         stop: &watch::Receiver<bool>,
-    ) -> bool {
+    ) -> Result<(), Duration> {
         while let Err(wait) = promise.take(Instant::now()) {
             if self.short_of_lease(claimed, route, claimed_at, wait) {
-                return false;
+                return Err(SHORT_LEASE_PAUSE);
             }
             tokio::select! {
                 biased;
-                () = until_stopped(stop.clone()) => return false,
+                () = until_stopped(stop.clone()) => return Err(Duration::ZERO),
                 () = tokio::time::sleep(wait) => {}
             }
         }
-        true
+        Ok(())
     }
 
     /// Whether `claimed`, sent after waiting `ahead` more, could still be on its way when its

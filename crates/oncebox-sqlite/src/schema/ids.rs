@@ -9,12 +9,18 @@ const NUMBERED: [&str; 3] = ["oncebox_inbox", "oncebox_conflicts", "oncebox_outb
 /// Ids never handed out twice. A plain `INTEGER PRIMARY KEY` numbers a new row one past the
 /// highest kept, so once a purge or a released lease took the newest rows their ids came back:
 /// a listing's cursor from before skipped the new rows, and an operator's `resolve` of a dead
-/// delivery by its id settled a new pending one, never sent. `AUTOINCREMENT` changes no
-/// stored byte, only how the next id is chosen (past the highest ever used, which SQLite
-/// keeps in `sqlite_sequence`), so the definitions are edited in place rather than every
-/// payload copied into new tables. `sqlite_sequence` is made by SQLite alone, with the first
-/// table that asks for it; each table's count starts at its highest id, where the next row
-/// would have started anyway. Earlier builds parse the edited definitions as this one does.
+/// delivery by its id settled a new pending one, never sent. `AUTOINCREMENT` changes no byte
+/// of the tables' rows, only how the next id is chosen (past the highest ever used, which
+/// SQLite keeps in `sqlite_sequence`), so the definitions are edited in place rather than
+/// every payload copied into new tables. `sqlite_sequence` is made by SQLite alone, with the
+/// first table that asks for it; each table's count starts at its highest id, where the next
+/// row would have started anyway. Earlier builds parse the edited definitions as this one
+/// does.
+///
+/// What it costs: each insert reads and writes the table's row of `sqlite_sequence`, and an
+/// insert its `ON CONFLICT` turned away (a duplicate, a conflict) still uses up the id it was
+/// given, so ids have gaps, and a writer batch of only such inserts now writes that one row.
+/// Ids only need to grow.
 pub(super) fn ids_never_reused(tx: &Transaction<'_>) -> rusqlite::Result<()> {
     tx.execute_batch(
         "CREATE TABLE IF NOT EXISTS oncebox_sequence_maker (id INTEGER PRIMARY KEY AUTOINCREMENT);
@@ -29,6 +35,23 @@ pub(super) fn ids_never_reused(tx: &Transaction<'_>) -> rusqlite::Result<()> {
     });
     super::steps::edit_in_place(tx, &edits)?;
     for table in NUMBERED {
+        // A definition whose text the edit did not find (changed by hand, or by a tool that
+        // rewrote it) would leave this step recorded and ids still handed out twice.
+        let edited: bool = tx.query_row(
+            "SELECT instr(sql, 'AUTOINCREMENT') > 0 FROM sqlite_schema
+             WHERE type = 'table' AND name = ?1",
+            [table],
+            |r| r.get(0),
+        )?;
+        if !edited {
+            return Err(rusqlite::Error::SqliteFailure(
+                rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_ERROR),
+                Some(format!(
+                    "{table}: its definition does not read `id INTEGER PRIMARY KEY,` as oncebox \
+                     made it, so AUTOINCREMENT could not be added"
+                )),
+            ));
+        }
         tx.execute(
             &format!(
                 "INSERT INTO sqlite_sequence (name, seq)
@@ -45,7 +68,7 @@ pub(super) fn ids_never_reused(tx: &Transaction<'_>) -> rusqlite::Result<()> {
 mod tests {
     use rusqlite::Connection;
 
-    use super::super::{MIGRATIONS, Step, VERSION, migrate, open_writer, version};
+    use super::super::{MIGRATIONS, Step, migrate, open_writer, version};
     use crate::options::Options;
 
     const INSERT: &str = "INSERT INTO oncebox_inbox (source, event_id, fingerprint, state,
@@ -77,14 +100,19 @@ mod tests {
         let options = Options::new(dir.path().join("old.db"));
         let mut conn = open_writer(&options).unwrap();
         let tx = conn.transaction().unwrap();
-        for step in &MIGRATIONS[..MIGRATIONS.len() - 1] {
+        let this = Step::Code(super::ids_never_reused);
+        let before = MIGRATIONS
+            .iter()
+            .position(|s| matches!((s, &this), (Step::Code(a), Step::Code(b)) if std::ptr::fn_addr_eq(*a, *b)))
+            .expect("the step is one of MIGRATIONS");
+        for step in &MIGRATIONS[..before] {
             match step {
                 Step::Sql(sql) => tx.execute_batch(sql),
                 Step::Code(change) => change(&tx),
             }
             .unwrap();
         }
-        version::keep(&tx, VERSION - 1).unwrap();
+        version::keep(&tx, i64::try_from(before).unwrap()).unwrap();
         tx.commit().unwrap();
         assert_eq!(after_the_newest_went(&conn, "old"), 0, "reused before");
 
@@ -125,6 +153,27 @@ mod tests {
         super::ids_never_reused(&tx).unwrap();
         tx.commit().unwrap();
         assert_eq!(definitions(&conn), before);
+    }
+
+    /// A definition the edit cannot find its text in fails the step, and the migration with
+    /// it, rather than being recorded as done with ids still handed out twice.
+    #[test]
+    fn a_definition_changed_by_hand_fails_the_step() {
+        let dir = tempfile::tempdir().unwrap();
+        let options = Options::new(dir.path().join("edited.db"));
+        let mut conn = open_writer(&options).unwrap();
+        let tx = conn.transaction().unwrap();
+        tx.execute_batch(
+            "CREATE TABLE oncebox_inbox (id INTEGER  PRIMARY KEY, x TEXT);
+             CREATE TABLE oncebox_conflicts (id INTEGER PRIMARY KEY, x TEXT);
+             CREATE TABLE oncebox_outbox (id INTEGER PRIMARY KEY, x TEXT);",
+        )
+        .unwrap();
+        let refused = super::ids_never_reused(&tx).unwrap_err().to_string();
+        assert!(
+            refused.contains("oncebox_inbox: its definition"),
+            "{refused}"
+        );
     }
 
     /// A new file gets the step with the others.

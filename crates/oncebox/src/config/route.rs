@@ -268,14 +268,16 @@ pub(super) fn validate(
         max_age: raw.max_age.map_or(defaults.max_age, |d| d.0),
         backoff,
     };
-    // `decide` gives up when the age plus the next wait passes max_age, and the first wait may
-    // be the whole base: a max_age not longer than it makes the first failure dead.
-    // (The base is more than zero, checked above, so this refuses a zero max_age too.)
+    // A wait past max_age is cut to a last try at max_age, and the first wait may be the whole
+    // base: a max_age not longer than it leaves a failed attempt one more try at most, at
+    // max_age, whatever the backoff says. (The base is more than zero, checked above, so this
+    // refuses a zero max_age too.)
     if retry.max_age <= retry.backoff.base {
         p.push(
             &format!("{path}.max_age"),
             format_args!(
-                "must be longer than backoff.base ({}), or a failed attempt is never retried",
+                "must be longer than backoff.base ({}), or a failed attempt gets one more try \
+                 at most, at max_age",
                 humantime::format_duration(retry.backoff.base)
             ),
         );

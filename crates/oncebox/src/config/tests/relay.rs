@@ -12,8 +12,8 @@ fn route(extra: &str) -> String {
     ))
 }
 
-/// A max_age of zero, or not longer than the first backoff, would make the first failure dead:
-/// refused under the route's field, with the base it must outlast.
+/// A max_age of zero, or not longer than the first backoff, would leave a failure one more
+/// try at most, at max_age: refused under the route's field, with the base it must outlast.
 #[test]
 fn a_routes_max_age_must_outlast_its_first_backoff() {
     for (lines, base) in [
