@@ -1,6 +1,7 @@
-//! A lease's write outside a transaction whose answer is lost after the server committed it:
-//! the holder is told the outcome is unknown (`CommitUnknown`), not that nothing was kept, and
-//! its retry reads what happened; so is an operator's `resolve`; the relay, whose record's answer is lost, takes the guard
+//! A lease's write outside a transaction, or a library handler's `COMMIT`, whose answer is
+//! lost after the server committed it: the caller is told the outcome is unknown
+//! (`CommitUnknown`), not that nothing was kept, and its retry reads what happened (a handler
+//! is not run again); so is an operator's `resolve`; the relay, whose record's answer is lost, takes the guard
 //! refusing its retry for its own write done, not for a lost lease.
 
 use std::sync::Arc;
@@ -317,5 +318,55 @@ fn a_commit_answered_by_a_poolers_connection_exception_is_commit_unknown() {
         );
         let record = direct.record(&e.key).await.unwrap();
         assert!(record.is_some(), "the server committed it");
+    });
+}
+
+/// A library handler's `COMMIT` whose answer is lost after the server committed it: the
+/// caller is told the outcome is unknown, and its retry (a sender's, a broker's redelivery)
+/// is answered from the record, the first response replayed, its handler not run again.
+#[test]
+fn a_handlers_commit_whose_answer_is_lost_is_unknown_and_its_retry_a_duplicate() {
+    run(async {
+        let Some(base) = url() else { return };
+        let (cut, inbox, direct) = stores(&base, None).await;
+        let (sent, answered): (&[u8], &[u8]) = (b"Q\0\0\0\x0bCOMMIT\0", b"C\0\0\0\x0bCOMMIT\0");
+        *cut.at.lock().unwrap() = Some((sent, answered));
+        let runs = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let e = event("shop", "charge", 1);
+        let counted = runs.clone();
+        let out = inbox
+            .process(e.clone(), move |_tx| {
+                counted.fetch_add(1, Ordering::SeqCst);
+                Box::pin(async { Ok(Response::completed("charged")) })
+            })
+            .await;
+        assert!(
+            cut.done.load(Ordering::SeqCst),
+            "the server's answer was lost"
+        );
+        assert!(
+            matches!(
+                out,
+                Err(oncebox_core::ProcessError::Unavailable(
+                    Unavailable::CommitUnknown(_)
+                ))
+            ),
+            "{out:?}"
+        );
+        let record = direct.record(&e.key).await.unwrap();
+        assert!(record.is_some(), "the server committed it");
+
+        let counted = runs.clone();
+        let again = inbox
+            .process(e, move |_tx| {
+                counted.fetch_add(1, Ordering::SeqCst);
+                Box::pin(async { Ok(Response::completed("charged again")) })
+            })
+            .await;
+        assert!(
+            matches!(&again, Ok(oncebox_core::Processed::Duplicate(r)) if r.body == b"charged"),
+            "{again:?}"
+        );
+        assert_eq!(runs.load(Ordering::SeqCst), 1, "the handler ran once");
     });
 }

@@ -51,6 +51,17 @@ pub const RANDOM_KILLS_POSTGRES: Scenario = Scenario {
     },
 };
 
+/// Graceful stops on PostgreSQL: batches in flight on the server and the pool closing as the
+/// stop comes, where SQLite's stop ends at its own writer thread.
+pub const RANDOM_TERMS_POSTGRES: Scenario = Scenario {
+    name: "kills: random SIGTERM under load",
+    backend: "postgres",
+    run: || {
+        let schema = block_on(world::PATIENCE, world::pg_schema())?;
+        Some(random_kills(Some(&schema), Death::Term))
+    },
+};
+
 const SENDERS: usize = 12;
 /// The senders' source, which the gateway routes to [`outbox::ROUTE`].
 pub const SOURCE: &str = "load";
