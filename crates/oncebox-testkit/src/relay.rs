@@ -22,7 +22,7 @@ use oncebox_core::{Clock, Key, ManualClock, Meta, Processed, Timestamp};
 
 pub use claim::*;
 pub use gauges::*;
-pub use holding::Holding;
+pub use holding::{Holding, OnClaim, OnWait};
 pub use operator::*;
 pub use purge::*;
 pub use settle::*;

@@ -9,16 +9,14 @@ use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::routing::post;
-use oncebox_core::delivery::{DeliveryState, RetryPolicy, Verdict};
-use oncebox_core::relay_store::{
-    AttemptRecord, Claimed, DeliveryFilter, DeliveryGauges, DeliveryStore, DeliveryView, Resolve,
-    StatusAnswer,
-};
+use oncebox_core::delivery::{DeliveryState, RetryPolicy};
+use oncebox_core::relay_store::{DeliveryFilter, DeliveryStore};
 use oncebox_core::route::Route;
-use oncebox_core::store::{EventStore, Page};
-use oncebox_core::{Key, LeaseError, Processed, Source, SystemClock, Timestamp, Unavailable};
+use oncebox_core::store::EventStore;
+use oncebox_core::{Processed, Source, SystemClock};
 use oncebox_postgres::{Inbox, Options};
 use oncebox_relay::{Relay, RelayOptions};
+use oncebox_testkit::relay::Holding;
 use oncebox_testkit::{event, run};
 use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
@@ -82,93 +80,6 @@ pub(crate) fn route(url: String) -> Route {
     }
 }
 
-/// The relay's store, counting the relay's idle waits (a wait that is not zero follows a
-/// round that found nothing), so the test can ingest only once the relay is idle: then nothing
-/// but the notification can make it claim again.
-#[derive(Debug, Clone)]
-struct Watched {
-    inbox: Inbox,
-    idle: watch::Sender<u64>,
-}
-
-impl DeliveryStore for Watched {
-    async fn claim(
-        &self,
-        now: Timestamp,
-        limit: usize,
-        lease: Duration,
-        routes: &[String],
-    ) -> Result<Vec<Claimed>, Unavailable> {
-        self.inbox.claim(now, limit, lease, routes).await
-    }
-
-    async fn record(
-        &self,
-        claimed: &Claimed,
-        attempt: AttemptRecord,
-        verdict: Verdict,
-        now: Timestamp,
-    ) -> Result<(), LeaseError> {
-        DeliveryStore::record(&self.inbox, claimed, attempt, verdict, now).await
-    }
-
-    async fn unclaim(
-        &self,
-        claimed: &Claimed,
-        now: Timestamp,
-        due: Timestamp,
-    ) -> Result<(), LeaseError> {
-        self.inbox.unclaim(claimed, now, due).await
-    }
-
-    async fn deliveries(&self, filter: DeliveryFilter) -> Result<Page<DeliveryView>, Unavailable> {
-        self.inbox.deliveries(filter).await
-    }
-
-    async fn attempts(&self, id: i64) -> Result<Vec<AttemptRecord>, Unavailable> {
-        self.inbox.attempts(id).await
-    }
-
-    async fn retry(&self, id: i64, now: Timestamp) -> Result<bool, Unavailable> {
-        self.inbox.retry(id, now).await
-    }
-
-    async fn resolve(
-        &self,
-        id: i64,
-        resolution: Resolve,
-        note: &str,
-        now: Timestamp,
-    ) -> Result<bool, Unavailable> {
-        DeliveryStore::resolve(&self.inbox, id, resolution, note, now).await
-    }
-
-    async fn reconcile(
-        &self,
-        id: i64,
-        attempts: u32,
-        answer: StatusAnswer,
-        now: Timestamp,
-    ) -> Result<bool, Unavailable> {
-        self.inbox.reconcile(id, attempts, answer, now).await
-    }
-
-    async fn redeliver(&self, key: &Key, now: Timestamp) -> Result<u64, Unavailable> {
-        self.inbox.redeliver(key, now).await
-    }
-
-    async fn gauges(&self) -> Result<DeliveryGauges, Unavailable> {
-        self.inbox.gauges().await
-    }
-
-    async fn wait_for_work(&self, at_most: Duration) {
-        if !at_most.is_zero() {
-            self.idle.send_modify(|n| *n += 1);
-        }
-        self.inbox.wait_for_work(at_most).await;
-    }
-}
-
 /// Runs `relay` on a task of its own until the returned sender fires (or is dropped).
 pub fn running<S: DeliveryStore>(relay: Relay<S>) -> (oneshot::Sender<()>, JoinHandle<()>) {
     let (stop, stopped) = oneshot::channel::<()>();
@@ -200,8 +111,15 @@ fn relay_delivers_ingested_events_once_each_woken_by_notify() {
         };
         let open = || Inbox::open(Options::new(db.url.clone()).max_connections(4));
         let (gateway, inbox) = (open().await.expect("open"), open().await.expect("open"));
+        // The relay's idle waits counted (a wait that is not zero follows a round that found
+        // nothing), so the test can ingest only once the relay is idle: then nothing but the
+        // notification can make it claim again.
         let (idle, mut idle_waits) = watch::channel(0_u64);
-        let store = Watched { inbox, idle };
+        let store = Holding::new(inbox, ()).on_wait(move |at_most| {
+            if !at_most.is_zero() {
+                idle.send_modify(|n| *n += 1);
+            }
+        });
         let (url, mut seen) = receiver().await;
         // Owed before the relay starts: its first claim finds it.
         let ingest = |id: &str| gateway.ingest(routed(id, &["hooks"]));

@@ -7,15 +7,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use oncebox_core::delivery::{DeliveryState, Verdict};
-use oncebox_core::relay_store::{
-    AttemptRecord, Claimed, DeliveryFilter, DeliveryGauges, DeliveryStore, DeliveryView, Resolve,
-    StatusAnswer,
-};
-use oncebox_core::store::Page;
-use oncebox_core::{Key, LeaseError, ManualClock, Timestamp, Unavailable};
+use oncebox_core::delivery::DeliveryState;
 use oncebox_relay::{Relay, RelayOptions};
-use oncebox_sqlite::Inbox;
+use oncebox_testkit::relay::Holding;
 use oncebox_testkit::run;
 use tokio::sync::watch;
 
@@ -24,15 +18,6 @@ use crate::{World, receiver, route};
 
 /// How long each claim takes of the relay's clock.
 const SLOW: Duration = Duration::from_millis(300);
-
-/// The SQLite store, each claim taking [`SLOW`]; counts the claims asked for and how many of
-/// them came back with a delivery.
-#[derive(Debug, Clone)]
-struct SlowClaims {
-    inbox: Inbox,
-    clock: ManualClock,
-    counts: watch::Sender<(u32, u32)>,
-}
 
 #[test]
 fn a_claim_slower_than_the_leases_margin_is_held_back_not_taken_again_at_once() {
@@ -47,12 +32,16 @@ fn a_claim_slower_than_the_leases_margin_is_held_back_not_taken_again_at_once() 
             lease: hooks.timeout + Duration::from_millis(500),
             ..RelayOptions::default()
         };
-        let store = SlowClaims {
-            inbox: w.inbox.clone(),
-            clock: w.clock.clone(),
-            counts: watch::Sender::new((0, 0)),
-        };
-        let mut counts = store.counts.subscribe();
+        // Each claim takes SLOW of the relay's clock; the claims asked for are counted, and
+        // how many of them came back with the delivery.
+        let counts = Arc::new(watch::Sender::new((0_u32, 0_u32)));
+        let (clock, counted) = (w.clock.clone(), counts.clone());
+        let store = Holding::new(w.inbox.clone(), ()).on_claim(move |claimed| {
+            clock.advance(SLOW);
+            let with = u32::from(claimed.as_ref().is_ok_and(|c| !c.is_empty()));
+            counted.send_modify(|(asked, taken)| (*asked, *taken) = (*asked + 1, *taken + with));
+        });
+        let mut counts = counts.subscribe();
         let relay = Relay::new(store, vec![hooks], Arc::new(w.clock.clone()), options);
         relay
             .run(async {
@@ -116,84 +105,4 @@ fn a_claim_whose_lease_ended_before_its_turn_is_not_sent_whatever_the_lease() {
         let b = w.delivery("evt_b").await;
         assert_eq!((b.state, b.attempts), (DeliveryState::Pending, 0));
     });
-}
-
-impl DeliveryStore for SlowClaims {
-    async fn claim(
-        &self,
-        now: Timestamp,
-        limit: usize,
-        lease: Duration,
-        routes: &[String],
-    ) -> Result<Vec<Claimed>, Unavailable> {
-        let claimed = self.inbox.claim(now, limit, lease, routes).await;
-        self.clock.advance(SLOW);
-        let with = u32::from(claimed.as_ref().is_ok_and(|c| !c.is_empty()));
-        self.counts
-            .send_modify(|(asked, taken)| (*asked, *taken) = (*asked + 1, *taken + with));
-        claimed
-    }
-
-    async fn record(
-        &self,
-        claimed: &Claimed,
-        attempt: AttemptRecord,
-        verdict: Verdict,
-        now: Timestamp,
-    ) -> Result<(), LeaseError> {
-        DeliveryStore::record(&self.inbox, claimed, attempt, verdict, now).await
-    }
-
-    async fn unclaim(
-        &self,
-        claimed: &Claimed,
-        now: Timestamp,
-        due: Timestamp,
-    ) -> Result<(), LeaseError> {
-        self.inbox.unclaim(claimed, now, due).await
-    }
-
-    async fn deliveries(&self, filter: DeliveryFilter) -> Result<Page<DeliveryView>, Unavailable> {
-        self.inbox.deliveries(filter).await
-    }
-
-    async fn attempts(&self, id: i64) -> Result<Vec<AttemptRecord>, Unavailable> {
-        self.inbox.attempts(id).await
-    }
-
-    async fn retry(&self, id: i64, now: Timestamp) -> Result<bool, Unavailable> {
-        self.inbox.retry(id, now).await
-    }
-
-    async fn resolve(
-        &self,
-        id: i64,
-        resolution: Resolve,
-        note: &str,
-        now: Timestamp,
-    ) -> Result<bool, Unavailable> {
-        DeliveryStore::resolve(&self.inbox, id, resolution, note, now).await
-    }
-
-    async fn reconcile(
-        &self,
-        id: i64,
-        attempts: u32,
-        answer: StatusAnswer,
-        now: Timestamp,
-    ) -> Result<bool, Unavailable> {
-        self.inbox.reconcile(id, attempts, answer, now).await
-    }
-
-    async fn redeliver(&self, key: &Key, now: Timestamp) -> Result<u64, Unavailable> {
-        self.inbox.redeliver(key, now).await
-    }
-
-    async fn gauges(&self) -> Result<DeliveryGauges, Unavailable> {
-        self.inbox.gauges().await
-    }
-
-    async fn wait_for_work(&self, at_most: Duration) {
-        self.inbox.wait_for_work(at_most).await;
-    }
 }

@@ -10,6 +10,7 @@ use oncebox_sqlite::rusqlite::Connection;
 use oncebox_sqlite::{Inbox, OpenError, Options};
 use oncebox_testkit::race::{Timed, raced, timed};
 use oncebox_testkit::run;
+use oncebox_testkit::writer::hold_writer;
 
 use crate::harness::{ingest, shop};
 use tokio::sync::Barrier;
@@ -228,19 +229,38 @@ fn two_writers_on_one_file_apply_a_key_once() {
         a.write(|c| c.execute_batch("CREATE TABLE effects (n INTEGER)"))
             .await
             .unwrap();
-        // All 40 are handed to their stores in one pass, before any answer is read: none waits
-        // for another's answer, however the runtime is scheduled.
-        let requests = (0..40).map(|i| {
-            let inbox = if i % 2 == 0 { &a } else { &b };
-            let answer = timed(inbox.process(event("shared"), |tx| {
-                tx.conn().execute("INSERT INTO effects VALUES (1)", [])?;
-                Ok(Response::completed("once"))
-            }));
-            async move { (i % 2, answer.await) }
-        });
+        // The file's write lock held (through `a`'s writer) until all 40 are handed to their
+        // stores: none can be answered before every one was sent, however the runtime is
+        // scheduled. Sent as they were polled, the other store's requests sometimes all left
+        // after the winner was answered, and nothing overlapped.
+        let hold = hold_writer(&a).await;
+        let sent = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let requests: Vec<_> = (0..40)
+            .map(|i| {
+                let inbox = if i % 2 == 0 { a.clone() } else { b.clone() };
+                let sent = sent.clone();
+                tokio::spawn(async move {
+                    let answer = timed(async {
+                        sent.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                        inbox
+                            .process(event("shared"), |tx| {
+                                tx.conn().execute("INSERT INTO effects VALUES (1)", [])?;
+                                Ok(Response::completed("once"))
+                            })
+                            .await
+                    });
+                    (i % 2, answer.await)
+                })
+            })
+            .collect();
+        while sent.load(std::sync::atomic::Ordering::SeqCst) < 40 {
+            tokio::task::yield_now().await;
+        }
+        drop(hold);
         let mut applied = 0;
         let mut answers = Vec::new();
-        for (store, answer) in futures::future::join_all(requests).await {
+        for request in requests {
+            let (store, answer) = request.await.unwrap();
             let won = match &answer.value {
                 Ok(Processed::Applied(_)) => true,
                 Ok(Processed::Duplicate(r)) => {

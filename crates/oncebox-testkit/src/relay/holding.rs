@@ -1,5 +1,7 @@
 //! A store together with what must outlive it (a temporary directory): the one place that
-//! forwards both store traits, so backends need no wrapper of their own.
+//! forwards both store traits, so backends need no wrapper of their own; and where a test
+//! watches a relay's claims and idle waits (counts them, advances a clock) without writing
+//! the whole `DeliveryStore` out again.
 
 use std::any::Any;
 use std::sync::Arc;
@@ -16,11 +18,18 @@ use oncebox_core::store::{
 };
 use oncebox_core::{Key, LeaseError, ProcessError, Processed, Retention, Timestamp, Unavailable};
 
+/// What a [`Holding`] runs after each claim, given its answer.
+pub type OnClaim = Arc<dyn Fn(&Result<Vec<Claimed>, Unavailable>) + Send + Sync>;
+/// What a [`Holding`] runs before each wait for work, given how long it may wait.
+pub type OnWait = Arc<dyn Fn(Duration) + Send + Sync>;
+
 /// `store`, and `guard` kept alive as long as any clone of it.
 #[derive(Clone)]
 pub struct Holding<S> {
     pub store: S,
     guard: Arc<dyn Any + Send + Sync>,
+    on_claim: Option<OnClaim>,
+    on_wait: Option<OnWait>,
 }
 
 impl<S> Holding<S> {
@@ -28,6 +37,29 @@ impl<S> Holding<S> {
         Holding {
             store,
             guard: Arc::new(guard),
+            on_claim: None,
+            on_wait: None,
+        }
+    }
+
+    /// Runs `f` after each claim, with its answer.
+    #[must_use]
+    pub fn on_claim(
+        self,
+        f: impl Fn(&Result<Vec<Claimed>, Unavailable>) + Send + Sync + 'static,
+    ) -> Holding<S> {
+        Holding {
+            on_claim: Some(Arc::new(f)),
+            ..self
+        }
+    }
+
+    /// Runs `f` before each wait for work, with how long it may wait.
+    #[must_use]
+    pub fn on_wait(self, f: impl Fn(Duration) + Send + Sync + 'static) -> Holding<S> {
+        Holding {
+            on_wait: Some(Arc::new(f)),
+            ..self
         }
     }
 }
@@ -83,7 +115,11 @@ impl<S: DeliveryStore> DeliveryStore for Holding<S> {
         lease: Duration,
         routes: &[String],
     ) -> Result<Vec<Claimed>, Unavailable> {
-        self.store.claim(now, limit, lease, routes).await
+        let claimed = self.store.claim(now, limit, lease, routes).await;
+        if let Some(on_claim) = &self.on_claim {
+            on_claim(&claimed);
+        }
+        claimed
     }
 
     async fn record(
@@ -146,6 +182,9 @@ impl<S: DeliveryStore> DeliveryStore for Holding<S> {
     }
 
     async fn wait_for_work(&self, at_most: Duration) {
+        if let Some(on_wait) = &self.on_wait {
+            on_wait(at_most);
+        }
         self.store.wait_for_work(at_most).await;
     }
 }
