@@ -366,9 +366,8 @@ mod steps;
 mod version;
 use busy::until_not_busy;
 use ids::ids_never_reused;
-use steps::STATE_IN;
 use steps::{
-    CLEAR_ORPHANED_DELIVERIES, budget_columns, hops_column, plain_numeric_entities,
+    CLEAR_ORPHANED_DELIVERIES, STATE_IN, budget_columns, hops_column, plain_numeric_entities,
     plain_state_check,
 };
 use version::Found;

@@ -182,16 +182,8 @@ const INDENTED_MAX: usize = 256 * 1024;
 
 /// A payload for reading: JSON indented, other UTF-8 as is, anything else as hex.
 pub(crate) fn payload(bytes: &[u8]) -> Markup {
-    if bytes.len() > INDENTED_MAX {
-        return match std::str::from_utf8(bytes) {
-            Ok(text) => html! {
-                p.muted { "As sent: this payload is too large to show indented." }
-                pre.payload { (text) }
-            },
-            Err(_) => html! { pre.payload.hex { (hex::encode(bytes)) } },
-        };
-    }
-    if let Ok(value) = oncebox_core::json::parse(bytes) {
+    let too_large = bytes.len() > INDENTED_MAX;
+    if !too_large && let Ok(value) = oncebox_core::json::parse(bytes) {
         let lines = super::diff::pretty(&value, &[]);
         if super::diff::fits(&lines, bytes) {
             return super::diff::render(&lines);
@@ -203,7 +195,12 @@ pub(crate) fn payload(bytes: &[u8]) -> Markup {
         };
     }
     match std::str::from_utf8(bytes) {
-        Ok(text) => html! { pre.payload { (text) } },
+        Ok(text) => html! {
+            @if too_large {
+                p.muted { "As sent: this payload is too large to show indented." }
+            }
+            pre.payload { (text) }
+        },
         Err(_) => html! { pre.payload.hex { (hex::encode(bytes)) } },
     }
 }

@@ -68,7 +68,8 @@ pub(super) fn ids_never_reused(tx: &Transaction<'_>) -> rusqlite::Result<()> {
 mod tests {
     use rusqlite::Connection;
 
-    use super::super::{MIGRATIONS, Step, migrate, open_writer, version};
+    use super::super::tests::file_before;
+    use super::super::{Step, migrate, open_writer};
     use crate::options::Options;
 
     const INSERT: &str = "INSERT INTO oncebox_inbox (source, event_id, fingerprint, state,
@@ -99,21 +100,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let options = Options::new(dir.path().join("old.db"));
         let mut conn = open_writer(&options).unwrap();
-        let tx = conn.transaction().unwrap();
-        let this = Step::Code(super::ids_never_reused);
-        let before = MIGRATIONS
-            .iter()
-            .position(|s| matches!((s, &this), (Step::Code(a), Step::Code(b)) if std::ptr::fn_addr_eq(*a, *b)))
-            .expect("the step is one of MIGRATIONS");
-        for step in &MIGRATIONS[..before] {
-            match step {
-                Step::Sql(sql) => tx.execute_batch(sql),
-                Step::Code(change) => change(&tx),
-            }
-            .unwrap();
-        }
-        version::keep(&tx, i64::try_from(before).unwrap()).unwrap();
-        tx.commit().unwrap();
+        file_before(&mut conn, &Step::Code(super::ids_never_reused));
         assert_eq!(after_the_newest_went(&conn, "old"), 0, "reused before");
 
         migrate(&mut conn, &options).unwrap();

@@ -12,7 +12,7 @@ use super::version::has_column;
 /// Rebuilding the table would copy every payload; the check changes no stored byte, so the
 /// table's definition is edited in place by the procedure SQLite documents for such changes
 /// (`writable_schema`, then a new `schema_version` so every connection re-reads it).
-pub(crate) const STATE_IN: &str =
+pub(super) const STATE_IN: &str =
     "state IN ('processing', 'completed', 'rejected', 'stale', 'uncertain')";
 const STATE_EQ: &str = "state = 'processing' OR state = 'completed' OR state = 'rejected'
                            OR state = 'stale' OR state = 'uncertain'";

@@ -3,7 +3,7 @@
 use super::*;
 
 /// The version a file is at just before `step` runs: the steps before it.
-fn before(step: &Step) -> i64 {
+pub(super) fn before(step: &Step) -> i64 {
     let same = |s: &Step| match (s, step) {
         (Step::Sql(a), Step::Sql(b)) => a == b,
         (Step::Code(a), Step::Code(b)) => std::ptr::fn_addr_eq(*a, *b),
@@ -14,6 +14,21 @@ fn before(step: &Step) -> i64 {
         .position(same)
         .expect("a step of MIGRATIONS");
     i64::try_from(at).unwrap()
+}
+
+/// The file the steps before `step` leave, versioned so.
+pub(super) fn file_before(conn: &mut Connection, step: &Step) {
+    let version = before(step);
+    let tx = conn.transaction().unwrap();
+    for earlier in &MIGRATIONS[..usize::try_from(version).unwrap()] {
+        match earlier {
+            Step::Sql(sql) => tx.execute_batch(sql),
+            Step::Code(change) => change(&tx),
+        }
+        .unwrap();
+    }
+    version::keep(&tx, version).unwrap();
+    tx.commit().unwrap();
 }
 
 const INSERT: &str = "INSERT INTO oncebox_inbox (source, event_id, fingerprint, state,

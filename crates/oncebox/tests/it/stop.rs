@@ -178,6 +178,24 @@ fn sighup_stops_serve_gracefully() {
     assert_eq!(exit_within(child, Duration::from_secs(20)), Some(0));
 }
 
+/// The commands that open a store before they run, each with a directory of its own (the
+/// relay's holding a configuration with a route, which it needs to start).
+fn starts() -> [(&'static [&'static str], tempfile::TempDir); 2] {
+    let relay = tempfile::tempdir().unwrap();
+    std::fs::write(
+        relay.path().join("oncebox.toml"),
+        CONFIG.replace("RECEIVER", "127.0.0.1:9"),
+    )
+    .unwrap();
+    [
+        (
+            &["serve", "--listen", "127.0.0.1:0"],
+            tempfile::tempdir().unwrap(),
+        ),
+        (&["relay"], relay),
+    ]
+}
+
 /// A stop asked for while the store opens ends the start there. Here the open waits for the
 /// migration lock a test session holds (up to two minutes): a SIGTERM used to be noticed only
 /// once the lock was free and the gateway listening, and a second one not at all.
@@ -202,15 +220,7 @@ fn a_stop_during_the_open_ends_the_start() {
         .unwrap();
         conn
     });
-    for command in [&["serve", "--listen", "127.0.0.1:0"][..], &["relay"]] {
-        let dir = tempfile::tempdir().unwrap();
-        if command == ["relay"] {
-            std::fs::write(
-                dir.path().join("oncebox.toml"),
-                CONFIG.replace("RECEIVER", "127.0.0.1:9"),
-            )
-            .unwrap();
-        }
+    for (command, dir) in starts() {
         let mut args = vec!["--database", schema.url.as_str()];
         args.extend_from_slice(command);
         let (child, mut log) = start(dir.path(), &args);
@@ -243,15 +253,7 @@ fn a_stop_during_the_open_ends_the_start() {
 /// (exit 4, "database is locked") or got through.
 #[test]
 fn a_stop_during_a_sqlite_open_ends_the_start() {
-    for command in [&["serve", "--listen", "127.0.0.1:0"][..], &["relay"]] {
-        let dir = tempfile::tempdir().unwrap();
-        if command == ["relay"] {
-            std::fs::write(
-                dir.path().join("oncebox.toml"),
-                CONFIG.replace("RECEIVER", "127.0.0.1:9"),
-            )
-            .unwrap();
-        }
+    for (command, dir) in starts() {
         let file = dir.path().join("oncebox.db");
         let holder = oncebox_sqlite::rusqlite::Connection::open(&file).unwrap();
         holder.execute_batch("BEGIN EXCLUSIVE").unwrap();
