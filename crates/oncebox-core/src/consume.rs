@@ -10,12 +10,14 @@ use crate::fingerprint::Fingerprint;
 use crate::key::Source;
 use crate::outcome::{ProcessError, Processed, Unavailable};
 
+mod decide;
 mod message;
 mod order;
 mod settle;
 #[cfg(test)]
 mod tests;
 
+pub use decide::{decide, worth_a_warning};
 pub use message::{KeyRule, MessageHeaders, MessageRules};
 pub use order::{Arrivals, Ticket};
 pub use settle::{Broker, settle};
@@ -214,72 +216,6 @@ pub fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
         .map(|s| (*s).to_owned())
         .or_else(|| panic.downcast_ref::<String>().cloned())
         .unwrap_or_else(|| "no message".to_owned())
-}
-
-/// Decides from the store's answer. `attempt` is this delivery's number, from 1 (the broker's
-/// delivery count where it has one).
-///
-/// Only a committed outcome is acknowledged (G3). `Unavailable` is requeued however often it
-/// happens: the message is not at fault. Conflicts and invalid events are quarantined at once —
-/// retrying cannot change them, and requeueing would loop forever.
-pub fn decide(outcome: Result<Processed, ProcessError>, attempt: u32, p: &RetryPolicy) -> Settle {
-    let requeue = |why, after| Settle::Requeue { why, after };
-    match outcome {
-        Ok(done) => Settle::Ack(done),
-        Err(ProcessError::Conflict { stored, offered }) => {
-            Settle::Quarantine(Reason::KeyReused { stored, offered })
-        }
-        Err(ProcessError::Invalid(e)) => Settle::Quarantine(Reason::Invalid(e.to_string())),
-        Err(ProcessError::InProgress { retry_after }) => {
-            requeue(Requeue::InProgress, retry_after.max(p.delay))
-        }
-        Err(ProcessError::Uncertain) => requeue(Requeue::Uncertain, p.uncertain_delay),
-        Err(ProcessError::Handler(e)) if attempt >= p.max_attempts => {
-            Settle::Quarantine(Reason::HandlerFailed {
-                attempts: attempt,
-                error: e.to_string(),
-            })
-        }
-        Err(ProcessError::Handler(_)) => requeue(Requeue::HandlerFailed, p.delay),
-        // `Unavailable` and anything a newer store may add: requeue, never ack.
-        Err(_) => requeue(Requeue::Unavailable, p.delay),
-    }
-}
-
-/// What a consumer says of an outcome it does not settle, in a line for its log at warn level,
-/// or `None` when it says nothing there: a handler's failure with its attempt (it is requeued
-/// until its attempts run out, then quarantined with the last error); a store that cannot
-/// answer, at most once a minute in the process (every message in hand hits the same outage,
-/// and a long outage must not fill the log, nor pass unseen at the default level).
-pub fn worth_a_warning(outcome: &Result<Processed, ProcessError>, attempt: u32) -> Option<String> {
-    match outcome {
-        Err(ProcessError::Handler(e)) => Some(format!(
-            "handler failed at attempt {attempt}, the message is requeued: {e}"
-        )),
-        Err(e @ ProcessError::Unavailable(_)) if outage_notice_due() => Some(format!(
-            "store unavailable, messages are held and tried again (said once a minute): {e}"
-        )),
-        _ => None,
-    }
-}
-
-/// Whether a minute passed since the last outage notice, in this process.
-fn outage_notice_due() -> bool {
-    use std::sync::OnceLock;
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static START: OnceLock<std::time::Instant> = OnceLock::new();
-    // Seconds since START, plus one, of the last notice; 0 before the first.
-    static LAST: AtomicU64 = AtomicU64::new(0);
-    let now = START
-        .get_or_init(std::time::Instant::now)
-        .elapsed()
-        .as_secs()
-        + 1;
-    let last = LAST.load(Ordering::Relaxed);
-    (last == 0 || now >= last + 60)
-        && LAST
-            .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
-            .is_ok()
 }
 
 /// Where a message sits in an ordered stream, for the offset watermark: `stream` names the

@@ -8,7 +8,8 @@
 //! pooled connection with it. So each of those waits is bounded here. A connection given up on
 //! is dropped with the work on it, and the pool's release check is bounded too (sqlx's own,
 //! after it, would wait as long), so it is closed rather than taken back into the pool.
-//! Handlers' statements are not bounded: a handler may rightly run long.
+//! Handlers' statements are not bounded: a handler may rightly run long. oncebox's own around
+//! a handler (its savepoint, the record's finish, the notify, the commit) are.
 
 use std::future::Future;
 use std::time::Duration;

@@ -86,10 +86,14 @@ impl Leases {
         .map_err(ConnectError::Url)?;
         // One plain attempt first: the connection manager retries a failing first connection
         // until the deadline, and a refused certificate or password would then read only as
-        // the deadline.
-        match tokio::time::timeout(options.deadline, client.get_multiplexed_async_connection())
-            .await
-        {
+        // the deadline. Its own timeouts are the deadline too: the client's defaults (1 s to
+        // connect, 500 ms per answer) failed a TLS handshake over a slow link however long the
+        // caller's deadline was.
+        let first = redis::AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(options.deadline))
+            .set_response_timeout(Some(options.deadline));
+        let connecting = client.get_multiplexed_async_connection_with_config(&first);
+        match tokio::time::timeout(options.deadline, connecting).await {
             Err(_) => return Err(Unavailable::Deadline.into()),
             Ok(Err(e)) => return Err(at_connect(&e).into()),
             Ok(Ok(_)) => {}

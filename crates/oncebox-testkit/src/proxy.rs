@@ -31,6 +31,10 @@ pub enum Mode {
     /// connections are cut: the server acted, the client never hears so. With a marker, only
     /// an answer to bytes containing it is dropped (e.g. `COMMIT`); the rest passes.
     DropReply,
+    /// As [`Mode::DropReply`], but the client is sent these bytes in the answer's place before
+    /// the cut: what a pooler in between says for a server connection it lost (PostgreSQL's
+    /// `ErrorResponse` of class 08, say) after the server acted. Counted as a dropped reply.
+    AnswerInstead(Vec<u8>),
     /// The client's bytes are forwarded and both connections are cut at once, without waiting
     /// for an answer: the server holds the request and may act on it later (after a lock it
     /// waits for), while the client already sees its connection gone. The server's side ends
@@ -84,8 +88,9 @@ impl Proxy {
         Proxy::start_with_marker(upstream, None).await
     }
 
-    /// As [`Proxy::start`]; in [`Mode::DropReply`], [`Mode::CutRequest`] and [`Mode::Strand`]
-    /// only client bytes containing `marker` are acted on.
+    /// As [`Proxy::start`]; in [`Mode::DropReply`], [`Mode::AnswerInstead`],
+    /// [`Mode::CutRequest`] and [`Mode::Strand`] only client bytes containing `marker` are
+    /// acted on.
     pub async fn start_with_marker(upstream: SocketAddr, marker: Option<Vec<u8>>) -> Proxy {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("proxy port");
         let addr = listener.local_addr().expect("proxy address");
@@ -201,7 +206,10 @@ async fn connection(
                 let chunk = &from_client[..n];
                 let mode = hold(&mut modes, stats).await;
                 let mut marked = false;
-                if matches!(mode, Mode::DropReply | Mode::CutRequest | Mode::Strand) {
+                if matches!(
+                    mode,
+                    Mode::DropReply | Mode::AnswerInstead(_) | Mode::CutRequest | Mode::Strand
+                ) {
                     let mut seen = std::mem::take(&mut tail);
                     seen.extend_from_slice(chunk);
                     marked = marker.is_none_or(|m| seen.windows(m.len()).any(|w| w == m));
@@ -228,10 +236,22 @@ async fn connection(
                 if n == 0 {
                     return client.shutdown().await;
                 }
-                if cut_next_answer && modes.borrow().clone() == Mode::DropReply {
+                let instead = match &*modes.borrow() {
+                    Mode::DropReply => Some(Vec::new()),
+                    Mode::AnswerInstead(bytes) => Some(bytes.clone()),
+                    _ => None,
+                };
+                if let Some(instead) = instead.filter(|_| cut_next_answer) {
                     // The server answered, so it has acted on the request: drop the answer.
                     stats.dropped_replies.fetch_add(1, Ordering::SeqCst);
-                    reset(client);
+                    if instead.is_empty() {
+                        reset(client);
+                    } else {
+                        // Closed, not reset: a reset could discard the bytes before they
+                        // are read.
+                        client.write_all(&instead).await?;
+                        client.shutdown().await?;
+                    }
                     reset(up);
                     return Ok(());
                 }

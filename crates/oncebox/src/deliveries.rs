@@ -22,6 +22,8 @@ struct DeliveryItem<'a> {
     route: &'a str,
     source: &'a str,
     event_id: &'a str,
+    /// The key the receiver is sent, as the admin API lists it.
+    idempotency_key: &'a str,
     state: &'a str,
     attempts: u32,
     created_at: String,
@@ -38,6 +40,7 @@ fn item(d: &DeliveryView) -> DeliveryItem<'_> {
         route: &d.route,
         source: d.key.source.as_str(),
         event_id: d.key.event_id.as_str(),
+        idempotency_key: &d.idempotency_key,
         state: d.state.as_str(),
         attempts: d.attempts,
         created_at: rfc3339(d.created_at),

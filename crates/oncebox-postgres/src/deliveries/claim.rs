@@ -169,17 +169,17 @@ impl Inbox {
     /// committed) is followed by a look for the rows it leased, by its id: left, they would stay
     /// in flight under tokens nobody holds until their lease ran out, and then be taken over as
     /// possibly sent, which parks a delivery on a route that ignores the key `uncertain`. A claim
-    /// not found may yet commit, so it is remembered (`lost.rs`) until `forget_at`.
+    /// not found may yet commit, so it is remembered (`lost.rs`) until `forget_at`. A server's
+    /// error of class 08 is such a break too: a pooler in between answers one of its own for a
+    /// server connection it lost, maybe after the server committed.
     async fn claimed_after(
         &self,
         e: &sqlx::Error,
         claim_id: i64,
         forget_at: Timestamp,
     ) -> Result<Vec<PgRow>, Unavailable> {
-        if matches!(
-            e,
-            sqlx::Error::Database(_) | sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed
-        ) {
+        let refused = matches!(e, sqlx::Error::Database(_)) && !crate::error::answer_lost(e);
+        if refused || matches!(e, sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed) {
             return Err(storage(e));
         }
         let found = sqlx::query(CLAIMED_BY_ID)

@@ -13,6 +13,7 @@ use sqlx::PgPool;
 use super::{Handler, Inbox, begin, notify};
 use crate::claim::{Claimed, RESET_SESSION, finish};
 use crate::error::{handler_commit_failed, record_failed, storage, unavailable};
+use crate::silent::answered;
 use crate::tx::{HandlerError, Tx};
 
 /// `SAVEPOINT` and `ROLLBACK TO SAVEPOINT` around the handler. The name is drawn per process:
@@ -35,6 +36,10 @@ tokio::task_local! {
 impl Inbox {
     /// Runs the handler after a fresh claim. A savepoint after the claim lets a refusal or a
     /// stale verdict undo the handler's work and keep the (now terminal) record.
+    ///
+    /// Each of oncebox's own statements here waits at most `lost_after` for its answer
+    /// (`silent.rs`), as the claim and the commit do: on a path gone silent the message in hand
+    /// was held for good, and a NATS stream read in order with it. The handler's are not.
     pub(super) async fn run(
         &self,
         event: &Event,
@@ -47,8 +52,8 @@ impl Inbox {
             .stamps
             .completed(self.clock.as_ref(), tx.now())
             .millis();
-        sqlx::query(&SAVEPOINT[0])
-            .execute(&mut *tx.tx)
+        let limit = self.lost_after;
+        answered(limit, sqlx::query(&SAVEPOINT[0]).execute(&mut *tx.tx))
             .await
             .map_err(|e| storage(&e))?;
         let within = (Arc::as_ptr(&self.in_tx) as usize, event.key.clone());
@@ -64,17 +69,17 @@ impl Inbox {
         crate::crash::point!("after-effect");
         let (ours, answer) = match outcome {
             Ok(response) if response.kind == ResponseKind::Completed => {
-                let ours = finish(&mut tx.tx, &tx.sql, claimed, &response, now)
+                let ours = answered(limit, finish(&mut tx.tx, &tx.sql, claimed, &response, now))
                     .await
                     .map_err(|e| record_failed(&e))?;
                 (ours, Processed::Applied(response))
             }
             Ok(response) => {
-                let ours = terminal(&mut tx, claimed, &response, now).await?;
+                let ours = terminal(&mut tx, limit, claimed, &response, now).await?;
                 (ours, Processed::Applied(response))
             }
             Err(HandlerError::Stale) => {
-                let ours = terminal(&mut tx, claimed, &Response::stale(), now).await?;
+                let ours = terminal(&mut tx, limit, claimed, &Response::stale(), now).await?;
                 (ours, Processed::Stale)
             }
             Err(HandlerError::Sql(e)) => {
@@ -94,12 +99,12 @@ impl Inbox {
             return self.ended_by_handler(event, tx, claimed).await;
         }
         if tx.queued {
-            notify(&mut tx.tx, &tx.sql.channel)
+            answered(limit, notify(&mut tx.tx, &tx.sql.channel))
                 .await
                 .map_err(|e| storage(&e))?;
         }
         crate::crash::point!("before-commit");
-        crate::silent::answered(self.lost_after, tx.tx.commit())
+        answered(limit, tx.tx.commit())
             .await
             .map_err(handler_commit_failed)?;
         crate::crash::point!("after-commit");
@@ -119,7 +124,7 @@ impl Inbox {
         // One round trip, on the failure path only. The savepoint exists in the claim's
         // transaction and in no other: its name is drawn per process, so no handler's savepoint
         // shares it.
-        match rollback_to_savepoint(&mut tx).await {
+        match rollback_to_savepoint(&mut tx, self.lost_after).await {
             // Dropping the transaction rolls it back.
             Ok(true) => Err(error),
             Ok(false) => self.ended_by_handler(event, tx, claimed).await,
@@ -151,11 +156,13 @@ impl Inbox {
         // Ends whatever the connection is in now (a transaction the handler began after its
         // own); outside one, PostgreSQL only warns. Then, outside any transaction, what the
         // handler set for its session after its own `COMMIT` is set back, as `finish` does.
-        let _ = sqlx::query("ROLLBACK").execute(&mut *tx.tx).await;
-        let _ = sqlx::Executor::execute(&mut *tx.tx, RESET_SESSION).await;
-        let _ = tx.tx.rollback().await;
+        let limit = self.lost_after;
+        let _ = answered(limit, sqlx::query("ROLLBACK").execute(&mut *tx.tx)).await;
+        let _ = answered(limit, sqlx::Executor::execute(&mut *tx.tx, RESET_SESSION)).await;
+        let _ = answered(limit, tx.tx.rollback()).await;
         let now = self.clock.now().millis();
-        if let Err(e) = park(&self.pool, self.deadline, event, claimed.row, now).await {
+        let parked = park(&self.pool, self.deadline, event, claimed.row, now);
+        if let Err(e) = answered(limit, parked).await {
             tracing::error!(key = %event.key, error = %e, "parking the key failed");
         }
         Err(ProcessError::Uncertain)
@@ -166,11 +173,12 @@ impl Inbox {
 /// terminal with `response`. False when the claim's transaction is no longer the connection's.
 async fn terminal(
     tx: &mut Tx,
+    limit: Duration,
     claimed: Claimed,
     response: &Response,
     now: i64,
 ) -> Result<bool, ProcessError> {
-    if !rollback_to_savepoint(tx)
+    if !rollback_to_savepoint(tx, limit)
         .await
         .map_err(|e| ProcessError::Unavailable(storage(&e)))?
     {
@@ -178,7 +186,7 @@ async fn terminal(
     }
     // What the handler queued went with the savepoint.
     tx.queued = false;
-    finish(&mut tx.tx, &tx.sql, claimed, response, now)
+    answered(limit, finish(&mut tx.tx, &tx.sql, claimed, response, now))
         .await
         .map_err(|e| ProcessError::Unavailable(storage(&e)))
 }
@@ -187,8 +195,8 @@ async fn terminal(
 /// such savepoint, so the claim's transaction is gone: 25P01, no transaction at all (the
 /// handler's `COMMIT` or `ROLLBACK` ended ours), or 3B001, a transaction without the savepoint
 /// (the handler began another one).
-async fn rollback_to_savepoint(tx: &mut Tx) -> Result<bool, sqlx::Error> {
-    match sqlx::query(&SAVEPOINT[1]).execute(&mut *tx.tx).await {
+async fn rollback_to_savepoint(tx: &mut Tx, limit: Duration) -> Result<bool, sqlx::Error> {
+    match answered(limit, sqlx::query(&SAVEPOINT[1]).execute(&mut *tx.tx)).await {
         Ok(_) => Ok(true),
         Err(sqlx::Error::Database(db))
             if matches!(db.code().as_deref(), Some("25P01" | "3B001")) =>

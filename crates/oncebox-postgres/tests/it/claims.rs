@@ -264,6 +264,33 @@ struct Proxied {
 /// as possibly sent (which parks a delivery on a route that ignores the key `uncertain`).
 #[test]
 fn a_claim_whose_answer_is_lost_finds_the_rows_it_leased() {
+    lost_claim_found_by_its_id(oncebox_testkit::proxy::Mode::DropReply);
+}
+
+/// The same when a pooler in between (PgBouncer) lost its server connection after the server
+/// committed the claim and says so with an error of class 08 of its own, in the answer's
+/// place: that is a lost answer too, not a refusal that changed nothing.
+#[test]
+fn a_claim_answered_by_a_poolers_connection_error_finds_the_rows_it_leased() {
+    let mut fields = Vec::new();
+    for (tag, value) in [
+        (b'S', "FATAL"),
+        (b'V', "FATAL"),
+        (b'C', "08P01"),
+        (b'M', "server conn crashed?"),
+    ] {
+        fields.push(tag);
+        fields.extend_from_slice(value.as_bytes());
+        fields.push(0);
+    }
+    fields.push(0);
+    let mut error = vec![b'E'];
+    error.extend_from_slice(&(fields.len() as i32 + 4).to_be_bytes());
+    error.extend_from_slice(&fields);
+    lost_claim_found_by_its_id(oncebox_testkit::proxy::Mode::AnswerInstead(error));
+}
+
+fn lost_claim_found_by_its_id(mode: oncebox_testkit::proxy::Mode) {
     use oncebox_testkit::proxy::{Mode, Stats};
 
     let Some(url) = harness::url() else {
@@ -276,7 +303,7 @@ fn a_claim_whose_answer_is_lost_finds_the_rows_it_leased() {
             relay,
             ..
         } = through_proxy(&url).await;
-        proxy.set(Mode::DropReply);
+        proxy.set(mode);
         let claimed = relay.claim(clock.now(), 10, LEASE, &[]).await;
         proxy.set(Mode::Pass);
         assert_eq!(

@@ -270,3 +270,51 @@ fn a_consumers_watermark_whose_connection_goes_silent_is_unknown_and_moved_on_re
         all_closed(&proxy).await;
     });
 }
+
+/// A library handler's record: oncebox's own statements around the handler (the savepoint, the
+/// record's finish, the notify) waited for good on a silent connection, holding the message in
+/// hand, and a NATS stream read in order behind it.
+#[test]
+fn a_handlers_record_whose_connection_goes_silent_ends_and_the_retry_applies() {
+    let Some(url) = harness::url() else {
+        return;
+    };
+    run(async move {
+        use oncebox_core::consume::Apply;
+        let clock = ManualClock::new(EPOCH);
+        // The record's finish, which only the handler's path sends.
+        let finish = b"txid_current() = $5";
+        let (proxy, inbox) = proxied(&url, &harness::schema(), &clock, finish).await;
+        type Handler = for<'t> fn(
+            &'t mut oncebox_postgres::Tx,
+            &'t oncebox_core::Event,
+        ) -> futures::future::BoxFuture<
+            't,
+            Result<Response, oncebox_postgres::HandlerError>,
+        >;
+        let apply = oncebox_postgres::InboxHandler::new(inbox.clone(), nothing as Handler);
+
+        proxy.set(Mode::Strand);
+        let lost = tokio::time::timeout(HUNG, apply.apply(event("shop", "paid", 1), None)).await;
+        let lost = lost.expect("the record's wait ends");
+        assert!(
+            matches!(lost, Err(ProcessError::Unavailable(_))),
+            "{lost:?}"
+        );
+        assert_eq!(Stats::get(&proxy.stats.stranded), 1, "the finish was sent");
+        proxy.set(Mode::Pass);
+        // Given up on, the connection is closed, and the claim's transaction with it.
+        all_closed(&proxy).await;
+        let retried = tokio::time::timeout(HUNG, async {
+            loop {
+                match apply.apply(event("shop", "paid", 1), None).await {
+                    Err(ProcessError::Unavailable(_)) => continue,
+                    other => break other,
+                }
+            }
+        })
+        .await
+        .expect("the key is free again");
+        assert!(matches!(retried, Ok(Processed::Applied(_))), "{retried:?}");
+    });
+}

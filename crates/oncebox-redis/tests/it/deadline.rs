@@ -101,3 +101,31 @@ fn a_deadline_of_duration_max_is_the_longest_wait() {
             .expect("completed");
     });
 }
+
+/// A link slow enough that each answer takes longer than the Redis client's own defaults (1 s
+/// to connect, 500 ms per answer) but well within the caller's deadline: the first connection
+/// used those defaults and failed at once as `Deadline`, whatever deadline was asked for.
+#[test]
+fn a_slow_link_within_the_deadline_connects() {
+    let Some(url) = shared() else { return };
+    run(async move {
+        let ns = Namespace::new(&url);
+        let (proxy, via) = proxied(&url, None).await;
+        // Each chunk waits 700 ms each way: 1.4 s per answer.
+        proxy.set(Mode::Delay(Duration::from_millis(700)));
+        let options = ns.options().deadline(Duration::from_secs(20));
+        let leases = Leases::connect(&via, options)
+            .await
+            .expect("connected within the deadline");
+        let lease = leased(leases.begin(&event("slow", 1), TTL).await);
+        assert!(
+            oncebox_testkit::proxy::Stats::get(&proxy.stats.held) > 0,
+            "the link was slow"
+        );
+        proxy.set(Mode::Pass);
+        leases
+            .complete(&lease, &Response::completed("ok"))
+            .await
+            .expect("completed");
+    });
+}

@@ -15,6 +15,12 @@ use crate::send;
 /// never wait in line with deliveries), so a pass takes a few of its timeouts at most.
 const PER_PASS: usize = 16;
 
+/// Pages of uncertain deliveries one pass reads per route at most, looking for [`PER_PASS`]
+/// readable ones. A row that no longer parses (edited by hand) is skipped by the listing but
+/// still uses up its place in the page; without reading on, 16 such rows, which nothing
+/// reschedules, would hide every later uncertain delivery of the route from reconciliation.
+const PAGES_PER_PASS: usize = 8;
+
 impl<S: DeliveryStore> Relay<S> {
     /// Asks status URLs about the uncertain deliveries whose check is due: applied →
     /// delivered; not applied → due again with the same key, or dead once the route's attempts
@@ -26,19 +32,36 @@ impl<S: DeliveryStore> Relay<S> {
             if lane.route.status_url.is_none() {
                 continue;
             }
-            let filter = DeliveryFilter {
-                state: Some(DeliveryState::Uncertain),
-                route: Some(name.clone()),
-                due_by: Some(self.clock.now()),
-                limit: PER_PASS,
-                ..DeliveryFilter::default()
-            };
-            let due = self.store.deliveries(filter).await?.items;
+            let due = self.due_uncertain(name).await?;
             for done in join_all(due.iter().map(|d| self.ask(lane, d))).await {
                 settled += usize::from(done?);
             }
         }
         Ok(settled)
+    }
+
+    /// Up to [`PER_PASS`] uncertain deliveries of `route` whose check is due, in id order,
+    /// reading on past rows the listing skips.
+    async fn due_uncertain(&self, route: &str) -> Result<Vec<DeliveryView>, Unavailable> {
+        let mut due = Vec::new();
+        let mut after = None;
+        for _ in 0..PAGES_PER_PASS {
+            let filter = DeliveryFilter {
+                state: Some(DeliveryState::Uncertain),
+                route: Some(route.to_owned()),
+                due_by: Some(self.clock.now()),
+                after,
+                limit: PER_PASS - due.len(),
+                ..DeliveryFilter::default()
+            };
+            let page = self.store.deliveries(filter).await?;
+            due.extend(page.items);
+            match page.next {
+                Some(next) if due.len() < PER_PASS => after = Some(next),
+                _ => break,
+            }
+        }
+        Ok(due)
     }
 
     /// Asks about one delivery; true when its answer settled it.

@@ -63,6 +63,40 @@ fn reply_dropped_on_a_plain_route_is_uncertain_and_reconciled_through_the_status
     });
 }
 
+/// Uncertain rows an edit by hand left unreadable (a key that no longer parses) are skipped by
+/// the listing, but still took their places in the page reconciliation read: 16 of them, due
+/// and never rescheduled, hid every later uncertain delivery of the route for good.
+#[test]
+fn unreadable_uncertain_rows_do_not_hide_a_later_one_from_reconciliation() {
+    run(async {
+        let w = World::new();
+        let (rx, addr) = receiver::start().await;
+        for i in 0..20 {
+            w.accept(&format!("evt_bad{i}"), &["hooks"]).await;
+        }
+        let edited = rusqlite::Connection::open(w.path())
+            .unwrap()
+            .execute(
+                "UPDATE oncebox_outbox SET state = 'uncertain', next_attempt_at = 0,
+                   source = 'not a source'",
+                [],
+            )
+            .unwrap();
+        assert_eq!(edited, 20);
+        let (proxy, dropped) = receiver::dropping_proxy(addr).await;
+        w.accept("evt_u", &["hooks"]).await;
+        let mut plain = route("hooks", proxy, false);
+        plain.status_url = Some(format!("http://{addr}/status/{{key}}"));
+        let relay = w.relay(vec![plain]);
+        assert_eq!(relay.run_once().await.unwrap().uncertain, 1);
+        assert_eq!(*dropped.lock().unwrap(), 1);
+        w.clock.advance(STATUS_RECHECK.0);
+        assert_eq!(relay.run_once().await.unwrap().reconciled, 1);
+        assert_eq!(w.delivery("evt_u").await.state, DeliveryState::Delivered);
+        assert_eq!(rx.hits_of("shop:evt_u"), 1);
+    });
+}
+
 #[test]
 fn uncertain_without_a_status_url_waits_for_an_operator() {
     run(async {

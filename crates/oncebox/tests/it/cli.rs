@@ -119,6 +119,7 @@ fn listings_print_json_with_stable_fields() {
             "event_id",
             "hops",
             "id",
+            "idempotency_key",
             "last_error",
             "last_status",
             "next_attempt_at",
@@ -135,6 +136,12 @@ fn listings_print_json_with_stable_fields() {
             &items[0]["attempts"]
         ),
         (&"orders".into(), &"pending".into(), &0.into())
+    );
+    // The key the receiver is sent, as the admin API lists it.
+    let (source, id) = (&items[0]["source"], &items[0]["event_id"]);
+    assert_eq!(
+        items[0]["idempotency_key"].as_str(),
+        Some(format!("{}:{}", source.as_str().unwrap(), id.as_str().unwrap()).as_str())
     );
     let dead = json(
         d,
