@@ -12,7 +12,7 @@ use futures::FutureExt;
 use lapin::message::Delivery;
 use lapin::options::{BasicAckOptions, BasicNackOptions};
 use oncebox_core::consume::{
-    Arrivals, Broker, Counts, Reason, Requeue, Settle, Ticket, decide, panic_message, settle,
+    Arrivals, Broker, Counts, Owed, Reason, Requeue, Settle, Ticket, decide, panic_message, settle,
 };
 use oncebox_core::delivery::Backoff;
 use oncebox_core::{Event, Key, ProcessError, Processed};
@@ -40,6 +40,8 @@ pub(crate) struct Shared<A> {
     pub(crate) options: ConsumerOptions,
     pub(crate) counts: watch::Sender<Counts>,
     failures: Mutex<HashMap<Key, u32>>,
+    /// Conflicts whose quarantine the broker did not take: not asked of the store again.
+    owed: Owed,
     /// The order deliveries arrived in: one key's are applied in it (`Arrivals`).
     pub(crate) arrivals: Arrivals,
 }
@@ -51,6 +53,7 @@ impl<A: oncebox_core::consume::Apply> Shared<A> {
             options,
             counts: watch::Sender::new(Counts::default()),
             failures: Mutex::new(HashMap::new()),
+            owed: Owed::default(),
             arrivals: Arrivals::default(),
         }
     }
@@ -64,6 +67,7 @@ impl<A: oncebox_core::consume::Apply> Shared<A> {
     ) {
         let event = self.event(&delivery);
         let key = event.as_ref().ok().map(|e| e.key.clone());
+        let offered = event.as_ref().ok().map(|e| e.fingerprint);
         // Of two deliveries of one key in hand, the one that arrived first is applied first,
         // so its payload is the one kept (G4); the ticket is held until this one is settled.
         ticket
@@ -71,8 +75,12 @@ impl<A: oncebox_core::consume::Apply> Shared<A> {
             .await;
         let decision = match event {
             Err(reason) => Settle::Quarantine(reason),
-            Ok(event) => self.process(event, &delivery, &stopping).await,
+            Ok(event) => match self.owed.take(&event.key, event.fingerprint) {
+                Some(reason) => Settle::Quarantine(reason),
+                None => self.process(event, &delivery, &stopping).await,
+            },
         };
+        let decided = matches!(decision, Settle::Quarantine(_)).then(|| decision.clone());
         if matches!(decision, Settle::Ack(_)) {
             // The effect is committed; a crash from here on is redelivered and answered as a
             // duplicate.
@@ -85,6 +93,9 @@ impl<A: oncebox_core::consume::Apply> Shared<A> {
             stopping,
         };
         let (settle, acked) = settle(&in_hand, decision, &self.options.retry).await;
+        if let (Some(key), Some(offered), Some(decided)) = (&key, offered, &decided) {
+            self.owed.note(key, offered, decided, &settle);
+        }
         // Settled for good: its failures are no longer counted. A quarantine the broker did not
         // take (unroutable, refused, unconfirmed) was requeued instead, and its next failure
         // is one more, not a first: forgotten then, each try of the quarantine would cost

@@ -13,6 +13,7 @@ use crate::outcome::{ProcessError, Processed, Unavailable};
 mod decide;
 mod message;
 mod order;
+mod owed;
 mod settle;
 #[cfg(test)]
 mod tests;
@@ -20,6 +21,7 @@ mod tests;
 pub use decide::{decide, worth_a_warning};
 pub use message::{KeyRule, MessageHeaders, MessageRules};
 pub use order::{Arrivals, Ticket};
+pub use owed::Owed;
 pub use settle::{Broker, settle};
 
 /// The longest detail a quarantined copy carries, in bytes. A handler's error can be any size,

@@ -7,20 +7,21 @@ use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::time::Duration;
 
+use async_nats::jetstream;
 use async_nats::jetstream::consumer::PullConsumer;
-use async_nats::jetstream::{self, AckKind};
 use futures::stream::FuturesUnordered;
 use futures::{FutureExt, StreamExt};
 use oncebox_core::ProcessError;
 use oncebox_core::consume::{
-    Apply, Arrivals, Broker, Counts, MessageHeaders, MessageRules, Position, Reason, Requeue,
-    RetryPolicy, Settle, Ticket, decide, settle,
+    Apply, Arrivals, Counts, MessageHeaders, MessageRules, Owed, Position, RetryPolicy, Settle,
+    Ticket, decide, settle,
 };
 use oncebox_core::retention::DEFAULT_RETENTION;
 use tokio::sync::watch;
 
 use crate::attempts::Attempts;
-use crate::message::{Headers, QuarantineError, quarantine};
+use crate::in_hand::InHand;
+use crate::message::Headers;
 use crate::pull::{MOST_IN_A_ROW, Trouble};
 use crate::setup::{ConsumeError, DeliverFrom, bind};
 
@@ -107,6 +108,8 @@ pub struct Consumer<A> {
     counts: watch::Sender<Counts>,
     /// Kept across `run`s, so a reconnect does not forget a failing handler's attempts.
     attempts: Attempts,
+    /// Conflicts whose quarantine the server did not take: not asked of the store again.
+    owed: Owed,
     /// The order messages arrived in: one key's are applied in it (`Arrivals`).
     arrivals: Arrivals,
 }
@@ -128,6 +131,7 @@ impl<A: Apply> Consumer<A> {
             options,
             counts,
             attempts: Attempts::default(),
+            owed: Owed::default(),
             arrivals: Arrivals::default(),
         }
     }
@@ -274,9 +278,11 @@ impl<A: Apply> Consumer<A> {
         ticket
             .turn(event.as_ref().ok().map(|e| (&e.key, e.fingerprint)))
             .await;
-        let decision = match event {
-            Err(reason) => Settle::Quarantine(reason),
-            Ok(event) => {
+        let offered = event.as_ref().ok().map(|e| (e.key.clone(), e.fingerprint));
+        let owed = offered.as_ref().and_then(|(k, f)| self.owed.take(k, *f));
+        let decision = match (event, owed) {
+            (Err(reason), _) | (Ok(_), Some(reason)) => Settle::Quarantine(reason),
+            (Ok(event), None) => {
                 let position = (o.watermark && sequence > 0).then(|| Position {
                     stream: at.watermark.to_owned(),
                     partition: 0,
@@ -308,7 +314,11 @@ impl<A: Apply> Consumer<A> {
             message: &message,
             options: o,
         };
+        let decided = matches!(decision, Settle::Quarantine(_)).then(|| decision.clone());
         let (settle, acked) = settle(&in_hand, decision, &o.retry).await;
+        if let (Some((key, offered)), Some(decided)) = (&offered, &decided) {
+            self.owed.note(key, *offered, decided, &settle);
+        }
         if !matches!(settle, Settle::Requeue { .. }) {
             self.attempts.settled((at.created, sequence));
         }
@@ -365,46 +375,4 @@ struct Stream<'a> {
     created: i128,
     /// The offset watermark's name.
     watermark: &'a str,
-}
-
-/// One message being settled, with what settling it needs.
-struct InHand<'a> {
-    js: &'a jetstream::Context,
-    message: &'a jetstream::Message,
-    options: &'a ConsumerOptions,
-}
-
-impl Broker for InHand<'_> {
-    type QuarantineError = QuarantineError;
-
-    async fn ack(&self) -> bool {
-        match self.message.ack().await {
-            Ok(()) => true,
-            Err(e) => {
-                // Not acknowledged: the server delivers it again after the ack wait, and the
-                // redelivery is answered as a duplicate.
-                tracing::warn!(error = %e, "ack not sent; the message will come back as a duplicate");
-                false
-            }
-        }
-    }
-
-    async fn quarantine(&self, reason: &Reason) -> Result<(), QuarantineError> {
-        let o = self.options;
-        let (to, source) = (&o.quarantine_subject, &o.rules.source);
-        quarantine(self.js, to, &o.stream, source, self.message, reason)
-            .await
-            .inspect(|()| tracing::warn!(stream = %o.stream, reason = reason.slug(), detail = %reason.detail(), "message quarantined"))
-            .inspect_err(|e| tracing::error!(stream = %o.stream, error = %e, "quarantine failed; message requeued"))
-    }
-
-    /// Returns the message to the server, to be delivered again after `after` (a NAK with a
-    /// delay, which server 2.9 honours; the message stays pending meanwhile, so with
-    /// `max_ack_pending = 1` nothing overtakes it).
-    async fn requeue(&self, why: Requeue, after: Duration) {
-        tracing::debug!(stream = %self.options.stream, ?why, "message requeued");
-        if let Err(e) = self.message.ack_with(AckKind::Nak(Some(after))).await {
-            tracing::debug!(error = %e, "nak not sent; the message comes back after the ack wait");
-        }
-    }
 }

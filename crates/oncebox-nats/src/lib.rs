@@ -33,6 +33,7 @@ mod consumer;
 mod copy;
 pub mod crash;
 mod credentials;
+mod in_hand;
 mod message;
 mod pull;
 mod setup;

@@ -190,6 +190,15 @@ impl Store {
         (doubles, lost, false_duplicates)
     }
 
+    /// Conflicts kept for audit: one row per time the store was offered a key it holds with
+    /// another payload.
+    pub async fn conflicts(&self) -> i64 {
+        self.inbox
+            .read(|c| c.query_row("SELECT count(*) FROM oncebox_conflicts", [], |r| r.get(0)))
+            .await
+            .expect("conflicts are readable")
+    }
+
     /// Effect rows, and the distinct keys among them.
     pub async fn rows(&self) -> (i64, i64) {
         self.inbox

@@ -31,25 +31,7 @@ fn a_failure_count_outlives_a_quarantine_the_broker_could_not_route() {
     };
     run(async move {
         let w = World::new(&url).await;
-        let (q, x) = (w.quarantine_queue.as_str(), w.quarantine_exchange.as_str());
-        // The quarantine exchange is auto-delete: a binding to an exchange no queue is bound to
-        // keeps it while its queue is unbound, and routes nowhere.
-        let sink = format!("{x}-sink");
-        let fanout = lapin::ExchangeKind::Fanout;
-        let (declare, bind) = (Default::default(), Default::default());
-        let none = FieldTable::default;
-        let made = w
-            .channel
-            .exchange_declare(sink.as_str().into(), fanout, declare, none());
-        made.await.unwrap();
-        let to_sink =
-            w.channel
-                .exchange_bind(sink.as_str().into(), x.into(), "".into(), bind, none());
-        to_sink.await.unwrap();
-        let unbind = w
-            .channel
-            .queue_unbind(q.into(), x.into(), "".into(), none());
-        unbind.await.unwrap();
+        let sink = w.unroute_quarantine().await;
         let runs = Arc::new(AtomicU64::new(0));
         // The third run waits until the quarantine routes again, so that it is the one tried.
         let rebound = Arc::new(tokio::sync::Semaphore::new(0));
@@ -72,7 +54,7 @@ fn a_failure_count_outlives_a_quarantine_the_broker_could_not_route() {
         // The first failure requeued; the second's quarantine unroutable, requeued too.
         let unroutable = consumer.wait(|c| c.requeued >= 2, w.state()).await;
         assert_eq!(unroutable.quarantined, 0, "{unroutable:?}");
-        w.declare_quarantine().await;
+        w.route_quarantine_again(&sink).await;
         rebound.add_permits(1);
         let done = consumer.wait(|c| c.quarantined >= 1, w.state()).await;
         consumer.stop().await;
@@ -82,10 +64,6 @@ fn a_failure_count_outlives_a_quarantine_the_broker_could_not_route() {
             "the handler ran again from a first attempt after the unroutable copy ({done:?})"
         );
         assert_eq!(w.quarantined().await.len(), 1);
-        let gone = w
-            .channel
-            .exchange_delete(sink.as_str().into(), Default::default());
-        gone.await.unwrap();
         w.cleanup().await;
     });
 }

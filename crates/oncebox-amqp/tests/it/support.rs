@@ -146,6 +146,47 @@ impl World {
             .unwrap();
     }
 
+    /// Leaves the quarantine routing nowhere: its queue unbound, and the exchange (auto-delete,
+    /// so it would go with its last binding) kept by a binding to a sink exchange that no queue
+    /// is bound to. Returns the sink, for [`World::route_quarantine_again`].
+    pub async fn unroute_quarantine(&self) -> String {
+        let (q, x) = (
+            self.quarantine_queue.as_str(),
+            self.quarantine_exchange.as_str(),
+        );
+        let sink = format!("{x}-sink");
+        let none = FieldTable::default;
+        let made = self.channel.exchange_declare(
+            sink.as_str().into(),
+            ExchangeKind::Fanout,
+            ExchangeDeclareOptions::default(),
+            none(),
+        );
+        made.await.unwrap();
+        let to_sink = self.channel.exchange_bind(
+            sink.as_str().into(),
+            x.into(),
+            "".into(),
+            Default::default(),
+            none(),
+        );
+        to_sink.await.unwrap();
+        let unbind = self
+            .channel
+            .queue_unbind(q.into(), x.into(), "".into(), none());
+        unbind.await.unwrap();
+        sink
+    }
+
+    /// Routes the quarantine to its queue again and removes `sink`.
+    pub async fn route_quarantine_again(&self, sink: &str) {
+        self.declare_quarantine().await;
+        let gone = self
+            .channel
+            .exchange_delete(sink.into(), Default::default());
+        gone.await.unwrap();
+    }
+
     pub fn options(&self) -> ConsumerOptions {
         let rules = MessageRules::new(Source::new(SOURCE).unwrap(), KeyRule::MessageId);
         let mut o = ConsumerOptions::new(&self.queue, rules, &self.quarantine_exchange);

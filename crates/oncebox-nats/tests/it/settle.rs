@@ -1,7 +1,8 @@
 //! How single messages are settled when things go wrong around them: a poison message carrying
 //! JetStream's own headers is still quarantined; redeliveries during an outage do not use up a
 //! handler's attempts; a panicking `Apply` is a failed handler; the acks `run` counted have
-//! reached the server when it returns.
+//! reached the server when it returns; a conflict whose quarantine failed is not offered to the
+//! store again.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -13,7 +14,7 @@ use oncebox_core::{ProcessError, Processed, Unavailable};
 use oncebox_nats::Consumer;
 use oncebox_testkit::{run, service_url};
 
-use crate::support::{World, connect, start};
+use crate::support::{World, connect, create_stream, start};
 
 #[test]
 fn poison_with_jetstream_headers_is_quarantined_without_them() {
@@ -202,6 +203,41 @@ fn the_acks_counted_have_reached_the_server_when_run_returns() {
             info.ack_floor.stream_sequence, info.num_ack_pending
         );
         assert_eq!(info.num_ack_pending, 0);
+        w.cleanup().await;
+    });
+}
+
+/// A conflict whose quarantined copy no stream stores (the quarantine stream deleted after the
+/// start): it is NAKed back until the quarantine stores again, and meanwhile not asked of the
+/// store again, which keeps an audit row of the offered payload each time it is asked.
+#[test]
+fn a_conflict_whose_quarantine_fails_is_not_offered_to_the_store_again() {
+    let Some(url) = service_url("ONCEBOX_NATS_URL") else {
+        return;
+    };
+    run(async move {
+        let w = World::new(&url).await;
+        let mut consumer = start(&url, Consumer::new(w.db.checked(), w.options()));
+        w.publish(Some("evt_c"), r#"{"v":1}"#).await;
+        w.wait(&mut consumer, |c| c.applied >= 1).await;
+
+        w.js.delete_stream(&w.quarantine_stream).await.unwrap();
+        w.publish(Some("evt_c"), r#"{"v":2}"#).await;
+        // Each copy unstored, the message NAKed back (20 ms apart).
+        let held = w.wait(&mut consumer, |c| c.requeued >= 5).await;
+        assert_eq!(held.quarantined, 0, "{held:?}");
+        assert_eq!(w.db.conflicts().await, 1, "one audit row, not one per try");
+
+        create_stream(&w.js, &w.quarantine_stream, &w.quarantine_subject).await;
+        let done = w.wait(&mut consumer, |c| c.quarantined >= 1).await;
+        consumer.stop().await;
+        eprintln!(
+            "nats conflict with the quarantine unstored: requeued {}, then quarantined",
+            done.requeued
+        );
+        assert_eq!(w.db.conflicts().await, 1);
+        assert_eq!(w.quarantined().await, ["key-reused"]);
+        assert_eq!(w.db.effects("evt_c"), 1);
         w.cleanup().await;
     });
 }

@@ -1,0 +1,52 @@
+//! One JetStream message in hand, as the settle order sees it: ack, quarantine (a copy
+//! published and confirmed), or a NAK with a delay.
+
+use std::time::Duration;
+
+use async_nats::jetstream::{self, AckKind};
+use oncebox_core::consume::{Broker, Reason, Requeue};
+
+use crate::consumer::ConsumerOptions;
+use crate::message::{QuarantineError, quarantine};
+
+/// One message being settled, with what settling it needs.
+pub(crate) struct InHand<'a> {
+    pub(crate) js: &'a jetstream::Context,
+    pub(crate) message: &'a jetstream::Message,
+    pub(crate) options: &'a ConsumerOptions,
+}
+
+impl Broker for InHand<'_> {
+    type QuarantineError = QuarantineError;
+
+    async fn ack(&self) -> bool {
+        match self.message.ack().await {
+            Ok(()) => true,
+            Err(e) => {
+                // Not acknowledged: the server delivers it again after the ack wait, and the
+                // redelivery is answered as a duplicate.
+                tracing::warn!(error = %e, "ack not sent; the message will come back as a duplicate");
+                false
+            }
+        }
+    }
+
+    async fn quarantine(&self, reason: &Reason) -> Result<(), QuarantineError> {
+        let o = self.options;
+        let (to, source) = (&o.quarantine_subject, &o.rules.source);
+        quarantine(self.js, to, &o.stream, source, self.message, reason)
+            .await
+            .inspect(|()| tracing::warn!(stream = %o.stream, reason = reason.slug(), detail = %reason.detail(), "message quarantined"))
+            .inspect_err(|e| tracing::error!(stream = %o.stream, error = %e, "quarantine failed; message requeued"))
+    }
+
+    /// Returns the message to the server, to be delivered again after `after` (a NAK with a
+    /// delay, which server 2.9 honours; the message stays pending meanwhile, so with
+    /// `max_ack_pending = 1` nothing overtakes it).
+    async fn requeue(&self, why: Requeue, after: Duration) {
+        tracing::debug!(stream = %self.options.stream, ?why, "message requeued");
+        if let Err(e) = self.message.ack_with(AckKind::Nak(Some(after))).await {
+            tracing::debug!(error = %e, "nak not sent; the message comes back after the ack wait");
+        }
+    }
+}
