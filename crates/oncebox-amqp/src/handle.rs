@@ -80,7 +80,10 @@ impl<A: oncebox_core::consume::Apply> Shared<A> {
                 None => self.process(event, &delivery, &stopping).await,
             },
         };
-        let decided = matches!(decision, Settle::Quarantine(_)).then(|| decision.clone());
+        if let (Some(key), Some(offered)) = (&key, offered) {
+            self.owed
+                .owe(key, offered, &decision, self.options.retry.delay);
+        }
         if matches!(decision, Settle::Ack(_)) {
             // The effect is committed; a crash from here on is redelivered and answered as a
             // duplicate.
@@ -93,8 +96,8 @@ impl<A: oncebox_core::consume::Apply> Shared<A> {
             stopping,
         };
         let (settle, acked) = settle(&in_hand, decision, &self.options.retry).await;
-        if let (Some(key), Some(offered), Some(decided)) = (&key, offered, &decided) {
-            self.owed.note(key, offered, decided, &settle);
+        if let (Some(key), Some(offered)) = (&key, offered) {
+            self.owed.settled(key, offered, &settle);
         }
         // Settled for good: its failures are no longer counted. A quarantine the broker did not
         // take (unroutable, refused, unconfirmed) was requeued instead, and its next failure

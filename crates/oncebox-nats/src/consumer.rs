@@ -314,10 +314,12 @@ impl<A: Apply> Consumer<A> {
             message: &message,
             options: o,
         };
-        let decided = matches!(decision, Settle::Quarantine(_)).then(|| decision.clone());
+        if let Some((key, offered)) = &offered {
+            self.owed.owe(key, *offered, &decision, o.retry.delay);
+        }
         let (settle, acked) = settle(&in_hand, decision, &o.retry).await;
-        if let (Some((key, offered)), Some(decided)) = (&offered, &decided) {
-            self.owed.note(key, *offered, decided, &settle);
+        if let Some((key, offered)) = &offered {
+            self.owed.settled(key, *offered, &settle);
         }
         if !matches!(settle, Settle::Requeue { .. }) {
             self.attempts.settled((at.created, sequence));

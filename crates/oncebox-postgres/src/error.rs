@@ -242,7 +242,19 @@ pub(crate) fn record_failed(e: &sqlx::Error) -> oncebox_core::ProcessError {
                     .into(),
             )
         }
-        _ => oncebox_core::ProcessError::Unavailable(storage(e)),
+        _ => oncebox_core::ProcessError::Unavailable(after_handler(e)),
+    }
+}
+
+/// A failure of oncebox's own statement after a handler ran, before the commit. The handler
+/// may have ended the claim's transaction itself (its own `COMMIT` on `tx.conn()`), which only
+/// the lost answer would have shown: so a lost answer is `CommitUnknown` (the next claim finds
+/// such a claim committed and parks the key), not "nothing kept".
+pub(crate) fn after_handler(e: &sqlx::Error) -> Unavailable {
+    if answer_lost(e) {
+        Unavailable::CommitUnknown(e.to_string())
+    } else {
+        storage(e)
     }
 }
 

@@ -33,14 +33,15 @@ pub(crate) fn check_namespace(namespace: &str) -> Result<(), ConnectError> {
 /// Every Redis error is `Unavailable` (G3): a timeout or a broken connection leaves the
 /// request's fate unknown, and a server error (OOM, READONLY replica, WRONGTYPE on a foreign
 /// key) means this tier cannot answer. `Storage` ("nothing was kept") only where that is
-/// known: Redis answered with an error, or no connection was made (refused, the password or
-/// the configuration wrong). Any other failure (a connection that dropped, an unreachable
-/// host or a TLS error after the call went out, a reply that does not parse) may have carried
-/// the call to Redis, whose script then ran with its answer lost: `CommitUnknown`, and a
-/// holder's `release` repeated after it reads `Fenced`, its key already free.
+/// known: Redis refused the call with one of its own [`REFUSED_UNRUN`] errors, or no
+/// connection was made (refused, the password or the configuration wrong). Any other failure
+/// (a connection that dropped, an unreachable host or a TLS error after the call went out, a
+/// reply that does not parse, an error a proxy in between made up) may have carried the call
+/// to Redis, whose script then ran with its answer lost: `CommitUnknown`, and a holder's
+/// `release` repeated after it reads `Fenced`, its key already free.
 pub(crate) fn unavailable(e: &redis::RedisError) -> Unavailable {
     use redis::ErrorKind;
-    let nothing_sent = e.code().is_some()
+    let nothing_sent = e.code().is_some_and(refused_unrun)
         || e.is_connection_refusal()
         || matches!(
             e.kind(),
@@ -52,6 +53,47 @@ pub(crate) fn unavailable(e: &redis::RedisError) -> Unavailable {
         Unavailable::Storage(format!("redis: {e}"))
     } else {
         Unavailable::CommitUnknown(format!("redis: {e}"))
+    }
+}
+
+/// The error codes with which Redis itself refuses a call before running any of it: a replica,
+/// a primary that lost its replicas or its disk, memory or permission refused, a script not
+/// loaded or one busy, a key of a foreign type read by a script's first command, a cluster
+/// redirection. Another code says nothing of whether the call ran: a proxy in between answers
+/// one of its own for an upstream connection it lost after forwarding the call (Envoy's
+/// `-upstream failure`), and `ERR` is what some send then.
+const REFUSED_UNRUN: [&str; 17] = [
+    "READONLY",
+    "MASTERDOWN",
+    "LOADING",
+    "OOM",
+    "NOPERM",
+    "NOAUTH",
+    "WRONGPASS",
+    "MISCONF",
+    "NOREPLICAS",
+    "NOSCRIPT",
+    "BUSY",
+    "WRONGTYPE",
+    "EXECABORT",
+    "CROSSSLOT",
+    "CLUSTERDOWN",
+    "TRYAGAIN",
+    "MOVED",
+];
+
+/// Whether `code` is one of [`REFUSED_UNRUN`].
+pub(crate) fn refused_unrun(code: &str) -> bool {
+    REFUSED_UNRUN.contains(&code)
+}
+
+/// An error Redis (or something in between) answered in place of a reply, as [`unavailable`]
+/// judges it.
+pub(crate) fn server_error(e: &redis::ServerError) -> Unavailable {
+    if refused_unrun(e.code()) {
+        Unavailable::Storage(format!("redis: {e:?}"))
+    } else {
+        Unavailable::CommitUnknown(format!("redis: {e:?}"))
     }
 }
 

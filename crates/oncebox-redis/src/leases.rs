@@ -339,7 +339,7 @@ fn answer(
     match reply {
         Err(_) => Err(Unavailable::Deadline),
         Ok(Err(e)) => Err(unavailable(&e)),
-        Ok(Ok(Value::ServerError(e))) => Err(Unavailable::Storage(format!("redis: {e:?}"))),
+        Ok(Ok(Value::ServerError(e))) => Err(crate::error::server_error(&e)),
         Ok(Ok(v)) => Ok(v),
     }
 }

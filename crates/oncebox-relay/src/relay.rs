@@ -128,6 +128,9 @@ struct Lane {
     /// `Err` when it could not be built (authorities that do not parse, say): every attempt
     /// then fails as not sent, and the delivery waits, unharmed, until the caps end it.
     client: Result<reqwest::Client, String>,
+    /// Where the last reconciliation pass stopped with uncertain deliveries left past it: the
+    /// next pass goes on from there (`reconcile.rs`).
+    reconciled_to: Mutex<Option<i64>>,
 }
 
 /// A relay over a store and a set of routes.
@@ -169,6 +172,7 @@ impl<S: DeliveryStore> Relay<S> {
                     client: send::client(&route).inspect_err(|e| {
                         tracing::error!(route = %route.name, error = %e, "route client not built: its attempts fail as not sent");
                     }),
+                    reconciled_to: Mutex::new(None),
                     route,
                 };
                 (lane.route.name.clone(), lane)
@@ -258,10 +262,7 @@ impl<S: DeliveryStore> Relay<S> {
         let unrouted = self.unrouted_of(g.owed_by_route);
         let total: i64 = unrouted.iter().map(|(_, n)| n).sum();
         metrics::gauge!("oncebox_deliveries_unrouted").set(total as f64);
-        let mut warned = self
-            .warned_unrouted
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut warned = lock(&self.warned_unrouted);
         for (route, owed) in unrouted {
             if warned.insert(route.clone()) {
                 tracing::warn!(
@@ -323,4 +324,9 @@ impl<S: DeliveryStore> Relay<S> {
             }
         }
     }
+}
+
+/// The guarded value, whatever a panic left it: each holder's state stays valid at every step.
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }

@@ -24,8 +24,8 @@ pub fn decide(outcome: Result<Processed, ProcessError>, attempt: u32, p: &RetryP
         Err(ProcessError::Invalid(Invalid::Payload(PayloadError::Json(e)))) => {
             Settle::Quarantine(Reason::InvalidJson(e.to_string()))
         }
-        Err(ProcessError::Invalid(Invalid::TooLarge { limit, .. })) => {
-            Settle::Quarantine(Reason::BodyTooLarge { limit })
+        Err(ProcessError::Invalid(Invalid::Key(e))) => {
+            Settle::Quarantine(Reason::EventIdInvalid(e.to_string()))
         }
         Err(ProcessError::Invalid(e)) => Settle::Quarantine(Reason::Invalid(e.to_string())),
         Err(ProcessError::InProgress { retry_after }) => {
@@ -99,13 +99,19 @@ mod tests {
             slug(json),
             ("invalid-json", "JSON syntax error at byte 3".to_owned())
         );
+        let blank = Invalid::Key(crate::InvalidKey::EventIdBlank);
+        assert_eq!(slug(blank).0, "event-id-invalid");
+        // The store counts the headers too, so its own words say what was too large.
         let large = Invalid::TooLarge {
             size: 2_000,
             limit: 1_000,
         };
         assert_eq!(
             slug(large),
-            ("body-too-large", "body larger than 1000 bytes".to_owned())
+            (
+                "invalid",
+                "the event is 2000 bytes; the store keeps at most 1000".to_owned()
+            )
         );
         let missing = Invalid::Payload(PayloadError::NoFields);
         assert_eq!(slug(missing).0, "invalid");

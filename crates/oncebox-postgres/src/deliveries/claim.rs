@@ -146,8 +146,16 @@ impl Inbox {
         if !routes.is_empty() {
             query = query.bind(routes);
         }
+        // The connection first: one the pool (or a pooler in between) did not give sent
+        // nothing, whatever the error says.
+        let mut conn = answered(self.lost_after, self.pool.acquire())
+            .await
+            .map_err(|e| storage(&e))?;
         // Past `lost_after` this fails as a lost connection does: looked for by its id below.
-        let rows = match answered(self.lost_after, query.fetch_all(&self.pool)).await {
+        let fetched = answered(self.lost_after, query.fetch_all(&mut *conn)).await;
+        // Back to the pool (closed there if it broke) before the look below takes another.
+        drop(conn);
+        let rows = match fetched {
             Ok(rows) => rows,
             Err(e) => {
                 self.claimed_after(&e, claim_id, expires_at.plus(lease))
@@ -189,7 +197,12 @@ impl Inbox {
         let found = match found {
             Ok(found) if !found.is_empty() => found,
             _ => {
-                self.lost_claims.remember(claim_id, forget_at);
+                // A pooler's error says its server session is gone: a claim it did not commit
+                // never will. Only a connection this side lost may carry one that commits
+                // later.
+                if !matches!(e, sqlx::Error::Database(_)) {
+                    self.lost_claims.remember(claim_id, forget_at);
+                }
                 return Err(storage(e));
             }
         };

@@ -12,7 +12,7 @@ use sqlx::PgPool;
 
 use super::{Handler, Inbox, begin, notify};
 use crate::claim::{Claimed, RESET_SESSION, finish};
-use crate::error::{handler_commit_failed, record_failed, storage, unavailable};
+use crate::error::{after_handler, handler_commit_failed, record_failed, storage, unavailable};
 use crate::silent::answered;
 use crate::tx::{HandlerError, Tx};
 
@@ -101,7 +101,7 @@ impl Inbox {
         if tx.queued {
             answered(limit, notify(&mut tx.tx, &tx.sql.channel))
                 .await
-                .map_err(|e| storage(&e))?;
+                .map_err(|e| after_handler(&e))?;
         }
         crate::crash::point!("before-commit");
         answered(limit, tx.tx.commit())
@@ -128,7 +128,7 @@ impl Inbox {
             // Dropping the transaction rolls it back.
             Ok(true) => Err(error),
             Ok(false) => self.ended_by_handler(event, tx, claimed).await,
-            Err(e) => Err(ProcessError::Unavailable(storage(&e))),
+            Err(e) => Err(ProcessError::Unavailable(after_handler(&e))),
         }
     }
 
@@ -156,10 +156,18 @@ impl Inbox {
         // Ends whatever the connection is in now (a transaction the handler began after its
         // own); outside one, PostgreSQL only warns. Then, outside any transaction, what the
         // handler set for its session after its own `COMMIT` is set back, as `finish` does.
+        // Each waits at most `lost_after`, and none after one that failed: on a connection
+        // gone silent each would wait out its own limit behind the lost answer. The connection
+        // is dropped with the transaction then.
         let limit = self.lost_after;
-        let _ = answered(limit, sqlx::query("ROLLBACK").execute(&mut *tx.tx)).await;
-        let _ = answered(limit, sqlx::Executor::execute(&mut *tx.tx, RESET_SESSION)).await;
-        let _ = answered(limit, tx.tx.rollback()).await;
+        let ended = answered(limit, sqlx::query("ROLLBACK").execute(&mut *tx.tx)).await;
+        if ended.is_ok()
+            && answered(limit, sqlx::Executor::execute(&mut *tx.tx, RESET_SESSION))
+                .await
+                .is_ok()
+        {
+            let _ = answered(limit, tx.tx.rollback()).await;
+        }
         let now = self.clock.now().millis();
         let parked = park(&self.pool, self.deadline, event, claimed.row, now);
         if let Err(e) = answered(limit, parked).await {
@@ -180,7 +188,7 @@ async fn terminal(
 ) -> Result<bool, ProcessError> {
     if !rollback_to_savepoint(tx, limit)
         .await
-        .map_err(|e| ProcessError::Unavailable(storage(&e)))?
+        .map_err(|e| ProcessError::Unavailable(after_handler(&e)))?
     {
         return Ok(false);
     }
@@ -188,7 +196,7 @@ async fn terminal(
     tx.queued = false;
     answered(limit, finish(&mut tx.tx, &tx.sql, claimed, response, now))
         .await
-        .map_err(|e| ProcessError::Unavailable(storage(&e)))
+        .map_err(|e| ProcessError::Unavailable(after_handler(&e)))
 }
 
 /// `ROLLBACK TO SAVEPOINT` the handler's, undoing its work; false when there is no

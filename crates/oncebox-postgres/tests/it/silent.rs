@@ -223,13 +223,6 @@ fn a_consumers_watermark_whose_connection_goes_silent_is_unknown_and_moved_on_re
         // The watermark's statement, as the settling transaction sends it.
         let moved = b"oncebox_offsets AS o";
         let (proxy, inbox) = proxied(&url, &harness::schema(), &clock, moved).await;
-        type Handler = for<'t> fn(
-            &'t mut oncebox_postgres::Tx,
-            &'t oncebox_core::Event,
-        ) -> futures::future::BoxFuture<
-            't,
-            Result<Response, oncebox_postgres::HandlerError>,
-        >;
         let apply = oncebox_postgres::InboxHandler::new(inbox.clone(), nothing as Handler);
         let at = |offset| {
             Some(Position {
@@ -271,39 +264,69 @@ fn a_consumers_watermark_whose_connection_goes_silent_is_unknown_and_moved_on_re
     });
 }
 
-/// A library handler's record: oncebox's own statements around the handler (the savepoint, the
-/// record's finish, the notify) waited for good on a silent connection, holding the message in
-/// hand, and a NATS stream read in order behind it.
+/// A library handler's statements: oncebox's own around the handler (the savepoint before it,
+/// the record's finish, the notify of its deliveries) waited for good on a silent connection,
+/// holding the message in hand, and a NATS stream read in order behind it.
+#[test]
+fn a_handlers_savepoint_whose_connection_goes_silent_ends_and_the_retry_applies() {
+    around_the_handler(b"SAVEPOINT oncebox_effect_", nothing);
+}
+
 #[test]
 fn a_handlers_record_whose_connection_goes_silent_ends_and_the_retry_applies() {
+    // The record's finish, which only the handler's path sends.
+    around_the_handler(b"txid_current() = $5", nothing);
+}
+
+#[test]
+fn a_handlers_notify_whose_connection_goes_silent_ends_and_the_retry_applies() {
+    around_the_handler(b"pg_notify", queueing);
+}
+
+type Handler =
+    for<'t> fn(
+        &'t mut oncebox_postgres::Tx,
+        &'t oncebox_core::Event,
+    )
+        -> futures::future::BoxFuture<'t, Result<Response, oncebox_postgres::HandlerError>>;
+
+fn queueing<'t>(
+    tx: &'t mut oncebox_postgres::Tx,
+    event: &'t oncebox_core::Event,
+) -> futures::future::BoxFuture<'t, Result<Response, oncebox_postgres::HandlerError>> {
+    Box::pin(async move {
+        let message = oncebox_core::OutboxMessage::json("email", event.key.to_string(), "{}");
+        tx.enqueue(&message).await?;
+        Ok(Response::completed("ok"))
+    })
+}
+
+/// `handler` run through a proxy that strands the connection at the first bytes holding
+/// `marker`: the call ends within `lost_after`, and once the connection was given up on (its
+/// transaction with it) the retry applies the event.
+fn around_the_handler(marker: &'static [u8], handler: Handler) {
     let Some(url) = harness::url() else {
         return;
     };
     run(async move {
         use oncebox_core::consume::Apply;
         let clock = ManualClock::new(EPOCH);
-        // The record's finish, which only the handler's path sends.
-        let finish = b"txid_current() = $5";
-        let (proxy, inbox) = proxied(&url, &harness::schema(), &clock, finish).await;
-        type Handler = for<'t> fn(
-            &'t mut oncebox_postgres::Tx,
-            &'t oncebox_core::Event,
-        ) -> futures::future::BoxFuture<
-            't,
-            Result<Response, oncebox_postgres::HandlerError>,
-        >;
-        let apply = oncebox_postgres::InboxHandler::new(inbox.clone(), nothing as Handler);
+        let (proxy, inbox) = proxied(&url, &harness::schema(), &clock, marker).await;
+        let apply = oncebox_postgres::InboxHandler::new(inbox.clone(), handler);
 
         proxy.set(Mode::Strand);
         let lost = tokio::time::timeout(HUNG, apply.apply(event("shop", "paid", 1), None)).await;
-        let lost = lost.expect("the record's wait ends");
+        let lost = lost.expect("the wait ends");
         assert!(
             matches!(lost, Err(ProcessError::Unavailable(_))),
             "{lost:?}"
         );
-        assert_eq!(Stats::get(&proxy.stats.stranded), 1, "the finish was sent");
+        assert_eq!(
+            Stats::get(&proxy.stats.stranded),
+            1,
+            "the statement was sent"
+        );
         proxy.set(Mode::Pass);
-        // Given up on, the connection is closed, and the claim's transaction with it.
         all_closed(&proxy).await;
         let retried = tokio::time::timeout(HUNG, async {
             loop {

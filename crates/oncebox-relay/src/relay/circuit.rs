@@ -48,10 +48,7 @@ pub(crate) struct TrialGuard<'a> {
 
 impl Drop for TrialGuard<'_> {
     fn drop(&mut self) {
-        let mut circuits = self
-            .circuits
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut circuits = super::lock(self.circuits);
         if let Some(c) = circuits.get_mut(&self.route) {
             c.trial = false;
         }
@@ -60,9 +57,7 @@ impl Drop for TrialGuard<'_> {
 
 impl<S: DeliveryStore> Relay<S> {
     pub(super) fn circuits(&self) -> std::sync::MutexGuard<'_, HashMap<String, Circuit>> {
-        self.circuits
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        super::lock(&self.circuits)
     }
 
     /// Whether a claim of `route` about to be sent may go: the circuit closed, the one trial

@@ -96,7 +96,7 @@ impl<S: DeliveryStore> Relay<S> {
         if !self.short_of_lease(claimed, route, claimed_at, Duration::ZERO) {
             return;
         }
-        let mut warned = self.warned_short.lock().unwrap_or_else(|p| p.into_inner());
+        let mut warned = super::lock(&self.warned_short);
         if warned.insert(route.name.clone()) {
             tracing::warn!(
                 route = %route.name,

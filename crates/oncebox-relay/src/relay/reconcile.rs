@@ -7,7 +7,7 @@ use oncebox_core::delivery::{DeliveryState, RetryPolicy};
 use oncebox_core::relay_store::{DeliveryFilter, DeliveryStore, DeliveryView, StatusAnswer};
 use oncebox_core::{Timestamp, Unavailable};
 
-use super::{Lane, Relay};
+use super::{Lane, Relay, lock};
 use crate::send;
 
 /// Uncertain deliveries one route's status URL is asked about per pass. Their questions run
@@ -17,8 +17,10 @@ const PER_PASS: usize = 16;
 
 /// Pages of uncertain deliveries one pass reads per route at most, looking for [`PER_PASS`]
 /// readable ones. A row that no longer parses (edited by hand) is skipped by the listing but
-/// still uses up its place in the page; without reading on, 16 such rows, which nothing
-/// reschedules, would hide every later uncertain delivery of the route from reconciliation.
+/// still uses up its place in the page, and nothing reschedules it: read from the start each
+/// time, 16 such rows would hide every later uncertain delivery of the route. So a pass reads
+/// on past them, and the next pass goes on where it stopped, back at the start once it reached
+/// the end.
 const PAGES_PER_PASS: usize = 8;
 
 impl<S: DeliveryStore> Relay<S> {
@@ -32,7 +34,7 @@ impl<S: DeliveryStore> Relay<S> {
             if lane.route.status_url.is_none() {
                 continue;
             }
-            let due = self.due_uncertain(name).await?;
+            let due = self.due_uncertain(name, lane).await?;
             for done in join_all(due.iter().map(|d| self.ask(lane, d))).await {
                 settled += usize::from(done?);
             }
@@ -40,11 +42,16 @@ impl<S: DeliveryStore> Relay<S> {
         Ok(settled)
     }
 
-    /// Up to [`PER_PASS`] uncertain deliveries of `route` whose check is due, in id order,
-    /// reading on past rows the listing skips.
-    async fn due_uncertain(&self, route: &str) -> Result<Vec<DeliveryView>, Unavailable> {
+    /// Up to [`PER_PASS`] uncertain deliveries of `route` whose check is due, in id order
+    /// from where the last pass stopped, reading on past rows the listing skips.
+    async fn due_uncertain(
+        &self,
+        route: &str,
+        lane: &Lane,
+    ) -> Result<Vec<DeliveryView>, Unavailable> {
         let mut due = Vec::new();
-        let mut after = None;
+        let mut after = *lock(&lane.reconciled_to);
+        let mut left = None;
         for _ in 0..PAGES_PER_PASS {
             let filter = DeliveryFilter {
                 state: Some(DeliveryState::Uncertain),
@@ -56,11 +63,13 @@ impl<S: DeliveryStore> Relay<S> {
             };
             let page = self.store.deliveries(filter).await?;
             due.extend(page.items);
-            match page.next {
+            left = page.next;
+            match left {
                 Some(next) if due.len() < PER_PASS => after = Some(next),
                 _ => break,
             }
         }
+        *lock(&lane.reconciled_to) = left;
         Ok(due)
     }
 

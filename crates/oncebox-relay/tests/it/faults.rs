@@ -65,13 +65,15 @@ fn reply_dropped_on_a_plain_route_is_uncertain_and_reconciled_through_the_status
 
 /// Uncertain rows an edit by hand left unreadable (a key that no longer parses) are skipped by
 /// the listing, but still took their places in the page reconciliation read: 16 of them, due
-/// and never rescheduled, hid every later uncertain delivery of the route for good.
+/// and never rescheduled, hid every later uncertain delivery of the route for good. Now a pass
+/// reads on past them, and the next goes on where it stopped: 200 of them, more than a pass
+/// reads, hold the later one back a pass or two, not for good.
 #[test]
 fn unreadable_uncertain_rows_do_not_hide_a_later_one_from_reconciliation() {
     run(async {
         let w = World::new();
         let (rx, addr) = receiver::start().await;
-        for i in 0..20 {
+        for i in 0..200 {
             w.accept(&format!("evt_bad{i}"), &["hooks"]).await;
         }
         let edited = rusqlite::Connection::open(w.path())
@@ -82,7 +84,7 @@ fn unreadable_uncertain_rows_do_not_hide_a_later_one_from_reconciliation() {
                 [],
             )
             .unwrap();
-        assert_eq!(edited, 20);
+        assert_eq!(edited, 200);
         let (proxy, dropped) = receiver::dropping_proxy(addr).await;
         w.accept("evt_u", &["hooks"]).await;
         let mut plain = route("hooks", proxy, false);
@@ -91,7 +93,11 @@ fn unreadable_uncertain_rows_do_not_hide_a_later_one_from_reconciliation() {
         assert_eq!(relay.run_once().await.unwrap().uncertain, 1);
         assert_eq!(*dropped.lock().unwrap(), 1);
         w.clock.advance(STATUS_RECHECK.0);
-        assert_eq!(relay.run_once().await.unwrap().reconciled, 1);
+        let mut passes = 1;
+        while relay.run_once().await.unwrap().reconciled == 0 {
+            passes += 1;
+            assert!(passes <= 3, "still not asked after {passes} passes");
+        }
         assert_eq!(w.delivery("evt_u").await.state, DeliveryState::Delivered);
         assert_eq!(rx.hits_of("shop:evt_u"), 1);
     });

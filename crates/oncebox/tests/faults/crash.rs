@@ -13,7 +13,6 @@ use std::time::Duration;
 use oncebox_core::SystemClock;
 use oncebox_gateway::policy::{GatewayConfig, Limits};
 use oncebox_gateway::{Gateway, router, serve};
-use oncebox_testkit::checker::check;
 use oncebox_testkit::child::{Ready, Spec, killed};
 use oncebox_testkit::history::{History, Outcome};
 use oncebox_testkit::seed::Seed;
@@ -289,10 +288,8 @@ fn ingest_crash(point: &'static str, schema: Option<&PgSchema>) -> Report {
         drain(&history, &proc.ready, SENDERS).await;
         proc.kill();
         let store = StoreCounts::new(&sqlite, schema).await;
-        let fin = store.fin(false).await;
-        let mut figures = check(&history.ops(), &fin);
-        let queued = outbox::check(&mut figures, &fin, store.queued(outbox::ROUTE).await);
         let ops = history.ops();
+        let (mut figures, queued) = outbox::figures(&ops, &store).await;
         // Refusals kept beyond those answered: conflicts committed but never answered.
         let refused_unanswered =
             crate::conflicts::check(&mut figures, &ops, store.conflicts(SOURCE).await);

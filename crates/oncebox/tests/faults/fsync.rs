@@ -1,18 +1,19 @@
 //! SQLite whose fsync fails: `oncebox serve` runs under `strace`, which answers every
 //! `fsync`/`fdatasync` from the N-th on with EIO. New events are refused with a 503 problem
 //! (never a 2xx without a durable commit); restarted without the fault, retries apply each
-//! once.
+//! once. Every event is routed, with no relay (`outbox.rs`): each stored event must hold its
+//! one delivery.
 
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use oncebox_testkit::checker::check;
 use oncebox_testkit::child::{Proc, Spec, until};
 use oncebox_testkit::history::{History, Outcome, key};
 
+use crate::outbox;
 use crate::table::{Report, Scenario, scale};
-use crate::world::{self, PATIENCE, block_on, final_sqlite};
+use crate::world::{self, PATIENCE, StoreCounts, block_on};
 
 pub const SQLITE_FSYNC_EIO: Scenario = Scenario {
     name: "storage: SQLite fsync EIO",
@@ -126,7 +127,8 @@ fn fsync_eio() -> Option<Report> {
     let database = format!("sqlite://{}", db.display());
     let history = Arc::new(History::new());
     Some(block_on(Duration::from_secs(120), async {
-        let spec = world::serve(dir.path(), &database, "127.0.0.1:0", &[]);
+        outbox::configure(dir.path(), SOURCE);
+        let spec = world::serve(dir.path(), &database, "127.0.0.1:0", outbox::NO_RELAY);
         let mut traced = under_strace(&strace, spec.clone()).start();
         let base = world::url(&traced);
         let c = world::client();
@@ -173,10 +175,15 @@ fn fsync_eio() -> Option<Report> {
         until("the gateway released the database", PATIENCE, || {
             !healthy.running()
         });
+        let store = StoreCounts::new(&db, None).await;
+        let (figures, queued) = outbox::figures(&history.ops(), &store).await;
         Report {
-            figures: check(&history.ops(), &final_sqlite(&db, false)),
+            figures,
             exercised: eio as u64,
-            what: format!("{eio} answered 503 under fsync EIO, {committed} committed before"),
+            what: format!(
+                "{eio} answered 503 under fsync EIO, {committed} committed before, {queued} \
+                 deliveries queued"
+            ),
             expected_unresolved: 0,
         }
     }))

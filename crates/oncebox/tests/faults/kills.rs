@@ -14,7 +14,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use oncebox_testkit::checker::check;
 use oncebox_testkit::child::killed;
 use oncebox_testkit::history::{History, Outcome, Refusal};
 use oncebox_testkit::seed::Seed;
@@ -128,9 +127,8 @@ fn random_kills(schema: Option<&PgSchema>, death: Death) -> Report {
                 if normal { "normal" } else { "full" }
             )),
             Death::Kill | Death::Term => {
-                std::fs::write(dir.path().join("oncebox.toml"), outbox::toml(SOURCE)).unwrap();
-                // No relay: every delivery stays in the outbox, to be counted at the end.
-                world::serve(dir.path(), &database, &listen, &["--no-relay"])
+                outbox::configure(dir.path(), SOURCE);
+                world::serve(dir.path(), &database, &listen, outbox::NO_RELAY)
             }
         };
         let mut server = spec.start();
@@ -237,9 +235,7 @@ fn random_kills(schema: Option<&PgSchema>, death: Death) -> Report {
         };
         server.terminate();
         let store = StoreCounts::new(&sqlite, schema).await;
-        let fin = store.fin(false).await;
-        let mut figures = check(&ops, &fin);
-        let queued = outbox::check(&mut figures, &fin, store.queued(outbox::ROUTE).await);
+        let (mut figures, queued) = outbox::figures(&ops, &store).await;
         crate::conflicts::check(&mut figures, &ops, store.conflicts(SOURCE).await);
         let unanswered = history.count(|o| matches!(o, Outcome::Info(_)));
         let refused = history.count(|o| matches!(o, Outcome::Fail(Refusal::Conflict)));

@@ -1,17 +1,22 @@
 //! Faults on the wire between the gateway and PostgreSQL, through the testkit's TCP proxy:
 //! replies to `COMMIT` lost, PostgreSQL frozen (a black hole) and its connections reset under
-//! load (the receiver's side is `reply.rs`, a slow database `slow_db.rs`).
+//! load (the receiver's side is `reply.rs`, a slow database `slow_db.rs`). Every event is
+//! routed, with no relay (`outbox.rs`): each stored event must hold its one delivery.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use oncebox_testkit::checker::{Figures, check};
+use oncebox_testkit::checker::Figures;
 use oncebox_testkit::child::{Proc, until_async};
 use oncebox_testkit::history::{History, Op, Outcome};
 use oncebox_testkit::proxy::{Mode, Proxy, Stats};
 
+use crate::outbox;
 use crate::table::{Report, Scenario};
-use crate::world::{self, PATIENCE, PgSchema, block_on, final_pg};
+use crate::world::{self, PATIENCE, PgSchema, StoreCounts, block_on};
+
+/// The senders' source.
+const SOURCE: &str = "pg";
 
 pub const COMMIT_REPLY_LOST_POSTGRES: Scenario = Scenario {
     name: "net: COMMIT reply lost",
@@ -36,7 +41,7 @@ pub const POSTGRES_RESET: Scenario = Scenario {
 pub(crate) struct Behind {
     pub schema: PgSchema,
     pub proxy: Proxy,
-    pub _dir: tempfile::TempDir,
+    pub dir: tempfile::TempDir,
     pub gw: Proc,
     pub base: String,
     pub history: Arc<History>,
@@ -47,20 +52,16 @@ impl Behind {
         let schema = world::pg_schema().await?;
         let proxy = Proxy::start_with_marker(schema.server_addr(), marker).await;
         let dir = tempfile::tempdir().unwrap();
-        let gw = world::serve(
-            dir.path(),
-            &schema.url_via(proxy.addr()),
-            "127.0.0.1:0",
-            &[],
-        )
-        .start();
+        outbox::configure(dir.path(), SOURCE);
+        let database = schema.url_via(proxy.addr());
+        let gw = world::serve(dir.path(), &database, "127.0.0.1:0", outbox::NO_RELAY).start();
         let base = world::url(&gw);
         let history = Arc::new(History::new());
         burst(&history, &base, "warm", 20).await;
         Some(Behind {
             schema,
             proxy,
-            _dir: dir,
+            dir,
             gw,
             base,
             history,
@@ -68,12 +69,13 @@ impl Behind {
     }
 
     /// Once the fault is healed: every key sent again until it is resolved, the gateway
-    /// stopped, and the figures of the history against what PostgreSQL holds.
+    /// stopped, and the figures of the history against what PostgreSQL holds, its outbox
+    /// included.
     pub(crate) async fn finish(&mut self) -> Figures {
         world::drain(&self.history, &self.base, 8).await;
         self.gw.terminate();
-        let fin = final_pg(&self.schema.pool().await, false).await;
-        check(&self.history.ops(), &fin)
+        let store = StoreCounts::new(self.dir.path(), Some(&self.schema)).await;
+        outbox::figures(&self.history.ops(), &store).await.0
     }
 }
 
@@ -138,7 +140,7 @@ pub(crate) async fn burst(history: &Arc<History>, base: &str, prefix: &str, n: u
         .map(|i| {
             let (history, base, id) = (history.clone(), base.to_owned(), format!("{prefix}{i}"));
             tokio::spawn(async move {
-                world::deliver(&world::client(), &history, &base, "pg", &id, "v1").await
+                world::deliver(&world::client(), &history, &base, SOURCE, &id, "v1").await
             })
         })
         .collect();
@@ -217,7 +219,7 @@ async fn frozen() -> Option<Report> {
                 tick.tick().await;
                 let (history, base, id) = (history.clone(), base.clone(), format!("cold{i}"));
                 tokio::spawn(async move {
-                    world::deliver(&world::client(), &history, &base, "pg", &id, "v1").await
+                    world::deliver(&world::client(), &history, &base, SOURCE, &id, "v1").await
                 });
                 i += 1;
             }

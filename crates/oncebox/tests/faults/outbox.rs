@@ -1,16 +1,19 @@
-//! The outbox half of the crash and kill scenarios: their gateways route every event to one
-//! route, [`ROUTE`], with no relay running, so each stored event must hold exactly one pending
-//! delivery there once the run is drained. The gateway commits an event's record and its
+//! The outbox half of the crash, kill and database-fault scenarios: their gateways route every
+//! event to one route, [`ROUTE`], with no relay running, so each stored event must hold exactly
+//! one pending delivery there once the run is drained. The gateway commits an event's record and its
 //! deliveries in one transaction; a crash between two separate commits would leave a record
 //! without its delivery (the receiver never hears of an acknowledged event) or a delivery
 //! without its record (the retry is stored and queued again).
 
 use std::collections::BTreeMap;
+use std::path::Path;
 use std::time::Duration;
 
 use oncebox_core::delivery::{Backoff, RetryPolicy};
 use oncebox_testkit::checker::{Figures, Final};
-use oncebox_testkit::history::Key;
+use oncebox_testkit::history::{Key, Op};
+
+use crate::world::StoreCounts;
 
 /// The route's name, the outbox's `destination`.
 pub const ROUTE: &str = "sink";
@@ -51,6 +54,26 @@ pub fn route(sources: &[&str]) -> oncebox_core::route::Route {
 /// No `[sources]`: the gateway stays in zero-configuration mode, taking any source unsigned.
 pub fn toml(source: &str) -> String {
     format!("[routes.{ROUTE}]\nsources = [\"{source}\"]\nurl = \"{URL}\"\nidempotent = true\n")
+}
+
+/// The flags an `oncebox serve` started in a directory [`configure`]d needs: no relay, so
+/// every delivery stays queued to be counted.
+pub const NO_RELAY: &[&str] = &["--no-relay"];
+
+/// Writes `dir/oncebox.toml` routing every event of `source` to [`ROUTE`], for an `oncebox
+/// serve` started there with [`NO_RELAY`].
+pub fn configure(dir: &Path, source: &str) {
+    std::fs::write(dir.join("oncebox.toml"), toml(source)).expect("write oncebox.toml");
+}
+
+/// The figures of a drained run whose gateway routed every event to [`ROUTE`]: the checker's
+/// over `ops` and what `store` holds, with what the outbox breaks added; and how many
+/// deliveries were queued.
+pub async fn figures(ops: &[Op], store: &StoreCounts) -> (Figures, usize) {
+    let fin = store.fin(false).await;
+    let mut figures = oncebox_testkit::checker::check(ops, &fin);
+    let queued = check(&mut figures, &fin, store.queued(ROUTE).await);
+    (figures, queued)
 }
 
 /// Adds to `figures` what the outbox breaks, given `fin` (the inbox read back: each completed

@@ -1,16 +1,20 @@
 //! SQLite under storage faults, with `oncebox serve` on the file: the write lock held by
-//! another connection, and the disk full (a 2 MiB tmpfs).
+//! another connection, and the disk full (a 2 MiB tmpfs). Every event is routed, with no relay
+//! (`outbox.rs`), so each stored event must hold its one delivery.
 
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
 use oncebox_sqlite::rusqlite::Connection;
-use oncebox_testkit::checker::check;
 use oncebox_testkit::history::{History, Outcome};
 
+use crate::outbox;
 use crate::table::{Report, Scenario, scale};
-use crate::world::{self, block_on, final_sqlite};
+use crate::world::{self, StoreCounts, block_on};
+
+/// The senders' source.
+const SOURCE: &str = "disk";
 
 pub const SQLITE_LOCKED: Scenario = Scenario {
     name: "storage: SQLite write lock held",
@@ -38,7 +42,7 @@ async fn burst(
             // The tag carries padding, so a disk fills with few events.
             let tag = format!("v1{}", "x".repeat(size));
             tokio::spawn(async move {
-                world::deliver(&world::client(), &history, &base, "disk", &id, &tag).await
+                world::deliver(&world::client(), &history, &base, SOURCE, &id, &tag).await
             })
         })
         .collect();
@@ -58,7 +62,9 @@ fn locked() -> Report {
     let database = format!("sqlite://{}", db.display());
     let history = Arc::new(History::new());
     block_on(Duration::from_secs(90), async {
-        let mut server = world::serve(dir.path(), &database, "127.0.0.1:0", &[]).start();
+        outbox::configure(dir.path(), SOURCE);
+        let spec = world::serve(dir.path(), &database, "127.0.0.1:0", outbox::NO_RELAY);
+        let mut server = spec.start();
         let base = world::url(&server);
         let n = scale(10);
         burst(&history, &base, "warm", n, 0).await;
@@ -89,10 +95,15 @@ fn locked() -> Report {
         );
         world::drain(&history, &base, 4).await;
         server.terminate();
+        let store = StoreCounts::new(&db, None).await;
+        let (figures, queued) = outbox::figures(&history.ops(), &store).await;
         Report {
-            figures: check(&history.ops(), &final_sqlite(&db, false)),
+            figures,
             exercised: refused as u64,
-            what: format!("{refused} refused 503 under the lock, {replays} replays served"),
+            what: format!(
+                "{refused} refused 503 under the lock, {replays} replays served, {queued} \
+                 deliveries queued"
+            ),
             expected_unresolved: 0,
         }
     })
@@ -153,7 +164,9 @@ fn disk_full() -> Option<Report> {
     let logs = tempfile::tempdir().unwrap();
     let history = Arc::new(History::new());
     Some(block_on(Duration::from_secs(90), async {
-        let mut server = world::serve(logs.path(), &database, "127.0.0.1:0", &[]).start();
+        outbox::configure(logs.path(), SOURCE);
+        let spec = world::serve(logs.path(), &database, "127.0.0.1:0", outbox::NO_RELAY);
+        let mut server = spec.start();
         let base = world::url(&server);
         burst(&history, &base, "warm", 10, 0).await;
         let filler = fill(fs.0.path());
@@ -178,10 +191,12 @@ fn disk_full() -> Option<Report> {
         std::fs::remove_file(fs.0.path().join("filler")).unwrap();
         world::drain(&history, &base, 4).await;
         server.terminate();
+        let store = StoreCounts::new(&db, None).await;
+        let (figures, queued) = outbox::figures(&history.ops(), &store).await;
         Report {
-            figures: check(&history.ops(), &final_sqlite(&db, false)),
+            figures,
             exercised: refused as u64,
-            what: format!("{refused} refused while the disk was full"),
+            what: format!("{refused} refused while the disk was full, {queued} deliveries queued"),
             expected_unresolved: 0,
         }
     }))
