@@ -66,6 +66,17 @@ pub enum OpenError {
          schema in the role's search_path (ALTER ROLE … SET search_path) instead"
     )]
     StartupOptionsIgnored,
+    /// oncebox's tables are found through the `search_path` in one schema, while the first
+    /// schema of that path that exists, where oncebox's own statements and any new table go,
+    /// is another: a schema named like the role, created later, before `public` in the default
+    /// `"$user", public`. Run on, the handlers' statements would fail, or a migration would
+    /// start empty tables there and forget every key kept in the first.
+    #[error(
+        "oncebox's tables are in schema {tables:?}, but the connection's current schema (the \
+         first of its search_path that exists) is {current:?}: name the schema ({tables:?}) in \
+         the settings, or take {current:?} out of the search_path"
+    )]
+    SchemaElsewhere { tables: String, current: String },
     /// No schema of the connection's `search_path` exists, so there is nowhere to keep the
     /// tables.
     #[error(

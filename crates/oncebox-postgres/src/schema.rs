@@ -289,6 +289,20 @@ pub(crate) async fn migrate(
         .await?;
     migration_lock(&mut tx, lock_wait).await?;
     sqlx::Executor::execute(&mut *tx, crate::inbox::lock_timeout(deadline).as_str()).await?;
+    // Where unqualified names find oncebox's tables must be where its qualified statements and
+    // new tables go (`OpenError::SchemaElsewhere`).
+    let (tables, current): (Option<String>, Option<String>) = sqlx::query_as(
+        "SELECT (SELECT n.nspname::text FROM pg_class c JOIN pg_namespace n
+                   ON n.oid = c.relnamespace WHERE c.oid = to_regclass('oncebox_schema')),
+                current_schema()::text",
+    )
+    .fetch_one(&mut *tx)
+    .await?;
+    if let (Some(tables), Some(current)) = (tables, current)
+        && tables != current
+    {
+        return Err(OpenError::SchemaElsewhere { tables, current });
+    }
     // Created only when absent (under the lock, so no race): `IF NOT EXISTS` would log a
     // server notice at every start.
     let exists: bool = sqlx::query_scalar("SELECT to_regclass('oncebox_schema') IS NOT NULL")

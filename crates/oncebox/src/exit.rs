@@ -177,10 +177,11 @@ fn storage(cause: &(dyn std::error::Error + 'static)) -> Option<Code> {
             oncebox_postgres::OpenError::Postgres(_) => Some(Code::Unavailable),
             oncebox_postgres::OpenError::SchemaTooNew { .. } => Some(Code::Usage),
             oncebox_postgres::OpenError::MigrationLocked { .. } => Some(Code::Unavailable),
-            // A pooler dropping the startup options, a search_path naming no schema: only a
-            // change of the setup helps.
+            // A pooler dropping the startup options, a search_path naming no schema or finding
+            // the tables elsewhere: only a change of the setup helps.
             oncebox_postgres::OpenError::StartupOptionsIgnored
-            | oncebox_postgres::OpenError::NoSchema { .. } => Some(Code::Usage),
+            | oncebox_postgres::OpenError::NoSchema { .. }
+            | oncebox_postgres::OpenError::SchemaElsewhere { .. } => Some(Code::Usage),
             _ => None,
         };
     }

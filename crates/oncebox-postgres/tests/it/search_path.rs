@@ -1,7 +1,8 @@
 //! The schema oncebox's statements reach, whatever the session's path says: a handler that
 //! points `search_path` at another deployment's schema (for its transaction or its whole
 //! session) changes nothing there; a path naming no schema, and a pooler that drops the
-//! connection's startup options (schema and settings with them), are refused at open; behind
+//! connection's startup options (schema and settings with them), and tables found behind the
+//! path's first schema, are refused at open; behind
 //! such a pooler a database whose default isolation is REPEATABLE READ still migrates once
 //! when two nodes start together.
 
@@ -117,6 +118,41 @@ fn a_search_path_naming_no_schema_is_refused_at_open() {
         assert!(
             matches!(&opened, Err(OpenError::NoSchema { search_path }) if search_path == "no_such_schema_here"),
             "{opened:?}"
+        );
+    });
+}
+
+/// Tables kept in a schema of the path behind one that did not exist then. Once that one is
+/// created (a schema named like the role, before `public` in the default `"$user", public`),
+/// unqualified names still find the tables behind it while oncebox's own statements and any
+/// new table go to it: the handlers' statements failed, or a migration would have started
+/// empty tables there, every key kept forgotten. Refused at open, naming both.
+#[test]
+fn tables_found_behind_the_current_schema_are_refused_at_open() {
+    run(async {
+        let Some(base) = url() else { return };
+        let (first, kept) = (schema(), schema());
+        let clock = ManualClock::new(oncebox_testkit::EPOCH);
+        let made = Inbox::open(options(&kept, &clock))
+            .await
+            .expect("tables made");
+        drop(made);
+        let separator = if base.contains('?') { '&' } else { '?' };
+        let path = format!("{base}{separator}options=-c%20search_path%3D{first}%2C{kept}");
+        // While `first` does not exist, the path reaches `kept` first.
+        let before = Inbox::open(Options::new(path.clone())).await;
+        assert!(before.is_ok(), "{before:?}");
+        drop(before);
+        let admin = PgPool::connect(&base).await.unwrap();
+        sqlx::query(&format!("CREATE SCHEMA \"{first}\""))
+            .execute(&admin)
+            .await
+            .unwrap();
+        let after = Inbox::open(Options::new(path)).await;
+        assert!(
+            matches!(&after, Err(OpenError::SchemaElsewhere { tables, current })
+                if *tables == kept && *current == first),
+            "{after:?}"
         );
     });
 }
