@@ -58,8 +58,8 @@ impl Link {
                 return false;
             };
             tracing::warn!(
-                "Redis answered READONLY (a replica: a failover moved the primary behind this \
-                 address): connected anew"
+                "Redis answered as a replica (READONLY or MASTERDOWN: a failover moved the \
+                 primary behind this address): connected anew"
             );
             *self.current.write().unwrap_or_else(PoisonError::into_inner) = (seen + 1, conn);
             true
@@ -83,10 +83,12 @@ pub(crate) fn read_only(reply: &RedisResult<Value>) -> bool {
 /// `READONLY`, or how Redis before 7 reports a script's write refused by a replica: the
 /// refusal wrapped in a plain error (`ERR Error running script (call to f_…): … -READONLY You
 /// can't write against a read only replica.`). Missing it left a tier on a demoted primary
-/// refusing every write for as long as its connection stayed open.
+/// refusing every write for as long as its connection stayed open. `MASTERDOWN` is a replica's
+/// too, one set not to serve stale data whose primary it cannot reach (the demoted server
+/// behind an address that now leads elsewhere): it refuses every call, reads included.
 fn replica_refusal(code: Option<&str>, detail: Option<&str>) -> bool {
     match code {
-        Some("READONLY") => true,
+        Some("READONLY" | "MASTERDOWN") => true,
         Some("ERR") => detail
             .is_some_and(|d| d.starts_with("Error running script") && d.contains("-READONLY ")),
         _ => false,
@@ -107,6 +109,7 @@ mod tests {
             "-READONLY You can't write against a read only replica.\r\n",
             "-ERR Error running script (call to f_0123): @user_script:17: @user_script: 17: \
              -READONLY You can't write against a read only replica.\r\n",
+            "-MASTERDOWN Link with MASTER is down and replica-serve-stale-data is set to 'no'.\r\n",
         ];
         for wire in refused {
             let parsed = reply(wire);

@@ -1,6 +1,7 @@
 //! A failover behind one address, as a virtual IP makes it: the primary the tier is connected to
 //! becomes a replica, and the address leads to the new primary. The open connection still
-//! reaches the old one, which refuses every write (`READONLY`); the tier connects anew.
+//! reaches the old one, which refuses every write (`READONLY`), or every call (`MASTERDOWN`,
+//! when it serves no stale data and cannot reach its primary); the tier connects anew.
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -83,6 +84,53 @@ fn after_a_failover_behind_one_address_the_tier_writes_to_the_new_primary() {
         assert!(
             errors.contains("errorstat_READONLY:count=1"),
             "the old connection was refused as a replica's: {errors}"
+        );
+        let mut primary = raw(&new.url()).await;
+        let held: i64 = query(
+            &mut primary,
+            "EXISTS",
+            &[&ns.record(&event("after", 1).key)],
+        )
+        .await;
+        assert_eq!(held, 1, "the lease is on the new primary");
+        drop((old, new));
+    });
+}
+
+/// The demoted server serves no stale data and cannot reach the primary it was told to follow
+/// (a partition): it answers `MASTERDOWN` to every call, which the tier took for an outage for
+/// as long as its connection stayed open.
+#[test]
+fn a_demoted_server_answering_masterdown_is_left_for_the_new_primary() {
+    let (Some(old), Some(new)) = (PrivateRedis::start(), PrivateRedis::start()) else {
+        return;
+    };
+    run(async move {
+        let vip = VirtualIp::start(old.addr()).await;
+        let ns = Namespace::new(&format!("redis://{}", vip.addr));
+        let redis = ns.leases().await;
+        let _before = leased(redis.begin(&event("before", 1), TTL).await);
+
+        let mut demoted = raw(&old.url()).await;
+        let _: String = query(
+            &mut demoted,
+            "CONFIG",
+            &["SET", "replica-serve-stale-data", "no"],
+        )
+        .await;
+        // A primary nobody listens for: the link to it stays down.
+        let gone = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = gone.local_addr().unwrap().port().to_string();
+        drop(gone);
+        let _: String = query(&mut demoted, "REPLICAOF", &["127.0.0.1", &port]).await;
+        vip.move_to(new.addr());
+
+        let after = redis.begin(&event("after", 1), TTL).await;
+        assert!(matches!(after, Ok(Begun::Leased(_))), "{after:?}");
+        let errors: String = query(&mut demoted, "INFO", &["errorstats"]).await;
+        assert!(
+            errors.contains("errorstat_MASTERDOWN:count=1"),
+            "the old connection was refused as a cut-off replica's: {errors}"
         );
         let mut primary = raw(&new.url()).await;
         let held: i64 = query(
