@@ -41,6 +41,12 @@ pub enum Reason {
     BodyTooLarge {
         limit: usize,
     },
+    /// The store refused the event as larger than it keeps in one row: its payload and its
+    /// headers together, `size` bytes against `limit`. The gateway answers it the same way.
+    EventTooLarge {
+        size: usize,
+        limit: usize,
+    },
     /// Same key, another payload: the first payload won and is kept in the store; this one is
     /// kept in quarantine.
     KeyReused {
@@ -65,7 +71,7 @@ impl Reason {
             Reason::EventIdMissing(_) => "event-id-missing",
             Reason::EventIdInvalid(_) => "event-id-invalid",
             Reason::InvalidJson(_) => "invalid-json",
-            Reason::BodyTooLarge { .. } => "body-too-large",
+            Reason::BodyTooLarge { .. } | Reason::EventTooLarge { .. } => "body-too-large",
             Reason::KeyReused { .. } => "key-reused",
             Reason::Invalid(_) => "invalid",
             Reason::HandlerFailed { .. } => "handler-failed",
@@ -104,6 +110,9 @@ impl Reason {
             | Reason::InvalidJson(d)
             | Reason::Invalid(d) => d.clone(),
             Reason::BodyTooLarge { limit } => format!("body larger than {limit} bytes"),
+            Reason::EventTooLarge { size, limit } => format!(
+                "the event is {size} bytes with its headers; the store keeps at most {limit}"
+            ),
             Reason::KeyReused { stored, offered } => {
                 format!("key reused with another payload (stored {stored}, offered {offered})")
             }

@@ -73,7 +73,7 @@ pub enum OpenError {
     /// start empty tables there and forget every key kept in the first.
     #[error(
         "oncebox's tables are in schema {tables:?}, but the connection's current schema (the \
-         first of its search_path that exists) is {current:?}: name the schema ({tables:?}) in \
+         first of its search_path that exists and the role may use) is {current:?}: name the schema ({tables:?}) in \
          the settings, or take {current:?} out of the search_path"
     )]
     SchemaElsewhere { tables: String, current: String },

@@ -42,6 +42,7 @@ pub(crate) fn check_namespace(namespace: &str) -> Result<(), ConnectError> {
 pub(crate) fn unavailable(e: &redis::RedisError) -> Unavailable {
     use redis::ErrorKind;
     let nothing_sent = e.code().is_some_and(refused_unrun)
+        || crate::link::replica_refusal(e.code(), e.detail())
         || e.is_connection_refusal()
         || matches!(
             e.kind(),
@@ -90,7 +91,7 @@ pub(crate) fn refused_unrun(code: &str) -> bool {
 /// An error Redis (or something in between) answered in place of a reply, as [`unavailable`]
 /// judges it.
 pub(crate) fn server_error(e: &redis::ServerError) -> Unavailable {
-    if refused_unrun(e.code()) {
+    if refused_unrun(e.code()) || crate::link::replica_refusal(Some(e.code()), e.details()) {
         Unavailable::Storage(format!("redis: {e:?}"))
     } else {
         Unavailable::CommitUnknown(format!("redis: {e:?}"))
@@ -178,6 +179,20 @@ mod tests {
             ErrorKind::AuthenticationFailed,
             "wrong password"
         ))));
+        // Refusals a proxy may have made up say nothing of whether the call ran; a replica's,
+        // in either spelling, says it did not.
+        let wire = |w: &str| {
+            redis::parse_redis_value(w.as_bytes())
+                .and_then(|v| v.extract_error())
+                .unwrap_err()
+        };
+        assert!(unknown(wire("-upstream failure\r\n")));
+        assert!(unknown(wire("-ERR connection lost\r\n")));
+        assert!(storage(wire("-NOSCRIPT No matching script.\r\n")));
+        assert!(storage(wire(
+            "-ERR Error running script (call to f_0123): @user_script:17: @user_script: 17: \
+             -READONLY You can't write against a read only replica.\r\n"
+        )));
         for broken in [
             io::ErrorKind::ConnectionReset,
             io::ErrorKind::UnexpectedEof,

@@ -86,7 +86,7 @@ pub(crate) fn read_only(reply: &RedisResult<Value>) -> bool {
 /// refusing every write for as long as its connection stayed open. `MASTERDOWN` is a replica's
 /// too, one set not to serve stale data whose primary it cannot reach (the demoted server
 /// behind an address that now leads elsewhere): it refuses every call, reads included.
-fn replica_refusal(code: Option<&str>, detail: Option<&str>) -> bool {
+pub(crate) fn replica_refusal(code: Option<&str>, detail: Option<&str>) -> bool {
     match code {
         Some("READONLY" | "MASTERDOWN") => true,
         Some("ERR") => detail

@@ -24,6 +24,9 @@ pub fn decide(outcome: Result<Processed, ProcessError>, attempt: u32, p: &RetryP
         Err(ProcessError::Invalid(Invalid::Payload(PayloadError::Json(e)))) => {
             Settle::Quarantine(Reason::InvalidJson(e.to_string()))
         }
+        Err(ProcessError::Invalid(Invalid::TooLarge { size, limit })) => {
+            Settle::Quarantine(Reason::EventTooLarge { size, limit })
+        }
         Err(ProcessError::Invalid(Invalid::Key(e))) => {
             Settle::Quarantine(Reason::EventIdInvalid(e.to_string()))
         }
@@ -101,7 +104,7 @@ mod tests {
         );
         let blank = Invalid::Key(crate::InvalidKey::EventIdBlank);
         assert_eq!(slug(blank).0, "event-id-invalid");
-        // The store counts the headers too, so its own words say what was too large.
+        // The store counts the headers too, which its detail says.
         let large = Invalid::TooLarge {
             size: 2_000,
             limit: 1_000,
@@ -109,8 +112,8 @@ mod tests {
         assert_eq!(
             slug(large),
             (
-                "invalid",
-                "the event is 2000 bytes; the store keeps at most 1000".to_owned()
+                "body-too-large",
+                "the event is 2000 bytes with its headers; the store keeps at most 1000".to_owned()
             )
         );
         let missing = Invalid::Payload(PayloadError::NoFields);

@@ -58,11 +58,19 @@ impl Owed {
     }
 
     /// After the settling: a message quarantined (or acknowledged) is owed nothing more; one
-    /// requeued stays owed.
+    /// requeued stays owed until its wait from now is over (a copy may have waited its turn
+    /// long before the requeue).
     pub fn settled(&self, key: &Key, fingerprint: Fingerprint, settled: &Settle) {
-        if !matches!(settled, Settle::Requeue { .. }) {
-            let mut owed = self.0.lock().unwrap_or_else(PoisonError::into_inner);
-            owed.remove(&(key.clone(), fingerprint));
+        let mut owed = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        match settled {
+            Settle::Requeue { after, .. } => {
+                if let Some((_, until)) = owed.get_mut(&(key.clone(), fingerprint)) {
+                    *until = Instant::now() + *after + OWED_SLACK;
+                }
+            }
+            _ => {
+                owed.remove(&(key.clone(), fingerprint));
+            }
         }
     }
 }

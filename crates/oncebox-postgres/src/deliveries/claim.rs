@@ -148,11 +148,14 @@ impl Inbox {
         }
         // The connection first: one the pool (or a pooler in between) did not give sent
         // nothing, whatever the error says.
+        let started = tokio::time::Instant::now();
         let mut conn = answered(self.lost_after, self.pool.acquire())
             .await
             .map_err(|e| storage(&e))?;
-        // Past `lost_after` this fails as a lost connection does: looked for by its id below.
-        let fetched = answered(self.lost_after, query.fetch_all(&mut *conn)).await;
+        // Past `lost_after` (the connection's wait included) this fails as a lost connection
+        // does: looked for by its id below.
+        let left = self.lost_after.saturating_sub(started.elapsed());
+        let fetched = answered(left, query.fetch_all(&mut *conn)).await;
         // Back to the pool (closed there if it broke) before the look below takes another.
         drop(conn);
         let rows = match fetched {
@@ -197,12 +200,10 @@ impl Inbox {
         let found = match found {
             Ok(found) if !found.is_empty() => found,
             _ => {
-                // A pooler's error says its server session is gone: a claim it did not commit
-                // never will. Only a connection this side lost may carry one that commits
-                // later.
-                if !matches!(e, sqlx::Error::Database(_)) {
-                    self.lost_claims.remember(claim_id, forget_at);
-                }
+                // Even a pooler's error may leave the statement running on the server (its
+                // `query_timeout` closed the connection while the claim waited for a lock),
+                // to commit later.
+                self.lost_claims.remember(claim_id, forget_at);
                 return Err(storage(e));
             }
         };

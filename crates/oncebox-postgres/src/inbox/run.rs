@@ -157,8 +157,9 @@ impl Inbox {
         // own); outside one, PostgreSQL only warns. Then, outside any transaction, what the
         // handler set for its session after its own `COMMIT` is set back, as `finish` does.
         // Each waits at most `lost_after`, and none after one that failed: on a connection
-        // gone silent each would wait out its own limit behind the lost answer. The connection
-        // is dropped with the transaction then.
+        // gone silent each would wait out its own limit behind the lost answer (that
+        // connection is closed when the transaction is dropped; one that refused a statement
+        // goes back to the pool after the drop's own rollback).
         let limit = self.lost_after;
         let ended = answered(limit, sqlx::query("ROLLBACK").execute(&mut *tx.tx)).await;
         if ended.is_ok()

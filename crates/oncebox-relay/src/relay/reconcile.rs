@@ -43,15 +43,15 @@ impl<S: DeliveryStore> Relay<S> {
     }
 
     /// Up to [`PER_PASS`] uncertain deliveries of `route` whose check is due, in id order
-    /// from where the last pass stopped, reading on past rows the listing skips.
+    /// from where the last pass stopped, on from the start once past the end (up to where it
+    /// began), reading on past rows the listing skips.
     async fn due_uncertain(
         &self,
         route: &str,
         lane: &Lane,
     ) -> Result<Vec<DeliveryView>, Unavailable> {
-        let mut due = Vec::new();
-        let mut after = *lock(&lane.reconciled_to);
-        let mut left = None;
+        let began = *lock(&lane.reconciled_to);
+        let (mut due, mut after, mut wrapped, mut left) = (Vec::new(), began, false, None);
         for _ in 0..PAGES_PER_PASS {
             let filter = DeliveryFilter {
                 state: Some(DeliveryState::Uncertain),
@@ -62,11 +62,15 @@ impl<S: DeliveryStore> Relay<S> {
                 ..DeliveryFilter::default()
             };
             let page = self.store.deliveries(filter).await?;
-            due.extend(page.items);
-            left = page.next;
+            // Once wrapped, what lies past where this pass began was read already.
+            let upto = began.filter(|_| wrapped).unwrap_or(i64::MAX);
+            due.extend(page.items.into_iter().filter(|d| d.id <= upto));
+            left = page.next.filter(|next| *next < upto);
             match left {
-                Some(next) if due.len() < PER_PASS => after = Some(next),
-                _ => break,
+                _ if due.len() >= PER_PASS => break,
+                Some(next) => after = Some(next),
+                None if began.is_some() && !wrapped => (after, wrapped) = (None, true),
+                None => break,
             }
         }
         *lock(&lane.reconciled_to) = left;

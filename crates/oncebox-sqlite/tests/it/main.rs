@@ -17,6 +17,7 @@ mod powerloss;
 mod readonly;
 mod recent;
 mod reentrant;
+mod refused;
 mod rolled_back;
 mod savepoint;
 mod schema;

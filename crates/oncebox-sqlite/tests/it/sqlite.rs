@@ -1,5 +1,5 @@
 //! SQLite-specific behaviour: busy and locked files, deadlines, group commit, several writers on
-//! one file, and files that must not be opened.
+//! one file (files that must not be opened: `refused.rs`).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -7,7 +7,7 @@ use std::time::Duration;
 use oncebox_core::store::EventStore;
 use oncebox_core::{Event, ProcessError, Processed, Response, Unavailable};
 use oncebox_sqlite::rusqlite::Connection;
-use oncebox_sqlite::{Inbox, OpenError, Options};
+use oncebox_sqlite::{Inbox, Options};
 use oncebox_testkit::race::{Timed, raced, timed};
 use oncebox_testkit::run;
 use oncebox_testkit::writer::hold_writer;
@@ -290,117 +290,6 @@ fn two_writers_on_one_file_apply_a_key_once() {
             .unwrap();
         assert_eq!(effects, 1);
     });
-}
-
-#[test]
-fn damaged_file_is_refused_not_replaced() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("o.db");
-    std::fs::write(&path, vec![0x5a; 8192]).unwrap();
-    let err = Inbox::open(Options::new(&path)).unwrap_err();
-    assert!(matches!(err, OpenError::Sqlite { .. }), "{err:?}");
-    assert_eq!(
-        std::fs::read(&path).unwrap(),
-        vec![0x5a; 8192],
-        "the file was left as it was"
-    );
-}
-
-/// A database file lost or truncated beside its log (a restore that missed it, a truncation)
-/// is refused: opened, SQLite would start an empty database over it, drop the log, and every
-/// key the inbox had committed would be new again. The log is left as it was.
-#[test]
-fn a_database_file_lost_beside_its_log_is_refused_not_started_empty() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("o.db");
-    let inbox = Inbox::open(Options::new(&path)).unwrap();
-    assert!(matches!(
-        inbox.process_blocking(event("k"), ok),
-        Ok(Processed::Applied(_))
-    ));
-    // The state a crash leaves: the file and its log, the log holding the last commits.
-    let log = std::fs::read(dir.path().join("o.db-wal")).unwrap();
-    assert!(!log.is_empty(), "the commit is in the log");
-    let file = std::fs::read(&path).unwrap();
-    for (name, file_bytes) in [("missing.db", None), ("emptied.db", Some(Vec::new()))] {
-        let lost = dir.path().join(name);
-        let lost_log = dir.path().join(format!("{name}-wal"));
-        std::fs::write(&lost_log, &log).unwrap();
-        if let Some(bytes) = &file_bytes {
-            std::fs::write(&lost, bytes).unwrap();
-        }
-        let err = Inbox::open(Options::new(&lost)).unwrap_err();
-        assert!(
-            matches!(err, OpenError::LostDatabase { log_bytes, .. } if log_bytes == log.len() as u64),
-            "{name}: {err:?}"
-        );
-        assert!(err.to_string().contains("lost or truncated"), "{err}");
-        assert_eq!(
-            std::fs::read(&lost_log).unwrap(),
-            log,
-            "{name}: log untouched"
-        );
-        assert_eq!(
-            std::fs::read(&lost).ok(),
-            file_bytes,
-            "{name}: nothing created"
-        );
-        // With the file back, the key is remembered.
-        std::fs::write(&lost, &file).unwrap();
-        let back = Inbox::open(Options::new(&lost)).unwrap();
-        let again = back.process_blocking(event("k"), ok);
-        assert!(
-            matches!(again, Ok(Processed::Duplicate(_))),
-            "{name}: {again:?}"
-        );
-    }
-}
-
-/// A file a later build migrated is refused unless that build marked it readable by this one
-/// (`readable_from`): then it opens, with or without migrations, answers from what it holds and
-/// stays at the later version.
-#[test]
-fn schema_newer_than_this_build_is_refused_unless_marked_readable_by_it() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("o.db");
-    let inbox = Inbox::open(Options::new(&path)).unwrap();
-    assert!(matches!(
-        inbox.process_blocking(event("e1"), |_tx| Ok(Response::completed(b"ok".to_vec()))),
-        Ok(Processed::Applied(_))
-    ));
-    drop(inbox);
-    let db = Connection::open(&path).unwrap();
-    let set = |sql: &str| db.execute(sql, []).unwrap();
-    let kept = || -> i64 {
-        db.query_row("SELECT version FROM oncebox_schema", [], |r| r.get(0))
-            .unwrap()
-    };
-    let current = kept();
-    // A later build whose steps keep this build's statements valid.
-    set("UPDATE oncebox_schema SET version = version + 1");
-    for migrate in [true, false] {
-        let inbox = Inbox::open(Options::new(&path).migrate(migrate))
-            .unwrap_or_else(|e| panic!("migrate {migrate}: {e}"));
-        let again = inbox.process_blocking(event("e1"), |_tx| {
-            Ok(Response::completed(b"twice".to_vec()))
-        });
-        assert!(matches!(again, Ok(Processed::Duplicate(_))), "{again:?}");
-        drop(inbox);
-        assert_eq!(kept(), current + 1, "left at the later version");
-    }
-    // One whose steps break this build, and one from before the mark.
-    set("UPDATE oncebox_schema SET readable_from = version");
-    let refused = Inbox::open(Options::new(&path)).unwrap_err();
-    assert!(
-        matches!(refused, OpenError::SchemaTooNew { found, known } if found == current + 1 && known == current),
-        "{refused:?}"
-    );
-    set("UPDATE oncebox_schema SET version = 99, readable_from = NULL");
-    let err = Inbox::open(Options::new(&path)).unwrap_err();
-    assert!(
-        matches!(err, OpenError::SchemaTooNew { found: 99, .. }),
-        "{err:?}"
-    );
 }
 
 #[test]

@@ -20,6 +20,7 @@ mod refusals;
 mod relay;
 mod routes;
 mod rules;
+mod sizes;
 
 const SHOP_SECRET: &str = "whsec_c2hvcC1zaWduaW5nLWtleS0wMTIzNDU2Nzg5";
 const SHOP_SECRET_2: &str = "whsec_YW5vdGhlci1zaG9wLWtleS1hYmNkZWZnaGlq";
