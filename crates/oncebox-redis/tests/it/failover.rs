@@ -78,21 +78,7 @@ fn after_a_failover_behind_one_address_the_tier_writes_to_the_new_primary() {
 
         // The first write after it reaches the demoted server, is refused, and is sent again on
         // a new connection, which the address leads to the new primary.
-        let after = redis.begin(&event("after", 1), TTL).await;
-        assert!(matches!(after, Ok(Begun::Leased(_))), "{after:?}");
-        let errors: String = query(&mut demoted, "INFO", &["errorstats"]).await;
-        assert!(
-            errors.contains("errorstat_READONLY:count=1"),
-            "the old connection was refused as a replica's: {errors}"
-        );
-        let mut primary = raw(&new.url()).await;
-        let held: i64 = query(
-            &mut primary,
-            "EXISTS",
-            &[&ns.record(&event("after", 1).key)],
-        )
-        .await;
-        assert_eq!(held, 1, "the lease is on the new primary");
+        begun_on_the_new_primary(&redis, &ns, &mut demoted, "READONLY", &new).await;
         drop((old, new));
     });
 }
@@ -125,21 +111,29 @@ fn a_demoted_server_answering_masterdown_is_left_for_the_new_primary() {
         let _: String = query(&mut demoted, "REPLICAOF", &["127.0.0.1", &port]).await;
         vip.move_to(new.addr());
 
-        let after = redis.begin(&event("after", 1), TTL).await;
-        assert!(matches!(after, Ok(Begun::Leased(_))), "{after:?}");
-        let errors: String = query(&mut demoted, "INFO", &["errorstats"]).await;
-        assert!(
-            errors.contains("errorstat_MASTERDOWN:count=1"),
-            "the old connection was refused as a cut-off replica's: {errors}"
-        );
-        let mut primary = raw(&new.url()).await;
-        let held: i64 = query(
-            &mut primary,
-            "EXISTS",
-            &[&ns.record(&event("after", 1).key)],
-        )
-        .await;
-        assert_eq!(held, 1, "the lease is on the new primary");
+        begun_on_the_new_primary(&redis, &ns, &mut demoted, "MASTERDOWN", &new).await;
         drop((old, new));
     });
+}
+
+/// A lease begun after the failover: the demoted server refused it once (`refusal` counted in
+/// its error stats), and it was taken on the new primary.
+async fn begun_on_the_new_primary(
+    redis: &oncebox_redis::Leases,
+    ns: &Namespace,
+    demoted: &mut redis::aio::MultiplexedConnection,
+    refusal: &str,
+    new: &PrivateRedis,
+) {
+    let after = redis.begin(&event("after", 1), TTL).await;
+    assert!(matches!(after, Ok(Begun::Leased(_))), "{after:?}");
+    let errors: String = query(demoted, "INFO", &["errorstats"]).await;
+    assert!(
+        errors.contains(&format!("errorstat_{refusal}:count=1")),
+        "the old connection was refused as a replica's: {errors}"
+    );
+    let mut primary = raw(&new.url()).await;
+    let record = ns.record(&event("after", 1).key);
+    let held: i64 = query(&mut primary, "EXISTS", &[&record]).await;
+    assert_eq!(held, 1, "the lease is on the new primary");
 }
