@@ -155,6 +155,10 @@ impl Inbox {
         // Past `lost_after` (the connection's wait included) this fails as a lost connection
         // does: looked for by its id below.
         let left = self.lost_after.saturating_sub(started.elapsed());
+        if left.is_zero() {
+            // Nothing sent yet: a claim sent now could not be waited for at all.
+            return Err(storage(&crate::silent::lost(self.lost_after)));
+        }
         let fetched = answered(left, query.fetch_all(&mut *conn)).await;
         // Back to the pool (closed there if it broke) before the look below takes another.
         drop(conn);
