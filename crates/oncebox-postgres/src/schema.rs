@@ -298,16 +298,15 @@ pub(crate) async fn migrate(
     )
     .fetch_one(&mut *tx)
     .await?;
-    if let (Some(tables), Some(current)) = (tables, current)
-        && tables != current
+    if let (Some(tables), Some(current)) = (&tables, current)
+        && *tables != current
     {
+        let tables = tables.clone();
         return Err(OpenError::SchemaElsewhere { tables, current });
     }
     // Created only when absent (under the lock, so no race): `IF NOT EXISTS` would log a
     // server notice at every start.
-    let exists: bool = sqlx::query_scalar("SELECT to_regclass('oncebox_schema') IS NOT NULL")
-        .fetch_one(&mut *tx)
-        .await?;
+    let exists = tables.is_some();
     if !exists && !allowed {
         return Err(OpenError::SchemaOutdated {
             found: 0,

@@ -41,8 +41,7 @@ pub(crate) fn check_namespace(namespace: &str) -> Result<(), ConnectError> {
 /// `release` repeated after it reads `Fenced`, its key already free.
 pub(crate) fn unavailable(e: &redis::RedisError) -> Unavailable {
     use redis::ErrorKind;
-    let nothing_sent = e.code().is_some_and(refused_unrun)
-        || crate::link::replica_refusal(e.code(), e.detail())
+    let nothing_sent = refused_unrun(e.code(), e.detail())
         || e.is_connection_refusal()
         || matches!(
             e.kind(),
@@ -83,15 +82,16 @@ const REFUSED_UNRUN: [&str; 17] = [
     "MOVED",
 ];
 
-/// Whether `code` is one of [`REFUSED_UNRUN`].
-pub(crate) fn refused_unrun(code: &str) -> bool {
-    REFUSED_UNRUN.contains(&code)
+/// Whether an error reply of `code` and `detail` is Redis's own refusal of a call it did not run:
+/// one of [`REFUSED_UNRUN`], or a replica's refusal in its pre-7 spelling.
+fn refused_unrun(code: Option<&str>, detail: Option<&str>) -> bool {
+    code.is_some_and(|c| REFUSED_UNRUN.contains(&c)) || crate::link::replica_refusal(code, detail)
 }
 
 /// An error Redis (or something in between) answered in place of a reply, as [`unavailable`]
 /// judges it.
 pub(crate) fn server_error(e: &redis::ServerError) -> Unavailable {
-    if refused_unrun(e.code()) || crate::link::replica_refusal(Some(e.code()), e.details()) {
+    if refused_unrun(Some(e.code()), e.details()) {
         Unavailable::Storage(format!("redis: {e:?}"))
     } else {
         Unavailable::CommitUnknown(format!("redis: {e:?}"))

@@ -298,8 +298,9 @@ impl Leases {
     }
 
     /// Runs a script. One refused by a replica (`READONLY` or `MASTERDOWN`: a failover behind
-    /// this address) is sent again once on a new connection: nothing of it ran. The refusal, the new connection
-    /// and the second try all share the one deadline, so a call never takes longer than it.
+    /// this address) is sent again once on a new connection: nothing of it ran. The refusal,
+    /// the new connection and the second try all share the one deadline, so a call never takes
+    /// longer than it.
     pub(crate) async fn run(&self, call: &ScriptInvocation<'_>) -> Result<Value, Unavailable> {
         let cutoff = tokio::time::Instant::now() + self.shared.options.deadline;
         let (generation, mut conn) = self.link.get();

@@ -179,9 +179,8 @@ impl Inbox {
         Ok(out)
     }
 
-    /// After a claim that failed. One the server refused changed nothing, and neither did one
-    /// that never got a connection. Any other (the connection broke, perhaps after the server
-    /// committed) is followed by a look for the rows it leased, by its id: left, they would stay
+    /// After a claim that failed on the connection it was given. One the server refused changed
+    /// nothing. Any other (the connection broke, perhaps after the server committed) is followed by a look for the rows it leased, by its id: left, they would stay
     /// in flight under tokens nobody holds until their lease ran out, and then be taken over as
     /// possibly sent, which parks a delivery on a route that ignores the key `uncertain`. A claim
     /// not found may yet commit, so it is remembered (`lost.rs`) until `forget_at`. A server's
@@ -193,8 +192,7 @@ impl Inbox {
         claim_id: i64,
         forget_at: Timestamp,
     ) -> Result<Vec<PgRow>, Unavailable> {
-        let refused = matches!(e, sqlx::Error::Database(_)) && !crate::error::answer_lost(e);
-        if refused || matches!(e, sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed) {
+        if !crate::error::answer_lost(e) {
             return Err(storage(e));
         }
         let found = sqlx::query(CLAIMED_BY_ID)

@@ -53,13 +53,8 @@ fn after_a_failover_behind_one_address_the_tier_writes_to_the_new_primary() {
         return;
     };
     run(async move {
-        let vip = VirtualIp::start(old.addr()).await;
-        let ns = Namespace::new(&format!("redis://{}", vip.addr));
-        let redis = ns.leases().await;
-        let _before = leased(redis.begin(&event("before", 1), TTL).await);
-
+        let (vip, ns, redis, mut demoted) = connected_to(&old).await;
         // The failover: the old primary follows the new one, and the address leads there.
-        let mut demoted = raw(&old.url()).await;
         let port = new.addr().port().to_string();
         let _: String = query(&mut demoted, "REPLICAOF", &["127.0.0.1", &port]).await;
         vip.move_to(new.addr());
@@ -92,12 +87,7 @@ fn a_demoted_server_answering_masterdown_is_left_for_the_new_primary() {
         return;
     };
     run(async move {
-        let vip = VirtualIp::start(old.addr()).await;
-        let ns = Namespace::new(&format!("redis://{}", vip.addr));
-        let redis = ns.leases().await;
-        let _before = leased(redis.begin(&event("before", 1), TTL).await);
-
-        let mut demoted = raw(&old.url()).await;
+        let (vip, ns, redis, mut demoted) = connected_to(&old).await;
         let _: String = query(
             &mut demoted,
             "CONFIG",
@@ -136,4 +126,21 @@ async fn begun_on_the_new_primary(
     let record = ns.record(&event("after", 1).key);
     let held: i64 = query(&mut primary, "EXISTS", &[&record]).await;
     assert_eq!(held, 1, "the lease is on the new primary");
+}
+
+/// The tier connected through a virtual IP leading to `old`, with a lease taken there, and a
+/// connection of the test's own to `old`, which the failover demotes.
+async fn connected_to(
+    old: &PrivateRedis,
+) -> (
+    VirtualIp,
+    Namespace,
+    oncebox_redis::Leases,
+    redis::aio::MultiplexedConnection,
+) {
+    let vip = VirtualIp::start(old.addr()).await;
+    let ns = Namespace::new(&format!("redis://{}", vip.addr));
+    let redis = ns.leases().await;
+    let _before = leased(redis.begin(&event("before", 1), TTL).await);
+    (vip, ns, redis, raw(&old.url()).await)
 }
