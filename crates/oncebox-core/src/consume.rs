@@ -326,6 +326,9 @@ pub struct Counts {
     /// Errors reading from the broker that the consumer went on after (a missed heartbeat,
     /// say); those it stopped on are what its `run` returned.
     pub pull_errors: u64,
+    /// "Still working on it" acknowledgements sent for messages in hand longer than a part of
+    /// the ack wait (NATS), so the broker did not deliver them again meanwhile.
+    pub in_progress: u64,
 }
 
 impl Counts {

@@ -121,12 +121,17 @@ impl Answer {
                 "the store gave an unexpected outcome",
                 retry_after,
             )),
-            Err(ProcessError::Conflict { stored, offered }) => Answer::Problem(Problem::new(
+            // The stored payload's fingerprint stays out of the answer: anyone who can reach an
+            // unsigned source could ask for it under a guessed id, and a fingerprint of a few
+            // fields (an account, an amount) is a hash cheap to invert by trying values. The
+            // audit record keeps both for the operator.
+            Err(ProcessError::Conflict { stored: _, offered }) => Answer::Problem(Problem::new(
                 StatusCode::UNPROCESSABLE_ENTITY,
                 "key-reused",
                 "Event id reused with a different payload",
                 format!(
-                    "stored fingerprint {stored}, this payload {offered}; the first payload wins"
+                    "this event id was stored with another payload (this one's fingerprint \
+                     {offered}); the first payload wins"
                 ),
             )),
             Err(ProcessError::InProgress { retry_after: wait }) => Answer::Problem(

@@ -20,7 +20,7 @@ use oncebox_core::retention::DEFAULT_RETENTION;
 use tokio::sync::watch;
 
 use crate::attempts::Attempts;
-use crate::in_hand::InHand;
+use crate::in_hand::{InHand, kept_alive};
 use crate::message::Headers;
 use crate::pull::{MOST_IN_A_ROW, Trouble};
 use crate::setup::{ConsumeError, DeliverFrom, bind};
@@ -42,6 +42,14 @@ pub struct ConsumerOptions {
     pub filter_subject: Option<String>,
     /// How long the server waits for an ack before delivering the message again.
     pub ack_wait: Duration,
+    /// Tell the server, every third of the durable's ack wait, that a message in hand is still
+    /// being worked on (an in-progress ack, which starts its ack wait again), so an apply, or
+    /// a wait for an earlier message of its key, that outlasts the ack wait does not have the
+    /// message delivered again meanwhile. Such a copy would be answered as a duplicate once the
+    /// first settled, but it takes a place among the messages in hand, and it raises the
+    /// server's delivery count, which after a restart reads as earlier failures. Off: a message
+    /// in hand past the ack wait is delivered again, to this consumer or another.
+    pub progress: bool,
     /// Unacknowledged messages the server lets this consumer hold.
     pub max_ack_pending: i64,
     /// Where a durable created by this consumer starts reading. `oncebox consume` gives its
@@ -81,6 +89,7 @@ impl ConsumerOptions {
             durable: durable.to_owned(),
             filter_subject: None,
             ack_wait: Duration::from_secs(30),
+            progress: true,
             max_ack_pending: 1024,
             deliver_from: DeliverFrom::Retention(DEFAULT_RETENTION),
             batch: 64,
@@ -169,6 +178,12 @@ impl<A: Apply> Consumer<A> {
             js,
             created: bound.stream_created,
             watermark: &watermark,
+            // Three chances before the wait runs out; a server's ack wait is never zero, but a
+            // floor keeps a tiny one from becoming a busy loop.
+            progress_every: self
+                .options
+                .progress
+                .then(|| (bound.ack_wait / 3).max(Duration::from_millis(10))),
         };
         let limit = if self.options.watermark {
             1
@@ -273,14 +288,54 @@ impl<A: Apply> Consumer<A> {
         let event = o
             .rules
             .event(&headers, message.payload.to_vec(), content_type.as_deref());
-        // Of two messages of one key in hand, the one that arrived first is applied first, so
-        // its payload is the one kept (G4); the ticket is held until this one is settled.
-        ticket
-            .turn(event.as_ref().ok().map(|e| (&e.key, e.fingerprint)))
-            .await;
-        let offered = event.as_ref().ok().map(|e| (e.key.clone(), e.fingerprint));
-        let owed = offered.as_ref().and_then(|(k, f)| self.owed.take(k, *f));
-        let decision = match (event, owed) {
+        let work = async {
+            // Of two messages of one key in hand, the one that arrived first is applied first,
+            // so its payload is the one kept (G4); the ticket is held until this one is
+            // settled.
+            ticket
+                .turn(event.as_ref().ok().map(|e| (&e.key, e.fingerprint)))
+                .await;
+            let offered = event.as_ref().ok().map(|e| (e.key.clone(), e.fingerprint));
+            let owed = offered.as_ref().and_then(|(k, f)| self.owed.take(k, *f));
+            let decision = self.outcome_of(at, event, owed, sequence, delivered).await;
+            (offered, decision)
+        };
+        let (offered, decision) = kept_alive(&message, at.progress_every, &self.counts, work).await;
+        if matches!(decision, Settle::Ack(_)) {
+            // The effect is committed; a crash from here on is redelivered and answered as a
+            // duplicate.
+            crate::crash::point!("nats-before-ack");
+        }
+        let in_hand = InHand {
+            js: at.js,
+            message: &message,
+            options: o,
+        };
+        if let Some((key, offered)) = &offered {
+            self.owed.owe(key, *offered, &decision, o.retry.delay);
+        }
+        let (settle, acked) = settle(&in_hand, decision, &o.retry).await;
+        if let Some((key, offered)) = &offered {
+            self.owed.settled(key, *offered, &settle);
+        }
+        if !matches!(settle, Settle::Requeue { .. }) {
+            self.attempts.settled((at.created, sequence));
+        }
+        self.counts.send_modify(|c| c.add(&settle, acked));
+    }
+
+    /// What to do with a message whose turn came: quarantine it (undecodable, or a conflict
+    /// whose quarantine is owed), else what the `Apply`'s outcome says.
+    async fn outcome_of(
+        &self,
+        at: &Stream<'_>,
+        event: Result<oncebox_core::Event, oncebox_core::consume::Reason>,
+        owed: Option<oncebox_core::consume::Reason>,
+        sequence: u64,
+        delivered: i64,
+    ) -> Settle {
+        let o = &self.options;
+        match (event, owed) {
             (Err(reason), _) | (Ok(_), Some(reason)) => Settle::Quarantine(reason),
             (Ok(event), None) => {
                 let position = (o.watermark && sequence > 0).then(|| Position {
@@ -303,28 +358,7 @@ impl<A: Apply> Consumer<A> {
                 }
                 decide(outcome, attempt, &o.retry)
             }
-        };
-        if matches!(decision, Settle::Ack(_)) {
-            // The effect is committed; a crash from here on is redelivered and answered as a
-            // duplicate.
-            crate::crash::point!("nats-before-ack");
         }
-        let in_hand = InHand {
-            js: at.js,
-            message: &message,
-            options: o,
-        };
-        if let Some((key, offered)) = &offered {
-            self.owed.owe(key, *offered, &decision, o.retry.delay);
-        }
-        let (settle, acked) = settle(&in_hand, decision, &o.retry).await;
-        if let Some((key, offered)) = &offered {
-            self.owed.settled(key, *offered, &settle);
-        }
-        if !matches!(settle, Settle::Requeue { .. }) {
-            self.attempts.settled((at.created, sequence));
-        }
-        self.counts.send_modify(|c| c.add(&settle, acked));
     }
 
     /// The `Apply`, with a panic taken as a failed handler: counted, requeued, and quarantined
@@ -377,4 +411,6 @@ struct Stream<'a> {
     created: i128,
     /// The offset watermark's name.
     watermark: &'a str,
+    /// How often a message in hand is said to be in progress (`None`: never).
+    progress_every: Option<Duration>,
 }

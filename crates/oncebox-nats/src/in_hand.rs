@@ -1,10 +1,13 @@
 //! One JetStream message in hand, as the settle order sees it: ack, quarantine (a copy
-//! published and confirmed), or a NAK with a delay.
+//! published and confirmed), or a NAK with a delay; and in-progress acks while it is worked on.
 
+use std::future::Future;
 use std::time::Duration;
 
 use async_nats::jetstream::{self, AckKind};
-use oncebox_core::consume::{Broker, Reason, Requeue};
+use oncebox_core::consume::{Broker, Counts, Reason, Requeue};
+use tokio::sync::watch;
+use tokio::time::{Instant, MissedTickBehavior};
 
 use crate::consumer::ConsumerOptions;
 use crate::message::{QuarantineError, quarantine};
@@ -47,6 +50,35 @@ impl Broker for InHand<'_> {
         tracing::debug!(stream = %self.options.stream, ?why, "message requeued");
         if let Err(e) = self.message.ack_with(AckKind::Nak(Some(after))).await {
             tracing::debug!(error = %e, "nak not sent; the message comes back after the ack wait");
+        }
+    }
+}
+
+/// Runs `work`, telling the server every `every` that `message` is still in progress (which
+/// starts its ack wait again), so it is not delivered again while `work` runs. `None`: says
+/// nothing. A progress ack that is not sent is only logged: the message may then come back as
+/// a copy, which the inbox answers.
+pub(crate) async fn kept_alive<T>(
+    message: &jetstream::Message,
+    every: Option<Duration>,
+    counts: &watch::Sender<Counts>,
+    work: impl Future<Output = T>,
+) -> T {
+    let Some(every) = every else {
+        return work.await;
+    };
+    let mut work = std::pin::pin!(work);
+    let mut tick = tokio::time::interval_at(Instant::now() + every, every);
+    // After a stall, one ack, not a burst to catch up.
+    tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            biased;
+            done = &mut work => return done,
+            _ = tick.tick() => match message.ack_with(AckKind::Progress).await {
+                Ok(()) => counts.send_modify(|c| c.in_progress += 1),
+                Err(e) => tracing::debug!(error = %e, "in-progress ack not sent; the message may be delivered again meanwhile"),
+            },
         }
     }
 }

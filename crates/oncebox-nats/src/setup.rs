@@ -133,6 +133,8 @@ pub(crate) struct Bound {
     /// the consumer would end with it at every start.
     pub max_batch: Option<usize>,
     pub max_expires: Option<Duration>,
+    /// The durable's own ack wait, which applies whatever was configured.
+    pub ack_wait: Duration,
 }
 
 pub(crate) async fn bind(
@@ -228,6 +230,7 @@ pub(crate) async fn bind(
         // 0 is "no limit" on the server.
         max_batch: usize::try_from(found.max_batch).ok().filter(|n| *n > 0),
         max_expires: Some(found.max_expires).filter(|d| !d.is_zero()),
+        ack_wait: found.ack_wait,
     })
 }
 

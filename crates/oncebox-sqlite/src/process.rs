@@ -21,6 +21,11 @@ mod faults;
 pub(crate) use faults::{RAN_COMMIT, ROLLED_BACK};
 use faults::{ended_by_handler, kept_with};
 
+/// A handler's answer when its work leaves a deferred foreign key unmet.
+const DEFERRED_FK: &str = "FOREIGN KEY constraint failed (deferred): the handler's writes leave a \
+                           foreign key unmet, which SQLite would refuse at commit; nothing of \
+                           them was kept";
+
 /// The handler a caller gives `process`; it runs on the writer thread inside the event's
 /// savepoint, so it must be quick and must not block on anything but this connection.
 pub type Handler = Box<dyn FnOnce(&mut Tx<'_>) -> Result<Response, HandlerError> + Send>;
@@ -119,6 +124,13 @@ pub(crate) fn run(
     }
     crash::point!("after-effect");
     let answer = match outcome {
+        // SQLite would refuse the commit for it, and the whole batch with it: the handler's
+        // work goes, the key stays free, and its caller hears a handler failure, as from
+        // PostgreSQL, which checks at the handler's own commit.
+        Ok(response) if response.kind == ResponseKind::Completed && cx.deferred_violations() => {
+            cx.rollback_to()?;
+            Err(ProcessError::Handler(DEFERRED_FK.into()))
+        }
         Ok(response) if response.kind == ResponseKind::Completed => {
             let kept = match claimed {
                 Some(row) => finish(cx, row, &response),

@@ -257,10 +257,22 @@ pub(crate) fn length_limit(conn: &Connection) -> usize {
 /// shrinks it (no VACUUM, no auto-vacuum: purged rows leave free pages behind).
 const READER_MMAP_BYTES: i64 = 0x7fff_0000;
 
-/// Opens a connection for reads only.
+/// Opens a connection for reads only. Readers are opened whenever the pool has none idle, long
+/// after `open`: one must never create the file. Were the database file deleted or emptied
+/// under a running store, a reader that created it anew would, at its first read, find an
+/// empty database beside a log and delete the log (SQLite does so for an empty file), and the
+/// next start would find nothing to refuse (`LostDatabase`) and begin an empty inbox, every
+/// remembered key forgotten. So a reader refuses what `open` refuses, and never creates.
 pub(crate) fn open_reader(o: &Options) -> Result<Connection, rusqlite::Error> {
     crate::pcache::install();
-    let conn = Connection::open(&o.path)?;
+    if let Err(lost) = refuse_lost_file(o) {
+        return Err(rusqlite::Error::SqliteFailure(
+            rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_CANTOPEN),
+            Some(lost.to_string()),
+        ));
+    }
+    let flags = OpenFlags::default().difference(OpenFlags::SQLITE_OPEN_CREATE);
+    let conn = Connection::open_with_flags(&o.path, flags)?;
     conn.busy_timeout(o.busy_timeout)?;
     conn.execute_batch("PRAGMA query_only = ON; PRAGMA foreign_keys = ON;")?;
     conn.pragma_update(None, "mmap_size", READER_MMAP_BYTES)?;

@@ -81,6 +81,14 @@ impl<'s> Cx<'_, 's> {
         self.own = true;
     }
 
+    /// Whether the transaction holds foreign-key violations SQLite checks only at `COMMIT` (a
+    /// `DEFERRABLE INITIALLY DEFERRED` key, `PRAGMA defer_foreign_keys`). Left in, they fail
+    /// the batch's `COMMIT`, every batch-mate with it, at each retry of the request that made
+    /// them; checked after each request's own work, whose savepoint then undoes them.
+    pub fn deferred_violations(&self) -> bool {
+        deferred_violations(self.conn)
+    }
+
     /// One of the writer's hot statements, prepared once for this connection.
     pub fn stmt(&self, sql: Sql) -> rusqlite::Result<Stmt<'_, 's>> {
         self.stmts.get(sql)
@@ -325,4 +333,27 @@ impl Writer {
         tracing::warn!(error = %why, requests = held.len(), "batch rolled back");
         held.into_iter().for_each(|job| job.refuse(why.clone()));
     }
+}
+
+/// See [`Cx::deferred_violations`]. A status SQLite keeps per connection: zero exactly when
+/// every foreign key, deferred or not, is satisfied; `ROLLBACK TO` a savepoint restores it.
+#[allow(
+    unsafe_code,
+    reason = "a status counter SQLite exposes only through its C API"
+)]
+pub(crate) fn deferred_violations(conn: &Connection) -> bool {
+    use rusqlite::ffi;
+    let (mut current, mut highest) = (0, 0);
+    // SAFETY: the connection is this thread's own and open for the call; the two outputs are
+    // plain integers, and the reset flag 0 changes nothing.
+    let rc = unsafe {
+        ffi::sqlite3_db_status(
+            conn.handle(),
+            ffi::SQLITE_DBSTATUS_DEFERRED_FKS,
+            &raw mut current,
+            &raw mut highest,
+            0,
+        )
+    };
+    rc == ffi::SQLITE_OK && current > 0
 }

@@ -173,6 +173,7 @@ async fn many(store: &Store, source: &Source, args: &RedeliverArgs) -> Result<Su
     // while listing cannot shift the pages being read.
     let listing = progress::spinner("listing events", true);
     let mut keys = Vec::new();
+    let mut listed = 0_u64;
     let mut after = None;
     loop {
         let filter = EventFilter {
@@ -183,6 +184,7 @@ async fn many(store: &Store, source: &Source, args: &RedeliverArgs) -> Result<Su
         let page = EventStore::events(store, filter).await?;
         for e in page.items {
             listing.inc(1);
+            listed += 1;
             let recent = since.is_none_or(|t| e.received_at >= t);
             let state = args.state.as_deref().is_none_or(|s| e.state == s);
             if recent && state {
@@ -195,8 +197,16 @@ async fn many(store: &Store, source: &Source, args: &RedeliverArgs) -> Result<Su
         }
     }
     listing.finish_and_clear();
+    // A source with no events is unknown to the store (3, as an unknown event is); one whose
+    // events the filters all pass over has nothing to redeliver (5, as a run with no
+    // deliveries due): a script run every hour then tells a quiet hour from a wrong name.
+    if listed == 0 {
+        return Err(exit::not_found(format!("no events of {source}")));
+    }
     if keys.is_empty() {
-        return Err(exit::not_found(format!("no matching events of {source}")));
+        return Err(exit::refused(format!(
+            "nothing to redeliver: none of the {listed} events of {source} matches"
+        )));
     }
     let mut summary = Summary {
         events: keys.len() as u64,

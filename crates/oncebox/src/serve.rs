@@ -207,15 +207,26 @@ fn announce(local: &std::net::SocketAddr, database: &str, config: &GatewayConfig
     let mut out = crate::out::stdout();
     let _ = writeln!(out, "oncebox listening on http://{local} ({database})");
     if config.open_sources {
+        // Not the README's `evt_1`: its next step sends that id with another payload, which
+        // this example, run first, would turn into a 422.
         let _ = writeln!(
             out,
-            "try:  curl -i -X POST http://{local}/v1/sources/{source}/events \\\n        -H 'content-type: application/json' -d '{{\"id\":\"evt_1\",\"amount\":100}}'"
+            "try:  curl -i -X POST http://{local}/v1/sources/{source}/events \\\n        -H 'content-type: application/json' -d '{{\"id\":\"evt_curl_1\",\"amount\":100}}'"
         );
     } else {
         let _ = writeln!(out, "send a signed test event:  oncebox send {source}");
     }
+    // With a token the admin API answers nothing else. Named by the variable when it came
+    // from one (the shell fills it in), else only pointed to: the value is never printed.
+    let token = match config.admin_token {
+        None => "",
+        Some(_) if std::env::var_os("ONCEBOX_ADMIN_TOKEN").is_some() => {
+            " -H \"authorization: Bearer $ONCEBOX_ADMIN_TOKEN\""
+        }
+        Some(_) => " -H 'authorization: Bearer <your admin_token>'",
+    };
     let _ = writeln!(
         out,
-        "events:  curl -s http://{local}/v1/events   (admin API)"
+        "events:  curl -s{token} http://{local}/v1/events   (admin API)"
     );
 }

@@ -85,7 +85,7 @@ pub(super) fn verify_standard_webhooks<H: Headers + ?Sized>(
     })
 }
 
-/// The `v1` tags of a `webhook-signature` list: `version,signature` entries separated by single
+/// The `v1` tags of a `webhook-signature` list: `version,signature` entries separated by
 /// spaces. Other versions (`v1a` is ed25519) are skipped unchecked, as the spec asks. A `v1`
 /// entry that does not decode is skipped too, as the reference libraries (which compare the
 /// text) never match it; only when no `v1` entry decodes is the header malformed, so that a
@@ -98,14 +98,11 @@ fn standard_webhooks_list(name: &str, value: &[u8]) -> Result<Vec<[u8; TAG_LEN]>
     let mut candidates = Vec::new();
     let mut undecodable = false;
     for entry in entries() {
-        let (version, signature) = split_at_byte(entry, b',')
-            .filter(|(version, _)| !version.is_empty())
-            .ok_or_else(|| {
-                malformed(
-                    name,
-                    "entries must be `version,signature` separated by single spaces",
-                )
-            })?;
+        // An entry that is not `version,signature` (an empty one, from a doubled or trailing
+        // space, say) is skipped, as the reference libraries skip it: it is not a `v1` one.
+        let Some((version, signature)) = split_at_byte(entry, b',') else {
+            continue;
+        };
         if version == b"v1" {
             match decode_base64_tag(signature) {
                 Some(tag) => candidates.push(tag),

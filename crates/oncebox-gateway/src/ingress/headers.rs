@@ -9,8 +9,20 @@ const NOT_KEPT: [&str; 3] = ["authorization", "cookie", "proxy-authorization"];
 
 /// Parts of header names that hold a credential too: senders put plaintext shared secrets in
 /// headers they name themselves (GitLab's `X-Gitlab-Token`, Telegram's
-/// `X-Telegram-Bot-Api-Secret-Token`, Asana's `X-Hook-Secret`, `X-Api-Key`, `X-Auth-Token`).
-const CREDENTIAL_PARTS: [&str; 5] = ["secret", "token", "password", "api-key", "apikey"];
+/// `X-Telegram-Bot-Api-Secret-Token`, Asana's `X-Hook-Secret`, `X-Api-Key`, `X-Auth-Token`,
+/// and the many spellings of an authorization of their own: `X-Authorization`, `X-Auth`,
+/// `X-Webhook-Auth`, `X-Credentials`, `X-Passphrase`). A header dropped wrongly costs an
+/// operator a detail; one kept wrongly shows a secret for the whole retention.
+const CREDENTIAL_PARTS: [&str; 8] = [
+    "secret",
+    "token",
+    "password",
+    "passphrase",
+    "api-key",
+    "apikey",
+    "auth",
+    "credential",
+];
 
 /// Header names ending in `-key` are keys too (Azure Functions' `X-Functions-Key`, API
 /// Management's `Ocp-Apim-Subscription-Key`, a `X-Shared-Key`), but for these, which say what

@@ -62,13 +62,23 @@ fn same_id_with_another_payload_is_422_key_reused() {
             (a.status, a.slug().as_str()),
             (StatusCode::UNPROCESSABLE_ENTITY, "key-reused")
         );
-        let conflicts: i64 = gw
+        let (conflicts, stored, offered): (i64, Vec<u8>, Vec<u8>) = gw
             .inbox
             .read_blocking(|c| {
-                c.query_row("SELECT count(*) FROM oncebox_conflicts", [], |r| r.get(0))
+                c.query_row(
+                    "SELECT count(*), max(stored_fingerprint), max(offered_fingerprint) \
+                     FROM oncebox_conflicts",
+                    [],
+                    |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+                )
             })
             .unwrap();
         assert_eq!((gw.rows(), conflicts), (1, 1));
+        // The sender learns its own payload's fingerprint, not the stored one's.
+        let (stored, offered) = (hex::encode(stored), hex::encode(offered));
+        let body = String::from_utf8_lossy(&a.body);
+        assert!(body.contains(&offered), "{body}");
+        assert!(!body.contains(&stored), "{body}");
     });
 }
 
@@ -300,6 +310,11 @@ fn credentials_are_not_stored_with_the_event() {
                 ("X-Hook-Secret", "asana-secret"),
                 ("X-Functions-Key", "functions-secret"),
                 ("Ocp-Apim-Subscription-Key", "apim-secret"),
+                ("X-Authorization", "Bearer x-authorization-secret"),
+                ("X-Auth", "x-auth-secret"),
+                ("X-Webhook-Auth", "webhook-auth-secret"),
+                ("X-Credentials", "credentials-secret"),
+                ("X-Passphrase", "passphrase-secret"),
                 ("x-trace", "t1"),
                 ("X-Event-Key", "repo:push"),
             ],

@@ -1,6 +1,7 @@
 //! Faults around the consumer: the database unavailable (another connection holds SQLite's
-//! write lock), and processing that outlasts the ack wait, so the server delivers the message
-//! again while the first delivery is still being applied.
+//! write lock), and processing that outlasts the ack wait with no progress acks (they are off,
+//! as when they do not reach the server), so the server delivers the message again while the
+//! first delivery is still being applied.
 
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -81,6 +82,7 @@ fn processing_longer_than_the_ack_wait_has_one_effect() {
         };
         let mut options = w.options();
         options.ack_wait = Duration::from_millis(500);
+        options.progress = false;
         let mut consumer = start(&url, Consumer::new(apply.clone(), options));
         started.wait().await;
         // The first delivery is inside its transaction; the ack wait passes and the server

@@ -3,7 +3,8 @@
 //! constraint declared `ON CONFLICT ROLLBACK`, `RAISE(ROLLBACK)`), that request is answered as
 //! the cause, a new transaction begins, and the requests run before it run again there: they
 //! did nothing wrong, and failing them with the batch made each retry of the cause fail its
-//! batch-mates too.
+//! batch-mates too. A request whose writes leave a deferred foreign key unmet, which would
+//! fail the `COMMIT`, is refused the same way.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::Ordering;
@@ -17,6 +18,12 @@ use crate::error::storage;
 /// the transaction it ran in.
 const LOST: &str = "rolled back with its batch: another request's statement made SQLite end \
                     the transaction; nothing of this request was kept, so a retry applies it";
+
+/// What a request other than `process` is told when its writes leave a deferred foreign key
+/// unmet.
+const DEFERRED_FK: &str = "FOREIGN KEY constraint failed (deferred): this request's writes leave \
+                           a foreign key unmet, which SQLite would refuse at commit; nothing of \
+                           them was kept";
 
 /// An open transaction and the requests whose answers wait for its commit.
 pub(super) struct Open<'c, 's> {
@@ -56,11 +63,17 @@ impl<'c, 's> Open<'c, 's> {
         });
         let own = std::mem::take(&mut self.cx.own);
         let why = match ran {
+            // Its writes leave a foreign key SQLite checks only at `COMMIT` unmet (a handler's
+            // are undone inside `process`; this is any other request, a caller's `write`):
+            // kept, they would fail the commit, and every batch-mate with it.
+            Ok(()) if !self.cx.ended() && crate::writer::deferred_violations(self.cx.conn) => {
+                return self.restart(job, Some(Unavailable::Storage(DEFERRED_FK.into())));
+            }
             Ok(()) if !self.cx.ended() => {
                 self.held.push(job);
                 return true;
             }
-            Ok(()) if own => return self.restart(job),
+            Ok(()) if own => return self.restart(job, None),
             // The savepoints already released went with a transaction SQLite rolled back, and
             // the request does not know it.
             Ok(()) => Unavailable::Storage(
@@ -73,13 +86,17 @@ impl<'c, 's> Open<'c, 's> {
         false
     }
 
-    /// `cause`'s own statement ended the transaction: it is answered now (nothing of it is
-    /// kept, whatever becomes of the batch), a new transaction begins, and the requests run
-    /// before it run again there. Those whose code cannot run twice (a caller's `FnOnce`
-    /// handler, already run) are answered `Unavailable`, nothing of them kept: their callers'
-    /// retry applies them.
-    fn restart(&mut self, cause: Job) -> bool {
-        cause.answer(None);
+    /// `cause` cannot be kept: its own statement ended the transaction, or (`refused`) its
+    /// writes would fail the commit. It is answered now (nothing of it is kept, whatever
+    /// becomes of the batch), the transaction is rolled back and a new one begins, and the
+    /// requests run before it run again there. Those whose code cannot run twice (a caller's
+    /// `FnOnce` handler, already run) are answered `Unavailable`, nothing of them kept: their
+    /// callers' retry applies them.
+    fn restart(&mut self, cause: Job, refused: Option<Unavailable>) -> bool {
+        match refused {
+            Some(why) => cause.refuse(why),
+            None => cause.answer(None),
+        }
         let conn = self.cx.conn;
         if !conn.is_autocommit() {
             // A transaction the cause began after SQLite had ended the writer's.

@@ -4,6 +4,7 @@
 mod crash;
 mod damaged;
 mod deadline;
+mod deferred_fk;
 mod deliveries;
 mod drop_panics;
 mod dropped;

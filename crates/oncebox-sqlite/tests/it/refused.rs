@@ -81,6 +81,52 @@ fn a_database_file_lost_beside_its_log_is_refused_not_started_empty() {
     }
 }
 
+/// The same file lost under a running store: a reader opened after it refuses as `open` does,
+/// and creates nothing. Before, it created an empty file, and its first read had SQLite delete
+/// the log beside it, so that the next start found nothing to refuse and began an empty inbox.
+#[test]
+fn a_reader_opened_after_the_database_file_was_lost_creates_nothing() {
+    for emptied in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("o.db");
+        let wal = dir.path().join("o.db-wal");
+        let inbox = Inbox::open(Options::new(&path)).unwrap();
+        assert!(matches!(
+            inbox.process_blocking(event("k"), ok),
+            Ok(Processed::Applied(_))
+        ));
+        let log = std::fs::read(&wal).unwrap();
+        assert!(!log.is_empty(), "the commit is in the log");
+        if emptied {
+            std::fs::write(&path, []).unwrap();
+        } else {
+            std::fs::remove_file(&path).unwrap();
+        }
+        // The pool has no reader yet: this read opens one.
+        let read = inbox.read_blocking(|c| {
+            c.query_row("SELECT count(*) FROM oncebox_inbox", [], |r| {
+                r.get::<_, i64>(0)
+            })
+        });
+        let Err(why) = read else {
+            panic!("emptied {emptied}: read {read:?}");
+        };
+        assert!(why.to_string().contains("lost or truncated"), "{why}");
+        let now = std::fs::read(&wal).unwrap_or_default();
+        assert!(
+            now == log,
+            "emptied {emptied}: the log, {} bytes, is now {} bytes",
+            log.len(),
+            now.len()
+        );
+        assert_eq!(
+            std::fs::read(&path).ok(),
+            emptied.then(Vec::new),
+            "emptied {emptied}: nothing created"
+        );
+    }
+}
+
 /// A file a later build migrated is refused unless that build marked it readable by this one
 /// (`readable_from`): then it opens, with or without migrations, answers from what it holds and
 /// stays at the later version.

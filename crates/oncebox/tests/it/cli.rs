@@ -228,7 +228,8 @@ fn redeliver_one_event_or_a_whole_source() {
         done,
         serde_json::json!({ "events": 2, "deliveries": 2, "dry_run": false })
     );
-    // Nothing was received in the future.
+    // Nothing was received in the future: nothing to redeliver; a source with no events is
+    // not found.
     assert_eq!(
         code(
             d,
@@ -239,6 +240,13 @@ fn redeliver_one_event_or_a_whole_source() {
                 "--since",
                 "2999-01-01T00:00:00Z"
             ]
+        ),
+        Some(5)
+    );
+    assert_eq!(
+        code(
+            d,
+            &["redeliver", "--source", "nosuchsource", "--since", "1h"]
         ),
         Some(3)
     );

@@ -7,11 +7,11 @@ use std::process::{Command, Stdio};
 
 use crate::support::{Server, oncebox, text};
 
-/// Splits a printed shell command into words: single quotes group, a backslash before the
-/// line break continues the line. Anything else a shell would read differently (double
-/// quotes, other escapes) is refused, so a changed example fails here instead of being
-/// half-understood.
-fn words(command: &str) -> Vec<String> {
+/// Splits a printed shell command into words: single quotes group, double quotes group and
+/// fill in `$NAME` from `vars`, a backslash before the line break continues the line. Anything
+/// else a shell would read differently (other escapes, a variable outside double quotes) is
+/// refused, so a changed example fails here instead of being half-understood.
+fn words(command: &str, vars: &[(&str, &str)]) -> Vec<String> {
     let mut words = Vec::new();
     let mut word: Option<String> = None;
     let mut chars = command.chars().peekable();
@@ -21,10 +21,21 @@ fn words(command: &str) -> Vec<String> {
                 let quoted: String = chars.by_ref().take_while(|&q| q != '\'').collect();
                 word.get_or_insert_with(String::new).push_str(&quoted);
             }
+            '"' => {
+                let quoted: String = chars.by_ref().take_while(|&q| q != '"').collect();
+                let filled = vars.iter().fold(quoted, |text, (name, value)| {
+                    text.replace(&format!("${name}"), value)
+                });
+                assert!(
+                    !filled.contains(['$', '\\', '`']),
+                    "{filled:?} is not read here"
+                );
+                word.get_or_insert_with(String::new).push_str(&filled);
+            }
             '\\' if chars.peek() == Some(&'\n') => {
                 chars.next();
             }
-            '"' | '\\' | '$' | '`' => {
+            '\\' | '$' | '`' => {
                 panic!("the example uses {c:?}, which this test does not read")
             }
             c if c.is_whitespace() => words.extend(word.take()),
@@ -44,8 +55,8 @@ struct Curl {
     body: String,
 }
 
-fn curl(command: &str) -> Curl {
-    let words = words(command);
+fn curl(command: &str, vars: &[(&str, &str)]) -> Curl {
+    let words = words(command, vars);
     assert_eq!(words.first().map(String::as_str), Some("curl"), "{command}");
     let mut request = Curl {
         method: "GET".into(),
@@ -106,7 +117,7 @@ async fn serve_with_no_configuration_prints_a_request_that_is_stored_once() {
     );
     std::thread::spawn(move || lines.for_each(drop));
 
-    let example = curl(&command);
+    let example = curl(&command, &[]);
     assert_eq!(example.method, "POST", "{command}");
     let client = reqwest::Client::new();
     let send = || {
@@ -146,7 +157,48 @@ async fn serve_with_no_configuration_prints_a_request_that_is_stored_once() {
     let listed: serde_json::Value = serde_json::from_slice(&events.stdout).unwrap();
     let items = listed["items"].as_array().unwrap();
     assert_eq!(items.len(), 1, "{listed}");
-    assert_eq!(items[0]["event_id"], "evt_1");
+    assert_eq!(items[0]["event_id"], "evt_curl_1");
+}
+
+/// With an admin token in the environment (still no configuration file), the admin API's
+/// example carries it, as the shell fills it in; the value itself is never printed.
+#[tokio::test]
+async fn with_an_admin_token_the_printed_admin_request_is_let_in() {
+    let token = "0f".repeat(32);
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_oncebox"))
+        .args(["serve", "--listen", "127.0.0.1:0"])
+        .current_dir(dir.path())
+        .env_remove("ONCEBOX_CONFIG")
+        .env_remove("ONCEBOX_DATABASE")
+        .env("ONCEBOX_ADMIN_TOKEN", &token)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut printed = String::new();
+    let command = loop {
+        let line = lines.next().expect("the admin API's example").unwrap();
+        printed.push_str(&line);
+        printed.push('\n');
+        if let Some(rest) = line.strip_prefix("events:") {
+            break rest.split("   (").next().unwrap_or_default().to_owned();
+        }
+    };
+    let server = Server(child, String::new(), None);
+    assert!(!printed.contains(&token), "{printed}");
+    let example = curl(&command, &[("ONCEBOX_ADMIN_TOKEN", &token)]);
+    let mut request = reqwest::Client::new().get(&example.url);
+    for (name, value) in &example.headers {
+        request = request.header(name, value);
+    }
+    let answer = request.send().await.unwrap();
+    assert_eq!(answer.status(), 200, "{command}");
+    // Without the header the admin API refuses: the example's header is what let it in.
+    let bare = reqwest::get(&example.url).await.unwrap();
+    assert_eq!(bare.status(), 401);
+    drop(server);
 }
 
 /// Each document's whole-table ```toml examples (not the lines shown to put into a table),

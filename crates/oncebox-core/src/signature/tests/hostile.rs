@@ -1,4 +1,5 @@
-//! Hostile and broken signature headers: every one is refused, none panics.
+//! Hostile and broken signature headers: every one is refused (but for entries the reference
+//! libraries skip beside a valid one), none panics.
 
 use std::slice;
 
@@ -60,6 +61,20 @@ fn one_changed_byte_of_body_id_or_timestamp_fails() {
         TOLERANCE,
     );
     assert_eq!(result, Err(SignatureError::Mismatch));
+}
+
+#[test]
+fn entries_that_are_not_version_and_signature_are_skipped_as_the_reference_libraries_do() {
+    let spaced = [
+        format!("{SW_SIGNATURE} "),
+        format!(" {SW_SIGNATURE}"),
+        format!("v1a,xyz  {SW_SIGNATURE}"),
+        format!("junk {SW_SIGNATURE}"),
+    ];
+    for list in &spaced {
+        let verified = sw_verify(&sw_headers(SW_ID, "1614265330", list));
+        assert!(verified.is_ok(), "{list:?}: {verified:?}");
+    }
 }
 
 #[test]
@@ -169,8 +184,7 @@ fn bad_base64_or_hex_is_malformed() {
         "v1,AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=".to_string(), // 34 bytes
         "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OF=".to_string(), // non-zero trailing bits
         format!("v1,{}", valid_b64.replace('+', "-")),     // URL-safe alphabet
-        format!("{SW_SIGNATURE}  {SW_SIGNATURE}"),         // empty entry
-        format!("{SW_SIGNATURE} garbage"),
+        "v1,!!!!  garbage".to_string(),                    // and entries that are skipped
     ];
     for list in &bad_lists {
         assert_malformed(

@@ -1,0 +1,165 @@
+//! A foreign key SQLite checks only at `COMMIT` (`DEFERRABLE INITIALLY DEFERRED`) left unmet
+//! by one request of a batch: that request alone fails, nothing of it kept (a handler's as
+//! `Handler`, never `Unavailable`, since every retry repeats it; a caller's `write` refused),
+//! and the requests sharing its batch commit (those run before it in the transaction, if
+//! their code cannot run twice, are told to retry, as when a statement ends the transaction). Before, the batch's `COMMIT` failed for it, and
+//! every batch-mate was answered "outcome unknown" at each retry.
+
+use oncebox_core::{Event, ProcessError, Processed, Response};
+use oncebox_sqlite::rusqlite::Connection;
+use oncebox_sqlite::{HandlerError, Inbox, Options, Tx};
+use oncebox_testkit::run;
+use oncebox_testkit::writer::{hold_writer, queued};
+
+use crate::harness::shop;
+
+const SCHEMA: &str = "
+CREATE TABLE parents (id INTEGER PRIMARY KEY);
+CREATE TABLE children (
+    event_id TEXT NOT NULL,
+    parent INTEGER NOT NULL REFERENCES parents (id) DEFERRABLE INITIALLY DEFERRED
+);
+INSERT INTO parents (id) VALUES (1);";
+
+fn count(path: &std::path::Path, sql: &str) -> i64 {
+    Connection::open(path)
+        .unwrap()
+        .query_row(sql, [], |r| r.get(0))
+        .unwrap()
+}
+
+/// A child of parent 1, which exists, or, for `orphan`, of parent 999, which does not.
+fn insert_child(tx: &mut Tx<'_>) -> Result<Response, HandlerError> {
+    let id = tx.key().event_id.as_str().to_owned();
+    let parent = if id == "orphan" { 999 } else { 1 };
+    tx.conn().execute(
+        "INSERT INTO children (event_id, parent) VALUES (?1, ?2)",
+        (&id, parent),
+    )?;
+    Ok(Response::completed("done"))
+}
+
+fn event(id: &str) -> Event {
+    shop(id, r#"{"n":1}"#)
+}
+
+async fn open(path: &std::path::Path) -> Inbox {
+    let inbox = Inbox::open(Options::new(path)).unwrap();
+    inbox.write(|c| c.execute_batch(SCHEMA)).await.unwrap();
+    inbox
+}
+
+#[test]
+fn a_handler_leaving_a_deferred_foreign_key_unmet_fails_alone() {
+    run(async {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("o.db");
+        let inbox = open(&path).await;
+        // Held, the writer lets the three queue; released, it takes them into one batch.
+        let gate = hold_writer(&inbox).await;
+        let stats = inbox.stats();
+        let (commits, failed) = (stats.commits(), stats.failed_batches());
+        let mut tasks = Vec::new();
+        for (i, id) in ["e1", "orphan", "e2"].into_iter().enumerate() {
+            let handle = inbox.clone();
+            tasks.push((
+                id,
+                tokio::spawn(async move { handle.process(event(id), insert_child).await }),
+            ));
+            queued(&inbox, i + 1).await;
+        }
+        gate.send(()).unwrap();
+        for (id, task) in tasks {
+            let out = task.await.unwrap();
+            if id == "orphan" {
+                let Err(ProcessError::Handler(why)) = &out else {
+                    panic!("the orphan fails as its handler, every retry alike: {out:?}");
+                };
+                assert!(why.to_string().contains("FOREIGN KEY"), "{why}");
+            } else {
+                assert!(matches!(out, Ok(Processed::Applied(_))), "{id}: {out:?}");
+            }
+        }
+        assert_eq!(stats.commits(), commits + 1, "one batch, one commit");
+        assert_eq!(stats.failed_batches(), failed);
+        assert_eq!(count(&path, "SELECT count(*) FROM children"), 2);
+        assert_eq!(count(&path, "SELECT count(*) FROM oncebox_inbox"), 2);
+        // Its key is free: with its parent there, the redelivery applies it.
+        inbox
+            .write(|c| c.execute_batch("INSERT INTO parents (id) VALUES (999)"))
+            .await
+            .unwrap();
+        let out = inbox.process(event("orphan"), insert_child).await;
+        assert!(matches!(out, Ok(Processed::Applied(_))), "{out:?}");
+        assert_eq!(count(&path, "SELECT count(*) FROM children"), 3);
+    });
+}
+
+#[test]
+fn a_write_leaving_a_deferred_foreign_key_unmet_is_refused_alone() {
+    run(async {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("o.db");
+        let inbox = open(&path).await;
+        let gate = hold_writer(&inbox).await;
+        let stats = inbox.stats();
+        let (commits, failed) = (stats.commits(), stats.failed_batches());
+        let mut tasks = Vec::new();
+        for (i, parent) in [1_i64, 999, 1].into_iter().enumerate() {
+            let handle = inbox.clone();
+            tasks.push((
+                parent,
+                tokio::spawn(async move {
+                    handle
+                        .write(move |c| {
+                            c.execute(
+                                "INSERT INTO children (event_id, parent) VALUES (?1, ?2)",
+                                (format!("w{i}"), parent),
+                            )
+                        })
+                        .await
+                }),
+            ));
+            queued(&inbox, i + 1).await;
+        }
+        gate.send(()).unwrap();
+        let mut outs = Vec::new();
+        for (parent, task) in tasks {
+            outs.push((parent, task.await.unwrap()));
+        }
+        // The write before it ran in the transaction that had to be rolled back: its closure
+        // cannot run again, so it is told to retry, nothing of it kept. The one after it
+        // commits in the batch.
+        let before = &outs[0].1;
+        assert!(
+            before
+                .as_ref()
+                .is_err_and(|e| e.to_string().contains("a retry applies it")),
+            "{before:?}"
+        );
+        let Err(why) = &outs[1].1 else {
+            panic!("refused, nothing kept: {:?}", outs[1]);
+        };
+        assert!(why.to_string().contains("FOREIGN KEY"), "{why}");
+        assert!(outs[2].1.is_ok(), "{:?}", outs[2]);
+        assert_eq!(stats.commits(), commits + 1, "one batch, one commit");
+        assert_eq!(stats.failed_batches(), failed);
+        let kept = "SELECT group_concat(event_id) FROM children";
+        let kept = Connection::open(&path)
+            .unwrap()
+            .query_row(kept, [], |r| r.get::<_, Option<String>>(0))
+            .unwrap();
+        assert_eq!(kept.as_deref(), Some("w2"));
+        // Its retry applies it.
+        let again = inbox
+            .write(|c| {
+                c.execute(
+                    "INSERT INTO children (event_id, parent) VALUES ('w', 1)",
+                    [],
+                )
+            })
+            .await;
+        assert!(again.is_ok(), "{again:?}");
+        assert_eq!(count(&path, "SELECT count(*) FROM children"), 2);
+    });
+}
