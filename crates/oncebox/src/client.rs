@@ -47,6 +47,19 @@ pub fn gateway_base(url: Option<&str>, settings: &Settings) -> Result<String> {
 /// `request` with the event's id where `policy` reads it from a header, and signed by the
 /// source's first secret as `now`. The id goes once: a scheme that signs it (`webhook-id`)
 /// already carries it, and the gateway refuses an id header sent twice.
+/// The header a request for `policy`'s source carries the event id in, if any: the one its
+/// rule reads, or the scheme's own (Standard Webhooks signs `webhook-id`).
+pub fn id_header(policy: &SourcePolicy) -> Option<&str> {
+    match &policy.event_id {
+        EventIdRule::Header(name) => Some(name.as_str()),
+        EventIdRule::Default => Some("idempotency-key"),
+        _ if policy.scheme == oncebox_core::signature::Scheme::StandardWebhooks => {
+            Some("webhook-id")
+        }
+        _ => None,
+    }
+}
+
 pub fn identified(
     mut request: reqwest::RequestBuilder,
     policy: &SourcePolicy,

@@ -34,11 +34,18 @@ pub async fn run(settings: &Settings, args: SendArgs) -> Result<bool> {
     let id = args
         .id
         .unwrap_or_else(|| format!("evt_test_{}", now.millis()));
-    // The id travels in a header under most schemes: one that cannot is the caller's mistake,
-    // named here rather than as the HTTP client's "failed to parse header value".
-    if reqwest::header::HeaderValue::from_str(&id).is_err() {
+    // Where the id travels in a header, HTTP carries no control character and drops spaces
+    // around a value: an id it cannot carry as it is is the caller's mistake, named here
+    // rather than as the HTTP client's "failed to parse header value" or, for a leading
+    // space, as a signature the gateway (which reads the id without it) does not match. In
+    // the body alone (a pointer or a derived id, unsigned or signed over the body) any text
+    // goes, as it does for the gateway.
+    if let Some(header) = crate::client::id_header(policy)
+        && (reqwest::header::HeaderValue::from_str(&id).is_err() || id.starts_with(' '))
+    {
         return Err(crate::exit::usage(format!(
-            "--id {id:?}: an event id must be printable text without line breaks"
+            "--id {id:?}: source {source} carries the event id in the {header} header, which \
+             takes no control characters or line breaks and drops a leading space"
         )));
     }
     // The gateway's own rules (length, characters): refused here with the reason, as a usage
@@ -64,9 +71,16 @@ pub async fn run(settings: &Settings, args: SendArgs) -> Result<bool> {
         .timeout(SEND_TIMEOUT)
         .build()
         .context("building the HTTP client")?;
+    // Stored with the event and sent on by the relay under it: a body that is no JSON (a
+    // `raw` source's) is not called JSON.
+    let content_type = if serde_json::from_str::<serde::de::IgnoredAny>(&body).is_ok() {
+        "application/json"
+    } else {
+        "text/plain; charset=utf-8"
+    };
     let request = client
         .post(&url)
-        .header("content-type", "application/json")
+        .header("content-type", content_type)
         .body(body.clone());
     let request = crate::client::identified(request, policy, &id, body.as_bytes(), now);
     // `--url` may carry credentials (`http://user:token@host/`): the message names the URL
