@@ -172,12 +172,34 @@ impl<'f> Problems<'f> {
         // `a.b[2]` is looked up as `a.b`: figment knows tables, not list items; `a.b (VAR)`
         // as `a.b`.
         let key = path.split(['[', ' ']).next().unwrap_or(path);
-        let origin = self
-            .figment
-            .find_metadata(key)
-            .map(|md| raw::origin(md, key))
-            .unwrap_or_default();
+        let origin = self.origin(key);
         self.list.push(format!("{path}: {what}{origin}"));
+    }
+
+    /// Where the value at `key` came from, as ` (in FILE)` or ` (from …)`; nothing when that
+    /// is not one place. Figment tags a table with the last provider that touched any of it,
+    /// so a table whose fields came from the file and a variable (`[relay]` in the file,
+    /// `ONCEBOX_RELAY__POLL` set) was said to come from a variable that does not exist
+    /// (`ONCEBOX_RELAY`): a table is said to come from where all its fields came from.
+    fn origin(&self, key: &str) -> String {
+        let of = |key: &str| {
+            self.figment
+                .find_metadata(key)
+                .map(|md| raw::origin(md, key))
+                .unwrap_or_default()
+        };
+        let Ok(figment::value::Value::Dict(_, fields)) = self.figment.find_value(key) else {
+            return of(key);
+        };
+        let mut origins = fields
+            .keys()
+            .map(|field| self.origin(&format!("{key}.{field}")));
+        let first = origins.next().unwrap_or_default();
+        if origins.all(|o| o == first) {
+            first
+        } else {
+            String::new()
+        }
     }
 
     fn count(&self) -> usize {
@@ -230,8 +252,11 @@ fn relay_options(
             "must be at least 1ms (0 would keep an idle relay busy looking for work)",
         );
     }
-    if o.batch == 0 || o.circuit_threshold == 0 {
-        p.push("relay", "batch and circuit_threshold must be at least 1");
+    if o.batch == 0 {
+        p.push("relay.batch", "must be at least 1");
+    }
+    if o.circuit_threshold == 0 {
+        p.push("relay.circuit_threshold", "must be at least 1");
     }
     o
 }

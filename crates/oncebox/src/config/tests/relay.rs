@@ -1,5 +1,5 @@
-//! The relay's timing: a route's retry age must outlast its first backoff, the lease every timeout (by less than 10 s, warned of), and `[relay] poll`
-//! must let an idle relay rest; each refused by its field.
+//! The relay's settings: a route's retry age must outlast its first backoff, the lease every timeout (by less than 10 s, warned of), `[relay] poll`
+//! must let an idle relay rest, and its counts be at least 1; each refused by its field and where it came from.
 
 use std::time::Duration;
 
@@ -88,4 +88,48 @@ fn a_relay_lease_must_outlast_every_timeout_by_half_a_second() {
         "{:?}",
         s.warnings
     );
+}
+
+/// `batch` and `circuit_threshold` are refused each by its own field, and said to come from
+/// where they came from, though another field of `[relay]` came from a variable (figment tags
+/// a table with the last provider that touched it: the file's `batch` was said to come from
+/// `ONCEBOX_RELAY`, a variable that does not exist).
+#[test]
+fn relay_counts_of_zero_are_refused_by_their_field_and_their_origin() {
+    for field in ["batch", "circuit_threshold"] {
+        let e = super::jailed(|jail| {
+            jail.set_env("ONCEBOX_RELAY__POLL", "5ms");
+            super::load_file(jail, &format!("{}\n[relay]\n{field} = 0\n", shop("")))
+                .map(|_| ())
+                .unwrap_err()
+        });
+        let e = format!("{e:#}");
+        assert_mentions(&e, &[&format!("relay.{field}: must be at least 1 (in ")]);
+        assert!(!e.contains("ONCEBOX_RELAY)"), "{e}");
+    }
+}
+
+/// A problem of a whole table names where the table came from only when all of it came from
+/// one place.
+#[test]
+fn a_tables_problem_names_its_origin_only_when_it_is_one() {
+    let both = "signing_secret = \"a-route-signing-key\"\nsigning_secret_env = \"ROUTE_KEY\"";
+    let e = err(&route(both));
+    assert_mentions(
+        &e,
+        &["routes.r: set signing_secret or signing_secret_env, not both (in "],
+    );
+    let e = super::jailed(|jail| {
+        jail.set_env("ONCEBOX_ROUTES__R__SIGNING_SECRET_ENV", "ROUTE_KEY");
+        super::load_file(jail, &route("signing_secret = \"a-route-signing-key\""))
+            .map(|_| ())
+            .unwrap_err()
+    });
+    let e = format!("{e:#}");
+    assert_mentions(
+        &e,
+        &["routes.r: set signing_secret or signing_secret_env, not both"],
+    );
+    assert!(!e.contains("ONCEBOX_ROUTES__R)"), "{e}");
+    assert!(!e.contains("not both (in "), "{e}");
 }
