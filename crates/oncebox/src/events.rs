@@ -162,7 +162,8 @@ pub async fn stats(out: &mut impl Write, store: &Store, output: Output) -> Resul
     Ok(())
 }
 
-/// The retention a purge uses for sources without their own. With no sources in the
+/// The retention a purge uses for sources without their own: with `[sources]`, those the
+/// configuration does not name are kept ([`crate::config::UNNAMED_KEPT`]). With no sources in the
 /// configuration (none found where this runs: a cron job in another directory, an unset
 /// `ONCEBOX_CONFIG`), the default would apply to every source whatever the gateway's own
 /// configuration promises them, and could delete records their senders may still redeliver:
@@ -223,7 +224,7 @@ pub fn purge_retention(settings: &Settings, given: Option<Duration>) -> Result<D
              gateway keeps for them: run it with the gateway's configuration (--config or \
              ONCEBOX_CONFIG), or give --retention for every source"
         ),
-        None => Ok(oncebox_core::retention::DEFAULT_RETENTION),
+        None => Ok(crate::config::UNNAMED_KEPT),
     }
 }
 

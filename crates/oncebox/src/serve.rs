@@ -180,8 +180,15 @@ pub async fn relay_only(settings: Settings) -> Result<()> {
     Ok(())
 }
 
+/// The hourly purge's retention: each named source's own; a source the configuration does not
+/// name is kept (`UNNAMED_KEPT`, another gateway's in a shared database), but with no
+/// `[sources]` at all (zero-config, every source open), where the default is every source's.
 fn retention(config: &GatewayConfig) -> Retention {
-    let mut r = Retention::default();
+    let mut r = if config.open_sources {
+        Retention::default()
+    } else {
+        Retention::new(crate::config::UNNAMED_KEPT)
+    };
     for (source, policy) in &config.sources {
         // Already checked against the redelivery horizon when the configuration was loaded.
         let _ = r.set(source.clone(), policy.retention, None);
@@ -229,4 +236,31 @@ fn announce(local: &std::net::SocketAddr, database: &str, config: &GatewayConfig
         out,
         "events:  curl -s{token} http://{local}/v1/events   (admin API)"
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use oncebox_core::Source;
+    use oncebox_core::retention::DEFAULT_RETENTION;
+    use oncebox_gateway::policy::{GatewayConfig, SourcePolicy};
+
+    use super::retention;
+
+    /// The hourly purge keeps a source the configuration does not name (another gateway's in
+    /// a shared database); zero-config, every source is its own and keeps the default.
+    #[test]
+    fn the_hourly_purge_keeps_unnamed_sources_unless_every_source_is_open() {
+        let shop = Source::new("shop").unwrap();
+        let elsewhere = Source::new("elsewhere").unwrap();
+        let mut config = GatewayConfig::default();
+        config.sources.insert(shop.clone(), SourcePolicy::open());
+        let named = retention(&config);
+        assert_eq!(named.for_source(&shop), DEFAULT_RETENTION);
+        assert_eq!(named.for_source(&elsewhere), crate::config::UNNAMED_KEPT);
+        let open = GatewayConfig {
+            open_sources: true,
+            ..GatewayConfig::default()
+        };
+        assert_eq!(retention(&open).for_source(&elsewhere), DEFAULT_RETENTION);
+    }
 }

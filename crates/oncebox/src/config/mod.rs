@@ -41,7 +41,7 @@ use raw::{RawConfig, RawLimits};
 use redact::redact_route_url;
 pub(crate) use redact::{host_and_path, redact_url};
 pub(crate) use route::http_url;
-pub(crate) use source::SHORT_RETENTION;
+pub(crate) use source::{SHORT_RETENTION, UNNAMED_KEPT};
 pub use storage::Storage;
 
 const DEFAULT_LISTEN: SocketAddr = SocketAddr::new(std::net::IpAddr::V4(Ipv4Addr::LOCALHOST), 8080);

@@ -20,6 +20,7 @@ mod outage;
 mod pgopen;
 mod pipes;
 mod private;
+mod purge;
 mod quickstart;
 mod race;
 mod relay;
