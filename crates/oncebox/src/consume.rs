@@ -61,7 +61,11 @@ pub async fn run(settings: Settings, amqp: Option<String>, nats: Option<String>)
     }
     // Not created: started in another directory, or on a mistyped path, the consumers would
     // acknowledge messages into a database that no gateway or relay reads.
-    let opening = Store::open_existing(&settings.database, crate::store::Schema::Migrate);
+    let opening = Store::open_existing(
+        &settings.database,
+        crate::store::Schema::Migrate,
+        &settings.storage,
+    );
     let Some(store) = shutdown.before(opening).await else {
         tracing::info!("stopped before the consumers started");
         return Ok(());

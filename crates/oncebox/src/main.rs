@@ -137,11 +137,15 @@ async fn run(cli: Cli) -> Result<()> {
             consume::run(settings, amqp, nats).await?;
         }
         Command::Deliveries { action } => {
-            let store = Store::open_existing(&settings.database, store::Schema::AsIs).await?;
+            let store =
+                Store::open_existing(&settings.database, store::Schema::AsIs, &settings.storage)
+                    .await?;
             deliveries::run(&mut out, &store, action).await?;
         }
         Command::Redeliver(args) => {
-            let store = Store::open_existing(&settings.database, store::Schema::AsIs).await?;
+            let store =
+                Store::open_existing(&settings.database, store::Schema::AsIs, &settings.storage)
+                    .await?;
             redeliver::run(&mut out, &store, args).await?;
         }
         Command::Check(o) => match o.output {
@@ -188,7 +192,9 @@ async fn run(cli: Cli) -> Result<()> {
                 after,
                 limit,
             };
-            let store = Store::open_existing(&settings.database, store::Schema::AsIs).await?;
+            let store =
+                Store::open_existing(&settings.database, store::Schema::AsIs, &settings.storage)
+                    .await?;
             events::events(&mut out, &store, filter, output.output).await?;
         }
         Command::Inspect {
@@ -197,20 +203,26 @@ async fn run(cli: Cli) -> Result<()> {
             output,
         } => {
             let key = Key::parse(&source, &event_id).code(Code::Usage)?;
-            let store = Store::open_existing(&settings.database, store::Schema::AsIs).await?;
+            let store =
+                Store::open_existing(&settings.database, store::Schema::AsIs, &settings.storage)
+                    .await?;
             events::inspect(&mut out, &store, &key, output.output).await?;
         }
         Command::Stats(o) => {
-            let store = Store::open_existing(&settings.database, store::Schema::AsIs).await?;
+            let store =
+                Store::open_existing(&settings.database, store::Schema::AsIs, &settings.storage)
+                    .await?;
             events::stats(&mut out, &store, o.output).await?;
         }
         Command::Purge { retention, output } => {
             let retention = events::purge_retention(&settings, retention).code(Code::Usage)?;
-            let store = Store::open_existing(&settings.database, store::Schema::AsIs).await?;
+            let store =
+                Store::open_existing(&settings.database, store::Schema::AsIs, &settings.storage)
+                    .await?;
             events::purge(&mut out, &store, &settings, retention, output.output).await?;
         }
         Command::Migrate => {
-            Store::open(&settings.database).await?;
+            Store::open_with(&settings.database, &settings.storage).await?;
             let database = store::describe(&settings.database);
             writeln!(out, "{database}: schema up to date")?;
         }

@@ -167,7 +167,11 @@ pub async fn relay_only(settings: Settings) -> Result<()> {
     }
     // Not created: started in another directory, or on a mistyped path, the relay would poll
     // an empty database of its own while the gateway's deliveries wait.
-    let opening = Store::open_existing(&settings.database, crate::store::Schema::Migrate);
+    let opening = Store::open_existing(
+        &settings.database,
+        crate::store::Schema::Migrate,
+        &settings.storage,
+    );
     let Some(inbox) = shutdown.before(opening).await else {
         tracing::info!("stopped before the relay started");
         return Ok(());

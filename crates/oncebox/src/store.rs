@@ -124,7 +124,9 @@ impl Store {
     /// instead of the gateway) or refused (operators' commands: a newer binary must not
     /// migrate a shared database under the nodes that keep it, nor create tables in a wrong
     /// one).
-    pub async fn open_existing(database: &str, schema: Schema) -> Result<Store> {
+    /// Every command opens it tuned by `[storage]`, as `serve` does: a relay or a consumer
+    /// run on its own writes to the same file, and an operator's command may too.
+    pub async fn open_existing(database: &str, schema: Schema, storage: &Storage) -> Result<Store> {
         // Other schemes go to `open`, which takes PostgreSQL and refuses the rest.
         if let Some(path) = sqlite_path(database).filter(|p| !std::path::Path::new(p).exists()) {
             // The store cannot be reached, as for a missing directory: nothing was decided.
@@ -136,7 +138,7 @@ impl Store {
             ));
         }
         let migrate = schema == Schema::Migrate;
-        Store::open_inner(database, &Storage::default(), migrate).await
+        Store::open_inner(database, storage, migrate).await
     }
 
     /// `open`, tuned by `[storage]`.
@@ -324,10 +326,17 @@ mod tests {
 
     /// How many of one retry's answers came from the memory of recent answers, on a SQLite
     /// store opened with `storage`.
-    async fn retry_answered_from_memory(storage: &Storage) -> u64 {
+    async fn retry_answered_from_memory(storage: &Storage, existing: bool) -> u64 {
         let dir = tempfile::tempdir().unwrap();
         let url = format!("sqlite://{}", dir.path().join("o.db").display());
-        let Store::Sqlite(inbox) = Store::open_with(&url, storage).await.unwrap() else {
+        let opened = if existing {
+            // As `relay`, `consume` and the operators' commands open it: made by another.
+            drop(Store::open_with(&url, &Storage::default()).await.unwrap());
+            Store::open_existing(&url, super::Schema::Migrate, storage).await
+        } else {
+            Store::open_with(&url, storage).await
+        };
+        let Store::Sqlite(inbox) = opened.unwrap() else {
             panic!("a SQLite URL opens SQLite");
         };
         let ingest = || Ingest {
@@ -348,8 +357,9 @@ mod tests {
         inbox.stats().answered_from_memory()
     }
 
-    /// `[storage] recent_answers` reaches the inbox: 0 turns the memory off, and without it
-    /// the library's default answers the retry from memory.
+    /// `[storage] recent_answers` reaches the inbox, as `serve` and as every other command
+    /// opens it: 0 turns the memory off, and without it the library's default answers the
+    /// retry from memory.
     ///
     /// It runs inside figment's `Jail`, whose lock the configuration tests hold while they set
     /// environment variables: SQLite reads the environment (`SQLITE_TMPDIR`) from C when it
@@ -367,12 +377,16 @@ mod tests {
                 .build()
                 .unwrap();
             rt.block_on(async {
-                assert_eq!(retry_answered_from_memory(&Storage::default()).await, 1);
                 let off = Storage {
                     recent_answers: Some(0),
                     ..Storage::default()
                 };
-                assert_eq!(retry_answered_from_memory(&off).await, 0);
+                for existing in [false, true] {
+                    let default = retry_answered_from_memory(&Storage::default(), existing).await;
+                    assert_eq!(default, 1, "existing {existing}");
+                    let off = retry_answered_from_memory(&off, existing).await;
+                    assert_eq!(off, 0, "existing {existing}");
+                }
             });
             Ok(())
         });
