@@ -111,13 +111,7 @@ macro_rules! each {
 }
 
 impl Store {
-    /// Opens (and migrates) the store a URL names: `sqlite://PATH` or a bare path, or
-    /// `postgres://…` / `postgresql://…`.
-    pub async fn open(database: &str) -> Result<Store> {
-        Store::open_with(database, &Storage::default()).await
-    }
-
-    /// `open` for a command that only reads or changes what is stored: a SQLite file that does
+    /// `open_with` for a command that only reads or changes what is stored: a SQLite file that does
     /// not exist is not created (with its schema) but named, since a mistyped path or another
     /// working directory would otherwise read as an empty store. `schema` says whether an
     /// older schema is brought up to date (the relay and the consumers, which run beside or
@@ -127,7 +121,7 @@ impl Store {
     /// Every command opens it tuned by `[storage]`, as `serve` does: a relay or a consumer
     /// run on its own writes to the same file, and an operator's command may too.
     pub async fn open_existing(database: &str, schema: Schema, storage: &Storage) -> Result<Store> {
-        // Other schemes go to `open`, which takes PostgreSQL and refuses the rest.
+        // Other schemes go to `open_inner`, which takes PostgreSQL and refuses the rest.
         if let Some(path) = sqlite_path(database).filter(|p| !std::path::Path::new(p).exists()) {
             // The store cannot be reached, as for a missing directory: nothing was decided.
             return Err(crate::exit::coded(
@@ -141,7 +135,8 @@ impl Store {
         Store::open_inner(database, storage, migrate).await
     }
 
-    /// `open`, tuned by `[storage]`.
+    /// Opens (and migrates) the store a URL names, tuned by `[storage]`: `sqlite://PATH` or a
+    /// bare path, or `postgres://…` / `postgresql://…`.
     pub async fn open_with(database: &str, storage: &Storage) -> Result<Store> {
         Store::open_inner(database, storage, true).await
     }

@@ -75,7 +75,9 @@ mod tests {
         oncebox_testkit::run(async {
             let dir = tempfile::tempdir().unwrap();
             let database = format!("sqlite://{}", dir.path().join("oncebox.db").display());
-            let store = Store::open(&database).await.unwrap();
+            let store = Store::open_with(&database, &crate::config::Storage::default())
+                .await
+                .unwrap();
             let shop = Source::new("shop").unwrap();
             let mut policy = SourcePolicy::open();
             policy.order = Some(OrderGuard::new(
