@@ -73,10 +73,12 @@ impl<S: DeliveryStore> Relay<S> {
             match permits.try_acquire() {
                 Ok(permit) => Some(permit),
                 Err(TryAcquireError::Closed) => return Err(LeaseError::Fenced),
+                // The stop first: a permit freed by the attempt that ended as the shutdown began
+                // is handed straight to this waiter, and both are ready at its next poll.
                 Err(TryAcquireError::NoPermits) => tokio::select! {
                     biased;
-                    permit = permits.acquire() => Some(permit.map_err(|_| LeaseError::Fenced)?),
                     () = stopping => None,
+                    permit = permits.acquire() => Some(permit.map_err(|_| LeaseError::Fenced)?),
                 },
             }
         };
@@ -89,6 +91,12 @@ impl<S: DeliveryStore> Relay<S> {
         {
             drop(permit);
             self.unclaim(claimed, pause).await?;
+            return Ok(Step::Unclaimed);
+        }
+        // A shutdown that began during the pace: given back unsent, as above.
+        if *stop.borrow() {
+            drop(permit);
+            self.unclaim(claimed, Duration::ZERO).await?;
             return Ok(Step::Unclaimed);
         }
         // Asked again after the waits: behind a slow receiver's permits (most of a lease) or a

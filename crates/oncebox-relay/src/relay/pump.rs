@@ -18,7 +18,9 @@ use super::{GAUGES_EVERY, Outcome, Relay, Step, until_stopped};
 
 impl<S: DeliveryStore> Relay<S> {
     pub(super) async fn deliver_until(&self, stopped: watch::Receiver<bool>) {
-        let mut gauges_due = self.clock.now();
+        // By the time that passes, not the wall clock: one set back an hour held the gauges
+        // (and the unrouted warning) at their old values for that hour.
+        let mut gauges_due = self.clock.monotonic();
         let mut held = InHand::default();
         let mut outage = Outage::default();
         let mut sending = FuturesUnordered::new();
@@ -59,9 +61,9 @@ impl<S: DeliveryStore> Relay<S> {
                     (c.route, c.id, step)
                 });
             }
-            let now = self.clock.now();
+            let now = self.clock.monotonic();
             if now >= gauges_due {
-                gauges_due = now.plus(GAUGES_EVERY);
+                gauges_due = now + GAUGES_EVERY;
                 let (published, freed) =
                     beside(self.publish_gauges(), &mut sending, &mut held).await;
                 again |= freed;
