@@ -225,14 +225,20 @@
   } else if (moving.length > 0 && source && eventId) {
     const path = "/v1/sources/" + encodeURIComponent(source.textContent) + "/events/" +
       encodeURIComponent(eventId.textContent);
+    let following = false;
     const follow = function () {
+      // One at a time, as the other pollers: a slow store must not pile them up (a retrying
+      // delivery may be followed for days, each answer the whole event).
+      if (following) return;
+      following = true;
       api("GET", path).then(function (e) {
         const changed = (e.deliveries || []).some(function (d) {
           const s = document.getElementById("delivery-" + d.id);
           return s && s.getAttribute("data-state") !== d.state;
         });
         if (changed) window.location.reload();
-      }).catch(function (e) { flash(e.message); });
+      }).catch(function (e) { flash(e.message); })
+        .then(function () { following = false; });
     };
     setInterval(follow, POLL_MS);
   }

@@ -239,7 +239,9 @@ fn retry_after(mut response: Value) -> Value {
 }
 
 fn described() -> Value {
-    let admin = json!([{ "bearer": [] }]);
+    // Either the token, or a dashboard session's cookie with its CSRF token beside it (from
+    // the same origin, for what changes something): the cookie alone is never enough.
+    let admin = json!([{ "bearer": [] }, { "session": [], "csrf": [] }]);
     let query = page_query();
     let list = json!([schemas::source_filter(), schemas::after(), schemas::limit()]);
     let deliveries = json!([

@@ -5,6 +5,7 @@ use std::future::Future;
 use std::time::Duration;
 
 use async_nats::jetstream::{self, AckKind};
+use futures::future::{Fuse, FusedFuture, FutureExt};
 use oncebox_core::consume::{Broker, Counts, Reason, Requeue};
 use tokio::sync::watch;
 use tokio::time::{Instant, MissedTickBehavior};
@@ -68,6 +69,12 @@ pub(crate) async fn kept_alive<T>(
         return work.await;
     };
     let mut work = std::pin::pin!(work);
+    // The ack is a branch of its own, not awaited in the tick's: sending waits for room in the
+    // client's queue, which fills while it reconnects, and the work (a transaction open, row
+    // locks held) must go on meanwhile. One at a time: a tick while one is on its way is let
+    // pass.
+    let progress = || message.ack_with(AckKind::Progress).fuse();
+    let mut acking = std::pin::pin!(Fuse::terminated());
     let mut tick = tokio::time::interval_at(Instant::now() + every, every);
     // After a stall, one ack, not a burst to catch up.
     tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
@@ -75,10 +82,11 @@ pub(crate) async fn kept_alive<T>(
         tokio::select! {
             biased;
             done = &mut work => return done,
-            _ = tick.tick() => match message.ack_with(AckKind::Progress).await {
+            acked = &mut acking, if !acking.is_terminated() => match acked {
                 Ok(()) => counts.send_modify(|c| c.in_progress += 1),
                 Err(e) => tracing::debug!(error = %e, "in-progress ack not sent; the message may be delivered again meanwhile"),
             },
+            _ = tick.tick(), if acking.is_terminated() => acking.set(progress()),
         }
     }
 }

@@ -4,6 +4,7 @@
 mod due;
 mod read;
 
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use oncebox_core::delivery::Verdict;
@@ -22,6 +23,10 @@ use crate::inbox::Inbox;
 use crate::store::unavailable;
 use crate::writer::{Cx, Fatal};
 
+/// A claim this much earlier than the latest one of the process means the wall clock went
+/// back; less is claims of several relays reaching the writer out of order.
+const STEPPED_BACK_MS: i64 = 1_000;
+
 fn millis(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
@@ -32,8 +37,25 @@ fn claim(
     limit: usize,
     lease: Duration,
     routes: &[String],
+    stepped_back: bool,
 ) -> Result<Result<Vec<Claimed>, Unavailable>, Fatal> {
     let conn = cx.conn;
+    if stepped_back {
+        // A schedule written later than now was written before the wall clock went back:
+        // left as it is, a delivery accepted before the step (due at once) or waiting out a
+        // backoff would wait the whole step on top, and ones queued since would go first. It
+        // keeps the wait it had left when it was written, counted from now. Only when a step
+        // is seen (and at a process's first claim, which cannot tell): the backoffs of an
+        // outage are many rows to look through at every claim.
+        conn.prepare_cached(
+            "UPDATE oncebox_outbox
+               SET next_attempt_at = ?1 + max(next_attempt_at - coalesce(updated_at, created_at), 0),
+                   updated_at = ?1
+             WHERE state IN ('pending', 'retrying') AND next_attempt_at > ?1
+               AND coalesce(updated_at, created_at) > ?1",
+        )?
+        .execute([now.millis()])?;
+    }
     let limit = i64::try_from(limit).unwrap_or(i64::MAX);
     let mut args = vec![Value::Integer(now.millis()), Value::Integer(limit)];
     args.extend(routes.iter().map(|r| Value::Text(r.clone())));
@@ -189,8 +211,21 @@ impl DeliveryStore for Inbox {
         routes: &[String],
     ) -> Result<Vec<Claimed>, Unavailable> {
         let routes = routes.to_vec();
-        self.submit_whole(move |cx| claim(cx, now, limit, lease, &routes))
-            .await
+        let latest = self.claimed_at().load(Ordering::Relaxed);
+        let stepped_back =
+            latest == i64::MIN || now.millis() < latest.saturating_sub(STEPPED_BACK_MS);
+        let claimed = self
+            .submit_whole(move |cx| claim(cx, now, limit, lease, &routes, stepped_back))
+            .await;
+        if claimed.is_ok() {
+            // After a step, the new timeline is the one later claims are compared with.
+            if stepped_back {
+                self.claimed_at().store(now.millis(), Ordering::Relaxed);
+            } else {
+                self.claimed_at().fetch_max(now.millis(), Ordering::Relaxed);
+            }
+        }
+        claimed
     }
 
     async fn record(

@@ -2,6 +2,7 @@
 //! the batch it joined committed; reads go to reader connections.
 
 use std::fmt;
+use std::sync::atomic::AtomicI64;
 use std::sync::{Arc, Mutex};
 use std::thread::{JoinHandle, ThreadId};
 use std::time::Duration;
@@ -61,6 +62,9 @@ struct Shared {
     /// Set once the database file failed to sync: the readers, closing last, must then not
     /// copy the log back either (`checkpoint.rs`).
     sync_failed: checkpoint::SyncFailed,
+    /// The latest time a relay of this process claimed at, `i64::MIN` before the first
+    /// (`deliveries.rs`: a claim well before it means the wall clock went back).
+    claimed_at: AtomicI64,
 }
 
 impl Drop for Shared {
@@ -187,8 +191,14 @@ impl Inbox {
                 readers: Readers::new(options, looks, stats),
                 probe: ProbeGate::default(),
                 sync_failed,
+                claimed_at: AtomicI64::new(i64::MIN),
             }),
         })
+    }
+
+    /// See `Shared::claimed_at`.
+    pub(crate) fn claimed_at(&self) -> &AtomicI64 {
+        &self.shared.claimed_at
     }
 
     /// Processes `event` once: a new key runs `handler` on the transaction that also records the

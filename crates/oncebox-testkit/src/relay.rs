@@ -1,11 +1,13 @@
 //! The delivery conformance suite (DESIGN §2 delivery states, §6 relay), written once and run
 //! against each backend through [`DeliveryBackend`] and `delivery_conformance!`: ingest here,
 //! claims and verdicts in `relay/claim.rs`, operators' actions in `relay/operator.rs`, the
-//! relay's own settlements in `relay/settle.rs`, retention in `relay/purge.rs`.
+//! relay's own settlements in `relay/settle.rs`, retention in `relay/purge.rs`; a wall clock
+//! set back under scheduled deliveries in `relay/jumps.rs` (SQLite only).
 
 mod claim;
 mod gauges;
 mod holding;
+mod jumps;
 mod operator;
 mod purge;
 mod settle;
@@ -23,6 +25,7 @@ use oncebox_core::{Clock, Key, ManualClock, Meta, Processed, Timestamp};
 pub use claim::*;
 pub use gauges::*;
 pub use holding::{Holding, OnClaim, OnWait};
+pub use jumps::*;
 pub use operator::*;
 pub use purge::*;
 pub use settle::*;

@@ -44,9 +44,6 @@ pub fn gateway_base(url: Option<&str>, settings: &Settings) -> Result<String> {
     Ok(url.trim_end_matches('/').to_owned())
 }
 
-/// `request` with the event's id where `policy` reads it from a header, and signed by the
-/// source's first secret as `now`. The id goes once: a scheme that signs it (`webhook-id`)
-/// already carries it, and the gateway refuses an id header sent twice.
 /// The header a request for `policy`'s source carries the event id in, if any: the one its
 /// rule reads, or the scheme's own (Standard Webhooks signs `webhook-id`).
 pub fn id_header(policy: &SourcePolicy) -> Option<&str> {
@@ -60,6 +57,9 @@ pub fn id_header(policy: &SourcePolicy) -> Option<&str> {
     }
 }
 
+/// `request` with the event's id where `policy` reads it from a header, and signed by the
+/// source's first secret as `now`. The id goes once: a scheme that signs it (`webhook-id`)
+/// already carries it, and the gateway refuses an id header sent twice.
 pub fn identified(
     mut request: reqwest::RequestBuilder,
     policy: &SourcePolicy,
@@ -71,14 +71,8 @@ pub fn identified(
         Some(secret) => sign(&policy.scheme, secret, id, now, body),
         None => Vec::new(),
     };
-    let id_header = match &policy.event_id {
-        EventIdRule::Header(name) => Some(name.as_str()),
-        EventIdRule::Default => Some("idempotency-key"),
-        // Pointer and derived ids come from the body itself.
-        _ => None,
-    };
     let carried = |name: &&str| signed.iter().any(|(s, _)| s.eq_ignore_ascii_case(name));
-    if let Some(name) = id_header.filter(|n| !carried(n)) {
+    if let Some(name) = id_header(policy).filter(|n| !carried(n)) {
         request = request.header(name, id);
     }
     for (name, value) in signed {

@@ -312,6 +312,7 @@ fn log_counts(name: &str, c: &Counts, what: &str) {
         quarantined = c.quarantined,
         requeued = c.requeued,
         ack_failures = c.ack_failures,
+        in_progress = c.in_progress,
         "{what}"
     );
 }

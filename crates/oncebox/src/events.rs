@@ -5,6 +5,7 @@ use std::io::Write;
 use std::time::Duration;
 
 use anyhow::Result;
+use oncebox_core::retention::DEFAULT_RETENTION;
 use oncebox_core::store::{EventFilter, EventStore, Page, StoredEvent};
 use oncebox_core::{Clock, Key, RecordState, Retention, Source, SystemClock};
 use oncebox_gateway::{response_document, rfc3339};
@@ -237,6 +238,21 @@ fn listed(names: &[&str]) -> String {
     }
 }
 
+/// What a purge keeps each source for: a named source its own retention; a consumer's source
+/// the configuration does not name in `[sources]` the default 7 days (its messages are this
+/// configuration's, as a named source's events are); any other `default`.
+pub fn retention(settings: &Settings, default: Duration) -> Retention {
+    let mut retention = Retention::new(default);
+    for c in &settings.consumers {
+        let _ = retention.set(c.rules.source.clone(), DEFAULT_RETENTION, None);
+    }
+    for (source, policy) in &settings.gateway.sources {
+        // The configuration was validated against each preset's horizon when it was loaded.
+        let _ = retention.set(source.clone(), policy.retention, None);
+    }
+    retention
+}
+
 pub async fn purge(
     out: &mut impl Write,
     store: &Store,
@@ -244,11 +260,7 @@ pub async fn purge(
     default: Duration,
     output: Output,
 ) -> Result<()> {
-    let mut retention = Retention::new(default);
-    for (source, policy) in &settings.gateway.sources {
-        // The configuration was validated against each preset's horizon when it was loaded.
-        let _ = retention.set(source.clone(), policy.retention, None);
-    }
+    let retention = retention(settings, default);
     // One store call does the whole purge in chunks; the spinner says it is alive.
     let spinner = progress::spinner("purging", false);
     let deleted = EventStore::purge(store, SystemClock.now(), &retention).await;

@@ -56,9 +56,9 @@ pub async fn run(settings: Settings, with_relay: bool) -> Result<()> {
         .install_recorder()
         .context("installing the metrics recorder")?;
     let local = listener.local_addr()?;
+    let retention = retention(&settings);
     let config = settings.gateway;
     let limits = config.limits.clone();
-    let retention = retention(&config);
     let routes = config.routes.clone();
     let relay_options = settings.relay;
     announce(&local, &database, &config);
@@ -184,20 +184,16 @@ pub async fn relay_only(settings: Settings) -> Result<()> {
     Ok(())
 }
 
-/// The hourly purge's retention: each named source's own; a source the configuration does not
-/// name is kept (`UNNAMED_KEPT`, another gateway's in a shared database), but with no
-/// `[sources]` at all (zero-config, every source open), where the default is every source's.
-fn retention(config: &GatewayConfig) -> Retention {
-    let mut r = if config.open_sources {
-        Retention::default()
+/// The hourly purge's retention (`events::retention`): a source the configuration does not name
+/// is kept (`UNNAMED_KEPT`: another gateway's in a shared database), but with no `[sources]` at
+/// all (zero-config, every source open), where the default is every source's.
+fn retention(settings: &crate::config::Settings) -> Retention {
+    let others = if settings.gateway.open_sources {
+        oncebox_core::retention::DEFAULT_RETENTION
     } else {
-        Retention::new(crate::config::UNNAMED_KEPT)
+        crate::config::UNNAMED_KEPT
     };
-    for (source, policy) in &config.sources {
-        // Already checked against the redelivery horizon when the configuration was loaded.
-        let _ = r.set(source.clone(), policy.retention, None);
-    }
-    r
+    crate::events::retention(settings, others)
 }
 
 async fn purge_forever(store: Store, retention: Retention) {
@@ -228,12 +224,16 @@ fn announce(local: &std::net::SocketAddr, database: &str, config: &GatewayConfig
         let _ = writeln!(out, "send a signed test event:  oncebox send {source}");
     }
     // With a token the admin API answers nothing else. Named by the variable when it came
-    // from one (the shell fills it in), else only pointed to: the value is never printed.
-    let token = match config.admin_token {
+    // from one (the shell fills it in, if it is the shell's), else only pointed to: the value
+    // is never printed.
+    let from_variable = |token: &String| {
+        std::env::var_os("ONCEBOX_ADMIN_TOKEN")
+            .is_some_and(|v| v.as_encoded_bytes() == token.as_bytes())
+    };
+    let token = match &config.admin_token {
         None => "",
-        Some(_) if std::env::var_os("ONCEBOX_ADMIN_TOKEN").is_some() => {
-            " -H \"authorization: Bearer $ONCEBOX_ADMIN_TOKEN\""
-        }
+        // The variable's own value, not one a flag set over it.
+        Some(token) if from_variable(token) => " -H \"authorization: Bearer $ONCEBOX_ADMIN_TOKEN\"",
         Some(_) => " -H 'authorization: Bearer <your admin_token>'",
     };
     let _ = writeln!(
@@ -246,25 +246,35 @@ fn announce(local: &std::net::SocketAddr, database: &str, config: &GatewayConfig
 mod tests {
     use oncebox_core::Source;
     use oncebox_core::retention::DEFAULT_RETENTION;
-    use oncebox_gateway::policy::{GatewayConfig, SourcePolicy};
 
     use super::retention;
+    use crate::config::tests::ok;
 
     /// The hourly purge keeps a source the configuration does not name (another gateway's in
-    /// a shared database); zero-config, every source is its own and keeps the default.
+    /// a shared database), but not a consumer's source it does not name in `[sources]`: its
+    /// messages are this configuration's. Zero-config, every source keeps the default.
     #[test]
-    fn the_hourly_purge_keeps_unnamed_sources_unless_every_source_is_open() {
-        let shop = Source::new("shop").unwrap();
-        let elsewhere = Source::new("elsewhere").unwrap();
-        let mut config = GatewayConfig::default();
-        config.sources.insert(shop.clone(), SourcePolicy::open());
-        let named = retention(&config);
-        assert_eq!(named.for_source(&shop), DEFAULT_RETENTION);
-        assert_eq!(named.for_source(&elsewhere), crate::config::UNNAMED_KEPT);
-        let open = GatewayConfig {
-            open_sources: true,
-            ..GatewayConfig::default()
-        };
-        assert_eq!(retention(&open).for_source(&elsewhere), DEFAULT_RETENTION);
+    fn the_hourly_purge_keeps_unnamed_sources_unless_they_are_its_own() {
+        let source = |name| Source::new(name).unwrap();
+        let named = retention(&ok(r#"
+[sources.shop]
+signature = "none"
+retention = "30d"
+
+[consumers.orders]
+source = "orders"
+queue = "orders"
+key = "message-id"
+quarantine = "oncebox.quarantine"
+"#));
+        let day = std::time::Duration::from_secs(86_400);
+        assert_eq!(named.for_source(&source("shop")), 30 * day);
+        assert_eq!(named.for_source(&source("orders")), DEFAULT_RETENTION);
+        assert_eq!(
+            named.for_source(&source("elsewhere")),
+            crate::config::UNNAMED_KEPT
+        );
+        let open = retention(&ok(""));
+        assert_eq!(open.for_source(&source("elsewhere")), DEFAULT_RETENTION);
     }
 }

@@ -132,6 +132,18 @@ impl Store {
             ));
         }
         let migrate = schema == Schema::Migrate;
+        // An operator's command takes no events: a memory of answers would be sized (the
+        // whole table is reserved up front) for nothing.
+        let reads_only;
+        let storage = if migrate {
+            storage
+        } else {
+            reads_only = Storage {
+                recent_answers: Some(0),
+                ..storage.clone()
+            };
+            &reads_only
+        };
         Store::open_inner(database, storage, migrate).await
     }
 

@@ -197,7 +197,11 @@ pub(super) fn components() -> Value {
                 "`Authorization: Bearer <admin_token>`. A gateway with no admin_token answers \
                  the admin API without one, but only on a loopback-only listener and only its \
                  own machine's clients; this document does not say which a gateway is" },
-            "session": { "type": "apiKey", "in": "cookie", "name": "oncebox_session" } },
+            "session": { "type": "apiKey", "in": "cookie", "name": "oncebox_session" },
+            "csrf": { "type": "apiKey", "in": "header", "name": "X-Oncebox-CSRF", "description":
+                "the dashboard session's CSRF token, which its pages carry; with the session's \
+                 cookie it stands for the admin token (a request that changes something must \
+                 also come from the gateway's own origin)" } },
         "schemas": {
             "Problem": { "type": "object", "required": ["type", "title", "status", "detail"],
                 "properties": {

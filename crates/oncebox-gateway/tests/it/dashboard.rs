@@ -62,7 +62,7 @@ pub(crate) fn get(path: &str, cookie: &str) -> Request<Body> {
 }
 
 /// The page's CSRF token, from its meta tag.
-fn csrf(html: &str) -> String {
+pub(crate) fn csrf(html: &str) -> String {
     let at = html.find(r#"name="oncebox-csrf" content=""#).unwrap() + 29;
     html[at..].split('"').next().unwrap().to_owned()
 }

@@ -279,6 +279,11 @@ fn settle<T, E: From<Unavailable>>(
     }
 }
 
+/// What a `write` whose closure left a deferred foreign key unmet is told.
+const DEFERRED_FK: &str = "FOREIGN KEY constraint failed (deferred): the writes leave a foreign \
+                           key unmet, which SQLite would refuse at commit; nothing of them was \
+                           kept";
+
 /// A caller's closure on the writer connection, in a savepoint of its own.
 pub(super) fn write<T>(
     cx: &mut Cx<'_, '_>,
@@ -307,6 +312,16 @@ pub(super) fn write<T>(
         cx.own_rollback();
         return Ok(Err(Error::Sql(e)));
     }
+    // Writes that leave a deferred foreign key unmet would fail the batch's `COMMIT`: undone
+    // here, in the closure's own savepoint, and its caller hears SQLite's own refusal, which a
+    // retry repeats (not `Unavailable`).
+    let out = match out {
+        Ok(_) if cx.deferred_violations() => Err(rusqlite::Error::SqliteFailure(
+            rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_CONSTRAINT_FOREIGNKEY),
+            Some(DEFERRED_FK.into()),
+        )),
+        out => out,
+    };
     if out.is_err() {
         cx.rollback_to()?;
     }

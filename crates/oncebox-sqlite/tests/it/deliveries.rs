@@ -44,6 +44,22 @@ fn a_backward_clock_jump_holds_a_lease_one_lease_length_not_the_jump() {
     );
 }
 
+/// Nor does it hold a scheduled delivery (pending, or waiting out a backoff) by the jump, seen
+/// by a relay that claimed before it or by one started after it.
+#[test]
+fn a_backward_clock_jump_delays_no_scheduled_delivery_by_the_jump() {
+    oncebox_testkit::run(
+        oncebox_testkit::relay::a_backward_clock_jump_delays_no_scheduled_delivery_by_the_jump::<
+            Sqlite,
+        >(),
+    );
+    oncebox_testkit::run(
+        oncebox_testkit::relay::a_relay_started_after_a_backward_jump_finds_the_schedules_due_as_before::<
+            Sqlite,
+        >(),
+    );
+}
+
 #[test]
 fn a_lease_is_re_anchored_only_when_taken_over_a_lease_ahead() {
     oncebox_testkit::run(

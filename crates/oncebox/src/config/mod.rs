@@ -18,7 +18,7 @@ mod secrets;
 mod source;
 mod storage;
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 mod values;
 mod variables;
 
@@ -191,6 +191,9 @@ impl<'f> Problems<'f> {
         let Ok(figment::value::Value::Dict(_, fields)) = self.figment.find_value(key) else {
             return of(key);
         };
+        if fields.is_empty() {
+            return of(key);
+        }
         let mut origins = fields
             .keys()
             .map(|field| self.origin(&format!("{key}.{field}")));

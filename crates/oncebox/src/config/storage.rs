@@ -1,5 +1,6 @@
-//! `[storage]`: tuning of the store `oncebox serve` opens: the size of the SQLite inbox's
-//! memory of recent first answers, and the CPU its writer and checkpointer are kept on.
+//! `[storage]`: tuning of the store every command opens: the size of the SQLite inbox's
+//! memory of recent first answers (for the commands that take events), and the CPU its writer
+//! and checkpointer are kept on.
 
 use oncebox_sqlite::Placement;
 use serde::Deserialize;

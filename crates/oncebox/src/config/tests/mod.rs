@@ -80,7 +80,8 @@ fn load_file(jail: &Jail, toml: &str) -> anyhow::Result<Settings> {
     load(&Overrides::default())
 }
 
-fn ok(toml: &str) -> Settings {
+/// The settings `toml` loads to, in a jail; panics if they are refused.
+pub(crate) fn ok(toml: &str) -> Settings {
     jailed(|jail| load_file(jail, toml)).expect("configuration is valid")
 }
 
