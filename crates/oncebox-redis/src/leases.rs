@@ -50,6 +50,9 @@ struct Shared {
     eviction: Option<String>,
 }
 
+/// How many times `begin` is repeated while whether it ran is unknown.
+const REPEATS: usize = 3;
+
 impl fmt::Debug for Leases {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Leases")
@@ -161,12 +164,16 @@ impl Leases {
     pub async fn begin(&self, event: &Event, ttl: Duration) -> Result<Begun, ProcessError> {
         oncebox_core::check_ttl(ttl)?;
         let (ttl_ms, expires_at) = lease_ttl(self.shared.options.clock.now(), ttl);
+        // Names this call, so that repeated after its reply was lost it is answered with the
+        // lease it took (`scripts.rs`).
+        let attempt = uuid::Uuid::new_v4().simple().to_string();
         let mut call = self.shared.scripts.begin.prepare_invoke();
         call.key(&self.shared.fence)
             .key(self.record(&event.key))
             .arg(&event.fingerprint.as_bytes()[..])
-            .arg(ttl_ms);
-        let reply = self.run(&call).await?;
+            .arg(ttl_ms)
+            .arg(&attempt);
+        let reply = self.repeated_while_unknown(&call).await?;
         let parts = array(&reply).ok_or_else(|| odd_reply("begin", &reply))?;
         let odd = || ProcessError::from(odd_reply("begin", &reply));
         match (parts.first().and_then(text), parts.get(1), parts.get(2)) {
@@ -313,6 +320,30 @@ impl Leases {
             return answer(tokio::time::timeout_at(cutoff, call.invoke_async(&mut conn)).await);
         }
         answer(first)
+    }
+
+    /// `call`, repeated (up to [`REPEATS`] times) while whether it ran is unknown: its reply
+    /// was lost, or a proxy answered in its place. Only for a call that answers its own
+    /// repetition as it answered itself (`begin`, by its attempt id). Before, a `begin` whose
+    /// reply was lost could not be repeated by its own caller: the repetition was answered
+    /// busy, and the key waited out the lease nobody knew it held. A repetition that fails
+    /// too leaves it unknown.
+    async fn repeated_while_unknown(
+        &self,
+        call: &ScriptInvocation<'_>,
+    ) -> Result<Value, Unavailable> {
+        let first = self.run(call).await;
+        let Err(Unavailable::CommitUnknown(why)) = first else {
+            return first;
+        };
+        for _ in 0..REPEATS {
+            // A connection the lost reply took with it may fail the first repetition before
+            // it is replaced; any answer from Redis ends the doubt.
+            if let Ok(reply) = self.run(call).await {
+                return Ok(reply);
+            }
+        }
+        Err(Unavailable::CommitUnknown(why))
     }
 
     /// Bounds a Redis call by the deadline. A call cut off here may still run on the server:

@@ -10,6 +10,7 @@
 //! | `ttl`   | `processing` only: `{length}:{until}`, the lease's length in ms and the `until` it was taken with, to re-anchor `until` after the clock stepped back |
 //! | `fp`    | the payload fingerprint, 32 raw bytes                                |
 //! | `token` | the fencing token of the holder that took or completed it (decimal)  |
+//! | `attempt` | `processing` only: `{id}:{taken}`, the `begin` call that took the lease (a random id) and whether it took it over, so that the call repeated after its reply was lost is answered with the same lease |
 //! | `kind`  | `done` only: the response kind (`completed`, `rejected`, `stale`)    |
 //! | `body`  | `done` only: the first response's body                               |
 //!
@@ -39,7 +40,11 @@ pub(crate) fn fence_key(namespace: &str) -> String {
     format!("{namespace}{FENCE_SUFFIX}")
 }
 
-/// KEYS: fence, record. ARGV: fingerprint, ttl in ms.
+/// KEYS: fence, record. ARGV: fingerprint, ttl in ms, the call's attempt id.
+///
+/// A call repeated with the attempt id of the one that took a live lease is that call again,
+/// its reply lost on the way: answered with the same lease (token, and whether it took it
+/// over), not as busy; the holder would otherwise wait out its own lease.
 ///
 /// A lease lives until its `until` and its record as long again after it (the key's TTL), so a
 /// `begin` in that time takes it over and says so (the third reply field): the earlier holder
@@ -66,7 +71,8 @@ pub(crate) fn fence_key(namespace: &str) -> String {
 /// (`GET`), because Lua's number-to-string conversion would round them.
 const BEGIN: &str = r"
 local rec = KEYS[2]
-local found = redis.call('HMGET', rec, 'state', 'fp', 'kind', 'body', 'until', 'ttl')
+local found = redis.call('HMGET', rec, 'state', 'fp', 'kind', 'body', 'until', 'ttl', 'attempt',
+  'token')
 local state = found[1]
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -77,6 +83,10 @@ if state then
   if state == 'uncertain' then return {'uncertain'} end
   if not found[5] then return {'busy', redis.call('PTTL', rec)} end
   local ends = tonumber(found[5])
+  local mine, was_taken = string.match(found[7] or '', '^(%x+):([01])$')
+  if state == 'processing' and now < ends and mine == ARGV[3] and found[8] then
+    return {'leased', found[8], tonumber(was_taken)}
+  end
   if now < ends then
     local held, at = string.match(found[6] or '', '^(%d+):(%d+)$')
     held = tonumber(held)
@@ -97,7 +107,8 @@ end
 local token = redis.call('GET', KEYS[1])
 local ttl = tonumber(ARGV[2])
 redis.call('HSET', rec, 'state', 'processing', 'fp', ARGV[1], 'token', token,
-  'until', string.format('%.0f', now + ttl), 'ttl', string.format('%.0f:%.0f', ttl, now + ttl))
+  'until', string.format('%.0f', now + ttl), 'ttl', string.format('%.0f:%.0f', ttl, now + ttl),
+  'attempt', ARGV[3] .. ':' .. taken)
 redis.call('PEXPIRE', rec, string.format('%.0f', 2 * ttl))
 return {'leased', token, taken}
 ";
@@ -118,7 +129,7 @@ if found[3] then
   if now >= tonumber(found[3]) then return 'fenced' end
 end
 redis.call('HSET', KEYS[1], 'state', 'done', 'kind', ARGV[2], 'body', ARGV[3])
-redis.call('HDEL', KEYS[1], 'until', 'ttl')
+redis.call('HDEL', KEYS[1], 'until', 'ttl', 'attempt')
 redis.call('PEXPIRE', KEYS[1], ARGV[4])
 return 'ok'
 ";
@@ -143,7 +154,7 @@ if found[2] ~= ARGV[1] then return 'fenced' end
 if found[1] == 'uncertain' then return 'ok' end
 if found[1] ~= 'processing' then return 'fenced' end
 redis.call('HSET', KEYS[1], 'state', 'uncertain')
-redis.call('HDEL', KEYS[1], 'until', 'ttl')
+redis.call('HDEL', KEYS[1], 'until', 'ttl', 'attempt')
 redis.call('PERSIST', KEYS[1])
 return 'ok'
 ";

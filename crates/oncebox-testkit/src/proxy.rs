@@ -31,6 +31,10 @@ pub enum Mode {
     /// connections are cut: the server acted, the client never hears so. With a marker, only
     /// an answer to bytes containing it is dropped (e.g. `COMMIT`); the rest passes.
     DropReply,
+    /// As [`Mode::DropReply`] until one answer was dropped (counted in
+    /// [`Stats::dropped_replies`]), then as [`Mode::Pass`]: a reply lost once, on a path that
+    /// works again for the repetition, however soon the client repeats.
+    DropFirstReply,
     /// As [`Mode::DropReply`], but the client is sent these bytes in the answer's place before
     /// the cut: what a pooler in between says for a server connection it lost (PostgreSQL's
     /// `ErrorResponse` of class 08, say) after the server acted. Counted as a dropped reply.
@@ -206,10 +210,14 @@ async fn connection(
                 let chunk = &from_client[..n];
                 let mode = hold(&mut modes, stats).await;
                 let mut marked = false;
-                if matches!(
-                    mode,
-                    Mode::DropReply | Mode::AnswerInstead(_) | Mode::CutRequest | Mode::Strand
-                ) {
+                let first_left = mode == Mode::DropFirstReply
+                    && stats.dropped_replies.load(Ordering::SeqCst) == 0;
+                if first_left
+                    || matches!(
+                        mode,
+                        Mode::DropReply | Mode::AnswerInstead(_) | Mode::CutRequest | Mode::Strand
+                    )
+                {
                     let mut seen = std::mem::take(&mut tail);
                     seen.extend_from_slice(chunk);
                     marked = marker.is_none_or(|m| seen.windows(m.len()).any(|w| w == m));
@@ -238,6 +246,9 @@ async fn connection(
                 }
                 let instead = match &*modes.borrow() {
                     Mode::DropReply => Some(Vec::new()),
+                    Mode::DropFirstReply if stats.dropped_replies.load(Ordering::SeqCst) == 0 => {
+                        Some(Vec::new())
+                    }
                     Mode::AnswerInstead(bytes) => Some(bytes.clone()),
                     _ => None,
                 };

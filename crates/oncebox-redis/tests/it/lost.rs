@@ -1,6 +1,7 @@
 //! A lease write whose answer is lost after Redis ran its script (the connection cut on the
 //! way back): the holder is told the outcome is unknown (`CommitUnknown`), not that nothing
-//! was kept; the key is free, and a repeated `release` reads `Fenced`.
+//! was kept; the key is free, and a repeated `release` reads `Fenced`. A `begin` whose answer
+//! is lost is repeated, and answered with the lease it took.
 
 use std::time::Duration;
 
@@ -69,5 +70,46 @@ fn release_answer_lost(mode: Mode) {
             again = leases.release(&lease).await;
         }
         assert!(matches!(again, Err(LeaseError::Fenced)), "{again:?}");
+    });
+}
+
+/// A `begin` whose reply is lost after Redis took the lease: repeated by the tier with the
+/// same attempt id, it is answered with that lease (same token), which its holder completes;
+/// any other caller finds the key busy. Before, the caller heard `CommitUnknown`, and its own
+/// retry was answered busy for the whole lease that nobody knew it held.
+#[test]
+fn a_begin_whose_reply_is_lost_is_answered_with_the_lease_it_took() {
+    let Some(url) = shared() else { return };
+    run(async move {
+        let ns = Namespace::new(&url);
+        let direct = ns.leases().await;
+        let (proxy, via) = proxied(&url, Some(b"charge-begun")).await;
+        let leases = Leases::connect(&via, ns.options()).await.unwrap();
+        // The begin script is loaded first, through a key without the marker (a `NOSCRIPT`
+        // answer dropped would lose a call that never ran).
+        let warm = leased(leases.begin(&event("charge-warm", 5), TTL).await);
+        leases.release(&warm).await.unwrap();
+        let e = event("charge-begun", 5);
+        proxy.set(Mode::DropFirstReply);
+        let begun = leases.begin(&e, TTL).await;
+        assert_eq!(
+            Stats::get(&proxy.stats.dropped_replies),
+            1,
+            "the answer was lost"
+        );
+        let lease = leased(begun);
+        assert!(!lease.taken_over, "{lease:?}");
+        // Taken once: the key is busy for everyone else, and the lease is its holder's.
+        let other = direct.begin(&e, TTL).await;
+        assert!(
+            matches!(other, Err(oncebox_core::ProcessError::InProgress { .. })),
+            "{other:?}"
+        );
+        let done = oncebox_core::Response::completed("charged");
+        leases.complete(&lease, &done).await.unwrap();
+        assert!(matches!(
+            direct.begin(&e, TTL).await,
+            Ok(Begun::Duplicate(_))
+        ));
     });
 }
