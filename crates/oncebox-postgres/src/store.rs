@@ -160,8 +160,11 @@ impl Inbox {
                 deleted += u64::try_from(gone).unwrap_or(0);
             }
             // Ids follow arrival, so once a whole chunk is younger than the shortest retention
-            // nothing after it can be due.
-            let all_young = rows.iter().all(|r| r.4 >= youngest_cutoff);
+            // nothing after it can be due; but a record dated later than now (by a node whose
+            // clock ran ahead, or one since set back) says nothing of the records after it.
+            let all_young = rows
+                .iter()
+                .all(|r| r.4 >= youngest_cutoff && r.4 <= now.millis());
             match rows.last() {
                 Some(last) if rows.len() == PURGE_CHUNK as usize && !all_young => after = last.0,
                 _ => return Ok(deleted),

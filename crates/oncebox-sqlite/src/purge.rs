@@ -103,7 +103,11 @@ pub(crate) fn chunk(
         .conn
         .prepare_cached("DELETE FROM oncebox_conflicts WHERE source = ?1 AND event_id = ?2")?;
     for r in &rows {
-        all_young &= r.received_at >= youngest_cutoff;
+        // A record received later than now was dated by a clock since set back (one machine's
+        // clock: all SQLite's writers share it): it says nothing of the records after it,
+        // which a chunk of such records otherwise hid from every purge until the clock caught
+        // up.
+        all_young &= r.received_at >= youngest_cutoff && r.received_at <= now.millis();
         let completed_at = r.completed_at.map(Timestamp);
         if retention.purgeable(&r.source, &r.state, completed_at, now)
             && delete.execute([r.id])? == 1
@@ -117,8 +121,8 @@ pub(crate) fn chunk(
             conflicts.execute(params![r.source, r.event_id])?;
         }
     }
-    // Ids follow arrival, so once a whole chunk is younger than the shortest retention nothing
-    // after it can be due. A backwards clock jump can only make this stop early: purging less.
+    // Ids follow arrival, so once a whole chunk is younger than the shortest retention (and not
+    // dated ahead of now) nothing after it can be due.
     let done =
         rows.len() + unreadable.len() < CHUNK as usize || (all_young && unreadable.is_empty());
     let next = if done { None } else { last };

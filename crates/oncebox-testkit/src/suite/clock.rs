@@ -134,6 +134,36 @@ pub async fn a_deleted_boot_anchor_lets_purges_follow_the_clock_again<B: Backend
     );
 }
 
+/// A thousand records received while the wall clock stood a year ahead (set back since; on
+/// PostgreSQL, a node whose clock runs ahead): a whole chunk of them reads as younger than the
+/// retention, and the purge stopped there, so a record past its retention with a later id was
+/// never reached until the clock caught up. They say nothing of the records after them.
+pub async fn records_dated_ahead_of_the_clock_hold_no_purge_back<B: Backend>() {
+    let (b, clock) = fresh::<B>().await;
+    let retain = Duration::from_secs(7 * 24 * 3600);
+    let retention = Retention::new(retain);
+    let start = clock.now();
+    clock.set(start.plus(Duration::from_secs(365 * 24 * 3600)));
+    let ids: Vec<String> = (0..1000).map(|i| format!("ahead-{i}")).collect();
+    let ahead = ids
+        .iter()
+        .map(|id| b.process(event("shop", id, 1), Script::credit(1)));
+    for done in futures::future::join_all(ahead).await {
+        done.unwrap();
+    }
+    clock.set(start);
+    b.process(event("shop", "late", 1), Script::credit(1))
+        .await
+        .unwrap();
+    clock.advance(retain + Duration::from_millis(1));
+    assert_eq!(
+        b.purge(clock.now(), &retention).await,
+        1,
+        "the record past its retention, after a chunk dated ahead"
+    );
+    assert_eq!(b.observe().await.inbox_rows, 1000);
+}
+
 /// The wall clock steps back a year (a reset clock, a bad time source) while events arrive,
 /// and is set right a minute later. The events of that minute are dated no earlier than the
 /// boot's purge anchor says real time was: they age by the real time that passes, not by the
