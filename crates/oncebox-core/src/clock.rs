@@ -180,8 +180,16 @@ impl ManualClock {
 
     pub fn advance(&self, d: Duration) {
         let ms = i64::try_from(d.as_millis()).unwrap_or(i64::MAX);
-        self.0.0.fetch_add(ms, Ordering::SeqCst);
-        self.0.1.fetch_add(ms, Ordering::SeqCst);
+        // Saturating, as `Timestamp::plus`: wrapped, a long advance read as time running back.
+        let add = |v: i64| Some(v.saturating_add(ms));
+        let _ = self
+            .0
+            .0
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, add);
+        let _ = self
+            .0
+            .1
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, add);
     }
 
     /// Moves the wall clock backwards or forwards without time passing: clock jumps are part
@@ -246,6 +254,13 @@ mod tests {
         assert_eq!(
             (c.now(), c.monotonic()),
             (Timestamp(0), Duration::from_millis(5))
+        );
+        // A long advance stops at the end of time; it never wraps into the past.
+        c.advance(Duration::MAX);
+        assert_eq!(c.now(), Timestamp(i64::MAX));
+        assert_eq!(
+            c.monotonic(),
+            Duration::from_millis(i64::MAX.unsigned_abs())
         );
     }
 

@@ -89,7 +89,10 @@ impl Number {
     /// integer's own text; past `i64` (a sender's unsigned 64-bit ids) it goes on the same way.
     pub fn integer_text(&self, max_len: usize) -> Option<String> {
         let zeros = usize::try_from(self.exponent).ok()?;
-        let len = usize::from(self.negative) + self.digits.len().max(1) + zeros;
+        // Checked: on a 32-bit target the exponent alone can come near `usize::MAX`.
+        let len = usize::from(self.negative)
+            .checked_add(self.digits.len().max(1))?
+            .checked_add(zeros)?;
         if len > max_len {
             return None;
         }

@@ -24,16 +24,18 @@ pub fn route_url(url: &str) -> String {
         ("***@", &rest[at + 1..])
     } else if !rest.contains('@') {
         ("", rest)
-    } else if is_host_port(auth) {
-        // A plain host and an `@` in the path (`https://social.example/@alice`); with a port,
-        // it may as well be a user and a password of digits up to a `/`, `?` or `#`.
-        if auth.contains(':') {
-            return format!("{scheme}://***");
-        }
+    } else if is_host_port(auth) && auth.contains(':') {
+        // A host and port with an `@` after it may as well be a user and a password of digits
+        // up to a `/`, `?` or `#`.
+        return format!("{scheme}://***");
+    } else if is_host_port(auth) && path_at(rest, auth) {
+        // A plain host and an `@` in the path (`https://social.example/@alice`).
         ("", rest)
     } else {
-        // No host: a password pasted unencoded with a `/`, `\`, `?` or `#` in it. With
-        // several `@` after it, which one ends the user info is a guess, as above.
+        // No host: a password pasted unencoded with a `/`, `\`, `?` or `#` in it, or a token
+        // for a user name with a `/` in it (`https://ghp_Ab12/x9@github.com`), whose start
+        // would read as a host. With several `@` after it, which one ends the user info is a
+        // guess, as above.
         match userinfo_end(rest) {
             Some(at) if rest.find('@') == Some(at) => ("***@", &rest[at + 1..]),
             _ => return format!("{scheme}://***"),
@@ -68,13 +70,24 @@ fn is_scheme(s: &str) -> bool {
 pub fn userinfo_end(rest: &str) -> Option<usize> {
     let first_at = rest.find('@')?;
     let authority = &rest[..rest.find(['/', '?', '#']).unwrap_or(rest.len())];
-    if !authority.contains('@') && is_host_port(authority) {
+    if !authority.contains('@') && is_host_port(authority) && path_at(rest, authority) {
         return None;
     }
     let query = rest[first_at..]
         .find(['?', '#'])
         .map_or(rest.len(), |i| first_at + i);
     rest[..query].rfind('@')
+}
+
+/// Whether the first `@` of `rest`, after an authority with none, reads as part of a path: the
+/// authority is a domain name (it has a dot) or the `@` opens a path segment (`/@alice`).
+/// Otherwise the authority may be the start of a user name or token holding a `/`.
+fn path_at(rest: &str, authority: &str) -> bool {
+    authority.contains('.')
+        || rest
+            .find('@')
+            .and_then(|at| rest[..at].chars().next_back())
+            .is_some_and(|c| c == '/')
 }
 
 /// Whether `authority` reads as `host`, `host:port` or `[v6]:port` (an empty port is allowed,
@@ -140,6 +153,17 @@ mod tests {
             ("https://admin:2024/pw@host/x", "https://***"),
             ("https://host:8443/@alice/T0KEN", "https://***"),
             ("https://hooks.example\\@T0KEN", "https://hooks.example/***"),
+            // A token for a user name, a `/` in it: its start is no host.
+            (
+                "https://ghp_Ab12/x9@github.com/o/r",
+                "https://***@github.com/***",
+            ),
+            (
+                "https://ab/cd@hooks.example/x",
+                "https://***@hooks.example/***",
+            ),
+            ("https://tok?en@host/x", "https://***@host/***"),
+            ("http://localhost/@alice", "http://localhost/***"),
             (
                 "https://app:pa\\55@hooks.example/in",
                 "https://***@hooks.example/***",

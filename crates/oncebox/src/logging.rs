@@ -1,6 +1,7 @@
 //! The process's log on stderr: what `RUST_LOG` asks for (`info` without it), but async-nats no
-//! more verbose than info unless `RUST_LOG` names it, since its debug lines print the server
-//! address it dials with the password in it.
+//! more verbose than info and lapin's returned messages no more than error unless `RUST_LOG`
+//! names them: async-nats's debug lines print the server address it dials with the password in
+//! it, and lapin warns of each message a broker returns with its whole payload and headers.
 
 use tracing::level_filters::LevelFilter;
 use tracing_subscriber::Layer;
@@ -10,9 +11,16 @@ use tracing_subscriber::layer::SubscriberExt as _;
 use tracing_subscriber::registry::LookupSpan;
 use tracing_subscriber::util::SubscriberInitExt as _;
 
-/// The crate whose debug output carries credentials (`attempting connection` with the
-/// `ServerAddr`, user and password included, in async-nats 0.51's connector).
-const CAPPED: &str = "async_nats";
+/// Targets whose output carries what a log must not, with the most verbose level let through:
+/// async-nats's debug lines (`attempting connection` with the `ServerAddr`, user and password
+/// included, in 0.51's connector); lapin's warning for each unroutable message a broker
+/// returns (`Server returned us a message` with the message's `Debug`: its payload, byte by
+/// byte, and its `idempotency-key` header, in 4.x), which a relay publishing before its queue
+/// is declared gets at every attempt, event bodies in the log and a line of megabytes each.
+const CAPPED: [(&str, LevelFilter); 2] = [
+    ("async_nats", LevelFilter::INFO),
+    ("lapin::returned_messages", LevelFilter::ERROR),
+];
 
 /// Installs the log for the whole process; called once, first thing in `main`.
 pub(crate) fn init() {
@@ -33,14 +41,21 @@ where
     let filter = spec
         .and_then(|s| EnvFilter::try_new(s).ok())
         .unwrap_or_else(|| EnvFilter::new("info"));
-    // A user who names the crate asked for its lines, passwords and all: their choice.
-    let named = spec.is_some_and(names_capped);
-    // `DEBUG` and `TRACE` compare above `INFO`: they are what the cap drops. Its hint is the
-    // loosest, so the pair's is `RUST_LOG`'s: without one, `And` has none, the process's
-    // level becomes TRACE (every callsite asked, every `log` record converted), and the
-    // multinode test's relays stalled.
+    // A user who names a capped target asked for its lines, passwords and all: their choice.
+    let named: Vec<bool> = CAPPED
+        .iter()
+        .map(|(target, _)| spec.is_some_and(|s| names(s, target)))
+        .collect();
+    // Levels more verbose compare above: `DEBUG` and `TRACE` above `INFO`, all but `ERROR`
+    // above it. Its hint is the loosest, so the pair's is `RUST_LOG`'s: without one, `And`
+    // has none, the process's level becomes TRACE (every callsite asked, every `log` record
+    // converted), and the multinode test's relays stalled.
     let cap = FilterFn::new(move |meta| {
-        named || !is_capped(meta.target()) || LevelFilter::INFO >= *meta.level()
+        CAPPED
+            .iter()
+            .zip(&named)
+            .find(|((target, _), _)| is_under(meta.target(), target))
+            .is_none_or(|((_, most), named)| *named || *most >= *meta.level())
     })
     .with_max_level_hint(LevelFilter::TRACE);
     tracing_subscriber::fmt::layer()
@@ -51,19 +66,20 @@ where
         .with_filter(filter.and(cap))
 }
 
-/// Whether a directive of `spec` names the capped crate or one of its modules as its target
+/// Whether a directive of `spec` names `capped` or one of its modules as its target
 /// (`async_nats=debug`, `async_nats::connector[…]=trace`). A mere substring is not enough:
 /// `my_async_nats_glue=info` asks nothing of async-nats.
-fn names_capped(spec: &str) -> bool {
+fn names(spec: &str, capped: &str) -> bool {
     spec.split(',').any(|directive| {
         let target = directive.split(['=', '[']).next().unwrap_or("").trim();
-        is_capped(target)
+        is_under(target, capped)
     })
 }
 
-fn is_capped(target: &str) -> bool {
+/// Whether `target` is `capped` or one of its modules.
+fn is_under(target: &str, capped: &str) -> bool {
     target
-        .strip_prefix(CAPPED)
+        .strip_prefix(capped)
         .is_some_and(|rest| rest.is_empty() || rest.starts_with("::"))
 }
 
@@ -75,7 +91,8 @@ mod tests {
     use tracing_subscriber::layer::SubscriberExt as _;
 
     /// What a log with `RUST_LOG=spec` writes for async-nats's debug line (a stand-in for its
-    /// `attempting connection` with the password) and for one of ours.
+    /// `attempting connection` with the password), lapin's warning of a returned message
+    /// (with a stand-in payload), another lapin warning, and one of ours.
     fn logged(spec: &str) -> String {
         let buf = Arc::new(Mutex::new(Vec::new()));
         let sink = Arc::clone(&buf);
@@ -85,6 +102,8 @@ mod tests {
         tracing::subscriber::with_default(subscriber, || {
             tracing::debug!(target: "async_nats::connector", server = "nats://u:PASSWORD@h", "attempting connection");
             tracing::info!(target: "async_nats", "connected");
+            tracing::warn!(target: "lapin::returned_messages", message = "[80, 65, 89]", "Server returned us a message");
+            tracing::warn!(target: "lapin::channel", "lapin's own warning");
             tracing::debug!(target: "oncebox::consume", "ours");
         });
         let bytes = buf.lock().unwrap().clone();
@@ -116,7 +135,7 @@ mod tests {
     }
 
     #[test]
-    fn async_nats_stays_at_info_unless_rust_log_names_it() {
+    fn capped_targets_stay_at_their_level_unless_rust_log_names_them() {
         for spec in [
             "debug",
             "trace",
@@ -127,8 +146,18 @@ mod tests {
         ] {
             let log = logged(spec);
             assert!(!log.contains("PASSWORD"), "RUST_LOG={spec}: {log}");
+            assert!(!log.contains("[80, 65, 89]"), "RUST_LOG={spec}: {log}");
             assert!(log.contains("connected"), "RUST_LOG={spec}: {log}");
             assert!(log.contains("ours"), "RUST_LOG={spec}: {log}");
+        }
+        // Only lapin's returned messages are capped, not its other warnings.
+        for spec in ["info", "debug"] {
+            let log = logged(spec);
+            assert!(
+                log.contains("lapin's own warning"),
+                "RUST_LOG={spec}: {log}"
+            );
+            assert!(!log.contains("[80, 65, 89]"), "RUST_LOG={spec}: {log}");
         }
         // Not made more verbose than asked either.
         let log = logged("warn");
@@ -138,5 +167,7 @@ mod tests {
             let log = logged(spec);
             assert!(log.contains("PASSWORD"), "RUST_LOG={spec}: {log}");
         }
+        let log = logged("info,lapin::returned_messages=warn");
+        assert!(log.contains("[80, 65, 89]"), "{log}");
     }
 }

@@ -75,9 +75,15 @@ fn refused(e: &lapin::Error) -> bool {
 
 /// The `message_id` of a key: the key itself, or — when it is longer than an AMQP short string
 /// can hold — `sha256:` and the hex SHA-256 of the key. Consumers deduplicate on it: do not
-/// change. The full key is in the `idempotency-key` header either way.
+/// change. The full key is in the `idempotency-key` header either way. A key spelled as such
+/// an id (a source named `sha256` and an id of 64 hex digits) is hashed too: sent as it is, it
+/// was the id of the long key it names, and a consumer dropped one of the two as the other's
+/// duplicate.
 pub(crate) fn message_id(key: &str) -> String {
-    if key.len() <= SHORT_STRING_MAX {
+    let hashed_spelling = key
+        .strip_prefix("sha256:")
+        .is_some_and(|h| h.len() == 64 && h.bytes().all(|b| b.is_ascii_hexdigit()));
+    if key.len() <= SHORT_STRING_MAX && !hashed_spelling {
         key.to_owned()
     } else {
         format!("sha256:{}", hex::encode(Sha256::digest(key.as_bytes())))
