@@ -48,6 +48,9 @@ struct Connected {
     next_look: Option<Instant>,
     unknown_said: bool,
     interest: Option<String>,
+    /// The stream the last look found keeping what it acknowledges; `None` when no look
+    /// found one (none could be listed, none captured the subject yet).
+    checked: Option<String>,
 }
 
 impl Connected {
@@ -118,7 +121,10 @@ impl Publisher {
         };
         match timeout_at(deadline, ack.into_future()).await {
             // A duplicate PubAck means the stream already holds this key's message: delivered.
-            Ok(Ok(_ack)) => CONFIRMED,
+            Ok(Ok(ack)) => match self.acked_by(&js, &ack.stream).await {
+                Ok(()) => CONFIRMED,
+                Err(why) => Attempt::NoAnswer(why),
+            },
             Ok(Err(e)) => match e.kind() {
                 // "No responders": no stream captures the subject, so no stream stored the
                 // message and no subscriber received it. Safe to publish again later.
@@ -165,6 +171,7 @@ impl Publisher {
                     next_look: None,
                     unknown_said: false,
                     interest: None,
+                    checked: None,
                 })
             }
         };
@@ -177,14 +184,16 @@ impl Publisher {
             let look = tokio::time::timeout(wait, self.look(&connected.js)).await;
             let look = look.unwrap_or_else(|_| Look::Unknown(format!("no answer within {wait:?}")));
             let again = match look {
-                Look::Keeps => {
+                Look::Keeps(name) => {
                     (connected.interest, connected.unknown_said) = (None, false);
+                    connected.checked = Some(name);
                     LOOK_AGAIN
                 }
                 // A stream this user cannot list (imported from another account) still takes
                 // the publish; one made meanwhile is seen within seconds.
                 Look::NoStream => {
                     (connected.interest, connected.unknown_said) = (None, false);
+                    connected.checked = None;
                     NO_STREAM_AGAIN
                 }
                 // Looked at again at every attempt, until the stream is fixed.
@@ -249,14 +258,52 @@ impl Publisher {
                  one no consumer wants without keeping it; use limits or work-queue retention"
             ));
         }
-        Look::Keeps
+        Look::Keeps(name)
+    }
+
+    /// Whether the PubAck of stream `acked` means stored. The stream looked at keeps what it
+    /// acknowledges; another that answered (the one looked at deleted and made anew within the
+    /// minute a look holds, with interest retention) is looked at now, by name: one with
+    /// interest retention may have dropped the message it acknowledged, which is then an
+    /// unknown outcome (and the route's stream is looked at again at the next attempt). A
+    /// stream that cannot be read is taken at its word, as when no look could list one.
+    async fn acked_by(&self, js: &Context, acked: &str) -> Result<(), String> {
+        {
+            let slot = self.client.lock().await;
+            let checked = slot.as_ref().and_then(|c| c.checked.as_deref());
+            if checked.is_none_or(|name| name == acked) {
+                return Ok(());
+            }
+        }
+        let stream = tokio::time::timeout(LOOK_WAIT, js.get_stream(acked)).await;
+        let keeps = match stream {
+            Ok(Ok(stream)) => stream.cached_info().config.retention != RetentionPolicy::Interest,
+            _ => true,
+        };
+        let mut slot = self.client.lock().await;
+        if let Some(connected) = slot.as_mut() {
+            if keeps {
+                connected.checked = Some(acked.to_owned());
+            } else {
+                connected.next_look = None;
+            }
+        }
+        if keeps {
+            Ok(())
+        } else {
+            Err(format!(
+                "acknowledged by stream {acked}, not the stream looked at, and {acked} keeps a \
+                 message only while a consumer wants it (interest retention): it may have \
+                 dropped this one"
+            ))
+        }
     }
 }
 
 /// What a look at the route's stream found.
 enum Look {
-    /// A stream that keeps what it acknowledges.
-    Keeps,
+    /// A stream that keeps what it acknowledges, by name.
+    Keeps(String),
     /// No stream captures the subject (yet).
     NoStream,
     /// An interest stream: why the message is not published.

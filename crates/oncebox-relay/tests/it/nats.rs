@@ -198,6 +198,45 @@ fn jetstream_interest_stream_is_not_published_into() {
     });
 }
 
+/// The stream looked at deleted and made anew with interest retention, within the minute a
+/// look holds: its PubAck names another stream, which is looked at before the attempt counts.
+/// It may have dropped the message (no consumer wants it): an unknown outcome, not delivered.
+#[test]
+fn a_puback_from_a_stream_made_anew_with_interest_retention_is_not_delivered() {
+    run(async {
+        let Some(nats) = JetStream::new().await else {
+            return;
+        };
+        let w = World::new();
+        w.accept("evt_1", &["stream"]).await;
+        let relay = w.relay(vec![broker_route("stream", &nats.url(None), false)]);
+        assert_eq!(relay.run_once().await.unwrap().delivered, 1);
+        // Deleted and made again under another name, with interest retention, no consumer.
+        nats.js.delete_stream(&nats.name).await.unwrap();
+        let anew = unique("stream");
+        nats.js
+            .create_stream(Config {
+                name: anew.clone(),
+                subjects: vec![nats.subject.clone(), format!("{}.>", nats.subject)],
+                storage: StorageType::Memory,
+                retention: RetentionPolicy::Interest,
+                ..Config::default()
+            })
+            .await
+            .unwrap();
+        w.accept("evt_2", &["stream"]).await;
+        let out = relay.run_once().await.unwrap();
+        assert_eq!(out.delivered, 0, "{out:?}");
+        let d = w.delivery("evt_2").await;
+        assert_eq!(d.state, DeliveryState::Uncertain, "{d:?}");
+        let error = d.last_error.unwrap_or_default();
+        assert!(error.contains("interest retention"), "{error}");
+        let kept = nats.js.get_stream(&anew).await.unwrap().get_info().await;
+        assert_eq!(kept.unwrap().state.messages, 0, "the stream kept nothing");
+        nats.js.delete_stream(&anew).await.unwrap();
+    });
+}
+
 #[test]
 fn jetstream_server_down_is_retried_never_delivered() {
     run(async {
