@@ -164,7 +164,7 @@ pub async fn stats(out: &mut impl Write, store: &Store, output: Output) -> Resul
 }
 
 /// The retention a purge uses for sources without their own: with `[sources]`, those the
-/// configuration does not name are kept ([`crate::config::UNNAMED_KEPT`]). With no sources in the
+/// configuration does not name are kept ([`UNNAMED_KEPT`]). With no sources in the
 /// configuration (none found where this runs: a cron job in another directory, an unset
 /// `ONCEBOX_CONFIG`), the default would apply to every source whatever the gateway's own
 /// configuration promises them, and could delete records their senders may still redeliver:
@@ -225,7 +225,7 @@ pub fn purge_retention(settings: &Settings, given: Option<Duration>) -> Result<D
              gateway keeps for them: run it with the gateway's configuration (--config or \
              ONCEBOX_CONFIG), or give --retention for every source"
         ),
-        None => Ok(crate::config::UNNAMED_KEPT),
+        None => Ok(UNNAMED_KEPT),
     }
 }
 
@@ -237,6 +237,14 @@ fn listed(names: &[&str]) -> String {
         [rest @ .., last] => format!("{} and {last}", rest.join(", ")),
     }
 }
+
+/// What a purge run with `[sources]` keeps the records of sources it does not name for: as good
+/// as for ever. Such a source is another gateway's sharing the database (a PostgreSQL serving
+/// several), whose retention and preset this configuration cannot know; purged after the
+/// default 7 days, a Stripe source kept for 30 there would take a redelivery after the purge
+/// as a new event. A source removed from the file keeps its records until a purge with
+/// `--retention` reaches them.
+pub(crate) const UNNAMED_KEPT: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
 
 /// What a purge keeps each source for: a named source its own retention; a consumer's source
 /// the configuration does not name in `[sources]` the default 7 days (its messages are this

@@ -191,7 +191,7 @@ fn retention(settings: &crate::config::Settings) -> Retention {
     let others = if settings.gateway.open_sources {
         oncebox_core::retention::DEFAULT_RETENTION
     } else {
-        crate::config::UNNAMED_KEPT
+        crate::events::UNNAMED_KEPT
     };
     crate::events::retention(settings, others)
 }
@@ -272,7 +272,7 @@ quarantine = "oncebox.quarantine"
         assert_eq!(named.for_source(&source("orders")), DEFAULT_RETENTION);
         assert_eq!(
             named.for_source(&source("elsewhere")),
-            crate::config::UNNAMED_KEPT
+            crate::events::UNNAMED_KEPT
         );
         let open = retention(&ok(""));
         assert_eq!(open.for_source(&source("elsewhere")), DEFAULT_RETENTION);

@@ -173,7 +173,7 @@ impl Publisher {
                 };
             }
             Err(_) => {
-                self.forget(opened, deadline).await;
+                self.forget_unless_blocked(opened, deadline).await;
                 return Attempt::NoAnswer(format!("publish not written within {timeout:?}"));
             }
         };
@@ -218,7 +218,7 @@ impl Publisher {
                 Attempt::NoAnswer(format!("no confirm: {}", error_chain(&e)))
             }
             Err(_) => {
-                self.forget(opened, deadline).await;
+                self.forget_unless_blocked(opened, deadline).await;
                 Attempt::NoAnswer(format!("no confirm within {timeout:?}"))
             }
         }
@@ -233,6 +233,17 @@ impl Publisher {
             && o.connection.status().connected()
             && !self.found_failed(o.number)
         {
+            // Blocked by a memory or disk alarm (`connection.blocked`): the broker reads
+            // nothing this connection sends until it clears, so a publish would wait out its
+            // confirm, an unknown outcome (uncertain on a route that does not honour the key)
+            // for a message that never left. Not sent; the connection is kept for the
+            // alarm's end, not replaced by one the broker would block at its first publish.
+            if o.connection.status().blocked() {
+                return Err(format!(
+                    "{} blocks publishing (a memory or disk alarm); nothing was sent",
+                    self.target.server()
+                ));
+            }
             while let Some(channel) = o.idle.pop() {
                 if channel.status().connected() {
                     return Ok((channel, o.number));
@@ -336,6 +347,21 @@ impl Publisher {
                 })?;
         }
         Ok(channel)
+    }
+
+    /// `forget`, but for a connection the broker blocked (a memory or disk alarm), which is
+    /// why the publish got no answer in time: kept, so that later attempts see it blocked and
+    /// are not sent, instead of a new connection each attempt, each blocked at its first
+    /// publish and each held open by the broker with its unconfirmed message for the alarm's
+    /// length.
+    async fn forget_unless_blocked(&self, number: u64, deadline: Instant) {
+        let blocked = self.state(deadline).await.is_some_and(|open| {
+            open.as_ref()
+                .is_some_and(|o| o.number == number && o.connection.status().blocked())
+        });
+        if !blocked {
+            self.forget(number, deadline).await;
+        }
     }
 
     /// Drops connection `number` after a failure on it; the next attempt opens a new one. One

@@ -3,6 +3,7 @@
 //! leases are stepped, not waited for.
 
 mod amqp;
+mod amqp_alarm;
 mod amqp_refused;
 mod answers;
 mod broker;

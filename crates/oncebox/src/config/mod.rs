@@ -10,6 +10,7 @@ mod layers;
 mod lease;
 mod loops;
 mod presets;
+mod problems;
 mod raw;
 mod redact;
 mod reuse;
@@ -25,23 +26,21 @@ mod variables;
 pub(crate) use raw::parse_duration;
 
 use std::collections::BTreeMap;
-use std::fmt;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 use std::time::Duration;
 
-use anyhow::anyhow;
-use figment::Figment;
 use oncebox_gateway::policy::{GatewayConfig, Limits};
 
 pub use consumer::{Broker, ConsumerSpec};
 pub use describe::{describe, describe_json};
 pub(crate) use presets::longest_horizon;
+use problems::{Problems, invalid};
 use raw::{RawConfig, RawLimits};
 use redact::redact_route_url;
 pub(crate) use redact::{host_and_path, redact_url};
 pub(crate) use route::http_url;
-pub(crate) use source::{SHORT_RETENTION, UNNAMED_KEPT};
+pub(crate) use source::SHORT_RETENTION;
 pub use storage::Storage;
 
 const DEFAULT_LISTEN: SocketAddr = SocketAddr::new(std::net::IpAddr::V4(Ipv4Addr::LOCALHOST), 8080);
@@ -141,80 +140,6 @@ fn unknown_variables(raw: &RawConfig, p: &mut Problems<'_>) {
         .collect();
     for (var, what) in variables::unknown(names.iter().map(String::as_str), &referenced) {
         p.push(&var, what);
-    }
-}
-
-fn invalid(problems: &[String]) -> anyhow::Error {
-    match problems {
-        [one] => anyhow!("invalid configuration: {one}"),
-        many => anyhow!("invalid configuration:\n  {}", many.join("\n  ")),
-    }
-}
-
-/// Validation problems, each `path: what` with where the value came from when figment knows.
-struct Problems<'f> {
-    figment: &'f Figment,
-    list: Vec<String>,
-    /// Carried here because every validator that reads a secret already takes this.
-    secrets: Secrets,
-}
-
-impl<'f> Problems<'f> {
-    fn new(figment: &'f Figment, secrets: Secrets) -> Problems<'f> {
-        Problems {
-            figment,
-            list: Vec::new(),
-            secrets,
-        }
-    }
-
-    fn push(&mut self, path: &str, what: impl fmt::Display) {
-        // `a.b[2]` is looked up as `a.b`: figment knows tables, not list items; `a.b (VAR)`
-        // as `a.b`.
-        let key = path.split(['[', ' ']).next().unwrap_or(path);
-        let origin = self.origin(key);
-        self.list.push(format!("{path}: {what}{origin}"));
-    }
-
-    /// Where the value at `key` came from, as ` (in FILE)` or ` (from …)`; nothing when that
-    /// is not one place. Figment tags a table with the last provider that touched any of it,
-    /// so a table whose fields came from the file and a variable (`[relay]` in the file,
-    /// `ONCEBOX_RELAY__POLL` set) was said to come from a variable that does not exist
-    /// (`ONCEBOX_RELAY`): a table is said to come from where all its fields came from.
-    fn origin(&self, key: &str) -> String {
-        let of = |key: &str| {
-            self.figment
-                .find_metadata(key)
-                .map(|md| raw::origin(md, key))
-                .unwrap_or_default()
-        };
-        let Ok(figment::value::Value::Dict(_, fields)) = self.figment.find_value(key) else {
-            return of(key);
-        };
-        if fields.is_empty() {
-            return of(key);
-        }
-        let mut origins = fields
-            .keys()
-            .map(|field| self.origin(&format!("{key}.{field}")));
-        let first = origins.next().unwrap_or_default();
-        if origins.all(|o| o == first) {
-            first
-        } else {
-            String::new()
-        }
-    }
-
-    fn count(&self) -> usize {
-        self.list.len()
-    }
-
-    fn finish(self) -> Result<(), Vec<String>> {
-        if self.list.is_empty() {
-            Ok(())
-        } else {
-            Err(self.list)
-        }
     }
 }
 

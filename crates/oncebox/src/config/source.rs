@@ -19,13 +19,6 @@ const DEFAULT_TOLERANCE: Duration = Duration::from_secs(300);
 /// retrying sooner, and an operator's resend comes later still.
 pub(crate) const SHORT_RETENTION: Duration = Duration::from_secs(24 * 3600);
 
-/// What a purge run with `[sources]` keeps the records of sources it does not name for: as good
-/// as for ever. Such a source is another gateway's sharing the database (a PostgreSQL serving
-/// several), whose retention and preset this configuration cannot know; purged after the
-/// default 7 days, a Stripe source kept for 30 there would take a redelivery after the purge
-/// as a new event. A source removed from the file keeps its records until a purge with
-/// `--retention` reaches them.
-pub(crate) const UNNAMED_KEPT: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
 /// More than a day of clock difference is no longer skew; it makes the timestamp check moot.
 const MAX_TOLERANCE: Duration = Duration::from_secs(24 * 3600);
 const DEFAULT_MAX_BODY: u64 = 1 << 20;
