@@ -25,6 +25,7 @@ mod model;
 mod nats_keep;
 pub mod pg;
 pub mod proxy;
+pub mod rabbit;
 pub mod race;
 pub mod receiver;
 pub mod relay;
