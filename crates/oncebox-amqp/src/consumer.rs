@@ -184,11 +184,30 @@ impl<A: Apply> Consumer<A> {
     /// a store outage is requeued), and closes its channels, which returns anything
     /// unacknowledged to the queue. Every broker call it makes, from opening its channels to
     /// closing them, each ack and nack included, waits no longer than `confirm_timeout`.
+    ///
+    /// The quarantine's copies are published on `connection` too: under a memory or disk
+    /// alarm the broker blocks a connection that publishes and reads nothing more from it,
+    /// its acks included, so one poison message holds every message in hand until the alarm
+    /// ends. [`Consumer::run_apart`] publishes them on a connection of their own.
     pub async fn run(
         &self,
         connection: &Connection,
         shutdown: impl Future<Output = ()>,
     ) -> Result<(), ConsumeError> {
+        self.run_apart(connection, connection, shutdown).await
+    }
+
+    /// [`Consumer::run`], with the quarantine's copies published on `publishing`, so that a
+    /// broker alarm, which blocks a publishing connection, blocks only the quarantine (its
+    /// message requeued after `confirm_timeout`) while `consuming` goes on reading and
+    /// acknowledging the others. `oncebox consume` runs this way.
+    pub async fn run_apart(
+        &self,
+        consuming: &Connection,
+        publishing: &Connection,
+        shutdown: impl Future<Output = ()>,
+    ) -> Result<(), ConsumeError> {
+        let connection = consuming;
         let o = &self.shared.options;
         o.check()?;
         // A broker under a resource alarm may not read the connection at all: each call at
@@ -197,10 +216,10 @@ impl<A: Apply> Consumer<A> {
         let channel = bounded("channel.open", deadline, connection.create_channel()).await?;
         let qos = channel.basic_qos(o.prefetch.max(1), BasicQosOptions::default());
         bounded("basic.qos", deadline, qos).await?;
-        quarantine_exists(connection, &o.quarantine.exchange, deadline).await?;
+        quarantine_exists(publishing, &o.quarantine.exchange, deadline).await?;
         // Quarantine publishes wait for confirms on a channel of their own, so the consuming
         // channel's acks never queue behind them.
-        let open = Publisher::open(connection, deadline);
+        let open = Publisher::open(publishing, deadline);
         let (publisher, mut reopens) =
             bounded("channel.open for the quarantine", deadline, open).await?;
         let consume = channel.basic_consume(
@@ -220,7 +239,7 @@ impl<A: Apply> Consumer<A> {
             tokio::select! {
                 () = &mut shutdown => break Ok(()),
                 Some(joined) = in_hand.join_next(), if !in_hand.is_empty() => finished(joined),
-                Some(reply) = reopens.next() => publisher.serve(connection, reply).await,
+                Some(reply) = reopens.next() => publisher.serve(publishing, reply).await,
                 next = deliveries.next() => match next {
                     Some(Ok(delivery)) => {
                         // Taken here, in arrival order.
@@ -249,7 +268,7 @@ impl<A: Apply> Consumer<A> {
                     Some(joined) => finished(joined),
                     None => break,
                 },
-                Some(reply) = reopens.next() => publisher.serve(connection, reply).await,
+                Some(reply) = reopens.next() => publisher.serve(publishing, reply).await,
             }
         }
         publisher.close().await;

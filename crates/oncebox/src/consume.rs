@@ -128,27 +128,34 @@ async fn amqp_forever(
         // reset: a power loss, a partition) held the consumer for good, consuming nothing,
         // saying nothing. What is given up is only dropped: lapin's I/O loop for it ends when
         // the peer closes or the system gives up on the connection, not before.
-        let props = lapin::ConnectionProperties::default();
         let wait = uri
             .query
             .connection_timeout
             .map_or(HANDSHAKE_WAIT, Duration::from_millis);
-        let connect =
-            tokio::time::timeout(wait, lapin::Connection::connect_uri(uri.clone(), props));
-        let conn = tokio::select! {
-            conn = connect => conn,
+        let connect = || {
+            let props = lapin::ConnectionProperties::default();
+            tokio::time::timeout(wait, lapin::Connection::connect_uri(uri.clone(), props))
+        };
+        // Two connections: one reading and acknowledging, one publishing the quarantine's
+        // copies, which a broker alarm blocks alone (`Consumer::run_apart`).
+        let both = async { (connect().await, connect().await) };
+        let (conn, publishing) = tokio::select! {
+            both = both => both,
             () = wait_for(stopped.clone()) => break,
         };
+        let conn = conn.and_then(|c| publishing.map(|p| c.and_then(|c| p.map(|p| (c, p)))));
         let ended = match conn {
             Err(_) => Err(format!(
                 "no AMQP handshake within {wait:?}: the broker took the connection and did \
                  not answer"
             )),
             Ok(Err(e)) => Err(e.to_string()),
-            Ok(Ok(conn)) => {
+            Ok(Ok((conn, publishing))) => {
                 tracing::info!(consumer = %spec.name, %queue, "consuming from RabbitMQ");
                 let started = Instant::now();
-                let r = consumer.run(&conn, wait_for(stopped.clone())).await;
+                let r = consumer
+                    .run_apart(&conn, &publishing, wait_for(stopped.clone()))
+                    .await;
                 if r.as_ref()
                     .is_err_and(oncebox_amqp::ConsumeError::unreadable_message)
                 {
@@ -170,7 +177,13 @@ async fn amqp_forever(
                 earned_a_fresh_start(started, &mut backoff);
                 // A broker that stopped reading (a memory alarm blocks a publishing
                 // connection) would hold the close's reply until its heartbeat gives up.
-                let _ = tokio::time::timeout(CLOSE_WAIT, conn.close(200, "shutdown".into())).await;
+                let closes = async {
+                    tokio::join!(
+                        conn.close(200, "shutdown".into()),
+                        publishing.close(200, "shutdown".into())
+                    )
+                };
+                let _ = tokio::time::timeout(CLOSE_WAIT, closes).await;
                 r.map_err(|e| e.to_string())
             }
         };

@@ -5,6 +5,7 @@
 //! then not offered to the store again), and a broker
 //! that stops answering. Each scenario prints what it measured.
 
+mod alarm;
 mod blocked;
 mod conflict;
 mod faults;
