@@ -49,28 +49,50 @@ async fn open(path: &std::path::Path) -> Inbox {
     inbox
 }
 
+/// Runs `request(i, inbox)` for each of `n` into one batch (the writer held while they queue,
+/// released once all wait) and returns their answers in order, with the commits and failed
+/// batches counted meanwhile.
+async fn one_batch<T, F>(
+    inbox: &Inbox,
+    n: usize,
+    request: impl Fn(usize, Inbox) -> F,
+) -> (Vec<T>, u64, u64)
+where
+    T: Send + 'static,
+    F: std::future::Future<Output = T> + Send + 'static,
+{
+    let gate = hold_writer(inbox).await;
+    let stats = inbox.stats();
+    let (commits, failed) = (stats.commits(), stats.failed_batches());
+    let mut tasks = Vec::new();
+    for i in 0..n {
+        tasks.push(tokio::spawn(request(i, inbox.clone())));
+        queued(inbox, i + 1).await;
+    }
+    gate.send(()).unwrap();
+    let mut outs = Vec::new();
+    for task in tasks {
+        outs.push(task.await.unwrap());
+    }
+    (
+        outs,
+        stats.commits() - commits,
+        stats.failed_batches() - failed,
+    )
+}
+
 #[test]
 fn a_handler_leaving_a_deferred_foreign_key_unmet_fails_alone() {
     run(async {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("o.db");
         let inbox = open(&path).await;
-        // Held, the writer lets the three queue; released, it takes them into one batch.
-        let gate = hold_writer(&inbox).await;
-        let stats = inbox.stats();
-        let (commits, failed) = (stats.commits(), stats.failed_batches());
-        let mut tasks = Vec::new();
-        for (i, id) in ["e1", "orphan", "e2"].into_iter().enumerate() {
-            let handle = inbox.clone();
-            tasks.push((
-                id,
-                tokio::spawn(async move { handle.process(event(id), insert_child).await }),
-            ));
-            queued(&inbox, i + 1).await;
-        }
-        gate.send(()).unwrap();
-        for (id, task) in tasks {
-            let out = task.await.unwrap();
+        let ids = ["e1", "orphan", "e2"];
+        let (outs, commits, failed) = one_batch(&inbox, ids.len(), |i, inbox| async move {
+            inbox.process(event(ids[i]), insert_child).await
+        })
+        .await;
+        for (id, out) in ids.into_iter().zip(outs) {
             if id == "orphan" {
                 let Err(ProcessError::Handler(why)) = &out else {
                     panic!("the orphan fails as its handler, every retry alike: {out:?}");
@@ -80,8 +102,7 @@ fn a_handler_leaving_a_deferred_foreign_key_unmet_fails_alone() {
                 assert!(matches!(out, Ok(Processed::Applied(_))), "{id}: {out:?}");
             }
         }
-        assert_eq!(stats.commits(), commits + 1, "one batch, one commit");
-        assert_eq!(stats.failed_batches(), failed);
+        assert_eq!((commits, failed), (1, 0), "one batch, one commit");
         assert_eq!(count(&path, "SELECT count(*) FROM children"), 2);
         assert_eq!(count(&path, "SELECT count(*) FROM oncebox_inbox"), 2);
         // Its key is free: with its parent there, the redelivery applies it.
@@ -101,42 +122,28 @@ fn a_write_leaving_a_deferred_foreign_key_unmet_is_refused_alone() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("o.db");
         let inbox = open(&path).await;
-        let gate = hold_writer(&inbox).await;
-        let stats = inbox.stats();
-        let (commits, failed) = (stats.commits(), stats.failed_batches());
-        let mut tasks = Vec::new();
-        for (i, parent) in [1_i64, 999, 1].into_iter().enumerate() {
-            let handle = inbox.clone();
-            tasks.push((
-                parent,
-                tokio::spawn(async move {
-                    handle
-                        .write(move |c| {
-                            c.execute(
-                                "INSERT INTO children (event_id, parent) VALUES (?1, ?2)",
-                                (format!("w{i}"), parent),
-                            )
-                        })
-                        .await
-                }),
-            ));
-            queued(&inbox, i + 1).await;
-        }
-        gate.send(()).unwrap();
-        let mut outs = Vec::new();
-        for (parent, task) in tasks {
-            outs.push((parent, task.await.unwrap()));
-        }
+        let parents = [1_i64, 999, 1];
+        let (outs, commits, failed) = one_batch(&inbox, parents.len(), |i, inbox| async move {
+            let parent = parents[i];
+            inbox
+                .write(move |c| {
+                    c.execute(
+                        "INSERT INTO children (event_id, parent) VALUES (?1, ?2)",
+                        (format!("w{i}"), parent),
+                    )
+                })
+                .await
+        })
+        .await;
         // Refused in its own savepoint with SQLite's own refusal, which a retry repeats; the
         // writes before and after it commit in the batch.
-        let Err(oncebox_sqlite::Error::Sql(why)) = &outs[1].1 else {
+        let Err(oncebox_sqlite::Error::Sql(why)) = &outs[1] else {
             panic!("refused as SQLite refuses it, nothing kept: {:?}", outs[1]);
         };
         assert!(why.to_string().contains("FOREIGN KEY"), "{why}");
-        assert!(outs[0].1.is_ok() && outs[2].1.is_ok(), "{outs:?}");
-        assert_eq!(stats.commits(), commits + 1, "one batch, one commit");
-        assert_eq!(stats.failed_batches(), failed);
-        assert_eq!(stats.restarted_transactions(), 0);
+        assert!(outs[0].is_ok() && outs[2].is_ok(), "{outs:?}");
+        assert_eq!((commits, failed), (1, 0), "one batch, one commit");
+        assert_eq!(inbox.stats().restarted_transactions(), 0);
         let kept = "SELECT group_concat(event_id) FROM children";
         let kept = Connection::open(&path)
             .unwrap()
@@ -165,25 +172,19 @@ fn an_ingest_leaving_a_deferred_foreign_key_unmet_is_refused_alone() {
             })
             .await
             .unwrap();
-        let gate = hold_writer(&inbox).await;
-        let stats = inbox.stats();
-        let (commits, failed) = (stats.commits(), stats.failed_batches());
-        let mut tasks = Vec::new();
-        for (i, id) in ["e1", "orphan", "e2"].into_iter().enumerate() {
-            let handle = inbox.clone();
+        let ids = ["e1", "orphan", "e2"];
+        let (outs, commits, failed) = one_batch(&inbox, ids.len(), |i, inbox| async move {
             let ingest = Ingest {
-                event: event(id),
+                event: event(ids[i]),
                 order: None,
                 accepted: b"{}".to_vec(),
                 stale: b"{}".to_vec(),
                 routes: Vec::new(),
             };
-            tasks.push((id, tokio::spawn(async move { handle.ingest(ingest).await })));
-            queued(&inbox, i + 1).await;
-        }
-        gate.send(()).unwrap();
-        for (id, task) in tasks {
-            let out = task.await.unwrap();
+            inbox.ingest(ingest).await
+        })
+        .await;
+        for (id, out) in ids.into_iter().zip(outs) {
             if id == "orphan" {
                 let Err(ProcessError::Unavailable(why)) = &out else {
                     panic!("refused, nothing kept: {out:?}");
@@ -193,9 +194,12 @@ fn an_ingest_leaving_a_deferred_foreign_key_unmet_is_refused_alone() {
                 assert!(matches!(out, Ok(Processed::Applied(_))), "{id}: {out:?}");
             }
         }
-        assert_eq!(stats.commits(), commits + 1, "one batch, one commit");
-        assert_eq!(stats.failed_batches(), failed);
-        assert_eq!(stats.restarted_transactions(), 1, "begun again once");
+        assert_eq!((commits, failed), (1, 0), "one batch, one commit");
+        assert_eq!(
+            inbox.stats().restarted_transactions(),
+            1,
+            "begun again once"
+        );
         assert_eq!(count(&path, "SELECT count(*) FROM oncebox_inbox"), 2);
         assert_eq!(count(&path, "SELECT count(*) FROM children"), 0);
     });
