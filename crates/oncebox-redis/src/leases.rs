@@ -310,6 +310,15 @@ impl Leases {
     /// longer than it.
     pub(crate) async fn run(&self, call: &ScriptInvocation<'_>) -> Result<Value, Unavailable> {
         let cutoff = tokio::time::Instant::now() + self.shared.options.deadline;
+        self.run_by(call, cutoff).await
+    }
+
+    /// `run`, answered by `cutoff`.
+    async fn run_by(
+        &self,
+        call: &ScriptInvocation<'_>,
+        cutoff: tokio::time::Instant,
+    ) -> Result<Value, Unavailable> {
         let (generation, mut conn) = self.link.get();
         let first = tokio::time::timeout_at(cutoff, call.invoke_async(&mut conn)).await;
         if let Ok(reply) = &first
@@ -322,24 +331,28 @@ impl Leases {
         answer(first)
     }
 
-    /// `call`, repeated (up to [`REPEATS`] times) while whether it ran is unknown: its reply
-    /// was lost, or a proxy answered in its place. Only for a call that answers its own
-    /// repetition as it answered itself (`begin`, by its attempt id). Before, a `begin` whose
-    /// reply was lost could not be repeated by its own caller: the repetition was answered
-    /// busy, and the key waited out the lease nobody knew it held. A repetition that fails
-    /// too leaves it unknown.
+    /// `call`, repeated (up to [`REPEATS`] times, all within the one deadline) while whether
+    /// it ran is unknown: its reply was lost, or a proxy answered in its place. Only for a call
+    /// that answers its own repetition as it answered itself (`begin`, by its attempt id).
+    /// Before, a `begin` whose reply was lost could not be repeated by its own caller: the
+    /// repetition was answered busy, and the key waited out the lease nobody knew it held. A
+    /// repetition that fails too, or finds no time left, leaves it unknown.
     async fn repeated_while_unknown(
         &self,
         call: &ScriptInvocation<'_>,
     ) -> Result<Value, Unavailable> {
-        let first = self.run(call).await;
+        let cutoff = tokio::time::Instant::now() + self.shared.options.deadline;
+        let first = self.run_by(call, cutoff).await;
         let Err(Unavailable::CommitUnknown(why)) = first else {
             return first;
         };
         for _ in 0..REPEATS {
+            if tokio::time::Instant::now() >= cutoff {
+                break;
+            }
             // A connection the lost reply took with it may fail the first repetition before
             // it is replaced; any answer from Redis ends the doubt.
-            if let Ok(reply) = self.run(call).await {
+            if let Ok(reply) = self.run_by(call, cutoff).await {
                 return Ok(reply);
             }
         }

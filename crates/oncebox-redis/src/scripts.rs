@@ -10,7 +10,7 @@
 //! | `ttl`   | `processing` only: `{length}:{until}`, the lease's length in ms and the `until` it was taken with, to re-anchor `until` after the clock stepped back |
 //! | `fp`    | the payload fingerprint, 32 raw bytes                                |
 //! | `token` | the fencing token of the holder that took or completed it (decimal)  |
-//! | `attempt` | `processing` only: `{id}:{taken}`, the `begin` call that took the lease (a random id) and whether it took it over, so that the call repeated after its reply was lost is answered with the same lease |
+//! | `attempt` | `processing` only: `{id}:{taken}:{token}`, the `begin` call that took the lease (a random id), whether it took it over, and the token it got, so that the call repeated after its reply was lost is answered with the same lease (and not with one an earlier build took over since, which leaves the field as it was) |
 //! | `kind`  | `done` only: the response kind (`completed`, `rejected`, `stale`)    |
 //! | `body`  | `done` only: the first response's body                               |
 //!
@@ -83,8 +83,8 @@ if state then
   if state == 'uncertain' then return {'uncertain'} end
   if not found[5] then return {'busy', redis.call('PTTL', rec)} end
   local ends = tonumber(found[5])
-  local mine, was_taken = string.match(found[7] or '', '^(%x+):([01])$')
-  if state == 'processing' and now < ends and mine == ARGV[3] and found[8] then
+  local mine, was_taken, its = string.match(found[7] or '', '^(%x+):([01]):(%d+)$')
+  if state == 'processing' and now < ends and mine == ARGV[3] and its == found[8] then
     return {'leased', found[8], tonumber(was_taken)}
   end
   if now < ends then
@@ -108,7 +108,7 @@ local token = redis.call('GET', KEYS[1])
 local ttl = tonumber(ARGV[2])
 redis.call('HSET', rec, 'state', 'processing', 'fp', ARGV[1], 'token', token,
   'until', string.format('%.0f', now + ttl), 'ttl', string.format('%.0f:%.0f', ttl, now + ttl),
-  'attempt', ARGV[3] .. ':' .. taken)
+  'attempt', ARGV[3] .. ':' .. taken .. ':' .. token)
 redis.call('PEXPIRE', rec, string.format('%.0f', 2 * ttl))
 return {'leased', token, taken}
 ";
@@ -222,5 +222,49 @@ mod tests {
         assert_eq!(b, b"ns:k:a.b:c");
         assert_ne!(a, b);
         assert_eq!(fence_key("ns"), "ns:fence");
+    }
+
+    /// The begin script on the real Redis, called as a lost reply's repetition is: under the
+    /// same attempt id it answers the lease it took; once another took the key over (here an
+    /// earlier build's `begin`, which rewrites the token and leaves `attempt` as it was), it
+    /// answers busy, never the other holder's token.
+    #[test]
+    fn a_repeated_begin_gets_its_own_lease_and_no_other() {
+        let Some(url) = oncebox_testkit::service_url("ONCEBOX_REDIS_URL") else {
+            return;
+        };
+        oncebox_testkit::run(async move {
+            let client = redis::Client::open(url.as_str()).unwrap();
+            let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+            let ns = format!("oncebox-test-{}", uuid::Uuid::new_v4().simple());
+            let (fence, rec) = (fence_key(&ns), record_key(&ns, &Key::parse("s", "e").unwrap()));
+            let begin = Script::new(BEGIN);
+            let call = |attempt: &'static str| {
+                let mut c = begin.prepare_invoke();
+                c.key(&fence).key(&rec).arg(&[7u8; 32][..]).arg(60_000).arg(attempt);
+                c
+            };
+            let first: Vec<redis::Value> = call("aa01").invoke_async(&mut conn).await.unwrap();
+            let again: Vec<redis::Value> = call("aa01").invoke_async(&mut conn).await.unwrap();
+            assert_eq!(first, again, "the repetition gets the same lease");
+            let other: Vec<redis::Value> = call("bb02").invoke_async(&mut conn).await.unwrap();
+            assert_eq!(other.first(), Some(&redis::Value::BulkString(b"busy".to_vec())));
+            // An earlier build takes the key over: a new token, `attempt` left as it was.
+            let () = redis::cmd("HSET")
+                .arg(&rec)
+                .arg("token")
+                .arg("99")
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            let late: Vec<redis::Value> = call("aa01").invoke_async(&mut conn).await.unwrap();
+            assert_eq!(late.first(), Some(&redis::Value::BulkString(b"busy".to_vec())));
+            let () = redis::cmd("DEL")
+                .arg(&rec)
+                .arg(&fence)
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+        });
     }
 }

@@ -248,11 +248,18 @@ pub(crate) const UNNAMED_KEPT: Duration = Duration::from_secs(100 * 365 * 24 * 3
 
 /// What a purge keeps each source for: a named source its own retention; a consumer's source
 /// the configuration does not name in `[sources]` the default 7 days (its messages are this
-/// configuration's, as a named source's events are); any other `default`.
+/// configuration's, as a named source's events are), or `default` when one was given
+/// (`--retention`, which reaches every source the file does not name); any other `default`.
 pub fn retention(settings: &Settings, default: Duration) -> Retention {
     let mut retention = Retention::new(default);
+    // Without a retention given (`--retention`), one a purge keeps the unnamed for good.
+    let consumers = if default == UNNAMED_KEPT {
+        DEFAULT_RETENTION
+    } else {
+        default
+    };
     for c in &settings.consumers {
-        let _ = retention.set(c.rules.source.clone(), DEFAULT_RETENTION, None);
+        let _ = retention.set(c.rules.source.clone(), consumers, None);
     }
     for (source, policy) in &settings.gateway.sources {
         // The configuration was validated against each preset's horizon when it was loaded.

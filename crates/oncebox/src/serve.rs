@@ -256,7 +256,7 @@ mod tests {
     #[test]
     fn the_hourly_purge_keeps_unnamed_sources_unless_they_are_its_own() {
         let source = |name| Source::new(name).unwrap();
-        let named = retention(&ok(r#"
+        let settings = ok(r#"
 [sources.shop]
 signature = "none"
 retention = "30d"
@@ -266,7 +266,8 @@ source = "orders"
 queue = "orders"
 key = "message-id"
 quarantine = "oncebox.quarantine"
-"#));
+"#);
+        let named = retention(&settings);
         let day = std::time::Duration::from_secs(86_400);
         assert_eq!(named.for_source(&source("shop")), 30 * day);
         assert_eq!(named.for_source(&source("orders")), DEFAULT_RETENTION);
@@ -274,6 +275,9 @@ quarantine = "oncebox.quarantine"
             named.for_source(&source("elsewhere")),
             crate::events::UNNAMED_KEPT
         );
+        // Given a retention, a purge keeps a consumer's unnamed source for it, as any other.
+        let month = crate::events::retention(&settings, 30 * day);
+        assert_eq!(month.for_source(&source("orders")), 30 * day);
         let open = retention(&ok(""));
         assert_eq!(open.for_source(&source("elsewhere")), DEFAULT_RETENTION);
     }
