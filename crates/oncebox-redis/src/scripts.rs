@@ -237,18 +237,28 @@ mod tests {
             let client = redis::Client::open(url.as_str()).unwrap();
             let mut conn = client.get_multiplexed_async_connection().await.unwrap();
             let ns = format!("oncebox-test-{}", uuid::Uuid::new_v4().simple());
-            let (fence, rec) = (fence_key(&ns), record_key(&ns, &Key::parse("s", "e").unwrap()));
+            let (fence, rec) = (
+                fence_key(&ns),
+                record_key(&ns, &Key::parse("s", "e").unwrap()),
+            );
             let begin = Script::new(BEGIN);
             let call = |attempt: &'static str| {
                 let mut c = begin.prepare_invoke();
-                c.key(&fence).key(&rec).arg(&[7u8; 32][..]).arg(60_000).arg(attempt);
+                c.key(&fence)
+                    .key(&rec)
+                    .arg(&[7u8; 32][..])
+                    .arg(60_000)
+                    .arg(attempt);
                 c
             };
             let first: Vec<redis::Value> = call("aa01").invoke_async(&mut conn).await.unwrap();
             let again: Vec<redis::Value> = call("aa01").invoke_async(&mut conn).await.unwrap();
             assert_eq!(first, again, "the repetition gets the same lease");
             let other: Vec<redis::Value> = call("bb02").invoke_async(&mut conn).await.unwrap();
-            assert_eq!(other.first(), Some(&redis::Value::BulkString(b"busy".to_vec())));
+            assert_eq!(
+                other.first(),
+                Some(&redis::Value::BulkString(b"busy".to_vec()))
+            );
             // An earlier build takes the key over: a new token, `attempt` left as it was.
             let () = redis::cmd("HSET")
                 .arg(&rec)
@@ -258,7 +268,10 @@ mod tests {
                 .await
                 .unwrap();
             let late: Vec<redis::Value> = call("aa01").invoke_async(&mut conn).await.unwrap();
-            assert_eq!(late.first(), Some(&redis::Value::BulkString(b"busy".to_vec())));
+            assert_eq!(
+                late.first(),
+                Some(&redis::Value::BulkString(b"busy".to_vec()))
+            );
             let () = redis::cmd("DEL")
                 .arg(&rec)
                 .arg(&fence)

@@ -4,7 +4,6 @@
 mod due;
 mod read;
 
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use oncebox_core::delivery::Verdict;
@@ -23,9 +22,9 @@ use crate::inbox::Inbox;
 use crate::store::unavailable;
 use crate::writer::{Cx, Fatal};
 
-/// A claim this much earlier than the latest one of the process means the wall clock went
-/// back; less is claims of several relays reaching the writer out of order.
-const STEPPED_BACK_MS: i64 = 1_000;
+/// How far the wall clock must fall behind the time that passed between two claims to be taken
+/// for a step back; less is the clocks' own drift and a reading's jitter.
+const STEPPED_BACK: Duration = Duration::from_secs(1);
 
 fn millis(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
@@ -42,16 +41,17 @@ fn claim(
     let conn = cx.conn;
     if stepped_back {
         // A schedule written later than now was written before the wall clock went back:
-        // left as it is, a delivery accepted before the step (due at once) or waiting out a
-        // backoff would wait the whole step on top, and ones queued since would go first. It
-        // keeps the wait it had left when it was written, counted from now. Only when a step
-        // is seen (and at a process's first claim, which cannot tell): the backoffs of an
-        // outage are many rows to look through at every claim.
+        // left as it is, a delivery accepted before the step (due at once), waiting out a
+        // backoff, or an uncertain one's next status check would wait the whole step on top,
+        // and ones queued since would go first. It keeps the wait it had left when it was
+        // written, counted from now. Only when the store's clock shows a step (and at a
+        // process's first claim, which cannot tell): the backoffs of an outage are many rows
+        // to look through at every claim.
         conn.prepare_cached(
             "UPDATE oncebox_outbox
                SET next_attempt_at = ?1 + max(next_attempt_at - coalesce(updated_at, created_at), 0),
                    updated_at = ?1
-             WHERE state IN ('pending', 'retrying') AND next_attempt_at > ?1
+             WHERE state IN ('pending', 'retrying', 'uncertain') AND next_attempt_at > ?1
                AND coalesce(updated_at, created_at) > ?1",
         )?
         .execute([now.millis()])?;
@@ -211,19 +211,12 @@ impl DeliveryStore for Inbox {
         routes: &[String],
     ) -> Result<Vec<Claimed>, Unavailable> {
         let routes = routes.to_vec();
-        let latest = self.claimed_at().load(Ordering::Relaxed);
-        let stepped_back =
-            latest == i64::MIN || now.millis() < latest.saturating_sub(STEPPED_BACK_MS);
+        let (stepped_back, at) = self.stepped_back(STEPPED_BACK);
         let claimed = self
             .submit_whole(move |cx| claim(cx, now, limit, lease, &routes, stepped_back))
             .await;
         if claimed.is_ok() {
-            // After a step, the new timeline is the one later claims are compared with.
-            if stepped_back {
-                self.claimed_at().store(now.millis(), Ordering::Relaxed);
-            } else {
-                self.claimed_at().fetch_max(now.millis(), Ordering::Relaxed);
-            }
+            self.claimed(at);
         }
         claimed
     }

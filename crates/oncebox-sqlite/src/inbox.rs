@@ -2,7 +2,6 @@
 //! the batch it joined committed; reads go to reader connections.
 
 use std::fmt;
-use std::sync::atomic::AtomicI64;
 use std::sync::{Arc, Mutex};
 use std::thread::{JoinHandle, ThreadId};
 use std::time::Duration;
@@ -62,9 +61,9 @@ struct Shared {
     /// Set once the database file failed to sync: the readers, closing last, must then not
     /// copy the log back either (`checkpoint.rs`).
     sync_failed: checkpoint::SyncFailed,
-    /// The latest time a relay of this process claimed at, `i64::MIN` before the first
-    /// (`deliveries.rs`: a claim well before it means the wall clock went back).
-    claimed_at: AtomicI64,
+    /// The store's clock, wall and monotonic, at this process's last claim (`None` before the
+    /// first): `deliveries.rs` tells a step back of the wall clock by it.
+    last_claim: Mutex<Option<(oncebox_core::Timestamp, Duration)>>,
 }
 
 impl Drop for Shared {
@@ -191,14 +190,43 @@ impl Inbox {
                 readers: Readers::new(options, looks, stats),
                 probe: ProbeGate::default(),
                 sync_failed,
-                claimed_at: AtomicI64::new(i64::MIN),
+                last_claim: Mutex::new(None),
             }),
         })
     }
 
-    /// See `Shared::claimed_at`.
-    pub(crate) fn claimed_at(&self) -> &AtomicI64 {
-        &self.shared.claimed_at
+    /// Whether the wall clock went back by more than `slack` since this process's last claim
+    /// (time that passed, by the monotonic clock, less the wall clock's move), or there was
+    /// none; and the clock's reading now, for [`Inbox::claimed`]. Read on the store's own
+    /// clock, not a claimer's `now`: claimers whose clocks differ, or one that reuses a `now`
+    /// across claims, would read as steps.
+    pub(crate) fn stepped_back(
+        &self,
+        slack: Duration,
+    ) -> (bool, (oncebox_core::Timestamp, Duration)) {
+        let now = (self.shared.clock.now(), self.shared.clock.monotonic());
+        let last = *self
+            .shared
+            .last_claim
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        let stepped = last.is_none_or(|(wall, mono)| {
+            let walked = i128::from(now.0.millis()) - i128::from(wall.millis());
+            let passed =
+                i128::try_from(now.1.saturating_sub(mono).as_millis()).unwrap_or(i128::MAX);
+            let slack = i128::try_from(slack.as_millis()).unwrap_or(i128::MAX);
+            walked < passed.saturating_sub(slack)
+        });
+        (stepped, now)
+    }
+
+    /// Notes a claim made at `at` (the reading [`Inbox::stepped_back`] gave).
+    pub(crate) fn claimed(&self, at: (oncebox_core::Timestamp, Duration)) {
+        *self
+            .shared
+            .last_claim
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = Some(at);
     }
 
     /// Processes `event` once: a new key runs `handler` on the transaction that also records the
