@@ -28,7 +28,7 @@ pub fn route_url(url: &str) -> String {
         // A host and port with an `@` after it may as well be a user and a password of digits
         // up to a `/`, `?` or `#`.
         return format!("{scheme}://***");
-    } else if is_host_port(auth) && path_at(rest, auth) {
+    } else if is_host_port(auth) && path_at(rest) {
         // A plain host and an `@` in the path (`https://social.example/@alice`).
         ("", rest)
     } else {
@@ -70,7 +70,7 @@ fn is_scheme(s: &str) -> bool {
 pub fn userinfo_end(rest: &str) -> Option<usize> {
     let first_at = rest.find('@')?;
     let authority = &rest[..rest.find(['/', '?', '#']).unwrap_or(rest.len())];
-    if !authority.contains('@') && is_host_port(authority) && path_at(rest, authority) {
+    if !authority.contains('@') && is_host_port(authority) && path_at(rest) {
         return None;
     }
     let query = rest[first_at..]
@@ -79,15 +79,18 @@ pub fn userinfo_end(rest: &str) -> Option<usize> {
     rest[..query].rfind('@')
 }
 
-/// Whether the first `@` of `rest`, after an authority with none, reads as part of a path: the
-/// authority is a domain name (it has a dot) or the `@` opens a path segment (`/@alice`).
-/// Otherwise the authority may be the start of a user name or token holding a `/`.
-fn path_at(rest: &str, authority: &str) -> bool {
-    authority.contains('.')
-        || rest
-            .find('@')
-            .and_then(|at| rest[..at].chars().next_back())
-            .is_some_and(|c| c == '/')
+/// Whether the first `@` of `rest`, after an authority with none, reads as part of the path
+/// or the query: it opens a path segment (`/@alice`), or the authority is a domain name (a dot
+/// in it) and the `@` comes after a `?` or `#` (`?to=ops@example.com`). Otherwise the authority
+/// may be the start of a user name or token holding a `/` or `?` (`https://ghp_Ab12/x9@host`,
+/// and a dot proves nothing there: `ab.c/d@host`).
+fn path_at(rest: &str) -> bool {
+    let Some(at) = rest.find('@') else {
+        return false;
+    };
+    let before = &rest[..at];
+    let authority = &before[..before.find(['/', '\\', '?', '#']).unwrap_or(before.len())];
+    before.ends_with(['/', '\\']) || (authority.contains('.') && before.contains(['?', '#']))
 }
 
 /// Whether `authority` reads as `host`, `host:port` or `[v6]:port` (an empty port is allowed,
@@ -163,6 +166,14 @@ mod tests {
                 "https://***@hooks.example/***",
             ),
             ("https://tok?en@host/x", "https://***@host/***"),
+            (
+                "https://ab.c/d@hooks.example/x",
+                "https://***@hooks.example/***",
+            ),
+            (
+                "https://hooks.example/in?to=ops@example.com",
+                "https://hooks.example/***",
+            ),
             ("http://localhost/@alice", "http://localhost/***"),
             (
                 "https://app:pa\\55@hooks.example/in",

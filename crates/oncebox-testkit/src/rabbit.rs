@@ -73,6 +73,11 @@ impl PrivateRabbit {
             .env("RABBITMQ_NODENAME", &node)
             .env("RABBITMQ_DIST_PORT", dist.to_string())
             .env("RABBITMQ_CONFIG_FILE", &config)
+            // Nothing of the host's own node's advanced settings (a listener among them).
+            .env(
+                "RABBITMQ_ADVANCED_CONFIG_FILE",
+                dir.path().join("advanced.config"),
+            )
             .env("RABBITMQ_MNESIA_BASE", dir.path().join("mnesia"))
             .env("RABBITMQ_LOG_BASE", dir.path().join("log"))
             .env("RABBITMQ_ENABLED_PLUGINS_FILE", dir.path().join("plugins"))
@@ -120,10 +125,20 @@ impl PrivateRabbit {
         text
     }
 
-    /// Raises a memory alarm (`true`) or clears it.
+    /// Raises a memory alarm (`true`) or clears it, and waits until the node has (the command
+    /// returns before the alarm reaches the node's connections).
     pub fn alarm(&self, on: bool) {
         let watermark = if on { "0.000001" } else { "0.4" };
         self.ctl(&["set_vm_memory_high_watermark", watermark]);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while self
+            .ctl(&["eval", "rabbit_alarm:get_alarms()."])
+            .contains("memory")
+            != on
+        {
+            assert!(Instant::now() < deadline, "the alarm never turned {on}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
     }
 
     /// The node's client connections.

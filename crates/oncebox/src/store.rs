@@ -118,8 +118,9 @@ impl Store {
     /// instead of the gateway) or refused (operators' commands: a newer binary must not
     /// migrate a shared database under the nodes that keep it, nor create tables in a wrong
     /// one).
-    /// Every command opens it tuned by `[storage]`, as `serve` does: a relay or a consumer
-    /// run on its own writes to the same file, and an operator's command may too.
+    /// Every command opens it tuned by `[storage]`, as `serve` does (a relay or a consumer run
+    /// on its own writes to the same file, and an operator's command may too), but for the
+    /// memory of answers, which only the commands that migrate (and so may take events) keep.
     pub async fn open_existing(database: &str, schema: Schema, storage: &Storage) -> Result<Store> {
         // Other schemes go to `open_inner`, which takes PostgreSQL and refuses the rest.
         if let Some(path) = sqlite_path(database).filter(|p| !std::path::Path::new(p).exists()) {

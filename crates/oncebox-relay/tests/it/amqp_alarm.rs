@@ -54,6 +54,8 @@ fn publishes_during_a_memory_alarm_are_not_sent_and_go_once_it_clears() {
         assert_eq!(met.delivered, 0, "{met:?}");
         let d2 = w.delivery("evt_2").await;
         assert_eq!(d2.state, DeliveryState::Retrying, "{d2:?}");
+        let error = d2.last_error.clone().unwrap_or_default();
+        assert!(error.contains("no confirm"), "{d2:?}");
         // The next is not sent, on the connection kept for the alarm's end.
         w.accept("evt_3", &["q"]).await;
         assert_eq!(relay.run_once().await.unwrap().delivered, 0);
