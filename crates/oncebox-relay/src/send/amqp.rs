@@ -51,6 +51,8 @@ struct Open {
     /// Channels whose last publish was confirmed, ready for the next.
     idle: Vec<Channel>,
     number: u64,
+    /// When an attempt first found the connection blocked, while it still is.
+    blocked_since: Option<Instant>,
 }
 
 impl fmt::Debug for Publisher {
@@ -60,6 +62,9 @@ impl fmt::Debug for Publisher {
             .finish_non_exhaustive()
     }
 }
+
+/// How long a connection the broker blocked is kept before an attempt replaces it.
+const BLOCKED_AT_MOST: Duration = Duration::from_secs(60);
 
 /// Whether the broker closed the publish's channel refusing the publish: 403 (the user may
 /// not write to the exchange), 404 (the exchange was deleted since the channel checked it),
@@ -238,12 +243,24 @@ impl Publisher {
             // confirm, an unknown outcome (uncertain on a route that does not honour the key)
             // for a message that never left. Not sent; the connection is kept for the
             // alarm's end, not replaced by one the broker would block at its first publish.
-            if o.connection.status().blocked() {
+            // A connection blocked past `BLOCKED_AT_MOST` is replaced all the same (below), at
+            // most one a while: a blocked flag that stuck must not end the route's publishing.
+            let blocked = o.connection.status().blocked();
+            let since = *o.blocked_since.get_or_insert_with(Instant::now);
+            if !blocked {
+                o.blocked_since = None;
+            } else if since.elapsed() < BLOCKED_AT_MOST {
                 return Err(format!(
                     "{} blocks publishing (a memory or disk alarm); nothing was sent",
                     self.target.server()
                 ));
             }
+        }
+        if let Some(o) = open.as_mut()
+            && o.connection.status().connected()
+            && !self.found_failed(o.number)
+            && o.blocked_since.is_none()
+        {
             while let Some(channel) = o.idle.pop() {
                 if channel.status().connected() {
                     return Ok((channel, o.number));
@@ -267,6 +284,7 @@ impl Publisher {
             connection,
             idle: Vec::new(),
             number,
+            blocked_since: None,
         });
         Ok((channel, number))
     }
