@@ -10,6 +10,7 @@ use async_nats::connection::State;
 use async_nats::header::{self, HeaderMap, HeaderValue};
 use async_nats::jetstream::context::{Context, GetStreamByNameErrorKind, PublishErrorKind};
 use async_nats::jetstream::message::PublishMessage;
+use async_nats::jetstream::publish::PublishAck;
 use async_nats::jetstream::stream::RetentionPolicy;
 use oncebox_core::delivery::Attempt;
 use oncebox_core::hops::NATS_HOPS_HEADER;
@@ -50,7 +51,7 @@ struct Connected {
     interest: Option<String>,
     /// The stream the last look found keeping what it acknowledges; `None` when no look
     /// found one (none could be listed, none captured the subject yet).
-    checked: Option<String>,
+    checked: Option<Checked>,
 }
 
 impl Connected {
@@ -121,7 +122,7 @@ impl Publisher {
         };
         match timeout_at(deadline, ack.into_future()).await {
             // A duplicate PubAck means the stream already holds this key's message: delivered.
-            Ok(Ok(ack)) => match self.acked_by(&js, &ack.stream).await {
+            Ok(Ok(ack)) => match self.acked_by(&js, &ack, deadline).await {
                 Ok(()) => CONFIRMED,
                 Err(why) => Attempt::NoAnswer(why),
             },
@@ -184,9 +185,18 @@ impl Publisher {
             let look = tokio::time::timeout(wait, self.look(&connected.js)).await;
             let look = look.unwrap_or_else(|_| Look::Unknown(format!("no answer within {wait:?}")));
             let again = match look {
-                Look::Keeps(name) => {
+                Look::Keeps(found) => {
                     (connected.interest, connected.unknown_said) = (None, false);
-                    connected.checked = Some(name);
+                    // The same stream as before keeps the sequences it acknowledged.
+                    let seen = connected
+                        .checked
+                        .as_ref()
+                        .filter(|c| c.name == found.name && c.created == found.created)
+                        .map_or(0, |c| c.sequence);
+                    connected.checked = Some(Checked {
+                        sequence: seen,
+                        ..found
+                    });
                     LOOK_AGAIN
                 }
                 // A stream this user cannot list (imported from another account) still takes
@@ -258,32 +268,63 @@ impl Publisher {
                  one no consumer wants without keeping it; use limits or work-queue retention"
             ));
         }
-        Look::Keeps(name)
+        Look::Keeps(Checked {
+            name,
+            created: stream.cached_info().created.unix_timestamp_nanos(),
+            sequence: 0,
+        })
     }
 
-    /// Whether the PubAck of stream `acked` means stored. The stream looked at keeps what it
-    /// acknowledges; another that answered (the one looked at deleted and made anew within the
-    /// minute a look holds, with interest retention) is looked at now, by name: one with
-    /// interest retention may have dropped the message it acknowledged, which is then an
-    /// unknown outcome (and the route's stream is looked at again at the next attempt). A
-    /// stream that cannot be read is taken at its word, as when no look could list one.
-    async fn acked_by(&self, js: &Context, acked: &str) -> Result<(), String> {
-        {
-            let slot = self.client.lock().await;
-            let checked = slot.as_ref().and_then(|c| c.checked.as_deref());
-            if checked.is_none_or(|name| name == acked) {
-                return Ok(());
-            }
-        }
-        let stream = tokio::time::timeout(LOOK_WAIT, js.get_stream(acked)).await;
-        let keeps = match stream {
-            Ok(Ok(stream)) => stream.cached_info().config.retention != RetentionPolicy::Interest,
-            _ => true,
+    /// Whether the PubAck `ack` means stored. The stream looked at keeps what it acknowledges.
+    /// Another that answered (the one looked at deleted and made anew, within the minute a look
+    /// holds, under another name; or under its own, which a sequence at or below the last one
+    /// seen gives away) is looked at now: one with interest retention may have dropped the
+    /// message it acknowledged, which is then an unknown outcome (and the route's stream is
+    /// looked at again at the next attempt). A stream that cannot be read, or not before the
+    /// attempt's deadline, is taken at its word, as when no look could list one.
+    async fn acked_by(
+        &self,
+        js: &Context,
+        ack: &PublishAck,
+        deadline: Instant,
+    ) -> Result<(), String> {
+        let acked = ack.stream.as_str();
+        let Ok(mut slot) = timeout_at(deadline, self.client.lock()).await else {
+            return Ok(());
         };
-        let mut slot = self.client.lock().await;
-        if let Some(connected) = slot.as_mut() {
+        let Some(connected) = slot.as_mut() else {
+            return Ok(());
+        };
+        let Some(checked) = connected.checked.as_mut() else {
+            return Ok(());
+        };
+        // A duplicate's sequence is its first copy's, however old.
+        let renewed = checked.name == acked && !ack.duplicate && ack.sequence <= checked.sequence;
+        if checked.name == acked && !renewed {
+            checked.sequence = checked.sequence.max(ack.sequence);
+            return Ok(());
+        }
+        let known = (checked.name == acked).then_some(checked.created);
+        drop(slot);
+        let wait = LOOK_WAIT.min(deadline.saturating_duration_since(Instant::now()));
+        let Ok(Ok(stream)) = tokio::time::timeout(wait, js.get_stream(acked)).await else {
+            return Ok(());
+        };
+        let info = stream.cached_info();
+        // The same stream, its acks come out of order (attempts in flight side by side).
+        if known == Some(info.created.unix_timestamp_nanos()) {
+            return Ok(());
+        }
+        let keeps = info.config.retention != RetentionPolicy::Interest;
+        if let Ok(mut slot) = timeout_at(deadline, self.client.lock()).await
+            && let Some(connected) = slot.as_mut()
+        {
             if keeps {
-                connected.checked = Some(acked.to_owned());
+                connected.checked = Some(Checked {
+                    name: acked.to_owned(),
+                    created: info.created.unix_timestamp_nanos(),
+                    sequence: ack.sequence,
+                });
             } else {
                 connected.next_look = None;
             }
@@ -292,18 +333,27 @@ impl Publisher {
             Ok(())
         } else {
             Err(format!(
-                "acknowledged by stream {acked}, not the stream looked at, and {acked} keeps a \
-                 message only while a consumer wants it (interest retention): it may have \
-                 dropped this one"
+                "acknowledged by stream {acked}, made since the stream was looked at, which \
+                 keeps a message only while a consumer wants it (interest retention): it may \
+                 have dropped this one"
             ))
         }
     }
 }
 
+/// The stream a look found keeping what it acknowledges: its name, when it was made, and the
+/// highest sequence it acknowledged since.
+struct Checked {
+    name: String,
+    /// In Unix nanoseconds: a stream made anew under the same name was made later.
+    created: i128,
+    sequence: u64,
+}
+
 /// What a look at the route's stream found.
 enum Look {
-    /// A stream that keeps what it acknowledges, by name.
-    Keeps(String),
+    /// A stream that keeps what it acknowledges.
+    Keeps(Checked),
     /// No stream captures the subject (yet).
     NoStream,
     /// An interest stream: why the message is not published.

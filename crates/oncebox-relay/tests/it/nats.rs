@@ -199,11 +199,21 @@ fn jetstream_interest_stream_is_not_published_into() {
 }
 
 /// The stream looked at deleted and made anew with interest retention, within the minute a
-/// look holds: its PubAck names another stream, which is looked at before the attempt counts.
-/// It may have dropped the message (no consumer wants it): an unknown outcome, not delivered.
+/// look holds: its PubAck names another stream (or the same, its sequence started over), which
+/// is looked at before the attempt counts. It may have dropped the message (no consumer wants
+/// it): an unknown outcome, not delivered.
 #[test]
 fn a_puback_from_a_stream_made_anew_with_interest_retention_is_not_delivered() {
-    run(async {
+    made_anew_with_interest_retention(false);
+}
+
+#[test]
+fn a_puback_from_a_stream_made_anew_under_its_name_with_interest_retention_is_not_delivered() {
+    made_anew_with_interest_retention(true);
+}
+
+fn made_anew_with_interest_retention(same_name: bool) {
+    run(async move {
         let Some(nats) = JetStream::new().await else {
             return;
         };
@@ -211,9 +221,13 @@ fn a_puback_from_a_stream_made_anew_with_interest_retention_is_not_delivered() {
         w.accept("evt_1", &["stream"]).await;
         let relay = w.relay(vec![broker_route("stream", &nats.url(None), false)]);
         assert_eq!(relay.run_once().await.unwrap().delivered, 1);
-        // Deleted and made again under another name, with interest retention, no consumer.
+        // Deleted and made again, with interest retention, no consumer.
         nats.js.delete_stream(&nats.name).await.unwrap();
-        let anew = unique("stream");
+        let anew = if same_name {
+            nats.name.clone()
+        } else {
+            unique("stream")
+        };
         nats.js
             .create_stream(Config {
                 name: anew.clone(),
