@@ -13,21 +13,59 @@ use oncebox_core::{Clock, Timestamp};
 /// round trip's own uncertainty), not as a clock set wrong.
 pub(crate) const TOLERANCE: Duration = Duration::from_secs(60);
 
+/// One reading of this node's clock against the server's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Reading {
+    /// This machine's wall clock minus the server's, in ms, at the round trip's midpoint.
+    /// Negative when this node's clock is behind.
+    pub ahead_ms: i128,
+    /// The round trip's length in ms: the reading is off by up to half of it, should the way
+    /// there and the way back take different times.
+    pub round_trip_ms: i128,
+}
+
+/// Readings a measurement takes at most, keeping the one with the shortest round trip; it stops
+/// at one whose round trip is short enough to judge leases by.
+const READINGS: usize = 3;
+
 /// This machine's wall clock (the system's, not the store's clock, which tests drive far from
 /// it: the question is whether the machine's clock is set wrong; a test stands in one set
-/// wrong, `Options::machine_clock`) minus the server's, in ms, read at the round trip's
-/// midpoint. Negative when this node's clock is behind.
+/// wrong, `Options::machine_clock`) against the server's: the reading of the shortest round
+/// trip of up to [`READINGS`].
 pub(crate) async fn ahead_of_server(
     conn: &mut sqlx::PgConnection,
     machine: &dyn Clock,
-) -> Result<i128, sqlx::Error> {
-    let before = i128::from(machine.now().millis());
-    let server: i64 =
-        sqlx::query_scalar("SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint")
-            .fetch_one(conn)
-            .await?;
-    let after = i128::from(machine.now().millis());
-    Ok((before + after) / 2 - i128::from(server))
+) -> Result<Reading, sqlx::Error> {
+    let mut best: Option<Reading> = None;
+    for _ in 0..READINGS {
+        let before = i128::from(machine.now().millis());
+        let server: i64 =
+            sqlx::query_scalar("SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint")
+                .fetch_one(&mut *conn)
+                .await?;
+        let after = i128::from(machine.now().millis());
+        let reading = Reading {
+            ahead_ms: (before + after) / 2 - i128::from(server),
+            round_trip_ms: after - before,
+        };
+        let best = best.get_or_insert(reading);
+        if reading.round_trip_ms < best.round_trip_ms {
+            *best = reading;
+        }
+        if judges_leases(best) {
+            break;
+        }
+    }
+    Ok(best.unwrap_or(Reading {
+        ahead_ms: 0,
+        round_trip_ms: i128::MAX,
+    }))
+}
+
+/// Whether `reading` is sure enough to move leases by: half its round trip, all it can be off
+/// by, within [`LEASE_TOLERANCE`].
+pub(crate) fn judges_leases(reading: &Reading) -> bool {
+    reading.round_trip_ms / 2 <= i128::try_from(LEASE_TOLERANCE.as_millis()).unwrap_or(i128::MAX)
 }
 
 /// How often a node that takes leases measures its clock against the server's again.
@@ -64,13 +102,21 @@ impl LeaseClock {
         self.machine.as_ref()
     }
 
-    /// Takes a measurement ([`ahead_of_server`]).
-    pub(crate) fn set(&self, ahead_ms: i128) {
+    /// Takes a measurement ([`ahead_of_server`]); one whose round trip was too long to tell
+    /// the clocks apart within [`LEASE_TOLERANCE`] is left out (false), the leases moved as
+    /// before: through a path slow one way (seconds, under load or a failing link) the
+    /// midpoint moved leases by up to half the round trip.
+    pub(crate) fn set(&self, reading: Reading) -> bool {
+        *self.measured.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
+        if !judges_leases(&reading) {
+            return false;
+        }
+        let ahead_ms = reading.ahead_ms;
         let moved = lease_skew(ahead_ms).map_or(0, |_| {
             i64::try_from(ahead_ms.clamp(i128::from(i64::MIN), i128::from(i64::MAX))).unwrap_or(0)
         });
         self.ahead_ms.store(moved, Ordering::Relaxed);
-        *self.measured.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
+        true
     }
 
     /// `now`, a time on this node's clock, on the server's.
@@ -100,9 +146,13 @@ impl LeaseClock {
             return;
         };
         let ahead = ahead_of_server(&mut conn, self.machine.as_ref());
-        if let Some(Ok(ahead)) = crate::silent::within(lost_after, ahead).await {
+        if let Some(Ok(reading)) = crate::silent::within(lost_after, ahead).await {
             let was = self.ahead_ms.load(Ordering::Relaxed);
-            self.set(ahead);
+            if !self.set(reading) {
+                warn_of_round_trip(&reading);
+                return;
+            }
+            let ahead = reading.ahead_ms;
             let now = self.ahead_ms.load(Ordering::Relaxed);
             // Said when leases start or stop being moved, or move by more than the tolerance,
             // not at every measurement's jitter.
@@ -116,6 +166,15 @@ impl LeaseClock {
             }
         }
     }
+}
+
+/// Says that a measurement's round trip was too long to move leases by.
+fn warn_of_round_trip(reading: &Reading) {
+    tracing::warn!(
+        round_trip_ms = reading.round_trip_ms,
+        "the database server answered too slowly to tell this node's clock from its own within \
+         a second: leases stay judged as they were until a measurement answers sooner"
+    );
 }
 
 /// How much a purge's time must be moved back so that it runs by the server's clock: the
@@ -175,8 +234,13 @@ pub(crate) async fn observe(
     stamps: &oncebox_core::Stamps,
     leases: &LeaseClock,
 ) -> Result<i128, sqlx::Error> {
-    let ahead = ahead_of_server(conn, leases.machine()).await?;
-    leases.set(ahead);
+    let reading = ahead_of_server(conn, leases.machine()).await?;
+    if !leases.set(reading) {
+        warn_of_round_trip(&reading);
+    }
+    // Purges and stamps go by a tolerance of a minute: half a round trip of seconds is well
+    // within it.
+    let ahead = reading.ahead_ms;
     let behind = stamp_correction(ahead);
     let was = stamps.set_behind(behind);
     if !behind.is_zero() && was.is_zero() {
@@ -203,6 +267,31 @@ mod tests {
         assert_eq!(lease_skew(1_001), Some(true));
         assert_eq!(lease_skew(-20_000), Some(false));
         assert_eq!(lease_skew(i128::MIN), Some(false));
+    }
+
+    /// A reading whose round trip was long enough to be off by more than the tolerance moves
+    /// no lease, and leaves those moved before as they were.
+    #[test]
+    fn a_reading_of_a_long_round_trip_moves_no_lease() {
+        let leases = LeaseClock::new(Arc::new(oncebox_core::SystemClock));
+        let at = Timestamp(1_000_000);
+        let slow = Reading {
+            ahead_ms: 1_500,
+            round_trip_ms: 3_000,
+        };
+        assert!(!leases.set(slow));
+        assert_eq!(leases.server(at), at, "not moved by a slow reading");
+        let quick = Reading {
+            ahead_ms: 1_500,
+            round_trip_ms: 40,
+        };
+        assert!(leases.set(quick));
+        assert_eq!(leases.server(at), Timestamp(998_500));
+        assert!(!leases.set(Reading {
+            ahead_ms: 0,
+            round_trip_ms: 2_002,
+        }));
+        assert_eq!(leases.server(at), Timestamp(998_500), "kept as it was");
     }
 
     #[test]

@@ -21,6 +21,9 @@ pub enum Mode {
     Pass,
     /// Each chunk, either way, is held this long before it is passed on.
     Delay(Duration),
+    /// Each chunk the server sends is held this long; the client's pass at once: a path slow
+    /// one way only, whose round trip's midpoint is not its middle.
+    DelayReplies(Duration),
     /// Nothing moves and nothing is refused: connections stay open, bytes wait unread (as in
     /// a network that drops packets, which TCP retransmits once it heals). New connections are
     /// accepted and wait too. Switching back delivers everything held, late.
@@ -208,7 +211,7 @@ async fn connection(
                     return up.shutdown().await;
                 }
                 let chunk = &from_client[..n];
-                let mode = hold(&mut modes, stats).await;
+                let mode = hold(&mut modes, stats, false).await;
                 let mut marked = false;
                 let first_left = mode == Mode::DropFirstReply
                     && stats.dropped_replies.load(Ordering::SeqCst) == 0;
@@ -267,7 +270,7 @@ async fn connection(
                     return Ok(());
                 }
                 cut_next_answer = false;
-                hold(&mut modes, stats).await;
+                hold(&mut modes, stats, true).await;
                 client.write_all(&from_up[..n]).await?;
             }
             changed = modes.changed() => {
@@ -281,11 +284,12 @@ async fn connection(
     }
 }
 
-/// Applies a delay or a black hole to a chunk already read; returns the mode it then passes in.
-async fn hold(modes: &mut watch::Receiver<Mode>, stats: &Stats) -> Mode {
+/// Applies a delay or a black hole to a chunk already read (`reply`: the server's); returns the
+/// mode it then passes in.
+async fn hold(modes: &mut watch::Receiver<Mode>, stats: &Stats, reply: bool) -> Mode {
     let mode = modes.borrow().clone();
     match mode {
-        Mode::Delay(d) => {
+        Mode::Delay(d) | Mode::DelayReplies(d) if reply || matches!(mode, Mode::Delay(_)) => {
             stats.held.fetch_add(1, Ordering::SeqCst);
             tokio::time::sleep(d).await;
             modes.borrow().clone()

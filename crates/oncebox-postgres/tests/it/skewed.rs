@@ -10,8 +10,11 @@ use std::time::Duration;
 use oncebox_core::delivery::Verdict;
 use oncebox_core::relay_store::{AttemptRecord, DeliveryStore, Resolve};
 use oncebox_core::store::EventStore;
-use oncebox_core::{Begun, Clock, Key, ManualClock, ProcessError, Processed, SystemClock};
+use oncebox_core::{
+    Begun, Clock, Key, ManualClock, ProcessError, Processed, Retention, SystemClock,
+};
 use oncebox_postgres::Inbox;
+use oncebox_testkit::proxy::{Mode, Proxy, Stats};
 use oncebox_testkit::run;
 
 use crate::claims::routed;
@@ -182,5 +185,57 @@ fn a_node_behind_the_server_writes_no_lease_that_ends_early_for_the_others() {
             .complete(&lease, oncebox_core::Response::completed("paid"))
             .await;
         assert_eq!(fenced, Err(oncebox_core::LeaseError::Fenced));
+    });
+}
+
+/// A node whose path to the server is slow one way (the server's replies held 2.2 s, as under
+/// load on a failing link): a reading's midpoint put its clock 1.1 s ahead of the server's,
+/// past the tolerance, and its leases were written that much early, so another node took its
+/// delivery over while it still held it. A reading whose round trip is that long is left out:
+/// its leases stay judged as they were (here, rightly, on the same clock as the server's).
+#[test]
+fn a_reading_over_a_path_slow_one_way_moves_no_lease() {
+    run(async {
+        let Some(url) = harness::url() else {
+            return;
+        };
+        let schema = harness::schema();
+        let (direct, clock) = node(&schema, 0).await;
+        let server = tokio::net::lookup_host(crate::proxy::server(&url))
+            .await
+            .expect("the server's address")
+            .next()
+            .expect("an address");
+        let proxy = Proxy::start(server).await;
+        let via = crate::proxy::via(&url, &proxy.addr().to_string());
+        let options = oncebox_postgres::Options::new(oncebox_testkit::proxy::plaintext(&via))
+            .schema(&schema)
+            .clock(Arc::new(clock.clone()))
+            .deadline(Duration::from_secs(30))
+            .lost_after(Duration::from_secs(60))
+            .max_connections(2);
+        let slow = Inbox::open(options).await.expect("open through the proxy");
+        let out = slow.ingest(routed("evt-1", &["hooks"])).await;
+        assert!(matches!(out, Ok(Processed::Applied(_))), "{out:?}");
+        // Each purge measures the clocks again, here over the slow path.
+        proxy.set(Mode::DelayReplies(Duration::from_millis(2_200)));
+        slow.purge(clock.now(), &Retention::default())
+            .await
+            .expect("purged");
+        assert!(Stats::get(&proxy.stats.held) > 0, "the replies were held");
+        proxy.set(Mode::Pass);
+        let held = slow.claim(clock.now(), 10, LEASE, &[]).await.unwrap();
+        assert_eq!(held.len(), 1);
+        // Half a second before the lease's end, no other node takes it over.
+        let taken = direct
+            .claim(
+                clock.now().plus(LEASE - Duration::from_millis(500)),
+                10,
+                LEASE,
+                &[],
+            )
+            .await
+            .unwrap();
+        assert!(taken.is_empty(), "taken over early: {taken:?}");
     });
 }
