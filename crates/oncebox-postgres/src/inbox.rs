@@ -124,8 +124,10 @@ impl Inbox {
             .stamps
             .set(crate::store::stored_anchor(&mut conn, options.clock.as_ref()).await?);
         let leases = Arc::new(crate::skew::LeaseClock::new(options.machine.clone()));
-        let ahead = crate::skew::observe(&mut conn, &options.stamps, &leases).await?;
-        crate::skew::warn_of_lease_skew(ahead);
+        let (ahead, judged) = crate::skew::observe(&mut conn, &options.stamps, &leases).await?;
+        if judged {
+            crate::skew::warn_of_lease_skew(ahead);
+        }
         drop(conn);
         let batcher = Batcher::start(&pool, &options);
         Ok(Inbox {

@@ -63,9 +63,14 @@ pub(crate) async fn ahead_of_server(
 }
 
 /// Whether `reading` is sure enough to move leases by: half its round trip, all it can be off
-/// by, within [`LEASE_TOLERANCE`].
+/// by, within [`LEASE_TOLERANCE`]; or a difference past the tolerance even by that much (a
+/// node half a minute off, read over a slow path, is still moved, the midpoint the least
+/// wrong).
 pub(crate) fn judges_leases(reading: &Reading) -> bool {
-    reading.round_trip_ms / 2 <= i128::try_from(LEASE_TOLERANCE.as_millis()).unwrap_or(i128::MAX)
+    let tolerance = i128::try_from(LEASE_TOLERANCE.as_millis()).unwrap_or(i128::MAX);
+    // Doubled rather than the round trip halved: 2 001 ms is past it.
+    reading.round_trip_ms <= tolerance.saturating_mul(2)
+        || reading.ahead_ms.unsigned_abs() > (reading.round_trip_ms / 2 + tolerance).unsigned_abs()
 }
 
 /// How often a node that takes leases measures its clock against the server's again.
@@ -228,14 +233,16 @@ pub(crate) fn warn_of_lease_skew(ahead_ms: i128) {
 /// Measures this node's clock against the server's, has `stamps` date records by the
 /// server's when this node's is behind (saying so once it is, and once it is right again), and
 /// has `leases` judge leases by the server's ([`LeaseClock`]).
-/// Returns the difference, in ms, as [`ahead_of_server`] does.
+/// Returns the difference, in ms, and whether leases are judged by it (not a reading too slow
+/// to tell within [`LEASE_TOLERANCE`]).
 pub(crate) async fn observe(
     conn: &mut sqlx::PgConnection,
     stamps: &oncebox_core::Stamps,
     leases: &LeaseClock,
-) -> Result<i128, sqlx::Error> {
+) -> Result<(i128, bool), sqlx::Error> {
     let reading = ahead_of_server(conn, leases.machine()).await?;
-    if !leases.set(reading) {
+    let judged = leases.set(reading);
+    if !judged {
         warn_of_round_trip(&reading);
     }
     // Purges and stamps go by a tolerance of a minute: half a round trip of seconds is well
@@ -252,7 +259,7 @@ pub(crate) async fn observe(
     } else if behind.is_zero() && !was.is_zero() {
         tracing::info!("this node's clock agrees with the database server's again");
     }
-    Ok(ahead)
+    Ok((ahead, judged))
 }
 
 #[cfg(test)]
@@ -289,9 +296,15 @@ mod tests {
         assert_eq!(leases.server(at), Timestamp(998_500));
         assert!(!leases.set(Reading {
             ahead_ms: 0,
-            round_trip_ms: 2_002,
+            round_trip_ms: 2_001,
         }));
         assert_eq!(leases.server(at), Timestamp(998_500), "kept as it was");
+        // Off by more than the tolerance even allowing for half the round trip: moved.
+        assert!(leases.set(Reading {
+            ahead_ms: -30_000,
+            round_trip_ms: 3_000,
+        }));
+        assert_eq!(leases.server(at), Timestamp(1_030_000));
     }
 
     #[test]

@@ -71,7 +71,7 @@ impl Inbox {
         let boot = self.clock.boot();
         let mut conn = self.pool.acquire().await?;
         let stored = stored_anchor(&mut conn, self.clock.as_ref()).await?;
-        let ahead = crate::skew::observe(&mut conn, &self.stamps, &self.leases).await?;
+        let (ahead, _) = crate::skew::observe(&mut conn, &self.stamps, &self.leases).await?;
         drop(conn);
         let (mut bounded, mut record) = oncebox_core::purge_time(&self.clock, now, boot, stored);
         // A node whose clock runs ahead of the server's (set wrong at boot, which the boot's

@@ -63,8 +63,10 @@ impl fmt::Debug for Publisher {
     }
 }
 
-/// How long a connection the broker blocked is kept before an attempt replaces it.
+/// How long a connection the broker blocked is kept before an attempt asks whether it still
+/// is, and how long that question waits.
 const BLOCKED_AT_MOST: Duration = Duration::from_secs(60);
+const PROBE_WAIT: Duration = Duration::from_secs(2);
 
 /// Whether the broker closed the publish's channel refusing the publish: 403 (the user may
 /// not write to the exchange), 404 (the exchange was deleted since the channel checked it),
@@ -243,17 +245,29 @@ impl Publisher {
             // confirm, an unknown outcome (uncertain on a route that does not honour the key)
             // for a message that never left. Not sent; the connection is kept for the
             // alarm's end, not replaced by one the broker would block at its first publish.
-            // A connection blocked past `BLOCKED_AT_MOST` is replaced all the same (below), at
-            // most one a while: a blocked flag that stuck must not end the route's publishing.
+            // Past `BLOCKED_AT_MOST` the broker is asked for a channel: one it answers means the
+            // flag stuck, and the connection is replaced (below); one it leaves unanswered is
+            // still blocked, and kept (replaced, it would be blocked again at its first
+            // publish, that publish's outcome unknown, the old connection held open).
             let blocked = o.connection.status().blocked();
             let since = *o.blocked_since.get_or_insert_with(Instant::now);
+            let still = |o: &Open| {
+                format!(
+                    "{} blocks publishing (a memory or disk alarm); nothing was sent (connection {})",
+                    self.target.server(),
+                    o.number
+                )
+            };
             if !blocked {
                 o.blocked_since = None;
             } else if since.elapsed() < BLOCKED_AT_MOST {
-                return Err(format!(
-                    "{} blocks publishing (a memory or disk alarm); nothing was sent",
-                    self.target.server()
-                ));
+                return Err(still(o));
+            } else if !matches!(
+                tokio::time::timeout(PROBE_WAIT, o.connection.create_channel()).await,
+                Ok(Ok(_))
+            ) {
+                o.blocked_since = Some(Instant::now());
+                return Err(still(o));
             }
         }
         if let Some(o) = open.as_mut()

@@ -194,7 +194,7 @@ impl Publisher {
                         .filter(|c| c.name == found.name && c.created == found.created)
                         .map_or(0, |c| c.sequence);
                     connected.checked = Some(Checked {
-                        sequence: seen,
+                        sequence: seen.max(found.sequence),
                         ..found
                     });
                     LOOK_AGAIN
@@ -268,10 +268,12 @@ impl Publisher {
                  one no consumer wants without keeping it; use limits or work-queue retention"
             ));
         }
+        let info = stream.cached_info();
         Look::Keeps(Checked {
             name,
-            created: stream.cached_info().created.unix_timestamp_nanos(),
-            sequence: 0,
+            created: info.created.unix_timestamp_nanos(),
+            // Its last sequence when looked at: a stream made anew since starts below it.
+            sequence: info.state.last_sequence,
         })
     }
 
@@ -280,8 +282,11 @@ impl Publisher {
     /// holds, under another name; or under its own, which a sequence at or below the last one
     /// seen gives away) is looked at now: one with interest retention may have dropped the
     /// message it acknowledged, which is then an unknown outcome (and the route's stream is
-    /// looked at again at the next attempt). A stream that cannot be read, or not before the
-    /// attempt's deadline, is taken at its word, as when no look could list one.
+    /// looked at again at the next attempt), as is one that cannot be looked at in time. A
+    /// sequence started over shows only in this node's own acks: other publishers into the
+    /// stream can carry it past the last one seen, and the next look (within the minute) then
+    /// finds it. Without a stream looked at (none could be listed), or with the lock not had by
+    /// the deadline, the PubAck is taken at its word.
     async fn acked_by(
         &self,
         js: &Context,
@@ -307,8 +312,12 @@ impl Publisher {
         let known = (checked.name == acked).then_some(checked.created);
         drop(slot);
         let wait = LOOK_WAIT.min(deadline.saturating_duration_since(Instant::now()));
+        // Needed and not had: whether the stream keeps what it acknowledged is unknown.
         let Ok(Ok(stream)) = tokio::time::timeout(wait, js.get_stream(acked)).await else {
-            return Ok(());
+            return Err(format!(
+                "acknowledged by stream {acked}, made since the stream was looked at, which \
+                 could not be looked at in time: whether it keeps the message is unknown"
+            ));
         };
         let info = stream.cached_info();
         // The same stream, its acks come out of order (attempts in flight side by side).
