@@ -36,30 +36,34 @@ pub(crate) async fn ahead_of_server(
     conn: &mut sqlx::PgConnection,
     machine: &dyn Clock,
 ) -> Result<Reading, sqlx::Error> {
-    let mut best: Option<Reading> = None;
-    for _ in 0..READINGS {
-        let before = i128::from(machine.now().millis());
-        let server: i64 =
-            sqlx::query_scalar("SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint")
-                .fetch_one(&mut *conn)
-                .await?;
-        let after = i128::from(machine.now().millis());
-        let reading = Reading {
-            ahead_ms: (before + after) / 2 - i128::from(server),
-            round_trip_ms: after - before,
-        };
-        let best = best.get_or_insert(reading);
-        if reading.round_trip_ms < best.round_trip_ms {
-            *best = reading;
-        }
-        if judges_leases(best) {
+    let mut best = read_once(conn, machine).await?;
+    for _ in 1..READINGS {
+        if judges_leases(&best) {
             break;
         }
+        let reading = read_once(conn, machine).await?;
+        if reading.round_trip_ms < best.round_trip_ms {
+            best = reading;
+        }
     }
-    Ok(best.unwrap_or(Reading {
-        ahead_ms: 0,
-        round_trip_ms: i128::MAX,
-    }))
+    Ok(best)
+}
+
+/// One round trip's reading.
+async fn read_once(
+    conn: &mut sqlx::PgConnection,
+    machine: &dyn Clock,
+) -> Result<Reading, sqlx::Error> {
+    let before = i128::from(machine.now().millis());
+    let server: i64 =
+        sqlx::query_scalar("SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint")
+            .fetch_one(&mut *conn)
+            .await?;
+    let after = i128::from(machine.now().millis());
+    Ok(Reading {
+        ahead_ms: (before + after) / 2 - i128::from(server),
+        round_trip_ms: after - before,
+    })
 }
 
 /// Whether `reading` is sure enough to move leases by: half its round trip, all it can be off

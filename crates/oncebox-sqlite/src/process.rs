@@ -23,11 +23,6 @@ use faults::{ended_by_handler, kept_with};
 pub(crate) use records::{existing, finish};
 use records::{record_conflict, record_terminal, stored_payload_matches};
 
-/// A handler's answer when its work leaves a deferred foreign key unmet.
-const DEFERRED_FK: &str = "FOREIGN KEY constraint failed (deferred): the handler's writes leave a \
-                           foreign key unmet, which SQLite would refuse at commit; nothing of \
-                           them was kept";
-
 /// The handler a caller gives `process`; it runs on the writer thread inside the event's
 /// savepoint, so it must be quick and must not block on anything but this connection.
 pub type Handler = Box<dyn FnOnce(&mut Tx<'_>) -> Result<Response, HandlerError> + Send>;
@@ -131,7 +126,7 @@ pub(crate) fn run(
         // PostgreSQL, which checks at the handler's own commit.
         Ok(response) if response.kind == ResponseKind::Completed && cx.deferred_violations() => {
             cx.rollback_to()?;
-            Err(ProcessError::Handler(DEFERRED_FK.into()))
+            Err(ProcessError::Handler(crate::writer::DEFERRED_FK.into()))
         }
         Ok(response) if response.kind == ResponseKind::Completed => {
             let kept = match claimed {

@@ -335,13 +335,19 @@ impl Writer {
     }
 }
 
+/// What a request whose writes leave a deferred foreign key unmet is told (a handler's error,
+/// a `write`'s, another request's refusal): one text wherever it is caught.
+pub(crate) const DEFERRED_FK: &str = "FOREIGN KEY constraint failed (deferred): the writes leave \
+                                      a foreign key unmet, which SQLite would refuse at commit; \
+                                      nothing of them was kept";
+
 /// See [`Cx::deferred_violations`]. A status SQLite keeps per connection: zero exactly when
 /// every foreign key, deferred or not, is satisfied; `ROLLBACK TO` a savepoint restores it.
 #[allow(
     unsafe_code,
     reason = "a status counter SQLite exposes only through its C API"
 )]
-pub(crate) fn deferred_violations(conn: &Connection) -> bool {
+fn deferred_violations(conn: &Connection) -> bool {
     use rusqlite::ffi;
     let (mut current, mut highest) = (0, 0);
     // SAFETY: the connection is this thread's own and open for the call; the two outputs are

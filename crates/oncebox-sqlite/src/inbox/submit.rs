@@ -279,11 +279,6 @@ fn settle<T, E: From<Unavailable>>(
     }
 }
 
-/// What a `write` whose closure left a deferred foreign key unmet is told.
-const DEFERRED_FK: &str = "FOREIGN KEY constraint failed (deferred): the writes leave a foreign \
-                           key unmet, which SQLite would refuse at commit; nothing of them was \
-                           kept";
-
 /// A caller's closure on the writer connection, in a savepoint of its own.
 pub(super) fn write<T>(
     cx: &mut Cx<'_, '_>,
@@ -318,7 +313,7 @@ pub(super) fn write<T>(
     let out = match out {
         Ok(_) if cx.deferred_violations() => Err(rusqlite::Error::SqliteFailure(
             rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_CONSTRAINT_FOREIGNKEY),
-            Some(DEFERRED_FK.into()),
+            Some(crate::writer::DEFERRED_FK.into()),
         )),
         out => out,
     };

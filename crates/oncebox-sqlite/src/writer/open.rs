@@ -19,12 +19,6 @@ use crate::error::storage;
 const LOST: &str = "rolled back with its batch: another request's statement made SQLite end \
                     the transaction; nothing of this request was kept, so a retry applies it";
 
-/// What a request without a savepoint of its own is told when its writes leave a deferred
-/// foreign key unmet.
-const DEFERRED_FK: &str = "FOREIGN KEY constraint failed (deferred): this request's writes leave \
-                           a foreign key unmet, which SQLite would refuse at commit; nothing of \
-                           them was kept";
-
 /// An open transaction and the requests whose answers wait for its commit.
 pub(super) struct Open<'c, 's> {
     pub cx: Cx<'c, 's>,
@@ -66,8 +60,8 @@ impl<'c, 's> Open<'c, 's> {
             // Its writes leave a foreign key SQLite checks only at `COMMIT` unmet (a handler's
             // and a caller's `write` are undone in their own savepoints; this is any other
             // request): kept, they would fail the commit, and every batch-mate with it.
-            Ok(()) if !self.cx.ended() && crate::writer::deferred_violations(self.cx.conn) => {
-                return self.restart(job, Some(Unavailable::Storage(DEFERRED_FK.into())));
+            Ok(()) if !self.cx.ended() && self.cx.deferred_violations() => {
+                return self.restart(job, Some(Unavailable::Storage(super::DEFERRED_FK.into())));
             }
             Ok(()) if !self.cx.ended() => {
                 self.held.push(job);
