@@ -46,6 +46,19 @@ fn words(command: &str, vars: &[(&str, &str)]) -> Vec<String> {
     words
 }
 
+/// `oncebox serve` as a new user runs it in `dir`, with no configuration, on any free port
+/// instead of 8080; its stdout piped.
+fn zero_config(dir: &std::path::Path) -> Command {
+    let mut serve = Command::new(env!("CARGO_BIN_EXE_oncebox"));
+    serve
+        .args(["serve", "--listen", "127.0.0.1:0"])
+        .current_dir(dir)
+        .env_remove("ONCEBOX_CONFIG")
+        .env_remove("ONCEBOX_DATABASE")
+        .stdout(Stdio::piped());
+    serve
+}
+
 /// A request as a `curl` command line states it.
 #[derive(Debug, Default)]
 struct Curl {
@@ -84,14 +97,9 @@ fn curl(command: &str, vars: &[(&str, &str)]) -> Curl {
 #[tokio::test]
 async fn serve_with_no_configuration_prints_a_request_that_is_stored_once() {
     let dir = tempfile::tempdir().unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_oncebox"))
-        // Any free port instead of 8080; everything else as a new user runs it.
-        .args(["serve", "--listen", "127.0.0.1:0"])
-        .current_dir(dir.path())
-        .env_remove("ONCEBOX_CONFIG")
-        .env_remove("ONCEBOX_DATABASE")
+    let mut serve = zero_config(dir.path());
+    let mut child = serve
         .env_remove("RUST_LOG")
-        .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
@@ -166,13 +174,9 @@ async fn serve_with_no_configuration_prints_a_request_that_is_stored_once() {
 async fn with_an_admin_token_the_printed_admin_request_is_let_in() {
     let token = "0f".repeat(32);
     let dir = tempfile::tempdir().unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_oncebox"))
-        .args(["serve", "--listen", "127.0.0.1:0"])
-        .current_dir(dir.path())
-        .env_remove("ONCEBOX_CONFIG")
-        .env_remove("ONCEBOX_DATABASE")
+    let mut serve = zero_config(dir.path());
+    let mut child = serve
         .env("ONCEBOX_ADMIN_TOKEN", &token)
-        .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
