@@ -26,6 +26,11 @@ pub enum UriError {
          connected in plain text: use amqp:// on a network you trust, or a TLS tunnel to the broker"
     )]
     Tls,
+    /// `connection_timeout=0`: no connection could be made in no time, and lapin refuses it.
+    #[error(
+        "connection_timeout=0 leaves no time to connect: give it in milliseconds, or leave it out"
+    )]
+    ZeroTimeout,
 }
 
 /// `url` read for [`lapin::Connection::connect_uri`]. lapin's own reading puts `localhost` in
@@ -39,6 +44,9 @@ pub fn connection_uri(url: &str) -> Result<AMQPUri, UriError> {
     }
     if uri.vhost.len() > SHORT_STRING_MAX {
         return Err(UriError::LongVhost);
+    }
+    if uri.query.connection_timeout == Some(0) {
+        return Err(UriError::ZeroTimeout);
     }
     // lapin read it as a URL, so this one reads too.
     let written = url::Url::parse(url).map_err(|e| UriError::NotUrl(e.to_string()))?;
@@ -83,6 +91,11 @@ mod tests {
             connection_uri("amqps://guest:guest@broker.example/vh").unwrap_err(),
             UriError::Tls
         );
+        assert_eq!(
+            connection_uri("amqp://127.0.0.1/%2f?connection_timeout=0").unwrap_err(),
+            UriError::ZeroTimeout
+        );
+        assert!(connection_uri("amqp://127.0.0.1/%2f?connection_timeout=1").is_ok());
         for bad in ["http://127.0.0.1/", "amqp://h/?heartbeat=x", "not a url"] {
             assert!(
                 matches!(connection_uri(bad), Err(UriError::NotUrl(_))),

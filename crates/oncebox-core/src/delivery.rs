@@ -154,11 +154,19 @@ pub struct Recorded {
     pub last_error: Option<String>,
 }
 
+/// `text` (an attempt's error, an operator's note) as every store keeps it: a NUL byte as
+/// U+FFFD. Errors quote what the other side said (a broker's `reply_text`, a TLS library's
+/// chain), and PostgreSQL's `text` refuses NUL: the record failed as a storage error, every
+/// time, until the lease ran out and the delivery was taken over as possibly sent.
+pub fn storable(text: &str) -> String {
+    text.replace('\0', "\u{FFFD}")
+}
+
 impl Verdict {
     /// The delivery's new state and bookkeeping after an attempt whose error (if any) was
     /// `error`, at `now`; the same on every backend.
     pub fn recorded(&self, error: Option<&str>, now: crate::clock::Timestamp) -> Recorded {
-        let error = error.map(str::to_owned);
+        let error = error.map(storable);
         let (state, next_attempt_at, delivered_at, last_error) = match self {
             Verdict::Delivered => ("delivered", None, Some(now.millis()), error),
             Verdict::Retry(wait) => ("retrying", Some(now.plus(*wait).millis()), None, error),
@@ -166,7 +174,7 @@ impl Verdict {
                 "dead",
                 None,
                 None,
-                Some(error.unwrap_or_else(|| reason.clone())),
+                Some(error.unwrap_or_else(|| storable(reason))),
             ),
             // `Uncertain`: parking it for reconciliation neither claims an outcome nor risks a
             // second effect. Its status URL is first asked a while later: a receiver that

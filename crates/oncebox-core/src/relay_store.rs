@@ -11,6 +11,17 @@ use crate::lease::LeaseError;
 use crate::outcome::Unavailable;
 use crate::store::Page;
 
+/// The header each attempt carries its claim's fencing token in (HTTP, AMQP): a number that
+/// grows with every claim of any delivery in the store, so a later holder of the same delivery
+/// always sends a larger one. A receiver that writes somewhere of its own can keep the largest
+/// it applied per `Idempotency-Key` and refuse a smaller one: the late request of a relay that
+/// stalled past its lease, which the store already refuses to record, then overwrites nothing
+/// there either. Case matters in NATS headers: there it is [`NATS_FENCE_HEADER`].
+pub const FENCE_HEADER: &str = "oncebox-fencing-token";
+
+/// The fencing token's header as NATS messages carry it.
+pub const NATS_FENCE_HEADER: &str = "Oncebox-Fencing-Token";
+
 /// A delivery claimed by one relay: it alone may record the outcome, while `token` is the
 /// newest and the lease has not expired.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -27,6 +38,7 @@ pub struct Claimed {
     pub created_at: Timestamp,
     /// What the route's caps count from.
     pub budget: Budget,
+    /// The claim's fencing token, sent with each attempt as [`FENCE_HEADER`].
     pub token: i64,
     pub lease_expires_at: Timestamp,
     /// Claimed from a relay whose lease ran out mid-attempt (it died or stalled): that relay
@@ -69,6 +81,13 @@ pub struct AttemptRecord {
     /// The receiver's status, when it answered.
     pub status: Option<u16>,
     pub error: Option<String>,
+}
+
+impl AttemptRecord {
+    /// The error as the stores keep it ([`crate::delivery::storable`]).
+    pub fn stored_error(&self) -> Option<String> {
+        self.error.as_deref().map(crate::delivery::storable)
+    }
 }
 
 /// A delivery as operators see it.

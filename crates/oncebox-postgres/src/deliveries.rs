@@ -125,7 +125,7 @@ impl DeliveryStore for Inbox {
         .bind(delivered_at)
         .bind(attempt.started_at.millis())
         .bind(millis(attempt.duration))
-        .bind(&attempt.error)
+        .bind(attempt.stored_error())
         .bind(on_server);
         let n = lease_write(&self.pool, self.lost_after, query).await?;
         if n.rows_affected() == 1 {
@@ -216,7 +216,7 @@ impl DeliveryStore for Inbox {
         )
         .bind(id)
         .bind(state)
-        .bind(note)
+        .bind(oncebox_core::delivery::storable(note))
         .bind(delivered_at)
         .bind(now.millis())
         .bind(self.leases.server(now).millis());

@@ -154,6 +154,10 @@ fn amqp(url: &Url) -> Result<AmqpTarget, TargetError> {
             reason: format!("longer than {SHORT_STRING_MAX} bytes"),
         },
         UriError::Tls => TargetError::NotUrl(e.to_string()),
+        UriError::ZeroTimeout => TargetError::Invalid {
+            name: "connection_timeout",
+            reason: "0 leaves no time to connect".to_owned(),
+        },
     })?;
     Ok(AmqpTarget {
         uri,
@@ -335,6 +339,13 @@ mod tests {
             Err(TargetError::Invalid { name: "vhost", .. })
         ));
         assert!(Target::parse(&format!("amqp://h/{}?exchange=x", &long[1..])).is_ok());
+        assert!(matches!(
+            Target::parse("amqp://h/%2f?exchange=x&connection_timeout=0"),
+            Err(TargetError::Invalid {
+                name: "connection_timeout",
+                ..
+            })
+        ));
         assert!(Target::parse("not a url").is_err());
         assert!(Target::parse("nats://h/path?subject=a").is_err());
         assert_eq!(

@@ -104,6 +104,8 @@ pub(crate) struct Due {
     failed: SyncFailed,
     /// The writer's own checkpoints (its `wal_autocheckpoint` fallback, its close) are off.
     stopped: Cell<bool>,
+    /// Look connections, whose kept snapshots would hold the restart back.
+    looks: Arc<Looks>,
 }
 
 /// The checkpointer's side.
@@ -131,6 +133,7 @@ pub(crate) fn due(
         finish: finish.clone(),
         failed: failed.clone(),
         stopped: Cell::new(false),
+        looks: looks.clone(),
     };
     let checkpointer = Checkpointer {
         due: rx,
@@ -165,6 +168,12 @@ impl Due {
         if !self.finish.swap(false, Ordering::Acquire) {
             return false;
         }
+        // A look's kept snapshot, taken since the checkpointer last ended them, holds a mark
+        // in the log: the writer's next transaction could not start the log over, and looks
+        // keep such snapshots until the next commit, while duplicates keep them coming.
+        // Ended now, before the copy, a look that begins after it reads the database file
+        // alone and holds nothing back.
+        self.looks.release_idle();
         passive(conn, &self.failed).is_some_and(|p| p.busy == 0 && p.checkpointed == p.log)
     }
 
@@ -245,6 +254,10 @@ pub(crate) fn run(conn: &Connection, c: &Checkpointer) {
     passive(conn, &c.failed);
     if c.failed.is_set() {
         keep_log_at_close(conn);
+        // The look connections close after this one when the store was dropped by a request
+        // the writer ran (it could not wait for the threads to end), and the last connection
+        // to close would copy the log back.
+        c.looks.keep_log_at_close();
     }
 }
 
@@ -262,6 +275,9 @@ fn catch_up(conn: &Connection, mut last: Pass, c: &Checkpointer) {
         if !sync(conn, &c.failed) {
             return;
         }
+        // A look since the last pass holds its snapshot until the next commit: its mark
+        // would stop this pass short of the log's end, and end the catching up.
+        c.looks.release_idle();
         let Some(pass) = passive(conn, &c.failed) else {
             return;
         };
@@ -320,3 +336,6 @@ fn sync(conn: &Connection, failed: &SyncFailed) -> bool {
     }
     true
 }
+
+#[cfg(test)]
+mod tests;

@@ -177,7 +177,7 @@ fn record(
             attempt.started_at.millis(),
             millis(attempt.duration),
             attempt.status,
-            attempt.error
+            attempt.stored_error()
         ])?;
     Ok(Ok(()))
 }
@@ -303,7 +303,7 @@ impl DeliveryStore for Inbox {
             // A settlement this build does not know changes nothing.
             _ => return Ok(false),
         };
-        let note = note.to_owned();
+        let note = oncebox_core::delivery::storable(note);
         self.submit(move |cx| {
             // Never in flight while its lease lives: a relay holds it and its outcome is on the
             // way. Past the lease, its relay died or stalled mid-send: the lease is taken

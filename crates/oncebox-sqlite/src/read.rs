@@ -84,6 +84,13 @@ impl Readers {
         };
         self.served();
         let out = f(&conn);
+        // A read that began a transaction and returned without ending it (an early `?`)
+        // would leave the connection on that snapshot for good: every later read on it would
+        // miss what was committed since, and the log could never start over. Ended here, or
+        // the connection is dropped.
+        if !conn.is_autocommit() && conn.execute_batch("ROLLBACK").is_err() {
+            return Ok(out?);
+        }
         if let Ok(mut idle) = self.idle.lock() {
             idle.push(conn);
         }

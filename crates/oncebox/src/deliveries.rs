@@ -12,6 +12,7 @@ use serde::Serialize;
 use crate::cli::{DeliveriesCommand, Output};
 use crate::events::Listing;
 use crate::exit;
+use crate::out::one_line;
 use crate::store::Store;
 
 /// One delivery of `deliveries list --output json`; field names are a contract (DESIGN §7
@@ -152,8 +153,8 @@ async fn refusal(store: &Store, id: i64, refused: &str) -> anyhow::Error {
 /// retried by hand is `pending` beside its old failure).
 fn reason(d: &DeliveryView) -> String {
     match (&d.note, d.last_status, &d.last_error) {
-        (Some(note), ..) if !note.is_empty() => format!("note: {note}"),
-        (_, _, Some(error)) => format!("last: {error}"),
+        (Some(note), ..) if !note.is_empty() => format!("note: {}", one_line(note)),
+        (_, _, Some(error)) => format!("last: {}", one_line(error)),
         (_, Some(status), None) => format!("last: answered {status}"),
         (_, None, None) => String::new(),
     }
@@ -209,5 +210,10 @@ mod tests {
             "last: receiver answered 500"
         );
         assert_eq!(reason(None, None, None), "");
+        // A note with a line break stays on its row: it cannot fake the paging line.
+        assert_eq!(
+            reason(None, None, Some("x\nmore: --after 999999")),
+            "note: x\\nmore: --after 999999"
+        );
     }
 }

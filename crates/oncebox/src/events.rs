@@ -14,6 +14,7 @@ use serde::Serialize;
 use crate::cli::Output;
 use crate::config::Settings;
 use crate::exit;
+use crate::out::one_line;
 use crate::progress;
 use crate::store::Store;
 
@@ -133,7 +134,7 @@ pub async fn inspect(out: &mut impl Write, store: &Store, key: &Key, output: Out
         Some(r) => writeln!(
             out,
             "state       {state} {}",
-            r["body"].as_str().unwrap_or("")
+            one_line(r["body"].as_str().unwrap_or(""))
         )?,
         None => writeln!(out, "state       {state}")?,
     }
@@ -169,7 +170,7 @@ pub async fn stats(out: &mut impl Write, store: &Store, output: Output) -> Resul
 /// `ONCEBOX_CONFIG`), the default would apply to every source whatever the gateway's own
 /// configuration promises them, and could delete records their senders may still redeliver:
 /// the retention must then be given.
-pub fn purge_retention(settings: &Settings, given: Option<Duration>) -> Result<Duration> {
+pub fn purge_retention(settings: &Settings, given: Option<Duration>) -> Result<Option<Duration>> {
     match given {
         Some(retention) => {
             // `--retention` reaches every source the file does not name: all of them without
@@ -218,14 +219,14 @@ pub fn purge_retention(settings: &Settings, given: Option<Duration>) -> Result<D
                     humantime::format_duration(retention)
                 );
             }
-            Ok(retention)
+            Ok(Some(retention))
         }
         None if settings.gateway.open_sources => anyhow::bail!(
             "the configuration names no [sources], so a purge cannot know the retention the \
              gateway keeps for them: run it with the gateway's configuration (--config or \
              ONCEBOX_CONFIG), or give --retention for every source"
         ),
-        None => Ok(UNNAMED_KEPT),
+        None => Ok(None),
     }
 }
 
@@ -248,16 +249,23 @@ pub(crate) const UNNAMED_KEPT: Duration = Duration::from_secs(100 * 365 * 24 * 3
 
 /// What a purge keeps each source for: a named source its own retention; a consumer's source
 /// the configuration does not name in `[sources]` the default 7 days (its messages are this
-/// configuration's, as a named source's events are), or `default` when one was given
-/// (`--retention`, which reaches every source the file does not name); any other `default`.
-pub fn retention(settings: &Settings, default: Duration) -> Retention {
-    let mut retention = Retention::new(default);
-    // Without a retention given (`--retention`), one a purge keeps the unnamed for good.
-    let consumers = if default == UNNAMED_KEPT {
-        DEFAULT_RETENTION
-    } else {
-        default
+/// configuration's, as a named source's events are), or `given` (`--retention`, which reaches
+/// every source the file does not name) when that is longer; any other source `given`, or
+/// without one 7 days where the configuration names no `[sources]` and for good
+/// ([`UNNAMED_KEPT`]) where it does.
+///
+/// A consumer's source is never kept shorter than 7 days: `oncebox consume` starts a new NATS
+/// durable that far back (`consume::new_durable_horizon`), and cannot know of a shorter
+/// `--retention` a cron job purges by, so the durable would read again messages whose records
+/// were purged, and apply them again.
+pub fn retention(settings: &Settings, given: Option<Duration>) -> Retention {
+    let others = match given {
+        Some(given) => given,
+        None if settings.gateway.open_sources => DEFAULT_RETENTION,
+        None => UNNAMED_KEPT,
     };
+    let mut retention = Retention::new(others);
+    let consumers = given.map_or(DEFAULT_RETENTION, |g| g.max(DEFAULT_RETENTION));
     for c in &settings.consumers {
         let _ = retention.set(c.rules.source.clone(), consumers, None);
     }
@@ -272,10 +280,10 @@ pub async fn purge(
     out: &mut impl Write,
     store: &Store,
     settings: &Settings,
-    default: Duration,
+    given: Option<Duration>,
     output: Output,
 ) -> Result<()> {
-    let retention = retention(settings, default);
+    let retention = retention(settings, given);
     // One store call does the whole purge in chunks; the spinner says it is alive.
     let spinner = progress::spinner("purging", false);
     let deleted = EventStore::purge(store, SystemClock.now(), &retention).await;

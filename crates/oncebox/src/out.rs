@@ -49,9 +49,32 @@ impl<W: Write> Write for Out<W> {
     }
 }
 
+/// Free text (an operator's note, an attempt's error, a stored response body) for one line of
+/// a text listing: control characters escaped (`\n`, `\u{1b}`), so a note holding a line
+/// break cannot split its row or fake the `more: --after N` line that scripts page by, and
+/// no escape sequence reaches the terminal. JSON output escapes them itself.
+pub fn one_line(text: &str) -> String {
+    text.chars()
+        .flat_map(|c| {
+            let escaped = c.is_control().then(|| c.escape_default());
+            let plain = (!c.is_control()).then_some(c);
+            escaped.into_iter().flatten().chain(plain)
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn free_text_is_kept_to_one_line() {
+        assert_eq!(
+            one_line("x\nmore: --after 9\r\t\u{1b}[2Jé"),
+            "x\\nmore: --after 9\\r\\t\\u{1b}[2Jé"
+        );
+        assert_eq!(one_line("answered 503"), "answered 503");
+    }
 
     /// A writer whose reader is gone.
     struct Gone;

@@ -184,16 +184,12 @@ pub async fn relay_only(settings: Settings) -> Result<()> {
     Ok(())
 }
 
-/// The hourly purge's retention (`events::retention`): a source the configuration does not name
-/// is kept (`UNNAMED_KEPT`: another gateway's in a shared database), but with no `[sources]` at
-/// all (zero-config, every source open), where the default is every source's.
+/// The hourly purge's retention (`events::retention`, no `--retention`): a source the
+/// configuration does not name is kept (`UNNAMED_KEPT`: another gateway's in a shared
+/// database), but with no `[sources]` at all (zero-config, every source open), where the
+/// default is every source's.
 fn retention(settings: &crate::config::Settings) -> Retention {
-    let others = if settings.gateway.open_sources {
-        oncebox_core::retention::DEFAULT_RETENTION
-    } else {
-        crate::events::UNNAMED_KEPT
-    };
-    crate::events::retention(settings, others)
+    crate::events::retention(settings, None)
 }
 
 async fn purge_forever(store: Store, retention: Retention) {
@@ -276,8 +272,16 @@ quarantine = "oncebox.quarantine"
             crate::events::UNNAMED_KEPT
         );
         // Given a retention, a purge keeps a consumer's unnamed source for it, as any other.
-        let month = crate::events::retention(&settings, 30 * day);
+        let month = crate::events::retention(&settings, Some(30 * day));
         assert_eq!(month.for_source(&source("orders")), 30 * day);
+        // Never shorter than the 7 days a new NATS durable starts back at, nor taken for no
+        // retention given when it is as long as the unnamed are kept.
+        let short = crate::events::retention(&settings, Some(3 * day));
+        assert_eq!(short.for_source(&source("orders")), DEFAULT_RETENTION);
+        assert_eq!(short.for_source(&source("elsewhere")), 3 * day);
+        let ever = crate::events::UNNAMED_KEPT;
+        let century = crate::events::retention(&settings, Some(ever));
+        assert_eq!(century.for_source(&source("orders")), ever);
         let open = retention(&ok(""));
         assert_eq!(open.for_source(&source("elsewhere")), DEFAULT_RETENTION);
     }

@@ -14,9 +14,18 @@ use crate::options::Options;
 /// (G6: `synchronous_commit=on` whatever the server's default), READ COMMITTED whatever the
 /// server's default (a claim waits on a concurrent holder's row and then reads its committed
 /// result; under REPEATABLE READ or SERIALIZABLE each such wait would end in a serialization
-/// failure), a transaction left idle ended after `Options::idle_in_transaction`, and a name
-/// operators can see. Each transaction sets the first two again ([`begin`]): a handler's
-/// session-wide `SET` would otherwise carry over to later events on its connection.
+/// failure), a transaction left idle ended after `Options::idle_in_transaction`, every wait
+/// for a lock ended after `Options::deadline`, and a name operators can see. Each transaction
+/// sets the first two and the lock wait again ([`begin`]): a handler's session-wide `SET` would
+/// otherwise carry over to later events on its connection.
+///
+/// The session's lock wait bounds the statements run outside [`begin`], a relay's claim first:
+/// one queued behind a lock (a migration's, a `VACUUM FULL`, a `LOCK TABLE`) outlived its
+/// caller, who gave up after `lost_after`, and committed when the lock was released, leasing
+/// rows to nobody until their lease ran out, when every other node took them over as possibly
+/// sent (parked `uncertain` on a route that does not honour the key), and the rows of a
+/// process restarted meanwhile were never given back. Now the server ends such a statement
+/// (`55P03`, `Busy`) before its caller gives up.
 pub(crate) fn connect_options(options: &Options) -> Result<PgConnectOptions, OpenError> {
     let mut connect = PgConnectOptions::from_str(&options.url)
         .map_err(|e| OpenError::Url(e.to_string()))?
@@ -28,7 +37,8 @@ pub(crate) fn connect_options(options: &Options) -> Result<PgConnectOptions, Ope
             // with `ignore_startup_parameters = options`) drops the schema and every setting
             // above with it, silently.
             (STARTUP_MARKER, "1"),
-        ]);
+        ])
+        .options([("lock_timeout", lock_wait_ms(options.deadline))]);
     let idle = options.idle_in_transaction;
     if !idle.is_zero() {
         // At least a millisecond: zero would mean none.
@@ -87,9 +97,12 @@ pub(crate) async fn begin(
 
 /// The statement that bounds the open transaction's waits for a lock by `deadline`.
 pub(crate) fn lock_timeout(deadline: Duration) -> String {
-    // 0 would mean no limit.
-    let ms = deadline.as_millis().clamp(1, i32::MAX as u128);
-    format!("SET LOCAL lock_timeout = {ms}")
+    format!("SET LOCAL lock_timeout = {}", lock_wait_ms(deadline))
+}
+
+/// `deadline` as `lock_timeout` takes it: milliseconds, at least 1 (0 would mean no limit).
+fn lock_wait_ms(deadline: Duration) -> String {
+    deadline.as_millis().clamp(1, i32::MAX as u128).to_string()
 }
 
 /// What the first connection says of its session: that its startup options were applied (a

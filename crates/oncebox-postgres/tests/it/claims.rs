@@ -331,8 +331,9 @@ fn lost_claim_found_by_its_id(mode: oncebox_testkit::proxy::Mode) {
     });
 }
 
-/// A claim cut off while the server still waits to run it (a lock held elsewhere): the look by
-/// its id finds nothing, and the statement commits after it. The next claim gives those rows
+/// A claim cut off while the server still works on it (a wait the session's `lock_timeout`
+/// does not bound: a slow trigger, the disk): the look by its id finds nothing, and the
+/// statement commits after it. The next claim gives those rows
 /// back and leases them as never sent, instead of leaving them in flight until their lease
 /// runs out and taking them over as possibly sent.
 #[test]
@@ -349,13 +350,15 @@ fn a_claim_that_commits_after_its_connection_was_cut_is_given_back_by_the_next()
             proxy,
             relay,
         } = through_proxy(&url).await;
-        // The claim's UPDATE waits for an advisory lock the test holds (a trigger asks for it),
-        // while the look by id reads on. Advisory locks are the database's: the key is this
-        // test's own.
+        // The claim's UPDATE waits for an advisory lock the test holds (a trigger asks for it,
+        // with no limit on the wait: a wait the session's `lock_timeout` does not end), while
+        // the look by id reads on. Advisory locks are the database's: the key is this test's
+        // own.
         let key: i64 = rand::random();
         sqlx::raw_sql(&format!(
             "CREATE FUNCTION hold_claims() RETURNS trigger LANGUAGE plpgsql AS
-               $$ BEGIN PERFORM pg_advisory_xact_lock_shared({key}); RETURN NEW; END $$;
+               $$ BEGIN PERFORM set_config('lock_timeout', '0', true);
+                        PERFORM pg_advisory_xact_lock_shared({key}); RETURN NEW; END $$;
              CREATE TRIGGER hold_claims BEFORE UPDATE ON oncebox_outbox
                FOR EACH ROW EXECUTE FUNCTION hold_claims()"
         ))

@@ -180,3 +180,70 @@ fn a_deadline_of_duration_max_is_the_longest_wait() {
         assert!(matches!(again, Ok(Processed::Duplicate(_))), "{again:?}");
     });
 }
+
+/// A relay's claim queued behind a lock on the outbox (a migration's, a `VACUUM FULL`): the
+/// server ends its wait within the deadline. Before, the claim outlived its caller, who gave
+/// up after `lost_after`, and committed once the lock was released, leasing the rows to nobody
+/// until the lease ran out, when the next node took them over as possibly sent.
+#[test]
+fn a_claim_queued_behind_a_lock_gives_up_on_the_server_not_only_in_the_caller() {
+    use oncebox_core::relay_store::DeliveryStore;
+    use oncebox_postgres::sqlx;
+
+    if url().is_none() {
+        return;
+    }
+    oncebox_testkit::run(async {
+        let clock = ManualClock::new(EPOCH);
+        let schema = schema();
+        let other = Inbox::open(options(&schema, &clock)).await.expect("node");
+        // The caller would wait far longer than the deadline: only the server can end it.
+        let relay = options(&schema, &clock)
+            .deadline(Duration::from_millis(500))
+            .lost_after(Duration::from_secs(20));
+        let relay = Inbox::open(relay).await.expect("node");
+        let routed = Ingest {
+            routes: vec!["hooks".to_owned()],
+            ..ingest("evt-1")
+        };
+        assert!(matches!(
+            relay.ingest(routed).await,
+            Ok(Processed::Applied(_))
+        ));
+        // The outbox locked against writes as a migration's `ALTER TABLE` or a `LOCK TABLE`
+        // would, reads still allowed.
+        let mut holder = other.pool().begin().await.expect("begin");
+        let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+            .fetch_one(&mut *holder)
+            .await
+            .expect("pid");
+        sqlx::query("LOCK TABLE oncebox_outbox IN SHARE MODE")
+            .execute(&mut *holder)
+            .await
+            .expect("lock");
+        let lease = Duration::from_secs(60);
+        let claim = {
+            let relay = relay.clone();
+            tokio::spawn(async move { relay.claim(EPOCH, 10, lease, &[]).await })
+        };
+        let mut admin = other.pool().acquire().await.expect("connection");
+        blocked_on(&mut admin, pid, "the claim waits on the lock").await;
+        let refused = tokio::time::timeout(PROMPT, claim)
+            .await
+            .expect("answered")
+            .expect("task");
+        assert!(refused.is_err(), "{refused:?}");
+        // Ended on the server: nothing waits on the lock any more to commit after it.
+        assert_eq!(
+            blocked_by(&mut admin, pid).await,
+            0,
+            "the claim still waits"
+        );
+        holder.commit().await.expect("release the lock");
+        drop(admin);
+        // Another node has the delivery, as never sent.
+        let claimed = other.claim(EPOCH, 10, lease, &[]).await.expect("claim");
+        assert_eq!(claimed.len(), 1, "{claimed:?}");
+        assert!(!claimed[0].taken_over, "{claimed:?}");
+    });
+}

@@ -14,7 +14,7 @@ use lapin::{
 };
 use oncebox_core::delivery::Attempt;
 use oncebox_core::hops::HOPS_HEADER;
-use oncebox_core::relay_store::Claimed;
+use oncebox_core::relay_store::{Claimed, FENCE_HEADER};
 use sha2::{Digest, Sha256};
 use tokio::sync::Mutex;
 use tokio::time::{Instant, timeout_at};
@@ -139,6 +139,10 @@ impl Publisher {
         headers.insert(
             HOPS_HEADER.into(),
             AMQPValue::LongString(claimed.hops.to_string().into()),
+        );
+        headers.insert(
+            FENCE_HEADER.into(),
+            AMQPValue::LongString(claimed.token.to_string().into()),
         );
         let mut properties = BasicProperties::default()
             .with_delivery_mode(PERSISTENT)

@@ -9,7 +9,7 @@ use oncebox_core::Timestamp;
 use oncebox_core::delivery::Attempt;
 use oncebox_core::hops::HOPS_HEADER;
 use oncebox_core::json::Value;
-use oncebox_core::relay_store::Claimed;
+use oncebox_core::relay_store::{Claimed, FENCE_HEADER};
 use oncebox_core::route::Route;
 use oncebox_core::signature::{Scheme, sign};
 
@@ -64,6 +64,7 @@ pub(super) async fn attempt(
         .header("oncebox-attempt", number.to_string())
         // The loop guard: a gateway receiving this refuses it past the limit (`hops`).
         .header(HOPS_HEADER, claimed.hops.to_string())
+        .header(FENCE_HEADER, claimed.token.to_string())
         .body(claimed.payload.clone());
     if let Some(secret) = &route.signing_secret {
         for (name, value) in sign(

@@ -14,7 +14,7 @@ use async_nats::jetstream::publish::PublishAck;
 use async_nats::jetstream::stream::RetentionPolicy;
 use oncebox_core::delivery::Attempt;
 use oncebox_core::hops::NATS_HOPS_HEADER;
-use oncebox_core::relay_store::Claimed;
+use oncebox_core::relay_store::{Claimed, NATS_FENCE_HEADER};
 use tokio::sync::Mutex;
 use tokio::time::{Instant, timeout_at};
 
@@ -397,6 +397,10 @@ fn headers(claimed: &Claimed, number: u32) -> Result<HeaderMap, String> {
     headers.insert(
         NATS_HOPS_HEADER,
         HeaderValue::from(claimed.hops.to_string()),
+    );
+    headers.insert(
+        NATS_FENCE_HEADER,
+        HeaderValue::from(claimed.token.to_string()),
     );
     if let Ok(ct) = HeaderValue::from_str(&claimed.content_type) {
         headers.insert("Content-Type", ct);

@@ -162,6 +162,8 @@ fn amqp_route_publishes_persistent_messages_with_the_key_as_message_id_then_reco
             );
             assert_eq!(header(d, "idempotency-key").as_deref(), Some(key.as_str()));
             assert_eq!(header(d, "oncebox-attempt").as_deref(), Some("1"));
+            let fence = header(d, "oncebox-fencing-token").and_then(|v| v.parse::<i64>().ok());
+            assert!(fence.is_some_and(|f| f > 0), "{fence:?}");
             assert_eq!(d.data, format!(r#"{{"id":"{id}"}}"#).into_bytes());
         }
         assert_eq!(relay.run_once().await.unwrap().claimed, 0, "not again");

@@ -10,6 +10,7 @@ mod broker;
 mod circuit;
 mod delivery;
 mod faults;
+mod fence;
 mod gauges;
 mod kill;
 mod max_age;

@@ -101,6 +101,8 @@ fn jetstream_route_stores_messages_with_route_and_key_as_nats_msg_id_and_a_redel
         assert_eq!(header("Nats-Msg-Id").as_deref(), Some("stream:shop:evt_1"));
         assert_eq!(header("Idempotency-Key").as_deref(), Some("shop:evt_1"));
         assert_eq!(header("Oncebox-Attempt").as_deref(), Some("1"));
+        let fence = header("Oncebox-Fencing-Token").and_then(|v| v.parse::<i64>().ok());
+        assert!(fence.is_some_and(|f| f > 0), "{fence:?}");
         assert_eq!(header("Content-Type").as_deref(), Some("application/json"));
         assert_eq!(&m.payload[..], br#"{"id":"evt_1"}"#);
 

@@ -4,7 +4,9 @@
 use std::time::Duration;
 
 use oncebox_core::delivery::{DeliveryState, Verdict};
-use oncebox_core::relay_store::{DeliveryFilter, DeliveryStore, STATUS_RECHECK, StatusAnswer};
+use oncebox_core::relay_store::{
+    DeliveryFilter, DeliveryStore, Resolve, STATUS_RECHECK, StatusAnswer,
+};
 use oncebox_core::{Clock, LeaseError};
 
 use super::operator::each_state;
@@ -238,5 +240,39 @@ pub async fn reconcile_settles_only_an_uncertain_delivery_and_puts_off_an_unansw
     assert_eq!(
         (v.state, v.note.as_deref()),
         (DeliveryState::Delivered, Some("status_url: applied"))
+    );
+}
+
+/// An attempt's error quoting what the other side said may hold a NUL (a broker's reply text, a
+/// TLS library's chain), and so may a library caller's note: PostgreSQL's `text` refuses it, so
+/// the record failed as a storage error every time, until the lease ran out and the delivery
+/// was taken over as possibly sent. Every store keeps it as U+FFFD.
+pub async fn an_error_or_a_note_holding_nul_is_recorded<B: DeliveryBackend>() {
+    let (b, clock) = fresh::<B>().await;
+    accept(&b, "evt-1").await;
+    let c = claim(&b, clock.now(), 10).await;
+    let now = clock.now();
+    let wait = Duration::from_secs(10);
+    b.record(
+        &c[0],
+        failed("312 NO\0ROUTE", now),
+        Verdict::Retry(wait),
+        now,
+    )
+    .await
+    .expect("recorded");
+    let kept = "312 NO\u{FFFD}ROUTE";
+    let v = view(&b, c[0].id).await;
+    assert_eq!(
+        (v.state, v.last_error.as_deref()),
+        (DeliveryState::Retrying, Some(kept))
+    );
+    let attempts = b.attempts(c[0].id).await.expect("attempts");
+    assert_eq!(attempts[0].error.as_deref(), Some(kept));
+    let settled = b.resolve(c[0].id, Resolve::Dead, "by hand\0", now).await;
+    assert!(settled.expect("resolved"), "{:?}", view(&b, c[0].id).await);
+    assert_eq!(
+        view(&b, c[0].id).await.note.as_deref(),
+        Some("by hand\u{FFFD}")
     );
 }

@@ -211,6 +211,9 @@ pub(super) fn validate(
             // The client refuses such a name before asking the server, at every connection:
             // `consume` would reconnect for ever, saying only "invalid name".
             refuse_jetstream_name(&format!("{path}.stream"), stream, p);
+            if let Some(subject) = raw.subject.as_deref().filter(|s| !s.trim().is_empty()) {
+                refuse_nats_filter(&format!("{path}.subject"), subject, p);
+            }
             let durable = match &raw.durable {
                 Some(durable) => {
                     refuse_jetstream_name(&format!("{path}.durable"), durable, p);
@@ -305,6 +308,27 @@ fn refuse_jetstream_name(at: &str, name: &str, p: &mut Problems<'_>) {
         p.push(
             at,
             format_args!("{name:?} is no JetStream name: {JETSTREAM_NAME_RULE}"),
+        );
+    }
+}
+
+/// Refuses a consumer's subject filter the server would refuse when the durable is made: the
+/// consumer would otherwise be set up again every 30 s for ever, warning only that it stopped.
+fn refuse_nats_filter(at: &str, subject: &str, p: &mut Problems<'_>) {
+    let tokens: Vec<&str> = subject.split('.').collect();
+    let why = if subject.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        Some("must not contain whitespace or control characters")
+    } else if tokens.iter().any(|t| t.is_empty()) {
+        Some("must not begin or end with '.' or hold '..' (every token needs a name)")
+    } else if tokens.iter().rev().skip(1).any(|t| *t == ">") {
+        Some("may have '>' only as its last token")
+    } else {
+        None
+    };
+    if let Some(why) = why {
+        p.push(
+            at,
+            format_args!("{subject:?} is no NATS subject filter: {why}"),
         );
     }
 }

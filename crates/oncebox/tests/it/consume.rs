@@ -256,6 +256,11 @@ fn an_amqp_url_that_cannot_work_is_refused_at_start() {
     for (url, why) in [
         (long.as_str(), "vhost"),
         ("http://127.0.0.1/", "not an AMQP URL"),
+        // Every handshake was given up at once, and said to be a broker that did not answer.
+        (
+            "amqp://127.0.0.1:1/%2f?connection_timeout=0",
+            "connection_timeout=0",
+        ),
         // No TLS for RabbitMQ in this build: it would have connected in plain text.
         (
             "amqps://guest:guest@127.0.0.1/%2f",

@@ -208,6 +208,35 @@ fn jetstream_names_the_client_refuses_are_refused_by_field() {
     load_toml(&nats("\"orders.eu\"", "queue = \"orders.eu\"")).unwrap();
 }
 
+/// A subject filter the server refuses when the durable is made set the consumer up again
+/// every 30 s for ever, saying only that it stopped: refused when the file is read.
+#[test]
+fn a_subject_filter_that_is_no_nats_subject_is_refused_by_field() {
+    let nats = |subject: &str| {
+        format!(
+            "[consumers.c]\nsource = \"shop\"\nkey = \"message-id\"\nquarantine = \"q.x\"\n\
+             stream = \"S\"\nsubject = \"{subject}\"\n"
+        )
+    };
+    for (bad, why) in [
+        ("orders. paid", "whitespace"),
+        ("orders.\\tpaid", "whitespace"),
+        ("orders..paid", "'..'"),
+        (".orders", "'..'"),
+        ("orders.", "'..'"),
+        ("orders.>.paid", "'>' only as its last token"),
+    ] {
+        let e = load_toml(&nats(bad)).unwrap_err();
+        assert!(
+            e.contains("consumers.c.subject: ") && e.contains(why),
+            "{bad}: {e}"
+        );
+    }
+    for good in ["orders.paid", "orders.*", "orders.>", ">", "*.paid.>"] {
+        load_toml(&nats(good)).unwrap_or_else(|e| panic!("{good}: {e}"));
+    }
+}
+
 /// Two consumers of one queue, or of one stream through one durable: refused at the later,
 /// naming the earlier. One stream through two durables is two readers of every message, each
 /// its own: allowed.
