@@ -12,11 +12,12 @@ use crate::outcome::Unavailable;
 use crate::store::Page;
 
 /// The header each attempt carries its claim's fencing token in (HTTP, AMQP): a number that
-/// grows with every claim of any delivery in the store, so a later holder of the same delivery
-/// always sends a larger one. A receiver that writes somewhere of its own can keep the largest
-/// it applied per `Idempotency-Key` and refuse a smaller one: the late request of a relay that
-/// stalled past its lease, which the store already refuses to record, then overwrites nothing
-/// there either. Case matters in NATS headers: there it is [`NATS_FENCE_HEADER`].
+/// grows with every claim in the store, so a later holder of the same delivery always sends a
+/// larger one. A receiver can keep the largest it applied per `Idempotency-Key` and refuse a
+/// smaller one: the late request of a relay that stalled past its lease, which the store
+/// already refuses to record, is then refused there too. Only within one key: tokens order
+/// claims, not events (an older event retried later carries a larger one). Case matters in
+/// NATS headers: there it is [`NATS_FENCE_HEADER`].
 pub const FENCE_HEADER: &str = "oncebox-fencing-token";
 
 /// The fencing token's header as NATS messages carry it.

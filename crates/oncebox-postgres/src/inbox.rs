@@ -174,7 +174,9 @@ impl Inbox {
         Ok(())
     }
 
-    /// The connection pool, for the application's own queries.
+    /// The connection pool, for the application's own queries. Its sessions start with
+    /// `lock_timeout` at [`crate::Options::deadline`]: a statement that must wait longer for a
+    /// lock sets its own.
     pub fn pool(&self) -> &PgPool {
         &self.pool
     }

@@ -19,8 +19,9 @@ pub struct Options {
     /// the longest wait of oncebox's transactions (a handler's too) for a lock another
     /// transaction holds, before answering `Unavailable` instead of hanging while the database,
     /// or another node's transaction, is away. A handler that must wait longer for a lock sets
-    /// its own `SET LOCAL lock_timeout`. At most [`oncebox_core::LONGEST_WAIT`] (a longer one,
-    /// `Duration::MAX` say, is taken as that).
+    /// its own `SET LOCAL lock_timeout`. Every session of the pool starts with it as its
+    /// `lock_timeout`, the application's own queries on [`crate::Inbox::pool`] too. At most
+    /// [`oncebox_core::LONGEST_WAIT`] (a longer one, `Duration::MAX` say, is taken as that).
     pub deadline: Duration,
     /// How long one of oncebox's transactions may sit idle, waiting for its node between
     /// statements, before the server ends it (`idle_in_transaction_session_timeout`). A node

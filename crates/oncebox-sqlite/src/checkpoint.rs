@@ -40,8 +40,8 @@ use crate::read::looks::HOLD;
 /// extra fsync of the database file stays a small cost.
 const EVERY: u32 = 64;
 
-/// Pages in the WAL at which the writer checkpoints by itself after all (SQLite's
-/// `wal_autocheckpoint`): a bound on the log should this thread fall behind, twice the
+/// Pages in the WAL at which the writer checkpoints by itself after all (its WAL hook,
+/// `writer/walhook.rs`, in place of SQLite's `wal_autocheckpoint`): a bound on the log should this thread fall behind, twice the
 /// length at which it starts the log over (`Options::wal_restart_frames`), and never below
 /// SQLite's own default of 1 000, so that a tiny restart length does not make the writer
 /// checkpoint after nearly every commit.
@@ -68,7 +68,7 @@ impl SyncFailed {
     }
 
     /// Trips the latch, saying so once.
-    fn set(&self, what: &dyn std::fmt::Display) {
+    pub(crate) fn set(&self, what: &dyn std::fmt::Display) {
         if !self.0.swap(true, Ordering::AcqRel) {
             tracing::error!(
                 error = %what,
@@ -102,7 +102,7 @@ pub(crate) struct Due {
     /// Set by the checkpointer when only a little of the log is left to copy.
     finish: Arc<AtomicBool>,
     failed: SyncFailed,
-    /// The writer's own checkpoints (its `wal_autocheckpoint` fallback, its close) are off.
+    /// The writer's checkpoint at close is off.
     stopped: Cell<bool>,
     /// Look connections, whose kept snapshots would hold the restart back.
     looks: Arc<Looks>,
@@ -177,16 +177,14 @@ impl Due {
         passive(conn, &self.failed).is_some_and(|p| p.busy == 0 && p.checkpointed == p.log)
     }
 
-    /// Once the database file failed to sync: turns the writer's own checkpoints off (its
-    /// `wal_autocheckpoint` fallback and its close), once. Returns whether it failed.
+    /// Once the database file failed to sync: turns the writer's checkpoint at close off,
+    /// once (its fallback copies, `writer/walhook.rs`, read the latch themselves). Returns
+    /// whether it failed.
     pub fn stop_if_failed(&self, conn: &Connection) -> bool {
         if !self.failed.is_set() {
             return false;
         }
         if !self.stopped.replace(true) {
-            if let Err(e) = conn.pragma_update(None, "wal_autocheckpoint", 0) {
-                tracing::error!(error = %e, "the writer may still copy the log back");
-            }
             keep_log_at_close(conn);
         }
         true

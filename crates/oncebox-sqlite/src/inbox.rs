@@ -149,9 +149,16 @@ impl Inbox {
             let _ = started.send(());
         };
         let started_too = started.clone();
+        let wal_hook = crate::writer::install_wal_hook(
+            &conn,
+            checkpoint::writer_fallback(options.wal_restart_frames),
+            stats.clone(),
+            sync_failed.clone(),
+        );
         let writer = Writer {
             commits: crate::writer::Commits::guard(&conn),
             conn,
+            wal_hook,
             clock: options.clock.clone(),
             max_batch: options.max_batch,
             linger: options.linger,

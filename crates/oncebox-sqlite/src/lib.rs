@@ -49,7 +49,7 @@ pub use consume::InboxHandler;
 pub use error::{Error, OpenError};
 pub use inbox::Inbox;
 pub use oncebox_core::{Record, RecordState, Resolution};
-pub use options::{Durability, MAX_LINGER, Options};
+pub use options::{Durability, MAX_LINGER, MAX_RECENT_ANSWERS, Options};
 pub use pcache::{page_cache_wrapped, parked_pages};
 pub use placement::Placement;
 pub use rusqlite;

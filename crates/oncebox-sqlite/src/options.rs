@@ -9,6 +9,9 @@ use oncebox_core::{Clock, SystemClock};
 
 use crate::placement::Placement;
 
+/// The most [`Options::recent_answers`] keeps: about 250 bytes each, so 2.5 GB.
+pub const MAX_RECENT_ANSWERS: usize = 10_000_000;
+
 /// The longest [`Options::linger`]: callers come back within micro- to milliseconds, and the
 /// wait holds the callers a batch already has.
 pub const MAX_LINGER: Duration = Duration::from_millis(100);
@@ -55,7 +58,7 @@ pub struct Options {
     pub linger: Duration,
     /// Keys whose first answer the gateway's ingest keeps in memory after their commit, so a
     /// prompt retry is answered without a read (`recent.rs`); about 250 bytes each. Zero:
-    /// none.
+    /// none. At most [`MAX_RECENT_ANSWERS`] (more is taken as that).
     pub recent_answers: usize,
     /// Frames (pages) in the WAL from which the checkpointer works to start the log over
     /// (`checkpoint.rs`); 32 768 are 128 MiB at SQLite's default page size. The log grows

@@ -145,6 +145,9 @@ impl Hasher for Prehashed {
 impl Recent {
     /// Keeps about `capacity` keys; zero keeps none.
     pub fn new(capacity: usize) -> Recent {
+        // Sized up front: a capacity past any memory made `open` panic (`capacity overflow`)
+        // or abort.
+        let capacity = capacity.min(crate::options::MAX_RECENT_ANSWERS);
         let per_shard = capacity.div_ceil(SHARDS as usize);
         Recent {
             shards: (0..SHARDS)

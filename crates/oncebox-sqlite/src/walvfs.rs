@@ -97,6 +97,13 @@ struct WalFile {
     /// Appends not yet written, starting at file offset `start`.
     pending: Vec<u8>,
     start: i64,
+    /// The range of gathered appends that failed to go out, until the transaction's rollback
+    /// ([`discard_pending`]): SQLite counts those frames written, so the transaction must not
+    /// commit and nothing may read them. Why: a read that wrote them out first and failed
+    /// (`SQLITE_FULL`) fails only its statement; SQLite does not take a read's error for a
+    /// lost write, and a handler that went on to `COMMIT` once space was free published
+    /// frames that were never in the file.
+    lost: Option<(i64, i64)>,
 }
 
 // SAFETY: `open` stores the default VFS's file, methods set, in `inner` of every file it
@@ -156,6 +163,7 @@ unsafe extern "C" fn open(
             inner,
             pending: Vec::new(),
             start: 0,
+            lost: None,
         });
         ffi::SQLITE_OK
     }
@@ -215,6 +223,7 @@ unsafe fn flush(w: &mut WalFile) -> c_int {
         return ffi::SQLITE_IOERR_WRITE;
     };
     let mut rc = ffi::SQLITE_OK;
+    let end = w.end();
     let mut at = w.start;
     for piece in w.pending.chunks(CHUNK) {
         // A piece is at most CHUNK bytes, so both conversions hold.
@@ -227,8 +236,15 @@ unsafe fn flush(w: &mut WalFile) -> c_int {
         }
         at += i64::from(len);
     }
-    // Dropped on failure too: the failed write fails the commit, and SQLite writes the frames
-    // of any later attempt again.
+    // Dropped on failure too, and remembered as lost: every later write and sync of the
+    // transaction fails, so it cannot commit, and SQLite writes the frames of any later
+    // attempt again.
+    if rc != ffi::SQLITE_OK {
+        w.lost = Some(
+            w.lost
+                .map_or((w.start, end), |(s, e)| (s.min(w.start), e.max(end))),
+        );
+    }
     w.pending.clear();
     rc
 }
@@ -292,9 +308,7 @@ unsafe fn discard_pending_of(db: *mut ffi::sqlite3) -> usize {
         if rc != ffi::SQLITE_OK || file.is_null() || !std::ptr::eq((*file).pMethods, &METHODS) {
             return 0;
         }
-        let w = wal(file);
-        let dropped = w.pending.len();
-        w.pending.clear();
+        let dropped = drop_gathered(wal(file));
         if dropped > 0 {
             DISCARDS.set(DISCARDS.get() + 1);
         }
@@ -302,11 +316,25 @@ unsafe fn discard_pending_of(db: *mut ffi::sqlite3) -> usize {
     }
 }
 
+/// Drops what `w` gathered and forgets what it lost: the transaction is over, and its frames
+/// belong to nothing. Returns how many bytes were dropped.
+fn drop_gathered(w: &mut WalFile) -> usize {
+    let dropped = w.pending.len();
+    w.pending.clear();
+    w.lost = None;
+    dropped
+}
+
 unsafe extern "C" fn read(f: *mut ffi::sqlite3_file, buf: *mut c_void, n: c_int, at: i64) -> c_int {
     // SAFETY: `f` is ours; forwarding after writing out anything the read could overlap.
     unsafe {
         let w = wal(f);
         let end = w.end();
+        if w.lost
+            .is_some_and(|(s, e)| at < e && at.saturating_add(i64::from(n)) > s)
+        {
+            return ffi::SQLITE_IOERR_READ;
+        }
         if !w.pending.is_empty() && at < end && at.saturating_add(i64::from(n)) > w.start {
             READ_FLUSHES.fetch_add(1, Ordering::Relaxed);
             let rc = flush(w);
@@ -329,6 +357,9 @@ unsafe extern "C" fn write(
     // SAFETY: `f` is ours; `data` holds `n` bytes for the duration of the call.
     unsafe {
         let w = wal(f);
+        if w.lost.is_some() {
+            return ffi::SQLITE_IOERR_WRITE;
+        }
         let len = usize::try_from(n).unwrap_or(0);
         let end = w.end();
         if !w.pending.is_empty() && at != end {
@@ -378,6 +409,10 @@ unsafe extern "C" fn truncate(f: *mut ffi::sqlite3_file, size: i64) -> c_int {
 }
 
 unsafe extern "C" fn sync(f: *mut ffi::sqlite3_file, flags: c_int) -> c_int {
+    // SAFETY: `f` is ours.
+    if unsafe { wal(f) }.lost.is_some() {
+        return ffi::SQLITE_IOERR_FSYNC;
+    }
     after_flush!(f, xSync, ffi::SQLITE_IOERR_FSYNC, flags)
 }
 

@@ -17,10 +17,12 @@ mod commits;
 mod gather;
 mod job;
 mod open;
+mod walhook;
 pub(crate) use commits::Commits;
 use gather::gather;
 pub(crate) use job::{Body, Job, RAN_TWICE, again, once};
 use open::Open;
+pub(crate) use walhook::{Installed as WalHook, install as install_wal_hook};
 
 /// How long the requests a batch adds to its first may run before it takes no more and
 /// commits. Far above what a batch of ingests or quick handlers takes (a few ms for hundreds),
@@ -129,6 +131,9 @@ impl From<rusqlite::Error> for Fatal {
 /// The writer thread's state.
 pub(crate) struct Writer {
     pub conn: Connection,
+    /// The WAL hook's state on `conn`: declared after it, so it outlives the connection; put
+    /// back before each commit.
+    pub wal_hook: WalHook,
     pub clock: Arc<dyn Clock>,
     pub max_batch: usize,
     pub linger: Duration,
@@ -177,8 +182,9 @@ impl Stats {
         self.from_memory.load(Ordering::Relaxed)
     }
 
-    /// Times the writer copied the rest of the WAL back after the checkpointer caught up, so
-    /// that its next transaction started the log over (`checkpoint.rs`).
+    /// Times the WAL started over, as the writer's commits saw it (`writer/walhook.rs`): after
+    /// the checkpointer caught up and the writer copied the rest (`checkpoint.rs`), or after
+    /// the writer's fallback copy.
     pub fn log_restarts(&self) -> u64 {
         self.log_restarts.load(Ordering::Relaxed)
     }
@@ -214,10 +220,10 @@ impl Writer {
         let mut expected = 1;
         while let Ok(first) = rx.recv() {
             expected = self.batch(&stmts, first, rx, expected);
-            // After answering, while the callers prepare their next requests.
-            if self.checkpoint.finish(&self.conn) {
-                self.stats.log_restarts.fetch_add(1, Ordering::Relaxed);
-            }
+            // After answering, while the callers prepare their next requests. The next
+            // transaction starts the log over if nothing holds it back; the WAL hook counts it
+            // when it does.
+            self.checkpoint.finish(&self.conn);
         }
         self.checkpoint.stop_if_failed(&self.conn);
     }
@@ -289,6 +295,8 @@ impl Writer {
         }
         crash::point!("before-commit");
         let committing = Instant::now();
+        // A handler may have replaced the WAL hook this commit calls (`writer/walhook.rs`).
+        self.wal_hook.reinstall(&self.conn);
         let committed = self.commits.commit(&self.conn);
         let spent = u64::try_from(committing.elapsed().as_nanos()).unwrap_or(u64::MAX);
         self.stats.commit_nanos.fetch_add(spent, Ordering::Relaxed);

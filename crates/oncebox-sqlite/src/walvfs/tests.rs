@@ -175,3 +175,132 @@ fn frames_of_a_transaction_sqlite_rolled_back_itself_are_dropped_at_once() {
     assert_eq!(lengths, [(300, 1000), (302, 1000)]);
     assert_eq!(integrity(&writer), "ok");
 }
+
+/// A file under the wrapper whose writes fail on demand (`SQLITE_FULL`, a disk full for a
+/// while) and otherwise land in memory.
+#[repr(C)]
+struct Fake {
+    base: rusqlite::ffi::sqlite3_file,
+    data: Vec<u8>,
+}
+
+static FAIL: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+unsafe extern "C" fn fake_write(
+    f: *mut rusqlite::ffi::sqlite3_file,
+    data: *const std::ffi::c_void,
+    n: std::ffi::c_int,
+    at: i64,
+) -> std::ffi::c_int {
+    if FAIL.load(Ordering::SeqCst) {
+        return rusqlite::ffi::SQLITE_FULL;
+    }
+    // SAFETY: `f` is the test's `Fake`; `data` holds `n` bytes.
+    unsafe {
+        let fake = &mut *f.cast::<Fake>();
+        let (at, n) = (at as usize, n as usize);
+        if fake.data.len() < at + n {
+            fake.data.resize(at + n, 0);
+        }
+        let bytes = std::slice::from_raw_parts(data.cast::<u8>(), n);
+        fake.data[at..at + n].copy_from_slice(bytes);
+    }
+    rusqlite::ffi::SQLITE_OK
+}
+
+unsafe extern "C" fn fake_read(
+    f: *mut rusqlite::ffi::sqlite3_file,
+    buf: *mut std::ffi::c_void,
+    n: std::ffi::c_int,
+    at: i64,
+) -> std::ffi::c_int {
+    // SAFETY: `f` is the test's `Fake`; `buf` has room for `n` bytes.
+    unsafe {
+        let fake = &*f.cast::<Fake>();
+        let out = std::slice::from_raw_parts_mut(buf.cast::<u8>(), n as usize);
+        for (i, b) in out.iter_mut().enumerate() {
+            *b = fake.data.get(at as usize + i).copied().unwrap_or(0);
+        }
+    }
+    rusqlite::ffi::SQLITE_OK
+}
+
+unsafe extern "C" fn fake_sync(
+    _: *mut rusqlite::ffi::sqlite3_file,
+    _: std::ffi::c_int,
+) -> std::ffi::c_int {
+    rusqlite::ffi::SQLITE_OK
+}
+
+static FAKE_METHODS: rusqlite::ffi::sqlite3_io_methods = rusqlite::ffi::sqlite3_io_methods {
+    iVersion: 1,
+    xRead: Some(fake_read),
+    xWrite: Some(fake_write),
+    xSync: Some(fake_sync),
+    // SAFETY: every other method is an `Option` of a function pointer: zeroed, `None`.
+    ..unsafe { std::mem::zeroed() }
+};
+
+/// Gathered appends that failed to go out when a read wrote them first (the read fails with
+/// `SQLITE_FULL`, which SQLite takes for that statement's error alone) are lost for the rest of
+/// the transaction: a read of them, any later write and the commit's sync fail, so the frames
+/// SQLite counts written can never be read as garbage nor published by a commit. The
+/// transaction's end forgets them.
+#[test]
+fn appends_that_failed_to_go_out_fail_the_rest_of_their_transaction() {
+    use rusqlite::ffi;
+
+    let mut fake = Fake {
+        base: ffi::sqlite3_file {
+            pMethods: &raw const FAKE_METHODS,
+        },
+        data: Vec::new(),
+    };
+    let mut w = super::WalFile {
+        base: ffi::sqlite3_file {
+            pMethods: &raw const super::METHODS,
+        },
+        inner: (&raw mut fake).cast(),
+        pending: Vec::new(),
+        start: 0,
+        lost: None,
+    };
+    let f = (&raw mut w).cast::<ffi::sqlite3_file>();
+    let page = [7u8; 100];
+    let mut buf = [0u8; 50];
+    // SAFETY: `f` is a `WalFile` over the test's `Fake`, both alive for the whole test.
+    unsafe {
+        assert_eq!(
+            super::write(f, page.as_ptr().cast(), 100, 0),
+            ffi::SQLITE_OK
+        );
+        assert_eq!(
+            super::write(f, page.as_ptr().cast(), 100, 100),
+            ffi::SQLITE_OK
+        );
+        FAIL.store(true, Ordering::SeqCst);
+        let read = super::read(f, buf.as_mut_ptr().cast(), 50, 120);
+        assert_eq!(
+            read,
+            ffi::SQLITE_FULL,
+            "the read wrote the appends out first"
+        );
+        // Space is free again: nothing of the transaction goes on.
+        FAIL.store(false, Ordering::SeqCst);
+        let again = super::read(f, buf.as_mut_ptr().cast(), 50, 120);
+        assert_eq!(again, ffi::SQLITE_IOERR_READ, "never the file's zeros");
+        let more = super::write(f, page.as_ptr().cast(), 100, 200);
+        assert_eq!(more, ffi::SQLITE_IOERR_WRITE);
+        let sync = super::sync(f, ffi::SQLITE_SYNC_NORMAL);
+        assert_eq!(sync, ffi::SQLITE_IOERR_FSYNC, "the commit cannot sync");
+        // The rollback ends it.
+        super::drop_gathered(&mut *f.cast::<super::WalFile>());
+        assert_eq!(
+            super::write(f, page.as_ptr().cast(), 100, 0),
+            ffi::SQLITE_OK
+        );
+        assert_eq!(super::sync(f, ffi::SQLITE_SYNC_NORMAL), ffi::SQLITE_OK);
+        let read = super::read(f, buf.as_mut_ptr().cast(), 50, 20);
+        assert_eq!((read, buf), (ffi::SQLITE_OK, [7u8; 50]));
+    }
+}

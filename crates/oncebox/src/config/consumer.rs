@@ -316,8 +316,9 @@ fn refuse_jetstream_name(at: &str, name: &str, p: &mut Problems<'_>) {
 /// consumer would otherwise be set up again every 30 s for ever, warning only that it stopped.
 fn refuse_nats_filter(at: &str, subject: &str, p: &mut Problems<'_>) {
     let tokens: Vec<&str> = subject.split('.').collect();
-    let why = if subject.chars().any(|c| c.is_whitespace() || c.is_control()) {
-        Some("must not contain whitespace or control characters")
+    // The server's own rule: these five characters, empty tokens, and `>` before the end.
+    let why = if subject.contains([' ', '\t', '\n', '\r', '\x0c']) {
+        Some("must not contain spaces, tabs or line breaks")
     } else if tokens.iter().any(|t| t.is_empty()) {
         Some("must not begin or end with '.' or hold '..' (every token needs a name)")
     } else if tokens.iter().rev().skip(1).any(|t| *t == ">") {

@@ -8,7 +8,7 @@ use serde::Deserialize;
 use super::Problems;
 
 /// Most answers the memory may be asked to keep: about 250 bytes each, so 2.5 GB.
-const MAX_RECENT_ANSWERS: usize = 10_000_000;
+const MAX_RECENT_ANSWERS: usize = oncebox_sqlite::MAX_RECENT_ANSWERS;
 
 #[derive(Default, Deserialize)]
 #[serde(deny_unknown_fields)]

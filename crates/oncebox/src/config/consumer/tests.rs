@@ -219,8 +219,8 @@ fn a_subject_filter_that_is_no_nats_subject_is_refused_by_field() {
         )
     };
     for (bad, why) in [
-        ("orders. paid", "whitespace"),
-        ("orders.\\tpaid", "whitespace"),
+        ("orders. paid", "spaces, tabs or line breaks"),
+        ("orders.\\tpaid", "spaces, tabs or line breaks"),
         ("orders..paid", "'..'"),
         (".orders", "'..'"),
         ("orders.", "'..'"),
