@@ -36,7 +36,8 @@ pub struct Route {
     /// `concurrency` lets. Per relay process, as `concurrency` is.
     pub rate: Option<Rate>,
     /// PEM certificates of authorities an `https` receiver's certificate may come from,
-    /// trusted beside the system's (a receiver behind a private authority).
+    /// trusted beside the system's (a receiver behind a private authority); for a NATS route
+    /// over TLS, the authorities its server's certificate must come from, trusted alone.
     pub ca_pem: Option<Vec<u8>>,
 }
 

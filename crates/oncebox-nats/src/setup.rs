@@ -259,8 +259,9 @@ fn read_back(info: &stream::Info, o: &ConsumerOptions, filter: &str) -> Result<(
 
 /// Refuses a quarantine subject a copy cannot be stored under: a wildcard, one no stream keeps
 /// (JetStream answers such a publish with no responders), one whose stream keeps messages only
-/// for its consumers' interest, or one whose stream's `max_msg_size` is smaller than a copy cut
-/// as far as it goes (see `copy::fit`).
+/// for its consumers' interest, answers no publish (`no_ack`) or drops the oldest past a
+/// per-subject limit, or one whose stream's `max_msg_size` is smaller than a copy cut as far
+/// as it goes (see `copy::fit`).
 async fn stored(js: &jetstream::Context, o: &ConsumerOptions) -> Result<(), ConsumeError> {
     let subject = &o.quarantine_subject;
     let refused = |why: &str| ConsumeError::QuarantineUnstored {
@@ -293,6 +294,23 @@ async fn stored(js: &jetstream::Context, o: &ConsumerOptions) -> Result<(), Cons
         return Err(refused(&format!(
             "its stream {name} keeps messages only while a consumer wants them (interest \
              retention), and drops a copy no consumer wants without saying so"
+        )));
+    }
+    // A stream that answers no publish: the copy is stored, its PubAck waited for in vain, the
+    // original requeued and copied again at every delivery, without end.
+    if config.no_ack {
+        return Err(refused(&format!(
+            "its stream {name} acknowledges nothing it stores (no_ack): each copy would be \
+             waited for in vain and published again at every delivery"
+        )));
+    }
+    // Every copy goes to one subject: a per-subject limit that discards the oldest drops
+    // earlier copies, whose originals were acked, without a word.
+    if config.max_messages_per_subject > 0 && config.discard == stream::DiscardPolicy::Old {
+        return Err(refused(&format!(
+            "its stream {name} keeps at most {} messages per subject and discards the oldest: \
+             every copy goes to this one subject, so earlier copies would be dropped",
+            config.max_messages_per_subject
         )));
     }
     let max = config.max_message_size;

@@ -40,7 +40,7 @@ impl Link {
     pub(crate) fn new(route: &Route) -> Link {
         match Target::parse(&route.url) {
             Ok(Target::Amqp(t)) => Link::Amqp(amqp::Publisher::new(t)),
-            Ok(Target::Nats(t)) => Link::Nats(nats::Publisher::new(t)),
+            Ok(Target::Nats(t)) => Link::Nats(nats::Publisher::new(t, route.ca_pem.clone())),
             Ok(_) => Link::Http,
             Err(e) => Link::Invalid(e),
         }

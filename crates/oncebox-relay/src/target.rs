@@ -66,7 +66,8 @@ impl Target {
         match url.scheme() {
             "http" | "https" => Ok(Target::Http),
             "amqp" => amqp(&url).map(Target::Amqp),
-            "nats" => nats(&url).map(Target::Nats),
+            // `tls://`: the NATS client's spelling of a connection that must be TLS.
+            "nats" | "tls" => nats(&url).map(Target::Nats),
             other => Err(TargetError::Scheme(other.to_owned())),
         }
     }

@@ -152,6 +152,19 @@ pub fn check(history: &[Op], fin: &Final) -> Figures {
     for (k, ops) in &by_key {
         let effects = fin.effects.get(*k).map_or(&[][..], Vec::as_slice);
         let records = fin.records.get(*k).map_or(&[][..], Vec::as_slice);
+        // A key's first answer is given once: a second answer as new means it was applied
+        // again, which a store keeping one record per key cannot show afterwards (the second
+        // overwrote the first). Said only where its effects or records do not say it already.
+        let fresh = ops
+            .iter()
+            .filter(|o| matches!(o.outcome(), Some(Outcome::Ok { replayed: false })))
+            .count();
+        if fresh > 1 && effects.len() <= 1 && records.len() <= 1 {
+            f.d.push(format!(
+                "{}: answered as new {fresh} times, so applied {fresh} times (one record                  either way)",
+                name(k)
+            ));
+        }
         if effects.is_empty()
             && ops
                 .iter()

@@ -31,6 +31,7 @@ pub mod receiver;
 pub mod relay;
 pub mod seed;
 pub mod suite;
+pub mod tls;
 pub mod writer;
 
 /// What a test handler does, in order: check the entity version (stale stops here), check the

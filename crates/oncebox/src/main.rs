@@ -8,6 +8,7 @@ use clap::Parser;
 use oncebox_core::Key;
 use oncebox_core::store::EventFilter;
 
+mod argv;
 mod bench;
 mod cli;
 mod client;
@@ -111,6 +112,15 @@ async fn run(cli: Cli) -> Result<()> {
             return Err(exit::coded(Code::Usage, e));
         }
     };
+    // Said where the command's other warnings are: `serve` logs them, `check` prints them.
+    for warning in argv::exposed(std::env::args_os()) {
+        match cli.command {
+            Command::Serve { .. } | Command::Check(_) => settings.warnings.push(warning),
+            _ => {
+                let _ = writeln!(std::io::stderr(), "warning: {warning}");
+            }
+        }
+    }
     match cli.command {
         Command::Serve {
             no_relay,

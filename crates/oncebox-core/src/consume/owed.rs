@@ -23,6 +23,13 @@ const MAX_REMEMBERED: usize = 10_000;
 /// purged, or the key freed by an operator, meanwhile).
 const OWED_SLACK: Duration = Duration::from_secs(60);
 
+/// `wait` and the slack after `now`: a year at most, since a library's `RetryPolicy` may ask
+/// for `Duration::MAX`, which added to an `Instant` panicked.
+fn later(now: Instant, wait: Duration) -> Instant {
+    const YEAR: Duration = Duration::from_secs(365 * 24 * 3600);
+    now + wait.saturating_add(OWED_SLACK).min(YEAR)
+}
+
 /// Per consumer: the conflicts whose quarantine is owed, by key and offered payload, each
 /// until its message should have come back.
 #[derive(Debug, Default)]
@@ -53,7 +60,7 @@ impl Owed {
                 owed.clear();
             }
         }
-        let until = now + wait + OWED_SLACK;
+        let until = later(now, wait);
         owed.insert((key.clone(), fingerprint), (reason.clone(), until));
     }
 
@@ -65,7 +72,7 @@ impl Owed {
         match settled {
             Settle::Requeue { after, .. } => {
                 if let Some((_, until)) = owed.get_mut(&(key.clone(), fingerprint)) {
-                    *until = Instant::now() + *after + OWED_SLACK;
+                    *until = later(Instant::now(), *after);
                 }
             }
             _ => {
@@ -118,5 +125,22 @@ mod tests {
         *until = Instant::now();
         drop(memory);
         assert_eq!(owed.take(&key, offered), None, "no longer owed");
+    }
+
+    /// A library's retry delay of `Duration::MAX`: owed for as long as an `Instant` can say,
+    /// not a panic in the consumer's task (which left the delivery neither acked nor nacked).
+    #[test]
+    fn a_wait_past_any_instant_is_owed_without_a_panic() {
+        let owed = Owed::default();
+        let key = Key::parse("shop", "evt_1").unwrap();
+        let (stored, offered) = (Fingerprint::from([1; 32]), Fingerprint::from([2; 32]));
+        let reused = Settle::Quarantine(Reason::KeyReused { stored, offered });
+        let forever = Settle::Requeue {
+            why: Requeue::Unavailable,
+            after: Duration::MAX,
+        };
+        owed.owe(&key, offered, &reused, Duration::MAX);
+        owed.settled(&key, offered, &forever);
+        assert!(owed.take(&key, offered).is_some());
     }
 }

@@ -190,6 +190,52 @@ fn a_quarantine_stream_with_interest_retention_is_refused_at_start() {
     });
 }
 
+/// A quarantine stream that answers no publish (`no_ack`), or keeps one message per subject
+/// and discards the oldest: the first had each copy waited for in vain and published again at
+/// every delivery; the second dropped earlier copies whose originals were acked. Refused.
+#[test]
+fn a_quarantine_stream_that_acks_nothing_or_drops_old_copies_is_refused_at_start() {
+    let Some(url) = service_url("ONCEBOX_NATS_URL") else {
+        return;
+    };
+    run(async move {
+        let w = World::new(&url).await;
+        let cases = [
+            (
+                stream::Config {
+                    no_ack: true,
+                    ..stream::Config::default()
+                },
+                "no_ack",
+            ),
+            (
+                stream::Config {
+                    max_messages_per_subject: 1,
+                    ..stream::Config::default()
+                },
+                "discards the oldest",
+            ),
+        ];
+        for (config, why) in cases {
+            w.js.delete_stream(&w.quarantine_stream).await.unwrap();
+            w.js.create_stream(stream::Config {
+                name: w.quarantine_stream.clone(),
+                subjects: vec![w.quarantine_subject.clone()],
+                ..config
+            })
+            .await
+            .unwrap();
+            let consumer = Consumer::new(w.db.checked(), w.options());
+            let refused = consumer.bind(&w.js).await.unwrap_err();
+            assert!(
+                matches!(&refused, ConsumeError::QuarantineUnstored { why: said, .. } if said.contains(why)),
+                "{refused}"
+            );
+        }
+        w.cleanup().await;
+    });
+}
+
 /// A handler's error of 200 KB: copied whole into `Oncebox-Detail`, it took the copy's headers
 /// past JetStream's 64 KiB, the stream refused the copy, and the message was NAKed and came
 /// back forever. Cut, the copy is stored at once.

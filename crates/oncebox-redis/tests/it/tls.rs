@@ -4,82 +4,22 @@
 //! another namespace's is refused before anything connects.
 
 use std::net::TcpListener;
-use std::path::Path;
-use std::process::Command;
 use std::time::Duration;
 
 use oncebox_core::{Begun, Response};
 use oncebox_redis::{ConnectError, Leases, Options};
-use oncebox_testkit::{require_program, run};
+use oncebox_testkit::run;
 
 use crate::harness::{Namespace, PrivateRedis, event};
 
 const TTL: Duration = Duration::from_secs(30);
 
-/// A CA, and a certificate it signed for 127.0.0.1, in `dir`.
-fn certificates(openssl: &Path, dir: &Path) {
-    let run = |args: &[&str]| {
-        let out = Command::new(openssl)
-            .args(args)
-            .current_dir(dir)
-            .output()
-            .expect("run openssl");
-        assert!(out.status.success(), "openssl {args:?}: {out:?}");
-    };
-    run(&[
-        "req",
-        "-x509",
-        "-newkey",
-        "rsa:2048",
-        "-nodes",
-        "-keyout",
-        "ca.key",
-        "-out",
-        "ca.pem",
-        "-days",
-        "2",
-        "-subj",
-        "/CN=oncebox test CA",
-    ]);
-    run(&[
-        "req",
-        "-newkey",
-        "rsa:2048",
-        "-nodes",
-        "-keyout",
-        "server.key",
-        "-out",
-        "server.csr",
-        "-subj",
-        "/CN=127.0.0.1",
-    ]);
-    std::fs::write(dir.join("san"), "subjectAltName=IP:127.0.0.1\n").unwrap();
-    run(&[
-        "x509",
-        "-req",
-        "-in",
-        "server.csr",
-        "-CA",
-        "ca.pem",
-        "-CAkey",
-        "ca.key",
-        "-CAcreateserial",
-        "-out",
-        "server.pem",
-        "-days",
-        "2",
-        "-extfile",
-        "san",
-    ]);
-}
-
 #[test]
 fn leases_work_over_tls_with_the_servers_ca_and_not_without() {
-    let Some(openssl) = require_program("/usr/bin/openssl") else {
-        return;
-    };
     let dir = tempfile::tempdir().unwrap();
-    certificates(&openssl, dir.path());
+    if oncebox_testkit::tls::certificates(dir.path()).is_none() {
+        return;
+    }
     let tls_port = TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .expect("a free port")

@@ -22,10 +22,14 @@ use super::CONFIRMED;
 use super::http::error_chain;
 use crate::target::NatsTarget;
 
+mod tls;
+
 /// A route's publisher: one client, connected on first use. Once connected, the client
 /// reconnects by itself after a failure; attempts made meanwhile are "not sent".
 pub(crate) struct Publisher {
     target: NatsTarget,
+    /// The route's own authorities (`ca_file`), trusted alone when the connection is TLS.
+    ca_pem: Option<Vec<u8>>,
     client: Mutex<Option<Connected>>,
 }
 
@@ -76,9 +80,10 @@ impl fmt::Debug for Publisher {
 }
 
 impl Publisher {
-    pub(crate) fn new(target: NatsTarget) -> Publisher {
+    pub(crate) fn new(target: NatsTarget, ca_pem: Option<Vec<u8>>) -> Publisher {
         Publisher {
             target,
+            ca_pem,
             client: Mutex::new(None),
         }
     }
@@ -156,9 +161,13 @@ impl Publisher {
         let connected = match slot.as_mut() {
             Some(connected) => connected,
             None => {
-                let options = async_nats::ConnectOptions::new()
+                let mut options = async_nats::ConnectOptions::new()
                     .name("oncebox-relay")
                     .connection_timeout(timeout);
+                // Used when the connection is TLS: a `tls://` URL, or a server that asks for it.
+                if let Some(pem) = &self.ca_pem {
+                    options = options.tls_client_config(tls::trusting(pem)?);
+                }
                 let (options, server) =
                     oncebox_nats::with_credentials(options, &self.target.server);
                 let client = options.connect(server).await.map_err(|e| {

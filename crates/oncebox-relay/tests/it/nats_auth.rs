@@ -106,9 +106,14 @@ impl Drop for PrivateNats {
 /// Delivers one event to `url` on a route that is not idempotent (an unknown outcome would
 /// park it, a refusal retry it) and reads what the stream holds.
 async fn delivered_through(url: &str, js: &async_nats::jetstream::Context) {
+    delivered_on(broker_route("orders", url, false), js).await;
+}
+
+/// As [`delivered_through`], on `route`.
+async fn delivered_on(route: oncebox_core::route::Route, js: &async_nats::jetstream::Context) {
     let w = World::new();
     w.accept("evt_1", &["orders"]).await;
-    let relay = w.relay(vec![broker_route("orders", url, false)]);
+    let relay = w.relay(vec![route]);
     let out = relay.run_once().await.unwrap();
     let d = w.delivery("evt_1").await;
     assert_eq!(d.state, DeliveryState::Delivered, "{out:?} {d:?}");
@@ -165,5 +170,52 @@ fn a_user_allowed_only_to_publish_still_delivers() {
         let js = nats.stream(admin, "orders.paid").await;
         let base = format!("nats://pub:pub@127.0.0.1:{}", nats.port);
         delivered_through(&with_query(&base, &[("subject", "orders.paid")]), &js).await;
+    });
+}
+
+/// A route over TLS (`tls://`) to a private `nats-server` whose certificate a test authority
+/// signed: with that authority as the route's own (`ca_file`) it delivers; without it the
+/// system's authorities do not know the server's, and nothing is sent.
+#[test]
+fn a_tls_route_trusting_the_servers_authority_delivers_and_one_without_sends_nothing() {
+    run(async {
+        let dir = tempfile::tempdir().expect("temp dir");
+        if oncebox_testkit::tls::certificates(dir.path()).is_none() {
+            return;
+        }
+        let file = |name: &str| dir.path().join(name).display().to_string();
+        let tls = [
+            "--tls",
+            "--tlscert",
+            &file("server.pem"),
+            "--tlskey",
+            &file("server.key"),
+        ];
+        let Some(nats) = PrivateNats::start(&tls) else {
+            return;
+        };
+        let admin = ConnectOptions::new().add_root_certificates(dir.path().join("ca.pem"));
+        let js = nats.stream(admin, "orders.paid").await;
+        let base = format!("tls://127.0.0.1:{}", nats.port);
+        let url = with_query(&base, &[("subject", "orders.paid")]);
+
+        let w = World::new();
+        w.accept("evt_0", &["orders"]).await;
+        let relay = w.relay(vec![broker_route("orders", &url, false)]);
+        let out = relay.run_once().await.unwrap();
+        let d = w.delivery("evt_0").await;
+        assert_eq!(
+            (out.retrying, d.state),
+            (1, DeliveryState::Retrying),
+            "{d:?}"
+        );
+        let why = d.last_error.unwrap_or_default();
+        assert!(why.contains("UnknownIssuer"), "{why}");
+        let mut stream = js.get_stream("ORDERS").await.unwrap();
+        assert_eq!(stream.info().await.unwrap().state.messages, 0);
+
+        let mut trusting = broker_route("orders", &url, false);
+        trusting.ca_pem = Some(std::fs::read(dir.path().join("ca.pem")).expect("ca.pem"));
+        delivered_on(trusting, &js).await;
     });
 }

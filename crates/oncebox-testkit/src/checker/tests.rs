@@ -50,6 +50,17 @@ fn double_apply_is_d() {
     assert_eq!(figures(&h, &fin), [1, 0, 0, 0, 0, 0]);
 }
 
+/// Applied twice into a store that keeps one record per key: the second overwrote the first,
+/// and only the answers tell.
+#[test]
+fn a_key_answered_as_new_twice_is_d() {
+    let (h, fin) = clean();
+    h.invoke(key("shop", "e1"), "v1", Some("shop")).ok(false);
+    let f = check(&h.ops(), &fin);
+    assert_eq!(f.counts(), [1, 0, 0, 0, 0, 0], "{f}");
+    assert!(f.d[0].contains("answered as new 2 times"), "{f}");
+}
+
 #[test]
 fn two_payloads_applied_under_one_key_are_d() {
     // The second payload's sender never heard back (a 503): only the store's state tells.

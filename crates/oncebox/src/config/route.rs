@@ -198,10 +198,10 @@ pub(super) fn validate(
             );
         }
     }
-    let ca_pem = raw
-        .ca_file
-        .as_ref()
-        .and_then(|file| authorities(&format!("{path}.ca_file"), file, broker, p));
+    let ca_pem = raw.ca_file.as_ref().and_then(|file| {
+        let amqp = matches!(target, Some(Target::Amqp(_)));
+        authorities(&format!("{path}.ca_file"), file, amqp, p)
+    });
     let configured = match (&raw.signing_secret, &raw.signing_secret_env) {
         // Already refused above; reading the secret too would only add noise.
         _ if broker => None,
@@ -318,11 +318,14 @@ pub(super) fn validate(
 fn authorities(
     at: &str,
     file: &std::path::Path,
-    broker: bool,
+    amqp: bool,
     p: &mut Problems<'_>,
 ) -> Option<Vec<u8>> {
-    if broker {
-        p.push(at, "applies only to https routes; remove it");
+    if amqp {
+        p.push(
+            at,
+            "applies only to https and NATS routes (RabbitMQ routes have no TLS in this build);              remove it",
+        );
         return None;
     }
     let pem = match std::fs::read(file) {

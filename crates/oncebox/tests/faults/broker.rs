@@ -236,6 +236,17 @@ fn nats_kills(random: bool) -> Option<Report> {
             let n = effects_of(&store.inbox, &oncebox_testkit::consume::key(&k.1));
             *tags = vec![tags[0].clone(); usize::try_from(n).unwrap()];
         }
+        // Every message published was applied. A hand-off to the stream is no
+        // acknowledgement the checker counts (L), so a consumer that acked before its commit
+        // and died would leave the stream drained and the key never applied, unseen there.
+        let missing: Vec<String> = (0..events)
+            .map(|i| format!("m{i}"))
+            .filter(|id| !fin.effects.contains_key(&key(SOURCE, id)))
+            .collect();
+        assert!(
+            missing.is_empty(),
+            "published, drained, never applied: {missing:?}"
+        );
         Report {
             figures: check(&history.ops(), &fin),
             exercised: kills,

@@ -1,0 +1,97 @@
+//! Credentials given on the command line, which every user of the machine can read (`ps`,
+//! `/proc/PID/cmdline`): warned of, naming the flag and never the value.
+
+use std::ffi::OsString;
+
+/// The flags that take a URL, and the variable that takes the same URL unseen.
+const URL_FLAGS: [(&str, &str); 3] = [
+    ("--database", "ONCEBOX_DATABASE"),
+    ("--amqp", "ONCEBOX_AMQP_URL"),
+    ("--nats", "ONCEBOX_NATS_URL"),
+];
+
+/// A warning for each URL flag in `args` whose value carries a credential.
+pub fn exposed(args: impl IntoIterator<Item = OsString>) -> Vec<String> {
+    let args: Vec<String> = args
+        .into_iter()
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect();
+    let mut warnings = Vec::new();
+    for (i, arg) in args.iter().enumerate() {
+        for (flag, variable) in URL_FLAGS {
+            let value = if arg == flag {
+                args.get(i + 1).map(String::as_str)
+            } else {
+                arg.strip_prefix(flag).and_then(|v| v.strip_prefix('='))
+            };
+            if value.is_some_and(carries_credentials) {
+                warnings.push(format!(
+                    "{flag}: its URL carries a credential, and a command line is visible to \
+                     every user of this machine (ps, /proc); set {variable} instead"
+                ));
+            }
+        }
+    }
+    warnings
+}
+
+/// Whether `url` holds a password, a token (NATS takes a bare user name as one) or a
+/// `password`/`token` query parameter.
+fn carries_credentials(url: &str) -> bool {
+    // A NATS URL may leave the scheme out.
+    let full = if url.contains("://") {
+        url.to_owned()
+    } else {
+        format!("nats://{url}")
+    };
+    let Ok(parsed) = url::Url::parse(&full) else {
+        return false;
+    };
+    let token = matches!(parsed.scheme(), "nats" | "tls") && !parsed.username().is_empty();
+    let in_query = parsed
+        .query_pairs()
+        .any(|(name, _)| matches!(name.as_ref(), "password" | "token" | "sslpassword"));
+    parsed.password().is_some() || token || in_query
+}
+
+#[cfg(test)]
+mod tests {
+    use super::exposed;
+
+    fn warned(args: &[&str]) -> Vec<String> {
+        exposed(args.iter().map(Into::into))
+    }
+
+    #[test]
+    fn a_url_flag_with_a_credential_is_warned_of_without_its_value() {
+        let amqp = warned(&["oncebox", "consume", "--amqp", "amqp://guest:s3cret@h/%2f"]);
+        assert_eq!(amqp.len(), 1);
+        assert!(amqp[0].starts_with("--amqp:") && amqp[0].contains("ONCEBOX_AMQP_URL"));
+        assert!(!amqp[0].contains("s3cret"));
+        for args in [
+            &["oncebox", "--database=postgres://u:pw@db/o", "events"][..],
+            &["oncebox", "consume", "--nats", "tok3n@127.0.0.1:4222"],
+            &[
+                "oncebox",
+                "relay",
+                "--database",
+                "postgres://u@db/o?password=pw",
+            ],
+        ] {
+            assert_eq!(warned(args).len(), 1, "{args:?}");
+        }
+        for args in [
+            &[
+                "oncebox",
+                "--database",
+                "postgres://postgres@127.0.0.1/o",
+                "events",
+            ][..],
+            &["oncebox", "--database", "sqlite://oncebox.db", "events"],
+            &["oncebox", "consume", "--nats", "nats://127.0.0.1:4222"],
+            &["oncebox", "consume", "--amqp"],
+        ] {
+            assert!(warned(args).is_empty(), "{args:?}");
+        }
+    }
+}
