@@ -304,12 +304,16 @@ async fn stored(js: &jetstream::Context, o: &ConsumerOptions) -> Result<(), Cons
              waited for in vain and published again at every delivery"
         )));
     }
-    // Every copy goes to one subject: a per-subject limit that discards the oldest drops
-    // earlier copies, whose originals were acked, without a word.
-    if config.max_messages_per_subject > 0 && config.discard == stream::DiscardPolicy::Old {
+    // Every copy goes to one subject: a per-subject limit drops earlier copies, whose
+    // originals were acked, without a word, unless the stream refuses new messages per
+    // subject instead (`discard = new` with `discard_new_per_subject`).
+    let refuses_new =
+        config.discard == stream::DiscardPolicy::New && config.discard_new_per_subject;
+    if config.max_messages_per_subject > 0 && !refuses_new {
         return Err(refused(&format!(
-            "its stream {name} keeps at most {} messages per subject and discards the oldest: \
-             every copy goes to this one subject, so earlier copies would be dropped",
+            "its stream {name} keeps at most {} messages per subject and discards the oldest \
+             (unless discard = new with discard_new_per_subject): every copy goes to this one \
+             subject, so earlier copies would be dropped",
             config.max_messages_per_subject
         )));
     }

@@ -18,7 +18,7 @@ pub enum Target {
     Http,
     /// `amqp://user:pass@host:port/vhost?exchange=NAME&routing_key=KEY`.
     Amqp(AmqpTarget),
-    /// `nats://[user:pass@]host:port?subject=NAME`: a JetStream publish.
+    /// `nats://[user:pass@]host:port?subject=NAME` (`tls://` for TLS): a JetStream publish.
     Nats(NatsTarget),
 }
 
@@ -45,7 +45,7 @@ pub struct NatsTarget {
 pub enum TargetError {
     #[error("not a URL ({0})")]
     NotUrl(String),
-    #[error("scheme {0:?} is not one of http, https, amqp, nats")]
+    #[error("scheme {0:?} is not one of http, https, amqp, nats, tls")]
     Scheme(String),
     #[error("has no host")]
     NoHost,
@@ -349,6 +349,10 @@ mod tests {
         ));
         assert!(Target::parse("not a url").is_err());
         assert!(Target::parse("nats://h/path?subject=a").is_err());
+        assert!(matches!(
+            Target::parse("tls://h:4222?subject=orders.paid"),
+            Ok(Target::Nats(t)) if t.server.starts_with("tls://")
+        ));
         assert_eq!(
             Target::parse("amqp:///x?exchange=e"),
             Err(TargetError::NoHost)

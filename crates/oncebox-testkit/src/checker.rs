@@ -39,7 +39,8 @@ pub struct Final {
 /// what the run did.
 #[derive(Debug, Clone, Default)]
 pub struct Figures {
-    /// D: keys whose effect was applied more than once (two effects, or two inbox records).
+    /// D: keys whose effect was applied more than once (two effects, two inbox records, or
+    /// two answers as new for one record).
     /// Two *different* payloads applied under one key are found here too, in the same finding
     /// as the key's effect count: that is D's definition word for word (the key's effect ran
     /// twice), and D is raised by the count whatever the payloads. That the second payload
@@ -152,19 +153,7 @@ pub fn check(history: &[Op], fin: &Final) -> Figures {
     for (k, ops) in &by_key {
         let effects = fin.effects.get(*k).map_or(&[][..], Vec::as_slice);
         let records = fin.records.get(*k).map_or(&[][..], Vec::as_slice);
-        // A key's first answer is given once: a second answer as new means it was applied
-        // again, which a store keeping one record per key cannot show afterwards (the second
-        // overwrote the first). Said only where its effects or records do not say it already.
-        let fresh = ops
-            .iter()
-            .filter(|o| matches!(o.outcome(), Some(Outcome::Ok { replayed: false })))
-            .count();
-        if fresh > 1 && effects.len() <= 1 && records.len() <= 1 {
-            f.d.push(format!(
-                "{}: answered as new {fresh} times, so applied {fresh} times (one record                  either way)",
-                name(k)
-            ));
-        }
+        let p_before = f.p.len();
         if effects.is_empty()
             && ops
                 .iter()
@@ -257,6 +246,23 @@ pub fn check(history: &[Op], fin: &Final) -> Figures {
                 )),
                 _ => {}
             }
+        }
+        // A key's first answer is given once: a second answer as new means it was applied
+        // again, which a store keeping one record per key cannot show afterwards (the second
+        // overwrote the first). Not where its effects or records say so already, where nothing
+        // was stored (L), or where an answer came before its commit (P: that commit may have
+        // been lost, and the retry's the only one).
+        let fresh = ops
+            .iter()
+            .filter(|o| matches!(o.outcome(), Some(Outcome::Ok { replayed: false })))
+            .count();
+        let stored_once = effects.len() == 1 || (effects.is_empty() && records.len() == 1);
+        if fresh > 1 && stored_once && records.len() <= 1 && f.p.len() == p_before {
+            f.d.push(format!(
+                "{}: answered as new {fresh} times, so applied {fresh} times (one record \
+                 either way)",
+                name(k)
+            ));
         }
     }
     f

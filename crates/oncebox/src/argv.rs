@@ -3,11 +3,12 @@
 
 use std::ffi::OsString;
 
-/// The flags that take a URL, and the variable that takes the same URL unseen.
-const URL_FLAGS: [(&str, &str); 3] = [
-    ("--database", "ONCEBOX_DATABASE"),
-    ("--amqp", "ONCEBOX_AMQP_URL"),
-    ("--nats", "ONCEBOX_NATS_URL"),
+/// The flags that take a URL, the variable that takes the same URL unseen, and whether it is
+/// a NATS URL (which may leave its scheme out, and takes a bare user name as a token).
+const URL_FLAGS: [(&str, &str, bool); 3] = [
+    ("--database", "ONCEBOX_DATABASE", false),
+    ("--amqp", "ONCEBOX_AMQP_URL", false),
+    ("--nats", "ONCEBOX_NATS_URL", true),
 ];
 
 /// A warning for each URL flag in `args` whose value carries a credential.
@@ -18,13 +19,13 @@ pub fn exposed(args: impl IntoIterator<Item = OsString>) -> Vec<String> {
         .collect();
     let mut warnings = Vec::new();
     for (i, arg) in args.iter().enumerate() {
-        for (flag, variable) in URL_FLAGS {
+        for (flag, variable, nats) in URL_FLAGS {
             let value = if arg == flag {
                 args.get(i + 1).map(String::as_str)
             } else {
                 arg.strip_prefix(flag).and_then(|v| v.strip_prefix('='))
             };
-            if value.is_some_and(carries_credentials) {
+            if value.is_some_and(|url| carries_credentials(url, nats)) {
                 warnings.push(format!(
                     "{flag}: its URL carries a credential, and a command line is visible to \
                      every user of this machine (ps, /proc); set {variable} instead"
@@ -35,19 +36,19 @@ pub fn exposed(args: impl IntoIterator<Item = OsString>) -> Vec<String> {
     warnings
 }
 
-/// Whether `url` holds a password, a token (NATS takes a bare user name as one) or a
+/// Whether `url` holds a password, a token (a NATS URL's bare user name) or a
 /// `password`/`token` query parameter.
-fn carries_credentials(url: &str) -> bool {
-    // A NATS URL may leave the scheme out.
-    let full = if url.contains("://") {
-        url.to_owned()
-    } else {
-        format!("nats://{url}")
+fn carries_credentials(url: &str, nats: bool) -> bool {
+    let full = match url.contains("://") {
+        true => url.to_owned(),
+        false if nats => format!("nats://{url}"),
+        // A bare path (`--database me@x.db`): nothing of a URL.
+        false => return false,
     };
     let Ok(parsed) = url::Url::parse(&full) else {
         return false;
     };
-    let token = matches!(parsed.scheme(), "nats" | "tls") && !parsed.username().is_empty();
+    let token = nats && !parsed.username().is_empty();
     let in_query = parsed
         .query_pairs()
         .any(|(name, _)| matches!(name.as_ref(), "password" | "token" | "sslpassword"));
@@ -90,6 +91,7 @@ mod tests {
             &["oncebox", "--database", "sqlite://oncebox.db", "events"],
             &["oncebox", "consume", "--nats", "nats://127.0.0.1:4222"],
             &["oncebox", "consume", "--amqp"],
+            &["oncebox", "--database", "me@x.db", "events"],
         ] {
             assert!(warned(args).is_empty(), "{args:?}");
         }

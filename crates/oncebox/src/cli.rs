@@ -72,8 +72,8 @@ Examples:
     /// commit; poison goes to the quarantine.
     #[command(after_help = "\
 Examples:
-  oncebox consume --amqp amqp://guest:guest@127.0.0.1:5672/%2f
-  ONCEBOX_NATS_URL=nats://127.0.0.1:4222 oncebox consume")]
+  ONCEBOX_AMQP_URL=amqp://guest:guest@127.0.0.1:5672/%2f oncebox consume
+  oncebox consume --nats nats://127.0.0.1:4222")]
     Consume {
         /// RabbitMQ URL for the consumers with a `queue`.
         #[arg(long, env = "ONCEBOX_AMQP_URL", hide_env_values = true)]

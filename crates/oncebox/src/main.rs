@@ -112,10 +112,13 @@ async fn run(cli: Cli) -> Result<()> {
             return Err(exit::coded(Code::Usage, e));
         }
     };
-    // Said where the command's other warnings are: `serve` logs them, `check` prints them.
+    // Said where the command's other warnings are: `serve` and `consume` log them, `check`
+    // prints them.
     for warning in argv::exposed(std::env::args_os()) {
         match cli.command {
-            Command::Serve { .. } | Command::Check(_) => settings.warnings.push(warning),
+            Command::Serve { .. } | Command::Consume { .. } | Command::Check(_) => {
+                settings.warnings.push(warning);
+            }
             _ => {
                 let _ = writeln!(std::io::stderr(), "warning: {warning}");
             }

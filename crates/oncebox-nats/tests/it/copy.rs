@@ -215,6 +215,15 @@ fn a_quarantine_stream_that_acks_nothing_or_drops_old_copies_is_refused_at_start
                 },
                 "discards the oldest",
             ),
+            // `discard = new` alone still drops the oldest per subject.
+            (
+                stream::Config {
+                    max_messages_per_subject: 1,
+                    discard: stream::DiscardPolicy::New,
+                    ..stream::Config::default()
+                },
+                "discards the oldest",
+            ),
         ];
         for (config, why) in cases {
             w.js.delete_stream(&w.quarantine_stream).await.unwrap();

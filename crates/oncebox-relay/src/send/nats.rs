@@ -164,9 +164,14 @@ impl Publisher {
                 let mut options = async_nats::ConnectOptions::new()
                     .name("oncebox-relay")
                     .connection_timeout(timeout);
-                // Used when the connection is TLS: a `tls://` URL, or a server that asks for it.
+                // A route that names its authorities means TLS, whatever its scheme: on a
+                // `nats://` route the client would otherwise go TLS only when the server's
+                // first words asked for it, and send its credentials in plain text to one that
+                // did not (or to whoever rewrote them).
                 if let Some(pem) = &self.ca_pem {
-                    options = options.tls_client_config(tls::trusting(pem)?);
+                    options = options
+                        .tls_client_config(tls::trusting(pem)?)
+                        .require_tls(true);
                 }
                 let (options, server) =
                     oncebox_nats::with_credentials(options, &self.target.server);

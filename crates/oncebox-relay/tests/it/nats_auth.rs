@@ -214,8 +214,34 @@ fn a_tls_route_trusting_the_servers_authority_delivers_and_one_without_sends_not
         let mut stream = js.get_stream("ORDERS").await.unwrap();
         assert_eq!(stream.info().await.unwrap().state.messages, 0);
 
+        let ca = std::fs::read(dir.path().join("ca.pem")).expect("ca.pem");
         let mut trusting = broker_route("orders", &url, false);
-        trusting.ca_pem = Some(std::fs::read(dir.path().join("ca.pem")).expect("ca.pem"));
+        trusting.ca_pem = Some(ca.clone());
         delivered_on(trusting, &js).await;
+
+        // Against a server that does not speak TLS: `tls://`, and `nats://` with the route's
+        // own authorities, send nothing (the credentials never go out in plain text).
+        let Some(plain) = PrivateNats::start(&["--user", "relay", "--pass", "s3cret"]) else {
+            return;
+        };
+        let auth = ConnectOptions::with_user_and_password("relay".into(), "s3cret".into());
+        let js = plain.stream(auth, "orders.paid").await;
+        let at = |scheme: &str| {
+            let base = format!("{scheme}://relay:s3cret@127.0.0.1:{}", plain.port);
+            with_query(&base, &[("subject", "orders.paid")])
+        };
+        let mut named = broker_route("orders", &at("nats"), false);
+        named.ca_pem = Some(ca);
+        for route in [broker_route("orders", &at("tls"), false), named] {
+            let w = World::new();
+            w.accept("evt_1", &["orders"]).await;
+            let out = w.relay(vec![route]).run_once().await.unwrap();
+            let d = w.delivery("evt_1").await;
+            assert_eq!((out.retrying, d.state), (1, DeliveryState::Retrying), "{d:?}");
+        }
+        let mut stream = js.get_stream("ORDERS").await.unwrap();
+        assert_eq!(stream.info().await.unwrap().state.messages, 0);
+        // The same server takes a plain route: the refusals were the TLS's.
+        delivered_through(&at("nats"), &js).await;
     });
 }

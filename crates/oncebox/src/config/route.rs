@@ -1,6 +1,6 @@
 //! One `[routes.<name>]` table validated into a `Route`: its sources must exist, its URL must be
 //! an http(s) receiver, a RabbitMQ exchange or a NATS subject, its signing secret a Standard
-//! Webhooks secret (HTTP only), its authorities PEM certificates (HTTP only), its caps sane.
+//! Webhooks secret (HTTP only), its authorities PEM certificates (https and NATS), its caps sane.
 
 use std::collections::BTreeSet;
 
@@ -38,7 +38,7 @@ pub(super) struct RawRoute {
     /// `"50/s"`, `"600/min"` or `"100/h"`: the most requests to the receiver, spaced evenly.
     pub rate: Option<String>,
     /// A PEM file of authorities an `https` receiver's certificate may come from, beside the
-    /// system's.
+    /// system's; a NATS route's server's, alone (and the route then connects over TLS).
     pub ca_file: Option<std::path::PathBuf>,
 }
 
@@ -71,7 +71,7 @@ pub(super) mod toml_value {
 }
 
 const AMQP_FORM: &str = "amqp://user:pass@host:port/vhost?exchange=NAME&routing_key=KEY";
-const NATS_FORM: &str = "nats://host:port?subject=NAME";
+const NATS_FORM: &str = "nats://host:port?subject=NAME (tls:// for TLS)";
 
 /// Whether `text` is an absolute `http(s)://HOST…` URL (`localhost:8080` parses, as scheme
 /// `localhost`: the scheme and host are checked too).
@@ -324,7 +324,8 @@ fn authorities(
     if amqp {
         p.push(
             at,
-            "applies only to https and NATS routes (RabbitMQ routes have no TLS in this build);              remove it",
+            "applies only to https and NATS routes (RabbitMQ routes have no TLS in this build); \
+             remove it",
         );
         return None;
     }

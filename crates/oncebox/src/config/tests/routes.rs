@@ -166,8 +166,17 @@ fn a_routes_authorities_are_read_from_a_pem_file_and_refused_by_field_when_unusa
         assert_mentions(&e, &["routes.r.ca_file", says]);
     }
     let line = format!("ca_file = {:?}", good.display().to_string());
-    let e = err(&routed("nats://127.0.0.1:4222?subject=orders", &line));
-    assert_mentions(&e, &["routes.r.ca_file", "https"]);
+    // A NATS route's own authorities, over TLS; RabbitMQ routes have no TLS here.
+    for url in [
+        "nats://127.0.0.1:4222?subject=orders",
+        "tls://127.0.0.1:4222?subject=orders",
+    ] {
+        let s = ok(&routed(url, &line));
+        let route = s.gateway.routes.iter().find(|r| r.name == "r").unwrap();
+        assert_eq!(route.ca_pem.as_deref(), Some(pem.as_bytes()), "{url}");
+    }
+    let e = err(&routed("amqp://127.0.0.1:5672/%2f?exchange=orders", &line));
+    assert_mentions(&e, &["routes.r.ca_file", "https and NATS"]);
 }
 
 #[test]
