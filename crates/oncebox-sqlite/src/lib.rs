@@ -38,6 +38,8 @@ mod purge;
 mod read;
 mod recent;
 mod schema;
+#[cfg(test)]
+mod scratch;
 mod stmts;
 mod store;
 mod tx;

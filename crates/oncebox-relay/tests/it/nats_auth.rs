@@ -237,7 +237,11 @@ fn a_tls_route_trusting_the_servers_authority_delivers_and_one_without_sends_not
             w.accept("evt_1", &["orders"]).await;
             let out = w.relay(vec![route]).run_once().await.unwrap();
             let d = w.delivery("evt_1").await;
-            assert_eq!((out.retrying, d.state), (1, DeliveryState::Retrying), "{d:?}");
+            assert_eq!(
+                (out.retrying, d.state),
+                (1, DeliveryState::Retrying),
+                "{d:?}"
+            );
         }
         let mut stream = js.get_stream("ORDERS").await.unwrap();
         assert_eq!(stream.info().await.unwrap().state.messages, 0);

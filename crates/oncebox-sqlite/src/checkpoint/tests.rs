@@ -6,7 +6,6 @@ use std::sync::atomic::Ordering;
 use rusqlite::Connection;
 
 use super::{SyncFailed, due};
-use crate::options::Options;
 use crate::read::Looks;
 use crate::writer::Stats;
 
@@ -23,18 +22,11 @@ fn log_frames(writer: &Connection) -> i64 {
 /// as long as duplicates kept looks coming between commits.
 #[test]
 fn the_writers_last_copy_ends_kept_snapshots_so_its_next_write_starts_the_log_over() {
-    let dir = tempfile::tempdir().unwrap();
-    let options = Options::new(dir.path().join("restart.db"));
-    let writer = crate::schema::open_writer(&options).unwrap();
-    writer
-        .execute_batch("CREATE TABLE t (k TEXT PRIMARY KEY)")
-        .unwrap();
+    let (_dir, options, writer) = crate::scratch::writer();
     let stats = Arc::new(Stats::default());
     let looks = Arc::new(Looks::new(options, stats.clone()));
     for k in 0..50 {
-        writer
-            .execute("INSERT INTO t (k) VALUES (?1)", [k.to_string()])
-            .unwrap();
+        crate::scratch::insert(&writer, &k.to_string());
     }
     stats.commits.fetch_add(1, Ordering::Release);
     let seen: i64 = looks
@@ -47,9 +39,7 @@ fn the_writers_last_copy_ends_kept_snapshots_so_its_next_write_starts_the_log_ov
     checkpointer.finish.store(true, Ordering::Release);
     assert!(due.finish(&writer), "the whole log copied");
     assert_eq!(looks.open_snapshots(), 0);
-    writer
-        .execute("INSERT INTO t (k) VALUES ('next')", [])
-        .unwrap();
+    crate::scratch::insert(&writer, "next");
     let after = log_frames(&writer);
     assert!(
         after < before,

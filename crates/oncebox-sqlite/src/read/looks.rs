@@ -145,16 +145,10 @@ mod tests {
     use rusqlite::OptionalExtension;
 
     use super::Looks;
-    use crate::options::Options;
     use crate::writer::Stats;
 
     fn setup() -> (tempfile::TempDir, rusqlite::Connection, Looks, Arc<Stats>) {
-        let dir = tempfile::tempdir().unwrap();
-        let options = Options::new(dir.path().join("looks.db"));
-        let writer = crate::schema::open_writer(&options).unwrap();
-        writer
-            .execute_batch("CREATE TABLE t (k TEXT PRIMARY KEY)")
-            .unwrap();
+        let (dir, options, writer) = crate::scratch::writer();
         let stats = Arc::new(Stats::default());
         let mut looks = Looks::new(options, stats.clone());
         looks.hold = std::time::Duration::from_secs(3600);
@@ -173,11 +167,7 @@ mod tests {
             .is_some()
     }
 
-    fn insert(writer: &rusqlite::Connection, k: &str) {
-        writer
-            .execute("INSERT INTO t (k) VALUES (?1)", [k])
-            .unwrap();
-    }
+    use crate::scratch::insert;
 
     /// A look keeps its snapshot while the commit count stands still, and takes a new one
     /// once it moved. The row written without counting (as another process would) stays

@@ -131,12 +131,8 @@ mod tests {
 
     use super::install;
     use crate::checkpoint::SyncFailed;
-    use crate::options::Options;
+    use crate::scratch::insert;
     use crate::writer::Stats;
-
-    fn insert(conn: &Connection, k: &str) {
-        conn.execute("INSERT INTO t (k) VALUES (?1)", [k]).unwrap();
-    }
 
     fn checkpoint(conn: &Connection) -> (i64, i64) {
         conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |r| {
@@ -150,12 +146,7 @@ mod tests {
     /// nothing is counted.
     #[test]
     fn a_restart_is_counted_when_the_log_starts_over_and_only_then() {
-        let dir = tempfile::tempdir().unwrap();
-        let options = Options::new(dir.path().join("hook.db"));
-        let writer = crate::schema::open_writer(&options).unwrap();
-        writer
-            .execute_batch("CREATE TABLE t (k TEXT PRIMARY KEY)")
-            .unwrap();
+        let (_dir, options, writer) = crate::scratch::writer();
         let stats = Arc::new(Stats::default());
         let hook = install(&writer, 1_000_000, stats.clone(), SyncFailed::default());
         for k in ["a", "b", "c"] {
@@ -168,7 +159,7 @@ mod tests {
 
         // A reader on a snapshot of the log's end, begun before the copy.
         insert(&writer, "e");
-        let reader = Connection::open(dir.path().join("hook.db")).unwrap();
+        let reader = Connection::open(&options.path).unwrap();
         reader.execute_batch("BEGIN").unwrap();
         let n: i64 = reader
             .query_row("SELECT count(*) FROM t", [], |r| r.get(0))
@@ -191,12 +182,7 @@ mod tests {
     /// starts over, as with SQLite's own hook; not once the database file failed to sync.
     #[test]
     fn past_the_fallback_the_writer_copies_the_log_itself_unless_a_sync_failed() {
-        let dir = tempfile::tempdir().unwrap();
-        let options = Options::new(dir.path().join("fallback.db"));
-        let writer = crate::schema::open_writer(&options).unwrap();
-        writer
-            .execute_batch("CREATE TABLE t (k TEXT PRIMARY KEY)")
-            .unwrap();
+        let (_dir, _options, writer) = crate::scratch::writer();
         let stats = Arc::new(Stats::default());
         let failed = SyncFailed::default();
         let hook = install(&writer, 8, stats.clone(), failed.clone());
