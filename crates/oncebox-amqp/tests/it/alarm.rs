@@ -86,7 +86,17 @@ fn under_an_alarm_a_quarantine_blocks_only_its_own_connection() {
         running.wait(|c| c.quarantined == 1, w.state()).await;
         let done = running.stop().await;
         assert_eq!((done.applied, done.quarantined), (3, 1), "{done:?}");
-        assert_eq!(w.quarantined().await.len(), 1);
+        // One copy or more: a copy whose confirm the alarm held past `confirm_timeout` was
+        // requeued and published again, and the blocked ones went through when it cleared
+        // (quarantine copies are at least once). Each is the poison message's.
+        let copies = w.quarantined().await;
+        assert!(!copies.is_empty());
+        assert!(
+            copies
+                .iter()
+                .all(|(reason, _)| reason == "event-id-missing"),
+            "{copies:?}"
+        );
         w.cleanup().await;
     });
 }
