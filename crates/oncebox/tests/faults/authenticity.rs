@@ -200,10 +200,12 @@ fn authenticity() -> Report {
         // clock then, so a time taken before the rest of the table was sent drifts into the
         // tolerance): past the tolerance (300 s) by 1 s behind and 2 s ahead (ahead, a second
         // turning between signing and checking would take 1 s off), far future, negative,
-        // i64::MIN; within it by 290 s either way. Each is signed as sent wherever
+        // i64::MIN; within it by 290 s and by 298 s either way (2 s short of the tolerance, so
+        // a second or two turning on a slow machine cannot carry it past; a tolerance shorter
+        // than 298 s is refused). Each is signed as sent wherever
         // milliseconds can hold it, so only the time can refuse it: a signature over another
         // time would be refused with any tolerance.
-        let cases: [Case; 7] = [
+        let cases: [Case; 9] = [
             ("ts0", |s| s - 301, false),
             ("ts1", |s| s + 302, false),
             ("ts2", |s| s + 10_000_000, false),
@@ -211,6 +213,8 @@ fn authenticity() -> Report {
             ("ts4", |_| i64::MIN, false),
             ("tsin0", |s| s - 290, true),
             ("tsin1", |s| s + 290, true),
+            ("tsin2", |s| s - 298, true),
+            ("tsin3", |s| s + 298, true),
         ];
         for (id, at, ok) in cases {
             let at = at(SystemClock.now().0 / 1000);
