@@ -41,8 +41,8 @@ use crate::read::looks::HOLD;
 const EVERY: u32 = 64;
 
 /// Pages in the WAL at which the writer checkpoints by itself after all (its WAL hook,
-/// `writer/walhook.rs`, in place of SQLite's `wal_autocheckpoint`): a bound on the log should this thread fall behind, twice the
-/// length at which it starts the log over (`Options::wal_restart_frames`), and never below
+/// `writer/walhook.rs`, in place of SQLite's `wal_autocheckpoint`): a bound on the log should
+/// this thread fall behind, twice the length at which it starts the log over (`Options::wal_restart_frames`), and never below
 /// SQLite's own default of 1 000, so that a tiny restart length does not make the writer
 /// checkpoint after nearly every commit.
 pub(crate) fn writer_fallback(restart_frames: u32) -> i64 {

@@ -54,13 +54,15 @@ impl<W: Write> Write for Out<W> {
 /// break cannot split its row or fake the `more: --after N` line that scripts page by, and
 /// no escape sequence reaches the terminal. JSON output escapes them itself.
 pub fn one_line(text: &str) -> String {
-    text.chars()
-        .flat_map(|c| {
-            let escaped = c.is_control().then(|| c.escape_default());
-            let plain = (!c.is_control()).then_some(c);
-            escaped.into_iter().flatten().chain(plain)
-        })
-        .collect()
+    let mut line = String::with_capacity(text.len());
+    for c in text.chars() {
+        if c.is_control() {
+            line.extend(c.escape_default());
+        } else {
+            line.push(c);
+        }
+    }
+    line
 }
 
 #[cfg(test)]

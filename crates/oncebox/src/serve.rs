@@ -56,7 +56,9 @@ pub async fn run(settings: Settings, with_relay: bool) -> Result<()> {
         .install_recorder()
         .context("installing the metrics recorder")?;
     let local = listener.local_addr()?;
-    let retention = retention(&settings);
+    // As `purge` without `--retention`: a source the configuration does not name is kept
+    // (another gateway's in a shared database), unless it names no `[sources]` at all.
+    let retention = crate::events::retention(&settings, None);
     let config = settings.gateway;
     let limits = config.limits.clone();
     let routes = config.routes.clone();
@@ -184,14 +186,6 @@ pub async fn relay_only(settings: Settings) -> Result<()> {
     Ok(())
 }
 
-/// The hourly purge's retention (`events::retention`, no `--retention`): a source the
-/// configuration does not name is kept (`UNNAMED_KEPT`: another gateway's in a shared
-/// database), but with no `[sources]` at all (zero-config, every source open), where the
-/// default is every source's.
-fn retention(settings: &crate::config::Settings) -> Retention {
-    crate::events::retention(settings, None)
-}
-
 async fn purge_forever(store: Store, retention: Retention) {
     let mut tick = tokio::time::interval(PURGE_EVERY);
     loop {
@@ -243,7 +237,6 @@ mod tests {
     use oncebox_core::Source;
     use oncebox_core::retention::DEFAULT_RETENTION;
 
-    use super::retention;
     use crate::config::tests::ok;
 
     /// The hourly purge keeps a source the configuration does not name (another gateway's in
@@ -263,7 +256,7 @@ queue = "orders"
 key = "message-id"
 quarantine = "oncebox.quarantine"
 "#);
-        let named = retention(&settings);
+        let named = crate::events::retention(&settings, None);
         let day = std::time::Duration::from_secs(86_400);
         assert_eq!(named.for_source(&source("shop")), 30 * day);
         assert_eq!(named.for_source(&source("orders")), DEFAULT_RETENTION);
@@ -282,7 +275,7 @@ quarantine = "oncebox.quarantine"
         let ever = crate::events::UNNAMED_KEPT;
         let century = crate::events::retention(&settings, Some(ever));
         assert_eq!(century.for_source(&source("orders")), ever);
-        let open = retention(&ok(""));
+        let open = crate::events::retention(&ok(""), None);
         assert_eq!(open.for_source(&source("elsewhere")), DEFAULT_RETENTION);
     }
 }
