@@ -21,7 +21,7 @@
 
 #![allow(unsafe_code, reason = "SQLite's VFS interface is a C vtable")]
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::ffi::{CStr, c_char, c_int, c_void};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
@@ -30,22 +30,11 @@ use rusqlite::ffi;
 
 use crate::vfsfile::{self, Wrapper};
 
+mod unsynced;
+use unsynced::Unsynced;
+
 /// The name this VFS is registered by; it is also made the default.
 pub const NAME: &CStr = c"oncebox-powerloss";
-
-/// Writes to one file not yet synced, by offset and then by order: a later write over the
-/// same bytes wins.
-#[derive(Default)]
-struct Unsynced {
-    writes: BTreeMap<(i64, u64), Vec<u8>>,
-    order: u64,
-    /// The longest write, to find those that overlap a range.
-    longest: i64,
-    /// The end of the furthest write.
-    end: i64,
-    /// Writes ordered before this were dropped by a failed sync: read, never persisted.
-    lost: u64,
-}
 
 /// Which sync of a database file fails, counted from 1 (0: none), and how many were made.
 static FAIL_DB_SYNC: AtomicU32 = AtomicU32::new(0);
@@ -53,9 +42,9 @@ static DB_SYNCS: AtomicU32 = AtomicU32::new(0);
 static FAILED_DB_SYNCS: AtomicU32 = AtomicU32::new(0);
 
 /// Makes the first sync of a database file (a name ending in `.db`) in this process from the
-/// `nth` on (counted from 1) that has writes to persist fail with `SQLITE_IOERR_FSYNC`, once, as Linux fails an `fsync` after a writeback error: the
-/// writes it was to persist stay readable but are never persisted, and later syncs succeed
-/// without them.
+/// `nth` on (counted from 1) that has writes to persist fail with `SQLITE_IOERR_FSYNC`, once,
+/// as Linux fails an `fsync` after a writeback error: the writes it was to persist stay
+/// readable but are never persisted, and later syncs succeed without them.
 pub fn fail_database_sync(nth: u32) {
     FAIL_DB_SYNC.store(nth, Ordering::SeqCst);
 }
@@ -269,19 +258,7 @@ unsafe extern "C" fn read(f: *mut ffi::sqlite3_file, buf: *mut c_void, n: c_int,
         }
         let out = std::slice::from_raw_parts_mut(buf.cast::<u8>(), usize::try_from(n).unwrap_or(0));
         let end = at.saturating_add(i64::from(n));
-        let mut overlapping: Vec<(&(i64, u64), &Vec<u8>)> = u
-            .writes
-            .range((at.saturating_sub(u.longest), 0)..(end, 0))
-            .filter(|((offset, _), bytes)| offset.saturating_add(len(bytes)) > at)
-            .collect();
-        overlapping.sort_by_key(|((_, order), _)| *order);
-        for ((offset, _), bytes) in overlapping {
-            let from = at.max(*offset);
-            let to = end.min(offset.saturating_add(len(bytes)));
-            let (src, dst) = (index(from - offset), index(from - at));
-            let count = index(to - from);
-            out[dst..dst + count].copy_from_slice(&bytes[src..src + count]);
-        }
+        u.overlay(at, out);
         let mut on_disk = 0_i64;
         if let Some(size) = methods.xFileSize {
             size(file.inner, &raw mut on_disk);
@@ -292,14 +269,6 @@ unsafe extern "C" fn read(f: *mut ffi::sqlite3_file, buf: *mut c_void, n: c_int,
             ffi::SQLITE_IOERR_SHORT_READ
         }
     }
-}
-
-fn len(bytes: &[u8]) -> i64 {
-    i64::try_from(bytes.len()).unwrap_or(i64::MAX)
-}
-
-fn index(n: i64) -> usize {
-    usize::try_from(n).unwrap_or(0)
 }
 
 unsafe extern "C" fn write(
@@ -313,20 +282,7 @@ unsafe extern "C" fn write(
         let (file, _) = parts(f);
         let bytes =
             std::slice::from_raw_parts(data.cast::<u8>(), usize::try_from(n).unwrap_or(0)).to_vec();
-        let mut u = lock_unsynced(file);
-        // A write a failed sync dropped, covered whole by this one, is gone from the page
-        // cache too: kept, it would lie over this write's bytes once they were synced. Only
-        // database files lose writes, and SQLite writes their pages whole, so a lost write is
-        // never covered in part.
-        let (lost, end) = (u.lost, at.saturating_add(len(&bytes)));
-        u.writes.retain(|(offset, order), old| {
-            *order >= lost || *offset < at || offset.saturating_add(len(old)) > end
-        });
-        u.longest = u.longest.max(len(&bytes));
-        u.end = u.end.max(end);
-        let order = u.order;
-        u.order += 1;
-        u.writes.insert((at, order), bytes);
+        lock_unsynced(file).record(at, bytes);
         ffi::SQLITE_OK
     }
 }
@@ -340,11 +296,7 @@ unsafe extern "C" fn truncate(f: *mut ffi::sqlite3_file, size: i64) -> c_int {
             .xTruncate
             .map_or(ffi::SQLITE_IOERR_TRUNCATE, |x| x(file.inner, size));
         if rc == ffi::SQLITE_OK {
-            u.writes.retain(|(offset, _), _| *offset < size);
-            for ((offset, _), bytes) in &mut u.writes {
-                bytes.truncate(index(size - offset));
-            }
-            u.end = u.end.min(size);
+            u.truncate(size);
         }
         rc
     }
@@ -361,26 +313,15 @@ unsafe extern "C" fn sync(f: *mut ffi::sqlite3_file, flags: c_int) -> c_int {
         if file.database {
             let nth = DB_SYNCS.fetch_add(1, Ordering::SeqCst) + 1;
             let from = FAIL_DB_SYNC.load(Ordering::SeqCst);
-            if from > 0
-                && nth >= from
-                && !u.writes.is_empty()
-                && FAILED_DB_SYNCS.load(Ordering::SeqCst) == 0
-            {
-                u.lost = u.order;
+            if from > 0 && nth >= from && u.any() && FAILED_DB_SYNCS.load(Ordering::SeqCst) == 0 {
+                u.lose_all();
                 FAILED_DB_SYNCS.fetch_add(1, Ordering::SeqCst);
                 return ffi::SQLITE_IOERR_FSYNC;
             }
         }
-        let lost = u.lost;
-        let mut ordered: Vec<(&(i64, u64), &Vec<u8>)> = u
-            .writes
-            .iter()
-            .filter(|((_, order), _)| *order >= lost)
-            .collect();
-        ordered.sort_by_key(|((_, order), _)| *order);
-        for ((offset, _), bytes) in ordered {
+        for (offset, bytes) in u.to_persist() {
             let n = c_int::try_from(bytes.len()).unwrap_or(c_int::MAX);
-            let rc = write(file.inner, bytes.as_ptr().cast(), n, *offset);
+            let rc = write(file.inner, bytes.as_ptr().cast(), n, offset);
             if rc != ffi::SQLITE_OK {
                 return rc;
             }
@@ -389,11 +330,7 @@ unsafe extern "C" fn sync(f: *mut ffi::sqlite3_file, flags: c_int) -> c_int {
             .xSync
             .map_or(ffi::SQLITE_IOERR_FSYNC, |x| x(file.inner, flags));
         if rc == ffi::SQLITE_OK {
-            // What a failed sync dropped stays readable (the page cache), never persisted.
-            u.writes.retain(|(_, order), _| *order < lost);
-            if u.writes.is_empty() {
-                (u.longest, u.end) = (0, 0);
-            }
+            u.persisted();
         }
         rc
     }

@@ -7,25 +7,16 @@ use std::time::Duration;
 
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions};
 use lapin::protocol::AMQPErrorKind;
-use lapin::types::{AMQPValue, FieldTable, ShortString};
-use lapin::{
-    BasicProperties, Channel, Confirmation, Connection, ConnectionProperties, ErrorKind,
-    ExchangeKind,
-};
+use lapin::types::{FieldTable, ShortString};
+use lapin::{Channel, Confirmation, Connection, ConnectionProperties, ErrorKind, ExchangeKind};
 use oncebox_core::delivery::Attempt;
-use oncebox_core::hops::HOPS_HEADER;
-use oncebox_core::relay_store::{Claimed, FENCE_HEADER};
-use sha2::{Digest, Sha256};
+use oncebox_core::relay_store::Claimed;
 use tokio::sync::Mutex;
 use tokio::time::{Instant, timeout_at};
 
 use super::CONFIRMED;
 use super::http::error_chain;
-use crate::target::{AmqpTarget, SHORT_STRING_MAX};
-
-/// The persistent delivery mode: the broker writes the message to disk before confirming it to
-/// a durable queue.
-const PERSISTENT: u8 = 2;
+use crate::target::AmqpTarget;
 
 /// A route's publisher: one connection, opened on first use and opened again after any
 /// failure, and on it a confirm-mode channel per publish in flight. A `basic.return` names no
@@ -80,23 +71,6 @@ fn refused(e: &lapin::Error) -> bool {
         if matches!(a.kind(), AMQPErrorKind::Soft(_)) && matches!(a.get_id(), 403 | 404 | 406))
 }
 
-/// The `message_id` of a key: the key itself, or — when it is longer than an AMQP short string
-/// can hold — `sha256:` and the hex SHA-256 of the key. Consumers deduplicate on it: do not
-/// change. The full key is in the `idempotency-key` header either way. A key spelled as such
-/// an id (a source named `sha256` and an id of 64 hex digits) is hashed too: sent as it is, it
-/// was the id of the long key it names, and a consumer dropped one of the two as the other's
-/// duplicate.
-pub(crate) fn message_id(key: &str) -> String {
-    let hashed_spelling = key
-        .strip_prefix("sha256:")
-        .is_some_and(|h| h.len() == 64 && h.bytes().all(|b| b.is_ascii_hexdigit()));
-    if key.len() <= SHORT_STRING_MAX && !hashed_spelling {
-        key.to_owned()
-    } else {
-        format!("sha256:{}", hex::encode(Sha256::digest(key.as_bytes())))
-    }
-}
-
 impl Publisher {
     pub(crate) fn new(target: AmqpTarget) -> Publisher {
         Publisher {
@@ -126,32 +100,7 @@ impl Publisher {
                 ));
             }
         };
-        let mut headers = FieldTable::default();
-        headers.insert(
-            "idempotency-key".into(),
-            AMQPValue::LongString(claimed.idempotency_key.as_str().into()),
-        );
-        headers.insert(
-            "oncebox-attempt".into(),
-            AMQPValue::LongString(number.to_string().into()),
-        );
-        // The loop guard: a consumer reading this refuses it past the limit (`hops`).
-        headers.insert(
-            HOPS_HEADER.into(),
-            AMQPValue::LongString(claimed.hops.to_string().into()),
-        );
-        headers.insert(
-            FENCE_HEADER.into(),
-            AMQPValue::LongString(claimed.token.to_string().into()),
-        );
-        let mut properties = BasicProperties::default()
-            .with_delivery_mode(PERSISTENT)
-            .with_message_id(message_id(&claimed.idempotency_key).into())
-            .with_headers(headers);
-        // An over-long content type cannot be sent as the property; the payload still can.
-        if claimed.content_type.len() <= SHORT_STRING_MAX {
-            properties = properties.with_content_type(claimed.content_type.as_str().into());
-        }
+        let properties = properties(claimed, number);
         let options = BasicPublishOptions {
             // An unroutable message comes back instead of vanishing, so it is never counted
             // delivered.
@@ -415,5 +364,8 @@ impl Publisher {
     }
 }
 
+mod message;
 #[cfg(test)]
 mod tests;
+
+use message::properties;

@@ -294,7 +294,7 @@ fn appends_that_failed_to_go_out_fail_the_rest_of_their_transaction() {
         let sync = super::sync(f, ffi::SQLITE_SYNC_NORMAL);
         assert_eq!(sync, ffi::SQLITE_IOERR_FSYNC, "the commit cannot sync");
         // The rollback ends it.
-        super::drop_gathered(&mut *f.cast::<super::WalFile>());
+        super::discard::drop_gathered(&mut *f.cast::<super::WalFile>());
         assert_eq!(
             super::write(f, page.as_ptr().cast(), 100, 0),
             ffi::SQLITE_OK

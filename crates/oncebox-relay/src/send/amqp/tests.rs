@@ -161,18 +161,18 @@ fn a_failure_told_while_the_state_is_held_drops_its_connection_later() {
 /// an id gets an id of its own, not the long key's.
 #[test]
 fn every_key_gets_a_message_id_no_other_key_has() {
-    assert_eq!(super::message_id("shop:evt_1"), "shop:evt_1");
+    assert_eq!(super::message::message_id("shop:evt_1"), "shop:evt_1");
     let long = format!("shop:{}", "x".repeat(300));
-    let hashed = super::message_id(&long);
+    let hashed = super::message::message_id(&long);
     assert!(
         hashed.starts_with("sha256:") && hashed.len() == 71,
         "{hashed}"
     );
-    let spelled = super::message_id(&hashed);
+    let spelled = super::message::message_id(&hashed);
     assert!(
         spelled.starts_with("sha256:") && spelled != hashed,
         "{spelled}"
     );
     // Not every `sha256:` key is spelled as one: only 64 hex digits after it.
-    assert_eq!(super::message_id("sha256:evt_1"), "sha256:evt_1");
+    assert_eq!(super::message::message_id("sha256:evt_1"), "sha256:evt_1");
 }
