@@ -219,8 +219,9 @@ impl Clock for ManualClock {
 }
 
 /// The instant a purge may treat as now: `now`, bounded by [`crate::PurgeAnchor`] to the wall
-/// time of this clock's first purge plus the monotonic time elapsed since. One anchor per clock
-/// instance (all handles opened with it share it); the first purge sets it and is not bounded.
+/// time of this clock's first purge (the stores make one at open) plus the monotonic time
+/// elapsed since. One anchor per clock instance (all handles opened with it share it); the
+/// first purge sets it and is not bounded.
 pub fn purge_now(clock: &Arc<dyn Clock>, now: Timestamp) -> Timestamp {
     type Anchors = Mutex<Vec<(Weak<dyn Clock>, crate::PurgeAnchor)>>;
     static ANCHORS: OnceLock<Anchors> = OnceLock::new();

@@ -122,7 +122,8 @@ impl Retention {
     }
 }
 
-/// Where a clock stood at its first purge: its wall time then and its monotonic time then.
+/// Where a clock stood when it was anchored (a store's first open or purge with it): its wall
+/// time then and its monotonic time then.
 ///
 /// A purge never takes `now` further than real time allows: a purge's instant is the wall
 /// clock, bounded by the anchor's wall time plus the monotonic time elapsed since. A wall clock
@@ -146,10 +147,11 @@ impl PurgeAnchor {
     }
 }
 
-/// A store's record of the first purge on a boot of the machine ([`Boot`]): any later purge on
-/// that boot, in whichever process, treats as now no later than its wall time plus the time
-/// the boot has run since. A wall clock that jumps ahead, then a restart, thus purges no
-/// record inside its window; only the first purge after a reboot trusts the wall clock alone.
+/// A store's record of a boot of the machine ([`Boot`]), taken at the store's first open or
+/// purge on that boot: any purge on that boot, in whichever process, treats as now no later
+/// than its wall time plus the time the boot has run since. A wall clock that jumps ahead,
+/// then a restart, thus purges no record inside its window; only the first open or purge
+/// after a reboot trusts the wall clock alone.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BootAnchor {
     pub boot: i64,
@@ -193,7 +195,7 @@ pub fn boot_bound(
 ///
 /// Nothing the clock says of itself moves an anchor: the kernel marks a clock set by hand
 /// synchronised again as soon as its NTP daemon has a source, while it may still be far off.
-/// So a clock that was behind at the boot's first purge holds purges back by as much for the
+/// So a clock that was behind when the boot was anchored holds purges back by as much for the
 /// whole boot; the stores warn of it past [`PURGE_LAG_WARNING`].
 pub fn purge_time(
     clock: &Arc<dyn Clock>,
@@ -267,12 +269,12 @@ impl Stamps {
 }
 
 /// How far a purge's time may trail the wall clock before the store warns that purges are
-/// held back (a clock behind at the boot's first purge, or one that jumped ahead since).
+/// held back (a clock behind when the boot was anchored, or one that jumped ahead since).
 pub const PURGE_LAG_WARNING: Duration = Duration::from_secs(24 * 3600);
 
 /// What a store logs when [`purge_lag`] says purges are held back.
 pub const PURGE_LAG_ADVICE: &str = "purges are held behind the wall clock: the clock was behind \
-    at this boot's first purge, or jumped ahead since, and records are kept that much longer; \
+    when this boot was anchored (the store's first open on it), or jumped ahead since, and records are kept that much longer; \
     if the clock is right now, delete this boot's row (the boot logged here) from \
     oncebox_purge_anchors, and the next purge anchors at the clock";
 

@@ -120,14 +120,14 @@ impl Inbox {
         let o = &options;
         schema::migrate(&mut conn, o.migrate, o.deadline, o.migration_lock_wait).await?;
         options.stamps = oncebox_core::Stamps::default();
-        options
-            .stamps
-            .set(crate::store::stored_anchor(&mut conn, options.clock.as_ref()).await?);
         let leases = Arc::new(crate::skew::LeaseClock::new(options.machine.clone()));
         let (ahead, judged) = crate::skew::observe(&mut conn, &options.stamps, &leases).await?;
         if judged {
             crate::skew::warn_of_lease_skew(ahead);
         }
+        // The boot is anchored at open, not only at its first purge (`anchor.rs`).
+        let (clock, stamps) = (&options.clock, &options.stamps);
+        crate::anchor::purge_time(&mut conn, clock, stamps, clock.now(), ahead).await?;
         drop(conn);
         let batcher = Batcher::start(&pool, &options);
         Ok(Inbox {

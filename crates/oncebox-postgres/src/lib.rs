@@ -16,6 +16,7 @@
 //! - **Size**: an event past [`MAX_EVENT_BYTES`] is refused as invalid before any query.
 //! - **Migrations** run under an advisory lock: nodes starting together apply each once.
 
+mod anchor;
 mod batch;
 mod claim;
 mod consume;

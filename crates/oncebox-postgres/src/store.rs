@@ -1,15 +1,14 @@
 //! `EventStore` on PostgreSQL: new events through the batcher; events with an ordering guard,
 //! and keys holding a two-phase lease, through `process` with a handler; listings and purge.
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use oncebox_core::store::{
     Activity, ConflictFilter, ConflictRecord, EventFilter, EventStore, Ingest, Page, Stats,
     StoredEvent,
 };
 use oncebox_core::{
-    BootAnchor, Key, PURGE_LAG_ADVICE, ProcessError, Processed, Response, ResponseKind, Retention,
-    Timestamp, Unavailable,
+    Key, ProcessError, Processed, Response, ResponseKind, Retention, Timestamp, Unavailable,
 };
 
 use crate::batch::Answer;
@@ -61,53 +60,18 @@ impl Inbox {
         crate::silent::or_unknown(self.lost_after, processed).await
     }
 
-    /// The time this purge may use ([`oncebox_core::purge_time`]), from the anchor stored for
-    /// this node's boot, and no later than the server's clock says ([`crate::skew`]); records
-    /// the anchor it says to (two processes doing so at once on one boot: the last one's
-    /// stays). One row per boot of each node, never dropped.
+    /// The time this purge may use: [`crate::anchor::purge_time`] on a pooled connection.
     async fn purge_time(&self, now: Timestamp) -> Result<Timestamp, crate::Error> {
-        // No later than the store's clock (`oncebox_core::purge_time`), for the lag warning too.
-        let now = now.min(self.clock.now());
-        let boot = self.clock.boot();
         let mut conn = self.pool.acquire().await?;
-        let stored = stored_anchor(&mut conn, self.clock.as_ref()).await?;
         let (ahead, _) = crate::skew::observe(&mut conn, &self.stamps, &self.leases).await?;
-        drop(conn);
-        let (mut bounded, mut record) = oncebox_core::purge_time(&self.clock, now, boot, stored);
-        // A node whose clock runs ahead of the server's (set wrong at boot, which the boot's
-        // anchor cannot tell) purges by the server's time instead, and anchors nothing: an
-        // anchor taken from that clock would date this boot's records ahead for its whole life.
-        if let Some(ahead) = crate::skew::purge_correction(ahead) {
-            tracing::warn!(
-                ahead_ms = ahead.as_millis(),
-                "this node's clock is ahead of the database server's: purging by the \
-                 server's time; set this machine's clock right"
-            );
-            bounded = bounded.min(now.minus(ahead));
-            record = None;
-        }
-        self.stamps.set(record.or(stored));
-        if let Some(a) = record {
-            sqlx::query(
-                "INSERT INTO oncebox_purge_anchors (boot, wall, since) VALUES ($1, $2, $3)
-                 ON CONFLICT (boot) DO UPDATE SET wall = excluded.wall, since = excluded.since",
-            )
-            .bind(a.boot)
-            .bind(a.wall.millis())
-            .bind(i64::try_from(a.since.as_millis()).unwrap_or(i64::MAX))
-            .execute(&self.pool)
-            .await?;
-        }
-        if let Some(lag) = oncebox_core::purge_lag(now, bounded) {
-            let boot = boot.map(|b| b.id);
-            tracing::warn!(lag_ms = lag.as_millis(), ?boot, "{PURGE_LAG_ADVICE}");
-        }
-        Ok(bounded)
+        let clock = &self.clock;
+        Ok(crate::anchor::purge_time(&mut conn, clock, &self.stamps, now, ahead).await?)
     }
 
     /// Deletes terminal records past their source's retention, with their finished deliveries
     /// and their conflicts, a chunk per statement. `now` is taken no later than the store's
-    /// clock, and no further than the boot's first purge plus the boot time since
+    /// clock, and no further than the boot's anchor (taken at the first open on the boot,
+    /// `anchor.rs`) plus the boot time since
     /// (`oncebox_core::purge_time`), so a wall clock jumping forward purges no record early.
     /// Each of its steps is bounded by `lost_after` (`silent.rs`): the gateway purges in a loop
     /// of its own, which a silent connection stopped for good, retention with it.
@@ -288,24 +252,4 @@ impl EventStore for Inbox {
             ))
         }
     }
-}
-
-/// The anchor stored for the boot `clock` runs on, if any.
-pub(crate) async fn stored_anchor(
-    conn: &mut sqlx::PgConnection,
-    clock: &dyn oncebox_core::Clock,
-) -> Result<Option<BootAnchor>, sqlx::Error> {
-    let Some(b) = clock.boot() else {
-        return Ok(None);
-    };
-    let row: Option<(i64, i64)> =
-        sqlx::query_as("SELECT wall, since FROM oncebox_purge_anchors WHERE boot = $1")
-            .bind(b.id)
-            .fetch_optional(&mut *conn)
-            .await?;
-    Ok(row.map(|(wall, since)| BootAnchor {
-        boot: b.id,
-        wall: Timestamp(wall),
-        since: Duration::from_millis(u64::try_from(since).unwrap_or(0)),
-    }))
 }

@@ -12,16 +12,16 @@ use oncebox_core::{
 };
 use rusqlite::Connection;
 
-use crate::error::{Error, OpenError};
-use crate::options::{Durability, Options};
+use crate::error::Error;
 use crate::probe::ProbeGate;
-use crate::read::{Looks, Readers};
+use crate::read::Readers;
 use crate::recent::Recent;
 use crate::tx::{HandlerError, Tx};
-use crate::writer::{Cx, Job, Stats, Writer, again, once};
-use crate::{checkpoint, lease, process, purge, read, schema};
+use crate::writer::{Cx, Job, Stats, again, once};
+use crate::{checkpoint, lease, process, purge, read};
 
 mod answers;
+mod open;
 mod size;
 mod submit;
 pub(crate) use answers::Look;
@@ -96,112 +96,6 @@ impl fmt::Debug for Inbox {
 }
 
 impl Inbox {
-    /// Opens (creating if needed) and migrates the database, then starts the writer thread.
-    ///
-    /// Opening needs no runtime, but the async methods of what it returns need a Tokio
-    /// runtime with timers enabled ([`Inbox`]).
-    pub fn open(mut options: Options) -> Result<Inbox, OpenError> {
-        options.deadline = options.deadline.min(oncebox_core::LONGEST_WAIT);
-        options.busy_timeout = options.busy_timeout.min(oncebox_core::LONGEST_WAIT);
-        // The writer waits up to this long for a batch's callers to come back, holding those it
-        // has: a long one is only latency, and an unbounded one overflowed its clock (a panic
-        // on the writer thread, which then answered every later request `Closed`).
-        options.linger = options.linger.min(crate::options::MAX_LINGER);
-        if options.durability != Durability::Full {
-            tracing::warn!(
-                durability = ?options.durability,
-                "durability below synchronous=FULL: the last commits may be lost on power failure"
-            );
-        }
-        schema::refuse_no_file(&options)?;
-        schema::refuse_lost_file(&options)?;
-        schema::refuse_outdated(&options)?;
-        let mut conn = schema::open_writer(&options)?;
-        schema::migrate(&mut conn, &options)?;
-        let anchor =
-            purge::stored_anchor(&conn, &options.clock).map_err(|source| OpenError::Sqlite {
-                path: options.path.display().to_string(),
-                source,
-            })?;
-        let stamps = oncebox_core::Stamps::default();
-        stamps.set(anchor);
-        let length_limit = schema::length_limit(&conn);
-        let checkpointer = schema::open_checkpointer(&options)?;
-        let stats = Arc::new(Stats::default());
-        let looks = Arc::new(Looks::new(options.clone(), stats.clone()));
-        let sync_failed = checkpoint::SyncFailed::default();
-        let (checkpoint, due) = checkpoint::due(
-            options.wal_restart_frames,
-            looks.clone(),
-            sync_failed.clone(),
-        );
-        let (sender, receiver) = flume::bounded(options.queue_capacity.max(1));
-        let cpu = crate::placement::cpu_for(options.placement, &options.path);
-        if let Some(cpu) = cpu {
-            tracing::debug!(cpu, "writer and checkpointer kept on one CPU");
-        }
-        // Open returns once both threads run where placed (and under their names).
-        let (started, running) = std::sync::mpsc::sync_channel::<()>(2);
-        let keep = move |started: std::sync::mpsc::SyncSender<()>| {
-            if let Some(cpu) = cpu.filter(|&cpu| !crate::priority::pin(cpu)) {
-                tracing::debug!(cpu, "a storage thread could not be kept on its CPU");
-            }
-            let _ = started.send(());
-        };
-        let started_too = started.clone();
-        let wal_hook = crate::writer::install_wal_hook(
-            &conn,
-            checkpoint::writer_fallback(options.wal_restart_frames),
-            stats.clone(),
-            sync_failed.clone(),
-        );
-        let writer = Writer {
-            commits: crate::writer::Commits::guard(&conn),
-            conn,
-            wal_hook,
-            clock: options.clock.clone(),
-            max_batch: options.max_batch,
-            linger: options.linger,
-            checkpoint,
-            stats: stats.clone(),
-            stamps: stamps.clone(),
-        };
-        let writer = std::thread::Builder::new()
-            .name("oncebox-writer".into())
-            .spawn(move || {
-                crate::priority::raise();
-                keep(started);
-                writer.run(&receiver)
-            })
-            .map_err(OpenError::Thread)?;
-        let checkpointer = std::thread::Builder::new()
-            .name("oncebox-ckpt".into())
-            .spawn(move || {
-                keep(started_too);
-                checkpoint::run(&checkpointer, &due)
-            })
-            .map_err(OpenError::Thread)?;
-        // An error means a thread ended first; it then runs nowhere.
-        let _ = (running.recv(), running.recv());
-        Ok(Inbox {
-            shared: Arc::new(Shared {
-                sender: Some(sender),
-                writer: writer.thread().id(),
-                length_limit,
-                threads: Mutex::new(vec![writer, checkpointer]),
-                deadline: options.deadline,
-                stats: stats.clone(),
-                clock: options.clock.clone(),
-                stamps,
-                recent: Recent::new(options.recent_answers),
-                readers: Readers::new(options, looks, stats),
-                probe: ProbeGate::default(),
-                sync_failed,
-                last_claim: Mutex::new(None),
-            }),
-        })
-    }
-
     /// Whether the wall clock went back by more than `slack` since this process's last claim
     /// (time that passed, by the monotonic clock, less the wall clock's move), or there was
     /// none; and the clock's reading now, for [`Inbox::claimed`]. Read on the store's own
@@ -344,7 +238,7 @@ impl Inbox {
     /// many. Never touches `processing` or `uncertain` records. `now` is taken no later than the
     /// store's clock (a future one would delete records still inside their senders' redelivery
     /// window), and no further than
-    /// the boot's first purge plus the boot time since (`oncebox_core::purge_time`), so a wall
+    /// the boot's anchor (taken at the first open on the boot) plus the boot time since (`oncebox_core::purge_time`), so a wall
     /// clock jumping forward purges no record early.
     pub async fn purge(&self, now: Timestamp, retention: &Retention) -> Result<u64, Error> {
         let (clock, stamps) = (self.shared.clock.clone(), self.shared.stamps.clone());

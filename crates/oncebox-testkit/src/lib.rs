@@ -391,6 +391,7 @@ macro_rules! conformance {
             a_purge_time_ahead_of_the_clock_purges_nothing_early,
             forward_clock_jump_then_restart_purges_no_record_early,
             a_clock_stepped_back_then_set_right_makes_no_record_old,
+            a_clock_behind_at_open_then_set_right_makes_no_record_old,
             records_dated_ahead_of_the_clock_hold_no_purge_back,
             a_deleted_boot_anchor_lets_purges_follow_the_clock_again,
             backward_clock_jump_leaves_no_lease_stuck,

@@ -19,7 +19,7 @@ pub async fn forward_clock_jump_purges_no_record_early<B: Backend>() {
     b.process(event("shop", "old", 1), Script::credit(1))
         .await
         .unwrap();
-    // The first purge on a clock anchors it; nothing is due yet.
+    // Nothing is due yet (the store anchored the boot when it opened).
     assert_eq!(b.purge(clock.now(), &retention).await, 0);
     clock.advance(retain / 2);
     b.process(event("shop", "mid", 1), Script::credit(1))
@@ -104,9 +104,10 @@ pub async fn forward_clock_jump_then_restart_purges_no_record_early<B: Backend>(
     assert_eq!(b.purge(clock.now(), &retention).await, 1);
 }
 
-/// A clock behind at the boot's first purge holds every later purge on that boot back by as
-/// much, in this process too. Deleting the boot's anchor, as the purge-lag warning advises,
-/// releases them: the next purge anchors at the clock, in the same process.
+/// A clock behind when the boot was anchored (the store's first open on that boot) holds
+/// every later purge on that boot back by as much, in this process too. Deleting the boot's
+/// anchor, as the purge-lag warning advises, releases them: the next purge anchors at the
+/// clock, in the same process.
 pub async fn a_deleted_boot_anchor_lets_purges_follow_the_clock_again<B: Backend>() {
     let (b, clock) = fresh::<B>().await;
     let retain = Duration::from_secs(7 * 24 * 3600);
@@ -115,8 +116,11 @@ pub async fn a_deleted_boot_anchor_lets_purges_follow_the_clock_again<B: Backend
     b.process(event("shop", "old", 1), Script::credit(1))
         .await
         .unwrap();
-    // The first purge runs on a clock four weeks behind: it anchors the boot there.
+    // The store opens again on a clock four weeks behind, its boot's anchor gone: the open
+    // anchors the boot there.
     clock.set(right.minus(retain * 4));
+    b.forget_purge_anchors().await;
+    let b = b.reopen().await;
     assert_eq!(b.purge(clock.now(), &retention).await, 0);
     // The clock is set right; real time passes until `old` is past its retention.
     clock.advance(retain + Duration::from_millis(1));
@@ -132,6 +136,43 @@ pub async fn a_deleted_boot_anchor_lets_purges_follow_the_clock_again<B: Backend
         1,
         "the anchor deleted, the purge follows the clock"
     );
+}
+
+/// The store opens on a clock ten days behind (no battery-backed clock, or one restored from
+/// the last shutdown) with no anchor for the boot, takes events, and then the clock is set
+/// right before any purge. The open anchored the boot, so those events are dated as late as
+/// real time allows and age by the real time that passes: a sender's retry days later is
+/// still a duplicate. Anchored only at the first purge, the boot took the right time there,
+/// and that purge deleted the events minutes after they were accepted.
+pub async fn a_clock_behind_at_open_then_set_right_makes_no_record_old<B: Backend>() {
+    let (b, clock) = fresh::<B>().await;
+    let retain = Duration::from_secs(7 * 24 * 3600);
+    let retention = Retention::new(retain);
+    let right = clock.now();
+    clock.set(right.minus(Duration::from_secs(10 * 24 * 3600)));
+    b.forget_purge_anchors().await;
+    let b = b.reopen().await;
+    b.process(event("shop", "early", 1), Script::credit(1))
+        .await
+        .unwrap();
+    clock.advance(Duration::from_secs(60));
+    clock.set(right.plus(Duration::from_secs(60)));
+    assert_eq!(b.purge(clock.now(), &retention).await, 0, "a minute old");
+    clock.advance(Duration::from_secs(3 * 24 * 3600));
+    assert_eq!(b.purge(clock.now(), &retention).await, 0, "three days old");
+    let retry = b
+        .process(event("shop", "early", 1), Script::credit(1))
+        .await;
+    assert!(retry.unwrap().is_duplicate(), "the retry is remembered");
+    // It goes once it is older than the retention in real time, not a millisecond before.
+    clock.advance(retain - Duration::from_secs(3 * 24 * 3600 + 60));
+    assert_eq!(
+        b.purge(clock.now(), &retention).await,
+        0,
+        "the retention old"
+    );
+    clock.advance(Duration::from_millis(1));
+    assert_eq!(b.purge(clock.now(), &retention).await, 1);
 }
 
 /// Two thousand records received while the wall clock stood a year ahead (set back since; on
@@ -179,7 +220,7 @@ pub async fn a_clock_stepped_back_then_set_right_makes_no_record_old<B: Backend>
     let (b, clock) = fresh::<B>().await;
     let retain = Duration::from_secs(7 * 24 * 3600);
     let retention = Retention::new(retain);
-    // The first purge anchors this boot at the right time.
+    // The store's open anchored this boot at the right time.
     assert_eq!(b.purge(clock.now(), &retention).await, 0);
     let right = clock.now();
     clock.set(right.minus(Duration::from_secs(365 * 24 * 3600)));

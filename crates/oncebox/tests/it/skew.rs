@@ -139,7 +139,7 @@ fn a_postgres_node_a_year_ahead_purges_by_the_servers_clock() {
         0,
         "no anchor from the wrong clock"
     );
-    // At the right time the boot's first purge anchors, and still nothing is due.
+    // At the right time the purge's open anchors the boot, and still nothing is due.
     let right = node.purge(Command::new(env!("CARGO_BIN_EXE_oncebox")));
     assert_eq!(right.0, json!({ "purged": 0 }), "{}", right.1);
     assert_eq!(node.scalar("SELECT count(*) FROM oncebox_purge_anchors"), 1);
