@@ -49,8 +49,8 @@ pub struct RelayOptions {
     /// How long a claim is ours. Longer than any route's timeout, or a slow attempt would lose
     /// its lease before it can record the outcome.
     pub lease: Duration,
-    /// Deliveries claimed per round. The running loop holds at most this many claims that
-    /// their routes can send at once, and at most as many again waiting for a slow route's
+    /// Deliveries claimed at most per claim. Each route sends at most its concurrency at once;
+    /// beside those the running loop holds at most this many more, waiting for a slow route's
     /// permits.
     pub batch: usize,
     /// Wait between rounds that found nothing to do (a new event is picked up within it).

@@ -20,6 +20,12 @@ pub(super) struct Circuit {
     /// deliveries sent into a receiver still failing: a receiver answering 401 after a key
     /// rotation killed that many per cooldown.
     trial: bool,
+    /// How many times the circuit has opened. An attempt's answer counts only in the epoch it
+    /// was sent in: a request in flight when the circuit opened that then succeeded closed it
+    /// at once, the cooldown skipped and a whole round sent into a receiver still failing; and
+    /// a trial's guard dropped late (its record retried for most of a lease) ended a newer
+    /// trial, letting a second one out beside it.
+    epoch: u64,
 }
 
 impl Circuit {
@@ -31,12 +37,22 @@ impl Circuit {
 
 /// What a claim about to be sent finds its route's circuit at.
 pub(crate) enum Turn<'a> {
-    /// Closed: send.
-    Go,
+    /// Closed: send, in the circuit's epoch.
+    Go { epoch: u64 },
     /// The trial after a cooldown: send, and the route stays shut until it is answered.
-    Trial { _ends: TrialGuard<'a> },
+    Trial { epoch: u64, _ends: TrialGuard<'a> },
     /// Open, or a trial already out: give the claim back unsent.
     Shut,
+}
+
+impl Turn<'_> {
+    /// The epoch a request sent on this turn goes out in; `None`: not to be sent.
+    pub(crate) fn epoch(&self) -> Option<u64> {
+        match self {
+            Turn::Go { epoch } | Turn::Trial { epoch, .. } => Some(*epoch),
+            Turn::Shut => None,
+        }
+    }
 }
 
 /// Ends a trial that was never answered (the request was not sent, the step failed): the
@@ -44,12 +60,17 @@ pub(crate) enum Turn<'a> {
 pub(crate) struct TrialGuard<'a> {
     circuits: &'a Mutex<HashMap<String, Circuit>>,
     route: String,
+    epoch: u64,
 }
 
 impl Drop for TrialGuard<'_> {
     fn drop(&mut self) {
         let mut circuits = super::lock(self.circuits);
-        if let Some(c) = circuits.get_mut(&self.route) {
+        // A trial of a later epoch is another's: this one's was settled before it began.
+        if let Some(c) = circuits
+            .get_mut(&self.route)
+            .filter(|c| c.epoch == self.epoch)
+        {
             c.trial = false;
         }
     }
@@ -67,30 +88,39 @@ impl<S: DeliveryStore> Relay<S> {
         let mut circuits = self.circuits();
         // A route that never failed has no entry: nothing to allocate on every send.
         let Some(c) = circuits.get_mut(route) else {
-            return Turn::Go;
+            return Turn::Go { epoch: 0 };
         };
         if c.shut(now) {
             return Turn::Shut;
         }
+        let epoch = c.epoch;
         if c.failures < self.options.circuit_threshold {
-            return Turn::Go;
+            return Turn::Go { epoch };
         }
         c.trial = true;
         Turn::Trial {
+            epoch,
             _ends: TrialGuard {
                 circuits: &self.circuits,
                 route: route.to_owned(),
+                epoch,
             },
         }
     }
 
-    pub(super) fn note(&self, route: &str, failed: bool) {
+    /// Tells `route`'s circuit how an attempt sent in `epoch` ([`Turn::epoch`]) went. One sent
+    /// before the circuit last opened says nothing of the receiver since: it is left out.
+    pub(super) fn note(&self, route: &str, failed: bool, epoch: u64) {
         let mut circuits = self.circuits();
         let c = circuits.entry(route.to_owned()).or_default();
+        if c.epoch != epoch {
+            return;
+        }
         if failed {
             c.trial = false;
             c.failures = c.failures.saturating_add(1);
             if c.failures >= self.options.circuit_threshold {
+                c.epoch = c.epoch.wrapping_add(1);
                 // Stop hammering a receiver that keeps failing; its deliveries wait, unharmed.
                 c.open_until = Some(
                     self.clock
@@ -100,7 +130,10 @@ impl<S: DeliveryStore> Relay<S> {
                 tracing::warn!(route, failures = c.failures, "circuit open");
             }
         } else {
-            *c = Circuit::default();
+            *c = Circuit {
+                epoch: c.epoch,
+                ..Circuit::default()
+            };
         }
     }
 }

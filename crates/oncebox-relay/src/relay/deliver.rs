@@ -67,24 +67,32 @@ impl<S: DeliveryStore> Relay<S> {
         // with the request on its way.
         let stopped = *stop.borrow();
         let permit = if stopped {
-            None
+            Err(Duration::ZERO)
         } else {
             let stopping = until_stopped(stop.clone());
             match permits.try_acquire() {
-                Ok(permit) => Some(permit),
+                Ok(permit) => Ok(permit),
                 Err(TryAcquireError::Closed) => return Err(LeaseError::Fenced),
                 // The stop first: a permit freed by the attempt that ended as the shutdown began
-                // is handed straight to this waiter, and both are ready at its next poll.
-                Err(TryAcquireError::NoPermits) => tokio::select! {
-                    biased;
-                    () = stopping => None,
-                    permit = permits.acquire() => Some(permit.map_err(|_| LeaseError::Fenced)?),
-                },
+                // is handed straight to this waiter, and both are ready at its next poll. The
+                // wait ends, too, once the lease no longer leaves time to send and record.
+                Err(TryAcquireError::NoPermits) => {
+                    let short = tokio::time::sleep(self.left_to_send(claimed, route, claimed_at));
+                    tokio::select! {
+                        biased;
+                        () = stopping => Err(Duration::ZERO),
+                        permit = permits.acquire() => Ok(permit.map_err(|_| LeaseError::Fenced)?),
+                        () = short => Err(SHORT_LEASE_PAUSE),
+                    }
+                }
             }
         };
-        let Some(permit) = permit else {
-            self.unclaim(claimed, Duration::ZERO).await?;
-            return Ok(Step::Unclaimed);
+        let permit = match permit {
+            Ok(permit) => permit,
+            Err(pause) => {
+                self.unclaim(claimed, pause).await?;
+                return Ok(Step::Unclaimed);
+            }
         };
         if let Some(promise) = promise.as_mut()
             && let Err(pause) = self.paced(claimed, route, claimed_at, promise, stop).await
@@ -133,7 +141,9 @@ impl<S: DeliveryStore> Relay<S> {
         // The limit is on requests to the receiver; recording waits for a commit and must not
         // hold the next request back.
         drop(permit);
-        let concluded = self.conclude(claimed, route, &attempt, record, true).await;
+        let concluded = self
+            .conclude(claimed, route, &attempt, record, turn.epoch())
+            .await;
         // A trial the receiver was not asked in ends here; an answered one was settled.
         drop(turn);
         concluded
@@ -203,27 +213,27 @@ impl<S: DeliveryStore> Relay<S> {
         tracing::warn!(key = %claimed.idempotency_key, route = %route.name, "{why}");
         // Nothing was asked of the receiver: its circuit hears nothing of this.
         let attempt = Attempt::NoAnswer(why.to_owned());
-        self.conclude(claimed, route, &attempt, record, false).await
+        self.conclude(claimed, route, &attempt, record, None).await
     }
 
     /// Decides an attempt's verdict, tells the route's circuit when the receiver was asked
-    /// (`sent`), and records the verdict.
+    /// (`sent_in`: the circuit's epoch it was asked in), and records the verdict.
     async fn conclude(
         &self,
         claimed: &Claimed,
         route: &Route,
         attempt: &Attempt,
         record: AttemptRecord,
-        sent: bool,
+        sent_in: Option<u64>,
     ) -> Result<Step, LeaseError> {
         let now = self.clock.now();
         // Counted from the delivery's budget: its creation, or an operator's latest retry.
         let budget = &claimed.budget;
-        // A lost attempt (`sent` false: taken over from a relay that stopped) counts towards
+        // A lost attempt (not `sent_in`: taken over from a relay that stopped) counts towards
         // the attempts cap but not the age cap: after an outage longer than `max_age` the
         // delivery still gets a try of this relay's, as a pending one does, rather than dying
         // for the outage.
-        let age = if sent {
+        let age = if sent_in.is_some() {
             budget.age(now)
         } else {
             Duration::ZERO
@@ -236,8 +246,8 @@ impl<S: DeliveryStore> Relay<S> {
             &route.retry,
             rand::random(),
         );
-        if sent {
-            self.note(&route.name, !matches!(verdict, Verdict::Delivered));
+        if let Some(epoch) = sent_in {
+            self.note(&route.name, !matches!(verdict, Verdict::Delivered), epoch);
         }
         let label = match &verdict {
             Verdict::Delivered => "delivered",

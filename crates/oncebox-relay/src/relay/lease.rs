@@ -84,6 +84,28 @@ impl<S: DeliveryStore> Relay<S> {
             || held_for.saturating_add(spare) >= self.options.lease
     }
 
+    /// How long `claimed` may still wait before [`Relay::short_of_lease`] holds for it: the
+    /// time left for a permit. A claim still waiting then is given back unsent, while its
+    /// lease lasts; left waiting, it stayed in flight past its lease, and another relay took it
+    /// over as possibly sent (uncertain on a route that does not honour the key) though
+    /// nothing was.
+    pub(super) fn left_to_send(
+        &self,
+        claimed: &Claimed,
+        route: &Route,
+        claimed_at: Duration,
+    ) -> Duration {
+        let spare = self.latest_send(route).unwrap_or_default();
+        let by_wall = claimed
+            .lease_expires_at
+            .millis()
+            .saturating_sub(self.clock.now().millis());
+        let by_wall = Duration::from_millis(u64::try_from(by_wall).unwrap_or(0));
+        let held_for = self.clock.monotonic().saturating_sub(claimed_at);
+        let by_time = self.options.lease.saturating_sub(held_for);
+        by_wall.min(by_time).saturating_sub(spare)
+    }
+
     /// Warns, once per route, of a claim that came back already too short of its lease to be
     /// sent: the store took longer to claim than the lease leaves beyond the route's timeout,
     /// so every claim is given back unsent until the lease is longer or the store faster.

@@ -124,22 +124,22 @@ impl<S: DeliveryStore> Relay<S> {
     ///
     /// One claim over several routes takes the oldest due first, so one route may take the
     /// others' share; those wait for its permits (and its slots), and while it holds its
-    /// concurrency it is left out of the next claims. The batch counts, of each route's
-    /// claims, no more than its concurrency: counted, a slow route whose backlog came first
-    /// held the whole batch, and no other route was claimed for until that backlog was sent,
-    /// one slow answer at a time. While a route holds such a surplus the next claims are
-    /// split so that no route gets more than its own room (`Want::split`, `claim_for`), and
-    /// no surplus grows beside it: the claims in hand stay within twice the batch.
+    /// concurrency it is left out of the next claims. The batch bounds one claim, not the
+    /// claims in hand: each route's own concurrency bounds those it sends. Counted against
+    /// the batch, the claims of slow routes held it whole (a route whose backlog came first,
+    /// or a few slow ones at their concurrency, 4 × 16 of the default 64), and no other route
+    /// was claimed for until one of their slow answers came, one claim per answer. While a
+    /// route holds a surplus (more than its concurrency) the next claims are split so that no
+    /// route gets more than its own room (`Want::split`, `claim_for`), and no surplus grows
+    /// beside it: the claims in hand stay within the routes' concurrency and one batch more.
     fn room(&self, held: &HashMap<String, usize>) -> (Option<Want>, Option<Duration>) {
         let now = tokio::time::Instant::now();
-        let mut total = 0usize;
         let mut split = false;
         for (name, n) in held {
             let most = self
                 .routes
                 .get(name)
                 .map_or(*n, |l| l.route.concurrency.max(1));
-            total = total.saturating_add((*n).min(most));
             split |= *n > most;
         }
         let mut room = 0usize;
@@ -169,7 +169,7 @@ impl<S: DeliveryStore> Relay<S> {
         // A paced route's room is its slots: claimed beside others in one claim, oldest first,
         // it took more, and held them waiting for their slots under the lease.
         split |= any_paced && routes.len() > 1;
-        let room = room.min(self.options.batch.saturating_sub(total));
+        let room = room.min(self.options.batch);
         let want = (room > 0 && !routes.is_empty()).then_some(Want {
             routes,
             room,

@@ -1,11 +1,18 @@
 //! A route's circuit: a receiver that keeps failing is left alone for a cooldown while other
 //! routes go on, one trial request (not a round) tries it after the cooldown, claims waiting
-//! behind the failures are given back unsent, and the cooldown runs on time that passes, not
-//! on the wall clock.
+//! behind the failures are given back unsent, the cooldown runs on time that passes, not on
+//! the wall clock, and a request sent before the circuit opened does not close it.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use axum::Router;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::routing::post;
 use oncebox_testkit::run;
+use tokio::sync::{Semaphore, mpsc};
 
 use crate::{World, receiver, route};
 
@@ -151,5 +158,96 @@ fn a_wall_clock_stepped_back_does_not_stretch_a_circuits_cooldown() {
         let out = relay.run_once().await.unwrap();
         assert_eq!(out.delivered, 1, "{out:?}");
         assert_eq!(bad.requests().len(), 3);
+    });
+}
+
+/// The first request to arrive waits until let go and is then answered 200; every other is
+/// answered 500 at once.
+struct LateSuccess {
+    arrived: AtomicUsize,
+    first_in: mpsc::UnboundedSender<()>,
+    gate: Semaphore,
+}
+
+async fn late_success(State(s): State<Arc<LateSuccess>>) -> StatusCode {
+    if s.arrived.fetch_add(1, Ordering::SeqCst) > 0 {
+        return StatusCode::INTERNAL_SERVER_ERROR;
+    }
+    let _ = s.first_in.send(());
+    if let Ok(permit) = s.gate.acquire().await {
+        permit.forget();
+    }
+    StatusCode::OK
+}
+
+/// A request in flight when the circuit opened, answered 200 after it did, says nothing of the
+/// receiver since: the circuit stays open for its cooldown. Counted, it closed the circuit at
+/// once, and the next round went whole to a receiver still failing.
+#[test]
+fn a_late_success_sent_before_the_circuit_opened_does_not_close_it() {
+    run(async {
+        let w = World::new();
+        let (first_in, mut first) = mpsc::unbounded_channel();
+        let state = Arc::new(LateSuccess {
+            arrived: AtomicUsize::new(0),
+            first_in,
+            gate: Semaphore::new(0),
+        });
+        let app = Router::new()
+            .route("/hook", post(late_success))
+            .with_state(state.clone());
+        let addr = crate::receiver::serve(app).await;
+        let options = oncebox_relay::RelayOptions {
+            circuit_threshold: 2,
+            circuit_cooldown: Duration::from_secs(30),
+            ..oncebox_relay::RelayOptions::default()
+        };
+        let mut three_at_once = route("bad", addr, true);
+        three_at_once.concurrency = 3;
+        let relay = Arc::new(oncebox_relay::Relay::new(
+            w.inbox.clone(),
+            vec![three_at_once],
+            Arc::new(w.clock.clone()),
+            options,
+        ));
+        let first_round = ["r0", "r1", "r2"];
+        for id in first_round {
+            w.accept(id, &["bad"]).await;
+        }
+        let round = tokio::spawn({
+            let relay = relay.clone();
+            async move { relay.run_once().await.unwrap() }
+        });
+        first.recv().await.expect("the held request arrives");
+        // The two failures are recorded (the circuit told first): it is open.
+        for _ in 0..2_000 {
+            let mut failed = 0;
+            for id in first_round {
+                failed += w.delivery(id).await.attempts;
+            }
+            if failed == 2 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        state.gate.add_permits(1);
+        let out = round.await.unwrap();
+        assert_eq!((out.delivered, out.retrying), (1, 2), "{out:?}");
+        // Inside the cooldown: nothing more goes to the receiver, the new events included.
+        for id in ["n0", "n1", "n2"] {
+            w.accept(id, &["bad"]).await;
+        }
+        w.clock.advance(Duration::from_secs(10));
+        let out = relay.run_once().await.unwrap();
+        assert_eq!(out.claimed, 0, "still cooling down: {out:?}");
+        assert_eq!(state.arrived.load(Ordering::SeqCst), 3);
+        // After it, one trial.
+        w.clock.advance(Duration::from_secs(21));
+        relay.run_once().await.unwrap();
+        assert_eq!(
+            state.arrived.load(Ordering::SeqCst),
+            4,
+            "one trial, not a round"
+        );
     });
 }

@@ -159,6 +159,107 @@ fn a_slow_route_with_a_backlog_holds_back_no_other_route() {
     });
 }
 
+/// Slow routes at their concurrency, sending together as many as the batch: counted against
+/// it, their sends left no room for any other route, which waited for one of their slow
+/// answers to be claimed for at all.
+#[test]
+fn slow_routes_at_their_concurrency_hold_back_no_other_route() {
+    run(async {
+        let w = World::new();
+        let (slow, mut arrivals, slow_addr) = start_held().await;
+        let (fast, fast_addr) = receiver::start().await;
+        let two_at_a_time = |name: &str| {
+            let mut r = route(name, slow_addr, true);
+            (r.concurrency, r.timeout) = (2, Duration::from_secs(60));
+            r
+        };
+        let sent = [
+            ("a1", "slow-a"),
+            ("a2", "slow-a"),
+            ("b1", "slow-b"),
+            ("b2", "slow-b"),
+        ];
+        for (id, to) in sent {
+            w.accept(id, &[to]).await;
+        }
+        let options = RelayOptions {
+            lease: Duration::from_secs(120),
+            batch: sent.len(),
+            ..RelayOptions::default()
+        };
+        let routes = vec![
+            two_at_a_time("slow-a"),
+            two_at_a_time("slow-b"),
+            route("fast", fast_addr, true),
+        ];
+        let clock = Arc::new(w.clock.clone());
+        let relay = Arc::new(Relay::new(w.inbox.clone(), routes, clock, options));
+        let (stop, task) = running(relay);
+        for _ in sent {
+            arrivals.recv().await.expect("every slow request arrives");
+        }
+        // The slow routes now send a whole batch's worth, each at its concurrency.
+        w.accept("f1", &["fast"]).await;
+        wait_state(&w, "f1", DeliveryState::Delivered).await;
+        assert_eq!(fast.requests().len(), 1);
+        for (id, _) in sent {
+            let state = w.delivery(id).await.state;
+            assert_eq!(state, DeliveryState::InFlight, "{id} is still held");
+        }
+        slow.gate.add_permits(sent.len());
+        for (id, _) in sent {
+            wait_state(&w, id, DeliveryState::Delivered).await;
+        }
+        let _ = stop.send(());
+        task.await.unwrap();
+    });
+}
+
+/// Claims waiting behind a slow receiver's permits until their lease no longer leaves time to
+/// send and record them are given back unsent while the lease lasts. Left waiting, they
+/// stayed in flight past it, and another relay took them over as possibly sent (uncertain on a
+/// route that does not honour the key) though nothing had been.
+#[test]
+fn claims_waiting_past_their_lease_are_given_back_unsent() {
+    run(async {
+        let w = World::new();
+        let (slow, mut arrivals, slow_addr) = start_held().await;
+        let mut one_at_a_time = route("slow", slow_addr, false);
+        // Sent by 6.5 - (4 + 1.25) = 1.25 s after the claim, or given back.
+        (one_at_a_time.concurrency, one_at_a_time.timeout) = (1, Duration::from_secs(4));
+        // Room for three more in one claim: they wait for the slow route's one permit.
+        let mut idle = route("idle", crate::closed_port(), true);
+        idle.concurrency = 3;
+        let sent = ["q1", "q2", "q3", "q4"];
+        for id in sent {
+            w.accept(id, &["slow"]).await;
+        }
+        let options = RelayOptions {
+            lease: Duration::from_millis(6_500),
+            ..RelayOptions::default()
+        };
+        let clock = Arc::new(w.clock.clone());
+        let relay = Relay::new(w.inbox.clone(), vec![one_at_a_time, idle], clock, options);
+        let (stop, task) = running(Arc::new(relay));
+        arrivals.recv().await.expect("the first request arrives");
+        for id in &sent[1..] {
+            wait_state(&w, id, DeliveryState::Pending).await;
+            assert_eq!(w.delivery(id).await.attempts, 0, "{id} was not sent");
+        }
+        assert!(arrivals.try_recv().is_err(), "one request went, no other");
+        // The receiver answers; once the pause is over the three are claimed and sent.
+        slow.gate.add_permits(sent.len());
+        wait_state(&w, "q1", DeliveryState::Delivered).await;
+        w.clock.advance(Duration::from_secs(2));
+        for id in sent {
+            wait_state(&w, id, DeliveryState::Delivered).await;
+            assert_eq!(w.delivery(id).await.attempts, 1, "{id} was sent once");
+        }
+        let _ = stop.send(());
+        task.await.unwrap();
+    });
+}
+
 #[test]
 fn a_shutdown_gives_back_the_claims_waiting_for_their_route() {
     run(async {
