@@ -63,7 +63,8 @@ impl fmt::Debug for Leases {
 
 impl Leases {
     /// Connects to `url` (`redis://host:port/db`, `rediss://…` over TLS); fails when Redis does
-    /// not answer within the deadline. Later outages are answered `Unavailable` per call while
+    /// not answer within the deadline (one for the whole connect: its first connection, the
+    /// connection manager's and the server probes share it). Later outages are answered `Unavailable` per call while
     /// the connection reconnects in the background. Needs a tokio runtime with timers enabled.
     pub async fn connect(url: &str, mut options: Options) -> Result<Leases, ConnectError> {
         check_namespace(&options.namespace)?;
@@ -96,7 +97,10 @@ impl Leases {
             .set_connection_timeout(Some(options.deadline))
             .set_response_timeout(Some(options.deadline));
         let connecting = client.get_multiplexed_async_connection_with_config(&first);
-        match tokio::time::timeout(options.deadline, connecting).await {
+        // One cutoff for every step: each under a deadline of its own, `connect` over a slow
+        // link took up to three deadlines.
+        let cutoff = tokio::time::Instant::now() + options.deadline;
+        match tokio::time::timeout_at(cutoff, connecting).await {
             Err(_) => return Err(Unavailable::Deadline.into()),
             Ok(Err(e)) => return Err(at_connect(&e).into()),
             Ok(Ok(_)) => {}
@@ -105,19 +109,19 @@ impl Leases {
             .set_connection_timeout(Some(options.deadline))
             .set_response_timeout(Some(options.deadline));
         let connecting = ConnectionManager::new_with_config(client.clone(), config.clone());
-        let mut conn = match tokio::time::timeout(options.deadline, connecting).await {
+        let mut conn = match tokio::time::timeout_at(cutoff, connecting).await {
             Err(_) => return Err(Unavailable::Deadline.into()),
             Ok(Err(e)) => return Err(at_connect(&e).into()),
             Ok(Ok(conn)) => conn,
         };
-        // The probes share one deadline: each waits through the connection manager's retries,
+        // The probes share the cutoff: each waits through the connection manager's retries,
         // so a Redis that stopped answering after the first connection held `connect` for
         // several deadlines.
         let probes = async {
             crate::server::refuse_unsupported(&mut conn).await?;
             Ok::<_, ConnectError>(crate::server::eviction(&mut conn).await)
         };
-        let eviction = match tokio::time::timeout(options.deadline, probes).await {
+        let eviction = match tokio::time::timeout_at(cutoff, probes).await {
             Err(_) => return Err(Unavailable::Deadline.into()),
             Ok(probed) => probed?,
         };
@@ -224,8 +228,9 @@ impl Leases {
         }
     }
 
-    /// Marks the key done with its first response, kept for the source's retention from now:
-    /// call it right after the inbox's own completion, not for a key the inbox answered as a
+    /// Marks the key done with its first response, kept for the source's retention from the
+    /// lease's start, which came before the inbox's completion (so the mark goes no later
+    /// than the inbox may purge the record): call it right after the inbox's own completion, not for a key the inbox answered as a
     /// duplicate (its record is older; [`Leases::remember`] counts from its completion). Refused
     /// (`Fenced`) once the lease expired, was taken over, or Redis forgot it. Repeating a
     /// completion that succeeded (its reply was lost) answers `Ok` again. A response past

@@ -84,7 +84,8 @@ if state then
   if not found[5] then return {'busy', redis.call('PTTL', rec)} end
   local ends = tonumber(found[5])
   local mine, was_taken, its = string.match(found[7] or '', '^(%x+):([01]):(%d+)$')
-  if state == 'processing' and now < ends and mine == ARGV[3] and its == found[8] then
+  local own = state == 'processing' and mine == ARGV[3] and its == found[8]
+  if own and now < ends then
     return {'leased', found[8], tonumber(was_taken)}
   end
   if now < ends then
@@ -98,7 +99,10 @@ if state then
     end
     return {'busy', ends - now}
   end
-  taken = 1
+  -- This call's own lease, ended before its repeat came, was held by no one (its reply was
+  -- lost): taken again, it is no takeover unless it was one itself. Told one, its caller
+  -- parked the key uncertain though no effect had run.
+  taken = own and tonumber(was_taken) or 1
 end
 local floor = t[1] .. string.rep('0', 6 - #t[2]) .. t[2]
 if redis.call('INCR', KEYS[1]) < tonumber(floor) then
@@ -118,19 +122,30 @@ return {'leased', token, taken}
 /// A lease past its `until`, or a missing record (Redis forgot it), is fenced, even if nobody
 /// took over yet, because someone may be about to. `done` under the same token is this holder's
 /// own earlier completion whose reply was lost: answered `ok` again so a retry is safe.
+///
+/// The retention counts from the lease's start (`until` less the length `ttl` records), which
+/// came before the inbox's own completion: counted from this call, the mark outlived the
+/// inbox's record by up to a lease, and answered `done` for a key the inbox had purged. A
+/// lease whose length is not known (an earlier build's) counts from now.
 const COMPLETE: &str = r"
-local found = redis.call('HMGET', KEYS[1], 'state', 'token', 'until')
+local found = redis.call('HMGET', KEYS[1], 'state', 'token', 'until', 'ttl')
 if found[2] ~= ARGV[1] then return 'fenced' end
 if found[1] == 'done' then return 'ok' end
 if found[1] ~= 'processing' then return 'fenced' end
+local keep = tonumber(ARGV[4])
 if found[3] then
   local t = redis.call('TIME')
   local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-  if now >= tonumber(found[3]) then return 'fenced' end
+  local ends = tonumber(found[3])
+  if now >= ends then return 'fenced' end
+  local held, at = string.match(found[4] or '', '^(%d+):(%d+)$')
+  if held and tonumber(at) == ends then
+    keep = math.max(1, keep - (now - (ends - tonumber(held))))
+  end
 end
 redis.call('HSET', KEYS[1], 'state', 'done', 'kind', ARGV[2], 'body', ARGV[3])
 redis.call('HDEL', KEYS[1], 'until', 'ttl', 'attempt')
-redis.call('PEXPIRE', KEYS[1], ARGV[4])
+redis.call('PEXPIRE', KEYS[1], string.format('%.0f', keep))
 return 'ok'
 ";
 
@@ -271,6 +286,62 @@ mod tests {
             assert_eq!(
                 late.first(),
                 Some(&redis::Value::BulkString(b"busy".to_vec()))
+            );
+            let () = redis::cmd("DEL")
+                .arg(&rec)
+                .arg(&fence)
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+        });
+    }
+
+    /// A repeat that comes after its own lease ended (the first try's reply was lost, and
+    /// the lease was shorter than the repeat took) takes the key again as no takeover: no one
+    /// held that lease. Told it was one, its caller parked the key uncertain for an operator
+    /// though no effect had run. Another caller's lease ended is still a takeover.
+    #[test]
+    fn a_repeat_after_its_own_lease_ended_is_no_takeover() {
+        let Some(url) = oncebox_testkit::service_url("ONCEBOX_REDIS_URL") else {
+            return;
+        };
+        oncebox_testkit::run(async move {
+            let client = redis::Client::open(url.as_str()).unwrap();
+            let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+            let ns = format!("oncebox-test-{}", uuid::Uuid::new_v4().simple());
+            let (fence, rec) = (
+                fence_key(&ns),
+                record_key(&ns, &Key::parse("s", "e").unwrap()),
+            );
+            let begin = Script::new(BEGIN);
+            let call = |attempt: &'static str| {
+                let mut c = begin.prepare_invoke();
+                c.key(&fence)
+                    .key(&rec)
+                    .arg(&[7u8; 32][..])
+                    .arg(60_000)
+                    .arg(attempt);
+                c
+            };
+            // The lease ends (its record kept, as for as long again as the lease).
+            let end = || {
+                let mut c = redis::cmd("HSET");
+                c.arg(&rec).arg("until").arg("1").arg("ttl").arg("60000:1");
+                c
+            };
+            let taken = |v: &[redis::Value]| v.get(2).cloned();
+            let first: Vec<redis::Value> = call("aa01").invoke_async(&mut conn).await.unwrap();
+            let () = end().query_async(&mut conn).await.unwrap();
+            let again: Vec<redis::Value> = call("aa01").invoke_async(&mut conn).await.unwrap();
+            assert_eq!(again.first(), first.first(), "leased again");
+            assert_ne!(again.get(1), first.get(1), "under a new token");
+            assert_eq!(taken(&again), Some(redis::Value::Int(0)), "no takeover");
+            let () = end().query_async(&mut conn).await.unwrap();
+            let other: Vec<redis::Value> = call("bb02").invoke_async(&mut conn).await.unwrap();
+            assert_eq!(
+                taken(&other),
+                Some(redis::Value::Int(1)),
+                "another's: a takeover"
             );
             let () = redis::cmd("DEL")
                 .arg(&rec)

@@ -69,13 +69,11 @@ fn holder_paused_past_its_ttl_is_fenced_by_a_higher_token() {
             },
         )
         .await;
+        // Every record is gone (the wait above fails the test otherwise): the fault happened.
         // The holder's estimate against Redis's own end is the next test's.
-        let args: Vec<&str> = records.iter().map(String::as_str).collect();
-        let mut counting = conn.clone();
-        let left: i64 = query(&mut counting, "EXISTS", &args).await;
-        let expired = KEYS - usize::try_from(left).unwrap_or(KEYS);
 
-        // The second worker takes over with higher tokens and performs the effect.
+        // The second worker takes the keys anew (Redis forgot the first holder, so it is no
+        // takeover it can tell) with higher tokens and performs the effect.
         let (mut higher, mut false_duplicates) = (0, 0);
         let mut taken = Vec::new();
         for (e, old) in events.iter().zip(&paused) {
@@ -87,6 +85,7 @@ fn holder_paused_past_its_ttl_is_fenced_by_a_higher_token() {
                 }
                 other => panic!("takeover refused: {other:?}"),
             };
+            assert!(!lease.taken_over, "the first holder's record was gone");
             if lease.token > old.token {
                 higher += 1;
             }
@@ -136,9 +135,9 @@ fn holder_paused_past_its_ttl_is_fenced_by_a_higher_token() {
             doubles,
             lost,
             false_duplicates,
-            &format!("keys={KEYS} expired={expired} higher_token={higher} fenced={fenced}"),
+            &format!("keys={KEYS} expired={KEYS} higher_token={higher} fenced={fenced}"),
         );
-        assert_eq!((expired, higher, fenced), (KEYS, KEYS, KEYS));
+        assert_eq!((higher, fenced), (KEYS, KEYS));
     });
 }
 

@@ -61,6 +61,38 @@ fn done_answers_are_kept_for_their_source_retention() {
     });
 }
 
+/// The retention of a `done` mark counts from its lease's start, which came before the inbox's
+/// own completion: counted from `complete`, the mark outlived the inbox's record by as long
+/// as the holder took to call it, and answered `done` for a key the inbox had purged.
+#[test]
+fn a_done_mark_is_kept_from_its_leases_start_not_from_complete() {
+    let Some(url) = shared() else { return };
+    run(async move {
+        let ns = Namespace::new(&url);
+        let leases = Leases::connect(
+            &url,
+            ns.options()
+                .retention(Retention::new(Duration::from_secs(600))),
+        )
+        .await
+        .unwrap();
+        let mut conn = raw(&url).await;
+        let e = event("late-1", 1);
+        let lease = leased(leases.begin(&e, Duration::from_secs(30)).await);
+        // The holder's effect and the inbox's commit take this long (real time: Redis dates
+        // the lease by its own clock).
+        let took = Duration::from_millis(1_500);
+        tokio::time::sleep(took).await;
+        leases
+            .complete(&lease, &Response::completed("ok"))
+            .await
+            .unwrap();
+        let pttl: i64 = query(&mut conn, "PTTL", &[&ns.record(&e.key)]).await;
+        let most = 600_000 - i64::try_from(took.as_millis()).unwrap();
+        assert!(pttl > 0 && pttl <= most, "kept {pttl} ms, at most {most}");
+    });
+}
+
 /// The longest TTL is clamped to what Redis keeps (100 years); one under a millisecond is
 /// refused (the shared suite checks that every store refuses it alike).
 #[test]
