@@ -12,7 +12,7 @@
 //! with `install_recorder`, as `oncebox serve` does, has no upkeep of its own, so a gateway
 //! nobody scraped grew by 24 bytes per request without bound.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, LazyLock, RwLock};
 use std::time::Duration;
 
@@ -115,10 +115,35 @@ pub(crate) fn ingest(installed: bool, source: &str, outcome: &'static str, took:
         drop(meters);
         return record(&keep(&METERS, source, MOST_KEPT));
     }
+    // No handles without the gateway's recorder (an embedder's own may be installed), but the
+    // names are bounded alike: a series per name a client sends would grow without end.
+    let source = named(&NAMED, source, MOST_KEPT);
     metrics::counter!(TOTAL, "source" => source.to_owned(), "outcome" => outcome).increment(1);
     if let Some(took) = took {
         metrics::histogram!(DURATION, "source" => source.to_owned()).record(took);
     }
+}
+
+/// The names counted under their own label where no handles are kept.
+static NAMED: LazyLock<RwLock<HashSet<String>>> = LazyLock::new(Default::default);
+
+/// The label `source` is counted under: its own name among the first `most` seen, else
+/// [`OTHERS`].
+fn named<'a>(seen: &RwLock<HashSet<String>>, source: &'a str, most: usize) -> &'a str {
+    let known = seen.read().unwrap_or_else(|e| e.into_inner());
+    if known.contains(source) {
+        return source;
+    }
+    if known.len() >= most {
+        return OTHERS;
+    }
+    drop(known);
+    let mut known = seen.write().unwrap_or_else(|e| e.into_inner());
+    if known.len() >= most && !known.contains(source) {
+        return OTHERS;
+    }
+    known.insert(source.to_owned());
+    source
 }
 
 /// Makes and keeps the handles of `source` on its first request, or past `most` names those
@@ -151,7 +176,10 @@ pub async fn upkeep(handle: PrometheusHandle, every: Duration) {
 mod tests {
     use std::sync::Arc;
 
-    use super::{Meters, OTHERS, keep};
+    use std::collections::HashSet;
+    use std::sync::RwLock;
+
+    use super::{Meters, OTHERS, keep, named};
 
     /// Names past the bound get no handles of their own: they share those of `OTHERS`. Names
     /// already kept keep theirs, the same ones each time.
@@ -169,5 +197,17 @@ mod tests {
         let kept = meters.read().unwrap();
         assert_eq!(kept.len(), 3);
         assert!(kept.contains_key(OTHERS) && !kept.contains_key("c"));
+    }
+
+    /// Without handles (no recorder of the gateway's) the labels are bounded alike: an
+    /// embedder's own recorder got a series per name a client sent.
+    #[test]
+    fn names_past_the_bound_share_one_label_without_handles_too() {
+        let seen = RwLock::new(HashSet::new());
+        assert_eq!(named(&seen, "a", 2), "a");
+        assert_eq!(named(&seen, "b", 2), "b");
+        assert_eq!(named(&seen, "c", 2), OTHERS);
+        assert_eq!(named(&seen, "a", 2), "a", "a kept name stays its own");
+        assert_eq!(seen.read().unwrap().len(), 2);
     }
 }

@@ -204,8 +204,9 @@ fn complete(path: &str, method: &str, op: &mut Value) {
                 responses.insert("401".into(), challenge(refused, "Bearer realm=\"oncebox\""));
             }
         }
-        // Every body is read whole within the body timeout and a size limit (`body.rs`).
-        if method == "post" {
+        // Every body is read whole within the body timeout and a size limit (`body.rs`): on the
+        // admin API and the dashboard, of every method (a GET may carry one too).
+        if method == "post" || !matches!(path, "/healthz" | "/readyz" | "/openapi.json") {
             responses.entry("408").or_insert_with(|| {
                 problem("body-timeout: the body did not arrive within the body timeout")
             });

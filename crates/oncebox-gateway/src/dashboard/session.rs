@@ -271,8 +271,11 @@ pub(crate) async fn bridge<S: EventStore>(
     next: Next,
 ) -> Response {
     let headers = request.headers();
-    if !headers.contains_key(header::AUTHORIZATION)
-        && let Some((token, nonce)) = session(&gw, headers)
+    // A credential already there (a sign-in proxy in front adds its own, Basic or Bearer, to
+    // every request) is replaced: left, it failed the guard, and every call of the page
+    // answered 401 to a signed-in operator, sent round from /login back to a page that
+    // polled into 401 again. The session with its CSRF token is the whole authority here.
+    if let Some((token, nonce)) = session(&gw, headers)
         && let Some(given) = headers.get(CSRF_HEADER).and_then(|v| v.to_str().ok())
         && csrf_ok(&token, &nonce, given)
         && (request.method() == Method::GET || same_origin(headers))

@@ -226,7 +226,7 @@ pub(super) fn components() -> Value {
                 "required": ["payload", "payload_encoding", "headers", "response", "deliveries"],
                 "properties": {
                     "payload": text, "payload_encoding": { "enum": ["text", "hex"] },
-                    "headers": { "type": "array", "description": "[name, value] as received",
+                    "headers": { "type": "array", "description": "[name, value] as received, less those that carry credentials (never stored)",
                         "items": { "type": "array", "items": text, "minItems": 2, "maxItems": 2 } },
                     "response": { "type": ["object", "null"],
                         "required": ["kind", "status", "body"], "properties": {

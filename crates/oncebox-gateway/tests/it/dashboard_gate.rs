@@ -1,8 +1,9 @@
 //! A dashboard page the request cannot be read for (a query value of another type, a path
 //! segment that is not UTF-8): the session is checked first, so a visitor not signed in goes to
 //! /login; signed in, the page's own 400, in HTML. The extractors' rejections used to answer
-//! before the check, with a JSON problem document, to anyone. And every query parameter the
-//! OpenAPI document gives a page is one the page reads.
+//! before the check, with a JSON problem document, to anyone. Every query parameter the
+//! OpenAPI document gives a page is one the page reads, and a sign-in proxy's own credential
+//! does not shut a signed-in page out of the admin API.
 
 use axum::http::StatusCode;
 use oncebox_testkit::run;
@@ -144,5 +145,34 @@ fn every_documented_page_parameter_value_is_taken_by_its_page() {
                 assert!(listed, "{name}={value:?} is not in {documented}");
             }
         }
+    });
+}
+
+/// A sign-in proxy in front of the gateway adds its own `Authorization` to every request
+/// (nginx's `auth_basic` passes it on; an OAuth proxy passes its bearer token): a signed-in
+/// page's calls still go through on the session and its CSRF token. The proxy's credential
+/// was left in place and failed the guard, and every call answered 401.
+#[test]
+fn a_proxys_own_credential_does_not_shut_out_a_signed_in_page() {
+    run(async {
+        let gw = gateway();
+        let cookie = login(&gw).await;
+        let page = gw.send(get("/", &cookie)).await;
+        let token = crate::dashboard::csrf(std::str::from_utf8(&page.body).unwrap());
+        for credential in ["Basic dTpw", "Bearer the-proxys-own"] {
+            let call = axum::http::Request::get("/v1/activity")
+                .header("cookie", &cookie)
+                .header("x-oncebox-csrf", &token)
+                .header("authorization", credential)
+                .body(axum::body::Body::empty())
+                .unwrap();
+            assert_eq!(gw.send(call).await.status, StatusCode::OK, "{credential}");
+        }
+        // Without the session, the credential alone is what the guard judges.
+        let alone = axum::http::Request::get("/v1/activity")
+            .header("authorization", "Bearer the-proxys-own")
+            .body(axum::body::Body::empty())
+            .unwrap();
+        assert_eq!(gw.send(alone).await.status, StatusCode::UNAUTHORIZED);
     });
 }

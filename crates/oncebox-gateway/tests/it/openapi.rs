@@ -142,6 +142,19 @@ fn error_answers_are_documented_for_their_operation() {
                 post("open", &[], "{}"),
             ),
             ("get", "/v1/events", admin("GET", "/v1/events?after=x", "")),
+            // A body is read whole within the limit on a GET too, before the handler.
+            (
+                "get",
+                "/v1/events",
+                admin("GET", "/v1/events", &"x".repeat(70 * 1024)),
+            ),
+            (
+                "get",
+                "/",
+                Request::get("/")
+                    .body(Body::from("x".repeat(70 * 1024)))
+                    .unwrap(),
+            ),
             (
                 "get",
                 "/v1/events",
