@@ -46,7 +46,13 @@ fn carries_credentials(url: &str, nats: bool) -> bool {
         false => return false,
     };
     let Ok(parsed) = url::Url::parse(&full) else {
-        return false;
+        // Not a URL the parser takes (a password with a `/` in it, not percent-encoded): a
+        // user with something after a `:` before the last `@` is taken for a password, as
+        // the redaction takes it.
+        let rest = full.split_once("://").map_or(full.as_str(), |(_, r)| r);
+        return rest
+            .rfind('@')
+            .is_some_and(|at| nats || rest[..at].contains(':'));
     };
     let token = nats && !parsed.username().is_empty();
     let in_query = parsed
@@ -72,6 +78,8 @@ mod tests {
         for args in [
             &["oncebox", "--database=postgres://u:pw@db/o", "events"][..],
             &["oncebox", "consume", "--nats", "tok3n@127.0.0.1:4222"],
+            // Not a URL the parser takes: the password holds a `/`.
+            &["oncebox", "--database", "postgres://u:p/ss@db/x", "events"],
             &[
                 "oncebox",
                 "relay",

@@ -42,9 +42,11 @@ where
         .and_then(|s| EnvFilter::try_new(s).ok())
         .unwrap_or_else(|| EnvFilter::new("info"));
     // A user who names a capped target asked for its lines, passwords and all: their choice.
-    let named: Vec<bool> = CAPPED
+    // Only for what they named: `async_nats::jetstream=debug` lifts the cap on that module,
+    // not on the connector's line with the password.
+    let named: Vec<Vec<String>> = CAPPED
         .iter()
-        .map(|(target, _)| spec.is_some_and(|s| names(s, target)))
+        .map(|(target, _)| spec.map_or_else(Vec::new, |s| named(s, target)))
         .collect();
     // Levels more verbose compare above: `DEBUG` and `TRACE` above `INFO`, all but `ERROR`
     // above it. Its hint is the loosest, so the pair's is `RUST_LOG`'s: without one, `And`
@@ -55,7 +57,9 @@ where
             .iter()
             .zip(&named)
             .find(|((target, _), _)| is_under(meta.target(), target))
-            .is_none_or(|((_, most), named)| *named || *most >= *meta.level())
+            .is_none_or(|((_, most), named)| {
+                named.iter().any(|t| is_under(meta.target(), t)) || *most >= *meta.level()
+            })
     })
     .with_max_level_hint(LevelFilter::TRACE);
     tracing_subscriber::fmt::layer()
@@ -66,14 +70,15 @@ where
         .with_filter(filter.and(cap))
 }
 
-/// Whether a directive of `spec` names `capped` or one of its modules as its target
+/// The targets the directives of `spec` name that are `capped` or one of its modules
 /// (`async_nats=debug`, `async_nats::connector[…]=trace`). A mere substring is not enough:
 /// `my_async_nats_glue=info` asks nothing of async-nats.
-fn names(spec: &str, capped: &str) -> bool {
-    spec.split(',').any(|directive| {
-        let target = directive.split(['=', '[']).next().unwrap_or("").trim();
-        is_under(target, capped)
-    })
+fn named(spec: &str, capped: &str) -> Vec<String> {
+    spec.split(',')
+        .map(|directive| directive.split(['=', '[']).next().unwrap_or("").trim())
+        .filter(|target| is_under(target, capped))
+        .map(str::to_owned)
+        .collect()
 }
 
 /// Whether `target` is `capped` or one of its modules.
@@ -143,6 +148,9 @@ mod tests {
             "oncebox=debug,debug",
             "debug,my_async_nats_glue=info",
             "debug,oncebox[async_nats]=debug",
+            // Another module of it named: that one's lines, not the connector's.
+            "debug,async_nats::jetstream=debug",
+            "trace,async_nats::connector::other=trace",
         ] {
             let log = logged(spec);
             assert!(!log.contains("PASSWORD"), "RUST_LOG={spec}: {log}");

@@ -99,9 +99,14 @@ async fn run(cli: Cli) -> Result<()> {
         secrets: secrets_needed(&cli.command),
     };
     let mut out = crate::out::stdout();
+    let exposed = argv::exposed(std::env::args_os());
     let mut settings = match config::load(&overrides) {
         Ok(settings) => settings,
         Err(e) => {
+            // Said whatever else is wrong: a URL refused as malformed is still in `ps`.
+            for warning in &exposed {
+                let _ = writeln!(std::io::stderr(), "warning: {warning}");
+            }
             // A script asking `check` for JSON gets a verdict on stdout as well.
             if let Command::Check(o) = &cli.command
                 && o.output == Output::Json
@@ -114,7 +119,7 @@ async fn run(cli: Cli) -> Result<()> {
     };
     // Said where the command's other warnings are: `serve` and `consume` log them, `check`
     // prints them.
-    for warning in argv::exposed(std::env::args_os()) {
+    for warning in exposed {
         match cli.command {
             Command::Serve { .. } | Command::Consume { .. } | Command::Check(_) => {
                 settings.warnings.push(warning);

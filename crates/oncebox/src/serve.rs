@@ -181,7 +181,12 @@ pub async fn relay_only(settings: Settings) -> Result<()> {
     let inbox = inbox?;
     tracing::info!(routes = routes.len(), database = %describe(&settings.database), "relay running");
     let relay = Relay::new(inbox, routes, Arc::new(SystemClock), settings.relay);
-    relay.run(shutdown.requested()).await;
+    let stop = shutdown.requested();
+    // On a task of its own, as `serve` runs it: a panic in it is then an error (exit 1, said in
+    // the log), not an unwinding out of the runtime (exit 101, on stderr alone).
+    if let Err(e) = tokio::spawn(async move { relay.run(stop).await }).await {
+        return Err(anyhow::anyhow!(ended("the relay", Err(e))));
+    }
     tracing::info!("relay stopped");
     Ok(())
 }

@@ -269,6 +269,10 @@ fn validate(raw: RawConfig, p: &mut Problems<'_>) -> Settings {
         .collect();
     reuse::refuse_shared_keys(&sources, &routes, p);
     let relay = relay_options(&raw.relay, &routes, p);
+    for name in raw.consumers.keys() {
+        let path = format!("consumers.{name}");
+        warnings.extend(variables::unreachable(&path, "consumer", name));
+    }
     let consumers: Vec<ConsumerSpec> = raw
         .consumers
         .iter()

@@ -199,8 +199,23 @@ pub(super) fn validate(
         }
     }
     let ca_pem = raw.ca_file.as_ref().and_then(|file| {
+        let at = format!("{path}.ca_file");
+        // A plain http:// route speaks no TLS its authorities could verify, unless its
+        // status URL does: accepted, an operator could believe deliveries verified against
+        // a private CA that go out in plain text.
+        let https = |u: &str| u.get(..8).is_some_and(|s| s.eq_ignore_ascii_case("https://"));
+        let plain = matches!(target, Some(Target::Http))
+            && !https(&url)
+            && !raw.status_url.as_deref().is_some_and(https);
+        if plain {
+            p.push(
+                &at,
+                "applies only to https and NATS routes (and a status_url over https): this                  route's url and status_url are plain http; remove it",
+            );
+            return None;
+        }
         let amqp = matches!(target, Some(Target::Amqp(_)));
-        authorities(&format!("{path}.ca_file"), file, amqp, p)
+        authorities(&at, file, amqp, p)
     });
     let configured = match (&raw.signing_secret, &raw.signing_secret_env) {
         // Already refused above; reading the secret too would only add noise.

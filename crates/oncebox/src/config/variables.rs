@@ -8,18 +8,21 @@ use serde::de::{self, DeserializeOwned};
 
 const PREFIX: &str = "ONCEBOX_";
 
-/// The warning for a table `name` (a route or a source, at `path`) that no `ONCEBOX_…`
-/// variable can reach: variables' names are lower-cased, and a `.` in them separates tables as
-/// `__` does. `None` for a name of a-z, 0-9, `_` and `-`.
+/// The warning for a table `name` (a route, a source or a consumer, at `path`) that no
+/// `ONCEBOX_…` variable can reach: variables' names are lower-cased, and a `.` or a `__` in
+/// them separates tables. `None` for a name of a-z, 0-9, `_` and `-` without `__` in it or a
+/// `_` at its end (`ORDERS___TIMEOUT` reads as `orders` and `_timeout`).
 pub(super) fn unreachable(path: &str, kind: &str, name: &str) -> Option<String> {
     let reachable = name
         .bytes()
-        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"_-".contains(&b));
+        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"_-".contains(&b))
+        && !name.contains("__")
+        && !name.ends_with('_');
     (!reachable).then(|| {
         format!(
             "{path}: the environment cannot override this {kind}'s settings (its variables are \
-             lower-cased, and a '.' in them separates tables as '__' does); a name of a-z, 0-9, \
-             '_' and '-' can be"
+             lower-cased, and a '.' or '__' in them separates tables); a name of a-z, 0-9, '_' \
+             and '-', with no '__' and no '_' at its end, can be"
         )
     })
 }

@@ -364,3 +364,25 @@ fn a_store_that_cannot_be_reached_exits_4() {
         assert!(!typo.exists(), "{command:?} created {}", typo.display());
     }
 }
+
+/// A database URL refused as malformed still had its password on the command line, for every
+/// user of the machine to read: the warning comes with the refusal, not only when the
+/// configuration loads.
+#[test]
+fn a_refused_url_on_the_command_line_is_still_warned_of() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = oncebox(
+        dir.path(),
+        &["--database", "postgres://u:p/ss@127.0.0.1:1/x", "stats"],
+    );
+    let printed = text(&out);
+    assert_eq!(out.status.code(), Some(2), "{printed}");
+    assert!(
+        printed.contains("--database: its URL carries a credential"),
+        "{printed}"
+    );
+    assert!(
+        !printed.contains("p/ss"),
+        "the value is never printed: {printed}"
+    );
+}

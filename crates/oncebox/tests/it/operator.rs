@@ -184,8 +184,9 @@ fn an_unknown_preset_is_named_with_the_presets_expected() {
     assert!(!said.contains("``"), "{said}");
 }
 
-/// A `.` in a source's or route's name reads as `__` in a variable's name, so the environment
-/// cannot reach its settings: `check` warns of it as of an upper-case route name.
+/// A `.` in a source's or route's name reads as `__` in a variable's name, and so does a `_`
+/// next to the `__` after it, so the environment cannot reach its settings: `check` warns of
+/// it as of an upper-case route or consumer name.
 #[test]
 fn dotted_source_and_route_names_are_warned_of() {
     let dir = tempfile::tempdir().unwrap();
@@ -195,14 +196,25 @@ fn dotted_source_and_route_names_are_warned_of() {
         "[sources.\"shop.eu\"]\nsignature = \"none\"\n\
          [sources.shop_us]\nsignature = \"none\"\n\
          [routes.\"orders.v2\"]\nsources = [\"shop.eu\"]\nurl = \"http://127.0.0.1:9/hook\"\n\
-         [routes.orders_v3]\nsources = [\"shop_us\"]\nurl = \"http://127.0.0.1:9/hook\"\n",
+         [routes.orders_v3]\nsources = [\"shop_us\"]\nurl = \"http://127.0.0.1:9/hook\"\n\
+         [routes.orders_]\nsources = [\"shop_us\"]\nurl = \"http://127.0.0.1:9/hook\"\n\
+         [consumers.Orders]\nsource = \"shop_us\"\nqueue = \"q\"\nkey = \"message-id\"\n\
+         quarantine = \"oncebox.quarantine\"\n",
     )
     .unwrap();
     let check = oncebox(d, &["check"]);
     let said = text(&check);
     assert_eq!(check.status.code(), Some(0), "{said}");
     let cannot = "the environment cannot override";
-    assert_eq!(said.matches(cannot).count(), 2, "{said}");
+    assert_eq!(said.matches(cannot).count(), 4, "{said}");
+    // `ORDERS___TIMEOUT` splits as `orders` and `_timeout`; an upper-case consumer name is
+    // lower-cased away.
+    for table in ["routes.orders_", "consumers.Orders"] {
+        assert!(
+            said.contains(&format!("warning: {table}: the environment")),
+            "{said}"
+        );
+    }
     assert!(
         said.contains("warning: sources.\"shop.eu\": the environment"),
         "{said}"
@@ -212,9 +224,13 @@ fn dotted_source_and_route_names_are_warned_of() {
         "{said}"
     );
     // As warned: the variable names a table the route does not have.
-    let env = [("ONCEBOX_ROUTES__ORDERS.V2__TIMEOUT", "30s")];
-    let out = with_env(d, &env, &["check"]);
-    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    for name in [
+        "ONCEBOX_ROUTES__ORDERS.V2__TIMEOUT",
+        "ONCEBOX_ROUTES__ORDERS___TIMEOUT",
+    ] {
+        let out = with_env(d, &[(name, "30s")], &["check"]);
+        assert_eq!(out.status.code(), Some(2), "{name}: {}", text(&out));
+    }
     // The names without a dot are reached.
     let env = [("ONCEBOX_ROUTES__ORDERS_V3__TIMEOUT", "30s")];
     let out = with_env(d, &env, &["check"]);

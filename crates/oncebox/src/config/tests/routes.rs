@@ -177,6 +177,20 @@ fn a_routes_authorities_are_read_from_a_pem_file_and_refused_by_field_when_unusa
     }
     let e = err(&routed("amqp://127.0.0.1:5672/%2f?exchange=orders", &line));
     assert_mentions(&e, &["routes.r.ca_file", "https and NATS"]);
+    // Plain http has no TLS to verify, unless the status URL is https.
+    let e = err(&routed("http://hooks.internal/in", &line));
+    assert_mentions(&e, &["routes.r.ca_file", "plain http"]);
+    let status = "status_url = \"https://hooks.internal/status/{key}\"";
+    let s = ok(&routed(
+        "http://hooks.internal/in",
+        &format!("{line}\n{status}"),
+    ));
+    let route = s.gateway.routes.iter().find(|r| r.name == "r").unwrap();
+    assert_eq!(
+        route.ca_pem.as_deref(),
+        Some(pem.as_bytes()),
+        "for its status URL"
+    );
 }
 
 #[test]
