@@ -33,6 +33,24 @@ pub(super) fn layers(overrides: &Overrides) -> anyhow::Result<Figment> {
     // (`ONCEBOX_CONFIG` names the file, test harnesses set their own), which `variables`
     // tells apart from mistyped ones. Matched whole: `ONCEBOX_RELAY_CHILD` is `relay_child`,
     // not the `relay` table.
+    // figment reads variables lossily: a stray byte in a secret would become U+FFFD and
+    // change the key, every event then `401` with nothing pointing at the variable.
+    for (var, value) in std::env::vars_os() {
+        let table = var
+            .to_str()
+            .and_then(|v| v.strip_prefix("ONCEBOX_"))
+            .is_some_and(|rest| {
+                let top = rest.split("__").next().unwrap_or_default();
+                rest.contains("__")
+                    && super::variables::table_names().any(|t| t.eq_ignore_ascii_case(top))
+            });
+        if table && value.to_str().is_none() {
+            bail!(
+                "invalid configuration: environment variable {} is not valid UTF-8",
+                var.to_string_lossy()
+            );
+        }
+    }
     figment = figment.merge(NestedEnv(Env::prefixed("ONCEBOX_").split("__").filter(
         |key| {
             let top = key.as_str().split('.').next().unwrap_or_default();

@@ -237,6 +237,37 @@ fn dotted_source_and_route_names_are_warned_of() {
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
 }
 
+/// A configuration variable whose value is not UTF-8 is refused by name: read lossily, a
+/// stray byte in a secret became U+FFFD, and every event was then `401` with nothing pointing
+/// at the variable.
+#[test]
+fn a_configuration_variable_not_utf8_is_refused_by_name() {
+    use std::os::unix::ffi::OsStringExt as _;
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::fs::write(
+        d.join("oncebox.toml"),
+        "[sources.shop]\nsignature = \"none\"\n",
+    )
+    .unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_oncebox"))
+        .arg("check")
+        .current_dir(d)
+        .env_remove("ONCEBOX_CONFIG")
+        .env(
+            "ONCEBOX_SOURCES__SHOP__PREFIX",
+            std::ffi::OsString::from_vec(b"sha\xff=".to_vec()),
+        )
+        .output()
+        .unwrap();
+    let said = text(&out);
+    assert_eq!(out.status.code(), Some(2), "{said}");
+    assert!(
+        said.contains("ONCEBOX_SOURCES__SHOP__PREFIX is not valid UTF-8"),
+        "{said}"
+    );
+}
+
 /// Flags outside what a command does are refused by name before anything runs.
 #[test]
 fn out_of_range_flags_are_refused_locally() {
