@@ -170,11 +170,16 @@ impl Verdict {
         let (state, next_attempt_at, delivered_at, last_error) = match self {
             Verdict::Delivered => ("delivered", None, Some(now.millis()), error),
             Verdict::Retry(wait) => ("retrying", Some(now.plus(*wait).millis()), None, error),
+            // Why it gave up, and the attempt's own error after it: either alone left an
+            // operator unable to tell a cap reached from the receiver's refusal.
             Verdict::Dead(reason) => (
                 "dead",
                 None,
                 None,
-                Some(error.unwrap_or_else(|| storable(reason))),
+                Some(match error {
+                    Some(e) => format!("{}: {e}", storable(reason)),
+                    None => storable(reason),
+                }),
             ),
             // `Uncertain`: parking it for reconciliation neither claims an outcome nor risks a
             // second effect. Its status URL is first asked a while later: a receiver that

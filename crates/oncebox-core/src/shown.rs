@@ -33,10 +33,13 @@ pub fn route_url(url: &str) -> String {
         ("", rest)
     } else {
         // No host: a password pasted unencoded with a `/`, `\`, `?` or `#` in it, or a token
-        // for a user name with a `/` in it (`https://ghp_Ab12/x9@github.com`), whose start
-        // would read as a host. With several `@` after it, which one ends the user info is a
-        // guess, as above.
+        // for a user name with a `/` in it (`https://ghp_Ab12/x9@github.com`). Where its start
+        // reads as a host, the `@` may as well be in the path or the query
+        // (`https://hooks.example/in@T0KEN`, `http://receiver?token=ab@S3CRET`): which it is
+        // cannot be told, and the wrong guess showed the key as the host. With several `@`
+        // after it, which one ends the user info is a guess, as above.
         match userinfo_end(rest) {
+            Some(_) if is_host_port(auth) => return format!("{scheme}://***"),
             Some(at) if rest.find('@') == Some(at) => ("***@", &rest[at + 1..]),
             _ => return format!("{scheme}://***"),
         }
@@ -156,18 +159,17 @@ mod tests {
             ("https://admin:2024/pw@host/x", "https://***"),
             ("https://host:8443/@alice/T0KEN", "https://***"),
             ("https://hooks.example\\@T0KEN", "https://hooks.example/***"),
-            // A token for a user name, a `/` in it: its start is no host.
+            // A token for a user name, a `/` in it, or a host and an `@` in the path or the
+            // query: which it is cannot be told, so nothing past the scheme is shown.
+            ("https://ghp_Ab12/x9@github.com/o/r", "https://***"),
+            ("https://ab/cd@hooks.example/x", "https://***"),
+            ("https://tok?en@host/x", "https://***"),
+            ("https://ab.c/d@hooks.example/x", "https://***"),
+            ("https://hooks.example/in@T0KEN", "https://***"),
+            ("http://receiver?token=ab@S3CRET", "http://***"),
+            // A start that reads as no host is user info.
             (
-                "https://ghp_Ab12/x9@github.com/o/r",
-                "https://***@github.com/***",
-            ),
-            (
-                "https://ab/cd@hooks.example/x",
-                "https://***@hooks.example/***",
-            ),
-            ("https://tok?en@host/x", "https://***@host/***"),
-            (
-                "https://ab.c/d@hooks.example/x",
+                "https://u:pa/ss@hooks.example/x",
                 "https://***@hooks.example/***",
             ),
             (

@@ -55,6 +55,10 @@ impl MessageHeaders for Headers<'_> {
         self.header(MSG_ID)
     }
 
+    fn message_ids(&self) -> usize {
+        self.header_values(MSG_ID).len()
+    }
+
     fn header_values(&self, name: &str) -> Vec<Cow<'_, [u8]>> {
         let (Ok(name), Some(map)) = (HeaderName::from_str(name), self.0) else {
             return Vec::new();
@@ -135,5 +139,27 @@ mod tests {
             assert_eq!(h.header(bad), None, "{bad:?}");
         }
         assert_eq!(Headers(None).header("Event-Id"), None);
+    }
+
+    /// A message id sent twice is refused as a header sent twice is: keyed by the first, the
+    /// message could apply another event's effect under its key.
+    #[test]
+    fn a_message_id_sent_twice_is_refused() {
+        use oncebox_core::consume::{KeyRule, MessageRules};
+        let rules = MessageRules::new(Source::new("shop").unwrap(), KeyRule::MessageId);
+        let mut map = HeaderMap::new();
+        map.insert(MSG_ID, "msg_1");
+        let body = br#"{}"#.to_vec();
+        let once = rules.event(&Headers(Some(&map)), body.clone(), None);
+        assert_eq!(
+            once.map(|e| e.key.event_id.to_string()),
+            Ok("msg_1".to_owned())
+        );
+        map.append(MSG_ID, "msg_2");
+        let twice = rules.event(&Headers(Some(&map)), body, None);
+        assert_eq!(
+            twice.map(|_| ()).map_err(|e| e.slug()),
+            Err("event-id-invalid")
+        );
     }
 }

@@ -58,6 +58,14 @@ pub(crate) async fn purge_time(
     Ok(bounded)
 }
 
+/// Whether `e` is the server refusing a write: a standby, or a role whose transactions are
+/// read-only (SQLSTATE 25006).
+pub(crate) fn read_only(e: &sqlx::Error) -> bool {
+    e.as_database_error()
+        .and_then(|d| d.code())
+        .is_some_and(|code| code == "25006")
+}
+
 /// The anchor stored for the boot `clock` runs on, if any.
 pub(crate) async fn stored(
     conn: &mut sqlx::PgConnection,

@@ -125,9 +125,18 @@ impl Inbox {
         if judged {
             crate::skew::warn_of_lease_skew(ahead);
         }
-        // The boot is anchored at open, not only at its first purge (`anchor.rs`).
+        // The boot is anchored at open, not only at its first purge (`anchor.rs`). A server
+        // that takes no writes (a standby the URL still names, a read-only role) opens all the
+        // same, unready (`ready`), and the first purge that can write anchors the boot.
         let (clock, stamps) = (&options.clock, &options.stamps);
-        crate::anchor::purge_time(&mut conn, clock, stamps, clock.now(), ahead).await?;
+        match crate::anchor::purge_time(&mut conn, clock, stamps, clock.now(), ahead).await {
+            Err(e) if crate::anchor::read_only(&e) => {
+                tracing::debug!("the server takes no writes: the boot is anchored later");
+            }
+            anchored => {
+                anchored?;
+            }
+        }
         drop(conn);
         let batcher = Batcher::start(&pool, &options);
         Ok(Inbox {

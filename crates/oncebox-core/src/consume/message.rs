@@ -44,6 +44,12 @@ pub trait MessageHeaders {
     }
     /// The producer's message id, if any.
     fn message_id(&self) -> Option<Cow<'_, [u8]>>;
+    /// How many values the message's id has. A transport that carries the id in a header a
+    /// message may repeat (NATS's `Nats-Msg-Id`) counts every one; the default, for those that
+    /// carry one at most (AMQP's property), counts [`message_id`](Self::message_id).
+    fn message_ids(&self) -> usize {
+        usize::from(self.message_id().is_some())
+    }
     /// Every value of header `name`, for a transport that carries one name more than once
     /// (NATS); the default, for those that cannot (AMQP's table), is [`header`](Self::header).
     fn header_values(&self, name: &str) -> Vec<Cow<'_, [u8]>> {
@@ -127,6 +133,12 @@ impl MessageRules {
                 }
                 (None, None) => return Err(missing(format!("header {name} absent"))),
             },
+            // As a repeated header: the first of several ids could name another event.
+            KeyRule::MessageId if headers.message_ids() > 1 => {
+                return Err(Reason::EventIdInvalid(
+                    "the message id sent more than once".to_owned(),
+                ));
+            }
             KeyRule::MessageId => headers
                 .message_id()
                 .ok_or_else(|| missing("no message id".to_owned()))

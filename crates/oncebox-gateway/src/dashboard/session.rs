@@ -262,9 +262,10 @@ pub(crate) struct LoginForm {
     token: String,
 }
 
-/// Runs before the admin guard: a request without `Authorization` that carries a valid session
-/// cookie *and* that session's CSRF token in [`CSRF_HEADER`] (from the same origin) is let
-/// through as if it carried the admin token. The cookie alone is never enough.
+/// Runs before the admin guard: a request that carries a valid session cookie *and* that
+/// session's CSRF token in [`CSRF_HEADER`] (from the same origin) is let through as if it
+/// carried the admin token, whatever `Authorization` it had (a sign-in proxy's own). The
+/// cookie alone is never enough, and without both the request's own credential is judged.
 pub(crate) async fn bridge<S: EventStore>(
     State(gw): State<Arc<Gateway<S>>>,
     mut request: Request,

@@ -3,14 +3,19 @@
 //! /login; signed in, the page's own 400, in HTML. The extractors' rejections used to answer
 //! before the check, with a JSON problem document, to anyone. Every query parameter the
 //! OpenAPI document gives a page is one the page reads, and a sign-in proxy's own credential
-//! does not shut a signed-in page out of the admin API.
+//! does not shut a signed-in page out of the admin API. Beyond loopback without a token the
+//! dashboard is closed; a session logged out stays ended across a clock stepped back.
 
-use axum::http::StatusCode;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use oncebox_core::Clock;
 use oncebox_testkit::run;
 use serde_json::Value;
 
-use crate::dashboard::{gateway, get, login};
-use crate::support::{TestGateway, local_get};
+use crate::dashboard::{csrf, gateway, get, login, text};
+use crate::support::{TestGateway, config, local_get};
 
 const UNREADABLE: [&str; 5] = [
     "/events?after=abc",
@@ -158,21 +163,79 @@ fn a_proxys_own_credential_does_not_shut_out_a_signed_in_page() {
         let gw = gateway();
         let cookie = login(&gw).await;
         let page = gw.send(get("/", &cookie)).await;
-        let token = crate::dashboard::csrf(std::str::from_utf8(&page.body).unwrap());
+        let token = csrf(&text(&page.body));
         for credential in ["Basic dTpw", "Bearer the-proxys-own"] {
-            let call = axum::http::Request::get("/v1/activity")
+            let call = Request::get("/v1/activity")
                 .header("cookie", &cookie)
                 .header("x-oncebox-csrf", &token)
                 .header("authorization", credential)
-                .body(axum::body::Body::empty())
+                .body(Body::empty())
                 .unwrap();
             assert_eq!(gw.send(call).await.status, StatusCode::OK, "{credential}");
         }
         // Without the session, the credential alone is what the guard judges.
-        let alone = axum::http::Request::get("/v1/activity")
+        let alone = Request::get("/v1/activity")
             .header("authorization", "Bearer the-proxys-own")
-            .body(axum::body::Body::empty())
+            .body(Body::empty())
             .unwrap();
         assert_eq!(gw.send(alone).await.status, StatusCode::UNAUTHORIZED);
+    });
+}
+
+/// Without an admin token on a listener that is not loopback-only, the pages say the dashboard
+/// is closed with 403, as the admin API answers there: no token could open it.
+#[test]
+fn without_a_token_beyond_loopback_the_dashboard_is_closed_403() {
+    run(async {
+        let mut cfg = config();
+        cfg.admin_token = None;
+        let gw = TestGateway::with(cfg, oncebox_sqlite::Options::new);
+        for path in ["/", "/events", "/login"] {
+            let page = gw.send(get(path, "")).await;
+            assert_eq!(page.status, StatusCode::FORBIDDEN, "{path}");
+            assert!(
+                text(&page.body).contains("The dashboard is closed"),
+                "{path}"
+            );
+        }
+    });
+}
+
+/// A session logged out stays refused until its cookie expires, even when the wall clock was
+/// stepped back after the login: the list keeps it until the cookie's own signed expiry.
+#[test]
+fn a_logged_out_session_stays_refused_across_a_clock_stepped_back() {
+    run(async {
+        let gw = gateway();
+        let logout = |cookie: &str, csrf: &str| {
+            Request::post("/logout")
+                .header("cookie", cookie)
+                .header("content-type", "application/x-www-form-urlencoded")
+                .body(Body::from(format!("csrf={csrf}")))
+                .unwrap()
+        };
+        let first = login(&gw).await;
+        let csrf_first = csrf(&text(&gw.send(get("/", &first)).await.body));
+        let logged_in = gw.clock.now();
+        gw.clock
+            .set(logged_in.minus(Duration::from_secs(24 * 3600)));
+        let out = gw.send(logout(&first, &csrf_first)).await;
+        assert_eq!(out.status, StatusCode::SEE_OTHER);
+        // 13 hours on: past the logout's time plus a session's 12, before the cookie expires.
+        gw.clock.advance(Duration::from_secs(13 * 3600));
+        // Another session's logout prunes the list.
+        let second = login(&gw).await;
+        let csrf_second = csrf(&text(&gw.send(get("/", &second)).await.body));
+        assert_eq!(
+            gw.send(logout(&second, &csrf_second)).await.status,
+            StatusCode::SEE_OTHER
+        );
+        let again = gw.send(get("/", &first)).await;
+        assert_eq!(
+            again.status,
+            StatusCode::SEE_OTHER,
+            "the first session stays ended"
+        );
+        assert_eq!(again.headers["location"], "/login");
     });
 }

@@ -28,16 +28,37 @@ impl<S: DeliveryStore> Relay<S> {
     /// delivered; not applied → due again with the same key, or dead once the route's attempts
     /// or age are used up; no answer → asked again later,
     /// after a wait that doubles each time. Returns how many were settled.
+    ///
+    /// Routes are asked side by side: one after another, a status URL that hung until its
+    /// timeout held every later route's questions back by as long, and one route's failure
+    /// ended the pass for the rest. A failure is the answer only when nothing was settled.
     pub async fn reconcile(&self) -> Result<usize, Unavailable> {
+        let passes = self
+            .routes
+            .iter()
+            .filter(|(_, lane)| lane.route.status_url.is_some())
+            .map(|(name, lane)| self.reconcile_route(name, lane));
+        let (mut settled, mut failed) = (0, None);
+        for pass in join_all(passes).await {
+            match pass {
+                Ok(n) => settled += n,
+                Err(e) => {
+                    failed.get_or_insert(e);
+                }
+            }
+        }
+        match failed {
+            Some(e) if settled == 0 => Err(e),
+            _ => Ok(settled),
+        }
+    }
+
+    /// One route's share of [`Relay::reconcile`].
+    async fn reconcile_route(&self, name: &str, lane: &Lane) -> Result<usize, Unavailable> {
+        let due = self.due_uncertain(name, lane).await?;
         let mut settled = 0;
-        for (name, lane) in &self.routes {
-            if lane.route.status_url.is_none() {
-                continue;
-            }
-            let due = self.due_uncertain(name, lane).await?;
-            for done in join_all(due.iter().map(|d| self.ask(lane, d))).await {
-                settled += usize::from(done?);
-            }
+        for done in join_all(due.iter().map(|d| self.ask(lane, d))).await {
+            settled += usize::from(done?);
         }
         Ok(settled)
     }

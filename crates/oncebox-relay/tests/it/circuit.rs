@@ -230,6 +230,11 @@ fn a_late_success_sent_before_the_circuit_opened_does_not_close_it() {
             }
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
+        let mut failed = 0;
+        for id in first_round {
+            failed += w.delivery(id).await.attempts;
+        }
+        assert_eq!(failed, 2, "both failures recorded before the success");
         state.gate.add_permits(1);
         let out = round.await.unwrap();
         assert_eq!((out.delivered, out.retrying), (1, 2), "{out:?}");

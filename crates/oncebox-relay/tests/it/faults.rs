@@ -103,6 +103,52 @@ fn unreadable_uncertain_rows_do_not_hide_a_later_one_from_reconciliation() {
     });
 }
 
+/// Routes are reconciled side by side: one whose status URL hangs until its timeout holds back
+/// no other route's questions. One after another (in name order), the later route waited the
+/// whole timeout.
+#[test]
+fn a_status_url_that_hangs_holds_back_no_other_routes_reconciliation() {
+    run(async {
+        let w = World::new();
+        let (_rx, addr) = receiver::start().await;
+        let (silent, asked) = receiver::silent().await;
+        w.accept("evt_a", &["a-stuck"]).await;
+        w.accept("evt_b", &["b-hooks"]).await;
+        let parked = rusqlite::Connection::open(w.path())
+            .unwrap()
+            .execute(
+                "UPDATE oncebox_outbox SET state = 'uncertain', next_attempt_at = 0",
+                [],
+            )
+            .unwrap();
+        assert_eq!(parked, 2);
+        let mut stuck = route("a-stuck", addr, false);
+        stuck.status_url = Some(format!("http://{silent}/status/{{key}}"));
+        stuck.timeout = Duration::from_secs(60);
+        let mut hooks = route("b-hooks", addr, false);
+        hooks.status_url = Some(format!("http://{addr}/status/{{key}}"));
+        let relay = std::sync::Arc::new(w.relay(vec![stuck, hooks]));
+        let pass = tokio::spawn({
+            let relay = relay.clone();
+            async move { relay.reconcile().await }
+        });
+        // The receiver never got evt_b: not applied, so it is due again, no longer uncertain;
+        // meanwhile a-stuck's question reached its silent status URL.
+        let asked = || asked.load(std::sync::atomic::Ordering::SeqCst);
+        for _ in 0..2_000 {
+            if w.delivery("evt_b").await.state != DeliveryState::Uncertain && asked() == 1 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_ne!(w.delivery("evt_b").await.state, DeliveryState::Uncertain);
+        assert_eq!(asked(), 1, "a-stuck was asked");
+        assert!(!pass.is_finished(), "its question still hangs");
+        assert_eq!(w.delivery("evt_a").await.state, DeliveryState::Uncertain);
+        pass.abort();
+    });
+}
+
 #[test]
 fn uncertain_without_a_status_url_waits_for_an_operator() {
     run(async {

@@ -189,8 +189,13 @@ pub async fn record_sets_state_attempts_and_last_result_for_each_verdict<B: Deli
             Some(404),
             Some("receiver answered 404"),
         ),
-        // The attempt's own error says more than the policy's reason for giving up.
-        (DeliveryState::Dead, None, None, Some("connection reset")),
+        // Why it gave up, then the attempt's own error.
+        (
+            DeliveryState::Dead,
+            None,
+            None,
+            Some("gave up after 15 attempts: connection reset"),
+        ),
     ];
     for ((claimed, expect), (attempt, _)) in c.iter().zip(expect).zip(outcomes) {
         let v = view(&b, claimed.id).await;

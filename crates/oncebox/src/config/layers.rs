@@ -36,9 +36,15 @@ pub(super) fn layers(overrides: &Overrides) -> anyhow::Result<Figment> {
     // figment reads variables lossily: a stray byte in a secret would become U+FFFD and
     // change the key, every event then `401` with nothing pointing at the variable.
     for (var, value) in std::env::vars_os() {
+        // The prefix matched as figment matches it: case aside, the name trimmed.
         let table = var
             .to_str()
-            .and_then(|v| v.strip_prefix("ONCEBOX_"))
+            .map(str::trim)
+            .and_then(|v| {
+                v.get(..8)
+                    .filter(|p| p.eq_ignore_ascii_case("ONCEBOX_"))
+                    .and(v.get(8..))
+            })
             .is_some_and(|rest| {
                 let top = rest.split("__").next().unwrap_or_default();
                 rest.contains("__")

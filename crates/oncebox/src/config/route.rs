@@ -203,14 +203,18 @@ pub(super) fn validate(
         // A plain http:// route speaks no TLS its authorities could verify, unless its
         // status URL does: accepted, an operator could believe deliveries verified against
         // a private CA that go out in plain text.
-        let https = |u: &str| u.get(..8).is_some_and(|s| s.eq_ignore_ascii_case("https://"));
+        let https = |u: &str| {
+            u.get(..8)
+                .is_some_and(|s| s.eq_ignore_ascii_case("https://"))
+        };
         let plain = matches!(target, Some(Target::Http))
             && !https(&url)
             && !raw.status_url.as_deref().is_some_and(https);
         if plain {
             p.push(
                 &at,
-                "applies only to https and NATS routes (and a status_url over https): this                  route's url and status_url are plain http; remove it",
+                "applies only to https and NATS routes (and a status_url over https): this \
+                 route's url and status_url are plain http; remove it",
             );
             return None;
         }

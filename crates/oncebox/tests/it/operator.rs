@@ -266,6 +266,18 @@ fn a_configuration_variable_not_utf8_is_refused_by_name() {
         said.contains("ONCEBOX_SOURCES__SHOP__PREFIX is not valid UTF-8"),
         "{said}"
     );
+    // The prefix in any case, as it is read.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_oncebox"))
+        .arg("check")
+        .current_dir(d)
+        .env_remove("ONCEBOX_CONFIG")
+        .env(
+            "oncebox_sources__shop__prefix",
+            std::ffi::OsString::from_vec(b"sha\xff=".to_vec()),
+        )
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
 }
 
 /// Flags outside what a command does are refused by name before anything runs.
