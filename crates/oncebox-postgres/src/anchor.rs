@@ -41,6 +41,13 @@ pub(crate) async fn purge_time(
     }
     stamps.set(record.or(stored));
     if let Some(a) = record {
+        // Read committed whatever the database's default: two processes anchoring one boot
+        // at once (nodes opening together) under repeatable read failed the second with
+        // 40001, and its open with it.
+        let mut tx = sqlx::Connection::begin(&mut *conn).await?;
+        sqlx::query("SET TRANSACTION ISOLATION LEVEL READ COMMITTED")
+            .execute(&mut *tx)
+            .await?;
         sqlx::query(
             "INSERT INTO oncebox_purge_anchors (boot, wall, since) VALUES ($1, $2, $3)
              ON CONFLICT (boot) DO UPDATE SET wall = excluded.wall, since = excluded.since",
@@ -48,8 +55,9 @@ pub(crate) async fn purge_time(
         .bind(a.boot)
         .bind(a.wall.millis())
         .bind(i64::try_from(a.since.as_millis()).unwrap_or(i64::MAX))
-        .execute(&mut *conn)
+        .execute(&mut *tx)
         .await?;
+        tx.commit().await?;
     }
     if let Some(lag) = oncebox_core::purge_lag(now, bounded) {
         let boot = boot.map(|b| b.id);

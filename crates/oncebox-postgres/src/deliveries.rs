@@ -56,17 +56,26 @@ impl Inbox {
     }
 
     /// Puts the next status check of an uncertain delivery off by twice the time since the
-    /// last one, within [`STATUS_RECHECK`].
-    async fn ask_again_later(&self, id: i64, now: Timestamp) -> Result<bool, Unavailable> {
+    /// last one, within [`STATUS_RECHECK`]; only while it is still the attempt `attempts`
+    /// was asked about (an unanswered question about an earlier one put the current one's
+    /// check off by up to half an hour).
+    async fn ask_again_later(
+        &self,
+        id: i64,
+        attempts: u32,
+        now: Timestamp,
+    ) -> Result<bool, Unavailable> {
         let n = sqlx::query(
             "UPDATE oncebox_outbox SET updated_at = $2,
                next_attempt_at = $2 + least(greatest(2 * ($2 - updated_at), $3), $4)
-             WHERE id = $1 AND state = 'uncertain' AND next_attempt_at <= $2",
+             WHERE id = $1 AND state = 'uncertain' AND next_attempt_at <= $2
+               AND attempts = $5",
         )
         .bind(id)
         .bind(now.millis())
         .bind(millis(STATUS_RECHECK.0))
         .bind(millis(STATUS_RECHECK.1))
+        .bind(i32::try_from(attempts).unwrap_or(i32::MAX))
         .execute(&self.pool);
         let n = answered(self.lost_after, n)
             .await
@@ -237,7 +246,7 @@ impl DeliveryStore for Inbox {
             note,
         }) = answer.settled(now)
         else {
-            return self.ask_again_later(id, now).await;
+            return self.ask_again_later(id, attempts, now).await;
         };
         let query = sqlx::query(
             "UPDATE oncebox_outbox SET state = $2, note = $3, next_attempt_at = $5,

@@ -66,13 +66,17 @@ fn claim(
     // Every process on a SQLite file runs on one machine, with one clock, so a lease begun in
     // the future means a jump; a difference under a lease is left alone all the same, as inbox
     // leases do. (PostgreSQL's claimers are nodes with clocks of their own: it does not
-    // re-anchor, `oncebox-postgres` says why.)
-    conn.prepare_cached(
-        "UPDATE oncebox_outbox SET lease_expires_at = ?1 + (lease_expires_at - updated_at),
-           updated_at = ?1
-         WHERE state = 'in_flight' AND updated_at - ?1 > lease_expires_at - updated_at",
-    )?
-    .execute([now.millis()])?;
+    // re-anchor, `oncebox-postgres` says why.) Only when the store's clock shows a step: a
+    // claimer's `now` stale by more than a lease (read before it waited for the writer)
+    // otherwise cut a live holder's lease, and the next claim took its delivery over.
+    if stepped_back {
+        conn.prepare_cached(
+            "UPDATE oncebox_outbox SET lease_expires_at = ?1 + (lease_expires_at - updated_at),
+               updated_at = ?1
+             WHERE state = 'in_flight' AND updated_at - ?1 > lease_expires_at - updated_at",
+        )?
+        .execute([now.millis()])?;
+    }
     // A relay's route list is fixed by its configuration, so this caches one statement.
     let rows: Vec<_> = conn
         .prepare_cached(&due_sql(routes.len()))?
@@ -184,8 +188,15 @@ fn record(
 
 impl Inbox {
     /// Puts the next status check of an uncertain delivery off by twice the time since the
-    /// last one, within [`STATUS_RECHECK`].
-    async fn ask_again_later(&self, id: i64, now: Timestamp) -> Result<bool, Unavailable> {
+    /// last one, within [`STATUS_RECHECK`]; only while it is still the attempt `attempts`
+    /// was asked about (an unanswered question about an earlier one put the current one's
+    /// check off by up to half an hour).
+    async fn ask_again_later(
+        &self,
+        id: i64,
+        attempts: u32,
+        now: Timestamp,
+    ) -> Result<bool, Unavailable> {
         let (least, most) = (millis(STATUS_RECHECK.0), millis(STATUS_RECHECK.1));
         self.submit(move |cx| {
             let n = cx
@@ -193,9 +204,10 @@ impl Inbox {
                 .prepare_cached(
                     "UPDATE oncebox_outbox SET updated_at = ?2,
                        next_attempt_at = ?2 + min(max(2 * (?2 - coalesce(updated_at, ?2)), ?3), ?4)
-                     WHERE id = ?1 AND state = 'uncertain' AND next_attempt_at <= ?2",
+                     WHERE id = ?1 AND state = 'uncertain' AND next_attempt_at <= ?2
+                       AND attempts = ?5",
                 )?
-                .execute(params![id, now.millis(), least, most])?;
+                .execute(params![id, now.millis(), least, most, attempts])?;
             Ok(Ok(n == 1))
         })
         .await
@@ -337,7 +349,7 @@ impl DeliveryStore for Inbox {
             note,
         }) = answer.settled(now)
         else {
-            return self.ask_again_later(id, now).await;
+            return self.ask_again_later(id, attempts, now).await;
         };
         self.submit(move |cx| {
             let n = cx

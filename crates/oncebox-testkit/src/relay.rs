@@ -356,6 +356,7 @@ macro_rules! delivery_conformance {
             expired_lease_is_reclaimed_with_a_higher_token_and_the_old_holder_is_fenced,
             a_second_handle_on_the_storage_takes_over_with_a_higher_token,
             a_claimer_behind_by_less_than_a_lease_leaves_the_lease_alone,
+            a_claim_with_a_stale_now_cuts_no_live_lease,
             record_sets_state_attempts_and_last_result_for_each_verdict,
             retrying_delivery_is_claimable_only_from_its_next_attempt,
             claim_takes_only_the_given_routes,

@@ -7,9 +7,12 @@
 use std::time::Duration;
 
 use oncebox_core::delivery::Verdict;
-use oncebox_core::{Clock, ManualClock};
+use oncebox_core::relay_store::DeliveryStore;
+use oncebox_core::{Clock, LeaseError, ManualClock};
 
-use super::{DeliveryBackend, Stores, accept, answered, claim, fresh, keys_and_routes, pair};
+use super::{
+    DeliveryBackend, LEASE, Stores, accept, answered, claim, fresh, keys_and_routes, pair,
+};
 
 /// The backoff the retried delivery waits.
 const BACKOFF: Duration = Duration::from_secs(10);
@@ -66,4 +69,34 @@ pub async fn a_relay_started_after_a_backward_jump_finds_the_schedules_due_as_be
     let pending = scheduled_then_set_back(&before, &clock).await;
     drop(before);
     due_after(&after, &clock, &pending).await;
+}
+
+/// On one clock, the re-anchor's boundary: the clock set back exactly one lease length after a
+/// lease was taken leaves it as it is; a millisecond more, and the next claim re-anchors it to
+/// end one lease from its now.
+pub async fn a_lease_is_re_anchored_only_when_taken_over_a_lease_ahead<B: DeliveryBackend>() {
+    for (ahead, kept) in [(LEASE, true), (LEASE + Duration::from_millis(1), false)] {
+        let (b, clock) = fresh::<B>().await;
+        accept(&b, "evt-1").await;
+        let at = clock.now();
+        let held = claim(&b, at, 10).await;
+        assert_eq!(held.len(), 2);
+        clock.set(at.minus(ahead));
+        assert_eq!(claim(&b, clock.now(), 10).await, []);
+        // The holder's last moment on its own clock.
+        let end = at.plus(LEASE - Duration::from_millis(1));
+        let recorded = b
+            .record(&held[0], answered(200, end), Verdict::Delivered, end)
+            .await;
+        if kept {
+            assert_eq!(recorded, Ok(()), "one lease ahead: left alone");
+        } else {
+            // Re-anchored to end one lease after `at - ahead`: before `end`.
+            assert_eq!(
+                recorded,
+                Err(LeaseError::Fenced),
+                "over a lease ahead: re-anchored"
+            );
+        }
+    }
 }

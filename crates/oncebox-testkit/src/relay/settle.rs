@@ -231,6 +231,13 @@ pub async fn reconcile_settles_only_an_uncertain_delivery_and_puts_off_an_unansw
             .unwrap()
     );
     assert_eq!(view(&b, u).await.state, DeliveryState::Uncertain);
+    // Nor does one that went unanswered put the new attempt's check off.
+    assert!(
+        !b.reconcile(u, 1, StatusAnswer::NoAnswer, fourth)
+            .await
+            .unwrap()
+    );
+    assert!(check_due(&b, u, fourth).await, "its check is still due");
     assert!(
         b.reconcile(u, 2, StatusAnswer::Applied, fourth)
             .await
