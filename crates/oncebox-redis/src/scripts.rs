@@ -239,6 +239,32 @@ mod tests {
         assert_eq!(fence_key("ns"), "ns:fence");
     }
 
+    /// A connection to the Redis at `url`, and a fence and a record key of a namespace of
+    /// their own.
+    async fn connected(url: &str) -> (redis::aio::MultiplexedConnection, String, Vec<u8>) {
+        let client = redis::Client::open(url).unwrap();
+        let conn = client.get_multiplexed_async_connection().await.unwrap();
+        let ns = format!("oncebox-test-{}", uuid::Uuid::new_v4().simple());
+        let rec = record_key(&ns, &Key::parse("s", "e").unwrap());
+        (conn, fence_key(&ns), rec)
+    }
+
+    /// The begin script's call for a 60 s lease under `attempt`.
+    fn begin_as<'a>(
+        begin: &'a Script,
+        fence: &str,
+        rec: &[u8],
+        attempt: &str,
+    ) -> redis::ScriptInvocation<'a> {
+        let mut c = begin.prepare_invoke();
+        c.key(fence)
+            .key(rec)
+            .arg(&[7u8; 32][..])
+            .arg(60_000)
+            .arg(attempt);
+        c
+    }
+
     /// The begin script on the real Redis, called as a lost reply's repetition is: under the
     /// same attempt id it answers the lease it took; once another took the key over (here an
     /// earlier build's `begin`, which rewrites the token and leaves `attempt` as it was), it
@@ -249,23 +275,9 @@ mod tests {
             return;
         };
         oncebox_testkit::run(async move {
-            let client = redis::Client::open(url.as_str()).unwrap();
-            let mut conn = client.get_multiplexed_async_connection().await.unwrap();
-            let ns = format!("oncebox-test-{}", uuid::Uuid::new_v4().simple());
-            let (fence, rec) = (
-                fence_key(&ns),
-                record_key(&ns, &Key::parse("s", "e").unwrap()),
-            );
+            let (mut conn, fence, rec) = connected(&url).await;
             let begin = Script::new(BEGIN);
-            let call = |attempt: &'static str| {
-                let mut c = begin.prepare_invoke();
-                c.key(&fence)
-                    .key(&rec)
-                    .arg(&[7u8; 32][..])
-                    .arg(60_000)
-                    .arg(attempt);
-                c
-            };
+            let call = |attempt: &'static str| begin_as(&begin, &fence, &rec, attempt);
             let first: Vec<redis::Value> = call("aa01").invoke_async(&mut conn).await.unwrap();
             let again: Vec<redis::Value> = call("aa01").invoke_async(&mut conn).await.unwrap();
             assert_eq!(first, again, "the repetition gets the same lease");
@@ -306,23 +318,9 @@ mod tests {
             return;
         };
         oncebox_testkit::run(async move {
-            let client = redis::Client::open(url.as_str()).unwrap();
-            let mut conn = client.get_multiplexed_async_connection().await.unwrap();
-            let ns = format!("oncebox-test-{}", uuid::Uuid::new_v4().simple());
-            let (fence, rec) = (
-                fence_key(&ns),
-                record_key(&ns, &Key::parse("s", "e").unwrap()),
-            );
+            let (mut conn, fence, rec) = connected(&url).await;
             let begin = Script::new(BEGIN);
-            let call = |attempt: &'static str| {
-                let mut c = begin.prepare_invoke();
-                c.key(&fence)
-                    .key(&rec)
-                    .arg(&[7u8; 32][..])
-                    .arg(60_000)
-                    .arg(attempt);
-                c
-            };
+            let call = |attempt: &'static str| begin_as(&begin, &fence, &rec, attempt);
             // The lease ends (its record kept, as for as long again as the lease).
             let end = || {
                 let mut c = redis::cmd("HSET");

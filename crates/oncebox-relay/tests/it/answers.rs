@@ -45,8 +45,13 @@ async fn endless(status: u16) -> (SocketAddr, Arc<AtomicU64>) {
                 let mut framed = format!("{:x}\r\n", chunk.len()).into_bytes();
                 framed.extend_from_slice(&chunk);
                 framed.extend_from_slice(b"\r\n");
-                while socket.write_all(&framed).await.is_ok() {
-                    sent.fetch_add(chunk.len() as u64, Ordering::SeqCst);
+                // Counted as the kernel takes the bytes, not per whole chunk: a chunk the relay
+                // stopped reading in the middle of was not counted at all, and a body read past
+                // its limit could read as short of it.
+                let mut at = 0;
+                while let Ok(n @ 1..) = socket.write(&framed[at..]).await {
+                    sent.fetch_add(n as u64, Ordering::SeqCst);
+                    at = (at + n) % framed.len();
                 }
             });
         }
