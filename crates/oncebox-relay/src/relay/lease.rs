@@ -74,14 +74,7 @@ impl<S: DeliveryStore> Relay<S> {
         claimed_at: Duration,
         ahead: Duration,
     ) -> bool {
-        let now = self.clock.now();
-        let held_for = self.clock.monotonic().saturating_sub(claimed_at);
-        let spare = self
-            .latest_send(route)
-            .unwrap_or_default()
-            .saturating_add(ahead);
-        now.plus(spare) >= claimed.lease_expires_at
-            || held_for.saturating_add(spare) >= self.options.lease
+        ahead >= self.left_to_send(claimed, route, claimed_at)
     }
 
     /// How long `claimed` may still wait before [`Relay::short_of_lease`] holds for it: the
