@@ -4,6 +4,8 @@
 use std::fmt;
 use std::time::Duration;
 
+use crate::route::Route;
+
 /// A delivery's life (DESIGN §2). Stored by name; do not rename.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
@@ -140,8 +142,9 @@ pub enum Verdict {
     Delivered,
     /// Try again after this wait.
     Retry(Duration),
-    /// The outcome is unknown and retrying could apply it twice: wait for reconciliation.
-    Uncertain,
+    /// The outcome is unknown and retrying could apply it twice: wait for reconciliation, its
+    /// status URL first asked after this wait.
+    Uncertain(Duration),
     Dead(String),
 }
 
@@ -182,15 +185,8 @@ impl Verdict {
                 }),
             ),
             // `Uncertain`: parking it for reconciliation neither claims an outcome nor risks a
-            // second effect. Its status URL is first asked a while later: a receiver that
-            // timed out is often still at work on the request, and asked at once would answer
-            // "not applied" and have it sent again.
-            Verdict::Uncertain => (
-                "uncertain",
-                Some(now.plus(crate::relay_store::STATUS_RECHECK.0).millis()),
-                None,
-                error,
-            ),
+            // second effect. Its status URL is first asked a while later ([`decide`]).
+            Verdict::Uncertain(wait) => ("uncertain", Some(now.plus(*wait).millis()), None, error),
         };
         Recorded {
             state,
@@ -211,30 +207,44 @@ impl Verdict {
 /// redirect (which may follow the effect) or by a status of no class (a final 1xx, 600 and
 /// past) is retried only when the route honours the idempotency key; otherwise it is
 /// uncertain. Attempts and age are capped; a wait (backoff or `Retry-After`) past the age cap
-/// waits until the cap for a last try.
+/// waits until the cap for a last try. A last attempt of unknown outcome on a route with a
+/// status URL is uncertain, not dead, even where the key is honoured: the receiver may have
+/// applied it, and its status URL says which.
+///
+/// An uncertain delivery's status URL is first asked [`STATUS_RECHECK`]`.0` after the attempt,
+/// or the route's timeout if that is longer: a receiver that timed out is often still at work
+/// on the request, and asked too soon answers "not applied" and has it sent again. Waiting a
+/// timeout more gives it twice the time it was given to answer.
+///
+/// [`STATUS_RECHECK`]: crate::relay_store::STATUS_RECHECK
 pub fn decide(
     attempt: &Attempt,
-    idempotent: bool,
+    route: &Route,
     attempts_made: u32,
     age: Duration,
-    policy: &RetryPolicy,
     jitter: f64,
 ) -> Verdict {
-    let retryable = match attempt {
+    let (idempotent, policy) = (route.idempotent, &route.retry);
+    let uncertain = Verdict::Uncertain(route.timeout.max(crate::relay_store::STATUS_RECHECK.0));
+    // Past here the attempt is retried (caps allowing); `unknown`: it may have been applied.
+    let unknown = match attempt {
         Attempt::Answered { status, .. } if (200..300).contains(status) => {
             return Verdict::Delivered;
         }
         Attempt::Answered {
             status: 408 | 425 | 429,
             ..
-        } => true,
+        } => false,
         // A proxy's gateway timeout (504, Cloudflare's 524): it forwarded the request and its
         // upstream did not answer in time. The outcome is as unknown as after a timeout of
         // the relay's own, and sending again could apply it twice.
         Attempt::Answered {
             status: 504 | 524, ..
-        } if !idempotent => return Verdict::Uncertain,
-        Attempt::Answered { status, .. } if (500..600).contains(status) => true,
+        } if !idempotent => return uncertain,
+        Attempt::Answered {
+            status: 504 | 524, ..
+        } => true,
+        Attempt::Answered { status, .. } if (500..600).contains(status) => false,
         // Redirects are not followed (the request would go where the route's owner did not
         // send it). 301, 307 and 308 say the request belongs elsewhere, unapplied: a receiver
         // that moved is a configuration to fix while retries last, not a refusal, and every
@@ -244,9 +254,9 @@ pub fn decide(
         Attempt::Answered {
             status: 301 | 307 | 308,
             ..
-        } => true,
+        } => false,
         Attempt::Answered { status, .. } if (300..400).contains(status) && !idempotent => {
-            return Verdict::Uncertain;
+            return uncertain;
         }
         Attempt::Answered { status, .. } if (300..400).contains(status) => true,
         // A receiver that honours the key answers 409 while an earlier request with it is
@@ -259,10 +269,13 @@ pub fn decide(
         // A status no class gives a meaning (a final 1xx, 600 and past: a broken receiver or
         // proxy) came after the request was read, maybe applied: an answer that says nothing.
         Attempt::Answered { .. } | Attempt::NoAnswer(_) if idempotent => true,
-        Attempt::Answered { .. } | Attempt::NoAnswer(_) => return Verdict::Uncertain,
-        Attempt::NotSent(_) => true,
+        Attempt::Answered { .. } | Attempt::NoAnswer(_) => return uncertain,
+        Attempt::NotSent(_) => false,
     };
-    debug_assert!(retryable);
+    let spent = attempts_made >= policy.max_attempts || age >= policy.max_age;
+    if spent && unknown && route.status_url.is_some() {
+        return uncertain;
+    }
     if attempts_made >= policy.max_attempts {
         return Verdict::Dead(format!("gave up after {attempts_made} attempts"));
     }

@@ -99,7 +99,7 @@ impl Outcome {
         match step {
             Ok(Step::Decided(Verdict::Delivered)) => self.delivered += 1,
             Ok(Step::Decided(Verdict::Retry(_))) => self.retrying += 1,
-            Ok(Step::Decided(Verdict::Uncertain)) => self.uncertain += 1,
+            Ok(Step::Decided(Verdict::Uncertain(_))) => self.uncertain += 1,
             Ok(Step::Decided(_)) => self.dead += 1,
             Ok(Step::Unclaimed) => self.unclaimed += 1,
             Err(LeaseError::Fenced) => self.fenced += 1,

@@ -1,6 +1,7 @@
 //! The delivery decision's cases: what each answer makes of a delivery, backoff, the caps.
 
 use super::*;
+use crate::relay_store::STATUS_RECHECK;
 
 const P: RetryPolicy = RetryPolicy {
     max_attempts: 5,
@@ -10,6 +11,22 @@ const P: RetryPolicy = RetryPolicy {
         cap: Duration::from_secs(60),
     },
 };
+
+/// The decision for a route with policy `p` that honours the key or not: no status URL, the
+/// default timeout.
+fn decide(
+    attempt: &Attempt,
+    idempotent: bool,
+    attempts_made: u32,
+    age: Duration,
+    p: &RetryPolicy,
+    jitter: f64,
+) -> Verdict {
+    let mut route = Route::new("r", "https://r.example/hook");
+    route.idempotent = idempotent;
+    route.retry = *p;
+    super::decide(attempt, &route, attempts_made, age, jitter)
+}
 
 fn answered(status: u16) -> Attempt {
     Attempt::Answered {
@@ -69,7 +86,7 @@ fn no_answer_is_retried_only_when_the_route_is_idempotent() {
     ));
     assert_eq!(
         decide(&lost, false, 1, Duration::ZERO, &P, 1.0),
-        Verdict::Uncertain
+        Verdict::Uncertain(STATUS_RECHECK.0)
     );
     // A proxy that forwarded the request and timed out waiting says no more.
     for status in [504, 524] {
@@ -77,7 +94,7 @@ fn no_answer_is_retried_only_when_the_route_is_idempotent() {
         let retried = decide(&timed_out, true, 1, Duration::ZERO, &P, 1.0);
         assert!(matches!(retried, Verdict::Retry(_)), "{status}");
         let parked = decide(&timed_out, false, 1, Duration::ZERO, &P, 1.0);
-        assert_eq!(parked, Verdict::Uncertain, "{status}");
+        assert_eq!(parked, Verdict::Uncertain(STATUS_RECHECK.0), "{status}");
     }
     let refused = decide(&answered(502), false, 1, Duration::ZERO, &P, 1.0);
     assert!(matches!(refused, Verdict::Retry(_)));
@@ -86,7 +103,7 @@ fn no_answer_is_retried_only_when_the_route_is_idempotent() {
         let retried = decide(&answered(status), true, 1, Duration::ZERO, &P, 1.0);
         assert!(matches!(retried, Verdict::Retry(_)), "{status}");
         let parked = decide(&answered(status), false, 1, Duration::ZERO, &P, 1.0);
-        assert_eq!(parked, Verdict::Uncertain, "{status}");
+        assert_eq!(parked, Verdict::Uncertain(STATUS_RECHECK.0), "{status}");
     }
 }
 
@@ -153,7 +170,7 @@ fn a_status_of_no_class_is_as_no_answer() {
         let retried = decide(&answered(status), true, 1, Duration::ZERO, &P, 1.0);
         assert!(matches!(retried, Verdict::Retry(_)), "{status}");
         let parked = decide(&answered(status), false, 1, Duration::ZERO, &P, 1.0);
-        assert_eq!(parked, Verdict::Uncertain, "{status}");
+        assert_eq!(parked, Verdict::Uncertain(STATUS_RECHECK.0), "{status}");
     }
 }
 
@@ -246,6 +263,92 @@ fn state_names_round_trip() {
         assert_eq!(
             DeliveryState::parse(name).map(DeliveryState::as_str),
             Some(name)
+        );
+    }
+}
+
+/// A route that does not honour the key, with a status URL and `timeout`.
+fn asked_route(idempotent: bool, timeout: Duration) -> Route {
+    let mut route = Route::new("r", "https://r.example/hook");
+    route.idempotent = idempotent;
+    route.status_url = Some("https://r.example/status/{key}".into());
+    route.timeout = timeout;
+    route.retry = P;
+    route
+}
+
+/// The status URL is first asked no sooner than the route's timeout after the attempt: a
+/// receiver given a minute to answer may still be at work 10 s after the relay gave up.
+#[test]
+fn an_uncertain_deliverys_first_check_waits_at_least_the_routes_timeout() {
+    let lost = Attempt::NoAnswer("timeout".into());
+    let slow = asked_route(false, Duration::from_secs(60));
+    assert_eq!(
+        super::decide(&lost, &slow, 1, Duration::ZERO, 1.0),
+        Verdict::Uncertain(Duration::from_secs(60))
+    );
+    let quick = asked_route(false, Duration::from_secs(2));
+    assert_eq!(
+        super::decide(&lost, &quick, 1, Duration::ZERO, 1.0),
+        Verdict::Uncertain(STATUS_RECHECK.0)
+    );
+    let at = crate::clock::Timestamp(1_000);
+    let recorded = Verdict::Uncertain(Duration::from_secs(60)).recorded(Some("timeout"), at);
+    assert_eq!(
+        (recorded.state, recorded.next_attempt_at),
+        ("uncertain", Some(61_000))
+    );
+}
+
+/// Where the key is honoured, a last attempt that may have been applied is asked about, not
+/// given up on: dead, it read as never applied, and its status URL could say it was. An
+/// answer that says it was not applied, or a route with nothing to ask, is dead as before.
+#[test]
+fn a_last_attempt_of_unknown_outcome_is_asked_about_where_a_status_url_is() {
+    let asked = asked_route(true, Duration::from_secs(10));
+    let busy = Attempt::Answered {
+        status: 409,
+        retry_after: None,
+    };
+    let unknown = [
+        Attempt::NoAnswer("timeout".into()),
+        answered(504),
+        answered(524),
+        answered(302),
+        answered(600),
+        busy,
+    ];
+    for attempt in &unknown {
+        for (made, age) in [(P.max_attempts, Duration::ZERO), (1, P.max_age)] {
+            assert_eq!(
+                super::decide(attempt, &asked, made, age, 1.0),
+                Verdict::Uncertain(STATUS_RECHECK.0),
+                "{attempt:?} after {made} attempts at {age:?}"
+            );
+            assert!(matches!(
+                decide(attempt, true, made, age, &P, 1.0),
+                Verdict::Dead(_)
+            ));
+        }
+        // Before the caps it is retried, the key honoured.
+        assert!(matches!(
+            super::decide(attempt, &asked, 1, Duration::ZERO, 1.0),
+            Verdict::Retry(_)
+        ));
+    }
+    for known in [
+        answered(500),
+        answered(503),
+        answered(429),
+        answered(308),
+        Attempt::NotSent("connection refused".into()),
+    ] {
+        assert!(
+            matches!(
+                super::decide(&known, &asked, P.max_attempts, Duration::ZERO, 1.0),
+                Verdict::Dead(_)
+            ),
+            "{known:?}"
         );
     }
 }

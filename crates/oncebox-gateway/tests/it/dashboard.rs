@@ -9,7 +9,7 @@ use std::time::Duration;
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use oncebox_core::delivery::{RetryPolicy, Verdict};
-use oncebox_core::relay_store::{AttemptRecord, DeliveryStore};
+use oncebox_core::relay_store::{AttemptRecord, DeliveryStore, STATUS_RECHECK};
 use oncebox_core::route::Route;
 use oncebox_core::{Clock, Source};
 use oncebox_testkit::run;
@@ -237,9 +237,15 @@ async fn seed(gw: &TestGateway) {
         error: Some(error.to_owned()),
     };
     let uncertain = attempt(None, "timed out after the request was sent");
-    DeliveryStore::record(&gw.inbox, &claimed[0], uncertain, Verdict::Uncertain, now)
-        .await
-        .unwrap();
+    DeliveryStore::record(
+        &gw.inbox,
+        &claimed[0],
+        uncertain,
+        Verdict::Uncertain(STATUS_RECHECK.0),
+        now,
+    )
+    .await
+    .unwrap();
     let dead = attempt(Some(400), "<i>refused</i>");
     let verdict = Verdict::Dead("receiver refused".into());
     DeliveryStore::record(&gw.inbox, &claimed[1], dead, verdict, now)

@@ -6,7 +6,7 @@ use std::time::Duration;
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use oncebox_core::delivery::Verdict;
-use oncebox_core::relay_store::{AttemptRecord, DeliveryStore};
+use oncebox_core::relay_store::{AttemptRecord, DeliveryStore, STATUS_RECHECK};
 use oncebox_core::route::Route;
 use oncebox_core::{Clock, Source};
 use oncebox_testkit::run;
@@ -156,9 +156,15 @@ fn operators_retry_resolve_and_redeliver_with_the_same_key() {
             status: None,
             error: Some("timeout".into()),
         };
-        DeliveryStore::record(&gw.inbox, &claimed[0], attempt, Verdict::Uncertain, now)
-            .await
-            .unwrap();
+        DeliveryStore::record(
+            &gw.inbox,
+            &claimed[0],
+            attempt,
+            Verdict::Uncertain(STATUS_RECHECK.0),
+            now,
+        )
+        .await
+        .unwrap();
         let bad = gw
             .send(admin_post(
                 &format!("/v1/deliveries/{id}/resolve"),
@@ -221,9 +227,15 @@ fn delivery_endpoints_need_the_token_and_change_nothing_without_it() {
             status: None,
             error: Some("timeout".into()),
         };
-        DeliveryStore::record(&gw.inbox, &claimed[0], attempt, Verdict::Uncertain, now)
-            .await
-            .unwrap();
+        DeliveryStore::record(
+            &gw.inbox,
+            &claimed[0],
+            attempt,
+            Verdict::Uncertain(STATUS_RECHECK.0),
+            now,
+        )
+        .await
+        .unwrap();
         let id = claimed[0].id;
         let state = || async {
             let d = gw.send(admin_get("/v1/deliveries")).await.json();

@@ -240,10 +240,9 @@ impl<S: DeliveryStore> Relay<S> {
         };
         let verdict = decide(
             attempt,
-            route.idempotent,
+            route,
             budget.spent(claimed.attempts).saturating_add(1),
             age,
-            &route.retry,
             rand::random(),
         );
         if let Some(epoch) = sent_in {
@@ -252,7 +251,7 @@ impl<S: DeliveryStore> Relay<S> {
         let label = match &verdict {
             Verdict::Delivered => "delivered",
             Verdict::Retry(_) => "retrying",
-            Verdict::Uncertain => "uncertain",
+            Verdict::Uncertain(_) => "uncertain",
             _ => "dead",
         };
         metrics::counter!("oncebox_delivery_attempts_total", "route" => route.name.clone(), "outcome" => label).increment(1);

@@ -24,6 +24,7 @@ mod receiver;
 mod settle;
 mod slow_claims;
 mod tls;
+mod unknown;
 mod unrouted;
 mod wire;
 

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use oncebox_core::delivery::{DeliveryState, Verdict};
-use oncebox_core::relay_store::{Claimed, DeliveryStore};
+use oncebox_core::relay_store::{Claimed, DeliveryStore, STATUS_RECHECK};
 use oncebox_core::store::EventStore;
 use oncebox_core::{Clock, LeaseError, ManualClock, Timestamp};
 
@@ -159,7 +159,7 @@ pub async fn record_sets_state_attempts_and_last_result_for_each_verdict<B: Deli
     let outcomes = [
         (answered(204, now), Verdict::Delivered),
         (answered(503, now), Verdict::Retry(wait)),
-        (failed("timeout", now), Verdict::Uncertain),
+        (failed("timeout", now), Verdict::Uncertain(STATUS_RECHECK.0)),
         (
             answered(404, now),
             Verdict::Dead("receiver answered 404".into()),

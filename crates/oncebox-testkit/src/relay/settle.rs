@@ -213,9 +213,14 @@ pub async fn reconcile_settles_only_an_uncertain_delivery_and_puts_off_an_unansw
     let back = again.iter().find(|c| c.id == u).expect("due again");
     assert_eq!(back.idempotency_key, each.uncertain.idempotency_key);
     // Applied: delivered, and never claimed again.
-    b.record(back, failed("timeout", third), Verdict::Uncertain, third)
-        .await
-        .expect("record");
+    b.record(
+        back,
+        failed("timeout", third),
+        Verdict::Uncertain(STATUS_RECHECK.0),
+        third,
+    )
+    .await
+    .expect("record");
     // An answer to the question about the attempt before changes nothing.
     assert!(
         !b.reconcile(u, 1, StatusAnswer::NotApplied, third)

@@ -6,7 +6,7 @@ use std::time::Duration;
 use axum::http::StatusCode;
 use oncebox_core::Clock;
 use oncebox_core::delivery::Verdict;
-use oncebox_core::relay_store::{AttemptRecord, DeliveryStore};
+use oncebox_core::relay_store::{AttemptRecord, DeliveryStore, STATUS_RECHECK};
 use oncebox_testkit::run;
 use serde_json::Value;
 
@@ -43,7 +43,7 @@ pub(super) async fn populated() -> (TestGateway, Vec<crate::support::Answer>) {
         &gw.inbox,
         &claimed.unwrap()[0],
         attempt,
-        Verdict::Uncertain,
+        Verdict::Uncertain(STATUS_RECHECK.0),
         now,
     )
     .await
