@@ -37,7 +37,7 @@ pub(crate) struct Cx<'c, 's> {
     pub conn: &'c Connection,
     /// The writer's hot statements on `conn`.
     stmts: &'c Statements<'s>,
-    /// One instant for the whole batch: every record of one commit carries the same time.
+    /// The time the request running now began (`Open::run` reads it afresh for each).
     pub now: Timestamp,
     /// What a record finished in this batch is dated (`completed_at`, which retention reads):
     /// `now`, but never earlier than this boot's purge anchor says real time is
@@ -267,7 +267,8 @@ impl Writer {
             commits: &self.commits,
             own: false,
         };
-        let mut open = Open::new(cx, &self.stats, expected);
+        let time = (&*self.stats, self.clock.as_ref(), &self.stamps);
+        let mut open = Open::new(cx, time, expected);
         let mut taken = 1;
         // A batch stops taking requests once those after its first have run for
         // `BATCH_WORK`: slow handlers queued together would otherwise all wait for one commit

@@ -9,7 +9,7 @@
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::Ordering;
 
-use oncebox_core::Unavailable;
+use oncebox_core::{Clock, Stamps, Unavailable};
 
 use super::{Cx, Fatal, Job, Stats};
 use crate::error::storage;
@@ -27,15 +27,23 @@ pub(super) struct Open<'c, 's> {
     /// still queued waits for the next transaction) and rolls back.
     pub failed: Option<Unavailable>,
     stats: &'c Stats,
+    clock: &'c dyn Clock,
+    stamps: &'c Stamps,
 }
 
 impl<'c, 's> Open<'c, 's> {
-    pub fn new(cx: Cx<'c, 's>, stats: &'c Stats, expected: usize) -> Open<'c, 's> {
+    pub fn new(
+        cx: Cx<'c, 's>,
+        (stats, clock, stamps): (&'c Stats, &'c dyn Clock, &'c Stamps),
+        expected: usize,
+    ) -> Open<'c, 's> {
         Open {
             cx,
             held: Vec::with_capacity(expected),
             failed: None,
             stats,
+            clock,
+            stamps,
         }
     }
 
@@ -47,6 +55,12 @@ impl<'c, 's> Open<'c, 's> {
             job.refuse(Unavailable::Deadline);
             return true;
         }
+        // Each request is judged at the time it runs, not at its batch's `BEGIN`: a batch takes
+        // requests for up to `BATCH_WORK` after slow handlers, and a lease begun late in one,
+        // dated from the `BEGIN`, ended that much sooner than its holder (who asked after the
+        // `BEGIN`) counted; a `complete` late in one was judged live past its lease's end.
+        self.cx.now = self.clock.now();
+        self.cx.stamp = self.stamps.completed(self.clock, self.cx.now);
         // A panic in a request (a closure given to `Inbox::write`, say) fails its batch, which
         // is rolled back, and the writer goes on: unwinding out of here ended the thread, and
         // every later request of the process was refused as closed.

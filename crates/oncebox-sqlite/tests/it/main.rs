@@ -11,6 +11,7 @@ mod dropped;
 mod examples;
 mod first_fails;
 mod harness;
+mod lease_time;
 mod left_open;
 mod locks;
 mod opens;
