@@ -89,10 +89,17 @@ impl Inbox {
                 };
                 return self.failed(event, tx, claimed, why).await;
             }
+            // A storage failure the handler wrapped in its own error (context around a lock
+            // timeout, a deadlock, a full disk) is the outage its bare `Sql` error is: answered
+            // as the event's own failure, a broker consumer counted it toward quarantining a
+            // valid message (as the SQLite store answers it).
             Err(HandlerError::Failed(e)) => {
-                return self
-                    .failed(event, tx, claimed, ProcessError::Handler(e))
-                    .await;
+                let why = match oncebox_core::chain::cause::<sqlx::Error>(&*e).and_then(unavailable)
+                {
+                    Some(why) => ProcessError::Unavailable(why),
+                    None => ProcessError::Handler(e),
+                };
+                return self.failed(event, tx, claimed, why).await;
             }
         };
         if !ours {
