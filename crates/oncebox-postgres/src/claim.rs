@@ -38,11 +38,11 @@ pub(crate) enum Claim {
 /// Claims `event`'s key inside the caller's transaction. `lease` is `Some((token, expires_at))`
 /// for the two-phase form. On an existing key the row is read `FOR UPDATE`: that waits for a
 /// concurrent holder's transaction and then sees its committed result, so the decision is made
-/// on committed state only.
+/// on committed state only. `now` reads the server's time, in milliseconds.
 pub(crate) async fn claim(
     conn: &mut PgConnection,
     event: &Event,
-    now: i64,
+    now: &(dyn Fn() -> i64 + Send + Sync),
     lease: Option<(i64, i64)>,
 ) -> Result<Claim, sqlx::Error> {
     let key = &event.key;
@@ -58,7 +58,7 @@ pub(crate) async fn claim(
     .bind(key.event_id.as_str())
     .bind(&event.fingerprint.as_bytes()[..])
     .bind(&event.payload)
-    .bind(now)
+    .bind(now())
     .bind(token)
     .bind(expires)
     .bind(event.meta.content_type.as_deref())
@@ -79,6 +79,11 @@ pub(crate) async fn claim(
     else {
         return Ok(Claim::Vanished);
     };
+    // Read once the row is ours: the lock may have been waited for up to the deadline, while
+    // another claimer took the key over. Judged by a time from before that wait, its lease,
+    // begun after it, looked begun in the future by more than a lease (a clock stepped back)
+    // and was re-anchored to end before it began; the next claim took over a live holder.
+    let now = now();
     let id: i64 = row.try_get(0)?;
     let stored: Vec<u8> = row.try_get(1)?;
     let state: String = row.try_get(2)?;

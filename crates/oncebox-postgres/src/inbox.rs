@@ -218,7 +218,8 @@ impl Inbox {
                 .map_err(|e| storage(&e))?;
             crate::crash::point!("after-begin");
             let now = self.clock.now();
-            let claimed = claim(&mut tx, &event, self.leases.server(now).millis(), None);
+            let on_server = || self.leases.server(self.clock.now()).millis();
+            let claimed = claim(&mut tx, &event, &on_server, None);
             match answered(limit, claimed).await.map_err(|e| storage(&e))? {
                 Claim::Vanished => continue,
                 Claim::Answered(answer) => {

@@ -28,7 +28,9 @@ mod sessions;
 mod setup;
 mod silent;
 mod skewed;
+mod stale_claim;
 mod too_large;
 mod wake;
+mod wrapped;
 
 oncebox_testkit::conformance!(harness::Postgres);
