@@ -181,12 +181,13 @@ Examples:
     /// uncertain ones, nor one whose delivery is still owed), with their finished deliveries.
     #[command(after_help = "\
 Examples:
-  oncebox --config oncebox.toml purge              # each source's retention, else 7 days
+  oncebox --config oncebox.toml purge              # each named source's retention; others kept
   oncebox purge --retention 30d --output json      # required where no [sources] are configured")]
     Purge {
-        /// Retention for sources without their own, e.g. `30d` (7 days unless given; must be
-        /// given when the configuration names no sources; warned of under the 3 days Stripe,
-        /// GitHub and Standard Webhooks senders may redeliver for).
+        /// Retention for sources the configuration does not name in `[sources]`, e.g. `30d`
+        /// (unless given they are kept, a consumer's source 7 days; must be given when the
+        /// configuration names no sources; warned of under the 3 days Stripe, GitHub and
+        /// Standard Webhooks senders may redeliver for).
         #[arg(long, value_parser = retention)]
         retention: Option<Duration>,
         #[command(flatten)]

@@ -142,3 +142,53 @@ impl<S: DeliveryStore> Relay<S> {
 pub(super) fn open(circuits: &HashMap<String, Circuit>, route: &str, now: Duration) -> bool {
     circuits.get(route).is_some_and(|c| c.shut(now))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A trial's guard dropped after the circuit opened again and let a newer trial out (its
+    /// record retried for most of a lease meanwhile) leaves that trial out: ending it let a
+    /// second trial out beside it. A guard of the epoch still current ends its own trial.
+    #[test]
+    fn a_trial_guard_ends_only_its_own_epochs_trial() {
+        let circuits = Mutex::new(HashMap::new());
+        let guard = |epoch| TrialGuard {
+            circuits: &circuits,
+            route: "r".to_owned(),
+            epoch,
+        };
+        let trial_out = |epoch| {
+            let mut all = super::super::lock(&circuits);
+            all.insert(
+                "r".to_owned(),
+                Circuit {
+                    failures: 3,
+                    open_until: None,
+                    trial: true,
+                    epoch,
+                },
+            );
+        };
+        let late = guard(1);
+        trial_out(2);
+        drop(late);
+        assert!(
+            super::super::lock(&circuits)["r"].trial,
+            "the newer trial is still out"
+        );
+        let own = guard(2);
+        drop(own);
+        assert!(
+            !super::super::lock(&circuits)["r"].trial,
+            "its own guard ended it"
+        );
+        // A route with no circuit (never failed) is left without one.
+        drop(TrialGuard {
+            circuits: &circuits,
+            route: "other".to_owned(),
+            epoch: 0,
+        });
+        assert!(!super::super::lock(&circuits).contains_key("other"));
+    }
+}

@@ -4,7 +4,9 @@
 use std::time::Duration;
 
 use oncebox_core::delivery::{DeliveryState, Verdict};
-use oncebox_core::relay_store::{Budget, Claimed, DeliveryFilter, DeliveryStore, Resolve};
+use oncebox_core::relay_store::{
+    Budget, Claimed, DeliveryFilter, DeliveryStore, Resolve, STATUS_RECHECK,
+};
 use oncebox_core::{Clock, LeaseError, ManualClock, Timestamp};
 
 use super::{DeliveryBackend, Stores, accept, answered, claim, failed, fresh, key, of_event, view};
@@ -56,7 +58,11 @@ pub(crate) async fn each_state<S: Stores>(b: &S, clock: &ManualClock) -> Each {
             answered(410, now),
             Verdict::Dead("receiver answered 410".into()),
         ),
-        (&uncertain, failed("timeout", now), Verdict::Uncertain),
+        (
+            &uncertain,
+            failed("timeout", now),
+            Verdict::Uncertain(STATUS_RECHECK.0),
+        ),
         (
             &retrying,
             answered(503, now),
@@ -278,6 +284,16 @@ pub async fn redeliver_replays_every_delivery_with_the_same_key_except_in_flight
     assert_eq!(b.redeliver(&key("evt-3"), now).await.expect("redeliver"), 1);
     assert_eq!(state(&b, each.in_flight.id).await, DeliveryState::InFlight);
     assert_eq!(b.redeliver(&key("evt-9"), now).await.expect("redeliver"), 0);
+    // Owed ones too: an uncertain delivery is sent again (the operator's call, as `retry`),
+    // a retrying one at once rather than after its backoff.
+    assert_eq!(b.redeliver(&key("evt-2"), now).await.expect("redeliver"), 2);
+    for c in [&each.uncertain, &each.retrying] {
+        let v = view(&b, c.id).await;
+        assert_eq!(
+            (v.state, v.next_attempt_at),
+            (DeliveryState::Pending, Some(now))
+        );
+    }
     let again = claim(&b, now, 10).await;
     let seen: Vec<(i64, &str, u32, Budget)> = again
         .iter()
@@ -294,6 +310,8 @@ pub async fn redeliver_replays_every_delivery_with_the_same_key_except_in_flight
     let expect = [
         (each.delivered.id, "shop:evt-1", 1, replayed),
         (each.dead.id, "shop:evt-1", 1, replayed),
+        (each.uncertain.id, "shop:evt-2", 1, replayed),
+        (each.retrying.id, "shop:evt-2", 1, replayed),
         (each.pending, "shop:evt-3", 0, unsent),
     ];
     assert_eq!(

@@ -5,12 +5,14 @@
 use std::time::Duration;
 
 use oncebox_core::delivery::{DeliveryState, Verdict};
-use oncebox_core::relay_store::DeliveryStore;
+use oncebox_core::relay_store::{DeliveryStore, Resolve};
 use oncebox_core::store::{ConflictFilter, EventFilter, EventStore, Ingest};
 use oncebox_core::{Clock, Meta, Processed, Retention};
 
+use super::operator::each_state;
 use super::{
-    CONTENT_TYPE, DeliveryBackend, Stores, answered, claim, failed, fresh, ingest, key, of_event,
+    CONTENT_TYPE, DeliveryBackend, Stores, accept, answered, claim, failed, fresh, ingest, key,
+    of_event,
 };
 use crate::event;
 
@@ -206,4 +208,62 @@ pub async fn a_record_whose_delivery_is_still_owed_outlives_its_retention<B: Del
     .expect("record");
     assert_eq!(b.purge(clock.now(), &retention).await.expect("purge"), 1);
     assert!(of_event(&b, "evt-1").await.is_empty());
+}
+
+/// A record stays while any one of its deliveries is owed, in whichever state: `pending`,
+/// `in_flight` (its relay's lease long over), `uncertain`, `retrying`. Each is left the last
+/// one owed of its event in turn; only once it is settled does the record go.
+pub async fn no_record_goes_while_any_of_its_deliveries_is_owed<B: DeliveryBackend>() {
+    let (b, clock) = fresh::<B>().await;
+    let retention = Retention::new(DAY);
+    // evt-1: delivered, dead; evt-2: uncertain, retrying; evt-3: in flight, pending.
+    let each = each_state(&b, &clock).await;
+    // evt-4: delivered, in flight.
+    accept(&b, "evt-4").await;
+    // The claim takes evt-3's pending one too; it is given back as it was.
+    let (held, back): (Vec<_>, Vec<_>) = claim(&b, clock.now(), 10)
+        .await
+        .into_iter()
+        .partition(|c| c.idempotency_key == "shop:evt-4");
+    assert_eq!((held.len(), back.len()), (2, 1), "evt-4's two, evt-3's one");
+    let due = clock.now();
+    b.unclaim(&back[0], due, due).await.expect("given back");
+    assert_eq!(back[0].id, each.pending);
+    let attempt = answered(200, clock.now());
+    b.record(&held[0], attempt, Verdict::Delivered, clock.now())
+        .await
+        .expect("record");
+    clock.advance(DAY * 2);
+    assert_eq!(
+        b.purge(clock.now(), &retention).await.expect("purge"),
+        1,
+        "evt-1 alone: nothing of it is owed"
+    );
+    let settle = |id: i64| {
+        let b = b.clone();
+        let now = clock.now();
+        async move {
+            let settled = b.resolve(id, Resolve::Dead, "settled", now).await;
+            assert!(settled.expect("resolve"), "delivery {id} settled");
+        }
+    };
+    // Each event left with one owed delivery: the state named.
+    settle(each.retrying.id).await;
+    settle(each.in_flight.id).await;
+    let kept = b.purge(clock.now(), &retention).await.expect("purge");
+    assert_eq!(kept, 0, "uncertain, pending and in flight each keep theirs");
+    for id in ["evt-2", "evt-3", "evt-4"] {
+        let again = b
+            .ingest(ingest(id, &["a", "b"], None))
+            .await
+            .expect("ingest");
+        assert!(again.is_duplicate(), "{id}: {again:?}");
+    }
+    settle(each.uncertain.id).await;
+    settle(each.pending).await;
+    settle(held[1].id).await;
+    assert_eq!(b.purge(clock.now(), &retention).await.expect("purge"), 3);
+    for id in ["evt-1", "evt-2", "evt-3", "evt-4"] {
+        assert!(of_event(&b, id).await.is_empty(), "{id}");
+    }
 }
