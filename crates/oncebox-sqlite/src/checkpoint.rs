@@ -20,7 +20,9 @@
 //! writer start the log over: the copies that never reached the disk would exist nowhere, and a
 //! power cut would lose acknowledged events (fsyncgate). Left alone, the log keeps every frame
 //! since the last good restart; the next process's recovery reads them back and copies them
-//! again. The log grows until then, and the error says to restart.
+//! again. The log grows until then, and the error says to restart. A database file deleted or
+//! replaced under the store trips the same latch (`moved.rs`): copied into a file no path
+//! names, the log's frames would go with it.
 //!
 //! The restart length is long on purpose: the database file is synced once per restart, and
 //! each sync writes every hot page (index leaves, the table's last pages) copied since the
@@ -67,9 +69,14 @@ impl SyncFailed {
         self.0.load(Ordering::Acquire)
     }
 
+    /// Trips the latch; true the first time.
+    pub(crate) fn trip(&self) -> bool {
+        !self.0.swap(true, Ordering::AcqRel)
+    }
+
     /// Trips the latch, saying so once.
     pub(crate) fn set(&self, what: &dyn std::fmt::Display) {
-        if !self.0.swap(true, Ordering::AcqRel) {
+        if self.trip() {
             tracing::error!(
                 error = %what,
                 "the database file failed to sync: checkpoints stop and the write-ahead log keeps \
@@ -232,7 +239,7 @@ fn passive(conn: &Connection, failed: &SyncFailed) -> Option<Pass> {
 /// snapshots idle look connections keep: a snapshot older than the log's end stops a pass
 /// at its frame and any restart, and one kept after the last commit would do so for the
 /// next writer, this process's or another's.
-pub(crate) fn run(conn: &Connection, c: &Checkpointer) {
+pub(crate) fn run(conn: &Connection, c: &Checkpointer, file: &crate::moved::Opened) {
     loop {
         let signal = c.due.recv_timeout(HOLD);
         c.looks.release_idle();
@@ -243,6 +250,8 @@ pub(crate) fn run(conn: &Connection, c: &Checkpointer) {
         }
         // Signals that queued while the last checkpoint ran are served by this one.
         c.due.try_iter().for_each(drop);
+        // A file moved since the writer's last look trips the latch: `passive` copies nothing.
+        let _ = file.moved();
         if let Some(pass) = passive(conn, &c.failed)
             && pass.log >= c.restart_frames
         {

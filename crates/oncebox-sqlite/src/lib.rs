@@ -25,6 +25,7 @@ mod error;
 mod inbox;
 mod lease;
 mod lenient;
+mod moved;
 mod offsets;
 mod options;
 mod pcache;

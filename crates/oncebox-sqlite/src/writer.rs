@@ -144,6 +144,8 @@ pub(crate) struct Writer {
     pub commits: Commits,
     /// This boot's purge anchor, kept up by purges.
     pub stamps: oncebox_core::Stamps,
+    /// The database file as opened: a batch is not committed into one deleted or replaced.
+    pub file: crate::moved::Opened,
 }
 
 /// Counters of the writer's work, of duplicates answered without it and of reads served on
@@ -295,6 +297,12 @@ impl Writer {
             return 1;
         }
         crash::point!("before-commit");
+        // One `stat` a commit. Committed into a file no path names, the batch would be
+        // answered as stored and lost with it (`moved.rs`).
+        if let Some(why) = self.file.moved() {
+            self.abort(held, &Unavailable::Storage(why));
+            return 1;
+        }
         let committing = Instant::now();
         // A handler may have replaced the WAL hook this commit calls (`writer/walhook.rs`).
         self.wal_hook.reinstall(&self.conn);

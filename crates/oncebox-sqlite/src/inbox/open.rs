@@ -76,7 +76,10 @@ impl Inbox {
             stats.clone(),
             sync_failed.clone(),
         );
+        let file = crate::moved::Opened::at(&options.path, sync_failed.clone());
+        let watched = file.clone();
         let writer = Writer {
+            file,
             commits: crate::writer::Commits::guard(&conn),
             conn,
             wal_hook,
@@ -99,7 +102,7 @@ impl Inbox {
             .name("oncebox-ckpt".into())
             .spawn(move || {
                 keep(started_too);
-                checkpoint::run(&checkpointer, &due)
+                checkpoint::run(&checkpointer, &due, &watched)
             })
             .map_err(OpenError::Thread)?;
         // An error means a thread ended first; it then runs nowhere.

@@ -14,6 +14,7 @@ mod harness;
 mod lease_time;
 mod left_open;
 mod locks;
+mod moved;
 mod opens;
 mod placement;
 mod powerloss;
