@@ -69,7 +69,9 @@ impl Commits {
     /// Sets the hooks. A connection holds one of each, and setting another replaces it: code
     /// that set its own on `tx.conn()` (to learn when its write committed, say) had taken the
     /// guard away for the store's life, and a later stray `COMMIT` then committed a record
-    /// without its effect. So they are set again at each `begin`.
+    /// without its effect. So they are set again at each `begin`, and before each request of
+    /// a batch (`rearm`): one set by a batch-mate let the next request's `COMMIT` commit the
+    /// batch so far, which was then told nothing of it was kept.
     fn install(&self, conn: &Connection) {
         let (hook, ended_seen) = (self.allowed.clone(), self.ended.clone());
         let stray_seen = self.stray.clone();
@@ -97,6 +99,11 @@ impl Commits {
     /// then answered before it was durable (G6).
     pub fn restore(&self, conn: &Connection) -> rusqlite::Result<()> {
         conn.execute_batch(&self.settings)
+    }
+
+    /// Sets the hooks again before a request runs in the open transaction (`install`).
+    pub fn rearm(&self, conn: &Connection) {
+        self.install(conn);
     }
 
     /// Begins the writer's transaction, forgetting how the last one ended.

@@ -61,6 +61,8 @@ impl<'c, 's> Open<'c, 's> {
         // `BEGIN`) counted; a `complete` late in one was judged live past its lease's end.
         self.cx.now = self.clock.now();
         self.cx.stamp = self.stamps.completed(self.clock, self.cx.now);
+        // A hook a batch-mate's code set in place of the guard's is replaced again.
+        self.cx.commits.rearm(self.cx.conn);
         // A panic in a request (a closure given to `Inbox::write`, say) fails its batch, which
         // is rolled back, and the writer goes on: unwinding out of here ended the thread, and
         // every later request of the process was refused as closed.

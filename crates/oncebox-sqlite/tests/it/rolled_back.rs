@@ -5,7 +5,7 @@
 //! that shared its batch run again instead of failing with it.
 
 use oncebox_core::consume::Apply;
-use oncebox_core::{Event, ProcessError, Processed, Response};
+use oncebox_core::{Event, ProcessError, Processed, Response, Unavailable};
 use oncebox_sqlite::rusqlite::Connection;
 use oncebox_sqlite::{HandlerError, Inbox, InboxHandler, Options, Tx};
 use oncebox_testkit::run;
@@ -215,23 +215,39 @@ fn with_handlers_that_run_once_the_events_before_the_cause_are_told_to_retry() {
 /// nothing of it committed; an event after it in the batch commits.
 #[test]
 fn a_handler_running_commit_fails_and_commits_nothing() {
-    committer_refused(false);
+    committer_refused(Hook::None);
 }
 
 /// The same after an earlier batch's code set a commit hook of its own on the connection,
 /// which replaced the writer's guard: its `COMMIT` then committed the batch.
 #[test]
 fn a_commit_hook_set_by_earlier_code_does_not_let_a_stray_commit_through() {
-    committer_refused(true);
+    committer_refused(Hook::EarlierBatch);
 }
 
-fn committer_refused(hook_set_before: bool) {
+/// The same with the hook set by a handler earlier in the same batch: the guard was set again
+/// only at each `BEGIN`, so the `COMMIT` committed the batch-mate's work and its own effect,
+/// and was told nothing of it was kept.
+#[test]
+fn a_commit_hook_set_by_a_batch_mate_does_not_let_a_stray_commit_through() {
+    committer_refused(Hook::BatchMate);
+}
+
+/// Who set a commit hook of their own on the writer's connection before the stray `COMMIT`.
+#[derive(PartialEq)]
+enum Hook {
+    None,
+    EarlierBatch,
+    BatchMate,
+}
+
+fn committer_refused(hook: Hook) {
     run(async {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("o.db");
         let inbox = Inbox::open(Options::new(&path)).unwrap();
         inbox.write(|c| c.execute_batch(POISONED)).await.unwrap();
-        if hook_set_before {
+        if hook == Hook::EarlierBatch {
             inbox
                 .write(|c| {
                     c.commit_hook(Some(|| false));
@@ -241,6 +257,19 @@ fn committer_refused(hook_set_before: bool) {
                 .unwrap();
         }
         let gate = hold_writer(&inbox).await;
+        let hooking = (hook == Hook::BatchMate).then(|| {
+            let inbox = inbox.clone();
+            tokio::spawn(async move {
+                inbox
+                    .process(event("hooker"), |tx| {
+                        tx.conn().commit_hook(Some(|| false));
+                        insert_effect(tx)
+                    })
+                    .await
+            })
+        });
+        let ahead = usize::from(hooking.is_some());
+        queued(&inbox, ahead).await;
         let committing = tokio::spawn({
             let inbox = inbox.clone();
             async move {
@@ -253,12 +282,12 @@ fn committer_refused(hook_set_before: bool) {
                     .await
             }
         });
-        queued(&inbox, 1).await;
+        queued(&inbox, ahead + 1).await;
         let after = tokio::spawn({
             let inbox = inbox.clone();
             async move { inbox.process(event("after"), insert_effect).await }
         });
-        queued(&inbox, 2).await;
+        queued(&inbox, ahead + 2).await;
         gate.send(()).unwrap();
         let out = committing.await.unwrap();
         let Err(ProcessError::Handler(why)) = &out else {
@@ -267,6 +296,15 @@ fn committer_refused(hook_set_before: bool) {
         assert!(why.to_string().contains("ran COMMIT"), "{why}");
         let out = after.await.unwrap();
         assert!(matches!(out, Ok(Processed::Applied(_))), "{out:?}");
+        if let Some(hooking) = hooking {
+            // Its handler cannot run twice: told to retry, truly nothing of it kept.
+            let out = hooking.await.unwrap();
+            assert!(
+                matches!(&out, Err(ProcessError::Unavailable(Unavailable::Storage(why)))
+                    if why.contains("nothing of this request was kept")),
+                "{out:?}"
+            );
+        }
         assert_eq!(effects(&path), ["after"]);
     });
 }
