@@ -204,7 +204,15 @@ pub(super) fn error_chain(e: &dyn std::error::Error) -> String {
 /// taking it for "not applied" would send every uncertain delivery again, the applied ones too.
 pub(crate) async fn applied(client: &reqwest::Client, route: &Route, key: &str) -> Option<bool> {
     let url = status_url(route.status_url.as_ref()?, key)?;
-    let response = client.get(url).timeout(route.timeout).send().await.ok()?;
+    // `no-cache`: a cache in front of the receiver (a CDN storing JSON GETs) would answer a
+    // later question with an earlier "not applied", and the delivery would be sent again.
+    let response = client
+        .get(url)
+        .header(reqwest::header::CACHE_CONTROL, "no-cache")
+        .timeout(route.timeout)
+        .send()
+        .await
+        .ok()?;
     let not_found = response.status().as_u16() == 404;
     if !response.status().is_success() && !not_found {
         return None;

@@ -1,6 +1,7 @@
 //! Attempts of unknown outcome (the request sent, its answer lost): the status URL is first
-//! asked no sooner than the route's timeout after the attempt, and where the key is honoured a
-//! last such attempt is asked about rather than given up on.
+//! asked no sooner than the route's timeout after the attempt, past any cache in front of the
+//! receiver, and where the key is honoured a last such attempt is asked about rather than
+//! given up on.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -72,5 +73,36 @@ fn a_last_attempt_whose_answer_was_lost_is_asked_about_not_given_up() {
         let d = w.delivery("evt_l").await;
         assert_eq!((d.state, d.attempts), (DeliveryState::Delivered, 1));
         assert_eq!(rx.hits_of("shop:evt_l"), 1);
+    });
+}
+
+/// A cache in front of the receiver (a CDN that stores JSON GETs) keeps an early "not applied";
+/// asked again through it, the relay would read that and send the delivery again. The question
+/// says `Cache-Control: no-cache`; this status URL answers "applied" only to one that does.
+#[test]
+fn the_status_url_is_asked_past_any_cache() {
+    run(async {
+        let w = World::new();
+        let (rx, addr) = receiver::start().await;
+        let (proxy, _dropped) = receiver::dropping_proxy(addr).await;
+        let status = axum::Router::new().route(
+            "/status/{key}",
+            axum::routing::get(|headers: axum::http::HeaderMap| async move {
+                let fresh = headers
+                    .get("cache-control")
+                    .is_some_and(|v| v.as_bytes() == b"no-cache");
+                axum::Json(serde_json::json!({ "applied": fresh }))
+            }),
+        );
+        let status = receiver::serve(status).await;
+        let mut plain = route("hooks", proxy, false);
+        plain.status_url = Some(format!("http://{status}/status/{{key}}"));
+        let relay = relay(&w, vec![plain]);
+        w.accept("evt_c", &["hooks"]).await;
+        assert_eq!(relay.run_once().await.unwrap().uncertain, 1);
+        w.clock.advance(STATUS_RECHECK.0);
+        assert_eq!(relay.run_once().await.unwrap().reconciled, 1);
+        assert_eq!(w.delivery("evt_c").await.state, DeliveryState::Delivered);
+        assert_eq!(rx.hits_of("shop:evt_c"), 1);
     });
 }

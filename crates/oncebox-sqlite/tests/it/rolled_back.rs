@@ -234,7 +234,7 @@ fn a_commit_hook_set_by_a_batch_mate_does_not_let_a_stray_commit_through() {
 }
 
 /// Who set a commit hook of their own on the writer's connection before the stray `COMMIT`.
-#[derive(PartialEq)]
+#[derive(Clone, Copy, PartialEq)]
 enum Hook {
     None,
     EarlierBatch,
