@@ -219,9 +219,9 @@ async fn deliveries_of<S: DeliveryStore>(
 /// under `events`, conflicts, deliveries, and the rows no purge removes under `kept`.
 pub fn stats_document(s: &oncebox_core::store::Stats) -> Value {
     let states: serde_json::Map<String, Value> = s
-        .states
-        .iter()
-        .map(|(k, v)| (k.clone(), json!(v)))
+        .every_state()
+        .into_iter()
+        .map(|(k, v)| (k, json!(v)))
         .collect();
     let k = s.kept;
     json!({

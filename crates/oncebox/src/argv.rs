@@ -3,15 +3,21 @@
 
 use std::ffi::OsString;
 
-/// The flags that take a URL, the variable that takes the same URL unseen, and whether it is
+/// The flags that take a URL, where else the same URL can be given unseen, and whether it is
 /// a NATS URL (which may leave its scheme out, and takes a bare user name as a token).
-const URL_FLAGS: [(&str, &str, bool); 3] = [
-    ("--database", "ONCEBOX_DATABASE", false),
-    ("--amqp", "ONCEBOX_AMQP_URL", false),
-    ("--nats", "ONCEBOX_NATS_URL", true),
+/// `--url` (`send`, `bench`: the gateway's address) has no other place.
+const URL_FLAGS: [(&str, Option<&str>, bool); 4] = [
+    ("--database", Some("ONCEBOX_DATABASE"), false),
+    ("--amqp", Some("ONCEBOX_AMQP_URL"), false),
+    ("--nats", Some("ONCEBOX_NATS_URL"), true),
+    ("--url", None, false),
 ];
 
-/// A warning for each URL flag in `args` whose value carries a credential.
+/// The flag that is a secret whatever its value (`serve`'s and `bench`'s).
+const TOKEN_FLAG: &str = "--admin-token";
+
+/// A warning for each URL flag in `args` whose value carries a credential, and for the admin
+/// token given as a flag.
 pub fn exposed(args: impl IntoIterator<Item = OsString>) -> Vec<String> {
     let args: Vec<String> = args
         .into_iter()
@@ -19,6 +25,13 @@ pub fn exposed(args: impl IntoIterator<Item = OsString>) -> Vec<String> {
         .collect();
     let mut warnings = Vec::new();
     for (i, arg) in args.iter().enumerate() {
+        if arg == TOKEN_FLAG || arg.starts_with(&format!("{TOKEN_FLAG}=")) {
+            warnings.push(format!(
+                "{TOKEN_FLAG}: a command line is visible to every user of this machine (ps, \
+                 /proc); set ONCEBOX_ADMIN_TOKEN or admin_token in the configuration file \
+                 instead"
+            ));
+        }
         for (flag, variable, nats) in URL_FLAGS {
             let value = if arg == flag {
                 args.get(i + 1).map(String::as_str)
@@ -26,9 +39,10 @@ pub fn exposed(args: impl IntoIterator<Item = OsString>) -> Vec<String> {
                 arg.strip_prefix(flag).and_then(|v| v.strip_prefix('='))
             };
             if value.is_some_and(|url| carries_credentials(url, nats)) {
+                let instead = variable.map_or(String::new(), |v| format!("; set {v} instead"));
                 warnings.push(format!(
                     "{flag}: its URL carries a credential, and a command line is visible to \
-                     every user of this machine (ps, /proc); set {variable} instead"
+                     every user of this machine (ps, /proc){instead}"
                 ));
             }
         }
@@ -100,8 +114,26 @@ mod tests {
             &["oncebox", "consume", "--nats", "nats://127.0.0.1:4222"],
             &["oncebox", "consume", "--amqp"],
             &["oncebox", "--database", "me@x.db", "events"],
+            &["oncebox", "send", "shop", "--url", "http://127.0.0.1:8080"],
         ] {
             assert!(warned(args).is_empty(), "{args:?}");
         }
+    }
+
+    /// The admin token on any command, and the gateway's URL of `send` and `bench` with a
+    /// credential in it; `--url` has no variable to name instead.
+    #[test]
+    fn the_admin_token_and_a_gateway_url_with_a_credential_are_warned_of() {
+        for args in [
+            &["oncebox", "serve", "--admin-token", "s3cret-s3cret-s3cret"][..],
+            &["oncebox", "bench", "--admin-token=s3cret-s3cret-s3cret"],
+        ] {
+            let w = warned(args);
+            assert_eq!(w.len(), 1, "{args:?}");
+            assert!(w[0].starts_with("--admin-token:") && !w[0].contains("s3cret"));
+        }
+        let w = warned(&["oncebox", "send", "shop", "--url", "http://u:t0ken@gw:8080"]);
+        assert_eq!(w.len(), 1);
+        assert!(w[0].starts_with("--url:") && !w[0].contains("t0ken") && !w[0].contains("set "));
     }
 }

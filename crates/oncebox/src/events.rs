@@ -149,7 +149,7 @@ pub async fn stats(out: &mut impl Write, store: &Store, output: Output) -> Resul
         writeln!(out, "{}", oncebox_gateway::stats_document(&stats))?;
         return Ok(());
     }
-    for (state, n) in &stats.states {
+    for (state, n) in stats.every_state() {
         writeln!(out, "{state:<12} {n}")?;
     }
     writeln!(out, "{:<12} {}", "conflicts", stats.conflicts)?;

@@ -130,20 +130,8 @@ async fn run(cli: Cli) -> Result<()> {
         }
     }
     match cli.command {
-        Command::Serve {
-            no_relay,
-            admin_token,
-            ..
-        } => {
+        Command::Serve { no_relay, .. } => {
             drop(out);
-            if admin_token.is_some() {
-                settings.warnings.push(
-                    "--admin-token: a command line is visible to every user of this machine \
-                     (ps, /proc); set ONCEBOX_ADMIN_TOKEN or admin_token in the configuration \
-                     file instead"
-                        .to_owned(),
-                );
-            }
             serve::run(settings, !no_relay).await?;
         }
         Command::Relay => {

@@ -112,6 +112,11 @@ fn stats_and_metrics_count_outcomes_per_source() {
         gw.send(post("fields", &[], r#"{"amount":2}"#)).await;
         let stats = gw.send(admin_get("/v1/stats")).await.json();
         assert_eq!(stats["events"]["completed"], 1);
+        // Every state is named, those with none as 0: a script's `.events.uncertain == 0`
+        // must not read `null`.
+        for state in ["processing", "uncertain", "rejected", "stale"] {
+            assert_eq!(stats["events"][state], 0, "{state}: {stats}");
+        }
         assert_eq!(stats["conflicts"], 1);
         let text = String::from_utf8(gw.send(admin_get("/metrics")).await.body).unwrap();
         for outcome in ["accepted", "duplicate", "conflict", "invalid"] {

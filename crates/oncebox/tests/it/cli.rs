@@ -228,20 +228,25 @@ fn redeliver_one_event_or_a_whole_source() {
         done,
         serde_json::json!({ "events": 2, "deliveries": 2, "dry_run": false })
     );
-    // Nothing was received in the future: nothing to redeliver; a source with no events is
-    // not found.
+    // Nothing was received in the future: nothing to redeliver, said in the same document as
+    // any run with nothing due; a source with no events is not found.
+    let future = oncebox(
+        d,
+        &[
+            "redeliver",
+            "--source",
+            "shop",
+            "--since",
+            "2999-01-01T00:00:00Z",
+            "--output",
+            "json",
+        ],
+    );
+    assert_eq!(future.status.code(), Some(5));
+    let said: Value = serde_json::from_slice(&future.stdout).expect("a JSON document");
     assert_eq!(
-        code(
-            d,
-            &[
-                "redeliver",
-                "--source",
-                "shop",
-                "--since",
-                "2999-01-01T00:00:00Z"
-            ]
-        ),
-        Some(5)
+        said,
+        serde_json::json!({ "events": 0, "deliveries": 0, "dry_run": false })
     );
     assert_eq!(
         code(
