@@ -112,6 +112,12 @@ pub enum ConsumeError {
     /// The channel or connection closed under the consumer.
     #[error("the channel closed")]
     Closed,
+    /// The connection the quarantine publishes on ([`Consumer::run_apart`]'s `publishing`)
+    /// closed. Nothing reopens a connection by itself: going on, every quarantine failed and
+    /// its message went round the queue until the reading connection failed too. Run again
+    /// on new connections.
+    #[error("the quarantine's connection closed")]
+    QuarantineClosed,
     /// The quarantine exchange does not exist; nothing was consumed. Declare it (and bind a
     /// queue to it), then run again.
     #[error(
@@ -239,7 +245,14 @@ impl<A: Apply> Consumer<A> {
             tokio::select! {
                 () = &mut shutdown => break Ok(()),
                 Some(joined) = in_hand.join_next(), if !in_hand.is_empty() => finished(joined),
-                Some(reply) = reopens.next() => publisher.serve(publishing, reply).await,
+                Some(reply) = reopens.next() => {
+                    publisher.serve(publishing, reply).await;
+                    // A channel cannot be opened on a closed connection: the quarantine's
+                    // message is requeued, and the caller connects both again.
+                    if !publishing.status().connected() {
+                        break Err(ConsumeError::QuarantineClosed);
+                    }
+                }
                 next = deliveries.next() => match next {
                     Some(Ok(delivery)) => {
                         // Taken here, in arrival order.

@@ -18,7 +18,7 @@ use tokio::sync::{Notify, mpsc, oneshot};
 use crate::support::{World, connect};
 
 /// A proxy in front of the broker of `url`, and the URL that goes through it.
-async fn proxied(url: &str) -> (Proxy, String) {
+pub(crate) async fn proxied(url: &str) -> (Proxy, String) {
     let broker = authority(url);
     let upstream: SocketAddr = broker.to_socket_addrs().unwrap().next().unwrap();
     let proxy = Proxy::start(upstream).await;

@@ -11,6 +11,7 @@ mod conflict;
 mod faults;
 mod handler;
 mod kill;
+mod publishing;
 mod quarantine;
 mod scenarios;
 mod support;
