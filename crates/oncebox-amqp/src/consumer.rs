@@ -250,7 +250,9 @@ impl<A: Apply> Consumer<A> {
                     // A channel cannot be opened on a closed connection: the quarantine's
                     // message is requeued, and the caller connects both again.
                     if !publishing.status().connected() {
-                        break Err(ConsumeError::QuarantineClosed);
+                        // One connection for both (`run`): the reading side's end, as ever.
+                        let shared = std::ptr::eq(consuming, publishing);
+                        break Err(if shared { ConsumeError::Closed } else { ConsumeError::QuarantineClosed });
                     }
                 }
                 next = deliveries.next() => match next {

@@ -211,10 +211,10 @@ impl Verdict {
 /// status URL is uncertain, not dead, even where the key is honoured: the receiver may have
 /// applied it, and its status URL says which.
 ///
-/// An uncertain delivery's status URL is first asked [`STATUS_RECHECK`]`.0` after the attempt,
-/// or the route's timeout if that is longer: a receiver that timed out is often still at work
-/// on the request, and asked too soon answers "not applied" and has it sent again. Waiting a
-/// timeout more gives it twice the time it was given to answer.
+/// An uncertain delivery's status URL is first asked the route's timeout after the attempt,
+/// within [`STATUS_RECHECK`] (10 s to 30 min): a receiver that timed out is often still at
+/// work on the request, and asked too soon answers "not applied" and has it sent again.
+/// Waiting a timeout more gives it twice the time it was given to answer.
 ///
 /// [`STATUS_RECHECK`]: crate::relay_store::STATUS_RECHECK
 pub fn decide(
@@ -225,7 +225,10 @@ pub fn decide(
     jitter: f64,
 ) -> Verdict {
     let (idempotent, policy) = (route.idempotent, &route.retry);
-    let uncertain = Verdict::Uncertain(route.timeout.max(crate::relay_store::STATUS_RECHECK.0));
+    // Within the bounds every later question keeps: a route without a timeout of its own
+    // (`Duration::MAX`) was never asked.
+    let (least, most) = crate::relay_store::STATUS_RECHECK;
+    let uncertain = Verdict::Uncertain(route.timeout.clamp(least, most));
     // Past here the attempt is retried (caps allowing); `unknown`: it may have been applied.
     let unknown = match attempt {
         Attempt::Answered { status, .. } if (200..300).contains(status) => {

@@ -221,7 +221,7 @@ impl StatusAnswer {
 }
 
 /// The shortest and longest wait before a status URL is asked about one delivery; the first
-/// question waits the shortest after the delivery became uncertain.
+/// question waits the route's timeout after the delivery became uncertain, within these.
 pub const STATUS_RECHECK: (Duration, Duration) =
     (Duration::from_secs(10), Duration::from_secs(30 * 60));
 

@@ -38,11 +38,13 @@ pub(crate) enum Claim {
 /// Claims `event`'s key inside the caller's transaction. `lease` is `Some((token, expires_at))`
 /// for the two-phase form. On an existing key the row is read `FOR UPDATE`: that waits for a
 /// concurrent holder's transaction and then sees its committed result, so the decision is made
-/// on committed state only. `now` reads the server's time, in milliseconds.
+/// on committed state only. `now` is the server's time the claim's rows are written at (a
+/// lease's `expires_at` was counted from it); `judged` reads the server's time again, to judge
+/// a lease found once its row is locked.
 pub(crate) async fn claim(
     conn: &mut PgConnection,
     event: &Event,
-    now: &(dyn Fn() -> i64 + Send + Sync),
+    (now, judged): (i64, &(dyn Fn() -> i64 + Send + Sync)),
     lease: Option<(i64, i64)>,
 ) -> Result<Claim, sqlx::Error> {
     let key = &event.key;
@@ -58,7 +60,7 @@ pub(crate) async fn claim(
     .bind(key.event_id.as_str())
     .bind(&event.fingerprint.as_bytes()[..])
     .bind(&event.payload)
-    .bind(now())
+    .bind(now)
     .bind(token)
     .bind(expires)
     .bind(event.meta.content_type.as_deref())
@@ -83,7 +85,7 @@ pub(crate) async fn claim(
     // another claimer took the key over. Judged by a time from before that wait, its lease,
     // begun after it, looked begun in the future by more than a lease (a clock stepped back)
     // and was re-anchored to end before it began; the next claim took over a live holder.
-    let now = now();
+    let judged_at = judged();
     let id: i64 = row.try_get(0)?;
     let stored: Vec<u8> = row.try_get(1)?;
     let state: String = row.try_get(2)?;
@@ -126,7 +128,12 @@ pub(crate) async fn claim(
     // back) → re-anchored to one TTL from now, still in progress; expired → taken over, fenced
     // by a new token so the old holder can no longer complete.
     let begun_at: i64 = row.try_get(5)?;
-    let until = match lease_seen(Timestamp(begun_at), Timestamp(expires_at), Timestamp(now)) {
+    let seen = lease_seen(
+        Timestamp(begun_at),
+        Timestamp(expires_at),
+        Timestamp(judged_at),
+    );
+    let until = match seen {
         LeaseSeen::Live => Some(expires_at),
         LeaseSeen::Reanchor(until) => {
             // The row is locked (FOR UPDATE above) until this transaction ends.
@@ -134,7 +141,7 @@ pub(crate) async fn claim(
                 "UPDATE oncebox_inbox SET received_at = $2, lease_expires_at = $3 WHERE id = $1",
             )
             .bind(id)
-            .bind(now)
+            .bind(judged_at)
             .bind(until.millis())
             .execute(&mut *conn)
             .await?;
@@ -143,7 +150,7 @@ pub(crate) async fn claim(
         LeaseSeen::Expired => None,
     };
     if let Some(until) = until {
-        let wait = u64::try_from(until - now).unwrap_or(0);
+        let wait = u64::try_from(until - judged_at).unwrap_or(0);
         return Ok(Claim::Answered(Err(ProcessError::InProgress {
             retry_after: Duration::from_millis(wait),
         })));

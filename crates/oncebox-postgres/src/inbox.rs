@@ -218,8 +218,9 @@ impl Inbox {
                 .map_err(|e| storage(&e))?;
             crate::crash::point!("after-begin");
             let now = self.clock.now();
-            let on_server = || self.leases.server(self.clock.now()).millis();
-            let claimed = claim(&mut tx, &event, &on_server, None);
+            let judged = || self.leases.server(self.clock.now()).millis();
+            let on_server = self.leases.server(now).millis();
+            let claimed = claim(&mut tx, &event, (on_server, &judged), None);
             match answered(limit, claimed).await.map_err(|e| storage(&e))? {
                 Claim::Vanished => continue,
                 Claim::Answered(answer) => {

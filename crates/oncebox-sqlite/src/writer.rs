@@ -269,8 +269,7 @@ impl Writer {
             commits: &self.commits,
             own: false,
         };
-        let time = (&*self.stats, self.clock.as_ref(), &self.stamps);
-        let mut open = Open::new(cx, time, expected);
+        let mut open = Open::new(cx, (&*self.stats, self.clock.as_ref()), expected);
         let mut taken = 1;
         // A batch stops taking requests once those after its first have run for
         // `BATCH_WORK`: slow handlers queued together would otherwise all wait for one commit

@@ -115,6 +115,9 @@ struct ConnectionReport {
     keys: HashMap<String, KeyState>,
     /// Keys answered 2xx without `Idempotent-Replayed` after an earlier 2xx: accepted twice.
     reaccepted: Vec<String>,
+    /// Keys answered 2xx and then, sent again unchanged, refused with a definite status (not
+    /// 503 or 429, which overload answers): a resend must be replayed (DESIGN §4).
+    refused_again: Vec<String>,
     first_error: Option<String>,
     /// Open loop: requests that fell due while every connection was busy, and so started more
     /// than [`open::LATE`] after their due time.

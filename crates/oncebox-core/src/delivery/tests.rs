@@ -292,6 +292,12 @@ fn an_uncertain_deliverys_first_check_waits_at_least_the_routes_timeout() {
         super::decide(&lost, &quick, 1, Duration::ZERO, 1.0),
         Verdict::Uncertain(STATUS_RECHECK.0)
     );
+    // A route with no timeout of its own is still asked, within the longest wait.
+    let endless = asked_route(false, Duration::MAX);
+    assert_eq!(
+        super::decide(&lost, &endless, 1, Duration::ZERO, 1.0),
+        Verdict::Uncertain(STATUS_RECHECK.1)
+    );
     let at = crate::clock::Timestamp(1_000);
     let recorded = Verdict::Uncertain(Duration::from_secs(60)).recorded(Some("timeout"), at);
     assert_eq!(

@@ -40,11 +40,11 @@ impl Inbox {
                 .fetch_one(&mut *tx)
                 .await
                 .map_err(|e| storage(&e))?;
-            let server_now = || self.leases.server(self.clock.now()).millis();
+            let judged = || self.leases.server(self.clock.now()).millis();
             let claimed = claim(
                 &mut tx,
                 &event,
-                &server_now,
+                (on_server.millis(), &judged),
                 Some((token, on_server.plus(ttl).millis())),
             )
             .await

@@ -83,6 +83,10 @@ impl Connection {
                 if success && !replayed && state.acked {
                     report.reaccepted.push(event.stored_as.clone());
                 }
+                let overloaded = matches!(status, 429 | 503);
+                if !success && !overloaded && state.acked {
+                    report.refused_again.push(event.stored_as.clone());
+                }
                 state.acked |= success;
                 // 503 may mean "commit outcome unknown" (DESIGN §4): the key may be stored.
                 state.uncertain |= status == 503;

@@ -107,6 +107,10 @@ pub(super) fn check(
         .iter()
         .flat_map(|r| r.reaccepted.iter().map(String::as_str))
         .collect();
+    let mut refused_again: Vec<&str> = reports
+        .iter()
+        .flat_map(|r| r.refused_again.iter().map(String::as_str))
+        .collect();
     let unknown_stored = keys
         .iter()
         .filter(|(k, s)| !s.acked && s.uncertain && copies.contains_key(*k))
@@ -134,6 +138,10 @@ pub(super) fn check(
         (
             "accepted again without Idempotent-Replayed",
             &mut reaccepted,
+        ),
+        (
+            "accepted, then refused when sent again unchanged",
+            &mut refused_again,
         ),
     ] {
         if list.is_empty() {
@@ -198,17 +206,21 @@ mod tests {
 
     #[test]
     fn each_broken_invariant_is_named_with_its_keys() {
+        let mut turned = report(&[("turned", true, false)], &[]);
+        turned.refused_again.push("turned".into());
         let reports = [
             report(&[("lost", true, false), ("twice", true, false)], &[]),
             report(&[("refused", false, false)], &["again"]),
+            turned,
         ];
-        let (ok, out) = checked(&reports, &["twice", "twice", "refused", "again"]);
+        let (ok, out) = checked(&reports, &["twice", "twice", "refused", "again", "turned"]);
         assert!(!ok, "{out}");
         for line in [
             "invariant: 1 keys accepted (2xx) but not stored: lost",
             "invariant: 1 keys stored more than once: twice",
             "invariant: 1 keys stored but refused (no 2xx): refused",
             "invariant: 1 keys accepted again without Idempotent-Replayed: again",
+            "invariant: 1 keys accepted, then refused when sent again unchanged: turned",
         ] {
             assert!(out.contains(line), "{line:?} in {out}");
         }
