@@ -24,13 +24,15 @@
 mod consumer;
 mod copy;
 pub mod crash;
+mod error;
 mod handle;
 mod message;
 mod publish;
 mod uri;
 
-pub use consumer::{ConsumeError, Consumer, ConsumerOptions, OptionsError, SHORT_STRING_MAX};
+pub use consumer::{Consumer, ConsumerOptions, OptionsError, SHORT_STRING_MAX};
 pub use copy::HEADERS_DROPPED;
+pub use error::ConsumeError;
 pub use handle::MAX_HOLD;
 pub use message::{ORIGIN_HEADERS, QUARANTINE_HEADERS, Quarantine};
 #[cfg(feature = "sqlite")]
