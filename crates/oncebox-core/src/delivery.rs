@@ -203,7 +203,7 @@ impl Verdict {
 /// left are retried (honouring `Retry-After`, never waiting less than the backoff asks), and so
 /// is a 409 where the route honours the idempotency key (its earlier request still running).
 /// Other 4xx are dead: the receiver refuses the request itself. A request sent without an
-/// answer, answered by a proxy's gateway timeout (504, 524) that forwarded it, by another
+/// answer, answered by a proxy that forwarded it and got no answer (504, 520, 524), by another
 /// redirect (which may follow the effect) or by a status of no class (a final 1xx, 600 and
 /// past) is retried only when the route honours the idempotency key; otherwise it is
 /// uncertain. Attempts and age are capped; a wait (backoff or `Retry-After`) past the age cap
@@ -239,13 +239,17 @@ pub fn decide(
             ..
         } => false,
         // A proxy's gateway timeout (504, Cloudflare's 524): it forwarded the request and its
-        // upstream did not answer in time. The outcome is as unknown as after a timeout of
-        // the relay's own, and sending again could apply it twice.
+        // upstream did not answer in time. Cloudflare's 520: the origin took the request and
+        // answered nothing it could read (an empty reply, a reset: a worker that died mid-way).
+        // The outcome is as unknown as after a timeout of the relay's own, and sending again
+        // could apply it twice.
         Attempt::Answered {
-            status: 504 | 524, ..
+            status: 504 | 520 | 524,
+            ..
         } if !idempotent => return uncertain,
         Attempt::Answered {
-            status: 504 | 524, ..
+            status: 504 | 520 | 524,
+            ..
         } => true,
         Attempt::Answered { status, .. } if (500..600).contains(status) => false,
         // Redirects are not followed (the request would go where the route's owner did not

@@ -89,7 +89,7 @@ fn no_answer_is_retried_only_when_the_route_is_idempotent() {
         Verdict::Uncertain(STATUS_RECHECK.0)
     );
     // A proxy that forwarded the request and timed out waiting says no more.
-    for status in [504, 524] {
+    for status in [504, 520, 524] {
         let timed_out = answered(status);
         let retried = decide(&timed_out, true, 1, Duration::ZERO, &P, 1.0);
         assert!(matches!(retried, Verdict::Retry(_)), "{status}");
@@ -319,6 +319,7 @@ fn a_last_attempt_of_unknown_outcome_is_asked_about_where_a_status_url_is() {
     let unknown = [
         Attempt::NoAnswer("timeout".into()),
         answered(504),
+        answered(520),
         answered(524),
         answered(302),
         answered(600),
