@@ -32,6 +32,7 @@ pub mod relay;
 pub mod seed;
 pub mod suite;
 pub mod tls;
+pub mod wrapped;
 pub mod writer;
 
 /// What a test handler does, in order: check the entity version (stale stops here), check the

@@ -4,29 +4,12 @@
 //! quarantining a valid message during the contention. The SQLite store's answer is the same
 //! (`oncebox-sqlite` `tests/it/wrapped.rs`).
 
-use std::fmt;
-
 use oncebox_core::{ManualClock, ProcessError, Processed, Response, Unavailable};
 use oncebox_postgres::{HandlerError, sqlx};
+use oncebox_testkit::wrapped::WithContext;
 use oncebox_testkit::{EPOCH, event};
 
 use crate::harness::{Postgres, schema, url};
-
-/// A handler's own error around the driver's, as error-context libraries make.
-#[derive(Debug)]
-struct WithContext(sqlx::Error);
-
-impl fmt::Display for WithContext {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("storing the receipt failed")
-    }
-}
-
-impl std::error::Error for WithContext {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        Some(&self.0)
-    }
-}
 
 #[test]
 fn a_storage_failure_a_handler_wrapped_is_unavailable_not_its_failure() {

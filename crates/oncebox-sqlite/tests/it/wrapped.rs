@@ -3,32 +3,16 @@
 //! answered `Unavailable`, as its bare `Sql` error is, not as the event's own failure. A
 //! broker consumer counted that toward quarantining a valid message during the outage.
 
-use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use oncebox_core::{ProcessError, Response};
-use oncebox_sqlite::rusqlite::{self, ErrorCode};
+use oncebox_sqlite::rusqlite::ErrorCode;
 use oncebox_sqlite::{HandlerError, Inbox, Options};
 use oncebox_testkit::run;
+use oncebox_testkit::wrapped::WithContext;
 
 use crate::harness::shop;
-
-/// A handler's own error around the driver's, as error-context libraries make.
-#[derive(Debug)]
-struct WithContext(rusqlite::Error);
-
-impl fmt::Display for WithContext {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("storing the receipt failed")
-    }
-}
-
-impl std::error::Error for WithContext {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        Some(&self.0)
-    }
-}
 
 #[test]
 fn a_storage_failure_a_handler_wrapped_is_unavailable_not_its_failure() {
