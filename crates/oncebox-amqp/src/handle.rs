@@ -269,7 +269,12 @@ impl Broker for InHand<'_> {
         // Came back through the quarantine exchange itself: a copy an operator republished
         // elsewhere (as the README invites, once its cause is fixed) is quarantined again,
         // not requeued for ever.
-        let routed_back = self.delivery.exchange.as_str() == o.quarantine.exchange;
+        // The default exchange (`""`) routes by queue name alone, and a quarantine there never
+        // names the consumed queue (`ConsumerOptions::check`): nothing comes back through it.
+        // Compared all the same, a copy an operator sent back by the default exchange, the
+        // usual way to publish to a queue, was taken for one routed back and requeued for ever.
+        let routed_back = !o.quarantine.exchange.is_empty()
+            && self.delivery.exchange.as_str() == o.quarantine.exchange;
         if routed_back && quarantined_here_for(&self.delivery.properties, &o.queue, reason.slug()) {
             let e = QuarantineError::RoutesBack;
             tracing::error!(queue = %o.queue, quarantine = %o.quarantine.exchange, error = %e, "not quarantined again; message requeued");

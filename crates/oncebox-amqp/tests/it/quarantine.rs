@@ -218,11 +218,27 @@ fn a_copy_the_quarantine_routes_back_is_not_quarantined_again() {
 /// headers of a copy quarantined here, but did not come round through the quarantine.
 #[test]
 fn a_copy_sent_back_by_an_operator_is_quarantined_again() {
+    sent_back_by_an_operator(false);
+}
+
+/// The same with the quarantine on the default exchange (`""`, by the quarantine queue's name),
+/// by which the copy is sent back too: the exchanges match, yet nothing came round.
+#[test]
+fn a_copy_sent_back_by_the_default_exchange_is_quarantined_again() {
+    sent_back_by_an_operator(true);
+}
+
+fn sent_back_by_an_operator(default_exchange: bool) {
     let Some(url) = service_url("ONCEBOX_AMQP_URL") else {
         return;
     };
     run(async move {
         let w = World::new(&url).await;
+        let mut options = w.options();
+        if default_exchange {
+            options.quarantine.exchange = String::new();
+            options.quarantine.routing_key = w.quarantine_queue.clone();
+        }
         let mut headers = FieldTable::default();
         for (name, value) in [
             ("x-oncebox-queue", w.queue.as_str()),
@@ -232,7 +248,7 @@ fn a_copy_sent_back_by_an_operator_is_quarantined_again() {
         }
         let props = BasicProperties::default().with_headers(headers);
         w.publish_with(None, r#"{"amount":1}"#, props).await;
-        let mut consumer = start(&url, Consumer::new(w.db.checked(), w.options()));
+        let mut consumer = start(&url, Consumer::new(w.db.checked(), options));
         consumer.wait(|c| c.quarantined >= 1, w.state()).await;
         let done = consumer.stop().await;
         assert_eq!((done.quarantined, done.requeued), (1, 0));
