@@ -40,7 +40,7 @@ pub(crate) struct Cx<'c, 's> {
     /// The time the request running now began (`Open::run` reads it afresh for each).
     pub now: Timestamp,
     /// What a record finished in this batch is dated (`completed_at`, which retention reads):
-    /// `now`, but never earlier than this boot's purge anchor says real time is
+    /// the batch's time at its `BEGIN`, but never earlier than this boot's purge anchor says real time is
     /// ([`oncebox_core::stamp_floor`]), so a wall clock behind makes no record look old.
     pub stamp: Timestamp,
     commits: &'c Commits,

@@ -9,7 +9,7 @@
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::Ordering;
 
-use oncebox_core::{Clock, Timestamp, Unavailable};
+use oncebox_core::{Clock, Unavailable};
 
 use super::{Cx, Fatal, Job, Stats};
 use crate::error::storage;
@@ -28,8 +28,6 @@ pub(super) struct Open<'c, 's> {
     pub failed: Option<Unavailable>,
     stats: &'c Stats,
     clock: &'c dyn Clock,
-    /// The batch's time and completion stamp at its `BEGIN`.
-    begun: (Timestamp, Timestamp),
 }
 
 impl<'c, 's> Open<'c, 's> {
@@ -38,14 +36,12 @@ impl<'c, 's> Open<'c, 's> {
         (stats, clock): (&'c Stats, &'c dyn Clock),
         expected: usize,
     ) -> Open<'c, 's> {
-        let begun = (cx.now, cx.stamp);
         Open {
             cx,
             held: Vec::with_capacity(expected),
             failed: None,
             stats,
             clock,
-            begun,
         }
     }
 
@@ -61,12 +57,11 @@ impl<'c, 's> Open<'c, 's> {
         // requests for up to `BATCH_WORK` after slow handlers, and a lease begun late in one,
         // dated from the `BEGIN`, ended that much sooner than its holder (who asked after the
         // `BEGIN`) counted; a `complete` late in one was judged live past its lease's end.
-        // The stamp moves on with the time passed since: `Stamps::completed` reads the boot's
-        // clock too, which is more than a request's share of the writer's time.
-        let now = self.clock.now();
-        let passed = u64::try_from(now.millis().saturating_sub(self.begun.0.millis())).unwrap_or(0);
-        self.cx.now = now;
-        self.cx.stamp = self.begun.1.plus(std::time::Duration::from_millis(passed));
+        // The completion stamp (`Cx::stamp`, what retention counts from) stays the batch's:
+        // read later it could come after the commit, and the answer, that it dates (the
+        // boot's anchor may hold it a millisecond past the wall clock), and a batch's
+        // duration is nothing to a retention.
+        self.cx.now = self.clock.now();
         // A hook a batch-mate's code set in place of the guard's is replaced again.
         self.cx.commits.rearm(self.cx.conn);
         // A panic in a request (a closure given to `Inbox::write`, say) fails its batch, which
