@@ -215,6 +215,16 @@ async fn deliveries_of<S: DeliveryStore>(
     Ok(Value::Array(out))
 }
 
+/// Marks an admin answer not to be stored by any cache: an event's payload and headers, which
+/// the dashboard's script fetches, would otherwise be left in the browser's disk cache.
+pub(crate) async fn no_store(mut response: Response) -> Response {
+    response
+        .headers_mut()
+        .entry(header::CACHE_CONTROL)
+        .or_insert(axum::http::HeaderValue::from_static("no-store"));
+    response
+}
+
 /// The document of `GET /v1/stats` (and `oncebox stats --output json`): records per state
 /// under `events`, conflicts, deliveries, and the rows no purge removes under `kept`.
 pub fn stats_document(s: &oncebox_core::store::Stats) -> Value {

@@ -72,6 +72,7 @@ pub fn router<S: EventStore + DeliveryStore>(gw: Arc<Gateway<S>>) -> Router {
         )
         .route("/v1/activity", get(dashboard::api::activity::<S>))
         .route("/metrics", get(admin::metrics::<S>))
+        .route_layer(axum::middleware::map_response(admin::no_store))
         .route_layer(axum::middleware::from_fn_with_state(
             gw.clone(),
             admin::guard::<S>,

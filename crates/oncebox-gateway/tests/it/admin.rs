@@ -96,6 +96,11 @@ fn events_are_listed_in_arrival_order_with_a_cursor() {
         assert!(rest["next"].is_null());
         let all = gw.send(admin_get("/v1/events")).await.json();
         assert_eq!(all["items"].as_array().unwrap().len(), 6);
+        // Payloads and headers are kept out of every cache, the browser's too.
+        for path in ["/v1/events", "/v1/sources/open/events/e0", "/v1/stats"] {
+            let answer = gw.send(admin_get(path)).await;
+            assert_eq!(answer.headers["cache-control"], "no-store", "{path}");
+        }
     });
 }
 
