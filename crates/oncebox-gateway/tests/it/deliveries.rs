@@ -26,6 +26,23 @@ async fn one_delivery() -> (TestGateway, i64) {
 }
 
 /// What a relay claims at `now`: every due delivery, each under a minute's lease.
+/// Claims every due delivery and records the first one's attempt as timed out: uncertain.
+async fn left_uncertain(gw: &TestGateway) -> oncebox_core::relay_store::Claimed {
+    let now = gw.clock.now();
+    let claimed = claim_all(gw, now).await;
+    let attempt = AttemptRecord {
+        started_at: now,
+        duration: Duration::ZERO,
+        status: None,
+        error: Some("timeout".into()),
+    };
+    let verdict = Verdict::Uncertain(STATUS_RECHECK.0);
+    DeliveryStore::record(&gw.inbox, &claimed[0], attempt, verdict, now)
+        .await
+        .unwrap();
+    claimed.into_iter().next().unwrap()
+}
+
 async fn claim_all(
     gw: &TestGateway,
     now: oncebox_core::Timestamp,
@@ -148,23 +165,7 @@ fn operators_retry_resolve_and_redeliver_with_the_same_key() {
             )
         };
         // A relay's attempt ends uncertain.
-        let now = gw.clock.now();
-        let claimed = claim_all(&gw, now).await;
-        let attempt = AttemptRecord {
-            started_at: now,
-            duration: Duration::ZERO,
-            status: None,
-            error: Some("timeout".into()),
-        };
-        DeliveryStore::record(
-            &gw.inbox,
-            &claimed[0],
-            attempt,
-            Verdict::Uncertain(STATUS_RECHECK.0),
-            now,
-        )
-        .await
-        .unwrap();
+        left_uncertain(&gw).await;
         let bad = gw
             .send(admin_post(
                 &format!("/v1/deliveries/{id}/resolve"),
@@ -219,24 +220,7 @@ fn delivery_endpoints_need_the_token_and_change_nothing_without_it() {
     run(async {
         let (gw, _) = one_delivery().await;
         // An uncertain delivery: retry, resolve and redeliver would each change it.
-        let now = gw.clock.now();
-        let claimed = claim_all(&gw, now).await;
-        let attempt = AttemptRecord {
-            started_at: now,
-            duration: Duration::ZERO,
-            status: None,
-            error: Some("timeout".into()),
-        };
-        DeliveryStore::record(
-            &gw.inbox,
-            &claimed[0],
-            attempt,
-            Verdict::Uncertain(STATUS_RECHECK.0),
-            now,
-        )
-        .await
-        .unwrap();
-        let id = claimed[0].id;
+        let id = left_uncertain(&gw).await.id;
         let state = || async {
             let d = gw.send(admin_get("/v1/deliveries")).await.json();
             d["items"][0]["state"].as_str().unwrap().to_owned()

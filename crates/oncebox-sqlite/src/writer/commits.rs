@@ -70,9 +70,9 @@ impl Commits {
     /// that set its own on `tx.conn()` (to learn when its write committed, say) had taken the
     /// guard away for the store's life, and a later stray `COMMIT` then committed a record
     /// without its effect. So they are set again at each `begin`, and before each request of
-    /// a batch (`rearm`): one set by a batch-mate let the next request's `COMMIT` commit the
-    /// batch so far, which was then told nothing of it was kept.
-    fn install(&self, conn: &Connection) {
+    /// a batch (`writer/open.rs`): one set by a batch-mate let the next request's `COMMIT`
+    /// commit the batch so far, which was then told nothing of it was kept.
+    pub fn install(&self, conn: &Connection) {
         let (hook, ended_seen) = (self.allowed.clone(), self.ended.clone());
         let stray_seen = self.stray.clone();
         // Returning true turns the commit into a rollback. A commit after the transaction
@@ -99,11 +99,6 @@ impl Commits {
     /// then answered before it was durable (G6).
     pub fn restore(&self, conn: &Connection) -> rusqlite::Result<()> {
         conn.execute_batch(&self.settings)
-    }
-
-    /// Sets the hooks again before a request runs in the open transaction (`install`).
-    pub fn rearm(&self, conn: &Connection) {
-        self.install(conn);
     }
 
     /// Begins the writer's transaction, forgetting how the last one ended.

@@ -63,7 +63,7 @@ impl<'c, 's> Open<'c, 's> {
         // duration is nothing to a retention.
         self.cx.now = self.clock.now();
         // A hook a batch-mate's code set in place of the guard's is replaced again.
-        self.cx.commits.rearm(self.cx.conn);
+        self.cx.commits.install(self.cx.conn);
         // A panic in a request (a closure given to `Inbox::write`, say) fails its batch, which
         // is rolled back, and the writer goes on: unwinding out of here ended the thread, and
         // every later request of the process was refused as closed.
