@@ -209,6 +209,10 @@ pub trait Backend: Clone + Send + Sync + Sized + 'static {
     /// busy, PostgreSQL's inbox table locked by another session): requests sent meanwhile
     /// wait, so a test can have them all sent before any is answered (`race.rs`).
     fn hold_writes(&self) -> impl Future<Output = Box<dyn std::any::Any + Send>> + Send;
+    /// How many requests wait behind [`Backend::hold_writes`] now, as the store shows it: in
+    /// SQLite's writer queue, or PostgreSQL sessions waiting for the inbox table's lock. Two
+    /// or more is the proof that requests met in the store, not only in the test.
+    fn held_requests(&self) -> impl Future<Output = usize> + Send;
 
     /// Whether the storage this backend needs is there; a backend on an outside service
     /// answers with [`service_url`], which skips (or fails under `ONCEBOX_REQUIRE_SERVICES=1`)

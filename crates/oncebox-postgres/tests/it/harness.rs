@@ -300,6 +300,23 @@ impl Backend for Postgres {
         Box::new(conn)
     }
 
+    async fn held_requests(&self) -> usize {
+        let schema = self.schema.replace('"', "\"\"");
+        let waiting: i64 = sqlx::query_scalar(&format!(
+            "SELECT count(*) FROM pg_locks \
+             WHERE NOT granted AND relation = '\"{schema}\".oncebox_inbox'::regclass"
+        ))
+        // On a connection of its own: the held requests may hold every one of the pool's.
+        .fetch_one(
+            &mut sqlx::PgConnection::connect(&url().expect("ONCEBOX_POSTGRES_URL"))
+                .await
+                .expect("connect"),
+        )
+        .await
+        .expect("read pg_locks");
+        usize::try_from(waiting).unwrap_or(0)
+    }
+
     fn available() -> bool {
         url().is_some()
     }

@@ -35,6 +35,15 @@ async fn woken(relay: &Inbox) -> bool {
         .is_ok()
 }
 
+/// A relay's wait, begun before the caller acts, as a relay waits in the field. Should the
+/// notification come before the task first runs, it is kept as a permit that ends the wait
+/// (`listen.rs`): either way, the wait ends only if the action notified, since every earlier
+/// notification was waited for already.
+fn waiter(relay: &Inbox) -> tokio::task::JoinHandle<bool> {
+    let relay = relay.clone();
+    tokio::spawn(async move { woken(&relay).await })
+}
+
 #[test]
 fn waiting_relay_wakes_when_another_node_ingests_an_event_with_a_route() {
     run(async {
@@ -97,17 +106,19 @@ fn retry_and_redeliver_wake_waiting_relays() {
         DeliveryStore::record(&relay, &c[0], attempt(410), dead, now)
             .await
             .expect("record");
-        // An operator on another node makes the dead delivery due again.
+        // An operator on another node makes the dead delivery due again, while the relay waits.
+        let waiting = waiter(&relay);
         assert!(operator.retry(c[0].id, now).await.expect("retry"));
-        assert!(woken(&relay).await, "retry wakes the relay");
+        assert!(waiting.await.expect("waiter"), "retry wakes the relay");
         let again = relay.claim(now, 10, LEASE, &[]).await.expect("claim");
         assert_eq!((again.len(), again[0].id), (1, c[0].id));
         DeliveryStore::record(&relay, &again[0], attempt(200), Verdict::Delivered, now)
             .await
             .expect("record");
         let key = Key::parse("shop", "evt-1").expect("key");
+        let waiting = waiter(&relay);
         assert_eq!(operator.redeliver(&key, now).await.expect("redeliver"), 1);
-        assert!(woken(&relay).await, "redeliver wakes the relay");
+        assert!(waiting.await.expect("waiter"), "redeliver wakes the relay");
         let replay = relay.claim(now, 10, LEASE, &[]).await.expect("claim");
         assert_eq!(
             replay

@@ -290,4 +290,8 @@ impl Backend for Sqlite {
         // The writer runs the holder until the sender is dropped.
         Box::new(oncebox_testkit::writer::hold_writer(&self.inbox).await)
     }
+
+    async fn held_requests(&self) -> usize {
+        self.inbox.queued()
+    }
 }
