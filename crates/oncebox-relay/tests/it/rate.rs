@@ -90,10 +90,10 @@ fn a_paced_backlog_goes_out_at_the_rate_and_an_unpaced_route_is_not_held_back() 
             span >= Duration::from_millis(1_300),
             "{span:?} for 30 intervals of 50 ms"
         );
-        // The unpaced route's twenty were all in before the paced route's twenty-first, due a
-        // second after its first.
+        // The unpaced route's twenty were all in before the paced route's last, due 1.5 s
+        // after its first: held behind the paced backlog, they would come after it.
         assert!(
-            free_at[FREE - 1] < paced_at[20],
+            free_at[FREE - 1] < paced_at[PACED - 1],
             "the unpaced route finished {:?} after the paced one began",
             free_at[FREE - 1] - paced_at[0]
         );
