@@ -137,7 +137,7 @@ pub(crate) async fn list<S: EventStore>(
             axum::Json(json!({ "items": items, "next": page.next.map(|n| n.to_string()) }))
                 .into_response()
         }
-        Err(e) => Problem::unavailable(e.to_string(), gw.config.limits.retry_after).into_response(),
+        Err(e) => Problem::store_unavailable(&e, gw.config.limits.retry_after).into_response(),
     }
 }
 
@@ -172,7 +172,7 @@ pub(crate) async fn show<S: EventStore + DeliveryStore>(
             match deliveries_of(&gw, &key).await {
                 Ok(d) => body["deliveries"] = d,
                 Err(e) => {
-                    return Problem::unavailable(e.to_string(), gw.config.limits.retry_after)
+                    return Problem::store_unavailable(&e, gw.config.limits.retry_after)
                         .into_response();
                 }
             }
@@ -181,7 +181,7 @@ pub(crate) async fn show<S: EventStore + DeliveryStore>(
         Ok(None) => {
             Problem::not_found("event-not-found", format!("no event {key}")).into_response()
         }
-        Err(e) => Problem::unavailable(e.to_string(), gw.config.limits.retry_after).into_response(),
+        Err(e) => Problem::store_unavailable(&e, gw.config.limits.retry_after).into_response(),
     }
 }
 
@@ -243,7 +243,7 @@ pub fn stats_document(s: &oncebox_core::store::Stats) -> Value {
 pub(crate) async fn stats<S: EventStore>(State(gw): State<Arc<Gateway<S>>>) -> Response {
     match gw.store.stats().await {
         Ok(s) => axum::Json(stats_document(&s)).into_response(),
-        Err(e) => Problem::unavailable(e.to_string(), gw.config.limits.retry_after).into_response(),
+        Err(e) => Problem::store_unavailable(&e, gw.config.limits.retry_after).into_response(),
     }
 }
 

@@ -70,6 +70,13 @@ impl Problem {
         .retry_after(retry_after)
     }
 
+    /// A store's failure, answered by its kind only: the store's own words can name hosts,
+    /// ports, roles and paths (`public_detail`), so they go to the log, not to the client.
+    pub fn store_unavailable(e: &oncebox_core::Unavailable, retry_after: Duration) -> Problem {
+        tracing::warn!(cause = %e, "store unavailable");
+        Problem::unavailable(public_detail(e), retry_after)
+    }
+
     pub fn unauthorized(detail: impl Into<String>) -> Problem {
         Problem::new(
             StatusCode::UNAUTHORIZED,

@@ -23,7 +23,7 @@ pub(crate) async fn activity<S: EventStore + DeliveryStore>(
 ) -> Response {
     match figures(&gw).await {
         Ok(v) => Json(v).into_response(),
-        Err(e) => Problem::unavailable(e.to_string(), gw.config.limits.retry_after).into_response(),
+        Err(e) => Problem::store_unavailable(&e, gw.config.limits.retry_after).into_response(),
     }
 }
 

@@ -181,8 +181,11 @@ fn under_load(fault: Fault) {
             }
         }
         let (down, down_ms) = (Instant::now(), now_ms());
+        if let Fault::Stopped = fault {
+            unavailable_admin_says_only_the_kind(&gw.url).await;
+        }
         // The fault itself: the database stays away this long.
-        tokio::time::sleep(outage).await;
+        tokio::time::sleep(outage.saturating_sub(down.elapsed())).await;
         let (back, back_ms) = (Instant::now(), now_ms());
         match fault {
             Fault::Stopped => tokio::task::block_in_place(|| cluster.resume()),
@@ -222,6 +225,26 @@ fn under_load(fault: Fault) {
         eprint!("{fault:?}: ");
         check(&attempts, &commits, &window);
     });
+}
+
+/// An admin read while the database is away is a 503 that names the kind of trouble, never the
+/// driver's words (which can name hosts, ports and roles): what ingress and `/readyz` say.
+async fn unavailable_admin_says_only_the_kind(url: &str) {
+    let answer = reqwest::get(format!("{url}/v1/stats")).await.unwrap();
+    assert_eq!(answer.status(), 503);
+    assert!(answer.headers().contains_key("retry-after"));
+    let body: serde_json::Value = answer.json().await.unwrap();
+    let detail = body["detail"].as_str().unwrap();
+    assert!(
+        [
+            "the storage failed; try again later",
+            "the store did not answer in time; try again",
+            "the database is busy; try again",
+            "the store is unavailable; try again later",
+        ]
+        .contains(&detail),
+        "{detail}"
+    );
 }
 
 fn describe(a: &Attempt) -> String {
