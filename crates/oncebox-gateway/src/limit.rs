@@ -3,7 +3,9 @@
 //! the sender), and the framework's own errors rewritten as problem documents
 //! (`rejection.rs`). A shed ingest request is counted under its source as `unavailable`. The
 //! probes answer past the limit: `/healthz` always (a busy gateway is alive), `/readyz` within
-//! a few permits of its own (its answer is the store's, and asking the store is work).
+//! a few permits of its own (its answer is the store's, and asking the store is work). So does
+//! `/metrics`, within two of its own: an overload is when its figures (the shed count, the
+//! latencies) matter most, and a scrape refused then left them dark for the whole incident.
 //!
 //! Written as one tower service rather than two axum middlewares: `from_fn` clones the inner
 //! service into a box and boxes its future on every request, and `map_response` boxes
@@ -27,6 +29,8 @@ use crate::problem::Problem;
 
 /// Readiness probes answered at once past the limit.
 const READY_PROBES: usize = 4;
+/// Scrapes of `/metrics` answered at once past the limit (rendered from memory, no store call).
+const SCRAPES: usize = 2;
 
 /// Permits for requests in flight.
 #[derive(Debug, Clone)]
@@ -34,6 +38,8 @@ pub(crate) struct Edge {
     permits: Arc<Semaphore>,
     /// For `/readyz` once `permits` are all taken.
     probes: Arc<Semaphore>,
+    /// For `/metrics` once `permits` are all taken.
+    scrapes: Arc<Semaphore>,
     retry_after: Duration,
     /// Which source names are counted as themselves.
     config: Arc<GatewayConfig>,
@@ -46,6 +52,7 @@ impl Edge {
         Edge {
             permits: Arc::new(Semaphore::new(config.limits.concurrency.max(1))),
             probes: Arc::new(Semaphore::new(READY_PROBES)),
+            scrapes: Arc::new(Semaphore::new(SCRAPES)),
             retry_after: config.limits.retry_after,
             config: Arc::new(config.clone()),
             installed,
@@ -61,6 +68,12 @@ impl Edge {
             "/healthz" => Ok(None),
             "/readyz" => self
                 .probes
+                .clone()
+                .try_acquire_owned()
+                .map(Some)
+                .map_err(drop),
+            "/metrics" => self
+                .scrapes
                 .clone()
                 .try_acquire_owned()
                 .map(Some)
@@ -190,10 +203,10 @@ mod tests {
         Request::post(path).body(Body::empty()).expect("request")
     }
 
-    /// Past the limit `/healthz` needs no permit, `/readyz` takes one of its own few, and
-    /// everything else is shed.
+    /// Past the limit `/healthz` needs no permit, `/readyz` and `/metrics` take one of their
+    /// own few, and everything else is shed.
     #[test]
-    fn past_the_limit_only_the_probes_are_admitted() {
+    fn past_the_limit_only_the_probes_and_scrapes_are_admitted() {
         let config = GatewayConfig {
             limits: crate::policy::Limits {
                 concurrency: 1,
@@ -205,7 +218,15 @@ mod tests {
         let held = edge.admit(&request("/v1/sources/a/events"));
         assert!(matches!(held, Ok(Some(_))), "the one permit");
         assert!(edge.admit(&request("/v1/sources/a/events")).is_err());
-        assert!(edge.admit(&request("/metrics")).is_err());
+        assert!(edge.admit(&request("/v1/stats")).is_err());
+        let scrapes: Vec<_> = (0..SCRAPES)
+            .map(|_| edge.admit(&request("/metrics")))
+            .collect();
+        assert!(scrapes.iter().all(|p| matches!(p, Ok(Some(_)))));
+        assert!(
+            edge.admit(&request("/metrics")).is_err(),
+            "its permits taken"
+        );
         let probes: Vec<_> = (0..READY_PROBES)
             .map(|_| edge.admit(&request("/readyz")))
             .collect();

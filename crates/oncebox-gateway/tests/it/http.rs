@@ -159,8 +159,8 @@ fn concurrency_limit_answers_503_at_once() {
     });
 }
 
-/// Past the limit the probes still answer (a busy gateway is alive, and ready while its store
-/// is), and each shed ingest request is counted `unavailable` under its source, or under
+/// Past the limit the probes and a scrape still answer (a busy gateway is alive, and ready
+/// while its store is), and each shed ingest request is counted `unavailable` under its source, or under
 /// `unknown` for a name no source has.
 #[test]
 fn past_the_limit_probes_answer_and_shed_requests_are_counted_per_source() {
@@ -184,9 +184,11 @@ fn past_the_limit_probes_answer_and_shed_requests_are_counted_per_source() {
         let mut holder = in_flight(addr, body, 10).await;
 
         let client = reqwest::Client::new();
-        for path in ["/healthz", "/readyz"] {
+        // A scrape too: an overload is when its figures matter.
+        for path in ["/healthz", "/readyz", "/metrics"] {
             let probe = client
                 .get(format!("http://{addr}{path}"))
+                .bearer_auth(crate::support::ADMIN_TOKEN)
                 .send()
                 .await
                 .expect("probe");
