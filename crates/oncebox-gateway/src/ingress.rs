@@ -74,7 +74,7 @@ pub(crate) async fn receive<S: EventStore>(
     };
     let label = match &name {
         Ok(name) if crate::meter::known(&gw.config, name) => source.as_str(),
-        _ => "unknown",
+        _ => crate::meter::UNKNOWN,
     };
     let installed = gw.metrics.is_some();
     crate::meter::ingest(installed, label, answer.outcome(), Some(started.elapsed()));

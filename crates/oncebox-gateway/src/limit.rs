@@ -95,7 +95,7 @@ impl Edge {
         if let (true, Some(name)) = (request.method() == axum::http::Method::POST, source) {
             let label = match oncebox_core::Source::new(name.as_ref()) {
                 Ok(source) if crate::meter::known(&self.config, &source) => name.as_ref(),
-                _ => "unknown",
+                _ => crate::meter::UNKNOWN,
             };
             crate::meter::ingest(self.installed, label, "unavailable", None);
         }

@@ -52,6 +52,10 @@ const MOST_KEPT: usize = 1024;
 /// with a lowercase letter or a digit).
 pub const OTHERS: &str = "_others";
 
+/// The source label of requests to a name no source has. Not `unknown`, which a source may be
+/// named: its figures would have taken anyone's requests to made-up names.
+pub const UNKNOWN: &str = "_unknown";
+
 /// How often the recorder's histogram samples are folded in: the interval
 /// `metrics-exporter-prometheus` uses for the recorders it installs with an upkeep task.
 pub const UPKEEP_EVERY: Duration = Duration::from_secs(5);

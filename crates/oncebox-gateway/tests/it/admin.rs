@@ -138,15 +138,18 @@ fn stats_and_metrics_count_outcomes_per_source() {
 /// Exact counts per outcome and one duration sample per request, for a source no other test
 /// uses (the recorder is shared by the whole test process), with the recorder's upkeep folding
 /// samples in between requests as `oncebox serve` does on a timer; an unknown source name is
-/// counted under `unknown`, never under the name the sender chose.
+/// counted under `_unknown`, never under the name the sender chose, nor under a source that is
+/// named `unknown`.
 #[test]
 fn metrics_count_each_request_once_across_upkeep() {
     run(async {
         let mut config = crate::support::config();
-        config.sources.insert(
-            oncebox_core::Source::new("metered").unwrap(),
-            oncebox_gateway::policy::SourcePolicy::open(),
-        );
+        for name in ["metered", "unknown"] {
+            config.sources.insert(
+                oncebox_core::Source::new(name).unwrap(),
+                oncebox_gateway::policy::SourcePolicy::open(),
+            );
+        }
         let gw = TestGateway::with(config, oncebox_sqlite::Options::new);
         let handle = gw.gateway.metrics.clone().unwrap();
         let sends = [
@@ -193,7 +196,8 @@ fn metrics_count_each_request_once_across_upkeep() {
             value(r#"oncebox_ingest_duration_seconds_bucket{source="metered",le="+Inf"}"#),
             6.0
         );
-        assert!(value(r#"oncebox_ingest_total{source="unknown",outcome="invalid"}"#) >= 1.0);
+        assert!(value(r#"oncebox_ingest_total{source="_unknown",outcome="invalid"}"#) >= 1.0);
+        assert!(!text.contains(r#"source="unknown""#), "{text}");
         assert!(!text.contains("no-such-source-metered"), "{text}");
     });
 }

@@ -161,7 +161,7 @@ fn concurrency_limit_answers_503_at_once() {
 
 /// Past the limit the probes and a scrape still answer (a busy gateway is alive, and ready
 /// while its store is), and each shed ingest request is counted `unavailable` under its source, or under
-/// `unknown` for a name no source has.
+/// `_unknown` for a name no source has.
 #[test]
 fn past_the_limit_probes_answer_and_shed_requests_are_counted_per_source() {
     run(async {
