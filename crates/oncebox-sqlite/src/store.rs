@@ -301,9 +301,20 @@ impl EventStore for Inbox {
             .map_err(unavailable)
     }
 
-    /// Ready when the writer can start a write transaction now: a locked or failing file, or a
-    /// stuck writer, makes the gateway unready instead of answering 503s one by one.
+    /// Ready when the writer can commit a write now: a locked or failing file, a full disk, or
+    /// a stuck writer makes the gateway unready instead of answering 503s one by one. The probe
+    /// changes a row of its own: a transaction that changes nothing writes nothing to the log,
+    /// and its `COMMIT` succeeded on a full disk while every event was refused.
     async fn ready(&self) -> Result<(), Unavailable> {
-        self.write(|_| Ok(())).await.map_err(unavailable)
+        self.write(|c| {
+            c.execute(
+                "INSERT INTO oncebox_meta (name, value) VALUES ('ready_probe', 1) \
+                 ON CONFLICT (name) DO UPDATE SET value = value + 1",
+                [],
+            )
+            .map(drop)
+        })
+        .await
+        .map_err(unavailable)
     }
 }

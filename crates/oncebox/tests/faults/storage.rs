@@ -187,8 +187,12 @@ fn disk_full() -> Option<Report> {
                 break;
             }
         }
+        // Unready while the disk is full, as every event is refused; ready once it is not.
+        let unready = ready(&base).await;
         drop(filler);
         std::fs::remove_file(fs.0.path().join("filler")).unwrap();
+        assert_eq!(unready, 503, "/readyz with the disk full");
+        assert_eq!(ready(&base).await, 200, "/readyz with room again");
         world::drain(&history, &base, 4).await;
         server.terminate();
         let store = StoreCounts::new(&db, None).await;
@@ -200,4 +204,14 @@ fn disk_full() -> Option<Report> {
             expected_unresolved: 0,
         }
     }))
+}
+
+/// `GET /readyz`'s status.
+async fn ready(base: &str) -> u16 {
+    let answer = world::client()
+        .get(format!("{base}/readyz"))
+        .send()
+        .await
+        .expect("/readyz answers");
+    answer.status().as_u16()
 }
