@@ -257,7 +257,11 @@ fn described() -> Value {
         problem("unprocessable: a form that does not parse into its fields (one given twice)");
     json!({
         "openapi": "3.1.0",
-        "info": { "title": "oncebox gateway", "version": env!("CARGO_PKG_VERSION") },
+        "info": {
+            "title": "oncebox gateway",
+            "version": env!("CARGO_PKG_VERSION"),
+            "description": "A method a path does not serve is answered 405 method-not-allowed (problem+json), with an Allow header naming the methods it does.",
+        },
         "components": schemas::components(),
         "paths": {
             "/v1/sources/{source}/events": { "post": {
