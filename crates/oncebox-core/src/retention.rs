@@ -275,8 +275,11 @@ pub const PURGE_LAG_WARNING: Duration = Duration::from_secs(24 * 3600);
 /// What a store logs when [`purge_lag`] says purges are held back.
 pub const PURGE_LAG_ADVICE: &str = "purges are held behind the wall clock: the clock was behind \
     when this boot was anchored (the store's first open on it), or jumped ahead since, and records are kept that much longer; \
-    if the clock is right now, delete this boot's row (the boot logged here) from \
-    oncebox_purge_anchors, and the next purge anchors at the clock";
+    records finished on this boot while the clock was behind are dated that much early, and \
+    once purges follow the clock again (this boot's row deleted from oncebox_purge_anchors, or \
+    the next boot) they can be purged that much early; if the clock is right now, delete this \
+    boot's row (the boot logged here) only once the longest retention has passed since it was \
+    set right, and the next purge anchors at the clock";
 
 /// How far a purge's time `bounded` trails the wall clock `now`, if by more than
 /// [`PURGE_LAG_WARNING`].
