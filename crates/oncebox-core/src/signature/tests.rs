@@ -165,6 +165,22 @@ fn stripe_hand_computed_vector_verifies() {
     assert_eq!(verified.map(|v| v.timestamp), Ok(Some(at(1_700_000_000))));
     let signed = sign(&Scheme::Stripe, &key, "ignored", at(1_700_000_000), body);
     assert_eq!(signed, [("stripe-signature".into(), header.into())]);
+    // Items that are not `key=value` are skipped, as Stripe's libraries skip them.
+    for padded in [
+        format!("{header},"),
+        format!("{header},x"),
+        format!(",{header}"),
+    ] {
+        let verified = verify(
+            &Scheme::Stripe,
+            slice::from_ref(&key),
+            &one("Stripe-Signature", &padded),
+            body,
+            at(1_700_000_000),
+            TOLERANCE,
+        );
+        assert!(verified.is_ok(), "{padded}: {verified:?}");
+    }
 }
 
 #[test]
