@@ -221,10 +221,22 @@ pub fn purge_time(
 /// time that passed. Dated by a wall clock that stepped back (a reset clock, a bad time
 /// source) and later set right, it would look as old as the step, and a purge would delete it
 /// while its sender may still send the event again. `None`: no anchor for this boot yet.
+///
+/// Less [`FLOOR_ROUNDING`]: the anchor's wall time and boot time are kept in whole
+/// milliseconds, each cut short by up to one, so the floor could run up to two ahead of the
+/// wall clock it stands for and date a record after the answer that acknowledged it (the
+/// fault tier's P figure caught it, 1 ms late, in two scenarios of one run).
 pub fn stamp_floor(anchor: Option<BootAnchor>, boot: Option<Boot>) -> Option<Timestamp> {
     let (a, b) = (anchor?, boot?);
-    (a.boot == b.id && a.since <= b.since).then(|| a.wall.plus(b.since - a.since))
+    (a.boot == b.id && a.since <= b.since).then(|| {
+        let floor = a.wall.plus(b.since - a.since);
+        let rounding = i64::try_from(FLOOR_ROUNDING.as_millis()).unwrap_or(0);
+        Timestamp(floor.0.saturating_sub(rounding))
+    })
 }
+
+/// How far [`stamp_floor`] is held back for the rounding of its parts to milliseconds.
+pub const FLOOR_ROUNDING: Duration = Duration::from_millis(2);
 
 /// A store's boot anchor as it last read or wrote it (at open, and at each purge), and what it
 /// dates a finished record by ([`stamp_floor`]); clones share it. Where the store can tell that
