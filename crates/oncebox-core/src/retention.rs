@@ -222,10 +222,11 @@ pub fn purge_time(
 /// source) and later set right, it would look as old as the step, and a purge would delete it
 /// while its sender may still send the event again. `None`: no anchor for this boot yet.
 ///
-/// Less [`FLOOR_ROUNDING`]: the anchor's wall time and boot time are kept in whole
-/// milliseconds, each cut short by up to one, so the floor could run up to two ahead of the
-/// wall clock it stands for and date a record after the answer that acknowledged it (the
-/// fault tier's P figure caught it, 1 ms late, in two scenarios of one run).
+/// Less [`FLOOR_ROUNDING`]: the anchor's boot time is kept in whole milliseconds, cut short by
+/// up to one, and the record's own time is cut to one too, so the floor could run a
+/// millisecond ahead of the wall clock it stands for and date a record after the answer that
+/// acknowledged it (the fault tier's P figure caught it, 1 ms late, in two scenarios of one
+/// run). A record dated by the floor is thus up to that much earlier than real time.
 pub fn stamp_floor(anchor: Option<BootAnchor>, boot: Option<Boot>) -> Option<Timestamp> {
     let (a, b) = (anchor?, boot?);
     (a.boot == b.id && a.since <= b.since).then(|| {

@@ -90,10 +90,15 @@ fn gate_with<S, T, E: std::fmt::Display>(
 /// The store could not answer: say so, never show a partial page as if it were whole. With
 /// the configured `Retry-After`, as every 503 of the gateway's.
 fn unavailable<S>(gw: &Gateway<S>, access: &Access, e: &oncebox_core::Unavailable) -> Response {
+    tracing::warn!(cause = %e, "store unavailable");
     let mut page = layout::problem(
         StatusCode::SERVICE_UNAVAILABLE,
         access,
-        &format!("The store is unavailable: {e}"),
+        // The kind only, as every 503 of the gateway's: the store's words go to the log.
+        &format!(
+            "The store is unavailable: {}",
+            crate::problem::public_detail(e)
+        ),
     );
     let wait = crate::problem::retry_after_value(gw.config.limits.retry_after);
     page.headers_mut()

@@ -47,7 +47,7 @@ pub(crate) fn view(d: &DeliveryView) -> Value {
 }
 
 fn unavailable(e: &oncebox_core::Unavailable, gw_retry: std::time::Duration) -> Response {
-    Problem::store_unavailable(e, gw_retry).into_response()
+    Problem::action_unavailable(e, gw_retry).into_response()
 }
 
 pub(crate) async fn list<S: EventStore + DeliveryStore>(

@@ -84,7 +84,7 @@ static METERS: LazyLock<Meters> = LazyLock::new(Default::default);
 type Meters = RwLock<HashMap<String, Arc<Meter>>>;
 
 /// Whether requests for `source` are counted under its own name: senders choose names, so one
-/// that names no source is counted under `unknown` (any valid name, with open sources).
+/// that names no source is counted under [`UNKNOWN`] (any valid name, with open sources).
 pub(crate) fn known(config: &GatewayConfig, source: &Source) -> bool {
     config.open_sources || config.sources.contains_key(source)
 }

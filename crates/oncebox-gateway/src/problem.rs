@@ -77,6 +77,23 @@ impl Problem {
         Problem::unavailable(public_detail(e), retry_after)
     }
 
+    /// [`Problem::store_unavailable`] for an operator's action (retry, resolve, redeliver): an
+    /// unconfirmed commit there has no record to answer a repeat, and a redeliver that did
+    /// commit, repeated, sends the event again.
+    pub fn action_unavailable(e: &oncebox_core::Unavailable, retry_after: Duration) -> Problem {
+        match e {
+            oncebox_core::Unavailable::CommitUnknown(_) => {
+                tracing::warn!(cause = %e, "store unavailable");
+                Problem::unavailable(
+                    "the action's commit could not be confirmed; look at the delivery before \
+                     repeating it",
+                    retry_after,
+                )
+            }
+            _ => Problem::store_unavailable(e, retry_after),
+        }
+    }
+
     pub fn unauthorized(detail: impl Into<String>) -> Problem {
         Problem::new(
             StatusCode::UNAUTHORIZED,

@@ -316,5 +316,11 @@ impl EventStore for Inbox {
         })
         .await
         .map_err(unavailable)
+        // The probe's own commit unconfirmed is storage trouble, not an event's: nobody will
+        // send the probe again to learn what became of it.
+        .map_err(|e| match e {
+            Unavailable::CommitUnknown(why) => Unavailable::Storage(why),
+            other => other,
+        })
     }
 }

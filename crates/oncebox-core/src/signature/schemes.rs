@@ -133,8 +133,9 @@ pub(super) fn verify_stripe<H: Headers + ?Sized>(
     let (mut undecodable, mut v1s) = (false, 0);
     for item in value.split(|b| *b == b',') {
         // An item that is not `key=value` (an empty one from a trailing comma, say) is skipped,
-        // as Stripe's own libraries skip it: refused, every event would be a 401 the day the
-        // header gained such an item. Only `t` and `v1` count, and `t` only once.
+        // as stripe-node, stripe-python and stripe-java skip it (stripe-go refuses it):
+        // refused, every event would be a 401 the day the header gained such an item. Only `t`
+        // and `v1` count, and `t` only once.
         let Some((key, val)) = split_at_byte(item, b'=') else {
             continue;
         };

@@ -65,17 +65,29 @@ fn the_first_published_payload_of_a_key_wins_within_one_pull() {
         let later_in = Arc::new(Mutex::new(HashSet::new()));
         let entered = Arc::new(Notify::new());
         let overtaken = Arc::new(Mutex::new(0_usize));
+        // First payloads handled after the consumer was handed their key's later one (published
+        // right after, so next in the stream: pair i's at sequence 2i + 2 of this fresh
+        // stream): the two were in hand at once.
+        let together = Arc::new(Mutex::new(0_usize));
         let apply = {
-            let overtaken = overtaken.clone();
+            let (overtaken, together) = (overtaken.clone(), together.clone());
+            let (js, stream, durable) = (w.js.clone(), w.stream.clone(), w.durable.clone());
             from_fn(move |event: Event, position| {
                 let (inner, later_in, entered) = (inner.clone(), later_in.clone(), entered.clone());
-                let overtaken = overtaken.clone();
+                let (overtaken, together) = (overtaken.clone(), together.clone());
+                let (js, stream, durable) = (js.clone(), stream.clone(), durable.clone());
                 async move {
                     let id = event.key.event_id.as_str().to_owned();
                     if event.payload == br#"{"v":2}"# {
                         later_in.lock().unwrap().insert(id);
                         entered.notify_waiters();
                     } else {
+                        let s = js.get_stream(&stream).await.unwrap();
+                        let info = s.consumer_info(&durable).await.unwrap();
+                        let pair: u64 = id.strip_prefix("pair-").unwrap().parse().unwrap();
+                        if info.delivered.stream_sequence >= 2 * pair + 2 {
+                            *together.lock().unwrap() += 1;
+                        }
                         let waited = tokio::time::timeout(Duration::from_millis(100), async {
                             loop {
                                 let next = entered.notified();
@@ -103,6 +115,11 @@ fn the_first_published_payload_of_a_key_wins_within_one_pull() {
             later += usize::from(stored.expect("stored").payload != br#"{"v":1}"#);
         }
         let overtaken = *overtaken.lock().unwrap();
+        let together = *together.lock().unwrap();
+        assert!(
+            together > 0,
+            "no first payload was handled with its later one in hand: nothing could overtake it"
+        );
         assert_eq!(
             (later, overtaken),
             (0, 0),

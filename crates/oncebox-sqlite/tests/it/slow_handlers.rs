@@ -57,11 +57,12 @@ fn slow_handlers_queued_together_commit_in_turn_not_all_after_the_last() {
                 other => panic!("{other:?}"),
             }
         }
-        // The first batch alone: it ends once its handlers after the first ran 250 ms, so it
-        // holds three (each at least 150 ms) and commits near 450 ms, half the deadline. All
-        // ten in one batch (1.5 s) would leave none applied.
+        // The first batch alone: its first request is the holder, and it ends once what ran
+        // after that took 250 ms, so it holds two handlers (each at least 150 ms) and commits
+        // near 300 ms, well inside the deadline. All ten in one batch (1.5 s) would leave none
+        // applied. (The next batch's three, near 750 ms, are not counted on.)
         assert!(
-            applied >= 3,
+            applied >= 2,
             "{applied} of {HANDLERS} applied: the first handlers waited for the last"
         );
         // Redelivered, every event is applied once: those whose callers gave up either kept

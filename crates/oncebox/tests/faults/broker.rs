@@ -185,9 +185,17 @@ fn nats_kills(random: bool) -> Option<Report> {
                 tokio::task::block_in_place(|| child.wait())
             };
             assert!(killed(status), "the consumer was killed: {status:?}");
-            // A random kill counts if it left work behind: one that landed after the backlog
-            // was done proves nothing. (At the crash point it always left its ack.)
-            kills += u64::from(!random || store.rows().await.0 < events as i64);
+            // A random kill counts if it landed with messages in the consumer's hands (delivered,
+            // not acknowledged) and work left behind: one between pulls, or after the backlog
+            // was done, proves nothing. (At the crash point it always left its ack.)
+            let in_hand = if random {
+                let stream = js.get_stream(&name).await.unwrap();
+                let info = stream.clone().consumer_info(&durable).await.unwrap();
+                info.num_ack_pending > 0 && store.rows().await.0 < events as i64
+            } else {
+                true
+            };
+            kills += u64::from(in_hand);
         }
         let consumer = Consumer::new(
             Recorded {

@@ -4,7 +4,7 @@
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use oncebox_sqlite::rusqlite::Connection;
 
@@ -59,13 +59,22 @@ enum Run {
     Refused,
 }
 
-/// Delivers `ids` in order, until the server goes away.
-async fn deliver(addr: String, ids: Vec<usize>, acked: Arc<Acks>, sent: Arc<AtomicUsize>) -> Run {
+/// Delivers `ids` in order, until the server goes away. `killing` is set just before the kill:
+/// a request begun after it that fails (written on a pooled connection the kill had closed) is
+/// not one the kill cut.
+async fn deliver(
+    addr: String,
+    ids: Vec<usize>,
+    acked: Arc<Acks>,
+    sent: Arc<AtomicUsize>,
+    killing: Arc<AtomicBool>,
+) -> Run {
     let client = reqwest::Client::new();
     for i in ids {
         let url = format!("http://{addr}/v1/sources/load/events");
         let body = format!(r#"{{"id":"evt-{i}","n":{i}}}"#);
         sent.fetch_add(1, Ordering::Relaxed);
+        let before_the_kill = !killing.load(Ordering::SeqCst);
         match client
             .post(&url)
             .header("content-type", "application/json")
@@ -82,7 +91,7 @@ async fn deliver(addr: String, ids: Vec<usize>, acked: Arc<Acks>, sent: Arc<Atom
             }
             Ok(r) => assert!(r.status().as_u16() == 503, "unexpected {}", r.status()),
             // No answer, nothing acknowledged.
-            Err(e) if e.is_connect() => return Run::Refused,
+            Err(e) if e.is_connect() || !before_the_kill => return Run::Refused,
             Err(_) => return Run::CutMidRequest,
         }
     }
@@ -97,6 +106,7 @@ fn server_killed_under_load_keeps_every_acknowledged_key() {
         let mut server = start(&db);
         let acked = Arc::new(Acks::default());
         let sent = Arc::new(AtomicUsize::new(0));
+        let killing = Arc::new(AtomicBool::new(false));
         let tasks: Vec<_> = (0..CLIENTS)
             .map(|c| {
                 // 10% of each client's events repeat one it sent before.
@@ -114,12 +124,14 @@ fn server_killed_under_load_keeps_every_acknowledged_key() {
                     ids,
                     acked.clone(),
                     sent.clone(),
+                    killing.clone(),
                 ))
             })
             .collect();
         // Kill once a third of the load has been answered: in the middle of the run, by count,
         // not by time.
         acked.enough.notified().await;
+        killing.store(true, Ordering::SeqCst);
         nix::sys::signal::kill(
             nix::unistd::Pid::from_raw(server.child.id() as i32),
             nix::sys::signal::Signal::SIGKILL,
@@ -181,6 +193,7 @@ fn server_killed_under_load_keeps_every_acknowledged_key() {
             all.clone(),
             retry_acked.clone(),
             Arc::new(AtomicUsize::new(0)),
+            Arc::new(AtomicBool::new(false)),
         )
         .await;
         assert_eq!(
