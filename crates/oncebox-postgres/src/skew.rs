@@ -96,6 +96,9 @@ pub(crate) struct LeaseClock {
     ahead_ms: AtomicI64,
     /// When it was last measured; `None` before the first.
     measured: Mutex<Option<Instant>>,
+    /// The machine clock's wall and monotonic readings when `ahead_ms` was last stored: a step
+    /// of the wall clock since (NTP setting it right) shows as the two having moved apart.
+    base: Mutex<Option<(Timestamp, Duration)>>,
 }
 
 impl LeaseClock {
@@ -104,6 +107,7 @@ impl LeaseClock {
             machine,
             ahead_ms: AtomicI64::new(0),
             measured: Mutex::new(None),
+            base: Mutex::new(None),
         }
     }
 
@@ -118,6 +122,14 @@ impl LeaseClock {
     pub(crate) fn set(&self, reading: Reading) -> bool {
         *self.measured.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
         if !judges_leases(&reading) {
+            // The step since the last measurement folded into it, so that the next step is
+            // told from this one, and a clock stepped once is not measured again at every
+            // call while the server answers slowly.
+            let step = self.stepped_ms();
+            if step != 0 {
+                self.ahead_ms.fetch_add(step, Ordering::Relaxed);
+                self.rebase();
+            }
             return false;
         }
         let ahead_ms = reading.ahead_ms;
@@ -125,19 +137,48 @@ impl LeaseClock {
             i64::try_from(ahead_ms.clamp(i128::from(i64::MIN), i128::from(i64::MAX))).unwrap_or(0)
         });
         self.ahead_ms.store(moved, Ordering::Relaxed);
+        self.rebase();
         true
     }
 
-    /// `now`, a time on this node's clock, on the server's.
+    /// Notes the machine clock's readings that `ahead_ms` now holds for.
+    fn rebase(&self) {
+        *self.base.lock().unwrap_or_else(|p| p.into_inner()) =
+            Some((self.machine.now(), self.machine.monotonic()));
+    }
+
+    /// How far this node's wall clock was stepped since the last measurement, in ms (ahead
+    /// positive): its move less the monotonic time that passed, once past
+    /// [`LEASE_TOLERANCE`]; else 0. A node set right by NTP after it measured itself a minute
+    /// off wrote, until it measured again, leases a minute off the other way: ended before
+    /// they began for every other node (which took its deliveries over while it sent them), or
+    /// taking theirs over while they still held them.
+    fn stepped_ms(&self) -> i64 {
+        let Some((wall, mono)) = *self.base.lock().unwrap_or_else(|p| p.into_inner()) else {
+            return 0;
+        };
+        let walked = i128::from(self.machine.now().millis()) - i128::from(wall.millis());
+        let passed = i128::try_from(self.machine.monotonic().saturating_sub(mono).as_millis())
+            .unwrap_or(i128::MAX);
+        let step = walked.saturating_sub(passed);
+        match lease_skew(step) {
+            Some(_) => i64::try_from(step).unwrap_or(if step < 0 { i64::MIN } else { i64::MAX }),
+            None => 0,
+        }
+    }
+
+    /// `now`, a time on this node's clock, on the server's: less how far the clock was ahead
+    /// when measured, and how far it was stepped since.
     pub(crate) fn server(&self, now: Timestamp) -> Timestamp {
+        let ahead = self.ahead_ms.load(Ordering::Relaxed);
         Timestamp(
             now.millis()
-                .saturating_sub(self.ahead_ms.load(Ordering::Relaxed)),
+                .saturating_sub(ahead.saturating_add(self.stepped_ms())),
         )
     }
 
-    /// Measures again when the last measurement is older than [`REMEASURE`] (clocks drift,
-    /// and are set right; a step leaves leases moved wrongly until then). Called before each
+    /// Measures again when the last measurement is older than [`REMEASURE`] (clocks drift), or
+    /// the clock was stepped since ([`LeaseClock::stepped_ms`]). Called before each
     /// claim, `process`, `begin` and `complete`. A failure keeps the last one.
     /// Called before a connection is taken for the work itself: one held while another is
     /// asked for could wait on a pool that callers like it emptied.
@@ -146,7 +187,8 @@ impl LeaseClock {
             // Taken by the first caller that finds it stale, so the others go on unmeasured
             // rather than all asking the pool for a connection at once.
             let mut measured = self.measured.lock().unwrap_or_else(|p| p.into_inner());
-            if measured.is_some_and(|at| at.elapsed() < REMEASURE) {
+            // A step of the clock since is measured at once: `server` allows for it meanwhile.
+            if measured.is_some_and(|at| at.elapsed() < REMEASURE) && self.stepped_ms() == 0 {
                 return;
             }
             *measured = Some(Instant::now());

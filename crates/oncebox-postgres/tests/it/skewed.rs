@@ -239,3 +239,79 @@ fn a_reading_over_a_path_slow_one_way_moves_no_lease() {
         assert!(taken.is_empty(), "taken over early: {taken:?}");
     });
 }
+
+/// A node measured a minute off, then set right by NTP (its wall clock stepped, its monotonic
+/// clock not): leases go by the server's clock still. Moved by the offset measured before the
+/// step, its leases were a minute off the other way until it measured again: one set right from
+/// ahead wrote leases already ended, which another node took over while it sent; one set right
+/// from behind took over another node's live lease.
+#[test]
+fn a_node_set_right_after_measuring_itself_off_moves_no_lease_by_the_old_offset() {
+    run(async {
+        if harness::url().is_none() {
+            return;
+        }
+        let schema = harness::schema();
+        let (right, right_clock) = node(&schema, 0).await;
+        let (was_ahead, ahead_clock) = node(&schema, off_ms()).await;
+        let (was_behind, behind_clock) = node(&schema, -off_ms()).await;
+        for clock in [&ahead_clock, &behind_clock] {
+            clock.set(SystemClock.now());
+        }
+        // Set right from ahead: the lease it writes still has its minute.
+        let out = was_ahead.ingest(routed("evt-1", &["hooks"])).await;
+        assert!(matches!(out, Ok(Processed::Applied(_))), "{out:?}");
+        let held = was_ahead
+            .claim(ahead_clock.now(), 10, LEASE, &[])
+            .await
+            .unwrap();
+        assert_eq!(held.len(), 1);
+        let taken = right
+            .claim(right_clock.now(), 10, LEASE, &[])
+            .await
+            .unwrap();
+        assert!(taken.is_empty(), "its lease was written ended: {taken:?}");
+        // Its holder's outcome is recorded, not fenced.
+        let attempt = AttemptRecord {
+            started_at: ahead_clock.now(),
+            duration: Duration::from_millis(5),
+            status: Some(200),
+            error: None,
+        };
+        DeliveryStore::record(
+            &was_ahead,
+            &held[0],
+            attempt,
+            Verdict::Delivered,
+            ahead_clock.now(),
+        )
+        .await
+        .expect("recorded by its holder");
+        // Set right from behind: another node's live lease is not taken over, nor settled.
+        let out = right.ingest(routed("evt-2", &["hooks"])).await;
+        assert!(matches!(out, Ok(Processed::Applied(_))), "{out:?}");
+        let live = right
+            .claim(right_clock.now(), 10, LEASE, &[])
+            .await
+            .unwrap();
+        assert_eq!(live.len(), 1);
+        let taken = was_behind
+            .claim(behind_clock.now(), 10, LEASE, &[])
+            .await
+            .unwrap();
+        assert!(taken.is_empty(), "a live lease taken over: {taken:?}");
+        let resolved = DeliveryStore::resolve(
+            &was_behind,
+            live[0].id,
+            Resolve::Dead,
+            "",
+            behind_clock.now(),
+        )
+        .await
+        .unwrap();
+        assert!(
+            !resolved,
+            "a delivery settled while its relay still holds it"
+        );
+    });
+}
