@@ -3,6 +3,7 @@
 
 mod due;
 mod read;
+mod step;
 
 use std::time::Duration;
 
@@ -18,13 +19,13 @@ use rusqlite::{params, params_from_iter};
 
 use self::due::{due, due_sql};
 use self::read::count;
-use crate::inbox::Inbox;
+use crate::inbox::{Inbox, Step};
 use crate::store::unavailable;
 use crate::writer::{Cx, Fatal};
 
-/// How far the wall clock must fall behind the time that passed between two claims to be taken
-/// for a step back; less is the clocks' own drift and a reading's jitter.
-const STEPPED_BACK: Duration = Duration::from_secs(1);
+/// How far the wall clock must move unlike the time that passed between two claims to be taken
+/// for a step; less is the clocks' own drift and a reading's jitter.
+const STEPPED: Duration = Duration::from_secs(1);
 
 fn millis(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
@@ -36,47 +37,17 @@ fn claim(
     limit: usize,
     lease: Duration,
     routes: &[String],
-    stepped_back: bool,
+    stepped: Step,
 ) -> Result<Result<Vec<Claimed>, Unavailable>, Fatal> {
     let conn = cx.conn;
-    if stepped_back {
-        // A schedule written later than now was written before the wall clock went back:
-        // left as it is, a delivery accepted before the step (due at once), waiting out a
-        // backoff, or an uncertain one's next status check would wait the whole step on top,
-        // and ones queued since would go first. It keeps the wait it had left when it was
-        // written, counted from now. Only when the store's clock shows a step (and at a
-        // process's first claim, which cannot tell): the backoffs of an outage are many rows
-        // to look through at every claim.
-        conn.prepare_cached(
-            "UPDATE oncebox_outbox
-               SET next_attempt_at = ?1 + max(next_attempt_at - coalesce(updated_at, created_at), 0),
-                   updated_at = ?1
-             WHERE state IN ('pending', 'retrying', 'uncertain') AND next_attempt_at > ?1
-               AND coalesce(updated_at, created_at) > ?1",
-        )?
-        .execute([now.millis()])?;
+    match stepped {
+        Step::None => {}
+        Step::Back => step::back(conn, now)?,
+        Step::Ahead(by) => step::ahead(conn, now, by)?,
     }
     let limit = i64::try_from(limit).unwrap_or(i64::MAX);
     let mut args = vec![Value::Integer(now.millis()), Value::Integer(limit)];
     args.extend(routes.iter().map(|r| Value::Text(r.clone())));
-    // A lease taken more than its own length later than now was taken before the wall clock
-    // went back. Left as it is, a dead relay's delivery would wait out the jump on top of its
-    // lease; taken over at once, a live relay's request could go out twice. Like an inbox lease
-    // (`lease_seen`) it keeps its holder and token and now ends one lease length from here.
-    // Every process on a SQLite file runs on one machine, with one clock, so a lease begun in
-    // the future means a jump; a difference under a lease is left alone all the same, as inbox
-    // leases do. (PostgreSQL's claimers are nodes with clocks of their own: it does not
-    // re-anchor, `oncebox-postgres` says why.) Only when the store's clock shows a step: a
-    // claimer's `now` stale by more than a lease (read before it waited for the writer)
-    // otherwise cut a live holder's lease, and the next claim took its delivery over.
-    if stepped_back {
-        conn.prepare_cached(
-            "UPDATE oncebox_outbox SET lease_expires_at = ?1 + (lease_expires_at - updated_at),
-               updated_at = ?1
-             WHERE state = 'in_flight' AND updated_at - ?1 > lease_expires_at - updated_at",
-        )?
-        .execute([now.millis()])?;
-    }
     // A relay's route list is fixed by its configuration, so this caches one statement.
     let rows: Vec<_> = conn
         .prepare_cached(&due_sql(routes.len()))?
@@ -223,9 +194,9 @@ impl DeliveryStore for Inbox {
         routes: &[String],
     ) -> Result<Vec<Claimed>, Unavailable> {
         let routes = routes.to_vec();
-        let (stepped_back, at) = self.stepped_back(STEPPED_BACK);
+        let (stepped, at) = self.clock_step(STEPPED);
         let claimed = self
-            .submit_whole(move |cx| claim(cx, now, limit, lease, &routes, stepped_back))
+            .submit_whole(move |cx| claim(cx, now, limit, lease, &routes, stepped))
             .await;
         if claimed.is_ok() {
             self.claimed(at);
@@ -241,8 +212,26 @@ impl DeliveryStore for Inbox {
         now: Timestamp,
     ) -> Result<(), LeaseError> {
         let claimed = claimed.clone();
-        self.submit_whole(move |cx| record(cx, &claimed, &attempt, &verdict, now))
-            .await
+        // A step ahead since the last claim moves the leases first, as that claim would have:
+        // the holder's own outcome, the first thing after a step, was refused as too late.
+        // (A step back is left to the next claim, which re-anchors schedules too.)
+        let (stepped, at) = self.clock_step(STEPPED);
+        let ahead = match stepped {
+            Step::Ahead(by) => Some(by),
+            Step::None | Step::Back => None,
+        };
+        let recorded = self
+            .submit_whole(move |cx| {
+                if let Some(by) = ahead {
+                    step::ahead(cx.conn, now, by)?;
+                }
+                record(cx, &claimed, &attempt, &verdict, now)
+            })
+            .await;
+        if ahead.is_some() && !matches!(recorded, Err(LeaseError::Unavailable(_))) {
+            self.claimed(at);
+        }
+        recorded
     }
 
     async fn unclaim(

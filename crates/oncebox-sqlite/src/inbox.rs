@@ -95,33 +95,50 @@ impl fmt::Debug for Inbox {
     }
 }
 
+/// How the wall clock moved between two claims of a process, against the monotonic clock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Step {
+    None,
+    /// Back, or not known (a process's first claim).
+    Back,
+    /// Ahead by this much.
+    Ahead(Duration),
+}
+
 impl Inbox {
-    /// Whether the wall clock went back by more than `slack` since this process's last claim
-    /// (time that passed, by the monotonic clock, less the wall clock's move), or there was
-    /// none; and the clock's reading now, for [`Inbox::claimed`]. Read on the store's own
-    /// clock, not a claimer's `now`: claimers whose clocks differ, or one that reuses a `now`
-    /// across claims, would read as steps.
-    pub(crate) fn stepped_back(
+    /// How the wall clock moved since this process's last claim against the time that passed
+    /// by the monotonic clock, past `slack` either way ([`Step::Back`] too when there was no
+    /// claim, which cannot tell); and the clock's reading now, for [`Inbox::claimed`]. Read on
+    /// the store's own clock, not a claimer's `now`: claimers whose clocks differ, or one that
+    /// reuses a `now` across claims, would read as steps.
+    pub(crate) fn clock_step(
         &self,
         slack: Duration,
-    ) -> (bool, (oncebox_core::Timestamp, Duration)) {
+    ) -> (Step, (oncebox_core::Timestamp, Duration)) {
         let now = (self.shared.clock.now(), self.shared.clock.monotonic());
         let last = *self
             .shared
             .last_claim
             .lock()
             .unwrap_or_else(|p| p.into_inner());
-        let stepped = last.is_none_or(|(wall, mono)| {
-            let walked = i128::from(now.0.millis()) - i128::from(wall.millis());
-            let passed =
-                i128::try_from(now.1.saturating_sub(mono).as_millis()).unwrap_or(i128::MAX);
-            let slack = i128::try_from(slack.as_millis()).unwrap_or(i128::MAX);
-            walked < passed.saturating_sub(slack)
-        });
-        (stepped, now)
+        let Some((wall, mono)) = last else {
+            return (Step::Back, now);
+        };
+        let walked = i128::from(now.0.millis()) - i128::from(wall.millis());
+        let passed = i128::try_from(now.1.saturating_sub(mono).as_millis()).unwrap_or(i128::MAX);
+        let slack = i128::try_from(slack.as_millis()).unwrap_or(i128::MAX);
+        let step = if walked < passed.saturating_sub(slack) {
+            Step::Back
+        } else if walked > passed.saturating_add(slack) {
+            let by = u64::try_from(walked - passed).unwrap_or(u64::MAX);
+            Step::Ahead(Duration::from_millis(by))
+        } else {
+            Step::None
+        };
+        (step, now)
     }
 
-    /// Notes a claim made at `at` (the reading [`Inbox::stepped_back`] gave).
+    /// Notes a claim made at `at` (the reading [`Inbox::clock_step`] gave).
     pub(crate) fn claimed(&self, at: (oncebox_core::Timestamp, Duration)) {
         *self
             .shared

@@ -61,6 +61,16 @@ fn a_backward_clock_jump_delays_no_scheduled_delivery_by_the_jump() {
 }
 
 #[test]
+fn a_forward_clock_jump_takes_over_no_live_lease() {
+    oncebox_testkit::run(
+        oncebox_testkit::relay::a_forward_clock_jump_takes_over_no_live_lease::<Sqlite>(),
+    );
+    oncebox_testkit::run(
+        oncebox_testkit::relay::a_forward_clock_jump_refuses_no_live_holders_outcome::<Sqlite>(),
+    );
+}
+
+#[test]
 fn a_lease_is_re_anchored_only_when_taken_over_a_lease_ahead() {
     oncebox_testkit::run(
         oncebox_testkit::relay::a_lease_is_re_anchored_only_when_taken_over_a_lease_ahead::<Sqlite>(

@@ -1,17 +1,18 @@
 //! A wall clock set back under deliveries that are scheduled, not leased: one due at once
 //! before the step is due at once after it, and one waiting out a backoff keeps the wait it
 //! had left, whether the step is seen by a relay that claimed before it or by one whose first
-//! claim comes after it. Run on SQLite only, where every process shares one clock, so a
-//! schedule written later than now means a step (PostgreSQL's nodes have clocks of their own).
+//! claim comes after it. And one set ahead under leased deliveries: they keep the real time
+//! they had left. Run on SQLite only, where every process shares one clock, so a schedule
+//! written later than now means a step (PostgreSQL's nodes have clocks of their own).
 
 use std::time::Duration;
 
-use oncebox_core::delivery::Verdict;
+use oncebox_core::delivery::{DeliveryState, Verdict};
 use oncebox_core::relay_store::DeliveryStore;
 use oncebox_core::{Clock, LeaseError, ManualClock};
 
 use super::{
-    DeliveryBackend, LEASE, Stores, accept, answered, claim, fresh, keys_and_routes, pair,
+    DeliveryBackend, LEASE, Stores, accept, answered, claim, fresh, keys_and_routes, pair, view,
 };
 
 /// The backoff the retried delivery waits.
@@ -99,4 +100,57 @@ pub async fn a_lease_is_re_anchored_only_when_taken_over_a_lease_ahead<B: Delive
             );
         }
     }
+}
+
+/// The wall clock steps an hour ahead (NTP setting it right) while a relay holds deliveries.
+/// Judged by the wall clock alone every lease looked an hour over, and the next claim (the
+/// holder's own, a moment later) took them over as possibly sent: sent again beside the first
+/// request where the route honours the key, parked uncertain where it does not, and the
+/// holder's 2xx fenced. Now they keep the real time they had left: a live holder records its
+/// outcome, and a dead one's delivery is claimed again once its lease ends in real time.
+pub async fn a_forward_clock_jump_takes_over_no_live_lease<B: DeliveryBackend>() {
+    let (b, clock) = fresh::<B>().await;
+    accept(&b, "evt-1").await;
+    let first = claim(&b, clock.now(), 10).await;
+    assert_eq!(first.len(), 2);
+    clock.set(clock.now().plus(Duration::from_secs(3600)));
+    assert_eq!(
+        claim(&b, clock.now(), 10).await,
+        [],
+        "held just after the jump"
+    );
+    clock.advance(LEASE - Duration::from_millis(1));
+    assert_eq!(
+        claim(&b, clock.now(), 10).await,
+        [],
+        "held for the rest of its lease"
+    );
+    let now = clock.now();
+    b.record(&first[1], answered(200, now), Verdict::Delivered, now)
+        .await
+        .expect("the holder records its outcome after the jump");
+    clock.advance(Duration::from_millis(1));
+    let second = claim(&b, clock.now(), 10).await;
+    assert_eq!(
+        keys_and_routes(&second),
+        keys_and_routes(&first[..1]),
+        "the dead holder's delivery is claimed again once its lease ended in real time"
+    );
+    assert_eq!(view(&b, first[1].id).await.state, DeliveryState::Delivered);
+}
+
+/// The same step seen first by the holder's own record, no claim between: its outcome is
+/// recorded, not refused as past its lease.
+pub async fn a_forward_clock_jump_refuses_no_live_holders_outcome<B: DeliveryBackend>() {
+    let (b, clock) = fresh::<B>().await;
+    accept(&b, "evt-1").await;
+    let first = claim(&b, clock.now(), 10).await;
+    assert_eq!(first.len(), 2);
+    clock.set(clock.now().plus(Duration::from_secs(3600)));
+    let now = clock.now();
+    b.record(&first[1], answered(200, now), Verdict::Delivered, now)
+        .await
+        .expect("the holder records its outcome just after the jump");
+    assert_eq!(claim(&b, clock.now(), 10).await, [], "the other still held");
+    assert_eq!(view(&b, first[1].id).await.state, DeliveryState::Delivered);
 }
