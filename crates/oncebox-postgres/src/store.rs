@@ -131,11 +131,26 @@ impl Inbox {
                 .all(|r| r.4 >= youngest_cutoff && r.4 <= now.millis());
             match rows.last() {
                 Some(last) if rows.len() == PURGE_CHUNK as usize && !all_young => after = last.0,
-                _ => return Ok(deleted),
+                _ => break,
             }
         }
+        // Conflicts whose record is gone. A conflict recorded while a purge deleted its record
+        // commits after the purge's statement took its snapshot, and that statement's delete of
+        // the record's conflicts did not see it: left, it was never purged (and the key,
+        // accepted again before this clears it, shows it as its own).
+        let orphans = sqlx::query(ORPHANED_CONFLICTS)
+            .bind(youngest_cutoff)
+            .execute(&self.pool);
+        answered(limit, orphans).await?;
+        Ok(deleted)
     }
 }
+
+/// Conflicts older than the shortest retention whose record no longer exists: a record's
+/// conflicts go with it, so these are what a purge racing a conflict left.
+const ORPHANED_CONFLICTS: &str = "DELETE FROM oncebox_conflicts c WHERE c.at < $1
+    AND NOT EXISTS (SELECT 1 FROM oncebox_inbox i
+      WHERE i.source = c.source AND i.event_id = c.event_id)";
 
 /// Deletes the records of `$1` still terminal (the state guard keeps a record that changed
 /// since the scan) unless a delivery of their event is still owed (pending, in flight, retrying
