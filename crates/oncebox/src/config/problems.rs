@@ -68,6 +68,14 @@ impl<'f> Problems<'f> {
         }
     }
 
+    /// Whether the value at `key` was written in a configuration file (not a variable, not a
+    /// flag, not a default).
+    pub(super) fn in_file(&self, key: &str) -> bool {
+        self.figment
+            .find_metadata(key)
+            .is_some_and(|md| matches!(md.source, Some(figment::Source::File(_))))
+    }
+
     pub(super) fn count(&self) -> usize {
         self.list.len()
     }

@@ -224,11 +224,12 @@ pub(super) fn validate(
     let configured = match (&raw.signing_secret, &raw.signing_secret_env) {
         // Already refused above; reading the secret too would only add noise.
         _ if broker => None,
-        (Some(s), None) => Some((format!("{path}.signing_secret"), s.clone())),
+        (Some(s), None) => Some((format!("{path}.signing_secret"), s.clone(), true)),
         // A command that never sends a delivery does not read it (`Secrets`).
         (None, Some(_)) if !p.secrets.outbound() => None,
         (None, Some(var)) => {
             super::secrets::secret_from_env(&format!("{path}.signing_secret_env"), var, p)
+                .map(|(at, s)| (at, s, false))
         }
         (Some(_), Some(_)) => {
             p.push(&path, "set signing_secret or signing_secret_env, not both");
@@ -237,8 +238,9 @@ pub(super) fn validate(
         (None, None) => None,
     };
     let instead = format!("name the variable holding it in {path}.signing_secret_env instead");
-    let signing_secret = configured.and_then(|(at, s)| {
-        if !super::values::usable_secret(&at, &s, &instead, p) {
+    let signing_secret = configured.and_then(|(at, s, inline)| {
+        let written = inline && p.in_file(&at);
+        if !super::values::usable_secret(&at, &s, &instead, written, p) {
             return None;
         }
         let secret = Secret::parse(&Scheme::StandardWebhooks, &s)

@@ -14,11 +14,13 @@ pub(super) fn secrets(
     scheme: &Scheme,
     p: &mut Problems<'_>,
 ) -> Vec<Secret> {
-    let mut configured: Vec<(String, String)> = raw
+    // Each with whether it stands in the file (`values::usable_secret`).
+    let written = p.in_file(&format!("{path}.secrets"));
+    let mut configured: Vec<(String, String, bool)> = raw
         .secrets
         .iter()
         .enumerate()
-        .map(|(i, s)| (format!("{path}.secrets[{i}]"), s.clone()))
+        .map(|(i, s)| (format!("{path}.secrets[{i}]"), s.clone(), written))
         .collect();
     // Not read for a command that never verifies: with only variables listed, the source
     // then holds no secret, and nothing that command does asks for one.
@@ -28,8 +30,8 @@ pub(super) fn secrets(
         &[]
     };
     for (i, var) in read_env.iter().enumerate() {
-        if let Some(read) = secret_from_env(&format!("{path}.secrets_env[{i}]"), var, p) {
-            configured.push(read);
+        if let Some((at, value)) = secret_from_env(&format!("{path}.secrets_env[{i}]"), var, p) {
+            configured.push((at, value, false));
         }
     }
     let any_listed = !raw.secrets.is_empty() || !raw.secrets_env.is_empty();
@@ -55,8 +57,8 @@ pub(super) fn secrets(
     let instead = format!("list the variable holding it in {path}.secrets_env instead");
     configured
         .iter()
-        .filter_map(|(at, value)| {
-            if !super::values::usable_secret(at, value, &instead, p) {
+        .filter_map(|(at, value, written)| {
+            if !super::values::usable_secret(at, value, &instead, *written, p) {
                 return None;
             }
             Secret::parse(scheme, value).map_err(|e| p.push(at, e)).ok()

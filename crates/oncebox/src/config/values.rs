@@ -13,17 +13,37 @@ fn placeholder(value: &str) -> bool {
     if value.contains("${") {
         return true;
     }
-    value.strip_prefix('$').is_some_and(|name| {
-        name.bytes()
-            .next()
-            .is_some_and(|b| b.is_ascii_alphabetic() || b == b'_')
-            && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
-    })
+    value.strip_prefix('$').is_some_and(identifier)
 }
 
-/// Pushes under `at` when `value` is a [`placeholder`]; `instead` says what to set.
-fn refuse_placeholder(at: &str, value: &str, instead: &str, p: &mut Problems<'_>) {
-    if placeholder(value) {
+/// Whether `value` is nothing but a `${NAME}` placeholder. Values that do not come from the
+/// file (a variable, a flag) are held only to this: what a sender chose as its secret, read
+/// from a variable, is random text that may hold `${` anywhere or be `$` and a word, and was
+/// refused with advice to list the variable that already held it.
+fn whole_placeholder(value: &str) -> bool {
+    value
+        .strip_prefix("${")
+        .and_then(|v| v.strip_suffix('}'))
+        .is_some_and(identifier)
+}
+
+/// A variable's name: a letter or `_`, then letters, digits and `_`.
+fn identifier(name: &str) -> bool {
+    name.bytes()
+        .next()
+        .is_some_and(|b| b.is_ascii_alphabetic() || b == b'_')
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
+}
+
+/// Pushes under `at` when `value` is a [`placeholder`] (`written` in the file) or a
+/// [`whole_placeholder`] (from anywhere else); `instead` says what to set.
+fn refuse_placeholder(at: &str, value: &str, instead: &str, written: bool, p: &mut Problems<'_>) {
+    let unfilled = if written {
+        placeholder(value)
+    } else {
+        whole_placeholder(value)
+    };
+    if unfilled {
         p.push(
             at,
             format_args!(
@@ -38,10 +58,12 @@ fn refuse_placeholder(at: &str, value: &str, instead: &str, p: &mut Problems<'_>
 /// Pushes under `database` and `admin_token` when either is a [`placeholder`].
 pub(super) fn refuse_placeholders(database: &str, admin_token: Option<&str>, p: &mut Problems<'_>) {
     let instead = "set ONCEBOX_DATABASE or pass --database";
-    refuse_placeholder("database", database, instead, p);
+    let written = p.in_file("database");
+    refuse_placeholder("database", database, instead, written, p);
     if let Some(token) = admin_token {
         let instead = "set ONCEBOX_ADMIN_TOKEN or pass --admin-token";
-        refuse_placeholder("admin_token", token, instead, p);
+        let written = p.in_file("admin_token");
+        refuse_placeholder("admin_token", token, instead, written, p);
     }
 }
 
@@ -49,9 +71,18 @@ pub(super) fn refuse_placeholders(database: &str, admin_token: Option<&str>, p: 
 /// whitespace at either end. A secret read from a file keeps the file's last newline (a
 /// Kubernetes secret made with `--from-file`, `$(cat key)` in some shells), and a key with it
 /// matches no signature: every event would be refused `401` with nothing saying why.
-pub(super) fn usable_secret(at: &str, value: &str, instead: &str, p: &mut Problems<'_>) -> bool {
+///
+/// `written`: the value stands in the file, where a placeholder anywhere in it is refused; one
+/// read from a variable is refused only when it is nothing but one ([`whole_placeholder`]).
+pub(super) fn usable_secret(
+    at: &str,
+    value: &str,
+    instead: &str,
+    written: bool,
+    p: &mut Problems<'_>,
+) -> bool {
     let before = p.count();
-    refuse_placeholder(at, value, instead, p);
+    refuse_placeholder(at, value, instead, written, p);
     if value.trim() != value {
         p.push(
             at,
@@ -64,7 +95,25 @@ pub(super) fn usable_secret(at: &str, value: &str, instead: &str, p: &mut Proble
 
 #[cfg(test)]
 mod tests {
-    use super::placeholder;
+    use super::{placeholder, whole_placeholder};
+
+    #[test]
+    fn whole_placeholders_are_only_a_name() {
+        for unfilled in ["${ADMIN_TOKEN}", "${_x1}"] {
+            assert!(whole_placeholder(unfilled), "{unfilled}");
+        }
+        for value in [
+            "k9${Qa-7",
+            "${",
+            "${}",
+            "${A}b",
+            "a${B}",
+            "$1abc",
+            "$SharedKey123",
+        ] {
+            assert!(!whole_placeholder(value), "{value}");
+        }
+    }
 
     #[test]
     fn placeholders_are_told_from_values() {

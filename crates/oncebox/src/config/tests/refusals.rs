@@ -4,7 +4,7 @@
 
 use oncebox_core::signature::Scheme;
 
-use super::{Overrides, assert_mentions, err, jailed, load, ok, shop};
+use super::{Overrides, assert_mentions, err, jailed, load, load_file, ok, shop};
 
 #[test]
 fn a_pointer_to_the_whole_body_is_refused_where_one_value_is_meant() {
@@ -129,6 +129,32 @@ fn an_unfilled_placeholder_is_refused_where_a_secret_or_the_database_belongs() {
     assert_mentions(&e, &["database", placeholder, "ONCEBOX_DATABASE"]);
     // A `$` inside a real value is no placeholder.
     ok(&format!("admin_token = \"{}$x\"\n", "a".repeat(24)));
+}
+
+/// A value read from a variable is a sender's secret or the operator's token as it stands: it
+/// may hold `${` anywhere or be `$` and a word. Refused as a placeholder, the advice was to
+/// list the variable that already held it. Only a value that is nothing but `${NAME}` is.
+#[test]
+fn a_value_read_from_a_variable_is_refused_only_when_it_is_nothing_but_a_placeholder() {
+    let toml = "[sources.billing]\nsignature = \"hmac-sha256\"\nheader = \"X-Sig\"\n\
+                secrets_env = [\"BILLING_SECRET\"]\n";
+    for secret in ["k9${Qa-7x", "$SharedKey123"] {
+        let loaded = jailed(|jail| {
+            jail.set_env("BILLING_SECRET", secret);
+            jail.set_env("ONCEBOX_ADMIN_TOKEN", format!("{secret}{}", "t".repeat(16)));
+            load_file(jail, toml)
+        });
+        assert!(loaded.is_ok(), "{secret}: {:?}", loaded.err());
+    }
+    let e = jailed(|jail| {
+        jail.set_env("BILLING_SECRET", "${BILLING_KEY}");
+        jail.set_env("ONCEBOX_ADMIN_TOKEN", "${ADMIN_TOKEN_VALUE}");
+        load_file(jail, toml).map(|_| ()).unwrap_err()
+    });
+    let e = format!("{e:#}");
+    let placeholder = "unfilled variable placeholder";
+    assert_mentions(&e, &["sources.billing.secrets_env[0]", placeholder]);
+    assert_mentions(&e, &["admin_token", placeholder]);
 }
 
 /// A secret read from a file keeps its last newline; no sender signs with it, so every event
