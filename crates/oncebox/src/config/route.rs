@@ -81,15 +81,20 @@ pub(crate) fn http_url(text: &str) -> bool {
 }
 
 /// A route's name is stored with each of its deliveries and shown in logs, metrics and the
-/// admin API: printable, without spaces, 1 to 64 bytes. One the environment cannot address
+/// admin API: printable, without spaces, 1 to 64 bytes, and without `:`, which separates it
+/// from the key in a NATS route's message id (`{route}:{key}`): routes `a` and `a:x` into one
+/// stream gave events `x:y:z` and `y:z` one id, and the stream dropped the second as a
+/// duplicate while it was recorded delivered. One the environment cannot address
 /// (`ONCEBOX_ROUTES__NAME__…` keys are lower-cased, and a `.` in them separates tables as
 /// `__` does) is warned about.
 pub(super) fn check_name(name: &str, p: &mut Problems<'_>, warnings: &mut Vec<String>) {
-    let printable = name.chars().all(|c| !c.is_control() && !c.is_whitespace());
+    let printable = name
+        .chars()
+        .all(|c| !c.is_control() && !c.is_whitespace() && c != ':');
     if name.is_empty() || name.len() > 64 || !printable {
         p.push(
             &format!("routes.{name:?}"),
-            "a route's name must be 1 to 64 bytes without spaces or control characters",
+            "a route's name must be 1 to 64 bytes without spaces, control characters or `:`",
         );
     } else if let Some(w) = super::variables::unreachable(&format!("routes.{name}"), "route", name)
     {
@@ -123,9 +128,20 @@ pub(super) fn validate(
             Err(e) => p.push(&format!("{path}.sources"), format_args!("{s:?}: {e}")),
         }
     }
+    // The empty pointer names the whole body, which no scalar equals: such a route would take
+    // every event and deliver none, saying nothing.
+    let whole = raw.filter.as_ref().filter(|f| f.pointer.is_empty());
+    if whole.is_some() {
+        p.push(
+            &format!("{path}.filter.pointer"),
+            "the empty pointer names the whole body, which no value equals; point into it \
+             (e.g. \"/type\")",
+        );
+    }
     let filter = raw
         .filter
         .as_ref()
+        .filter(|f| !f.pointer.is_empty())
         .and_then(|f| match Pointer::parse(&f.pointer) {
             Ok(pointer) => {
                 let value = match &f.equals {

@@ -32,6 +32,12 @@ fn a_pointer_to_the_whole_body_is_refused_where_one_value_is_meant() {
     );
     let consumer = "[consumers.c]\nsource = \"s\"\nkey = { pointer = \"\" }\nqueue = \"q\"\n";
     assert_mentions(&err(consumer), &["consumers.c.key.pointer", whole]);
+    // A route's filter: no scalar equals the whole body, so it would deliver nothing.
+    let e = err(&shop(
+        "[routes.r]\nsources = [\"shop\"]\nurl = \"http://127.0.0.1:9/h\"\n\
+         filter = { pointer = \"\", equals = \"paid\" }",
+    ));
+    assert_mentions(&e, &["routes.r.filter.pointer", whole]);
     // A fingerprint over the whole body is what `json` does anyway: allowed.
     ok(&shop("fingerprint = { fields = [\"\"] }"));
 }
@@ -61,7 +67,14 @@ fn route_names_are_printable_and_short_and_the_environment_can_reach_them() {
         ))
     };
     let long = format!("\"{}\"", "r".repeat(65));
-    for name in ["\"\"", "\"two words\"", "\"line\\nbreak\"", long.as_str()] {
+    // `:` separates a NATS route's name from the key in its message id.
+    for name in [
+        "\"\"",
+        "\"two words\"",
+        "\"line\\nbreak\"",
+        "\"a:x\"",
+        long.as_str(),
+    ] {
         let e = err(&route(name));
         assert_mentions(&e, &["routes.", "1 to 64 bytes"]);
     }
