@@ -6,6 +6,7 @@ mod commit_order;
 mod consume;
 mod database;
 mod deliveries;
+mod durable;
 mod effects_race;
 mod ended;
 mod examples;
