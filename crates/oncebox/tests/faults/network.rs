@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use oncebox_testkit::checker::Figures;
 use oncebox_testkit::child::{Proc, until_async};
-use oncebox_testkit::history::{History, Op, Outcome};
+use oncebox_testkit::history::{History, Op, Outcome, Refusal};
 use oncebox_testkit::proxy::{Mode, Proxy, Stats};
 
 use crate::outbox;
@@ -75,7 +75,12 @@ impl Behind {
         world::drain(&self.history, &self.base, 8).await;
         self.gw.terminate();
         let store = StoreCounts::new(self.dir.path(), Some(&self.schema)).await;
-        outbox::figures(&self.history.ops(), &store).await.0
+        let ops = self.history.ops();
+        let mut figures = outbox::figures(&ops, &store).await.0;
+        // Every refusal as a conflict has its audit row, whatever the network did to the
+        // transaction that kept it.
+        crate::conflicts::check(&mut figures, &ops, store.conflicts(SOURCE).await);
+        figures
     }
 }
 
@@ -98,6 +103,8 @@ pub(crate) fn seen(ops: &[Op]) -> Seen {
             None => {}
             Some(Outcome::Ok { .. }) => s.acked.push(o.key.1.clone()),
             Some(Outcome::Info(why)) if why == "HTTP 503" => s.refused += 1,
+            // A burst's reused id with another payload (`burst`): judged by C, not here.
+            Some(Outcome::Fail(Refusal::Conflict)) => {}
             Some(answered) => s.other.push(format!("{}: {answered:?}", o.key.1)),
         }
     }
@@ -138,9 +145,17 @@ async fn armed(
 pub(crate) async fn burst(history: &Arc<History>, base: &str, prefix: &str, n: usize) {
     let tasks: Vec<_> = (0..n)
         .map(|i| {
-            let (history, base, id) = (history.clone(), base.to_owned(), format!("{prefix}{i}"));
+            // One in eight sends an earlier id of the burst with another payload: a conflict
+            // (or, arriving first, the winner), so G4 is judged through the fault too (C).
+            // (`& !4`: an earlier id that was itself sent with v1.)
+            let (n, tag) = if i % 8 == 7 {
+                ((i / 2) & !4, "v2")
+            } else {
+                (i, "v1")
+            };
+            let (history, base, id) = (history.clone(), base.to_owned(), format!("{prefix}{n}"));
             tokio::spawn(async move {
-                world::deliver(&world::client(), &history, &base, SOURCE, &id, "v1").await
+                world::deliver(&world::client(), &history, &base, SOURCE, &id, tag).await
             })
         })
         .collect();
