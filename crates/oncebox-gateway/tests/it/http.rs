@@ -4,7 +4,7 @@ use std::time::{Duration, Instant};
 
 use axum::http::StatusCode;
 use oncebox_gateway::policy::{GatewayConfig, Limits};
-use oncebox_testkit::race::{raced, timed};
+use oncebox_testkit::race::timed;
 use oncebox_testkit::run;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
@@ -27,18 +27,37 @@ fn fifty_concurrent_deliveries_of_one_key_give_one_accept_and_49_replays() {
             );
             clients.push(client);
         }
-        // Every request is started in one pass over them, before any answer is read: none can
-        // wait for another's answer, however the runtime is scheduled.
+        // The store's writer held: no request can commit, so none can be answered, before the
+        // test has seen them meet in the store.
+        let hold = oncebox_testkit::writer::hold_writer(&s.gw.inbox).await;
         let body = r#"{"id":"evt-50","amount":1}"#;
-        let requests = clients
+        let requests: Vec<_> = clients
             .iter()
-            .map(|client| timed(deliver(client, s.addr, "open", body)));
-        let timings = futures::future::join_all(requests).await;
-        // They raced: replays were sent before the first answer came back.
-        let raced = raced(&timings, |a: &Answer| !a.replayed(), |_, _| true);
+            .map(|client| {
+                let (client, addr) = (client.clone(), s.addr);
+                tokio::spawn(async move { timed(deliver(&client, addr, "open", body)).await })
+            })
+            .collect();
+        // Proof of the race: requests for the one key wait in the writer's queue together.
+        let until = Instant::now() + BOUND;
+        while s.gw.inbox.queued() < 2 {
+            assert!(
+                Instant::now() < until,
+                "the requests never met in the store"
+            );
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        let released = Instant::now();
+        drop(hold);
+        let mut timings = Vec::new();
+        for r in requests {
+            timings.push(r.await.expect("request task"));
+        }
+        // No replay came before the winner's commit: nothing was answered while the writer was
+        // held, and the first commit it made after was the winner's.
         assert!(
-            raced > Some(0),
-            "no replay was sent before the first was answered"
+            timings.iter().all(|t| t.answered >= released),
+            "answered while no commit could have happened"
         );
         let answers: Vec<Answer> = timings.into_iter().map(|t| t.value).collect();
         for a in &answers {
