@@ -112,8 +112,19 @@ Examples:
     #[command(after_help = "\
 Examples:
   oncebox check
-  oncebox check --config prod.toml --output json | jq '.sources[].name'")]
-    Check(OutputArg),
+  oncebox check --config prod.toml --output json | jq '.sources[].name'
+  oncebox check --listen 0.0.0.0:8080              # as `serve --listen 0.0.0.0:8080` will run")]
+    Check {
+        #[command(flatten)]
+        output: OutputArg,
+        /// The address `serve` will be given with --listen, checked as `serve` checks it.
+        #[arg(long)]
+        listen: Option<SocketAddr>,
+        /// The admin token `serve` will be given with --admin-token (or ONCEBOX_ADMIN_TOKEN),
+        /// checked as `serve` checks it.
+        #[arg(long)]
+        admin_token: Option<String>,
+    },
     /// Sign a test event with a source's scheme and send it to the running gateway.
     #[command(after_help = "\
 Examples:

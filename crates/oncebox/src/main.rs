@@ -88,6 +88,11 @@ async fn run(cli: Cli) -> Result<()> {
             listen,
             admin_token,
             ..
+        }
+        | Command::Check {
+            listen,
+            admin_token,
+            ..
         } => (*listen, admin_token.clone()),
         _ => (None, None),
     };
@@ -108,7 +113,7 @@ async fn run(cli: Cli) -> Result<()> {
                 let _ = writeln!(std::io::stderr(), "warning: {warning}");
             }
             // A script asking `check` for JSON gets a verdict on stdout as well.
-            if let Command::Check(o) = &cli.command
+            if let Command::Check { output: o, .. } = &cli.command
                 && o.output == Output::Json
             {
                 let doc = serde_json::json!({ "ok": false, "error": format!("{e:#}") });
@@ -121,7 +126,7 @@ async fn run(cli: Cli) -> Result<()> {
     // prints them.
     for warning in exposed {
         match cli.command {
-            Command::Serve { .. } | Command::Consume { .. } | Command::Check(_) => {
+            Command::Serve { .. } | Command::Consume { .. } | Command::Check { .. } => {
                 settings.warnings.push(warning);
             }
             _ => {
@@ -154,7 +159,7 @@ async fn run(cli: Cli) -> Result<()> {
                     .await?;
             redeliver::run(&mut out, &store, args).await?;
         }
-        Command::Check(o) => match o.output {
+        Command::Check { output: o, .. } => match o.output {
             Output::Json => writeln!(out, "{}", config::describe_json(&settings))?,
             Output::Text => {
                 for w in &settings.warnings {
@@ -242,7 +247,7 @@ fn secrets_needed(command: &Command) -> config::Secrets {
     match command {
         Command::Send { .. } | Command::Bench(_) => Secrets::Inbound,
         // Without its relay too: the dashboard shows which routes sign.
-        Command::Serve { .. } | Command::Check(_) => Secrets::All,
+        Command::Serve { .. } | Command::Check { .. } => Secrets::All,
         Command::Relay => Secrets::Outbound,
         Command::Consume { .. }
         | Command::Deliveries { .. }

@@ -352,3 +352,24 @@ fn out_of_range_flags_are_refused_locally() {
         text(&check)
     );
 }
+
+/// `check` takes `serve`'s own flags and judges them as `serve` will: a zero-config gateway
+/// listening beyond loopback, or a short admin token, passed `check` and was refused only when
+/// `serve` started with them.
+#[test]
+fn check_judges_serves_flags_as_serve_will() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    assert_eq!(
+        oncebox(d, &["check", "--listen", "127.0.0.1:8080"])
+            .status
+            .code(),
+        Some(0)
+    );
+    let wide = oncebox(d, &["check", "--listen", "0.0.0.0:8080"]);
+    assert_eq!(wide.status.code(), Some(2), "{}", text(&wide));
+    assert!(text(&wide).contains("listen"), "{}", text(&wide));
+    let short = oncebox(d, &["check", "--admin-token", "short"]);
+    assert_eq!(short.status.code(), Some(2), "{}", text(&short));
+    assert!(text(&short).contains("admin_token"), "{}", text(&short));
+}
