@@ -33,6 +33,9 @@ pub struct Problem {
     pub challenge: Option<&'static str>,
 }
 
+/// The least `Retry-After` for a key parked uncertain.
+pub const UNCERTAIN_RETRY_AFTER: Duration = Duration::from_secs(60);
+
 impl Problem {
     pub fn new(
         status: StatusCode,
@@ -167,6 +170,8 @@ impl Answer {
                 )
                 .retry_after(wait.max(Duration::from_secs(1))),
             ),
+            // Parked until an operator settles it (`resolve`): minutes or more, not the second
+            // a busy store asks for, which had a sender honouring it retry every second.
             Err(ProcessError::Uncertain) => Answer::Problem(
                 Problem::new(
                     StatusCode::CONFLICT,
@@ -174,7 +179,7 @@ impl Answer {
                     "In progress",
                     "the event awaits reconciliation",
                 )
-                .retry_after(retry_after),
+                .retry_after(retry_after.max(UNCERTAIN_RETRY_AFTER)),
             ),
             // A source's `max_body` set past what the store keeps (with its headers).
             Err(ProcessError::Invalid(e @ Invalid::TooLarge { .. })) => {
@@ -348,5 +353,16 @@ mod tests {
             assert_eq!(p.status, StatusCode::SERVICE_UNAVAILABLE);
             assert!(!p.detail.contains("10.0.4.7"), "{}", p.detail);
         }
+    }
+
+    #[test]
+    fn a_key_parked_uncertain_asks_for_a_retry_in_a_minute_not_a_second() {
+        let Answer::Problem(p) =
+            Answer::from_outcome(Err(ProcessError::Uncertain), Duration::from_secs(1))
+        else {
+            panic!("a 409 expected");
+        };
+        assert_eq!((p.status, p.slug), (StatusCode::CONFLICT, "in-progress"));
+        assert_eq!(p.retry_after, Some(UNCERTAIN_RETRY_AFTER));
     }
 }
