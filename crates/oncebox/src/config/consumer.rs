@@ -375,7 +375,11 @@ fn key(path: &str, raw: &RawKey, p: &mut Problems<'_>) -> Option<KeyRule> {
         ))),
         (None, None, Some(f)) => Some(KeyRule::Derive(pointers(&format!("{path}.derive"), f, p))),
         _ => {
-            p.push(path, "set exactly one of header, pointer or derive");
+            p.push_one_of(
+                path,
+                &["header", "pointer", "derive"],
+                "set exactly one of header, pointer or derive",
+            );
             None
         }
     }

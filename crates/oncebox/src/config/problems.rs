@@ -68,6 +68,32 @@ impl<'f> Problems<'f> {
         }
     }
 
+    /// Pushes `what` under `path`, a table that must set exactly one of `fields`, saying where
+    /// each field set came from when they came from different layers: figment adds a layer's
+    /// fields to a table the file set, so `event_id = { header = … }` in the file and
+    /// `ONCEBOX_SOURCES__SHOP__EVENT_ID__POINTER` in the environment made a table with both,
+    /// refused with nothing saying why it held two.
+    pub(super) fn push_one_of(&mut self, path: &str, fields: &[&str], what: &str) {
+        let set: Vec<(String, &str)> = fields
+            .iter()
+            .filter(|f| self.figment.find_value(&format!("{path}.{f}")).is_ok())
+            .map(|f| (self.origin(&format!("{path}.{f}")), *f))
+            .collect();
+        let layered = set.windows(2).any(|w| w[0].0 != w[1].0);
+        if !layered {
+            return self.push(path, what);
+        }
+        let each: Vec<String> = set.iter().map(|(o, f)| format!("{f}{o}")).collect();
+        self.push(
+            path,
+            format_args!(
+                "{what}; the layers were merged, a table in the environment adding to the \
+                 file's: {}; unset the one not meant",
+                each.join(", ")
+            ),
+        );
+    }
+
     /// Whether the value at `key` was written in a configuration file (not a variable, not a
     /// flag, not a default).
     pub(super) fn in_file(&self, key: &str) -> bool {

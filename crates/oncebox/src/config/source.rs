@@ -327,7 +327,11 @@ fn event_id(path: &str, raw: &RawEventId, p: &mut Problems<'_>) -> Option<EventI
             p,
         ))),
         _ => {
-            p.push(path, "set exactly one of header, pointer or derive");
+            p.push_one_of(
+                path,
+                &["header", "pointer", "derive"],
+                "set exactly one of header, pointer or derive",
+            );
             None
         }
     }

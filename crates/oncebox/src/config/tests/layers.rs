@@ -55,6 +55,29 @@ fn environment_overrides_the_file_and_flags_override_both() {
     assert_eq!(s.gateway.admin_token.as_deref(), Some(ADMIN_TOKEN));
 }
 
+/// A one-of table set in the file and another of its fields in the environment: figment adds
+/// the variable's field to the file's table, which then holds two. Refused, as before, but
+/// saying where each came from and what to do.
+#[test]
+fn a_one_of_table_merged_across_layers_says_so() {
+    let e = jailed(|jail| {
+        jail.set_env("ONCEBOX_SOURCES__SHOP__EVENT_ID__POINTER", "/id");
+        load_file(jail, &shop("event_id = { header = \"webhook-id\" }"))
+            .map(|_| ())
+            .unwrap_err()
+    });
+    assert_mentions(
+        &format!("{e:#}"),
+        &[
+            "sources.shop.event_id: set exactly one of header, pointer or derive",
+            "the layers were merged",
+            "header (in oncebox.toml)",
+            "pointer (from environment variable ONCEBOX_SOURCES__SHOP__EVENT_ID__POINTER)",
+            "unset the one not meant",
+        ],
+    );
+}
+
 #[test]
 fn environment_errors_name_the_field_and_the_variable() {
     let e = jailed(|jail| {
