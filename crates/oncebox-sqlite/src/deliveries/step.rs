@@ -49,12 +49,22 @@ pub(super) fn back(conn: &Connection, now: Timestamp) -> rusqlite::Result<()> {
 /// moved too (the step seen late) only ends later: its holder is never cut short. Its
 /// `updated_at` moves with it, so a second process seeing the same step moves it no further.
 /// Schedules are left: a backoff that ends sooner sends a retry early, nothing twice.
+///
+/// A delivery still owed keeps its retry budget's age the same way: counted from a start the
+/// step put that much further back, one retrying was past its route's `max_age` at its next
+/// turn and died unsent.
 pub(super) fn ahead(conn: &Connection, now: Timestamp, by: Duration) -> rusqlite::Result<()> {
     let by = i64::try_from(by.as_millis()).unwrap_or(i64::MAX);
     conn.prepare_cached(
         "UPDATE oncebox_outbox SET lease_expires_at = lease_expires_at + ?2,
            updated_at = updated_at + ?2
          WHERE state = 'in_flight' AND updated_at <= ?1 - ?2",
+    )?
+    .execute([now.millis(), by])?;
+    conn.prepare_cached(
+        "UPDATE oncebox_outbox SET budget_at = coalesce(budget_at, created_at) + ?2
+         WHERE state IN ('pending', 'retrying', 'in_flight', 'uncertain')
+           AND coalesce(budget_at, created_at) <= ?1 - ?2",
     )?
     .execute([now.millis(), by])?;
     Ok(())

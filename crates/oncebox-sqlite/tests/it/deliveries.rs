@@ -68,6 +68,9 @@ fn a_forward_clock_jump_takes_over_no_live_lease() {
     oncebox_testkit::run(
         oncebox_testkit::relay::a_forward_clock_jump_refuses_no_live_holders_outcome::<Sqlite>(),
     );
+    oncebox_testkit::run(
+        oncebox_testkit::relay::a_forward_clock_jump_ages_no_retry_budget::<Sqlite>(),
+    );
 }
 
 #[test]

@@ -154,3 +154,22 @@ pub async fn a_forward_clock_jump_refuses_no_live_holders_outcome<B: DeliveryBac
     assert_eq!(claim(&b, clock.now(), 10).await, [], "the other still held");
     assert_eq!(view(&b, first[1].id).await.state, DeliveryState::Delivered);
 }
+
+/// A month's step ahead ages no delivery's retry budget: counted from before the step, one
+/// retrying was past its route's `max_age` at its next turn and died unsent.
+pub async fn a_forward_clock_jump_ages_no_retry_budget<B: DeliveryBackend>() {
+    let (b, clock) = fresh::<B>().await;
+    accept(&b, "evt-1").await;
+    let first = claim(&b, clock.now(), 10).await;
+    assert_eq!(first.len(), 2);
+    let now = clock.now();
+    b.record(&first[0], answered(500, now), Verdict::Retry(BACKOFF), now)
+        .await
+        .expect("retrying");
+    clock.set(now.plus(Duration::from_secs(30 * 24 * 3600)));
+    clock.advance(BACKOFF);
+    let again = claim(&b, clock.now(), 10).await;
+    assert_eq!(keys_and_routes(&again), keys_and_routes(&first[..1]));
+    let age = again[0].budget.age(clock.now());
+    assert!(age <= BACKOFF, "its budget aged by the step: {age:?}");
+}
