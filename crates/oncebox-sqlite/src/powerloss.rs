@@ -15,9 +15,10 @@
 //! (SQLite then reads through `xRead`, which sees the unsynced writes). Files SQLite opens
 //! without a name (temporary files) are the platform VFS's own.
 //!
-//! A sync of the database file can also be made to fail as Linux fails one after a writeback
-//! error ([`fail_database_sync`]): the writes it was to persist stay readable (the page cache
-//! keeps them) but never reach the disk, and the next sync succeeds without them.
+//! A sync of the database file, or of its log, can also be made to fail as Linux fails one
+//! after a writeback error ([`fail_database_sync`], [`fail_log_sync`]): the writes it was to
+//! persist stay readable (the page cache keeps them) but never reach the disk, and the next
+//! sync succeeds without them.
 
 #![allow(unsafe_code, reason = "SQLite's VFS interface is a C vtable")]
 
@@ -52,6 +53,23 @@ pub fn fail_database_sync(nth: u32) {
 /// How many syncs [`fail_database_sync`] has failed.
 pub fn failed_database_syncs() -> u32 {
     FAILED_DB_SYNCS.load(Ordering::SeqCst)
+}
+
+/// As for the database file, the sync of a log (a name ending in `-wal`) that fails, and the
+/// counts.
+static FAIL_LOG_SYNC: AtomicU32 = AtomicU32::new(0);
+static LOG_SYNCS: AtomicU32 = AtomicU32::new(0);
+static FAILED_LOG_SYNCS: AtomicU32 = AtomicU32::new(0);
+
+/// [`fail_database_sync`] for the log: the first sync of a `-wal` file from the `nth` on that
+/// has writes to persist fails, once, its writes readable and never persisted.
+pub fn fail_log_sync(nth: u32) {
+    FAIL_LOG_SYNC.store(nth, Ordering::SeqCst);
+}
+
+/// How many syncs [`fail_log_sync`] has failed.
+pub fn failed_log_syncs() -> u32 {
+    FAILED_LOG_SYNCS.load(Ordering::SeqCst)
 }
 
 type Shared = Arc<Mutex<Unsynced>>;
@@ -119,6 +137,8 @@ struct File {
     unsynced: Shared,
     /// A database file (its name ends in `.db`), whose syncs `fail_database_sync` counts.
     database: bool,
+    /// A log (its name ends in `-wal`), whose syncs `fail_log_sync` counts.
+    log: bool,
 }
 
 // SAFETY: `open` stores the platform VFS's file, methods set, in `inner` of every file it
@@ -163,6 +183,7 @@ unsafe extern "C" fn open(
             };
         }
         let database = path.ends_with(".db");
+        let log = path.ends_with("-wal");
         let unsynced = files().entry(path).or_default().clone();
         file.cast::<File>().write(File {
             base: ffi::sqlite3_file {
@@ -171,6 +192,7 @@ unsafe extern "C" fn open(
             inner,
             unsynced,
             database,
+            log,
         });
         ffi::SQLITE_OK
     }
@@ -310,12 +332,19 @@ unsafe extern "C" fn sync(f: *mut ffi::sqlite3_file, flags: c_int) -> c_int {
         let Some(write) = methods.xWrite else {
             return ffi::SQLITE_IOERR_WRITE;
         };
-        if file.database {
-            let nth = DB_SYNCS.fetch_add(1, Ordering::SeqCst) + 1;
-            let from = FAIL_DB_SYNC.load(Ordering::SeqCst);
-            if from > 0 && nth >= from && u.any() && FAILED_DB_SYNCS.load(Ordering::SeqCst) == 0 {
+        let counts = if file.database {
+            Some((&DB_SYNCS, &FAIL_DB_SYNC, &FAILED_DB_SYNCS))
+        } else if file.log {
+            Some((&LOG_SYNCS, &FAIL_LOG_SYNC, &FAILED_LOG_SYNCS))
+        } else {
+            None
+        };
+        if let Some((syncs, fail, failed)) = counts {
+            let nth = syncs.fetch_add(1, Ordering::SeqCst) + 1;
+            let from = fail.load(Ordering::SeqCst);
+            if from > 0 && nth >= from && u.any() && failed.load(Ordering::SeqCst) == 0 {
                 u.lose_all();
-                FAILED_DB_SYNCS.fetch_add(1, Ordering::SeqCst);
+                failed.fetch_add(1, Ordering::SeqCst);
                 return ffi::SQLITE_IOERR_FSYNC;
             }
         }

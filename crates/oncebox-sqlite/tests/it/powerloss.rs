@@ -46,6 +46,16 @@ fn child_process() {
         // A sync of the database file from the tenth on fails.
         powerloss::fail_database_sync(10);
     }
+    if mode == "faillog" {
+        // A commit's sync of the log, from the fiftieth on, fails.
+        powerloss::fail_log_sync(50);
+        std::thread::spawn(|| {
+            while powerloss::failed_log_syncs() == 0 {
+                std::thread::sleep(std::time::Duration::from_millis(2));
+            }
+            say("log-sync-failed");
+        });
+    }
     let durability = match mode {
         "normal" => Durability::Normal,
         _ => Durability::Full,
@@ -73,18 +83,26 @@ fn child_process() {
     }
     let workers: Vec<_> = (0..WORKERS)
         .map(|w| {
-            let (inbox, round) = (inbox.clone(), round.to_owned());
+            let (inbox, round, retry) = (inbox.clone(), round.to_owned(), mode == "faillog");
             std::thread::spawn(move || {
                 for n in 0.. {
                     let id = format!("r{round}-w{w}-{n}");
                     let body = format!(r#"{{"n":{n},"pad":"{}"}}"#, "x".repeat(300));
                     let event = Event::json(Key::parse("power", &id).unwrap(), body).unwrap();
-                    let answer =
-                        inbox.process_blocking(event, |_| Ok(Response::completed("applied")));
-                    assert!(
-                        matches!(answer, Ok(Processed::Applied(_))),
-                        "{id}: {answer:?}"
-                    );
+                    // Sent again until stored, as a sender does after a 503: the answer to
+                    // each try is what a sender would be told.
+                    loop {
+                        let answer = inbox.process_blocking(event.clone(), |_| {
+                            Ok(Response::completed("applied"))
+                        });
+                        match answer {
+                            Ok(Processed::Applied(_) | Processed::Duplicate(_)) => break,
+                            Err(oncebox_core::ProcessError::Unavailable(_)) if retry => {
+                                say(&format!("refused {id}"));
+                            }
+                            other => panic!("{id}: {other:?}"),
+                        }
+                    }
                     ack(&id);
                 }
             })
@@ -267,6 +285,40 @@ fn a_failed_sync_of_the_database_file_loses_nothing_acknowledged() {
         kept,
         acked.len(),
         "acknowledged events lost after a failed sync"
+    );
+}
+
+/// A commit's sync of the log fails as Linux fails one after a writeback error: its frames stay
+/// readable and never reach the disk. The commit is answered unavailable, the sender tries
+/// again and must be answered only once what it is told of is durable: a try answered as a
+/// duplicate from frames that are readable but lost would be an acknowledged event the power
+/// cut takes. Every event acknowledged, first tries and tries again alike, survives the cut.
+#[test]
+fn a_failed_sync_of_the_log_loses_nothing_acknowledged() {
+    const AFTER: usize = 2_000;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("power.db");
+    let (acked, said) = cut_after(&path, "faillog", 0, Some("log-sync-failed"), AFTER);
+    let saw = |line: &str| said.iter().any(|l| l.contains(line));
+    assert!(
+        saw("log-sync-failed"),
+        "the log's sync never failed: nothing was tested"
+    );
+    let refused = said.iter().filter(|l| l.contains("refused ")).count();
+    let kept = present(&path, "oncebox_inbox", "event_id", &acked);
+    eprintln!(
+        "failed log sync: {} acknowledged ({AFTER} after the failure), {refused} tries refused, \
+         {kept} kept",
+        acked.len()
+    );
+    assert!(
+        refused > 0,
+        "no try was refused: the failed sync answered nobody"
+    );
+    assert_eq!(
+        kept,
+        acked.len(),
+        "acknowledged events lost after a failed sync of the log"
     );
 }
 
