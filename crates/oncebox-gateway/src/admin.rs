@@ -104,7 +104,10 @@ fn bearer(value: &str) -> Option<&str> {
     (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then_some(token)
 }
 
+/// Unknown parameters are refused: `?status=dead` for `?state=dead` listed everything, and a
+/// script resolving "every uncertain delivery" that way would have settled them all.
 #[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub(crate) struct ListQuery {
     #[serde(default, deserialize_with = "crate::rejection::blank")]
     source: Option<String>,

@@ -16,7 +16,10 @@ use serde_json::{Value, json};
 use crate::problem::Problem;
 use crate::{Gateway, rfc3339};
 
+/// Unknown parameters are refused: `?status=dead` for `?state=dead` listed everything, and a
+/// script resolving "every uncertain delivery" that way would have settled them all.
 #[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub(crate) struct ListQuery {
     #[serde(default, deserialize_with = "crate::rejection::blank")]
     state: Option<String>,

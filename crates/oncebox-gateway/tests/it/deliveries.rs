@@ -322,8 +322,15 @@ fn empty_query_parameters_mean_no_filter() {
             assert_eq!(a.status, StatusCode::OK, "{path}: {a:?}");
             assert_eq!(a.json()["items"].as_array().unwrap().len(), 1, "{path}");
         }
-        // A value that is given must still parse.
-        for path in ["/v1/events?after=abc", "/v1/deliveries?limit=-1"] {
+        // A value that is given must still parse, and a parameter must be one the listing
+        // takes: a misspelt filter listed everything.
+        for path in [
+            "/v1/events?after=abc",
+            "/v1/deliveries?limit=-1",
+            "/v1/deliveries?status=uncertain",
+            "/v1/deliveries?State=dead",
+            "/v1/events?state=completed",
+        ] {
             let a = gw.send(admin_get(path)).await;
             assert_eq!(
                 (a.status, a.slug().as_str()),
