@@ -108,6 +108,39 @@ impl Number {
         Some(text)
     }
 
+    /// The value as people write it, in plain decimal without an exponent (`19.99`, `0.005`,
+    /// `12000`), if that takes at most `max_len` characters; `None` for a longer one (`1e309`).
+    /// For display: the canonical form says `1999e-2` for 19.99.
+    pub fn plain_text(&self, max_len: usize) -> Option<String> {
+        if self.exponent >= 0 || self.digits.is_empty() {
+            return self.integer_text(max_len);
+        }
+        let after = usize::try_from(self.exponent.unsigned_abs()).ok()?;
+        let digits = self.digits.len();
+        let body = if digits > after {
+            digits.checked_add(1)?
+        } else {
+            after.checked_add(2)?
+        };
+        if usize::from(self.negative).checked_add(body)? > max_len {
+            return None;
+        }
+        let mut text = String::with_capacity(body + 1);
+        if self.negative {
+            text.push('-');
+        }
+        if digits > after {
+            text.push_str(&self.digits[..digits - after]);
+            text.push('.');
+            text.push_str(&self.digits[digits - after..]);
+        } else {
+            text.push_str("0.");
+            text.extend(std::iter::repeat_n('0', after - digits));
+            text.push_str(&self.digits);
+        }
+        Some(text)
+    }
+
     /// Builds the normal form from the pieces of a JSON number literal, or `None` if the
     /// exponent cannot be represented. `exponent` is `None` when the literal's exponent was
     /// already too large to track; a zero mantissa is still fine then.

@@ -8,6 +8,9 @@ use std::collections::HashSet;
 use maud::{Markup, html};
 use oncebox_core::json::Value;
 
+/// The longest a number is shown in plain decimal: past it, the canonical form.
+const PLAIN_NUMBER: usize = 64;
+
 /// A path into a JSON document (object keys and array indexes).
 pub(crate) type Path = Vec<String>;
 
@@ -188,9 +191,10 @@ fn emit(
                 marked: marked_here,
             });
         }
-        // Integers as people write them (the canonical form says `1e1` for 10).
-        Value::Number(n) if n.to_i64().is_some() => {
-            let text = n.to_i64().map(|i| i.to_string()).unwrap_or_default();
+        // Numbers as people write them (the canonical form says `1e1` for 10 and `1999e-2`
+        // for 19.99); one too long for that (`1e309`) as the canonical form has it.
+        Value::Number(n) if n.plain_text(PLAIN_NUMBER).is_some() => {
+            let text = n.plain_text(PLAIN_NUMBER).unwrap_or_default();
             line(depth, format!("{prefix}{text}{comma}"));
         }
         scalar => {

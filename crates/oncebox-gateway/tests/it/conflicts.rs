@@ -208,3 +208,25 @@ fn differences_too_many_to_mark_and_payloads_too_large_to_indent_are_shown_as_se
         );
     });
 }
+
+/// Numbers are shown as sent, not in the canonical form fingerprints use: `19.99` was shown as
+/// `1999e-2`, and an unsigned 64-bit id as `1234567890123456789e1`.
+#[test]
+fn payload_numbers_are_shown_as_people_write_them() {
+    run(async {
+        let gw = TestGateway::tokenless();
+        let body = r#"{"id":"num","amount":19.99,"big":12345678901234567890,"tiny":0.005}"#;
+        let a = gw.send(post("open", &[], body)).await;
+        assert_eq!(a.status, StatusCode::ACCEPTED);
+        let page = gw.send_local(local_get("/events/open/num")).await;
+        assert_eq!(page.status, StatusCode::OK);
+        let html = String::from_utf8(page.body).unwrap();
+        for shown in ["19.99", "12345678901234567890", "0.005"] {
+            assert!(html.contains(shown), "{shown} missing");
+        }
+        assert!(
+            !html.contains("e-2") && !html.contains("e1<"),
+            "canonical form shown"
+        );
+    });
+}

@@ -122,3 +122,26 @@ fn to_i64_accepts_only_exact_integers_in_range() {
     assert_eq!((huge.digits(), huge.exponent()), ("1", 309));
     assert_eq!(huge.to_i64(), None);
 }
+
+#[test]
+fn plain_text_is_the_number_as_people_write_it() {
+    for (literal, plain) in [
+        ("19.99", "19.99"),
+        ("0.005", "0.005"),
+        ("-1.5e-3", "-0.0015"),
+        ("1999e-2", "19.99"),
+        ("12345678901234567890", "12345678901234567890"),
+        ("1.0", "1"),
+        ("-0.0", "0"),
+        ("12e2", "1200"),
+        ("0.10", "0.1"),
+    ] {
+        assert_eq!(
+            num(literal).plain_text(64).as_deref(),
+            Some(plain),
+            "{literal}"
+        );
+    }
+    assert_eq!(num("1e309").plain_text(64), None);
+    assert_eq!(num("1e-309").plain_text(64), None);
+}
