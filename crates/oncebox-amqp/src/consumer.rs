@@ -197,7 +197,11 @@ impl<A: Apply> Consumer<A> {
         let ended = loop {
             tokio::select! {
                 () = &mut shutdown => break Ok(()),
-                Some(joined) = in_hand.join_next(), if !in_hand.is_empty() => finished(joined),
+                Some(joined) = in_hand.join_next(), if !in_hand.is_empty() => {
+                    if let Err(e) = finished(joined) {
+                        break Err(e);
+                    }
+                }
                 Some(reply) = reopens.next() => {
                     publisher.serve(publishing, reply).await;
                     // A channel cannot be opened on a closed connection: the quarantine's
@@ -233,7 +237,9 @@ impl<A: Apply> Consumer<A> {
         loop {
             tokio::select! {
                 joined = in_hand.join_next() => match joined {
-                    Some(joined) => finished(joined),
+                    Some(joined) => {
+                        let _ = finished(joined);
+                    }
                     None => break,
                 },
                 Some(reply) = reopens.next() => publisher.serve(publishing, reply).await,
@@ -285,11 +291,13 @@ async fn quarantine_exists(
 }
 
 /// A delivery's task ended. Handlers' panics are caught inside it, so a failed join is a bug
-/// here; it is logged, and the unsettled message returns to the queue when the channel closes.
-fn finished(joined: Result<(), tokio::task::JoinError>) {
-    if let Err(e) = joined {
-        tracing::error!(error = %e, "a delivery's task failed; its message is requeued when the channel closes");
-    }
+/// here: logged, and the run ends ([`ConsumeError::TaskFailed`]), so that the channel closes
+/// and the unsettled message returns to the queue.
+fn finished(joined: Result<(), tokio::task::JoinError>) -> Result<(), ConsumeError> {
+    joined.map_err(|e| {
+        tracing::error!(error = %e, "a delivery's task failed; its message is requeued as the channel closes");
+        ConsumeError::TaskFailed(e.to_string())
+    })
 }
 
 #[cfg(test)]

@@ -28,6 +28,12 @@ pub enum ConsumeError {
     /// on new connections.
     #[error("the quarantine's connection closed")]
     QuarantineClosed,
+    /// A delivery's task failed (a bug: handlers' panics are caught inside it). Its message,
+    /// neither acknowledged nor rejected, held a prefetch slot for good: after `prefetch`
+    /// such failures the broker sent nothing more and the consumer sat idle. The run ends and
+    /// its channel closes, which returns the message to the queue; run again.
+    #[error("a delivery's task failed: {0}")]
+    TaskFailed(String),
     /// The quarantine exchange does not exist; nothing was consumed. Declare it (and bind a
     /// queue to it), then run again.
     #[error(

@@ -65,6 +65,8 @@ impl<A: oncebox_core::consume::Apply> Shared<A> {
         stopping: watch::Receiver<bool>,
         mut ticket: Ticket,
     ) {
+        // Tests only (`crash-points`): a task failing outside the handler's own catch.
+        fail::fail_point!("amqp-delivery-task");
         let event = self.event(&delivery);
         let key = event.as_ref().ok().map(|e| e.key.clone());
         let offered = event.as_ref().ok().map(|e| e.fingerprint);

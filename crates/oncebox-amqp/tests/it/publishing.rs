@@ -83,3 +83,44 @@ fn a_quarantine_connection_that_closed_ends_the_consumer_to_be_connected_again()
         w.cleanup().await;
     });
 }
+
+/// A delivery's task that fails outside the handler's own catch (a bug; armed here with a
+/// failpoint) left its message neither acknowledged nor rejected, holding a prefetch slot for
+/// good: with `prefetch = 1` the broker sent nothing more and the consumer sat idle. The run
+/// now ends, its channel closes, the message goes back to the queue, and the next run applies
+/// it and the rest.
+#[test]
+fn a_failed_delivery_task_ends_the_run_and_its_message_comes_back() {
+    let Some(url) = service_url("ONCEBOX_AMQP_URL") else {
+        return;
+    };
+    run(async move {
+        let w = World::new(&url).await;
+        for id in ["evt_a", "evt_b"] {
+            w.publish(Some(id), r#"{"amount":1}"#).await;
+        }
+        fail::cfg("amqp-delivery-task", "1*panic").expect("arm the failpoint");
+        let mut options = w.options();
+        options.prefetch = 1;
+        let conn = connect(&url).await;
+        let first = Consumer::new(w.db.checked(), options.clone());
+        let ended = tokio::time::timeout(PROMPT, first.run(&conn, std::future::pending()))
+            .await
+            .expect("the run ended");
+        assert!(
+            matches!(ended, Err(ConsumeError::TaskFailed(_))),
+            "{ended:?}"
+        );
+        fail::remove("amqp-delivery-task");
+        w.wait_ready(&w.queue, 2).await;
+        let mut again = crate::support::start(&url, Consumer::new(w.db.checked(), options));
+        again.wait(|c| c.applied >= 2, w.state()).await;
+        let done = again.stop().await;
+        assert_eq!(done.applied, 2);
+        for id in ["evt_a", "evt_b"] {
+            assert_eq!(w.db.effects(id), 1, "{id}");
+        }
+        let _ = conn.close(200, "done".into()).await;
+        w.cleanup().await;
+    });
+}
