@@ -65,8 +65,7 @@ impl<A: oncebox_core::consume::Apply> Shared<A> {
         stopping: watch::Receiver<bool>,
         mut ticket: Ticket,
     ) {
-        // Tests only (`crash-points`): a task failing outside the handler's own catch.
-        fail::fail_point!("amqp-delivery-task");
+        failpoint(&self.options.queue);
         let event = self.event(&delivery);
         let key = event.as_ref().ok().map(|e| e.key.clone());
         let offered = event.as_ref().ok().map(|e| e.fingerprint);
@@ -362,6 +361,18 @@ pub const MAX_HOLD: Duration = Duration::from_secs(300);
 /// and a library's `RetryPolicy` may ask for any uncertain delay.
 fn held_for(after: Duration) -> Duration {
     after.min(MAX_HOLD)
+}
+
+/// Tests only (`crash-points`; nothing without it): a delivery's task failing outside the
+/// handler's own catch, armed with `return(<queue>)` for one consumer's queue, so that other
+/// consumers in the same test process go on.
+fn failpoint(queue: &str) {
+    fail::fail_point!("amqp-delivery-task", |armed: Option<String>| {
+        assert!(
+            armed.as_deref() != Some(queue),
+            "failpoint amqp-delivery-task on queue {queue}"
+        );
+    });
 }
 
 #[cfg(test)]

@@ -99,7 +99,9 @@ fn a_failed_delivery_task_ends_the_run_and_its_message_comes_back() {
         for id in ["evt_a", "evt_b"] {
             w.publish(Some(id), r#"{"amount":1}"#).await;
         }
-        fail::cfg("amqp-delivery-task", "1*panic").expect("arm the failpoint");
+        // Armed for this test's queue only: the tests of this process share the failpoint.
+        fail::cfg("amqp-delivery-task", &format!("return({})", w.queue))
+            .expect("arm the failpoint");
         let mut options = w.options();
         options.prefetch = 1;
         let conn = connect(&url).await;
