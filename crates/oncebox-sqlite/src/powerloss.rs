@@ -17,60 +17,29 @@
 //!
 //! A sync of the database file, or of its log, can also be made to fail as Linux fails one
 //! after a writeback error ([`fail_database_sync`], [`fail_log_sync`]): the writes it was to
-//! persist stay readable (the page cache keeps them) but never reach the disk, and the next
-//! sync succeeds without them.
+//! persist stay readable (the page cache keeps them) but never reach the disk. As Linux does
+//! since 4.13, the error is reported once to every handle that was open on the file when it
+//! happened (at its next sync, which writes out what is held all the same), and a handle's
+//! syncs after that succeed without the lost writes.
 
 #![allow(unsafe_code, reason = "SQLite's VFS interface is a C vtable")]
 
 use std::collections::HashMap;
 use std::ffi::{CStr, c_char, c_int, c_void};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 use rusqlite::ffi;
 
 use crate::vfsfile::{self, Wrapper};
 
+mod faults;
 mod unsynced;
+pub use faults::{fail_database_sync, fail_log_sync, failed_database_syncs, failed_log_syncs};
 use unsynced::Unsynced;
 
 /// The name this VFS is registered by; it is also made the default.
 pub const NAME: &CStr = c"oncebox-powerloss";
-
-/// Which sync of a database file fails, counted from 1 (0: none), and how many were made.
-static FAIL_DB_SYNC: AtomicU32 = AtomicU32::new(0);
-static DB_SYNCS: AtomicU32 = AtomicU32::new(0);
-static FAILED_DB_SYNCS: AtomicU32 = AtomicU32::new(0);
-
-/// Makes the first sync of a database file (a name ending in `.db`) in this process from the
-/// `nth` on (counted from 1) that has writes to persist fail with `SQLITE_IOERR_FSYNC`, once,
-/// as Linux fails an `fsync` after a writeback error: the writes it was to persist stay
-/// readable but are never persisted, and later syncs succeed without them.
-pub fn fail_database_sync(nth: u32) {
-    FAIL_DB_SYNC.store(nth, Ordering::SeqCst);
-}
-
-/// How many syncs [`fail_database_sync`] has failed.
-pub fn failed_database_syncs() -> u32 {
-    FAILED_DB_SYNCS.load(Ordering::SeqCst)
-}
-
-/// As for the database file, the sync of a log (a name ending in `-wal`) that fails, and the
-/// counts.
-static FAIL_LOG_SYNC: AtomicU32 = AtomicU32::new(0);
-static LOG_SYNCS: AtomicU32 = AtomicU32::new(0);
-static FAILED_LOG_SYNCS: AtomicU32 = AtomicU32::new(0);
-
-/// [`fail_database_sync`] for the log: the first sync of a `-wal` file from the `nth` on that
-/// has writes to persist fails, once, its writes readable and never persisted.
-pub fn fail_log_sync(nth: u32) {
-    FAIL_LOG_SYNC.store(nth, Ordering::SeqCst);
-}
-
-/// How many syncs [`fail_log_sync`] has failed.
-pub fn failed_log_syncs() -> u32 {
-    FAILED_LOG_SYNCS.load(Ordering::SeqCst)
-}
 
 type Shared = Arc<Mutex<Unsynced>>;
 
@@ -139,6 +108,8 @@ struct File {
     database: bool,
     /// A log (its name ends in `-wal`), whose syncs `fail_log_sync` counts.
     log: bool,
+    /// The file's failed syncs this handle was told of, or that came before it opened.
+    seen: AtomicU64,
 }
 
 // SAFETY: `open` stores the platform VFS's file, methods set, in `inner` of every file it
@@ -185,6 +156,12 @@ unsafe extern "C" fn open(
         let database = path.ends_with(".db");
         let log = path.ends_with("-wal");
         let unsynced = files().entry(path).or_default().clone();
+        let seen = AtomicU64::new(
+            unsynced
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .errors,
+        );
         file.cast::<File>().write(File {
             base: ffi::sqlite3_file {
                 pMethods: &raw const METHODS,
@@ -193,6 +170,7 @@ unsafe extern "C" fn open(
             unsynced,
             database,
             log,
+            seen,
         });
         ffi::SQLITE_OK
     }
@@ -332,21 +310,12 @@ unsafe extern "C" fn sync(f: *mut ffi::sqlite3_file, flags: c_int) -> c_int {
         let Some(write) = methods.xWrite else {
             return ffi::SQLITE_IOERR_WRITE;
         };
-        let counts = if file.database {
-            Some((&DB_SYNCS, &FAIL_DB_SYNC, &FAILED_DB_SYNCS))
-        } else if file.log {
-            Some((&LOG_SYNCS, &FAIL_LOG_SYNC, &FAILED_LOG_SYNCS))
-        } else {
-            None
-        };
-        if let Some((syncs, fail, failed)) = counts {
-            let nth = syncs.fetch_add(1, Ordering::SeqCst) + 1;
-            let from = fail.load(Ordering::SeqCst);
-            if from > 0 && nth >= from && u.any() && failed.load(Ordering::SeqCst) == 0 {
-                u.lose_all();
-                failed.fetch_add(1, Ordering::SeqCst);
-                return ffi::SQLITE_IOERR_FSYNC;
-            }
+        // A failed sync another handle was told of: this one is told at its own next sync.
+        let unseen = u.errors > file.seen.load(Ordering::SeqCst);
+        if faults::fails_now(file.database, file.log, u.any()) {
+            u.lose_all();
+            file.seen.store(u.errors, Ordering::SeqCst);
+            return ffi::SQLITE_IOERR_FSYNC;
         }
         for (offset, bytes) in u.to_persist() {
             let n = c_int::try_from(bytes.len()).unwrap_or(c_int::MAX);
@@ -360,6 +329,10 @@ unsafe extern "C" fn sync(f: *mut ffi::sqlite3_file, flags: c_int) -> c_int {
             .map_or(ffi::SQLITE_IOERR_FSYNC, |x| x(file.inner, flags));
         if rc == ffi::SQLITE_OK {
             u.persisted();
+            if unseen {
+                file.seen.store(u.errors, Ordering::SeqCst);
+                return ffi::SQLITE_IOERR_FSYNC;
+            }
         }
         rc
     }

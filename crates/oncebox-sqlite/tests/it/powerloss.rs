@@ -49,12 +49,6 @@ fn child_process() {
     if mode == "faillog" {
         // A commit's sync of the log, from the fiftieth on, fails.
         powerloss::fail_log_sync(50);
-        std::thread::spawn(|| {
-            while powerloss::failed_log_syncs() == 0 {
-                std::thread::sleep(std::time::Duration::from_millis(2));
-            }
-            say("log-sync-failed");
-        });
     }
     let durability = match mode {
         "normal" => Durability::Normal,
@@ -65,16 +59,27 @@ fn child_process() {
         .wal_restart_frames(256)
         .durability(durability);
     let inbox = Inbox::open(options).expect("open");
-    if mode == "failsync" {
+    let failed = match mode {
+        "failsync" => Some((
+            powerloss::failed_database_syncs as fn() -> u32,
+            "sync-failed",
+        )),
+        "faillog" => Some((
+            powerloss::failed_log_syncs as fn() -> u32,
+            "log-sync-failed",
+        )),
+        _ => None,
+    };
+    if let Some((failures, line)) = failed {
         // Tells the parent when the sync failed, and whether the log started over after it.
         let inbox = inbox.clone();
         std::thread::spawn(move || {
             let look = || std::thread::sleep(std::time::Duration::from_millis(2));
-            while powerloss::failed_database_syncs() == 0 {
+            while failures() == 0 {
                 look();
             }
             let restarts = inbox.stats().log_restarts();
-            say("sync-failed");
+            say(line);
             while inbox.stats().log_restarts() == restarts {
                 look();
             }
@@ -294,15 +299,13 @@ fn a_failed_sync_of_the_database_file_loses_nothing_acknowledged() {
 /// duplicate from frames that are readable but lost would be an acknowledged event the power
 /// cut takes. Every event acknowledged, first tries and tries again alike, survives the cut.
 ///
-/// Ignored: it reproduces an open defect. When the failed sync is the first commit after the
-/// log started over, the log's new header is among the writes lost: the store goes on, a
-/// checkpoint copies the new commits into the database file, and after the cut recovery reads
-/// the old header and replays the previous generation's frames over them
-/// (`integrity_check`: "wrong # of entries in index"; once in CI, not in five local runs). The
-/// fix owed: a failed sync of the log trips the store's sync-failure latch, as one of the
-/// database file does, and this test then expects refusals until a restart.
+/// SQLite publishes a commit only after its sync, so the failed one is never read, and the
+/// next commit writes its frames at the same place in the log; the page cache takes them and
+/// their sync persists them. The power-loss VFS once let the failed commit's lost bytes lie
+/// over a shorter retry's once those were synced (`powerloss/unsynced.rs`), and the
+/// checkpoint then copied the lost frames' pages into the database file: a damaged file in
+/// about one run in six, which was the model's fault, not the store's.
 #[test]
-#[ignore = "reproduces an open defect: a failed sync of the log can corrupt the file after a power cut"]
 fn a_failed_sync_of_the_log_loses_nothing_acknowledged() {
     const AFTER: usize = 2_000;
     let dir = tempfile::tempdir().unwrap();
@@ -315,9 +318,12 @@ fn a_failed_sync_of_the_log_loses_nothing_acknowledged() {
     );
     let refused = said.iter().filter(|l| l.contains("refused ")).count();
     let kept = present(&path, "oncebox_inbox", "event_id", &acked);
+    // Not asserted either way: the checkpointer is told of the failure at its next sync of the
+    // log and stops, but the writer may have started the log over before that.
+    let restarted = saw("log-restarted");
     eprintln!(
         "failed log sync: {} acknowledged ({AFTER} after the failure), {refused} tries refused, \
-         {kept} kept",
+         {kept} kept, the log started over after it: {restarted}",
         acked.len()
     );
     assert!(
