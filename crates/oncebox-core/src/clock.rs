@@ -242,6 +242,15 @@ pub fn purge_now(clock: &Arc<dyn Clock>, now: Timestamp) -> Timestamp {
     now
 }
 
+/// How far the wall clock was stepped between two readings of a clock, each its
+/// [`Clock::now`] and [`Clock::monotonic`]: milliseconds it moved beyond (positive) or short of
+/// (negative) the time that passed. Zero while it only ran.
+pub fn stepped_ms(then: (Timestamp, Duration), now: (Timestamp, Duration)) -> i128 {
+    let walked = i128::from(now.0.millis()) - i128::from(then.0.millis());
+    let passed = i128::try_from(now.1.saturating_sub(then.1).as_millis()).unwrap_or(i128::MAX);
+    walked.saturating_sub(passed)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -263,6 +272,22 @@ mod tests {
             c.monotonic(),
             Duration::from_millis(i64::MAX.unsigned_abs())
         );
+    }
+
+    #[test]
+    fn a_step_is_what_the_wall_clock_moved_beyond_the_time_passed() {
+        let c = ManualClock::new(Timestamp(1_000));
+        let read = |c: &ManualClock| (c.now(), c.monotonic());
+        let then = read(&c);
+        c.advance(Duration::from_millis(700));
+        assert_eq!(stepped_ms(then, read(&c)), 0);
+        c.set(Timestamp(1_000 + 700 + 61_000));
+        assert_eq!(stepped_ms(then, read(&c)), 61_000);
+        c.set(Timestamp(1_000 + 700 - 5_000));
+        assert_eq!(stepped_ms(then, read(&c)), -5_000);
+        // The extremes saturate instead of wrapping.
+        c.set(Timestamp(i64::MIN));
+        assert!(stepped_ms(then, read(&c)) < -i128::from(i64::MAX));
     }
 
     #[test]

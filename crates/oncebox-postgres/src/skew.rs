@@ -157,10 +157,8 @@ impl LeaseClock {
         let Some((wall, mono)) = *self.base.lock().unwrap_or_else(|p| p.into_inner()) else {
             return 0;
         };
-        let walked = i128::from(self.machine.now().millis()) - i128::from(wall.millis());
-        let passed = i128::try_from(self.machine.monotonic().saturating_sub(mono).as_millis())
-            .unwrap_or(i128::MAX);
-        let step = walked.saturating_sub(passed);
+        let now = (self.machine.now(), self.machine.monotonic());
+        let step = oncebox_core::clock::stepped_ms((wall, mono), now);
         match lease_skew(step) {
             Some(_) => i64::try_from(step).unwrap_or(if step < 0 { i64::MIN } else { i64::MAX }),
             None => 0,

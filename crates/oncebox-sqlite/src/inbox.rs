@@ -124,14 +124,14 @@ impl Inbox {
         let Some((wall, mono)) = last else {
             return (Step::Back, now);
         };
-        let walked = i128::from(now.0.millis()) - i128::from(wall.millis());
-        let passed = i128::try_from(now.1.saturating_sub(mono).as_millis()).unwrap_or(i128::MAX);
+        let stepped = oncebox_core::clock::stepped_ms((wall, mono), now);
         let slack = i128::try_from(slack.as_millis()).unwrap_or(i128::MAX);
-        let step = if walked < passed.saturating_sub(slack) {
+        let step = if stepped < -slack {
             Step::Back
-        } else if walked > passed.saturating_add(slack) {
-            let by = u64::try_from(walked - passed).unwrap_or(u64::MAX);
-            Step::Ahead(Duration::from_millis(by))
+        } else if stepped > slack {
+            Step::Ahead(Duration::from_millis(
+                u64::try_from(stepped).unwrap_or(u64::MAX),
+            ))
         } else {
             Step::None
         };

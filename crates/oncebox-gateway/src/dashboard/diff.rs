@@ -193,12 +193,13 @@ fn emit(
         }
         // Numbers as people write them (the canonical form says `1e1` for 10 and `1999e-2`
         // for 19.99); one too long for that (`1e309`) as the canonical form has it.
-        Value::Number(n) if n.plain_text(PLAIN_NUMBER).is_some() => {
-            let text = n.plain_text(PLAIN_NUMBER).unwrap_or_default();
-            line(depth, format!("{prefix}{text}{comma}"));
-        }
         scalar => {
-            let text = String::from_utf8_lossy(&scalar.canonical()).into_owned();
+            let plain = match scalar {
+                Value::Number(n) => n.plain_text(PLAIN_NUMBER),
+                _ => None,
+            };
+            let text =
+                plain.unwrap_or_else(|| String::from_utf8_lossy(&scalar.canonical()).into_owned());
             line(depth, format!("{prefix}{text}{comma}"));
         }
     }
