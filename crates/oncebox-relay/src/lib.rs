@@ -11,4 +11,5 @@ mod send;
 mod target;
 
 pub use relay::{Outcome, Relay, RelayOptions};
+pub use send::USER_AGENT;
 pub use target::{AmqpTarget, NatsTarget, Target, TargetError};

@@ -14,6 +14,7 @@ use oncebox_core::delivery::Attempt;
 use oncebox_core::relay_store::{AttemptRecord, Claimed};
 use oncebox_core::route::Route;
 
+pub use http::USER_AGENT;
 pub(crate) use http::{applied, client};
 
 use crate::target::{Target, TargetError};

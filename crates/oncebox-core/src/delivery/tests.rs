@@ -359,3 +359,54 @@ fn a_last_attempt_of_unknown_outcome_is_asked_about_where_a_status_url_is() {
         );
     }
 }
+
+/// With the default policy a receiver that answers 503 for ever is tried until the age cap,
+/// not until a count spent within hours: at the mean jitter, at a constant 0.34, and in a
+/// hundred runs of random jitters (a fixed sequence), the delivery dies of its age, after
+/// three days.
+#[test]
+fn the_default_policy_retries_until_its_age_not_its_count() {
+    let p = RetryPolicy::default();
+    assert_eq!(p.max_age, Duration::from_secs(3 * 24 * 3600));
+    let mut state = 0x9E37_79B9_7F4A_7C15_u64;
+    let mut random = move || {
+        // xorshift64: a fixed sequence of jitters in [0, 1).
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        (state >> 11) as f64 / (1u64 << 53) as f64
+    };
+    let runs: Vec<Option<f64>> = [Some(0.5), Some(0.34)]
+        .into_iter()
+        .chain(std::iter::repeat_n(None, 100))
+        .collect();
+    for fixed in runs {
+        let (mut made, mut age) = (1, Duration::ZERO);
+        let why = loop {
+            let jitter = fixed.unwrap_or_else(&mut random);
+            match decide(&answered(503), false, made, age, &p, jitter) {
+                Verdict::Retry(wait) => (made, age) = (made + 1, age + wait),
+                Verdict::Dead(why) => break why,
+                other => panic!("{other:?}"),
+            }
+        };
+        assert!(why.starts_with("older than"), "{fixed:?}: {why} at {age:?}");
+        assert!(age >= p.max_age, "{age:?}");
+    }
+    assert_eq!(p.max_attempts, 228);
+    // Spans and counts for other policies: tiny waits stop at the bound.
+    let b = Backoff::default();
+    assert_eq!(b.span(0), Duration::ZERO);
+    assert_eq!(b.span(13), Duration::from_secs(4095 + 3600));
+    let tiny = Backoff {
+        base: Duration::from_millis(1),
+        cap: Duration::from_millis(1),
+    };
+    assert_eq!(RetryPolicy::attempts_for(p.max_age, tiny), MOST_ATTEMPTS);
+    let huge = Backoff {
+        base: Duration::MAX,
+        cap: Duration::MAX,
+    };
+    assert_eq!(RetryPolicy::attempts_for(p.max_age, huge), 2);
+    assert_eq!(huge.span(40), Duration::MAX);
+}

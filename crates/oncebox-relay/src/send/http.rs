@@ -21,6 +21,12 @@ use oncebox_core::signature::{Scheme, sign};
 /// deliveries more than a second apart costs one handshake; under load connections stay busy.
 const IDLE: Duration = Duration::from_secs(1);
 
+/// Every request's `User-Agent`. Without one (reqwest sends none by default) web application
+/// firewalls' common rules (AWS WAF's `NoUserAgent_HEADER`, say) answer 403, and every
+/// delivery of the route died on its first attempt; with one, a receiver can also allow it by
+/// name.
+pub const USER_AGENT: &str = concat!("oncebox/", env!("CARGO_PKG_VERSION"));
+
 /// The client of one route. Redirects are not followed: a receiver that moved must be
 /// reconfigured, not guessed. A connection not made within half the route's timeout is given
 /// up as a connect error: the receiver saw nothing and the attempt is retried. Without it the
@@ -32,6 +38,7 @@ const IDLE: Duration = Duration::from_secs(1);
 /// URL's credentials, and a filtering proxy's own `200` would be recorded as delivered.
 pub(crate) fn client(route: &Route) -> Result<reqwest::Client, String> {
     let mut builder = reqwest::Client::builder()
+        .user_agent(USER_AGENT)
         .redirect(reqwest::redirect::Policy::none())
         .no_proxy()
         .pool_idle_timeout(IDLE)

@@ -35,6 +35,8 @@ fn delivers_with_a_stable_key_the_attempt_number_and_a_verifiable_signature() {
         let h = &seen[0].headers;
         assert_eq!(h["idempotency-key"], "shop:evt_1");
         assert_eq!(h["oncebox-attempt"], "1");
+        assert_eq!(h["user-agent"], oncebox_relay::USER_AGENT);
+        assert!(oncebox_relay::USER_AGENT.starts_with("oncebox/0."));
         let fence = h["oncebox-fencing-token"].to_str().unwrap().parse::<i64>();
         assert!(fence.is_ok_and(|f| f > 0), "{h:?}");
         assert_eq!(h["webhook-id"], "shop:evt_1");

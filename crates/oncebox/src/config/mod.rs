@@ -1,6 +1,7 @@
 //! Configuration of `oncebox serve`: `oncebox.toml`, then `ONCEBOX_…` variables, then flags, read
 //! once at start and validated into the gateway's policy types before anything listens.
 
+mod attempts;
 mod consumer;
 mod database;
 mod debug;
@@ -305,6 +306,7 @@ fn validate(raw: RawConfig, p: &mut Problems<'_>) -> Settings {
     }
     loops::warn(&routes, &consumers, &mut warnings);
     lease::warn(&relay, &routes, &mut warnings);
+    attempts::warn(&routes, &mut warnings);
     loops::warn_http(listen, &routes, &mut warnings);
     exposure::warn(listen, &sources, &routes, &mut warnings);
     Settings {

@@ -301,7 +301,11 @@ pub(super) fn validate(
         );
     }
     let retry = RetryPolicy {
-        max_attempts: raw.max_attempts.unwrap_or(defaults.max_attempts),
+        // Unset: as many as the backoff needs for max_age to decide (`attempts.rs`).
+        max_attempts: raw.max_attempts.unwrap_or_else(|| {
+            let max_age = raw.max_age.map_or(defaults.max_age, |d| d.0);
+            RetryPolicy::attempts_for(max_age, backoff)
+        }),
         max_age: raw.max_age.map_or(defaults.max_age, |d| d.0),
         backoff,
     };

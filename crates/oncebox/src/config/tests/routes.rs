@@ -304,3 +304,38 @@ fn a_routes_rate_is_read_in_three_units_and_refused_by_field_when_malformed() {
         assert_mentions(&e, &["routes.r.rate", says]);
     }
 }
+
+/// Left out, `max_attempts` is as many as the route's `max_age` needs to end the retries
+/// (the backoff's ceilings add up to three times the age); set so low that the attempts are
+/// spent long before the age, `check` warns and says so.
+#[test]
+fn max_attempts_left_out_lets_the_age_decide_and_too_few_are_warned_of() {
+    let retry = |extra: &str| {
+        let s = ok(&routed("https://example.com/hooks", extra));
+        let warned: Vec<String> = s
+            .warnings
+            .iter()
+            .filter(|w| w.contains("max_attempts"))
+            .cloned()
+            .collect();
+        (s.gateway.routes[0].retry, warned)
+    };
+    let (p, warned) = retry("");
+    assert_eq!((p.max_attempts, p.max_age.as_secs()), (228, 3 * 86400));
+    assert!(warned.is_empty(), "{warned:?}");
+    // 1 s doubling to 60 s: 6 waits up to 32 s (63 s), then 60 s each; 3 h is 10 800 s.
+    let (p, warned) = retry("max_age = \"1h\"\nbackoff = { base = \"1s\", cap = \"60s\" }");
+    assert_eq!(p.max_attempts, 6 + (3 * 3600 - 63_u32).div_ceil(60) + 1);
+    assert!(warned.is_empty(), "{warned:?}");
+    let (p, warned) = retry("max_attempts = 15\nmax_age = \"3d\"");
+    assert_eq!(p.max_attempts, 15);
+    assert_mentions(
+        &warned.concat(),
+        &[
+            "routes.r.max_attempts",
+            "15 attempts",
+            "3h 8m 15s",
+            "max_age (3days)",
+        ],
+    );
+}
