@@ -94,7 +94,9 @@ impl<S: DeliveryStore> Relay<S> {
             return Turn::Shut;
         }
         let epoch = c.epoch;
-        if c.failures < self.options.circuit_threshold {
+        // Never opened since its last success (failures below the threshold, none asking for
+        // a pause): no trial needed.
+        if c.open_until.is_none() {
             return Turn::Go { epoch };
         }
         c.trial = true;
@@ -109,8 +111,11 @@ impl<S: DeliveryStore> Relay<S> {
     }
 
     /// Tells `route`'s circuit how an attempt sent in `epoch` ([`Turn::epoch`]) went. One sent
-    /// before the circuit last opened says nothing of the receiver since: it is left out.
-    pub(super) fn note(&self, route: &str, failed: bool, epoch: u64) {
+    /// before the circuit last opened says nothing of the receiver since: it is left out. A
+    /// failure whose answer asked the client to wait (`pause`, `deliver.rs`) opens the circuit
+    /// at once, for that long, or the cooldown if the failures reached the threshold and it is
+    /// longer; then a trial decides, as after any cooldown.
+    pub(super) fn note(&self, route: &str, failed: bool, epoch: u64, pause: Option<Duration>) {
         let mut circuits = self.circuits();
         let c = circuits.entry(route.to_owned()).or_default();
         if c.epoch != epoch {
@@ -119,15 +124,18 @@ impl<S: DeliveryStore> Relay<S> {
         if failed {
             c.trial = false;
             c.failures = c.failures.saturating_add(1);
-            if c.failures >= self.options.circuit_threshold {
+            let tripped = c.failures >= self.options.circuit_threshold;
+            if tripped || pause.is_some() {
                 c.epoch = c.epoch.wrapping_add(1);
-                // Stop hammering a receiver that keeps failing; its deliveries wait, unharmed.
-                c.open_until = Some(
-                    self.clock
-                        .monotonic()
-                        .saturating_add(self.options.circuit_cooldown),
-                );
-                tracing::warn!(route, failures = c.failures, "circuit open");
+                // Stop hammering a receiver that keeps failing, or asked for quiet; its
+                // deliveries wait, unharmed.
+                let cooldown = match pause {
+                    Some(asked) if tripped => asked.max(self.options.circuit_cooldown),
+                    Some(asked) => asked,
+                    None => self.options.circuit_cooldown,
+                };
+                c.open_until = Some(self.clock.monotonic().saturating_add(cooldown));
+                tracing::warn!(route, failures = c.failures, ?cooldown, "circuit open");
             }
         } else {
             *c = Circuit {

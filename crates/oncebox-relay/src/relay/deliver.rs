@@ -246,7 +246,13 @@ impl<S: DeliveryStore> Relay<S> {
             rand::random(),
         );
         if let Some(epoch) = sent_in {
-            self.note(&route.name, !matches!(verdict, Verdict::Delivered), epoch);
+            let pause = asked_pause(attempt, &verdict, route.retry.backoff.cap);
+            self.note(
+                &route.name,
+                !matches!(verdict, Verdict::Delivered),
+                epoch,
+                pause,
+            );
         }
         let label = match &verdict {
             Verdict::Delivered => "delivered",
@@ -332,5 +338,24 @@ impl<S: DeliveryStore> Relay<S> {
                 done => return done,
             }
         }
+    }
+}
+
+/// How long the receiver asked the whole route to pause: the `Retry-After` of a 429 or 503
+/// that is retried, at most the route's backoff cap (a receiver's or a proxy's mistake of a
+/// year would otherwise hold every delivery back that long). RFC 9110 and 6585 address it to
+/// the client, not to the one request: honoured by the failed delivery alone, the route went
+/// on sending the others, up to its concurrency at once, into a receiver that asked for quiet.
+/// Another status's `Retry-After` (a 500's) has no such meaning and delays its delivery only.
+fn asked_pause(attempt: &Attempt, verdict: &Verdict, cap: Duration) -> Option<Duration> {
+    match (attempt, verdict) {
+        (
+            Attempt::Answered {
+                status: 429 | 503,
+                retry_after: Some(asked),
+            },
+            Verdict::Retry(_),
+        ) if !asked.is_zero() => Some((*asked).min(cap)),
+        _ => None,
     }
 }

@@ -163,6 +163,60 @@ fn a_wall_clock_stepped_back_does_not_stretch_a_circuits_cooldown() {
     });
 }
 
+/// A 503 asking for ten minutes pauses the whole route, not only its delivery: deliveries
+/// due meanwhile are not sent, although the failures are far from the circuit's threshold;
+/// after the ten minutes one trial goes first, and its success lets the rest go. A 500's
+/// `Retry-After` delays its own delivery only.
+#[test]
+fn a_503_asking_for_quiet_pauses_the_whole_route() {
+    run(async {
+        let w = World::new();
+        let (rx, addr) = receiver::start().await;
+        rx.answer(&[
+            (500, Some(3600)),
+            (503, Some(600)),
+            (503, Some(600)),
+            (202, None),
+        ]);
+        let relay = oncebox_relay::Relay::new(
+            w.inbox.clone(),
+            vec![route("r", addr, true)],
+            std::sync::Arc::new(w.clock.clone()),
+            oncebox_relay::RelayOptions::default(),
+        );
+        w.accept("first", &["r"]).await;
+        relay.run_once().await.unwrap();
+        w.accept("second", &["r"]).await;
+        let out = relay.run_once().await.unwrap();
+        assert_eq!(
+            (out.claimed, rx.requests().len()),
+            (1, 2),
+            "a 500's Retry-After held only its own delivery back: {out:?}"
+        );
+        w.accept("third", &["r"]).await;
+        w.clock.advance(Duration::from_secs(31));
+        let out = relay.run_once().await.unwrap();
+        assert_eq!(
+            out.claimed, 0,
+            "the route pauses past the cooldown: {out:?}"
+        );
+        w.clock.advance(Duration::from_secs(600 - 31 + 1));
+        // One trial (third, or second again), asked for quiet again: the other is given back.
+        let out = relay.run_once().await.unwrap();
+        assert_eq!(
+            (out.claimed, out.retrying, out.unclaimed),
+            (2, 1, 1),
+            "{out:?}"
+        );
+        assert_eq!(rx.requests().len(), 3);
+        w.clock.advance(Duration::from_secs(601));
+        // The next trial succeeds and lets the other go after it.
+        let out = relay.run_once().await.unwrap();
+        assert_eq!(out.delivered, 2, "{out:?}");
+        assert_eq!(rx.requests().len(), 5);
+    });
+}
+
 /// The first request to arrive waits until let go and is then answered 200; every other is
 /// answered 500 at once.
 struct LateSuccess {
