@@ -123,14 +123,25 @@ impl Store {
     /// memory of answers, which only the commands that migrate (and so may take events) keep.
     pub async fn open_existing(database: &str, schema: Schema, storage: &Storage) -> Result<Store> {
         // Other schemes go to `open_inner`, which takes PostgreSQL and refuses the rest.
-        if let Some(path) = sqlite_path(database).filter(|p| !std::path::Path::new(p).exists()) {
-            // The store cannot be reached, as for a missing directory: nothing was decided.
-            return Err(crate::exit::coded(
-                crate::exit::Code::Unavailable,
-                anyhow::anyhow!(
-                    "no database at {path}: `oncebox serve` or `oncebox migrate` creates it"
-                ),
-            ));
+        if let Some(path) = sqlite_path(database) {
+            // A missing directory is a mistake to fix (exit 2), as `migrate` would say: its
+            // advice to run `migrate` would only fail.
+            lasting_problem(path)?;
+            match std::fs::metadata(path) {
+                Ok(_) => {}
+                // The store is not there yet: nothing was decided.
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                    return Err(crate::exit::coded(
+                        crate::exit::Code::Unavailable,
+                        anyhow::anyhow!(
+                            "no database at {path}: `oncebox serve` or `oncebox migrate` \
+                             creates it"
+                        ),
+                    ));
+                }
+                // A directory this user may not enter, say: not an absent file.
+                Err(e) => return Err(crate::exit::usage(format!("cannot access {path}: {e}"))),
+            }
         }
         let migrate = schema == Schema::Migrate;
         // An operator's command takes no events: a memory of answers would be sized (the
