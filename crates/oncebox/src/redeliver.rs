@@ -24,15 +24,26 @@ const PAGE: usize = 500;
 /// Options of `oncebox redeliver`.
 #[derive(Debug, Args)]
 #[command(group = clap::ArgGroup::new("which").required(true).args(["source", "all_of"]))]
+#[command(group = clap::ArgGroup::new("window").multiple(true).args(["since", "all", "dry_run"]))]
 pub struct RedeliverArgs {
     /// Source of the one event to redeliver.
     #[arg(requires = "event_id")]
     source: Option<String>,
     /// Event id of the one event to redeliver.
     event_id: Option<String>,
-    /// Redeliver every stored event of this source instead of one.
-    #[arg(long = "source", value_name = "SOURCE", conflicts_with = "event_id")]
+    /// Redeliver every stored event of this source instead of one; with --since, --all or
+    /// --dry-run. Forgotten, a window would send the source's whole history again, delivered
+    /// and uncertain deliveries too.
+    #[arg(
+        long = "source",
+        value_name = "SOURCE",
+        conflicts_with = "event_id",
+        requires = "window"
+    )]
     all_of: Option<String>,
+    /// With --source: every stored event of the source, however old.
+    #[arg(long, requires = "all_of", conflicts_with = "since")]
+    all: bool,
     /// With --source: only events received since then, as a time ago (`2h`, `3d`) or an
     /// RFC 3339 time with its zone (`2024-05-01T00:00:00Z`, `2024-05-01T02:00:00+02:00`).
     #[arg(long, requires = "all_of", value_parser = parse_since)]

@@ -223,7 +223,14 @@ fn redeliver_one_event_or_a_whole_source() {
         dry,
         serde_json::json!({ "events": 2, "deliveries": 2, "dry_run": true })
     );
-    let done = json(d, &["redeliver", "--source", "shop", "--output", "json"]);
+    // Without a window the whole history is not replayed by a slip: --all says so.
+    let unbounded = oncebox(d, &["redeliver", "--source", "shop"]);
+    assert_eq!(unbounded.status.code(), Some(2), "{}", text(&unbounded));
+    assert!(text(&unbounded).contains("--since"), "{}", text(&unbounded));
+    let done = json(
+        d,
+        &["redeliver", "--source", "shop", "--all", "--output", "json"],
+    );
     assert_eq!(
         done,
         serde_json::json!({ "events": 2, "deliveries": 2, "dry_run": false })
