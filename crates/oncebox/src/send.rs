@@ -2,6 +2,7 @@
 //! running gateway, and prints the answer — the quickest way to see a source work end to end.
 
 use anyhow::{Context, Result};
+use oncebox_core::json::Pointer;
 use oncebox_core::{Clock, Source, SystemClock};
 use oncebox_gateway::policy::EventIdRule;
 
@@ -31,8 +32,21 @@ pub async fn run(settings: &Settings, args: SendArgs) -> Result<bool> {
     };
     let now = SystemClock.now();
     let given_id = args.id.is_some();
+    // A body given without --id keeps the id it holds where the source reads one (`/id` by
+    // default): a made-up id in the header, which the gateway reads first, made every send of
+    // the same body a new event, and a test of deduplication tested nothing.
+    let in_body = || {
+        let body = args.body.as_deref()?;
+        match &policy.event_id {
+            EventIdRule::Default => crate::client::id_at(&Pointer::parse("/id").ok()?, body),
+            EventIdRule::Pointer(p) => crate::client::id_at(p, body),
+            _ => None,
+        }
+    };
     let id = args
         .id
+        .clone()
+        .or_else(in_body)
         .unwrap_or_else(|| format!("evt_test_{}", now.millis()));
     // Where the id travels in a header, HTTP carries no control character and drops spaces
     // around a value: an id it cannot carry as it is is the caller's mistake, named here

@@ -4,7 +4,7 @@
 
 use serde_json::Value;
 
-use crate::support::{oncebox, serve_with, text};
+use crate::support::{json, oncebox, serve_with, text};
 
 /// One source reads its id at a JSON pointer, the other derives it from two body fields.
 const CONFIG: &str = r#"
@@ -190,4 +190,35 @@ fingerprint = \"raw\"
         ],
         "{listing}"
     );
+}
+
+/// `send --body` without `--id` sends the id the body holds where the source reads one
+/// (`/id` for a source with no `event_id` rule): the same body sent twice is one event,
+/// replayed the second time, stored under the body's id.
+#[test]
+fn send_with_a_body_and_no_id_keeps_the_bodys_id() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::fs::write(
+        d.join("oncebox.toml"),
+        "listen = \"127.0.0.1:0\"\n[sources.plain]\nsignature = \"none\"\n",
+    )
+    .unwrap();
+    let server = serve_with(d, &["--no-relay"]);
+    let body = r#"{"id":"evt_in_body","amount":1}"#;
+    let send = || oncebox(d, &["send", "plain", "--body", body, "--url", &server.1]);
+    let first = send();
+    assert!(first.status.success(), "{}", text(&first));
+    assert!(!text(&first).contains("(replayed)"), "{}", text(&first));
+    let again = send();
+    assert!(text(&again).contains("(replayed)"), "{}", text(&again));
+    server.stop();
+    let events = json(d, &["events", "--source", "plain", "--output", "json"]);
+    let ids: Vec<&str> = events["items"]
+        .as_array()
+        .expect("items")
+        .iter()
+        .filter_map(|e| e["event_id"].as_str())
+        .collect();
+    assert_eq!(ids, ["evt_in_body"]);
 }
