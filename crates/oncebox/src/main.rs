@@ -233,9 +233,17 @@ async fn run(cli: Cli) -> Result<()> {
             events::purge(&mut out, &store, &settings, retention, output.output).await?;
         }
         Command::Migrate => {
+            // A mistyped path, or the default relative one run from another directory, creates
+            // a database: said so, the deploy's log shows it.
+            let created = store::sqlite_absent(&settings.database);
             Store::open_with(&settings.database, &settings.storage).await?;
             let database = store::describe(&settings.database);
-            writeln!(out, "{database}: schema up to date")?;
+            let what = if created {
+                "created, schema up to date"
+            } else {
+                "schema up to date"
+            };
+            writeln!(out, "{database}: {what}")?;
         }
     }
     Ok(())

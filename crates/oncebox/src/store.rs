@@ -22,8 +22,8 @@ use crate::config::Storage;
 mod url;
 
 pub(crate) use url::joined_pairs;
-use url::sqlite_path;
-pub use url::{describe, is_postgres, is_supported, sqlite_file};
+pub use url::{describe, is_postgres, is_supported, sqlite_absent, sqlite_file};
+use url::{lasting_problem, sqlite_path};
 
 /// What opening an existing store does to a schema older than this build's.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -43,25 +43,6 @@ fn outdated(found: i64, known: i64) -> anyhow::Error {
              changes no schema"
         ),
     )
-}
-
-/// A SQLite path that no retry can open: a directory, or a file in a directory that does not
-/// exist (SQLite creates the file, never its directory). SQLite says only "unable to open
-/// database file", which reads as a store that is down (exit 4, retry later).
-fn lasting_problem(path: &str) -> Result<()> {
-    let file = std::path::Path::new(path);
-    let why = if file.is_dir() {
-        "is a directory: name a file in it, e.g. sqlite://DIR/oncebox.db".to_owned()
-    } else {
-        match file.parent().filter(|p| !p.as_os_str().is_empty()) {
-            Some(dir) if !file.exists() && !dir.is_dir() => format!(
-                "is in {}, which is not a directory that exists: create it first",
-                dir.display()
-            ),
-            _ => return Ok(()),
-        }
-    };
-    Err(crate::exit::usage(format!("database {path} {why}")))
 }
 
 /// The TLS files a PostgreSQL URL names (`sslrootcert`, `sslcert`, `sslkey`) that cannot be

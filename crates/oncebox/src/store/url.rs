@@ -182,6 +182,32 @@ pub fn describe(database: &str) -> String {
     }
 }
 
+/// Whether `database` is a SQLite file that does not exist yet (opening it creates it).
+pub fn sqlite_absent(database: &str) -> bool {
+    sqlite_path(database).is_some_and(
+        |p| matches!(std::fs::metadata(p), Err(e) if e.kind() == std::io::ErrorKind::NotFound),
+    )
+}
+
+/// A SQLite path that no retry can open: a directory, or a file in a directory that does not
+/// exist (SQLite creates the file, never its directory). SQLite says only "unable to open
+/// database file", which reads as a store that is down (exit 4, retry later).
+pub(super) fn lasting_problem(path: &str) -> anyhow::Result<()> {
+    let file = std::path::Path::new(path);
+    let why = if file.is_dir() {
+        "is a directory: name a file in it, e.g. sqlite://DIR/oncebox.db".to_owned()
+    } else {
+        match file.parent().filter(|p| !p.as_os_str().is_empty()) {
+            Some(dir) if !file.exists() && !dir.is_dir() => format!(
+                "is in {}, which is not a directory that exists: create it first",
+                dir.display()
+            ),
+            _ => return Ok(()),
+        }
+    };
+    Err(crate::exit::usage(format!("database {path} {why}")))
+}
+
 #[cfg(test)]
 mod tests {
     use super::{NotAFile, describe, is_postgres, is_supported, sqlite_file};

@@ -106,7 +106,18 @@ fn a_dry_run_counts_what_the_run_would_make_due_and_ends_as_it_would() {
 fn purge_help_matches_what_it_does_and_a_short_retention_is_warned_of() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    assert!(oncebox(d, &["migrate"]).status.success());
+    let created = oncebox(d, &["migrate"]);
+    assert!(created.status.success());
+    assert!(
+        text(&created).contains("created, schema up to date"),
+        "{}",
+        text(&created)
+    );
+    let again = text(&oncebox(d, &["migrate"]));
+    assert!(
+        again.contains("schema up to date") && !again.contains("created"),
+        "{again}"
+    );
     let help = text(&oncebox(d, &["purge", "--help"]));
     let refused = oncebox(d, &["purge"]);
     assert_eq!(refused.status.code(), Some(2), "{}", text(&refused));
