@@ -154,6 +154,7 @@ async fn run(cli: Cli) -> Result<()> {
             deliveries::run(&mut out, &store, action).await?;
         }
         Command::Redeliver(args) => {
+            args.check()?;
             let store =
                 Store::open_existing(&settings.database, store::Schema::AsIs, &settings.storage)
                     .await?;

@@ -24,7 +24,6 @@ const PAGE: usize = 500;
 /// Options of `oncebox redeliver`.
 #[derive(Debug, Args)]
 #[command(group = clap::ArgGroup::new("which").required(true).args(["source", "all_of"]))]
-#[command(group = clap::ArgGroup::new("window").multiple(true).args(["since", "all", "dry_run"]))]
 pub struct RedeliverArgs {
     /// Source of the one event to redeliver.
     #[arg(requires = "event_id")]
@@ -34,12 +33,7 @@ pub struct RedeliverArgs {
     /// Redeliver every stored event of this source instead of one; with --since, --all or
     /// --dry-run. Forgotten, a window would send the source's whole history again, delivered
     /// and uncertain deliveries too.
-    #[arg(
-        long = "source",
-        value_name = "SOURCE",
-        conflicts_with = "event_id",
-        requires = "window"
-    )]
+    #[arg(long = "source", value_name = "SOURCE", conflicts_with = "event_id")]
     all_of: Option<String>,
     /// With --source: every stored event of the source, however old.
     #[arg(long, requires = "all_of", conflicts_with = "since")]
@@ -56,6 +50,21 @@ pub struct RedeliverArgs {
     dry_run: bool,
     #[command(flatten)]
     output: OutputArg,
+}
+
+impl RedeliverArgs {
+    /// Refuses `--source` with no window, before the store is opened: `--since`, `--all` or
+    /// `--dry-run` must say how much of the source's history is meant. (Checked here rather
+    /// than by clap, whose usage line then showed the window as needed for one event too.)
+    pub fn check(&self) -> Result<()> {
+        if self.all_of.is_some() && self.since.is_none() && !self.all && !self.dry_run {
+            return Err(exit::usage(
+                "redeliver --source needs --since (a window), --all (every stored event of the \
+                 source, however old) or --dry-run (count only)",
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// A `--since` bound: a time ago is resolved against the clock when the command runs.

@@ -85,7 +85,7 @@ fn a_dry_run_counts_what_the_run_would_make_due_and_ends_as_it_would() {
     }
     server.stop();
     let dry = oncebox(d, &["redeliver", "--source", "shop", "--dry-run"]);
-    let real = oncebox(d, &["redeliver", "--source", "shop"]);
+    let real = oncebox(d, &["redeliver", "--source", "shop", "--all"]);
     for out in [&dry, &real] {
         assert_eq!(out.status.code(), Some(5), "{}", text(out));
         assert!(
