@@ -70,9 +70,9 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
 pub const DEFAULT_CONCURRENCY: usize = 16;
 
 impl Route {
-    /// A route named `name` to `url` (an http(s) receiver, `amqp://…` or `nats://…`) with the
-    /// defaults a configured route has: no sources (it sends the messages a library's handlers
-    /// queue for `name`), no filter, unsigned, not idempotent, no status URL, a 10 s timeout,
+    /// A route named `name` to `url` (an http(s) receiver, `amqp://…` or `nats://…`) with no
+    /// sources (it sends the messages a library's handlers queue for `name`; a configured route
+    /// must name one) and the defaults a configured route has: no filter, unsigned, not idempotent, no status URL, a 10 s timeout,
     /// the default retries, 16 requests at once, unpaced. Set the rest on the value.
     pub fn new(name: impl Into<String>, url: impl Into<String>) -> Route {
         Route {
