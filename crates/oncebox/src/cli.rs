@@ -212,6 +212,25 @@ Examples:
     Migrate,
 }
 
+impl Command {
+    /// Whether the command was asked for one JSON document on stdout (`--output json`).
+    pub fn json_output(&self) -> bool {
+        let output = match self {
+            Command::Events { output, .. }
+            | Command::Inspect { output, .. }
+            | Command::Purge { output, .. }
+            | Command::Check { output, .. }
+            | Command::Stats(output)
+            | Command::Deliveries {
+                action: DeliveriesCommand::List { output, .. },
+            } => output.output,
+            Command::Redeliver(args) => args.output(),
+            _ => return false,
+        };
+        output == Output::Json
+    }
+}
+
 #[derive(Debug, Subcommand)]
 pub enum DeliveriesCommand {
     /// Deliveries oldest first, by state and route.

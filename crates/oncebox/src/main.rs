@@ -43,6 +43,7 @@ fn main() -> ExitCode {
     let _ = rustls::crypto::ring::default_provider().install_default();
     // clap prints usage errors itself and exits with 2 (exit::Code::Usage).
     let cli = Cli::parse();
+    let json = cli.command.json_output();
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
         Err(e) => {
@@ -61,8 +62,15 @@ fn main() -> ExitCode {
         // that the command still returns its verdict): the reader took what it wanted.
         Err(e) if closed_pipe(&e) => Code::Ok.into(),
         Err(e) => {
-            complain(format_args!("{}", exit::report(&e)));
-            exit::classify(&e).into()
+            let (report, code) = (exit::report(&e), exit::classify(&e));
+            complain(format_args!("{report}"));
+            // A script that asked for JSON reads one document on every path: with nothing on
+            // stdout, `… | jq .x` printed nothing and exited 0.
+            if json && !out::wrote() {
+                let doc = serde_json::json!({ "ok": false, "code": code as i32, "error": report });
+                let _ = writeln!(out::stdout(), "{doc}");
+            }
+            code.into()
         }
     }
 }

@@ -4,6 +4,15 @@
 //! or a `redeliver` with nothing to do exited 0.
 
 use std::io::{self, ErrorKind, StdoutLock, Write};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// Set by the first write to standard output through [`stdout`].
+static WROTE: AtomicBool = AtomicBool::new(false);
+
+/// Whether the command wrote anything to standard output (a document, even a partial one).
+pub fn wrote() -> bool {
+    WROTE.load(Ordering::Relaxed)
+}
 
 /// Standard output, locked; writes after the reader closed its end succeed, unseen.
 pub fn stdout() -> Out<StdoutLock<'static>> {
@@ -41,6 +50,9 @@ impl<W: Write> Out<W> {
 
 impl<W: Write> Write for Out<W> {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        if !buf.is_empty() {
+            WROTE.store(true, Ordering::Relaxed);
+        }
         self.unless_closed(buf.len(), |w| w.write(buf))
     }
 

@@ -53,6 +53,11 @@ pub struct RedeliverArgs {
 }
 
 impl RedeliverArgs {
+    /// The output asked for.
+    pub fn output(&self) -> Output {
+        self.output.output
+    }
+
     /// Refuses `--source` with no window, before the store is opened: `--since`, `--all` or
     /// `--dry-run` must say how much of the source's history is meant. (Checked here rather
     /// than by clap, whose usage line then showed the window as needed for one event too.)

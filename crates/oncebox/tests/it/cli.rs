@@ -255,12 +255,24 @@ fn redeliver_one_event_or_a_whole_source() {
         said,
         serde_json::json!({ "events": 0, "deliveries": 0, "dry_run": false })
     );
+    let missing = oncebox(
+        d,
+        &[
+            "redeliver",
+            "--source",
+            "nosuchsource",
+            "--since",
+            "1h",
+            "--output",
+            "json",
+        ],
+    );
+    assert_eq!(missing.status.code(), Some(3));
+    let said: Value = serde_json::from_slice(&missing.stdout).expect("a JSON document");
     assert_eq!(
-        code(
-            d,
-            &["redeliver", "--source", "nosuchsource", "--since", "1h"]
-        ),
-        Some(3)
+        (&said["ok"], &said["code"]),
+        (&false.into(), &3.into()),
+        "{said}"
     );
     // One event, or a source: not both, not neither.
     assert_eq!(

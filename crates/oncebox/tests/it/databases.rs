@@ -350,7 +350,33 @@ fn a_store_that_cannot_be_reached_exits_4() {
     let sqlite = format!("sqlite://{}", missing.display());
     let out = oncebox(d, &["--database", &sqlite, "events", "--output", "json"]);
     assert_eq!(out.status.code(), Some(2), "{}", text(&out));
-    assert!(out.stdout.is_empty(), "no partial JSON on stdout");
+    // One document on stdout, the failure's, for a script's `| jq`: no partial listing.
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON document");
+    assert_eq!(
+        (&doc["ok"], &doc["code"]),
+        (&false.into(), &2.into()),
+        "{doc}"
+    );
+    assert!(
+        doc["error"].as_str().unwrap().contains("no-such-dir"),
+        "{doc}"
+    );
+    let pg = oncebox(
+        d,
+        &[
+            "--database",
+            "postgres://127.0.0.1:1/x",
+            "stats",
+            "--output",
+            "json",
+        ],
+    );
+    let doc: serde_json::Value = serde_json::from_slice(&pg.stdout).expect("one JSON document");
+    assert_eq!(
+        (&doc["ok"], &doc["code"]),
+        (&false.into(), &4.into()),
+        "{doc}"
+    );
     // A mistyped file in a real directory is not created, empty, and read as a store.
     let typo = d.join("typo.db");
     let sqlite = format!("sqlite://{}", typo.display());
