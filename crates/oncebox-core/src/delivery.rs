@@ -106,13 +106,16 @@ impl Backoff {
     /// The longest `waits` waits can take together (each its ceiling); with full jitter they
     /// take half of it on average.
     pub fn span(&self, waits: u32) -> Duration {
-        (0..waits).fold(Duration::ZERO, |sum, n| {
-            if sum == Duration::MAX {
-                sum
-            } else {
-                sum.saturating_add(self.ceiling(n))
+        let mut sum = Duration::ZERO;
+        for n in 0..waits {
+            let ceiling = self.ceiling(n);
+            if ceiling == self.cap {
+                // Every wait from here on is the cap: no loop over billions of them.
+                return sum.saturating_add(self.cap.saturating_mul(waits - n));
             }
-        })
+            sum = sum.saturating_add(ceiling);
+        }
+        sum
     }
 
     /// `jitter` in `[0, 1]` comes from the caller's random source, so this stays pure.

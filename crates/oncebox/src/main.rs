@@ -42,7 +42,10 @@ fn main() -> ExitCode {
     // the default, and rustls panics when it cannot tell which one that is.
     let _ = rustls::crypto::ring::default_provider().install_default();
     // clap prints usage errors itself and exits with 2 (exit::Code::Usage).
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => return refused_by_clap(&e),
+    };
     let json = cli.command.json_output();
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
@@ -73,6 +76,29 @@ fn main() -> ExitCode {
             code.into()
         }
     }
+}
+
+/// Prints clap's refusal of the arguments (or the help or version asked for) and exits as clap
+/// does; a refusal also gives a script that asked for `--output json` its document on stdout.
+fn refused_by_clap(e: &clap::Error) -> ExitCode {
+    let _ = e.print();
+    if !e.use_stderr() {
+        // `--help` or `--version`: printed on stdout, exit 0.
+        return Code::Ok.into();
+    }
+    let args: Vec<String> = std::env::args_os()
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect();
+    let json = args
+        .windows(2)
+        .any(|w| w[0] == "--output" && w[1] == "json")
+        || args.iter().any(|a| a == "--output=json");
+    if json {
+        let error = e.kind().as_str().unwrap_or("invalid arguments");
+        let doc = serde_json::json!({ "ok": false, "code": Code::Usage as i32, "error": error });
+        let _ = writeln!(out::stdout(), "{doc}");
+    }
+    Code::Usage.into()
 }
 
 /// Whether the command ended on a write to a closed pipe: an IO error of its own, the one a
@@ -124,7 +150,11 @@ async fn run(cli: Cli) -> Result<()> {
             if let Command::Check { output: o, .. } = &cli.command
                 && o.output == Output::Json
             {
-                let doc = serde_json::json!({ "ok": false, "error": format!("{e:#}") });
+                let doc = serde_json::json!({
+                    "ok": false,
+                    "code": Code::Usage as i32,
+                    "error": format!("{e:#}"),
+                });
                 writeln!(out, "{doc}")?;
             }
             return Err(exit::coded(Code::Usage, e));

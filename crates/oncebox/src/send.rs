@@ -43,10 +43,17 @@ pub async fn run(settings: &Settings, args: SendArgs) -> Result<bool> {
             _ => None,
         }
     };
+    let body_id = if given_id { None } else { in_body() };
+    // Where a refusal of the id says it came from.
+    let named = if body_id.is_some() {
+        "the body's id"
+    } else {
+        "--id"
+    };
     let id = args
         .id
         .clone()
-        .or_else(in_body)
+        .or(body_id)
         .unwrap_or_else(|| format!("evt_test_{}", now.millis()));
     // Where the id travels in a header, HTTP carries no control character and drops spaces
     // around a value: an id it cannot carry as it is is the caller's mistake, named here
@@ -58,7 +65,7 @@ pub async fn run(settings: &Settings, args: SendArgs) -> Result<bool> {
         && (reqwest::header::HeaderValue::from_str(&id).is_err() || id.starts_with(' '))
     {
         return Err(crate::exit::usage(format!(
-            "--id {id:?}: source {source} carries the event id in the {header} header, which \
+            "{named} {id:?}: source {source} carries the event id in the {header} header, which \
              takes no control characters or line breaks and drops a leading space"
         )));
     }
@@ -67,7 +74,7 @@ pub async fn run(settings: &Settings, args: SendArgs) -> Result<bool> {
     if let Err(e) =
         oncebox_core::EventId::new(id.clone()).and_then(oncebox_core::EventId::deliverable)
     {
-        return Err(crate::exit::usage(format!("--id {id:?}: {e}")));
+        return Err(crate::exit::usage(format!("{named} {id:?}: {e}")));
     }
     let base = crate::client::gateway_base(args.url.as_deref(), settings)?;
     if given_id && let Some(body) = &args.body {

@@ -409,4 +409,9 @@ fn the_default_policy_retries_until_its_age_not_its_count() {
     };
     assert_eq!(RetryPolicy::attempts_for(p.max_age, huge), 2);
     assert_eq!(huge.span(40), Duration::MAX);
+    // A count of billions is summed at once.
+    assert_eq!(
+        b.span(u32::MAX),
+        Duration::from_secs(4095 + 3600 * (u64::from(u32::MAX) - 12))
+    );
 }

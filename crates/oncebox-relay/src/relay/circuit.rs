@@ -118,13 +118,21 @@ impl<S: DeliveryStore> Relay<S> {
     pub(super) fn note(&self, route: &str, failed: bool, epoch: u64, pause: Option<Duration>) {
         let mut circuits = self.circuits();
         let c = circuits.entry(route.to_owned()).or_default();
+        let now = self.clock.monotonic();
         if c.epoch != epoch {
+            // Says nothing of the receiver since the circuit opened, but a request for quiet
+            // still holds: the route waits at least that long.
+            if let (true, Some(asked)) = (failed, pause) {
+                let until = now.saturating_add(asked);
+                c.open_until = Some(c.open_until.map_or(until, |u| u.max(until)));
+            }
             return;
         }
         if failed {
             c.trial = false;
             c.failures = c.failures.saturating_add(1);
-            let tripped = c.failures >= self.options.circuit_threshold;
+            // A failed trial (after a pause too, whatever the count) opens it again.
+            let tripped = c.failures >= self.options.circuit_threshold || c.open_until.is_some();
             if tripped || pause.is_some() {
                 c.epoch = c.epoch.wrapping_add(1);
                 // Stop hammering a receiver that keeps failing, or asked for quiet; its
@@ -134,7 +142,7 @@ impl<S: DeliveryStore> Relay<S> {
                     Some(asked) => asked,
                     None => self.options.circuit_cooldown,
                 };
-                c.open_until = Some(self.clock.monotonic().saturating_add(cooldown));
+                c.open_until = Some(now.saturating_add(cooldown));
                 tracing::warn!(route, failures = c.failures, ?cooldown, "circuit open");
             }
         } else {

@@ -347,6 +347,8 @@ impl<S: DeliveryStore> Relay<S> {
 /// the client, not to the one request: honoured by the failed delivery alone, the route went
 /// on sending the others, up to its concurrency at once, into a receiver that asked for quiet.
 /// Another status's `Retry-After` (a 500's) has no such meaning and delays its delivery only.
+/// Never past the answered delivery's own next try (`wait`), which `decide` cut to a last try
+/// at its `max_age`: held past that, it would be found too old when claimed and die unsent.
 fn asked_pause(attempt: &Attempt, verdict: &Verdict, cap: Duration) -> Option<Duration> {
     match (attempt, verdict) {
         (
@@ -354,8 +356,8 @@ fn asked_pause(attempt: &Attempt, verdict: &Verdict, cap: Duration) -> Option<Du
                 status: 429 | 503,
                 retry_after: Some(asked),
             },
-            Verdict::Retry(_),
-        ) if !asked.is_zero() => Some((*asked).min(cap)),
+            Verdict::Retry(wait),
+        ) if !asked.is_zero() => Some((*asked).min(cap).min(*wait)).filter(|d| !d.is_zero()),
         _ => None,
     }
 }

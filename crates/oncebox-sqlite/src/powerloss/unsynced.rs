@@ -56,7 +56,9 @@ impl Unsynced {
     /// lost writes are covered in part: SQLite writes a failed commit's frames again at the same
     /// place, but a retry's commit may be shorter or longer, and the log's appends are gathered
     /// into one write per commit (`walvfs.rs`). What a lost write keeps outside `at..end` stays
-    /// lost.
+    /// lost. The page cache works in pages and would persist the lost bytes that share a page
+    /// with the new write; losing them too is the harsher case, and for a log only drops more
+    /// of a commit SQLite never published.
     fn overwrite_lost(&mut self, at: i64, end: i64) {
         let lost = self.lost;
         let hit: Vec<(i64, u64)> = self

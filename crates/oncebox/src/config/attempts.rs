@@ -11,7 +11,16 @@ pub(super) fn warn(routes: &[Route], warnings: &mut Vec<String>) {
     for r in routes {
         let p = &r.retry;
         let span = p.backoff.span(p.max_attempts.saturating_sub(1));
-        if span < p.max_age {
+        if span < p.max_age && p.max_attempts >= oncebox_core::delivery::MOST_ATTEMPTS {
+            warnings.push(format!(
+                "routes.{}.backoff.cap: even {} attempts are spent within {} at most, before \
+                 max_age ({}): raise the cap, or shorten max_age",
+                r.name,
+                p.max_attempts,
+                humantime::format_duration(span),
+                humantime::format_duration(p.max_age),
+            ));
+        } else if span < p.max_age {
             warnings.push(format!(
                 "routes.{}.max_attempts: {} attempts are spent within {} at most (about half \
                  of that on average, full jitter), long before max_age ({}): a receiver down for \

@@ -197,12 +197,18 @@ pub(super) fn lasting_problem(path: &str) -> anyhow::Result<()> {
     let why = if file.is_dir() {
         "is a directory: name a file in it, e.g. sqlite://DIR/oncebox.db".to_owned()
     } else {
-        match file.parent().filter(|p| !p.as_os_str().is_empty()) {
-            Some(dir) if !file.exists() && !dir.is_dir() => format!(
+        let dir = file.parent().filter(|p| !p.as_os_str().is_empty());
+        match dir.map(|d| (d, std::fs::metadata(d))) {
+            Some((_, Ok(m))) if m.is_dir() => return Ok(()),
+            None => return Ok(()),
+            Some((d, Err(e))) if e.kind() != std::io::ErrorKind::NotFound => {
+                // One this user may not enter, say: not absent, and not to be created.
+                format!("is in {}, which cannot be accessed: {e}", d.display())
+            }
+            Some((d, _)) => format!(
                 "is in {}, which is not a directory that exists: create it first",
-                dir.display()
+                d.display()
             ),
-            _ => return Ok(()),
         }
     };
     Err(crate::exit::usage(format!("database {path} {why}")))

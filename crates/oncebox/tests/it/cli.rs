@@ -280,6 +280,27 @@ fn redeliver_one_event_or_a_whole_source() {
         Some(2)
     );
     assert_eq!(code(d, &["redeliver"]), Some(2));
+    // Arguments clap refuses: still one document for a script that asked for JSON.
+    let clash = oncebox(
+        d,
+        &[
+            "redeliver",
+            "--source",
+            "shop",
+            "--all",
+            "--since",
+            "1h",
+            "--output",
+            "json",
+        ],
+    );
+    assert_eq!(clash.status.code(), Some(2));
+    let said: Value = serde_json::from_slice(&clash.stdout).expect("a JSON document");
+    assert_eq!(
+        (&said["ok"], &said["code"]),
+        (&false.into(), &2.into()),
+        "{said}"
+    );
 }
 
 #[test]

@@ -212,6 +212,24 @@ fn send_with_a_body_and_no_id_keeps_the_bodys_id() {
     assert!(!text(&first).contains("(replayed)"), "{}", text(&first));
     let again = send();
     assert!(text(&again).contains("(replayed)"), "{}", text(&again));
+    // A body's id the gateway would refuse is named as the body's, not as an --id never given.
+    let empty = oncebox(
+        d,
+        &[
+            "send",
+            "plain",
+            "--body",
+            r#"{"id":""}"#,
+            "--url",
+            &server.1,
+        ],
+    );
+    assert_eq!(empty.status.code(), Some(2), "{}", text(&empty));
+    assert!(
+        text(&empty).contains("the body's id \"\""),
+        "{}",
+        text(&empty)
+    );
     server.stop();
     let events = json(d, &["events", "--source", "plain", "--output", "json"]);
     let ids: Vec<&str> = events["items"]

@@ -327,6 +327,21 @@ fn max_attempts_left_out_lets_the_age_decide_and_too_few_are_warned_of() {
     let (p, warned) = retry("max_age = \"1h\"\nbackoff = { base = \"1s\", cap = \"60s\" }");
     assert_eq!(p.max_attempts, 6 + (3 * 3600 - 63_u32).div_ceil(60) + 1);
     assert!(warned.is_empty(), "{warned:?}");
+    // A cap so small that the most attempts given do not reach the age: the cap is named.
+    let (p, _) = retry("backoff = { base = \"1s\", cap = \"10s\" }");
+    assert_eq!(p.max_attempts, oncebox_core::delivery::MOST_ATTEMPTS);
+    let s = ok(&routed(
+        "https://example.com/hooks",
+        "backoff = { base = \"1s\", cap = \"10s\" }",
+    ));
+    assert_mentions(
+        &s.warnings.concat(),
+        &[
+            "routes.r.backoff.cap",
+            "even 10000 attempts",
+            "raise the cap",
+        ],
+    );
     let (p, warned) = retry("max_attempts = 15\nmax_age = \"3d\"");
     assert_eq!(p.max_attempts, 15);
     assert_mentions(
