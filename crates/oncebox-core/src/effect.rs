@@ -16,6 +16,7 @@ pub enum Once {
 /// under the same key is not queued, and says whether it was the same message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
+#[must_use = "`Conflict` is `Ok` and means the message was not queued"]
 pub enum Enqueued {
     /// Queued now: delivered after the commit.
     Queued,
@@ -30,6 +31,7 @@ pub enum Enqueued {
 /// Where an offset stands against the stream's watermark.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
+#[must_use = "`Replay` means the message was processed already"]
 pub enum OffsetMove {
     Advanced,
     /// At or below the watermark: a replay of a message already processed.

@@ -185,7 +185,8 @@ impl Inbox {
 
     /// The connection pool, for the application's own queries. Its sessions start with
     /// `lock_timeout` at [`crate::Options::deadline`]: a statement that must wait longer for a
-    /// lock sets its own.
+    /// lock sets its own. Not from inside a handler, which uses only `tx.conn()`: a statement
+    /// here commits on its own, kept when the handler fails or its commit is lost.
     pub fn pool(&self) -> &PgPool {
         &self.pool
     }

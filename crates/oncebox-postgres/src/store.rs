@@ -52,7 +52,8 @@ impl Inbox {
                     }
                 }
                 for m in &messages {
-                    tx.enqueue_anew(m).await?;
+                    // A new event's own deliveries, under its own keys: queued now.
+                    let _ = tx.enqueue_anew(m).await?;
                 }
                 Ok(Response::completed(accepted))
             })

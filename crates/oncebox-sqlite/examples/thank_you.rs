@@ -4,7 +4,7 @@ use std::fmt;
 use std::path::Path;
 
 use oncebox_core::json::{self, Pointer, Value};
-use oncebox_core::{Event, Key, OutboxMessage, ProcessError, Processed, Response};
+use oncebox_core::{Enqueued, Event, Key, OutboxMessage, ProcessError, Processed, Response};
 use oncebox_sqlite::rusqlite::{self, Connection, params};
 use oncebox_sqlite::{HandlerError, Inbox, Once, Options, Tx};
 
@@ -130,8 +130,9 @@ fn handle(tx: &mut Tx<'_>, order: &OrderEvent) -> Result<Response, HandlerError>
                 params![order.order_id, order.customer],
             )?;
             // Sent by a relay after commit; the receiver deduplicates on this key, which must
-            // never change for a given order.
-            tx.enqueue(&OutboxMessage::json(
+            // never change for a given order. `Conflict` (another message under the key) is
+            // `Ok` and queues nothing: failing here commits nothing.
+            let queued = tx.enqueue(&OutboxMessage::json(
                 "email",
                 format!("thank-you:{}", order.order_id),
                 object(&[
@@ -140,6 +141,11 @@ fn handle(tx: &mut Tx<'_>, order: &OrderEvent) -> Result<Response, HandlerError>
                     ("template", "thank-you"),
                 ]),
             ))?;
+            if queued == Enqueued::Conflict {
+                return Err(HandlerError::failed(
+                    "another message holds the thank-you key",
+                ));
+            }
             "queued"
         } else {
             "already-queued"

@@ -35,8 +35,10 @@ impl<H> InboxHandler<H>
 where
     H: Fn(&mut Tx<'_>, &Event) -> Result<Response, HandlerError> + Send + Sync + 'static,
 {
-    /// `handler` runs once per new key, on the writer thread, inside the key's transaction: it
-    /// must be quick and touch only the connection it is given.
+    /// `handler` runs for each new key, on the writer thread, inside the key's transaction: it
+    /// must be quick and touch only the connection it is given. It may run more than once for
+    /// one key (its batch rolled back by a batch-mate's statement, a retry after its error);
+    /// only its work on `tx` commits, once, so an effect outside it would repeat.
     pub fn new(inbox: Inbox, handler: H) -> InboxHandler<H> {
         InboxHandler {
             inbox,

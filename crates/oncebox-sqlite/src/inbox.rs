@@ -306,10 +306,15 @@ impl Inbox {
     }
 
     /// Runs `f` on a reader connection (sees the last commit). Blocks the calling thread.
+    /// Refused (a panic) inside one of this store's handlers, as every method is: it would not
+    /// wait for itself there, but it would read past the handler's own writes and its batch's,
+    /// none of them committed yet, and a read-then-write on it would overwrite an effect
+    /// already answered as applied. A handler reads through its `Tx`.
     pub fn read_blocking<T>(
         &self,
         f: impl FnOnce(&Connection) -> rusqlite::Result<T>,
     ) -> Result<T, Error> {
+        self.refuse_on_writer();
         self.shared.readers.with(f)
     }
 
@@ -319,6 +324,7 @@ impl Inbox {
         T: Send + 'static,
         F: FnOnce(&Connection) -> rusqlite::Result<T> + Send + 'static,
     {
+        self.refuse_on_writer();
         let shared = self.shared.clone();
         tokio::task::spawn_blocking(move || shared.readers.with(f))
             .await

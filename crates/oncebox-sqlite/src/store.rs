@@ -169,7 +169,8 @@ impl Inbox {
                 let (accepted, messages) = (u.accepted.clone(), u.messages.clone());
                 let handler = move |tx: &mut Tx<'_>| {
                     for m in &messages {
-                        tx.enqueue_anew(m)?;
+                        // A new event's own deliveries, under its own keys: queued now.
+                        let _ = tx.enqueue_anew(m)?;
                     }
                     Ok(accepted)
                 };
@@ -249,7 +250,8 @@ impl EventStore for Inbox {
                 other => other?,
             }
             for m in &messages {
-                tx.enqueue_anew(m)?;
+                // A new event's own deliveries, under its own keys: queued now.
+                let _ = tx.enqueue_anew(m)?;
             }
             Ok(Response::completed(accepted.clone()))
         })

@@ -36,7 +36,7 @@ fn a_watermark_above_the_streams_last_sequence_refuses_the_start() {
         at_watermark.run(&js, async {}).await.unwrap();
 
         // The restore: the inbox applied up to 5, the stream knows 1.
-        inbox.move_offset(&name, 0, 5).await.unwrap();
+        let _ = inbox.move_offset(&name, 0, 5).await.unwrap();
         let refused = Consumer::new(apply, options).run(&js, async {}).await;
         match refused {
             Err(ConsumeError::WoundBack {

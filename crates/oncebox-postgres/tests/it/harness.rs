@@ -148,12 +148,13 @@ pub async fn run_script(tx: &mut Tx, script: &Script) -> Result<Response, Handle
             .bind(order)
             .execute(tx.conn())
             .await?;
-        tx.enqueue(&OutboxMessage::json(
-            "email",
-            order.as_str(),
-            format!(r#"{{"order":"{order}"}}"#),
-        ))
-        .await?;
+        let _ = tx
+            .enqueue(&OutboxMessage::json(
+                "email",
+                order.as_str(),
+                format!(r#"{{"order":"{order}"}}"#),
+            ))
+            .await?;
     }
     let mut answers = Vec::new();
     for (key, body) in &script.notes {

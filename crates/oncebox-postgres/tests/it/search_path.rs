@@ -70,7 +70,8 @@ fn a_handler_pointing_search_path_elsewhere_touches_only_its_own_schema() {
                         let _ = pid_tx.send(pid.fetch_one(tx.conn()).await?);
                         tx.once("receipt", &format!("o{n}")).await?;
                         tx.advance("order", &format!("o{n}"), 1).await?;
-                        tx.enqueue(&OutboxMessage::json("email", format!("o{n}"), "{}"))
+                        let _ = tx
+                            .enqueue(&OutboxMessage::json("email", format!("o{n}"), "{}"))
                             .await?;
                         Ok(Response::completed("A's answer"))
                     })

@@ -296,7 +296,7 @@ fn queueing<'t>(
 ) -> futures::future::BoxFuture<'t, Result<Response, oncebox_postgres::HandlerError>> {
     Box::pin(async move {
         let message = oncebox_core::OutboxMessage::json("email", event.key.to_string(), "{}");
-        tx.enqueue(&message).await?;
+        let _ = tx.enqueue(&message).await?;
         Ok(Response::completed("ok"))
     })
 }

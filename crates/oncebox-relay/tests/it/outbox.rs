@@ -26,11 +26,12 @@ async fn process_keyed(
     let event = Event::json(key, r#"{"order":"o-7"}"#).unwrap();
     w.inbox
         .process(event, move |tx| {
-            tx.enqueue(&OutboxMessage::json(
+            let queued = tx.enqueue(&OutboxMessage::json(
                 "hooks",
                 message_key,
                 r#"{"order":"o-7","template":"thank-you"}"#,
             ))?;
+            assert_ne!(queued, oncebox_core::Enqueued::Conflict);
             if fail {
                 return Err(HandlerError::failed("the mail template is missing"));
             }

@@ -212,7 +212,7 @@ impl Inbox {
     /// it runs in): queued behind itself, it waited its whole deadline, holding every request
     /// queued meanwhile and its own batch with them. A programming error, told at once: the
     /// panic fails the handler (the writer catches it), whose work is rolled back.
-    fn refuse_on_writer(&self) {
+    pub(super) fn refuse_on_writer(&self) {
         assert!(
             std::thread::current().id() != self.shared.writer,
             "oncebox: an Inbox was called from inside one of its own handlers (on its writer \

@@ -114,7 +114,7 @@ pub fn run_script(tx: &mut Tx<'_>, script: &Script) -> Result<Response, HandlerE
     {
         tx.conn()
             .execute("INSERT INTO test_emails (order_key) VALUES (?1)", [order])?;
-        tx.enqueue(&OutboxMessage::json(
+        let _ = tx.enqueue(&OutboxMessage::json(
             "email",
             order.as_str(),
             format!(r#"{{"order":"{order}"}}"#),

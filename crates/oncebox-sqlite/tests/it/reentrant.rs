@@ -43,3 +43,28 @@ fn a_handler_calling_its_own_store_fails_at_once_and_keeps_nothing() {
         }
     });
 }
+
+/// A handler that reads through the store's reader connections instead of its `Tx` fails at
+/// once: the read would miss its own writes and its batch's, none committed yet, and a
+/// balance read that way and written back would overwrite a credit already answered applied.
+#[test]
+fn a_handler_reading_past_its_tx_fails_at_once_and_keeps_nothing() {
+    run(async {
+        let dir = tempfile::tempdir().unwrap();
+        let inbox = Inbox::open(Options::new(dir.path().join("r.db"))).unwrap();
+        let inner = inbox.clone();
+        let outer = inbox
+            .process(shop("reads", r#"{"n":1}"#), move |_| {
+                let n =
+                    inner.read_blocking(|c| c.query_row("SELECT 1", [], |r| r.get::<_, i64>(0)));
+                Ok(Response::completed(format!("{n:?}")))
+            })
+            .await;
+        assert!(matches!(outer, Err(ProcessError::Handler(_))), "{outer:?}");
+        let record = inbox.record(&shop("reads", "{}").key).await.unwrap();
+        assert!(record.is_none(), "kept: {record:?}");
+        // Outside a handler it reads as before.
+        let one = inbox.read_blocking(|c| c.query_row("SELECT 1", [], |r| r.get::<_, i64>(0)));
+        assert_eq!(one.unwrap(), 1);
+    });
+}

@@ -148,7 +148,7 @@ fn a_consumer_reads_its_position_and_moves_it_on_its_own() {
         assert_eq!(inbox.offset("orders", 0).await.unwrap(), None);
         let applied = inbox
             .process(shop("o-7", r#"{"n":7}"#), |tx: &mut Tx<'_>| {
-                tx.commit_offset("orders", 0, 7)?;
+                let _ = tx.commit_offset("orders", 0, 7)?;
                 Ok(Response::completed("ok"))
             })
             .await
