@@ -11,7 +11,6 @@ use axum::Router;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::post;
-use oncebox_core::Clock;
 use oncebox_testkit::run;
 use tokio::sync::{Semaphore, mpsc};
 
@@ -161,99 +160,6 @@ fn a_wall_clock_stepped_back_does_not_stretch_a_circuits_cooldown() {
         let out = relay.run_once().await.unwrap();
         assert_eq!((out.claimed, out.delivered), (1, 1), "{out:?}");
         assert_eq!(bad.requests().len(), 3);
-    });
-}
-
-/// A 503 asking for ten minutes pauses the whole route, not only its delivery: deliveries
-/// due meanwhile are not sent, although the failures are far from the circuit's threshold;
-/// after the ten minutes one trial goes first, and its success lets the rest go. A 500's
-/// `Retry-After` delays its own delivery only.
-#[test]
-fn a_503_asking_for_quiet_pauses_the_whole_route() {
-    run(async {
-        let w = World::new();
-        let (rx, addr) = receiver::start().await;
-        rx.answer(&[
-            (500, Some(3600)),
-            (503, Some(600)),
-            (503, Some(600)),
-            (202, None),
-        ]);
-        // The tests' routes cap their backoff at 60 s, which would cap the pause too. One
-        // request at a time: a claim waits for the trial's answer rather than finding the
-        // trial out and being given back at once (which one happens raced at 16).
-        let mut r = route("r", addr, true);
-        r.retry.backoff.cap = Duration::from_secs(3600);
-        r.concurrency = 1;
-        let relay = oncebox_relay::Relay::new(
-            w.inbox.clone(),
-            vec![r],
-            std::sync::Arc::new(w.clock.clone()),
-            oncebox_relay::RelayOptions::default(),
-        );
-        w.accept("first", &["r"]).await;
-        relay.run_once().await.unwrap();
-        w.accept("second", &["r"]).await;
-        let out = relay.run_once().await.unwrap();
-        assert_eq!(
-            (out.claimed, rx.requests().len()),
-            (1, 2),
-            "a 500's Retry-After held only its own delivery back: {out:?}"
-        );
-        w.accept("third", &["r"]).await;
-        // Past the cooldown, and a second before the ten minutes: still paused.
-        for to in [31, 599] {
-            w.clock
-                .advance(Duration::from_secs(to) - w.clock.monotonic());
-            let out = relay.run_once().await.unwrap();
-            assert_eq!(out.claimed, 0, "still paused at {to} s: {out:?}");
-        }
-        w.clock.advance(Duration::from_secs(2));
-        // One trial (third, or second again), asked for quiet again: the other is given back.
-        let out = relay.run_once().await.unwrap();
-        assert_eq!(
-            (out.claimed, out.retrying, out.unclaimed),
-            (2, 1, 1),
-            "{out:?}"
-        );
-        assert_eq!(rx.requests().len(), 3);
-        w.clock.advance(Duration::from_secs(601));
-        // The next trial succeeds and lets the other go after it.
-        let out = relay.run_once().await.unwrap();
-        assert_eq!(out.delivered, 2, "{out:?}");
-        assert_eq!(rx.requests().len(), 5);
-    });
-}
-
-/// The trial after a pause that fails without asking for quiet (a 500) shuts the route for the
-/// cooldown, although the failures are far from the threshold: left open, every later turn
-/// was a trial at once, one request after another into a receiver still failing.
-#[test]
-fn a_failed_trial_after_a_pause_shuts_the_route_for_the_cooldown() {
-    run(async {
-        let w = World::new();
-        let (rx, addr) = receiver::start().await;
-        rx.answer(&[(429, Some(20)), (500, None), (202, None)]);
-        let relay = oncebox_relay::Relay::new(
-            w.inbox.clone(),
-            vec![route("r", addr, true)],
-            std::sync::Arc::new(w.clock.clone()),
-            oncebox_relay::RelayOptions::default(),
-        );
-        w.accept("first", &["r"]).await;
-        relay.run_once().await.unwrap();
-        w.accept("second", &["r"]).await;
-        w.clock.advance(Duration::from_secs(21));
-        // The trial fails (500); the other claim is given back.
-        let out = relay.run_once().await.unwrap();
-        assert_eq!((out.retrying, out.unclaimed), (1, 1), "{out:?}");
-        w.clock.advance(Duration::from_secs(29));
-        let out = relay.run_once().await.unwrap();
-        assert_eq!(out.claimed, 0, "within the cooldown: {out:?}");
-        assert_eq!(rx.requests().len(), 2);
-        w.clock.advance(Duration::from_secs(2));
-        let out = relay.run_once().await.unwrap();
-        assert!(out.delivered >= 1, "{out:?}");
     });
 }
 

@@ -8,6 +8,7 @@ mod amqp_refused;
 mod answers;
 mod broker;
 mod circuit;
+mod circuit_pause;
 mod delivery;
 mod faults;
 mod fence;
