@@ -164,10 +164,11 @@ impl RetryPolicy {
     /// Attempts enough for `max_age` to decide when a failing delivery dies, not the count:
     /// their waits' ceilings add up to three times `max_age`, at most [`MOST_ATTEMPTS`]. Full
     /// jitter waits half a ceiling on average, so the count would be reached at one and a half
-    /// times the age on average, and the spread of a sum of so many waits is a few percent. A count of 15 with the default backoff (1 s
-    /// doubling to 1 h) was spent within 3 hours at most and 1.6 on average: a receiver down
-    /// for an afternoon lost most of its backlog, whatever `max_age` said. With the defaults
-    /// this is 228 attempts, the last ones half an hour apart on average.
+    /// times the age on average, and the spread of a sum of so many waits is a few percent.
+    /// A count of 15 with the default backoff (1 s doubling to 1 h) was spent within 3 hours
+    /// at most and 1.6 on average: a receiver down for an afternoon lost most of its backlog,
+    /// whatever `max_age` said. With the defaults this is 228 attempts, the last ones half an
+    /// hour apart on average.
     pub fn attempts_for(max_age: Duration, backoff: Backoff) -> u32 {
         let wanted = max_age.saturating_mul(3);
         let mut span = Duration::ZERO;

@@ -70,8 +70,7 @@ fn main() -> ExitCode {
             // A script that asked for JSON reads one document on every path: with nothing on
             // stdout, `… | jq .x` printed nothing and exited 0.
             if json && !out::wrote() {
-                let doc = serde_json::json!({ "ok": false, "code": code as i32, "error": report });
-                let _ = writeln!(out::stdout(), "{doc}");
+                let _ = writeln!(out::stdout(), "{}", failure_doc(code, &report));
             }
             code.into()
         }
@@ -95,10 +94,14 @@ fn refused_by_clap(e: &clap::Error) -> ExitCode {
         || args.iter().any(|a| a == "--output=json");
     if json {
         let error = e.kind().as_str().unwrap_or("invalid arguments");
-        let doc = serde_json::json!({ "ok": false, "code": Code::Usage as i32, "error": error });
-        let _ = writeln!(out::stdout(), "{doc}");
+        let _ = writeln!(out::stdout(), "{}", failure_doc(Code::Usage, error));
     }
     Code::Usage.into()
+}
+
+/// The one document a command asked for `--output json` prints when it fails.
+fn failure_doc(code: Code, error: &str) -> serde_json::Value {
+    serde_json::json!({ "ok": false, "code": code as i32, "error": error })
 }
 
 /// Whether the command ended on a write to a closed pipe: an IO error of its own, the one a
@@ -150,12 +153,7 @@ async fn run(cli: Cli) -> Result<()> {
             if let Command::Check { output: o, .. } = &cli.command
                 && o.output == Output::Json
             {
-                let doc = serde_json::json!({
-                    "ok": false,
-                    "code": Code::Usage as i32,
-                    "error": format!("{e:#}"),
-                });
-                writeln!(out, "{doc}")?;
+                writeln!(out, "{}", failure_doc(Code::Usage, &format!("{e:#}")))?;
             }
             return Err(exit::coded(Code::Usage, e));
         }

@@ -54,12 +54,7 @@ fn a_503_asking_for_quiet_pauses_the_whole_route() {
         );
         w.accept("third", &["r"]).await;
         // Past the cooldown, and a second before the ten minutes: still paused.
-        for to in [31, 599] {
-            w.clock
-                .advance(Duration::from_secs(to) - w.clock.monotonic());
-            let out = relay.run_once().await.unwrap();
-            assert_eq!(out.claimed, 0, "still paused at {to} s: {out:?}");
-        }
+        still_paused(&w, &relay).await;
         w.clock.advance(Duration::from_secs(2));
         // One trial (third, or second again), asked for quiet again: the other is given back.
         let out = relay.run_once().await.unwrap();
@@ -192,12 +187,7 @@ fn a_request_for_quiet_answered_after_the_circuit_opened_still_pauses_the_route(
         assert_eq!(out.retrying, 2, "{out:?}");
         // Both deliveries are due well before the ten minutes (the 500's backoff, the 429's
         // own wait is its 600 s); only the pause holds them.
-        for to in [31, 599] {
-            w.clock
-                .advance(Duration::from_secs(to) - w.clock.monotonic());
-            let out = relay.run_once().await.unwrap();
-            assert_eq!(out.claimed, 0, "still paused at {to} s: {out:?}");
-        }
+        still_paused(&w, &relay).await;
         w.clock.advance(Duration::from_secs(2));
         let out = relay.run_once().await.unwrap();
         assert!(out.delivered >= 1, "{out:?}");
@@ -212,4 +202,18 @@ async fn attempts(w: &World, ids: &[&str]) -> u64 {
         made += u64::from(w.delivery(id).await.attempts);
     }
     made
+}
+
+/// Past the 30 s cooldown, and a second before the ten minutes (on the clock's monotonic
+/// time, from the world's start): the route claims nothing.
+async fn still_paused<S: oncebox_core::relay_store::DeliveryStore>(
+    w: &World,
+    relay: &oncebox_relay::Relay<S>,
+) {
+    for to in [31, 599] {
+        w.clock
+            .advance(Duration::from_secs(to) - w.clock.monotonic());
+        let out = relay.run_once().await.unwrap();
+        assert_eq!(out.claimed, 0, "still paused at {to} s: {out:?}");
+    }
 }
