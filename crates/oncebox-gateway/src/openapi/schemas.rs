@@ -134,6 +134,10 @@ pub(super) fn ingress_headers() -> Value {
         .map(|(name, description)| {
             let schema = if ID_HEADERS.contains(name) {
                 json!({ "type": "string", "minLength": 1, "maxLength": 255 })
+            } else if *name == "oncebox-hops" {
+                // The counts the ingress takes: 0 to 15, leading zeros and surrounding blanks
+                // allowed; anything else is refused (hops-invalid, hop-limit).
+                json!({ "type": "string", "pattern": "^[ \\t]*0*(1[0-5]|[0-9])[ \\t]*$" })
             } else {
                 json!({ "type": "string" })
             };

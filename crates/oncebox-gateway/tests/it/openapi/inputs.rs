@@ -193,6 +193,32 @@ fn the_id_headers_are_declared_as_long_as_an_id() {
     });
 }
 
+/// `oncebox-hops` is declared as the counts the ingress takes: a decimal count below the hop
+/// limit, with leading zeros and blanks around it; empty, signed, fractional or 16 refused.
+#[test]
+fn the_hop_count_is_declared_as_the_ingress_reads_it() {
+    run(async {
+        let gw = TestGateway::new();
+        let doc = document(&gw).await;
+        let params = doc["paths"]["/v1/sources/{source}/events"]["post"]["parameters"]
+            .as_array()
+            .unwrap();
+        let param = params.iter().find(|p| p["name"] == "oncebox-hops").unwrap();
+        let counts = [
+            "", "0", "7", "015", "15", "16", "99", " 3\t", "-1", "+1", "1.0", "1e1", "1 2", "x",
+        ];
+        for (i, count) in counts.into_iter().enumerate() {
+            let declared =
+                conform::conforms(&doc, &param["schema"], &Value::from(count), "oncebox-hops");
+            let id = format!("hops-{i}");
+            let headers = [("oncebox-hops", count), ("Idempotency-Key", id.as_str())];
+            let a = gw.send(post("open", &headers, "{}")).await;
+            let taken = a.status == StatusCode::ACCEPTED;
+            assert_eq!(declared.is_ok(), taken, "{count:?}: {a:?}");
+        }
+    });
+}
+
 /// The sign-in and sign-out forms are declared with the fields the dashboard's pages send, and
 /// a form of just those fields is what the handlers take.
 #[test]
