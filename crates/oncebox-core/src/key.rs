@@ -225,6 +225,7 @@ mod tests {
     }
 
     proptest::proptest! {
+        #![proptest_config(oncebox_testkit::seed::Seed::from_env(module_path!()).proptest())]
         /// The wire form `{source}:{event_id}` (the `Idempotency-Key` a delivery carries) gives
         /// back its pair when split at its first `:`, so two keys never share one: `(a, b:c)`
         /// and `(a:b, c)` cannot both exist.

@@ -232,6 +232,7 @@ LOC:    9041223    8774410   Local timer interrupts
     }
 
     proptest::proptest! {
+        #![proptest_config(oncebox_testkit::seed::Seed::from_env(module_path!()).proptest())]
         /// Whatever the table holds, reading it never panics, and a CPU it names is one of
         /// the header's.
         #[test]

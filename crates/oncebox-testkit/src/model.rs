@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use oncebox_core::{ManualClock, ProcessError, Processed, Response};
 use proptest::prelude::*;
-use proptest::test_runner::{Config, RngSeed, TestCaseError, TestRunner};
+use proptest::test_runner::{Config, TestCaseError, TestRunner};
 
 use crate::{Backend, CrashAt, Crashed, EPOCH, End, Script, event};
 
@@ -183,27 +183,16 @@ async fn check<B: Backend>(ops: Vec<Op>, deaths: &Deaths) -> Result<(), TestCase
     Ok(())
 }
 
-/// Runs 48 random sequences of up to 40 operations; proptest prints and persists the seed of a
-/// failing case, and shrinks it to a minimal sequence.
+/// Runs 48 random sequences of up to 40 operations, drawn from the printed seed
+/// (`ONCEBOX_SEED` replays them); proptest shrinks a failing one to a minimal sequence.
 pub async fn model_based_sequences_match_the_model<B: Backend>() {
     let handle = tokio::runtime::Handle::current();
     let deaths = Arc::new(Deaths::default());
     let counted = Arc::clone(&deaths);
     let outcome = tokio::task::spawn_blocking(move || {
-        let seed = std::env::var("ONCEBOX_SEED")
-            .ok()
-            .and_then(|s| s.parse().ok())
-            .unwrap_or_else(|| {
-                std::time::UNIX_EPOCH
-                    .elapsed()
-                    .map_or(1, |d| d.as_nanos() as u64)
-            });
-        eprintln!("model-based test seed: {seed} (replay with ONCEBOX_SEED={seed})");
         let config = Config {
             cases: 48,
-            failure_persistence: None,
-            rng_seed: RngSeed::Fixed(seed),
-            ..Config::default()
+            ..crate::seed::Seed::from_env("model-based test").proptest()
         };
         let mut runner = TestRunner::new(config);
         runner

@@ -31,6 +31,18 @@ impl Seed {
         Seed(seed)
     }
 
+    /// A proptest configuration whose cases are drawn from this seed, instead of proptest's own
+    /// random seed, which it never prints: `ONCEBOX_SEED` then replays a property test as it
+    /// does every other randomized one. No regression files are written; a failure prints its
+    /// shrunk case and this seed.
+    pub fn proptest(self) -> proptest::test_runner::Config {
+        proptest::test_runner::Config {
+            rng_seed: proptest::test_runner::RngSeed::Fixed(self.0),
+            failure_persistence: None,
+            ..proptest::test_runner::Config::default()
+        }
+    }
+
     pub fn fixed(seed: u64) -> Seed {
         Seed(seed)
     }
@@ -61,5 +73,19 @@ mod tests {
         };
         assert_eq!(draws(1), draws(1));
         assert_ne!(draws(1), draws(2));
+    }
+
+    #[test]
+    fn one_seed_replays_a_property_tests_cases() {
+        use proptest::strategy::{Strategy, ValueTree};
+        let cases = |seed| {
+            let mut runner = proptest::test_runner::TestRunner::new(Seed::fixed(seed).proptest());
+            (0..8)
+                .map(|_| (0..u64::MAX).new_tree(&mut runner).unwrap().current())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(cases(42), cases(42));
+        assert_ne!(cases(42), cases(43));
+        assert!(Seed::fixed(42).proptest().failure_persistence.is_none());
     }
 }

@@ -239,6 +239,7 @@ fn payload_errors_explain_themselves() {
 }
 
 proptest! {
+    #![proptest_config(oncebox_testkit::seed::Seed::from_env(module_path!()).proptest())]
     #[test]
     fn respelling_a_value_keeps_its_fingerprint(value in arb_value(), seed in any::<u64>()) {
         let canonical = value.canonical();

@@ -198,6 +198,7 @@ fn check_round_trip(value: &Value) {
 }
 
 proptest! {
+    #![proptest_config(oncebox_testkit::seed::Seed::from_env(module_path!()).proptest())]
     #[test]
     fn parse_never_panics_on_arbitrary_bytes(bytes in prop::collection::vec(any::<u8>(), 0..512)) {
         let _ = parse(&bytes);

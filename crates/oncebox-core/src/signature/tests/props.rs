@@ -65,6 +65,7 @@ fn arb_tolerance() -> impl Strategy<Value = Duration> {
 }
 
 proptest! {
+    #![proptest_config(oncebox_testkit::seed::Seed::from_env(module_path!()).proptest())]
     #[test]
     fn arbitrary_headers_never_panic_nor_authenticate(
         headers in arb_headers(),
