@@ -199,6 +199,9 @@ pub trait Backend: Clone + Send + Sync + Sized + 'static {
     /// was not uncertain.
     fn resolve(&self, key: &Key, completed: Option<Response>) -> impl Future<Output = bool> + Send;
     fn purge(&self, now: Timestamp, retention: &Retention) -> impl Future<Output = u64> + Send;
+    /// Records every due outbox message delivered, as a relay whose receiver answered 200 does
+    /// (see [`relay::deliver_due`]); returns how many.
+    fn deliver_due(&self, now: Timestamp) -> impl Future<Output = usize> + Send;
     fn observe(&self) -> impl Future<Output = Observed> + Send;
     /// The store's own counts for operators (`EventStore::stats`).
     fn stats(&self) -> impl Future<Output = oncebox_core::store::Stats> + Send;
@@ -387,6 +390,7 @@ macro_rules! conformance {
             outbox_message_commits_only_with_the_effect,
             a_second_message_under_a_key_says_whether_it_was_the_same,
             stats_count_the_rows_kept_forever,
+            action_keys_and_versions_outlive_their_records_purge,
             restart_keeps_every_committed_key,
             process_waits_behind_a_lease_and_an_uncertain_key,
             process_parks_an_expired_two_phase_lease_uncertain,

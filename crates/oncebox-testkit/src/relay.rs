@@ -15,7 +15,7 @@ mod settle;
 use std::future::Future;
 use std::time::Duration;
 
-use oncebox_core::delivery::DeliveryState;
+use oncebox_core::delivery::{DeliveryState, Verdict};
 use oncebox_core::relay_store::{
     AttemptRecord, Claimed, DeliveryFilter, DeliveryStore, DeliveryView,
 };
@@ -117,6 +117,22 @@ pub(crate) async fn view<S: Stores>(b: &S, id: i64) -> DeliveryView {
 /// Claims on every route under [`LEASE`].
 pub(crate) async fn claim<S: Stores>(b: &S, now: Timestamp, limit: usize) -> Vec<Claimed> {
     b.claim(now, limit, LEASE, &[]).await.expect("claim")
+}
+
+/// Claims every delivery due at `now` and records it delivered, as a relay whose receiver
+/// answered 200 does; returns how many. For tests that need a record's deliveries finished.
+pub async fn deliver_due<S: DeliveryStore>(store: &S, now: Timestamp) -> usize {
+    let due = store
+        .claim(now, usize::MAX, LEASE, &[])
+        .await
+        .expect("claim");
+    for c in &due {
+        store
+            .record(c, answered(200, now), Verdict::Delivered, now)
+            .await
+            .expect("record delivered");
+    }
+    due.len()
 }
 
 pub(crate) fn answered(status: u16, at: Timestamp) -> AttemptRecord {

@@ -264,6 +264,10 @@ impl Backend for Postgres {
         self.inbox.purge(now, retention).await.expect("purge")
     }
 
+    async fn deliver_due(&self, now: Timestamp) -> usize {
+        oncebox_testkit::relay::deliver_due(&self.inbox, now).await
+    }
+
     async fn observe(&self) -> Observed {
         observe(self.inbox.pool()).await.expect("observe")
     }

@@ -269,6 +269,10 @@ impl Backend for Sqlite {
         self.inbox.purge(now, retention).await.expect("purge")
     }
 
+    async fn deliver_due(&self, now: Timestamp) -> usize {
+        oncebox_testkit::relay::deliver_due(&self.inbox, now).await
+    }
+
     async fn observe(&self) -> Observed {
         self.inbox.read(observe).await.expect("observe")
     }

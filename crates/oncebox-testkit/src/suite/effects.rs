@@ -252,3 +252,45 @@ pub async fn stats_count_the_rows_kept_forever<B: Backend>() {
         .unwrap();
     assert_eq!(kept().await, (2, 2, 2));
 }
+
+/// Action keys and entity versions outlive the records that made them (S3, S4 of the seeds: a
+/// deleted record must not make an old fact new). A purge deletes a record past its retention;
+/// a sender's redelivery after that is a new event to the inbox, and its own effect runs again
+/// (why retention must cover the sender's redelivery horizon), but the email it would send
+/// went out already, its message keeps its row (the guard of its own key), and an older
+/// version of its entity is still stale.
+pub async fn action_keys_and_versions_outlive_their_records_purge<B: Backend>() {
+    use std::time::Duration;
+
+    use oncebox_core::{Clock, Retention};
+
+    let (b, clock) = fresh::<B>().await;
+    let day = Duration::from_secs(24 * 3600);
+    let retention = Retention::new(day * 7);
+    let paid = || Script::credit(1).email("o-7").version("o-7", 20);
+    let first = b.process(event("shop", "paid", 1), paid()).await.unwrap();
+    assert!(matches!(first, Processed::Applied(_)), "{first:?}");
+    // The email's message delivered, so nothing holds the record back from the purge.
+    assert_eq!(b.deliver_due(clock.now()).await, 1);
+    let kept = b.stats().await.kept;
+    assert_eq!((kept.actions, kept.versions), (1, 1));
+    clock.advance(day * 8);
+    assert_eq!(b.purge(clock.now(), &retention).await, 1);
+    let purged = b.observe().await;
+    assert_eq!(purged.inbox_rows, 0, "{purged:?}");
+    // Before the redelivery below, which would set the version again.
+    let created = Script::credit(1).version("o-7", 10);
+    let late = b.process(event("shop", "created", 1), created).await;
+    assert_eq!(late.unwrap(), Processed::Stale);
+    let again = b.process(event("shop", "paid", 1), paid()).await.unwrap();
+    assert!(matches!(again, Processed::Applied(_)), "{again:?}");
+    let seen = b.observe().await;
+    assert_eq!(seen.emails, ["o-7"], "one email for the order");
+    assert_eq!(seen.outbox, [("email".to_owned(), "o-7".to_owned())]);
+    assert_eq!(
+        seen.balance, 2,
+        "the redelivered event's own effect ran again"
+    );
+    let kept = b.stats().await.kept;
+    assert_eq!((kept.actions, kept.versions), (1, 1));
+}
