@@ -386,6 +386,7 @@ macro_rules! delivery_conformance {
             an_expired_claim_nobody_took_over_is_given_back_and_claimed_afresh,
             reconcile_settles_only_an_uncertain_delivery_and_puts_off_an_unanswered_check,
             a_key_accepted_again_after_its_purge_is_delivered_anew,
+            an_entity_version_outlives_its_records_purge,
             a_record_whose_delivery_is_still_owed_outlives_its_retention,
             no_record_goes_while_any_of_its_deliveries_is_owed,
             an_error_or_a_note_holding_nul_is_recorded,
