@@ -283,6 +283,10 @@ fn validate(raw: RawConfig, p: &mut Problems<'_>) -> Settings {
     // Routes name configured sources only, so a consumer's messages under any other source
     // (a typo, most likely) would be stored and never delivered.
     for c in &consumers {
+        if let oncebox_core::consume::KeyRule::Derive(fields) = &c.rules.key {
+            let path = format!("consumers.{}.key.derive", c.name);
+            warnings.extend(source::whole_body_derive(&path, fields));
+        }
         let source = c.rules.source.as_str();
         if !open_sources && !configured.contains(source) {
             warnings.push(format!(

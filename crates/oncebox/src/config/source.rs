@@ -113,6 +113,12 @@ pub(super) fn validate(
         EventIdRule::Derive(fields) => Some(fields.as_slice()),
         _ => None,
     };
+    if let Some(fields) = derived {
+        warnings.extend(whole_body_derive(
+            &format!("{path}.event_id.derive"),
+            fields,
+        ));
+    }
     let preset_fields = preset.and_then(|p| p.fingerprint);
     if preset.is_none() && raw.fingerprint.is_none() && derived.is_none() {
         warnings.extend(
@@ -368,6 +374,19 @@ pub(super) fn pointer_into(path: &str, text: &str, p: &mut Problems<'_>) -> Poin
         );
     }
     pointer(path, text, p)
+}
+
+/// The warning for ids derived from the whole body (the empty pointer among `fields`, at
+/// `path`): the id is then a hash of the content, the trap of deduplicating by content. Allowed,
+/// since a sender with neither ids nor stable fields leaves nothing better.
+pub(super) fn whole_body_derive(path: &str, fields: &[Pointer]) -> Option<String> {
+    let i = fields.iter().position(|f| f.tokens().is_empty())?;
+    Some(format!(
+        "{path}[{i}] is the whole body: the id is then a hash of the content, so two genuine \
+         events with equal bodies (two equal payments) become one, and a retry whose body \
+         differs (a send time in it) is a new event; derive from the fields that name the \
+         business fact"
+    ))
 }
 
 pub(super) fn pointers(path: &str, texts: &[String], p: &mut Problems<'_>) -> Vec<Pointer> {

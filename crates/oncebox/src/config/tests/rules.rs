@@ -238,6 +238,33 @@ fn event_id_takes_exactly_one_rule() {
     assert_mentions(&e, &["sources.shop.event_id.derive[1]"]);
 }
 
+/// An id derived from the whole body (the empty pointer) is the content-hash key: allowed,
+/// with a warning naming the field, on sources and consumers alike; fields inside the body
+/// give none.
+#[test]
+fn an_id_derived_from_the_whole_body_is_a_warning() {
+    let named = |s: &crate::config::Settings, field: &str| {
+        s.warnings
+            .iter()
+            .any(|w| w.starts_with(field) && w.contains("two genuine events"))
+    };
+    let s = ok(&shop("event_id = { derive = [\"/type\", \"\"] }"));
+    assert!(
+        named(&s, "sources.shop.event_id.derive[1]"),
+        "{:?}",
+        s.warnings
+    );
+    let consumer = "[consumers.c]\nsource = \"s\"\nqueue = \"q\"\nquarantine = \"x\"\n";
+    let s = ok(&format!("{consumer}key = {{ derive = [\"\"] }}\n"));
+    assert!(named(&s, "consumers.c.key.derive[0]"), "{:?}", s.warnings);
+    let s = ok(&shop("event_id = { derive = [\"/order_id\", \"/type\"] }"));
+    assert!(
+        !s.warnings.iter().any(|w| w.contains("whole body")),
+        "{:?}",
+        s.warnings
+    );
+}
+
 #[test]
 fn presets_fill_defaults_and_explicit_settings_win() {
     let s = ok("[sources.pay]\npreset = \"stripe\"\nsecrets = [\"sk\"]\n\
