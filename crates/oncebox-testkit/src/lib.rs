@@ -384,6 +384,7 @@ macro_rules! conformance {
             same_event_id_from_two_sources_is_two_events,
             concurrent_deliveries_of_one_key_apply_once,
             action_key_sends_one_email_for_two_events,
+            fifty_events_racing_for_one_action_key_send_one_email,
             a_nul_in_an_action_key_or_entity_id_fails_the_handler,
             older_entity_version_is_stale_and_changes_nothing,
             offset_at_or_below_watermark_is_a_replay,

@@ -52,6 +52,45 @@ pub async fn action_key_sends_one_email_for_two_events<B: Backend>() {
     assert_eq!(seen.inbox_rows, 4);
 }
 
+/// Fifty different events about one order, all held until each is in the store, then let go
+/// together: one email (on SQLite they meet in one writer's batches, on PostgreSQL on the
+/// action key's row), and every event applied.
+pub async fn fifty_events_racing_for_one_action_key_send_one_email<B: Backend>() {
+    const N: usize = 50;
+    let (b, _) = fresh::<B>().await;
+    let held = b.hold_writes().await;
+    let sent = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let requests: Vec<_> = (0..N)
+        .map(|i| {
+            let (b, sent) = (b.clone(), sent.clone());
+            tokio::spawn(async move {
+                sent.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let script = Script::credit(1).email("order-7");
+                b.process(event("shop", &format!("paid-{i}"), 1), script)
+                    .await
+            })
+        })
+        .collect();
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    // All sent, and at least two waiting in the store itself, so the key is raced there.
+    while sent.load(std::sync::atomic::Ordering::SeqCst) < N || b.held_requests().await < 2 {
+        assert!(
+            std::time::Instant::now() < until,
+            "the requests were not held"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+    }
+    drop(held);
+    for request in requests {
+        let out = request.await.expect("request task");
+        assert!(matches!(out, Ok(Processed::Applied(_))), "{out:?}");
+    }
+    let seen = b.observe().await;
+    assert_eq!(seen.emails, ["order-7"]);
+    assert_eq!(seen.outbox, [("email".to_owned(), "order-7".to_owned())]);
+    assert_eq!((seen.inbox_rows, seen.balance), (N as i64, N as i64));
+}
+
 /// A NUL in an action key or an entity id: PostgreSQL cannot store one (the handler failed
 /// there on its SQL) while SQLite kept it. Every backend refuses it alike: the handler fails,
 /// nothing of the event is kept, and the key stays free. (The email script also queues a
