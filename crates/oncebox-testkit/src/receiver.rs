@@ -1,12 +1,13 @@
 //! A counting HTTP receiver, the third party at the end of a route: it applies each request it
 //! answers 2xx (counted per `Idempotency-Key` and per path tag, e.g. one tag per relay), can
 //! be told to answer otherwise (5xx, 429 with `Retry-After`), can hold one tag's requests after
-//! applying them (so the sender's reading of the answer can be paused), and answers a status
-//! URL for reconciliation.
+//! applying them (so the sender's reading of the answer can be paused), can answer slowly after
+//! applying (past a sender's timeout), and answers a status URL for reconciliation.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use axum::Router;
 use axum::body::Bytes;
@@ -32,6 +33,10 @@ struct Tally {
     /// `(tag, after)`: requests of that tag are held, applied, once it has `after` applied.
     hold: Option<(String, usize)>,
     held: Vec<String>,
+    /// How long an applied request waits before its answer.
+    slow: Duration,
+    /// Applied requests answered late (after `slow`, or never if the sender left first).
+    slowed: usize,
     /// Requests seen at all (also those answered non-2xx).
     requests: usize,
 }
@@ -78,6 +83,17 @@ impl Receiver {
     /// [`Receiver::release`].
     pub fn hold(&self, tag: &str, after: usize) {
         self.state.lock().unwrap().hold = Some((tag.to_owned(), after));
+    }
+
+    /// Answers each request it applies only `after` that long (zero: at once), as a receiver
+    /// that does its work and then stalls; a sender that gives up first never reads the answer.
+    pub fn slow(&self, after: Duration) {
+        self.state.lock().unwrap().slow = after;
+    }
+
+    /// Applied requests answered late so far, whether or not the sender was still waiting.
+    pub fn slowed(&self) -> usize {
+        self.state.lock().unwrap().slowed
     }
 
     /// Answers the held requests and holds nothing more.
@@ -157,7 +173,7 @@ async fn hook(r: Arc<Receiver>, tag: String, headers: HeaderMap, body: Bytes) ->
     else {
         return StatusCode::BAD_REQUEST.into_response();
     };
-    let (status, retry_after, held) = {
+    let (status, retry_after, held, slow) = {
         let mut s = r.state.lock().unwrap();
         s.requests += 1;
         let (status, retry_after) = if s.answers.len() > 1 {
@@ -185,12 +201,18 @@ async fn hook(r: Arc<Receiver>, tag: String, headers: HeaderMap, body: Bytes) ->
         if held {
             s.held.push(key);
         }
-        (status, retry_after, held)
+        let slow = if applies { s.slow } else { Duration::ZERO };
+        if !slow.is_zero() {
+            s.slowed += 1;
+        }
+        (status, retry_after, held, slow)
     };
     if held {
         r.holding.notify_one();
         let _ = r.released.subscribe().wait_for(|done| *done).await;
     }
+    // The third party's own slowness, not a test's barrier: the effect is already counted.
+    tokio::time::sleep(slow).await;
     let mut res = StatusCode::from_u16(status)
         .unwrap_or(StatusCode::OK)
         .into_response();

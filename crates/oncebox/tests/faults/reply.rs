@@ -1,6 +1,7 @@
-//! The receiver's reply dropped after it applied a delivery, through the testkit's TCP proxy:
-//! on an idempotent route the relay retries with the same key and the receiver counts one
-//! effect; on a plain route each delivery is parked uncertain and never sent again.
+//! The receiver's reply lost after it applied a delivery: dropped by the testkit's TCP proxy,
+//! or sent only after the route's timeout by a receiver that stalls once it did its work. On
+//! an idempotent route the relay retries with the same key and the receiver counts one effect;
+//! on a plain route each delivery is parked uncertain and never sent again.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -17,14 +18,39 @@ use crate::world::{self, PATIENCE, StoreCounts, block_on};
 pub const RECEIVER_REPLY_DROPPED_IDEMPOTENT: Scenario = Scenario {
     name: "net: receiver reply dropped, idem",
     backend: "sqlite",
-    run: || Some(reply_dropped(true)),
+    run: || Some(reply_lost(true, Lost::Dropped)),
 };
 
 pub const RECEIVER_REPLY_DROPPED_PLAIN: Scenario = Scenario {
     name: "net: receiver reply dropped, plain",
     backend: "sqlite",
-    run: || Some(reply_dropped(false)),
+    run: || Some(reply_lost(false, Lost::Dropped)),
 };
+
+pub const RECEIVER_TOO_SLOW_IDEMPOTENT: Scenario = Scenario {
+    name: "net: receiver past timeout, idem",
+    backend: "sqlite",
+    run: || Some(reply_lost(true, Lost::Late)),
+};
+
+pub const RECEIVER_TOO_SLOW_PLAIN: Scenario = Scenario {
+    name: "net: receiver past timeout, plain",
+    backend: "sqlite",
+    run: || Some(reply_lost(false, Lost::Late)),
+};
+
+/// How the receiver's answer to an applied request is lost.
+#[derive(Clone, Copy, PartialEq)]
+enum Lost {
+    /// The proxy drops it.
+    Dropped,
+    /// The receiver sends it after the route's timeout.
+    Late,
+}
+
+/// The route's timeout, and how long the stalling receiver takes past it.
+const TIMEOUT: Duration = Duration::from_millis(500);
+const STALL: Duration = Duration::from_secs(2);
 
 fn route_config(receiver: std::net::SocketAddr, idempotent: bool) -> String {
     format!(
@@ -36,19 +62,20 @@ event_id = {{ pointer = "/id" }}
 sources = ["shop"]
 url = "http://{receiver}/hook"
 idempotent = {idempotent}
-timeout = "2s"
+timeout = "{timeout}ms"
 backoff = {{ base = "50ms", cap = "200ms" }}
 [relay]
 poll = "20ms"
-"#
+"#,
+        timeout = TIMEOUT.as_millis()
     )
 }
 
-/// Events delivered through a proxy that drops every reply after the receiver applied the
-/// request. On an idempotent route the relay retries with the same key once the network heals
-/// and the receiver counts one effect per key; on a plain route each delivery is parked as
-/// uncertain (unresolved: the events, on purpose) and never re-sent (no second application).
-fn reply_dropped(idempotent: bool) -> Report {
+/// Events delivered while every answer of the receiver's is lost after it applied the request.
+/// On an idempotent route the relay retries with the same key once the fault heals and the
+/// receiver counts one effect per key; on a plain route each delivery is parked as uncertain
+/// (unresolved: the events, on purpose) and never re-sent (no second application).
+fn reply_lost(idempotent: bool, lost: Lost) -> Report {
     // Fewer than the relay's circuit threshold (10 failures in a row), so the healed route is
     // not left alone for the circuit's cooldown.
     let events = scale(8);
@@ -57,7 +84,14 @@ fn reply_dropped(idempotent: bool) -> Report {
     block_on(Duration::from_secs(120), async {
         let (receiver, at) = Receiver::start().await;
         let proxy = Proxy::start(at).await;
-        proxy.set(Mode::DropReply);
+        match lost {
+            Lost::Dropped => proxy.set(Mode::DropReply),
+            Lost::Late => receiver.slow(TIMEOUT + STALL),
+        }
+        let heal = || {
+            proxy.set(Mode::Pass);
+            receiver.slow(Duration::ZERO);
+        };
         std::fs::write(
             dir.path().join("oncebox.toml"),
             route_config(proxy.addr(), idempotent),
@@ -77,10 +111,13 @@ fn reply_dropped(idempotent: bool) -> Report {
             || receiver.per_key().len() >= events,
         )
         .await;
-        let dropped = Stats::get(&proxy.stats.dropped_replies);
+        let lost_replies = match lost {
+            Lost::Dropped => Stats::get(&proxy.stats.dropped_replies),
+            Lost::Late => receiver.slowed() as u64,
+        };
         let store = StoreCounts::new(&db, None).await;
         if idempotent {
-            proxy.set(Mode::Pass);
+            heal();
             // Every delivery recorded once the network healed.
             store.until_outbox("delivered", events).await;
         } else {
@@ -88,7 +125,7 @@ fn reply_dropped(idempotent: bool) -> Report {
             // The network healed, a later event goes through the same relay and route: by the
             // time it is applied, the relay has had its rounds to send a parked one again,
             // which the receiver would count as a second application below.
-            proxy.set(Mode::Pass);
+            heal();
             world::deliver_until_done(&c, &history, &base, "shop", "after", "v1").await;
             until_async("the later event applied", PATIENCE, || {
                 receiver.per_key().len() > events
@@ -113,8 +150,15 @@ fn reply_dropped(idempotent: bool) -> Report {
             .collect();
         Report {
             figures: check(&history.ops(), &fin),
-            exercised: dropped,
-            what: format!("{dropped} replies dropped after the receiver applied them"),
+            exercised: lost_replies,
+            what: match lost {
+                Lost::Dropped => {
+                    format!("{lost_replies} replies dropped after the receiver applied them")
+                }
+                Lost::Late => format!(
+                    "{lost_replies} requests applied and answered only after the route's timeout"
+                ),
+            },
             expected_unresolved: if idempotent { 0 } else { events },
         }
     })
