@@ -1,6 +1,7 @@
 //! Faults around the consumer: the database unavailable (another connection holds SQLite's
-//! write lock), on a classic queue and on a quorum queue with a delivery limit, and processing that outlasts the broker's patience so the message is delivered
-//! to a second consumer while the first is still applying it.
+//! write lock), on a classic queue and on a quorum queue with a delivery limit, and processing
+//! that outlasts the broker's `consumer_timeout` (on a node of its own) so the message is
+//! delivered to a second consumer while the first is still applying it.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -13,6 +14,7 @@ use oncebox_testkit::child::until_async;
 use oncebox_testkit::consume::{
     Checked, OUTAGE_MESSAGES, WriteLock, hold_next, ids, impatient, slow_effect,
 };
+use oncebox_testkit::rabbit::PrivateRabbit;
 use oncebox_testkit::{run, service_url};
 use tokio::sync::mpsc;
 
@@ -84,12 +86,23 @@ fn database_unavailable_acks_nothing_and_applies_everything_after_recovery() {
     });
 }
 
+/// On a RabbitMQ node of its own, whose `consumer_timeout` is set to 2 s (RabbitMQ 3.10 has
+/// only the server-wide setting, 30 minutes by default) and checked every 200 ms: the broker
+/// itself closes the slow consumer's channel, while its connection stays up and its handler
+/// is still inside its transaction.
 #[test]
 fn processing_longer_than_the_brokers_patience_has_one_effect() {
-    let Some(url) = service_url("ONCEBOX_AMQP_URL") else {
+    let Some(rabbit) = PrivateRabbit::start() else {
         return;
     };
     run(async move {
+        rabbit.ready().await;
+        rabbit.ctl(&[
+            "eval",
+            "application:set_env(rabbit, consumer_timeout, 2000), \
+             application:set_env(rabbit, channel_tick_interval, 200).",
+        ]);
+        let url = rabbit.url();
         let w = World::new(&url).await;
         let (started, release) = hold_next();
         w.publish(Some("evt_slow"), r#"{"amount":7}"#).await;
@@ -104,20 +117,14 @@ fn processing_longer_than_the_brokers_patience_has_one_effect() {
         };
         started.wait().await;
 
-        // Consumer B on another connection, then the broker gives up on A. RabbitMQ 3.10 has
-        // only the server-wide `consumer_timeout` (30 minutes by default); when it passes the
-        // broker closes A's channel and requeues the message. Closing A's connection does the
-        // same to the message here, without touching the broker's settings.
+        // Consumer B on another connection; the broker gives up on A after 2 s, closes A's
+        // channel and delivers the message to B.
         let (seen_tx, mut seen) = mpsc::unbounded_channel();
         let b_apply = Checked {
             seen: Some(seen_tx),
             ..w.db.checked()
         };
         let mut b = start(&url, Consumer::new(b_apply.clone(), w.options()));
-        a_conn
-            .close(320, "the broker gave up on this consumer".into())
-            .await
-            .unwrap();
         // B holds the redelivered message while A is still inside its transaction.
         let redelivered = seen.recv().await.unwrap();
         assert_eq!(redelivered.event_id.as_str(), "evt_slow");
@@ -125,6 +132,13 @@ fn processing_longer_than_the_brokers_patience_has_one_effect() {
 
         b.wait(|c| c.acked >= 1, w.state()).await;
         let a_result = a_task.await.unwrap();
+        // The broker closed A's channel, not the connection: the fault happened as in the field.
+        assert!(a_conn.status().connected(), "A's connection stays up");
+        let closed = format!("{a_result:?}");
+        assert!(
+            closed.contains("PRECONDITION_FAILED") || closed.contains("timed out"),
+            "A's channel closed by the broker's consumer timeout: {closed}"
+        );
         let a_done = *a.counts().borrow();
         let b_done = b.stop().await;
         w.wait_ready(&w.queue, 0).await;
