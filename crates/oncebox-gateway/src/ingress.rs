@@ -58,16 +58,18 @@ pub(crate) async fn receive<S: EventStore>(
             )
         }
     };
+    // Named, but not echoed whole: a path can be tens of kilobytes, escaped twice in the answer.
+    let shown = shown_name(&source);
     let answer = match &name {
         // Even zero-config, which opens every name, cannot open this one: say why.
         Err(e) => Answer::Problem(Problem::not_found(
             "unknown-source",
-            format!("no source named {source:?}: {e}"),
+            format!("no source named {shown}: {e}"),
         )),
         Ok(name) => match gw.config.source(name) {
             None => Answer::Problem(Problem::not_found(
                 "unknown-source",
-                format!("no source named {source:?}"),
+                format!("no source named {shown}"),
             )),
             Some(policy) => receive_for(&gw, name, policy, parts, body).await,
         },
@@ -208,7 +210,7 @@ async fn receive_for<S: EventStore>(
     let key = Key::new(source.clone(), event_id);
     let mut event = match Event::parsed(key, payload.to_vec(), &policy.fingerprint, parsed.as_ref())
     {
-        Ok(e) => e.with_meta(meta(headers, header_bytes).with_hops(hops)),
+        Ok(e) => e.with_meta(meta(headers, header_bytes, &policy.scheme).with_hops(hops)),
         Err(e) => return Answer::Problem(Problem::invalid("invalid-json", e.to_string())),
     };
     event.recheck.clone_from(&policy.recheck);
@@ -295,6 +297,16 @@ fn order(
     Ok(order)
 }
 
+/// A source name as a refusal shows it: quoted, and cut after 64 characters (a valid name has
+/// at most 64), the cut said.
+fn shown_name(name: &str) -> String {
+    const SHOWN: usize = 64;
+    match name.char_indices().nth(SHOWN) {
+        Some((at, _)) => format!("{:?}… ({} bytes)", &name[..at], name.len()),
+        None => format!("{name:?}"),
+    }
+}
+
 /// The hops the request says it passed through; of several `oncebox-hops` headers, the most
 /// (a sender cannot lower its count by adding one).
 fn arrived_hops(headers: &HeaderMap) -> Result<u32, HopsError> {
@@ -303,7 +315,11 @@ fn arrived_hops(headers: &HeaderMap) -> Result<u32, HopsError> {
 
 /// `bytes`: the headers' size as lines ("name: value\n"), for one allocation for them all (a
 /// little more if some are not kept).
-fn meta(headers: &HeaderMap, bytes: usize) -> Meta {
+fn meta(headers: &HeaderMap, bytes: usize, scheme: &signature::Scheme) -> Meta {
+    let signed = match scheme {
+        signature::Scheme::HmacSha256 { header, .. } => Some(header.as_str()),
+        _ => None,
+    };
     let content_type = headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
@@ -314,7 +330,7 @@ fn meta(headers: &HeaderMap, bytes: usize) -> Meta {
         // Text as it came, UTF-8 beyond ASCII included (`to_str` takes visible ASCII only);
         // bytes that are no text cannot be shown or sent on as they came, and are not kept.
         let text = std::str::from_utf8(value.as_bytes());
-        if let (true, Ok(value)) = (kept(name.as_str()), text) {
+        if let (true, Ok(value)) = (kept(name.as_str(), signed), text) {
             meta.push_header(name.as_str(), value);
         }
     }

@@ -1,6 +1,6 @@
 //! What the gateway reads of a request's headers beside the signature's and the id's: which
-//! are stored with the event (none that holds a credential), and whether the body comes in a
-//! coding it refuses.
+//! are stored with the event (none that holds a credential or a signature), and whether the
+//! body comes in a coding it refuses.
 
 /// Request headers never stored with an event: credentials. Stored, the dashboard and the
 /// admin API would show them. Names are lowercase here, as `HeaderMap` gives them whatever
@@ -13,7 +13,12 @@ const NOT_KEPT: [&str; 3] = ["authorization", "cookie", "proxy-authorization"];
 /// and the many spellings of an authorization of their own: `X-Authorization`, `X-Auth`,
 /// `X-Webhook-Auth`, `X-Credentials`, `X-Passphrase`). A header dropped wrongly costs an
 /// operator a detail; one kept wrongly shows a secret for the whole retention.
-const CREDENTIAL_PARTS: [&str; 8] = [
+///
+/// Signatures too (`X-Hub-Signature-256`, `Stripe-Signature`, `webhook-signature`, Slack's,
+/// Twilio's, Shopify's `X-Shopify-Hmac-Sha256`): GitHub and plain HMAC sign no timestamp, so a
+/// stored body with its signature is a request anyone reading the store could post again, at
+/// any time, under a new unsigned delivery id.
+const CREDENTIAL_PARTS: [&str; 10] = [
     "secret",
     "token",
     "password",
@@ -22,6 +27,8 @@ const CREDENTIAL_PARTS: [&str; 8] = [
     "apikey",
     "auth",
     "credential",
+    "signature",
+    "hmac",
 ];
 
 /// Header names ending in `-key` are keys too (Azure Functions' `X-Functions-Key`, API
@@ -29,9 +36,12 @@ const CREDENTIAL_PARTS: [&str; 8] = [
 /// an event is: its idempotency key, and Bitbucket's `X-Event-Key` (its event type).
 const NOT_CREDENTIAL_KEYS: [&str; 3] = ["idempotency-key", "x-idempotency-key", "x-event-key"];
 
-/// Whether a request header is stored with its event: no credential.
-pub(super) fn kept(name: &str) -> bool {
+/// Whether a request header is stored with its event: no credential, no signature, and not
+/// the header a source's `hmac-sha256` scheme reads its signature from (`signed`), whatever
+/// its name.
+pub(super) fn kept(name: &str, signed: Option<&str>) -> bool {
     !NOT_KEPT.contains(&name)
+        && !signed.is_some_and(|s| s.eq_ignore_ascii_case(name))
         && !CREDENTIAL_PARTS.iter().any(|part| name.contains(part))
         && (!name.ends_with("-key") || NOT_CREDENTIAL_KEYS.contains(&name))
 }

@@ -1,16 +1,18 @@
 //! What of a request the admin API shows with its event: the payload, the answer, and every
-//! header that is no credential, its value as it came where it is text (UTF-8, non-ASCII
+//! header that is no credential or signature, its value as it came where it is text (UTF-8, non-ASCII
 //! included); a value that is not text is not kept. And the headers the gateway acts on beside
 //! the signature's and the id's: `oncebox-hops`, the loop guard, and `Content-Encoding` or a
 //! `Transfer-Encoding` coding, a coded body refused.
 
 use axum::body::Body;
 use axum::http::{HeaderValue, Request, StatusCode};
-use oncebox_core::Clock;
 use oncebox_core::relay_store::DeliveryStore;
+use oncebox_core::signature::{Encoding, Scheme, Secret, sign};
+use oncebox_core::{Clock, Source};
+use oncebox_gateway::policy::SourcePolicy;
 use oncebox_testkit::run;
 
-use crate::support::{TestGateway, admin_get, post};
+use crate::support::{NOW, TestGateway, admin_get, post};
 
 /// A body in a content coding is refused for what it is (415, `Accept-Encoding: identity`),
 /// stored nowhere: kept as the coded bytes it would reach receivers undecodable. `identity`
@@ -199,5 +201,111 @@ fn an_event_relayed_round_too_often_is_refused_and_a_relayed_one_counted_on() {
             .collect();
         hops.sort();
         assert_eq!(hops, [("h6", 16), ("h7", 1)]);
+    });
+}
+
+#[test]
+fn credentials_are_not_stored_with_the_event() {
+    run(async {
+        let gw = TestGateway::new();
+        gw.send(post(
+            "open",
+            &[
+                ("authorization", "Bearer secret"),
+                ("X-Gitlab-Token", "gitlab-secret"),
+                ("X-API-Key", "api-key-secret"),
+                ("x-auth-token", "auth-token-secret"),
+                ("X-Telegram-Bot-Api-Secret-Token", "telegram-secret"),
+                ("X-Hook-Secret", "asana-secret"),
+                ("X-Functions-Key", "functions-secret"),
+                ("Ocp-Apim-Subscription-Key", "apim-secret"),
+                ("X-Authorization", "Bearer x-authorization-secret"),
+                ("X-Auth", "x-auth-secret"),
+                ("X-Webhook-Auth", "webhook-auth-secret"),
+                ("X-Credentials", "credentials-secret"),
+                ("X-Passphrase", "passphrase-secret"),
+                ("x-trace", "t1"),
+                ("X-Event-Key", "repo:push"),
+            ],
+            r#"{"id":"h1"}"#,
+        ))
+        .await;
+        let headers: String = gw
+            .inbox
+            .read_blocking(|c| c.query_row("SELECT headers FROM oncebox_inbox", [], |r| r.get(0)))
+            .unwrap();
+        assert!(
+            headers.contains("x-trace: t1")
+                && headers.contains("x-event-key: repo:push")
+                && !headers.contains("secret"),
+            "{headers}"
+        );
+    });
+}
+
+/// Signatures are not stored either: GitHub's and a plain HMAC's sign no timestamp, so a
+/// stored body beside its signature could be posted again at any time. Neither is the header
+/// a source's `hmac-sha256` scheme names, whatever its name; other headers are kept.
+#[test]
+fn signatures_are_not_stored_with_the_event() {
+    run(async {
+        let scheme = Scheme::HmacSha256 {
+            header: "X-Mac".into(),
+            encoding: Encoding::Hex,
+            prefix: String::new(),
+        };
+        let mut config = crate::support::config();
+        let secret = Secret::parse(&scheme, "mac-secret").unwrap();
+        let policy = SourcePolicy {
+            scheme: scheme.clone(),
+            secrets: vec![secret.clone()],
+            ..SourcePolicy::open()
+        };
+        config.sources.insert(Source::new("mac").unwrap(), policy);
+        let gw = TestGateway::with(config, oncebox_sqlite::Options::new);
+        let named = [
+            ("X-Hub-Signature-256", "sha256=hub-sig"),
+            ("X-Hub-Signature", "sha1=hub-sig"),
+            ("Stripe-Signature", "t=1,v1=stripe-sig"),
+            ("webhook-signature", "v1,sw-sig"),
+            ("svix-signature", "v1,svix-sig"),
+            ("X-Slack-Signature", "v0=slack-sig"),
+            ("X-Shopify-Hmac-Sha256", "shopify-sig"),
+            ("x-trace", "t1"),
+        ];
+        let a = gw.send(post("open", &named, r#"{"id":"s1"}"#)).await;
+        assert_eq!(a.status, StatusCode::ACCEPTED, "{a:?}");
+        let body = r#"{"id":"s2"}"#;
+        let signed = sign(&scheme, &secret, "", NOW, body.as_bytes());
+        let mut sent: Vec<(&str, &str)> = signed
+            .iter()
+            .map(|(n, v)| (n.as_str(), v.as_str()))
+            .collect();
+        sent.push(("x-trace", "t2"));
+        let a = gw.send(post("mac", &sent, body)).await;
+        assert_eq!(a.status, StatusCode::ACCEPTED, "{a:?}");
+        let stored: Vec<String> = gw
+            .inbox
+            .read_blocking(|c| {
+                c.prepare("SELECT headers FROM oncebox_inbox ORDER BY id")?
+                    .query_map([], |r| r.get(0))?
+                    .collect()
+            })
+            .unwrap();
+        let mac = &signed
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case("x-mac"))
+            .unwrap()
+            .1;
+        assert!(
+            stored[0].contains("x-trace: t1") && !stored[0].contains("-sig"),
+            "{}",
+            stored[0]
+        );
+        assert!(
+            stored[1].contains("x-trace: t2") && !stored[1].contains(mac.as_str()),
+            "{}",
+            stored[1]
+        );
     });
 }

@@ -178,6 +178,15 @@ fn unknown_source_is_404_and_any_source_is_open_only_in_zero_config() {
             let detail = a.json()["detail"].as_str().unwrap().to_owned();
             assert!(detail.contains("source must"), "{name}: {detail}");
         }
+        // A name tens of kilobytes long is named, not echoed: cut, with its length.
+        let long = "%01".repeat(20_000);
+        for gw in [&gw, &zero] {
+            let a = gw.send(post(&long, &[], r#"{"id":"1"}"#)).await;
+            assert_eq!(a.slug(), "unknown-source");
+            let detail = a.json()["detail"].as_str().unwrap().to_owned();
+            assert!(a.body.len() < 1024, "{} bytes: {detail}", a.body.len());
+            assert!(detail.contains("… (20000 bytes)"), "{detail}");
+        }
     });
 }
 
