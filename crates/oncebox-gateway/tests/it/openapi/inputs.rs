@@ -9,6 +9,13 @@ use serde_json::Value;
 use super::{conform, document, form};
 use crate::support::{ADMIN_TOKEN, TestGateway, admin_get, post};
 
+/// The parameter `name` of the operation `method` `path`, as the document declares it.
+fn parameter<'a>(doc: &'a Value, path: &str, method: &str, name: &str) -> &'a Value {
+    let params = doc["paths"][path][method]["parameters"].as_array();
+    let found = params.and_then(|ps| ps.iter().find(|p| p["name"] == name));
+    found.unwrap_or_else(|| panic!("{method} {path} declares no {name}"))
+}
+
 /// `limit` is declared as the lists read it: no less than 0 (taken as 1), at most 2^64 - 1 (a
 /// number above 500 is taken as 500, not refused; one past 2^64 - 1 does not parse), and a
 /// negative one refused.
@@ -25,8 +32,7 @@ fn limit_is_declared_as_the_lists_read_it() {
         }
         let doc = document(&gw).await;
         for path in ["/v1/events", "/v1/deliveries"] {
-            let params = doc["paths"][path]["get"]["parameters"].as_array().unwrap();
-            let limit = params.iter().find(|p| p["name"] == "limit").unwrap();
+            let limit = parameter(&doc, path, "get", "limit");
             assert_eq!(limit["schema"]["minimum"], 0, "{path}: {limit}");
             assert_eq!(limit["schema"]["maximum"], u64::MAX, "{path}: {limit}");
             let description = limit["description"].as_str().unwrap();
@@ -61,10 +67,8 @@ fn keys_are_declared_as_the_server_reads_them() {
     run(async {
         let gw = TestGateway::new();
         let doc = document(&gw).await;
-        let op = &doc["paths"]["/v1/sources/{source}/events/{event_id}"]["get"];
         let param = |name: &str| {
-            let params = op["parameters"].as_array().unwrap();
-            params.iter().find(|p| p["name"] == name).unwrap().clone()
+            parameter(&doc, "/v1/sources/{source}/events/{event_id}", "get", name).clone()
         };
         let valid = |schema: &Value, text: &str| {
             conform::conforms(&doc, schema, &Value::from(text), text).is_ok()
@@ -145,10 +149,7 @@ fn the_route_filter_is_declared_as_the_list_reads_it() {
     run(async {
         let gw = TestGateway::new();
         let doc = document(&gw).await;
-        let params = doc["paths"]["/v1/deliveries"]["get"]["parameters"]
-            .as_array()
-            .unwrap();
-        let route = params.iter().find(|p| p["name"] == "route").unwrap();
+        let route = parameter(&doc, "/v1/deliveries", "get", "route");
         let names = [
             "", "all", "a b", "é", "😀", "\u{A0}", "\0", "a\0", "\t", "x\n", "\u{1}x", "x\u{7F}",
             "\u{85}", "x\u{9F}",
@@ -176,11 +177,8 @@ fn the_id_headers_are_declared_as_long_as_an_id() {
     run(async {
         let gw = TestGateway::new();
         let doc = document(&gw).await;
-        let params = doc["paths"]["/v1/sources/{source}/events"]["post"]["parameters"]
-            .as_array()
-            .unwrap();
         for header in ["Idempotency-Key", "webhook-id"] {
-            let param = params.iter().find(|p| p["name"] == header).unwrap();
+            let param = parameter(&doc, "/v1/sources/{source}/events", "post", header);
             for length in [0, 1, 255, 256] {
                 let id = format!("{header}-{}", "x".repeat(255))[..length].to_owned();
                 let declared =
@@ -200,10 +198,7 @@ fn the_hop_count_is_declared_as_the_ingress_reads_it() {
     run(async {
         let gw = TestGateway::new();
         let doc = document(&gw).await;
-        let params = doc["paths"]["/v1/sources/{source}/events"]["post"]["parameters"]
-            .as_array()
-            .unwrap();
-        let param = params.iter().find(|p| p["name"] == "oncebox-hops").unwrap();
+        let param = parameter(&doc, "/v1/sources/{source}/events", "post", "oncebox-hops");
         let counts = [
             "", "0", "7", "015", "15", "16", "99", " 3\t", "-1", "+1", "1.0", "1e1", "1 2", "x",
         ];
