@@ -111,10 +111,18 @@ fn reply_lost(idempotent: bool, lost: Lost) -> Report {
             || receiver.per_key().len() >= events,
         )
         .await;
-        let lost_replies = match lost {
+        let lost_replies = || match lost {
             Lost::Dropped => Stats::get(&proxy.stats.dropped_replies),
             Lost::Late => receiver.slowed() as u64,
         };
+        // The receiver counts an application before it answers, and the proxy decides an
+        // answer's fate as it passes: healed before then, the answer would go through and no
+        // reply would have been lost.
+        until_async("every event's answer lost", PATIENCE, || {
+            lost_replies() >= events as u64
+        })
+        .await;
+        let lost_replies = lost_replies();
         let store = StoreCounts::new(&db, None).await;
         if idempotent {
             heal();
