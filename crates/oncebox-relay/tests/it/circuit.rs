@@ -165,21 +165,65 @@ fn a_wall_clock_stepped_back_does_not_stretch_a_circuits_cooldown() {
 
 /// The first request to arrive waits until let go and is then answered 200; every other is
 /// answered 500 at once.
-struct LateSuccess {
-    arrived: AtomicUsize,
+/// A receiver's state that holds the first request it gets until a permit is added to
+/// `gate`, so that its answer comes after the others'; the rest pass at once.
+pub(crate) struct HeldFirst {
+    pub arrived: AtomicUsize,
     first_in: mpsc::UnboundedSender<()>,
-    gate: Semaphore,
+    pub gate: Semaphore,
 }
 
-async fn late_success(State(s): State<Arc<LateSuccess>>) -> StatusCode {
-    if s.arrived.fetch_add(1, Ordering::SeqCst) > 0 {
-        return StatusCode::INTERNAL_SERVER_ERROR;
+impl HeldFirst {
+    /// The state, and what says the first request arrived.
+    pub fn new() -> (Arc<HeldFirst>, mpsc::UnboundedReceiver<()>) {
+        let (first_in, first) = mpsc::unbounded_channel();
+        let state = HeldFirst {
+            arrived: AtomicUsize::new(0),
+            first_in,
+            gate: Semaphore::new(0),
+        };
+        (Arc::new(state), first)
     }
-    let _ = s.first_in.send(());
-    if let Ok(permit) = s.gate.acquire().await {
-        permit.forget();
+
+    /// This request's place in arrival order, from 0; the first's once it is let go.
+    pub async fn arrive(&self) -> usize {
+        let n = self.arrived.fetch_add(1, Ordering::SeqCst);
+        if n == 0 {
+            let _ = self.first_in.send(());
+            if let Ok(permit) = self.gate.acquire().await {
+                permit.forget();
+            }
+        }
+        n
     }
-    StatusCode::OK
+}
+
+/// Attempts recorded for the deliveries of `ids`.
+pub(crate) async fn attempts(w: &World, ids: &[&str]) -> u64 {
+    let mut made = 0;
+    for id in ids {
+        made += u64::from(w.delivery(id).await.attempts);
+    }
+    made
+}
+
+/// Waits (20 s at most) until the deliveries of `ids` have `n` attempts recorded; `why` says
+/// what that shows if they never do.
+pub(crate) async fn until_attempts(w: &World, ids: &[&str], n: u64, why: &str) {
+    for _ in 0..2_000 {
+        if attempts(w, ids).await == n {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(attempts(w, ids).await, n, "{why}");
+}
+
+async fn late_success(State(s): State<Arc<HeldFirst>>) -> StatusCode {
+    match s.arrive().await {
+        0 => StatusCode::OK,
+        _ => StatusCode::INTERNAL_SERVER_ERROR,
+    }
 }
 
 /// A request in flight when the circuit opened, answered 200 after it did, says nothing of the
@@ -189,12 +233,7 @@ async fn late_success(State(s): State<Arc<LateSuccess>>) -> StatusCode {
 fn a_late_success_sent_before_the_circuit_opened_does_not_close_it() {
     run(async {
         let w = World::new();
-        let (first_in, mut first) = mpsc::unbounded_channel();
-        let state = Arc::new(LateSuccess {
-            arrived: AtomicUsize::new(0),
-            first_in,
-            gate: Semaphore::new(0),
-        });
+        let (state, mut first) = HeldFirst::new();
         let app = Router::new()
             .route("/hook", post(late_success))
             .with_state(state.clone());
@@ -222,21 +261,8 @@ fn a_late_success_sent_before_the_circuit_opened_does_not_close_it() {
         });
         first.recv().await.expect("the held request arrives");
         // The two failures are recorded (the circuit told first): it is open.
-        for _ in 0..2_000 {
-            let mut failed = 0;
-            for id in first_round {
-                failed += w.delivery(id).await.attempts;
-            }
-            if failed == 2 {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        let mut failed = 0;
-        for id in first_round {
-            failed += w.delivery(id).await.attempts;
-        }
-        assert_eq!(failed, 2, "both failures recorded before the success");
+        let why = "both failures recorded before the success";
+        until_attempts(&w, &first_round, 2, why).await;
         state.gate.add_permits(1);
         let out = round.await.unwrap();
         assert_eq!((out.delivered, out.retrying), (1, 2), "{out:?}");

@@ -3,7 +3,7 @@
 //! answer to a request sent before the circuit last opened still lengthens the pause.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use axum::Router;
@@ -12,8 +12,8 @@ use axum::http::{HeaderName, StatusCode};
 use axum::routing::post;
 use oncebox_core::Clock;
 use oncebox_testkit::run;
-use tokio::sync::{Semaphore, mpsc};
 
+use crate::circuit::{HeldFirst, until_attempts};
 use crate::{World, receiver, route};
 
 /// A 503 asking for ten minutes pauses the whole route, not only its delivery: deliveries
@@ -106,24 +106,12 @@ fn a_failed_trial_after_a_pause_shuts_the_route_for_the_cooldown() {
 
 /// The first request to arrive waits until let go and is then answered 429, asking for ten
 /// minutes; the second is answered 500 at once; every later one 200.
-struct LateQuiet {
-    arrived: AtomicUsize,
-    first_in: mpsc::UnboundedSender<()>,
-    gate: Semaphore,
-}
-
 async fn late_quiet(
-    State(s): State<Arc<LateQuiet>>,
+    State(s): State<Arc<HeldFirst>>,
 ) -> (StatusCode, [(HeaderName, &'static str); 1]) {
     let retry_after = axum::http::header::RETRY_AFTER;
-    match s.arrived.fetch_add(1, Ordering::SeqCst) {
-        0 => {
-            let _ = s.first_in.send(());
-            if let Ok(permit) = s.gate.acquire().await {
-                permit.forget();
-            }
-            (StatusCode::TOO_MANY_REQUESTS, [(retry_after, "600")])
-        }
+    match s.arrive().await {
+        0 => (StatusCode::TOO_MANY_REQUESTS, [(retry_after, "600")]),
         1 => (StatusCode::INTERNAL_SERVER_ERROR, [(retry_after, "0")]),
         _ => (StatusCode::OK, [(retry_after, "0")]),
     }
@@ -137,12 +125,7 @@ async fn late_quiet(
 fn a_request_for_quiet_answered_after_the_circuit_opened_still_pauses_the_route() {
     run(async {
         let w = World::new();
-        let (first_in, mut first) = mpsc::unbounded_channel();
-        let state = Arc::new(LateQuiet {
-            arrived: AtomicUsize::new(0),
-            first_in,
-            gate: Semaphore::new(0),
-        });
+        let (state, mut first) = HeldFirst::new();
         let app = Router::new()
             .route("/hook", post(late_quiet))
             .with_state(state.clone());
@@ -171,17 +154,7 @@ fn a_request_for_quiet_answered_after_the_circuit_opened_still_pauses_the_route(
         });
         first.recv().await.expect("the held request arrives");
         // The 500 is recorded (the circuit told first): it is open, in a new epoch.
-        for _ in 0..2_000 {
-            if attempts(&w, &ids).await == 1 {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        assert_eq!(
-            attempts(&w, &ids).await,
-            1,
-            "the 500 recorded before the 429"
-        );
+        until_attempts(&w, &ids, 1, "the 500 recorded before the 429").await;
         state.gate.add_permits(1);
         let out = round.await.unwrap();
         assert_eq!(out.retrying, 2, "{out:?}");
@@ -193,15 +166,6 @@ fn a_request_for_quiet_answered_after_the_circuit_opened_still_pauses_the_route(
         assert!(out.delivered >= 1, "{out:?}");
         assert!(state.arrived.load(Ordering::SeqCst) >= 3);
     });
-}
-
-/// Attempts recorded for the deliveries of `ids`.
-async fn attempts(w: &World, ids: &[&str]) -> u64 {
-    let mut made = 0;
-    for id in ids {
-        made += u64::from(w.delivery(id).await.attempts);
-    }
-    made
 }
 
 /// Past the 30 s cooldown, and a second before the ten minutes (on the clock's monotonic
