@@ -6,7 +6,7 @@ use std::path::Path;
 
 use serde_json::Value;
 
-use crate::support::{Server, json, oncebox, serve_with, text};
+use crate::support::{Server, failure_document, json, oncebox, serve_with, text};
 
 /// A configured source and a route whose deliveries stay pending: the gateway runs without
 /// its relay, so every state the test reads was written by the commands it ran.
@@ -268,12 +268,7 @@ fn redeliver_one_event_or_a_whole_source() {
         ],
     );
     assert_eq!(missing.status.code(), Some(3));
-    let said: Value = serde_json::from_slice(&missing.stdout).expect("a JSON document");
-    assert_eq!(
-        (&said["ok"], &said["code"]),
-        (&false.into(), &3.into()),
-        "{said}"
-    );
+    failure_document(&missing, 3);
     // One event, or a source: not both, not neither.
     assert_eq!(
         code(d, &["redeliver", "shop", "evt_1", "--source", "shop"]),
@@ -295,12 +290,7 @@ fn redeliver_one_event_or_a_whole_source() {
         ],
     );
     assert_eq!(clash.status.code(), Some(2));
-    let said: Value = serde_json::from_slice(&clash.stdout).expect("a JSON document");
-    assert_eq!(
-        (&said["ok"], &said["code"]),
-        (&false.into(), &2.into()),
-        "{said}"
-    );
+    failure_document(&clash, 2);
 }
 
 #[test]

@@ -6,7 +6,7 @@ use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Command, Stdio};
 
-use crate::support::{oncebox, text};
+use crate::support::{failure_document, oncebox, text};
 
 /// A source and a route: what `oncebox relay` needs to run.
 const ROUTED: &str = r#"
@@ -351,12 +351,7 @@ fn a_store_that_cannot_be_reached_exits_4() {
     let out = oncebox(d, &["--database", &sqlite, "events", "--output", "json"]);
     assert_eq!(out.status.code(), Some(2), "{}", text(&out));
     // One document on stdout, the failure's, for a script's `| jq`: no partial listing.
-    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON document");
-    assert_eq!(
-        (&doc["ok"], &doc["code"]),
-        (&false.into(), &2.into()),
-        "{doc}"
-    );
+    let doc = failure_document(&out, 2);
     assert!(
         doc["error"].as_str().unwrap().contains("no-such-dir"),
         "{doc}"
@@ -371,12 +366,7 @@ fn a_store_that_cannot_be_reached_exits_4() {
             "json",
         ],
     );
-    let doc: serde_json::Value = serde_json::from_slice(&pg.stdout).expect("one JSON document");
-    assert_eq!(
-        (&doc["ok"], &doc["code"]),
-        (&false.into(), &4.into()),
-        "{doc}"
-    );
+    failure_document(&pg, 4);
     // A mistyped file in a real directory is not created, empty, and read as a store.
     let typo = d.join("typo.db");
     let sqlite = format!("sqlite://{}", typo.display());

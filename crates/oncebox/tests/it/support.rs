@@ -79,6 +79,19 @@ pub fn json(dir: &Path, args: &[&str]) -> serde_json::Value {
         .unwrap_or_else(|e| panic!("{args:?} printed no JSON ({e}): {}", text(&out)))
 }
 
+/// The one document a failed command printed on stdout under `--output json`, checked to say
+/// `ok: false` and exit `code`.
+pub fn failure_document(out: &Output, code: i32) -> serde_json::Value {
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("no JSON document ({e}): {}", text(out)));
+    assert_eq!(
+        (&doc["ok"], &doc["code"]),
+        (&false.into(), &code.into()),
+        "{doc}"
+    );
+    doc
+}
+
 /// What a command printed, stdout then stderr.
 pub fn text(o: &Output) -> String {
     format!(
